@@ -1,0 +1,38 @@
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from rest_framework_api_key.models import AbstractAPIKey
+
+from tenancy.models import Tenant
+
+
+class Scope(models.TextChoices):
+    INFERENCE = "inference"
+    ADAPTERS_WRITE = "adapters:write"
+    USAGE_READ = "usage:read"
+    ADMIN = "admin"
+
+
+class ApiKey(AbstractAPIKey):
+    """A tenant's key. The plaintext is shown once at creation; only its prefix and a hash are stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    scopes = models.JSONField(default=list)
+    allowed_models = models.JSONField(default=list, blank=True, help_text="Empty means every model.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    replaced_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta(AbstractAPIKey.Meta):
+        abstract = False
+        indexes = [models.Index(fields=["tenant", "-created"], name="apikey_tenant_created")]
+
+    @property
+    def is_usable(self) -> bool:
+        return not self.revoked and (self.expiry_date is None or self.expiry_date > timezone.now())
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes

@@ -1,0 +1,3 @@
+"""Websocket routes for the console's live updates."""
+
+websocket_urlpatterns: list = []

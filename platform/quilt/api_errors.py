@@ -1,0 +1,56 @@
+"""Management-API errors as {"error": {"message", "type", "code"}} with the right status."""
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(*, message: str, status_code: int, code: str) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status_code, "api_error"), "code": code}}
+
+
+def _flatten(detail) -> str:
+    if isinstance(detail, dict):
+        parts = []
+        for field, value in detail.items():
+            text = _flatten(value)
+            parts.append(text if field in ("non_field_errors", "detail") else f"{field}: {text}")
+        return "; ".join(parts)
+    if isinstance(detail, list):
+        return " ".join(_flatten(item) for item in detail)
+    return str(detail)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ValidationError):
+        exc = exceptions.ValidationError(exc.messages)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        if isinstance(codes, str):
+            code = codes
+    if response.status_code == status.HTTP_401_UNAUTHORIZED and code in ("not_authenticated", "authentication_failed"):
+        code = "invalid_api_key" if code == "authentication_failed" else code
+    body = error_body(message=_flatten(exc.detail), status_code=response.status_code, code=code)
+    return Response(body, status=response.status_code, headers=dict(response.items()))

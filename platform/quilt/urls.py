@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("tenancy.urls")),
+    path("api/v1/", include("apikeys.urls")),
+    path("api/v1/", include("registry.urls")),
+    path("api/v1/", include("metering.urls")),
+    path("api/v1/", include("billing.urls")),
+    path("v1/", include("gateway.urls")),
+    path("", include("console.urls")),
+]

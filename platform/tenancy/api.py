@@ -1,0 +1,175 @@
+"""Management API for the caller's tenant and its members, and staff-only tenants, plans and audit log."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.response import Response
+
+from apikeys.models import Scope
+from tenancy import selectors, services
+from tenancy.api_base import StaffAPIView, TenantAPIView
+from tenancy.models import Membership, Plan, Tenant
+from tenancy.serializers import (
+    AuditLogOutput,
+    MemberCreateInput,
+    MemberOutput,
+    MemberUpdateInput,
+    PlanInput,
+    PlanOutput,
+    TenantCreateInput,
+    TenantOutput,
+    TenantUpdateInput,
+)
+
+Role = Membership.Role
+
+
+def _page(view, request, queryset, serializer_class):
+    paginator = LimitOffsetPagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+class OwnTenantApi(TenantAPIView):
+    required_roles = {"GET": Role.VIEWER}
+    required_scopes = {"GET": ""}
+
+    @extend_schema(responses=TenantOutput)
+    def get(self, request):
+        return Response(TenantOutput(self.tenant).data)
+
+
+class MemberListApi(TenantAPIView):
+    required_roles = {"GET": Role.VIEWER, "POST": Role.ADMIN}
+    required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
+
+    @extend_schema(responses=MemberOutput(many=True))
+    def get(self, request):
+        return _page(self, request, selectors.members_of(tenant=self.tenant), MemberOutput)
+
+    @extend_schema(request=MemberCreateInput, responses={201: MemberOutput})
+    def post(self, request):
+        data = MemberCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        if data.validated_data["role"] == Role.OWNER and not self._is_owner():
+            return Response(
+                {"error": {"message": "Only an owner can add another owner.", "type": "permission_error",
+                           "code": "insufficient_role"}},
+                status=status.HTTP_403_FORBIDDEN,
+            )  # fmt: skip
+        membership = services.member_add(actor=self.actor, tenant=self.tenant, **data.validated_data)
+        return Response(MemberOutput(membership).data, status=status.HTTP_201_CREATED)
+
+    def _is_owner(self) -> bool:
+        return self.actor.key is not None or self.request.user.is_staff or self.membership.role == Role.OWNER
+
+
+class MemberDetailApi(MemberListApi):
+    required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN, "DELETE": Role.ADMIN}
+    required_scopes = {"GET": Scope.ADMIN, "PATCH": Scope.ADMIN, "DELETE": Scope.ADMIN}
+
+    def _membership(self, member_id: int) -> Membership:
+        return get_object_or_404(selectors.members_of(tenant=self.tenant), pk=member_id)
+
+    @extend_schema(responses=MemberOutput)
+    def get(self, request, member_id: int):
+        return Response(MemberOutput(self._membership(member_id)).data)
+
+    @extend_schema(request=MemberUpdateInput, responses=MemberOutput)
+    def patch(self, request, member_id: int):
+        membership = self._membership(member_id)
+        data = MemberUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        touches_owner = Role.OWNER in (membership.role, data.validated_data["role"])
+        if touches_owner and not self._is_owner():
+            return Response(
+                {"error": {"message": "Only an owner can grant or take away the owner role.",
+                           "type": "permission_error", "code": "insufficient_role"}},
+                status=status.HTTP_403_FORBIDDEN,
+            )  # fmt: skip
+        membership = services.member_change_role(actor=self.actor, membership=membership, **data.validated_data)
+        return Response(MemberOutput(membership).data)
+
+    def delete(self, request, member_id: int):
+        membership = self._membership(member_id)
+        if membership.role == Role.OWNER and not self._is_owner():
+            return Response(
+                {"error": {"message": "Only an owner can remove an owner.", "type": "permission_error",
+                           "code": "insufficient_role"}},
+                status=status.HTTP_403_FORBIDDEN,
+            )  # fmt: skip
+        services.member_remove(actor=self.actor, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantListApi(StaffAPIView):
+    @extend_schema(responses=TenantOutput(many=True))
+    def get(self, request):
+        tenants = Tenant.objects.select_related("plan").order_by("slug")
+        search = request.query_params.get("search", "")
+        if search:
+            tenants = tenants.filter(slug__icontains=search) | tenants.filter(name__icontains=search)
+        if request.query_params.get("status"):
+            tenants = tenants.filter(status=request.query_params["status"])
+        return _page(self, request, tenants, TenantOutput)
+
+    @extend_schema(request=TenantCreateInput, responses={201: TenantOutput})
+    def post(self, request):
+        data = TenantCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_create(actor=self.actor, **data.validated_data)
+        return Response(TenantOutput(tenant).data, status=status.HTTP_201_CREATED)
+
+
+class TenantDetailApi(StaffAPIView):
+    @extend_schema(responses=TenantOutput)
+    def get(self, request, slug: str):
+        return Response(TenantOutput(get_object_or_404(Tenant.objects.select_related("plan"), slug=slug)).data)
+
+    @extend_schema(request=TenantUpdateInput, responses=TenantOutput)
+    def patch(self, request, slug: str):
+        tenant = get_object_or_404(Tenant, slug=slug)
+        data = TenantUpdateInput(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_update(actor=self.actor, tenant=tenant, changes=data.validated_data)
+        return Response(TenantOutput(tenant).data)
+
+
+class PlanListApi(StaffAPIView):
+    @extend_schema(responses=PlanOutput(many=True))
+    def get(self, request):
+        return _page(self, request, Plan.objects.all(), PlanOutput)
+
+    @extend_schema(request=PlanInput, responses={201: PlanOutput})
+    def post(self, request):
+        data = PlanInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        plan = services.plan_create(actor=self.actor, **data.validated_data)
+        return Response(PlanOutput(plan).data, status=status.HTTP_201_CREATED)
+
+
+class PlanDetailApi(StaffAPIView):
+    @extend_schema(responses=PlanOutput)
+    def get(self, request, slug: str):
+        return Response(PlanOutput(get_object_or_404(Plan, slug=slug)).data)
+
+    @extend_schema(request=PlanInput, responses=PlanOutput)
+    def patch(self, request, slug: str):
+        plan = get_object_or_404(Plan, slug=slug)
+        data = PlanInput(plan, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        plan = services.plan_update(actor=self.actor, plan=plan, changes=data.validated_data)
+        return Response(PlanOutput(plan).data)
+
+
+class AuditLogApi(StaffAPIView):
+    @extend_schema(responses=AuditLogOutput(many=True))
+    def get(self, request):
+        tenant = None
+        if request.query_params.get("tenant"):
+            tenant = get_object_or_404(Tenant, slug=request.query_params["tenant"])
+        rows = selectors.audit_log_list(
+            tenant=tenant, action=request.query_params.get("action", ""), actor=request.query_params.get("actor", "")
+        )
+        return _page(self, request, rows, AuditLogOutput)

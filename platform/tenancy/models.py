@@ -1,0 +1,111 @@
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Plan(models.Model):
+    """Limits and prices a tenant buys. Prices are per million tokens, in the platform's currency."""
+
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    requests_per_minute = models.PositiveIntegerField(default=60)
+    tokens_per_minute = models.PositiveIntegerField(default=100_000)
+    max_concurrent_requests = models.PositiveIntegerField(default=8)
+    monthly_token_budget = models.BigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(0)], help_text="Empty means unlimited."
+    )
+    monthly_spend_limit = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(Decimal(0))]
+    )
+    max_adapters = models.PositiveIntegerField(default=10)
+    max_adapter_bytes = models.BigIntegerField(default=256 * 1024**2, validators=[MinValueValidator(1)])
+    default_max_tokens = models.PositiveIntegerField(default=512)
+    scheduling_weight = models.DecimalField(
+        max_digits=6, decimal_places=2, default=Decimal("1.00"), validators=[MinValueValidator(Decimal("0.01"))]
+    )
+    price_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    price_cached_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    price_output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["price_output_per_mtok", "slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        SUSPENDED = "suspended"
+        CLOSED = "closed"
+
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
+    billing_email = models.EmailField(blank=True)
+    webhook_url = models.URLField(blank=True, help_text="Budget alerts are POSTed here, signed with HMAC-SHA256.")
+    webhook_secret = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        DEVELOPER = "developer"
+        VIEWER = "viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.DEVELOPER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class AuditLog(models.Model):
+    """One row per administrative action, written in the action's own transaction."""
+
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_key = models.ForeignKey(
+        "apikeys.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_logs")
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=150)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="audit_tenant_created")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target_type}:{self.target_id}"

@@ -1,0 +1,30 @@
+"""Reads over tenants and memberships."""
+
+from django.db.models import QuerySet
+
+from tenancy.models import AuditLog, Membership, Tenant
+
+
+def tenants_for_user(*, user) -> QuerySet[Tenant]:
+    if user.is_staff:
+        return Tenant.objects.select_related("plan").all()
+    return Tenant.objects.select_related("plan").filter(memberships__user=user)
+
+
+def membership_for(*, user, tenant: Tenant) -> Membership | None:
+    return Membership.objects.filter(user=user, tenant=tenant).first()
+
+
+def members_of(*, tenant: Tenant) -> QuerySet[Membership]:
+    return Membership.objects.select_related("user").filter(tenant=tenant).order_by("user__username")
+
+
+def audit_log_list(*, tenant: Tenant | None = None, action: str = "", actor: str = "") -> QuerySet[AuditLog]:
+    rows = AuditLog.objects.select_related("actor_user", "actor_key", "tenant")
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    if action:
+        rows = rows.filter(action__startswith=action)
+    if actor:
+        rows = rows.filter(actor_user__username=actor)
+    return rows

@@ -1,0 +1,83 @@
+from rest_framework import serializers
+
+from tenancy.models import AuditLog, Membership, Plan, Tenant
+
+
+class PlanOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Plan
+        fields = [
+            "id", "slug", "name", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
+            "monthly_token_budget", "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "default_max_tokens",
+            "scheduling_weight", "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
+        ]  # fmt: skip
+
+
+class PlanInput(serializers.ModelSerializer):
+    class Meta:
+        model = Plan
+        fields = [field for field in PlanOutput.Meta.fields if field != "id"]
+
+
+class TenantOutput(serializers.ModelSerializer):
+    plan = PlanOutput()
+
+    class Meta:
+        model = Tenant
+        fields = ["id", "slug", "name", "status", "plan", "billing_email", "webhook_url", "created_at"]
+
+
+class TenantCreateInput(serializers.Serializer):
+    slug = serializers.SlugField(max_length=50)
+    name = serializers.CharField(max_length=200)
+    plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all())
+    billing_email = serializers.EmailField(required=False, default="")
+
+
+class TenantUpdateInput(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all(), required=False)
+    status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
+    billing_email = serializers.EmailField(required=False, allow_blank=True)
+    webhook_url = serializers.URLField(required=False, allow_blank=True)
+
+
+class MemberOutput(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+    email = serializers.CharField(source="user.email")
+
+    class Meta:
+        model = Membership
+        fields = ["id", "username", "email", "role", "created_at"]
+
+
+class MemberCreateInput(serializers.Serializer):
+    username = serializers.CharField(required=False, default="", max_length=150)
+    email = serializers.EmailField(required=False, default="")
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+    def validate(self, attrs):
+        if not attrs["username"] and not attrs["email"]:
+            raise serializers.ValidationError("Give a username or an email.")
+        return attrs
+
+
+class MemberUpdateInput(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class AuditLogOutput(serializers.ModelSerializer):
+    actor = serializers.SerializerMethodField()
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = AuditLog
+        fields = ["id", "created_at", "actor", "tenant", "action", "target_type", "target_id", "before", "after",
+                  "ip_address"]  # fmt: skip
+
+    def get_actor(self, row: AuditLog) -> str:
+        if row.actor_user_id:
+            return row.actor_user.username
+        if row.actor_key_id:
+            return f"key:{row.actor_key.prefix}" if row.actor_key else "key:(deleted)"
+        return "system"

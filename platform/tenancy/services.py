@@ -1,0 +1,151 @@
+"""Writes to plans, tenants and memberships. Each top-level action is atomic and audited once."""
+
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.forms.models import model_to_dict
+
+from tenancy.audit import Actor, audit_record
+from tenancy.models import Membership, Plan, Tenant
+
+User = get_user_model()
+
+PLAN_FIELDS = [
+    "slug", "name", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_budget",
+    "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "default_max_tokens", "scheduling_weight",
+    "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
+]  # fmt: skip
+TENANT_FIELDS = ["slug", "name", "status", "plan", "billing_email", "webhook_url"]
+
+
+def _snapshot(instance, fields: list[str]) -> dict:
+    data = model_to_dict(instance, fields=fields)
+    return {key: str(value) if isinstance(value, Decimal) else value for key, value in data.items()}
+
+
+def _apply(instance, fields: list[str], changes: dict) -> None:
+    unknown = set(changes) - set(fields)
+    if unknown:
+        raise ValidationError(f"Unknown fields: {', '.join(sorted(unknown))}")
+    for field, value in changes.items():
+        setattr(instance, field, value)
+    instance.full_clean()
+    instance.save()
+
+
+def plan_create(*, actor: Actor, **fields) -> Plan:
+    with transaction.atomic():
+        plan = Plan(**{key: value for key, value in fields.items() if key in PLAN_FIELDS})
+        plan.full_clean()
+        plan.save()
+        audit_record(actor=actor, action="plan.create", target=plan, tenant=None, after=_snapshot(plan, PLAN_FIELDS))
+    return plan
+
+
+def plan_update(*, actor: Actor, plan: Plan, changes: dict) -> Plan:
+    with transaction.atomic():
+        plan = Plan.objects.select_for_update().get(pk=plan.pk)
+        before = _snapshot(plan, PLAN_FIELDS)
+        _apply(plan, PLAN_FIELDS, changes)
+        audit_record(
+            actor=actor, action="plan.update", target=plan, tenant=None, before=before,
+            after=_snapshot(plan, PLAN_FIELDS),
+        )  # fmt: skip
+    return plan
+
+
+def tenant_create(*, actor: Actor, slug: str, name: str, plan: Plan, billing_email: str = "") -> Tenant:
+    with transaction.atomic():
+        tenant = Tenant(slug=slug, name=name, plan=plan, billing_email=billing_email)
+        tenant.full_clean()
+        tenant.save()
+        audit_record(
+            actor=actor, action="tenant.create", target=tenant, tenant=tenant, after=_snapshot(tenant, TENANT_FIELDS)
+        )
+    return tenant
+
+
+def tenant_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:
+    """Changes a tenant's name, plan or status. Suspending stops its keys at once (they check the status)."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = _snapshot(tenant, TENANT_FIELDS)
+        _apply(tenant, TENANT_FIELDS, changes)
+        action = "tenant.update"
+        if "status" in changes and before["status"] != tenant.status:
+            action = {"suspended": "tenant.suspend", "active": "tenant.reactivate", "closed": "tenant.close"}[
+                tenant.status
+            ]
+        audit_record(
+            actor=actor, action=action, target=tenant, tenant=tenant, before=before,
+            after=_snapshot(tenant, TENANT_FIELDS),
+        )  # fmt: skip
+    return tenant
+
+
+def _user_for(*, username: str = "", email: str = "") -> "User":
+    if username:
+        user = User.objects.filter(username=username).first()
+        if user is None and not email:
+            raise ValidationError(f"No user named {username!r}. Give an email to invite a new user.")
+    else:
+        user = User.objects.filter(email__iexact=email).first() if email else None
+    if user is None:
+        if not email:
+            raise ValidationError("Give a username or an email.")
+        user = User(username=username or email, email=email)
+        user.set_unusable_password()
+        user.full_clean()
+        user.save()
+    return user
+
+
+def member_add(*, actor: Actor, tenant: Tenant, role: str, username: str = "", email: str = "") -> Membership:
+    """Adds an existing user (by username or email) or invites a new one by email (no password until reset)."""
+    with transaction.atomic():
+        user = _user_for(username=username, email=email)
+        if Membership.objects.filter(tenant=tenant, user=user).exists():
+            raise ValidationError(f"{user.get_username()} is already a member of {tenant.slug}.")
+        membership = Membership(tenant=tenant, user=user, role=role)
+        membership.full_clean()
+        membership.save()
+        audit_record(
+            actor=actor, action="member.add", target=membership, tenant=tenant,
+            after={"user": user.get_username(), "role": role},
+        )  # fmt: skip
+    return membership
+
+
+def _ensure_an_owner_remains(*, tenant: Tenant, leaving: Membership) -> None:
+    others = Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).exclude(pk=leaving.pk)
+    if leaving.role == Membership.Role.OWNER and not others.exists():
+        raise ValidationError("A tenant must keep at least one owner.")
+
+
+def member_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    with transaction.atomic():
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        before = {"role": membership.role}
+        if role != Membership.Role.OWNER:
+            _ensure_an_owner_remains(tenant=membership.tenant, leaving=membership)
+        membership.role = role
+        membership.full_clean()
+        membership.save()
+        audit_record(
+            actor=actor, action="member.change_role", target=membership, tenant=membership.tenant,
+            before=before, after={"role": role},
+        )  # fmt: skip
+    return membership
+
+
+def member_remove(*, actor: Actor, membership: Membership) -> None:
+    with transaction.atomic():
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        _ensure_an_owner_remains(tenant=membership.tenant, leaving=membership)
+        audit_record(
+            actor=actor, action="member.remove", target=membership, tenant=membership.tenant,
+            before={"user": membership.user.get_username(), "role": membership.role},
+        )  # fmt: skip
+        membership.delete()

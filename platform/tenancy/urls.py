@@ -1,0 +1,14 @@
+from django.urls import path
+
+from tenancy import api
+
+urlpatterns = [
+    path("tenant", api.OwnTenantApi.as_view(), name="api-own-tenant"),
+    path("members", api.MemberListApi.as_view(), name="api-members"),
+    path("members/<int:member_id>", api.MemberDetailApi.as_view(), name="api-member"),
+    path("tenants", api.TenantListApi.as_view(), name="api-tenants"),
+    path("tenants/<slug:slug>", api.TenantDetailApi.as_view(), name="api-tenant"),
+    path("plans", api.PlanListApi.as_view(), name="api-plans"),
+    path("plans/<slug:slug>", api.PlanDetailApi.as_view(), name="api-plan"),
+    path("audit", api.AuditLogApi.as_view(), name="api-audit"),
+]

@@ -1,0 +1,105 @@
+"""Quilt's kernels: Triton on CUDA tensors, the plain-PyTorch references on CPU tensors.
+
+`backend_for(tensor)` names the path an op takes for that tensor. There is no silent fallback:
+a CUDA tensor without a working Triton raises instead of running the reference.
+"""
+
+import torch
+
+from kernels import reference
+from kernels.lora_meta import LoRAMeta
+from kernels.reference import rope_cos_sin_cache
+
+try:
+    from kernels import lora_expand as _lora_expand
+    from kernels import lora_shrink as _lora_shrink
+    from kernels import paged_attention_decode as _paged_attention_decode
+    from kernels import paged_attention_prefill as _paged_attention_prefill
+    from kernels import rms_norm as _rms_norm
+    from kernels import rotary_embedding as _rotary_embedding
+    from kernels import silu_and_mul as _silu_and_mul
+    from kernels import store_kv as _store_kv
+
+    TRITON_IMPORT_ERROR: ImportError | None = None
+except ImportError as exc:  # triton absent: CPU tensors still work, CUDA tensors raise
+    TRITON_IMPORT_ERROR = exc
+
+__all__ = [
+    "LoRAMeta",
+    "TRITON_IMPORT_ERROR",
+    "backend_for",
+    "lora_expand",
+    "lora_shrink",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "reference",
+    "rms_norm",
+    "rope_cos_sin_cache",
+    "rotary_embedding",
+    "silu_and_mul",
+    "store_kv",
+]
+
+
+def backend_for(tensor: torch.Tensor) -> str:
+    """"triton" for CUDA tensors, "reference" otherwise; raises if CUDA arrives without Triton."""
+    if not tensor.is_cuda:
+        return "reference"
+    if TRITON_IMPORT_ERROR is not None:
+        raise RuntimeError(f"CUDA tensor given but the Triton kernels failed to import: {TRITON_IMPORT_ERROR}")
+    return "triton"
+
+
+def lora_shrink(x, lora_a, token_slots, ranks, *, meta: LoRAMeta | None = None):
+    if backend_for(x) == "triton":
+        return _lora_shrink.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
+    return reference.lora_shrink(x, lora_a, token_slots, ranks)
+
+
+def lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, *, meta: LoRAMeta | None = None):
+    if backend_for(y) == "triton":
+        return _lora_expand.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, meta=meta)
+    return reference.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    if backend_for(k) == "triton":
+        return _store_kv.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+    if backend_for(q) == "triton":
+        return _paged_attention_decode.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale):
+    args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale)
+    if backend_for(q) == "triton":
+        return _paged_attention_prefill.paged_attention_prefill(*args)
+    return reference.paged_attention_prefill(*args)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    if backend_for(x) == "triton":
+        return _rms_norm.rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def rotary_embedding(positions, q, k, cos_sin_cache):
+    if backend_for(q) == "triton":
+        return _rotary_embedding.rotary_embedding(positions, q, k, cos_sin_cache)
+    return reference.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    if backend_for(x) == "triton":
+        return _silu_and_mul.silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+for _op in (lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
+            rotary_embedding, silu_and_mul):
+    _op.__doc__ = getattr(reference, _op.__name__).__doc__
+del _op

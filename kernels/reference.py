@@ -1,0 +1,281 @@
+"""Plain-PyTorch twins of every kernel: the CPU implementation and the test oracle.
+
+Each function has the same signature as its Triton launcher. Attention and LoRA products are
+computed in float32 and cast back, so the references are also the tolerance baseline for
+float16/bfloat16 runs on a GPU.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+_SUPPORTED_ROPE = ("default", "linear", "llama3")
+
+
+def _slot_groups(token_slots: torch.Tensor, ranks: torch.Tensor) -> list[tuple[int, torch.Tensor, int]]:
+    """(slot, token indices, rank) for every slot used by at least one token with rank > 0."""
+    rank_list = ranks.tolist()
+    groups = []
+    for slot in torch.unique(token_slots).tolist():
+        if slot < 0 or rank_list[slot] <= 0:
+            continue
+        tokens = (token_slots == slot).nonzero().squeeze(1)
+        groups.append((slot, tokens, int(rank_list[slot])))
+    return groups
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    token_slots: torch.Tensor,
+    ranks: torch.Tensor,
+    *,
+    meta=None,
+) -> torch.Tensor:
+    """Batched LoRA down-projection over a ragged batch of tokens, several slices at once.
+
+    for s in range(S), t in range(T):
+        a = token_slots[t]
+        buf[s, t, :] = 0
+        if a >= 0: r = ranks[a]; buf[s, t, :r] = x[t] @ lora_a[s, a, :r].T
+
+    x [T, in]; lora_a [S, slots, max_rank, in]; token_slots [T] int (-1 = base model);
+    ranks [slots] int; returns buf [S, T, max_rank] in x.dtype. `meta` (grouping metadata of the
+    Triton path) is accepted and ignored.
+    """
+    num_slices, _, max_rank, _ = lora_a.shape
+    buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
+    for slot, tokens, rank in _slot_groups(token_slots, ranks):
+        a = lora_a[:, slot, :rank].float()  # [S, r, in]
+        buf[:, tokens, :rank] = torch.matmul(x[tokens].float(), a.transpose(1, 2)).to(x.dtype)
+    return buf
+
+
+def lora_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
+    ranks: torch.Tensor,
+    scaling: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+    *,
+    meta=None,
+) -> None:
+    """Batched LoRA up-projection added in place, several output slices at once.
+
+    for s in range(S), t in range(T):
+        a = token_slots[t]; (o0, o1) = slice_offsets[s], slice_offsets[s + 1]
+        if a >= 0: r = ranks[a]; y[t, o0:o1] += scaling[s, a] * (buf[s, t, :r] @ lora_b[a, o0:o1, :r].T)
+
+    y [T, out_total] (updated in place); buf [S, T, max_rank]; lora_b [slots, out_total, max_rank];
+    token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
+    slice_offsets: S + 1 python ints. `meta` is accepted and ignored.
+    """
+    for slot, tokens, rank in _slot_groups(token_slots, ranks):
+        for s in range(len(slice_offsets) - 1):
+            o0, o1 = slice_offsets[s], slice_offsets[s + 1]
+            b = lora_b[slot, o0:o1, :rank].float()  # [o1 - o0, r]
+            delta = (buf[s, tokens, :rank].float() @ b.T) * scaling[s, slot].float()  # [n, o1 - o0]
+            y[:, o0:o1].index_add_(0, tokens, delta.to(y.dtype))
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new keys/values into the paged cache.
+
+    for t in range(T): if slot_mapping[t] >= 0:
+        blk, off = divmod(slot_mapping[t], block_size)
+        k_cache[blk, off] = k[t]; v_cache[blk, off] = v[t]
+
+    k, v [T, kv_heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]
+    (contiguous); slot_mapping [T] int.
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """cache [N, bs, kvh, D], block_tables [B, >=num_blocks] -> [B, num_blocks * bs, kvh, D]."""
+    table = block_tables[:, :num_blocks].long().clamp(min=0, max=cache.shape[0] - 1)
+    gathered = cache[table]  # [B, num_blocks, bs, kvh, D]
+    return gathered.flatten(1, 2)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence attending to its whole paged context (GQA).
+
+    for b, h: n = context_lens[b]; g = h // (heads // kv_heads)
+        keys[j] = k_cache[block_tables[b, j // bs], j % bs, g] for j < n   (values alike)
+        out[b, h] = softmax(scale * q[b, h] @ keys.T) @ values
+
+    q [B, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; block_tables [B, max_blocks] int;
+    context_lens [B] int (>= 1, includes the new token); returns out [B, heads, D] in q.dtype.
+    """
+    batch, heads, head_dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    keys = _gather_cache(k_cache, block_tables, num_blocks).float()  # [B, L, kvh, D]
+    values = _gather_cache(v_cache, block_tables, num_blocks).float()
+    qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, kvh, G, D]
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, keys) * scale  # [B, kvh, G, L]
+    pos = torch.arange(keys.shape[1], device=q.device)
+    scores.masked_fill_((pos[None, :] >= context_lens[:, None].long())[:, None, None, :], -math.inf)
+    out = torch.einsum("bhgl,blhd->bhgd", scores.softmax(-1), values)  # [B, kvh, G, D]
+    return out.reshape(batch, heads, head_dim).to(q.dtype)
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """New tokens of a ragged batch attending causally to cached prefix blocks and to themselves.
+
+    for b: n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]; c_b = context_lens[b]
+        token i of sequence b (row cu_seqlens_q[b] + i) sits at position p = c_b - n_b + i
+        out[row, h] = softmax(scale * q[row, h] @ keys[:p+1].T) @ values[:p+1]
+        with keys[j] = k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]
+
+    q [T, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; cu_seqlens_q [B + 1] int;
+    block_tables [B, max_blocks] int; context_lens [B] int (includes the new tokens, already stored);
+    returns out [T, heads, D] in q.dtype.
+    """
+    total, heads, head_dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    out = torch.empty_like(q)  # [T, heads, D]
+    bounds = cu_seqlens_q.tolist()
+    for b, ctx in enumerate(context_lens.tolist()):
+        start, end = bounds[b], bounds[b + 1]
+        if end == start:
+            continue
+        num_blocks = -(-ctx // block_size)
+        keys = _gather_cache(k_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float()  # [ctx, kvh, D]
+        values = _gather_cache(v_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float()
+        qg = q[start:end].float().view(end - start, kv_heads, group, head_dim)  # [n, kvh, G, D]
+        scores = torch.einsum("ihgd,jhd->hgij", qg, keys) * scale  # [kvh, G, n, ctx]
+        q_pos = torch.arange(ctx - (end - start), ctx, device=q.device)
+        k_pos = torch.arange(ctx, device=q.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)
+        attn = torch.einsum("hgij,jhd->ihgd", scores.softmax(-1), values)  # [n, kvh, G, D]
+        out[start:end] = attn.reshape(end - start, heads, head_dim).to(q.dtype)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with optional fused residual add (transformers' LlamaRMSNorm semantics).
+
+    h = x if residual is None else (x + residual)          # in x.dtype
+    out = weight * (h / sqrt(mean(h**2, -1) + eps)).to(x.dtype)   # the norm in float32
+    returns out, or (out, h) when residual is given.
+
+    x [T, hidden]; weight [hidden]; residual [T, hidden] or None; out, h [T, hidden].
+    """
+    hidden = x if residual is None else x + residual
+    h32 = hidden.float()
+    normed = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * normed.to(x.dtype)
+    return out if residual is None else (out, hidden)
+
+
+def rope_cos_sin_cache(
+    head_dim: int,
+    max_positions: int,
+    theta: float,
+    rope_scaling: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """cos/sin table for rotary embeddings, identical to transformers' Llama rotary embedding.
+
+    inv_freq[i] = 1 / theta ** (2i / head_dim), i < head_dim / 2, then rescaled for
+    rope_type "linear" (inv_freq / factor) or "llama3" (wavelength-dependent, smoothed);
+    freqs[p, i] = p * inv_freq[i] (float32); cache[p] = cat(cos(freqs[p]), sin(freqs[p])).
+
+    rope_scaling: None or a config dict with "rope_type" (or legacy "type") and its parameters.
+    returns cache [max_positions, head_dim] in dtype.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = _scale_inv_freq(inv_freq, rope_scaling)
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim / 2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def _scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict | None) -> torch.Tensor:
+    rope_type = "default" if not rope_scaling else rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if rope_type not in _SUPPORTED_ROPE:
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(_SUPPORTED_ROPE)}")
+    if rope_type == "linear":
+        return inv_freq / rope_scaling["factor"]
+    if rope_type == "default":
+        return inv_freq
+    factor = rope_scaling["factor"]
+    low_freq_factor = rope_scaling["low_freq_factor"]
+    high_freq_factor = rope_scaling["high_freq_factor"]
+    old_context_len = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """Rotate q and k in place, HF "rotate_half" (neox) style.
+
+    cos, sin = cos_sin_cache[positions[t]] split in halves, each repeated twice to head_dim;
+    x[t, h] = x[t, h] * cos + rotate_half(x[t, h]) * sin   for x in (q, k),
+    rotate_half(v) = cat(-v[D/2:], v[:D/2]); cos and sin are cast to x.dtype first (as transformers does).
+
+    positions [T] int; q [T, heads, D]; k [T, kv_heads, D]; cos_sin_cache [max_positions, D].
+    """
+    half = cos_sin_cache.shape[1] // 2
+    rows = cos_sin_cache[positions.long()]  # [T, D]
+    cos = torch.cat((rows[:, :half], rows[:, :half]), dim=-1)[:, None, :]  # [T, 1, D]
+    sin = torch.cat((rows[:, half:], rows[:, half:]), dim=-1)[:, None, :]
+    for x in (q, k):
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x.copy_(x * c + rotated * s)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Gated MLP activation: out = silu(x[:, :I]) * x[:, I:].
+
+    x [T, 2 * I]; returns out [T, I] in x.dtype.
+    """
+    inter = x.shape[-1] // 2
+    return F.silu(x[..., :inter]) * x[..., inter:]

@@ -1,0 +1,169 @@
+"""Paged KV cache bookkeeping: block tables, reference counts, a free list and prefix caching.
+
+A full block is identified by a chained hash of its tokens, the hash of the block before it, the
+adapter's digest (LoRA on k/v changes the cache) and a salt (the tenant: a cache shared across
+tenants would let one time-probe another's prompts). A freed block keeps its hash and stays
+reusable until it is needed for something else; such blocks are evicted least-recently-used.
+No torch.
+"""
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+
+from engine.sequence import Sequence
+
+
+def block_hash(parent: bytes | None, token_ids: list[int], adapter: str | None, salt: str) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    if parent is None:
+        h.update(f"{adapter or ''}\x00{salt}\x00".encode())
+    else:
+        h.update(parent)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.hashes: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # hash -> block id
+        self.free_ids: deque[int] = deque(range(num_blocks))  # no hash, ref 0
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # hashed, ref 0; oldest first
+        self.num_lookups = 0
+        self.num_hit_tokens = 0
+        self.num_lookup_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.adapter, seq.cache_salt))
+
+    def _caches(self, seq: Sequence) -> bool:
+        # with prefix caching off, the completions of one request still share their prompt
+        return self.enable_prefix_caching or seq.sampling.n > 1
+
+    # prefix hit
+    def lookup_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks that hold a prefix of seq; at least one token is always left to compute."""
+        assert seq.num_computed_tokens == 0 and not seq.block_table
+        if not self._caches(seq) or seq.sampling.prompt_logprobs is not None:
+            return []
+        self._update_hashes(seq, seq.num_tokens - 1)
+        hits = []
+        for h in seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]:
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> bool:
+        num_cached = len(hits) * self.block_size
+        new_blocks = self.blocks_needed(num_cached + num_new_tokens) - len(hits)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return new_blocks + revived <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> None:
+        """First admission (or re-admission after preemption): take the hits, add fresh blocks."""
+        assert self.can_allocate(seq, num_new_tokens, hits)
+        for block_id in hits:
+            if self.ref_counts[block_id] == 0:
+                del self.evictable[block_id]
+            self.ref_counts[block_id] += 1
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.num_lookups += 1
+        self.num_hit_tokens += seq.num_computed_tokens
+        self.num_lookup_tokens += seq.num_tokens
+        self.append_slots(seq, num_new_tokens)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return needed <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        assert needed <= self.num_free_blocks, "append_slots without can_append"
+        for _ in range(needed):
+            seq.block_table.append(self._take_block())
+
+    def _take_block(self) -> int:
+        if self.free_ids:
+            block_id = self.free_ids.popleft()
+        else:
+            block_id, _ = self.evictable.popitem(last=False)
+            del self.cached[self.hashes[block_id]]
+            self.hashes[block_id] = None
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the blocks that computed tokens have filled, so later sequences can hit them."""
+        if not self._caches(seq):
+            return
+        self._update_hashes(seq, seq.num_computed_tokens)
+        for i in range(seq.num_computed_tokens // self.block_size):
+            block_id = seq.block_table[i]
+            if self.hashes[block_id] is not None:
+                continue
+            h = seq.block_hashes[i]
+            if h in self.cached:  # computed twice concurrently: keep the first
+                continue
+            self.hashes[block_id] = h
+            self.cached[h] = block_id
+
+    def free(self, seq: Sequence) -> None:
+        # tail blocks first, so they are evicted before the prefix that other prompts may share
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            assert self.ref_counts[block_id] >= 0
+            if self.ref_counts[block_id] == 0:
+                if self.hashes[block_id] is None:
+                    self.free_ids.append(block_id)
+                else:
+                    self.evictable[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
+
+    def check_invariants(self, seqs: list[Sequence]) -> None:
+        owners = [0] * self.num_blocks
+        for seq in seqs:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
+            assert len(seq.block_table) >= self.blocks_needed(seq.num_computed_tokens)
+            for block_id in seq.block_table:
+                owners[block_id] += 1
+        assert owners == self.ref_counts, "ref counts differ from the block tables"
+        free = set(self.free_ids)
+        assert len(free) == len(self.free_ids)
+        assert not free & set(self.evictable)
+        for block_id in range(self.num_blocks):
+            in_use = self.ref_counts[block_id] > 0
+            assert in_use + (block_id in free) + (block_id in self.evictable) == 1, f"block {block_id} leaked"
+            if block_id in free:
+                assert self.hashes[block_id] is None
+            if block_id in self.evictable:
+                assert self.hashes[block_id] is not None
+        assert {b: h for h, b in self.cached.items()} == {
+            b: h for b, h in enumerate(self.hashes) if h is not None
+        }

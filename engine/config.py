@@ -1,0 +1,44 @@
+"""One flat, validated configuration for the engine."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_fraction (CUDA) or 512 blocks (CPU)
+    kv_cache_memory_fraction: float = 0.8
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_adapter_slots: int = 8
+    max_adapter_rank: int = 64
+    host_adapter_cache_bytes: int = 2 << 30
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
+
+    def __post_init__(self) -> None:
+        if not Path(self.model).is_dir():
+            raise ValueError(f"model directory not found: {self.model}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        positive = ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_adapter_slots", "max_adapter_rank")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.host_adapter_cache_bytes < 0:
+            raise ValueError("host_adapter_cache_bytes must be >= 0")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")

@@ -1,0 +1,40 @@
+"""What the engine hands back for a request."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    gpu_ms: float = 0.0
+
+
+@dataclass
+class Logprob:
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)  # the top-k alternatives, token id -> logprob
+
+
+@dataclass
+class RequestOutput:
+    """One completion of a request. With n > 1 a request has completions index 0..n-1; the
+    offline API returns index 0 with all of them in `choices`, the online `step()` one entry each."""
+
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    usage: Usage
+    logprobs: list[Logprob] | None = None
+    prompt_logprobs: list[Logprob | None] | None = None
+    error: str | None = None
+    choices: list["RequestOutput"] = field(default_factory=list)

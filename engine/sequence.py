@@ -1,0 +1,87 @@
+"""One sequence being generated: its tokens, its KV blocks and its bookkeeping. No torch."""
+
+import itertools
+from enum import Enum, auto
+
+from engine.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """A request with n completions is n sequences; completion 0 leads, the others follow it and
+    reuse its prompt blocks once it has computed them."""
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        adapter: str | None,
+        tenant: str,
+        weight: float,
+        cache_salt: str,
+        arrival_time: float,
+        leader: "Sequence | None" = None,
+    ) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request_id = request_id
+        self.index = index
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling = sampling
+        self.adapter = adapter
+        self.tenant = tenant
+        self.weight = weight
+        self.cache_salt = cache_salt
+        self.leader = leader
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit on first admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks seen so far
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.gpu_ms = 0.0
+        self.num_preemptions = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id}/{self.index}, {self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

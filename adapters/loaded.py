@@ -1,0 +1,151 @@
+"""A validated adapter in Quilt's canonical form: its tensors, ranks, scalings and content digest.
+
+`save(dir)` writes a folder that is at once a PEFT adapter (PEFT and `load_adapter` read it back,
+every module's rank and alpha spelled out in rank_pattern/alpha_pattern) and Quilt's fast path
+(`load_canonical` reads the sidecar, maps the tensors and checks the digest).
+"""
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from adapters.base_shapes import peft_module_key
+from adapters.errors import AdapterError
+from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
+from adapters.safetensors_check import check_safetensors
+from adapters.tensor_names import parse_tensor_name
+
+FORMAT = "quilt-lora/1"
+SIDECAR_NAME = "quilt_adapter.json"
+_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    digest: str
+    rank: int
+    ranks: dict[str, int]  # "layers.{i}.{module}" -> r
+    alpha: float
+    scaling: dict[str, float]  # "layers.{i}.{module}" -> alpha/r or alpha/sqrt(r)
+    target_modules: list[str]
+    num_bytes: int
+    tensors: dict[str, torch.Tensor]  # "layers.{i}.{module}.lora_A" [r, in], ".lora_B" [out, r]
+    config: dict[str, Any]  # normalized settings: use_rslora, per-module alphas, base model hints
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        tensors: dict[str, torch.Tensor],
+        ranks: dict[str, int],
+        alphas: dict[str, float],
+        scaling: dict[str, float],
+        alpha: float,
+        use_rslora: bool,
+        base_model_name_or_path: str | None,
+    ) -> "LoadedAdapter":
+        modules = {name.rsplit(".", 1)[-1] for name in ranks}
+        order = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        return cls(
+            digest=adapter_digest(tensors, scaling),
+            rank=max(ranks.values()),
+            ranks=dict(sorted(ranks.items())),
+            alpha=alpha,
+            scaling=dict(sorted(scaling.items())),
+            target_modules=[m for m in order if m in modules],
+            num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            tensors=dict(sorted(tensors.items())),
+            config={
+                "format": FORMAT,
+                "r": max(ranks.values()),
+                "lora_alpha": alpha,
+                "use_rslora": use_rslora,
+                "alphas": dict(sorted(alphas.items())),
+                "base_model_name_or_path": base_model_name_or_path,
+            },
+        )
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the canonical folder (PEFT-readable adapter + Quilt sidecar); returns its path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        peft_tensors = {_peft_name(name): tensor.contiguous() for name, tensor in self.tensors.items()}
+        safetensors.torch.save_file(peft_tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+        (directory / CONFIG_NAME).write_text(json.dumps(self._peft_config(), indent=2, sort_keys=True))
+        sidecar = {key: value for key, value in asdict(self).items() if key != "tensors"}
+        (directory / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2, sort_keys=True))
+        return directory
+
+    def _peft_config(self) -> dict[str, Any]:
+        keys = {name: peft_module_key(*_layer_module(name)) for name in self.ranks}
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": self.config.get("base_model_name_or_path"),
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "use_rslora": self.config["use_rslora"],
+            "target_modules": sorted(keys.values()),
+            "rank_pattern": {re.escape(keys[name]): rank for name, rank in self.ranks.items()},
+            "alpha_pattern": {re.escape(keys[name]): alpha for name, alpha in self.config["alphas"].items()},
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+        }
+
+
+def load_canonical(directory: str | Path) -> LoadedAdapter:
+    """Read what `LoadedAdapter.save` wrote; the digest is recomputed and must match."""
+    directory = Path(directory)
+    try:
+        sidecar = json.loads((directory / SIDECAR_NAME).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterError(
+            "canonical_corrupt", f"{directory} holds no readable {SIDECAR_NAME} ({exc})"
+        ) from None
+    if not isinstance(sidecar, dict) or sidecar.get("config", {}).get("format") != FORMAT:
+        raise AdapterError("canonical_corrupt", f"{directory} is not a {FORMAT} canonical adapter")
+    weights = directory / WEIGHTS_NAME
+    check_safetensors(weights)
+    tensors = {
+        parse_tensor_name(name).canonical: t for name, t in safetensors.torch.load_file(weights).items()
+    }
+    expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
+    if set(tensors) != expected:
+        raise AdapterError("canonical_corrupt", f"{directory}: tensors do not match {SIDECAR_NAME}")
+    adapter = LoadedAdapter(**{**sidecar, "tensors": dict(sorted(tensors.items()))})
+    digest = adapter_digest(adapter.tensors, adapter.scaling)
+    if digest != sidecar["digest"]:
+        raise AdapterError(
+            "canonical_corrupt", f"{directory}: content digest {digest} does not match {sidecar['digest']}"
+        )
+    return adapter
+
+
+def adapter_digest(tensors: dict[str, torch.Tensor], scaling: dict[str, float]) -> str:
+    """sha256 over each tensor's (name, dtype, shape, bytes) in name order, then the per-module scalings."""
+    digest = hashlib.sha256(FORMAT.encode())
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        header = json.dumps([name, _DTYPE_NAMES[tensor.dtype], list(tensor.shape)]).encode()
+        digest.update(len(header).to_bytes(8, "little") + header)
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    digest.update(json.dumps({"scaling": scaling}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def _layer_module(name: str) -> tuple[int, str]:
+    _, layer, module = name.split(".")
+    return int(layer), module
+
+
+def _peft_name(canonical: str) -> str:
+    _, layer, module, half = canonical.split(".")
+    return f"base_model.model.{peft_module_key(int(layer), module)}.{half}.weight"

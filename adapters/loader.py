@@ -1,0 +1,196 @@
+"""load_adapter: from what a tenant uploaded to a validated LoadedAdapter, or a clear refusal."""
+
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from adapters.archive import ArchiveLimits, unpacked
+from adapters.base_shapes import PROJECTIONS, BaseShapes
+from adapters.errors import AdapterError
+from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
+from adapters.loaded import LoadedAdapter
+from adapters.peft_config import MAX_CONFIG_BYTES, LoraSettings
+from adapters.safetensors_check import TensorEntry, check_safetensors
+from adapters.tensor_names import LoraTensorName, module_name, parse_tensor_name
+
+DEFAULT_MAX_RANK = 256
+
+
+def load_adapter(
+    source: str | Path,
+    base_config: dict[str, Any],
+    *,
+    max_rank: int = DEFAULT_MAX_RANK,
+    limits: ArchiveLimits | None = None,
+) -> LoadedAdapter:
+    """Validate and load a PEFT LoRA adapter (a folder, .zip, .tar or .tar.gz) for the given base model.
+
+    Raises AdapterError with a `code` and a message for the tenant when anything is off; an archive is
+    unpacked into a temporary directory that is removed before this returns or raises.
+    """
+    shapes = BaseShapes.from_config(base_config)
+    source = Path(source)
+    if not source.exists():
+        raise AdapterError("source_missing", f"{source.name} does not exist")
+    if source.is_file() and source.name.lower().endswith(PICKLE_SUFFIXES):
+        raise AdapterError(
+            "pickle_file",
+            f"{source.name} is a pickle file: loading it can run code, so Quilt refuses it. "
+            "Save the adapter with safetensors (save_pretrained's default) and upload its folder",
+        )
+    with unpacked(source, limits=limits or ArchiveLimits()) as root:
+        files = find_adapter_files(root)
+        if files.config.stat().st_size > MAX_CONFIG_BYTES:
+            raise AdapterError(
+                "config_invalid", f"adapter_config.json is larger than {MAX_CONFIG_BYTES} bytes"
+            )
+        settings = LoraSettings.from_json(files.config.read_bytes())
+        entries = check_safetensors(files.weights)
+        plan = _planned_modules(settings, shapes)
+        names = _match_tensors(entries, plan, shapes)
+        ranks = _check_shapes(entries, names, plan, settings, shapes, max_rank=max_rank)
+        loaded = safetensors.torch.load_file(files.weights)
+    tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
+    for key, tensor in tensors.items():
+        if not torch.isfinite(tensor).all():
+            layer, module, half = key.split(".")[1:]
+            raise AdapterError(
+                "tensor_not_finite", f"layer {layer} {module}: {half} contains NaN or infinite values"
+            )
+    alphas = {name: settings.alpha_for(plan[name]) for name in ranks}
+    return LoadedAdapter.build(
+        tensors=tensors,
+        ranks=ranks,
+        alphas=alphas,
+        scaling={name: settings.scaling(alphas[name], rank) for name, rank in ranks.items()},
+        alpha=settings.lora_alpha,
+        use_rslora=settings.use_rslora,
+        base_model_name_or_path=settings.base_model_name_or_path,
+    )
+
+
+def _planned_modules(settings: LoraSettings, shapes: BaseShapes) -> dict[str, str]:
+    """The modules PEFT would wrap for this config: canonical "layers.{i}.{module}" -> PEFT module key."""
+    plan = {}
+    for key, kind in shapes.named_modules().items():
+        if not settings.targets(key):
+            continue
+        if kind == "embedding":
+            raise AdapterError(
+                "embedding_unsupported",
+                "target_modules includes the embeddings (embed_tokens); not served yet",
+            )
+        if kind == "lm_head":
+            raise AdapterError(
+                "lm_head_unsupported", "target_modules includes lm_head; LoRA on lm_head is not served yet"
+            )
+        if kind not in PROJECTIONS:
+            raise AdapterError(
+                "unsupported_module",
+                f"target_modules matches {key}, a {kind} layer; LoRA is served on {', '.join(PROJECTIONS)} only",
+            )
+        layer = int(key.split(".")[2])
+        plan[module_name(layer, kind)] = key
+    if not plan:
+        raise AdapterError(
+            "no_target_modules",
+            f"target_modules {settings.target_modules!r} matches none of this base model's projections "
+            f"({', '.join(PROJECTIONS)})",
+        )
+    return plan
+
+
+def _match_tensors(
+    entries: dict[str, TensorEntry], plan: dict[str, str], shapes: BaseShapes
+) -> dict[str, LoraTensorName]:
+    """Every saved tensor belongs to a planned module, and every planned module has both halves."""
+    names = {key: parse_tensor_name(key) for key in entries}
+    adapter_names = {name.adapter_name for name in names.values()}
+    if len(adapter_names) > 1:
+        raise AdapterError(
+            "multiple_adapters",
+            f"the weights mix several adapter names ({', '.join(sorted(map(str, adapter_names)))}); upload one adapter",
+        )
+    seen: dict[str, set[str]] = {}
+    for key, name in names.items():
+        if name.layer >= shapes.num_layers:
+            raise AdapterError(
+                "tensor_unknown",
+                f"tensor {key} is for layer {name.layer}, but the base model has {shapes.num_layers} layers",
+            )
+        module = module_name(name.layer, name.module)
+        if module not in plan:
+            raise AdapterError(
+                "tensor_unknown",
+                f"tensor {key} adapts {name.where}, which adapter_config.json does not target",
+            )
+        halves = seen.setdefault(module, set())
+        if name.half in halves:
+            raise AdapterError("tensor_duplicate", f"{name.where}: {name.half} is stored twice")
+        halves.add(name.half)
+    for module, halves in seen.items():
+        if len(halves) == 1:
+            (have,) = halves
+            other = "lora_B" if have == "lora_A" else "lora_A"
+            raise AdapterError(
+                "tensor_unpaired", f"{_where(module)}: {have} is present but {other} is missing"
+            )
+    missing = sorted(set(plan) - set(seen), key=_module_order)
+    if missing:
+        listed = ", ".join(_where(module) for module in missing[:4]) + (" ..." if len(missing) > 4 else "")
+        raise AdapterError(
+            "tensor_missing",
+            f"adapter_config.json targets {len(missing)} module(s) with no weights in the file: {listed}",
+        )
+    return names
+
+
+def _check_shapes(
+    entries: dict[str, TensorEntry],
+    names: dict[str, LoraTensorName],
+    plan: dict[str, str],
+    settings: LoraSettings,
+    shapes: BaseShapes,
+    *,
+    max_rank: int,
+) -> dict[str, int]:
+    """Shapes from the header against the base model and the config's ranks; returns the rank per module."""
+    by_half = {(module_name(n.layer, n.module), n.half): entries[key] for key, n in names.items()}
+    ranks = {}
+    for module in sorted({module for module, _ in by_half}, key=_module_order):
+        kind = module.split(".")[2]
+        where = _where(module)
+        rank = settings.rank_for(plan[module])
+        if rank > max_rank:
+            raise AdapterError(
+                "rank_too_large", f"{where} has rank {rank}; this deployment serves ranks up to {max_rank}"
+            )
+        expected_a, expected_b = shapes.lora_shapes(kind, rank)
+        for half, expected in (("lora_A", expected_a), ("lora_B", expected_b)):
+            actual = by_half[(module, half)].shape
+            if actual != expected:
+                raise AdapterError(
+                    "tensor_shape",
+                    f"{where}: {half} has shape {list(actual)}, expected {list(expected)} for this base model"
+                    + (f" and r={rank}" if _rank_of(half, actual) != rank else ""),
+                )
+        ranks[module] = rank
+    return ranks
+
+
+def _rank_of(half: str, shape: tuple[int, ...]) -> int | None:
+    if len(shape) != 2:
+        return None
+    return shape[0] if half == "lora_A" else shape[1]
+
+
+def _module_order(module: str) -> tuple[int, int]:
+    _, layer, kind = module.split(".")
+    return int(layer), PROJECTIONS.index(kind)
+
+
+def _where(module: str) -> str:
+    _, layer, kind = module.split(".")
+    return f"layer {layer} {kind}"

@@ -58,6 +58,11 @@ def parse_tensor_name(name: str) -> LoraTensorName:
 
 
 def _refuse_unserved(name: str) -> None:
+    if "modules_to_save" in name:
+        raise AdapterError(
+            "modules_to_save_unsupported",
+            f"tensor {name} is a fully retrained module; that is not served yet",
+        )
     if "lora_magnitude_vector" in name:
         raise AdapterError(
             "dora_unsupported", f"tensor {name} is a DoRA magnitude; DoRA adapters are not served yet"
@@ -68,11 +73,6 @@ def _refuse_unserved(name: str) -> None:
         )
     if "lm_head" in name:
         raise AdapterError("lm_head_unsupported", f"tensor {name} adapts lm_head; that is not served yet")
-    if "modules_to_save" in name:
-        raise AdapterError(
-            "modules_to_save_unsupported",
-            f"tensor {name} is a fully retrained module; that is not served yet",
-        )
     if name.endswith(".bias"):
         raise AdapterError(
             "bias_unsupported", f"tensor {name} is a bias; adapters that train biases are not served yet"

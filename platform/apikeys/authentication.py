@@ -1,6 +1,7 @@
 """DRF authentication by `Authorization: Bearer <key>`. The tenant comes from the key, never from the body."""
 
 from django.contrib.auth.models import AnonymousUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from apikeys.selectors import KeyRefused, api_key_authenticate
@@ -31,3 +32,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return self.keyword
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = ApiKeyAuthentication
+    name = "ApiKeyAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "A tenant API key: `Bearer <prefix>.<secret>`."}

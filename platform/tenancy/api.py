@@ -40,7 +40,12 @@ class OwnTenantApi(TenantAPIView):
         return Response(TenantOutput(self.tenant).data)
 
 
-class MemberListApi(TenantAPIView):
+class _MembersApi(TenantAPIView):
+    def _is_owner(self) -> bool:
+        return self.actor.key is not None or self.request.user.is_staff or self.membership.role == Role.OWNER
+
+
+class MemberListApi(_MembersApi):
     required_roles = {"GET": Role.VIEWER, "POST": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
 
@@ -61,11 +66,8 @@ class MemberListApi(TenantAPIView):
         membership = services.member_add(actor=self.actor, tenant=self.tenant, **data.validated_data)
         return Response(MemberOutput(membership).data, status=status.HTTP_201_CREATED)
 
-    def _is_owner(self) -> bool:
-        return self.actor.key is not None or self.request.user.is_staff or self.membership.role == Role.OWNER
 
-
-class MemberDetailApi(MemberListApi):
+class MemberDetailApi(_MembersApi):
     required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN, "DELETE": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN, "PATCH": Scope.ADMIN, "DELETE": Scope.ADMIN}
 
@@ -91,6 +93,7 @@ class MemberDetailApi(MemberListApi):
         membership = services.member_change_role(actor=self.actor, membership=membership, **data.validated_data)
         return Response(MemberOutput(membership).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request, member_id: int):
         membership = self._membership(member_id)
         if membership.role == Role.OWNER and not self._is_owner():

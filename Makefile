@@ -1,0 +1,30 @@
+# Two commands on a fresh Linux machine with Python 3.11:
+#   make demo   - virtualenv, pinned dependencies, migrate, seed, run the platform (embedded defaults)
+#   make test   - the whole test suite (what .ci/run calls)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test lint venv services
+
+venv: $(INSTALLED)
+
+$(INSTALLED): requirements/engine.txt requirements/platform.txt requirements/dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements/dev.txt
+	touch $@
+
+demo: venv
+	$(BIN)/python manage.py demo
+
+services:
+	.ci/services
+
+test: venv services
+	.ci/test
+
+lint: venv
+	$(BIN)/ruff check .

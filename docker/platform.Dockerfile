@@ -1,0 +1,19 @@
+# The control plane: gateway (uvicorn), Celery worker and beat share this image.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DJANGO_SETTINGS_MODULE=quilt.settings.production
+RUN apt-get update && apt-get install -y --no-install-recommends libpq5 && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY requirements/ requirements/
+RUN pip install --no-cache-dir -r requirements/platform.txt
+COPY manage.py pyproject.toml ./
+COPY platform/ platform/
+COPY templates/ templates/
+COPY adapters/ adapters/
+COPY engine/ engine/
+RUN SECRET_KEY=build DATABASE_URL=sqlite:////tmp/build.sqlite3 ALLOWED_HOSTS=localhost \
+    python manage.py collectstatic --noinput
+RUN useradd --create-home quilt && mkdir -p /app/var && chown -R quilt /app/var
+USER quilt
+EXPOSE 8000
+CMD ["python", "-m", "uvicorn", "quilt.asgi:application", "--app-dir", "platform", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"]

@@ -1,0 +1,74 @@
+"""Fixtures shared across the suite: a real Celery worker process against Redis, on the test database."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_database_url() -> str:
+    from django.db import connection
+
+    params = connection.settings_dict
+    host, port, user = params.get("HOST") or "127.0.0.1", params.get("PORT") or "5432", params.get("USER") or "postgres"
+    if params["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{params['NAME']}"
+    return f"postgres://{user}@{host}:{port}/{params['NAME']}"
+
+
+def start_worker(*, include: tuple[str, ...] = (), extra_env: dict | None = None) -> subprocess.Popen:
+    """Starts `celery worker` on this run's queue and test database; returns once it says it is ready."""
+    from django.conf import settings
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
+        "DATABASE_URL": test_database_url(),
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
+        **(extra_env or {}),
+    }
+    command = [
+        sys.executable, "-m", "celery", "--workdir", str(REPO / "platform"), "-A", "quilt", "worker",
+        "--loglevel", "INFO", "--pool", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
+    ]  # fmt: skip
+    for module in include:
+        command += ["--include", module]
+    worker = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    seen = []
+    while time.monotonic() < deadline:
+        line = worker.stdout.readline()
+        if not line and worker.poll() is not None:
+            break
+        seen.append(line)
+        if " ready." in line:
+            worker.seen_output = seen
+            return worker
+    worker.kill()
+    raise RuntimeError("the Celery worker did not start:\n" + "".join(seen[-40:]))
+
+
+def stop_worker(worker: subprocess.Popen) -> None:
+    worker.terminate()
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real worker process consuming this run's queue, sharing the (committed) test database."""
+    worker = start_worker(include=("tests.platform.worker_tasks",))
+    yield worker
+    stop_worker(worker)

@@ -56,6 +56,9 @@ class Sequence:
         self.first_token_time: float | None = None
         self.gpu_ms = 0.0
         self.num_preemptions = 0
+        self.text = ""  # final text once finished (the detokenizer holds it before)
+        self.logprobs: list = []  # engine.outputs.Logprob per completion token, when asked for
+        self.prompt_logprobs: list | None = None
 
     def __repr__(self) -> str:
         return (

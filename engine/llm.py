@@ -1,0 +1,70 @@
+"""The offline API: load a model, add adapters, generate for a list of prompts."""
+
+import itertools
+import time
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+_batch_ids = itertools.count()
+
+
+class LLM:
+    def __init__(self, model: str | Path, device: str = "cpu", **config_fields) -> None:
+        self.engine = LLMEngine(EngineConfig(model=str(model), device=device, **config_fields))
+        self.adapters: dict[str, str] = {}  # name -> digest
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def add_adapter(self, name: str, path: str | Path) -> str:
+        digest = self.engine.add_adapter(path)
+        self.adapters[name] = digest
+        return digest
+
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+        adapters: list[str | None] | None = None,
+        tenants: list[str] | None = None,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order; with n > 1 the others are in its `choices`."""
+        count = len(prompts)
+        samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * count
+        adapters = adapters or [None] * count
+        tenants = tenants or ["default"] * count
+        if not len(samplings) == len(adapters) == len(tenants) == count:
+            raise ValueError("sampling, adapters and tenants must have one entry per prompt")
+        batch = next(_batch_ids)
+        request_ids = []
+        for i, (prompt, params, name, tenant) in enumerate(zip(prompts, samplings, adapters, tenants, strict=True)):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
+                prompt = self.tokenizer.encode(prompt)
+            if name is not None and name not in self.adapters:
+                raise ValueError(f"unknown adapter {name!r}; add it with add_adapter first")
+            request_id = f"offline-{batch}-{i}"
+            self.engine.add_request(
+                request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant
+            )
+            request_ids.append(request_id)
+        final: dict[tuple[str, int], RequestOutput] = {}
+        while self.engine.has_unfinished():
+            outputs = self.engine.step()
+            for output in outputs:
+                if output.finished:
+                    final[(output.request_id, output.index)] = output
+            if not outputs:
+                time.sleep(0.001)  # adapters still loading
+        results = []
+        for request_id, params in zip(request_ids, samplings, strict=True):
+            choices = [final[(request_id, index)] for index in range(params.n)]
+            choices[0].choices = choices
+            results.append(choices[0])
+        return results

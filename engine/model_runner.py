@@ -1,0 +1,130 @@
+"""Runs one scheduled step: flattens it into a ragged token batch, runs the model, samples."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.context import Context
+from engine.models import LlamaForCausalLM
+from engine.sampler import Sample, Sampler, SampleRequest
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+from kernels import LoRAMeta
+
+
+@dataclass
+class StepResult:
+    sample: Sample | None = None  # None: the sequence is still mid-prompt
+    prompt_logprobs: list[tuple[int, float, dict[int, float]]] = field(default_factory=list)  # (pos, lp, top)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        *,
+        model: LlamaForCausalLM,
+        num_kv_blocks: int,
+        block_size: int,
+        num_slots: int,
+        eos_token_ids: tuple[int, ...],
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.eos_token_ids = eos_token_ids
+        self.block_size = block_size
+        self.num_slots = num_slots
+        self.device = device
+        self.sampler = Sampler()
+        self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
+        args = model.args
+        dtype = model.lm_head.weight.dtype
+        shape = (num_kv_blocks, block_size, args.num_kv_heads, args.head_dim)
+        for layer in model.model.layers:
+            layer.self_attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)  # [blocks, bs, kv_heads, D]
+            layer.self_attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
+        args = model.args
+        itemsize = model.lm_head.weight.element_size()
+        return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * itemsize
+
+    def release(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.sampling.seed is None or seq.sampling.greedy:
+            return None
+        if seq.seq_id not in self.generators:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seq.sampling.seed + seq.index)
+            self.generators[seq.seq_id] = g
+        return self.generators[seq.seq_id]
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, adapter_slots: dict[str, int]) -> dict[int, StepResult]:
+        bs = self.block_size
+        input_ids, positions, slot_mapping, token_slots = [], [], [], []
+        cu_seqlens, context_lens, tables = [0], [], []
+        sample_rows, sample_seqs = [], []
+        prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
+        for seq in out.seqs:
+            n = out.num_tokens[seq.seq_id]
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            row0 = len(input_ids)
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            table = seq.block_table
+            slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            token_slots += [adapter_slots[seq.adapter] if seq.adapter is not None else -1] * n
+            cu_seqlens.append(len(input_ids))
+            context_lens.append(end)
+            tables.append(table)
+            if seq.sampling.prompt_logprobs is not None:
+                prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
+            if end == seq.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sample_seqs.append(seq)
+        dev = self.device
+        width = max(len(t) for t in tables)
+        ctx = Context(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),  # [T]
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=dev),  # [T]
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),  # [B]
+            cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev),  # [B + 1]
+            is_decode=len(input_ids) == len(out.seqs),
+            token_slots=torch.tensor(token_slots, dtype=torch.int32, device=dev),  # [T]
+            lora_meta=None,
+        )
+        if adapter_slots and any(s >= 0 for s in token_slots):
+            ctx.lora_meta = LoRAMeta.build(ctx.token_slots, self.num_slots)
+        hidden = self.model(torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx)  # [T, hidden]
+        rows = sample_rows + [row for _, row, _ in prompt_rows]
+        logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
+
+        results = {seq.seq_id: StepResult() for seq in out.seqs}
+        if sample_seqs:
+            requests = [self._sample_request(seq) for seq in sample_seqs]
+            for seq, sample in zip(sample_seqs, self.sampler(logits[: len(sample_seqs)], requests), strict=True):
+                results[seq.seq_id].sample = sample
+        if prompt_rows:
+            logprobs = torch.log_softmax(logits[len(sample_seqs) :], dim=-1)  # [P, vocab]
+            for i, (seq, _, pos) in enumerate(prompt_rows):
+                target = seq.token_ids[pos + 1]
+                k = seq.sampling.prompt_logprobs
+                top = {}
+                if k:
+                    values, ids = logprobs[i].topk(k)
+                    top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+                results[seq.seq_id].prompt_logprobs.append((pos + 1, float(logprobs[i, target]), top))
+        return results
+
+    def _sample_request(self, seq: Sequence) -> SampleRequest:
+        s = seq.sampling
+        banned = []
+        if seq.num_completion_tokens < s.min_tokens:
+            banned = list(s.stop_token_ids) + ([] if s.ignore_eos else list(self.eos_token_ids))
+        return SampleRequest(
+            sampling=s, output_token_ids=seq.completion_token_ids, generator=self._generator(seq), banned_token_ids=banned
+        )

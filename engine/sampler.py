@@ -1,0 +1,91 @@
+"""From one step's logits to the next token of each sequence, plus the log-probabilities asked for."""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleRequest:
+    """One row of logits to sample from, with what the sampler needs of its sequence."""
+
+    sampling: SamplingParams
+    output_token_ids: list[int]
+    generator: torch.Generator | None  # seeded sequences draw from their own generator
+    banned_token_ids: list[int]  # stop tokens while min_tokens is not reached
+
+
+@dataclass
+class Sample:
+    token_id: int
+    logprob: float | None
+    top_logprobs: dict[int, float] | None
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sample]:
+        """logits [N, vocab] float32, one row per request."""
+        raw_logprobs = None
+        if any(r.sampling.logprobs is not None for r in requests):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)  # [N, vocab], the model's own distribution
+        logits = logits.clone()
+        self._apply_penalties(logits, requests)
+        for i, r in enumerate(requests):
+            if r.banned_token_ids:
+                logits[i, r.banned_token_ids] = -float("inf")
+        token_ids = self._choose(logits, requests)  # [N]
+        chosen = token_ids.tolist()
+        samples = []
+        for i, (r, token_id) in enumerate(zip(requests, chosen, strict=True)):
+            logprob = top = None
+            if r.sampling.logprobs is not None:
+                logprob = float(raw_logprobs[i, token_id])
+                if r.sampling.logprobs:
+                    values, ids = raw_logprobs[i].topk(r.sampling.logprobs)
+                    top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+            samples.append(Sample(token_id=token_id, logprob=logprob, top_logprobs=top))
+        return samples
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: list[SampleRequest]) -> None:
+        for i, r in enumerate(requests):
+            s = r.sampling
+            if not (s.presence_penalty or s.frequency_penalty) or not r.output_token_ids:
+                continue
+            ids = torch.tensor(r.output_token_ids, device=logits.device)
+            counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)  # [vocab]
+            logits[i] -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(logits.dtype)
+
+    def _choose(self, logits: torch.Tensor, requests: list[SampleRequest]) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)  # [N]
+        rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
+        if not rows:
+            return greedy
+        sub = logits[rows]  # [M, vocab]
+        params = [requests[i].sampling for i in rows]
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        sub = sub / temperature[:, None]
+        top_k = [p.top_k for p in params]
+        if any(top_k):
+            k = torch.tensor([k or sub.shape[1] for k in top_k], device=device).clamp(max=sub.shape[1])
+            kth = sub.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])  # [M, 1]
+            sub = sub.masked_fill(sub < kth, -float("inf"))
+        probs = sub.softmax(dim=-1)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        if (top_p < 1.0).any():
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p[:, None]  # keeps the top token
+            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        if (min_p > 0).any():
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+        # exponential race: argmax(p / q) with q ~ Exp(1) draws from p; each seeded row draws its own q
+        noise = torch.empty_like(probs).exponential_()
+        for j, i in enumerate(rows):
+            if requests[i].generator is not None:
+                noise[j].exponential_(generator=requests[i].generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        greedy[rows] = sampled
+        return greedy

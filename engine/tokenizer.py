@@ -1,0 +1,81 @@
+"""The base model's tokenizer (tokenizer.json) and chat template (tokenizer_config.json)."""
+
+import json
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _raise(message: str):
+    raise jinja2.TemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        self.hf = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: use the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_file = model_dir / "chat_template.jinja"
+        if template is None and jinja_file.exists():
+            template = jinja_file.read_text()
+        self.chat_template = template
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template) if template else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return self.hf.token_to_id(token) if token else None
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        if self._template is None:
+            raise ValueError("this model's tokenizer_config.json has no chat_template")
+        return self._template.render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+    def stream(self, prompt_token_ids: list[int], *, skip_special_tokens: bool) -> "TextStream":
+        return TextStream(self, prompt_token_ids, skip_special_tokens=skip_special_tokens)
+
+
+class TextStream:
+    """Incremental detokenization of one sequence's output, primed with the end of its prompt so
+    that the first tokens decode with their leading spaces."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], *, skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.stream = DecodeStream(ids=prompt_token_ids[-4:], skip_special_tokens=skip_special_tokens)
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        chunk = self.stream.step(self.tokenizer.hf, token_id) or ""
+        self.text += chunk
+        return chunk

@@ -1,0 +1,105 @@
+"""Adapters made by PEFT itself on tiny random Llama, Mistral and Qwen2 models: the oracle."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+from tests.adapters.builders import llama_config, mistral_config, qwen2_config
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+SCENARIOS = {
+    "llama-mixed-ranks-and-patterns": (
+        llama_config,
+        LlamaForCausalLM,
+        torch.float32,
+        dict(
+            r=4,
+            lora_alpha=16,
+            target_modules=ALL,
+            rank_pattern={
+                "v_proj": 8,
+                "layers.1.mlp.down_proj": 2,
+                r"model\.layers\.0\.self_attn\.o_proj": 6,
+            },
+            alpha_pattern={"o_proj": 32, "layers.0.mlp.gate_proj": 5},
+        ),
+    ),
+    "mistral-rslora-layers-to-transform-bf16": (
+        mistral_config,
+        MistralForCausalLM,
+        torch.bfloat16,
+        dict(
+            r=8,
+            lora_alpha=4,
+            use_rslora=True,
+            target_modules=["q_proj", "k_proj", "gate_proj"],
+            layers_to_transform=[1],
+            layers_pattern="layers",
+        ),
+    ),
+    "qwen2-regex-targets-f16": (
+        qwen2_config,
+        Qwen2ForCausalLM,
+        torch.float16,
+        dict(
+            r=2,
+            lora_alpha=7,
+            target_modules=r".*\.layers\.\d+\.(self_attn\.(k|o)_proj|mlp\.up_proj)",
+            rank_pattern={"up_proj": 5},
+        ),
+    ),
+    "llama-rslora-patterns-exclude-layer-int": (
+        llama_config,
+        LlamaForCausalLM,
+        torch.float32,
+        dict(
+            r=3,
+            lora_alpha=9,
+            use_rslora=True,
+            target_modules=["q_proj", "up_proj", "down_proj"],
+            exclude_modules=r"model\.layers\.0\.self_attn\.q_proj",
+            rank_pattern={"down_proj": 16},
+            alpha_pattern={"up_proj": 2.5},
+        ),
+    ),
+    "mistral-single-layer-int": (
+        mistral_config,
+        MistralForCausalLM,
+        torch.float32,
+        dict(r=16, lora_alpha=16, target_modules=["v_proj", "o_proj"], layers_to_transform=0),
+    ),
+}
+
+
+@dataclass
+class PeftMade:
+    model: PeftModel
+    directory: Path
+    base_config: dict
+    lora: dict
+
+
+def make(name: str, directory: Path) -> PeftMade:
+    config_factory, model_class, dtype, lora = SCENARIOS[name]
+    torch.manual_seed(0)
+    config = config_factory()
+    base = model_class(config).to(dtype)
+    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **lora), autocast_adapter_dtype=False)
+    model.save_pretrained(directory)
+    return PeftMade(model=model, directory=directory, base_config=config.to_dict(), lora=lora)
+
+
+def lora_modules(model: PeftModel) -> dict[str, LoraLayer]:
+    """PEFT's LoRA layers keyed like Quilt's: "layers.{i}.{module}"."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            parts = name.split(".")
+            layer = parts[parts.index("layers") + 1]
+            found[f"layers.{layer}.{parts[-1]}"] = module
+    return found

@@ -1,0 +1,105 @@
+"""The canonical form: save/load keeps the digest, PEFT reads it back, tampering is caught."""
+
+import json
+
+import pytest
+import safetensors.torch
+import torch
+from peft import PeftModel
+from transformers import LlamaForCausalLM
+
+from adapters import AdapterError, load_adapter, load_canonical
+from tests.adapters.builders import llama_config, lora_config, peft_lora_tensors, write_adapter
+from tests.adapters.peft_made import lora_modules, make
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return make("llama-mixed-ranks-and-patterns", tmp_path_factory.mktemp("peft"))
+
+
+def test_round_trip_keeps_digest_and_tensors(made, tmp_path):
+    adapter = load_adapter(made.directory, made.base_config)
+    again = load_canonical(adapter.save(tmp_path / "canonical"))
+    assert again.digest == adapter.digest
+    assert (again.rank, again.ranks, again.alpha, again.scaling) == (
+        adapter.rank,
+        adapter.ranks,
+        adapter.alpha,
+        adapter.scaling,
+    )
+    assert (again.target_modules, again.num_bytes, again.config) == (
+        adapter.target_modules,
+        adapter.num_bytes,
+        adapter.config,
+    )
+    assert again.tensors.keys() == adapter.tensors.keys()
+    for name, tensor in adapter.tensors.items():
+        assert torch.equal(again.tensors[name], tensor) and again.tensors[name].dtype == tensor.dtype
+
+
+def test_canonical_folder_is_a_peft_adapter(made, tmp_path):
+    """PEFT itself loads the canonical folder with every module's rank, scaling and weights intact."""
+    adapter = load_adapter(made.directory, made.base_config)
+    canonical = adapter.save(tmp_path / "canonical")
+    assert load_adapter(canonical, made.base_config).digest == adapter.digest
+    reloaded = PeftModel.from_pretrained(LlamaForCausalLM(llama_config()), canonical)
+    original, back = lora_modules(made.model), lora_modules(reloaded)
+    assert set(back) == set(original)
+    for name, layer in original.items():
+        assert back[name].r["default"] == layer.r["default"]
+        assert back[name].scaling["default"] == layer.scaling["default"]
+        assert torch.equal(back[name].lora_B["default"].weight, layer.lora_B["default"].weight)
+
+
+def test_digest_covers_outputs_not_packaging(tmp_path, llama_base):
+    config = lora_config()
+    tensors = peft_lora_tensors(config)
+    base = load_adapter(write_adapter(tmp_path / "a", config=config, tensors=tensors), llama_base)
+    unwrapped = {name.removeprefix("base_model.model."): t for name, t in tensors.items()}
+    renamed = load_adapter(write_adapter(tmp_path / "b", config=config, tensors=unwrapped), llama_base)
+    same_scaling = load_adapter(
+        write_adapter(
+            tmp_path / "c",
+            config=lora_config(r=4, lora_alpha=4, alpha_pattern={"q_proj": 8, "v_proj": 8}),
+            tensors=tensors,
+        ),
+        llama_base,
+    )
+    other_alpha = load_adapter(
+        write_adapter(tmp_path / "d", config=lora_config(lora_alpha=16), tensors=tensors), llama_base
+    )
+    half = {name: t.half() for name, t in tensors.items()}
+    other_dtype = load_adapter(write_adapter(tmp_path / "e", config=config, tensors=half), llama_base)
+    nudged = dict(tensors, **{next(iter(tensors)): next(iter(tensors.values())) + 1e-3})
+    other_bytes = load_adapter(write_adapter(tmp_path / "f", config=config, tensors=nudged), llama_base)
+    assert base.digest == renamed.digest == same_scaling.digest
+    assert len({base.digest, other_alpha.digest, other_dtype.digest, other_bytes.digest}) == 4
+
+
+def test_tampered_tensor_is_caught(made, tmp_path):
+    canonical = load_adapter(made.directory, made.base_config).save(tmp_path / "canonical")
+    weights = canonical / "adapter_model.safetensors"
+    tensors = safetensors.torch.load_file(weights)
+    first = next(iter(tensors))
+    tensors[first] = tensors[first] * 2
+    safetensors.torch.save_file(tensors, weights)
+    with pytest.raises(AdapterError) as refused:
+        load_canonical(canonical)
+    assert refused.value.code == "canonical_corrupt" and "digest" in refused.value.message
+
+
+def test_tampered_scaling_is_caught(made, tmp_path):
+    canonical = load_adapter(made.directory, made.base_config).save(tmp_path / "canonical")
+    sidecar = json.loads((canonical / "quilt_adapter.json").read_text())
+    sidecar["scaling"]["layers.0.q_proj"] *= 10
+    (canonical / "quilt_adapter.json").write_text(json.dumps(sidecar))
+    with pytest.raises(AdapterError) as refused:
+        load_canonical(canonical)
+    assert refused.value.code == "canonical_corrupt"
+
+
+def test_not_a_canonical_folder(made, tmp_path):
+    with pytest.raises(AdapterError) as refused:
+        load_canonical(made.directory)
+    assert refused.value.code == "canonical_corrupt" and "quilt_adapter.json" in refused.value.message

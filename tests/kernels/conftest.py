@@ -1,12 +1,11 @@
-"""Kernel tests: on a machine without CUDA the Triton kernels run in Triton's CPU interpreter.
+"""Kernel tests: without CUDA the Triton kernels run in Triton's CPU interpreter on CPU tensors.
 
-TRITON_INTERPRET is read when a kernel is decorated, so it is set here before the Triton
-modules are (re)loaded; modules imported earlier by other tests are reloaded in interpreter mode.
+TRITON_INTERPRET is read when a kernel is decorated, so it is set here before the kernel modules
+are imported; modules already imported by earlier tests are reloaded in interpreter mode.
 """
 
 import importlib
 import os
-import sys
 
 import pytest
 import torch
@@ -14,28 +13,18 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
+    from kernels import interpreter
 
-TRITON_MODULES = (
-    "kernels.lora_shrink",
-    "kernels.lora_expand",
-    "kernels.store_kv",
-    "kernels.paged_attention_decode",
-    "kernels.paged_attention_prefill",
-    "kernels.rms_norm",
-    "kernels.rotary_embedding",
-    "kernels.silu_and_mul",
-)
+    interpreter.enable()
 
 
 def load_triton_op(name: str):
-    """The Triton launcher `name` from kernels/<name>.py, built for this machine's mode."""
-    module_name = f"kernels.{name}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        module = importlib.import_module(module_name)
-    elif not HAS_CUDA and not getattr(module, "_interpreted", False):
+    """The Triton launcher `name` from kernels/<name>.py, built for this machine (native or interpreted)."""
+    from triton.runtime.jit import JITFunction
+
+    module = importlib.import_module(f"kernels.{name}")
+    if not HAS_CUDA and any(isinstance(value, JITFunction) for value in vars(module).values()):
         module = importlib.reload(module)
-    module._interpreted = not HAS_CUDA
     return getattr(module, name)
 
 

@@ -1,0 +1,66 @@
+"""Checks and small helpers shared by the Triton launchers."""
+
+import torch
+import triton
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def require_shape(name: str, tensor: torch.Tensor, shape: tuple) -> None:
+    require(tuple(tensor.shape) == tuple(shape), f"{name}: expected shape {tuple(shape)}, got {tuple(tensor.shape)}")
+
+
+def require_index(name: str, tensor: torch.Tensor, length: int | None = None) -> None:
+    require(tensor.dtype in INDEX_DTYPES, f"{name}: expected int32/int64, got {tensor.dtype}")
+    require(tensor.is_contiguous(), f"{name}: must be contiguous")
+    if length is not None:
+        require_shape(name, tensor, (length,))
+
+
+def require_float(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    require(tensor.dtype in FLOAT_DTYPES, f"{name}: expected float32/float16/bfloat16, got {tensor.dtype}")
+    if dtype is not None:
+        require(tensor.dtype == dtype, f"{name}: expected {dtype}, got {tensor.dtype}")
+
+
+def require_contiguous(**tensors: torch.Tensor) -> None:
+    for name, tensor in tensors.items():
+        require(tensor.is_contiguous(), f"{name}: must be contiguous")
+
+
+def require_last_dim_contiguous(**tensors: torch.Tensor) -> None:
+    for name, tensor in tensors.items():
+        require(tensor.stride(-1) == 1, f"{name}: last dimension must be contiguous")
+
+
+def require_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    require(len(set(devices.values())) == 1, f"tensors on different devices: {devices}")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs multiply in full precision (no TF32), so float32 results match the reference."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def next_power_of_2(value: int) -> int:
+    return triton.next_power_of_2(max(int(value), 1))
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (a small constant under the CPU interpreter)."""
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]

@@ -1,0 +1,184 @@
+"""Paged attention for decode: one query token per sequence, GQA, optional split-KV with a reduction."""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import (
+    dot_precision,
+    multiprocessor_count,
+    next_power_of_2,
+    require,
+    require_contiguous,
+    require_float,
+    require_index,
+    require_last_dim_contiguous,
+    require_same_device,
+)
+
+
+def _config(batch: int, kv_heads: int, max_context: int, head_dim: int, device: torch.device) -> dict:
+    """Tuning for one launch (the only place it is chosen): KV tile, warps and the split-KV partition.
+
+    Split-KV is used when batch x kv_heads programs cannot fill the device and contexts are long;
+    the partition depends only on shapes known without a device sync (max_blocks x block_size).
+    """
+    block_n = 64 if head_dim <= 128 else 32
+    partition = 0
+    programs = batch * kv_heads
+    if programs < 2 * multiprocessor_count(device) and max_context > 1024:
+        partition = 512
+    return {"BLOCK_N": block_n, "PARTITION": partition, "num_warps": 4}
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, context_ptr, out_ptr, part_out_ptr, part_stats_ptr,
+    scale, head_dim,
+    q_stride_b, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
+    out_stride_b, out_stride_h, part_stride_b, part_stride_h, part_stride_split,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PARTITION: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context = tl.load(context_ptr + b).to(tl.int32)
+    if PARTITION > 0:
+        start = split * PARTITION
+        if start >= context:
+            return
+        end = tl.minimum(start + PARTITION, context)
+    else:
+        start = 0
+        end = context
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < head_dim
+    q = tl.load(q_ptr + b * q_stride_b + heads[:, None] * q_stride_h + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        blocks = tl.load(tables_ptr + b * table_stride + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = blocks * cache_stride_blk + (offs_n % BLOCK_SIZE) * cache_stride_tok + kv_head * cache_stride_h
+        kv_mask = n_mask[None, :] & d_mask[:, None]
+        k = tl.load(k_cache_ptr + rows[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)  # [D, N]
+        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=tl.trans(kv_mask), other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if PARTITION > 0:
+        part = b * part_stride_b + heads * part_stride_h + split * part_stride_split
+        tl.store(part_out_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=out_mask)
+        tl.store(part_stats_ptr + part, m_i + tl.log2(l_i), mask=g_mask)
+    else:
+        tl.store(out_ptr + b * out_stride_b + heads[:, None] * out_stride_h + offs_d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_out_ptr, part_stats_ptr, context_ptr, out_ptr, head_dim,
+    part_stride_b, part_stride_h, part_stride_split, out_stride_b, out_stride_h,
+    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PARTITION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_splits = tl.cdiv(tl.load(context_ptr + b).to(tl.int32), PARTITION)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    base = b * part_stride_b + head * part_stride_h
+    offs_p = tl.arange(0, BLOCK_P)
+    lse = tl.load(part_stats_ptr + base + offs_p * part_stride_split, mask=offs_p < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    total = tl.sum(tl.exp2(lse - lse_max), axis=0)
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for i in range(0, num_splits):
+        weight = tl.exp2(tl.load(part_stats_ptr + base + i * part_stride_split) - lse_max)
+        part = tl.load(part_out_ptr + (base + i * part_stride_split) * head_dim + offs_d, mask=d_mask, other=0.0)
+        acc += weight * part
+    tl.store(out_ptr + b * out_stride_b + head * out_stride_h + offs_d, (acc / total).to(out_ptr.dtype.element_ty),
+             mask=d_mask)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """out[b, h] = softmax(scale * q[b, h] @ K_b.T) @ V_b, K_b/V_b = the first context_lens[b] cached
+    tokens of sequence b (token j at k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]).
+
+    q [B, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
+    bs a power of two; block_tables [B, max_blocks] int; context_lens [B] int, each >= 1;
+    returns out [B, heads, D] in q.dtype. partition_size (tuning/tests only): tokens per split-KV
+    partition, a multiple of the KV tile; 0 disables split-KV; None chooses from the shapes.
+    """
+    require(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+            f"q [B, heads, D], caches [num_blocks, bs, kv_heads, D]: got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
+            f"{tuple(v_cache.shape)}")
+    batch, heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    require(cache_dim == head_dim, f"cache head_dim {cache_dim} != q head_dim {head_dim}")
+    require(heads % kv_heads == 0, f"heads {heads} not a multiple of kv_heads {kv_heads}")
+    require(block_size & (block_size - 1) == 0, f"block size must be a power of two, got {block_size}")
+    require_float("q", q)
+    require(k_cache.dtype == v_cache.dtype, f"k_cache {k_cache.dtype} != v_cache {v_cache.dtype}")
+    require(block_tables.dim() == 2 and block_tables.shape[0] == batch, f"block_tables: expected [{batch}, "
+            f"max_blocks], got {tuple(block_tables.shape)}")
+    require_index("block_tables", block_tables)
+    require_index("context_lens", context_lens, batch)
+    require_contiguous(k_cache=k_cache, v_cache=v_cache)
+    require_last_dim_contiguous(q=q)
+    require_same_device(q=q, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens)
+    out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)  # [B, heads, D]
+    if batch == 0:
+        return out
+    group = heads // kv_heads
+    config = _config(batch, kv_heads, block_tables.shape[1] * block_size, head_dim, q.device)
+    if partition_size is not None:
+        require(partition_size % config["BLOCK_N"] == 0, f"partition_size must be a multiple of {config['BLOCK_N']}")
+        config["PARTITION"] = partition_size
+    partition = config["PARTITION"]
+    num_splits = math.ceil(block_tables.shape[1] * block_size / partition) if partition > 0 else 1
+    part_out = part_stats = out
+    if partition > 0:
+        part_out = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)  # [B,H,P,D]
+        part_stats = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)  # [B, H, P]
+    block_d = max(next_power_of_2(head_dim), 16)
+    _decode_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_stats,
+        scale, head_dim,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), heads * num_splits, num_splits, 1,
+        GROUP=group, BLOCK_G=max(next_power_of_2(group), 16), BLOCK_D=block_d, BLOCK_N=config["BLOCK_N"],
+        BLOCK_SIZE=block_size, PARTITION=partition, PRECISION=dot_precision(q.dtype), num_warps=config["num_warps"],
+    )
+    if partition > 0:
+        _reduce_kernel[(batch, heads)](
+            part_out, part_stats, context_lens, out, head_dim,
+            heads * num_splits, num_splits, 1, out.stride(0), out.stride(1),
+            BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits), PARTITION=partition, num_warps=4,
+        )
+    return out

@@ -1,0 +1,147 @@
+"""Paged attention for prefill: a ragged batch of new tokens attending causally to cached prefix
+blocks and to themselves, flash-style (online softmax), through block tables."""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import (
+    dot_precision,
+    next_power_of_2,
+    require,
+    require_contiguous,
+    require_float,
+    require_index,
+    require_last_dim_contiguous,
+    require_same_device,
+)
+
+
+def _config(head_dim: int) -> dict:
+    """Tuning (the only place it is chosen): query tile, KV tile and warps."""
+    if head_dim <= 64:
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}
+    return {"BLOCK_M": 64, "BLOCK_N": 32 if head_dim > 128 else 64, "num_warps": 4}
+
+
+def _tile_map(cu_seqlens_q: torch.Tensor, block_m: int, num_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of num_tiles query tiles: its sequence (B = unused tile) and tile index within it.
+
+    Device ops only (no host sync): num_tiles = cdiv(T, BLOCK_M) + B bounds the true tile count.
+    """
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()  # [B]
+    tiles = (q_lens + block_m - 1) // block_m  # [B]
+    cu_tiles = torch.cumsum(tiles, 0)  # [B]
+    ids = torch.arange(num_tiles, device=cu_seqlens_q.device)  # [num_tiles]
+    tile_seq = torch.searchsorted(cu_tiles, ids, right=True)  # [num_tiles], in [0, B]
+    first = (cu_tiles - tiles)[tile_seq.clamp(max=q_lens.shape[0] - 1)]  # [num_tiles]
+    return tile_seq.to(torch.int32), (ids - first).to(torch.int32)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, cu_ptr, tables_ptr, context_ptr, tile_seq_ptr, tile_idx_ptr, out_ptr,
+    scale, head_dim, batch,
+    q_stride_t, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
+    out_stride_t, out_stride_h,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    if seq >= batch:
+        return
+    m_block = tl.load(tile_idx_ptr + tile)
+    q_start = tl.load(cu_ptr + seq).to(tl.int64)
+    q_len = (tl.load(cu_ptr + seq + 1) - q_start).to(tl.int32)
+    context = tl.load(context_ptr + seq).to(tl.int32)
+    kv_head = head // GROUP
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = context - q_len + offs_m
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    rows_q = q_start + offs_m
+    q = tl.load(q_ptr + rows_q[:, None] * q_stride_t + head * q_stride_h + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    end = tl.minimum(context, context - q_len + (m_block + 1) * BLOCK_M)
+    table = tables_ptr + seq.to(tl.int64) * table_stride
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        blocks = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = blocks * cache_stride_blk + (offs_n % BLOCK_SIZE) * cache_stride_tok + kv_head * cache_stride_h
+        kv_mask = n_mask[None, :] & d_mask[:, None]
+        k = tl.load(k_cache_ptr + rows[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)  # [D, N]
+        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=tl.trans(kv_mask), other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    tl.store(out_ptr + rows_q[:, None] * out_stride_t + head * out_stride_h + offs_d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """For new token i of sequence b (row cu_seqlens_q[b] + i) at position p = context_lens[b] - n_b + i:
+    out[row, h] = softmax(scale * q[row, h] @ K_b[:p + 1].T) @ V_b[:p + 1], K_b/V_b read through
+    block_tables[b] (cached prefix and the new tokens, already stored), kv head h // (heads // kv_heads).
+
+    q [T, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
+    bs a power of two; cu_seqlens_q [B + 1] int; block_tables [B, max_blocks] int; context_lens [B] int
+    (>= the sequence's new tokens); returns out [T, heads, D] in q.dtype.
+    """
+    require(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+            f"q [T, heads, D], caches [num_blocks, bs, kv_heads, D]: got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
+            f"{tuple(v_cache.shape)}")
+    total, heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    require(cache_dim == head_dim, f"cache head_dim {cache_dim} != q head_dim {head_dim}")
+    require(heads % kv_heads == 0, f"heads {heads} not a multiple of kv_heads {kv_heads}")
+    require(block_size & (block_size - 1) == 0, f"block size must be a power of two, got {block_size}")
+    require_float("q", q)
+    require(k_cache.dtype == v_cache.dtype, f"k_cache {k_cache.dtype} != v_cache {v_cache.dtype}")
+    batch = context_lens.shape[0]
+    require_index("context_lens", context_lens, batch)
+    require_index("cu_seqlens_q", cu_seqlens_q, batch + 1)
+    require(block_tables.dim() == 2 and block_tables.shape[0] == batch, f"block_tables: expected [{batch}, "
+            f"max_blocks], got {tuple(block_tables.shape)}")
+    require_index("block_tables", block_tables)
+    require_contiguous(k_cache=k_cache, v_cache=v_cache)
+    require_last_dim_contiguous(q=q)
+    require_same_device(q=q, k_cache=k_cache, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
+                        context_lens=context_lens)
+    out = torch.empty(total, heads, head_dim, dtype=q.dtype, device=q.device)  # [T, heads, D]
+    if total == 0 or batch == 0:
+        return out
+    config = _config(head_dim)
+    num_tiles = triton.cdiv(total, config["BLOCK_M"]) + batch
+    tile_seq, tile_idx = _tile_map(cu_seqlens_q, config["BLOCK_M"], num_tiles)
+    _prefill_kernel[(num_tiles, heads)](
+        q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, tile_seq, tile_idx, out,
+        scale, head_dim, batch,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=heads // kv_heads, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+        BLOCK_D=max(next_power_of_2(head_dim), 16), BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype),
+        num_warps=config["num_warps"],
+    )
+    return out

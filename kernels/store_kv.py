@@ -1,0 +1,67 @@
+"""Scatter new keys and values into the paged KV cache."""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import (
+    next_power_of_2,
+    require,
+    require_contiguous,
+    require_index,
+    require_last_dim_contiguous,
+    require_same_device,
+)
+
+NUM_WARPS = 4
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_token_stride, k_head_stride,
+                     v_token_stride, v_head_stride, num_heads, head_dim, BLOCK_H: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:
+        return
+    heads = tl.arange(0, BLOCK_H)
+    cols = tl.arange(0, BLOCK_D)
+    for h0 in range(0, num_heads, BLOCK_H):
+        h = h0 + heads
+        mask = (h < num_heads)[:, None] & (cols < head_dim)[None, :]
+        dst = slot * num_heads * head_dim + h[:, None] * head_dim + cols[None, :]
+        k = tl.load(k_ptr + row * k_token_stride + h[:, None] * k_head_stride + cols[None, :], mask=mask)
+        v = tl.load(v_ptr + row * v_token_stride + h[:, None] * v_head_stride + cols[None, :], mask=mask)
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """for t: if slot_mapping[t] >= 0: blk, off = divmod(slot_mapping[t], bs); k_cache[blk, off] = k[t] (v alike).
+
+    k, v [T, kv_heads, D] (token and head strides free, last dim contiguous);
+    k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous; slot_mapping [T] int (-1 skipped).
+    """
+    require(k.dim() == 3 and k.shape == v.shape, f"k, v: expected equal [T, kv_heads, D], got {tuple(k.shape)}, "
+            f"{tuple(v.shape)}")
+    tokens, kv_heads, head_dim = k.shape
+    require(k_cache.dim() == 4 and k_cache.shape == v_cache.shape and tuple(k_cache.shape[2:]) == (kv_heads, head_dim),
+            f"caches: expected [num_blocks, bs, {kv_heads}, {head_dim}], got {tuple(k_cache.shape)}")
+    require_index("slot_mapping", slot_mapping, tokens)
+    require_contiguous(k_cache=k_cache, v_cache=v_cache)
+    require_last_dim_contiguous(k=k, v=v)
+    require_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    if tokens == 0:
+        return
+    block_d = next_power_of_2(head_dim)
+    block_h = max(1, min(next_power_of_2(kv_heads), 2048 // block_d))
+    _store_kv_kernel[(tokens,)](
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_heads, head_dim,
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=NUM_WARPS,
+    )

@@ -1,0 +1,123 @@
+"""Triton LoRA shrink/expand against the references (interpreted on CPU, native with CUDA)."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels import LoRAMeta, reference
+from tests.kernels.cases import DTYPES, assert_close
+from tests.kernels.conftest import load_triton_op
+
+
+@dataclass(frozen=True)
+class LoRACase:
+    tokens: int
+    in_dim: int
+    ranks: tuple[int, ...]  # one per slot
+    slices: tuple[int, ...]  # output width of each slice
+    pattern: str  # how tokens pick slots: "mixed", "segments", "one-per-slot", "all-base"
+    max_rank: int | None = None
+
+
+CASES = {
+    "single-token": LoRACase(1, 48, (8,), (40,), "mixed"),
+    "qkv-mixed-ranks-1-to-128": LoRACase(37, 72, (1, 7, 16, 33, 64, 128), (64, 16, 16), "mixed"),
+    "gate-up-prefill-segments": LoRACase(70, 40, (16, 4, 8), (96, 96), "segments"),
+    "decode-64-slots": LoRACase(64, 40, tuple(1 + (i * 5) % 16 for i in range(64)), (24,), "one-per-slot"),
+    "all-base-batch": LoRACase(9, 40, (8, 8), (24, 8), "all-base"),
+    "slot-with-rank-0": LoRACase(12, 24, (0, 5), (20,), "mixed"),
+    "split-k-long-input": LoRACase(2, 520, (16, 3), (33,), "mixed"),
+    "padded-max-rank": LoRACase(5, 40, (3, 5), (17,), "mixed", max_rank=32),
+}
+
+
+def _token_slots(case: LoRACase, gen: torch.Generator) -> torch.Tensor:
+    slots = len(case.ranks)
+    if case.pattern == "all-base":
+        return torch.full((case.tokens,), -1)
+    if case.pattern == "one-per-slot":
+        return torch.randperm(slots, generator=gen)[: case.tokens]
+    if case.pattern == "segments":
+        return torch.cat([torch.full((n,), s) for s, n in zip([0, -1, 2, 1], [30, 5, 20, 15], strict=True)])
+    picked = torch.randint(-1, slots, (case.tokens,), generator=gen)
+    picked[0] = slots - 1
+    return picked
+
+
+def _inputs(case: LoRACase, dtype: torch.dtype, device: str, index_dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(sum(case.ranks) + case.tokens)
+    slots, max_rank = len(case.ranks), case.max_rank or max(case.ranks)
+    x = torch.randn(case.tokens, case.in_dim, generator=gen)
+    # weights beyond each slot's rank are random, not zero: the kernels must not read them
+    lora_a = torch.randn(len(case.slices), slots, max_rank, case.in_dim, generator=gen) / case.in_dim**0.5
+    lora_b = torch.randn(slots, sum(case.slices), max_rank, generator=gen) / max_rank**0.5
+    scaling = torch.rand(len(case.slices), slots, generator=gen) + 0.5
+    token_slots = _token_slots(case, gen)
+    offsets = tuple(int(v) for v in torch.tensor((0, *case.slices)).cumsum(0))
+    to = {"device": device}
+    return (
+        x.to(dtype=dtype, **to), lora_a.to(dtype=dtype, **to), lora_b.to(dtype=dtype, **to), scaling.to(**to),
+        token_slots.to(dtype=index_dtype, **to), torch.tensor(case.ranks, dtype=index_dtype, device=device), offsets,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_lora_shrink_matches_reference(case, dtype, device):
+    x, lora_a, _, _, token_slots, ranks, _ = _inputs(case, dtype, device, torch.int32)
+    buf = load_triton_op("lora_shrink")(x, lora_a, token_slots, ranks)
+    expected = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
+    assert buf.dtype == dtype and buf.shape == expected.shape
+    assert_close(buf.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_lora_expand_matches_reference(case, dtype, device):
+    x, _, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, dtype, device, torch.int64)
+    gen = torch.Generator().manual_seed(7)
+    # random values beyond each slot's rank in buf too: only the true rank may be read
+    buf = torch.randn(len(case.slices), case.tokens, lora_b.shape[2], generator=gen).to(device=device, dtype=dtype)
+    y = torch.randn(case.tokens, offsets[-1], generator=gen).to(device=device, dtype=dtype)
+    expected = y.cpu().clone()
+    reference.lora_expand(expected, buf.cpu(), lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    before = y.clone()
+    load_triton_op("lora_expand")(y, buf, lora_b, token_slots, ranks, scaling, offsets)
+    assert_close(y.cpu(), expected)
+    if case.pattern == "all-base":
+        assert torch.equal(y, before)
+
+
+def test_shrink_then_expand_with_shared_meta_and_strided_rows(device):
+    case = CASES["qkv-mixed-ranks-1-to-128"]
+    x, lora_a, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, device, torch.int64)
+    meta = LoRAMeta.build(token_slots, len(case.ranks))
+    wide = torch.zeros(case.tokens, 2 * offsets[-1], device=device)
+    y = wide[:, : offsets[-1]]  # a strided view, as a fused projection's output slice would be
+    buf = load_triton_op("lora_shrink")(x, lora_a, token_slots, ranks, meta=meta)
+    load_triton_op("lora_expand")(y, buf, lora_b, token_slots, ranks, scaling, offsets, meta=meta)
+    expected = torch.zeros(case.tokens, offsets[-1])
+    ref_buf = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
+    reference.lora_expand(expected, ref_buf, lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    assert_close(y.cpu(), expected)
+    assert torch.count_nonzero(wide[:, offsets[-1] :]) == 0
+
+
+def test_meta_groups_tokens_by_slot_and_refills_in_place():
+    meta = LoRAMeta.build(torch.tensor([2, -1, 0, 2, 7, 0]), 3)
+    assert meta.slot_counts.tolist() == [2, 0, 2]
+    assert meta.slot_starts.tolist() == [0, 2, 2]
+    assert meta.sorted_tokens.tolist()[:4] == [2, 5, 0, 3]
+    same = meta.sorted_tokens
+    meta.fill_(torch.tensor([-1, -1, -1, -1, -1, 1]))
+    assert meta.sorted_tokens is same and meta.slot_counts.tolist() == [0, 1, 0]
+    assert meta.sorted_tokens.tolist()[meta.slot_starts.tolist()[1]] == 5
+
+
+def test_shrink_rejects_mismatched_shapes(device):
+    x = torch.randn(3, 16, device=device)
+    lora_a = torch.randn(1, 2, 4, 8, device=device)
+    with pytest.raises(ValueError, match="in_dim"):
+        load_triton_op("lora_shrink")(x, lora_a, torch.zeros(3, dtype=torch.int32, device=device),
+                                      torch.ones(2, dtype=torch.int32, device=device))

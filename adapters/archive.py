@@ -62,6 +62,12 @@ def _archive_kind(source: Path) -> str:
         return "tar.gz"
     if head[257:262] == b"ustar":
         return "tar"
+    if source.suffix in (".safetensors", ".json"):
+        raise AdapterError(
+            "unsupported_source",
+            f"{source.name} alone is not an adapter; upload the folder holding adapter_config.json and "
+            "adapter_model.safetensors, zipped",
+        )
     raise AdapterError(
         "unsupported_source",
         f"{source.name} is not a directory, a .zip or a .tar.gz; upload the folder PEFT's save_pretrained wrote, zipped",

@@ -28,6 +28,11 @@ def find_adapter_files(root: Path) -> AdapterFiles:
             "Save the adapter with safetensors (save_pretrained's default) and upload only its folder",
         )
     configs = sorted((path for path in files if path.name == CONFIG_NAME), key=lambda p: len(p.parts))
+    if not configs and any(path.name == "config.json" for path in files):
+        raise AdapterError(
+            "config_missing",
+            f"this looks like a full model (config.json), not a LoRA adapter: no {CONFIG_NAME} found",
+        )
     if not configs:
         raise AdapterError(
             "config_missing", f"no {CONFIG_NAME} found; upload the folder PEFT's save_pretrained wrote"

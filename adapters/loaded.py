@@ -26,7 +26,7 @@ SIDECAR_NAME = "quilt_adapter.json"
 _DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedAdapter:
     digest: str
     rank: int

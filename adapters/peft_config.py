@@ -215,6 +215,12 @@ def _refuse_unservable(config: dict[str, Any]) -> None:
         raise AdapterError(
             "not_lora", f"adapter_config.json has peft_type {peft_type!r}; only LORA adapters are served"
         )
+    task_type = config.get("task_type")
+    if task_type not in (None, "CAUSAL_LM"):
+        raise AdapterError(
+            "unsupported_task",
+            f"adapter_config.json has task_type {task_type!r}; Quilt serves causal language models (CAUSAL_LM)",
+        )
     if config.get("use_dora"):
         raise AdapterError(
             "dora_unsupported", "DoRA adapters (use_dora) are not served yet; train with use_dora=False"

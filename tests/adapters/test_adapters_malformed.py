@@ -104,6 +104,12 @@ def file_source(name: str, data: bytes) -> Callable[[Path], Path]:
     return build
 
 
+def full_model(tmp: Path) -> Path:
+    directory = write_adapter(tmp / "model", weights_name="model.safetensors")
+    (directory / "adapter_config.json").rename(directory / "config.json")
+    return directory
+
+
 def truncated_zip(tmp: Path) -> Path:
     whole = make_zip(tmp / "whole.zip", list(valid_files().items())).read_bytes()
     (tmp / "upload.zip").write_bytes(whole[:300])
@@ -213,6 +219,14 @@ CASES = [
         "trainable_token_indices",
     ),
     ("peft-type-prefix", with_config(peft_type="PREFIX_TUNING"), "not_lora", "'PREFIX_TUNING'"),
+    ("task-seq-cls", with_config(task_type="SEQ_CLS"), "unsupported_task", "'SEQ_CLS'"),
+    ("full-model-not-adapter", full_model, "config_missing", "full model"),
+    (
+        "bare-safetensors",
+        file_source("adapter_model.safetensors", b"x" * 64),
+        "unsupported_source",
+        "alone is not an adapter",
+    ),
     ("peft-type-missing", with_config(peft_type=None), "not_lora", "only LORA"),
     ("fan-in-fan-out", with_config(fan_in_fan_out=True), "fan_in_fan_out_unsupported", "Conv1D"),
     ("bias-all", with_config(bias="all"), "bias_unsupported", "biases"),

@@ -169,6 +169,13 @@ QUILT_ENGINE_TOKEN = env("QUILT_ENGINE_TOKEN", default="dev-engine-token")
 QUILT_KEY_CACHE_SECONDS = env.float("QUILT_KEY_CACHE_SECONDS", default=1.0)
 QUILT_KEY_LAST_USED_INTERVAL_SECONDS = env.int("QUILT_KEY_LAST_USED_INTERVAL_SECONDS", default=60)
 QUILT_MAX_UPLOAD_BYTES = env.int("QUILT_MAX_UPLOAD_BYTES", default=2 * 1024**3)
+# The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
+QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
+QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires
+QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=4096)  # shorter prompts: estimated
+QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS", default=2.0)
+QUILT_ENGINE_READ_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_READ_TIMEOUT_SECONDS", default=300.0)
+QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SECONDS", default=5)
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,8 @@
 """The plain-PyTorch references against naive loops and transformers' own Llama modules."""
 
+import importlib
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -193,3 +195,16 @@ def test_dispatch_runs_the_reference_on_cpu():
     assert kernels.backend_for(x) == "reference"
     assert callable(kernels.lora_shrink) and callable(kernels.paged_attention_decode)
     assert torch.equal(kernels.silu_and_mul(x), reference.silu_and_mul(x))
+
+
+def test_cuda_tensor_without_triton_raises_instead_of_falling_back(monkeypatch):
+    monkeypatch.setattr(kernels, "TRITON_IMPORT_ERROR", ImportError("No module named 'triton'"))
+    with pytest.raises(RuntimeError, match="Triton"):
+        kernels.backend_for(SimpleNamespace(is_cuda=True))
+
+
+def test_op_names_stay_dispatch_functions_after_submodule_imports():
+    importlib.import_module("kernels.lora_shrink")
+    importlib.import_module("kernels.rms_norm")
+    assert kernels.lora_shrink.__module__ == "kernels" and kernels.rms_norm.__module__ == "kernels"
+    assert "x[t] @ lora_a" in kernels.lora_shrink.__doc__

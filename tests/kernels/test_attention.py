@@ -1,0 +1,119 @@
+"""Triton paged attention (decode, prefill) and store_kv against the references."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels import reference
+from tests.kernels.cases import DTYPES, assert_close
+from tests.kernels.conftest import load_triton_op
+
+
+@dataclass(frozen=True)
+class Layout:
+    block_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+LAYOUTS = {
+    "bs8-gqa1-d64": Layout(8, 2, 2, 64),
+    "bs16-gqa4-d40": Layout(16, 8, 2, 40),
+    "bs32-gqa8-d64": Layout(32, 8, 1, 64),
+}
+
+
+def _paged_cache(layout: Layout, context_lens: list[int], dtype, device, seed=0):
+    """Caches with randomly permuted blocks; unused block-table entries are -1."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // layout.block_size) for n in context_lens]
+    num_blocks = sum(per_seq) + 3
+    shape = (num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    v_cache = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = torch.full((len(context_lens), max(per_seq) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, count in enumerate(per_seq):
+        tables[b, :count] = perm[used : used + count].int()
+        used += count
+    lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
+    return k_cache, v_cache, tables.to(device), lens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("partition", [0, 64], ids=["one-pass", "split-kv-64"])
+@pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_paged_attention_decode_matches_reference(layout, partition, dtype, device):
+    context_lens = [1, 13, 69, 200]  # ends mid-block for every block size; 200 spans 4 partitions
+    k_cache, v_cache, tables, lens = _paged_cache(layout, context_lens, dtype, device)
+    q = torch.randn(len(context_lens), layout.heads, layout.head_dim).to(device=device, dtype=dtype)
+    scale = 1 / math.sqrt(layout.head_dim)
+    out = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, scale, partition_size=partition)
+    expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(), scale)
+    assert out.dtype == dtype
+    assert_close(out.cpu(), expected)
+
+
+def test_paged_attention_decode_chooses_split_kv_for_long_contexts(device):
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [1100, 3], torch.float32, device)
+    q = torch.randn(2, layout.heads, layout.head_dim, device=device)
+    out = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.2)
+    expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(), 0.2)
+    assert_close(out.cpu(), expected)
+
+
+PREFILL_BATCHES = {
+    # (context length incl. new tokens, new tokens) per sequence
+    "fresh-prompts": [(5, 5), (70, 70)],
+    "cached-prefix-and-chunks": [(100, 30), (17, 1), (64, 64), (41, 40)],
+    "single-token": [(1, 1)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", list(PREFILL_BATCHES.values()), ids=list(PREFILL_BATCHES))
+@pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_paged_attention_prefill_matches_reference(layout, batch, dtype, device):
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [c for c, _ in batch], dtype, device)
+    cu = torch.tensor([0, *[n for _, n in batch]]).cumsum(0).to(device=device, dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), layout.heads, layout.head_dim).to(device=device, dtype=dtype)
+    scale = 1 / math.sqrt(layout.head_dim)
+    out = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, scale)
+    expected = reference.paged_attention_prefill(
+        q.cpu(), k_cache.cpu(), v_cache.cpu(), cu.cpu(), tables.cpu(), lens.cpu(), scale
+    )
+    assert out.dtype == dtype
+    assert_close(out.cpu(), expected)
+
+
+def test_prefill_of_one_token_equals_decode(device):
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [37, 5], torch.float32, device)
+    q = torch.randn(2, layout.heads, layout.head_dim, device=device)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    prefill = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.3)
+    decode = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.3)
+    torch.testing.assert_close(prefill, decode, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [8, 16, 32], ids=lambda b: f"bs{b}")
+def test_store_kv_matches_reference(block_size, dtype, device):
+    tokens, kv_heads, head_dim = 10, 2, 40
+    gen = torch.Generator().manual_seed(block_size)
+    qkv = torch.randn(tokens, 3 * kv_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
+    k, v = qkv[:, kv_heads : 2 * kv_heads], qkv[:, 2 * kv_heads :]  # strided views of a fused projection
+    slots = torch.randperm(4 * block_size, generator=gen)[:tokens]
+    slots[[2, 7]] = -1
+    slots = slots.to(device)
+    k_cache = torch.zeros(4, block_size, kv_heads, head_dim, device=device, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    load_triton_op("store_kv")(k, v, k_cache, v_cache, slots)
+    k_ref, v_ref = torch.zeros_like(k_cache).cpu(), torch.zeros_like(v_cache).cpu()
+    reference.store_kv(k.cpu(), v.cpu(), k_ref, v_ref, slots.cpu())
+    assert torch.equal(k_cache.cpu(), k_ref) and torch.equal(v_cache.cpu(), v_ref)

@@ -21,10 +21,13 @@ SCENARIOS = {
             r=4,
             lora_alpha=16,
             target_modules=ALL,
+            # first match wins; "proj" matches nothing (PEFT wants a whole dotted suffix)
             rank_pattern={
                 "v_proj": 8,
                 "layers.1.mlp.down_proj": 2,
+                "mlp.down_proj": 3,
                 r"model\.layers\.0\.self_attn\.o_proj": 6,
+                "proj": 7,
             },
             alpha_pattern={"o_proj": 32, "layers.0.mlp.gate_proj": 5},
         ),

@@ -16,7 +16,7 @@ from engine.models import load_model, read_hf_config
 from engine.outputs import Logprob, RequestOutput, Usage
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence
 from engine.tokenizer import TextStream, Tokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -89,6 +89,7 @@ class LLMEngine:
         self.streams: dict[int, TextStream] = {}  # seq_id -> its detokenizer
         self.busy_ms = 0.0
         self.num_steps = 0
+        self.num_preemptions = 0
 
     def _auto_num_blocks(self, model) -> int:
         per_block = ModelRunner.kv_bytes_per_block(model, self.config.block_size)
@@ -178,6 +179,7 @@ class LLMEngine:
             self._finish(seq, "error", f"adapter {seq.adapter} failed to load: {failures[seq.adapter]}")
             outputs.append(self._output(seq, []))
         out = self.scheduler.schedule()
+        self.num_preemptions += len(out.preempted)
         if out.is_empty:
             self._forget_finished(outputs)
             return outputs
@@ -293,4 +295,5 @@ class LLMEngine:
             "adapters": self.adapter_pool.state(),
             "busy_ms": self.busy_ms,
             "steps": self.num_steps,
+            "preemptions": self.num_preemptions,
         }

@@ -1,0 +1,123 @@
+"""Tiny random checkpoints and PEFT adapters, and transformers + PEFT as the oracle."""
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 160
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {
+        "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 32},
+        "rope_theta": 50000.0,
+    }),
+    "mistral": (MistralConfig, MistralForCausalLM, {"tie_word_embeddings": True, "sliding_window": None}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<s>' if loop.first else '' }}{{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def build_tokenizer(directory) -> None:
+    """A word-level tokenizer over the model's whole vocabulary: w0 ... w159, <s> = 1, </s> = 2."""
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    vocab.update({"<unk>": 0, "<s>": 1, "</s>": 2, "user": 3, "assistant": 4, ":": 5})
+    del vocab["w0"], vocab["w1"], vocab["w2"], vocab["w3"], vocab["w4"], vocab["w5"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None):
+    config_cls, model_cls, extra = ARCHS[arch]
+    config = config_cls(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=256, initializer_range=0.15, bos_token_id=1, eos_token_id=2,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    build_tokenizer(directory)
+    return directory
+
+
+def build_adapter(base_dir, directory, *, seed: int, r: int, targets: list[str], alpha: float = 16.0, **lora_kwargs):
+    """A PEFT adapter with random A and B (PEFT starts B at zero, which would make it a no-op)."""
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    peft_model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, **lora_kwargs))
+    for name, param in peft_model.named_parameters():
+        if "lora_A" in name or "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.3 / param.shape[-1] ** 0.5 if "lora_A" in name else 0.2)
+    peft_model.save_pretrained(directory)
+    return directory
+
+
+class Oracle:
+    """transformers + PEFT: each adapter loaded into one PeftModel and switched on alone."""
+
+    def __init__(self, base_dir, adapter_dirs: dict[str, object]) -> None:
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        self.base = base
+        self.model = None
+        for name, path in adapter_dirs.items():
+            if self.model is None:
+                self.model = PeftModel.from_pretrained(base, path, adapter_name=name).eval()
+            else:
+                self.model.load_adapter(path, adapter_name=name)
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int], adapter: str | None) -> torch.Tensor:
+        ids = torch.tensor([token_ids])
+        if self.model is None:
+            return self.base(ids).logits[0].float()
+        if adapter is None:
+            with self.model.disable_adapter():
+                return self.model(ids).logits[0].float()
+        self.model.set_adapter(adapter)
+        return self.model(ids).logits[0].float()
+
+    def greedy(self, prompt: list[int], adapter: str | None, max_tokens: int,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> list[int]:
+        tokens = list(prompt)
+        for _ in range(max_tokens):
+            logits = self.logits(tokens, adapter)[-1]
+            out = torch.tensor(tokens[len(prompt):], dtype=torch.int64)
+            counts = torch.bincount(out, minlength=logits.shape[0]).float()
+            logits = logits - frequency_penalty * counts - presence_penalty * (counts > 0).float()
+            tokens.append(int(logits.argmax()))
+        return tokens[len(prompt):]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine-models")
+    return {
+        "llama": build_checkpoint(root / "llama", "llama", seed=1),
+        "mistral": build_checkpoint(root / "mistral", "mistral", seed=2, max_shard_size="60KB"),
+        "qwen2": build_checkpoint(root / "qwen2", "qwen2", seed=3),
+    }
+
+
+def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]

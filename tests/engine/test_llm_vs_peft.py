@@ -1,0 +1,159 @@
+"""Greedy tokens and prompt log-probabilities of the engine against transformers + PEFT."""
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.llm_engine import LLMEngine
+from tests.engine.conftest import Oracle, build_adapter, random_prompts
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llama_adapters(checkpoints, tmp_path_factory):
+    root, base = tmp_path_factory.mktemp("llama-adapters"), checkpoints["llama"]
+    return {
+        "qv": build_adapter(base, root / "qv", seed=10, r=4, targets=["q_proj", "v_proj"]),
+        "all1": build_adapter(base, root / "all1", seed=11, r=1, targets=ALL, alpha=2.0),
+        "big": build_adapter(base, root / "big", seed=12, r=64, targets=["k_proj", "o_proj", "gate_proj", "up_proj",
+                             "down_proj"], use_rslora=True),
+        "pattern": build_adapter(base, root / "pattern", seed=13, r=16, targets=ALL,
+                                 rank_pattern={"q_proj": 2, "down_proj": 32}, alpha_pattern={"v_proj": 4.0}),
+    }
+
+
+@pytest.fixture(scope="module")
+def llama_oracle(checkpoints, llama_adapters):
+    return Oracle(checkpoints["llama"], llama_adapters)
+
+
+def make_llm(model_dir, adapters, **config):
+    llm = LLM(model_dir, device="cpu", max_adapter_rank=64, **config)
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    return llm
+
+
+def assert_matches(oracle, prompts, names, outputs, max_tokens=GREEDY.max_tokens):
+    for prompt, name, out in zip(prompts, names, outputs, strict=True):
+        assert out.token_ids == oracle.greedy(prompt, name, max_tokens), f"adapter {name}, prompt {prompt}"
+
+
+def test_mixed_adapter_batch_matches_peft(checkpoints, llama_adapters, llama_oracle):
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=128)
+    names = ["qv", None, "all1", "big", "pattern", None, "qv", "big", "pattern"]
+    prompts = random_prompts(0, [3, 17, 9, 1, 12, 6, 25, 4, 10])
+    outputs = llm.generate(prompts, GREEDY, adapters=names)
+    assert_matches(llama_oracle, prompts, names, outputs)
+    # the adapters matter: the same prompt differs across them
+    same = [prompts[0]] * 5
+    tokens = [o.token_ids for o in llm.generate(same, GREEDY, adapters=[None, "qv", "all1", "big", "pattern"])]
+    assert len({tuple(t) for t in tokens}) == 5
+
+
+def test_prefix_cache_hits_match_peft(checkpoints, llama_adapters, llama_oracle):
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=128)
+    system = random_prompts(1, [14])[0]  # three full blocks of 4, then two tokens shared with each tail
+    p0, p1, p2, p3 = [system + tail for tail in random_prompts(2, [3, 5, 2, 7])]
+    first = llm.generate([p0, p2], GREEDY, adapters=["qv", None], tenants=["t1", "t1"])
+    assert [o.usage.cached_tokens for o in first] == [0, 0]
+    prompts, names = [p1, p3, p2, p1], ["qv", "big", None, "qv"]
+    second = llm.generate(prompts, GREEDY, adapters=names, tenants=["t1", "t1", "t2", "t3"])
+    assert_matches(llama_oracle, prompts, names, second)
+    # a hit needs the same tokens, adapter and tenant
+    assert [o.usage.cached_tokens for o in second] == [12, 0, 0, 0]
+    third = llm.generate([p0], GREEDY, adapters=["qv"], tenants=["t1"])
+    assert third[0].usage.cached_tokens == 16 and third[0].token_ids == first[0].token_ids
+    assert llm.engine.state()["prefix_cache_hit_rate"] > 0
+
+
+def test_chunked_prefill_and_preemption_match_peft(checkpoints, llama_adapters, llama_oracle):
+    names = ["pattern", None, "qv", "all1", "big", "qv"]
+    prompts = random_prompts(3, [30, 5, 22, 11, 2, 17])
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=20, max_num_batched_tokens=8)
+    sampling = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    outputs = llm.generate(prompts, sampling, adapters=names)
+    assert_matches(llama_oracle, prompts, names, outputs, max_tokens=10)
+    assert llm.engine.num_preemptions > 0
+    assert llm.engine.block_manager.num_free_blocks == 20
+
+
+def test_adapter_slot_eviction_and_host_cache(checkpoints, llama_adapters, llama_oracle):
+    # two GPU slots and a host cache too small for even one adapter: every swap goes back to disk
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=128, max_adapter_slots=2,
+                   host_adapter_cache_bytes=0)
+    names = ["qv", "all1", "big", "pattern", None, "big", "qv", "pattern"]
+    prompts = random_prompts(4, [5, 8, 3, 11, 6, 9, 2, 7])
+    outputs = llm.generate(prompts, GREEDY, adapters=names)
+    assert_matches(llama_oracle, prompts, names, outputs)
+
+
+def test_requests_added_while_others_run(checkpoints, llama_adapters, llama_oracle):
+    engine = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=128).engine
+    digests = {name: engine.add_adapter(path) for name, path in llama_adapters.items()}
+    prompts = random_prompts(5, [7, 13, 4, 9, 15, 3])
+    names = ["big", None, "qv", "pattern", "all1", "qv"]
+    tokens: dict[str, list[int]] = {}
+    added = 0
+    for step in range(200):
+        if added < len(prompts) and step % 2 == 0:
+            engine.add_request(str(added), prompts[added], GREEDY, adapter=names[added] and digests[names[added]])
+            added += 1
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            assert out.token_ids == tokens[out.request_id]
+        if added == len(prompts) and not engine.has_unfinished():
+            break
+    for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+        assert tokens[str(i)] == llama_oracle.greedy(prompt, name, GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("budget", [64, 5])
+def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_oracle, budget):
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=64,
+                   max_num_batched_tokens=budget)
+    names = ["pattern", None, "big"]
+    prompts = random_prompts(6, [9, 14, 6])
+    sampling = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3, logprobs=5, ignore_eos=True)
+    outputs = llm.generate(prompts, sampling, adapters=names)
+    for prompt, name, out in zip(prompts, names, outputs, strict=True):
+        reference = torch.log_softmax(llama_oracle.logits(prompt + out.token_ids, name), dim=-1)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        for pos in range(1, len(prompt)):
+            entry = out.prompt_logprobs[pos]
+            assert entry.token_id == prompt[pos]
+            assert abs(entry.logprob - float(reference[pos - 1, prompt[pos]])) < 1e-4
+            top = reference[pos - 1].topk(3)
+            assert sorted(entry.top) == sorted(top.indices.tolist())
+        for i, entry in enumerate(out.logprobs):  # the sampled tokens' log-probabilities
+            row = reference[len(prompt) - 1 + i]
+            assert abs(entry.logprob - float(row[out.token_ids[i]])) < 1e-4
+            assert sorted(entry.top) == sorted(row.topk(5).indices.tolist())
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_other_architectures_match_peft(checkpoints, tmp_path_factory, arch):
+    root, base = tmp_path_factory.mktemp(f"{arch}-adapters"), checkpoints[arch]
+    adapters = {
+        "qv": build_adapter(base, root / "qv", seed=20, r=8, targets=["q_proj", "v_proj"]),
+        "mlp": build_adapter(base, root / "mlp", seed=21, r=3, targets=["gate_proj", "up_proj", "down_proj", "o_proj"]),
+    }
+    oracle = Oracle(base, adapters)
+    llm = make_llm(base, adapters, block_size=8, num_kv_blocks=64)
+    names = ["qv", None, "mlp", "qv", "mlp"]
+    prompts = random_prompts(7, [6, 11, 3, 19, 8])
+    assert_matches(oracle, prompts, names, llm.generate(prompts, GREEDY, adapters=names))
+
+
+def test_usage_splits_busy_time(checkpoints, llama_adapters):
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=64)
+    engine: LLMEngine = llm.engine
+    busy = engine.busy_ms
+    outputs = llm.generate(random_prompts(8, [5, 9, 2]), GREEDY, adapters=["qv", None, "big"])
+    assert sum(o.usage.gpu_ms for o in outputs) == pytest.approx(engine.busy_ms - busy, rel=1e-9)
+    for out in outputs:
+        assert out.usage.prompt_tokens == len(out.prompt_token_ids)
+        assert out.usage.completion_tokens == 6 and out.finish_reason == "length"
+        assert out.usage.ttft_ms >= out.usage.queue_ms >= 0

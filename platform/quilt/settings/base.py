@@ -106,6 +106,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Periodic tasks: one dict, each app adds its own entries (synced into django_celery_beat by the scheduler).
+CELERY_BEAT_SCHEDULE = {
+    "registry-requeue-stale-validations": {"task": "registry.requeue_stale_validations", "schedule": 300.0},
+    "registry-collect-adapter-blobs": {"task": "registry.collect_adapter_blobs", "schedule": 3600.0},
+}
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
@@ -169,6 +174,14 @@ QUILT_ENGINE_TOKEN = env("QUILT_ENGINE_TOKEN", default="dev-engine-token")
 QUILT_KEY_CACHE_SECONDS = env.float("QUILT_KEY_CACHE_SECONDS", default=1.0)
 QUILT_KEY_LAST_USED_INTERVAL_SECONDS = env.int("QUILT_KEY_LAST_USED_INTERVAL_SECONDS", default=60)
 QUILT_MAX_UPLOAD_BYTES = env.int("QUILT_MAX_UPLOAD_BYTES", default=2 * 1024**3)
+# Uploads stream to temporary files past this size (adapter uploads always do: see registry.upload_handlers).
+FILE_UPLOAD_MAX_MEMORY_SIZE = env.int("FILE_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
+QUILT_ADAPTER_MAX_RANK = env.int("QUILT_ADAPTER_MAX_RANK", default=256)
+QUILT_ADAPTER_VALIDATION_LEASE_SECONDS = env.int("QUILT_ADAPTER_VALIDATION_LEASE_SECONDS", default=600)
+QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS = env.int("QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS", default=3)
+QUILT_ADAPTER_GC_GRACE_SECONDS = env.int("QUILT_ADAPTER_GC_GRACE_SECONDS", default=3600)
+# With a remote (S3) storage, canonical adapters are mirrored here for engines on this machine.
+QUILT_ADAPTER_CACHE_DIR = Path(env("QUILT_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache")))
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires

@@ -54,11 +54,7 @@ def load_adapter(
         loaded = safetensors.torch.load_file(files.weights)
     tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
     for key, tensor in tensors.items():
-        if not torch.isfinite(tensor).all():
-            layer, module, half = key.split(".")[1:]
-            raise AdapterError(
-                "tensor_not_finite", f"layer {layer} {module}: {half} contains NaN or infinite values"
-            )
+        _check_finite(key, tensor)
     alphas = {name: settings.alpha_for(plan[name]) for name in ranks}
     return LoadedAdapter.build(
         tensors=tensors,
@@ -68,6 +64,18 @@ def load_adapter(
         alpha=settings.lora_alpha,
         use_rslora=settings.use_rslora,
         base_model_name_or_path=settings.base_model_name_or_path,
+    )
+
+
+def _check_finite(name: str, tensor: torch.Tensor) -> None:
+    if torch.isfinite(tensor).all():
+        return
+    counts = {"NaN": int(torch.isnan(tensor).sum()), "infinite": int(torch.isinf(tensor).sum())}
+    found = " and ".join(f"{count} {kind}" for kind, count in counts.items() if count)
+    _, layer, module, half = name.split(".")
+    raise AdapterError(
+        "tensor_not_finite",
+        f"layer {layer} {module}: {half} contains {found} value(s); the training run likely diverged",
     )
 
 

@@ -5,6 +5,7 @@ import json
 import struct
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
@@ -144,3 +145,13 @@ def tar_special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
     info.type = kind
     info.linkname = linkname
     return info
+
+
+def file_source(name: str, data: bytes) -> Callable[[Path], Path]:
+    """A builder for a single uploaded file with the given name and bytes."""
+
+    def build(tmp: Path) -> Path:
+        (tmp / name).write_bytes(data)
+        return tmp / name
+
+    return build

@@ -1,11 +1,8 @@
-"""Every way an upload can be wrong is refused with its own code and a message a tenant can act on,
-and nothing is left in the temporary directory afterwards (the autouse `scratch` fixture checks)."""
+"""Every way an adapter's config or weights can be wrong is refused with its own code and a message a
+tenant can act on, and nothing is left in the temporary directory (the autouse `scratch` fixture checks)."""
 
 import json
 import math
-import stat
-import tarfile
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,17 +10,13 @@ import pytest
 import safetensors.torch
 import torch
 
-from adapters import AdapterError, ArchiveLimits, load_adapter
+from adapters import AdapterError, load_adapter
 from tests.adapters.builders import (
+    file_source,
     lora_config,
-    make_tar,
-    make_zip,
     peft_lora_tensors,
     raw_safetensors,
     split_safetensors,
-    tar_file,
-    tar_special,
-    valid_files,
     valid_weights_bytes,
     write_adapter,
 )
@@ -50,20 +43,6 @@ def with_config(**overrides) -> Callable[[Path], Path]:
 
 def with_weights(make: Callable[[], bytes]) -> Callable[[Path], Path]:
     return lambda tmp: write_adapter(tmp / "adapter", raw_weights=make())
-
-
-def zipped(*members: tuple[str | zipfile.ZipInfo, bytes]) -> Callable[[Path], Path]:
-    return lambda tmp: make_zip(tmp / "upload.zip", list(members))
-
-
-def tarred(*members: tuple[tarfile.TarInfo, bytes | None]) -> Callable[[Path], Path]:
-    return lambda tmp: make_tar(tmp / "upload.tar.gz", list(members))
-
-
-def zip_link() -> zipfile.ZipInfo:
-    info = zipfile.ZipInfo("adapter_model.safetensors")
-    info.external_attr = (stat.S_IFLNK | 0o777) << 16
-    return info
 
 
 def set_(key: str, value) -> Callable[[dict], None]:
@@ -96,24 +75,10 @@ def without(name: str) -> Callable[[Path], Path]:
     return build
 
 
-def file_source(name: str, data: bytes) -> Callable[[Path], Path]:
-    def build(tmp: Path) -> Path:
-        (tmp / name).write_bytes(data)
-        return tmp / name
-
-    return build
-
-
 def full_model(tmp: Path) -> Path:
     directory = write_adapter(tmp / "model", weights_name="model.safetensors")
     (directory / "adapter_config.json").rename(directory / "config.json")
     return directory
-
-
-def truncated_zip(tmp: Path) -> Path:
-    whole = make_zip(tmp / "whole.zip", list(valid_files().items())).read_bytes()
-    (tmp / "upload.zip").write_bytes(whole[:300])
-    return tmp / "upload.zip"
 
 
 def truncated() -> bytes:
@@ -153,332 +118,66 @@ def duplicate_header_key() -> bytes:
     return len(encoded).to_bytes(8, "little") + encoded.encode() + data
 
 
+# fmt: off
 CASES = [
     # what PEFT writes but Quilt refuses
-    (
-        "pickle-weights",
-        lambda tmp: write_adapter(
-            tmp / "a", weights_name="", extra_files={"adapter_model.bin": b"\x80\x04."}
-        ),
-        "pickle_file",
-        "adapter_model.bin",
-    ),
-    (
-        "pickle-file-as-source",
-        file_source("adapter.pth", b"PK\x03\x04"),
-        "pickle_file",
-        "adapter.pth is a pickle",
-    ),
-    (
-        "pickle-beside-safetensors-in-zip",
-        zipped(*valid_files().items(), ("optimizer.pt", b"\x80\x04.")),
-        "pickle_file",
-        "optimizer.pt",
-    ),
+    ("pickle-weights", lambda tmp: write_adapter(tmp / "a", weights_name="", extra_files={"adapter_model.bin": b"\x80\x04."}), "pickle_file", "adapter_model.bin"),
+    ("pickle-file-as-source", file_source("adapter.pth", b"PK\x03\x04"), "pickle_file", "adapter.pth is a pickle"),
     ("use-dora", with_config(use_dora=True), "dora_unsupported", "DoRA"),
-    (
-        "dora-magnitude-tensor",
-        with_tensors(set_(f"{Q0}.lora_magnitude_vector", torch.ones(96))),
-        "dora_unsupported",
-        "DoRA magnitude",
-    ),
-    (
-        "modules-to-save",
-        with_config(modules_to_save=["lm_head"]),
-        "modules_to_save_unsupported",
-        "modules_to_save",
-    ),
-    (
-        "modules-to-save-tensor",
-        with_tensors(set_("base_model.model.lm_head.modules_to_save.default.weight", torch.ones(2, 2))),
-        "modules_to_save_unsupported",
-        "fully retrained",
-    ),
-    (
-        "embedding-target",
-        with_config(target_modules=["q_proj", "embed_tokens"]),
-        "embedding_unsupported",
-        "not served yet",
-    ),
-    (
-        "embedding-tensor",
-        with_tensors(set_("base_model.model.model.embed_tokens.lora_embedding_A", torch.ones(4, 128))),
-        "embedding_unsupported",
-        "embeddings",
-    ),
-    (
-        "lm-head-target",
-        with_config(target_modules=["q_proj", "lm_head"]),
-        "lm_head_unsupported",
-        "not served yet",
-    ),
-    (
-        "trainable-tokens",
-        with_config(trainable_token_indices=[1, 2]),
-        "embedding_unsupported",
-        "trainable_token_indices",
-    ),
+    ("dora-magnitude-tensor", with_tensors(set_(f"{Q0}.lora_magnitude_vector", torch.ones(96))), "dora_unsupported", "DoRA magnitude"),
+    ("modules-to-save", with_config(modules_to_save=["lm_head"]), "modules_to_save_unsupported", "modules_to_save"),
+    ("modules-to-save-tensor", with_tensors(set_("base_model.model.lm_head.modules_to_save.default.weight", torch.ones(2, 2))), "modules_to_save_unsupported", "fully retrained"),
+    ("embedding-target", with_config(target_modules=["q_proj", "embed_tokens"]), "embedding_unsupported", "not served yet"),
+    ("embedding-tensor", with_tensors(set_("base_model.model.model.embed_tokens.lora_embedding_A", torch.ones(4, 128))), "embedding_unsupported", "embeddings"),
+    ("lm-head-target", with_config(target_modules=["q_proj", "lm_head"]), "lm_head_unsupported", "not served yet"),
+    ("trainable-tokens", with_config(trainable_token_indices=[1, 2]), "embedding_unsupported", "trainable_token_indices"),
     ("peft-type-prefix", with_config(peft_type="PREFIX_TUNING"), "not_lora", "'PREFIX_TUNING'"),
     ("task-seq-cls", with_config(task_type="SEQ_CLS"), "unsupported_task", "'SEQ_CLS'"),
     ("full-model-not-adapter", full_model, "config_missing", "full model"),
-    (
-        "bare-safetensors",
-        file_source("adapter_model.safetensors", b"x" * 64),
-        "unsupported_source",
-        "alone is not an adapter",
-    ),
+    ("bare-safetensors", file_source("adapter_model.safetensors", b"x" * 64), "unsupported_source", "alone is not an adapter"),
     ("peft-type-missing", with_config(peft_type=None), "not_lora", "only LORA"),
     ("fan-in-fan-out", with_config(fan_in_fan_out=True), "fan_in_fan_out_unsupported", "Conv1D"),
     ("bias-all", with_config(bias="all"), "bias_unsupported", "biases"),
-    (
-        "lora-bias-tensor",
-        with_tensors(set_(f"{Q0}.lora_B.bias", torch.ones(96))),
-        "bias_unsupported",
-        "is a bias",
-    ),
-    (
-        "pissa-init",
-        with_config(init_lora_weights="pissa_niter_4"),
-        "unsupported_option",
-        "rewrites the base weights",
-    ),
-    (
-        "layer-replication",
-        with_config(layer_replication=[[0, 2], [1, 2]]),
-        "unsupported_option",
-        "layer_replication",
-    ),
+    ("lora-bias-tensor", with_tensors(set_(f"{Q0}.lora_B.bias", torch.ones(96))), "bias_unsupported", "is a bias"),
+    ("pissa-init", with_config(init_lora_weights="pissa_niter_4"), "unsupported_option", "rewrites the base weights"),
+    ("layer-replication", with_config(layer_replication=[[0, 2], [1, 2]]), "unsupported_option", "layer_replication"),
     # config problems
     ("config-missing", without("adapter_config.json"), "config_missing", "adapter_config.json"),
-    (
-        "config-not-json",
-        lambda tmp: write_adapter(tmp / "a", raw_config=b'{"r": 8,'),
-        "config_invalid_json",
-        "not valid JSON",
-    ),
-    (
-        "config-not-object",
-        lambda tmp: write_adapter(tmp / "a", raw_config=b"[1, 2]"),
-        "config_invalid",
-        "JSON object",
-    ),
+    ("config-not-json", lambda tmp: write_adapter(tmp / "a", raw_config=b'{"r": 8,'), "config_invalid_json", "not valid JSON"),
+    ("config-not-object", lambda tmp: write_adapter(tmp / "a", raw_config=b"[1, 2]"), "config_invalid", "JSON object"),
     ("config-rank-not-int", with_config(r="eight"), "config_invalid", "r must be a positive integer"),
-    (
-        "config-bad-regex",
-        with_config(target_modules=".*(q_proj"),
-        "config_invalid",
-        "not a valid regular expression",
-    ),
-    (
-        "targets-a-norm",
-        with_config(target_modules=r".*\.(q_proj|input_layernorm)"),
-        "unsupported_module",
-        "input_layernorm",
-    ),
+    ("config-bad-regex", with_config(target_modules=".*(q_proj"), "config_invalid", "not a valid regular expression"),
+    ("targets-a-norm", with_config(target_modules=".*\\.(q_proj|input_layernorm)"), "unsupported_module", "input_layernorm"),
     ("targets-nothing", with_config(target_modules=["c_attn"]), "no_target_modules", "matches none"),
     # weights problems
     ("weights-missing", without("adapter_model.safetensors"), "weights_missing", "adapter_model.safetensors"),
-    (
-        "unknown-tensor",
-        with_tensors(
-            set_("base_model.model.model.layers.0.self_attn.rotary.lora_A.weight", torch.ones(4, 64))
-        ),
-        "tensor_unknown",
-        "rotary",
-    ),
-    (
-        "untargeted-module",
-        with_tensors(
-            set_("base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", torch.ones(4, 64))
-        ),
-        "tensor_unknown",
-        "does not target",
-    ),
-    (
-        "layer-out-of-range",
-        with_tensors(
-            set_("base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", torch.ones(4, 64))
-        ),
-        "tensor_unknown",
-        "has 2 layers",
-    ),
-    (
-        "module-missing",
-        with_tensors(drop(f"{V1}.lora_A.weight", f"{V1}.lora_B.weight")),
-        "tensor_missing",
-        "layer 1 v_proj",
-    ),
-    (
-        "a-without-b",
-        with_tensors(drop(f"{V1}.lora_B.weight")),
-        "tensor_unpaired",
-        "layer 1 v_proj: lora_A is present but lora_B is missing",
-    ),
-    (
-        "stored-twice",
-        with_tensors(set_(f"{Q0}.lora_A", torch.ones(4, 64))),
-        "tensor_duplicate",
-        "stored twice",
-    ),
-    (
-        "mixed-adapter-names",
-        with_tensors(set_(f"{Q0}.lora_A.other.weight", torch.ones(4, 64))),
-        "multiple_adapters",
-        "several adapter names",
-    ),
-    (
-        "wrong-out-shape",
-        with_tensors(set_(f"{V1}.lora_B.weight", torch.ones(96, 4))),
-        "tensor_shape",
-        "layer 1 v_proj: lora_B has shape [96, 4], expected [48, 4] for this base model",
-    ),
-    (
-        "rank-disagrees-with-config",
-        with_tensors(set_(f"{Q0}.lora_A.weight", torch.ones(2, 64))),
-        "tensor_shape",
-        "expected [4, 64] for this base model and r=4",
-    ),
-    (
-        "one-dimensional",
-        with_tensors(set_(f"{Q0}.lora_B.weight", torch.ones(96))),
-        "tensor_shape",
-        "lora_B has shape [96]",
-    ),
-    (
-        "rank-above-max",
-        lambda tmp: write_adapter(
-            tmp / "a", config=lora_config(r=300), tensors=peft_lora_tensors(lora_config(r=300))
-        ),
-        "rank_too_large",
-        "rank 300",
-    ),
+    ("unknown-tensor", with_tensors(set_("base_model.model.model.layers.0.self_attn.rotary.lora_A.weight", torch.ones(4, 64))), "tensor_unknown", "rotary"),
+    ("untargeted-module", with_tensors(set_("base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", torch.ones(4, 64))), "tensor_unknown", "does not target"),
+    ("layer-out-of-range", with_tensors(set_("base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", torch.ones(4, 64))), "tensor_unknown", "has 2 layers"),
+    ("module-missing", with_tensors(drop(f"{V1}.lora_A.weight", f"{V1}.lora_B.weight")), "tensor_missing", "layer 1 v_proj"),
+    ("a-without-b", with_tensors(drop(f"{V1}.lora_B.weight")), "tensor_unpaired", "layer 1 v_proj: lora_A is present but lora_B is missing"),
+    ("stored-twice", with_tensors(set_(f"{Q0}.lora_A", torch.ones(4, 64))), "tensor_duplicate", "stored twice"),
+    ("mixed-adapter-names", with_tensors(set_(f"{Q0}.lora_A.other.weight", torch.ones(4, 64))), "multiple_adapters", "several adapter names"),
+    ("wrong-out-shape", with_tensors(set_(f"{V1}.lora_B.weight", torch.ones(96, 4))), "tensor_shape", "layer 1 v_proj: lora_B has shape [96, 4], expected [48, 4] for this base model"),
+    ("rank-disagrees-with-config", with_tensors(set_(f"{Q0}.lora_A.weight", torch.ones(2, 64))), "tensor_shape", "expected [4, 64] for this base model and r=4"),
+    ("one-dimensional", with_tensors(set_(f"{Q0}.lora_B.weight", torch.ones(96))), "tensor_shape", "lora_B has shape [96]"),
+    ("rank-above-max", lambda tmp: write_adapter(tmp / "a", config=lora_config(r=300), tensors=peft_lora_tensors(lora_config(r=300))), "rank_too_large", "rank 300"),
     ("dtype-float64", with_tensors(retype(torch.float64)), "dtype_unsupported", "F64"),
     ("dtype-int8", with_tensors(retype(torch.int8)), "dtype_unsupported", "float16, bfloat16 or float32"),
-    ("nan", with_tensors(poison(math.nan)), "tensor_not_finite", "layer 1 v_proj: lora_B contains NaN"),
-    ("inf", with_tensors(poison(math.inf)), "tensor_not_finite", "infinite"),
+    ("nan", with_tensors(poison(math.nan)), "tensor_not_finite", "layer 1 v_proj: lora_B contains 1 NaN value(s)"),
+    ("inf", with_tensors(poison(math.inf)), "tensor_not_finite", "contains 1 infinite value(s)"),
     ("truncated-file", with_weights(truncated), "safetensors_truncated", "truncated"),
     ("tiny-file", with_weights(lambda: b"\x10\x00"), "safetensors_truncated", "too short"),
-    (
-        "header-size-absurd",
-        with_weights(lambda: (1 << 40).to_bytes(8, "little") + b"{}"),
-        "safetensors_header_too_large",
-        "header",
-    ),
-    (
-        "header-size-past-eof",
-        with_weights(lambda: raw_safetensors({}, b"", declared_header_size=4096)),
-        "safetensors_truncated",
-        "4096-byte header",
-    ),
-    (
-        "header-not-json",
-        with_weights(lambda: raw_safetensors({}, b"")[:8] + b"\xff\xfe"),
-        "safetensors_invalid",
-        "not a safetensors file",
-    ),
+    ("header-size-absurd", with_weights(lambda: (1 << 40).to_bytes(8, "little") + b"{}"), "safetensors_header_too_large", "header"),
+    ("header-size-past-eof", with_weights(lambda: raw_safetensors({}, b"", declared_header_size=4096)), "safetensors_truncated", "4096-byte header"),
+    ("header-not-json", with_weights(lambda: raw_safetensors({}, b"")[:8] + b"\xff\xfe"), "safetensors_invalid", "not a safetensors file"),
     ("offsets-overlap", with_weights(overlapping_offsets), "safetensors_invalid", "lies about offsets"),
     ("offsets-past-end", with_weights(offsets_past_end), "safetensors_invalid", "lies about offsets"),
     ("offsets-disagree-with-shape", with_weights(size_mismatch), "safetensors_invalid", "needs 1040"),
     ("trailing-bytes", with_weights(trailing_bytes), "safetensors_invalid", "16 bytes after the last tensor"),
-    (
-        "duplicate-header-key",
-        with_weights(duplicate_header_key),
-        "safetensors_invalid",
-        "names a tensor twice",
-    ),
-    # hostile archives
-    (
-        "zip-absolute-path",
-        zipped(*valid_files().items(), ("/etc/cron.d/x", b"x")),
-        "archive_unsafe_path",
-        "absolute path",
-    ),
-    (
-        "zip-dot-dot",
-        zipped(*valid_files().items(), ("a/../../escape.txt", b"x")),
-        "archive_unsafe_path",
-        "'..'",
-    ),
-    (
-        "zip-backslash",
-        zipped(*valid_files().items(), ("..\\escape.txt", b"x")),
-        "archive_unsafe_path",
-        "backslash",
-    ),
-    (
-        "zip-symlink",
-        zipped(("adapter_config.json", b"{}"), (zip_link(), b"/etc/passwd")),
-        "archive_link",
-        "symbolic link",
-    ),
-    (
-        "zip-duplicate-member",
-        zipped(*valid_files().items(), ("adapter_config.json", b"{}")),
-        "archive_duplicate_member",
-        "twice",
-    ),
-    (
-        "zip-bomb",
-        zipped(*valid_files().items(), ("README.md", b"\0" * (3 << 20))),
-        "archive_compression_ratio",
-        "zip bomb",
-    ),
-    ("zip-truncated", truncated_zip, "archive_corrupt", "damaged"),
-    (
-        "tar-symlink",
-        tarred((tar_special("adapter_model.safetensors", tarfile.SYMTYPE, "/etc/passwd"), None)),
-        "archive_link",
-        "is a link",
-    ),
-    (
-        "tar-hardlink",
-        tarred((tar_special("adapter_model.safetensors", tarfile.LNKTYPE, "/etc/shadow"), None)),
-        "archive_link",
-        "is a link",
-    ),
-    (
-        "tar-device",
-        tarred((tar_special("dev", tarfile.CHRTYPE), None)),
-        "archive_special_file",
-        "not a regular file",
-    ),
-    (
-        "tar-fifo",
-        tarred((tar_special("pipe", tarfile.FIFOTYPE), None)),
-        "archive_special_file",
-        "not a regular file",
-    ),
-    ("tar-dot-dot", tarred((tar_file("../evil"), b"x")), "archive_unsafe_path", "'..'"),
-    ("tar-absolute", tarred((tar_file("/tmp/evil"), b"x")), "archive_unsafe_path", "absolute path"),
-    (
-        "tar-bomb",
-        tarred(*((tar_file(n), d) for n, d in valid_files().items()), (tar_file("pad"), b"\0" * (8 << 20))),
-        "archive_compression_ratio",
-        "zip bomb",
-    ),
-    (
-        "tar-too-many-members",
-        tarred(*((tar_file(f"f{i}.txt"), b"x") for i in range(300))),
-        "archive_too_many_members",
-        "more than 256",
-    ),
-    (
-        "not-an-archive",
-        file_source("upload.zip", b"hello, world" * 50),
-        "unsupported_source",
-        "not a directory, a .zip or a .tar.gz",
-    ),
-    (
-        "two-adapters",
-        zipped(
-            *((f"one/{n}", d) for n, d in valid_files().items()),
-            *((f"two/{n}", d) for n, d in valid_files().items()),
-        ),
-        "multiple_adapters",
-        "one, two",
-    ),
-    ("source-missing", lambda tmp: tmp / "nowhere.zip", "source_missing", "does not exist"),
+    ("duplicate-header-key", with_weights(duplicate_header_key), "safetensors_invalid", "names a tensor twice"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize(
@@ -501,29 +200,7 @@ def test_cases_have_distinct_messages(tmp_path, llama_base):
             load_adapter(build(case_dir), llama_base)
         messages.add(refused.value.message)
     assert len(CASES) >= 30
-    assert len(messages) >= len(CASES) - 3  # a few cases share a wording on purpose (e.g. both '..' cases)
-
-
-def test_archive_total_size_cap(tmp_path, llama_base):
-    source = make_zip(
-        tmp_path / "big.zip", [*valid_files().items(), ("notes.txt", b"x" * 300_000)], deflate=False
-    )
-    with pytest.raises(AdapterError) as refused:
-        load_adapter(source, llama_base, limits=ArchiveLimits(max_total_bytes=200_000))
-    assert refused.value.code == "archive_too_large"
-
-
-def test_tar_stream_cap_stops_a_bomb_hidden_in_headers(tmp_path, llama_base):
-    pax = tarfile.TarInfo("adapter_config.json")
-    pax.pax_headers = {"comment": "x" * 400_000}
-    source = make_tar(tmp_path / "pax.tar.gz", [(pax, b"{}")])
-    with pytest.raises(AdapterError) as refused:
-        load_adapter(
-            source,
-            llama_base,
-            limits=ArchiveLimits(max_members=4, max_total_bytes=100_000, ratio_floor_bytes=1 << 30),
-        )
-    assert refused.value.code == "archive_too_large"
+    assert len(messages) == len(CASES)
 
 
 def test_unsupported_base_model(tmp_path):

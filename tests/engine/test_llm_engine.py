@@ -1,0 +1,70 @@
+"""The online engine: background adapter loading, failed loads, aborts and state."""
+
+import shutil
+
+import pytest
+
+import adapters
+from engine import SamplingParams
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from tests.engine.conftest import Oracle, build_adapter, random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def adapter_dirs(checkpoints, tmp_path_factory):
+    root, base = tmp_path_factory.mktemp("online-adapters"), checkpoints["llama"]
+    good = build_adapter(base, root / "good", seed=40, r=8, targets=["q_proj", "k_proj", "v_proj", "down_proj"])
+    broken = root / "broken"
+    shutil.copytree(good, broken)
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    return {"good": good, "broken": broken}
+
+
+def run_all(engine):
+    outputs = {}
+    for _ in range(500):
+        for out in engine.step():
+            outputs[out.request_id] = out
+        if not engine.has_unfinished():
+            return outputs
+    raise AssertionError("engine did not finish")
+
+
+def test_background_load_and_failed_load_fail_only_their_requests(checkpoints, adapter_dirs):
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64))
+    config = engine.hf_config
+    good_digest = adapters.load_adapter(adapter_dirs["good"], config).digest
+    engine.register_adapter(good_digest, adapter_dirs["good"])
+    engine.register_adapter("0" * 64, adapter_dirs["broken"])
+    prompts = random_prompts(40, [5, 7, 3])
+    engine.add_request("good", prompts[0], GREEDY, adapter=good_digest, tenant="a")
+    engine.add_request("broken", prompts[1], GREEDY, adapter="0" * 64, tenant="b")
+    engine.add_request("base", prompts[2], GREEDY, tenant="b")
+    with pytest.raises(ValueError, match="not registered"):
+        engine.add_request("unknown", prompts[2], GREEDY, adapter="f" * 64)
+    outputs = run_all(engine)
+    assert outputs["broken"].finish_reason == "error" and "failed to load" in outputs["broken"].error
+    oracle = Oracle(checkpoints["llama"], {"good": adapter_dirs["good"]})
+    assert outputs["good"].token_ids == oracle.greedy(prompts[0], "good", 5)
+    assert outputs["base"].token_ids == oracle.greedy(prompts[2], None, 5)
+    state = engine.state()
+    assert good_digest in state["adapters"]["gpu"] and "0" * 64 in state["adapters"]["failed"]
+    assert state["kv_blocks_used"] == 0 or state["kv_blocks_free"] == 64
+
+
+def test_abort_frees_everything(checkpoints):
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=32, max_num_seqs=2))
+    long = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts(41, [9, 6, 12, 4])):
+        engine.add_request(str(i), prompt, long, tenant="t")
+    for _ in range(3):
+        engine.step()
+    assert engine.state()["running"] == 2 and engine.state()["waiting"] == 2
+    for i in range(4):
+        engine.abort(str(i))
+    assert not engine.has_unfinished()
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == 32 and engine.step() == []

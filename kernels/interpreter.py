@@ -1,29 +1,40 @@
-"""Running the Triton kernels on CPU tensors through Triton's interpreter (tests, benchmark smoke mode).
-
-Kernels are built as interpreted functions only if TRITON_INTERPRET is set when they are
-decorated, so call `enable()` before importing (or reload) the kernel modules.
-"""
+"""Running the Triton kernels on CPU tensors through Triton's interpreter (tests, benchmark smoke mode)."""
 
 import os
+import sys
 
 
 def enable() -> None:
-    """Set TRITON_INTERPRET=1 and make the interpreter work with numpy >= 2.4.
+    """Switch Triton to its interpreter for this process, whatever was imported before.
 
-    Triton 3.6's interpreter converts scalars held as one-element arrays with int(array), which
-    numpy 2.4 rejects, so every loop with runtime bounds fails (triton-lang/triton#9171, fixed
-    upstream by squeezing first). The same fix is applied here, to the interpreter only.
+    - sets TRITON_INTERPRET=1, so kernels decorated from now on are interpreted;
+    - converts already-decorated kernels (Triton's own standard library, e.g. tl.zeros and the
+      reductions, and this package's kernels) into interpreted functions: Triton decides at
+      decoration time, and other libraries (peft, for one) import triton early;
+    - makes the interpreter work with numpy >= 2.4: Triton 3.6 converts scalars held as
+      one-element arrays with int(array), which numpy 2.4 rejects, so every loop with runtime
+      bounds fails (triton-lang/triton#9171, fixed upstream the same way, by squeezing first).
     """
     os.environ["TRITON_INTERPRET"] = "1"
     from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
 
-    if getattr(interpreter, "_quilt_index_fix", False):
-        return
-    original = interpreter._patch_lang_tensor
+    if not getattr(interpreter, "_quilt_index_fix", False):
+        original = interpreter._patch_lang_tensor
 
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+        def patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    interpreter._quilt_index_fix = True
+        interpreter._patch_lang_tensor = patch_lang_tensor
+        interpreter._quilt_index_fix = True
+
+    converted: dict[int, interpreter.InterpretedFunction] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name.startswith("triton.language") or name.split(".")[0] == "kernels"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in converted:
+                    converted[id(value)] = interpreter.InterpretedFunction(value.fn)
+                setattr(module, attr, converted[id(value)])

@@ -1,0 +1,129 @@
+"""Budget alerts at 80% and 100% of a tenant's monthly token budget and spend limit, once per month each.
+
+The BudgetAlert row's unique constraint makes each (tenant, month, kind, threshold) happen once; its row lock
+serializes delivery. Email goes out once; a webhook that failed is retried (the task raises WebhookFailed).
+"""
+
+import hashlib
+import hmac
+import json
+import logging
+from datetime import date
+from decimal import Decimal
+
+import httpx
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import BudgetAlert
+from metering.selectors import usage_totals_month
+from tenancy.models import Membership, Tenant
+
+logger = logging.getLogger(__name__)
+
+THRESHOLDS = (80, 100)
+SIGNATURE_HEADER = "X-Quilt-Signature"
+WEBHOOK_TIMEOUT_SECONDS = 5.0
+
+
+class WebhookFailed(Exception):
+    pass
+
+
+def webhook_signature(*, secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _reached(*, tenant: Tenant, month: date) -> list[tuple[str, int, Decimal, Decimal]]:
+    totals = usage_totals_month(tenant=tenant, month=month)
+    limits = [
+        (BudgetAlert.Kind.TOKENS, Decimal(totals.total_tokens), tenant.plan.monthly_token_budget),
+        (BudgetAlert.Kind.SPEND, totals.price, tenant.plan.monthly_spend_limit),
+    ]
+    return [
+        (kind, threshold, used, Decimal(limit))
+        for kind, used, limit in limits
+        if limit  # no limit (None), or a zero limit that admission refuses outright
+        for threshold in THRESHOLDS
+        if used * 100 >= Decimal(limit) * threshold
+    ]
+
+
+def _recipients(tenant: Tenant) -> list[str]:
+    if tenant.billing_email:
+        return [tenant.billing_email]
+    owners = Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).select_related("user")
+    return sorted({membership.user.email for membership in owners if membership.user.email})
+
+
+def _describe(alert: BudgetAlert) -> str:
+    what = "monthly token budget" if alert.kind == BudgetAlert.Kind.TOKENS else "monthly spend limit"
+    return f"{alert.tenant.name} has used {alert.threshold}% of its {what} for {alert.month:%Y-%m}"
+
+
+def _email(alert: BudgetAlert) -> None:
+    recipients = _recipients(alert.tenant)
+    if recipients:
+        send_mail(
+            subject=f"[Quilt] {_describe(alert)}",
+            message=f"{_describe(alert)}: {alert.used.normalize():f} of {alert.limit.normalize():f}.",
+            from_email=None,
+            recipient_list=recipients,
+        )
+
+
+def _post_webhook(alert: BudgetAlert) -> None:
+    tenant = alert.tenant
+    body = json.dumps({
+        "type": "budget.threshold_reached", "tenant": tenant.slug, "month": f"{alert.month:%Y-%m}",
+        "kind": alert.kind, "threshold": alert.threshold, "used": f"{alert.used.normalize():f}",
+        "limit": f"{alert.limit.normalize():f}", "created_at": alert.created_at.isoformat(),
+    }).encode()  # fmt: skip
+    headers = {"Content-Type": "application/json", SIGNATURE_HEADER: webhook_signature(secret=tenant.webhook_secret,
+                                                                                        body=body)}  # fmt: skip
+    response = httpx.post(tenant.webhook_url, content=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
+    response.raise_for_status()
+
+
+def budget_alerts_check(*, tenant: Tenant, month: date) -> list[BudgetAlert]:
+    """Records and delivers each threshold the month's usage has reached; returns the alerts it touched."""
+    month = month.replace(day=1)
+    touched, failures = [], []
+    for kind, threshold, used, limit in _reached(tenant=tenant, month=month):
+        with transaction.atomic():
+            BudgetAlert.objects.bulk_create(
+                [
+                    BudgetAlert(
+                        tenant=tenant, month=month, kind=kind, threshold=threshold, used=used, limit=limit
+                    )
+                ],
+                ignore_conflicts=True,
+            )
+            alert = (
+                BudgetAlert.objects.select_for_update()
+                .select_related("tenant")
+                .get(tenant=tenant, month=month, kind=kind, threshold=threshold)
+            )
+            wants_webhook = bool(tenant.webhook_url)
+            if alert.emailed_at is not None and (alert.webhook_sent_at is not None or not wants_webhook):
+                continue
+            if alert.emailed_at is None:
+                _email(alert)
+                alert.emailed_at = timezone.now()
+            if wants_webhook and alert.webhook_sent_at is None:
+                if not tenant.webhook_secret:
+                    alert.webhook_error = "The tenant has a webhook URL but no webhook secret to sign with."
+                    logger.warning("budget alert %s: %s", alert, alert.webhook_error)
+                else:
+                    try:
+                        _post_webhook(alert)
+                        alert.webhook_sent_at, alert.webhook_error = timezone.now(), ""
+                    except httpx.HTTPError as error:
+                        alert.webhook_error = f"{type(error).__name__}: {error}"[:2000]
+                        failures.append(alert)
+            alert.save(update_fields=["emailed_at", "webhook_sent_at", "webhook_error"])
+            touched.append(alert)
+    if failures:
+        raise WebhookFailed("; ".join(f"{alert}: {alert.webhook_error}" for alert in failures))
+    return touched

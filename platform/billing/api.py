@@ -1,0 +1,76 @@
+"""Invoices of the caller's tenant (JSON or CSV) and the staff margin report."""
+
+from datetime import date
+from decimal import Decimal
+
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+
+from apikeys.models import Scope
+from billing.selectors import invoice_with_lines, invoices_of, tenant_margin
+from billing.serializers import (
+    InvoiceDetailOutput,
+    InvoiceLineOutput,
+    InvoiceOutput,
+    MarginQueryInput,
+    MarginReportOutput,
+)
+from metering.renderers import CsvRenderer
+from tenancy.api_base import StaffAPIView, TenantAPIView
+from tenancy.models import Membership
+
+INVOICE_CSV_HEADER = ["invoice", "month", *InvoiceLineOutput.Meta.fields]
+
+
+class _InvoicesApi(TenantAPIView):
+    required_roles = {"GET": Membership.Role.VIEWER}
+    required_scopes = {"GET": Scope.USAGE_READ}
+
+
+class InvoiceListApi(_InvoicesApi):
+    @extend_schema(responses=InvoiceOutput(many=True))
+    def get(self, request):
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(invoices_of(tenant=self.tenant), request, view=self)
+        return paginator.get_paginated_response(InvoiceOutput(page, many=True).data)
+
+
+class InvoiceDetailApi(_InvoicesApi):
+    renderer_classes = [JSONRenderer, CsvRenderer]
+    csv_header = INVOICE_CSV_HEADER
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(InvoiceDetailOutput, description="JSON, or CSV lines with ?format=csv")
+        }
+    )
+    def get(self, request, invoice_id: int, format=None):
+        invoice = invoice_with_lines(tenant=self.tenant, invoice_id=invoice_id)
+        if invoice is None:
+            raise Http404("No such invoice.")
+        body = InvoiceDetailOutput(invoice).data
+        if request.accepted_renderer.format != "csv":
+            return Response(body)
+        rows = [{"invoice": body["number"], "month": body["month"], **line} for line in body["lines"]]
+        rows.append(
+            {"invoice": body["number"], "month": body["month"], "model": "total", "amount": body["total"]}
+        )
+        disposition = f'attachment; filename="{invoice.number}.csv"'
+        return Response(rows, headers={"Content-Disposition": disposition})
+
+
+class MarginReportApi(StaffAPIView):
+    @extend_schema(parameters=[MarginQueryInput], responses=MarginReportOutput)
+    def get(self, request):
+        query = MarginQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        month = date.fromisoformat(query.validated_data["month"] + "-01")
+        rows = tenant_margin(month=month)
+        revenue = sum((row.revenue for row in rows), Decimal(0))
+        gpu_cost = sum((row.gpu_cost for row in rows), Decimal(0))
+        report = {"month": query.validated_data["month"], "tenants": rows, "revenue": revenue, "gpu_cost": gpu_cost,
+                  "margin": revenue - gpu_cost}  # fmt: skip
+        return Response(MarginReportOutput(report).data)

@@ -1,0 +1,116 @@
+"""Reading one usage event dict (the engine's schema, see notes/interfaces) into typed fields.
+
+The gateway's `metadata` (echoed back by the engine) names what the engine can't know: the model as requested,
+the adapter version id, the API key id, the tenant id and the engine's name as the gateway knows it.
+"""
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+
+from django.utils.dateparse import parse_datetime
+
+
+class BadEvent(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    request_id: str
+    tenant_ref: str
+    api_key_ref: str
+    model: str
+    base_model: str
+    adapter_version_id: int | None
+    adapter_digest: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    gpu_ms: Decimal
+    queue_ms: float | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    finish_reason: str
+    engine: str
+    finished_at: datetime
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def _count(event: dict, name: str) -> int:
+    value = event.get(name, 0) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadEvent(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _millis(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadEvent(f"a duration in ms must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _decimal(value, name: str) -> Decimal | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation as error:
+        raise BadEvent(f"{name} is not a number: {value!r}") from error
+    if not number.is_finite() or number < 0:
+        raise BadEvent(f"{name} must be a non-negative number, got {value!r}")
+    return number
+
+
+def _timestamp(value) -> datetime:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=UTC)
+    parsed = parse_datetime(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise BadEvent(f"finished_at must be an ISO 8601 time or epoch seconds, got {value!r}")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def usage_record_parse(event: dict) -> UsageRecord:
+    if not isinstance(event, dict):
+        raise BadEvent(f"an event must be an object, got {type(event).__name__}")
+    metadata = event.get("metadata") or {}
+    request_id = str(event.get("request_id") or "")
+    if not request_id or len(request_id) > 100:
+        raise BadEvent(f"request_id must be 1 to 100 characters, got {request_id!r}")
+    tenant_ref = str(metadata.get("tenant_id") or event.get("tenant") or "")
+    if not tenant_ref:
+        raise BadEvent("the event names no tenant")
+    prompt_tokens, cached_tokens = _count(event, "prompt_tokens"), _count(event, "cached_tokens")
+    if cached_tokens > prompt_tokens:
+        raise BadEvent(f"cached_tokens ({cached_tokens}) exceeds prompt_tokens ({prompt_tokens})")
+    base_model = str(event.get("base_model") or metadata.get("base_model") or "")
+    if not base_model:
+        raise BadEvent("the event names no base_model")
+    version = metadata.get("adapter_version_id")
+    if version is not None and (isinstance(version, bool) or not str(version).isdigit()):
+        raise BadEvent(f"adapter_version_id must be an integer, got {version!r}")
+    return UsageRecord(
+        request_id=request_id,
+        tenant_ref=tenant_ref,
+        api_key_ref=str(event.get("api_key_id") or metadata.get("api_key_id") or ""),
+        model=str(metadata.get("model") or base_model)[:250],
+        base_model=base_model[:200],
+        adapter_version_id=int(version) if version is not None else None,
+        adapter_digest=str(event.get("adapter") or "")[:64],
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=_count(event, "completion_tokens"),
+        gpu_ms=(_decimal(event.get("gpu_ms"), "gpu_ms") or Decimal(0)).quantize(Decimal("0.001")),
+        queue_ms=_millis(event.get("queue_ms")),
+        ttft_ms=_millis(event.get("ttft_ms")),
+        e2e_ms=_millis(event.get("e2e_ms")),
+        finish_reason=str(event.get("finish_reason") or "")[:32],
+        engine=str(metadata.get("engine") or event.get("engine") or "")[:100],
+        finished_at=_timestamp(event.get("finished_at")),
+    )

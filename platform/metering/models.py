@@ -1,0 +1,144 @@
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from tenancy.models import Plan, Tenant
+
+MONEY = {"max_digits": 24, "decimal_places": 12, "default": Decimal(0)}
+RATE = {"max_digits": 12, "decimal_places": 6, "validators": [MinValueValidator(Decimal(0))]}
+
+
+class ModelPrice(models.Model):
+    """A plan's prices for one base model, overriding the plan's own prices (per million tokens)."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="model_prices")
+    base_model = models.CharField(max_length=200)
+    price_input_per_mtok = models.DecimalField(**RATE)
+    price_cached_input_per_mtok = models.DecimalField(**RATE)
+    price_output_per_mtok = models.DecimalField(**RATE)
+
+    class Meta:
+        ordering = ["plan", "base_model"]
+        constraints = [
+            models.UniqueConstraint(fields=["plan", "base_model"], name="modelprice_plan_model_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.plan} / {self.base_model}"
+
+
+class UsageEvent(models.Model):
+    """One finished (or aborted) request as the engine reported it, written exactly once per request id.
+
+    Price is fixed at ingest from the rates stored alongside it; cost is gpu_ms at the engine pool's hourly price
+    (null when the event named no engine the gateway knows).
+    """
+
+    request_id = models.CharField(max_length=100, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_events")
+    api_key = models.ForeignKey(
+        "apikeys.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_events"
+    )
+    api_key_prefix = models.CharField(max_length=16, blank=True)
+    model = models.CharField(max_length=250, help_text="The model name as the client requested it.")
+    base_model = models.CharField(max_length=200)
+    adapter_version_id = models.BigIntegerField(null=True, blank=True)
+    adapter_digest = models.CharField(max_length=64, blank=True)
+    prompt_tokens = models.PositiveIntegerField()
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField()
+    gpu_ms = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0))
+    queue_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    e2e_ms = models.FloatField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    engine = models.CharField(max_length=100, blank=True)
+    price_input_per_mtok = models.DecimalField(**RATE)
+    price_cached_input_per_mtok = models.DecimalField(**RATE)
+    price_output_per_mtok = models.DecimalField(**RATE)
+    price = models.DecimalField(**MONEY)
+    gpu_price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    cost = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    finished_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-finished_at", "-id"]
+        indexes = [
+            models.Index(fields=["tenant", "finished_at"], name="usage_tenant_finished"),
+            models.Index(fields=["created_at"], name="usage_created"),
+        ]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class UsageDaily(models.Model):
+    """Sums of UsageEvent per tenant, UTC day, model, adapter version and key; recomputed whole per (tenant, day)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage_days")
+    day = models.DateField()
+    model = models.CharField(max_length=250)
+    base_model = models.CharField(max_length=200)
+    adapter_version_id = models.BigIntegerField(null=True, blank=True)
+    api_key_prefix = models.CharField(max_length=16, blank=True)
+    requests = models.PositiveIntegerField()
+    prompt_tokens = models.BigIntegerField()
+    cached_tokens = models.BigIntegerField()
+    completion_tokens = models.BigIntegerField()
+    gpu_ms = models.DecimalField(max_digits=20, decimal_places=3)
+    price = models.DecimalField(**MONEY)
+    cost = models.DecimalField(**MONEY)
+
+    class Meta:
+        ordering = ["tenant", "day", "model"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "day", "model", "base_model", "adapter_version_id", "api_key_prefix"],
+                name="usagedaily_dimensions_unique",
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day} {self.model}"
+
+
+class UsageMonth(models.Model):
+    """Running month-to-date totals per tenant, added to in the same transaction as the events they count."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage_months")
+    month = models.DateField(help_text="The first day of the month (UTC).")
+    requests = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    price = models.DecimalField(**MONEY)
+    cost = models.DecimalField(**MONEY)
+
+    class Meta:
+        ordering = ["-month", "tenant"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month"], name="usagemonth_tenant_month_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.month:%Y-%m}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class RollupCursor(models.Model):
+    """One row: the roll-up has seen every event created before `rolled_up_to` (less a safety overlap)."""
+
+    rolled_up_to = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"rolled up to {self.rolled_up_to}"

@@ -1,0 +1,43 @@
+"""Price and cost arithmetic, all in Decimal.
+
+price = (uncached input × input rate + cached input × cached rate + output × output rate) / 1e6, exact to 12 places
+(token counts are integers, rates have 6 places). cost = gpu_ms × hourly price / 3.6e6, rounded to 12 places.
+"""
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from metering.models import ModelPrice
+from tenancy.models import Plan
+
+PER_MILLION = Decimal(1_000_000)
+MS_PER_HOUR = Decimal(3_600_000)
+MONEY_PLACES = Decimal("1e-12")
+
+
+@dataclass(frozen=True)
+class Rates:
+    input: Decimal
+    cached_input: Decimal
+    output: Decimal
+
+
+def rates_for(
+    *, plan: Plan, base_model: str, overrides: dict[tuple[int, str], ModelPrice] | None = None
+) -> Rates:
+    """The plan's rates for this base model: its ModelPrice row where one exists, else the plan's own prices."""
+    override = (overrides or {}).get((plan.pk, base_model))
+    source = override if override is not None else plan
+    return Rates(
+        source.price_input_per_mtok, source.price_cached_input_per_mtok, source.price_output_per_mtok
+    )
+
+
+def request_price(*, rates: Rates, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
+    uncached = prompt_tokens - cached_tokens
+    total = uncached * rates.input + cached_tokens * rates.cached_input + completion_tokens * rates.output
+    return (total / PER_MILLION).quantize(MONEY_PLACES)
+
+
+def gpu_cost(*, gpu_ms: Decimal, gpu_price_per_hour: Decimal) -> Decimal:
+    return (gpu_ms * gpu_price_per_hour / MS_PER_HOUR).quantize(MONEY_PLACES, rounding=ROUND_HALF_EVEN)

@@ -1,0 +1,228 @@
+"""Usage ingest: each request's event is written exactly once, priced, counted into its month, and its hold settled.
+
+Exactly once rests on the unique request id: rows go in with INSERT ... ON CONFLICT DO NOTHING RETURNING, so the
+month counters are added to for precisely the rows this call inserted, in the same transaction. A replayed or
+concurrent duplicate batch inserts nothing and adds nothing.
+"""
+
+import importlib.util
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date
+from decimal import Decimal
+
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apikeys.models import ApiKey
+from billing.tasks import check_budget_alerts
+from gateway.models import Engine
+from metering.events import BadEvent, UsageRecord, usage_record_parse
+from metering.models import ModelPrice, UsageEvent, UsageMonth
+from metering.pricing import gpu_cost, rates_for, request_price
+from tenancy.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+# The gateway's budget holds (gateway.holds) are built alongside; ingest settles them once that module exists.
+if importlib.util.find_spec("gateway.holds") is not None:
+    from gateway.holds import hold_settle
+else:
+    hold_settle = None
+
+INSERT_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    inserted: int
+    duplicates: int
+    rejected: int
+    settled: int
+
+
+def month_of(day: date) -> date:
+    return day.replace(day=1)
+
+
+def _tenants(records: list[UsageRecord]) -> dict[str, Tenant]:
+    refs = {record.tenant_ref for record in records}
+    ids = [int(ref) for ref in refs if ref.isdigit()]
+    slugs = [ref for ref in refs if not ref.isdigit()]
+    found = {}
+    for tenant in Tenant.objects.select_related("plan").filter(Q(pk__in=ids) | Q(slug__in=slugs)):
+        found[str(tenant.pk)] = tenant
+        found[tenant.slug] = tenant
+    return found
+
+
+def _api_keys(records: list[UsageRecord]) -> dict[str, ApiKey]:
+    refs = {record.api_key_ref for record in records if record.api_key_ref}
+    if not refs:
+        return {}
+    found = {}
+    for key in ApiKey.objects.filter(Q(pk__in=refs) | Q(prefix__in=refs)):
+        found[key.pk] = key
+        found[key.prefix] = key
+    return found
+
+
+def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
+    tenants, keys = _tenants(records), _api_keys(records)
+    plan_ids = {tenant.plan_id for tenant in tenants.values()}
+    overrides = {
+        (price.plan_id, price.base_model): price
+        for price in ModelPrice.objects.filter(
+            plan_id__in=plan_ids, base_model__in={r.base_model for r in records}
+        )
+    }
+    gpu_prices = dict(
+        Engine.objects.filter(name__in={r.engine for r in records}).values_list("name", "gpu_price_per_hour")
+    )
+    rows, rejected = [], 0
+    for record in records:
+        tenant = tenants.get(record.tenant_ref)
+        if tenant is None:
+            logger.error(
+                "usage event %s names an unknown tenant %r; dropped", record.request_id, record.tenant_ref
+            )
+            rejected += 1
+            continue
+        key = keys.get(record.api_key_ref)
+        if key is not None and key.tenant_id != tenant.pk:
+            logger.error("usage event %s: key %s is not tenant %s's; key dropped", record.request_id, key.prefix,
+                         tenant.slug)  # fmt: skip
+            key = None
+        rates = rates_for(plan=tenant.plan, base_model=record.base_model, overrides=overrides)
+        price = request_price(
+            rates=rates, prompt_tokens=record.prompt_tokens, cached_tokens=record.cached_tokens,
+            completion_tokens=record.completion_tokens,
+        )  # fmt: skip
+        gpu_price_per_hour, cost = gpu_prices.get(record.engine), None
+        if gpu_price_per_hour is not None:
+            cost = gpu_cost(gpu_ms=record.gpu_ms, gpu_price_per_hour=gpu_price_per_hour)
+        else:
+            logger.warning(
+                "usage event %s: no engine named %r, so no GPU cost", record.request_id, record.engine
+            )
+        rows.append(
+            UsageEvent(
+                request_id=record.request_id, tenant=tenant, api_key=key,
+                api_key_prefix=key.prefix if key is not None else record.api_key_ref.partition(".")[0][:16],
+                model=record.model, base_model=record.base_model, adapter_version_id=record.adapter_version_id,
+                adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
+                cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
+                queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
+                finish_reason=record.finish_reason, engine=record.engine, price_input_per_mtok=rates.input,
+                price_cached_input_per_mtok=rates.cached_input, price_output_per_mtok=rates.output, price=price,
+                gpu_price_per_hour=gpu_price_per_hour, cost=cost, finished_at=record.finished_at,
+            )
+        )  # fmt: skip
+    return rows, rejected
+
+
+def _insert_new(rows: list[UsageEvent]) -> set[str]:
+    """INSERT ... ON CONFLICT (request_id) DO NOTHING RETURNING request_id: the ids this statement wrote."""
+    fields = [field for field in UsageEvent._meta.concrete_fields if not field.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    now = timezone.now()
+    inserted: set[str] = set()
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), INSERT_CHUNK):
+            chunk = rows[start : start + INSERT_CHUNK]
+            params = []
+            for row in chunk:
+                row.created_at = now
+                params += [
+                    field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields
+                ]
+            cursor.execute(
+                f"INSERT INTO {quote(UsageEvent._meta.db_table)} ({columns}) VALUES "
+                f"{', '.join([one_row] * len(chunk))} ON CONFLICT ({quote('request_id')}) DO NOTHING "
+                f"RETURNING {quote('request_id')}",
+                params,
+            )
+            inserted.update(request_id for (request_id,) in cursor.fetchall())
+    return inserted
+
+
+def _add_to_months(rows: list[UsageEvent]) -> set[tuple[int, date]]:
+    sums: dict[tuple[int, date], dict] = defaultdict(
+        lambda: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
+                 "price": Decimal(0), "cost": Decimal(0)}
+    )  # fmt: skip
+    for row in rows:
+        total = sums[(row.tenant_id, month_of(row.finished_at.astimezone(UTC).date()))]
+        total["requests"] += 1
+        total["prompt_tokens"] += row.prompt_tokens
+        total["cached_tokens"] += row.cached_tokens
+        total["completion_tokens"] += row.completion_tokens
+        total["price"] += row.price
+        total["cost"] += row.cost or 0
+    UsageMonth.objects.bulk_create(
+        [UsageMonth(tenant_id=tenant_id, month=month) for tenant_id, month in sorted(sums)],
+        ignore_conflicts=True,
+    )
+    for (tenant_id, month), total in sorted(sums.items()):
+        UsageMonth.objects.filter(tenant_id=tenant_id, month=month).update(
+            **{name: F(name) + value for name, value in total.items()}
+        )
+    return set(sums)
+
+
+def _settle_holds(rows: list[UsageEvent]) -> int:
+    if hold_settle is None:
+        return 0
+    settled = 0
+    for row in rows:
+        settled += bool(
+            hold_settle(
+                tenant_id=row.tenant_id, request_id=row.request_id, tokens=row.total_tokens, spend=row.price
+            )
+        )
+    return settled
+
+
+def usage_ingest(*, events: list[dict]) -> IngestResult:
+    """Writes the batch's new events, counts them into their months, then settles every event's budget hold.
+
+    Malformed events and unknown tenants are logged and dropped (a poison event must not block its batch).
+    Holds are settled after commit and for every valid event, replays included: settling is idempotent, and a
+    retry after a failure between commit and settling must still release the hold.
+    """
+    records, rejected, seen = [], 0, set()
+    for event in events:
+        try:
+            record = usage_record_parse(event)
+        except BadEvent as error:
+            logger.error("usage event dropped: %s: %r", error, event)
+            rejected += 1
+            continue
+        if record.request_id not in seen:
+            seen.add(record.request_id)
+            records.append(record)
+    rows, unknown = _rows(sorted(records, key=lambda record: record.request_id))
+    with transaction.atomic():
+        inserted = _insert_new(rows)
+        new_rows = [row for row in rows if row.request_id in inserted]
+        months = _add_to_months(new_rows)
+        budgeted = {row.tenant_id for row in new_rows if row.tenant.plan.monthly_token_budget is not None
+                    or row.tenant.plan.monthly_spend_limit is not None}  # fmt: skip
+        for tenant_id, month in sorted(months):
+            if tenant_id in budgeted:
+                transaction.on_commit(
+                    lambda tenant_id=tenant_id, month=month: check_budget_alerts.delay(
+                        tenant_id, month.isoformat()
+                    )
+                )
+    settled = _settle_holds(rows)
+    return IngestResult(
+        inserted=len(inserted),
+        duplicates=len(rows) - len(inserted),
+        rejected=rejected + unknown,
+        settled=settled,
+    )

@@ -1,0 +1,28 @@
+"""Thin tasks: the engine sends `metering.ingest_usage` by name; beat runs `metering.rollup_usage`."""
+
+from dataclasses import asdict
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from metering.rollups import usage_rollup_recent
+from metering.services import usage_ingest
+
+TRANSIENT = (OperationalError, InterfaceError, ConnectionError, RedisConnectionError)
+
+
+@shared_task(
+    name="metering.ingest_usage",
+    autoretry_for=TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=8,
+)
+def ingest_usage(events: list[dict]) -> dict:
+    return asdict(usage_ingest(events=events))
+
+
+@shared_task(name="metering.rollup_usage", autoretry_for=TRANSIENT, retry_backoff=True, max_retries=3)
+def rollup_usage() -> int:
+    return usage_rollup_recent()

@@ -80,14 +80,17 @@ class BaseShapes:
         return (rank, in_features), (out_features, rank)
 
     def named_modules(self) -> dict[str, str]:
-        """Every leaf module name PEFT could be pointed at, mapped to what it is."""
-        names = {"model.embed_tokens": "embedding", "lm_head": "lm_head", "model.norm": "norm"}
+        """Every module name of the `*ForCausalLM` model PEFT could be pointed at, mapped to what it is."""
+        names = {"": "model", "model": "model", "model.layers": "layer list", "model.rotary_emb": "rotary"}
+        names |= {"model.embed_tokens": "embedding", "lm_head": "lm_head", "model.norm": "norm"}
         for layer in range(self.num_layers):
+            prefix = f"model.layers.{layer}"
+            names |= {prefix: "decoder layer", f"{prefix}.self_attn": "attention", f"{prefix}.mlp": "MLP"}
             for module in PROJECTIONS:
                 names[peft_module_key(layer, module)] = module
-            names[f"model.layers.{layer}.input_layernorm"] = "norm"
-            names[f"model.layers.{layer}.post_attention_layernorm"] = "norm"
-            names[f"model.layers.{layer}.mlp.act_fn"] = "activation"
+            names[f"{prefix}.input_layernorm"] = "norm"
+            names[f"{prefix}.post_attention_layernorm"] = "norm"
+            names[f"{prefix}.mlp.act_fn"] = "activation"
         return names
 
 

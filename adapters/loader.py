@@ -97,7 +97,8 @@ def _planned_modules(settings: LoraSettings, shapes: BaseShapes) -> dict[str, st
         if kind not in PROJECTIONS:
             raise AdapterError(
                 "unsupported_module",
-                f"target_modules matches {key}, a {kind} layer; LoRA is served on {', '.join(PROJECTIONS)} only",
+                f"target_modules matches {repr(key) if key else 'the root module'} ({kind}); "
+                f"LoRA is served on {', '.join(PROJECTIONS)} only",
             )
         layer = int(key.split(".")[2])
         plan[module_name(layer, kind)] = key

@@ -4,6 +4,7 @@ import io
 import json
 import struct
 import tarfile
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +120,8 @@ def split_safetensors(data: bytes) -> tuple[dict, bytes]:
 
 def make_zip(path: Path, members: list[tuple[str | zipfile.ZipInfo, bytes]], *, deflate: bool = True) -> Path:
     compression = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
-    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+    with zipfile.ZipFile(path, "w", compression=compression) as archive, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Duplicate name")  # some cases repeat a name on purpose
         for name, data in members:
             if isinstance(name, zipfile.ZipInfo):
                 name.compress_type = compression

@@ -1,5 +1,6 @@
 """Adapters made by PEFT itself on tiny random Llama, Mistral and Qwen2 models: the oracle."""
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,11 @@ def make(name: str, directory: Path) -> PeftMade:
     torch.manual_seed(0)
     config = config_factory()
     base = model_class(config).to(dtype)
-    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **lora), autocast_adapter_dtype=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The following rank_pattern keys did not match")
+        model = get_peft_model(
+            base, LoraConfig(init_lora_weights=False, **lora), autocast_adapter_dtype=False
+        )
     model.save_pretrained(directory)
     return PeftMade(model=model, directory=directory, base_config=config.to_dict(), lora=lora)
 

@@ -148,6 +148,8 @@ CASES = [
     ("config-rank-not-int", with_config(r="eight"), "config_invalid", "r must be a positive integer"),
     ("config-bad-regex", with_config(target_modules=".*(q_proj"), "config_invalid", "not a valid regular expression"),
     ("targets-a-norm", with_config(target_modules=".*\\.(q_proj|input_layernorm)"), "unsupported_module", "input_layernorm"),
+    ("targets-a-container", with_config(target_modules=["q_proj", "mlp"]), "unsupported_module", "'model.layers.0.mlp' (MLP)"),
+    ("targets-everything", with_config(target_modules=".*"), "unsupported_module", "the root module (model)"),
     ("targets-nothing", with_config(target_modules=["c_attn"]), "no_target_modules", "matches none"),
     # weights problems
     ("weights-missing", without("adapter_model.safetensors"), "weights_missing", "adapter_model.safetensors"),

@@ -7,6 +7,7 @@ channel layer and cache. Production points DATABASE_URL, REDIS_URL and CELERY_BR
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VAR_DIR = REPO_ROOT / "var"
@@ -110,6 +111,8 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "registry-requeue-stale-validations": {"task": "registry.requeue_stale_validations", "schedule": 300.0},
     "registry-collect-adapter-blobs": {"task": "registry.collect_adapter_blobs", "schedule": 3600.0},
+    "metering-rollup-usage": {"task": "metering.rollup_usage", "schedule": 300.0},
+    "billing-issue-invoices": {"task": "billing.issue_invoices", "schedule": crontab(minute=0, hour=3, day_of_month=1)},
 }
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

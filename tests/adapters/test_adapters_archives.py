@@ -101,3 +101,22 @@ def test_tar_stream_cap_stops_a_bomb_hidden_in_headers(tmp_path, llama_base):
             limits=ArchiveLimits(max_members=4, max_total_bytes=100_000, ratio_floor_bytes=1 << 30),
         )
     assert refused.value.code == "archive_too_large"
+
+
+def test_finder_zip_with_macosx_metadata_loads(tmp_path, llama_base):
+    files = valid_files()
+    members = [(f"my-adapter/{name}", data) for name, data in files.items()]
+    members += [(f"__MACOSX/my-adapter/._{name}", b"\0\5\26\7") for name in files]
+    members += [("my-adapter/", b""), ("my-adapter/.DS_Store", b"\0\0\0\1Bud1")]
+    adapter = load_adapter(make_zip(tmp_path / "Archive.zip", members), llama_base)
+    assert adapter.target_modules == ["q_proj", "v_proj"]
+
+
+def test_tar_with_root_and_directory_entries_loads(tmp_path, llama_base):
+    directory = tarfile.TarInfo("./adapter")
+    directory.type = tarfile.DIRTYPE
+    members = [(tarfile.TarInfo("."), None), (directory, None)]
+    members[0][0].type = tarfile.DIRTYPE
+    members += [(tar_file(f"./adapter/{name}"), data) for name, data in valid_files().items()]
+    adapter = load_adapter(make_tar(tmp_path / "adapter.tgz", members), llama_base)
+    assert adapter.rank == 4

@@ -1,0 +1,136 @@
+"""Management API for the caller's adapters: upload, versions, promote / rollback, delete; and base models.
+
+Reads need any valid key (or the viewer role); writes need the `adapters:write` scope (or developer).
+"""
+
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+
+from apikeys.models import Scope
+from registry import promotion, selectors, services
+from registry.errors import RegistryRefusal
+from registry.models import Adapter
+from registry.serializers import (
+    AdapterCreatedOutput,
+    AdapterCreateInput,
+    AdapterDetailOutput,
+    AdapterOutput,
+    AdapterPromoteInput,
+    AdapterVersionCreateInput,
+    AdapterVersionOutput,
+    BaseModelOutput,
+)
+from registry.upload_handlers import CappedTemporaryFileUploadHandler
+from tenancy.api_base import TenantAPIView
+from tenancy.models import Membership
+
+Role = Membership.Role
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+
+class _RegistryApi(TenantAPIView):
+    required_roles = {"GET": Role.VIEWER, "POST": Role.DEVELOPER, "DELETE": Role.DEVELOPER}
+    required_scopes = {"GET": "", "POST": Scope.ADAPTERS_WRITE, "DELETE": Scope.ADAPTERS_WRITE}
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+
+    def handle_exception(self, exc):
+        if isinstance(exc, RegistryRefusal):
+            refusal = exceptions.APIException(detail=exc.message, code=exc.code)
+            refusal.status_code = exc.status_code
+            exc = refusal
+        return super().handle_exception(exc)
+
+    def _adapter(self, name: str) -> Adapter:
+        adapter = selectors.adapter_get(tenant=self.tenant, name=name)
+        if adapter is None:
+            raise Http404
+        return adapter
+
+    def _stream_uploads(self, request) -> None:
+        """Before the body is read: refuse an announced oversize body, and stream files to disk under the cap."""
+        cap = services.upload_limit(tenant=self.tenant)
+        refusal = services.upload_refusal(tenant=self.tenant)
+        announced = int(request.META.get("CONTENT_LENGTH") or 0)
+        if announced > cap + MULTIPART_OVERHEAD_BYTES:
+            raise services.upload_refusal(tenant=self.tenant, size=announced)
+        raw = request._request
+        if not hasattr(raw, "_files"):
+            raw.upload_handlers = [CappedTemporaryFileUploadHandler(raw, cap=cap, refusal=refusal)]
+
+
+class BaseModelListApi(_RegistryApi):
+    @extend_schema(responses=BaseModelOutput(many=True))
+    def get(self, request):
+        return Response(BaseModelOutput(selectors.base_models_active(), many=True).data)
+
+
+class AdapterListApi(_RegistryApi):
+    @extend_schema(responses=AdapterOutput(many=True))
+    def get(self, request):
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(selectors.adapters_of(tenant=self.tenant), request, view=self)
+        return paginator.get_paginated_response(AdapterOutput(page, many=True).data)
+
+    @extend_schema(request={"multipart/form-data": AdapterCreateInput}, responses={201: AdapterCreatedOutput})
+    def post(self, request):
+        self._stream_uploads(request)
+        data = AdapterCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        adapter = services.adapter_create(
+            actor=self.actor, tenant=self.tenant, name=fields["name"], base_model=fields["base_model"],
+            description=fields["description"], files=fields["file"],
+        )  # fmt: skip
+        return Response(AdapterCreatedOutput(adapter).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterDetailApi(_RegistryApi):
+    @extend_schema(responses=AdapterDetailOutput)
+    def get(self, request, name: str):
+        return Response(AdapterDetailOutput(self._adapter(name)).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, name: str):
+        services.adapter_delete(actor=self.actor, adapter=self._adapter(name))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AdapterVersionListApi(_RegistryApi):
+    @extend_schema(responses=AdapterVersionOutput(many=True))
+    def get(self, request, name: str):
+        versions = selectors.adapter_versions(adapter=self._adapter(name)).select_related("created_by")
+        return Response(AdapterVersionOutput(versions, many=True).data)
+
+    @extend_schema(
+        request={"multipart/form-data": AdapterVersionCreateInput}, responses={201: AdapterVersionOutput}
+    )
+    def post(self, request, name: str):
+        adapter = self._adapter(name)
+        self._stream_uploads(request)
+        data = AdapterVersionCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = services.adapter_version_create(actor=self.actor, adapter=adapter, files=data.validated_data["file"])
+        return Response(AdapterVersionOutput(version).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterPromoteApi(_RegistryApi):
+    @extend_schema(request=AdapterPromoteInput, responses=AdapterDetailOutput)
+    def post(self, request, name: str):
+        adapter = self._adapter(name)
+        data = AdapterPromoteInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = promotion.adapter_promote(
+            actor=self.actor, adapter=adapter, version_number=data.validated_data["version"]
+        )
+        return Response(AdapterDetailOutput(adapter).data)
+
+
+class AdapterRollbackApi(_RegistryApi):
+    @extend_schema(request=None, responses=AdapterDetailOutput)
+    def post(self, request, name: str):
+        adapter = promotion.adapter_rollback(actor=self.actor, adapter=self._adapter(name))
+        return Response(AdapterDetailOutput(adapter).data)

@@ -1,0 +1,9 @@
+"""Signals other apps listen to; both are sent after the change has committed."""
+
+from django.dispatch import Signal
+
+# kwargs: adapter, version, previous_version (None when the alias pointed nowhere before)
+adapter_version_promoted = Signal()
+
+# kwargs: version (an AdapterVersion whose status just changed)
+adapter_version_status_changed = Signal()

@@ -1,0 +1,120 @@
+"""A tiny random Llama checkpoint, PEFT adapters made for it by PEFT itself, and upload helpers."""
+
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from django.core.files.uploadedfile import SimpleUploadedFile
+from peft import LoraConfig, get_peft_model
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from registry.base_models import base_model_register
+from registry.models import AdapterVersion
+from tenancy.audit import Actor
+from tests.platform.conftest import key_client, member_client, tenant_a, tenant_b  # noqa: F401
+
+BASE_NAME = "tiny-llama"
+
+
+def tiny_llama_config(hidden_size: int = 32) -> LlamaConfig:
+    return LlamaConfig(
+        hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=128, architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+
+
+def save_tiny_base(directory: Path) -> Path:
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_llama_config()).save_pretrained(directory, safe_serialization=True)
+    words = ["[UNK]", *[f"w{i}" for i in range(63)]]
+    tokenizer = Tokenizer(WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def save_peft_adapter(directory: Path, *, seed: int, hidden_size: int = 32, rank: int = 4) -> Path:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(hidden_size))
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"],
+                      init_lora_weights=False)  # fmt: skip
+    get_peft_model(model, lora).save_pretrained(directory)
+    return directory
+
+
+def zipped(directory: Path) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(directory).as_posix())
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory) -> Path:
+    return save_tiny_base(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def adapter_zip(tmp_path_factory) -> bytes:
+    """A valid PEFT LoRA (rank 4 on q, v and down) for the tiny base, zipped."""
+    return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-good"), seed=1))
+
+
+@pytest.fixture(scope="session")
+def other_adapter_zip(tmp_path_factory) -> bytes:
+    return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-other"), seed=2, rank=2))
+
+
+@pytest.fixture(scope="session")
+def wrong_base_zip(tmp_path_factory) -> bytes:
+    """Made by PEFT for a wider model (hidden 48): its shapes cannot fit the tiny base."""
+    return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-wrong"), seed=3, hidden_size=48))
+
+
+@pytest.fixture
+def media_root(settings, tmp_path) -> Path:
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
+@pytest.fixture
+def base_model(db, tiny_base_dir, media_root):
+    return base_model_register(actor=Actor.system(), name=BASE_NAME, checkpoint_dir=tiny_base_dir)
+
+
+def upload(name: str, data: bytes) -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, data, content_type="application/octet-stream")
+
+
+def create_adapter(client, name: str, data: bytes, *, filename: str = "adapter.zip", **extra):
+    body = {"name": name, "base_model": BASE_NAME, "file": upload(filename, data), **extra}
+    return client.post("/api/v1/adapters", body, format="multipart")
+
+
+def files_under(root: Path) -> list[str]:
+    if not root.exists():
+        return []
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+
+
+def wait_for_status(version_id: int, statuses: tuple[str, ...], *, timeout: float = 60.0) -> AdapterVersion:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        version = AdapterVersion.objects.get(pk=version_id)
+        if version.status in statuses:
+            return version
+        time.sleep(0.1)
+    raise AssertionError(f"version {version_id} stayed {version.status}, waited for {statuses}")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

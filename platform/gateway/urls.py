@@ -1,1 +1,10 @@
-urlpatterns: list = []
+from django.urls import path
+
+from gateway import views
+
+urlpatterns = [
+    path("chat/completions", views.chat_completions, name="chat-completions"),
+    path("completions", views.completions, name="completions"),
+    path("models", views.models, name="models"),
+    path("models/<path:name>", views.model, name="model"),
+]

@@ -1,0 +1,138 @@
+"""Who is calling and what they asked for: the key (by prefix, briefly cached), its tenant's plan, and the model
+resolved for that tenant. Blocking (database reads): the views call it through sync_to_async, once per request."""
+
+import threading
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+
+from apikeys.models import ApiKey, Scope
+from apikeys.selectors import KeyRefused, api_key_authenticate
+from gateway.admission import Limits
+from gateway.errors import ApiError
+from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
+from registry.storage import adapter_store_root
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved model: what the engine needs to serve it."""
+
+    name: str  # as the client wrote it
+    base_model: str
+    max_context: int
+    adapter_id: int | None
+    adapter_version_id: int | None
+    adapter_version: int | None
+    digest: str | None
+    adapter_path: str | None
+
+
+@dataclass(frozen=True)
+class Caller:
+    key_id: int | str
+    tenant_id: int
+    tenant_slug: str
+    limits: Limits
+    default_max_tokens: int
+    weight: float
+    price_input: Decimal  # per million tokens
+    price_cached_input: Decimal
+    price_output: Decimal
+    allowed_models: tuple[str, ...]
+
+    def spend(self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
+        total = (
+            (prompt_tokens - cached_tokens) * self.price_input
+            + cached_tokens * self.price_cached_input
+            + completion_tokens * self.price_output
+        )
+        return total / Decimal(1_000_000)
+
+    def may_use(self, name: str) -> bool:
+        return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models
+
+
+_targets: dict[tuple[int, str], tuple[float, Target]] = {}
+_targets_lock = threading.Lock()
+
+
+def _target(resolved: ResolvedModel, name: str) -> Target:
+    version = resolved.version
+    digest = version.digest if version is not None else None
+    return Target(
+        name=name,
+        base_model=resolved.base_model.name,
+        max_context=resolved.base_model.max_context,
+        adapter_id=resolved.adapter.pk if resolved.adapter is not None else None,
+        adapter_version_id=version.pk if version is not None else None,
+        adapter_version=version.number if version is not None else None,
+        digest=digest,
+        adapter_path=str(adapter_store_root() / digest) if digest else None,
+    )
+
+
+def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.",
+            code="invalid_api_key",
+        )
+    try:
+        key = api_key_authenticate(presented=presented.strip())
+    except KeyRefused as refused:
+        status = 403 if refused.code == "tenant_suspended" else 401
+        raise ApiError(status, refused.reason, code=refused.code) from None
+    if not key.has_scope(Scope.INFERENCE):
+        raise ApiError(403, "This API key does not have the 'inference' scope.", code="insufficient_scope")
+    plan = key.tenant.plan
+    caller = Caller(
+        key_id=key.pk,
+        tenant_id=key.tenant_id,
+        tenant_slug=key.tenant.slug,
+        limits=Limits.of_plan(plan),
+        default_max_tokens=plan.default_max_tokens,
+        weight=float(plan.scheduling_weight),
+        price_input=plan.price_input_per_mtok,
+        price_cached_input=plan.price_cached_input_per_mtok,
+        price_output=plan.price_output_per_mtok,
+        allowed_models=tuple(key.allowed_models or ()),
+    )
+    return caller, key
+
+
+def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
+    if not caller.may_use(name):
+        raise ApiError(403, f"This API key is not allowed to use the model '{name}'.", code="model_not_allowed", param="model")
+    cache_key = (caller.tenant_id, name)
+    now = time.monotonic()
+    with _targets_lock:
+        hit = _targets.get(cache_key)
+    if hit is not None and now - hit[0] < settings.QUILT_KEY_CACHE_SECONDS:
+        return hit[1]
+    try:
+        target = _target(model_resolve(tenant=key.tenant, name=name), name)
+    except ModelNotFound as missing:
+        raise ApiError(404, missing.message, code="model_not_found", param="model") from None
+    with _targets_lock:
+        if len(_targets) > 10_000:
+            _targets.clear()
+        _targets[cache_key] = (now, target)
+    return target
+
+
+def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
+    caller, key = caller_authenticate(authorization=authorization)
+    if not isinstance(model, str) or not model:
+        return caller, None
+    return caller, target_resolve(key=key, caller=caller, name=model)
+
+
+def caller_models(*, authorization: str) -> tuple[Caller, list[Target]]:
+    caller, key = caller_authenticate(authorization=authorization)
+    targets = [_target(resolved, resolved.name) for resolved in models_for_tenant(tenant=key.tenant)]
+    return caller, [t for t in targets if caller.may_use(t.name)]

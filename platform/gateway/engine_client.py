@@ -1,0 +1,158 @@
+"""Talking to an engine's internal HTTP API (httpx, one pooled client per event loop)."""
+
+import asyncio
+import json
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+
+
+class EngineUnavailable(Exception):
+    """The engine could not be reached or failed before sending anything: another one may serve the request."""
+
+
+class EngineRejected(Exception):
+    """The engine refused the request as invalid (its 4xx): the client's fault, not worth a retry."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class EngineBroke(Exception):
+    """The engine failed after the stream had started."""
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    name: str
+    url: str
+    token: str
+    pool: str
+    gpu_price_per_hour: str
+    resident: frozenset[str]  # adapter digests resident in any tier at the last check
+    load: int  # running + waiting requests at the last check
+
+
+_clients: "weakref.WeakKeyDictionary[object, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+
+
+def _timeout() -> httpx.Timeout:
+    return httpx.Timeout(
+        connect=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS, read=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
+        write=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS, pool=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
+    )  # fmt: skip
+
+
+def _client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        client = _clients[loop] = httpx.AsyncClient(timeout=_timeout(), limits=limits)
+    return client
+
+
+def _headers(engine: EngineRef) -> dict[str, str]:
+    return {"Authorization": f"Bearer {engine.token or settings.QUILT_ENGINE_TOKEN}"}
+
+
+def _error_message(response_body: bytes) -> str:
+    try:
+        body = json.loads(response_body)
+    except ValueError:
+        return response_body.decode(errors="replace")[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("detail") or error)
+    return str(error)
+
+
+async def tokenize(engine: EngineRef, *, prompt: str | None, messages: list[dict] | None) -> int:
+    payload = {"messages": messages} if messages is not None else {"prompt": prompt}
+    try:
+        response = await _client().post(f"{engine.url}/v1/tokenize", json=payload, headers=_headers(engine))
+    except httpx.HTTPError as error:
+        raise EngineUnavailable(f"{engine.name}: {error!r}") from error
+    if response.status_code >= 500:
+        raise EngineUnavailable(f"{engine.name}: tokenize answered {response.status_code}")
+    if response.status_code >= 400:
+        raise EngineRejected(response.status_code, _error_message(response.content))
+    body = response.json()
+    return int(body["count"] if "count" in body else len(body["token_ids"]))
+
+
+class GenerateStream:
+    """An open generate stream. `open()` raises EngineUnavailable / EngineRejected before any event;
+    iterating yields the engine's events and raises EngineBroke if the stream dies unfinished."""
+
+    def __init__(self, engine: EngineRef, payload: dict):
+        self.engine = engine
+        self.payload = payload
+        self._response: httpx.Response | None = None
+        self.finished = False
+
+    async def open(self) -> "GenerateStream":
+        request = _client().build_request(
+            "POST", f"{self.engine.url}/v1/generate", json=self.payload, headers=_headers(self.engine)
+        )
+        try:
+            self._response = await _client().send(request, stream=True)
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"{self.engine.name}: {error!r}") from error
+        status = self._response.status_code
+        if status >= 400:
+            body = await self._response.aread()
+            await self._response.aclose()
+            if status >= 500 or status in (401, 403, 404, 429):
+                raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
+            raise EngineRejected(status, _error_message(body))
+        return self
+
+    async def events(self) -> AsyncIterator[dict]:
+        assert self._response is not None
+        try:
+            async for line in self._response.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                yield event
+                if event.get("type") in ("done", "final", "finish", "error") and event.get("last", True):
+                    if event.get("type") != "error":
+                        self.finished = True
+                    return
+        except (httpx.HTTPError, ValueError) as error:
+            raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
+        if not self.finished:
+            raise EngineBroke(f"{self.engine.name}: the stream ended before the request finished")
+
+    async def close(self) -> None:
+        if self._response is not None:
+            await self._response.aclose()
+
+
+async def abort(engine: EngineRef, request_id: str) -> None:
+    try:
+        await _client().post(f"{engine.url}/v1/abort/{request_id}", headers=_headers(engine), timeout=2.0)
+    except httpx.HTTPError:
+        pass  # the engine also aborts when our stream connection closes
+
+
+def state_sync(*, url: str, token: str, timeout: float = 3.0) -> dict:
+    """GET /v1/health then /v1/state (used by the periodic health check, in a worker)."""
+    headers = {"Authorization": f"Bearer {token or settings.QUILT_ENGINE_TOKEN}"}
+    with httpx.Client(timeout=timeout) as client:
+        client.get(f"{url}/v1/health", headers=headers).raise_for_status()
+        response = client.get(f"{url}/v1/state", headers=headers)
+        response.raise_for_status()
+        return response.json()
+
+
+def prefetch_sync(*, url: str, token: str, digest: str, path: str, timeout: float = 10.0) -> None:
+    headers = {"Authorization": f"Bearer {token or settings.QUILT_ENGINE_TOKEN}"}
+    with httpx.Client(timeout=timeout) as client:
+        client.post(f"{url}/v1/adapters/prefetch", json={"digest": digest, "path": path}, headers=headers).raise_for_status()

@@ -1,0 +1,71 @@
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from tenancy.models import Tenant
+
+
+class Engine(models.Model):
+    """An engine process the gateway routes to. `state` is its last /v1/state answer."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    url = models.URLField(help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100")
+    token = models.CharField(max_length=200, blank=True, help_text="Empty means QUILT_ENGINE_TOKEN.")
+    pool = models.SlugField(max_length=64, default="default")
+    gpu_price_per_hour = models.DecimalField(
+        max_digits=10, decimal_places=4, default=Decimal(0), validators=[MinValueValidator(Decimal(0))]
+    )
+    enabled = models.BooleanField(default=True)
+    healthy = models.BooleanField(default=False)
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    state = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AdmissionState(models.Model):
+    """A tenant's admission counters when admission runs in the database (no REDIS_URL): the current
+    one-minute window and the month's settled usage. Locked for the length of each admission."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    window_start = models.BigIntegerField(default=0)  # unix seconds, a multiple of 60
+    window_requests = models.PositiveIntegerField(default=0)
+    window_tokens = models.BigIntegerField(default=0)
+    month = models.CharField(max_length=7, default="")  # "2026-11"
+    month_tokens = models.BigIntegerField(default=0)
+    month_spend_micros = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"admission of tenant {self.tenant_id}"
+
+
+class BudgetHold(models.Model):
+    """A request's hold on its tenant's budget (database admission). Kept after settling, so that
+    settling twice is a no-op."""
+
+    class Status(models.TextChoices):
+        HELD = "held"
+        SETTLED = "settled"
+        EXPIRED = "expired"
+
+    request_id = models.CharField(max_length=100, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.HELD)
+    tokens = models.BigIntegerField()
+    spend_micros = models.BigIntegerField()
+    window_start = models.BigIntegerField()
+    expires_at = models.FloatField()  # unix seconds
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "status"], name="hold_tenant_status")]
+
+    def __str__(self) -> str:
+        return f"hold {self.request_id} ({self.status})"

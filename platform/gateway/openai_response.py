@@ -1,0 +1,168 @@
+"""OpenAI response objects and stream chunks, built from the engine's events."""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop", "error": "stop"}
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[dict] = field(default_factory=list)  # [{"token", "logprob", "top_logprobs": [{token, logprob}]}]
+    tokens: int = 0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    def body(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        }
+
+
+@dataclass
+class Delta:
+    """What one engine event adds to one choice."""
+
+    index: int
+    text: str
+    logprobs: list[dict]
+    finish_reason: str | None
+    tokens: int = 0  # new tokens in this event
+
+
+def _chat_logprobs(entries: list[dict]) -> dict:
+    def item(entry: dict) -> dict:
+        token = entry.get("token", "")
+        return {"token": token, "logprob": entry.get("logprob", 0.0), "bytes": list(token.encode())}
+
+    return {
+        "content": [item(e) | {"top_logprobs": [item(t) for t in e.get("top_logprobs", [])]} for e in entries],
+        "refusal": None,
+    }
+
+
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    tokens, logprobs, tops, offsets = [], [], [], []
+    for entry in entries:
+        tokens.append(entry.get("token", ""))
+        logprobs.append(entry.get("logprob", 0.0))
+        tops.append({t.get("token", ""): t.get("logprob", 0.0) for t in entry.get("top_logprobs", [])})
+        offsets.append(offset)
+        offset += len(entry.get("token", ""))
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+class ResponseBuilder:
+    """Builds the chat.completion / text_completion object, or its stream chunks, for one request."""
+
+    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool):
+        self.kind = kind
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        self.model = model
+        self.created = int(time.time())
+        self.logprobs = logprobs
+        self.choices = [Choice(index=i) for i in range(n)]
+        self.usage = Usage()
+        self._role_sent: set[int] = set()
+
+    def apply(self, delta: Delta) -> None:
+        choice = self.choices[delta.index]
+        choice.text += delta.text
+        choice.logprobs += delta.logprobs
+        choice.tokens += delta.tokens
+        if delta.finish_reason is not None:
+            choice.finish_reason = FINISH_REASONS.get(delta.finish_reason, "stop")
+
+    # whole responses
+
+    def body(self) -> dict:
+        if self.kind == "chat":
+            choices = [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "logprobs": _chat_logprobs(c.logprobs) if self.logprobs else None,
+                    "finish_reason": c.finish_reason or "stop",
+                }
+                for c in self.choices
+            ]
+            obj = "chat.completion"
+        else:
+            choices = [
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "logprobs": _completion_logprobs(c.logprobs, 0) if self.logprobs else None,
+                    "finish_reason": c.finish_reason or "stop",
+                }
+                for c in self.choices
+            ]
+            obj = "text_completion"
+        return {
+            "id": self.id, "object": obj, "created": self.created, "model": self.model,
+            "system_fingerprint": None, "choices": choices, "usage": self.usage.body(),
+        }  # fmt: skip
+
+    # stream chunks
+
+    def _chunk(self, choices: list[dict], *, with_usage_field: bool, usage: dict | None = None) -> bytes:
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if with_usage_field:
+            chunk["usage"] = usage
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:
+        finish = FINISH_REASONS.get(delta.finish_reason, "stop") if delta.finish_reason else None
+        first = delta.index not in self._role_sent
+        if not delta.text and not delta.logprobs and finish is None and not first:
+            return None
+        if self.kind == "chat":
+            body: dict = {"content": delta.text} if delta.text or not first else {"content": ""}
+            if first:
+                body = {"role": "assistant"} | body
+                self._role_sent.add(delta.index)
+            choice = {
+                "index": delta.index, "delta": body,
+                "logprobs": _chat_logprobs(delta.logprobs) if self.logprobs and delta.logprobs else None,
+                "finish_reason": finish,
+            }  # fmt: skip
+        else:
+            self._role_sent.add(delta.index)
+            offset = len(self.choices[delta.index].text) - len(delta.text)
+            choice = {
+                "index": delta.index, "text": delta.text,
+                "logprobs": _completion_logprobs(delta.logprobs, offset) if self.logprobs and delta.logprobs else None,
+                "finish_reason": finish,
+            }  # fmt: skip
+        return self._chunk([choice], with_usage_field=with_usage_field)
+
+    def usage_chunk(self) -> bytes:
+        return self._chunk([], with_usage_field=True, usage=self.usage.body())
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_event(*, message: str, code: str, type: str = "server_error") -> bytes:  # noqa: A002
+    body = {"error": {"message": message, "type": type, "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -1,0 +1,264 @@
+"""One inference request from admission to the last byte: hold the budget, pick an engine, relay its events as
+an OpenAI response or SSE stream, and settle the hold with the actual usage whatever happens.
+
+The hold is owned by exactly one `finally`: `_settle` runs once, shielded from the cancellation that a client
+disconnect delivers, after the engine stream is closed (closing it makes the engine abort the request)."""
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.http import HttpResponse, StreamingHttpResponse
+
+from gateway import engine_client
+from gateway.admission import (
+    Decision,
+    admission_acquire,
+    admission_settle,
+    seconds_to_month_end,
+    spend_to_micros,
+)
+from gateway.caller import Caller, Target
+from gateway.engine_client import EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
+from gateway.engine_events import deltas_of, usage_of
+from gateway.errors import ApiError, invalid, no_engine
+from gateway.openai_request import GenerationRequest
+from gateway.openai_response import DONE, ResponseBuilder, error_event
+from gateway.routing import router
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_OVERHEAD_TOKENS = 16  # per message, for the chat template's markers
+ATTEMPTS = 2  # an engine that fails before the first event is retried once on another
+
+
+def estimate_prompt_tokens(generation: GenerationRequest) -> int:
+    """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes."""
+    messages = len(generation.messages) if generation.messages is not None else 0
+    return generation.prompt_bytes() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+
+
+def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
+    limits = caller.limits
+    reset = f"{decision.reset_ms / 1000:.3f}s"
+    return {
+        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
+        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
+        "x-ratelimit-remaining-requests": str(max(0, limits.requests_per_minute - decision.window_requests)),
+        "x-ratelimit-remaining-tokens": str(max(0, limits.tokens_per_minute - decision.window_tokens)),
+        "x-ratelimit-reset-requests": reset,
+        "x-ratelimit-reset-tokens": reset,
+    }
+
+
+def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiError:
+    retry_after = 1
+    if decision.reason == "requests":
+        message, code = "Rate limit reached: too many requests per minute for your plan.", "rate_limit_exceeded"
+        retry_after = math.ceil(decision.reset_ms / 1000)
+    elif decision.reason == "tokens":
+        message, code = f"Rate limit reached: this request needs {tokens} tokens of your per-minute token limit.", "rate_limit_exceeded"
+        retry_after = math.ceil(decision.reset_ms / 1000)
+    elif decision.reason == "concurrency":
+        message, code = "Rate limit reached: too many concurrent requests for your plan.", "rate_limit_exceeded"
+    elif decision.reason == "budget_held":
+        message, code = "Requests in flight hold the rest of your monthly budget; retry when they finish.", "rate_limit_exceeded"
+    else:
+        what = "token budget" if decision.reason == "budget_tokens" else "spend limit"
+        message, code = f"You exceeded your monthly {what}: this request may need up to {tokens} tokens.", "insufficient_quota"
+        retry_after = seconds_to_month_end()
+    kind = "insufficient_quota" if code == "insufficient_quota" else "rate_limit_error"
+    return ApiError(429, message, code=code, type=kind, headers=headers | {"Retry-After": str(retry_after)})
+
+
+class Exchange:
+    """The state of one admitted request."""
+
+    def __init__(self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int):
+        self.request_id = request_id
+        self.caller = caller
+        self.target = target
+        self.generation = generation
+        self.max_tokens = max_tokens
+        self.builder = ResponseBuilder(
+            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs
+        )
+        self.engine: EngineRef | None = None
+        self.stream: GenerateStream | None = None
+        self.usage_reported = False
+        self._settled = False
+
+    def payload(self) -> dict:
+        generation, target = self.generation, self.target
+        sampling = generation.sampling | {"max_tokens": self.max_tokens}
+        payload = {  # the engine's protocol has no metadata field yet: model alias and version are looked up by id
+            "request_id": self.request_id,
+            "tenant": str(self.caller.tenant_id),
+            "weight": self.caller.weight,
+            "api_key_id": str(self.caller.key_id),
+            "adapter": {"digest": target.digest, "path": target.adapter_path} if target.digest else None,
+            "sampling": sampling,
+            "stream": True,
+        }  # fmt: skip
+        if generation.messages is not None:
+            payload["messages"] = generation.messages
+        else:
+            payload["prompt"] = generation.prompt
+        return payload
+
+    async def open(self) -> None:
+        """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
+        if router.snapshot_stale():
+            await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+        tried: set[str] = set()
+        for _ in range(ATTEMPTS):
+            candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
+            if not candidates:
+                break
+            engine = candidates[0]
+            try:
+                self.stream = await GenerateStream(engine, self.payload()).open()
+            except EngineUnavailable as error:
+                log.warning("engine %s unavailable for %s: %s", engine.name, self.request_id, error)
+                router.suspect(engine.name)
+                tried.add(engine.name)
+                continue
+            except EngineRejected as rejected:
+                raise invalid(rejected.message, code="engine_rejected") from None
+            self.engine = engine
+            router.started(engine, self.target.digest)
+            return
+        raise no_engine()
+
+    def absorb(self, event: dict) -> list:
+        deltas = deltas_of(event)
+        for delta in deltas:
+            self.builder.apply(delta)
+        usage = usage_of(event)
+        if usage is not None:
+            self.builder.usage.prompt_tokens = usage["prompt_tokens"]
+            self.builder.usage.cached_tokens = usage["cached_tokens"]
+            self.builder.usage.completion_tokens = usage["completion_tokens"]
+            self.usage_reported = True
+        return deltas
+
+    async def settle(self) -> None:
+        """Closes the engine stream and replaces the hold by what was served. Runs once."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.stream is not None:
+            finished = self.stream.finished
+            try:
+                await self.stream.close()
+            finally:
+                if not finished and self.engine is not None:
+                    await engine_client.abort(self.engine, self.request_id)
+        if self.engine is not None:
+            router.ended(self.engine)
+        usage = self.builder.usage
+        if not self.usage_reported:
+            usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
+        spend = self.caller.spend(
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens
+        )
+        await admission_settle(
+            tenant_id=self.caller.tenant_id, request_id=self.request_id,
+            tokens=usage.prompt_tokens + usage.completion_tokens, spend_micros=spend_to_micros(spend),
+        )  # fmt: skip
+
+
+async def admit(
+    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest
+) -> tuple[Exchange, dict[str, str]]:
+    max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
+    prompt_tokens = estimate_prompt_tokens(generation)
+    if prompt_tokens > 0 and generation.prompt_bytes() > _tokenize_threshold():
+        prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
+    tokens = prompt_tokens + generation.n * max_tokens
+    spend = caller.spend(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=generation.n * max_tokens)
+    decision = await admission_acquire(
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        limits=caller.limits,
+    )  # fmt: skip
+    headers = ratelimit_headers(caller, decision)
+    if not decision.admitted:
+        raise refusal(decision, headers, tokens=tokens)
+    exchange = Exchange(request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens)
+    return exchange, headers
+
+
+def _tokenize_threshold() -> int:
+    from django.conf import settings
+
+    return settings.QUILT_TOKENIZE_ABOVE_BYTES
+
+
+async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
+    if router.snapshot_stale():
+        await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+    for engine in router.candidates(digest=target.digest)[:1]:
+        try:
+            return await engine_client.tokenize(engine, prompt=generation.prompt, messages=generation.messages)
+        except EngineUnavailable:
+            return None
+        except EngineRejected as rejected:
+            raise invalid(rejected.message) from None
+    return None
+
+
+async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
+    """Opens the engine stream and answers; owns the hold from here on."""
+    try:
+        await exchange.open()
+    except BaseException:
+        await asyncio.shield(exchange.settle())
+        raise
+    if exchange.generation.stream:
+        response = StreamingHttpResponse(_sse(exchange), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        response = await _whole(exchange)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+async def _whole(exchange: Exchange) -> HttpResponse:
+    try:
+        async for event in exchange.stream.events():
+            exchange.absorb(event)
+    except EngineBroke as broke:
+        log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
+        raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
+    finally:
+        await asyncio.shield(exchange.settle())
+    return HttpResponse(_json(exchange.builder.body()), content_type="application/json")
+
+
+async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
+    include_usage = exchange.generation.include_usage
+    builder = exchange.builder
+    try:
+        async for event in exchange.stream.events():
+            for delta in exchange.absorb(event):
+                chunk = builder.chunk(delta, with_usage_field=include_usage)
+                if chunk is not None:
+                    yield chunk
+        if include_usage:
+            yield builder.usage_chunk()
+        yield DONE
+    except EngineBroke as broke:
+        log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
+        yield error_event(message="The engine failed while generating this response.", code="engine_error")
+    finally:
+        await asyncio.shield(exchange.settle())
+
+
+def _json(body: dict) -> bytes:
+    import json
+
+    return json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,78 @@
+"""Engines: registering them, checking their health, and warming adapters on them."""
+
+import logging
+from decimal import Decimal
+
+import httpx
+from django.db import transaction
+from django.utils import timezone
+
+from gateway import engine_client
+from gateway.models import Engine
+from gateway.routing import resident_digests
+from tenancy.audit import Actor, audit_record
+
+log = logging.getLogger(__name__)
+
+
+def _snapshot(engine: Engine) -> dict:
+    return {
+        "url": engine.url, "pool": engine.pool, "gpu_price_per_hour": str(engine.gpu_price_per_hour),
+        "enabled": engine.enabled,
+    }  # fmt: skip
+
+
+def engine_register(
+    *, actor: Actor, name: str, url: str, token: str = "", pool: str = "default",
+    gpu_price_per_hour: Decimal = Decimal(0), enabled: bool = True,
+) -> Engine:  # fmt: skip
+    """Creates the engine or updates the one of that name, then checks its health once."""
+    with transaction.atomic():
+        engine = Engine.objects.select_for_update().filter(name=name).first()
+        before = _snapshot(engine) if engine is not None else None
+        engine = engine or Engine(name=name)
+        engine.url, engine.token, engine.pool = url.rstrip("/"), token, pool
+        engine.gpu_price_per_hour, engine.enabled = gpu_price_per_hour, enabled
+        engine.full_clean()
+        engine.save()
+        audit_record(
+            actor=actor, action="engine.register", target=engine, tenant=None, before=before, after=_snapshot(engine)
+        )
+    return engine_check(engine=engine)
+
+
+def engine_check(*, engine: Engine) -> Engine:
+    """Asks the engine for its health and state; records whether it answered."""
+    try:
+        state = engine_client.state_sync(url=engine.url, token=engine.token)
+    except (httpx.HTTPError, ValueError) as error:
+        healthy, state, message = False, engine.state, f"{type(error).__name__}: {error}"
+    else:
+        healthy, message = True, ""
+    if healthy != engine.healthy:
+        log.warning("engine %s is now %s %s", engine.name, "healthy" if healthy else "unhealthy", message)
+    engine.healthy, engine.state, engine.last_error = healthy, state, message
+    engine.last_checked_at = timezone.now()
+    engine.save(update_fields=["healthy", "state", "last_error", "last_checked_at"])
+    return engine
+
+
+def engines_check() -> list[Engine]:
+    return [engine_check(engine=engine) for engine in Engine.objects.filter(enabled=True)]
+
+
+def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_path: str) -> list[str]:
+    """Asks every healthy engine that held the old version to warm the new one; returns their names."""
+    if not old_digest or old_digest == new_digest:
+        return []
+    warmed = []
+    for engine in Engine.objects.filter(enabled=True, healthy=True):
+        if old_digest not in resident_digests(engine.state):
+            continue
+        try:
+            engine_client.prefetch_sync(url=engine.url, token=engine.token, digest=new_digest, path=new_path)
+        except httpx.HTTPError as error:
+            log.warning("prefetch of %s on %s failed: %s", new_digest[:12], engine.name, error)
+            continue
+        warmed.append(engine.name)
+    return warmed

@@ -1,0 +1,13 @@
+from celery import shared_task
+
+from gateway import services
+
+
+@shared_task(name="gateway.check_engines")
+def check_engines() -> int:
+    return sum(engine.healthy for engine in services.engines_check())
+
+
+@shared_task(name="gateway.prefetch_successor")
+def prefetch_successor(old_digest: str | None, new_digest: str, new_path: str) -> list[str]:
+    return services.adapter_prefetch_successor(old_digest=old_digest, new_digest=new_digest, new_path=new_path)

@@ -1,0 +1,85 @@
+"""The OpenAI-compatible inference API: native async views (DRF's are synchronous). Thin: authenticate and
+resolve (one blocking call), parse, then hand the request to the relay."""
+
+import json
+import logging
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.http import HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway import relay
+from gateway.caller import Caller, Target, caller_and_target, caller_models
+from gateway.errors import ApiError
+from gateway.openai_request import parse_body, parse_chat, parse_completion
+
+log = logging.getLogger(__name__)
+
+_authorize = sync_to_async(caller_and_target, thread_sensitive=False)
+_list_models = sync_to_async(caller_models, thread_sensitive=False)
+
+
+def _model_object(target: Target, caller: Caller) -> dict:
+    body = {"id": target.name, "object": "model", "created": 0, "owned_by": "quilt"}
+    if target.digest is not None:
+        body |= {"owned_by": caller.tenant_slug, "parent": target.base_model, "version": target.adapter_version}
+    return body
+
+
+def _json(body: dict, status: int = 200) -> HttpResponse:
+    return HttpResponse(json.dumps(body), status=status, content_type="application/json")
+
+
+async def _answer(request, handle) -> HttpResponse:
+    request_id = uuid.uuid4().hex
+    try:
+        response = await handle(request, request_id)
+    except ApiError as error:
+        response = error.response()
+    response["x-request-id"] = request_id
+    return response
+
+
+def _method(request, allowed: str) -> None:
+    if request.method != allowed:
+        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
+
+
+async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
+    _method(request, "POST")
+    body = parse_body(request.body)
+    caller, target = await _authorize(authorization=request.headers.get("Authorization", ""), model=body.get("model"))
+    generation = parse_chat(body) if kind == "chat" else parse_completion(body)
+    exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+    return await relay.respond(exchange, headers)
+
+
+@csrf_exempt
+async def chat_completions(request) -> HttpResponse:
+    return await _answer(request, lambda r, rid: _generate(r, rid, kind="chat"))
+
+
+@csrf_exempt
+async def completions(request) -> HttpResponse:
+    return await _answer(request, lambda r, rid: _generate(r, rid, kind="completion"))
+
+
+async def _models(request, request_id: str) -> HttpResponse:
+    _method(request, "GET")
+    caller, targets = await _list_models(authorization=request.headers.get("Authorization", ""))
+    return _json({"object": "list", "data": [_model_object(t, caller) for t in targets]})
+
+
+async def _model(request, request_id: str, *, name: str) -> HttpResponse:
+    _method(request, "GET")
+    caller, target = await _authorize(authorization=request.headers.get("Authorization", ""), model=name)
+    return _json(_model_object(target, caller))
+
+
+async def models(request) -> HttpResponse:
+    return await _answer(request, _models)
+
+
+async def model(request, name: str) -> HttpResponse:
+    return await _answer(request, lambda r, rid: _model(r, rid, name=name))

@@ -123,7 +123,9 @@ class LoraSettings:
             raise AdapterError(
                 "config_invalid", "layers_pattern is only meaningful together with layers_to_transform"
             )
-        if layers_pattern is not None and not all(isinstance(p, str) for p in layers_pattern):
+        if layers_pattern is not None and not (
+            isinstance(layers_pattern, list) and all(isinstance(p, str) for p in layers_pattern)
+        ):
             raise AdapterError("config_invalid", "layers_pattern must be a string or a list of strings")
         for pattern in layers_pattern or ():
             _compile(pattern, "layers_pattern")

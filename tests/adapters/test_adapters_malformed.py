@@ -147,6 +147,8 @@ CASES = [
     ("config-not-object", lambda tmp: write_adapter(tmp / "a", raw_config=b"[1, 2]"), "config_invalid", "JSON object"),
     ("config-rank-not-int", with_config(r="eight"), "config_invalid", "r must be a positive integer"),
     ("config-bad-regex", with_config(target_modules=".*(q_proj"), "config_invalid", "not a valid regular expression"),
+    ("layers-pattern-not-text", with_config(layers_to_transform=[0], layers_pattern=5), "config_invalid", "layers_pattern must be"),
+    ("layers-to-transform-not-int", with_config(layers_to_transform=["0"]), "config_invalid", "layers_to_transform must be"),
     ("targets-a-norm", with_config(target_modules=".*\\.(q_proj|input_layernorm)"), "unsupported_module", "input_layernorm"),
     ("targets-a-container", with_config(target_modules=["q_proj", "mlp"]), "unsupported_module", "'model.layers.0.mlp' (MLP)"),
     ("targets-everything", with_config(target_modules=".*"), "unsupported_module", "the root module (model)"),

@@ -6,7 +6,7 @@ import zipfile
 import pytest
 import torch
 
-from adapters import load_adapter
+from adapters import AdapterError, load_adapter
 from tests.adapters.peft_made import SCENARIOS, lora_modules, make
 
 
@@ -73,3 +73,25 @@ def test_zip_tar_and_wrapped_folders_share_the_digest(made, tmp_path):
             archive.add(made.directory, arcname="checkpoint-100")
     for name in ("flat.zip", "wrapped.zip", "upload.tar.gz", "upload.tgz", "upload.tar"):
         assert load_adapter(tmp_path / name, made.base_config).digest == direct.digest, name
+
+
+def test_max_rank_is_enforced_per_module(made):
+    highest = max(layer.r["default"] for layer in lora_modules(made.model).values())
+    assert load_adapter(str(made.directory), made.base_config, max_rank=highest).rank == highest
+    with pytest.raises(AdapterError) as refused:
+        load_adapter(str(made.directory), made.base_config, max_rank=highest - 1)
+    assert refused.value.code == "rank_too_large"
+    assert f"has rank {highest}; this deployment serves ranks up to {highest - 1}" in refused.value.message
+
+
+def test_base_config_without_head_dim(made):
+    base_config = dict(made.base_config, head_dim=None)
+    if made.base_config.get("head_dim") not in (
+        None,
+        base_config["hidden_size"] // base_config["num_attention_heads"],
+    ):
+        with pytest.raises(AdapterError) as refused:
+            load_adapter(made.directory, base_config)
+        assert refused.value.code == "tensor_shape"
+    else:
+        assert load_adapter(made.directory, base_config).rank > 0

@@ -1,9 +1,9 @@
 import pytest
 from rest_framework.test import APIClient
 
-MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
-
 from tests.platform.factories import MembershipFactory, TenantFactory, make_key
+
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 @pytest.fixture

@@ -201,5 +201,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "loggers": {"httpx": {"level": "WARNING"}},  # the gateway's engine calls: one INFO line per request otherwise
 }
 AXES_VERBOSE = False

@@ -22,6 +22,7 @@ class Target:
 
     name: str  # as the client wrote it
     base_model: str
+    checkpoint_dir: str
     max_context: int
     adapter_id: int | None
     adapter_version_id: int | None
@@ -65,6 +66,7 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
     return Target(
         name=name,
         base_model=resolved.base_model.name,
+        checkpoint_dir=resolved.base_model.checkpoint_dir,
         max_context=resolved.base_model.max_context,
         adapter_id=resolved.adapter.pk if resolved.adapter is not None else None,
         adapter_version_id=version.pk if version is not None else None,

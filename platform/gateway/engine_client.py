@@ -121,9 +121,8 @@ class GenerateStream:
                     continue
                 event = json.loads(line)
                 yield event
-                if event.get("type") in ("done", "final", "finish", "error") and event.get("last", True):
-                    if event.get("type") != "error":
-                        self.finished = True
+                if event.get("type") == "final":
+                    self.finished = True
                     return
         except (httpx.HTTPError, ValueError) as error:
             raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error

@@ -1,49 +1,50 @@
-"""Reading the engine's NDJSON generate events: token deltas per completion, then a final event with each
-completion's finish reason and the request's usage."""
+"""Reading the engine's NDJSON generate events (engine/server/events.py):
+
+    {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}]}
+    {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
+     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", ...}}
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from gateway.openai_response import Delta
 
-FINAL_TYPES = ("done", "final", "finish")
+
+@dataclass(frozen=True)
+class Read:
+    deltas: list[Delta]
+    usage: dict | None = None
+    error: str | None = None  # the engine failed the request
 
 
-def _logprobs(entries) -> list[dict]:
+def _logprobs(entries, token_text: Callable[[int], str]) -> list[dict]:
     out = []
     for entry in entries or []:
-        top = entry.get("top_logprobs") or entry.get("top") or []
-        if isinstance(top, dict):
-            top = [{"token": token, "logprob": logprob} for token, logprob in top.items()]
-        out.append({"token": entry.get("token", ""), "logprob": entry.get("logprob", 0.0), "top_logprobs": top})
+        top = sorted(((int(t), lp) for t, lp in (entry.get("top") or {}).items()), key=lambda item: -item[1])
+        out.append({
+            "token": token_text(entry["token_id"]), "logprob": entry["logprob"],
+            "top_logprobs": [{"token": token_text(t), "logprob": lp} for t, lp in top],
+        })  # fmt: skip
     return out
 
 
-def deltas_of(event: dict) -> list[Delta]:
+def event_read(event: dict, *, token_text: Callable[[int], str]) -> Read:
     kind = event.get("type")
     if kind == "delta":
-        return [
-            Delta(
-                index=event.get("index", 0), text=event.get("text", ""), logprobs=_logprobs(event.get("logprobs")),
-                finish_reason=event.get("finish_reason"), tokens=len(event.get("token_ids") or []),
-            )
-        ]  # fmt: skip
-    if kind in FINAL_TYPES:
-        choices = event.get("choices") or [event]
-        return [
+        delta = Delta(
+            index=event.get("index", 0), text=event.get("text", ""),
+            logprobs=_logprobs(event.get("logprobs"), token_text), finish_reason=None,
+            tokens=len(event.get("token_ids") or []),
+        )  # fmt: skip
+        return Read(deltas=[delta])
+    if kind == "final":
+        usage = event.get("usage") or {}
+        deltas = [
             Delta(index=c.get("index", 0), text="", logprobs=[], finish_reason=c.get("finish_reason") or "stop")
-            for c in choices
+            for c in event.get("choices") or []
         ]
-    return []
-
-
-def usage_of(event: dict) -> dict | None:
-    usage = event.get("usage") if event.get("type") in FINAL_TYPES else None
-    if not usage:
-        return None
-    return {
-        "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-        "cached_tokens": int(usage.get("cached_tokens", 0)),
-        "completion_tokens": int(usage.get("completion_tokens", 0)),
-    }
-
-
-def error_of(event: dict) -> str | None:
-    return event.get("message") or "engine error" if event.get("type") == "error" else None
+        error = event.get("error") if event.get("finish_reason") == "error" else None
+        counts = {name: int(usage.get(name) or 0) for name in ("prompt_tokens", "cached_tokens", "completion_tokens")}
+        return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if event.get("finish_reason") == "error" else None))
+    return Read(deltas=[])

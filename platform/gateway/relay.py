@@ -7,6 +7,7 @@ disconnect delivers, after the engine stream is closed (closing it makes the eng
 import asyncio
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
@@ -22,11 +23,13 @@ from gateway.admission import (
 )
 from gateway.caller import Caller, Target
 from gateway.engine_client import EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
-from gateway.engine_events import deltas_of, usage_of
+from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, error_event
 from gateway.routing import router
+from gateway.token_text import token_decoder
+from gateway.usage_report import usage_event, usage_send
 
 log = logging.getLogger(__name__)
 
@@ -85,28 +88,58 @@ class Exchange:
         self.builder = ResponseBuilder(
             kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs
         )
+        self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
+        self.started = time.monotonic()
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
+        self.first: list[dict] = []  # the first event, read while a retry was still possible
         self.usage_reported = False
+        self.broke = False
         self._settled = False
 
-    def payload(self) -> dict:
+    def metadata(self, engine: EngineRef) -> dict:
+        target = self.target
+        return {
+            "tenant_id": self.caller.tenant_id, "api_key_id": self.caller.key_id, "model": target.name,
+            "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": engine.name,
+        }  # fmt: skip
+
+    def payload(self, engine: EngineRef) -> dict:
         generation, target = self.generation, self.target
-        sampling = generation.sampling | {"max_tokens": self.max_tokens}
-        payload = {  # the engine's protocol has no metadata field yet: model alias and version are looked up by id
+        payload = {
             "request_id": self.request_id,
             "tenant": str(self.caller.tenant_id),
             "weight": self.caller.weight,
             "api_key_id": str(self.caller.key_id),
             "adapter": {"digest": target.digest, "path": target.adapter_path} if target.digest else None,
-            "sampling": sampling,
+            "sampling": generation.sampling | {"max_tokens": self.max_tokens},
             "stream": True,
-        }  # fmt: skip
+        }
+        if _metadata_accepted.get(engine.name, True):
+            payload["metadata"] = self.metadata(engine)
         if generation.messages is not None:
             payload["messages"] = generation.messages
         else:
             payload["prompt"] = generation.prompt
         return payload
+
+    async def _try(self, engine: EngineRef) -> None:
+        """Opens the stream on one engine and reads its first event; EngineUnavailable if that fails."""
+        try:
+            self.stream = await GenerateStream(engine, self.payload(engine)).open()
+        except EngineRejected as rejected:
+            if "'metadata'" not in rejected.message or not _metadata_accepted.get(engine.name, True):
+                raise
+            log.warning("engine %s does not accept request metadata; usage events will lack it", engine.name)
+            _metadata_accepted[engine.name] = False
+            self.stream = await GenerateStream(engine, self.payload(engine)).open()
+        self._events = self.stream.events()
+        try:
+            self.first = [await anext(self._events)]
+        except (EngineBroke, StopAsyncIteration) as error:
+            await self.stream.close()
+            self.stream = None
+            raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
 
     async def open(self) -> None:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
@@ -118,31 +151,45 @@ class Exchange:
             if not candidates:
                 break
             engine = candidates[0]
+            router.started(engine, self.target.digest)
+            self.engine = engine
             try:
-                self.stream = await GenerateStream(engine, self.payload()).open()
+                await self._try(engine)
+                return
             except EngineUnavailable as error:
                 log.warning("engine %s unavailable for %s: %s", engine.name, self.request_id, error)
+                router.ended(engine)
                 router.suspect(engine.name)
+                self.engine = None
                 tried.add(engine.name)
-                continue
             except EngineRejected as rejected:
                 raise invalid(rejected.message, code="engine_rejected") from None
-            self.engine = engine
-            router.started(engine, self.target.digest)
-            return
         raise no_engine()
 
-    def absorb(self, event: dict) -> list:
-        deltas = deltas_of(event)
-        for delta in deltas:
-            self.builder.apply(delta)
-        usage = usage_of(event)
-        if usage is not None:
-            self.builder.usage.prompt_tokens = usage["prompt_tokens"]
-            self.builder.usage.cached_tokens = usage["cached_tokens"]
-            self.builder.usage.completion_tokens = usage["completion_tokens"]
-            self.usage_reported = True
-        return deltas
+    async def reads(self) -> AsyncIterator[Read]:
+        """The engine's events, applied to the response; raises EngineBroke if the engine fails the request."""
+        async def events():
+            for event in self.first:
+                yield event
+            async for event in self._events:
+                yield event
+
+        try:
+            async for event in events():
+                read = event_read(event, token_text=self.token_text)
+                for delta in read.deltas:
+                    self.builder.apply(delta)
+                if read.usage is not None:
+                    usage = self.builder.usage
+                    usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
+                    usage.completion_tokens = read.usage["completion_tokens"]
+                    self.usage_reported = True
+                if read.error is not None:
+                    raise EngineBroke(read.error)
+                yield read
+        except EngineBroke:
+            self.broke = True
+            raise
 
     async def settle(self) -> None:
         """Closes the engine stream and replaces the hold by what was served. Runs once."""
@@ -151,16 +198,16 @@ class Exchange:
         self._settled = True
         if self.stream is not None:
             finished = self.stream.finished
-            try:
-                await self.stream.close()
-            finally:
-                if not finished and self.engine is not None:
-                    await engine_client.abort(self.engine, self.request_id)
+            await self.stream.close()
+            if not finished and not self.broke and self.engine is not None:
+                await engine_client.abort(self.engine, self.request_id)
         if self.engine is not None:
             router.ended(self.engine)
         usage = self.builder.usage
         if not self.usage_reported:
             usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
+            if self.broke and self.engine is not None:
+                await self._report_lost_usage(self.engine)
         spend = self.caller.spend(
             prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens
         )
@@ -168,6 +215,21 @@ class Exchange:
             tenant_id=self.caller.tenant_id, request_id=self.request_id,
             tokens=usage.prompt_tokens + usage.completion_tokens, spend_micros=spend_to_micros(spend),
         )  # fmt: skip
+
+    async def _report_lost_usage(self, engine: EngineRef) -> None:
+        event = usage_event(
+            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
+            digest=self.target.digest, base_model=self.target.base_model, metadata=self.metadata(engine),
+            prompt_tokens=self.builder.usage.prompt_tokens, completion_tokens=self.builder.usage.completion_tokens,
+            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+        )  # fmt: skip
+        try:
+            await sync_to_async(usage_send, thread_sensitive=False)(event)
+        except Exception:  # the broker is down too: the hold is still settled below
+            log.exception("could not send the usage event of %s", self.request_id)
+
+
+_metadata_accepted: dict[str, bool] = {}
 
 
 async def admit(
@@ -229,8 +291,8 @@ async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
 
 async def _whole(exchange: Exchange) -> HttpResponse:
     try:
-        async for event in exchange.stream.events():
-            exchange.absorb(event)
+        async for _ in exchange.reads():
+            pass
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
@@ -243,8 +305,8 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
     include_usage = exchange.generation.include_usage
     builder = exchange.builder
     try:
-        async for event in exchange.stream.events():
-            for delta in exchange.absorb(event):
+        async for read in exchange.reads():
+            for delta in read.deltas:
                 chunk = builder.chunk(delta, with_usage_field=include_usage)
                 if chunk is not None:
                     yield chunk

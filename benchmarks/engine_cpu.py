@@ -1,0 +1,113 @@
+"""Quilt's engine against transformers + PEFT on CPU: 64 requests over 8 LoRA adapters.
+
+    .venv/bin/python -m benchmarks.engine_cpu [--requests 64] [--adapters 8] [--threads N]
+
+Both run in this process on the same random checkpoint and adapters. The baseline is what a PEFT
+user would write: one PeftModel holding every adapter, and for each adapter one batched
+`generate` over its requests (left-padded), with min/max new tokens forcing every request's
+output length. Prints output tokens per second of each and the ratio.
+"""
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine import LLM, SamplingParams
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build(root: Path, num_adapters: int) -> tuple[Path, dict[str, Path]]:
+    config = LlamaConfig(
+        hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1024, max_position_embeddings=1024, initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    adapter_dirs = {}
+    for i in range(num_adapters):
+        base = LlamaForCausalLM.from_pretrained(root / "base")
+        lora = LoraConfig(r=[8, 16, 32, 64][i % 4], lora_alpha=16, target_modules=TARGETS[: 2 + i % 6])
+        model = get_peft_model(base, lora)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+        model.save_pretrained(root / f"adapter{i}")
+        adapter_dirs[f"adapter{i}"] = root / f"adapter{i}"
+    return root / "base", adapter_dirs
+
+
+def workload(num_requests: int, names: list[str], seed: int = 0):
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_requests):
+        prompt = [rng.randrange(3, 1024) for _ in range(rng.randint(16, 160))]
+        requests.append((names[i % len(names)], prompt, rng.randint(16, 96)))
+    return requests
+
+
+def run_engine(base: Path, adapter_dirs: dict[str, Path], requests) -> float:
+    llm = LLM(base, device="cpu", max_adapter_slots=len(adapter_dirs), max_adapter_rank=64, block_size=16,
+              max_num_batched_tokens=2048, max_num_seqs=len(requests))
+    for name, path in adapter_dirs.items():
+        llm.add_adapter(name, path)
+    llm.generate([requests[0][1]], SamplingParams(max_tokens=2), adapters=[requests[0][0]])  # warm up
+    sampling = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, _, n in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([p for _, p, _ in requests], sampling, adapters=[name for name, _, _ in requests])
+    elapsed = time.perf_counter() - start
+    assert [len(o.token_ids) for o in outputs] == [n for _, _, n in requests]
+    return elapsed
+
+
+@torch.inference_mode()
+def run_peft(base: Path, adapter_dirs: dict[str, Path], requests) -> float:
+    model = None
+    for name, path in adapter_dirs.items():
+        if model is None:
+            model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base), path, adapter_name=name)
+        else:
+            model.load_adapter(path, adapter_name=name)
+    model.eval()
+    start = time.perf_counter()
+    for name in adapter_dirs:
+        group = [(p, n) for adapter, p, n in requests if adapter == name]
+        width = max(len(p) for p, _ in group)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+        new = max(n for _, n in group)  # batched: every row runs as long as the longest
+        model.set_adapter(name)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       pad_token_id=0)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        base, adapter_dirs = build(Path(tmp), args.adapters)
+        requests = workload(args.requests, list(adapter_dirs))
+        output_tokens = sum(n for _, _, n in requests)
+        engine_s = run_engine(base, adapter_dirs, requests)
+        peft_s = run_peft(base, adapter_dirs, requests)
+    print(f"{args.requests} requests over {args.adapters} adapters, {output_tokens} output tokens, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"quilt engine        {output_tokens / engine_s:9.1f} tokens/s  ({engine_s:.2f} s)")
+    print(f"transformers + PEFT {output_tokens / peft_s:9.1f} tokens/s  ({peft_s:.2f} s)")
+    print(f"ratio               {peft_s / engine_s:9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

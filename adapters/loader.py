@@ -1,5 +1,7 @@
 """load_adapter: from what a tenant uploaded to a validated LoadedAdapter, or a clear refusal."""
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from adapters.safetensors_check import TensorEntry, check_safetensors
 from adapters.tensor_names import LoraTensorName, module_name, parse_tensor_name
 
 DEFAULT_MAX_RANK = 256
+PATTERN_SECONDS = 30.0  # matching is bounded per pattern (pattern_guard); this bounds the sum
 
 
 def load_adapter(
@@ -48,19 +51,18 @@ def load_adapter(
             )
         settings = LoraSettings.from_json(files.config.read_bytes())
         entries = check_safetensors(files.weights)
-        plan = _planned_modules(settings, shapes)
+        plan = _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS)
         names = _match_tensors(entries, plan, shapes)
-        ranks = _check_shapes(entries, names, plan, settings, shapes, max_rank=max_rank)
+        _check_shapes(entries, names, plan, shapes, max_rank=max_rank)
         loaded = safetensors.torch.load_file(files.weights)
     tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
     for key, tensor in tensors.items():
         _check_finite(key, tensor)
-    alphas = {name: settings.alpha_for(plan[name]) for name in ranks}
     return LoadedAdapter.build(
         tensors=tensors,
-        ranks=ranks,
-        alphas=alphas,
-        scaling={name: settings.scaling(alphas[name], rank) for name, rank in ranks.items()},
+        ranks={name: module.rank for name, module in plan.items()},
+        alphas={name: module.alpha for name, module in plan.items()},
+        scaling={name: settings.scaling(module.alpha, module.rank) for name, module in plan.items()},
         alpha=settings.lora_alpha,
         use_rslora=settings.use_rslora,
         base_model_name_or_path=settings.base_model_name_or_path,
@@ -79,10 +81,23 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
     )
 
 
-def _planned_modules(settings: LoraSettings, shapes: BaseShapes) -> dict[str, str]:
-    """The modules PEFT would wrap for this config: canonical "layers.{i}.{module}" -> PEFT module key."""
+@dataclass(frozen=True)
+class PlannedModule:
+    key: str  # the module's name as PEFT matched it, "model.layers.3.self_attn.v_proj"
+    rank: int
+    alpha: float
+
+
+def _planned_modules(
+    settings: LoraSettings, shapes: BaseShapes, *, deadline: float
+) -> dict[str, PlannedModule]:
+    """The modules PEFT would wrap for this config, keyed "layers.{i}.{module}", with their rank and alpha."""
     plan = {}
     for key, kind in shapes.named_modules().items():
+        if time.monotonic() > deadline:
+            raise AdapterError(
+                "config_too_complex", "adapter_config.json's patterns take too long to match; simplify them"
+            )
         if not settings.targets(key):
             continue
         if kind == "embedding":
@@ -101,7 +116,7 @@ def _planned_modules(settings: LoraSettings, shapes: BaseShapes) -> dict[str, st
                 f"LoRA is served on {', '.join(PROJECTIONS)} only",
             )
         layer = int(key.split(".")[2])
-        plan[module_name(layer, kind)] = key
+        plan[module_name(layer, kind)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     if not plan:
         raise AdapterError(
             "no_target_modules",
@@ -159,19 +174,17 @@ def _match_tensors(
 def _check_shapes(
     entries: dict[str, TensorEntry],
     names: dict[str, LoraTensorName],
-    plan: dict[str, str],
-    settings: LoraSettings,
+    plan: dict[str, PlannedModule],
     shapes: BaseShapes,
     *,
     max_rank: int,
-) -> dict[str, int]:
-    """Shapes from the header against the base model and the config's ranks; returns the rank per module."""
+) -> None:
+    """Shapes from the header against the base model and the ranks the config gives each module."""
     by_half = {(module_name(n.layer, n.module), n.half): entries[key] for key, n in names.items()}
-    ranks = {}
     for module in sorted({module for module, _ in by_half}, key=_module_order):
         kind = module.split(".")[2]
         where = _where(module)
-        rank = settings.rank_for(plan[module])
+        rank = plan[module].rank
         if rank > max_rank:
             raise AdapterError(
                 "rank_too_large", f"{where} has rank {rank}; this deployment serves ranks up to {max_rank}"
@@ -185,8 +198,6 @@ def _check_shapes(
                     f"{where}: {half} has shape {list(actual)}, expected {list(expected)} for this base model"
                     + (f" and r={rank}" if _rank_of(half, actual) != rank else ""),
                 )
-        ranks[module] = rank
-    return ranks
 
 
 def _rank_of(half: str, shape: tuple[int, ...]) -> int | None:

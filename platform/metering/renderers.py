@@ -15,14 +15,14 @@ class CsvRenderer(BaseRenderer):
     charset = "utf-8"
 
     def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        header = getattr((renderer_context or {}).get("view"), "csv_header", None)
         if isinstance(data, dict) and "error" in data:
-            data = [{"error": data["error"].get("message", "")}]
+            data, header = [{"error": data["error"].get("message", "")}], ["error"]
         rows = data or []
-        header = getattr((renderer_context or {}).get("view"), "csv_header", None) or (
-            list(rows[0]) if rows else []
-        )
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=header, lineterminator="\n")
+        writer = csv.DictWriter(
+            out, fieldnames=header or (list(rows[0]) if rows else []), lineterminator="\n"
+        )
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().encode(self.charset)

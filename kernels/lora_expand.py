@@ -51,7 +51,7 @@ def _lora_expand_kernel(
     o1 = tl.load(offsets_ptr + s + 1)
     pid_m = pid_mn // tl.cdiv(max_width, BLOCK_N)
     pid_n = pid_mn % tl.cdiv(max_width, BLOCK_N)
-    if pid_m * BLOCK_M >= count or rank == 0 or o0 + pid_n * BLOCK_N >= o1:
+    if (pid_m * BLOCK_M >= count) | (rank == 0) | (o0 + pid_n * BLOCK_N >= o1):
         return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < count

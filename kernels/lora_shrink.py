@@ -45,7 +45,7 @@ def _lora_shrink_kernel(
     rank = tl.minimum(tl.load(ranks_ptr + slot).to(tl.int32), max_rank)
     pid_m = pid_mn // tl.cdiv(max_rank, BLOCK_N)
     pid_n = pid_mn % tl.cdiv(max_rank, BLOCK_N)
-    if pid_m * BLOCK_M >= count or pid_n * BLOCK_N >= rank:
+    if (pid_m * BLOCK_M >= count) | (pid_n * BLOCK_N >= rank):
         return
     s = pid_sk // SPLIT_K
     k_split = pid_sk % SPLIT_K

@@ -38,7 +38,7 @@ def _tile_map(cu_seqlens_q: torch.Tensor, block_m: int, num_tiles: int) -> tuple
     return tile_seq.to(torch.int32), (ids - first).to(torch.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_ptr, tables_ptr, context_ptr, tile_seq_ptr, tile_idx_ptr, out_ptr,
     scale, head_dim, batch,

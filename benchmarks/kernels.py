@@ -1,0 +1,319 @@
+"""Kernel benchmark: achieved bandwidth vs the device's copy bandwidth, and speedup over plain PyTorch.
+
+    python benchmarks/kernels.py                 # on a CUDA GPU: Llama-3-8B shapes, bf16
+    python benchmarks/kernels.py --only lora     # a subset (lora, attention, store_kv, rms_norm, rotary, silu)
+    python benchmarks/kernels.py --smoke         # no GPU: tiny shapes in Triton's interpreter (checks wiring only)
+
+For each op and shape: the Triton time (triton.testing.do_bench, median), the bytes the op must
+move at least (inputs read once, outputs written once), that bandwidth as a fraction of a
+device-to-device copy measured in the same run, the plain-PyTorch baseline's time (gather adapter
+weights + bmm for LoRA, gather blocks + scaled_dot_product_attention for attention, the
+references otherwise) and the speedup; `ok` says the two outputs agreed.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LLAMA3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 14336, "block": 16}
+TINY = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "inter": 384, "block": 16}
+GRID = {
+    "batches": (1, 16, 64, 256), "adapters": (1, 16, 64), "ranks": (8, 16, 64), "contexts": (512, 2048, 8192),
+    "prefill": ((1, 2048, 2048), (4, 512, 2048), (16, 128, 1024)), "tokens": (1, 16, 64, 256, 4096),
+}  # fmt: skip
+SMOKE_GRID = {
+    "batches": (1, 4), "adapters": (1, 2), "ranks": (8,), "contexts": (40, 100),
+    "prefill": ((1, 32, 32), (2, 16, 48)), "tokens": (1, 5),
+}  # fmt: skip
+
+
+@dataclass
+class Row:
+    op: str
+    shape: str
+    triton_us: float
+    min_bytes: int
+    baseline_us: float
+    ok: bool
+    flops: float = 0.0
+
+
+def bench_ms(fn) -> float:
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    numel = (1 << 28) if device == "cuda" else (1 << 20)
+    src = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / (bench_ms(lambda: dst.copy_(src)) * 1e-3)
+
+
+def measure(op, shape, fn, base, min_bytes, *, out=None, base_out=None, tol=3e-2, flops=0.0) -> Row:
+    """Time fn and base; `out`/`base_out` return the outputs to compare (default: the call's result)."""
+    got = (out or fn)()
+    expect = (base_out or base)()
+    ok = bool(torch.allclose(got.float(), expect.float(), atol=tol, rtol=tol))
+    return Row(op, shape, bench_ms(fn) * 1e3, int(min_bytes), bench_ms(base) * 1e3, ok, flops)
+
+
+def lora_rows(cfg, grid, device, dtype, ops) -> list[Row]:
+    projections = {
+        "qkv": (cfg["hidden"], (cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"],
+                                cfg["kv_heads"] * cfg["head_dim"])),
+        "down": (cfg["inter"], (cfg["hidden"],)),
+    }  # fmt: skip
+    rows = []
+    for name, (in_dim, slices) in projections.items():
+        for rank in grid["ranks"]:
+            for adapters in grid["adapters"]:
+                for batch in grid["batches"]:
+                    if adapters <= batch:
+                        rows += lora_case(ops, name, in_dim, slices, rank, adapters, batch, device, dtype)
+    return rows
+
+
+def lora_case(ops, name, in_dim, slices, rank, adapters, batch, device, dtype) -> list[Row]:
+    """Shrink and expand for `batch` decode tokens spread round-robin over `adapters` adapters."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    out_total, num_slices = sum(slices), len(slices)
+    offsets = tuple(int(v) for v in torch.tensor((0, *slices)).cumsum(0))
+    lora_a = torch.randn(num_slices, adapters, rank, in_dim, device=device, dtype=dtype) / in_dim**0.5
+    lora_b = torch.randn(adapters, out_total, rank, device=device, dtype=dtype) / rank**0.5
+    ranks = torch.full((adapters,), rank, dtype=torch.int32, device=device)
+    scaling = torch.full((num_slices, adapters), 2.0, device=device)
+    slots = (torch.arange(batch, device=device) % adapters).to(torch.int32)
+    x = torch.randn(batch, in_dim, device=device, dtype=dtype)
+    y0 = torch.randn(batch, out_total, device=device, dtype=dtype)
+    y = y0.clone()
+    meta = ops.LoRAMeta.build(slots, adapters)
+    shape = f"{name} T={batch} adapters={adapters} r={rank}"
+    buf = ops.lora_shrink(x, lora_a, slots, ranks, meta=meta)
+
+    def expand():
+        ops.lora_expand(y, buf, lora_b, slots, ranks, scaling, offsets, meta=meta)
+
+    def expand_baseline():
+        gathered = lora_b[slots.long()]  # [T, out_total, r]
+        for s in range(num_slices):
+            delta = torch.bmm(gathered[:, offsets[s] : offsets[s + 1]], buf[s, :, :, None])  # [T, width, 1]
+            y[:, offsets[s] : offsets[s + 1]] += 2.0 * delta.squeeze(-1)
+
+    def expanded(run):
+        y.copy_(y0)
+        run()
+        return y.clone()
+
+    return [
+        measure(
+            "lora_shrink", shape, lambda: ops.lora_shrink(x, lora_a, slots, ranks, meta=meta),
+            lambda: torch.matmul(lora_a[:, slots.long()], x[None, :, :, None]).squeeze(-1),
+            (batch * in_dim + adapters * num_slices * rank * in_dim + num_slices * batch * rank) * es,
+        ),
+        measure(
+            "lora_expand", shape, expand, expand_baseline,
+            (2 * batch * out_total + adapters * out_total * rank + num_slices * batch * rank) * es,
+            out=lambda: expanded(expand), base_out=lambda: expanded(expand_baseline),
+        ),
+    ]  # fmt: skip
+
+
+def paged_cache(cfg, batch, context, device, dtype):
+    blocks_per_seq = -(-context // cfg["block"])
+    shape = (batch * blocks_per_seq, cfg["block"], cfg["kv_heads"], cfg["head_dim"])
+    k_cache = torch.randn(shape, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, device=device, dtype=dtype)
+    tables = torch.randperm(batch * blocks_per_seq, device=device).to(torch.int32).view(batch, blocks_per_seq)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    return k_cache, v_cache, tables, lens
+
+
+def sdpa_over_gathered(q, k_cache, v_cache, tables, context, mask=None):
+    """Baseline: gather every sequence's blocks, then scaled_dot_product_attention. q [B, H, Tq, D]."""
+    keys = k_cache[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2)  # [B, kvh, L, D]
+    values = v_cache[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def attention_rows(cfg, grid, device, dtype, ops) -> list[Row]:
+    rows = []
+    for context in grid["contexts"]:
+        for batch in grid["batches"]:
+            rows.append(decode_case(cfg, ops, batch, context, device, dtype))
+    for batch, new, context in grid["prefill"]:
+        rows.append(prefill_case(cfg, ops, batch, new, context, device, dtype))
+    return rows
+
+
+def decode_case(cfg, ops, batch, context, device, dtype) -> Row:
+    es = torch.tensor([], dtype=dtype).element_size()
+    heads, kv_heads, head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    k_cache, v_cache, tables, lens = paged_cache(cfg, batch, context, device, dtype)
+    q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
+    scale = 1 / math.sqrt(head_dim)
+    return measure(
+        "paged_attention_decode", f"B={batch} ctx={context}",
+        lambda: ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, scale),
+        lambda: sdpa_over_gathered(q[:, :, None], k_cache, v_cache, tables, context)[:, :, 0],
+        (2 * batch * context * kv_heads * head_dim + 2 * batch * heads * head_dim) * es,
+        flops=4 * batch * heads * context * head_dim,
+    )  # fmt: skip
+
+
+def prefill_case(cfg, ops, batch, new, context, device, dtype) -> Row:
+    """`batch` sequences of `new` tokens each, after a cached prefix of context - new tokens."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    heads, kv_heads, head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    k_cache, v_cache, tables, lens = paged_cache(cfg, batch, context, device, dtype)
+    q = torch.randn(batch * new, heads, head_dim, device=device, dtype=dtype)
+    cu = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=device)
+    positions = torch.arange(context, device=device)
+    causal = positions[None, :] <= positions[context - new :, None]  # [new, context]
+    qb = q.view(batch, new, heads, head_dim).transpose(1, 2)  # [B, H, new, D]
+    scale = 1 / math.sqrt(head_dim)
+    pairs = new * (context - new) + new * (new + 1) / 2
+    return measure(
+        "paged_attention_prefill", f"B={batch} new={new} ctx={context}",
+        lambda: ops.paged_attention_prefill(q, k_cache, v_cache, cu, tables, lens, scale),
+        lambda: sdpa_over_gathered(qb, k_cache, v_cache, tables, context, causal).transpose(1, 2).flatten(0, 1),
+        (2 * batch * context * kv_heads * head_dim + 2 * batch * new * heads * head_dim) * es,
+        flops=4 * batch * heads * head_dim * pairs,
+    )  # fmt: skip
+
+
+def pointwise_rows(cfg, grid, device, dtype, ops, only) -> list[Row]:
+    rows = []
+    for tokens in grid["tokens"]:
+        rows += pointwise_cases(cfg, ops, tokens, device, dtype, only)
+    return rows
+
+
+def pointwise_cases(cfg, ops, tokens, device, dtype, only) -> list[Row]:
+    from kernels import reference
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    hidden, inter, kv_heads, heads, head_dim = (cfg[k] for k in ("hidden", "inter", "kv_heads", "heads", "head_dim"))
+    rows = []
+    if "rms_norm" in only:
+        x, res = (torch.randn(tokens, hidden, device=device, dtype=dtype) for _ in range(2))
+        w = torch.randn(hidden, device=device, dtype=dtype)
+        rows.append(measure(
+            "rms_norm+residual", f"T={tokens} hidden={hidden}", lambda: ops.rms_norm(x, w, 1e-5, res)[0],
+            lambda: reference.rms_norm(x, w, 1e-5, res)[0], 4 * tokens * hidden * es + hidden * es,
+        ))  # fmt: skip
+    if "silu" in only:
+        gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=dtype)
+        rows.append(measure("silu_and_mul", f"T={tokens} inter={inter}", lambda: ops.silu_and_mul(gate_up),
+                            lambda: reference.silu_and_mul(gate_up), 3 * tokens * inter * es))  # fmt: skip
+    if "rotary" in only:
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}  # fmt: skip
+        cache = reference.rope_cos_sin_cache(head_dim, 8192, 500000.0, scaling).to(device)
+        pos = torch.randint(0, 8192, (tokens,), device=device)
+        q0 = torch.randn(tokens, heads, head_dim, device=device, dtype=dtype)
+        k0 = torch.randn(tokens, kv_heads, head_dim, device=device, dtype=dtype)
+        q, k = q0.clone(), k0.clone()
+
+        def rotated(fn):
+            q.copy_(q0)
+            k.copy_(k0)
+            fn(pos, q, k, cache)
+            return torch.cat((q.flatten(1), k.flatten(1)), dim=1)
+
+        rows.append(measure(
+            "rotary_embedding", f"T={tokens}", lambda: ops.rotary_embedding(pos, q, k, cache),
+            lambda: reference.rotary_embedding(pos, q, k, cache),
+            2 * tokens * (heads + kv_heads) * head_dim * es + tokens * head_dim * 4,
+            out=lambda: rotated(ops.rotary_embedding), base_out=lambda: rotated(reference.rotary_embedding),
+        ))  # fmt: skip
+    if "store_kv" in only:
+        k, v = (torch.randn(tokens, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(2))
+        k_cache, v_cache, _, _ = paged_cache(cfg, 1, max(tokens, 16) * 4, device, dtype)
+        slots = torch.randperm(k_cache.shape[0] * cfg["block"], device=device)[:tokens]
+
+        def stored(fn):
+            k_cache.zero_()
+            fn(k, v, k_cache, v_cache, slots)
+            return k_cache.view(-1, kv_heads, head_dim)[slots]
+
+        rows.append(measure(
+            "store_kv", f"T={tokens}", lambda: ops.store_kv(k, v, k_cache, v_cache, slots),
+            lambda: reference.store_kv(k, v, k_cache, v_cache, slots), 4 * tokens * kv_heads * head_dim * es,
+            out=lambda: stored(ops.store_kv), base_out=lambda: stored(reference.store_kv),
+        ))  # fmt: skip
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's CPU interpreter")
+    parser.add_argument("--only", nargs="*", default=["lora", "attention", "store_kv", "rms_norm", "rotary", "silu"])
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("benchmarks/kernels.py needs a CUDA GPU (Triton kernels, do_bench timings). "
+              "Use --smoke to check the wiring on tiny shapes in Triton's CPU interpreter.", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.smoke:
+        from kernels import interpreter
+
+        interpreter.enable()
+    import kernels
+
+    ops = _TritonOps(kernels)
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    cfg, grid = (TINY, SMOKE_GRID) if args.smoke else (LLAMA3_8B, GRID)
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    torch.manual_seed(0)
+    peak = copy_bandwidth(device)
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter; timings meaningless)"
+    print(f"device: {name}; copy bandwidth {peak / 1e9:.0f} GB/s; dtype {dtype}; torch {torch.__version__}")
+    rows = []
+    with torch.no_grad():
+        if "lora" in args.only:
+            rows += lora_rows(cfg, grid, device, dtype, ops)
+        if "attention" in args.only:
+            rows += attention_rows(cfg, grid, device, dtype, ops)
+        rows += pointwise_rows(cfg, grid, device, dtype, ops, set(args.only))
+    print("| op | shape | triton µs | GB/s | % copy BW | TFLOP/s | torch µs | speedup | ok |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        gbs = r.min_bytes / (r.triton_us * 1e-6) / 1e9
+        tflops = f"{r.flops / (r.triton_us * 1e-6) / 1e12:.1f}" if r.flops else ""
+        print(f"| {r.op} | {r.shape} | {r.triton_us:.1f} | {gbs:.0f} | {100 * gbs * 1e9 / peak:.0f}% | {tflops} "
+              f"| {r.baseline_us:.1f} | {r.baseline_us / r.triton_us:.2f}x | {'yes' if r.ok else 'NO'} |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"device": name, "copy_bandwidth": peak, "rows": [asdict(r) for r in rows]}))
+    return 0 if all(r.ok for r in rows) else 1
+
+
+class _TritonOps:
+    """The Triton launchers themselves (on CPU tensors the dispatch would pick the references)."""
+
+    def __init__(self, kernels):
+        import importlib
+
+        self.LoRAMeta = kernels.LoRAMeta
+        for op in ("lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill", "store_kv",
+                   "rms_norm", "rotary_embedding", "silu_and_mul"):  # fmt: skip
+            setattr(self, op, getattr(importlib.import_module(f"kernels.{op}"), op))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

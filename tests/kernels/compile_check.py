@@ -1,0 +1,151 @@
+"""Compile every Triton kernel for a GPU target (PTX and cubin via Triton's bundled ptxas), with no GPU.
+
+The interpreter runs kernels as Python and accepts constructs the compiler rejects, so the
+launchers are called with a recorder in place of each kernel and the recorded launches are then
+compiled with their real argument types and constexprs. Run as a script in a process where
+Triton is NOT in interpreter mode: `python tests/kernels/compile_check.py [arch]` prints
+{case: "ok" | error} as JSON.
+"""
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kernels import LoRAMeta  # noqa: E402
+
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64"}
+
+
+class _Recorder:
+    def __init__(self, fn):
+        self.fn, self.launches = fn, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+def _recorded_launches(op: str, *args, **kwargs) -> list[tuple]:
+    module = importlib.import_module(f"kernels.{op}")
+    kernels = {name: value for name, value in vars(module).items() if name.startswith("_") and hasattr(value, "fn")
+               and name.endswith("_kernel")}  # fmt: skip
+    recorders = {name: _Recorder(value.fn) for name, value in kernels.items()}
+    try:
+        for name, recorder in recorders.items():
+            setattr(module, name, recorder)
+        getattr(module, op)(*args, **kwargs)
+    finally:
+        for name, value in kernels.items():
+            setattr(module, name, value)
+    return [(r.fn, a, k) for r in recorders.values() for a, k in r.launches]
+
+
+def _type_of(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if abs(value) < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unexpected kernel argument {value!r}")
+
+
+def _compile(fn, args, kwargs, arch: int):
+    kernel = JITFunction(fn)
+    options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
+    signature = {name: _type_of(value) for name, value in zip(kernel.arg_names, args, strict=False)}
+    signature.update({name: "constexpr" for name in kwargs})
+    signature = {name: signature[name] for name in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, signature, kwargs), target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _lora_inputs(tokens, dtype):
+    x = torch.randn(tokens, 4096).to(dtype)
+    lora_a = torch.randn(3, 4, 16, 4096).to(dtype)
+    slots = torch.randint(-1, 4, (tokens,), dtype=torch.int32)
+    return x, lora_a, slots, torch.tensor([16, 8, 4, 1], dtype=torch.int32)
+
+
+def _paged(dtype, batch=2, blocks=64):
+    cache = torch.randn(blocks * batch, 16, 8, 128).to(dtype)
+    tables = torch.arange(blocks * batch, dtype=torch.int32).view(batch, blocks)
+    return cache, tables, torch.tensor([1000, 7], dtype=torch.int32)
+
+
+def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
+    if case == "lora_shrink-split-k":
+        return _recorded_launches("lora_shrink", *_lora_inputs(1, dtype))
+    if case == "lora_shrink":
+        return _recorded_launches("lora_shrink", *_lora_inputs(256, dtype))
+    if case == "lora_expand":
+        x, _, slots, ranks = _lora_inputs(64, dtype)
+        buf = torch.randn(3, 64, 16).to(dtype)
+        lora_b = torch.randn(4, 6144, 16).to(dtype)
+        meta = LoRAMeta.build(slots, 4)
+        return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, lora_b, slots, ranks,
+                                  torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
+    cache, tables, lens = _paged(dtype)
+    if case == "paged_attention_decode-split-kv":
+        q = torch.randn(2, 32, 128).to(dtype)
+        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=512)
+    if case == "paged_attention_decode":
+        q = torch.randn(2, 32, 128).to(dtype)
+        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=0)
+    if case == "paged_attention_prefill":
+        q = torch.randn(20, 32, 128).to(dtype)
+        cu = torch.tensor([0, 13, 20], dtype=torch.int32)
+        return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 1 / math.sqrt(128))
+    if case == "store_kv":
+        k = torch.randn(5, 8, 128).to(dtype)
+        return _recorded_launches("store_kv", k, k, cache, cache, torch.arange(5))
+    if case == "rms_norm":
+        x = torch.randn(3, 4096).to(dtype)
+        return _recorded_launches("rms_norm", x, torch.ones(4096).to(dtype), 1e-5, x.clone())
+    if case == "rotary_embedding":
+        qkv = torch.randn(3, 48, 128).to(dtype)
+        return _recorded_launches("rotary_embedding", torch.arange(3), qkv[:, :32], qkv[:, 32:40], torch.randn(64, 128))
+    if case == "silu_and_mul":
+        return _recorded_launches("silu_and_mul", torch.randn(3, 2 * 14336).to(dtype))
+    raise AssertionError(case)
+
+
+CASES = [
+    "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode", "paged_attention_decode-split-kv",
+    "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
+]  # fmt: skip
+DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill"]
+
+
+
+
+def main(arch: int) -> dict[str, str]:
+    results = {}
+    for case, dtype in [(c, torch.bfloat16) for c in CASES] + [(c, torch.float32) for c in DOT_CASES]:
+        name = f"{case}-{TYPES[dtype]}"
+        try:
+            launches = _launches(case, dtype)
+            if not launches:
+                raise AssertionError("the launcher launched nothing")
+            for fn, args, kwargs in launches:
+                compiled = _compile(fn, args, dict(kwargs), arch=arch)
+                if ".entry" not in compiled.asm["ptx"] or not compiled.asm["cubin"]:
+                    raise AssertionError("no PTX entry or cubin produced")
+            results[name] = "ok"
+        except Exception as exc:  # reported per case to the test
+            results[name] = f"{type(exc).__name__}: {exc}"
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))

@@ -1,0 +1,28 @@
+"""benchmarks/kernels.py runs: its smoke mode (tiny shapes, interpreter) and its no-GPU message."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_smoke_mode_checks_triton_against_the_baselines():
+    done = _run("--smoke", "--only", "silu", "store_kv", "rms_norm")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for op in ("silu_and_mul", "store_kv", "rms_norm+residual"):
+        assert f"| {op} |" in done.stdout
+    assert "| NO |" not in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without a GPU")
+def test_without_gpu_it_says_a_gpu_is_needed():
+    done = _run()
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr

@@ -118,3 +118,31 @@ def wait_for_status(version_id: int, statuses: tuple[str, ...], *, timeout: floa
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def ready_version(client, name: str, data: bytes) -> AdapterVersion:
+    """Uploads through the API (a new adapter, or its next version) and validates in this process."""
+    from registry.validation import adapter_version_validate
+
+    if client.get(f"/api/v1/adapters/{name}").status_code == 404:
+        response = create_adapter(client, name, data)
+        number = 1
+    else:
+        response = client.post(f"/api/v1/adapters/{name}/versions", {"file": upload("v.zip", data)},
+                               format="multipart")  # fmt: skip
+        number = response.json()["number"]
+    assert response.status_code == 201, response.content
+    version = AdapterVersion.objects.get(adapter__name=name, adapter__deleted_at__isnull=True, number=number)
+    return adapter_version_validate(version_id=version.pk)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_the_runs_queue():
+    """Tests that commit enqueue validations no worker takes; drop this run's queue from Redis at the end."""
+    yield
+    from django.conf import settings
+
+    from quilt.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(settings.CELERY_TASK_DEFAULT_QUEUE)

@@ -1,0 +1,145 @@
+"""Validation in this process (the worker path is tested in test_registry_worker): ready, failed, shared blobs, GC."""
+
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.utils import timezone
+
+import adapters
+from registry.garbage import adapter_blobs_collect
+from registry.models import AdapterVersion
+from registry.storage import adapter_store_root, canonical_local_dir
+from registry.validation import adapter_version_validate, adapter_versions_stale
+from tenancy.models import AuditLog
+from tests.registry.conftest import create_adapter, files_under, ready_version
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def writer(tenant_a, key_client):
+    return key_client(tenant_a, scopes=["adapters:write"])[0]
+
+
+def test_a_peft_adapter_becomes_ready_promoted_and_stored_in_canonical_form(
+    writer, base_model, adapter_zip, media_root, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        version = ready_version(writer, "bot", adapter_zip)
+    assert version.status == "ready" and version.failure_message == ""
+    assert version.rank == 4 and version.alpha == 8.0 and version.target_modules == ["q_proj", "v_proj", "down_proj"]
+    assert version.storage_key == f"adapters/{version.digest}" and version.validation_attempts == 1
+    assert adapter_store_root() == media_root / "adapters"
+    canonical = adapters.load_canonical(canonical_local_dir(digest=version.digest))
+    assert canonical.digest == version.digest and canonical.num_bytes == version.num_bytes
+    assert files_under(media_root / "adapter-uploads") == [], "the raw upload goes once validated"
+    detail = writer.get("/api/v1/adapters/bot").json()
+    assert detail["current_version"] == 1 and detail["versions"][0]["status"] == "ready"
+    promote = AuditLog.objects.get(action="adapter.promote")
+    assert promote.actor_user is None and promote.actor_key is None and promote.after["automatic"] is True
+
+
+def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, wrong_base_zip, media_root):
+    version = ready_version(writer, "wide", wrong_base_zip)
+    assert version.status == "failed" and version.failure_code == "tensor_shape"
+    assert "layer 0" in version.failure_message and "expected" in version.failure_message
+    detail = writer.get("/api/v1/adapters/wide").json()
+    assert detail["current_version"] is None
+    assert detail["versions"][0]["failure_message"] == version.failure_message
+    assert files_under(media_root / "adapters") == []
+
+
+def test_pickles_and_stray_files_fail_with_their_own_message(writer, base_model, media_root):
+    create_adapter(writer, "pickled", b"\x80\x04data", filename="adapter_model.bin")
+    version = adapter_version_validate(version_id=AdapterVersion.objects.get(adapter__name="pickled").pk)
+    assert version.failure_code == "pickle_file" and "pickle" in version.failure_message
+    create_adapter(writer, "lonely", b'{"r": 4}', filename="adapter_config.json")
+    version = adapter_version_validate(version_id=AdapterVersion.objects.get(adapter__name="lonely").pk)
+    assert version.status == "failed" and version.failure_message
+
+
+def test_identical_uploads_share_the_blob_but_not_the_metadata(writer, base_model, adapter_zip, media_root):
+    first = ready_version(writer, "one", adapter_zip)
+    second = ready_version(writer, "two", adapter_zip)
+    third = ready_version(writer, "one", adapter_zip)
+    assert first.pk != second.pk != third.pk and (second.adapter.name, third.number) == ("two", 2)
+    assert first.digest == second.digest == third.digest and first.storage_key == second.storage_key
+    assert sorted(p.name for p in (media_root / "adapters").iterdir()) == [first.digest]
+
+
+def test_validation_is_idempotent(writer, base_model, adapter_zip, media_root):
+    version = ready_version(writer, "bot", adapter_zip)
+    again = adapter_version_validate(version_id=version.pk)
+    assert (again.status, again.validation_attempts, again.validated_at) == (
+        "ready", 1, version.validated_at
+    )  # fmt: skip
+    assert AuditLog.objects.filter(action="adapter.promote").count() == 1
+
+
+def test_a_version_that_keeps_crashing_fails_instead_of_sticking(settings, writer, base_model, adapter_zip, media_root):
+    response = create_adapter(writer, "bot", adapter_zip)
+    assert response.status_code == 201
+    version = AdapterVersion.objects.get(adapter__name="bot")
+    long_ago = timezone.now() - timedelta(hours=1)
+    AdapterVersion.objects.filter(pk=version.pk).update(
+        status="validating", validation_attempts=settings.QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS,
+        validation_started_at=long_ago,
+    )  # fmt: skip
+    assert list(adapter_versions_stale(older_than=timedelta(minutes=10))) == [version]
+    failed = adapter_version_validate(version_id=version.pk)
+    assert failed.status == "failed" and failed.failure_code == "validation_interrupted"
+    assert "interrupted 3 times" in failed.failure_message
+    assert list(adapter_versions_stale(older_than=timedelta(minutes=10))) == []
+
+
+def test_status_changes_reach_the_tenants_channel_group_on_commit(
+    tenant_a, writer, base_model, adapter_zip, media_root, django_capture_on_commit_callbacks
+):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(f"tenant-{tenant_a.id}", channel)
+    with django_capture_on_commit_callbacks(execute=False):
+        create_adapter(writer, "bot", adapter_zip)
+    version = AdapterVersion.objects.get(adapter__name="bot")
+    with django_capture_on_commit_callbacks(execute=True):
+        adapter_version_validate(version_id=version.pk)
+    received = [async_to_sync(layer.receive)(channel) for _ in range(2)]
+    assert received == [
+        {"type": "adapter.status", "adapter": "bot", "version": 1, "status": status, "message": ""}
+        for status in ("validating", "ready")
+    ]
+
+
+def test_gc_removes_blobs_only_once_unreferenced(
+    writer, base_model, adapter_zip, other_adapter_zip, media_root, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        shared = ready_version(writer, "one", adapter_zip)
+        ready_version(writer, "two", adapter_zip)
+        other = ready_version(writer, "three", other_adapter_zip)
+    orphan = media_root / "adapter-uploads" / "deadbeef"
+    orphan.mkdir(parents=True)
+    (orphan / "adapter.zip").write_bytes(b"left behind by a crash")
+    assert adapter_blobs_collect(grace=timedelta(hours=1)) == {"canonical": [], "uploads": []}
+    assert writer.delete("/api/v1/adapters/one").status_code == 204
+    assert adapter_blobs_collect(grace=timedelta(0)) == {"canonical": [], "uploads": ["adapter-uploads/deadbeef"]}
+    assert writer.delete("/api/v1/adapters/two").status_code == 204
+    assert adapter_blobs_collect(grace=timedelta(0)) == {"canonical": [shared.digest], "uploads": []}
+    assert sorted(p.name for p in (media_root / "adapters").iterdir()) == [other.digest]
+    assert not orphan.exists()
+
+
+def test_an_upload_waiting_for_validation_is_not_collected(writer, base_model, adapter_zip, media_root):
+    create_adapter(writer, "bot", adapter_zip)
+    assert adapter_blobs_collect(grace=timedelta(0))["uploads"] == []
+    version = adapter_version_validate(version_id=AdapterVersion.objects.get(adapter__name="bot").pk)
+    assert version.status == "ready"
+
+
+def test_a_new_version_of_a_deleted_adapter_is_not_validated(writer, base_model, adapter_zip, media_root):
+    create_adapter(writer, "bot", adapter_zip)
+    version = AdapterVersion.objects.get(adapter__name="bot")
+    writer.delete("/api/v1/adapters/bot")
+    assert adapter_version_validate(version_id=version.pk).failure_code == "adapter_deleted"

@@ -163,6 +163,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage and billing.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Several models have a `status` field; name their enums instead of letting them collide.
+    "ENUM_NAME_OVERRIDES": {
+        "TenantStatusEnum": "tenancy.models.Tenant.Status",
+        "InvoiceStatusEnum": "billing.models.Invoice.Status",
+    },
 }
 
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)

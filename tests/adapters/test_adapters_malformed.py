@@ -3,6 +3,7 @@ tenant can act on, and nothing is left in the temporary directory (the autouse `
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 import safetensors.torch
 import torch
 
+import adapters
+import adapters.errors
 from adapters import AdapterError, load_adapter
 from tests.adapters.builders import (
     file_source,
@@ -238,3 +241,14 @@ def test_weights_file_written_by_safetensors_itself_round_trips(tmp_path, llama_
     adapter = load_adapter(write_adapter(tmp_path / "a", tensors=tensors), llama_base)
     assert torch.equal(adapter.tensors["layers.1.v_proj.lora_B"], tensors[f"{V1}.lora_B.weight"])
     assert safetensors.torch.load(valid_weights_bytes()).keys() == tensors.keys()
+
+
+def test_every_code_is_documented():
+    package = Path(adapters.__file__).parent
+    documented = set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", adapters.errors.__doc__))
+    raised = {
+        code
+        for source in package.glob("*.py")
+        for code in re.findall(r'AdapterError\(\s*"([a-z_]+)"', source.read_text())
+    }
+    assert raised and raised == documented

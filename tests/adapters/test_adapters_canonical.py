@@ -58,6 +58,10 @@ def test_digest_covers_outputs_not_packaging(tmp_path, llama_base):
     base = load_adapter(write_adapter(tmp_path / "a", config=config, tensors=tensors), llama_base)
     unwrapped = {name.removeprefix("base_model.model."): t for name, t in tensors.items()}
     renamed = load_adapter(write_adapter(tmp_path / "b", config=config, tensors=unwrapped), llama_base)
+    no_suffix = {name.removesuffix(".weight"): t for name, t in tensors.items()}
+    bare = load_adapter(write_adapter(tmp_path / "b2", config=config, tensors=no_suffix), llama_base)
+    named = {name.replace(".weight", ".default.weight"): t for name, t in tensors.items()}
+    with_name = load_adapter(write_adapter(tmp_path / "b3", config=config, tensors=named), llama_base)
     same_scaling = load_adapter(
         write_adapter(
             tmp_path / "c",
@@ -73,7 +77,7 @@ def test_digest_covers_outputs_not_packaging(tmp_path, llama_base):
     other_dtype = load_adapter(write_adapter(tmp_path / "e", config=config, tensors=half), llama_base)
     nudged = dict(tensors, **{next(iter(tensors)): next(iter(tensors.values())) + 1e-3})
     other_bytes = load_adapter(write_adapter(tmp_path / "f", config=config, tensors=nudged), llama_base)
-    assert base.digest == renamed.digest == same_scaling.digest
+    assert base.digest == renamed.digest == bare.digest == with_name.digest == same_scaling.digest
     assert len({base.digest, other_alpha.digest, other_dtype.digest, other_bytes.digest}) == 4
 
 

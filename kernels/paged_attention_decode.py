@@ -22,14 +22,20 @@ from kernels.launch import (
 def _config(batch: int, kv_heads: int, max_context: int, head_dim: int, device: torch.device) -> dict:
     """Tuning for one launch (the only place it is chosen): KV tile, warps and the split-KV partition.
 
-    Split-KV is used when batch x kv_heads programs cannot fill the device and contexts are long;
-    the partition depends only on shapes known without a device sync (max_blocks x block_size).
+    Split-KV is used when batch x kv_heads programs cannot fill the device and contexts are long:
+    the largest partition (256..2048 tokens) that still gives two programs per multiprocessor.
+    It depends only on shapes known without a device sync (max_blocks x block_size).
     """
     block_n = 64 if head_dim <= 128 else 32
-    partition = 0
+    target = 2 * multiprocessor_count(device)
     programs = batch * kv_heads
-    if programs < 2 * multiprocessor_count(device) and max_context > 1024:
-        partition = 512
+    partition = 0
+    if programs < target and max_context > 512:
+        partition = 256
+        for candidate in (2048, 1024, 512):
+            if programs * triton.cdiv(max_context, candidate) >= target:
+                partition = candidate
+                break
     return {"BLOCK_N": block_n, "PARTITION": partition, "num_warps": 4}
 
 

@@ -7,8 +7,10 @@ import triton.language as tl
 from kernels.launch import next_power_of_2, require, require_contiguous, require_float, require_shape
 
 
-def _num_warps(block: int) -> int:
-    return 4 if block <= 2048 else 8 if block <= 8192 else 16
+def _config(hidden: int) -> dict:
+    """Tuning (the only place it is chosen): one program per row, the whole row in one block."""
+    block = next_power_of_2(hidden)
+    return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8 if block <= 8192 else 16}
 
 
 @triton.jit
@@ -54,9 +56,8 @@ def rms_norm(
         require(residual.dtype == x.dtype, f"residual: expected {x.dtype}, got {residual.dtype}")
         new_residual = torch.empty_like(x)  # [T, hidden]
     if tokens > 0:
-        block = next_power_of_2(hidden)
         _rms_norm_kernel[(tokens,)](
             x, residual if residual is not None else x, weight, out, new_residual if residual is not None else out,
-            hidden, eps, HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block),
+            hidden, eps, HAS_RESIDUAL=residual is not None, **_config(hidden),
         )
     return out if residual is None else (out, new_residual)

@@ -13,7 +13,12 @@ from kernels.launch import (
     require_same_device,
 )
 
-NUM_WARPS = 4
+
+def _config(num_heads: int, head_dim: int) -> dict:
+    """Tuning (the only place it is chosen): heads per inner step and warps."""
+    block_half = next_power_of_2(head_dim // 2)
+    return {"BLOCK_H": max(1, min(next_power_of_2(num_heads), 4096 // block_half)), "BLOCK_HALF": block_half,
+            "num_warps": 4}  # fmt: skip
 
 
 @triton.jit
@@ -72,10 +77,7 @@ def rotary_embedding(
     require_same_device(positions=positions, q=q, k=k, cos_sin_cache=cos_sin_cache)
     if tokens == 0:
         return
-    half = head_dim // 2
-    block_half = next_power_of_2(half)
-    block_h = max(1, min(next_power_of_2(max(q.shape[1], k.shape[1])), 4096 // block_half))
     _rotary_kernel[(tokens,)](
         positions, q, k, cos_sin_cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1],
-        k.shape[1], half, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=NUM_WARPS,
+        k.shape[1], head_dim // 2, **_config(max(q.shape[1], k.shape[1]), head_dim),
     )

@@ -13,7 +13,11 @@ from kernels.launch import (
     require_same_device,
 )
 
-NUM_WARPS = 4
+
+def _config(kv_heads: int, head_dim: int) -> dict:
+    """Tuning (the only place it is chosen): heads per inner step and warps."""
+    block_d = next_power_of_2(head_dim)
+    return {"BLOCK_H": max(1, min(next_power_of_2(kv_heads), 2048 // block_d)), "BLOCK_D": block_d, "num_warps": 4}
 
 
 @triton.jit
@@ -59,9 +63,7 @@ def store_kv(
     require_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     if tokens == 0:
         return
-    block_d = next_power_of_2(head_dim)
-    block_h = max(1, min(next_power_of_2(kv_heads), 2048 // block_d))
     _store_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_heads, head_dim,
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=NUM_WARPS,
+        **_config(kv_heads, head_dim),
     )

@@ -1,0 +1,213 @@
+"""The whole path as real processes: two gateways under uvicorn, an engine on a tiny random Llama with PEFT
+adapters, a Celery worker, PostgreSQL and Redis. Built once for the package with its rows committed. Tests here
+are plain `django_db` tests (they see what the processes commit) and never `transaction=True` ones, whose flush
+would pull the rows out from under the running processes; a test that must commit a change runs a management
+command in a subprocess (`manage`). Everything is flushed when the package is done."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, start_worker, stop_worker, test_database_url
+
+ENGINE_TOKEN = "gateway-tests-engine-token"
+BASE_MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, *, timeout: float, what: str, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {process.returncode}")
+        result = check()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} did not happen within {timeout} s")
+
+
+def _answers(url: str, ok_statuses: tuple[int, ...]) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0, headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).status_code in ok_statuses
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass
+class Stack:
+    gateways: list[str]  # base URLs of the two gateway processes, e.g. http://127.0.0.1:PORT/v1
+    engine_url: str
+    model_dir: Path
+    adapter_dirs: dict[str, Path]
+    env: dict
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # name -> plaintext
+    ids: dict[str, object] = field(default_factory=dict)
+
+    def start_engine(self, name: str, port: int) -> subprocess.Popen:
+        adapter_store = Path(self.env["MEDIA_ROOT"]) / "adapters"
+        command = [
+            sys.executable, "-m", "engine", "--model", str(self.model_dir), "--port", str(port),
+            "--adapter-store", str(adapter_store), "--served-model-name", BASE_MODEL,
+            "--usage-queue", self.env["CELERY_TASK_DEFAULT_QUEUE"], "--broker-url", self.env["CELERY_BROKER_URL"],
+            "--usage-spool", str(Path(self.env["MEDIA_ROOT"]) / f"spool-{name}.jsonl"), "--log-level", "warning",
+        ]  # fmt: skip
+        log = open(Path(self.env["MEDIA_ROOT"]) / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/health", (200,)), timeout=120,
+                   what=f"engine {name} answering", process=process)  # fmt: skip
+        self.processes[name] = process
+        return process
+
+
+def _gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--app-dir", str(REPO / "platform"),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/models", (401,)), timeout=60,
+               what="gateway answering", process=process)  # fmt: skip
+    return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _seed(stack: Stack) -> None:
+    from django.core.management import call_command
+
+    from apikeys.models import Scope
+    from gateway.services import engine_register
+    from tenancy.audit import Actor
+    from tenancy.models import Plan
+    from tests.platform.factories import TenantFactory, make_key
+
+    call_command("registerbasemodel", BASE_MODEL, str(stack.model_dir), verbosity=0)
+    roomy = Plan.objects.create(
+        slug="gw-roomy", name="Roomy", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=500, price_input_per_mtok=Decimal("1.5"), price_output_per_mtok=Decimal("6"),
+        price_cached_input_per_mtok=Decimal("0.5"), default_max_tokens=16,
+    )  # fmt: skip
+    main = TenantFactory(slug="gw-main", plan=roomy)
+    rival = TenantFactory(slug="gw-rival", plan=roomy)
+    stack.ids["main"], stack.ids["rival"] = main.pk, rival.pk
+    for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a")):
+        call_command("importadapter", tenant.slug, adapter, str(stack.adapter_dirs[path]), verbosity=0)
+    for name, tenant, scopes, extra in (
+        ("main", main, [Scope.INFERENCE], {}),
+        ("main-admin", main, [Scope.ADMIN], {}),
+        ("main-limited", main, [Scope.INFERENCE], {"allowed_models": ["support"]}),
+        ("rival", rival, [Scope.INFERENCE], {}),
+    ):
+        key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
+        stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.pk
+    engine_register(actor=Actor.system(), name="engine-a", url=stack.engine_url, gpu_price_per_hour=Decimal("2.5"))
+
+
+@pytest.fixture(scope="package")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from tests.engine.conftest import build_adapter, build_checkpoint
+
+    root = tmp_path_factory.mktemp("gateway-stack")
+    model_dir = build_checkpoint(root / "model", "llama", seed=11)
+    adapter_dirs = {
+        "a": build_adapter(model_dir, root / "adapter-a", seed=12, r=4, targets=["q_proj", "v_proj"]),
+        "b": build_adapter(model_dir, root / "adapter-b", seed=13, r=8, targets=["o_proj", "down_proj"]),
+    }
+    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+    prefix = f"quilt-test-{uuid.uuid4().hex[:10]}"
+    media = root / "media"
+    media.mkdir()
+    overrides = override_settings(
+        REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media, QUILT_ENGINE_TOKEN=ENGINE_TOKEN
+    )
+    overrides.enable()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
+        "DATABASE_URL": test_database_url(),
+        "REDIS_URL": redis_url,
+        "QUILT_REDIS_KEY_PREFIX": prefix,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "MEDIA_ROOT": str(media),
+        "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
+        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
+        "LOG_LEVEL": "WARNING",
+    }
+    engine_port = free_port()
+    stack = Stack(gateways=[], engine_url=f"http://127.0.0.1:{engine_port}", model_dir=model_dir,
+                  adapter_dirs=adapter_dirs, env=env)  # fmt: skip
+    worker = None
+    try:
+        stack.start_engine("engine-a", engine_port)
+        with django_db_blocker.unblock():
+            _seed(stack)
+        worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
+                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
+        for name in ("gateway-1", "gateway-2"):
+            port = free_port()
+            stack.processes[name] = _gateway(env, port, media / f"{name}.log")
+            stack.gateways.append(f"http://127.0.0.1:{port}/v1")
+        yield stack
+    finally:
+        for process in stack.processes.values():
+            stop(process)
+        if worker is not None:
+            stop_worker(worker)
+        _forget_redis(redis_url, prefix)
+        with django_db_blocker.unblock():
+            call_command("flush", interactive=False, verbosity=0)
+        overrides.disable()
+
+
+def _forget_redis(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    with contextlib.suppress(redis.RedisError):
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+
+
+def manage(stack: Stack, *args: str) -> str:
+    """Runs a management command in its own process, so that what it writes is committed."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def client(stack: Stack, key: str, *, gateway: int = 0, **options):
+    import openai
+
+    return openai.OpenAI(base_url=stack.gateways[gateway], api_key=key, max_retries=0, timeout=60, **options)

@@ -167,6 +167,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenancy.models.Tenant.Status",
         "InvoiceStatusEnum": "billing.models.Invoice.Status",
+        "BaseModelStatusEnum": "registry.models.BaseModel.Status",
+        "AdapterVersionStatusEnum": "registry.models.AdapterVersion.Status",
     },
 }
 

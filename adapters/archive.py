@@ -97,13 +97,21 @@ class _Tally:
         self.names.add(key)
         return parts
 
+    def expect(self, declared: int) -> None:
+        """Refuse before writing a member whose declared size would cross the cap."""
+        if self.total + declared > self.limits.max_total_bytes:
+            raise self._too_large()
+
     def add_bytes(self, count: int) -> None:
         self.total += count
         if self.total > self.limits.max_total_bytes:
-            raise AdapterError(
-                "archive_too_large",
-                f"the archive unpacks to more than {self.limits.max_total_bytes} bytes, the limit",
-            )
+            raise self._too_large()
+
+    def _too_large(self) -> AdapterError:
+        return AdapterError(
+            "archive_too_large",
+            f"the archive unpacks to more than {self.limits.max_total_bytes} bytes, the limit",
+        )
 
     def check_ratio(self, uncompressed: int, compressed: int, what: str) -> None:
         if uncompressed > self.limits.ratio_floor_bytes and uncompressed > self.limits.max_ratio * max(
@@ -177,8 +185,7 @@ def _extract_zip(source: Path, workdir: Path, limits: ArchiveLimits) -> None:
                 if info.flag_bits & 0x1:
                     raise AdapterError("archive_corrupt", f"archive member {info.filename!r} is encrypted")
                 tally.check_ratio(info.file_size, info.compress_size, f"archive member {info.filename!r}")
-                if tally.total + info.file_size > limits.max_total_bytes:
-                    tally.add_bytes(info.file_size)
+                tally.expect(info.file_size)
                 with archive.open(info) as stream:
                     _write_member(workdir, parts, stream, tally, info.file_size)
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
@@ -224,8 +231,7 @@ def _extract_tar(source: Path, workdir: Path, limits: ArchiveLimits, *, gzipped:
                         raise AdapterError(
                             "archive_special_file", f"archive member {member.name!r} is not a regular file"
                         )
-                    if tally.total + member.size > limits.max_total_bytes:
-                        tally.add_bytes(member.size)
+                    tally.expect(member.size)
                     _write_member(workdir, parts, archive.extractfile(member), tally, member.size)
     except (tarfile.TarError, zlib.error, EOFError, gzip.BadGzipFile) as exc:
         raise AdapterError("archive_corrupt", f"the tar archive is damaged or unreadable ({exc})") from None

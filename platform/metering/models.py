@@ -43,7 +43,13 @@ class UsageEvent(models.Model):
     api_key_prefix = models.CharField(max_length=16, blank=True)
     model = models.CharField(max_length=250, help_text="The model name as the client requested it.")
     base_model = models.CharField(max_length=200)
-    adapter_version_id = models.BigIntegerField(null=True, blank=True)
+    adapter_version = models.ForeignKey(
+        "registry.AdapterVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_events",
+    )
     adapter_digest = models.CharField(max_length=64, blank=True)
     prompt_tokens = models.PositiveIntegerField()
     cached_tokens = models.PositiveIntegerField(default=0)

@@ -22,6 +22,7 @@ from gateway.models import Engine
 from metering.events import BadEvent, UsageRecord, usage_record_parse
 from metering.models import ModelPrice, UsageEvent, UsageMonth
 from metering.pricing import gpu_cost, rates_for, request_price
+from registry.models import AdapterVersion
 from tenancy.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,11 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
     gpu_prices = dict(
         Engine.objects.filter(name__in={r.engine for r in records}).values_list("name", "gpu_price_per_hour")
     )
+    version_tenants = dict(
+        AdapterVersion.objects.filter(
+            pk__in={r.adapter_version_id for r in records if r.adapter_version_id}
+        ).values_list("pk", "adapter__tenant_id")
+    )
     rows, rejected = [], 0
     for record in records:
         tenant = tenants.get(record.tenant_ref)
@@ -95,6 +101,11 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             logger.error("usage event %s: key %s is not tenant %s's; key dropped", record.request_id, key.prefix,
                          tenant.slug)  # fmt: skip
             key = None
+        version_id = record.adapter_version_id
+        if version_id is not None and version_tenants.get(version_id) != tenant.pk:
+            logger.error("usage event %s: adapter version %s is not tenant %s's; version dropped", record.request_id,
+                         version_id, tenant.slug)  # fmt: skip
+            version_id = None
         rates = rates_for(plan=tenant.plan, base_model=record.base_model, overrides=overrides)
         price = request_price(
             rates=rates, prompt_tokens=record.prompt_tokens, cached_tokens=record.cached_tokens,
@@ -111,7 +122,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             UsageEvent(
                 request_id=record.request_id, tenant=tenant, api_key=key,
                 api_key_prefix=key.prefix if key is not None else record.api_key_ref.partition(".")[0][:16],
-                model=record.model, base_model=record.base_model, adapter_version_id=record.adapter_version_id,
+                model=record.model, base_model=record.base_model, adapter_version_id=version_id,
                 adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
                 cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,

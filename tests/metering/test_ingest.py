@@ -10,7 +10,7 @@ from django.utils import timezone
 from gateway.admission import held_totals
 from metering.models import ModelPrice, UsageEvent, UsageMonth
 from metering.services import usage_ingest
-from tests.metering.usage import gpu_engine, priced_tenant, usage_event
+from tests.metering.usage import adapter_version, gpu_engine, priced_tenant, usage_event
 from tests.platform.factories import make_key
 
 
@@ -101,6 +101,21 @@ def test_a_key_of_another_tenant_is_not_attributed(tenant):
     usage_ingest(events=[usage_event(tenant, request_id="r-1", api_key_id=foreign_key.pk)])
     row = UsageEvent.objects.get(request_id="r-1")
     assert row.tenant == tenant and row.api_key is None
+
+
+def test_the_adapter_version_is_linked_only_when_it_is_the_tenants(tenant):
+    own, foreign = adapter_version(tenant), adapter_version(priced_tenant("other"))
+    usage_ingest(
+        events=[
+            usage_event(
+                tenant, request_id="own", model="support-bot", metadata={"adapter_version_id": own.pk}
+            ),
+            usage_event(tenant, request_id="foreign", metadata={"adapter_version_id": foreign.pk}),
+            usage_event(tenant, request_id="gone", metadata={"adapter_version_id": 10**9}),
+        ]
+    )
+    versions = dict(UsageEvent.objects.values_list("request_id", "adapter_version"))
+    assert versions == {"own": own.pk, "foreign": None, "gone": None}
 
 
 def test_ingest_settles_the_requests_usage_with_admission_once(tenant):

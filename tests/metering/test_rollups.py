@@ -11,7 +11,7 @@ from metering.models import UsageDaily, UsageEvent
 from metering.rollups import usage_rollup_day, usage_rollup_recent
 from metering.selectors import usage_by_day, usage_grouped
 from metering.services import usage_ingest
-from tests.metering.usage import gpu_engine, priced_tenant, usage_event
+from tests.metering.usage import adapter_version, gpu_engine, priced_tenant, usage_event
 from tests.platform.factories import make_key
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 DAYS = [datetime(2026, 10, day, hour, tzinfo=UTC) for day in (3, 4, 5) for hour in (0, 13, 23)]
 
 
-def _events(tenant, keys):
+def _events(tenant, keys, version=None):
     events = []
     for number, finished_at in enumerate(DAYS):
         for model in ("tiny-llama", "support-bot"):
@@ -28,7 +28,7 @@ def _events(tenant, keys):
                     usage_event(
                         tenant, model=model, api_key_id=key, finished_at=finished_at + timedelta(seconds=number),
                         prompt_tokens=100 + number, cached_tokens=number, completion_tokens=10 * number + 1,
-                        metadata={"adapter_version_id": 7} if model == "support-bot" else {},
+                        metadata={"adapter_version_id": version.pk} if version and model == "support-bot" else {},
                     )
                 )  # fmt: skip
     return events
@@ -64,7 +64,8 @@ def tenants():
 def test_rollups_reconcile_with_the_raw_events(tenants):
     acme, globex = tenants
     key, _ = make_key(acme, scopes=["inference"])
-    events = _events(acme, [key.prefix, None])
+    version = adapter_version(acme)
+    events = _events(acme, [key.prefix, None], version)
     usage_ingest(events=events + _events(globex, [None]))
     assert usage_rollup_recent() == 6  # three days for each of two tenants
     assert _rolled(acme) == _expected(events)
@@ -73,7 +74,8 @@ def test_rollups_reconcile_with_the_raw_events(tenants):
     assert sum(row.price for row in rows) == sum(event.price for event in raw)
     assert sum(row.cost for row in rows) == sum(event.cost for event in raw)
     assert sum(row.gpu_ms for row in rows) == sum(event.gpu_ms for event in raw)
-    assert {row.adapter_version_id for row in rows if row.model == "support-bot"} == {7}
+    assert {row.adapter_version_id for row in rows if row.model == "support-bot"} == {version.pk}
+    assert {row.adapter_version_id for row in rows if row.model == "tiny-llama"} == {None}
 
 
 def test_recomputing_changes_nothing_and_a_late_event_is_picked_up(tenants):

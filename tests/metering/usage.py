@@ -6,6 +6,7 @@ from decimal import Decimal
 from itertools import count
 
 from gateway.models import Engine
+from registry.models import Adapter, AdapterVersion, BaseModel
 from tenancy.models import Plan, Tenant
 from tests.platform.factories import TenantFactory
 
@@ -33,6 +34,15 @@ def gpu_engine(name: str = "engine-1", price: str = "2.5000") -> Engine:
         name=name,
         defaults={"url": "http://127.0.0.1:9", "pool": "default", "gpu_price_per_hour": Decimal(price)},
     )[0]
+
+
+def adapter_version(tenant: Tenant, name: str = "support-bot", number: int = 1) -> AdapterVersion:
+    base = BaseModel.objects.get_or_create(
+        name=BASE_MODEL,
+        defaults={"checkpoint_dir": "/nowhere", "architecture": "llama", "config": {}, "max_context": 64},
+    )[0]
+    adapter = Adapter.objects.get_or_create(tenant=tenant, name=name, defaults={"base_model": base})[0]
+    return AdapterVersion.objects.create(adapter=adapter, number=number, status="ready", digest="ab" * 32)
 
 
 def usage_event(

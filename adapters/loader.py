@@ -21,6 +21,13 @@ DEFAULT_MAX_RANK = 256
 PATTERN_SECONDS = 30.0  # matching is bounded per pattern (pattern_guard); this bounds the sum
 
 
+@dataclass(frozen=True)
+class PlannedModule:
+    key: str  # the module's name as PEFT matched it, "model.layers.3.self_attn.v_proj"
+    rank: int
+    alpha: float
+
+
 def load_adapter(
     source: str | Path,
     base_config: dict[str, Any],
@@ -81,13 +88,6 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
     )
 
 
-@dataclass(frozen=True)
-class PlannedModule:
-    key: str  # the module's name as PEFT matched it, "model.layers.3.self_attn.v_proj"
-    rank: int
-    alpha: float
-
-
 def _planned_modules(
     settings: LoraSettings, shapes: BaseShapes, *, deadline: float
 ) -> dict[str, PlannedModule]:
@@ -127,7 +127,7 @@ def _planned_modules(
 
 
 def _match_tensors(
-    entries: dict[str, TensorEntry], plan: dict[str, str], shapes: BaseShapes
+    entries: dict[str, TensorEntry], plan: dict[str, PlannedModule], shapes: BaseShapes
 ) -> dict[str, LoraTensorName]:
     """Every saved tensor belongs to a planned module, and every planned module has both halves."""
     names = {key: parse_tensor_name(key) for key in entries}

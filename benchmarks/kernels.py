@@ -298,9 +298,30 @@ def main(argv=None) -> int:
         tflops = f"{r.flops / (r.triton_us * 1e-6) / 1e12:.1f}" if r.flops else ""
         print(f"| {r.op} | {r.shape} | {r.triton_us:.1f} | {gbs:.0f} | {100 * gbs * 1e9 / peak:.0f}% | {tflops} "
               f"| {r.baseline_us:.1f} | {r.baseline_us / r.triton_us:.2f}x | {'yes' if r.ok else 'NO'} |")  # fmt: skip
+    for line in goal_lines(rows, peak):
+        print(line)
     if args.json:
         args.json.write_text(json.dumps({"device": name, "copy_bandwidth": peak, "rows": [asdict(r) for r in rows]}))
     return 0 if all(r.ok for r in rows) else 1
+
+
+def goal_lines(rows: list[Row], peak: float) -> list[str]:
+    """The issue's targets: LoRA >= 70% of copy bandwidth and >= 3x torch at T >= 64; decode >= 70% at B=64, 2k."""
+
+    def fraction(r: Row) -> float:
+        return r.min_bytes / (r.triton_us * 1e-6) / peak
+
+    lines = []
+    lora = [r for r in rows if r.op.startswith("lora_") and int(r.shape.split("T=")[1].split()[0]) >= 64]
+    if lora:
+        worst_bw, worst_speedup = min(lora, key=fraction), min(lora, key=lambda r: r.baseline_us / r.triton_us)
+        lines.append(f"goal LoRA T>=64: lowest {100 * fraction(worst_bw):.0f}% of copy bandwidth ({worst_bw.op} "
+                     f"{worst_bw.shape}; target 70%), lowest speedup {worst_speedup.baseline_us / worst_speedup.triton_us:.1f}x "
+                     f"({worst_speedup.op} {worst_speedup.shape}; target 3x)")  # fmt: skip
+    decode = [r for r in rows if r.op == "paged_attention_decode" and r.shape == "B=64 ctx=2048"]
+    if decode:
+        lines.append(f"goal decode B=64 ctx=2048: {100 * fraction(decode[0]):.0f}% of copy bandwidth (target 70%)")
+    return lines
 
 
 class _TritonOps:

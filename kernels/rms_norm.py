@@ -4,7 +4,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import next_power_of_2, require, require_contiguous, require_float, require_shape
+from kernels.launch import (
+    next_power_of_2,
+    require,
+    require_contiguous,
+    require_float,
+    require_same_device,
+    require_shape,
+)
 
 
 def _config(hidden: int) -> dict:
@@ -48,12 +55,14 @@ def rms_norm(
     require_float("x", x)
     require_shape("weight", weight, (hidden,))
     require_contiguous(x=x, weight=weight)
+    require_same_device(x=x, weight=weight)
     out = torch.empty(tokens, hidden, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)  # [T, H]
     new_residual = None
     if residual is not None:
         require_shape("residual", residual, (tokens, hidden))
         require_contiguous(residual=residual)
         require(residual.dtype == x.dtype, f"residual: expected {x.dtype}, got {residual.dtype}")
+        require_same_device(x=x, residual=residual)
         new_residual = torch.empty_like(x)  # [T, hidden]
     if tokens > 0:
         _rms_norm_kernel[(tokens,)](

@@ -70,6 +70,24 @@ def _api_keys(records: list[UsageRecord]) -> dict[str, ApiKey]:
     return found
 
 
+def _adapter_versions(records: list[UsageRecord]) -> dict[tuple[int, int | str], tuple[int, str]]:
+    """(tenant id, version id or digest) -> (version id, adapter name), for the versions the events name.
+
+    An event without the gateway's metadata still names its adapter's digest: the tenant's latest version with
+    that digest stands in.
+    """
+    ids = {record.adapter_version_id for record in records if record.adapter_version_id is not None}
+    digests = {record.adapter_digest for record in records if record.adapter_digest}
+    found = {}
+    matching = AdapterVersion.objects.filter(Q(pk__in=ids) | Q(digest__in=digests)).order_by("number")
+    for pk, tenant_id, digest, name in matching.values_list(
+        "pk", "adapter__tenant_id", "digest", "adapter__name"
+    ):
+        found[(tenant_id, pk)] = (pk, name)
+        found[(tenant_id, digest)] = (pk, name)
+    return found
+
+
 def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
     tenants, keys = _tenants(records), _api_keys(records)
     plan_ids = {tenant.plan_id for tenant in tenants.values()}
@@ -82,11 +100,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
     gpu_prices = dict(
         Engine.objects.filter(name__in={r.engine for r in records}).values_list("name", "gpu_price_per_hour")
     )
-    version_tenants = dict(
-        AdapterVersion.objects.filter(
-            pk__in={r.adapter_version_id for r in records if r.adapter_version_id}
-        ).values_list("pk", "adapter__tenant_id")
-    )
+    versions = _adapter_versions(records)
     rows, rejected = [], 0
     for record in records:
         tenant = tenants.get(record.tenant_ref)
@@ -101,11 +115,11 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             logger.error("usage event %s: key %s is not tenant %s's; key dropped", record.request_id, key.prefix,
                          tenant.slug)  # fmt: skip
             key = None
-        version_id = record.adapter_version_id
-        if version_id is not None and version_tenants.get(version_id) != tenant.pk:
+        version_id, adapter_name = versions.get((tenant.pk, record.adapter_version_id or record.adapter_digest),
+                                                (None, ""))  # fmt: skip
+        if record.adapter_version_id is not None and version_id is None:
             logger.error("usage event %s: adapter version %s is not tenant %s's; version dropped", record.request_id,
-                         version_id, tenant.slug)  # fmt: skip
-            version_id = None
+                         record.adapter_version_id, tenant.slug)  # fmt: skip
         rates = rates_for(plan=tenant.plan, base_model=record.base_model, overrides=overrides)
         price = request_price(
             rates=rates, prompt_tokens=record.prompt_tokens, cached_tokens=record.cached_tokens,
@@ -122,8 +136,8 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             UsageEvent(
                 request_id=record.request_id, tenant=tenant, api_key=key,
                 api_key_prefix=key.prefix if key is not None else record.api_key_ref.partition(".")[0][:16],
-                model=record.model, base_model=record.base_model, adapter_version_id=version_id,
-                adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
+                model=record.model or adapter_name or record.base_model, base_model=record.base_model,
+                adapter_version_id=version_id, adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
                 cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
                 finish_reason=record.finish_reason, engine=record.engine, price_input_per_mtok=rates.input,

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from engine.usage.event import UsageEvent as EngineUsageEvent
 from gateway.admission import held_totals
 from metering.models import ModelPrice, UsageEvent, UsageMonth
 from metering.services import usage_ingest
@@ -116,6 +117,20 @@ def test_the_adapter_version_is_linked_only_when_it_is_the_tenants(tenant):
     )
     versions = dict(UsageEvent.objects.values_list("request_id", "adapter_version"))
     assert versions == {"own": own.pk, "foreign": None, "gone": None}
+
+
+def test_an_event_as_the_engine_server_sends_it_without_gateway_metadata(tenant):
+    version = adapter_version(tenant)
+    event = EngineUsageEvent(
+        request_id="bare", tenant=str(tenant.pk), api_key_id=None, adapter_digest=version.digest,
+        base_model="tiny-llama", prompt_tokens=10, cached_tokens=0, completion_tokens=5, gpu_ms=1.5, queue_ms=0.1,
+        ttft_ms=None, e2e_ms=9.0, finish_reason="abort", finished_at=timezone.now(),
+    )  # fmt: skip
+    assert usage_ingest(events=[event.to_dict()]).inserted == 1
+    row = UsageEvent.objects.get(request_id="bare")
+    assert (row.model, row.adapter_version, row.adapter_digest) == ("support-bot", version, version.digest)
+    assert (row.finish_reason, row.ttft_ms, row.cost) == ("abort", None, None)  # no engine named: no cost
+    assert row.price == Decimal("0.0000125")
 
 
 def test_ingest_settles_the_requests_usage_with_admission_once(tenant):

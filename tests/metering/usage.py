@@ -58,7 +58,7 @@ def usage_event(
         "request_id": request_id or f"req-{next(_ids):08d}",
         "tenant": str(tenant.pk),
         "api_key_id": api_key_id,
-        "adapter": None,
+        "adapter_digest": None,
         "base_model": BASE_MODEL,
         "prompt_tokens": 1000,
         "cached_tokens": 200,
@@ -70,6 +70,7 @@ def usage_event(
         "finish_reason": "stop",
         "finished_at": finished_at.isoformat(),
         "engine": engine,
+        "schema_version": 1,
         "metadata": metadata,
         **fields,
     }

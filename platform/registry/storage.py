@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.core.files import File
+from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 
 import adapters
@@ -140,7 +141,11 @@ def canonical_put(*, adapter: "adapters.LoadedAdapter") -> str:
     """Stores the canonical form once per digest (a blob already complete is shared); returns its key."""
     storage = blob_storage()
     key = canonical_key(adapter.digest)
-    if canonical_exists(digest=adapter.digest):
+    marker = f"{key}/{COMPLETE_MARKER}"
+    if storage.exists(marker):
+        with storage.open(marker, "rb") as handle:
+            content = handle.read()
+        _save(storage, marker, ContentFile(content, name=COMPLETE_MARKER))  # fresh again: GC's grace restarts
         return key
     workdir = Path(tempfile.mkdtemp(prefix="quilt-canonical-"))
     try:
@@ -160,13 +165,18 @@ def canonical_local_dir(*, digest: str) -> Path:
     key = canonical_key(digest)
     if _is_local(storage):
         return Path(storage.path(key))
-    target = adapter_store_root() / digest
+    root = adapter_store_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / digest
     if not (target / COMPLETE_MARKER).exists():
-        partial = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=adapter_store_root()))
+        partial = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root))
         for name in _files_under(storage, key):
             with storage.open(name, "rb") as remote, open(partial / PurePosixPath(name).name, "wb") as local:
                 shutil.copyfileobj(remote, local, 1 << 20)
-        partial.replace(target)
+        try:
+            partial.rename(target)
+        except OSError:  # another process mirrored it first: theirs is the same content
+            shutil.rmtree(partial)
     return target
 
 

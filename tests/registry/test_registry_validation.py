@@ -143,3 +143,22 @@ def test_a_new_version_of_a_deleted_adapter_is_not_validated(writer, base_model,
     version = AdapterVersion.objects.get(adapter__name="bot")
     writer.delete("/api/v1/adapters/bot")
     assert adapter_version_validate(version_id=version.pk).failure_code == "adapter_deleted"
+
+
+def test_a_remote_storage_works_through_the_same_api(settings, tmp_path, writer, base_model, adapter_zip,
+                                                      media_root):  # fmt: skip
+    """Not the filesystem (as with S3): uploads are fetched to validate, canonical forms mirrored for engines."""
+    settings.STORAGES = {**settings.STORAGES, "default": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+    settings.QUILT_ADAPTER_CACHE_DIR = tmp_path / "mirror"
+    first = ready_version(writer, "one", adapter_zip)
+    second = ready_version(writer, "two", adapter_zip)
+    assert first.status == second.status == "ready" and first.storage_key == second.storage_key
+    assert files_under(media_root) == [], "nothing went to the filesystem storage"
+    assert adapter_store_root() == tmp_path / "mirror"
+    local = canonical_local_dir(digest=first.digest)
+    assert local == tmp_path / "mirror" / first.digest
+    assert adapters.load_canonical(local).digest == first.digest
+    for name in ("one", "two"):
+        writer.delete(f"/api/v1/adapters/{name}")
+    removed = adapter_blobs_collect(grace=timedelta(0))
+    assert removed["canonical"] == [first.digest] and len(removed["uploads"]) == 2

@@ -1,0 +1,1 @@
+"""Usage events: the schema (`engine.usage.event`, importable without torch) and their delivery."""

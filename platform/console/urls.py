@@ -1,12 +1,74 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path, reverse_lazy
 
-from console import views
+from console.views import (
+    adapters,
+    audit,
+    billing,
+    engines,
+    home,
+    keys,
+    members,
+    overview,
+    plans,
+    tenants,
+    usage,
+)
 
 app_name = "console"
 
+tenant_urls = [
+    path("", overview.tenant_overview, name="tenant-overview"),
+    path("keys/", keys.keys, name="keys"),
+    path("keys/<str:prefix>/revoke/", keys.key_revoke, name="key-revoke"),
+    path("keys/<str:prefix>/rotate/", keys.key_rotate, name="key-rotate"),
+    path("members/", members.members, name="members"),
+    path("members/<int:member_id>/role/", members.member_role, name="member-role"),
+    path("members/<int:member_id>/remove/", members.member_remove_view, name="member-remove"),
+    path("audit/", audit.tenant_audit, name="audit"),
+    path("adapters/", adapters.adapters, name="adapters"),
+    path("adapters/upload/", adapters.adapter_upload, name="adapter-upload"),
+    path("adapters/<str:name>/", adapters.adapter_detail, name="adapter"),
+    path("adapters/<str:name>/promote/", adapters.adapter_promote_view, name="adapter-promote"),
+    path("adapters/<str:name>/rollback/", adapters.adapter_rollback_view, name="adapter-rollback"),
+    path("adapters/<str:name>/delete/", adapters.adapter_delete_view, name="adapter-delete"),
+    path("usage/", usage.usage, name="usage"),
+    path("usage.csv", usage.usage_csv, name="usage-csv"),
+    path("billing/", billing.billing, name="billing"),
+    path("billing/invoices/<int:invoice_id>/", billing.invoice, name="invoice"),
+    path("billing/invoices/<int:invoice_id>.csv", billing.invoice_csv, name="invoice-csv"),
+]
+
+platform_urls = [
+    path("", overview.platform_overview, name="platform"),
+    path("tenants/", tenants.tenants, name="tenants"),
+    path("tenants/new/", tenants.tenant_new, name="tenant-new"),
+    path("tenants/<slug:slug>/", tenants.tenant_detail, name="tenant-detail"),
+    path("tenants/<slug:slug>/plan/", tenants.tenant_plan, name="tenant-plan"),
+    path("tenants/<slug:slug>/status/", tenants.tenant_status, name="tenant-status"),
+    path("engines/", engines.engines, name="engines"),
+    path("plans/", plans.plans, name="plans"),
+    path("plans/new/", plans.plan_new, name="plan-new"),
+    path("plans/<slug:plan_slug>/", plans.plan_edit, name="plan-edit"),
+    path("audit/", audit.platform_audit, name="platform-audit"),
+]
+
+
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
+    path("login/", auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
+         name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", views.overview, name="overview"),
+    path(
+        "welcome/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(
+            template_name="console/password_set.html", success_url=reverse_lazy("console:login"),
+            post_reset_login=False,
+        ),
+        name="password-set",
+    ),
+    path("", home.home, name="overview"),
+    path("switch/", home.switch, name="switch"),
+    path("no-tenant/", overview.no_tenant, name="no-tenant"),
+    path("t/<slug:slug>/", include(tenant_urls)),
+    path("platform/", include(platform_urls)),
 ]

@@ -1,0 +1,112 @@
+"""Who may open which console page, and in which tenant.
+
+Tenant pages live under /t/<slug>/. The slug is only a choice: the page opens when the user is a member of
+that tenant (or staff), with at least the page's role; otherwise it answers 404 (no membership) or 403 (role
+too low), as the management API does. The last tenant opened is kept in the session under `quilt_tenant`, so
+the management API and the next visit to / use the same one.
+"""
+
+from dataclasses import dataclass
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+from tenancy.api_base import SESSION_TENANT
+from tenancy.audit import Actor
+from tenancy.models import Membership, Tenant
+from tenancy.roles import role_at_least
+from tenancy.selectors import membership_for
+
+Role = Membership.Role
+
+
+@dataclass(frozen=True)
+class Seat:
+    """The user's place in the tenant a page is about: the tenant, their membership and what it allows."""
+
+    tenant: Tenant
+    membership: Membership | None
+    is_staff: bool
+
+    @property
+    def role(self) -> str:
+        return self.membership.role if self.membership else Role.OWNER
+
+    def allows(self, minimum: str) -> bool:
+        return self.is_staff or (self.membership is not None and role_at_least(self.membership.role, minimum))
+
+    @property
+    def can_write_keys(self) -> bool:
+        return self.allows(Role.DEVELOPER)
+
+    @property
+    def can_write_adapters(self) -> bool:
+        return self.allows(Role.DEVELOPER)
+
+    @property
+    def can_manage_members(self) -> bool:
+        return self.allows(Role.ADMIN)
+
+    @property
+    def can_see_audit(self) -> bool:
+        return self.allows(Role.ADMIN)
+
+    @property
+    def can_see_billing(self) -> bool:
+        return self.allows(Role.ADMIN)
+
+    @property
+    def is_owner(self) -> bool:
+        return self.allows(Role.OWNER)
+
+
+def client_ip(request) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def actor_of(request) -> Actor:
+    return Actor(user=request.user, ip_address=client_ip(request))
+
+
+def seat_for(*, user, slug: str) -> Seat:
+    tenant = Tenant.objects.select_related("plan").filter(slug=slug).first()
+    if tenant is None:
+        raise Http404("No such tenant.")
+    membership = membership_for(user=user, tenant=tenant)
+    if membership is None and not user.is_staff:
+        raise Http404("No such tenant.")
+    return Seat(tenant=tenant, membership=membership, is_staff=user.is_staff)
+
+
+def tenant_page(minimum: str = Role.VIEWER):
+    """Decorates a view taking `slug`: sets request.seat, or answers 404/403."""
+
+    def decorate(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request, slug: str, *args, **kwargs):
+            seat = seat_for(user=request.user, slug=slug)
+            if not seat.allows(minimum):
+                raise PermissionDenied(f"This needs the {minimum} role or higher.")
+            request.seat = seat
+            if request.session.get(SESSION_TENANT) != slug:
+                request.session[SESSION_TENANT] = slug
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def staff_page(view):
+    @login_required
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if not request.user.is_staff:
+            raise PermissionDenied("Only platform staff can open this page.")
+        request.seat = None
+        return view(request, *args, **kwargs)
+
+    return wrapper

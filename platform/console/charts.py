@@ -1,0 +1,103 @@
+"""Charts rendered on the server as SVG: daily bars (tokens, stacked in two parts) with a line (spend).
+
+Rendering here keeps the console free of a JavaScript charting bundle; each bar carries a <title> so the
+browser shows its exact values on hover.
+"""
+
+import math
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+WIDTH, HEIGHT = 760, 240
+LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 28
+
+
+@dataclass(frozen=True)
+class DayPoint:
+    day: date
+    lower: int  # the bar's first part (input tokens)
+    upper: int  # stacked on top (output tokens)
+    line: Decimal  # spend
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 4, 6 or 8 times a power of ten that is >= value: an axis maximum whose quarters
+    (the grid lines) are round numbers."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 4, 6, 8, 10):
+        if step * power >= value:
+            return step * power
+    return 10 * power
+
+
+def _compact(value: float) -> str:
+    for limit, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= limit:
+            text = f"{value / limit:.1f}".rstrip("0").rstrip(".")
+            return text + suffix
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def _money(value: float) -> str:
+    if value >= 1000:
+        return "$" + _compact(value)
+    return f"${value:.2f}" if value < 10 else f"${value:.0f}"
+
+
+def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
+    if not points:
+        return mark_safe("")
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    bar_max = nice_ceiling(max(point.lower + point.upper for point in points))
+    line_max = nice_ceiling(float(max(point.line for point in points)))
+    slot = plot_w / len(points)
+    bar_w = max(2.0, min(26.0, slot * 0.62))
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
+        f'data-days="{len(points)}" data-total-tokens="{sum(p.lower + p.upper for p in points)}">',
+        '<defs><linearGradient id="bar-fill" x1="0" y1="0" x2="0" y2="1">'
+        '<stop offset="0" stop-color="#6366f1"/><stop offset="1" stop-color="#4f46e5"/></linearGradient></defs>',
+    ]
+    for i in range(5):
+        y = TOP + plot_h * i / 4
+        share = 1 - i / 4
+        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_compact(bar_max * share)}</text>')
+        parts.append(
+            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">{_money(line_max * share)}</text>'
+        )
+    label_every = max(1, math.ceil(len(points) / 10))
+    line_points = []
+    for index, point in enumerate(points):
+        center = LEFT + slot * (index + 0.5)
+        lower_h = plot_h * point.lower / bar_max
+        upper_h = plot_h * point.upper / bar_max
+        x = center - bar_w / 2
+        base = TOP + plot_h
+        title = (
+            f"{point.day:%b %d}: {point.lower:,} input + {point.upper:,} output tokens, "
+            f"${Decimal(point.line).quantize(Decimal('0.01')):,} spend"
+        )
+        parts.append(f'<g class="day" data-day="{point.day.isoformat()}"><title>{escape(title)}</title>')
+        parts.append(f'<rect class="bar" x="{x:.1f}" y="{base - lower_h:.1f}" width="{bar_w:.1f}" height="{lower_h:.1f}" rx="2"/>')
+        if upper_h > 0:
+            parts.append(
+                f'<rect class="bar-2" x="{x:.1f}" y="{base - lower_h - upper_h:.1f}" width="{bar_w:.1f}" '
+                f'height="{upper_h:.1f}" rx="2"/>'
+            )
+        parts.append(f'<rect x="{center - slot / 2:.1f}" y="{TOP}" width="{slot:.1f}" height="{plot_h}" fill="transparent"/></g>')
+        if index % label_every == 0:
+            parts.append(f'<text class="axis" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>')
+        line_points.append((center, TOP + plot_h * (1 - float(point.line) / line_max)))
+    path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(line_points))
+    parts.append(f'<path class="line" d="{path}"/>')
+    if len(points) <= 31:
+        parts += [f'<circle class="dot" cx="{x:.1f}" cy="{y:.1f}" r="2.6"/>' for x, y in line_points]
+    parts.append("</svg>")
+    return mark_safe("".join(parts))

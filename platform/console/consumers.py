@@ -1,0 +1,75 @@
+"""Websocket consumers behind the console's live updates.
+
+- TenantConsumer (/ws/t/<slug>/): joins the tenant's Channels group; each "adapter.status" message the registry
+  sends tells the page to re-fetch its live regions. Only members of the tenant (or staff) may connect.
+- EnginesConsumer (/ws/engines/, staff): pushes the engines grid, rendered on the server, whenever it changes.
+"""
+
+import asyncio
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.http import Http404
+
+from console.access import seat_for
+from console.views.engines import engines_grid_html
+from registry.broadcast import tenant_group
+
+ENGINES_POLL_SECONDS = 2.0
+FORBIDDEN = 4403
+
+
+@database_sync_to_async
+def _tenant_id_for(user, slug: str) -> int | None:
+    if not user.is_authenticated:
+        return None
+    try:
+        return seat_for(user=user, slug=slug).tenant.pk
+    except Http404:
+        return None
+
+
+class TenantConsumer(AsyncJsonWebsocketConsumer):
+    group = ""
+
+    async def connect(self):
+        tenant_id = await _tenant_id_for(self.scope["user"], self.scope["url_route"]["kwargs"]["slug"])
+        if tenant_id is None:
+            await self.close(code=FORBIDDEN)
+            return
+        self.group = tenant_group(tenant_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def adapter_status(self, event):
+        fields = ("adapter", "version", "status", "message")
+        await self.send_json({"type": "refresh", "event": {name: event.get(name) for name in fields}})
+
+
+class EnginesConsumer(AsyncJsonWebsocketConsumer):
+    task: asyncio.Task | None = None
+
+    async def connect(self):
+        user = self.scope["user"]
+        if not (user.is_authenticated and user.is_staff):
+            await self.close(code=FORBIDDEN)
+            return
+        await self.accept()
+        self.task = asyncio.create_task(self._push_changes())
+
+    async def disconnect(self, code):
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _push_changes(self):
+        last = None
+        while True:
+            html = await database_sync_to_async(engines_grid_html)()
+            if html != last:
+                await self.send_json({"type": "html", "target": "engines-grid", "html": html})
+                last = html
+            await asyncio.sleep(ENGINES_POLL_SECONDS)

@@ -1,0 +1,205 @@
+// Quilt console: progressive enhancement on top of server-rendered pages (htmx does the partial swaps).
+// Every form here also works without this script; the script adds confirmations, copy buttons,
+// upload progress and live updates over the console websocket.
+(function () {
+  "use strict";
+
+  // Confirmation dialogs: <form data-confirm="Text" data-confirm-title="..." data-confirm-button="...">
+  function confirmDialog(form) {
+    var dialog = document.getElementById("confirm-dialog");
+    dialog.querySelector("[data-dialog-title]").textContent = form.dataset.confirmTitle || "Are you sure?";
+    dialog.querySelector("[data-dialog-text]").textContent = form.dataset.confirm;
+    var ok = dialog.querySelector("[data-dialog-ok]");
+    ok.textContent = form.dataset.confirmButton || "Confirm";
+    ok.className = "btn " + (form.dataset.confirmTone === "primary" ? "btn-primary" : "btn-danger");
+    dialog.returnValue = "";
+    dialog.onclose = function () {
+      if (dialog.returnValue === "ok") {
+        form.dataset.confirmed = "yes";
+        form.requestSubmit();
+      }
+    };
+    dialog.showModal();
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.dataset.confirm && form.dataset.confirmed !== "yes") {
+      event.preventDefault();
+      confirmDialog(form);
+      return;
+    }
+    if (form.hasAttribute("data-upload")) {
+      event.preventDefault();
+      upload(form);
+    }
+  });
+
+  // Copy buttons: <button data-copy="#element-id">
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    var text = document.querySelector(button.dataset.copy).textContent.trim();
+    var done = function () {
+      var label = button.querySelector("[data-copy-label]") || button;
+      var before = label.textContent;
+      label.textContent = "Copied";
+      button.classList.add("copied");
+      setTimeout(function () { label.textContent = before; button.classList.remove("copied"); }, 1800);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done);
+    } else {
+      var area = document.createElement("textarea");
+      area.value = text;
+      document.body.appendChild(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+      done();
+    }
+  });
+
+  // Buttons that open a collapsed panel on the page: <a data-open="panel-id">
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest("[data-open]");
+    if (!opener) return;
+    var panel = document.getElementById(opener.dataset.open);
+    if (!panel) return;
+    event.preventDefault();
+    panel.open = true;
+    panel.scrollIntoView({behavior: "smooth", block: "start"});
+    var first = panel.querySelector("input, select, textarea");
+    if (first) first.focus({preventScroll: true});
+  });
+
+  // Tenant switcher and other selects that navigate: <select data-navigate>
+  document.addEventListener("change", function (event) {
+    if (event.target.matches("select[data-navigate], select[data-autosubmit]")) event.target.form.requestSubmit();
+    if (event.target.matches("[data-dropzone] input[type=file]")) showChosenFile(event.target);
+    if (event.target.matches("#id_adapter")) toggleNewAdapterFields(event.target);
+  });
+
+  // The upload form asks for a name and base model only when it creates a new adapter.
+  function toggleNewAdapterFields(select) {
+    document.querySelectorAll("[data-new-adapter]").forEach(function (element) {
+      element.hidden = select.value !== "";
+    });
+  }
+
+  function showChosenFile(input) {
+    var zone = input.closest("[data-dropzone]");
+    var name = zone.querySelector("[data-file-name]");
+    if (input.files.length) name.textContent = input.files[0].name + " · " + formatBytes(input.files[0].size);
+  }
+
+  document.addEventListener("dragover", function (event) {
+    var zone = event.target.closest && event.target.closest("[data-dropzone]");
+    if (!zone) return;
+    event.preventDefault();
+    zone.classList.add("over");
+  });
+  document.addEventListener("dragleave", function (event) {
+    var zone = event.target.closest && event.target.closest("[data-dropzone]");
+    if (zone) zone.classList.remove("over");
+  });
+  document.addEventListener("drop", function (event) {
+    var zone = event.target.closest && event.target.closest("[data-dropzone]");
+    if (!zone) return;
+    event.preventDefault();
+    zone.classList.remove("over");
+    var input = zone.querySelector("input[type=file]");
+    input.files = event.dataTransfer.files;
+    showChosenFile(input);
+  });
+
+  function formatBytes(bytes) {
+    var units = ["B", "KB", "MB", "GB"];
+    var i = 0;
+    while (bytes >= 1024 && i < units.length - 1) { bytes /= 1024; i++; }
+    return (i ? bytes.toFixed(1) : bytes) + " " + units[i];
+  }
+
+  // Uploads with a progress bar: <form data-upload> posts through XHR so upload progress can be shown;
+  // the server answers JSON {redirect} on success or {errors} (HTTP 400) on a refused upload.
+  function upload(form) {
+    var box = form.querySelector("[data-progress]");
+    var bar = box.querySelector(".progress > span");
+    var label = box.querySelector("[data-progress-label]");
+    var errors = form.querySelector("[data-upload-errors]");
+    var submit = form.querySelector("[type=submit]");
+    var xhr = new XMLHttpRequest();
+    box.hidden = false;
+    errors.hidden = true;
+    submit.disabled = true;
+    xhr.upload.addEventListener("progress", function (event) {
+      if (!event.lengthComputable) return;
+      var pct = Math.round((event.loaded / event.total) * 100);
+      bar.style.width = pct + "%";
+      box.dataset.percent = pct;
+      label.textContent = formatBytes(event.loaded) + " of " + formatBytes(event.total) + " · " + pct + "%";
+    });
+    xhr.upload.addEventListener("load", function () { label.textContent = "Uploaded · checking the file…"; });
+    xhr.addEventListener("load", function () {
+      var body = {};
+      try { body = JSON.parse(xhr.responseText); } catch (e) { body = {errors: ["The server answered " + xhr.status + "."]}; }
+      if (xhr.status < 300 && body.redirect) {
+        window.location.assign(body.redirect);
+        return;
+      }
+      submit.disabled = false;
+      box.hidden = true;
+      errors.hidden = false;
+      errors.textContent = (body.errors || ["The upload failed."]).join(" ");
+    });
+    xhr.addEventListener("error", function () {
+      submit.disabled = false;
+      errors.hidden = false;
+      errors.textContent = "The connection dropped during the upload. Try again.";
+    });
+    xhr.open("POST", form.action);
+    xhr.setRequestHeader("X-Requested-With", "XMLHttpRequest");
+    xhr.send(new FormData(form));
+  }
+
+  // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
+  //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML
+  //   {"type": "refresh"}                          re-fetch the page's [data-live-region] elements
+  function connect(path) {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = new WebSocket(scheme + window.location.host + path);
+    var indicator = document.querySelector("[data-live-indicator]");
+    socket.onopen = function () {
+      if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
+      document.body.dataset.liveConnected = "yes";
+    };
+    socket.onclose = function () {
+      if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }
+      document.body.dataset.liveConnected = "no";
+      setTimeout(function () { connect(path); }, 2000);
+    };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === "html") {
+        var target = document.getElementById(message.target);
+        if (target) target.outerHTML = message.html;
+      } else if (message.type === "refresh") {
+        refreshRegions();
+      }
+    };
+  }
+
+  function refreshRegions() {
+    document.querySelectorAll("[data-live-region]").forEach(function (region) {
+      if (window.htmx) {
+        window.htmx.ajax("GET", window.location.href, {target: "#" + region.id, select: "#" + region.id, swap: "outerHTML"});
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (document.body.dataset.live) connect(document.body.dataset.live);
+    var adapterSelect = document.getElementById("id_adapter");
+    if (adapterSelect) toggleNewAdapterFields(adapterSelect);
+  });
+})();

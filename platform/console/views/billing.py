@@ -1,0 +1,56 @@
+"""Billing of a tenant: its plan and prices, invoices with their lines, CSV of an invoice."""
+
+import csv
+
+from django.http import Http404, HttpResponse
+
+from billing.selectors import invoice_with_lines, invoices_of
+from console.access import Role, tenant_page
+from console.listing import listing
+from console.pages import render_page
+from metering.models import ModelPrice
+
+SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
+CSV_FIELDS = [
+    "model", "base_model", "requests", "input_tokens", "cached_input_tokens", "output_tokens",
+    "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "amount",
+]  # fmt: skip
+
+
+@tenant_page(Role.ADMIN)
+def billing(request):
+    tenant = request.seat.tenant
+    context = {
+        "plan": tenant.plan,
+        "model_prices": ModelPrice.objects.filter(plan=tenant.plan).order_by("base_model"),
+        "invoices": listing(request, invoices_of(tenant=tenant), sortable=SORTABLE, default_sort="-month"),
+    }
+    return render_page(request, "console/billing/index.html", context, section="billing")
+
+
+def _invoice(request, invoice_id: int):
+    invoice = invoice_with_lines(tenant=request.seat.tenant, invoice_id=invoice_id)
+    if invoice is None:
+        raise Http404("No such invoice.")
+    return invoice
+
+
+@tenant_page(Role.ADMIN)
+def invoice(request, invoice_id: int):
+    invoice = _invoice(request, invoice_id)
+    lines = list(invoice.lines.all())
+    context = {"invoice": invoice, "lines": lines}
+    return render_page(request, "console/billing/invoice.html", context, section="billing")
+
+
+@tenant_page(Role.ADMIN)
+def invoice_csv(request, invoice_id: int):
+    invoice = _invoice(request, invoice_id)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["invoice", "month", *CSV_FIELDS])
+    for line in invoice.lines.all():
+        writer.writerow([invoice.number, f"{invoice.month:%Y-%m}", *(getattr(line, field) for field in CSV_FIELDS)])
+    writer.writerow([invoice.number, f"{invoice.month:%Y-%m}", "total", *[""] * (len(CSV_FIELDS) - 2), invoice.total])
+    return response

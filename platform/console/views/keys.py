@@ -1,0 +1,113 @@
+"""API keys of a tenant: list, create (secret shown once), revoke, rotate with a grace period."""
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from apikeys.selectors import api_keys_of
+from apikeys.services import api_key_create, api_key_revoke, api_key_rotate
+from console.access import Role, actor_of, tenant_page
+from console.forms import SCOPE_HELP, ApiKeyCreateForm, ApiKeyRotateForm
+from console.listing import listing
+from console.pages import render_page
+
+SORTABLE = {
+    "name": ("name", "-id"),
+    "created": ("created", "id"),
+    "last_used": ("last_used_at", "id"),
+    "expires": ("expiry_date", "id"),
+}
+
+
+def key_state(key, now) -> str:
+    if key.revoked:
+        return "revoked"
+    if key.expiry_date is not None and key.expiry_date <= now:
+        return "expired"
+    if key.replaced_by_id is not None:
+        return "rotated"
+    return "active"
+
+
+def _page(request, *, form=None, created=None, status=200):
+    seat = request.seat
+    rows = api_keys_of(tenant=seat.tenant)
+    state = request.GET.get("state", "")
+    if state == "active":
+        now = timezone.now()
+        rows = rows.filter(revoked=False).filter(Q(expiry_date__isnull=True) | Q(expiry_date__gt=now))
+    elif state == "revoked":
+        rows = rows.filter(revoked=True)
+    keys = listing(request, rows, sortable=SORTABLE, default_sort="-created")
+    now = timezone.now()
+    for key in keys.rows:
+        key.state = key_state(key, now)
+    context = {
+        "keys": keys,
+        "state": state,
+        "form": form or ApiKeyCreateForm(),
+        "scope_help": SCOPE_HELP,
+        "rotate_form": ApiKeyRotateForm(),
+        "created": created,
+    }
+    response = render_page(request, "console/keys.html", context, section="keys", status=status)
+    if created is not None:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@tenant_page(Role.VIEWER)
+def keys(request):
+    if request.method != "POST":
+        return _page(request)
+    if not request.seat.can_write_keys:
+        raise PermissionDenied("Creating keys needs the developer role or higher.")
+    form = ApiKeyCreateForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form=form, status=400)
+    try:
+        key, plaintext = api_key_create(
+            actor=actor_of(request), tenant=request.seat.tenant, name=form.cleaned_data["name"],
+            scopes=form.cleaned_data["scopes"], allowed_models=form.cleaned_data["allowed_models"],
+            expiry_date=form.expiry_date(),
+        )  # fmt: skip
+    except ValidationError as error:
+        form.add_error(None, error)
+        return _page(request, form=form, status=400)
+    return _page(request, created={"key": key, "plaintext": plaintext, "rotated": False})
+
+
+def _key(request, prefix: str):
+    return get_object_or_404(api_keys_of(tenant=request.seat.tenant), prefix=prefix)
+
+
+@require_POST
+@tenant_page(Role.DEVELOPER)
+def key_revoke(request, prefix: str):
+    key = _key(request, prefix)
+    try:
+        api_key_revoke(actor=actor_of(request), key=key)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"The key “{key.name}” ({key.prefix}) is revoked: it stops working within a second.")
+    return redirect("console:keys", slug=request.seat.tenant.slug)
+
+
+@require_POST
+@tenant_page(Role.DEVELOPER)
+def key_rotate(request, prefix: str):
+    key = _key(request, prefix)
+    form = ApiKeyRotateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose how long the old key keeps working.")
+        return redirect("console:keys", slug=request.seat.tenant.slug)
+    try:
+        new, plaintext = api_key_rotate(actor=actor_of(request), key=key, grace=form.grace_period())
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("console:keys", slug=request.seat.tenant.slug)
+    return _page(request, created={"key": new, "plaintext": plaintext, "rotated": True, "old": key})

@@ -1,0 +1,92 @@
+"""Overview pages: a tenant's month at a glance, and the same across the platform for staff."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count
+from django.utils import timezone
+
+from apikeys.selectors import api_keys_of
+from billing.selectors import tenant_margin
+from console.access import Role, staff_page, tenant_page
+from console.charts import usage_chart
+from console.pages import render_page
+from console.selectors import Window, chart_points, usage_table
+from gateway.models import Engine
+from metering.selectors import UsageTotals, usage_by_day, usage_grouped, usage_totals_month
+from tenancy.models import Tenant
+
+CHART_DAYS = 30
+AMBER_AT, RED_AT = 80, 100
+
+
+def budget_meter(*, used, limit) -> dict | None:
+    """Share of a monthly limit used, and its colour: amber from 80%, red from 100%."""
+    if limit is None or limit <= 0:
+        return None
+    percent = int(Decimal(used) * 100 / Decimal(limit))
+    tone = "red" if percent >= RED_AT else "amber" if percent >= AMBER_AT else ""
+    return {"used": used, "limit": limit, "percent": percent, "width": min(percent, 100), "tone": tone}
+
+
+def _top(rows: list[UsageTotals], count: int = 5) -> list[UsageTotals]:
+    return sorted(rows, key=lambda row: row.total_tokens, reverse=True)[:count]
+
+
+@tenant_page(Role.VIEWER)
+def tenant_overview(request):
+    tenant = request.seat.tenant
+    today = timezone.now().date()
+    month = today.replace(day=1)
+    window = Window(since=today - timedelta(days=CHART_DAYS - 1), until=today)
+    totals = usage_totals_month(tenant=tenant, month=month)
+    top_keys = _top(usage_grouped(tenant=tenant, since=month, until=today, group_by="key"))
+    names = dict(
+        api_keys_of(tenant=tenant).filter(prefix__in=[row.group for row in top_keys]).values_list("prefix", "name")
+    )
+    context = {
+        "totals": totals,
+        "month": month,
+        "spend_meter": budget_meter(used=totals.price, limit=tenant.plan.monthly_spend_limit),
+        "token_meter": budget_meter(used=totals.total_tokens, limit=tenant.plan.monthly_token_budget),
+        "chart": usage_chart(chart_points(window=window, totals=usage_by_day(tenant=tenant, **window.__dict__))),
+        "top_models": _top(usage_grouped(tenant=tenant, since=month, until=today, group_by="model")),
+        "top_keys": [(row, names.get(row.group, "")) for row in top_keys],
+    }
+    return render_page(request, "console/overview.html", context, section="overview")
+
+
+@staff_page
+def platform_overview(request):
+    today = timezone.now().date()
+    month = today.replace(day=1)
+    window = Window(since=today - timedelta(days=CHART_DAYS - 1), until=today)
+    margins = tenant_margin(month=month)
+    revenue = sum((row.revenue for row in margins), Decimal(0))
+    cost = sum((row.gpu_cost for row in margins), Decimal(0))
+    engines = list(Engine.objects.filter(enabled=True).order_by("name"))
+    context = {
+        "requests": sum(row.requests for row in margins),
+        "tokens": sum(row.total_tokens for row in margins),
+        "revenue": revenue,
+        "cost": cost,
+        "margin": revenue - cost,
+        "margin_percent": round((revenue - cost) * 100 / revenue, 1) if revenue else None,
+        "month": month,
+        "chart": usage_chart(chart_points(window=window, totals=usage_table(tenant=None, since=window.since, until=window.until, group_by="day"))),
+        "top_tenants": sorted(margins, key=lambda row: row.revenue, reverse=True)[:6],
+        "tenant_counts": {row["status"]: row["count"] for row in _status_counts()},
+        "engines": engines,
+        "healthy_engines": sum(1 for engine in engines if engine.healthy),
+    }
+    return render_page(request, "console/platform.html", context, section="platform")
+
+
+def _status_counts():
+    return Tenant.objects.order_by().values("status").annotate(count=Count("id"))
+
+
+@login_required
+def no_tenant(request):
+    return render_page(request, "console/no_tenant.html")

@@ -1,0 +1,108 @@
+"""Fixtures for the console: logged-in clients by role, a tiny registered base model, adapters, usage."""
+
+import pytest
+from django.test import Client
+
+from registry.base_models import base_model_register
+from tenancy.audit import Actor
+from tests.conftest import REPO
+from tests.console.builders import BASE_NAME, peft_adapter_zip, save_tiny_base
+from tests.console.live import CHROMIUM, CHROMIUM_ARGS, start_live_worker, start_server, stop_worker
+from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
+
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user, backend=MODEL_BACKEND)
+    return client
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory(slug="acme", name="Acme Corp")
+
+
+@pytest.fixture
+def other_tenant(db):
+    return TenantFactory(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def member_of(db):
+    """member_of(tenant, role) -> (client, membership)"""
+
+    def build(tenant, role="owner"):
+        membership = MembershipFactory(tenant=tenant, role=role)
+        return logged_in(membership.user), membership
+
+    return build
+
+
+@pytest.fixture
+def staff(db):
+    return UserFactory(username="ops", is_staff=True)
+
+
+@pytest.fixture
+def staff_client(staff):
+    return logged_in(staff)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory):
+    return save_tiny_base(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def adapter_zips(tmp_path_factory) -> list[bytes]:
+    return [peft_adapter_zip(tmp_path_factory.mktemp(f"peft-{seed}"), seed=seed) for seed in (1, 2, 3, 4)]
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture
+def media_root(settings, media_dir):
+    """One media folder per run, shared with the live server and worker so they see the same blobs."""
+    settings.MEDIA_ROOT = str(media_dir)
+    return media_dir
+
+
+@pytest.fixture(scope="module")
+def live_server_asgi(django_db_setup, media_dir):
+    server = start_server(media_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_worker(transactional_db, media_dir):
+    worker = start_live_worker(media_dir)
+    yield worker
+    stop_worker(worker)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="session")
+def screenshots():
+    folder = REPO / "var" / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def base_model(db, tiny_base_dir, media_root):
+    return base_model_register(actor=Actor.system(), name=BASE_NAME, checkpoint_dir=tiny_base_dir)

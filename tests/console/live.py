@@ -1,0 +1,81 @@
+"""A real ASGI server (uvicorn, the production entry point) and a real Celery worker on the test database,
+sharing a Redis channel layer, for the browser tests. Debian's Chromium drives the pages through Playwright."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO, start_worker, stop_worker, test_database_url
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-dev-shm-usage"]  # fmt: skip
+CHANNELS_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def shared_env(media_root: Path) -> dict:
+    """What the server and the worker must agree on: database, broker and queue, channel layer, media."""
+    from django.conf import settings
+
+    return {
+        "DATABASE_URL": test_database_url(),
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "REDIS_URL": CHANNELS_REDIS,
+        "MEDIA_ROOT": str(media_root),
+    }
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_server(media_root: Path) -> LiveServer:
+    port = free_port()
+    env = {
+        **os.environ, **shared_env(media_root), "DJANGO_SETTINGS_MODULE": "tests.console.server_settings",
+        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}", "DJANGO_ALLOW_ASYNC_UNSAFE": "",
+    }  # fmt: skip
+    command = [sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+               "--app-dir", str(REPO / "platform"), "--log-level", "warning", "--ws", "websockets"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"uvicorn exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(url + "/login/", timeout=2)
+            return LiveServer(url=url, process=process)
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("uvicorn did not answer within 60 s")
+
+
+def start_live_worker(media_root: Path) -> subprocess.Popen:
+    return start_worker(extra_env=shared_env(media_root))
+
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "LiveServer", "start_live_worker", "start_server", "stop_worker"]

@@ -1,0 +1,80 @@
+"""Every console page renders for the people who may see it, and only for them."""
+
+import pytest
+from django.urls import reverse
+
+from apikeys.services import api_key_create
+from tenancy.audit import Actor
+
+pytestmark = pytest.mark.django_db
+
+TENANT_PAGES = ["tenant-overview", "keys", "members", "adapters", "adapter-upload", "usage", "billing", "audit"]
+PLATFORM_PAGES = ["platform", "tenants", "tenant-new", "engines", "plans", "plan-new", "platform-audit"]
+
+
+def tenant_url(name: str, tenant) -> str:
+    return reverse(f"console:{name}", kwargs={"slug": tenant.slug})
+
+
+def test_an_owner_opens_every_page_of_their_tenant(tenant, member_of, base_model):
+    client, _ = member_of(tenant, "owner")
+    api_key_create(actor=Actor.system(), tenant=tenant, name="backend", scopes=["inference"])
+    for name in TENANT_PAGES:
+        response = client.get(tenant_url(name, tenant))
+        assert response.status_code == 200, (name, response.status_code)
+        assert b"Acme Corp" in response.content
+
+
+def test_staff_open_every_platform_page_and_members_do_not(tenant, staff_client, member_of):
+    client, _ = member_of(tenant, "owner")
+    for name in PLATFORM_PAGES:
+        url = reverse(f"console:{name}")
+        assert staff_client.get(url).status_code == 200, name
+        assert client.get(url).status_code == 403, name
+    assert staff_client.get(reverse("console:tenant-detail", kwargs={"slug": tenant.slug})).status_code == 200
+    assert staff_client.get(reverse("console:plan-edit", kwargs={"plan_slug": tenant.plan.slug})).status_code == 200
+
+
+def test_a_member_of_tenant_a_can_not_open_tenant_b(tenant, other_tenant, member_of):
+    client, _ = member_of(tenant, "owner")
+    for name in TENANT_PAGES:
+        assert client.get(tenant_url(name, other_tenant)).status_code == 404, name
+    assert client.post(tenant_url("keys", other_tenant), {"name": "x", "scopes": ["inference"]}).status_code == 404
+    assert not other_tenant.api_keys.exists()
+
+
+def test_the_switcher_lists_only_the_users_tenants(tenant, other_tenant, member_of):
+    client, membership = member_of(tenant, "viewer")
+    page = client.get(tenant_url("tenant-overview", tenant)).content.decode()
+    assert 'value="acme"' in page and 'value="globex"' not in page
+    assert client.get(reverse("console:switch") + "?tenant=globex", follow=True).status_code == 404
+
+
+def test_logged_out_visitors_go_to_the_login_page(tenant, client):
+    response = client.get(tenant_url("keys", tenant))
+    assert response.status_code == 302
+    assert response.url.startswith(reverse("console:login"))
+
+
+def test_home_remembers_the_last_tenant(tenant, other_tenant, member_of):
+    client, membership = member_of(tenant, "viewer")
+    MembershipFactory = type(membership)
+    MembershipFactory.objects.create(user=membership.user, tenant=other_tenant, role="viewer")
+    client.get(tenant_url("usage", other_tenant))
+    assert client.get("/").url == tenant_url("tenant-overview", other_tenant)
+    assert client.session["quilt_tenant"] == "globex"
+
+
+@pytest.mark.parametrize(
+    ("role", "visible"),
+    [
+        ("viewer", {"tenant-overview", "keys", "members", "adapters", "usage"}),
+        ("developer", {"tenant-overview", "keys", "members", "adapters", "adapter-upload", "usage"}),
+        ("admin", set(TENANT_PAGES)),
+    ],
+)
+def test_pages_follow_the_role(role, visible, tenant, member_of):
+    client, _ = member_of(tenant, role)
+    for name in TENANT_PAGES:
+        expected = 200 if name in visible else 403
+        assert client.get(tenant_url(name, tenant)).status_code == expected, (role, name)

@@ -1,8 +1,24 @@
-"""Quilt's inference engine: paged KV cache, continuous batching and batched per-token LoRA."""
+"""Quilt's inference engine: paged KV cache, continuous batching and batched per-token LoRA.
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.outputs import Logprob, RequestOutput, Usage
-from engine.sampling_params import SamplingParams
+The public names load lazily so that torch-free parts (the usage-event schema the platform imports)
+can be imported without torch.
+"""
 
-__all__ = ["LLM", "EngineConfig", "Logprob", "RequestOutput", "SamplingParams", "Usage"]
+import importlib
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "EngineConfig": "engine.config",
+    "Logprob": "engine.outputs",
+    "RequestOutput": "engine.outputs",
+    "Usage": "engine.outputs",
+    "SamplingParams": "engine.sampling_params",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

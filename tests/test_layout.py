@@ -17,6 +17,13 @@ def _run(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
 def _walk_and_check(*packages: str) -> str:
     return (
         "import importlib, pkgutil, sys\n"
+        # As on the GPU machine, where Django is not installed: a third-party library may probe for it
+        # (kombu does) and carry on, but any import of Django by our own code fails.
+        "class NoDjango:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'django' or name.startswith('django.'):\n"
+        "            raise ImportError(f'{name} is not installed on the engine side')\n"
+        "sys.meta_path.insert(0, NoDjango())\n"
         f"for name in {packages!r}:\n"
         "    package = importlib.import_module(name)\n"
         "    for module in pkgutil.walk_packages(package.__path__, name + '.'):\n"

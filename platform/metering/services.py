@@ -5,7 +5,6 @@ month counters are added to for precisely the rows this call inserted, in the sa
 concurrent duplicate batch inserts nothing and adds nothing.
 """
 
-import importlib.util
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from django.utils import timezone
 
 from apikeys.models import ApiKey
 from billing.tasks import check_budget_alerts
+from gateway.holds import hold_settle
 from gateway.models import Engine
 from metering.events import BadEvent, UsageRecord, usage_record_parse
 from metering.models import ModelPrice, UsageEvent, UsageMonth
@@ -26,12 +26,6 @@ from registry.models import AdapterVersion
 from tenancy.models import Tenant
 
 logger = logging.getLogger(__name__)
-
-# The gateway's budget holds (gateway.holds) are built alongside; ingest settles them once that module exists.
-if importlib.util.find_spec("gateway.holds") is not None:
-    from gateway.holds import hold_settle
-else:
-    hold_settle = None
 
 INSERT_CHUNK = 500
 
@@ -200,8 +194,6 @@ def _add_to_months(rows: list[UsageEvent]) -> set[tuple[int, date]]:
 
 
 def _settle_holds(rows: list[UsageEvent]) -> int:
-    if hold_settle is None:
-        return 0
     settled = 0
     for row in rows:
         settled += bool(

@@ -252,3 +252,11 @@ def test_every_code_is_documented():
         for code in re.findall(r'AdapterError\(\s*"([a-z_]+)"', source.read_text())
     }
     assert raised and raised == documented
+
+
+def test_huge_finite_values_are_not_mistaken_for_inf(tmp_path, llama_base):
+    config = lora_config()
+    tensors = peft_lora_tensors(config)
+    tensors[f"{V1}.lora_B.weight"].fill_(3e38)  # finite, but its float32 sum overflows
+    adapter = load_adapter(write_adapter(tmp_path / "a", config=config, tensors=tensors), llama_base)
+    assert adapter.tensors["layers.1.v_proj.lora_B"].max().item() == pytest.approx(3e38)

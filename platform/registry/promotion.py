@@ -13,7 +13,8 @@ from registry.models import Adapter, AdapterPromotion, AdapterVersion
 from tenancy.audit import Actor, audit_record
 
 
-def _locked(adapter: Adapter) -> Adapter:
+def adapter_lock(adapter: Adapter) -> Adapter:
+    """The adapter's row, locked for this transaction; refused (404) once it has been deleted."""
     found = Adapter.objects.select_for_update().filter(pk=adapter.pk, deleted_at__isnull=True).first()
     if found is None:
         raise RegistryRefusal(f"The adapter '{adapter.name}' does not exist.", code="not_found", status_code=404)
@@ -39,7 +40,7 @@ def promote_locked(*, actor: Actor, adapter: Adapter, version: AdapterVersion, a
 
 def adapter_promote(*, actor: Actor, adapter: Adapter, version_number: int) -> Adapter:
     with transaction.atomic():
-        adapter = _locked(adapter)
+        adapter = adapter_lock(adapter)
         version = adapter.versions.filter(number=version_number).first()
         if version is None:
             raise RegistryRefusal(
@@ -62,7 +63,7 @@ def adapter_promote(*, actor: Actor, adapter: Adapter, version_number: int) -> A
 def adapter_rollback(*, actor: Actor, adapter: Adapter) -> Adapter:
     """Back to the version promoted before the current one; rolling back again goes further back."""
     with transaction.atomic():
-        adapter = _locked(adapter)
+        adapter = adapter_lock(adapter)
         live = list(
             adapter.promotions.filter(rolled_back_at__isnull=True).select_related("version").order_by("-id")[:2]
         )

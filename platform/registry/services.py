@@ -15,6 +15,7 @@ from registry import tasks
 from registry.broadcast import status_changed_on_commit
 from registry.errors import PlanLimitReached, RegistryRefusal, UploadTooLarge
 from registry.models import Adapter, AdapterVersion, BaseModel, model_name_validator
+from registry.promotion import adapter_lock
 from registry.selectors import adapter_get, adapters_of, base_models_active
 from registry.storage import upload_delete, upload_store
 from tenancy.audit import Actor, audit_record
@@ -143,7 +144,7 @@ def adapter_version_create(
     upload_key = upload_store(files=files)
     try:
         with transaction.atomic():
-            adapter = Adapter.objects.select_for_update().get(pk=adapter.pk, deleted_at__isnull=True)
+            adapter = adapter_lock(adapter)
             number = (adapter.versions.aggregate(top=Max("number"))["top"] or 0) + 1
             version = _new_version(
                 adapter=adapter, number=number, upload_key=upload_key, size=size, actor=actor, enqueue=enqueue
@@ -161,7 +162,7 @@ def adapter_version_create(
 def adapter_delete(*, actor: Actor, adapter: Adapter) -> None:
     """The alias stops resolving at once and its name is free again; blobs go once nothing references them."""
     with transaction.atomic():
-        adapter = Adapter.objects.select_for_update().get(pk=adapter.pk, deleted_at__isnull=True)
+        adapter = adapter_lock(adapter)
         adapter.deleted_at = timezone.now()
         adapter.save(update_fields=["deleted_at"])
         current = adapter.current_version

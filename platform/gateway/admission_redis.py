@@ -24,8 +24,8 @@ for _, id in ipairs(ids) do
   local info = redis.call('HGET', KEYS[3], id)
   if info then
     local t, s = string.match(info, '^(%d+):(%d+):')
-    redis.call('HINCRBY', KEYS[4], 'tokens', -tonumber(t))
-    redis.call('HINCRBY', KEYS[4], 'spend', -tonumber(s))
+    redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
+    redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
     redis.call('HDEL', KEYS[3], id)
   end
   redis.call('ZREM', KEYS[2], id)
@@ -86,8 +86,8 @@ local live = 0
 local info = redis.call('HGET', KEYS[3], rid)
 if info then
   local t, s, w = string.match(info, '^(%d+):(%d+):(%d+)$')
-  redis.call('HINCRBY', KEYS[4], 'tokens', -tonumber(t))
-  redis.call('HINCRBY', KEYS[4], 'spend', -tonumber(s))
+  redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
+  redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
   redis.call('HDEL', KEYS[3], rid)
   redis.call('ZREM', KEYS[2], rid)
   live = 1

@@ -60,7 +60,7 @@ class Stack:
     keys: dict[str, str] = field(default_factory=dict)  # name -> plaintext
     ids: dict[str, object] = field(default_factory=dict)
 
-    def start_engine(self, name: str, port: int) -> subprocess.Popen:
+    def launch_engine(self, name: str, port: int) -> subprocess.Popen:
         adapter_store = Path(self.env["MEDIA_ROOT"]) / "adapters"
         command = [
             sys.executable, "-m", "engine", "--model", str(self.model_dir), "--port", str(port),
@@ -70,21 +70,27 @@ class Stack:
         ]  # fmt: skip
         log = open(Path(self.env["MEDIA_ROOT"]) / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/health", (200,)), timeout=120,
-                   what=f"engine {name} answering", process=process)  # fmt: skip
+        process.health_url = f"http://127.0.0.1:{port}/v1/health"
         self.processes[name] = process
         return process
 
 
-def _gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
+def wait_for_engine(process: subprocess.Popen) -> None:
+    wait_until(lambda: _answers(process.health_url, (200,)), timeout=180, what="engine answering", process=process)
+
+
+def launch_gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--app-dir", str(REPO / "platform"),
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/models", (401,)), timeout=60,
-               what="gateway answering", process=process)  # fmt: skip
+    process.models_url = f"http://127.0.0.1:{port}/v1/models"
     return process
+
+
+def wait_for_gateway(process: subprocess.Popen) -> None:
+    wait_until(lambda: _answers(process.models_url, (401,)), timeout=180, what="gateway answering", process=process)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -101,8 +107,6 @@ def _seed(stack: Stack) -> None:
     from django.core.management import call_command
 
     from apikeys.models import Scope
-    from gateway.services import engine_register
-    from tenancy.audit import Actor
     from tenancy.models import Plan
     from tests.platform.factories import TenantFactory, make_key
 
@@ -125,7 +129,14 @@ def _seed(stack: Stack) -> None:
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.pk
-    engine_register(actor=Actor.system(), name="engine-a", url=stack.engine_url, gpu_price_per_hour=Decimal("2.5"))
+
+
+def _register_engine(name: str, url: str) -> None:
+    from gateway.services import engine_register
+    from tenancy.audit import Actor
+
+    engine = engine_register(actor=Actor.system(), name=name, url=url, gpu_price_per_hour=Decimal("2.5"))
+    assert engine.healthy, engine.last_error
 
 
 @pytest.fixture(scope="package")
@@ -168,15 +179,21 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
                   adapter_dirs=adapter_dirs, env=env)  # fmt: skip
     worker = None
     try:
-        stack.start_engine("engine-a", engine_port)
+        # Everything starts at once: on a busy 2-core machine each process takes seconds to import.
+        engine = stack.launch_engine("engine-a", engine_port)
+        for name in ("gateway-1", "gateway-2"):
+            port = free_port()
+            stack.processes[name] = launch_gateway(env, port, media / f"{name}.log")
+            stack.gateways.append(f"http://127.0.0.1:{port}/v1")
         with django_db_blocker.unblock():
             _seed(stack)
         worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
                                          "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
+        wait_for_engine(engine)
         for name in ("gateway-1", "gateway-2"):
-            port = free_port()
-            stack.processes[name] = _gateway(env, port, media / f"{name}.log")
-            stack.gateways.append(f"http://127.0.0.1:{port}/v1")
+            wait_for_gateway(stack.processes[name])
+        with django_db_blocker.unblock():
+            _register_engine("engine-a", stack.engine_url)
         yield stack
     finally:
         for process in stack.processes.values():

@@ -1,0 +1,142 @@
+"""Admission rules, the same for both backends: the Redis script and the database transaction."""
+
+import os
+import uuid
+from decimal import Decimal
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import override_settings
+
+from gateway.admission import Limits, admission_acquire, admission_settle, held_totals
+from gateway.holds import hold_settle
+from tests.platform.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+ROOMY = Limits(requests_per_minute=1000, tokens_per_minute=10**9, max_concurrent=1000, budget_tokens=-1,
+               budget_spend_micros=-1)  # fmt: skip
+
+
+@pytest.fixture(params=["database", "redis"])
+def backend(request):
+    if request.param == "database":
+        with override_settings(REDIS_URL=""):
+            yield request.param
+        return
+    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+    prefix = f"quilt-admission-test-{uuid.uuid4().hex[:8]}"
+    with override_settings(REDIS_URL=url, QUILT_REDIS_KEY_PREFIX=prefix):
+        yield request.param
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def tenant():
+    return TenantFactory()
+
+
+def acquire(tenant, tokens=10, spend_micros=0, limits=ROOMY, request_id=None):
+    request_id = request_id or uuid.uuid4().hex
+    decision = async_to_sync(admission_acquire)(  # the calling thread: it sees this test's transaction
+        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros, limits=limits
+    )
+    return decision, request_id
+
+
+def settle(tenant, request_id, tokens, spend_micros=0):
+    return async_to_sync(admission_settle)(
+        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros
+    )
+
+
+def test_requests_per_minute(backend, tenant):
+    limits = Limits(2, 10**9, 1000, -1, -1)
+    assert acquire(tenant, limits=limits)[0].admitted
+    assert acquire(tenant, limits=limits)[0].admitted
+    refused, _ = acquire(tenant, limits=limits)
+    assert not refused.admitted and refused.reason == "requests" and refused.window_requests == 2
+    assert 0 < refused.reset_ms <= 60_000
+
+
+def test_tokens_per_minute_counts_estimates_and_refunds_unused(backend, tenant):
+    limits = Limits(1000, 100, 1000, -1, -1)
+    first, request_id = acquire(tenant, tokens=60, limits=limits)
+    assert first.admitted and first.window_tokens == 60
+    assert acquire(tenant, tokens=60, limits=limits)[0].reason == "tokens"
+    settle(tenant, request_id, tokens=20)  # used 20 of the 60 it held
+    second, _ = acquire(tenant, tokens=60, limits=limits)
+    assert second.admitted and second.window_tokens == 80
+
+
+def test_concurrency_is_live_holds(backend, tenant):
+    limits = Limits(1000, 10**9, 2, -1, -1)
+    _, first = acquire(tenant, limits=limits)
+    acquire(tenant, limits=limits)
+    assert acquire(tenant, limits=limits)[0].reason == "concurrency"
+    settle(tenant, first, tokens=5)
+    assert acquire(tenant, limits=limits)[0].admitted
+
+
+def test_budget_holds_then_refuses_when_used(backend, tenant):
+    limits = Limits(1000, 10**9, 1000, 100, -1)
+    _, first = acquire(tenant, tokens=60, limits=limits)
+    held, _ = acquire(tenant, tokens=60, limits=limits)
+    assert not held.admitted and held.reason == "budget_held"  # in-flight holds, not usage, are in the way
+    settle(tenant, first, tokens=90)
+    used, _ = acquire(tenant, tokens=20, limits=limits)
+    assert not used.admitted and used.reason == "budget_tokens"
+    assert acquire(tenant, tokens=10, limits=limits)[0].admitted
+
+
+def test_spend_limit(backend, tenant):
+    limits = Limits(1000, 10**9, 1000, -1, 1_000)
+    assert acquire(tenant, spend_micros=600, limits=limits)[0].admitted
+    assert acquire(tenant, spend_micros=600, limits=limits)[0].reason == "budget_held"
+
+
+def test_a_refusal_consumes_nothing(backend, tenant):
+    limits = Limits(1000, 1000, 1000, 100, -1)
+    acquire(tenant, tokens=80, limits=limits)
+    for _ in range(5):
+        assert not acquire(tenant, tokens=50, limits=limits)[0].admitted
+    totals = held_totals(tenant_id=tenant.pk)
+    assert totals.live_holds == 1 and totals.held_tokens == 80
+    decision, _ = acquire(tenant, tokens=20, limits=limits)
+    assert decision.admitted and decision.window_requests == 2 and decision.window_tokens == 100
+
+
+def test_settling_is_idempotent_and_counts_usage_once(backend, tenant):
+    _, request_id = acquire(tenant, tokens=50)
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=30, spend=Decimal("0.000012")) is True
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=30, spend=Decimal("0.000012")) is False
+    assert settle(tenant, request_id, tokens=30) is False
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.live_holds, totals.held_tokens, totals.month_tokens, totals.month_spend_micros) == (0, 0, 30, 12)
+
+
+def test_usage_of_a_request_with_no_live_hold_still_counts_once(backend, tenant):
+    assert hold_settle(tenant_id=tenant.pk, request_id="never-held", tokens=7, spend=Decimal(0)) is False
+    assert hold_settle(tenant_id=tenant.pk, request_id="never-held", tokens=7, spend=Decimal(0)) is False
+    assert held_totals(tenant_id=tenant.pk).month_tokens == 7
+
+
+def test_orphaned_holds_expire(backend, tenant):
+    limits = Limits(1000, 10**9, 1, -1, -1)
+    with override_settings(QUILT_HOLD_TTL_SECONDS=0):
+        assert acquire(tenant, limits=limits)[0].admitted  # a hold nobody settles, already past its expiry
+    decision, _ = acquire(tenant, limits=limits)
+    assert decision.admitted
+    assert held_totals(tenant_id=tenant.pk).live_holds == 1
+
+
+def test_tenants_do_not_share_limits(backend, tenant):
+    other = TenantFactory()
+    limits = Limits(1, 10**9, 1000, -1, -1)
+    assert acquire(tenant, limits=limits)[0].admitted
+    assert acquire(other, limits=limits)[0].admitted
+    assert not acquire(tenant, limits=limits)[0].admitted

@@ -78,6 +78,11 @@ def without(name: str) -> Callable[[Path], Path]:
     return build
 
 
+def pickled_weights(tmp: Path) -> Path:
+    """What save_pretrained(safe_serialization=False) writes."""
+    return write_adapter(tmp / "adapter", weights_name="", extra_files={"adapter_model.bin": b"\x80\x04."})
+
+
 def full_model(tmp: Path) -> Path:
     directory = write_adapter(tmp / "model", weights_name="model.safetensors")
     (directory / "adapter_config.json").rename(directory / "config.json")
@@ -90,9 +95,8 @@ def truncated() -> bytes:
 
 def overlapping_offsets() -> bytes:
     header, data = split_safetensors(valid_weights_bytes())
-    header[f"{V1}.lora_A.weight"]["data_offsets"] = header[f"{Q0}.lora_A.weight"][
-        "data_offsets"
-    ]  # both [4, 64]
+    q_offsets = header[f"{Q0}.lora_A.weight"]["data_offsets"]
+    header[f"{V1}.lora_A.weight"]["data_offsets"] = q_offsets  # both are [4, 64] float32
     return raw_safetensors(header, data)
 
 
@@ -124,7 +128,7 @@ def duplicate_header_key() -> bytes:
 # fmt: off
 CASES = [
     # what PEFT writes but Quilt refuses
-    ("pickle-weights", lambda tmp: write_adapter(tmp / "a", weights_name="", extra_files={"adapter_model.bin": b"\x80\x04."}), "pickle_file", "adapter_model.bin"),
+    ("pickle-weights", pickled_weights, "pickle_file", "adapter_model.bin"),
     ("pickle-file-as-source", file_source("adapter.pth", b"PK\x03\x04"), "pickle_file", "adapter.pth is a pickle"),
     ("use-dora", with_config(use_dora=True), "dora_unsupported", "DoRA"),
     ("dora-magnitude-tensor", with_tensors(set_(f"{Q0}.lora_magnitude_vector", torch.ones(96))), "dora_unsupported", "DoRA magnitude"),

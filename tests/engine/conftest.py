@@ -108,6 +108,15 @@ class Oracle:
         return tokens[len(prompt):]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    """The models here are tiny: one thread is as fast, and far faster on a busy machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine-models")

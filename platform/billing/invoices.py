@@ -1,6 +1,8 @@
-"""Monthly invoices: one per tenant per month, from that month's usage events, issued once and never changed.
+"""Monthly invoices: one per tenant per month, issued once and never changed.
 
-A line is the month's usage of one model (as requested) at one set of rates, so a mid-month price change gives
+An invoice bills every usage event that finished by its month's end and no earlier invoice billed: the month's
+own usage, plus any that arrived after an earlier month was invoiced. Each event records its invoice, so each is
+billed exactly once. A line is one model (as requested) at one set of rates, so a mid-month price change gives
 two lines. Amount = (input × input rate + cached × cached rate + output × output rate) / 1e6, to the cent.
 """
 
@@ -9,11 +11,11 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine
-from metering.models import UsageEvent, UsageMonth
+from metering.models import UsageEvent
 from tenancy.models import Tenant
 
 CENT = Decimal("0.01")
@@ -40,9 +42,8 @@ def line_amount(*, input_tokens: int, cached_input_tokens: int, output_tokens: i
 
 
 def _lines(*, invoice: Invoice) -> list[InvoiceLine]:
-    start, end = month_bounds(invoice.month)
     groups = (
-        UsageEvent.objects.filter(tenant_id=invoice.tenant_id, finished_at__gte=start, finished_at__lt=end)
+        UsageEvent.objects.filter(invoice=invoice)
         .order_by()
         .values("model", "base_model", "adapter_version_id", *RATES)
         .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"),
@@ -81,6 +82,10 @@ def invoice_issue(*, tenant: Tenant, month: date, now: datetime | None = None) -
         if invoice.status == Invoice.Status.ISSUED:
             return invoice
         invoice.lines.all().delete()
+        unbilled = UsageEvent.objects.filter(
+            tenant=tenant, invoice__isnull=True, finished_at__lt=month_bounds(month)[1]
+        )
+        unbilled.update(invoice=invoice)
         lines = InvoiceLine.objects.bulk_create(_lines(invoice=invoice))
         invoice.total = sum((line.amount for line in lines), Decimal(0))
         invoice.status = Invoice.Status.ISSUED
@@ -90,11 +95,10 @@ def invoice_issue(*, tenant: Tenant, month: date, now: datetime | None = None) -
 
 
 def invoices_issue_month(*, month: date, now: datetime | None = None) -> list[Invoice]:
-    """Issues the month's invoice of every tenant that used the platform that month (idempotent)."""
-    tenant_ids = UsageMonth.objects.filter(month=month.replace(day=1), requests__gt=0).values_list(
-        "tenant_id"
-    )
+    """Issues the month's invoice of every tenant with usage not billed yet; those issued before stay as they are."""
+    month = month.replace(day=1)
+    unbilled = UsageEvent.objects.filter(invoice__isnull=True, finished_at__lt=month_bounds(month)[1])
+    tenants = Tenant.objects.filter(Q(pk__in=unbilled.values("tenant_id")) | Q(invoices__month=month))
     return [
-        invoice_issue(tenant=tenant, month=month, now=now)
-        for tenant in Tenant.objects.filter(pk__in=tenant_ids).order_by("pk")
+        invoice_issue(tenant=tenant, month=month, now=now) for tenant in tenants.distinct().order_by("pk")
     ]

@@ -68,6 +68,10 @@ class UsageEvent(models.Model):
     cost = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
     finished_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
+    invoice = models.ForeignKey(
+        "billing.Invoice", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_events",
+        help_text="The invoice that billed this request (each request is billed once, late ones on the next).",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["-finished_at", "-id"]

@@ -34,10 +34,7 @@ def acme():
                 tenant, model="tiny-llama", finished_at=_at(31, 23), prompt_tokens=10, cached_tokens=0
             ),
             usage_event(tenant, model="support-bot", finished_at=_at(15), completion_tokens=2_000_000),
-            usage_event(
-                tenant, model="tiny-llama", finished_at=datetime(2026, 11, 1, tzinfo=UTC)
-            ),  # November
-            usage_event(tenant, model="tiny-llama", finished_at=datetime(2026, 9, 30, 23, 59, tzinfo=UTC)),
+            usage_event(tenant, model="tiny-llama", finished_at=datetime(2026, 11, 1, tzinfo=UTC)),
         ]
     )
     return tenant
@@ -77,7 +74,7 @@ def test_a_mid_month_price_change_gives_a_second_line(acme):
     ]
 
 
-def test_issuing_again_changes_nothing_even_after_late_usage(acme):
+def test_issuing_again_changes_nothing_and_late_usage_goes_on_the_next_invoice(acme):
     first = invoice_issue(tenant=acme, month=OCTOBER)
     lines = list(InvoiceLine.objects.filter(invoice=first).values())
     usage_ingest(
@@ -89,6 +86,21 @@ def test_issuing_again_changes_nothing_even_after_late_usage(acme):
     assert len(invoices_issue_month(month=OCTOBER)) == 1
     assert issue_invoices("2026-10-01") == 1
     assert Invoice.objects.count() == 1
+    november = invoice_issue(tenant=acme, month=date(2026, 11, 1), now=datetime(2026, 12, 1, tzinfo=UTC))
+    assert {line.model: line.requests for line in november.lines.all()} == {"support-bot": 1, "tiny-llama": 1}
+    assert november.total == Decimal("13.50")  # the late October request: 9M output × 1.5 (+ cents of input)
+    assert not UsageEvent.objects.filter(invoice__isnull=True).exists()
+    billed = sum(line.requests for line in InvoiceLine.objects.all())
+    assert billed == UsageEvent.objects.count() == 5
+
+
+def test_usage_older_than_any_invoice_is_billed_on_the_first(acme):
+    usage_ingest(
+        events=[usage_event(acme, model="old", finished_at=datetime(2026, 9, 30, 23, 59, tzinfo=UTC))]
+    )
+    invoice = invoice_issue(tenant=acme, month=OCTOBER)
+    assert {line.model for line in invoice.lines.all()} == {"old", "support-bot", "tiny-llama"}
+    assert UsageEvent.objects.get(model="old").invoice == invoice
 
 
 def test_an_issued_invoice_refuses_every_change(acme):

@@ -2,6 +2,11 @@
 
 `backend_for(tensor)` names the path an op takes for that tensor. There is no silent fallback:
 a CUDA tensor without a working Triton raises instead of running the reference.
+
+Each Triton launcher lives in kernels/<op>.py; `kernels.<op>` is the dispatching function (it is
+defined after those modules are imported), so reach a launcher itself with
+`importlib.import_module("kernels.<op>").<op>` (`import kernels.<op> as m` yields the function).
+`kernels.interpreter.enable()` runs the launchers on CPU tensors through Triton's interpreter.
 """
 
 import torch

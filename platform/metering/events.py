@@ -4,6 +4,7 @@ The gateway's `metadata` (echoed back by the engine) names what the engine can't
 the adapter version id, the API key id, the tenant id and the engine's name as the gateway knows it.
 """
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -40,37 +41,46 @@ class UsageRecord:
         return self.prompt_tokens + self.completion_tokens
 
 
+MAX_TOKENS = 2**31 - 1  # the columns are 32-bit: a larger count is a broken event, not a big request
+MAX_GPU_MS = Decimal(10**10)
+
+
 def _count(event: dict, name: str) -> int:
     value = event.get(name, 0) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadEvent(f"{name} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise BadEvent(f"{name} must be an integer from 0 to {MAX_TOKENS}, got {value!r}")
     return value
 
 
 def _millis(value) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise BadEvent(f"a duration in ms must be a non-negative number, got {value!r}")
     return float(value)
 
 
-def _decimal(value, name: str) -> Decimal | None:
-    if value is None or value == "":
-        return None
+def _gpu_ms(value) -> Decimal:
+    if value is None:
+        return Decimal(0)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise BadEvent(f"gpu_ms must be a number, got {value!r}")
     try:
         number = Decimal(str(value))
     except InvalidOperation as error:
-        raise BadEvent(f"{name} is not a number: {value!r}") from error
-    if not number.is_finite() or number < 0:
-        raise BadEvent(f"{name} must be a non-negative number, got {value!r}")
-    return number
+        raise BadEvent(f"gpu_ms is not a number: {value!r}") from error
+    if not number.is_finite() or not 0 <= number < MAX_GPU_MS:
+        raise BadEvent(f"gpu_ms must be a number from 0 to {MAX_GPU_MS}, got {value!r}")
+    return number.quantize(Decimal("0.001"))
 
 
 def _timestamp(value) -> datetime:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, tz=UTC)
-    parsed = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value, tz=UTC)
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except (ValueError, OverflowError, OSError):
+        parsed = None
     if parsed is None:
         raise BadEvent(f"finished_at must be an ISO 8601 time or epoch seconds, got {value!r}")
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
@@ -80,6 +90,8 @@ def usage_record_parse(event: dict) -> UsageRecord:
     if not isinstance(event, dict):
         raise BadEvent(f"an event must be an object, got {type(event).__name__}")
     metadata = event.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise BadEvent(f"metadata must be an object, got {type(metadata).__name__}")
     request_id = str(event.get("request_id") or "")
     if not request_id or len(request_id) > 100:
         raise BadEvent(f"request_id must be 1 to 100 characters, got {request_id!r}")
@@ -106,7 +118,7 @@ def usage_record_parse(event: dict) -> UsageRecord:
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
         completion_tokens=_count(event, "completion_tokens"),
-        gpu_ms=(_decimal(event.get("gpu_ms"), "gpu_ms") or Decimal(0)).quantize(Decimal("0.001")),
+        gpu_ms=_gpu_ms(event.get("gpu_ms")),
         queue_ms=_millis(event.get("queue_ms")),
         ttft_ms=_millis(event.get("ttft_ms")),
         e2e_ms=_millis(event.get("e2e_ms")),

@@ -83,16 +83,18 @@ def test_a_replayed_batch_changes_nothing(tenant):
 
 def test_bad_events_are_dropped_without_blocking_their_batch(tenant):
     good = usage_event(tenant, request_id="good")
-    result = usage_ingest(
-        events=[
-            good,
-            {**usage_event(tenant), "prompt_tokens": -1},
-            {**usage_event(tenant), "cached_tokens": 5000},
-            {**usage_event(tenant), "tenant": "no-such-tenant", "metadata": {}},
-            "not an event",
-        ]
-    )
-    assert (result.inserted, result.rejected) == (1, 4)
+    bad = [
+        {**usage_event(tenant), "prompt_tokens": -1},
+        {**usage_event(tenant), "prompt_tokens": 2**40, "cached_tokens": 0},  # would overflow its column
+        {**usage_event(tenant), "cached_tokens": 5000},
+        {**usage_event(tenant), "gpu_ms": float("nan")},
+        {**usage_event(tenant), "finished_at": "2026-13-45T00:00:00Z"},
+        {**usage_event(tenant), "metadata": "model=x"},
+        {**usage_event(tenant), "tenant": "no-such-tenant", "metadata": {}},
+        "not an event",
+    ]
+    result = usage_ingest(events=[good, *bad])
+    assert (result.inserted, result.rejected) == (1, len(bad))
     assert list(UsageEvent.objects.values_list("request_id", flat=True)) == ["good"]
 
 

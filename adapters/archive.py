@@ -125,13 +125,12 @@ class _Tally:
 
 
 def _safe_parts(name: str) -> tuple[str, ...]:
-    if "\\" in name or "\x00" in name:
-        raise AdapterError(
-            "archive_unsafe_path", f"archive member {name!r} has a backslash or NUL in its name"
-        )
-    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+    if "\x00" in name:
+        raise AdapterError("archive_unsafe_path", f"archive member {name!r} has a NUL byte in its name")
+    path = name.replace("\\", "/")  # zips made on Windows may separate with backslashes
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
         raise AdapterError("archive_unsafe_path", f"archive member {name!r} has an absolute path")
-    parts = tuple(part for part in name.split("/") if part not in ("", "."))
+    parts = tuple(part for part in path.split("/") if part not in ("", "."))
     if ".." in parts:
         raise AdapterError(
             "archive_unsafe_path", f"archive member {name!r} climbs out of the archive with '..'"

@@ -38,7 +38,8 @@ CASES = [
     ("pickle-beside-safetensors-in-zip", zipped(*valid_files().items(), ("optimizer.pt", b"\x80\x04.")), "pickle_file", "optimizer.pt"),
     ("zip-absolute-path", zipped(*valid_files().items(), ("/etc/cron.d/x", b"x")), "archive_unsafe_path", "absolute path"),
     ("zip-dot-dot", zipped(*valid_files().items(), ("a/../../escape.txt", b"x")), "archive_unsafe_path", "'..'"),
-    ("zip-backslash", zipped(*valid_files().items(), ("..\\escape.txt", b"x")), "archive_unsafe_path", "backslash"),
+    ("zip-backslash-dot-dot", zipped(*valid_files().items(), ("a\\..\\..\\escape.txt", b"x")), "archive_unsafe_path", "climbs out"),
+    ("zip-drive-letter", zipped(*valid_files().items(), ("C:\\Windows\\evil.dll", b"x")), "archive_unsafe_path", "'C:\\\\Windows"),
     ("zip-symlink", zipped(("adapter_config.json", b"{}"), (zip_link(), b"/etc/passwd")), "archive_link", "symbolic link"),
     ("zip-duplicate-member", zipped(*valid_files().items(), ("adapter_config.json", b"{}")), "archive_duplicate_member", "twice"),
     ("zip-bomb", zipped(*valid_files().items(), ("README.md", b"\x00" * (3 << 20))), "archive_compression_ratio", "zip bomb"),
@@ -120,3 +121,8 @@ def test_tar_with_root_and_directory_entries_loads(tmp_path, llama_base):
     members += [(tar_file(f"./adapter/{name}"), data) for name, data in valid_files().items()]
     adapter = load_adapter(make_tar(tmp_path / "adapter.tgz", members), llama_base)
     assert adapter.rank == 4
+
+
+def test_windows_zip_with_backslashes_loads(tmp_path, llama_base):
+    members = [(f"my-adapter\\{name}", data) for name, data in valid_files().items()]
+    assert load_adapter(make_zip(tmp_path / "windows.zip", members), llama_base).rank == 4

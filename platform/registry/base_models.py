@@ -6,7 +6,7 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from registry.models import BaseModel
+from registry.models import Adapter, BaseModel
 from tenancy.audit import Actor, audit_record
 
 SERVED_ARCHITECTURES = {
@@ -87,6 +87,8 @@ def base_model_register(
     }  # fmt: skip
     with transaction.atomic():
         existing = BaseModel.objects.select_for_update().filter(name=name).first()
+        if existing is None and Adapter.objects.filter(name=name, deleted_at__isnull=True).exists():
+            raise ValidationError(f"A tenant's adapter is named {name!r}; a base model of that name would hide it")
         before = _snapshot(existing) if existing else None
         model = existing or BaseModel(name=name)
         for field, value in fields.items():

@@ -6,6 +6,7 @@ With the filesystem storage the engines read `adapter_store_root()` directly; wi
 (S3) canonical forms are mirrored on demand into QUILT_ADAPTER_CACHE_DIR, which is then the root.
 """
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -47,8 +48,8 @@ def canonical_key(digest: str) -> str:
 
 
 def _save(storage: Storage, name: str, content: File) -> None:
-    if storage.exists(name):
-        storage.delete(name)
+    if storage.exists(name) and storage.get_available_name(name) != name:
+        storage.delete(name)  # a storage that won't overwrite (the filesystem's default); same bytes go back
     stored = storage.save(name, content)
     if stored != name:
         raise RuntimeError(f"storage renamed {name!r} to {stored!r}; adapter keys must be exact")
@@ -137,15 +138,23 @@ def canonical_exists(*, digest: str) -> bool:
     return blob_storage().exists(f"{canonical_key(digest)}/{COMPLETE_MARKER}")
 
 
+def _touch(storage: Storage, name: str) -> None:
+    """Marks a blob as just used, so GC's grace period starts again (engines may be reading it: never removed)."""
+    if _is_local(storage):
+        os.utime(storage.path(name))
+        return
+    with storage.open(name, "rb") as handle:
+        content = handle.read()
+    _save(storage, name, ContentFile(content, name=PurePosixPath(name).name))
+
+
 def canonical_put(*, adapter: "adapters.LoadedAdapter") -> str:
     """Stores the canonical form once per digest (a blob already complete is shared); returns its key."""
     storage = blob_storage()
     key = canonical_key(adapter.digest)
     marker = f"{key}/{COMPLETE_MARKER}"
     if storage.exists(marker):
-        with storage.open(marker, "rb") as handle:
-            content = handle.read()
-        _save(storage, marker, ContentFile(content, name=COMPLETE_MARKER))  # fresh again: GC's grace restarts
+        _touch(storage, marker)
         return key
     workdir = Path(tempfile.mkdtemp(prefix="quilt-canonical-"))
     try:

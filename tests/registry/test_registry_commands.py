@@ -9,6 +9,7 @@ from django.core.management import CommandError, call_command
 from registry.models import Adapter, BaseModel
 from registry.selectors import model_resolve
 from tenancy.models import AuditLog
+from tests.platform.factories import TenantFactory
 from tests.registry.conftest import BASE_NAME, save_peft_adapter
 
 pytestmark = pytest.mark.django_db
@@ -77,6 +78,9 @@ def test_registerbasemodel_registers_and_refreshes(tiny_base_dir, tmp_path, caps
         call_command("registerbasemodel", BASE_NAME, str(tiny_base_dir), "--max-context", "4096")
     with pytest.raises(CommandError, match="not a directory"):
         call_command("registerbasemodel", "x", str(tmp_path / "missing"))
+    Adapter.objects.create(tenant=TenantFactory(), name="taken", base_model=BaseModel.objects.get())
+    with pytest.raises(CommandError, match="adapter is named 'taken'"):
+        call_command("registerbasemodel", "taken", str(tiny_base_dir))
 
 
 def test_importadapter_validates_synchronously(tenant_a, base_model, tmp_path, media_root, capsys):

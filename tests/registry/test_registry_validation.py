@@ -1,5 +1,6 @@
 """Validation in this process (the worker path is tested in test_registry_worker): ready, failed, shared blobs, GC."""
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 import adapters
 from registry.garbage import adapter_blobs_collect
-from registry.models import AdapterVersion
+from registry.models import Adapter, AdapterVersion
 from registry.storage import adapter_store_root, canonical_local_dir
 from registry.validation import adapter_version_validate, adapter_versions_stale
 from tenancy.models import AuditLog
@@ -162,3 +163,23 @@ def test_a_remote_storage_works_through_the_same_api(settings, tmp_path, writer,
         writer.delete(f"/api/v1/adapters/{name}")
     removed = adapter_blobs_collect(grace=timedelta(0))
     assert removed["canonical"] == [first.digest] and len(removed["uploads"]) == 2
+
+
+def test_gc_grace_covers_recent_deletions_and_reuse(writer, base_model, adapter_zip, media_root):
+    version = ready_version(writer, "bot", adapter_zip)
+    blob = media_root / "adapters" / version.digest
+    two_hours_ago = (timezone.now() - timedelta(hours=2)).timestamp()
+    for path in blob.iterdir():
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    writer.delete("/api/v1/adapters/bot")
+    assert adapter_blobs_collect(grace=timedelta(hours=1))["canonical"] == [], "engines may still be serving it"
+    Adapter.objects.filter(name="bot").update(deleted_at=timezone.now() - timedelta(hours=2))
+    reused = ready_version(writer, "again", adapter_zip)
+    assert reused.digest == version.digest
+    assert adapter_blobs_collect(grace=timedelta(hours=1))["canonical"] == [], "sharing it made it fresh again"
+    writer.delete("/api/v1/adapters/again")
+    Adapter.objects.filter(name="again").update(deleted_at=timezone.now() - timedelta(hours=2))
+    for path in blob.iterdir():
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    assert adapter_blobs_collect(grace=timedelta(hours=1))["canonical"] == [version.digest]
+    assert not blob.exists()

@@ -22,6 +22,9 @@ from tests.conftest import REPO, start_worker, stop_worker, test_database_url
 
 ENGINE_TOKEN = "gateway-tests-engine-token"
 BASE_MODEL = "tiny"
+# A budget request: prompt "w10 w11" held as 7 bytes + 16 template tokens, plus max_tokens 4. The budget fits 20.
+BUDGET_HOLD = 7 + 16 + 4
+BUDGET_TOKENS = 20 * BUDGET_HOLD
 
 
 def free_port() -> int:
@@ -118,17 +121,28 @@ def _seed(stack: Stack) -> None:
     )  # fmt: skip
     main = TenantFactory(slug="gw-main", plan=roomy)
     rival = TenantFactory(slug="gw-rival", plan=roomy)
-    stack.ids["main"], stack.ids["rival"] = main.pk, rival.pk
+    budget = TenantFactory(slug="gw-budget", plan=Plan.objects.create(
+        slug="gw-budget", name="Budget", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1000, monthly_token_budget=BUDGET_TOKENS,
+    ))  # fmt: skip
+    broke = TenantFactory(slug="gw-broke", plan=Plan.objects.create(
+        slug="gw-broke", name="Broke", monthly_token_budget=0, monthly_spend_limit=Decimal("0.01"),
+    ))  # fmt: skip
+    for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke)):
+        stack.ids[name] = tenant.pk
     for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a")):
         call_command("importadapter", tenant.slug, adapter, str(stack.adapter_dirs[path]), verbosity=0)
     for name, tenant, scopes, extra in (
         ("main", main, [Scope.INFERENCE], {}),
         ("main-admin", main, [Scope.ADMIN], {}),
         ("main-limited", main, [Scope.INFERENCE], {"allowed_models": ["support"]}),
+        ("main-revocable", main, [Scope.INFERENCE], {}),
         ("rival", rival, [Scope.INFERENCE], {}),
+        ("budget", budget, [Scope.INFERENCE], {}),
+        ("broke", broke, [Scope.INFERENCE], {}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
-        stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.pk
+        stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
 
 
 def _register_engine(name: str, url: str) -> None:

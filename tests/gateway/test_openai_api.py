@@ -152,3 +152,11 @@ def test_unsupported_or_invalid_parameters_are_a_clear_400(stack, extra, param):
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
     assert response.headers["x-request-id"]
+
+
+def test_exhausted_budget_is_a_rate_limit_error(stack):
+    with pytest.raises(openai.RateLimitError) as raised:
+        client(stack, stack.keys["broke"]).chat.completions.create(model=BASE_MODEL, messages=CHAT, max_tokens=2)
+    assert raised.value.code == "insufficient_quota"
+    headers = raised.value.response.headers
+    assert int(headers["retry-after"]) > 0 and headers["x-ratelimit-limit-requests"]

@@ -20,13 +20,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import LLM, SamplingParams
 
+VOCAB = 1024
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build(root: Path, num_adapters: int) -> tuple[Path, dict[str, Path]]:
+def build(root: Path, num_adapters: int, hidden: int, layers: int) -> tuple[Path, dict[str, Path]]:
     config = LlamaConfig(
-        hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=1024, max_position_embeddings=1024, initializer_range=0.1,
+        hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
+        num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64),
+        vocab_size=VOCAB, max_position_embeddings=1024, initializer_range=0.1,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(root / "base")
@@ -47,7 +49,7 @@ def workload(num_requests: int, names: list[str], seed: int = 0):
     rng = random.Random(seed)
     requests = []
     for i in range(num_requests):
-        prompt = [rng.randrange(3, 1024) for _ in range(rng.randint(16, 160))]
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(16, 160))]
         requests.append((names[i % len(names)], prompt, rng.randint(16, 96)))
     return requests
 
@@ -92,18 +94,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        base, adapter_dirs = build(Path(tmp), args.adapters)
+        base, adapter_dirs = build(Path(tmp), args.adapters, args.hidden, args.layers)
         requests = workload(args.requests, list(adapter_dirs))
         output_tokens = sum(n for _, _, n in requests)
         engine_s = run_engine(base, adapter_dirs, requests)
         peft_s = run_peft(base, adapter_dirs, requests)
-    print(f"{args.requests} requests over {args.adapters} adapters, {output_tokens} output tokens, "
-          f"torch threads {torch.get_num_threads()}")
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}; {args.requests} requests over "
+          f"{args.adapters} adapters (ranks 8-64), {output_tokens} output tokens; torch threads {torch.get_num_threads()}")
     print(f"quilt engine        {output_tokens / engine_s:9.1f} tokens/s  ({engine_s:.2f} s)")
     print(f"transformers + PEFT {output_tokens / peft_s:9.1f} tokens/s  ({peft_s:.2f} s)")
     print(f"ratio               {peft_s / engine_s:9.2f}x")

@@ -65,6 +65,7 @@ class LLMEngine:
             load=lambda path: read_adapter(path, self.hf_config, config.max_adapter_rank),
         )
         num_blocks = config.num_kv_blocks or self._auto_num_blocks(model)
+        self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)  # one sequence must fit
         self.runner = ModelRunner(
             model=model,
             num_kv_blocks=num_blocks,
@@ -215,9 +216,9 @@ class LLMEngine:
         if result.prompt_logprobs:
             if seq.prompt_logprobs is None:
                 seq.prompt_logprobs = [None]
-            seq.prompt_logprobs += [Logprob(t, lp, top) for t, lp, top in (
-                (seq.token_ids[pos], lp, top) for pos, lp, top in result.prompt_logprobs
-            )]
+            for pos, logprob, top in result.prompt_logprobs:
+                if pos == len(seq.prompt_logprobs):  # a recompute after preemption scores them again
+                    seq.prompt_logprobs.append(Logprob(seq.token_ids[pos], logprob, top))
         sample = result.sample
         if sample is None or seq.is_finished:
             return []

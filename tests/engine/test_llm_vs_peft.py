@@ -110,13 +110,13 @@ def test_requests_added_while_others_run(checkpoints, llama_adapters, llama_orac
         assert tokens[str(i)] == llama_oracle.greedy(prompt, name, GREEDY.max_tokens)
 
 
-@pytest.mark.parametrize("budget", [64, 5])
-def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_oracle, budget):
-    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=64,
+@pytest.mark.parametrize(("budget", "blocks"), [(64, 64), (5, 64), (64, 7)], ids=["one-step", "chunked", "preempted"])
+def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_oracle, budget, blocks):
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=blocks,
                    max_num_batched_tokens=budget)
     names = ["pattern", None, "big"]
     prompts = random_prompts(6, [9, 14, 6])
-    sampling = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3, logprobs=5, ignore_eos=True)
+    sampling = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=3, logprobs=5, ignore_eos=True)
     outputs = llm.generate(prompts, sampling, adapters=names)
     for prompt, name, out in zip(prompts, names, outputs, strict=True):
         reference = torch.log_softmax(llama_oracle.logits(prompt + out.token_ids, name), dim=-1)
@@ -131,6 +131,7 @@ def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_o
             row = reference[len(prompt) - 1 + i]
             assert abs(entry.logprob - float(row[out.token_ids[i]])) < 1e-4
             assert sorted(entry.top) == sorted(row.topk(5).indices.tolist())
+    assert (llm.engine.num_preemptions > 0) == (blocks == 7)
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])

@@ -5,6 +5,7 @@ every module's rank and alpha spelled out in rank_pattern/alpha_pattern) and Qui
 (`load_canonical` reads the sidecar, maps the tensors and checks the digest).
 """
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -110,7 +111,14 @@ def load_canonical(directory: str | Path) -> LoadedAdapter:
         raise AdapterError(
             "canonical_corrupt", f"{directory} holds no readable {SIDECAR_NAME} ({exc})"
         ) from None
-    if not isinstance(sidecar, dict) or sidecar.get("config", {}).get("format") != FORMAT:
+    fields = {field.name for field in dataclasses.fields(LoadedAdapter)} - {"tensors"}
+    if (
+        not isinstance(sidecar, dict)
+        or set(sidecar) != fields
+        or not isinstance(sidecar["config"], dict)
+        or sidecar["config"].get("format") != FORMAT
+        or not isinstance(sidecar["ranks"], dict)
+    ):
         raise AdapterError("canonical_corrupt", f"{directory} is not a {FORMAT} canonical adapter")
     weights = directory / WEIGHTS_NAME
     check_safetensors(weights)
@@ -118,7 +126,10 @@ def load_canonical(directory: str | Path) -> LoadedAdapter:
         parse_tensor_name(name).canonical: t for name, t in safetensors.torch.load_file(weights).items()
     }
     expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
-    if set(tensors) != expected:
+    if set(tensors) != expected or any(
+        tensors[f"{name}.lora_A"].shape[0] != rank or tensors[f"{name}.lora_B"].shape[-1] != rank
+        for name, rank in sidecar["ranks"].items()
+    ):
         raise AdapterError("canonical_corrupt", f"{directory}: tensors do not match {SIDECAR_NAME}")
     adapter = LoadedAdapter(**{**sidecar, "tensors": dict(sorted(tensors.items()))})
     digest = adapter_digest(adapter.tensors, adapter.scaling)

@@ -107,3 +107,21 @@ def test_not_a_canonical_folder(made, tmp_path):
     with pytest.raises(AdapterError) as refused:
         load_canonical(made.directory)
     assert refused.value.code == "canonical_corrupt" and "quilt_adapter.json" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda sidecar: sidecar["ranks"].update({"layers.0.q_proj": 5}), id="rank-lies"),
+        pytest.param(lambda sidecar: sidecar.pop("scaling"), id="field-missing"),
+        pytest.param(lambda sidecar: sidecar["config"].update(format="quilt-lora/0"), id="other-format"),
+    ],
+)
+def test_damaged_sidecar_is_caught(made, tmp_path, damage):
+    canonical = load_adapter(made.directory, made.base_config).save(tmp_path / "canonical")
+    sidecar = json.loads((canonical / "quilt_adapter.json").read_text())
+    damage(sidecar)
+    (canonical / "quilt_adapter.json").write_text(json.dumps(sidecar))
+    with pytest.raises(AdapterError) as refused:
+        load_canonical(canonical)
+    assert refused.value.code == "canonical_corrupt"

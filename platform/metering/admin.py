@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from metering.models import ModelPrice, UsageDaily, UsageEvent, UsageMonth
+from metering.models import ModelPrice, ParkedUsageBatch, UsageDaily, UsageEvent, UsageMonth
 
 
 @admin.register(ModelPrice)
@@ -45,3 +45,9 @@ class UsageDailyAdmin(admin.ModelAdmin):
 @admin.register(UsageMonth)
 class UsageMonthAdmin(admin.ModelAdmin):
     list_display = ["tenant", "month", "requests", "prompt_tokens", "completion_tokens", "price", "cost"]
+
+
+@admin.register(ParkedUsageBatch)
+class ParkedUsageBatchAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "task_id", "error", "replayed_at"]
+    list_filter = ["replayed_at"]

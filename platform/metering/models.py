@@ -152,3 +152,20 @@ class RollupCursor(models.Model):
 
     def __str__(self) -> str:
         return f"rolled up to {self.rolled_up_to}"
+
+
+class ParkedUsageBatch(models.Model):
+    """A batch `metering.ingest_usage` failed on for good (not a transient error): kept, never lost, until an
+    operator fixes the cause and replays it (`manage.py replay_usage`; ingest is idempotent, so replaying is safe)."""
+
+    events = models.JSONField()
+    error = models.TextField()
+    task_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    replayed_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{len(self.events)} events parked at {self.created_at:%Y-%m-%d %H:%M}"

@@ -211,6 +211,8 @@ def usage_ingest(*, events: list[dict]) -> IngestResult:
     Holds are settled after commit and for every valid event, replays included: settling is idempotent, and a
     retry after a failure between commit and settling must still release the hold.
     """
+    if not isinstance(events, list):
+        raise TypeError(f"metering.ingest_usage takes a list of events, got {type(events).__name__}")
     records, rejected, seen = [], 0, set()
     for event in events:
         try:

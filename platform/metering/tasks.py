@@ -2,17 +2,26 @@
 
 from dataclasses import asdict
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from metering.parking import usage_batch_park
 from metering.rollups import usage_rollup_recent
 from metering.services import usage_ingest
 
 TRANSIENT = (OperationalError, InterfaceError, ConnectionError, RedisConnectionError)
 
 
+class IngestTask(Task):
+    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+        """Retries are spent or the error is not transient: park the batch rather than lose usage."""
+        events = args[0] if args else kwargs.get("events", [])
+        usage_batch_park(events=events, error=f"{type(exc).__name__}: {exc}", task_id=task_id)
+
+
 @shared_task(
+    base=IngestTask,
     name="metering.ingest_usage",
     autoretry_for=TRANSIENT,
     retry_backoff=True,

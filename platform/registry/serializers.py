@@ -59,19 +59,24 @@ class AdapterCreatedOutput(AdapterOutput):
         return AdapterVersionOutput(adapter_versions(adapter=adapter).last()).data
 
 
+@extend_schema_field({"type": "string", "format": "binary"})
+class UploadField(serializers.FileField):
+    """A file part of a multipart body (binary in the OpenAPI schema, not a URL)."""
+
+
 class AdapterCreateInput(serializers.Serializer):
     name = serializers.CharField(max_length=64)
     base_model = serializers.CharField(max_length=100)
     description = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
     file = serializers.ListField(
-        child=serializers.FileField(allow_empty_file=True), allow_empty=False,
+        child=UploadField(allow_empty_file=True), allow_empty=False,
         help_text="A .zip / .tar.gz of the PEFT adapter folder, or adapter_config.json and "
         "adapter_model.safetensors as two 'file' parts.",
     )  # fmt: skip
 
 
 class AdapterVersionCreateInput(serializers.Serializer):
-    file = serializers.ListField(child=serializers.FileField(allow_empty_file=True), allow_empty=False)
+    file = serializers.ListField(child=UploadField(allow_empty_file=True), allow_empty=False)
 
 
 class AdapterPromoteInput(serializers.Serializer):

@@ -130,3 +130,23 @@ def test_scopes_and_roles(tenant_a, key_client, member_client, base_model, adapt
     from rest_framework.test import APIClient
 
     assert APIClient().get("/api/v1/adapters").status_code in (401, 403)
+
+
+def test_uploads_stream_to_temporary_files_and_stop_at_the_cap():
+    from django.core.files.uploadedfile import TemporaryUploadedFile
+    from django.test import RequestFactory
+
+    from registry.errors import UploadTooLarge
+    from registry.upload_handlers import CappedTemporaryFileUploadHandler
+
+    def parsed(size: int, cap: int):
+        request = RequestFactory().post("/", {"file": upload("a.zip", b"z" * size)})
+        refusal = UploadTooLarge("too large", code="adapter_too_large")
+        request.upload_handlers = [CappedTemporaryFileUploadHandler(request, cap=cap, refusal=refusal)]
+        return request.FILES["file"]
+
+    small = parsed(10, cap=100)
+    assert isinstance(small, TemporaryUploadedFile), "even a tiny upload goes to disk, never to memory"
+    assert open(small.temporary_file_path(), "rb").read() == b"z" * 10
+    with pytest.raises(UploadTooLarge):
+        parsed(101, cap=100)

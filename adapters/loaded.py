@@ -9,14 +9,14 @@ import dataclasses
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
 
-from adapters.base_shapes import peft_module_key
+from adapters.base_shapes import PROJECTIONS, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
 from adapters.safetensors_check import check_safetensors
@@ -52,14 +52,13 @@ class LoadedAdapter:
         base_model_name_or_path: str | None,
     ) -> "LoadedAdapter":
         modules = {name.rsplit(".", 1)[-1] for name in ranks}
-        order = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
         return cls(
             digest=adapter_digest(tensors, scaling),
             rank=max(ranks.values()),
             ranks=dict(sorted(ranks.items())),
             alpha=alpha,
             scaling=dict(sorted(scaling.items())),
-            target_modules=[m for m in order if m in modules],
+            target_modules=[m for m in PROJECTIONS if m in modules],
             num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
             tensors=dict(sorted(tensors.items())),
             config={
@@ -79,7 +78,7 @@ class LoadedAdapter:
         peft_tensors = {_peft_name(name): tensor.contiguous() for name, tensor in self.tensors.items()}
         safetensors.torch.save_file(peft_tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
         (directory / CONFIG_NAME).write_text(json.dumps(self._peft_config(), indent=2, sort_keys=True))
-        sidecar = {key: value for key, value in asdict(self).items() if key != "tensors"}
+        sidecar = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tensors"}
         (directory / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2, sort_keys=True))
         return directory
 

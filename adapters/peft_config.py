@@ -9,6 +9,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from adapters.errors import AdapterError
@@ -195,19 +196,32 @@ class LoraSettings:
         return index == wanted if isinstance(wanted, int) else index in wanted
 
     def rank_for(self, key: str) -> int:
-        return self.rank_pattern.get(_pattern_key(self.rank_pattern, key), self.r)
+        return self.rank_pattern.get(_pattern_key(self._rank_matchers, key), self.r)
 
     def alpha_for(self, key: str) -> float:
-        return self.alpha_pattern.get(_pattern_key(self.alpha_pattern, key), self.lora_alpha)
+        return self.alpha_pattern.get(_pattern_key(self._alpha_matchers, key), self.lora_alpha)
+
+    @cached_property
+    def _rank_matchers(self) -> list[tuple[str, re.Pattern[str]]]:
+        return _suffix_matchers(self.rank_pattern)
+
+    @cached_property
+    def _alpha_matchers(self) -> list[tuple[str, re.Pattern[str]]]:
+        return _suffix_matchers(self.alpha_pattern)
 
     def scaling(self, alpha: float, rank: int) -> float:
         return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
 
 
-def _pattern_key(patterns: dict[str, Any], key: str) -> str:
-    """peft.utils.other.get_pattern_key: the first pattern that matches a dotted suffix of `key`."""
-    for pattern in patterns:
-        if re.match(rf"(.*\.)?({pattern})$", key):
+def _suffix_matchers(patterns: dict[str, Any]) -> list[tuple[str, re.Pattern[str]]]:
+    """peft.utils.other.get_pattern_key's regex per pattern, compiled once (re's own cache holds 512)."""
+    return [(pattern, re.compile(rf"(.*\.)?({pattern})$")) for pattern in patterns]
+
+
+def _pattern_key(matchers: list[tuple[str, re.Pattern[str]]], key: str) -> str:
+    """get_pattern_key: the first pattern that matches a dotted suffix of `key`, else `key` itself."""
+    for pattern, matcher in matchers:
+        if matcher.match(key):
             return pattern
     return key
 

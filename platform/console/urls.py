@@ -1,5 +1,7 @@
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, reverse_lazy
+from django.views.generic import RedirectView
 
 from console.views import (
     adapters,
@@ -66,6 +68,7 @@ urlpatterns = [
         ),
         name="password-set",
     ),
+    path("favicon.ico", RedirectView.as_view(url=static("console/favicon.svg"), permanent=True)),
     path("", home.home, name="overview"),
     path("switch/", home.switch, name="switch"),
     path("no-tenant/", overview.no_tenant, name="no-tenant"),

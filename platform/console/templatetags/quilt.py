@@ -68,7 +68,7 @@ def badge(status) -> str:
 @register.filter
 def compact(value) -> str:
     """12_345_678 -> 12.3M: token counts in cards and charts."""
-    if value is None:
+    if value in (None, ""):
         return "—"
     number = float(value)
     for limit, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
@@ -80,7 +80,7 @@ def compact(value) -> str:
 
 @register.filter
 def thousands(value) -> str:
-    return "—" if value is None else f"{int(value):,}"
+    return "—" if value in (None, "") else f"{int(value):,}"
 
 
 @register.filter
@@ -108,7 +108,7 @@ def price(value) -> str:
 
 @register.filter
 def filesize(value) -> str:
-    if value is None:
+    if value in (None, ""):
         return "—"
     size = float(value)
     for unit in ("B", "KB", "MB", "GB"):

@@ -28,6 +28,7 @@ from registry.selectors import (
 )
 from registry.services import adapter_create, adapter_delete, adapter_version_create, upload_limit
 
+PENDING = (AdapterVersion.Status.UPLOADED, AdapterVersion.Status.VALIDATING)
 SORTABLE = {"name": ("name",), "created": ("created_at", "id"), "versions": ("version_count", "name")}
 
 
@@ -42,7 +43,8 @@ def adapters(request):
         version_count=Count("versions"), latest_number=_latest("number"), latest_status=_latest("status")
     )
     page = listing(request, rows, sortable=SORTABLE, default_sort="name")
-    context = {"adapters": page, "base_models": base_models_active()}
+    pending = any(adapter.latest_status in PENDING for adapter in page.rows)
+    context = {"adapters": page, "base_models": base_models_active(), "pending": pending}
     return render_page(request, "console/adapters/list.html", context, section="adapters")
 
 
@@ -61,7 +63,7 @@ def adapter_detail(request, name: str):
         "adapter": adapter,
         "versions": versions,
         "previous": adapter_previous_version(adapter=adapter),
-        "pending": any(version.status in ("uploaded", "validating") for version in versions),
+        "pending": any(version.status in PENDING for version in versions),
     }
     return render_page(request, "console/adapters/detail.html", context, section="adapters")
 

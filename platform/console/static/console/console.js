@@ -172,6 +172,8 @@
     socket.onopen = function () {
       if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
       document.body.dataset.liveConnected = "yes";
+      // Work still in flight may have finished before this socket subscribed: catch up once.
+      if (document.querySelector("[data-live-pending]")) refreshRegions();
     };
     socket.onclose = function () {
       if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }

@@ -1,0 +1,188 @@
+"""The console in a real browser (Debian's Chromium through Playwright) against the ASGI server, with a real
+Celery worker validating uploads and ingesting usage, and live updates over the websocket."""
+
+import os
+
+import pytest
+from celery import current_app
+
+from apikeys.models import ApiKey
+from apikeys.selectors import api_key_authenticate
+from tenancy.models import AuditLog, Membership
+from tests.console.builders import usage_event
+from tests.console.live import start_live_worker, stop_worker
+from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls between its steps are plain sync code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+PASSWORD = "pw-12345-secret"
+LIVE_TIMEOUT_MS = 90_000
+
+# Test-side instrumentation: remember every state of the upload progress bar across the page change that follows.
+WATCH_PROGRESS = """() => {
+  const box = document.querySelector('#upload-progress');
+  sessionStorage.setItem('progress', '[]');
+  new MutationObserver(() => {
+    const seen = JSON.parse(sessionStorage.getItem('progress'));
+    seen.push({hidden: box.hidden, percent: box.dataset.percent || null});
+    sessionStorage.setItem('progress', JSON.stringify(seen));
+  }).observe(box, {attributes: true});
+}"""
+
+
+def log_in(browser, server, username: str):
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    page = context.new_page()
+    page.goto(server.url + "/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+    return page
+
+
+def confirm(page) -> None:
+    dialog = page.locator("#confirm-dialog")
+    dialog.wait_for(state="visible")
+    dialog.locator("[data-dialog-ok]").click()
+
+
+def upload(page, server, slug: str, zip_bytes: bytes, *, name: str = "", new_version_of: str = "") -> None:
+    query = f"?adapter={new_version_of}" if new_version_of else ""
+    page.goto(f"{server.url}/t/{slug}/adapters/upload/{query}")
+    if name:
+        page.fill("#id_name", name)
+    page.set_input_files("#id_file", files=[{"name": "adapter.zip", "mimeType": "application/zip", "buffer": zip_bytes}])
+    page.evaluate(WATCH_PROGRESS)
+    with page.expect_navigation(url=lambda url: "/upload/" not in url):
+        page.click("[data-testid=upload-submit]")
+    states = page.evaluate("JSON.parse(sessionStorage.getItem('progress'))")
+    assert {"hidden": False, "percent": "100"} in states, states
+
+
+def test_staff_creates_a_tenant_and_its_first_member(browser, live_server_asgi):
+    server = live_server_asgi
+    UserFactory(username="ops", is_staff=True)
+    UserFactory(username="dana", email="dana@acme.test")
+    page = log_in(browser, server, "ops")
+
+    page.click("nav >> text=Tenants")
+    page.click("[data-testid=new-tenant]")
+    page.fill("#id_name", "Acme Corp")
+    page.fill("#id_slug", "acme")
+    page.click("button:has-text('Create tenant')")
+    page.wait_for_url("**/platform/tenants/acme/")
+    assert "Created Acme Corp" in page.inner_text(".alert-success")
+
+    page.click("[data-testid=tenant-add-member]")
+    page.fill("#id_username", "dana")
+    page.select_option("#id_role", "owner")
+    page.click("#add button[type=submit]")
+    assert "Added dana as owner" in page.inner_text(".alert-success")
+    assert page.locator("tr[data-member=dana]").count() == 1
+
+    page.goto(server.url + "/platform/tenants/acme/")
+    page.click("[data-testid=suspend]")
+    confirm(page)
+    page.wait_for_selector("[data-testid=reactivate]")
+    assert "suspended" in page.inner_text("h1")
+
+    membership = Membership.objects.get(tenant__slug="acme", user__username="dana")
+    assert membership.role == "owner"
+    actions = list(AuditLog.objects.filter(actor_user__username="ops").values_list("action", flat=True))
+    assert {"tenant.create", "member.add", "tenant.suspend"} <= set(actions)
+
+
+def test_a_member_runs_keys_adapters_and_usage_without_reloading(
+    browser, live_server_asgi, media_dir, base_model, adapter_zips
+):
+    server = live_server_asgi
+    tenant = TenantFactory(slug="acme", name="Acme Corp")
+    MembershipFactory(tenant=tenant, user=UserFactory(username="dana"), role="developer")
+    page = log_in(browser, server, "dana")
+    assert page.url.endswith("/t/acme/")
+
+    # An API key: the secret is shown once, with a copy button and a warning, and it works.
+    page.click("nav >> text=API keys")
+    page.click("[data-testid=create-key]")
+    page.fill("#id_name", "backend")
+    page.check("input[name=scopes][value='usage:read']")
+    page.click("[data-testid=create-key-submit]")
+    secret = page.inner_text("[data-testid=key-secret]")
+    assert "shown only once" in page.inner_text("#new-key")
+    page.click("[data-copy='#new-secret']")
+    page.wait_for_selector("[data-copy-label]:has-text('Copied')")
+    page.click("text=I stored it — done")
+    assert secret not in page.content()
+    key = api_key_authenticate(presented=secret)
+    assert key.name == "backend" and sorted(key.scopes) == ["inference", "usage:read"]
+
+    # An adapter: upload with a progress bar, then validation goes to ready live (the worker starts only once
+    # the page is open and connected, so the page can only learn it over the websocket).
+    upload(page, server, "acme", adapter_zips[0], name="support-bot")
+    assert page.url.endswith("/t/acme/adapters/support-bot/")
+    page.wait_for_selector("body[data-live-connected=yes]")
+    assert page.get_attribute("tr[data-version='1']", "data-status") in ("uploaded", "validating")
+    page.evaluate("window.__sameDocument = true")
+    worker = start_live_worker(media_dir)
+    try:
+        page.wait_for_selector("tr[data-version='1'][data-status=ready]", timeout=LIVE_TIMEOUT_MS)
+        assert page.evaluate("window.__sameDocument") is True
+        assert page.inner_text("[data-testid=current-version]") == "v1"
+
+        # A second version, promoted with a confirmation.
+        upload(page, server, "acme", adapter_zips[1], new_version_of="support-bot")
+        page.wait_for_selector("tr[data-version='2'][data-status=ready]", timeout=LIVE_TIMEOUT_MS)
+        page.click("[data-testid=promote-2]")
+        confirm(page)
+        page.wait_for_selector("text=now serves version 2")
+        assert page.inner_text("[data-testid=current-version]") == "v2"
+
+        # Usage: events sent the way engines send them appear on the chart.
+        page.click("nav >> text=Usage")
+        assert page.get_attribute(".chart", "data-total-tokens") == "0"
+        events = [usage_event(tenant, model="support-bot", api_key=key) for _ in range(3)]
+        current_app.send_task("metering.ingest_usage", args=[events])
+        expected = sum(event["prompt_tokens"] + event["completion_tokens"] for event in events)
+        for _ in range(60):
+            page.reload()
+            if page.get_attribute(".chart", "data-total-tokens") != "0":
+                break
+            page.wait_for_timeout(500)
+        assert page.get_attribute(".chart", "data-total-tokens") == str(expected)
+        assert page.inner_text("[data-testid=usage-requests]") == "3"
+    finally:
+        stop_worker(worker)
+
+
+def test_a_viewer_sees_no_key_button_and_is_refused_when_posting_anyway(browser, live_server_asgi):
+    server = live_server_asgi
+    tenant = TenantFactory(slug="acme", name="Acme Corp")
+    MembershipFactory(tenant=tenant, user=UserFactory(username="vic"), role="viewer")
+    page = log_in(browser, server, "vic")
+    page.goto(server.url + "/t/acme/keys/")
+    assert page.locator("[data-testid=create-key]").count() == 0
+    assert page.locator("#create").count() == 0
+    token = next(cookie["value"] for cookie in page.context.cookies() if cookie["name"] == "csrftoken")
+    response = page.request.post(
+        server.url + "/t/acme/keys/", form={"name": "sneaky", "scopes": "inference"},
+        headers={"X-CSRFToken": token, "Referer": server.url + "/t/acme/keys/"},
+    )  # fmt: skip
+    assert response.status == 403
+    assert not ApiKey.objects.filter(tenant=tenant).exists()
+
+
+def test_a_member_of_tenant_a_can_not_open_tenant_b(browser, live_server_asgi):
+    server = live_server_asgi
+    tenant_a = TenantFactory(slug="acme", name="Acme Corp")
+    TenantFactory(slug="globex", name="Globex")
+    MembershipFactory(tenant=tenant_a, user=UserFactory(username="dana"), role="owner")
+    page = log_in(browser, server, "dana")
+    for path in ["", "keys/", "members/", "adapters/", "usage/", "billing/", "audit/"]:
+        response = page.goto(f"{server.url}/t/globex/{path}")
+        assert response.status == 404, path
+    assert "Globex" not in page.inner_text("body")
+    page.goto(server.url + "/t/acme/")
+    assert page.locator("#tenant-switcher option").all_inner_texts() == ["Acme Corp"]

@@ -129,6 +129,8 @@ def paged_attention_decode(
     """
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if batch == 0:
+        return torch.empty_like(q)
     num_blocks = -(-int(context_lens.max()) // block_size)
     keys = _gather_cache(k_cache, block_tables, num_blocks).float()  # [B, L, kvh, D]
     values = _gather_cache(v_cache, block_tables, num_blocks).float()

@@ -117,3 +117,19 @@ def test_store_kv_matches_reference(block_size, dtype, device):
     k_ref, v_ref = torch.zeros_like(k_cache).cpu(), torch.zeros_like(v_cache).cpu()
     reference.store_kv(k.cpu(), v.cpu(), k_ref, v_ref, slots.cpu())
     assert torch.equal(k_cache.cpu(), k_ref) and torch.equal(v_cache.cpu(), v_ref)
+
+
+@pytest.mark.gpu
+def test_paged_attention_decode_replays_in_a_cuda_graph():
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [300, 40], torch.bfloat16, "cuda")
+    q = torch.randn(2, layout.heads, layout.head_dim, device="cuda", dtype=torch.bfloat16)
+    decode = load_triton_op("paged_attention_decode")
+    decode(q, k_cache, v_cache, tables, lens, 0.2)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode(q, k_cache, v_cache, tables, lens, 0.2)
+    lens.copy_(torch.tensor([301, 41], dtype=torch.int32))  # the next step: one more token each
+    graph.replay()
+    expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(), 0.2)
+    assert_close(out.cpu(), expected)

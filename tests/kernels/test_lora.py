@@ -121,3 +121,30 @@ def test_shrink_rejects_mismatched_shapes(device):
     with pytest.raises(ValueError, match="in_dim"):
         load_triton_op("lora_shrink")(x, lora_a, torch.zeros(3, dtype=torch.int32, device=device),
                                       torch.ones(2, dtype=torch.int32, device=device))
+
+
+@pytest.mark.gpu
+def test_meta_shrink_and_expand_replay_in_a_cuda_graph():
+    case = CASES["qkv-mixed-ranks-1-to-128"]
+    x, lora_a, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, torch.bfloat16, "cuda", torch.int32)
+    shrink, expand = load_triton_op("lora_shrink"), load_triton_op("lora_expand")
+    meta = LoRAMeta.empty(case.tokens, len(case.ranks), "cuda")
+    y0 = torch.randn(case.tokens, offsets[-1], device="cuda", dtype=torch.bfloat16)
+    y = y0.clone()
+
+    def step():
+        meta.fill_(token_slots)
+        buf = shrink(x, lora_a, token_slots, ranks, meta=meta)
+        expand(y, buf, lora_b, token_slots, ranks, scaling, offsets, meta=meta)
+
+    step()  # warm up: compiles, caches the slice offsets on the device
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    token_slots.copy_(token_slots.flip(0))  # a new batch composition, same shapes
+    y.copy_(y0)
+    graph.replay()
+    expected = y0.cpu().clone()
+    ref_buf = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
+    reference.lora_expand(expected, ref_buf, lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    assert_close(y.cpu(), expected)

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import OperationalError
 
 from registry.garbage import adapter_blobs_collect
+from registry.models import AdapterVersion
 from registry.validation import adapter_version_validate, adapter_versions_stale
 
 
@@ -15,7 +16,10 @@ from registry.validation import adapter_version_validate, adapter_versions_stale
     autoretry_for=(OperationalError, OSError), retry_backoff=True, max_retries=5,
 )  # fmt: skip
 def validate_adapter_version(version_id: int) -> str:
-    return adapter_version_validate(version_id=version_id).status
+    try:
+        return adapter_version_validate(version_id=version_id).status
+    except AdapterVersion.DoesNotExist:
+        return "gone"
 
 
 @shared_task(name="registry.requeue_stale_validations")

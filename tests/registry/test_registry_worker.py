@@ -2,7 +2,9 @@
 by the worker; a worker killed mid-validation leaves the version retryable, and the retry completes it."""
 
 import pytest
+from django.conf import settings
 
+from quilt.celery import app
 from registry.models import Adapter, AdapterVersion
 from registry.tasks import requeue_stale_validations
 from tests.conftest import start_worker, stop_worker
@@ -15,6 +17,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def worker_over_media(media_root):
     """Started after MEDIA_ROOT points at this test's folder, so the worker stores blobs there too."""
     workers = []
+    with app.connection_for_write() as conn:  # validations other tests committed and no worker took
+        conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
 
     def start(include=()):
         workers.append(start_worker(include=include))

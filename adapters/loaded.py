@@ -19,7 +19,7 @@ import torch
 from adapters.base_shapes import PROJECTIONS, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
-from adapters.safetensors_check import check_safetensors
+from adapters.safetensors_check import check_safetensors, read_tensors
 from adapters.tensor_names import parse_tensor_name
 
 FORMAT = "quilt-lora/1"
@@ -121,9 +121,7 @@ def load_canonical(directory: str | Path) -> LoadedAdapter:
         raise AdapterError("canonical_corrupt", f"{directory} is not a {FORMAT} canonical adapter")
     weights = directory / WEIGHTS_NAME
     check_safetensors(weights)
-    tensors = {
-        parse_tensor_name(name).canonical: t for name, t in safetensors.torch.load_file(weights).items()
-    }
+    tensors = {parse_tensor_name(name).canonical: t for name, t in read_tensors(weights).items()}
     expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
     if set(tensors) != expected or any(
         tensors[f"{name}.lora_A"].shape[0] != rank or tensors[f"{name}.lora_B"].shape[-1] != rank

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from adapters.archive import ArchiveLimits, unpacked
@@ -14,7 +13,7 @@ from adapters.errors import AdapterError
 from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
 from adapters.loaded import LoadedAdapter
 from adapters.peft_config import MAX_CONFIG_BYTES, LoraSettings
-from adapters.safetensors_check import TensorEntry, check_safetensors
+from adapters.safetensors_check import TensorEntry, check_safetensors, read_tensors
 from adapters.tensor_names import LoraTensorName, module_name, parse_tensor_name
 
 DEFAULT_MAX_RANK = 256
@@ -61,7 +60,7 @@ def load_adapter(
         plan = _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS)
         names = _match_tensors(entries, plan, shapes)
         _check_shapes(entries, names, plan, shapes, max_rank=max_rank)
-        loaded = safetensors.torch.load_file(files.weights)
+        loaded = read_tensors(files.weights)
     tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
     for key, tensor in tensors.items():
         _check_finite(key, tensor)

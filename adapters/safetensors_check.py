@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 from adapters.errors import AdapterError
@@ -62,6 +63,12 @@ def check_safetensors(path: Path) -> dict[str, TensorEntry]:
     entries = {key: _entry(name, key, value) for key, value in header.items()}
     _check_tiling(name, entries, data_size=file_size - 8 - header_size)
     return entries
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a file `check_safetensors` accepted, copied out of the mapping into memory we own:
+    a mapped file could change after validation, and an unpacked upload is deleted right after."""
+    return {name: tensor.clone() for name, tensor in safetensors.torch.load_file(path).items()}
 
 
 def _parse_header(name: str, raw: bytes) -> dict[str, Any]:

@@ -125,3 +125,16 @@ def test_damaged_sidecar_is_caught(made, tmp_path, damage):
     with pytest.raises(AdapterError) as refused:
         load_canonical(canonical)
     assert refused.value.code == "canonical_corrupt"
+
+
+def test_loaded_tensors_do_not_follow_later_changes_to_the_file(tmp_path, llama_base):
+    directory = write_adapter(tmp_path / "a")
+    adapter = load_adapter(directory, llama_base)
+    before = {name: t.clone() for name, t in adapter.tensors.items()}
+    weights = directory / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)
+    with open(weights, "r+b") as handle:  # in place, as a careless writer would
+        handle.write(bytes(data))
+    assert all(torch.equal(adapter.tensors[name], t) for name, t in before.items())
+    assert load_adapter(directory, llama_base).digest != adapter.digest

@@ -110,6 +110,7 @@ class AdapterPool:
             w.lora_b[slot].zero_()
             w.scaling[:, slot] = 0.0
             w.ranks[slot] = 0
+            w.host_ranks[slot] = 0
         for key, rank in adapter.ranks.items():
             _, layer, module = key.split(".")
             w, s = self.weights[(int(layer), module)]
@@ -117,7 +118,8 @@ class AdapterPool:
             w.lora_a[s, slot, :rank].copy_(adapter.tensors[f"{key}.lora_A"])
             w.lora_b[slot, o0:o1, :rank].copy_(adapter.tensors[f"{key}.lora_B"])
             w.scaling[s, slot] = adapter.scaling[key]
-            w.ranks[slot] = max(int(w.ranks[slot]), rank)
+            w.host_ranks[slot] = max(w.host_ranks[slot], rank)
+            w.ranks[slot] = w.host_ranks[slot]
 
     def _check(self, adapter: "adapters.LoadedAdapter") -> None:
         if adapter.rank > self.max_rank:

@@ -17,3 +17,4 @@ class Context:
     is_decode: bool  # every sequence has exactly one new token
     token_slots: torch.Tensor  # [T] int32, adapter slot per token, -1 = base model
     lora_meta: LoRAMeta | None  # None: no token in the step uses an adapter
+    active_slots: tuple[int, ...]  # adapter slots used by some token of the step

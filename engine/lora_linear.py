@@ -21,6 +21,7 @@ class LoRAWeights:
     scaling: torch.Tensor  # [S, slots] float32
     ranks: torch.Tensor  # [slots] int32, the largest rank among the slices (0: no slice targeted)
     slice_offsets: tuple[int, ...]
+    host_ranks: list[int]  # ranks, kept on the host so a step whose adapters skip this projection skips it too
 
     @classmethod
     def empty(cls, base: Linear, modules: tuple[str, ...], *, num_slots: int, max_rank: int) -> "LoRAWeights":
@@ -33,6 +34,7 @@ class LoRAWeights:
             scaling=torch.zeros(num_slices, num_slots, dtype=torch.float32, device=device),
             ranks=torch.zeros(num_slots, dtype=torch.int32, device=device),
             slice_offsets=base.slice_offsets,
+            host_ranks=[0] * num_slots,
         )
 
 
@@ -44,9 +46,9 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
         y = self.base(x)  # [T, out_total]
-        if ctx is None or ctx.lora_meta is None:
-            return y
         w = self.weights
+        if ctx is None or ctx.lora_meta is None or not any(w.host_ranks[slot] for slot in ctx.active_slots):
+            return y
         buf = kernels.lora_shrink(x, w.lora_a, ctx.token_slots, w.ranks, meta=ctx.lora_meta)  # [S, T, max_rank]
         kernels.lora_expand(
             y, buf, w.lora_b, ctx.token_slots, w.ranks, w.scaling, w.slice_offsets, meta=ctx.lora_meta

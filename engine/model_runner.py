@@ -96,8 +96,9 @@ class ModelRunner:
             is_decode=len(input_ids) == len(out.seqs),
             token_slots=torch.tensor(token_slots, dtype=torch.int32, device=dev),  # [T]
             lora_meta=None,
+            active_slots=tuple(sorted(adapter_slots.values())),
         )
-        if adapter_slots and any(s >= 0 for s in token_slots):
+        if adapter_slots:
             ctx.lora_meta = LoRAMeta.build(ctx.token_slots, self.num_slots)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx)  # [T, hidden]
         rows = sample_rows + [row for _, row, _ in prompt_rows]

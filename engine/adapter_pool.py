@@ -2,7 +2,7 @@
 
 A request for an adapter that is in neither memory tier triggers a load by a background thread
 while the request waits in the queue; the scheduler asks `ready()`. Loads that fail are reported
-by `take_failures()` so that only the requests for that adapter fail. Slots are filled by
+by `failures()` so that only the requests for that adapter fail. Slots are filled by
 `activate()` before a step, evicting the least-recently-used adapter that no running request uses.
 """
 
@@ -47,7 +47,6 @@ class AdapterPool:
         self.free_slots = list(range(num_slots))
         self.loading: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.new_failures: dict[str, str] = {}
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._worker, name="adapter-loader", daemon=True)
@@ -77,10 +76,10 @@ class AdapterPool:
             self._requests.put((digest, self.paths[digest]))
         return False
 
-    def take_failures(self) -> dict[str, str]:
+    def failures(self) -> dict[str, str]:
+        """digest -> reason for every adapter whose load failed (until it is registered again)."""
         self._drain()
-        failures, self.new_failures = self.new_failures, {}
-        return failures
+        return self.failed
 
     def activate(self, needed: set[str], in_use: set[str]) -> dict[str, int]:
         """Put every needed adapter in a GPU slot; returns digest -> slot for them."""
@@ -166,7 +165,6 @@ class AdapterPool:
             self.loading.discard(digest)
             if error is not None:
                 self.failed[digest] = error
-                self.new_failures[digest] = error
             else:
                 self._put_host(adapter)
 

@@ -175,9 +175,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = []
-        failures = self.adapter_pool.take_failures()
-        for seq in [s for s in self.scheduler.waiting if s.adapter in failures]:
-            self._finish(seq, "error", f"adapter {seq.adapter} failed to load: {failures[seq.adapter]}")
+        failed = self.adapter_pool.failures()
+        for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
+            self._finish(seq, "error", f"adapter {seq.adapter} failed to load: {failed[seq.adapter]}")
             outputs.append(self._output(seq, []))
         out = self.scheduler.schedule()
         self.num_preemptions += len(out.preempted)

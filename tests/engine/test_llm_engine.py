@@ -47,6 +47,8 @@ def test_background_load_and_failed_load_fail_only_their_requests(checkpoints, a
         engine.add_request("unknown", prompts[2], GREEDY, adapter="f" * 64)
     outputs = run_all(engine)
     assert outputs["broken"].finish_reason == "error" and "failed to load" in outputs["broken"].error
+    engine.add_request("broken-again", prompts[1], GREEDY, adapter="0" * 64, tenant="b")
+    assert run_all(engine)["broken-again"].finish_reason == "error"
     oracle = Oracle(checkpoints["llama"], {"good": adapter_dirs["good"]})
     assert outputs["good"].token_ids == oracle.greedy(prompts[0], "good", 5)
     assert outputs["base"].token_ids == oracle.greedy(prompts[2], None, 5)

@@ -47,8 +47,9 @@ def lora_shrink(
     num_slices, _, max_rank, _ = lora_a.shape
     buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
     for slot, tokens, rank in _slot_groups(token_slots, ranks):
-        a = lora_a[:, slot, :rank].float()  # [S, r, in]
-        buf[:, tokens, :rank] = torch.matmul(x[tokens].float(), a.transpose(1, 2)).to(x.dtype)
+        rows = x[tokens].float()  # [n, in]
+        for s in range(num_slices):
+            buf[s, tokens, :rank] = F.linear(rows, lora_a[s, slot, :rank].float()).to(x.dtype)  # [n, r]
     return buf
 
 
@@ -73,12 +74,13 @@ def lora_expand(
     token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
     slice_offsets: S + 1 python ints. `meta` is accepted and ignored.
     """
+    lo, hi = slice_offsets[0], slice_offsets[-1]
     for slot, tokens, rank in _slot_groups(token_slots, ranks):
+        deltas = []
         for s in range(len(slice_offsets) - 1):
-            o0, o1 = slice_offsets[s], slice_offsets[s + 1]
-            b = lora_b[slot, o0:o1, :rank].float()  # [o1 - o0, r]
-            delta = (buf[s, tokens, :rank].float() @ b.T) * scaling[s, slot].float()  # [n, o1 - o0]
-            y[:, o0:o1].index_add_(0, tokens, delta.to(y.dtype))
+            b = lora_b[slot, slice_offsets[s] : slice_offsets[s + 1], :rank].float()  # [width_s, r]
+            deltas.append(F.linear(buf[s, tokens, :rank].float(), b) * scaling[s, slot].float())  # [n, width_s]
+        y[:, lo:hi].index_add_(0, tokens, torch.cat(deltas, dim=1).to(y.dtype))
 
 
 def store_kv(

@@ -56,12 +56,12 @@ class LLM:
             request_ids.append(request_id)
         final: dict[tuple[str, int], RequestOutput] = {}
         while self.engine.has_unfinished():
-            outputs = self.engine.step()
-            for output in outputs:
+            steps = self.engine.num_steps
+            for output in self.engine.step():
                 if output.finished:
                     final[(output.request_id, output.index)] = output
-            if not outputs:
-                time.sleep(0.001)  # adapters still loading
+            if self.engine.num_steps == steps:
+                time.sleep(0.001)  # nothing could run: adapters are still loading
         results = []
         for request_id, params in zip(request_ids, samplings, strict=True):
             choices = [final[(request_id, index)] for index in range(params.n)]

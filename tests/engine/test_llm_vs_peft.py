@@ -141,6 +141,8 @@ def test_other_architectures_match_peft(checkpoints, tmp_path_factory, arch):
         "qv": build_adapter(base, root / "qv", seed=20, r=8, targets=["q_proj", "v_proj"]),
         "mlp": build_adapter(base, root / "mlp", seed=21, r=3, targets=["gate_proj", "up_proj", "down_proj", "o_proj"]),
     }
+    if arch == "mistral":
+        assert (base / "model.safetensors.index.json").exists()  # sharded checkpoint
     oracle = Oracle(base, adapters)
     llm = make_llm(base, adapters, block_size=8, num_kv_blocks=64)
     names = ["qv", None, "mlp", "qv", "mlp"]

@@ -6,23 +6,12 @@ from rest_framework.response import Response
 
 from apikeys.models import Scope
 from metering.renderers import CsvRenderer
-from metering.selectors import UsageTotals, usage_grouped
+from metering.selectors import usage_grouped, usage_sum
 from metering.serializers import UsageOutput, UsageQueryInput, UsageRowOutput
 from tenancy.api_base import TenantAPIView
 from tenancy.models import Membership
 
 CSV_COLUMNS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens", "price"]
-
-
-def _sum(rows: list[UsageTotals]) -> UsageTotals:
-    total = UsageTotals(group="total")
-    for row in rows:
-        total.requests += row.requests
-        total.prompt_tokens += row.prompt_tokens
-        total.cached_tokens += row.cached_tokens
-        total.completion_tokens += row.completion_tokens
-        total.price += row.price
-    return total
 
 
 class UsageApi(TenantAPIView):
@@ -49,4 +38,4 @@ class UsageApi(TenantAPIView):
                     for row in UsageRowOutput(rows, many=True).data]  # fmt: skip
             filename = f"usage-{self.tenant.slug}-{params['start']}-{params['end']}-{params['group_by']}.csv"
             return Response(body, headers={"Content-Disposition": f'attachment; filename="{filename}"'})
-        return Response(UsageOutput({**params, "data": rows, "total": _sum(rows)}).data)
+        return Response(UsageOutput({**params, "data": rows, "total": usage_sum(rows)}).data)

@@ -75,6 +75,19 @@ def usage_grouped(*, tenant: Tenant, since: date, until: date, group_by: str) ->
     return [totals[name] for name in sorted(totals)]
 
 
+def usage_sum(rows: list[UsageTotals], *, group: str = "total") -> UsageTotals:
+    total = UsageTotals(group=group)
+    for row in rows:
+        total.requests += row.requests
+        total.prompt_tokens += row.prompt_tokens
+        total.cached_tokens += row.cached_tokens
+        total.completion_tokens += row.completion_tokens
+        total.gpu_ms += row.gpu_ms
+        total.price += row.price
+        total.cost += row.cost
+    return total
+
+
 def usage_by_day(*, tenant: Tenant, since: date, until: date) -> list[UsageTotals]:
     return usage_grouped(tenant=tenant, since=since, until=until, group_by="day")
 

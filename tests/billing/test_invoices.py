@@ -1,10 +1,12 @@
 """Monthly invoices: one per tenant and month, lines per model at each set of rates, issued once, never changed."""
 
+import threading
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
 
 from billing.invoices import invoice_issue, invoices_issue_month
 from billing.models import Invoice, InvoiceIsIssued, InvoiceLine
@@ -136,3 +138,30 @@ def test_the_monthly_run_bills_each_tenant_that_used_the_month(acme):
     assert sorted(invoice.tenant.slug for invoice in invoices) == ["acme", "other"]
     assert not Invoice.objects.filter(tenant=idle).exists()
     assert {invoice.month for invoice in Invoice.objects.all()} == {OCTOBER}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_runs_issue_one_invoice():
+    gpu_engine()
+    tenant = priced_tenant("acme")
+    usage_ingest(events=[usage_event(tenant, finished_at=_at(day)) for day in (1, 2, 3)])
+    barrier = threading.Barrier(4)
+    issued, errors = [], []
+
+    def issue():
+        try:
+            barrier.wait()
+            issued.append(invoice_issue(tenant=tenant, month=OCTOBER).pk)
+        except Exception as error:  # reported below: a thread's failure must fail the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=issue) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(set(issued)) == 1 and Invoice.objects.count() == 1
+    assert InvoiceLine.objects.get().requests == 3

@@ -3,6 +3,7 @@
 Reads need any valid key (or the viewer role); writes need the `adapters:write` scope (or developer).
 """
 
+from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
@@ -12,7 +13,7 @@ from rest_framework.response import Response
 
 from apikeys.models import Scope
 from registry import promotion, selectors, services
-from registry.errors import RegistryRefusal
+from registry.errors import RegistryRefusal, UploadTooLarge
 from registry.models import Adapter
 from registry.serializers import (
     AdapterCreatedOutput,
@@ -50,16 +51,26 @@ class _RegistryApi(TenantAPIView):
             raise Http404
         return adapter
 
+    def initialize_request(self, request, *args, **kwargs):
+        """Before anything reads the body (a session's CSRF check may): stream file parts to disk, capped."""
+        if request.method == "POST":
+            cap = settings.QUILT_MAX_UPLOAD_BYTES
+            refusal = UploadTooLarge(
+                f"The upload is too large; this platform allows at most {services.human_bytes(cap)} per adapter.",
+                code="adapter_too_large",
+            )
+            request.upload_handlers = [CappedTemporaryFileUploadHandler(request, cap=cap, refusal=refusal)]
+        return super().initialize_request(request, *args, **kwargs)
+
     def _stream_uploads(self, request) -> None:
-        """Before the body is read: refuse an announced oversize body, and stream files to disk under the cap."""
+        """Once the tenant is known: refuse an announced oversize body, and tighten the cap to its plan."""
         cap = services.upload_limit(tenant=self.tenant)
-        refusal = services.upload_refusal(tenant=self.tenant)
         announced = int(request.META.get("CONTENT_LENGTH") or 0)
         if announced > cap + MULTIPART_OVERHEAD_BYTES:
             raise services.upload_refusal(tenant=self.tenant, size=announced)
-        raw = request._request
-        if not hasattr(raw, "_files"):
-            raw.upload_handlers = [CappedTemporaryFileUploadHandler(raw, cap=cap, refusal=refusal)]
+        if not hasattr(request._request, "_files"):
+            (handler,) = request._request.upload_handlers
+            handler.cap, handler.refusal = cap, services.upload_refusal(tenant=self.tenant)
 
 
 class BaseModelListApi(_RegistryApi):

@@ -80,6 +80,24 @@ def test_the_platform_cap_applies_below_the_plan(settings, tenant_a, key_client,
     assert files_under(media_root) == []
 
 
+def test_a_browser_session_upload_is_capped_before_its_csrf_check_reads_the_body(
+    settings, tenant_a, base_model, adapter_zip, media_root
+):
+    from rest_framework.test import APIClient
+
+    from tests.platform.factories import MembershipFactory
+
+    settings.QUILT_MAX_UPLOAD_BYTES = len(adapter_zip) - 1
+    browser = APIClient(enforce_csrf_checks=True)
+    browser.force_login(MembershipFactory(tenant=tenant_a, role="developer").user,
+                        backend="django.contrib.auth.backends.ModelBackend")  # fmt: skip
+    browser.cookies[settings.CSRF_COOKIE_NAME] = "k" * 32  # so the check goes on to read the form's token
+    response = create_adapter(browser, "big", adapter_zip)
+    assert response.status_code == 413, response.content
+    assert "this platform allows at most" in response.json()["error"]["message"]
+    assert files_under(media_root) == [] and not Adapter.objects.exists()
+
+
 def test_bad_requests_are_refused_clearly(tenant_a, key_client, base_model, adapter_zip, media_root):
     client, _, _ = key_client(tenant_a, scopes=["adapters:write"])
     cases = [

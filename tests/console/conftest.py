@@ -1,5 +1,7 @@
 """Fixtures for the console: logged-in clients by role, a tiny registered base model, adapters, usage."""
 
+import os
+
 import pytest
 from django.test import Client
 
@@ -11,6 +13,7 @@ from tests.console.live import CHROMIUM, CHROMIUM_ARGS, start_live_worker, start
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 
 
 def logged_in(user) -> Client:
@@ -72,7 +75,7 @@ def media_root(settings, media_dir):
     return media_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live_server_asgi(django_db_setup, media_dir):
     server = start_server(media_dir)
     yield server
@@ -88,12 +91,22 @@ def live_worker(transactional_db, media_dir):
 
 @pytest.fixture(scope="module")
 def browser():
+    """Chromium for one test module. Playwright's sync API keeps an event loop running in this thread while it
+    is open, so Django's async-safety guard is lifted for exactly that long (the ORM calls in between are sync)."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    before = os.environ.get(ASYNC_UNSAFE)
+    os.environ[ASYNC_UNSAFE] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if before is None:
+            os.environ.pop(ASYNC_UNSAFE, None)
+        else:
+            os.environ[ASYNC_UNSAFE] = before
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """The console in a real browser (Debian's Chromium through Playwright) against the ASGI server, with a real
 Celery worker validating uploads and ingesting usage, and live updates over the websocket."""
 
-import os
-
 import pytest
 from celery import current_app
 
@@ -15,8 +13,6 @@ from tests.platform.factories import MembershipFactory, TenantFactory, UserFacto
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-# Playwright's sync API runs an event loop in this thread; the ORM calls between its steps are plain sync code.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 PASSWORD = "pw-12345-secret"
 LIVE_TIMEOUT_MS = 90_000
 

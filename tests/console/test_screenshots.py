@@ -3,8 +3,6 @@
 Each page is also checked for what a person would look for on it, so a broken page fails here too.
 """
 
-import os
-
 import pytest
 
 from tests.console.scenery import build
@@ -12,7 +10,6 @@ from tests.platform.factories import UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 PASSWORD = "pw-12345-secret"
 
 

@@ -1,0 +1,104 @@
+"""API keys in the console: the secret is shown once, scopes and expiry stick, revoke and rotate work."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apikeys.models import ApiKey
+from apikeys.selectors import KeyRefused, api_key_authenticate
+from apikeys.services import api_key_create
+from tenancy.audit import Actor
+from tenancy.models import AuditLog
+
+pytestmark = pytest.mark.django_db
+
+
+def keys_url(tenant, *parts) -> str:
+    return reverse("console:keys", kwargs={"slug": tenant.slug}) + "".join(parts)
+
+
+def test_creating_a_key_shows_the_secret_once(tenant, member_of):
+    client, membership = member_of(tenant, "developer")
+    response = client.post(keys_url(tenant), {"name": "backend", "scopes": ["inference", "usage:read"], "expiry": "30"})
+    assert response.status_code == 200
+    assert response["Cache-Control"] == "no-store"
+    secret = response.context["created"]["plaintext"]
+    assert secret.encode() in response.content
+    assert b"shown only once" in response.content
+    key = api_key_authenticate(presented=secret)
+    assert key.tenant == tenant and key.scopes == ["inference", "usage:read"] and key.created_by == membership.user
+    assert timedelta(days=29) < key.expiry_date - timezone.now() <= timedelta(days=30)
+    assert secret.encode() not in client.get(keys_url(tenant)).content
+    assert AuditLog.objects.filter(action="api_key.create", actor_user=membership.user).count() == 1
+
+
+def test_a_key_without_scopes_is_refused_with_a_message(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    response = client.post(keys_url(tenant), {"name": "backend"})
+    assert response.status_code == 400
+    assert b"This field is required" in response.content
+    assert not ApiKey.objects.exists()
+
+
+def test_revoking_stops_the_key(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    key, secret = api_key_create(actor=Actor.system(), tenant=tenant, name="old", scopes=["inference"])
+    response = client.post(reverse("console:key-revoke", kwargs={"slug": tenant.slug, "prefix": key.prefix}), follow=True)
+    assert b"is revoked" in response.content
+    with pytest.raises(KeyRefused, match="revoked"):
+        api_key_authenticate(presented=secret)
+
+
+def test_rotating_issues_a_successor_and_keeps_the_old_key_for_the_grace_period(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    key, old_secret = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
+    url = reverse("console:key-rotate", kwargs={"slug": tenant.slug, "prefix": key.prefix})
+    response = client.post(url, {"grace": "3600"})
+    new_secret = response.context["created"]["plaintext"]
+    assert new_secret.encode() in response.content and b"keeps working until" in response.content
+    assert api_key_authenticate(presented=new_secret).name == "svc"
+    key.refresh_from_db()
+    assert timedelta(minutes=59) < key.expiry_date - timezone.now() <= timedelta(hours=1)
+    assert key.replaced_by.prefix == new_secret.partition(".")[0]
+    assert api_key_authenticate(presented=old_secret).pk == key.pk
+    again = client.post(url, {"grace": "0"}, follow=True)
+    assert b"already been rotated" in again.content
+
+
+def test_viewers_see_keys_but_can_not_change_them(tenant, member_of):
+    client, _ = member_of(tenant, "viewer")
+    key, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
+    page = client.get(keys_url(tenant)).content.decode()
+    assert "svc" in page and 'data-testid="create-key"' not in page and "/revoke/" not in page and "/rotate/" not in page
+    assert client.post(keys_url(tenant), {"name": "x", "scopes": ["inference"]}).status_code == 403
+    kwargs = {"slug": tenant.slug, "prefix": key.prefix}
+    assert client.post(reverse("console:key-revoke", kwargs=kwargs)).status_code == 403
+    assert client.post(reverse("console:key-rotate", kwargs=kwargs), {"grace": "0"}).status_code == 403
+    key.refresh_from_db()
+    assert not key.revoked and ApiKey.objects.count() == 1
+
+
+def test_keys_of_another_tenant_are_not_found(tenant, other_tenant, member_of):
+    client, _ = member_of(tenant, "owner")
+    key, _ = api_key_create(actor=Actor.system(), tenant=other_tenant, name="theirs", scopes=["inference"])
+    url = reverse("console:key-revoke", kwargs={"slug": tenant.slug, "prefix": key.prefix})
+    assert client.post(url).status_code == 404
+    key.refresh_from_db()
+    assert not key.revoked
+
+
+def test_the_key_list_pages_sorts_and_filters_in_a_fixed_number_of_queries(
+    tenant, member_of, django_assert_max_num_queries
+):
+    client, _ = member_of(tenant, "developer")
+    for index in range(60):
+        api_key_create(actor=Actor.system(), tenant=tenant, name=f"key-{index:02d}", scopes=["inference"])
+    ApiKey.objects.filter(name__in=["key-00", "key-01"]).update(revoked=True)
+    with django_assert_max_num_queries(12):
+        page = client.get(keys_url(tenant, "?sort=name&page=2"))
+    names = [key.name for key in page.context["keys"].rows]
+    assert names == [f"key-{index:02d}" for index in range(25, 50)]
+    revoked = client.get(keys_url(tenant, "?state=revoked")).context["keys"]
+    assert [key.name for key in revoked.rows] == ["key-01", "key-00"]

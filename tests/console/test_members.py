@@ -1,0 +1,93 @@
+"""Members in the console: add, invite by email (then set a password and log in), roles, the owner rules."""
+
+import re
+
+import pytest
+from django.core import mail
+from django.urls import reverse
+
+from tenancy.models import AuditLog, Membership
+from tests.platform.factories import MembershipFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def members_url(tenant) -> str:
+    return reverse("console:members", kwargs={"slug": tenant.slug})
+
+
+def member_url(name: str, membership) -> str:
+    return reverse(f"console:{name}", kwargs={"slug": membership.tenant.slug, "member_id": membership.pk})
+
+
+def test_an_admin_adds_an_existing_user(tenant, member_of):
+    client, admin = member_of(tenant, "admin")
+    UserFactory(username="bob")
+    response = client.post(members_url(tenant), {"username": "bob", "role": "developer"}, follow=True)
+    assert b"Added bob as developer" in response.content
+    assert Membership.objects.get(tenant=tenant, user__username="bob").role == "developer"
+    assert AuditLog.objects.filter(action="member.add", actor_user=admin.user, tenant=tenant).exists()
+
+
+def test_an_invited_person_sets_a_password_from_the_email_and_logs_in(tenant, member_of, client):
+    admin_client, _ = member_of(tenant, "admin")
+    response = admin_client.post(members_url(tenant), {"email": "new@acme.test", "role": "viewer"}, follow=True)
+    assert b"Invited new@acme.test" in response.content
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["new@acme.test"]
+    link = re.search(r"http://testserver(/welcome/\S+)", mail.outbox[0].body).group(1)
+    form_page = client.get(link, follow=True)
+    assert b"Choose a password" in form_page.content
+    password = "a-long-enough-passphrase-42"
+    done = client.post(form_page.redirect_chain[-1][0], {"new_password1": password, "new_password2": password})
+    assert done.status_code == 302
+    assert client.login(username="new@acme.test", password=password)
+    assert client.get(reverse("console:tenant-overview", kwargs={"slug": tenant.slug})).status_code == 200
+    assert client.get(link, follow=True).content.count(b"This link has expired") == 1
+
+
+def test_roles_change_and_only_owners_touch_owners(tenant, member_of):
+    client, admin = member_of(tenant, "admin")
+    developer = MembershipFactory(tenant=tenant, role="developer")
+    owner = MembershipFactory(tenant=tenant, role="owner")
+    client.post(member_url("member-role", developer), {"role": "viewer"})
+    developer.refresh_from_db()
+    assert developer.role == "viewer"
+    assert client.post(member_url("member-role", developer), {"role": "owner"}).status_code == 403
+    assert client.post(member_url("member-role", owner), {"role": "viewer"}).status_code == 403
+    assert client.post(member_url("member-remove", owner)).status_code == 403
+    assert client.post(members_url(tenant), {"username": UserFactory().username, "role": "owner"}).status_code == 403
+    owner.refresh_from_db()
+    assert owner.role == "owner"
+
+
+def test_the_last_owner_stays(tenant, member_of):
+    client, owner = member_of(tenant, "owner")
+    response = client.post(member_url("member-role", owner), {"role": "admin"}, follow=True)
+    assert b"must keep at least one owner" in response.content
+    owner.refresh_from_db()
+    assert owner.role == "owner"
+
+
+def test_removing_a_member_takes_their_access(tenant, member_of):
+    client, _ = member_of(tenant, "owner")
+    leaving_client, leaving = member_of(tenant, "developer")
+    response = client.post(member_url("member-remove", leaving), follow=True)
+    assert b"Removed" in response.content
+    assert leaving_client.get(reverse("console:keys", kwargs={"slug": tenant.slug})).status_code == 404
+
+
+def test_developers_can_not_manage_members(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    other = MembershipFactory(tenant=tenant, role="viewer")
+    assert client.post(members_url(tenant), {"username": UserFactory().username, "role": "viewer"}).status_code == 403
+    assert client.post(member_url("member-role", other), {"role": "admin"}).status_code == 403
+    assert client.post(member_url("member-remove", other)).status_code == 403
+    assert Membership.objects.filter(tenant=tenant).count() == 2
+
+
+def test_the_member_list_pages_in_a_fixed_number_of_queries(tenant, member_of, django_assert_max_num_queries):
+    client, _ = member_of(tenant, "admin")
+    MembershipFactory.create_batch(60, tenant=tenant, role="viewer")
+    with django_assert_max_num_queries(12):
+        response = client.get(members_url(tenant) + "?sort=-username&page=3")
+    assert len(response.context["members"].rows) == 11

@@ -1,0 +1,76 @@
+"""Staff pages over tenants: search, status, create, plan changes, suspend and reactivate, margins."""
+
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+
+from apikeys.selectors import KeyRefused, api_key_authenticate
+from apikeys.services import api_key_create
+from gateway.models import Engine
+from metering.services import usage_ingest
+from tenancy.audit import Actor
+from tenancy.models import AuditLog, Plan, Tenant
+from tests.console.builders import usage_event
+from tests.platform.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_staff_search_and_filter_tenants(staff_client, django_assert_max_num_queries):
+    for index in range(40):
+        TenantFactory(slug=f"shop-{index:02d}", name=f"Shop {index:02d}")
+    TenantFactory(slug="umbrella", name="Umbrella Health", status="suspended")
+    with django_assert_max_num_queries(10):
+        response = staff_client.get(reverse("console:tenants") + "?sort=-name&page=2")
+    rows = response.context["tenants"].rows
+    assert [tenant.slug for tenant in rows][:2] == ["shop-15", "shop-14"]
+    found = staff_client.get(reverse("console:tenants") + "?q=umbrel").context["tenants"].rows
+    assert [tenant.slug for tenant in found] == ["umbrella"]
+    suspended = staff_client.get(reverse("console:tenants") + "?status=suspended").context["tenants"].rows
+    assert [tenant.slug for tenant in suspended] == ["umbrella"]
+
+
+def test_staff_create_a_tenant_and_get_told_about_taken_slugs(staff_client, staff):
+    plan = Plan.objects.get_or_create(slug="starter", defaults={"name": "Starter"})[0]
+    form = {"name": "Acme", "slug": "acme", "plan": plan.slug, "billing_email": "ap@acme.test"}
+    response = staff_client.post(reverse("console:tenant-new"), form)
+    assert response.status_code == 302 and response.url == reverse("console:tenant-detail", kwargs={"slug": "acme"})
+    assert AuditLog.objects.get(action="tenant.create").actor_user == staff
+    again = staff_client.post(reverse("console:tenant-new"), form)
+    assert again.status_code == 400 and b"already exists" in again.content
+
+
+def test_plan_changes_and_suspension_take_effect(staff_client, tenant):
+    bigger = Plan.objects.create(slug="bigger", name="Bigger")
+    kwargs = {"slug": tenant.slug}
+    staff_client.post(reverse("console:tenant-plan", kwargs=kwargs), {"plan": "bigger"})
+    tenant.refresh_from_db()
+    assert tenant.plan == bigger
+    _, secret = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
+    staff_client.post(reverse("console:tenant-status", kwargs=kwargs), {"status": "suspended"})
+    with pytest.raises(KeyRefused, match="suspended"):
+        api_key_authenticate(presented=secret)
+    page = staff_client.get(reverse("console:tenant-detail", kwargs=kwargs)).content.decode()
+    assert 'data-testid="reactivate"' in page and "data-confirm=" in page
+    staff_client.post(reverse("console:tenant-status", kwargs=kwargs), {"status": "active"})
+    assert Tenant.objects.get(pk=tenant.pk).status == "active"
+    actions = list(AuditLog.objects.filter(tenant=tenant).values_list("action", flat=True))
+    assert {"tenant.update", "tenant.suspend", "tenant.reactivate"} <= set(actions)
+
+
+def test_tenant_pages_show_revenue_cost_and_margin(staff_client, tenant):
+    plan = tenant.plan
+    plan.price_input_per_mtok, plan.price_output_per_mtok = 1, 2
+    plan.save()
+    Engine.objects.create(name="engine-1", url="http://127.0.0.1:9", gpu_price_per_hour="36.0")
+    usage_ingest(events=[usage_event(tenant, prompt_tokens=1_000_000, cached_tokens=0, completion_tokens=500_000,
+                                     gpu_ms=10_000.0)])  # fmt: skip
+    detail = staff_client.get(reverse("console:tenant-detail", kwargs={"slug": tenant.slug}))
+    margin = detail.context["margin"]
+    assert [round(value, 6) for value in (margin.revenue, margin.gpu_cost, margin.margin)] == [
+        Decimal(2), Decimal("0.1"), Decimal("1.9")
+    ]
+    assert b"$2.00" in detail.content and b"$1.90" in detail.content
+    listed = staff_client.get(reverse("console:tenants")).context["tenants"].rows
+    assert listed[0].margin.revenue == 2

@@ -21,6 +21,7 @@ class TenantMargin:
     gpu_cost: Decimal
     margin: Decimal
     margin_ratio: Decimal | None
+    uncosted_requests: int
 
 
 def invoices_of(*, tenant: Tenant) -> QuerySet[Invoice]:
@@ -46,6 +47,7 @@ def tenant_margin(*, month: date) -> list[TenantMargin]:
                 tenant=row.tenant, month=row.month, requests=row.requests, total_tokens=row.total_tokens,
                 revenue=row.price, gpu_cost=row.cost, margin=margin,
                 margin_ratio=(margin / row.price).quantize(Decimal("0.0001")) if row.price else None,
+                uncosted_requests=row.uncosted_requests,
             )
         )  # fmt: skip
     return report

@@ -40,6 +40,9 @@ class TenantMarginOutput(serializers.Serializer):
     gpu_cost = serializers.DecimalField(max_digits=24, decimal_places=6)
     margin = serializers.DecimalField(max_digits=24, decimal_places=6)
     margin_ratio = serializers.DecimalField(max_digits=8, decimal_places=4, allow_null=True)
+    uncosted_requests = serializers.IntegerField(
+        help_text="Requests whose engine had no GPU price: cost unknown."
+    )
 
 
 class MarginReportOutput(serializers.Serializer):

@@ -130,6 +130,9 @@ class UsageMonth(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     price = models.DecimalField(**MONEY)
     cost = models.DecimalField(**MONEY)
+    uncosted_requests = models.BigIntegerField(
+        default=0, help_text="Requests from an engine with no known price."
+    )
 
     class Meta:
         ordering = ["-month", "tenant"]

@@ -172,7 +172,7 @@ def _insert_new(rows: list[UsageEvent]) -> set[str]:
 def _add_to_months(rows: list[UsageEvent]) -> set[tuple[int, date]]:
     sums: dict[tuple[int, date], dict] = defaultdict(
         lambda: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
-                 "price": Decimal(0), "cost": Decimal(0)}
+                 "price": Decimal(0), "cost": Decimal(0), "uncosted_requests": 0}
     )  # fmt: skip
     for row in rows:
         total = sums[(row.tenant_id, month_of(row.finished_at.astimezone(UTC).date()))]
@@ -182,6 +182,7 @@ def _add_to_months(rows: list[UsageEvent]) -> set[tuple[int, date]]:
         total["completion_tokens"] += row.completion_tokens
         total["price"] += row.price
         total["cost"] += row.cost or 0
+        total["uncosted_requests"] += row.cost is None
     UsageMonth.objects.bulk_create(
         [UsageMonth(tenant_id=tenant_id, month=month) for tenant_id, month in sorted(sums)],
         ignore_conflicts=True,

@@ -101,6 +101,7 @@ def test_margin_report_for_staff(invoices):
     # acme: 2 × 0.000425 input + 3M output × 1.5 = 4.50085; GPU 3000 ms at 3.6 per hour = 0.003
     assert rows["acme"]["revenue"] == "4.500850" and rows["acme"]["gpu_cost"] == "0.003000"
     assert rows["acme"]["margin"] == "4.497850" and rows["acme"]["margin_ratio"] == "0.9993"
+    assert rows["acme"]["uncosted_requests"] == 0
     # globex: 4M output = 6.000425 revenue; 4,000,000 ms = 1.111 hours at 3.6 = 4.0 cost
     assert (rows["globex"]["revenue"], rows["globex"]["gpu_cost"]) == ("6.000425", "4.000000")
     assert Decimal(report["margin"]) == Decimal("4.497850") + Decimal("2.000425")

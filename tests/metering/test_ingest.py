@@ -63,6 +63,7 @@ def test_an_unknown_engine_leaves_the_cost_empty_not_zero(tenant):
     usage_ingest(events=[usage_event(tenant, request_id="r-1", engine="nowhere")])
     row = UsageEvent.objects.get(request_id="r-1")
     assert row.cost is None and row.gpu_price_per_hour is None and row.price == Decimal("0.000875")
+    assert UsageMonth.objects.get(tenant=tenant).uncosted_requests == 1
 
 
 def test_a_replayed_batch_changes_nothing(tenant):

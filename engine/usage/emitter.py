@@ -84,9 +84,12 @@ class UsageEmitter:
             if self._app is not None and self.spool.has_pending() and time.monotonic() >= self._next_retry:
                 self._drain_spool()
             if batch:
-                self._deliver(batch, last_chance=stopping)
-        if self._app is not None:
-            self._app.pool.force_close_all()
+                try:
+                    self._deliver(batch, last_chance=stopping)
+                except Exception:  # a bug must not stop delivery of later events, nor lose this batch
+                    log.exception("usage delivery failed; spooling the batch")
+                    self.spool.append(batch)
+                    self.spooled += len(batch)
 
     def _next_batch(self) -> tuple[list[dict[str, Any]], bool]:
         batch: list[dict[str, Any]] = []
@@ -132,7 +135,8 @@ class UsageEmitter:
     def _send(self, batch: list[dict[str, Any]]) -> None:
         assert self._app is not None
         options = {"queue": self.queue_name} if self.queue_name else {}
-        self._app.send_task(TASK_NAME, args=[batch], retry=False, **options)
+        with self._app.connection_for_write() as connection:  # a fresh one: no stale pooled socket after an outage
+            self._app.send_task(TASK_NAME, args=[batch], connection=connection, retry=False, **options)
         self.sent += len(batch)
 
     def _broker_down(self, error: Exception) -> None:
@@ -140,5 +144,3 @@ class UsageEmitter:
             log.warning("usage broker unreachable (%s); spooling until it returns", error)
         self.broker_up = False
         self._next_retry = time.monotonic() + self.retry_interval_s
-        assert self._app is not None
-        self._app.pool.force_close_all()

@@ -5,7 +5,7 @@ idempotency key: the consumer must record each request id at most once, however 
 is delivered.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ class UsageEvent:
     e2e_ms: float
     finish_reason: str  # one of FINISH_REASONS
     finished_at: datetime  # timezone-aware UTC
+    metadata: dict[str, Any] = field(default_factory=dict)  # the caller's, echoed back untouched
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -44,6 +45,8 @@ class UsageEvent:
             raise ValueError("cached_tokens cannot exceed prompt_tokens")
         if self.finished_at.tzinfo is None:
             raise ValueError("finished_at must be timezone-aware")
+        if not isinstance(self.metadata, dict):
+            raise ValueError("metadata must be a dict")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; `finished_at` as an ISO 8601 UTC string, plus the schema version."""
@@ -59,10 +62,10 @@ class UsageEvent:
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported usage event schema_version {version!r}")
         names = [f.name for f in fields(cls)]
-        missing = [name for name in names if name not in data]
+        missing = [name for name in names if name not in data and name != "metadata"]
         if missing:
             raise ValueError(f"usage event is missing {', '.join(missing)}")
-        values = {name: data[name] for name in names}
+        values = {name: data[name] for name in names if name in data}
         finished_at = values["finished_at"]
         if isinstance(finished_at, str):
             values["finished_at"] = datetime.fromisoformat(finished_at)

@@ -107,11 +107,15 @@ def wait_for(condition, *, timeout_s: float = 20.0) -> None:
 
 
 def test_event_round_trips_through_json():
-    event = make_event("req-1", adapter_digest=None, ttft_ms=None, finish_reason="abort")
+    event = make_event("req-1", adapter_digest=None, ttft_ms=None, finish_reason="abort",
+                       metadata={"engine": "gpu-0", "adapter_version_id": 7})
     data = json.loads(json.dumps(event.to_dict()))
     assert data["finished_at"] == "2026-01-02T03:04:05+00:00"
     assert data["schema_version"] == 1
+    assert data["metadata"] == {"engine": "gpu-0", "adapter_version_id": 7}
     assert UsageEvent.from_dict(data) == event
+    del data["metadata"]
+    assert UsageEvent.from_dict(data).metadata == {}
 
 
 @pytest.mark.parametrize(

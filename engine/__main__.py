@@ -1,0 +1,97 @@
+"""`python -m engine --model DIR ...`: the engine process. Flags and environment are read here only.
+
+Environment: QUILT_ENGINE_TOKEN (required: the bearer token every call must carry),
+CELERY_BROKER_URL (where usage events go; flag --broker-url wins; unset: events only spool to disk).
+"""
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+
+ENGINE_FLAGS_SKIPPED = {"model", "device"}
+
+
+def engine_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field (`max_num_seqs` -> `--max-num-seqs`), defaults from the dataclass."""
+    from engine.config import EngineConfig
+
+    group = parser.add_argument_group("engine configuration")
+    for field in dataclasses.fields(EngineConfig):
+        if field.name in ENGINE_FLAGS_SKIPPED:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        kind = field.type
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next(arm for arm in typing.get_args(kind) if arm is not type(None))
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            group.add_argument(flag, type=kind, default=field.default, help=f"default: {field.default}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Quilt's inference engine server.")
+    parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--adapter-store", type=Path, help="where adapters are stored, one folder per digest")
+    parser.add_argument("--served-model-name", help="base model name in usage events (default: the folder name)")
+    parser.add_argument("--broker-url", default=os.environ.get("CELERY_BROKER_URL"),
+                        help="Celery broker for usage events (default: $CELERY_BROKER_URL)")
+    parser.add_argument("--usage-queue", default=None, help="broker queue for usage events (default: Celery's)")
+    parser.add_argument("--usage-spool", type=Path, help="spool file (default: var/usage-spool/engine-PORT.jsonl)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds running requests may finish in on shutdown before they are aborted")
+    parser.add_argument("--log-level", default="info")
+    engine_config_flags(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    token = os.environ.get("QUILT_ENGINE_TOKEN", "")
+    if not token:
+        print("QUILT_ENGINE_TOKEN is not set: the engine refuses to serve without a bearer token", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.server.adapter_registry import AdapterRegistry
+    from engine.server.app import EngineAPI, build_app
+    from engine.server.engine_loop import EngineLoop
+    from engine.server.metrics import EngineMetrics
+    from engine.usage.emitter import UsageEmitter
+
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+              if f.name not in ENGINE_FLAGS_SKIPPED}
+    try:
+        config = EngineConfig(model=str(args.model), device=args.device, **fields)
+    except ValueError as error:
+        print(f"invalid engine configuration: {error}", file=sys.stderr)
+        return 2
+    engine = LLMEngine(config)
+    spool = args.usage_spool or Path("var/usage-spool") / f"engine-{args.port}.jsonl"
+    emitter = UsageEmitter(broker_url=args.broker_url, spool_path=spool, queue_name=args.usage_queue).start()
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,
+                      base_model=args.served_model_name or Path(args.model).resolve().name)
+    registry = AdapterRegistry(loop, store=args.adapter_store)
+    api = EngineAPI(loop, registry=registry, model_name=loop.base_model, drain_timeout_s=args.drain_timeout)
+    app = build_app(api, token=token)
+    logging.getLogger(__name__).info("engine ready on http://%s:%d (model %s, device %s)",
+                                     args.host, args.port, args.model, args.device)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

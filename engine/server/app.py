@@ -1,0 +1,207 @@
+"""The engine's internal HTTP API (Starlette): generate, abort, tokenize, adapters, health, state, metrics."""
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.server.adapter_registry import AdapterRegistry, NotFound
+from engine.server.auth import BearerAuth
+from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
+from engine.server.events import delta_event, final_event
+from engine.server.protocol import (
+    DIGEST,
+    BadRequest,
+    PromptSpec,
+    parse_adapter,
+    parse_generate,
+    parse_tokenize,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EngineAPI:
+    def __init__(self, loop: EngineLoop, *, registry: AdapterRegistry, model_name: str,
+                 drain_timeout_s: float) -> None:
+        self.loop = loop
+        self.registry = registry
+        self.model_name = model_name
+        self.drain_timeout_s = drain_timeout_s
+        self.engine = loop.engine
+
+    # helpers
+    async def tokenize(self, prompt: PromptSpec) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        vocab = self.engine.runner.model.args.vocab_size
+        if prompt.token_ids is not None:
+            if any(t >= vocab for t in prompt.token_ids):
+                raise BadRequest(f"prompt_token_ids must be below the vocabulary size {vocab}",
+                                 param="prompt_token_ids")
+            return list(prompt.token_ids)
+        if tokenizer is None:
+            raise BadRequest("this model has no tokenizer.json: send prompt_token_ids", param="prompt")
+        if prompt.messages is not None:
+            try:
+                text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True)
+            except Exception as error:  # jinja2 errors, raise_exception() in templates, missing template
+                raise BadRequest(f"could not apply the chat template: {error}", param="messages") from error
+            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+        return await asyncio.to_thread(tokenizer.encode, prompt.text)
+
+    def check_length(self, token_ids: list[int]) -> None:
+        limit = self.engine.max_model_len
+        if len(token_ids) >= limit:
+            raise BadRequest(f"the prompt has {len(token_ids)} tokens; this model's context is {limit} tokens "
+                             f"and the prompt must leave room for at least one more", param="prompt")
+
+    # routes
+    async def generate(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        generate = parse_generate(await read_json(request))
+        token_ids = await self.tokenize(generate.prompt)
+        self.check_length(token_ids)
+        if generate.adapter is not None:
+            await self.registry.ensure(generate.adapter)
+        handle = await self.loop.submit(generate, token_ids, arrival=arrival)
+        if generate.stream:
+            return StreamingResponse(self.stream(handle), media_type="application/x-ndjson")
+        end = await self.wait(request, handle)
+        if end is None:
+            return Response(status_code=499)
+        return JSONResponse(final_event(handle, end))
+
+    async def stream(self, handle: RequestHandle) -> AsyncIterator[bytes]:
+        sent: dict[int, int] = {}
+        ended = False
+        try:
+            while True:
+                kind, item = await handle.events.get()
+                if kind == "end":
+                    ended = True
+                    yield ndjson(final_event(handle, item))
+                    return
+                event = delta_event(handle, item, sent)
+                if event is not None:
+                    yield ndjson(event)
+        finally:
+            if not ended:  # the client went away
+                self.loop.abort_soon(handle.request_id)
+
+    async def wait(self, request: Request, handle: RequestHandle) -> RequestEnd | None:
+        """The request's end, or None if the client disconnected first (then it is aborted)."""
+        disconnected = asyncio.create_task(wait_for_disconnect(request))
+        try:
+            while True:
+                item = asyncio.create_task(handle.events.get())
+                await asyncio.wait({item, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    self.loop.abort_soon(handle.request_id)
+                    return None
+                kind, value = item.result()
+                if kind == "end":
+                    return value
+        finally:
+            disconnected.cancel()
+
+    async def abort(self, request: Request) -> Response:
+        request_id = request.path_params["request_id"]
+        if not await self.loop.abort(request_id):
+            raise NotFound(f"no running request {request_id!r}")
+        return JSONResponse({"request_id": request_id, "aborted": True})
+
+    async def tokenize_route(self, request: Request) -> Response:
+        token_ids = await self.tokenize(parse_tokenize(await read_json(request)))
+        return JSONResponse({"count": len(token_ids), "token_ids": token_ids,
+                             "max_model_len": self.engine.max_model_len})
+
+    async def prefetch(self, request: Request) -> Response:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        tier = body.pop("tier", "host")
+        ref = parse_adapter(body)
+        if ref is None:
+            raise BadRequest("give the adapter's digest", param="digest")
+        tiers = await self.registry.prefetch(ref, tier=tier)
+        return JSONResponse({"digest": ref.digest, "resident": tiers})
+
+    async def evict(self, request: Request) -> Response:
+        digest = request.path_params["digest"]
+        if not DIGEST.match(digest):
+            raise BadRequest("the digest must be 64 lowercase hex characters", param="digest")
+        evicted = await self.registry.evict(digest)
+        return JSONResponse({"digest": digest, "evicted": evicted})
+
+    async def health(self, request: Request) -> Response:
+        status = "ok" if self.loop.healthy and self.loop.accepting else \
+            "draining" if self.loop.healthy else "unhealthy"
+        body = {"status": status, "model": self.model_name, "device": str(self.engine.device),
+                "max_model_len": self.engine.max_model_len}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    async def state(self, request: Request) -> Response:
+        state = await self.loop.call(lambda engine: self.loop.state())
+        return JSONResponse({"model": self.model_name, **state})
+
+    async def metrics(self, request: Request) -> Response:
+        await self.loop.call(lambda engine: self.loop.metrics.observe_state(engine.state()))
+        return Response(self.loop.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        self.loop.start(asyncio.get_running_loop())
+        yield
+        await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
+
+
+def build_app(api: EngineAPI, *, token: str) -> Starlette:
+    routes = [
+        Route("/v1/generate", api.generate, methods=["POST"]),
+        Route("/v1/abort/{request_id}", api.abort, methods=["POST"]),
+        Route("/v1/tokenize", api.tokenize_route, methods=["POST"]),
+        Route("/v1/adapters/prefetch", api.prefetch, methods=["POST"]),
+        Route("/v1/adapters/{digest}", api.evict, methods=["DELETE"]),
+        Route("/v1/health", api.health, methods=["GET"]),
+        Route("/v1/state", api.state, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+    ]
+    handlers = {
+        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), getattr(e, "param", None)),
+        NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
+        Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
+        Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
+    app.add_middleware(BearerAuth, token=token)
+    return app
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
+
+
+async def read_json(request: Request):
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(f"the request body is not valid JSON: {error}") from error
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def ndjson(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,341 @@
+"""The engine's own thread: it alone touches the LLMEngine; the event loop talks to it by commands.
+
+Commands (`call`) run between steps and hand their result back as an awaitable; outputs go to
+each request's asyncio queue with `call_soon_threadsafe`. When a request ends — finished,
+stopped, aborted or failed — the thread records metrics and emits its one usage event.
+"""
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput, Usage
+from engine.server.metrics import EngineMetrics, adapter_label
+from engine.server.protocol import BadRequest, GenerateRequest
+from engine.usage.emitter import UsageEmitter
+from engine.usage.event import UsageEvent, now_utc
+
+log = logging.getLogger(__name__)
+RATE_WINDOW_S = 5.0
+
+
+class Conflict(Exception):
+    """The request clashes with the engine's state (409)."""
+
+
+class Unavailable(Exception):
+    """The engine is shutting down or broken (503)."""
+
+
+@dataclass
+class RequestHandle:
+    """A request as the server sees it; its queue receives ("output", RequestOutput) items, then
+    one ("end", RequestEnd)."""
+
+    request: GenerateRequest
+    prompt_token_ids: list[int]
+    arrival: float  # time.monotonic() when the server received it
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: dict[int, RequestOutput] = field(default_factory=dict)
+    last_token_time: dict[int, float] = field(default_factory=dict)
+    aborted: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def adapter(self) -> str | None:
+        return self.request.adapter.digest if self.request.adapter else None
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    finish_reason: str
+    usage: Usage
+    e2e_ms: float
+    outputs: list[RequestOutput]  # final output of each completion, by index
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, *, metrics: EngineMetrics, emitter: UsageEmitter | None,
+                 base_model: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.emitter = emitter
+        self.base_model = base_model
+        self.handles: dict[str, RequestHandle] = {}  # engine thread only
+        self.accepting = True
+        self.healthy = True
+        self.last_step: dict[str, Any] = {"sequences": 0, "adapters": []}
+        self._commands: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._step_times: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens)
+        self._tiers = self._resident()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # the event loop's side
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run fn(engine) in the engine thread between steps; its result or exception comes back."""
+        if not self._thread.is_alive():
+            raise Unavailable("the engine loop is not running")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    async def submit(self, request: GenerateRequest, prompt_token_ids: list[int], *, arrival: float) -> RequestHandle:
+        if not self.accepting:
+            raise Unavailable("the engine is shutting down")
+        handle = RequestHandle(request=request, prompt_token_ids=prompt_token_ids, arrival=arrival)
+        await self.call(lambda engine: self._add(handle))
+        return handle
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.call(lambda engine: self._abort(request_id))
+
+    def abort_soon(self, request_id: str) -> None:
+        """Abort without waiting (used when a client goes away)."""
+        self._commands.put((lambda engine: self._abort(request_id), concurrent.futures.Future()))
+
+    def shutdown(self, *, drain_timeout_s: float) -> None:
+        """Stop taking requests, let running ones finish for a while, abort the rest, flush usage."""
+        self.accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while self._thread.is_alive() and self.engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._thread.is_alive():
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            self._commands.put((lambda engine: [self._abort(rid) for rid in list(self.handles)], done))
+            done.result(timeout=30)
+            self._stop.set()
+            self._commands.put((lambda engine: None, concurrent.futures.Future()))
+            self._thread.join(timeout=30)
+        if self.emitter is not None:
+            self.emitter.close()
+
+    # the engine thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._run_commands(block=not self.engine.has_unfinished())
+            if self._stop.is_set() or not self.engine.has_unfinished():
+                continue
+            steps_before = self.engine.num_steps
+            started = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except Exception:
+                log.exception("engine step failed; failing every request in flight")
+                self.healthy = False
+                self._fail_all("engine step failed")
+                continue
+            if self.engine.num_steps > steps_before:
+                self._observe_step(time.perf_counter() - started, outputs)
+            for output in outputs:
+                self._dispatch(output)
+            if not outputs:
+                time.sleep(0.001)  # nothing runnable yet: adapters are loading
+        self._stop.set()
+
+    def _run_commands(self, *, block: bool) -> None:
+        try:
+            fn, future = self._commands.get(timeout=0.1) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.engine))
+                except Exception as error:  # handed back to the awaiting handler
+                    future.set_exception(error)
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._track_adapter_tiers()
+
+    def _add(self, handle: RequestHandle) -> None:
+        request = handle.request
+        if request.request_id in self.handles:
+            raise Conflict(f"request {request.request_id!r} is already running")
+        adapter = handle.adapter
+        if adapter is not None:
+            pool = self.engine.adapter_pool
+            tier = "gpu" if adapter in pool.slots else "host" if adapter in pool.host else "disk"
+            self.metrics.adapter_requests.labels(adapter=adapter_label(adapter), tier=tier).inc()
+        try:
+            self.engine.add_request(request.request_id, handle.prompt_token_ids, request.sampling,
+                                    adapter=adapter, tenant=request.tenant, weight=request.weight)
+        except ValueError as error:
+            raise BadRequest(str(error)) from error
+        self.handles[request.request_id] = handle
+
+    def _abort(self, request_id: str) -> bool:
+        handle = self.handles.get(request_id)
+        if handle is None:
+            return False
+        seqs = list(self.engine.requests.get(request_id, []))
+        self.engine.abort(request_id)
+        handle.aborted = True
+        for seq in seqs:
+            if seq.index not in handle.finished:
+                self._dispatch(RequestOutput(
+                    request_id=request_id, index=seq.index, prompt_token_ids=seq.prompt_token_ids,
+                    token_ids=seq.completion_token_ids, new_token_ids=[], text=seq.text, finished=True,
+                    finish_reason="abort", usage=sequence_usage(seq),
+                ))
+        return True
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, handle in list(self.handles.items()):
+            seqs = list(self.engine.requests.get(request_id, []))
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                log.exception("could not abort %s after a failed step", request_id)
+            for seq in seqs:
+                if seq.index not in handle.finished:
+                    self._dispatch(RequestOutput(
+                        request_id=request_id, index=seq.index, prompt_token_ids=seq.prompt_token_ids,
+                        token_ids=seq.completion_token_ids, new_token_ids=[], text=seq.text, finished=True,
+                        finish_reason="error", usage=sequence_usage(seq), error=message,
+                    ))
+
+    def _dispatch(self, output: RequestOutput) -> None:
+        handle = self.handles.get(output.request_id)
+        if handle is None:
+            return
+        now = time.monotonic()
+        labels = {"tenant": handle.request.tenant, "adapter": adapter_label(handle.adapter)}
+        if output.new_token_ids:
+            previous = handle.last_token_time.get(output.index)
+            if previous is None:
+                self.metrics.ttft_seconds.labels(**labels).observe(now - handle.arrival)
+            else:
+                gap = (now - previous) / len(output.new_token_ids)
+                for _ in output.new_token_ids:
+                    self.metrics.inter_token_seconds.labels(**labels).observe(gap)
+            handle.last_token_time[output.index] = now
+        self._send(handle, ("output", output))
+        if output.finished:
+            handle.finished[output.index] = output
+        if len(handle.finished) == handle.request.sampling.n:
+            self._end(handle, now)
+
+    def _end(self, handle: RequestHandle, now: float) -> None:
+        del self.handles[handle.request_id]
+        outputs = [handle.finished[i] for i in sorted(handle.finished)]
+        reasons = [o.finish_reason for o in outputs]
+        reason = "error" if "error" in reasons else "abort" if handle.aborted else reasons[0]
+        usage = combined_usage([o.usage for o in outputs])
+        end = RequestEnd(finish_reason=reason, usage=usage, e2e_ms=(now - handle.arrival) * 1000.0, outputs=outputs)
+        request = handle.request
+        self.metrics.requests.labels(tenant=request.tenant, adapter=adapter_label(handle.adapter),
+                                     finish_reason=reason).inc()
+        self.metrics.e2e_seconds.labels(tenant=request.tenant).observe(end.e2e_ms / 1000.0)
+        self.metrics.queue_seconds.labels(tenant=request.tenant).observe(usage.queue_ms / 1000.0)
+        if self.emitter is not None:
+            self.emitter.emit(UsageEvent(
+                request_id=request.request_id, tenant=request.tenant, api_key_id=request.api_key_id,
+                adapter_digest=handle.adapter, base_model=self.base_model, prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+                gpu_ms=usage.gpu_ms, queue_ms=usage.queue_ms, ttft_ms=usage.ttft_ms, e2e_ms=end.e2e_ms,
+                finish_reason=reason, finished_at=now_utc(), metadata=request.metadata,
+            ))
+            self.metrics.usage_spooled.set(self.emitter.spooled)
+        self._send(handle, ("end", end))
+
+    def _send(self, handle: RequestHandle, item: tuple[str, Any]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(handle.events.put_nowait, item)
+
+    def _observe_step(self, seconds: float, outputs: list[RequestOutput]) -> None:
+        scheduler = self.engine.scheduler
+        finished = sum(o.finished for o in outputs)
+        adapters = sorted({adapter_label(s.adapter) for s in scheduler.running})
+        tokens = sum(len(o.new_token_ids) for o in outputs)
+        self.last_step = {"sequences": len(scheduler.running) + finished, "adapters": adapters,
+                          "new_tokens": tokens, "ms": seconds * 1000.0}
+        m = self.metrics
+        m.step_seconds.observe(seconds)
+        m.batch_size.observe(self.last_step["sequences"])
+        m.batch_adapters.observe(len(adapters))
+        m.tokens.labels(kind="completion").inc(tokens)
+        now = time.monotonic()
+        self._step_times.append((now, tokens))
+        while self._step_times and self._step_times[0][0] < now - RATE_WINDOW_S:
+            self._step_times.popleft()
+        m.tokens_per_second.set(self.tokens_per_second())
+        m.steps_per_second.set(self.steps_per_second())
+        m.observe_state(self.engine.state())
+        self._track_adapter_tiers()
+
+    def steps_per_second(self) -> float:
+        return len(self._step_times) / RATE_WINDOW_S
+
+    def tokens_per_second(self) -> float:
+        return sum(tokens for _, tokens in self._step_times) / RATE_WINDOW_S
+
+    def _resident(self) -> dict[str, set[str]]:
+        pool = self.engine.adapter_pool
+        return {"gpu": set(pool.slots), "host": set(pool.host)}
+
+    def _track_adapter_tiers(self) -> None:
+        now = self._resident()
+        for tier, digests in now.items():
+            self.metrics.adapter_loads.labels(tier=tier).inc(len(digests - self._tiers[tier]))
+            self.metrics.adapter_evictions.labels(tier=tier).inc(len(self._tiers[tier] - digests))
+        self._tiers = now
+
+    def state(self) -> dict[str, Any]:
+        """Engine thread only (call it through `call`)."""
+        scheduler = self.engine.scheduler
+        running = [{"request_id": s.request_id, "index": s.index, "tenant": s.tenant,
+                    "adapter": s.adapter, "completion_tokens": s.num_completion_tokens}
+                   for s in scheduler.running]
+        waiting = [{"request_id": s.request_id, "index": s.index, "tenant": s.tenant, "adapter": s.adapter}
+                   for s in scheduler.waiting]
+        return {
+            **self.engine.state(),
+            "running_requests": running,
+            "waiting_requests": waiting,
+            "steps_per_second": self.steps_per_second(),
+            "tokens_per_second": self.tokens_per_second(),
+            "last_step": self.last_step,
+            "accepting": self.accepting,
+        }
+
+
+def sequence_usage(seq) -> Usage:
+    """Usage of a sequence the engine dropped without an output (an abort)."""
+    now = time.monotonic()
+    first_scheduled = seq.first_scheduled_time or now
+    return Usage(
+        prompt_tokens=seq.num_prompt_tokens, cached_tokens=seq.num_cached_tokens,
+        completion_tokens=seq.num_completion_tokens, queue_ms=(first_scheduled - seq.arrival_time) * 1000.0,
+        ttft_ms=None if seq.first_token_time is None else (seq.first_token_time - seq.arrival_time) * 1000.0,
+        gpu_ms=seq.gpu_ms,
+    )
+
+
+def combined_usage(usages: list[Usage]) -> Usage:
+    """One request's usage over its n completions: the prompt counted once, the completions summed."""
+    first = usages[0]
+    ttfts = [u.ttft_ms for u in usages if u.ttft_ms is not None]
+    return Usage(
+        prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+        completion_tokens=sum(u.completion_tokens for u in usages), queue_ms=min(u.queue_ms for u in usages),
+        ttft_ms=min(ttfts) if ttfts else None, gpu_ms=sum(u.gpu_ms for u in usages),
+    )

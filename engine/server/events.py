@@ -1,0 +1,60 @@
+"""The JSON events of /v1/generate: deltas while a request runs, one final event at its end.
+
+    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?}
+    {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error",
+     "choices": [{"index", "text", "token_ids", "finish_reason", "error", "logprobs"?}],
+     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms"}}
+
+`text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's.
+"""
+
+from typing import Any
+
+from engine.outputs import Logprob, RequestOutput
+from engine.server.engine_loop import RequestEnd, RequestHandle
+
+
+def logprob_json(entry: Logprob) -> dict[str, Any]:
+    return {"token_id": entry.token_id, "logprob": entry.logprob,
+            "top": {str(token): value for token, value in entry.top.items()}}
+
+
+def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, int]) -> dict[str, Any] | None:
+    """What is new in this output since the last delta of its completion (sent: index -> chars sent)."""
+    already = sent.get(output.index, 0)
+    text = output.text[already:]
+    if not text and not output.new_token_ids:
+        return None
+    sent[output.index] = already + len(text)
+    event = {"type": "delta", "request_id": handle.request_id, "index": output.index, "text": text,
+             "token_ids": list(output.new_token_ids)}
+    if handle.request.sampling.logprobs is not None and output.logprobs is not None and output.new_token_ids:
+        event["logprobs"] = [logprob_json(e) for e in output.logprobs[-len(output.new_token_ids):]]
+    return event
+
+
+def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
+    choices = []
+    for output in end.outputs:
+        choice = {"index": output.index, "text": output.text, "token_ids": list(output.token_ids),
+                  "finish_reason": output.finish_reason, "error": output.error}
+        if handle.request.sampling.logprobs is not None and output.logprobs is not None:
+            choice["logprobs"] = [logprob_json(e) for e in output.logprobs]
+        choices.append(choice)
+    usage = end.usage
+    first = choices[0]
+    errors = [c["error"] for c in choices if c["error"]]
+    return {
+        "type": "final",
+        "request_id": handle.request_id,
+        "finish_reason": end.finish_reason,
+        "text": first["text"],
+        "token_ids": first["token_ids"],
+        "error": errors[0] if errors else None,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
+            "completion_tokens": usage.completion_tokens, "gpu_ms": usage.gpu_ms, "queue_ms": usage.queue_ms,
+            "ttft_ms": usage.ttft_ms, "e2e_ms": end.e2e_ms,
+        },
+    }

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one engine process, in their own registry."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def adapter_label(digest: str | None) -> str:
+    return "base" if digest is None else digest[:12]
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step_seconds = Histogram("quilt_engine_step_seconds", "Time of one engine step",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("quilt_engine_batch_size", "Sequences in one step",
+                                    buckets=SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("quilt_engine_batch_tokens", "Tokens computed in one step",
+                                      buckets=SIZE_BUCKETS, registry=r)
+        self.batch_adapters = Histogram("quilt_engine_batch_adapters", "Distinct adapters in one step",
+                                        buckets=SIZE_BUCKETS[:8], registry=r)
+        self.tokens = Counter("quilt_engine_tokens", "Tokens processed", ["kind"], registry=r)
+        self.tokens_per_second = Gauge("quilt_engine_tokens_per_second",
+                                       "Generated tokens per second over the last few seconds", registry=r)
+        self.steps_per_second = Gauge("quilt_engine_steps_per_second",
+                                      "Engine steps per second over the last few seconds", registry=r)
+        self.requests = Counter("quilt_engine_requests", "Requests ended, by finish reason",
+                                ["tenant", "adapter", "finish_reason"], registry=r)
+        self.ttft_seconds = Histogram("quilt_engine_ttft_seconds", "Time to first token",
+                                      ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token_seconds = Histogram("quilt_engine_inter_token_seconds", "Time between output tokens",
+                                             ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e_seconds = Histogram("quilt_engine_e2e_seconds", "Request time from arrival to end",
+                                     ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("quilt_engine_queue_seconds", "Time waiting before first scheduled",
+                                       ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("quilt_engine_running_requests", "Sequences running", registry=r)
+        self.waiting = Gauge("quilt_engine_waiting_requests", "Sequences waiting", registry=r)
+        self.kv_blocks_used = Gauge("quilt_engine_kv_blocks_used", "KV cache blocks in use", registry=r)
+        self.kv_blocks_total = Gauge("quilt_engine_kv_blocks_total", "KV cache blocks in all", registry=r)
+        self.kv_usage = Gauge("quilt_engine_kv_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
+        self.prefix_hit_rate = Gauge("quilt_engine_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
+        self.adapter_requests = Counter("quilt_engine_adapter_requests",
+                                        "Requests for an adapter, by the tier it was found in (gpu/host: hit)",
+                                        ["adapter", "tier"], registry=r)
+        self.adapter_loads = Counter("quilt_engine_adapter_loads", "Adapters loaded into a tier",
+                                     ["tier"], registry=r)
+        self.adapter_evictions = Counter("quilt_engine_adapter_evictions", "Adapters evicted from a tier",
+                                         ["tier"], registry=r)
+        self.adapters_resident = Gauge("quilt_engine_adapters_resident", "Adapters resident per tier",
+                                       ["tier"], registry=r)
+        self.usage_spooled = Gauge("quilt_engine_usage_events_spooled",
+                                   "Usage events spooled to disk while the broker was unreachable", registry=r)
+
+    def observe_state(self, state: dict) -> None:
+        self.running.set(state["running"])
+        self.waiting.set(state["waiting"])
+        total = state["kv_blocks_total"]
+        self.kv_blocks_used.set(state["kv_blocks_used"])
+        self.kv_blocks_total.set(total)
+        self.kv_usage.set(state["kv_blocks_used"] / total if total else 0.0)
+        self.prefix_hit_rate.set(state["prefix_cache_hit_rate"])
+        self.adapters_resident.labels(tier="gpu").set(len(state["adapters"]["gpu"]))
+        self.adapters_resident.labels(tier="host").set(len(state["adapters"]["host"]))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

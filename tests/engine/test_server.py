@@ -1,0 +1,359 @@
+"""The engine server as a real process on a free port, with a tiny random Llama and PEFT adapters."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from kombu import Connection
+from peft import LoraConfig, get_peft_model
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+import adapters
+from engine.demo import corpus
+from engine.demo.tokenizer import save_tokenizer, train_tokenizer
+from engine.demo.trainer import llama_config, new_base_model
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-engine-token"
+BROKER = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/") + "/9"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MAX_RANK = 8
+CONTEXT = 4096
+LONG = 4000  # max_tokens of requests the test aborts: they must still be running when it acts
+MIX = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with the demo tokenizer, and random-weight LoRA adapters of ranks 4, 8, 16."""
+    out = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = train_tokenizer(corpus.tokenizer_corpus(random.Random(0), lines=200), vocab_size=600)
+    save_tokenizer(tokenizer, out, max_length=CONTEXT)
+    model = new_base_model(llama_config(tokenizer, hidden=64, layers=2, max_positions=CONTEXT), seed=0)
+    model.save_pretrained(out)
+    for name, rank in (("a", 4), ("b", 8), ("big", 16)):
+        torch.manual_seed(rank)
+        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"],
+                          init_lora_weights=False)
+        peft_model = get_peft_model(model, lora)
+        peft_model.save_pretrained(out / "adapters" / name)
+        model = peft_model.unload()
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_refs(model_dir) -> dict[str, dict]:
+    base_config = json.loads((model_dir / "config.json").read_text())
+    refs = {}
+    for name in ("a", "b", "big"):
+        path = model_dir / "adapters" / name
+        refs[name] = {"digest": adapters.load_adapter(path, base_config).digest, "path": str(path)}
+    return refs
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    port = free_port()
+    queue_name = f"usage-server-test-{uuid.uuid4().hex}"
+    log_path = tmp_path_factory.mktemp("engine-log") / "engine.log"
+    command = [sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(port),
+               "--broker-url", BROKER, "--usage-queue", queue_name,
+               "--usage-spool", str(log_path.parent / "usage.jsonl"), "--max-adapter-rank", str(MAX_RANK),
+               "--max-adapter-slots", "2", "--drain-timeout", "20", "--log-level", "info"]
+    env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
+    deadline = time.monotonic() + 180
+    while True:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            if client.get("/v1/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "engine did not become healthy"
+        time.sleep(0.2)
+    client.process = process
+    client.queue_name = queue_name
+    client.log_path = log_path
+    yield client
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    client.close()
+
+
+def generate(client: httpx.Client, **body) -> dict:
+    response = client.post("/v1/generate", json={"stream": False, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def stream_lines(response: httpx.Response):
+    for line in response.iter_lines():
+        if line:
+            yield json.loads(line)
+
+
+def wait_until(condition, *, timeout_s: float = 60.0, every_s: float = 0.02):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError("condition not reached in time")
+
+
+def usage_events(client, *, request_ids: set[str], timeout_s: float = 30.0) -> dict[str, dict]:
+    """Read usage events for these requests from the engine's broker queue (others are kept for later)."""
+    found: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    with Connection(BROKER) as connection:
+        inbox = connection.SimpleQueue(client.queue_name)
+        while not request_ids <= set(found) and time.monotonic() < deadline:
+            try:
+                message = inbox.get(timeout=0.5)
+            except inbox.Empty:
+                continue
+            assert message.headers["task"] == "metering.ingest_usage"
+            for event in message.payload[0][0]:
+                found[event["request_id"]] = event
+            message.ack()
+        inbox.close()
+    return found
+
+
+def idle(client) -> dict | None:
+    state = client.get("/v1/state").json()
+    return state if state["running"] == 0 and state["waiting"] == 0 and state["kv_blocks_used"] == 0 else None
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}],
+                         ids=["missing", "wrong", "not-bearer"])
+@pytest.mark.parametrize("method,path", [("GET", "/v1/health"), ("POST", "/v1/generate"), ("GET", "/metrics")])
+def test_calls_without_the_token_get_401(server, headers, method, path):
+    response = httpx.request(method, f"{server.base_url}{path}", headers=headers, json={"prompt": "the cat"})
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+def test_non_streaming_generate_matches_transformers(server, model_dir):
+    messages = [{"role": "user", "content": "the cat sees a dog"}]
+    result = generate(server, request_id="plain-1", tenant="acme", messages=messages,
+                      sampling={"temperature": 0, "max_tokens": 8, "ignore_eos": True})
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                              return_dict=True)["input_ids"]
+    model = LlamaForCausalLM.from_pretrained(model_dir)
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, prompt.shape[1]:].tolist()
+    assert result["type"] == "final"
+    assert result["token_ids"] == expected
+    assert result["text"] == hf_tokenizer.decode(expected, skip_special_tokens=True)
+    assert result["finish_reason"] == "length"
+    usage = result["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt.shape[1], 8)
+    assert usage["gpu_ms"] > 0 and usage["e2e_ms"] >= usage["ttft_ms"] > 0
+
+
+def test_streaming_deltas_add_up_to_the_final_event(server):
+    body = {"request_id": "stream-1", "prompt": "the cat", "stream": True,
+            "sampling": {"temperature": 0, "max_tokens": 12, "ignore_eos": True, "logprobs": 2}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/x-ndjson")
+        events = list(stream_lines(response))
+    deltas, final = events[:-1], events[-1]
+    assert len(deltas) >= 2 and all(e["type"] == "delta" and e["request_id"] == "stream-1" for e in deltas)
+    assert final["type"] == "final" and final["finish_reason"] == "length"
+    assert "".join(e["text"] for e in deltas) == final["text"]
+    assert [t for e in deltas for t in e["token_ids"]] == final["token_ids"]
+    assert all(len(e["logprobs"]) == len(e["token_ids"]) and len(e["logprobs"][0]["top"]) >= 1 for e in deltas)
+    assert final["usage"]["completion_tokens"] == 12
+
+
+def test_concurrent_requests_with_different_adapters_interleave(server, adapter_refs):
+    results: dict[str, list[dict]] = {}
+
+    def run(name: str) -> None:
+        body = {"request_id": f"mix-{name}", "tenant": f"tenant-{name}", "adapter": adapter_refs[name],
+                "prompt": "the dog", "stream": True,
+                "sampling": {"temperature": 0, "max_tokens": LONG, "ignore_eos": True}}
+        with server.stream("POST", "/v1/generate", json=body) as response:
+            results[name] = list(stream_lines(response))
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    both = {adapter_refs["a"]["digest"], adapter_refs["b"]["digest"]}
+
+    def batched_together() -> bool:
+        running = server.get("/v1/state").json()["running_requests"]
+        return {r["adapter"] for r in running if r["completion_tokens"] >= 8} == both
+
+    wait_until(batched_together)
+    for name in ("a", "b"):
+        server.post(f"/v1/abort/mix-{name}")
+    for thread in threads:
+        thread.join(60)
+    finals = {name: events[-1] for name, events in results.items()}
+    assert all(f["finish_reason"] == "abort" for f in finals.values())
+    assert finals["a"]["token_ids"][:8] != finals["b"]["token_ids"][:8]
+    for name, final in finals.items():  # batching with the other adapter changed nothing for either
+        alone = generate(server, adapter=adapter_refs[name], prompt="the dog",
+                         sampling={"temperature": 0, "max_tokens": 8, "ignore_eos": True})
+        assert alone["token_ids"] == final["token_ids"][:8]
+    events = usage_events(server, request_ids={"mix-a", "mix-b"})
+    assert events["mix-a"]["adapter_digest"] == adapter_refs["a"]["digest"]
+    assert events["mix-b"]["tenant"] == "tenant-b"
+    assert events["mix-b"]["completion_tokens"] == finals["b"]["usage"]["completion_tokens"] >= 8
+
+
+def test_abort_frees_the_request_and_reports_usage(server):
+    body = {"request_id": "abort-1", "prompt": "the cat", "api_key_id": "key-9", "stream": True,
+            "metadata": {"engine": "engine-0", "adapter_version_id": 3},
+            "sampling": {"max_tokens": LONG, "ignore_eos": True}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        lines = stream_lines(response)
+        assert next(lines)["type"] == "delta"
+        assert server.get("/v1/state").json()["kv_blocks_used"] > 0
+        assert server.post("/v1/abort/abort-1").json() == {"request_id": "abort-1", "aborted": True}
+        final = [e for e in lines if e["type"] == "final"][0]
+    assert final["finish_reason"] == "abort" and final["usage"]["completion_tokens"] < LONG
+    assert wait_until(lambda: idle(server))
+    assert server.post("/v1/abort/abort-1").status_code == 404
+    event = usage_events(server, request_ids={"abort-1"})["abort-1"]
+    assert (event["finish_reason"], event["api_key_id"]) == ("abort", "key-9")
+    assert event["metadata"] == {"engine": "engine-0", "adapter_version_id": 3}
+    assert event["completion_tokens"] == final["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_client_disconnect_aborts(server, stream):
+    request_id = f"gone-{stream}"
+    body = {"request_id": request_id, "prompt": "the cat", "stream": stream,
+            "sampling": {"max_tokens": LONG, "ignore_eos": True}}
+    with httpx.Client(base_url=str(server.base_url), headers=AUTH) as client:
+        if stream:
+            with client.stream("POST", "/v1/generate", json=body) as response:
+                next(stream_lines(response))
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/v1/generate", json=body, timeout=httpx.Timeout(60, read=0.3))
+    event = usage_events(server, request_ids={request_id})[request_id]
+    assert event["finish_reason"] == "abort" and event["completion_tokens"] < LONG
+    assert wait_until(lambda: idle(server))
+
+
+BAD_REQUESTS = [
+    ("not-json", b"{nope", "not valid JSON"),
+    ("unknown-field", {"prompt": "hi", "temperature": 1}, "unknown field 'temperature'"),
+    ("no-prompt", {"tenant": "acme"}, "exactly one of prompt"),
+    ("two-prompts", {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, "exactly one of prompt"),
+    ("bad-message", {"messages": [{"role": "user"}]}, "messages[0]"),
+    ("unknown-sampling", {"prompt": "hi", "sampling": {"beam_width": 2}}, "unknown sampling parameter"),
+    ("wrong-type", {"prompt": "hi", "sampling": {"max_tokens": "ten"}}, "sampling.max_tokens has the wrong type"),
+    ("bad-value", {"prompt": "hi", "sampling": {"top_p": 1.5}}, "top_p must be in (0, 1]"),
+    ("too-long", {"prompt_token_ids": [5] * (CONTEXT + 10)}, f"context is {CONTEXT} tokens"),
+    ("bad-token", {"prompt_token_ids": [10**6]}, "below the vocabulary size"),
+    ("bad-weight", {"prompt": "hi", "weight": 0}, "weight must be a number > 0"),
+    ("bad-metadata", {"prompt": "hi", "metadata": ["x"]}, "metadata must be a JSON object"),
+    ("bad-digest", {"prompt": "hi", "adapter": {"digest": "xyz"}}, "sha256 hex digest"),
+    ("missing-adapter", {"prompt": "hi", "adapter": {"digest": "0" * 64, "path": "/nonexistent/adapter"}},
+     "not found at /nonexistent/adapter"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_400_before_scheduling(server, body, message):
+    steps_before = server.get("/v1/state").json()["steps"]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = server.post("/v1/generate", content=content)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+    assert server.get("/v1/state").json()["steps"] == steps_before
+
+
+def test_adapter_above_the_rank_limit_gets_400(server, adapter_refs):
+    response = server.post("/v1/generate", json={"prompt": "hi", "adapter": adapter_refs["big"]})
+    assert response.status_code == 400
+    assert "rank" in response.json()["error"]["message"] and str(MAX_RANK) in response.json()["error"]["message"]
+
+
+def test_tokenize_counts_like_the_model_tokenizer(server, model_dir):
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": "a small bird finds the moon"}]
+    counted = server.post("/v1/tokenize", json={"messages": messages}).json()
+    expected = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert counted["token_ids"] == list(expected) and counted["count"] == len(expected)
+    assert server.post("/v1/tokenize", json={"prompt": ""}).status_code == 400
+
+
+def test_prefetch_and_evict_adapters(server, adapter_refs):
+    ref = adapter_refs["b"]
+    response = server.post("/v1/adapters/prefetch", json={**ref, "tier": "gpu"})
+    assert response.status_code == 200 and response.json()["resident"] == ["gpu", "host"]
+    assert ref["digest"] in server.get("/v1/state").json()["adapters"]["gpu"]
+    body = {"request_id": "pinned", "adapter": ref, "prompt": "hi", "stream": True,
+            "sampling": {"max_tokens": LONG, "ignore_eos": True}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        first = next(stream_lines(response))
+        assert first["type"] == "delta", first
+        assert server.delete(f"/v1/adapters/{ref['digest']}").status_code == 409
+        server.post("/v1/abort/pinned")
+    wait_until(lambda: idle(server))
+    response = server.delete(f"/v1/adapters/{ref['digest']}")
+    assert response.status_code == 200 and response.json()["evicted"] == ["gpu", "host"]
+    state = server.get("/v1/state").json()["adapters"]
+    assert ref["digest"] not in state["gpu"] and ref["digest"] not in state["host"]
+    assert server.delete(f"/v1/adapters/{'f' * 64}").status_code == 404
+    assert generate(server, adapter=ref, prompt="hi")["finish_reason"] in ("stop", "length")
+
+
+def test_metrics_parse_with_prometheus_client(server, adapter_refs):
+    generate(server, tenant="metrics-tenant", adapter=adapter_refs["a"], prompt="hi",
+             sampling={"max_tokens": 4, "ignore_eos": True})
+    response = server.get("/metrics")
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    for name in ("quilt_engine_step_seconds", "quilt_engine_batch_size", "quilt_engine_tokens_per_second",
+                 "quilt_engine_ttft_seconds", "quilt_engine_inter_token_seconds", "quilt_engine_kv_usage_ratio",
+                 "quilt_engine_adapter_loads", "quilt_engine_adapter_requests", "quilt_engine_adapter_evictions"):
+        assert name in families, name
+    ttft = [s for s in families["quilt_engine_ttft_seconds"].samples if s.name.endswith("_count")]
+    assert any(s.labels == {"tenant": "metrics-tenant", "adapter": adapter_refs["a"]["digest"][:12]} and s.value >= 1
+               for s in ttft)
+
+
+def test_graceful_shutdown_finishes_running_requests(server):
+    body = {"request_id": "last-1", "prompt": "the cat", "stream": True,
+            "sampling": {"max_tokens": MIX, "ignore_eos": True}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        lines = stream_lines(response)
+        next(lines)
+        server.process.send_signal(signal.SIGTERM)
+        final = [e for e in lines if e["type"] == "final"][0]
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == MIX
+    assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+    assert "Application shutdown complete" in server.log_path.read_text()
+    assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"

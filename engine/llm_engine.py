@@ -188,9 +188,9 @@ class LLMEngine:
         for seq in out.seqs:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
+        start = time.perf_counter()  # busy time includes copying adapters into their slots
         needed = {seq.adapter for seq in out.seqs if seq.adapter is not None}
         slots = self.adapter_pool.activate(needed, self.scheduler.running_adapters())
-        start = time.perf_counter()
         results = self.runner.run(out, slots)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.busy_ms += elapsed_ms

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -96,6 +97,18 @@ def wait_for_gateway(process: subprocess.Popen) -> None:
     wait_until(lambda: _answers(process.models_url, (401,)), timeout=180, what="gateway answering", process=process)
 
 
+def drain(process: subprocess.Popen, path: Path) -> None:
+    """Copies a piped process's output to a file, so that a full pipe never blocks it."""
+
+    def copy() -> None:
+        with open(path, "w") as log:
+            for line in process.stdout:
+                log.write(line)
+                log.flush()
+
+    threading.Thread(target=copy, daemon=True).start()
+
+
 def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
@@ -145,7 +158,7 @@ def _seed(stack: Stack) -> None:
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
 
 
-def _register_engine(name: str, url: str) -> None:
+def register_engine(name: str, url: str) -> None:
     from gateway.services import engine_register
     from tenancy.audit import Actor
 
@@ -203,11 +216,12 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             _seed(stack)
         worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
                                          "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
+        drain(worker, media / "worker.log")
         wait_for_engine(engine)
         for name in ("gateway-1", "gateway-2"):
             wait_for_gateway(stack.processes[name])
         with django_db_blocker.unblock():
-            _register_engine("engine-a", stack.engine_url)
+            register_engine("engine-a", stack.engine_url)
         yield stack
     finally:
         for process in stack.processes.values():
@@ -229,13 +243,16 @@ def _forget_redis(url: str, prefix: str) -> None:
             client.delete(key)
 
 
-def manage(stack: Stack, *args: str) -> str:
-    """Runs a management command in its own process, so that what it writes is committed."""
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+def engine_set(name: str, *, enabled: bool) -> None:
+    """Commits a change to an engine from inside a test (whose own transaction the processes can't see)."""
+    from django.db import connections
+
+    connection = connections.create_connection("default")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE gateway_engine SET enabled = %s WHERE name = %s", [enabled, name])
+    finally:
+        connection.close()
 
 
 def client(stack: Stack, key: str, *, gateway: int = 0, **options):

@@ -1,6 +1,7 @@
 """Quilt's engine against transformers + PEFT on CPU: 64 requests over 8 LoRA adapters.
 
     .venv/bin/python -m benchmarks.engine_cpu [--requests 64] [--adapters 8] [--threads N]
+        [--hidden 128 --layers 4] [--device cuda --dtype bfloat16]
 
 Both run in this process on the same random checkpoint and adapters. The baseline is what a PEFT
 user would write: one PeftModel holding every adapter, and for each adapter one batched
@@ -54,8 +55,8 @@ def workload(num_requests: int, names: list[str], seed: int = 0):
     return requests
 
 
-def run_engine(base: Path, adapter_dirs: dict[str, Path], requests) -> float:
-    llm = LLM(base, device="cpu", max_adapter_slots=len(adapter_dirs), max_adapter_rank=64, block_size=16,
+def run_engine(base: Path, adapter_dirs: dict[str, Path], requests, device: str, dtype: str) -> float:
+    llm = LLM(base, device=device, dtype=dtype, max_adapter_slots=len(adapter_dirs), max_adapter_rank=64, block_size=16,
               max_num_batched_tokens=2048, max_num_seqs=len(requests))
     for name, path in adapter_dirs.items():
         llm.add_adapter(name, path)
@@ -69,24 +70,26 @@ def run_engine(base: Path, adapter_dirs: dict[str, Path], requests) -> float:
 
 
 @torch.inference_mode()
-def run_peft(base: Path, adapter_dirs: dict[str, Path], requests) -> float:
+def run_peft(base: Path, adapter_dirs: dict[str, Path], requests, device: str, dtype: str) -> float:
     model = None
     for name, path in adapter_dirs.items():
         if model is None:
             model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base), path, adapter_name=name)
         else:
             model.load_adapter(path, adapter_name=name)
-    model.eval()
+    model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
     start = time.perf_counter()
     for name in adapter_dirs:
         group = [(p, n) for adapter, p, n in requests if adapter == name]
         width = max(len(p) for p, _ in group)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group], device=device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group], device=device)
         new = max(n for _, n in group)  # batched: every row runs as long as the longest
         model.set_adapter(name)
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                        pad_token_id=0)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -96,6 +99,8 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
@@ -104,10 +109,11 @@ def main() -> None:
         base, adapter_dirs = build(Path(tmp), args.adapters, args.hidden, args.layers)
         requests = workload(args.requests, list(adapter_dirs))
         output_tokens = sum(n for _, _, n in requests)
-        engine_s = run_engine(base, adapter_dirs, requests)
-        peft_s = run_peft(base, adapter_dirs, requests)
+        engine_s = run_engine(base, adapter_dirs, requests, args.device, args.dtype)
+        peft_s = run_peft(base, adapter_dirs, requests, args.device, args.dtype)
     print(f"Llama hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}; {args.requests} requests over "
-          f"{args.adapters} adapters (ranks 8-64), {output_tokens} output tokens; torch threads {torch.get_num_threads()}")
+          f"{args.adapters} adapters (ranks 8-64), {output_tokens} output tokens; {args.device} {args.dtype}, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"quilt engine        {output_tokens / engine_s:9.1f} tokens/s  ({engine_s:.2f} s)")
     print(f"transformers + PEFT {output_tokens / peft_s:9.1f} tokens/s  ({peft_s:.2f} s)")
     print(f"ratio               {peft_s / engine_s:9.2f}x")

@@ -1,6 +1,7 @@
 """Fixtures shared across the suite: a real Celery worker process against Redis, on the test database."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,9 +59,10 @@ def start_worker(*, include: tuple[str, ...] = (), extra_env: dict | None = None
 
 
 def stop_worker(worker: subprocess.Popen) -> None:
-    worker.terminate()
+    # Cold shutdown: the tests wait for their tasks' effects before stopping the worker.
+    worker.send_signal(signal.SIGQUIT)
     try:
-        worker.wait(timeout=20)
+        worker.wait(timeout=10)
     except subprocess.TimeoutExpired:
         worker.kill()
         worker.wait()

@@ -1,0 +1,71 @@
+"""Log-in (throttled by django-axes) and the audit log's filters."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from apikeys.services import api_key_create
+from tenancy.audit import Actor
+from tenancy.models import AuditLog
+from tests.platform.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+PASSWORD = "pw-12345-secret"
+
+
+def test_logging_in_lands_on_the_users_tenant(tenant, member_of, client):
+    _, membership = member_of(tenant, "developer")
+    response = client.post(reverse("console:login"), {"username": membership.user.username, "password": PASSWORD})
+    assert response.status_code == 302
+    assert client.get(response.url).url == reverse("console:tenant-overview", kwargs={"slug": tenant.slug})
+
+
+def test_a_wrong_password_says_so(client):
+    UserFactory(username="dana")
+    response = client.post(reverse("console:login"), {"username": "dana", "password": "nope"})
+    assert response.status_code == 200 and b"Please enter a correct username and password" in response.content
+
+
+@override_settings(AXES_ENABLED=True, AXES_FAILURE_LIMIT=3)
+def test_repeated_failures_lock_the_account_even_for_the_right_password(client):
+    UserFactory(username="dana")
+    for _ in range(3):
+        client.post(reverse("console:login"), {"username": "dana", "password": "guess"}, REMOTE_ADDR="10.1.2.3")
+    locked = client.post(reverse("console:login"), {"username": "dana", "password": PASSWORD}, REMOTE_ADDR="10.1.2.3")
+    assert locked.status_code == 429
+    assert b"Too many failed log-ins" in locked.content
+    assert "_auth_user_id" not in client.session
+
+
+def test_the_tenant_audit_log_filters_by_actor_action_and_date(tenant, member_of):
+    client, admin = member_of(tenant, "admin")
+    other = UserFactory(username="zed")
+    api_key_create(actor=Actor(user=admin.user), tenant=tenant, name="a", scopes=["inference"])
+    api_key_create(actor=Actor(user=other), tenant=tenant, name="b", scopes=["inference"])
+    old = AuditLog.objects.filter(actor_user=other).get()
+    AuditLog.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=40))
+    url = reverse("console:audit", kwargs={"slug": tenant.slug})
+
+    def actions(query: str) -> list[tuple[str, str]]:
+        rows = client.get(url + query).context["entries"].rows
+        return [(row.actor_user.username if row.actor_user else "system", row.action) for row in rows]
+
+    assert ("zed", "api_key.create") in actions("")
+    assert actions("?actor=zed") == [("zed", "api_key.create")]
+    assert all(action.startswith("api_key") for _, action in actions("?action=api_key"))
+    since = (timezone.now() - timedelta(days=7)).date().isoformat()
+    assert ("zed", "api_key.create") not in actions(f"?since={since}")
+    assert client.get(url + "?since=not-a-date").status_code == 200
+
+
+def test_staff_see_every_tenants_audit_and_members_only_their_own(tenant, other_tenant, member_of, staff_client):
+    client, _ = member_of(tenant, "admin")
+    api_key_create(actor=Actor.system(), tenant=other_tenant, name="theirs", scopes=["inference"])
+    mine = client.get(reverse("console:audit", kwargs={"slug": tenant.slug})).context["entries"].rows
+    assert all(row.tenant_id == tenant.pk for row in mine)
+    platform = staff_client.get(reverse("console:platform-audit") + "?tenant=globex").context["entries"].rows
+    assert platform and all(row.tenant_id == other_tenant.pk for row in platform)
+    assert list(staff_client.get(reverse("console:platform-audit") + "?tenant=nope").context["entries"].rows) == []

@@ -1,0 +1,124 @@
+"""Usage and billing pages: filters, chart, CSV, invoices; pages read the daily roll-ups, not every event."""
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apikeys.services import api_key_create
+from billing.invoices import invoice_issue, previous_month
+from metering.models import UsageEvent
+from metering.rollups import usage_rollup_recent
+from metering.services import usage_ingest
+from tenancy.audit import Actor
+from tests.console.builders import usage_event
+
+pytestmark = pytest.mark.django_db
+
+
+def url(name: str, tenant, query: str = "") -> str:
+    return reverse(f"console:{name}", kwargs={"slug": tenant.slug}) + query
+
+
+@pytest.fixture
+def usage(tenant, other_tenant):
+    """Two keys, two models, ten days; plus another tenant's usage that must never show."""
+    now = timezone.now()
+    key_a, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="backend", scopes=["inference"])
+    key_b, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="batch", scopes=["inference"])
+    events = []
+    for day in range(10):
+        at = now - timedelta(days=day, minutes=5)
+        events.append(usage_event(tenant, model="support-bot", api_key=key_a, finished_at=at,
+                                  prompt_tokens=1000, cached_tokens=100, completion_tokens=200))  # fmt: skip
+        events.append(usage_event(tenant, model="tiny-llama", api_key=key_b, finished_at=at,
+                                  prompt_tokens=500, cached_tokens=0, completion_tokens=50))  # fmt: skip
+        events.append(usage_event(other_tenant, finished_at=at, prompt_tokens=99_999, completion_tokens=1))
+    usage_ingest(events=events)
+    return {"keys": (key_a, key_b), "now": now}
+
+
+def test_usage_page_filters_by_model_and_key(tenant, member_of, usage):
+    client, _ = member_of(tenant, "viewer")
+    everything = client.get(url("usage", tenant))
+    assert everything.context["total"].requests == 20
+    assert 'data-total-tokens="17500"' in everything.content.decode()
+    by_model = client.get(url("usage", tenant, "?model=support-bot&group=model")).context
+    assert [(row.group, row.requests, row.total_tokens) for row in by_model["table"].rows] == [("support-bot", 10, 12000)]
+    key_b = usage["keys"][1]
+    by_key = client.get(url("usage", tenant, f"?key={key_b.prefix}")).context
+    assert by_key["total"].requests == 10 and by_key["total"].total_tokens == 5500
+    since = (usage["now"] - timedelta(days=2)).date().isoformat()
+    recent = client.get(url("usage", tenant, f"?since={since}")).context
+    assert recent["total"].requests == 6
+
+
+def test_usage_csv_matches_the_table(tenant, member_of, usage):
+    client, _ = member_of(tenant, "viewer")
+    response = client.get(url("usage-csv", tenant, "?group=key"))
+    assert response["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    by_prefix = {row["key"]: row for row in rows}
+    key_a, key_b = usage["keys"]
+    assert by_prefix[key_a.prefix]["requests"] == "10" and by_prefix[key_a.prefix]["total_tokens"] == "12000"
+    assert by_prefix[key_b.prefix]["prompt_tokens"] == "5000"
+    assert set(by_prefix) == {key_a.prefix, key_b.prefix}
+
+
+def test_pages_read_the_daily_rollups_not_the_raw_events(tenant, member_of, usage, django_assert_max_num_queries):
+    """After a roll-up, days before it come from UsageDaily: deleting their raw events changes nothing shown,
+    and the query count does not depend on how many events there were."""
+    client, _ = member_of(tenant, "owner")
+    usage_rollup_recent(now=usage["now"] + timedelta(days=1))
+    UsageEvent.objects.filter(tenant=tenant).delete()
+    with django_assert_max_num_queries(20):
+        page = client.get(url("usage", tenant, "?group=model"))
+    assert page.context["total"].requests == 20
+    assert {row.group: row.requests for row in page.context["table"].rows} == {"support-bot": 10, "tiny-llama": 10}
+    with django_assert_max_num_queries(20):
+        overview = client.get(url("tenant-overview", tenant))
+    assert 'data-total-tokens="17500"' in overview.content.decode()
+
+
+def test_the_overview_budget_bar_turns_amber_then_red(tenant, member_of):
+    client, _ = member_of(tenant, "viewer")
+    plan = tenant.plan
+    plan.price_output_per_mtok, plan.monthly_spend_limit = 1000, 10
+    plan.save()
+    now = timezone.now()
+    usage_ingest(events=[usage_event(tenant, finished_at=now, prompt_tokens=0, cached_tokens=0, completion_tokens=8500)])
+    page = client.get(url("tenant-overview", tenant)).content.decode()
+    assert 'class="meter amber" data-testid="budget-meter" data-percent="85"' in page
+    usage_ingest(events=[usage_event(tenant, finished_at=now, prompt_tokens=0, cached_tokens=0, completion_tokens=2000)])
+    page = client.get(url("tenant-overview", tenant)).content.decode()
+    assert 'class="meter red" data-testid="budget-meter" data-percent="105"' in page
+
+
+def test_invoices_list_detail_and_csv(tenant, member_of):
+    client, _ = member_of(tenant, "admin")
+    plan = tenant.plan
+    plan.price_input_per_mtok, plan.price_output_per_mtok = 2, 4
+    plan.save()
+    month = previous_month(timezone.now().date())
+    at = datetime.combine(month, datetime.min.time(), tzinfo=UTC) + timedelta(days=3)
+    usage_ingest(events=[usage_event(tenant, finished_at=at, prompt_tokens=1_000_000, cached_tokens=0,
+                                     completion_tokens=250_000)])  # fmt: skip
+    invoice = invoice_issue(tenant=tenant, month=month)
+    listing = client.get(url("billing", tenant))
+    assert [row.number for row in listing.context["invoices"].rows] == [invoice.number]
+    detail = client.get(reverse("console:invoice", kwargs={"slug": tenant.slug, "invoice_id": invoice.pk}))
+    assert b"$3.00" in detail.content
+    rows = list(csv.reader(io.StringIO(client.get(
+        reverse("console:invoice-csv", kwargs={"slug": tenant.slug, "invoice_id": invoice.pk})).content.decode())))
+    assert rows[1][2:4] == ["tiny-llama", "tiny-llama"] and rows[-1][-1] == "3.00"
+
+
+def test_invoices_of_another_tenant_are_not_found(tenant, other_tenant, member_of):
+    client, _ = member_of(tenant, "owner")
+    invoice = invoice_issue(tenant=other_tenant, month=previous_month(timezone.now().date()))
+    for name in ("invoice", "invoice-csv"):
+        mine = reverse(f"console:{name}", kwargs={"slug": tenant.slug, "invoice_id": invoice.pk})
+        assert client.get(mine).status_code == 404

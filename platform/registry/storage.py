@@ -112,7 +112,7 @@ def upload_delete(*, key: str) -> None:
 def upload_source(*, key: str) -> Iterator[Path]:
     """A local path `adapters.load_adapter` can read: the single archive uploaded, else the folder of files."""
     storage = blob_storage()
-    names = _files_under(storage, key)
+    names = _files_under(storage, key) if key.startswith(f"{UPLOAD_PREFIX}/") else []
     if not names:
         raise FileNotFoundError(f"upload {key} is gone from storage")
     if _is_local(storage):

@@ -183,3 +183,13 @@ def test_gc_grace_covers_recent_deletions_and_reuse(writer, base_model, adapter_
         os.utime(path, (two_hours_ago, two_hours_ago))
     assert adapter_blobs_collect(grace=timedelta(hours=1))["canonical"] == [version.digest]
     assert not blob.exists()
+
+
+def test_an_upload_gone_from_storage_fails_with_a_message(writer, base_model, adapter_zip, media_root):
+    create_adapter(writer, "bot", adapter_zip)
+    version = AdapterVersion.objects.get(adapter__name="bot")
+    for path in (media_root / version.upload_key).iterdir():
+        path.unlink()
+    failed = adapter_version_validate(version_id=version.pk)
+    assert (failed.status, failed.failure_code) == ("failed", "upload_missing")
+    assert failed.failure_message == "The uploaded files are no longer stored; upload again."

@@ -87,3 +87,19 @@ def test_string_prompts_and_chat_template(llm, oracle):
     assert out.prompt_token_ids == ids
     assert out.token_ids == oracle.greedy(ids, None, 5)
     assert out.text == " " + llm.tokenizer.decode(out.token_ids)
+
+
+def test_streamed_text_only_grows_and_holds_back_a_possible_stop_string(llm):
+    prompt = random_prompts(37, [5])[0]
+    full = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].text
+    fourth = full.split()[3]
+    stop = fourth[-2:] + " #"  # the fourth word ends like its start, but it never completes
+    engine = llm.engine
+    engine.add_request("stream", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=[stop]))
+    texts = []
+    while engine.has_unfinished():
+        texts += [out.text for out in engine.step()]
+    assert texts[-1] == full and len(texts) == 8
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
+    through_fourth = full[: full.index(fourth) + len(fourth)]
+    assert texts[3] == through_fourth[:-2]  # held back while it might be the start of the stop string

@@ -1,0 +1,113 @@
+"""The console websockets: only members (or staff) hear a tenant's adapter events; only staff see engines."""
+
+import asyncio
+import json
+from decimal import Decimal
+
+import pytest
+from asgiref.sync import async_to_sync
+from asgiref.testing import ApplicationCommunicator
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from django.contrib.auth.models import AnonymousUser
+from django.db import connection
+
+from console.routing import websocket_urlpatterns
+from gateway.models import Engine
+from registry.broadcast import tenant_group
+from tests.platform.factories import MembershipFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+class Socket(ApplicationCommunicator):
+    """A websocket client for an ASGI app (channels.testing's own would import daphne, which we don't ship)."""
+
+    def __init__(self, path: str, user):
+        scope = {"type": "websocket", "path": path, "headers": [], "subprotocols": [], "user": user}
+        super().__init__(URLRouter(websocket_urlpatterns), scope)
+
+    async def connect(self) -> tuple[bool, int | None]:
+        await self.send_input({"type": "websocket.connect"})
+        answer = await self.receive_output(5)
+        return answer["type"] == "websocket.accept", answer.get("code")
+
+    async def receive_json_from(self, timeout: float) -> dict:
+        answer = await self.receive_output(timeout)
+        assert answer["type"] == "websocket.send", answer
+        return json.loads(answer["text"])
+
+    async def disconnect(self) -> None:
+        await self.send_input({"type": "websocket.disconnect", "code": 1000})
+        await self.wait(5)
+
+
+def communicator(path: str, user) -> Socket:
+    return Socket(path, user)
+
+
+async def _member_hears_adapter_events(user, tenant_id: int, slug: str):
+    socket = communicator(f"/ws/t/{slug}/", user)
+    connected, _ = await socket.connect()
+    assert connected
+    await get_channel_layer().group_send(tenant_group(tenant_id), {
+        "type": "adapter.status", "adapter": "support-bot", "version": 2, "status": "failed", "message": "rank too big",
+    })  # fmt: skip
+    message = await socket.receive_json_from(timeout=5)
+    await socket.disconnect()
+    return message
+
+
+def test_a_member_hears_their_tenants_adapter_events(tenant, member_of):
+    _, membership = member_of(tenant, "viewer")
+    message = async_to_sync(_member_hears_adapter_events)(membership.user, tenant.pk, tenant.slug)
+    assert message == {"type": "refresh", "event": {"adapter": "support-bot", "version": 2, "status": "failed",
+                                                    "message": "rank too big"}}  # fmt: skip
+
+
+async def _refused(path: str, user) -> int:
+    socket = communicator(path, user)
+    connected, code = await socket.connect()
+    assert not connected
+    return code
+
+
+def test_strangers_and_anonymous_visitors_are_refused(tenant, other_tenant):
+    stranger = MembershipFactory(tenant=other_tenant, role="owner").user
+    assert async_to_sync(_refused)(f"/ws/t/{tenant.slug}/", stranger) == 4403
+    assert async_to_sync(_refused)(f"/ws/t/{tenant.slug}/", AnonymousUser()) == 4403
+    assert async_to_sync(_refused)("/ws/engines/", stranger) == 4403
+
+
+async def _engines_pushes(user) -> list[dict]:
+    socket = communicator("/ws/engines/", user)
+    connected, _ = await socket.connect()
+    assert connected
+    first = await socket.receive_json_from(timeout=5)
+    await asyncio.get_running_loop().run_in_executor(None, _engine_gets_busier)
+    second = await socket.receive_json_from(timeout=10)
+    await socket.disconnect()
+    return [first, second]
+
+
+def _engine_gets_busier() -> None:
+    """Another process (the health check) writing new state; runs in a thread with its own connection."""
+    try:
+        Engine.objects.filter(name="gpu-a").update(state={"running": 9, "waiting": 1, "kv_blocks_used": 5,
+                                                           "kv_blocks_total": 10})  # fmt: skip
+    finally:
+        connection.close()
+
+
+def test_staff_get_the_engines_grid_and_its_changes(db):
+    Engine.objects.create(name="gpu-a", url="http://10.0.0.5:8100", gpu_price_per_hour=Decimal(2), healthy=True,
+                          state={"running": 2, "waiting": 0})  # fmt: skip
+    first, second = async_to_sync(_engines_pushes)(UserFactory(is_staff=True))
+    assert first["type"] == "html" and first["target"] == "engines-grid"
+    assert 'data-engine="gpu-a"' in first["html"] and '<strong data-testid="running">2</strong>' in first["html"]
+    assert '<strong data-testid="running">9</strong>' in second["html"] and "5 of 10 blocks · 50%" in second["html"]

@@ -1,12 +1,13 @@
 """Hot-swap: promote and rollback are atomic, audited once, signalled on commit; tenants never see each other."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from registry.models import Adapter, AdapterPromotion, AdapterVersion
-from registry.promotion import adapter_promote
+from registry.promotion import adapter_lock, adapter_promote
 from registry.selectors import ModelNotFound, model_resolve, models_for_tenant
 from registry.signals import adapter_version_promoted
 from tenancy.audit import Actor
@@ -157,22 +158,36 @@ def test_two_concurrent_promotes_leave_a_consistent_alias(tenant_a, key_client, 
     for data in (adapter_zip, other_adapter_zip, adapter_zip):
         ready_version(writer, "bot", data)
     adapter = Adapter.objects.get(name="bot")
-    start = threading.Barrier(2)
+    held, release = threading.Event(), threading.Event()
     errors = []
+
+    def hold_the_row() -> None:
+        """A third transaction holds the adapter's row, so both promotes queue up and then race for it."""
+        try:
+            with transaction.atomic():
+                adapter_lock(adapter)
+                held.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
 
     def promote(number: int) -> None:
         try:
-            start.wait()
             adapter_promote(actor=Actor.system(), adapter=adapter, version_number=number)
         except Exception as error:  # collected and asserted on below
             errors.append(error)
         finally:
             connection.close()
 
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    held.wait(timeout=30)
     threads = [threading.Thread(target=promote, args=(number,)) for number in (2, 3)]
     for thread in threads:
         thread.start()
-    for thread in threads:
+    time.sleep(0.5)  # let both reach the lock (if one is late the test only gets weaker, never flaky)
+    release.set()
+    for thread in [holder, *threads]:
         thread.join()
     assert errors == []
     adapter.refresh_from_db()

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import REPO, start_worker, stop_worker, test_database_url
+from tests.conftest import REPO, start_worker, test_database_url
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -78,4 +78,32 @@ def start_live_worker(media_root: Path) -> subprocess.Popen:
     return start_worker(extra_env=shared_env(media_root))
 
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "LiveServer", "start_live_worker", "start_server", "stop_worker"]
+
+
+
+def start_engine(model_dir: Path, media_root: Path, *, served_name: str, token: str) -> tuple[subprocess.Popen, str]:
+    """`python -m engine` on CPU over the tiny base, reading adapters from the store and sending usage events to
+    this run's queue; returns once /v1/health answers."""
+    from django.conf import settings
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(port), "--device", "cpu",
+        "--adapter-store", str(media_root / "adapters"), "--served-model-name", served_name,
+        "--usage-queue", settings.CELERY_TASK_DEFAULT_QUEUE, "--broker-url", settings.CELERY_BROKER_URL,
+        "--usage-spool", str(media_root / f"spool-{port}.jsonl"), "--num-kv-blocks", "64", "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "QUILT_ENGINE_TOKEN": token})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the engine exited with {process.returncode}")
+        request = urllib.request.Request(url + "/v1/health", headers={"Authorization": f"Bearer {token}"})
+        try:
+            urllib.request.urlopen(request, timeout=2)
+            return process, url
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the engine did not answer within 120 s")

@@ -1,14 +1,17 @@
 """The console in a real browser (Debian's Chromium through Playwright) against the ASGI server, with a real
 Celery worker validating uploads and ingesting usage, and live updates over the websocket."""
 
+import httpx
 import pytest
-from celery import current_app
 
 from apikeys.models import ApiKey
 from apikeys.selectors import api_key_authenticate
+from gateway.services import engine_register
+from tenancy.audit import Actor
 from tenancy.models import AuditLog, Membership
-from tests.console.builders import usage_event
-from tests.console.live import start_live_worker, stop_worker
+from tests.conftest import stop_worker
+from tests.console.builders import BASE_NAME
+from tests.console.live import start_engine, start_live_worker
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -92,7 +95,7 @@ def test_staff_creates_a_tenant_and_its_first_member(browser, live_server_asgi):
 
 
 def test_a_member_runs_keys_adapters_and_usage_without_reloading(
-    browser, live_server_asgi, media_dir, base_model, adapter_zips
+    browser, live_server_asgi, media_dir, base_model, adapter_zips, tiny_base_dir, settings
 ):
     server = live_server_asgi
     tenant = TenantFactory(slug="acme", name="Acme Corp")
@@ -122,7 +125,7 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
     page.wait_for_selector("body[data-live-connected=yes]")
     assert page.get_attribute("tr[data-version='1']", "data-status") in ("uploaded", "validating")
     page.evaluate("window.__sameDocument = true")
-    worker = start_live_worker(media_dir)
+    worker, engine = start_live_worker(media_dir), None
     try:
         page.wait_for_selector("tr[data-version='1'][data-status=ready]", timeout=LIVE_TIMEOUT_MS)
         assert page.evaluate("window.__sameDocument") is True
@@ -136,21 +139,32 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
         page.wait_for_selector("text=now serves version 2")
         assert page.inner_text("[data-testid=current-version]") == "v2"
 
-        # Usage: events sent the way engines send them appear on the chart.
+        # Usage: a request through the OpenAI-compatible API, served by a real engine with the new version;
+        # the engine's usage event goes through the broker to the worker, and the chart shows it.
         page.click("nav >> text=Usage")
         assert page.get_attribute(".chart", "data-total-tokens") == "0"
-        events = [usage_event(tenant, model="support-bot", api_key=key) for _ in range(3)]
-        current_app.send_task("metering.ingest_usage", args=[events])
-        expected = sum(event["prompt_tokens"] + event["completion_tokens"] for event in events)
+        engine, engine_url = start_engine(tiny_base_dir, media_dir, served_name=BASE_NAME, token=settings.QUILT_ENGINE_TOKEN)
+        engine_register(actor=Actor.system(), name="cpu-0", url=engine_url)
+        answer = httpx.post(
+            server.url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"}, timeout=60,
+            json={"model": "support-bot", "prompt": "w1 w2 w3", "max_tokens": 4, "temperature": 0},
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        expected = answer.json()["usage"]["total_tokens"]
         for _ in range(60):
             page.reload()
             if page.get_attribute(".chart", "data-total-tokens") != "0":
                 break
             page.wait_for_timeout(500)
         assert page.get_attribute(".chart", "data-total-tokens") == str(expected)
-        assert page.inner_text("[data-testid=usage-requests]") == "3"
+        assert page.inner_text("[data-testid=usage-requests]") == "1"
+        page.select_option("#u-group", "model")
+        page.click("#usage-filters button[type=submit]")
+        assert page.locator("#usage-table tbody tr").first.locator("code").inner_text() == "support-bot"
     finally:
         stop_worker(worker)
+        if engine is not None:
+            stop_worker(engine)
 
 
 def test_a_viewer_sees_no_key_button_and_is_refused_when_posting_anyway(browser, live_server_asgi):

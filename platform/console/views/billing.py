@@ -3,12 +3,14 @@
 import csv
 
 from django.http import Http404, HttpResponse
+from django.utils import timezone
 
 from billing.selectors import invoice_with_lines, invoices_of
 from console.access import Role, tenant_page
 from console.listing import listing
 from console.pages import render_page
 from metering.models import ModelPrice
+from metering.selectors import usage_totals_month
 
 SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
 CSV_FIELDS = [
@@ -23,6 +25,7 @@ def billing(request):
     context = {
         "plan": tenant.plan,
         "model_prices": ModelPrice.objects.filter(plan=tenant.plan).order_by("base_model"),
+        "month_to_date": usage_totals_month(tenant=tenant, month=timezone.now().date()),
         "invoices": listing(request, invoices_of(tenant=tenant), sortable=SORTABLE, default_sort="-month"),
     }
     return render_page(request, "console/billing/index.html", context, section="billing")

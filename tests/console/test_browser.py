@@ -65,6 +65,7 @@ def test_staff_creates_a_tenant_and_its_first_member(browser, live_server_asgi):
     server = live_server_asgi
     UserFactory(username="ops", is_staff=True)
     UserFactory(username="dana", email="dana@acme.test")
+    TenantFactory(slug="globex", name="Globex")
     page = log_in(browser, server, "ops")
 
     page.click("nav >> text=Tenants")
@@ -87,6 +88,16 @@ def test_staff_creates_a_tenant_and_its_first_member(browser, live_server_asgi):
     confirm(page)
     page.wait_for_selector("[data-testid=reactivate]")
     assert "suspended" in page.inner_text("h1")
+
+    # Searching filters the list in place (htmx swaps the table and keeps the URL shareable).
+    page.click("nav >> text=Tenants")
+    assert page.locator("#tenants-table tbody tr").count() == 2
+    page.evaluate("window.__sameDocument = true")
+    page.fill("input[name=q]", "acm")
+    page.wait_for_url("**/platform/tenants/?q=acm*")
+    page.wait_for_function("document.querySelectorAll('#tenants-table tbody tr').length === 1")
+    assert page.evaluate("window.__sameDocument") is True
+    assert page.get_attribute("#tenants-table tbody tr", "data-tenant") == "acme"
 
     membership = Membership.objects.get(tenant__slug="acme", user__username="dana")
     assert membership.role == "owner"

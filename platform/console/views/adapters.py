@@ -28,6 +28,7 @@ from registry.selectors import (
 )
 from registry.services import adapter_create, adapter_delete, adapter_version_create, upload_limit
 
+HISTORY = 12
 PENDING = (AdapterVersion.Status.UPLOADED, AdapterVersion.Status.VALIDATING)
 SORTABLE = {"name": ("name",), "created": ("created_at", "id"), "versions": ("version_count", "name")}
 
@@ -63,6 +64,7 @@ def adapter_detail(request, name: str):
         "adapter": adapter,
         "versions": versions,
         "previous": adapter_previous_version(adapter=adapter),
+        "promotions": adapter.promotions.select_related("version", "promoted_by").order_by("-id")[:HISTORY],
         "pending": any(version.status in PENDING for version in versions),
     }
     return render_page(request, "console/adapters/detail.html", context, section="adapters")

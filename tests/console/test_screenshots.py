@@ -5,6 +5,7 @@ Each page is also checked for what a person would look for on it, so a broken pa
 
 import pytest
 
+from gateway.models import Engine
 from tests.console.scenery import build
 from tests.platform.factories import UserFactory
 
@@ -81,4 +82,9 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
     page.wait_for_selector("body[data-live-connected=yes]")
     assert page.locator("[data-engine=gpu-a] [data-testid=running]").inner_text() == "14"
     shoot(page, screenshots, "16-engines")
+    engine = Engine.objects.get(name="gpu-a")
+    Engine.objects.filter(pk=engine.pk).update(state={**engine.state, "running": 21})
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_selector("[data-engine=gpu-a] [data-testid=running]:text-is('21')", timeout=20_000)
+    assert page.evaluate("window.__sameDocument") is True
     context.close()

@@ -74,3 +74,17 @@ def test_tenant_pages_show_revenue_cost_and_margin(staff_client, tenant):
     assert b"$2.00" in detail.content and b"$1.90" in detail.content
     listed = staff_client.get(reverse("console:tenants")).context["tenants"].rows
     assert listed[0].margin.revenue == 2
+
+
+def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_assert_max_num_queries):
+    tenants = [TenantFactory(slug=f"t-{index:02d}") for index in range(30)]
+    usage_ingest(events=[usage_event(tenant) for tenant in tenants])
+    for index in range(5):
+        Engine.objects.create(name=f"gpu-{index}", url=f"http://10.0.0.{index}:8100", healthy=index % 2 == 0,
+                              state={"running": index, "adapters": {"gpu": ["f" * 64], "host": []}})  # fmt: skip
+    with django_assert_max_num_queries(14):
+        platform = staff_client.get(reverse("console:platform"))
+    assert platform.context["requests"] == 30 and platform.context["healthy_engines"] == 3
+    with django_assert_max_num_queries(8):
+        engines = staff_client.get(reverse("console:engines"))
+    assert engines.content.count(b"data-engine=") == 5

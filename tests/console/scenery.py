@@ -83,7 +83,11 @@ def build(*, zips: list[bytes], staff) -> dict:
         api_key_authenticate(presented=plaintext)
     api_key_revoke(actor=Actor(user=owner), key=keys[-1])
     _adapter(acme, "support-bot", zips[:2], owner, "Tier-1 support replies in our tone", promote_second=True)
-    _adapter(acme, "sql-writer", zips[2:4], owner, "Text to SQL over the analytics warehouse", promote_second=False)
+    writer = _adapter(acme, "sql-writer", zips[2:4], owner, "Text to SQL over the analytics warehouse",
+                      promote_second=False)  # fmt: skip
+    broken = adapter_version_create(actor=Actor(user=owner), adapter=writer, enqueue=False,
+                                    files=[SimpleUploadedFile("weights.bin", b"pickle bytes")])  # fmt: skip
+    adapter_version_validate(version_id=broken.pk)
     Engine.objects.create(
         name="gpu-a", url="http://10.0.0.5:8100", pool="default", gpu_price_per_hour=Decimal("2.4900"),
         healthy=True, last_checked_at=timezone.now(), state=_engine_state(rng),

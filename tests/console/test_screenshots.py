@@ -78,6 +78,11 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
                        ("15-tenant-detail", f"/platform/tenants/{slug}/"), ("17-plans", "/platform/plans/")]:  # fmt: skip
         page.goto(server.url + path)
         shoot(page, screenshots, name)
+    page.goto(server.url + "/platform/plans/scale/")
+    shoot(page, screenshots, "18-plan-edit")
+    page.goto(f"{server.url}/t/{slug}/adapters/sql-writer/")
+    assert page.locator("[data-testid=failure-message]").count() == 1
+    shoot(page, screenshots, "19-adapter-failed-version")
     page.goto(server.url + "/platform/engines/")
     page.wait_for_selector("body[data-live-connected=yes]")
     assert page.locator("[data-engine=gpu-a] [data-testid=running]").inner_text() == "14"

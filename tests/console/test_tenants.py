@@ -88,3 +88,22 @@ def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_asse
     with django_assert_max_num_queries(8):
         engines = staff_client.get(reverse("console:engines"))
     assert engines.content.count(b"data-engine=") == 5
+
+
+def test_staff_edit_plan_prices_and_create_plans(staff_client, staff):
+    plan = Plan.objects.create(slug="pro", name="Pro", price_output_per_mtok=Decimal("2.000000"))
+    page = staff_client.get(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}))
+    form = {name: "" if value is None else value for name, value in page.context["form"].initial.items()}
+    form.pop("id", None)
+    response = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
+                                 {**form, "price_output_per_mtok": "2.5"})  # fmt: skip
+    assert response.status_code == 302
+    plan.refresh_from_db()
+    assert plan.price_output_per_mtok == Decimal("2.5")
+    change = AuditLog.objects.get(action="plan.update")
+    assert change.actor_user == staff and Decimal(change.after["price_output_per_mtok"]) == Decimal("2.5")
+    refused = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
+                                {**form, "price_output_per_mtok": "-1"})  # fmt: skip
+    assert refused.status_code == 400
+    created = staff_client.post(reverse("console:plan-new"), {**form, "slug": "team", "name": "Team"})
+    assert created.status_code == 302 and Plan.objects.filter(slug="team").exists()

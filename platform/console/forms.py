@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from django import forms
+from django.core.validators import MinValueValidator
 from django.utils import timezone
 
 from apikeys.models import Scope
@@ -111,6 +112,14 @@ class PlanForm(forms.ModelForm):
             "default_max_tokens": "Default max_tokens",
             "scheduling_weight": "Scheduling weight",
         }
+
+    PRICES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in self.PRICES:  # a negative price would pay tenants for their tokens
+            self.fields[name].validators.append(MinValueValidator(0))
+            self.fields[name].widget.attrs["min"] = "0"
 
     def changes(self) -> dict:
         return {name: self.cleaned_data[name] for name in self.changed_data}

@@ -1,12 +1,17 @@
 """Who is calling and what they asked for: the key (by prefix, briefly cached), its tenant's plan, and the model
 resolved for that tenant. Blocking (database reads): the views call it through sync_to_async, once per request."""
 
+import functools
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
+from django.utils import timezone
 
 from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
@@ -43,6 +48,7 @@ class Caller:
     price_cached_input: Decimal
     price_output: Decimal
     allowed_models: tuple[str, ...]
+    expires_at: datetime | None
 
     def spend(self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
         total = (
@@ -56,8 +62,36 @@ class Caller:
         return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models
 
 
+# Verified callers (by a hash of the whole presented key) and resolved models, each kept for
+# QUILT_KEY_CACHE_SECONDS: the same window in which apikeys' own cache lets a revocation take effect.
+_callers: dict[bytes, tuple[float, Caller]] = {}
 _targets: dict[tuple[int, str], tuple[float, Target]] = {}
-_targets_lock = threading.Lock()
+_lock = threading.Lock()
+
+
+def _digest(authorization: str) -> bytes:
+    return hashlib.sha256(authorization.encode()).digest()
+
+
+def _fresh(entry: tuple[float, object] | None) -> bool:
+    return entry is not None and time.monotonic() - entry[0] < settings.QUILT_KEY_CACHE_SECONDS
+
+
+def cached_caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None] | None:
+    """The caller and model as verified and resolved less than a cache lifetime ago, without a database read;
+    None when either must be looked up (and any refusal is left to that lookup)."""
+    entry = _callers.get(_digest(authorization))
+    if not _fresh(entry):
+        return None
+    caller = entry[1]
+    if caller.expires_at is not None and caller.expires_at <= timezone.now():
+        return None
+    if not isinstance(model, str) or not model:
+        return caller, None
+    target = _targets.get((caller.tenant_id, model))
+    if not caller.may_use(model) or not _fresh(target):
+        return None
+    return caller, target[1]
 
 
 def _target(resolved: ResolvedModel, name: str) -> Target:
@@ -103,7 +137,12 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         price_cached_input=plan.price_cached_input_per_mtok,
         price_output=plan.price_output_per_mtok,
         allowed_models=tuple(key.allowed_models or ()),
+        expires_at=key.expiry_date,
     )
+    with _lock:
+        if len(_callers) > 10_000:
+            _callers.clear()
+        _callers[_digest(authorization)] = (time.monotonic(), caller)
     return caller, key
 
 
@@ -111,22 +150,36 @@ def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
     if not caller.may_use(name):
         raise ApiError(403, f"This API key is not allowed to use the model '{name}'.", code="model_not_allowed", param="model")
     cache_key = (caller.tenant_id, name)
-    now = time.monotonic()
-    with _targets_lock:
-        hit = _targets.get(cache_key)
-    if hit is not None and now - hit[0] < settings.QUILT_KEY_CACHE_SECONDS:
+    hit = _targets.get(cache_key)
+    if _fresh(hit):
         return hit[1]
     try:
         target = _target(model_resolve(tenant=key.tenant, name=name), name)
     except ModelNotFound as missing:
         raise ApiError(404, missing.message, code="model_not_found", param="model") from None
-    with _targets_lock:
+    with _lock:
         if len(_targets) > 10_000:
             _targets.clear()
-        _targets[cache_key] = (now, target)
+        _targets[cache_key] = (time.monotonic(), target)
     return target
 
 
+def _reconnecting(function):
+    """Runs a blocking lookup; once more on a fresh connection if the thread's connection has gone bad (the
+    executor threads keep theirs between requests, outside Django's request cycle)."""
+
+    @functools.wraps(function)
+    def run(**kwargs):
+        try:
+            return function(**kwargs)
+        except (InterfaceError, OperationalError):
+            connection.close()
+            return function(**kwargs)
+
+    return run
+
+
+@_reconnecting
 def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
     caller, key = caller_authenticate(authorization=authorization)
     if not isinstance(model, str) or not model:
@@ -134,6 +187,7 @@ def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller,
     return caller, target_resolve(key=key, caller=caller, name=model)
 
 
+@_reconnecting
 def caller_models(*, authorization: str) -> tuple[Caller, list[Target]]:
     caller, key = caller_authenticate(authorization=authorization)
     targets = [_target(resolved, resolved.name) for resolved in models_for_tenant(tenant=key.tenant)]

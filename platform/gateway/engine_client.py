@@ -120,10 +120,9 @@ class GenerateStream:
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                yield event
                 if event.get("type") == "final":
-                    self.finished = True
-                    return
+                    self.finished = True  # read on to the body's end: the connection then goes back to the pool
+                yield event
         except (httpx.HTTPError, ValueError) as error:
             raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
         if not self.finished:

@@ -10,13 +10,20 @@ from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import relay
-from gateway.caller import Caller, Target, caller_and_target, caller_models
+from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_target, caller_models
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
 
-_authorize = sync_to_async(caller_and_target, thread_sensitive=False)
+_lookup = sync_to_async(caller_and_target, thread_sensitive=False)
+
+
+async def _authorize(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
+    return cached_caller_and_target(authorization=authorization, model=model) or await _lookup(
+        authorization=authorization, model=model
+    )
+
 _list_models = sync_to_async(caller_models, thread_sensitive=False)
 
 

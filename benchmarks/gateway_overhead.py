@@ -1,0 +1,219 @@
+"""What the gateway adds: the same streamed requests, to the same engine, directly and through the gateway.
+
+    python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR]
+
+Starts PostgreSQL-backed Django state (database `quilt_bench`, dropped and recreated), Redis admission (db 12),
+one engine on a tiny random Llama (or --model) and one gateway under uvicorn, then at each concurrency level
+runs the requests directly against the engine's /v1/generate and through the gateway's /v1/completions
+(streaming), alternating the two so that both see the same machine. Prints p50/p99 time to first token each
+way, the added p50/p99, and the gateway's requests per second. Nothing is asserted.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-engine-token"
+PROMPT = "w10 w11 w12"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, ok: tuple[int, ...], process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{url}: the process exited with {process.returncode}")
+        try:
+            if httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=1).status_code in ok:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer")
+
+
+def setup_django(env: dict) -> None:
+    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "MEDIA_ROOT", "QUILT_ENGINE_TOKEN")})
+    sys.path[:0] = [str(REPO), str(REPO / "platform")]
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS quilt_bench WITH (FORCE)")
+        admin.execute("CREATE DATABASE quilt_bench")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def seed(model_dir: Path, engine_url: str) -> str:
+    from django.core.management import call_command
+
+    from apikeys.models import ApiKey
+    from gateway.services import engine_register
+    from tenancy.audit import Actor
+    from tenancy.models import Plan, Tenant
+
+    call_command("registerbasemodel", "bench", str(model_dir), verbosity=0)
+    plan = Plan.objects.create(slug="bench", name="Bench", requests_per_minute=10**7, tokens_per_minute=10**9,
+                               max_concurrent_requests=10_000)  # fmt: skip
+    tenant = Tenant.objects.create(slug="bench", name="Bench", plan=plan)
+    _, key = ApiKey.objects.create_key(tenant=tenant, name="bench", scopes=["inference"])
+    engine = engine_register(actor=Actor.system(), name="bench-engine", url=engine_url)
+    assert engine.healthy, engine.last_error
+    return key
+
+
+async def first_token_direct(client: httpx.AsyncClient, url: str, max_tokens: int) -> float:
+    body = {"request_id": uuid.uuid4().hex, "tenant": "bench", "prompt": PROMPT, "stream": True,
+            "sampling": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+    started = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", f"{url}/v1/generate", json=body, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+        async for line in r.aiter_lines():
+            if ttft is None and line and json.loads(line).get("type") == "delta":
+                ttft = time.perf_counter() - started
+    return ttft
+
+
+async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -> float:
+    body = {"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if ttft is None and line.startswith("data: {"):
+                ttft = time.perf_counter() - started
+    return ttft
+
+
+async def run_level(call, concurrency: int, requests: int) -> tuple[list[float], float]:
+    queue = list(range(requests))
+    ttfts: list[float] = []
+
+    async def worker():
+        while queue:
+            queue.pop()
+            ttfts.append(await call())
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ttfts, requests / (time.perf_counter() - started)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dict]:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    rows = []
+    async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+        direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
+        gateway = lambda: first_token_gateway(client, gateway_url, key, args.max_tokens)  # noqa: E731
+        await run_level(direct, 4, 20)
+        await run_level(gateway, 4, 20)  # warm both paths
+        for level in args.levels:
+            requests = max(args.requests, level)
+            direct_ttfts, gateway_ttfts, gateway_rps = [], [], []
+            for _ in range(args.rounds):  # alternate, so both see the same machine
+                ttfts, _ = await run_level(direct, level, requests // args.rounds)
+                direct_ttfts += ttfts
+                ttfts, rps = await run_level(gateway, level, requests // args.rounds)
+                gateway_ttfts += ttfts
+                gateway_rps.append(rps)
+            row = {"concurrency": level, "requests": len(gateway_ttfts)}
+            for name, values in (("direct", direct_ttfts), ("gateway", gateway_ttfts)):
+                row[f"{name}_p50_ms"] = percentile(values, 50) * 1000
+                row[f"{name}_p99_ms"] = percentile(values, 99) * 1000
+            row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+            row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+            row["gateway_rps"] = statistics.mean(gateway_rps)
+            rows.append(row)
+            print(
+                f"concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms p99 {row['direct_p99_ms']:8.2f} ms"
+                f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
+                f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
+                f" | gateway {row['gateway_rps']:7.1f} req/s",
+                flush=True,
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,50,200", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--requests", type=int, default=400, help="per level and path (at least the level)")
+    parser.add_argument("--rounds", type=int, default=2, help="direct/gateway alternations per level")
+    parser.add_argument("--max-tokens", type=int, default=2)
+    parser.add_argument("--model", type=Path, help="a Llama checkpoint folder (default: a tiny random one)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
+    model_dir = args.model
+    if model_dir is None:
+        sys.path.insert(0, str(REPO))
+        from tests.engine.conftest import build_checkpoint
+
+        model_dir = build_checkpoint(work / "model", "llama", seed=3)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/quilt_bench",
+        "REDIS_URL": "redis://127.0.0.1:6379/12",
+        "QUILT_REDIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}",
+        "MEDIA_ROOT": str(work / "media"),
+        "QUILT_ENGINE_TOKEN": TOKEN,
+        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
+        "LOG_LEVEL": "WARNING",
+    }
+    setup_django(env)
+    engine_port, gateway_port = free_port(), free_port()
+    engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
+                          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"],
+                         cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),  # fmt: skip
+        subprocess.Popen([sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--app-dir", str(REPO / "platform"),
+                          "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
+                         cwd=REPO, env=env),  # fmt: skip
+    ]
+    try:
+        wait_http(f"{engine_url}/v1/health", (200,), processes[0])
+        wait_http(f"{gateway_url}/v1/models", (401,), processes[1])
+        key = seed(model_dir, engine_url)
+        time.sleep(1.1)  # the gateway's engine list refreshes once a second
+        print(f"engine {engine_url}, gateway {gateway_url}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
+        rows = asyncio.run(measure(args, engine_url, gateway_url, key))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

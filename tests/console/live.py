@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-dev-shm-usage"]  # fmt: skip
 CHANNELS_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+# Admission counters are keyed by tenant id: a prefix of this run's own keeps other runs' counters apart.
+REDIS_KEY_PREFIX = f"quilt-console-{uuid.uuid4().hex[:10]}"
 
 
 def free_port() -> int:
@@ -33,6 +36,7 @@ def shared_env(media_root: Path) -> dict:
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
         "REDIS_URL": CHANNELS_REDIS,
+        "QUILT_REDIS_KEY_PREFIX": REDIS_KEY_PREFIX,
         "MEDIA_ROOT": str(media_root),
     }
 

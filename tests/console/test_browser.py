@@ -138,6 +138,7 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
     page.evaluate("window.__sameDocument = true")
     worker, engine = start_live_worker(media_dir), None
     try:
+        page.wait_for_function("document.body.dataset.liveRefreshedBy === 'socket'", timeout=LIVE_TIMEOUT_MS)
         page.wait_for_selector("tr[data-version='1'][data-status=ready]", timeout=LIVE_TIMEOUT_MS)
         assert page.evaluate("window.__sameDocument") is True
         assert page.inner_text("[data-testid=current-version]") == "v1"

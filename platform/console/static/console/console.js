@@ -173,7 +173,7 @@
       if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
       document.body.dataset.liveConnected = "yes";
       // Work still in flight may have finished before this socket subscribed: catch up once.
-      if (document.querySelector("[data-live-pending]")) refreshRegions();
+      if (document.querySelector("[data-live-pending]")) refreshRegions("connect");
     };
     socket.onclose = function () {
       if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }
@@ -186,18 +186,29 @@
         var target = document.getElementById(message.target);
         if (target) target.outerHTML = message.html;
       } else if (message.type === "refresh") {
-        refreshRegions();
+        refreshRegions("socket");
       }
     };
   }
 
-  function refreshRegions() {
+  // `reason` is kept on <body data-live-refreshed-by> so a page (and its tests) can tell how it learned news.
+  var lastRefresh = Date.now();
+  function refreshRegions(reason) {
+    lastRefresh = Date.now();
+    document.body.dataset.liveRefreshedBy = reason;
     document.querySelectorAll("[data-live-region]").forEach(function (region) {
       if (window.htmx) {
         window.htmx.ajax("GET", window.location.href, {target: "#" + region.id, select: "#" + region.id, swap: "outerHTML"});
       }
     });
   }
+
+  // Safety net while work is in flight: with no news for a while (a worker in another process and an in-memory
+  // channel layer, as in the embedded demo), look again.
+  setInterval(function () {
+    if (document.querySelector("[data-live-pending]") && Date.now() - lastRefresh > POLL_AFTER_MS) refreshRegions("poll");
+  }, 2000);
+  var POLL_AFTER_MS = 10000;
 
   document.addEventListener("DOMContentLoaded", function () {
     if (document.body.dataset.live) connect(document.body.dataset.live);

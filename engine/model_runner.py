@@ -61,12 +61,12 @@ class ModelRunner:
             self.generators[seq.seq_id] = g
         return self.generators[seq.seq_id]
 
-    @torch.inference_mode()
-    def run(self, out: SchedulerOutput, adapter_slots: dict[str, int]) -> dict[int, StepResult]:
+    def _prepare(self, out: SchedulerOutput, adapter_slots: dict[str, int]):
+        """Flatten the step into one ragged batch: token ids, the Context, and which rows get logits."""
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
         cu_seqlens, context_lens, tables = [0], [], []
-        sample_rows, sample_seqs = [], []
+        sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in out.seqs:
             n = out.num_tokens[seq.seq_id]
@@ -83,8 +83,7 @@ class ModelRunner:
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
             if end == seq.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
-                sample_seqs.append(seq)
+                sample_rows.append((seq, len(input_ids) - 1))
         dev = self.device
         width = max(len(t) for t in tables)
         ctx = Context(
@@ -100,26 +99,35 @@ class ModelRunner:
         )
         if adapter_slots:
             ctx.lora_meta = LoRAMeta.build(ctx.token_slots, self.num_slots)
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx)  # [T, hidden]
-        rows = sample_rows + [row for _, row, _ in prompt_rows]
-        logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
+        return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
 
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, adapter_slots: dict[str, int]) -> dict[int, StepResult]:
+        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out, adapter_slots)
+        hidden = self.model(input_ids, ctx)  # [T, hidden]
+        rows = [row for _, row in sample_rows] + [row for _, row, _ in prompt_rows]
+        logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
         results = {seq.seq_id: StepResult() for seq in out.seqs}
-        if sample_seqs:
-            requests = [self._sample_request(seq) for seq in sample_seqs]
-            for seq, sample in zip(sample_seqs, self.sampler(logits[: len(sample_seqs)], requests), strict=True):
+        if sample_rows:
+            seqs = [seq for seq, _ in sample_rows]
+            samples = self.sampler(logits[: len(seqs)], [self._sample_request(seq) for seq in seqs])
+            for seq, sample in zip(seqs, samples, strict=True):
                 results[seq.seq_id].sample = sample
         if prompt_rows:
-            logprobs = torch.log_softmax(logits[len(sample_seqs) :], dim=-1)  # [P, vocab]
-            for i, (seq, _, pos) in enumerate(prompt_rows):
-                target = seq.token_ids[pos + 1]
-                k = seq.sampling.prompt_logprobs
-                top = {}
-                if k:
-                    values, ids = logprobs[i].topk(k)
-                    top = dict(zip(ids.tolist(), values.tolist(), strict=True))
-                results[seq.seq_id].prompt_logprobs.append((pos + 1, float(logprobs[i, target]), top))
+            self._score_prompts(logits[len(sample_rows) :], prompt_rows, results)
         return results
+
+    def _score_prompts(self, logits: torch.Tensor, prompt_rows, results: dict[int, StepResult]) -> None:
+        logprobs = torch.log_softmax(logits, dim=-1)  # [P, vocab]
+        targets = torch.tensor([seq.token_ids[pos + 1] for seq, _, pos in prompt_rows], device=logits.device)
+        chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()  # [P]
+        k = max(seq.sampling.prompt_logprobs for seq, _, _ in prompt_rows)
+        top_values, top_ids = (logprobs.topk(k) if k else (logprobs[:, :0], logprobs[:, :0].long()))
+        top_values, top_ids = top_values.tolist(), top_ids.tolist()
+        for i, (seq, _, pos) in enumerate(prompt_rows):
+            n = seq.sampling.prompt_logprobs
+            top = dict(zip(top_ids[i][:n], top_values[i][:n], strict=True))
+            results[seq.seq_id].prompt_logprobs.append((pos + 1, chosen[i], top))
 
     def _sample_request(self, seq: Sequence) -> SampleRequest:
         s = seq.sampling

@@ -195,7 +195,7 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"],
                          cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),  # fmt: skip
-        subprocess.Popen([sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--app-dir", str(REPO / "platform"),
+        subprocess.Popen([sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
                           "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
                          cwd=REPO, env=env),  # fmt: skip
     ]

@@ -85,7 +85,7 @@ def wait_for_engine(process: subprocess.Popen) -> None:
 
 def launch_gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--app-dir", str(REPO / "platform"),
+        sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115

@@ -1,0 +1,98 @@
+"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform`.
+
+The inference API (/v1/) is latency-critical: its async views are called straight from the ASGI scope, without
+Django's request handler around them (which runs signal receivers and the response close in per-request
+threads, several milliseconds under load) and without the console's middleware (sessions, CSRF, login
+lockout: none applies to bearer-key API calls). Everything else is the platform's own application.
+
+What Django's handler would do and this does too: read the body, route by the URLconf, turn a client
+disconnect into cancelling the view (so its `finally` runs: the hold is settled, the engine request aborted),
+and answer an unexpected error with a 500 in the API's error shape.
+"""
+
+import asyncio
+import contextlib
+import io
+import logging
+
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from django.urls import Resolver404, resolve
+
+from gateway.errors import ApiError
+from quilt.asgi import application as platform_application  # sets Django up
+
+log = logging.getLogger(__name__)
+PREFIX = "/v1/"
+
+
+async def _read_body(receive) -> bytes | None:
+    """The whole request body, or None if the client went away first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _headers(response) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), str(value).encode("latin-1")) for name, value in response.items()]
+
+
+async def _send(response, send) -> None:
+    await send({"type": "http.response.start", "status": response.status_code, "headers": _headers(response)})
+    if isinstance(response, StreamingHttpResponse):
+        async for chunk in response.streaming_content:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        await send({"type": "http.response.body", "body": response.content})
+
+
+async def _serve(request, send) -> None:
+    try:
+        match = resolve(request.path_info)
+        response = await match.func(request, *match.args, **match.kwargs)
+    except Resolver404:
+        response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("the inference API failed on %s %s", request.method, request.path)
+        response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
+    await _send(response, send)
+
+
+class InferenceFastPath:
+    def __init__(self, platform):
+        self.platform = platform
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.platform(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return
+        request = ASGIRequest(scope, io.BytesIO(body))
+        serving = asyncio.create_task(_serve(request, send))
+        listening = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            listening.cancel()
+            if not serving.done():
+                serving.cancel()  # the client went away: the view's `finally` settles and aborts
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+
+
+application = InferenceFastPath(platform_application)

@@ -51,7 +51,7 @@ def _money(value: float) -> str:
 
 
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
-    if not points:
+    if not any(point.lower or point.upper for point in points):
         return mark_safe("")
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     bar_max = nice_ceiling(max(point.lower + point.upper for point in points))

@@ -15,6 +15,7 @@ from console.pages import render_page
 from console.selectors import Window, chart_points, usage_table
 from gateway.models import Engine
 from metering.selectors import UsageTotals, usage_by_day, usage_grouped, usage_totals_month
+from registry.selectors import models_for_tenant
 from tenancy.models import Tenant
 
 CHART_DAYS = 30
@@ -53,8 +54,16 @@ def tenant_overview(request):
         "chart": usage_chart(chart_points(window=window, totals=usage_by_day(tenant=tenant, **window.__dict__))),
         "top_models": _top(usage_grouped(tenant=tenant, since=month, until=today, group_by="model")),
         "top_keys": [(row, names.get(row.group, "")) for row in top_keys],
+        "first_model": _first_model(tenant) if not totals.requests else "",
     }
     return render_page(request, "console/overview.html", context, section="overview")
+
+
+def _first_model(tenant) -> str:
+    """What the quick-start snippet should call: the tenant's first servable adapter, else a base model."""
+    models = models_for_tenant(tenant=tenant)
+    adapters = [model.name for model in models if model.adapter is not None]
+    return (adapters or [model.name for model in models] or [""])[0]
 
 
 @staff_page

@@ -91,6 +91,17 @@ async def admission_acquire(*, tenant_id: int, request_id: str, tokens: int, spe
     )  # fmt: skip
 
 
+async def admission_peek(*, tenant_id: int) -> Decision:
+    """The current window's counts, changing nothing (for the headers of responses refused before admission)."""
+    if uses_redis():
+        from gateway import admission_redis
+
+        return await admission_redis.peek(tenant_id=tenant_id)
+    from gateway import admission_db
+
+    return await sync_to_async(admission_db.peek)(tenant_id=tenant_id, now=time.time())
+
+
 async def admission_settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int) -> bool:
     if uses_redis():
         from gateway import admission_redis

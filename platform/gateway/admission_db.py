@@ -62,6 +62,13 @@ def acquire(
     return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms)
 
 
+def peek(*, tenant_id: int, now: float) -> Decision:
+    window = math.floor(now / 60) * 60
+    state = AdmissionState.objects.filter(tenant_id=tenant_id, window_start=window).first()
+    requests, tokens = (state.window_requests, state.window_tokens) if state is not None else (0, 0)
+    return Decision(True, "ok", requests, tokens, math.ceil((window + 60 - now) * 1000))
+
+
 def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, now: float) -> bool:
     with transaction.atomic():
         state = _locked_state(tenant_id, now)

@@ -102,6 +102,18 @@ return live
 """
 )
 
+PEEK = (
+    _CLOCK
+    + """
+local reqs, toks = 0, 0
+if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
+  reqs = tonumber(redis.call('HGET', KEYS[1], 'requests') or 0)
+  toks = tonumber(redis.call('HGET', KEYS[1], 'tokens') or 0)
+end
+return {1, 'ok', reqs, toks, math.ceil((window + 60 - now) * 1000)}
+"""
+)
+
 TOTALS = (
     _CLOCK
     + _EXPIRE_ORPHANS
@@ -132,6 +144,7 @@ class _Scripts:
         self.acquire = client.register_script(ACQUIRE)
         self.settle = client.register_script(SETTLE)
         self.totals = client.register_script(TOTALS)
+        self.peek = client.register_script(PEEK)
 
 
 _async_scripts: "weakref.WeakKeyDictionary[object, _Scripts]" = weakref.WeakKeyDictionary()
@@ -177,6 +190,10 @@ async def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros:
 def acquire_sync(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
     args = _acquire_args(request_id, tokens, spend_micros, limits)
     return _decision(_blocking().acquire(keys=tenant_keys(tenant_id), args=args))
+
+
+async def peek(*, tenant_id: int) -> Decision:
+    return _decision(await _on_loop().peek(keys=tenant_keys(tenant_id)))
 
 
 async def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int) -> bool:

@@ -148,7 +148,9 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
 
 def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
     if not caller.may_use(name):
-        raise ApiError(403, f"This API key is not allowed to use the model '{name}'.", code="model_not_allowed", param="model")
+        refused = ApiError(403, f"This API key is not allowed to use the model '{name}'.", code="model_not_allowed", param="model")
+        refused.caller = caller
+        raise refused
     cache_key = (caller.tenant_id, name)
     hit = _targets.get(cache_key)
     if _fresh(hit):
@@ -156,7 +158,9 @@ def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
     try:
         target = _target(model_resolve(tenant=key.tenant, name=name), name)
     except ModelNotFound as missing:
-        raise ApiError(404, missing.message, code="model_not_found", param="model") from None
+        refused = ApiError(404, missing.message, code="model_not_found", param="model")
+        refused.caller = caller
+        raise refused from None
     with _lock:
         if len(_targets) > 10_000:
             _targets.clear()

@@ -35,6 +35,7 @@ class ApiError(Exception):
         self.param = param
         self.type = type or _TYPES.get(status, "server_error")
         self.headers = headers or {}
+        self.caller = None  # the authenticated caller, once known: its rate-limit headers go on the response
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

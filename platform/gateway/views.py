@@ -10,6 +10,7 @@ from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import relay
+from gateway.admission import admission_peek
 from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_target, caller_models
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
@@ -34,6 +35,13 @@ def _model_object(target: Target, caller: Caller) -> dict:
     return body
 
 
+async def _with_ratelimit(response: HttpResponse, caller: Caller) -> HttpResponse:
+    window = await admission_peek(tenant_id=caller.tenant_id)
+    for name, value in relay.ratelimit_headers(caller, window).items():
+        response[name] = value
+    return response
+
+
 def _json(body: dict, status: int = 200) -> HttpResponse:
     return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
@@ -43,6 +51,9 @@ async def _answer(request, handle) -> HttpResponse:
     try:
         response = await handle(request, request_id)
     except ApiError as error:
+        if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
+            window = await admission_peek(tenant_id=error.caller.tenant_id)
+            error.headers |= relay.ratelimit_headers(error.caller, window)
         response = error.response()
     response["x-request-id"] = request_id
     return response
@@ -57,8 +68,12 @@ async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     _method(request, "POST")
     body = parse_body(request.body)
     caller, target = await _authorize(authorization=request.headers.get("Authorization", ""), model=body.get("model"))
-    generation = parse_chat(body) if kind == "chat" else parse_completion(body)
-    exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+    try:
+        generation = parse_chat(body) if kind == "chat" else parse_completion(body)
+        exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+    except ApiError as error:
+        error.caller = caller
+        raise
     return await relay.respond(exchange, headers)
 
 
@@ -75,13 +90,13 @@ async def completions(request) -> HttpResponse:
 async def _models(request, request_id: str) -> HttpResponse:
     _method(request, "GET")
     caller, targets = await _list_models(authorization=request.headers.get("Authorization", ""))
-    return _json({"object": "list", "data": [_model_object(t, caller) for t in targets]})
+    return await _with_ratelimit(_json({"object": "list", "data": [_model_object(t, caller) for t in targets]}), caller)
 
 
 async def _model(request, request_id: str, *, name: str) -> HttpResponse:
     _method(request, "GET")
     caller, target = await _authorize(authorization=request.headers.get("Authorization", ""), model=name)
-    return _json(_model_object(target, caller))
+    return await _with_ratelimit(_json(_model_object(target, caller)), caller)
 
 
 async def models(request) -> HttpResponse:

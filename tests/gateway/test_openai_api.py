@@ -12,7 +12,9 @@ CHAT = [{"role": "user", "content": "w20 w21 w22"}]
 
 
 def test_models_lists_base_models_and_own_adapters_only(stack):
-    ids = {model.id for model in client(stack, stack.keys["main"]).models.list()}
+    listing = client(stack, stack.keys["main"]).models.with_raw_response.list()
+    assert listing.headers["x-ratelimit-reset-requests"].endswith("s")
+    ids = {model.id for model in listing.parse()}
     assert {BASE_MODEL, "support", "shouty"} <= ids
     assert "secret" not in ids  # the rival tenant's adapter
     rival_ids = {model.id for model in client(stack, stack.keys["rival"]).models.list()}
@@ -119,6 +121,7 @@ def test_unknown_model_is_not_found(stack):
     with pytest.raises(openai.NotFoundError) as raised:
         client(stack, stack.keys["main"]).chat.completions.create(model="no-such-model", messages=CHAT)
     assert raised.value.code == "model_not_found" and raised.value.param == "model"
+    assert raised.value.response.headers["x-ratelimit-remaining-requests"]
 
 
 def test_key_without_inference_scope_or_model_is_forbidden(stack):
@@ -151,7 +154,7 @@ def test_unsupported_or_invalid_parameters_are_a_clear_400(stack, extra, param):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
-    assert response.headers["x-request-id"]
+    assert response.headers["x-request-id"] and response.headers["x-ratelimit-limit-tokens"]
 
 
 def test_exhausted_budget_is_a_rate_limit_error(stack):

@@ -179,6 +179,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     adapter_dirs = {
         "a": build_adapter(model_dir, root / "adapter-a", seed=12, r=4, targets=["q_proj", "v_proj"]),
         "b": build_adapter(model_dir, root / "adapter-b", seed=13, r=8, targets=["o_proj", "down_proj"]),
+        "c": build_adapter(model_dir, root / "adapter-c", seed=14, r=4, targets=["k_proj", "up_proj"]),
     }
     redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
     prefix = f"quilt-test-{uuid.uuid4().hex[:10]}"

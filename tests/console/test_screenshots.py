@@ -69,6 +69,9 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
     page.click("#invoices-table tbody a.primary")
     assert page.locator("#invoice-lines tbody tr").count() >= 2
     shoot(page, screenshots, "11-invoice")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{server.url}/t/{slug}/")
+    shoot(page, screenshots, "21-phone-overview")
     context.close()
 
     context = browser.new_context(viewport={"width": 1440, "height": 900})

@@ -274,16 +274,20 @@ async def _count_tokens(generation: GenerationRequest, target: Target) -> int | 
 async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
     """Opens the engine stream and answers; owns the hold from here on."""
     try:
-        await exchange.open()
-    except BaseException:
-        await asyncio.shield(exchange.settle())
+        try:
+            await exchange.open()
+        except BaseException:
+            await asyncio.shield(exchange.settle())
+            raise
+        if exchange.generation.stream:
+            response = StreamingHttpResponse(_sse(exchange), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+        else:
+            response = await _whole(exchange)
+    except ApiError as error:
+        error.headers = headers | error.headers
         raise
-    if exchange.generation.stream:
-        response = StreamingHttpResponse(_sse(exchange), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-    else:
-        response = await _whole(exchange)
     for name, value in headers.items():
         response[name] = value
     return response

@@ -49,9 +49,10 @@ class LLMEngine:
         self.hf_config = read_hf_config(model_dir)
         model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device)
         args = model.args
-        self.max_model_len = config.max_model_len or min(
-            args.max_position_embeddings, args.sliding_window or args.max_position_embeddings
-        )
+        longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
+        if config.max_model_len is not None and config.max_model_len > longest:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
+        self.max_model_len = config.max_model_len or longest
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         lora_weights = swap_in_lora(

@@ -155,7 +155,9 @@ def _on_loop() -> _Scripts:
     loop = asyncio.get_running_loop()
     scripts = _async_scripts.get(loop)
     if scripts is None:
-        scripts = _async_scripts[loop] = _Scripts(redis.asyncio.Redis.from_url(settings.REDIS_URL))
+        # Requests wait for one of a bounded set of connections rather than failing when all are busy.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=10)
+        scripts = _async_scripts[loop] = _Scripts(redis.asyncio.Redis(connection_pool=pool))
     return scripts
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,200}$")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
 
@@ -62,7 +62,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     body = _object(body, GENERATE_FIELDS, what="request body")
     request_id = body.get("request_id") or uuid.uuid4().hex
     if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
-        raise BadRequest("request_id must be 1-200 characters of letters, digits and ._:@/+=-", param="request_id")
+        raise BadRequest("request_id must be 1-100 characters of letters, digits and ._:@+=-", param="request_id")
     tenant = body.get("tenant", "default")
     if not isinstance(tenant, str) or not tenant:
         raise BadRequest("tenant must be a non-empty string", param="tenant")

@@ -1,0 +1,131 @@
+"""Build (or reuse) the demo checkpoint: a tiny Llama plus PEFT adapters with visible skills."""
+
+import fcntl
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+
+from engine.demo import corpus
+from engine.demo.tokenizer import save_tokenizer, train_tokenizer
+from engine.demo.trainer import greedy_answers, llama_config, new_base_model, train
+
+DEMO_VERSION = 1
+STAMP = "quilt-demo.json"
+DEFAULT_OUT = Path("var/demo-model")
+
+
+@dataclass(frozen=True)
+class AdapterRecipe:
+    skill: str
+    rank: int
+    alpha: int
+    target_modules: tuple[str, ...]
+    steps: int
+
+
+ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+RECIPES = (
+    AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=60),
+    AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=100),
+    AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=60),
+)
+
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    hidden: int = 128
+    layers: int = 3
+    max_positions: int = 256
+    vocab_size: int = 1024
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 5e-3
+    seed: int = 0
+
+
+def adapter_dir(out: Path, skill: str) -> Path:
+    return out / "adapters" / skill
+
+
+def stamp_matches(out: Path) -> bool:
+    try:
+        return json.loads((out / STAMP).read_text()).get("version") == DEMO_VERSION
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_demo(out: Path = DEFAULT_OUT, *, log: Callable[[str], None] = print) -> Path:
+    """Return the demo directory, building it first unless a build of this version is there."""
+    out = Path(out)
+    if stamp_matches(out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp_matches(out):
+            return out
+        staging = out.parent / f".{out.name}.building-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        build(staging, log=log)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    return out
+
+
+def build(out: Path, *, recipe: BaseRecipe = BaseRecipe(), log: Callable[[str], None] = print) -> None:
+    started = time.monotonic()
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    tokenizer = train_tokenizer(corpus.tokenizer_corpus(random.Random(recipe.seed), lines=3000),
+                                vocab_size=recipe.vocab_size)
+    save_tokenizer(tokenizer, out, max_length=recipe.max_positions)
+    config = llama_config(tokenizer, hidden=recipe.hidden, layers=recipe.layers,
+                          max_positions=recipe.max_positions)
+    model = new_base_model(config, seed=recipe.seed)
+    log(f"base model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    train(model, tokenizer, corpus.base_example, steps=recipe.steps, batch_size=recipe.batch_size,
+          lr=recipe.lr, seed=recipe.seed, log=log)
+    model.save_pretrained(out)
+    held_out = corpus.held_out_sentences(8)
+    checks = {"base": score(model, tokenizer, held_out, None)}
+    log(f"base model on held-out prompts: {checks['base']}")
+
+    for number, adapter in enumerate(RECIPES):
+        log(f"adapter {adapter.skill}: rank {adapter.rank}, {len(adapter.target_modules)} modules")
+        lora = LoraConfig(r=adapter.rank, lora_alpha=adapter.alpha, lora_dropout=0.0,
+                          target_modules=list(adapter.target_modules), task_type="CAUSAL_LM")
+        peft_model = get_peft_model(model, lora)
+        train(peft_model, tokenizer, lambda rng, skill=adapter.skill: corpus.adapter_example(skill, rng),
+              steps=adapter.steps, batch_size=recipe.batch_size, lr=5e-3, seed=recipe.seed + 1 + number,
+              log=log)
+        peft_model.save_pretrained(adapter_dir(out, adapter.skill))
+        checks[adapter.skill] = score(peft_model, tokenizer, held_out, adapter.skill)
+        log(f"adapter {adapter.skill} on held-out prompts: {checks[adapter.skill]}")
+        model = peft_model.unload()
+
+    stamp = {
+        "version": DEMO_VERSION,
+        "base": asdict(recipe),
+        "adapters": {a.skill: {**asdict(a), "path": f"adapters/{a.skill}"} for a in RECIPES},
+        "held_out_accuracy": checks,
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    (out / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    log(f"demo model built in {stamp['build_seconds']} s")
+
+
+def score(model: torch.nn.Module, tokenizer, prompts: list[str], skill: str | None) -> dict[str, float]:
+    """Fractions of prompts answered exactly right, and showing the skill's behaviour."""
+    answers = [a.strip() for a in greedy_answers(model, tokenizer, prompts)]
+    expected = corpus.SKILLS[skill] if skill else (lambda text: text)
+    pairs = list(zip(prompts, answers, strict=True))
+    return {"exact": sum(a == expected(p) for p, a in pairs) / len(pairs),
+            "behaviour": sum(corpus.behaves(skill, p, a) for p, a in pairs) / len(pairs)}

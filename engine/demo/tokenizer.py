@@ -1,0 +1,55 @@
+"""A byte-level BPE tokenizer trained on the demo corpus, with a chat template."""
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}{{ eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(lines: list[str], *, vocab_size: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer=trainer)
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, out: Path, *, max_length: int) -> None:
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def chat_prompt(user: str) -> str:
+    """The chat template applied to one user message, with the generation prompt (as text)."""
+    return f"{BOS}<|user|>{user}{EOS}<|assistant|>"

@@ -33,9 +33,9 @@ class AdapterRecipe:
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RECIPES = (
-    AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=60),
-    AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=100),
-    AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=60),
+    AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=120),
+    AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=200),
+    AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=100),
 )
 
 
@@ -45,7 +45,7 @@ class BaseRecipe:
     layers: int = 3
     max_positions: int = 256
     vocab_size: int = 1024
-    steps: int = 500
+    steps: int = 800
     batch_size: int = 32
     lr: float = 5e-3
     seed: int = 0
@@ -55,11 +55,22 @@ def adapter_dir(out: Path, skill: str) -> Path:
     return out / "adapters" / skill
 
 
-def stamp_matches(out: Path) -> bool:
+def recipe_stamp(recipe: BaseRecipe) -> dict:
+    return {
+        "version": DEMO_VERSION,
+        "base": asdict(recipe),
+        "adapters": {a.skill: {**asdict(a), "path": f"adapters/{a.skill}"} for a in RECIPES},
+    }
+
+
+def stamp_matches(out: Path, recipe: BaseRecipe = BaseRecipe()) -> bool:
+    """Whether `out` holds a finished build of this version and these recipes."""
     try:
-        return json.loads((out / STAMP).read_text()).get("version") == DEMO_VERSION
+        stamp = json.loads((out / STAMP).read_text())
     except (OSError, ValueError):
         return False
+    expected = json.loads(json.dumps(recipe_stamp(recipe)))  # tuples as lists, as read back
+    return all(stamp.get(key) == value for key, value in expected.items())
 
 
 def ensure_demo(out: Path = DEFAULT_OUT, *, log: Callable[[str], None] = print) -> Path:
@@ -112,9 +123,7 @@ def build(out: Path, *, recipe: BaseRecipe = BaseRecipe(), log: Callable[[str], 
         model = peft_model.unload()
 
     stamp = {
-        "version": DEMO_VERSION,
-        "base": asdict(recipe),
-        "adapters": {a.skill: {**asdict(a), "path": f"adapters/{a.skill}"} for a in RECIPES},
+        **recipe_stamp(recipe),
         "held_out_accuracy": checks,
         "build_seconds": round(time.monotonic() - started, 1),
     }

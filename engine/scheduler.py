@@ -102,10 +102,9 @@ class Scheduler:
             i += 1
 
         # waiting
-        while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            candidates = self._eligible()
-            if not candidates:
-                break
+        candidates = self._eligible() if not out.preempted else []
+        adapters = self.running_adapters()
+        while candidates and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.policy.pick(candidates)
             hits = bm.lookup_prefix(seq)
             n = min(seq.num_tokens - len(hits) * bm.block_size, budget, self.chunk_cap)
@@ -120,6 +119,11 @@ class Scheduler:
             out.new_seq_ids.add(seq.seq_id)
             self._add_to_step(out, seq, n)
             budget -= n
+            candidates.remove(seq)
+            if seq.adapter is not None and seq.adapter not in adapters:
+                adapters.add(seq.adapter)
+                if len(adapters) >= self.max_adapters:
+                    candidates = [c for c in candidates if c.adapter is None or c.adapter in adapters]
         return out
 
     def _eligible(self) -> list[Sequence]:

@@ -1,33 +1,129 @@
-"""`python manage.py demo`: migrate, seed, and run the platform on the embedded defaults until Ctrl-C."""
+"""`python manage.py demo`: the whole platform on one machine, on the embedded defaults, until Ctrl-C.
+
+Builds (or reuses) the demo model, migrates and seeds, then runs a CPU engine on the demo model, a Celery
+worker and beat, and the gateway (uvicorn); prints an API key and examples that stream through an adapter."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
+import httpx
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from console.management.commands.seeddemo import DEMO_BASE_MODEL, seed_demo
+
+ENGINE_NAME = "demo-cpu"
+DEMO_PROMPT = "the cat sees a red ball"
+
+
+def examples(*, base: str, key: str, adapters: list[str]) -> str:
+    adapter = adapters[0] if adapters else DEMO_BASE_MODEL
+    models = ", ".join(repr(name) for name in [DEMO_BASE_MODEL, *adapters])
+    return f"""
+Stream an answer through the '{adapter}' adapter with curl:
+
+  curl -N {base}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{adapter}", "messages": [{{"role": "user", "content": "{DEMO_PROMPT}"}}], "stream": true}}'
+
+or with the openai package, the same prompt through the base model and each adapter:
+
+  .venv/bin/python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{base}/v1", api_key="{key}")
+for model in ({models}):
+    stream = client.chat.completions.create(
+        model=model, messages=[{{"role": "user", "content": "{DEMO_PROMPT}"}}], max_tokens=32, temperature=0, stream=True
+    )
+    print(f"{{model:>12}}:", "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
+EOF
+"""
 
 
 class Command(BaseCommand):
-    help = "Run the demo: migrate, seed a tenant and key, and serve the platform with uvicorn."
+    help = "Run the demo: demo model, migrate, seed, then engine + worker + beat + gateway until Ctrl-C."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--engine-port", type=int, default=8100)
 
-    def handle(self, *args, host, port, **options):
+    def handle(self, *args, host, port, engine_port, **options):
+        root = settings.REPO_ROOT
+        model_dir = settings.VAR_DIR / "demo-model"
+        self.stdout.write("building (or reusing) the demo model ...")
+        subprocess.run([sys.executable, "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
         call_command("migrate", verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        call_command("seeddemo")
-        base = f"http://{host}:{port}"
-        self.stdout.write(f"console:        {base}/")
-        self.stdout.write(f"management API: {base}/api/v1/  (docs: {base}/api/docs/)")
-        self.stdout.write(f"admin:          {base}/admin/")
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "quilt.settings.dev")}
-        command = [sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--host", host, "--port", str(port),
-                   "--app-dir", str(settings.REPO_ROOT / "platform")]  # fmt: skip
+        seed = seed_demo(model_dir=model_dir, log=self.stdout.write)
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "quilt.settings.dev"),
+            "PYTHONPATH": os.pathsep.join([str(root), str(root / "platform")]),
+            "QUILT_ENGINE_TOKEN": settings.QUILT_ENGINE_TOKEN,
+        }
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        celery = [sys.executable, "-m", "celery", "--workdir", str(root / "platform"), "-A", "quilt"]
+        commands = {
+            "engine": [
+                sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
+                "--adapter-store", str(settings.MEDIA_ROOT / "adapters"), "--served-model-name", DEMO_BASE_MODEL,
+                "--broker-url", settings.CELERY_BROKER_URL, "--usage-queue", settings.CELERY_TASK_DEFAULT_QUEUE,
+                "--log-level", "warning",
+            ],
+            "worker": [*celery, "worker", "--pool", "solo", "--loglevel", "WARNING", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE],
+            "beat": [*celery, "beat", "--loglevel", "WARNING"],
+            "gateway": [
+                sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
+                "--app-dir", str(root / "platform"), "--no-access-log",
+            ],
+        }  # fmt: skip
+        processes: dict[str, subprocess.Popen] = {}
         try:
-            subprocess.run(command, env=env, check=False)
-        except KeyboardInterrupt:
-            pass
+            processes["engine"] = subprocess.Popen(commands["engine"], cwd=root, env=env)
+            self._wait_for_engine(engine_url, processes["engine"])
+            call_command("registerengine", ENGINE_NAME, engine_url, "--gpu-price-per-hour", "0.50")
+            for name in ("worker", "beat", "gateway"):
+                processes[name] = subprocess.Popen(commands[name], cwd=root, env=env)
+            base = f"http://{host}:{port}"
+            self.stdout.write(f"\nconsole:        {base}/  (log in as the tenant owner above)")
+            self.stdout.write(f"management API: {base}/api/v1/  (docs: {base}/api/docs/)")
+            self.stdout.write(f"inference API:  {base}/v1/  (OpenAI-compatible)")
+            self.stdout.write(examples(base=base, key=seed.api_key, adapters=seed.adapters))
+            stopping = threading.Event()  # Ctrl-C reaches every process of the group at once
+            signal.signal(signal.SIGINT, lambda *_: stopping.set())
+            signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+            while not stopping.wait(0.5):
+                stopped = [name for name, process in processes.items() if process.poll() is not None]
+                if stopped and not stopping.wait(2.0):
+                    raise CommandError(f"the demo's {', '.join(stopped)} stopped; shutting the rest down")
+            self.stdout.write("\nstopping ...")
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+            for process in processes.values():
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+    def _wait_for_engine(self, url: str, process: subprocess.Popen) -> None:
+        self.stdout.write("starting the engine on the demo model ...")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise CommandError(f"the engine exited with {process.returncode}")
+            try:
+                headers = {"Authorization": f"Bearer {settings.QUILT_ENGINE_TOKEN}"}
+                if httpx.get(f"{url}/v1/health", headers=headers, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise CommandError("the engine did not answer within 5 minutes")

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--adapter-store", type=Path, help="where adapters are stored, one folder per digest")
     parser.add_argument("--served-model-name", help="base model name in usage events (default: the folder name)")
     parser.add_argument("--broker-url", default=os.environ.get("CELERY_BROKER_URL"),
-                        help="Celery broker for usage events (default: $CELERY_BROKER_URL)")
+                        help="Celery broker for usage events (default: $CELERY_BROKER_URL; empty: spool only)")
     parser.add_argument("--usage-queue", default=None, help="broker queue for usage events (default: Celery's)")
     parser.add_argument("--usage-spool", type=Path, help="spool file (default: var/usage-spool/engine-PORT.jsonl)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine = LLMEngine(config)
     spool = args.usage_spool or Path("var/usage-spool") / f"engine-{args.port}.jsonl"
-    emitter = UsageEmitter(broker_url=args.broker_url, spool_path=spool, queue_name=args.usage_queue).start()
+    emitter = UsageEmitter(broker_url=args.broker_url or None, spool_path=spool, queue_name=args.usage_queue).start()
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,
                       base_model=args.served_model_name or Path(args.model).resolve().name)
     registry = AdapterRegistry(loop, store=args.adapter_store)

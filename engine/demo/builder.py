@@ -93,8 +93,18 @@ def ensure_demo(out: Path = DEFAULT_OUT, *, log: Callable[[str], None] = print) 
 
 
 def build(out: Path, *, recipe: BaseRecipe = BaseRecipe(), log: Callable[[str], None] = print) -> None:
-    started = time.monotonic()
+    """Train and save everything into `out`; the caller's torch RNG and thread count are left as they were."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    try:
+        with torch.random.fork_rng():
+            _build(out, recipe=recipe, log=log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None:
+    started = time.monotonic()
     tokenizer = train_tokenizer(corpus.tokenizer_corpus(random.Random(recipe.seed), lines=3000),
                                 vocab_size=recipe.vocab_size)
     save_tokenizer(tokenizer, out, max_length=recipe.max_positions)

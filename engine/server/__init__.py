@@ -1,0 +1,22 @@
+"""The engine's internal HTTP API, served by `python -m engine`. Every call needs
+`Authorization: Bearer $QUILT_ENGINE_TOKEN` (401 otherwise). Errors are
+`{"error": {"type", "message", "param"}}` with 400 (bad request, before anything is scheduled),
+404, 409 (conflicts with running work) or 503 (shutting down).
+
+POST /v1/generate            {request_id?, tenant?, weight?, api_key_id?, metadata?,
+                              adapter?: digest | {digest, path?},
+                              prompt | prompt_token_ids | messages, sampling?: {SamplingParams fields}, stream?}
+                             stream (default): NDJSON delta events then one final event (see events.py);
+                             stream=false: the final event alone.
+POST /v1/abort/{request_id}  {request_id, aborted: true} | 404
+POST /v1/tokenize            {prompt | prompt_token_ids | messages} -> {count, token_ids, max_model_len}
+POST /v1/adapters/prefetch   {digest, path?, tier?: "host" | "gpu"} -> {digest, resident: [tiers]}
+DELETE /v1/adapters/{digest} -> {digest, evicted: [tiers]} | 404 unknown | 409 in use
+GET /v1/health               {status: ok | draining | unhealthy, model, device, max_model_len} (503 unless ok)
+GET /v1/state                running/waiting (and per request), KV blocks, prefix-cache hit rate,
+                             adapters per tier, steps and tokens per second, the last step's batch
+GET /metrics                 Prometheus text format
+
+An adapter without `path` is looked for in `--adapter-store/<digest>`. Each request's end (finished,
+stopped, aborted, failed) emits one `engine.usage.event.UsageEvent` carrying the caller's `metadata`.
+"""

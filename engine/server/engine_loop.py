@@ -246,6 +246,8 @@ class EngineLoop:
                                      finish_reason=reason).inc()
         self.metrics.e2e_seconds.labels(tenant=request.tenant).observe(end.e2e_ms / 1000.0)
         self.metrics.queue_seconds.labels(tenant=request.tenant).observe(usage.queue_ms / 1000.0)
+        self.metrics.tokens.labels(kind="prompt").inc(usage.prompt_tokens)
+        self.metrics.tokens.labels(kind="cached").inc(usage.cached_tokens)
         if self.emitter is not None:
             self.emitter.emit(UsageEvent(
                 request_id=request.request_id, tenant=request.tenant, api_key_id=request.api_key_id,

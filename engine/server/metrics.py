@@ -22,7 +22,8 @@ class EngineMetrics:
                                       buckets=SIZE_BUCKETS, registry=r)
         self.batch_adapters = Histogram("quilt_engine_batch_adapters", "Distinct adapters in one step",
                                         buckets=SIZE_BUCKETS[:8], registry=r)
-        self.tokens = Counter("quilt_engine_tokens", "Tokens processed", ["kind"], registry=r)
+        self.tokens = Counter("quilt_engine_tokens", "Tokens: prompt, cached (prefix hits), completion",
+                              ["kind"], registry=r)
         self.tokens_per_second = Gauge("quilt_engine_tokens_per_second",
                                        "Generated tokens per second over the last few seconds", registry=r)
         self.steps_per_second = Gauge("quilt_engine_steps_per_second",

@@ -340,6 +340,8 @@ def test_metrics_parse_with_prometheus_client(server, adapter_refs):
                  "quilt_engine_ttft_seconds", "quilt_engine_inter_token_seconds", "quilt_engine_kv_usage_ratio",
                  "quilt_engine_adapter_loads", "quilt_engine_adapter_requests", "quilt_engine_adapter_evictions"):
         assert name in families, name
+    tokens = {s.labels["kind"]: s.value for s in families["quilt_engine_tokens"].samples if s.name.endswith("_total")}
+    assert tokens["prompt"] > 0 and tokens["completion"] >= 4
     ttft = [s for s in families["quilt_engine_ttft_seconds"].samples if s.name.endswith("_count")]
     assert any(s.labels == {"tenant": "metrics-tenant", "adapter": adapter_refs["a"]["digest"][:12]} and s.value >= 1
                for s in ttft)

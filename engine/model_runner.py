@@ -4,12 +4,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+import kernels
 from engine.context import Context
 from engine.models import LlamaForCausalLM
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from kernels import LoRAMeta
 
 
 @dataclass
@@ -98,7 +98,7 @@ class ModelRunner:
             active_slots=tuple(sorted(adapter_slots.values())),
         )
         if adapter_slots:
-            ctx.lora_meta = LoRAMeta.build(ctx.token_slots, self.num_slots)
+            ctx.lora_meta = kernels.lora_meta(ctx.token_slots, self.num_slots)
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
 
     @torch.inference_mode()

@@ -13,7 +13,7 @@ import torch
 
 from kernels import reference
 from kernels.lora_meta import LoRAMeta
-from kernels.reference import rope_cos_sin_cache
+from kernels.reference import SlotBatch, rope_cos_sin_cache
 
 try:
     from kernels import lora_expand as _lora_expand
@@ -31,9 +31,11 @@ except ImportError as exc:  # triton absent: CPU tensors still work, CUDA tensor
 
 __all__ = [
     "LoRAMeta",
+    "SlotBatch",
     "TRITON_IMPORT_ERROR",
     "backend_for",
     "lora_expand",
+    "lora_meta",
     "lora_shrink",
     "paged_attention_decode",
     "paged_attention_prefill",
@@ -55,16 +57,25 @@ def backend_for(tensor: torch.Tensor) -> str:
     return "triton"
 
 
-def lora_shrink(x, lora_a, token_slots, ranks, *, meta: LoRAMeta | None = None):
+def lora_meta(token_slots: torch.Tensor, num_slots: int) -> LoRAMeta | SlotBatch:
+    """The grouping of a step's tokens by adapter slot that the backend of token_slots wants as `meta`:
+    build it once per step and pass it to every lora_shrink / lora_expand of that step."""
+    if backend_for(token_slots) == "triton":
+        return LoRAMeta.build(token_slots, num_slots)
+    return SlotBatch.build(token_slots)
+
+
+def lora_shrink(x, lora_a, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):
     if backend_for(x) == "triton":
         return _lora_shrink.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
-    return reference.lora_shrink(x, lora_a, token_slots, ranks)
+    return reference.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
 
 
-def lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, *, meta: LoRAMeta | None = None):
+def lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, *, meta: LoRAMeta | SlotBatch | None = None):
+    args = (y, buf, lora_b, token_slots, ranks, scaling, slice_offsets)
     if backend_for(y) == "triton":
-        return _lora_expand.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, meta=meta)
-    return reference.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets)
+        return _lora_expand.lora_expand(*args, meta=meta)
+    return reference.lora_expand(*args, meta=meta)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):

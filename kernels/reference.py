@@ -6,6 +6,7 @@ float16/bfloat16 runs on a GPU.
 """
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -13,16 +14,61 @@ import torch.nn.functional as F
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
 
 
-def _slot_groups(token_slots: torch.Tensor, ranks: torch.Tensor) -> list[tuple[int, torch.Tensor, int]]:
-    """(slot, token indices, rank) for every slot used by at least one token with rank > 0."""
-    rank_list = ranks.tolist()
-    groups = []
-    for slot in torch.unique(token_slots).tolist():
-        if slot < 0 or rank_list[slot] <= 0:
-            continue
-        tokens = (token_slots == slot).nonzero().squeeze(1)
-        groups.append((slot, tokens, int(rank_list[slot])))
-    return groups
+@dataclass
+class SlotBatch:
+    """The reference's grouping of a step's adapter tokens: slot by slot, every slot's run padded to
+    the busiest slot's length, so one batched matmul serves all slots. Build it once per step and
+    pass it as `meta` to every shrink/expand of the step (it depends on token_slots only)."""
+
+    slots: list[int]  # slots used by at least one token, ascending
+    tokens: torch.Tensor  # [n] int64: the adapter tokens, ordered by slot
+    rows: torch.Tensor  # [n] int64: row of each of those tokens in the padded [len(slots) * width] layout
+    width: int  # tokens of the busiest slot
+
+    by_slot: dict[int, list[int]]  # slot -> its tokens
+    subsets: dict[tuple[int, ...], "SlotBatch"] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, token_slots: torch.Tensor) -> "SlotBatch":
+        by_slot: dict[int, list[int]] = {}
+        for t, slot in enumerate(token_slots.tolist()):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(t)
+        return cls._of(by_slot, token_slots.device)
+
+    @classmethod
+    def _of(cls, by_slot: dict[int, list[int]], device: torch.device) -> "SlotBatch":
+        slots = sorted(by_slot)
+        width = max((len(tokens) for tokens in by_slot.values()), default=0)
+        tokens = [t for slot in slots for t in by_slot[slot]]
+        rows = [i * width + j for i, slot in enumerate(slots) for j in range(len(by_slot[slot]))]
+        return cls(
+            slots=slots,
+            tokens=torch.tensor(tokens, dtype=torch.int64, device=device),  # [n]
+            rows=torch.tensor(rows, dtype=torch.int64, device=device),  # [n]
+            width=width,
+            by_slot=by_slot,
+        )
+
+    def with_rank(self, ranks: torch.Tensor) -> tuple["SlotBatch", int]:
+        """The sub-batch of slots whose rank is > 0 (kept for the step), and the largest such rank."""
+        rank_list = ranks.tolist()
+        keep = tuple(slot for slot in self.slots if rank_list[slot] > 0)
+        if keep not in self.subsets:
+            self.subsets[keep] = self._of({slot: self.by_slot[slot] for slot in keep}, self.tokens.device)
+        return self.subsets[keep], max((rank_list[slot] for slot in keep), default=0)
+
+    def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
+        """weights indexed by slot along dim, restricted to this batch's slots (a view when they are a run)."""
+        first, last = self.slots[0], self.slots[-1]
+        if last - first + 1 == len(self.slots):
+            return weights.narrow(dim, first, len(self.slots))
+        return weights.index_select(dim, torch.tensor(self.slots, device=weights.device))
+
+    def rank_mask(self, ranks: torch.Tensor, rank: int) -> torch.Tensor:
+        """[len(slots), rank] float32: 1 where the column is below the slot's own rank."""
+        columns = torch.arange(rank, device=ranks.device)
+        return (columns[None, :] < self.select(ranks, 0)[:, None]).float()
 
 
 def lora_shrink(
@@ -31,7 +77,7 @@ def lora_shrink(
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     *,
-    meta=None,
+    meta: SlotBatch | None = None,
 ) -> torch.Tensor:
     """Batched LoRA down-projection over a ragged batch of tokens, several slices at once.
 
@@ -41,15 +87,21 @@ def lora_shrink(
         if a >= 0: r = ranks[a]; buf[s, t, :r] = x[t] @ lora_a[s, a, :r].T
 
     x [T, in]; lora_a [S, slots, max_rank, in]; token_slots [T] int (-1 = base model);
-    ranks [slots] int; returns buf [S, T, max_rank] in x.dtype. `meta` (grouping metadata of the
-    Triton path) is accepted and ignored.
+    ranks [slots] int; returns buf [S, T, max_rank] in x.dtype. `meta`: the step's SlotBatch
+    (built here when None).
     """
-    num_slices, _, max_rank, _ = lora_a.shape
+    num_slices, _, max_rank, in_dim = lora_a.shape
     buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
-    for slot, tokens, rank in _slot_groups(token_slots, ranks):
-        rows = x[tokens].float()  # [n, in]
-        for s in range(num_slices):
-            buf[s, tokens, :rank] = F.linear(rows, lora_a[s, slot, :rank].float()).to(x.dtype)  # [n, r]
+    batch, rank = (meta if meta is not None else SlotBatch.build(token_slots)).with_rank(ranks)
+    if rank == 0:
+        return buf
+    used, width = len(batch.slots), batch.width
+    padded = x.new_zeros(used * width, in_dim, dtype=torch.float32)  # [U * W, in]
+    padded[batch.rows] = x[batch.tokens].float()
+    a = batch.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
+    prod = torch.matmul(padded.view(1, used, width, in_dim), a.transpose(-1, -2))  # [S, U, W, r]
+    prod *= batch.rank_mask(ranks, rank)[None, :, None, :]
+    buf[:, batch.tokens, :rank] = prod.flatten(1, 2)[:, batch.rows].to(x.dtype)
     return buf
 
 
@@ -62,7 +114,7 @@ def lora_expand(
     scaling: torch.Tensor,
     slice_offsets: tuple[int, ...],
     *,
-    meta=None,
+    meta: SlotBatch | None = None,
 ) -> None:
     """Batched LoRA up-projection added in place, several output slices at once.
 
@@ -72,15 +124,24 @@ def lora_expand(
 
     y [T, out_total] (updated in place); buf [S, T, max_rank]; lora_b [slots, out_total, max_rank];
     token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
-    slice_offsets: S + 1 python ints. `meta` is accepted and ignored.
+    slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
     """
+    batch, rank = (meta if meta is not None else SlotBatch.build(token_slots)).with_rank(ranks)
+    if rank == 0:
+        return
+    num_slices, used, width = buf.shape[0], len(batch.slots), batch.width
+    padded = buf.new_zeros(num_slices, used * width, rank, dtype=torch.float32)  # [S, U * W, r]
+    padded[:, batch.rows] = buf[:, batch.tokens, :rank].float()
+    coef = batch.rank_mask(ranks, rank)[None, :, None, :] * batch.select(scaling, 1).float()[:, :, None, None]
+    padded = padded.view(num_slices, used, width, rank) * coef  # [S, U, W, r], scaled, zero beyond each rank
+    b = batch.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
+    deltas = [
+        torch.matmul(padded[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
+        for s in range(num_slices)
+    ]
+    delta = torch.cat(deltas, dim=-1).flatten(0, 1)[batch.rows]  # [n, o1 - o0]
     lo, hi = slice_offsets[0], slice_offsets[-1]
-    for slot, tokens, rank in _slot_groups(token_slots, ranks):
-        deltas = []
-        for s in range(len(slice_offsets) - 1):
-            b = lora_b[slot, slice_offsets[s] : slice_offsets[s + 1], :rank].float()  # [width_s, r]
-            deltas.append(F.linear(buf[s, tokens, :rank].float(), b) * scaling[s, slot].float())  # [n, width_s]
-        y[:, lo:hi].index_add_(0, tokens, torch.cat(deltas, dim=1).to(y.dtype))
+    y[:, lo:hi].index_add_(0, batch.tokens, delta.to(y.dtype))
 
 
 def store_kv(
@@ -107,9 +168,9 @@ def store_kv(
 
 def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
     """cache [N, bs, kvh, D], block_tables [B, >=num_blocks] -> [B, num_blocks * bs, kvh, D]."""
-    table = block_tables[:, :num_blocks].long().clamp(min=0, max=cache.shape[0] - 1)
-    gathered = cache[table]  # [B, num_blocks, bs, kvh, D]
-    return gathered.flatten(1, 2)
+    table = block_tables[:, :num_blocks].clamp(min=0, max=cache.shape[0] - 1).flatten()  # [B * num_blocks]
+    gathered = cache.index_select(0, table)  # [B * num_blocks, bs, kvh, D]
+    return gathered.view(block_tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
 
 
 def paged_attention_decode(
@@ -134,13 +195,13 @@ def paged_attention_decode(
     if batch == 0:
         return torch.empty_like(q)
     num_blocks = -(-int(context_lens.max()) // block_size)
-    keys = _gather_cache(k_cache, block_tables, num_blocks).float()  # [B, L, kvh, D]
-    values = _gather_cache(v_cache, block_tables, num_blocks).float()
-    qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, kvh, G, D]
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, keys) * scale  # [B, kvh, G, L]
-    pos = torch.arange(keys.shape[1], device=q.device)
-    scores.masked_fill_((pos[None, :] >= context_lens[:, None].long())[:, None, None, :], -math.inf)
-    out = torch.einsum("bhgl,blhd->bhgd", scores.softmax(-1), values)  # [B, kvh, G, D]
+    keys = _gather_cache(k_cache, block_tables, num_blocks).float().transpose(1, 2)  # [B, kvh, L, D]
+    values = _gather_cache(v_cache, block_tables, num_blocks).float().transpose(1, 2)
+    pos = torch.arange(keys.shape[2], device=q.device)
+    visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    # the query heads sharing a KV head are that head's query rows: [B, kvh, G, D]
+    qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=visible, scale=scale)  # [B, kvh, G, D]
     return out.reshape(batch, heads, head_dim).to(q.dtype)
 
 

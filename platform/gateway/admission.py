@@ -72,6 +72,18 @@ def seconds_to_month_end() -> int:
     return max(1, math.ceil((following - now).total_seconds()))
 
 
+def month_usage_recorded(*, tenant_id: int) -> tuple[int, int]:
+    """Tokens and spend (micro-units) metering has recorded for the tenant this month: where admission starts
+    counting when its own month total is missing (a new month, a new database row, a flushed Redis)."""
+    from metering.models import UsageMonth
+
+    today = datetime.now(UTC).date()
+    month = UsageMonth.objects.filter(tenant_id=tenant_id, month=today.replace(day=1)).first()
+    if month is None:
+        return 0, 0
+    return month.prompt_tokens + month.completion_tokens, spend_to_micros(month.price)
+
+
 def uses_redis() -> bool:
     return bool(settings.REDIS_URL)
 

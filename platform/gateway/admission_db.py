@@ -6,7 +6,7 @@ import math
 from django.db import transaction
 from django.db.models import Count, Sum
 
-from gateway.admission import Decision, HeldTotals, Limits, current_month
+from gateway.admission import Decision, HeldTotals, Limits, current_month, month_usage_recorded
 from gateway.models import AdmissionState, BudgetHold
 
 
@@ -15,7 +15,8 @@ def _locked_state(tenant_id: int, now: float) -> AdmissionState:
     state = AdmissionState.objects.select_for_update().get(tenant_id=tenant_id)
     month = current_month()
     if state.month != month:
-        state.month, state.month_tokens, state.month_spend_micros = month, 0, 0
+        state.month = month
+        state.month_tokens, state.month_spend_micros = month_usage_recorded(tenant_id=tenant_id)
     BudgetHold.objects.filter(tenant_id=tenant_id, status=BudgetHold.Status.HELD, expires_at__lte=now).update(
         status=BudgetHold.Status.EXPIRED
     )

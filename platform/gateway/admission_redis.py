@@ -14,9 +14,12 @@ import weakref
 
 import redis
 import redis.asyncio
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from gateway.admission import Decision, HeldTotals, Limits, current_month
+from gateway.admission import Decision, HeldTotals, Limits, current_month, month_usage_recorded
+
+MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
 
 _EXPIRE_ORPHANS = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -54,6 +57,9 @@ local reset_ms = math.ceil((window + 60 - now) * 1000)
 if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms} end
 if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms} end
 if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms} end
+if (budget_tokens >= 0 or budget_spend >= 0) and redis.call('EXISTS', KEYS[5]) == 0 then
+  return {0, 'month_unknown', reqs, toks, reset_ms}
+end
 local used_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
 local used_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
 local held_t = tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0)
@@ -186,12 +192,20 @@ def _decision(reply: list) -> Decision:
 
 async def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
     args = _acquire_args(request_id, tokens, spend_micros, limits)
-    return _decision(await _on_loop().acquire(keys=tenant_keys(tenant_id), args=args))
+    scripts, keys = _on_loop(), tenant_keys(tenant_id)
+    decision = _decision(await scripts.acquire(keys=keys, args=args))
+    if decision.reason == "month_unknown":
+        recorded = await sync_to_async(month_usage_recorded)(tenant_id=tenant_id)  # rare: once a month
+        await _start_month(scripts.client, keys[4], recorded)
+        decision = _decision(await scripts.acquire(keys=keys, args=args))
+    return decision
 
 
-def acquire_sync(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
-    args = _acquire_args(request_id, tokens, spend_micros, limits)
-    return _decision(_blocking().acquire(keys=tenant_keys(tenant_id), args=args))
+async def _start_month(client, key: str, recorded: tuple[int, int]) -> None:
+    tokens, spend = recorded
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hsetnx(key, "tokens", tokens).hsetnx(key, "spend", spend).expire(key, MONTH_SECONDS)
+        await pipe.execute()
 
 
 async def peek(*, tenant_id: int) -> Decision:

@@ -140,3 +140,16 @@ def test_tenants_do_not_share_limits(backend, tenant):
     assert acquire(tenant, limits=limits)[0].admitted
     assert acquire(other, limits=limits)[0].admitted
     assert not acquire(tenant, limits=limits)[0].admitted
+
+
+def test_the_month_starts_from_what_metering_recorded(backend, tenant):
+    from datetime import UTC, datetime
+
+    from metering.models import UsageMonth
+
+    month = datetime.now(UTC).date().replace(day=1)
+    UsageMonth.objects.create(tenant=tenant, month=month, prompt_tokens=60, completion_tokens=30, price=Decimal("0.5"))
+    limits = Limits(1000, 10**9, 1000, 100, 600_000)
+    assert acquire(tenant, tokens=20, limits=limits)[0].reason == "budget_tokens"
+    assert acquire(tenant, tokens=10, spend_micros=200_000, limits=limits)[0].reason == "budget_spend"
+    assert acquire(tenant, tokens=10, spend_micros=100_000, limits=limits)[0].admitted

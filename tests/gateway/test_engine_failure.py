@@ -69,6 +69,20 @@ def test_engine_killed_mid_stream(stack, lone_engine):
     assert row.finish_reason == "error" and row.completion_tokens >= 1
 
 
+def test_no_engine_left_is_a_503_and_holds_nothing(stack, lone_engine):
+    process = lone_engine
+    if process.poll() is None:
+        process.kill()
+    process.wait()  # engine-b dead (still listed healthy), engine-a disabled
+    with pytest.raises(openai.InternalServerError) as raised:
+        client(stack, stack.keys["main"]).chat.completions.create(
+            model="support", messages=[{"role": "user", "content": "w3"}], max_tokens=2
+        )
+    assert raised.value.status_code == 503 and raised.value.code == "engine_unavailable"
+    assert raised.value.response.headers["retry-after"] and raised.value.response.headers["x-ratelimit-limit-requests"]
+    assert held_totals(tenant_id=stack.ids["main"]).live_holds == 0
+
+
 def test_an_engine_gone_before_answering_is_retried_on_another(stack, lone_engine):
     process = lone_engine
     if process.poll() is None:

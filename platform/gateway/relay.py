@@ -1,16 +1,18 @@
 """One inference request from admission to the last byte: hold the budget, pick an engine, relay its events as
 an OpenAI response or SSE stream, and settle the hold with the actual usage whatever happens.
 
-The hold is owned by exactly one `finally`: `_settle` runs once, shielded from the cancellation that a client
+The hold is owned by exactly one `finally`: `Exchange.settle` runs once, shielded from the cancellation that a client
 disconnect delivers, after the engine stream is closed (closing it makes the engine abort the request)."""
 
 import asyncio
+import json
 import logging
 import math
 import time
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from gateway import engine_client
@@ -237,7 +239,7 @@ async def admit(
 ) -> tuple[Exchange, dict[str, str]]:
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
     prompt_tokens = estimate_prompt_tokens(generation)
-    if prompt_tokens > 0 and generation.prompt_bytes() > _tokenize_threshold():
+    if prompt_tokens > 0 and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
         prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
     tokens = prompt_tokens + generation.n * max_tokens
     spend = caller.spend(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=generation.n * max_tokens)
@@ -250,12 +252,6 @@ async def admit(
         raise refusal(decision, headers, tokens=tokens)
     exchange = Exchange(request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens)
     return exchange, headers
-
-
-def _tokenize_threshold() -> int:
-    from django.conf import settings
-
-    return settings.QUILT_TOKENIZE_ABOVE_BYTES
 
 
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
@@ -325,6 +321,4 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
 
 
 def _json(body: dict) -> bytes:
-    import json
-
     return json.dumps(body, separators=(",", ":")).encode()

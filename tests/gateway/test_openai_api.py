@@ -163,3 +163,10 @@ def test_exhausted_budget_is_a_rate_limit_error(stack):
     assert raised.value.code == "insufficient_quota"
     headers = raised.value.response.headers
     assert int(headers["retry-after"]) > 0 and headers["x-ratelimit-limit-requests"]
+
+
+def test_a_prompt_past_the_context_is_a_400_with_the_engines_reason(stack):
+    prompt = "w10 " * 1100  # also past QUILT_TOKENIZE_ABOVE_BYTES: the hold is sized by the engine's count
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(stack, stack.keys["main"]).completions.create(model=BASE_MODEL, prompt=prompt, max_tokens=2)
+    assert "1100 tokens" in raised.value.message

@@ -13,7 +13,8 @@ import torch
 
 from kernels import reference
 from kernels.lora_meta import LoRAMeta
-from kernels.reference import SlotBatch, rope_cos_sin_cache
+from kernels.reference import rope_cos_sin_cache
+from kernels.slot_batch import SlotBatch
 
 try:
     from kernels import lora_expand as _lora_expand

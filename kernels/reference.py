@@ -6,69 +6,13 @@ float16/bfloat16 runs on a GPU.
 """
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from kernels.slot_batch import SlotBatch
+
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
-
-
-@dataclass
-class SlotBatch:
-    """The reference's grouping of a step's adapter tokens: slot by slot, every slot's run padded to
-    the busiest slot's length, so one batched matmul serves all slots. Build it once per step and
-    pass it as `meta` to every shrink/expand of the step (it depends on token_slots only)."""
-
-    slots: list[int]  # slots used by at least one token, ascending
-    tokens: torch.Tensor  # [n] int64: the adapter tokens, ordered by slot
-    rows: torch.Tensor  # [n] int64: row of each of those tokens in the padded [len(slots) * width] layout
-    width: int  # tokens of the busiest slot
-
-    by_slot: dict[int, list[int]]  # slot -> its tokens
-    subsets: dict[tuple[int, ...], "SlotBatch"] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def build(cls, token_slots: torch.Tensor) -> "SlotBatch":
-        by_slot: dict[int, list[int]] = {}
-        for t, slot in enumerate(token_slots.tolist()):
-            if slot >= 0:
-                by_slot.setdefault(slot, []).append(t)
-        return cls._of(by_slot, token_slots.device)
-
-    @classmethod
-    def _of(cls, by_slot: dict[int, list[int]], device: torch.device) -> "SlotBatch":
-        slots = sorted(by_slot)
-        width = max((len(tokens) for tokens in by_slot.values()), default=0)
-        tokens = [t for slot in slots for t in by_slot[slot]]
-        rows = [i * width + j for i, slot in enumerate(slots) for j in range(len(by_slot[slot]))]
-        return cls(
-            slots=slots,
-            tokens=torch.tensor(tokens, dtype=torch.int64, device=device),  # [n]
-            rows=torch.tensor(rows, dtype=torch.int64, device=device),  # [n]
-            width=width,
-            by_slot=by_slot,
-        )
-
-    def with_rank(self, ranks: torch.Tensor) -> tuple["SlotBatch", int]:
-        """The sub-batch of slots whose rank is > 0 (kept for the step), and the largest such rank."""
-        rank_list = ranks.tolist()
-        keep = tuple(slot for slot in self.slots if rank_list[slot] > 0)
-        if keep not in self.subsets:
-            self.subsets[keep] = self._of({slot: self.by_slot[slot] for slot in keep}, self.tokens.device)
-        return self.subsets[keep], max((rank_list[slot] for slot in keep), default=0)
-
-    def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
-        """weights indexed by slot along dim, restricted to this batch's slots (a view when they are a run)."""
-        first, last = self.slots[0], self.slots[-1]
-        if last - first + 1 == len(self.slots):
-            return weights.narrow(dim, first, len(self.slots))
-        return weights.index_select(dim, torch.tensor(self.slots, device=weights.device))
-
-    def rank_mask(self, ranks: torch.Tensor, rank: int) -> torch.Tensor:
-        """[len(slots), rank] float32: 1 where the column is below the slot's own rank."""
-        columns = torch.arange(rank, device=ranks.device)
-        return (columns[None, :] < self.select(ranks, 0)[:, None]).float()
 
 
 def lora_shrink(
@@ -91,17 +35,18 @@ def lora_shrink(
     (built here when None).
     """
     num_slices, _, max_rank, in_dim = lora_a.shape
+    group = (meta if meta is not None else SlotBatch.build(token_slots)).group(ranks)
+    if group is None:
+        return x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
+    used, width, rank = len(group.slots), group.width, group.rank
+    padded = x.index_select(0, group.gather_rows).float().view(used, width, in_dim)  # [U, W, in]
+    a = group.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
+    prod = torch.matmul(padded, a.transpose(-1, -2)) * group.mask  # [S, U, W, r]
+    rows = prod.view(num_slices, used * width, rank).index_select(1, group.scatter_rows).to(x.dtype)  # [S, T, r]
+    if rank == max_rank:
+        return rows
     buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
-    batch, rank = (meta if meta is not None else SlotBatch.build(token_slots)).with_rank(ranks)
-    if rank == 0:
-        return buf
-    used, width = len(batch.slots), batch.width
-    padded = x.new_zeros(used * width, in_dim, dtype=torch.float32)  # [U * W, in]
-    padded[batch.rows] = x[batch.tokens].float()
-    a = batch.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
-    prod = torch.matmul(padded.view(1, used, width, in_dim), a.transpose(-1, -2))  # [S, U, W, r]
-    prod *= batch.rank_mask(ranks, rank)[None, :, None, :]
-    buf[:, batch.tokens, :rank] = prod.flatten(1, 2)[:, batch.rows].to(x.dtype)
+    buf[:, :, :rank] = rows
     return buf
 
 
@@ -126,22 +71,19 @@ def lora_expand(
     token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
     slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
     """
-    batch, rank = (meta if meta is not None else SlotBatch.build(token_slots)).with_rank(ranks)
-    if rank == 0:
+    group = (meta if meta is not None else SlotBatch.build(token_slots)).group(ranks)
+    if group is None:
         return
-    num_slices, used, width = buf.shape[0], len(batch.slots), batch.width
-    padded = buf.new_zeros(num_slices, used * width, rank, dtype=torch.float32)  # [S, U * W, r]
-    padded[:, batch.rows] = buf[:, batch.tokens, :rank].float()
-    coef = batch.rank_mask(ranks, rank)[None, :, None, :] * batch.select(scaling, 1).float()[:, :, None, None]
-    padded = padded.view(num_slices, used, width, rank) * coef  # [S, U, W, r], scaled, zero beyond each rank
-    b = batch.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
+    num_slices, used, width, rank = buf.shape[0], len(group.slots), group.width, group.rank
+    padded = buf[:, :, :rank].index_select(1, group.gather_rows).float().view(num_slices, used, width, rank)
+    scaled = padded * (group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
+    b = group.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
     deltas = [
-        torch.matmul(padded[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
+        torch.matmul(scaled[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
         for s in range(num_slices)
     ]
-    delta = torch.cat(deltas, dim=-1).flatten(0, 1)[batch.rows]  # [n, o1 - o0]
-    lo, hi = slice_offsets[0], slice_offsets[-1]
-    y[:, lo:hi].index_add_(0, batch.tokens, delta.to(y.dtype))
+    delta = torch.cat(deltas, dim=-1).view(used * width, -1).index_select(0, group.scatter_rows)  # [T, o1 - o0]
+    y[:, slice_offsets[0] : slice_offsets[-1]] += delta.to(y.dtype)
 
 
 def store_kv(

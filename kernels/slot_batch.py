@@ -1,0 +1,83 @@
+"""Grouping of a step's tokens by adapter slot, as the CPU references of lora_shrink/lora_expand use it."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SlotGroup:
+    """The tokens of some slots laid out slot by slot, each slot's run padded to the busiest slot's,
+    so that one batched matmul over [slots, width, ...] serves every slot."""
+
+    slots: list[int]  # ascending
+    rank: int  # the largest rank among the slots
+    width: int  # rows per slot
+    gather_rows: torch.Tensor  # [slots * width] int64: the token in each padded row (padding repeats token 0)
+    scatter_rows: torch.Tensor  # [T] int64: the padded row of each token; other tokens point at a padding row
+    mask: torch.Tensor  # [slots, width, rank] float32: 1 on a token's row below its slot's own rank, else 0
+
+    def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
+        """weights indexed by slot along dim, restricted to this group's slots (a view when they are a run)."""
+        first = self.slots[0]
+        if self.slots[-1] - first + 1 == len(self.slots):
+            return weights.narrow(dim, first, len(self.slots))
+        return weights.index_select(dim, torch.tensor(self.slots, device=weights.device))
+
+
+@dataclass
+class SlotBatch:
+    """A step's token -> slot assignment, built once per step and passed as `meta` to every LoRA op of
+    the step on CPU. `group(ranks)` lays out the tokens of the slots with rank > 0 (cached per ranks)."""
+
+    by_slot: dict[int, list[int]]  # slot -> its tokens, ascending
+    num_tokens: int
+    device: torch.device
+    groups: dict[tuple[int, ...], SlotGroup | None] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, token_slots: torch.Tensor) -> "SlotBatch":
+        by_slot: dict[int, list[int]] = {}
+        for t, slot in enumerate(token_slots.tolist()):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(t)
+        return cls(by_slot=dict(sorted(by_slot.items())), num_tokens=token_slots.shape[0], device=token_slots.device)
+
+    def group(self, ranks: torch.Tensor) -> SlotGroup | None:
+        """The group of the used slots whose rank (ranks [slots]) is > 0; None when there is none."""
+        rank_list = ranks.tolist()
+        key = tuple(rank_list[slot] for slot in self.by_slot)
+        if key not in self.groups:
+            self.groups[key] = self._group({slot: rank_list[slot] for slot in self.by_slot if rank_list[slot] > 0})
+        return self.groups[key]
+
+    def _group(self, slot_ranks: dict[int, int]) -> SlotGroup | None:
+        if not slot_ranks:
+            return None
+        runs = [self.by_slot[slot] for slot in slot_ranks]
+        width = max(len(run) for run in runs)
+        if sum(len(run) for run in runs) < self.num_tokens and all(len(run) == width for run in runs):
+            width += 1  # a padding row for the tokens outside the group to point at
+        gather, scatter, padding_row = [], [0] * self.num_tokens, None
+        for i, run in enumerate(runs):
+            gather += run + [0] * (width - len(run))
+            if padding_row is None and len(run) < width:
+                padding_row = i * width + len(run)
+        if padding_row is not None:
+            scatter = [padding_row] * self.num_tokens
+        for i, run in enumerate(runs):
+            for j, t in enumerate(run):
+                scatter[t] = i * width + j
+        rank = max(slot_ranks.values())
+        counts = torch.tensor([len(run) for run in runs], device=self.device)
+        own_ranks = torch.tensor(list(slot_ranks.values()), device=self.device)
+        real = torch.arange(width, device=self.device)[None, :] < counts[:, None]  # [slots, width]
+        below = torch.arange(rank, device=self.device)[None, :] < own_ranks[:, None]  # [slots, rank]
+        return SlotGroup(
+            slots=list(slot_ranks),
+            rank=rank,
+            width=width,
+            gather_rows=torch.tensor(gather, dtype=torch.int64, device=self.device),  # [slots * width]
+            scatter_rows=torch.tensor(scatter, dtype=torch.int64, device=self.device),  # [T]
+            mask=(real[:, :, None] & below[:, None, :]).float(),  # [slots, width, rank]
+        )

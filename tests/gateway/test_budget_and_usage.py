@@ -78,6 +78,10 @@ def test_every_request_leaves_exactly_one_usage_row(stack):
         row = by_id[request_id]
         assert (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
     assert by_id[aborted_id].completion_tokens >= 1
+    # The gateway's metadata, echoed by the engine: the model as asked for, its version, the engine that served.
+    assert sorted(row.model for row in rows) == sorted([BASE_MODEL, "shouty", "support"])
+    assert all(row.engine == "engine-a" and row.cost is not None for row in rows)
+    assert all((row.adapter_version_id is None) == (row.model == BASE_MODEL) for row in rows)
     time.sleep(1.0)  # a late duplicate would have arrived by now
     assert UsageEvent.objects.filter(request_id__in=request_ids).count() == 3
     totals = settled(stack.ids["main"])

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from kernels.slot_batch import SlotBatch
 
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
+_DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this many
+_DECODE_MAX_BUCKETS = 4
 
 
 def lora_shrink(
@@ -132,10 +134,28 @@ def paged_attention_decode(
     q [B, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; block_tables [B, max_blocks] int;
     context_lens [B] int (>= 1, includes the new token); returns out [B, heads, D] in q.dtype.
     """
+    batch = q.shape[0]
+    if batch <= _DECODE_BUCKET:
+        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale)
+    # sequences sorted by length, in buckets each padded to its own longest: less padding to gather
+    lens = context_lens.tolist()
+    order = sorted(range(batch), key=lens.__getitem__)
+    num_buckets = min(_DECODE_MAX_BUCKETS, -(-batch // _DECODE_BUCKET))
+    out = torch.empty_like(q)  # [B, heads, D]
+    for i in range(num_buckets):
+        rows = torch.tensor(order[i * batch // num_buckets : (i + 1) * batch // num_buckets], device=q.device)
+        part = _attend_padded(
+            q.index_select(0, rows), k_cache, v_cache, block_tables.index_select(0, rows),
+            context_lens.index_select(0, rows), scale,
+        )
+        out.index_copy_(0, rows, part)
+    return out
+
+
+def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+    """paged_attention_decode over the context gathered padded to the longest of the batch."""
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if batch == 0:
-        return torch.empty_like(q)
     num_blocks = -(-int(context_lens.max()) // block_size)
     keys = _gather_cache(k_cache, block_tables, num_blocks).float().transpose(1, 2)  # [B, kvh, L, D]
     values = _gather_cache(v_cache, block_tables, num_blocks).float().transpose(1, 2)

@@ -33,9 +33,9 @@ class AdapterRecipe:
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RECIPES = (
-    AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=120),
-    AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=200),
-    AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=100),
+    AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=60),
+    AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=120),
+    AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=80),
 )
 
 
@@ -45,7 +45,7 @@ class BaseRecipe:
     layers: int = 3
     max_positions: int = 256
     vocab_size: int = 1024
-    steps: int = 800
+    steps: int = 600
     batch_size: int = 32
     lr: float = 5e-3
     seed: int = 0

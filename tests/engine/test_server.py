@@ -192,6 +192,19 @@ def test_streaming_deltas_add_up_to_the_final_event(server):
     assert final["usage"]["completion_tokens"] == 12
 
 
+def test_n_completions_stream_by_index_and_sum_their_usage(server):
+    body = {"request_id": "n-2", "prompt": "the cat", "stream": True,
+            "sampling": {"n": 2, "temperature": 1.0, "seed": 7, "max_tokens": 6, "ignore_eos": True}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        events = list(stream_lines(response))
+    final = events[-1]
+    assert [c["index"] for c in final["choices"]] == [0, 1]
+    for choice in final["choices"]:
+        deltas = [e for e in events[:-1] if e["index"] == choice["index"]]
+        assert [t for e in deltas for t in e["token_ids"]] == choice["token_ids"] and len(choice["token_ids"]) == 6
+    assert final["usage"]["completion_tokens"] == 12
+
+
 def test_concurrent_requests_with_different_adapters_interleave(server, adapter_refs):
     results: dict[str, list[dict]] = {}
 

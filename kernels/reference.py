@@ -194,18 +194,18 @@ def paged_attention_prefill(
     bounds = cu_seqlens_q.tolist()
     for b, ctx in enumerate(context_lens.tolist()):
         start, end = bounds[b], bounds[b + 1]
-        if end == start:
+        n = end - start
+        if n == 0:
             continue
         num_blocks = -(-ctx // block_size)
-        keys = _gather_cache(k_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float()  # [ctx, kvh, D]
-        values = _gather_cache(v_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float()
-        qg = q[start:end].float().view(end - start, kv_heads, group, head_dim)  # [n, kvh, G, D]
-        scores = torch.einsum("ihgd,jhd->hgij", qg, keys) * scale  # [kvh, G, n, ctx]
-        q_pos = torch.arange(ctx - (end - start), ctx, device=q.device)
-        k_pos = torch.arange(ctx, device=q.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)
-        attn = torch.einsum("hgij,jhd->ihgd", scores.softmax(-1), values)  # [n, kvh, G, D]
-        out[start:end] = attn.reshape(end - start, heads, head_dim).to(q.dtype)
+        keys = _gather_cache(k_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float().transpose(0, 1)  # [kvh, ctx, D]
+        values = _gather_cache(v_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float().transpose(0, 1)
+        # each KV head's query rows: its G query heads, each over the n new tokens: [kvh, G * n, D]
+        qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
+        q_pos = torch.arange(ctx - n, ctx, device=q.device)
+        visible = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [n, ctx]
+        attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=visible.repeat(group, 1), scale=scale)
+        out[start:end] = attn.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim).to(q.dtype)
     return out
 
 

@@ -10,17 +10,21 @@ from gateway.admission import Decision, HeldTotals, Limits, current_month, month
 from gateway.models import AdmissionState, BudgetHold
 
 
-def _locked_state(tenant_id: int, now: float) -> AdmissionState:
+def _locked_state(tenant_id: int, now: float, *, start_month: bool = True) -> tuple[AdmissionState, bool]:
+    """The tenant's row, locked, and whether its month total is this month's. A missing total is started from
+    metering's record when `start_month` (admission), never by a settle: the record holds what metering has
+    ingested and soon what it has not, so starting it from one request's usage would forget the month before,
+    and adding to a total just started from the record could count a request twice (as in Redis)."""
     AdmissionState.objects.get_or_create(tenant_id=tenant_id)
     state = AdmissionState.objects.select_for_update().get(tenant_id=tenant_id)
     month = current_month()
-    if state.month != month:
+    if state.month != month and start_month:
         state.month = month
         state.month_tokens, state.month_spend_micros = month_usage_recorded(tenant_id=tenant_id)
     BudgetHold.objects.filter(tenant_id=tenant_id, status=BudgetHold.Status.HELD, expires_at__lte=now).update(
         status=BudgetHold.Status.EXPIRED
     )
-    return state
+    return state, state.month == month
 
 
 def _live_holds(tenant_id: int) -> tuple[int, int, int]:
@@ -36,7 +40,7 @@ def acquire(
     window = math.floor(now / 60) * 60
     reset_ms = math.ceil((window + 60 - now) * 1000)
     with transaction.atomic():
-        state = _locked_state(tenant_id, now)
+        state, _ = _locked_state(tenant_id, now)
         requests, window_tokens = (state.window_requests, state.window_tokens) if state.window_start == window else (0, 0)
 
         def refuse(reason: str) -> Decision:
@@ -72,7 +76,7 @@ def peek(*, tenant_id: int, now: float) -> Decision:
 
 def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, now: float) -> bool:
     with transaction.atomic():
-        state = _locked_state(tenant_id, now)
+        state, current = _locked_state(tenant_id, now, start_month=False)
         hold = BudgetHold.objects.select_for_update().filter(request_id=request_id).first()
         if hold is not None and hold.status == BudgetHold.Status.SETTLED:
             return False
@@ -85,15 +89,16 @@ def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, n
             state.window_tokens += tokens - hold.tokens
         hold.status = BudgetHold.Status.SETTLED
         hold.save()
-        state.month_tokens += tokens
-        state.month_spend_micros += spend_micros
+        if current:
+            state.month_tokens += tokens
+            state.month_spend_micros += spend_micros
         state.save()
     return live
 
 
 def totals(*, tenant_id: int, now: float) -> HeldTotals:
     with transaction.atomic():
-        state = _locked_state(tenant_id, now)
+        state, _ = _locked_state(tenant_id, now)
         state.save()
         live, held_tokens, _ = _live_holds(tenant_id)
     return HeldTotals(

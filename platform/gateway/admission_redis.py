@@ -57,7 +57,7 @@ local reset_ms = math.ceil((window + 60 - now) * 1000)
 if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms} end
 if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms} end
 if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms} end
-if (budget_tokens >= 0 or budget_spend >= 0) and redis.call('EXISTS', KEYS[5]) == 0 then
+if redis.call('EXISTS', KEYS[5]) == 0 then
   return {0, 'month_unknown', reqs, toks, reset_ms}
 end
 local used_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
@@ -101,9 +101,12 @@ if info then
     redis.call('HINCRBY', KEYS[1], 'tokens', tokens - tonumber(t))
   end
 end
-redis.call('HINCRBY', KEYS[5], 'tokens', tokens)
-redis.call('HINCRBY', KEYS[5], 'spend', spend)
-redis.call('EXPIRE', KEYS[5], 5356800)
+-- A month total that is missing starts, at the next admission, from metering's record, which holds this usage
+-- once ingested: creating it here would start it from this request alone and forget the month before.
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  redis.call('HINCRBY', KEYS[5], 'tokens', tokens)
+  redis.call('HINCRBY', KEYS[5], 'spend', spend)
+end
 return live
 """
 )

@@ -120,9 +120,17 @@ def test_settling_is_idempotent_and_counts_usage_once(backend, tenant):
 
 
 def test_usage_of_a_request_with_no_live_hold_still_counts_once(backend, tenant):
+    _, request_id = acquire(tenant, tokens=50)  # starts the month's total
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=0, spend=Decimal(0)) is True
     assert hold_settle(tenant_id=tenant.pk, request_id="never-held", tokens=7, spend=Decimal(0)) is False
     assert hold_settle(tenant_id=tenant.pk, request_id="never-held", tokens=7, spend=Decimal(0)) is False
     assert held_totals(tenant_id=tenant.pk).month_tokens == 7
+
+
+def test_a_settle_never_starts_the_months_total_so_metering_can_not_count_a_request_twice(backend, tenant):
+    # Usage metering has recorded (and settles after recording) is already in the record the month starts from.
+    assert hold_settle(tenant_id=tenant.pk, request_id="recorded", tokens=7, spend=Decimal(0)) is False
+    assert held_totals(tenant_id=tenant.pk).month_tokens == 0
 
 
 def test_orphaned_holds_expire(backend, tenant):

@@ -51,11 +51,11 @@ class UsageEmitter:
         if broker_url is not None:
             self._app = Celery("quilt-engine-usage", broker=broker_url, set_as_current=False)
             self._app.conf.broker_connection_timeout = connect_timeout_s
-            self._app.conf.broker_transport_options = {
-                "socket_connect_timeout": connect_timeout_s,
-                "socket_timeout": connect_timeout_s,
-                "max_retries": 0,
-            }
+            options: dict[str, Any] = {"max_retries": 0}
+            if broker_url.startswith(("redis://", "rediss://")):
+                # Only redis-py takes socket timeouts; the embedded SQLAlchemy broker refuses unknown options.
+                options |= {"socket_connect_timeout": connect_timeout_s, "socket_timeout": connect_timeout_s}
+            self._app.conf.broker_transport_options = options
         self._events: queue.Queue = queue.Queue()
         self._next_retry = 0.0
         self._thread = threading.Thread(target=self._run, name="usage-emitter", daemon=True)

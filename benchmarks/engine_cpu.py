@@ -10,6 +10,7 @@ output length. Prints output tokens per second of each and the ratio.
 """
 
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -105,6 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         base, adapter_dirs = build(Path(tmp), args.adapters, args.hidden, args.layers)
         requests = workload(args.requests, list(adapter_dirs))
@@ -113,7 +115,8 @@ def main() -> None:
         peft_s = run_peft(base, adapter_dirs, requests, args.device, args.dtype)
     print(f"Llama hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}; {args.requests} requests over "
           f"{args.adapters} adapters (ranks 8-64), {output_tokens} output tokens; {args.device} {args.dtype}, "
-          f"torch threads {torch.get_num_threads()}")
+          f"torch threads {torch.get_num_threads()}; load average {load_before:.2f} -> {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
     print(f"quilt engine        {output_tokens / engine_s:9.1f} tokens/s  ({engine_s:.2f} s)")
     print(f"transformers + PEFT {output_tokens / peft_s:9.1f} tokens/s  ({peft_s:.2f} s)")
     print(f"ratio               {peft_s / engine_s:9.2f}x")

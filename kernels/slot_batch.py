@@ -16,13 +16,13 @@ class SlotGroup:
     gather_rows: torch.Tensor  # [slots * width] int64: the token in each padded row (padding repeats token 0)
     scatter_rows: torch.Tensor  # [T] int64: the padded row of each token; other tokens point at a padding row
     mask: torch.Tensor  # [slots, width, rank] float32: 1 on a token's row below its slot's own rank, else 0
+    slot_ids: torch.Tensor | None  # [slots] int64 when the slots are not one run, else None
 
     def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
         """weights indexed by slot along dim, restricted to this group's slots (a view when they are a run)."""
-        first = self.slots[0]
-        if self.slots[-1] - first + 1 == len(self.slots):
-            return weights.narrow(dim, first, len(self.slots))
-        return weights.index_select(dim, torch.tensor(self.slots, device=weights.device))
+        if self.slot_ids is None:
+            return weights.narrow(dim, self.slots[0], len(self.slots))
+        return weights.index_select(dim, self.slot_ids)
 
 
 @dataclass
@@ -68,16 +68,18 @@ class SlotBatch:
         for i, run in enumerate(runs):
             for j, t in enumerate(run):
                 scatter[t] = i * width + j
-        rank = max(slot_ranks.values())
+        rank, slots = max(slot_ranks.values()), list(slot_ranks)
+        one_run = slots[-1] - slots[0] + 1 == len(slots)
         counts = torch.tensor([len(run) for run in runs], device=self.device)
         own_ranks = torch.tensor(list(slot_ranks.values()), device=self.device)
         real = torch.arange(width, device=self.device)[None, :] < counts[:, None]  # [slots, width]
         below = torch.arange(rank, device=self.device)[None, :] < own_ranks[:, None]  # [slots, rank]
         return SlotGroup(
-            slots=list(slot_ranks),
+            slots=slots,
             rank=rank,
             width=width,
             gather_rows=torch.tensor(gather, dtype=torch.int64, device=self.device),  # [slots * width]
             scatter_rows=torch.tensor(scatter, dtype=torch.int64, device=self.device),  # [T]
             mask=(real[:, :, None] & below[:, None, :]).float(),  # [slots, width, rank]
+            slot_ids=None if one_run else torch.tensor(slots, dtype=torch.int64, device=self.device),
         )

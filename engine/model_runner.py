@@ -36,6 +36,8 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
+        self._meta_key: tuple[int, ...] | None = None  # token -> slot assignment that _meta groups
+        self._meta = None
         args = model.args
         dtype = model.lm_head.weight.dtype
         shape = (num_kv_blocks, block_size, args.num_kv_heads, args.head_dim)
@@ -98,8 +100,16 @@ class ModelRunner:
             active_slots=tuple(sorted(adapter_slots.values())),
         )
         if adapter_slots:
-            ctx.lora_meta = kernels.lora_meta(ctx.token_slots, self.num_slots)
+            ctx.lora_meta = self._lora_meta(token_slots, ctx.token_slots)
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
+
+    def _lora_meta(self, token_slots: list[int], token_slots_tensor: torch.Tensor):
+        """The kernels' grouping of tokens by slot; consecutive decode steps often share it, so it is reused
+        while the token -> slot assignment is unchanged."""
+        key = tuple(token_slots)
+        if key != self._meta_key:
+            self._meta_key, self._meta = key, kernels.lora_meta(token_slots_tensor, self.num_slots)
+        return self._meta
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, adapter_slots: dict[str, int]) -> dict[int, StepResult]:

@@ -43,7 +43,7 @@ def lora_shrink(
     used, width, rank = len(group.slots), group.width, group.rank
     padded = x.index_select(0, group.gather_rows).float().view(used, width, in_dim)  # [U, W, in]
     a = group.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
-    prod = torch.matmul(padded, a.transpose(-1, -2)) * group.mask  # [S, U, W, r]
+    prod = torch.matmul(padded, a.transpose(-1, -2)).mul_(group.mask)  # [S, U, W, r]
     rows = prod.view(num_slices, used * width, rank).index_select(1, group.scatter_rows).to(x.dtype)  # [S, T, r]
     if rank == max_rank:
         return rows
@@ -78,13 +78,14 @@ def lora_expand(
         return
     num_slices, used, width, rank = buf.shape[0], len(group.slots), group.width, group.rank
     padded = buf[:, :, :rank].index_select(1, group.gather_rows).float().view(num_slices, used, width, rank)
-    scaled = padded * (group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
+    scaled = padded.mul_(group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
     b = group.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
     deltas = [
         torch.matmul(scaled[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
         for s in range(num_slices)
     ]
-    delta = torch.cat(deltas, dim=-1).view(used * width, -1).index_select(0, group.scatter_rows)  # [T, o1 - o0]
+    delta = deltas[0] if num_slices == 1 else torch.cat(deltas, dim=-1)  # [U, W, o1 - o0]
+    delta = delta.view(used * width, -1).index_select(0, group.scatter_rows)  # [T, o1 - o0]
     y[:, slice_offsets[0] : slice_offsets[-1]] += delta.to(y.dtype)
 
 

@@ -43,7 +43,12 @@ def lora_shrink(
     used, width, rank = len(group.slots), group.width, group.rank
     padded = x.index_select(0, group.gather_rows).float().view(used, width, in_dim)  # [U, W, in]
     a = group.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
-    prod = torch.matmul(padded, a.transpose(-1, -2)).mul_(group.mask)  # [S, U, W, r]
+    if group.per_slot:
+        prod = padded.new_zeros(num_slices, used, width, rank)  # [S, U, W, r]
+        for i, (count, own_rank) in enumerate(zip(group.counts, group.ranks, strict=True)):
+            prod[:, i, :count, :own_rank] = torch.matmul(padded[i, :count], a[:, i, :own_rank].transpose(-1, -2))
+    else:
+        prod = torch.matmul(padded, a.transpose(-1, -2)).mul_(group.mask)  # [S, U, W, r]
     rows = prod.view(num_slices, used * width, rank).index_select(1, group.scatter_rows).to(x.dtype)  # [S, T, r]
     if rank == max_rank:
         return rows
@@ -78,13 +83,22 @@ def lora_expand(
         return
     num_slices, used, width, rank = buf.shape[0], len(group.slots), group.width, group.rank
     padded = buf[:, :, :rank].index_select(1, group.gather_rows).float().view(num_slices, used, width, rank)
-    scaled = padded.mul_(group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
     b = group.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
-    deltas = [
-        torch.matmul(scaled[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
-        for s in range(num_slices)
-    ]
-    delta = deltas[0] if num_slices == 1 else torch.cat(deltas, dim=-1)  # [U, W, o1 - o0]
+    if group.per_slot:
+        lo, scale = slice_offsets[0], group.select(scaling, 1).float()  # [S, U]
+        delta = padded.new_zeros(used, width, slice_offsets[-1] - lo)  # [U, W, o1 - o0]
+        for i, (count, own_rank) in enumerate(zip(group.counts, group.ranks, strict=True)):
+            for s in range(num_slices):
+                o0, o1 = slice_offsets[s], slice_offsets[s + 1]
+                part = torch.matmul(padded[s, i, :count, :own_rank], b[i, o0:o1, :own_rank].T)  # [count, width_s]
+                delta[i, :count, o0 - lo : o1 - lo] = part * scale[s, i]
+    else:
+        scaled = padded.mul_(group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
+        deltas = [
+            torch.matmul(scaled[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
+            for s in range(num_slices)
+        ]
+        delta = deltas[0] if num_slices == 1 else torch.cat(deltas, dim=-1)  # [U, W, o1 - o0]
     delta = delta.view(used * width, -1).index_select(0, group.scatter_rows)  # [T, o1 - o0]
     y[:, slice_offsets[0] : slice_offsets[-1]] += delta.to(y.dtype)
 

@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+PER_SLOT_WIDTH = 64  # from this many rows per slot on, a matmul per slot at its own rank beats padding ranks
+
 
 @dataclass
 class SlotGroup:
@@ -17,6 +19,13 @@ class SlotGroup:
     scatter_rows: torch.Tensor  # [T] int64: the padded row of each token; other tokens point at a padding row
     mask: torch.Tensor  # [slots, width, rank] float32: 1 on a token's row below its slot's own rank, else 0
     slot_ids: torch.Tensor | None  # [slots] int64 when the slots are not one run, else None
+    counts: list[int]  # tokens of each slot
+    ranks: list[int]  # rank of each slot
+
+    @property
+    def per_slot(self) -> bool:
+        """Whether to multiply slot by slot at each slot's own rank instead of one padded batched matmul."""
+        return self.width >= PER_SLOT_WIDTH
 
     def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
         """weights indexed by slot along dim, restricted to this group's slots (a view when they are a run)."""
@@ -82,4 +91,6 @@ class SlotBatch:
             scatter_rows=torch.tensor(scatter, dtype=torch.int64, device=self.device),  # [T]
             mask=(real[:, :, None] & below[:, None, :]).float(),  # [slots, width, rank]
             slot_ids=None if one_run else torch.tensor(slots, dtype=torch.int64, device=self.device),
+            counts=[len(run) for run in runs],
+            ranks=list(slot_ranks.values()),
         )

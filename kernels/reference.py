@@ -17,13 +17,18 @@ _DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this 
 _DECODE_MAX_BUCKETS = 4
 
 
+def _slot_batch(meta, token_slots: torch.Tensor) -> SlotBatch:
+    """The step's SlotBatch when given; any other meta (the Triton path's LoRAMeta) is rebuilt from token_slots."""
+    return meta if isinstance(meta, SlotBatch) else SlotBatch.build(token_slots)
+
+
 def lora_shrink(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     *,
-    meta: SlotBatch | None = None,
+    meta: object = None,
 ) -> torch.Tensor:
     """Batched LoRA down-projection over a ragged batch of tokens, several slices at once.
 
@@ -34,10 +39,10 @@ def lora_shrink(
 
     x [T, in]; lora_a [S, slots, max_rank, in]; token_slots [T] int (-1 = base model);
     ranks [slots] int; returns buf [S, T, max_rank] in x.dtype. `meta`: the step's SlotBatch
-    (built here when None).
+    (kernels.lora_meta; built here when None).
     """
     num_slices, _, max_rank, in_dim = lora_a.shape
-    group = (meta if meta is not None else SlotBatch.build(token_slots)).group(ranks)
+    group = _slot_batch(meta, token_slots).group(ranks)
     if group is None:
         return x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
     used, width, rank = len(group.slots), group.width, group.rank
@@ -66,7 +71,7 @@ def lora_expand(
     scaling: torch.Tensor,
     slice_offsets: tuple[int, ...],
     *,
-    meta: SlotBatch | None = None,
+    meta: object = None,
 ) -> None:
     """Batched LoRA up-projection added in place, several output slices at once.
 
@@ -78,7 +83,7 @@ def lora_expand(
     token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
     slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
     """
-    group = (meta if meta is not None else SlotBatch.build(token_slots)).group(ranks)
+    group = _slot_batch(meta, token_slots).group(ranks)
     if group is None:
         return
     num_slices, used, width, rank = buf.shape[0], len(group.slots), group.width, group.rank

@@ -9,9 +9,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+from adapters import AdapterError, load_adapter
 
 TINY = dict(
     vocab_size=128,
@@ -157,3 +160,20 @@ def file_source(name: str, data: bytes) -> Callable[[Path], Path]:
         return tmp / name
 
     return build
+
+
+def refusal(build, tmp_path, base_config) -> AdapterError:
+    """The AdapterError that loading the source a case builds raises (the test fails if it loads)."""
+    with pytest.raises(AdapterError) as refused:
+        load_adapter(build(tmp_path), base_config)
+    return refused.value
+
+
+def distinct_refusal_messages(cases, tmp_path, base_config) -> set[str]:
+    """Each case of a table `(id, build, code, fragment)` refused in a folder of its own; their messages."""
+    messages = set()
+    for index, (_, build, _, _) in enumerate(cases):
+        case_dir = tmp_path / f"case{index}"
+        case_dir.mkdir()
+        messages.add(refusal(build, case_dir, base_config).message)
+    return messages

@@ -8,9 +8,10 @@ from django.test import Client
 from registry.base_models import base_model_register
 from tenancy.audit import Actor
 from tests.conftest import REPO, stop_worker
-from tests.console.builders import BASE_NAME, peft_adapter_zip, save_tiny_base
+from tests.console.builders import BASE_NAME, peft_adapter_zip
 from tests.console.live import CHROMIUM, CHROMIUM_ARGS, start_live_worker, start_server
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.tiny_llama import save_tiny_base
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"

@@ -1,61 +1,19 @@
 """A tiny random Llama checkpoint, PEFT adapters made for it by PEFT itself, and upload helpers."""
 
-import io
 import json
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 from django.core.files.uploadedfile import SimpleUploadedFile
-from peft import LoraConfig, get_peft_model
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from registry.base_models import base_model_register
 from registry.models import AdapterVersion
 from tenancy.audit import Actor
 from tests.platform.conftest import key_client, member_client, tenant_a, tenant_b  # noqa: F401
+from tests.tiny_llama import save_peft_adapter, save_tiny_base, zipped
 
 BASE_NAME = "tiny-llama"
-
-
-def tiny_llama_config(hidden_size: int = 32) -> LlamaConfig:
-    return LlamaConfig(
-        hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=64, max_position_embeddings=128, architectures=["LlamaForCausalLM"],
-    )  # fmt: skip
-
-
-def save_tiny_base(directory: Path) -> Path:
-    torch.manual_seed(0)
-    LlamaForCausalLM(tiny_llama_config()).save_pretrained(directory, safe_serialization=True)
-    words = ["[UNK]", *[f"w{i}" for i in range(63)]]
-    tokenizer = Tokenizer(WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
-
-
-def save_peft_adapter(directory: Path, *, seed: int, hidden_size: int = 32, rank: int = 4) -> Path:
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(hidden_size))
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"],
-                      init_lora_weights=False)  # fmt: skip
-    get_peft_model(model, lora).save_pretrained(directory)
-    return directory
-
-
-def zipped(directory: Path) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                archive.write(path, path.relative_to(directory).as_posix())
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="session")

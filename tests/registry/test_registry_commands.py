@@ -10,7 +10,8 @@ from registry.models import Adapter, BaseModel
 from registry.selectors import model_resolve
 from tenancy.models import AuditLog
 from tests.platform.factories import TenantFactory
-from tests.registry.conftest import BASE_NAME, save_peft_adapter
+from tests.registry.conftest import BASE_NAME
+from tests.tiny_llama import save_peft_adapter
 
 pytestmark = pytest.mark.django_db
 

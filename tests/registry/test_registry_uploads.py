@@ -27,7 +27,7 @@ def test_upload_creates_the_adapter_with_version_one_uploaded(tenant_a, member_c
 
 
 def test_loose_files_can_be_uploaded_as_several_parts(tenant_a, key_client, base_model, tmp_path, media_root):
-    from tests.registry.conftest import save_peft_adapter
+    from tests.tiny_llama import save_peft_adapter
 
     folder = save_peft_adapter(tmp_path / "peft", seed=5)
     client, _, _ = key_client(tenant_a, scopes=["adapters:write"])

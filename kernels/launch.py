@@ -44,6 +44,28 @@ def require_same_device(**tensors: torch.Tensor) -> None:
     require(len(set(devices.values())) == 1, f"tensors on different devices: {devices}")
 
 
+def require_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, *, batch: int, rows: str
+) -> tuple[int, int, int, int]:
+    """The checks both paged-attention launchers make; returns (heads, head_dim, block_size, kv_heads)."""
+    require(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+            f"q [{rows}, heads, D], caches [num_blocks, bs, kv_heads, D]: got {tuple(q.shape)}, "
+            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")  # fmt: skip
+    _, heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    require(cache_dim == head_dim, f"cache head_dim {cache_dim} != q head_dim {head_dim}")
+    require(heads % kv_heads == 0, f"heads {heads} not a multiple of kv_heads {kv_heads}")
+    require(block_size & (block_size - 1) == 0, f"block size must be a power of two, got {block_size}")
+    require_float("q", q)
+    require(k_cache.dtype == v_cache.dtype, f"k_cache {k_cache.dtype} != v_cache {v_cache.dtype}")
+    require(block_tables.dim() == 2 and block_tables.shape[0] == batch,
+            f"block_tables: expected [{batch}, max_blocks], got {tuple(block_tables.shape)}")  # fmt: skip
+    require_index("block_tables", block_tables)
+    require_contiguous(k_cache=k_cache, v_cache=v_cache)
+    require_last_dim_contiguous(q=q)
+    return heads, head_dim, block_size, kv_heads
+
+
 def dot_precision(dtype: torch.dtype) -> str | None:
     """float32 inputs multiply in full precision (no TF32), so float32 results match the reference;
     half-precision inputs keep the backend's default."""

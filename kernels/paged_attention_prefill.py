@@ -8,11 +8,8 @@ import triton.language as tl
 from kernels.launch import (
     dot_precision,
     next_power_of_2,
-    require,
-    require_contiguous,
-    require_float,
     require_index,
-    require_last_dim_contiguous,
+    require_paged_attention,
     require_same_device,
 )
 
@@ -109,24 +106,13 @@ def paged_attention_prefill(
     bs a power of two; cu_seqlens_q [B + 1] int; block_tables [B, max_blocks] int; context_lens [B] int
     (>= the sequence's new tokens); returns out [T, heads, D] in q.dtype.
     """
-    require(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
-            f"q [T, heads, D], caches [num_blocks, bs, kv_heads, D]: got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
-            f"{tuple(v_cache.shape)}")
-    total, heads, head_dim = q.shape
-    _, block_size, kv_heads, cache_dim = k_cache.shape
-    require(cache_dim == head_dim, f"cache head_dim {cache_dim} != q head_dim {head_dim}")
-    require(heads % kv_heads == 0, f"heads {heads} not a multiple of kv_heads {kv_heads}")
-    require(block_size & (block_size - 1) == 0, f"block size must be a power of two, got {block_size}")
-    require_float("q", q)
-    require(k_cache.dtype == v_cache.dtype, f"k_cache {k_cache.dtype} != v_cache {v_cache.dtype}")
     batch = context_lens.shape[0]
+    heads, head_dim, block_size, kv_heads = require_paged_attention(
+        q, k_cache, v_cache, block_tables, batch=batch, rows="T"
+    )
+    total = q.shape[0]
     require_index("context_lens", context_lens, batch)
     require_index("cu_seqlens_q", cu_seqlens_q, batch + 1)
-    require(block_tables.dim() == 2 and block_tables.shape[0] == batch, f"block_tables: expected [{batch}, "
-            f"max_blocks], got {tuple(block_tables.shape)}")
-    require_index("block_tables", block_tables)
-    require_contiguous(k_cache=k_cache, v_cache=v_cache)
-    require_last_dim_contiguous(q=q)
     require_same_device(q=q, k_cache=k_cache, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
                         context_lens=context_lens)
     out = torch.empty(total, heads, head_dim, dtype=q.dtype, device=q.device)  # [T, heads, D]

@@ -60,6 +60,9 @@ def _adapter(request, name: str):
 def adapter_detail(request, name: str):
     adapter = _adapter(request, name)
     versions = list(adapter_versions(adapter=adapter).select_related("created_by").order_by("-number"))
+    # Each query reads its own snapshot: reading the alias after its versions means a version seen ready (committed
+    # with its automatic promotion) is never shown beside an alias that still looks empty.
+    adapter = _adapter(request, name)
     context = {
         "adapter": adapter,
         "versions": versions,

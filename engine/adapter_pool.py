@@ -1,21 +1,30 @@
-"""Adapters in three tiers: GPU slots, a host-memory LRU cache bounded in bytes, the store on disk.
+"""Adapters in three tiers: device pages (shared with the KV cache), a host cache bounded in bytes, disk.
 
-A request for an adapter that is in neither memory tier triggers a load by a background thread
-while the request waits in the queue; the scheduler asks `ready()`. Loads that fail are reported
-by `failures()` so that only the requests for that adapter fail. Slots are filled by
-`activate()` before a step, evicting the least-recently-used adapter that no running request uses.
+Disk -> host: a background thread reads, checks and lays out (AdapterPlan) an adapter the first time a
+request needs it; tensors are pinned when the device is CUDA. Host -> device pages: `acquire` when a
+request is admitted, or `prefetch` ahead of it into pages nobody needs; on CUDA the copy runs on a side
+stream and the next step waits only for the copy on the GPU. A resident adapter is pinned while a
+running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when
+pages run short (`reclaim`). Every failure of a load is contained: `failures()` reports it, by digest,
+with a reason that names no server path. Nothing outside this class touches its fields.
 """
 
 import queue
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 import adapters
-from engine.lora_linear import LoRAWeights
+from engine.adapter_plan import AdapterPlan
+from engine.paged_memory import PagedMemory
 
 CANONICAL_SIDECAR = "quilt_adapter.json"
+_PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
 def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapters.LoadedAdapter":
@@ -26,156 +35,292 @@ def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapter
     return adapters.load_adapter(path, base_config, max_rank=max_rank)
 
 
+def failure_reason(error: BaseException) -> str:
+    """Why a load failed, for the tenant: the error's own words with any filesystem path cut out."""
+    if isinstance(error, adapters.AdapterError):
+        text = f"{error} ({error.code})"
+    elif isinstance(error, FileNotFoundError):
+        text = "its files are missing"
+    elif isinstance(error, OSError):
+        text = f"its files could not be read ({error.strerror or type(error).__name__})"
+    else:
+        text = f"the loader failed ({type(error).__name__})"
+    return _PATH.sub("<adapter>", text)
+
+
+@dataclass
+class Resident:
+    plan: AdapterPlan
+    pages: list[int]
+    offsets: torch.Tensor  # [L, M, 2, max_rank] on the device: the adapter's page table
+    placement: int  # unique per placement: the same number means the same page table
+    users: int = 0  # running sequences that use it
+
+
 class AdapterPool:
     def __init__(
         self,
         *,
-        weights: dict[tuple[int, str], tuple[LoRAWeights, int]],
-        num_slots: int,
-        max_rank: int,
+        memory: PagedMemory,
+        plan: Callable[["adapters.LoadedAdapter"], AdapterPlan],
+        load: Callable[[Path], "adapters.LoadedAdapter"],
+        take_pages: Callable[[int], list[int]],
+        give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
-        load: Callable[[str | Path], "adapters.LoadedAdapter"],
     ) -> None:
-        self.weights = weights  # (layer, module) -> (stacked weights, slice index)
-        self.num_slots = num_slots
-        self.max_rank = max_rank
+        self.memory = memory
+        self._plan = plan
+        self._load = load
+        self._take_pages = take_pages
+        self._give_pages = give_pages
         self.host_cache_bytes = host_cache_bytes
-        self.load = load
-        self.paths: dict[str, Path] = {}  # digest -> where it is stored
-        self.host: OrderedDict[str, adapters.LoadedAdapter] = OrderedDict()  # LRU first
-        self.slots: OrderedDict[str, int] = OrderedDict()  # digest -> slot, LRU first
-        self.free_slots = list(range(num_slots))
-        self.loading: set[str] = set()
-        self.failed: dict[str, str] = {}
+        self._paths: dict[str, Path] = {}
+        self._host: OrderedDict[str, AdapterPlan] = OrderedDict()  # LRU first
+        self._host_bytes = 0
+        self._resident: dict[str, Resident] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()  # resident, no user; LRU first
+        self._loading: set[str] = set()
+        self._failed: dict[str, str] = {}
+        self.generation = 0  # bumped whenever an adapter is placed or dropped
+        self.num_loads = {"host": 0, "device": 0}
+        self.num_evictions = {"host": 0, "device": 0}
+        device = memory.layers[0].device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._copies: list = []  # CUDA events of copies the next step must wait for
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._worker, name="adapter-loader", daemon=True)
         self._thread.start()
 
+    # registration
     def register(self, digest: str, path: str | Path) -> None:
-        self.paths[digest] = Path(path)
-        self.failed.pop(digest, None)
+        self._paths[digest] = Path(path)
+        self._failed.pop(digest, None)
 
-    def add_loaded(self, adapter: "adapters.LoadedAdapter", path: str | Path) -> None:
-        """Register an adapter already read (the offline API reads it to learn its digest)."""
-        self.register(adapter.digest, path)
-        self._check(adapter)
-        self._put_host(adapter)
+    def plan(self, adapter: "adapters.LoadedAdapter") -> AdapterPlan:
+        """Lay an adapter out for the pages (raises AdapterError if it does not fit this model); any thread."""
+        return self._plan(adapter)
+
+    def add_loaded(self, adapter: "adapters.LoadedAdapter | AdapterPlan", path: str | Path) -> None:
+        """Register an adapter already read, or planned, into the host tier."""
+        plan = adapter if isinstance(adapter, AdapterPlan) else self._plan(adapter)
+        self.register(plan.digest, path)
+        self._put_host(plan)
 
     def is_registered(self, digest: str) -> bool:
-        return digest in self.paths
+        return digest in self._paths
+
+    def forget(self, digest: str) -> None:
+        """Unregister an adapter no request uses, dropping it from every tier."""
+        self.evict(digest)
+        self._paths.pop(digest, None)
+        self._failed.pop(digest, None)
 
     # tiers
-    def ready(self, digest: str) -> bool:
-        """Whether the adapter is in memory (slot or host); if not, make sure it is being loaded."""
+    def tier(self, digest: str) -> str:
+        """"device", "host", "loading", "failed" or "disk" (registered, in no memory tier)."""
         self._drain()
-        if digest in self.slots or digest in self.host:
+        if digest in self._resident:
+            return "device"
+        if digest in self._host:
+            return "host"
+        return "loading" if digest in self._loading else "failed" if digest in self._failed else "disk"
+
+    def resident(self) -> dict[str, list[str]]:
+        """Digests in each memory tier."""
+        self._drain()
+        return {"device": list(self._resident), "host": list(self._host)}
+
+    def ready(self, digest: str) -> bool:
+        """Whether the adapter is in memory (device or host); if not, make sure it is being loaded."""
+        self._drain()
+        if digest in self._resident or digest in self._host:
             return True
-        if digest not in self.failed and digest not in self.loading:
-            self.loading.add(digest)
-            self._requests.put((digest, self.paths[digest]))
+        if digest not in self._failed and digest not in self._loading:
+            self._loading.add(digest)
+            self._requests.put((digest, self._paths[digest]))
         return False
 
     def failures(self) -> dict[str, str]:
         """digest -> reason for every adapter whose load failed (until it is registered again)."""
         self._drain()
-        return self.failed
+        return dict(self._failed)
 
-    def activate(self, needed: set[str], in_use: set[str]) -> dict[str, int]:
-        """Put every needed adapter in a GPU slot; returns digest -> slot for them."""
-        assert len(needed) <= self.num_slots
-        for digest in needed:
-            if digest in self.slots:
-                self.slots.move_to_end(digest)
-                continue
-            if self.free_slots:
-                slot = self.free_slots.pop()
-            else:
-                victim = next(d for d in self.slots if d not in in_use and d not in needed)
-                slot = self.slots.pop(victim)
-            adapter = self.host.get(digest)
-            if adapter is None:  # pushed out of the host cache since ready() said yes
-                adapter = self.load(self.paths[digest])
-                self._put_host(adapter)
-            self._write_slot(slot, adapter)
-            self.slots[digest] = slot
-            self.host.move_to_end(digest)
-        return {digest: self.slots[digest] for digest in needed}
+    # device pages
+    def pages_needed(self, digest: str) -> int | None:
+        """Pages `acquire` would take: 0 when resident, None when not in memory at all."""
+        if digest in self._resident:
+            return 0
+        plan = self._host.get(digest)
+        return None if plan is None else plan.num_pages
 
-    def _write_slot(self, slot: int, adapter: "adapters.LoadedAdapter") -> None:
-        touched = {id(w): w for w, _ in self.weights.values()}
-        for w in touched.values():
-            w.lora_a[:, slot].zero_()
-            w.lora_b[slot].zero_()
-            w.scaling[:, slot] = 0.0
-            w.ranks[slot] = 0
-            w.host_ranks[slot] = 0
-        for key, rank in adapter.ranks.items():
-            _, layer, module = key.split(".")
-            w, s = self.weights[(int(layer), module)]
-            o0, o1 = w.slice_offsets[s], w.slice_offsets[s + 1]
-            w.lora_a[s, slot, :rank].copy_(adapter.tensors[f"{key}.lora_A"])
-            w.lora_b[slot, o0:o1, :rank].copy_(adapter.tensors[f"{key}.lora_B"])
-            w.scaling[s, slot] = adapter.scaling[key]
-            w.host_ranks[slot] = max(w.host_ranks[slot], rank)
-            w.ranks[slot] = w.host_ranks[slot]
+    def acquire(self, digest: str) -> None:
+        """Pin the adapter on the device for one more running sequence, placing it first if needed (the
+        caller made sure pages_needed(digest) pages are free)."""
+        resident = self._resident.get(digest) or self._place(digest)
+        resident.users += 1
+        self._idle.pop(digest, None)
 
-    def _check(self, adapter: "adapters.LoadedAdapter") -> None:
-        if adapter.rank > self.max_rank:
-            raise adapters.AdapterError(
-                "rank_too_large", f"adapter rank {adapter.rank} exceeds this engine's max_adapter_rank {self.max_rank}"
-            )
-        for key in adapter.ranks:
-            _, layer, module = key.split(".")
-            if (int(layer), module) not in self.weights:
-                raise adapters.AdapterError("module_unsupported", f"adapter targets {key}, which this model lacks")
+    def release(self, digest: str) -> None:
+        resident = self._resident[digest]
+        resident.users -= 1
+        if resident.users == 0:
+            self._idle[digest] = None
 
-    def _put_host(self, adapter: "adapters.LoadedAdapter") -> None:
-        self.host[adapter.digest] = adapter
-        self.host.move_to_end(adapter.digest)
-        used = sum(a.num_bytes for a in self.host.values())
-        for digest in list(self.host):
-            if used <= self.host_cache_bytes:
+    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int:
+        """Evict unpinned adapters, least recently used first, until num_pages pages are freed; returns
+        the pages freed (fewer when not enough are unpinned)."""
+        freed = 0
+        for digest in list(self._idle):
+            if freed >= num_pages:
                 break
-            if digest == adapter.digest:
-                continue
-            used -= self.host.pop(digest).num_bytes
+            if digest != keep:
+                freed += self._drop(digest)
+        return freed
+
+    def prefetch(self, digest: str, *, free_pages: int) -> bool:
+        """Place an adapter that is in host memory on the device, unpinned, if it fits in free_pages."""
+        if digest in self._resident:
+            if digest in self._idle:
+                self._idle.move_to_end(digest)
+            return True
+        plan = self._host.get(digest)
+        if plan is None or plan.num_pages > free_pages:
+            return False
+        self._place(digest)
+        self._idle[digest] = None
+        return True
+
+    def evict(self, digest: str) -> list[str]:
+        """Drop an adapter from the device (if unpinned) and the host cache; returns the tiers it left."""
+        self._drain()
+        left = []
+        if digest in self._resident:
+            if self._resident[digest].users:
+                raise RuntimeError(f"adapter {digest[:12]} is in use")
+            self._drop(digest)
+            left.append("device")
+        plan = self._host.pop(digest, None)
+        if plan is not None:
+            self._host_bytes -= plan.num_bytes
+            self.num_evictions["host"] += 1
+            left.append("host")
+        return left
+
+    def tables(self, digests: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Page tables of resident adapters, stacked: offsets [U, L, M, 2, R] (device), ranks [U, L, M] int32
+        (host) and scaling [U, L, M] float32 (device), R the largest rank among them."""
+        residents = [self._resident[d] for d in digests]
+        width = max(r.plan.max_rank for r in residents)
+        first = residents[0].offsets
+        offsets = torch.full((len(digests), *first.shape[:3], width), self.memory.zero_row, dtype=torch.int64,
+                             device=first.device)
+        for u, r in enumerate(residents):
+            offsets[u, ..., : r.plan.max_rank] = r.offsets
+        ranks = torch.stack([r.plan.ranks for r in residents])
+        scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
+        return offsets, ranks, scaling
+
+    def placements(self, digests: list[str]) -> tuple[int, ...]:
+        """Identifies the page tables of resident adapters: equal while none of them moved."""
+        return tuple(self._resident[d].placement for d in digests)
+
+    def wait_for_copies(self) -> None:
+        """Make the current CUDA stream wait for copies into pages (no host wait; nothing to do on CPU)."""
+        for event in self._copies:
+            torch.cuda.current_stream().wait_event(event)
+        self._copies.clear()
+
+    @property
+    def num_pages(self) -> int:
+        return sum(len(r.pages) for r in self._resident.values())
+
+    def _place(self, digest: str) -> Resident:
+        plan = self._host[digest]
+        self._host.move_to_end(digest)
+        pages = self._take_pages(plan.num_pages)
+        mem = self.memory
+        offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
+        device = mem.layers[0].device
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                offsets = self._write(plan, offsets, device)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            self._copies.append(event)
+        else:
+            offsets = self._write(plan, offsets, device)
+        self.generation += 1
+        resident = Resident(plan=plan, pages=pages, offsets=offsets, placement=self.generation)
+        self._resident[digest] = resident
+        self.num_loads["device"] += 1
+        return resident
+
+    def _write(self, plan: AdapterPlan, offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
+        for (layer, module, half), rows in plan.rows.items():
+            width = rows.shape[1]
+            starts = offsets[layer, module, half, : rows.shape[0]]
+            index = (starts[:, None] + torch.arange(width)).reshape(-1).to(device, non_blocking=True)
+            self.memory.flat(layer).index_copy_(0, index, rows.reshape(-1).to(device, non_blocking=True))
+        return offsets.to(device, non_blocking=True)
+
+    def _drop(self, digest: str) -> int:
+        resident = self._resident.pop(digest)
+        self._idle.pop(digest, None)
+        self._give_pages(resident.pages)
+        self.generation += 1
+        self.num_evictions["device"] += 1
+        return len(resident.pages)
+
+    def _put_host(self, plan: AdapterPlan) -> None:
+        old = self._host.pop(plan.digest, None)
+        self._host_bytes += plan.num_bytes - (old.num_bytes if old else 0)
+        self._host[plan.digest] = plan
+        self.num_loads["host"] += old is None
+        for digest in list(self._host):
+            if self._host_bytes <= self.host_cache_bytes:
+                break
+            if digest != plan.digest:
+                self._host_bytes -= self._host.pop(digest).num_bytes
+                self.num_evictions["host"] += 1
 
     # loading
     def _worker(self) -> None:
         while True:
             digest, path = self._requests.get()
             try:
-                adapter = self.load(path)
+                adapter = self._load(path)
                 if adapter.digest != digest:
-                    raise adapters.AdapterError(
-                        "digest_mismatch", f"adapter at {path} has digest {adapter.digest}, registered as {digest}"
-                    )
-                self._check(adapter)
-                self._results.put((digest, adapter, None))
-            except (adapters.AdapterError, OSError) as exc:
-                self._results.put((digest, None, str(exc)))
+                    raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
+                self._results.put((digest, self._plan(adapter), None))
+            except Exception as error:  # every loader failure fails only this adapter's requests
+                self._results.put((digest, None, failure_reason(error)))
 
     def _drain(self) -> None:
         while True:
             try:
-                digest, adapter, error = self._results.get_nowait()
+                digest, plan, error = self._results.get_nowait()
             except queue.Empty:
                 return
-            self.loading.discard(digest)
+            self._loading.discard(digest)
+            if digest not in self._paths:
+                continue
             if error is not None:
-                self.failed[digest] = error
+                self._failed[digest] = error
             else:
-                self._put_host(adapter)
+                self._put_host(plan)
 
     def state(self) -> dict:
+        self._drain()
         return {
-            "gpu_slots": self.num_slots,
-            "gpu": list(self.slots),
-            "host": list(self.host),
-            "host_bytes": sum(a.num_bytes for a in self.host.values()),
-            "loading": sorted(self.loading),
-            "failed": dict(self.failed),
-            "registered": len(self.paths),
+            "device": list(self._resident),
+            "gpu": list(self._resident),  # the device tier's name in the server API (also on CPU)
+            "host": list(self._host),
+            "host_bytes": self._host_bytes,
+            "device_pages": self.num_pages,
+            "pinned": sorted(d for d, r in self._resident.items() if r.users),
+            "loading": sorted(self._loading),
+            "failed": dict(self._failed),
+            "registered": len(self._paths),
         }
-

@@ -1,4 +1,7 @@
-"""Paged KV cache bookkeeping: block tables, reference counts, a free list and prefix caching.
+"""Paged memory bookkeeping: block tables, reference counts, a free list and prefix caching.
+
+Pages serve as KV blocks or as adapter pages (engine.paged_memory): both are taken from one free list
+(`_take_block`, `take_pages`), so the KV cache and adapters share one budget.
 
 A full block is identified by a chained hash of its tokens, the hash of the block before it, the
 adapter's digest (LoRA on k/v changes the cache) and a salt (the tenant: a cache shared across
@@ -34,6 +37,7 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}  # hash -> block id
         self.free_ids: deque[int] = deque(range(num_blocks))  # no hash, ref 0
         self.evictable: OrderedDict[int, None] = OrderedDict()  # hashed, ref 0; oldest first
+        self.adapter_pages: set[int] = set()  # pages holding adapter rows (ref 1 each)
         self.num_lookups = 0
         self.num_hit_tokens = 0
         self.num_lookup_tokens = 0
@@ -43,8 +47,27 @@ class BlockManager:
         return len(self.free_ids) + len(self.evictable)
 
     @property
+    def num_unused_pages(self) -> int:
+        """Pages on the free list proper (not counting prefix-cached blocks that could be evicted)."""
+        return len(self.free_ids)
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        """Pages holding KV (adapter pages not counted)."""
+        return self.num_blocks - self.num_free_blocks - len(self.adapter_pages)
+
+    def take_pages(self, count: int) -> list[int]:
+        """Pages for adapter rows, from the same free list as KV blocks."""
+        assert count <= self.num_free_blocks, "take_pages beyond the free pages"
+        pages = [self._take_block() for _ in range(count)]
+        self.adapter_pages.update(pages)
+        return pages
+
+    def give_pages(self, pages: list[int]) -> None:
+        for page in pages:
+            self.adapter_pages.remove(page)
+            self.ref_counts[page] = 0
+            self.free_ids.append(page)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -75,11 +98,15 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> bool:
+    def shortfall(self, seq: Sequence, num_new_tokens: int, hits: list[int], extra_pages: int = 0) -> int:
+        """Pages missing to admit seq with these hits (plus extra_pages for its adapter); 0: it fits."""
         num_cached = len(hits) * self.block_size
         new_blocks = self.blocks_needed(num_cached + num_new_tokens) - len(hits)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
-        return new_blocks + revived <= self.num_free_blocks
+        return max(0, new_blocks + revived + extra_pages - self.num_free_blocks)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int], extra_pages: int = 0) -> bool:
+        return self.shortfall(seq, num_new_tokens, hits, extra_pages) == 0
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> None:
         """First admission (or re-admission after preemption): take the hits, add fresh blocks."""
@@ -95,9 +122,12 @@ class BlockManager:
         self.num_lookup_tokens += seq.num_tokens
         self.append_slots(seq, num_new_tokens)
 
-    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def append_shortfall(self, seq: Sequence, num_new_tokens: int) -> int:
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed <= self.num_free_blocks
+        return max(0, needed - self.num_free_blocks)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.append_shortfall(seq, num_new_tokens) == 0
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
@@ -147,7 +177,7 @@ class BlockManager:
         return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
 
     def check_invariants(self, seqs: list[Sequence]) -> None:
-        owners = [0] * self.num_blocks
+        owners = [1 if block_id in self.adapter_pages else 0 for block_id in range(self.num_blocks)]
         for seq in seqs:
             assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
             assert len(seq.block_table) >= self.blocks_needed(seq.num_computed_tokens)

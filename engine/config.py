@@ -12,13 +12,15 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_fraction (CUDA) or 512 blocks (CPU)
-    kv_cache_memory_fraction: float = 0.8
+    num_kv_blocks: int | None = None  # pages for the KV cache; None: sized from the memory (see docs/engine-memory.md)
+    kv_cache_memory_fraction: float = 0.8  # CUDA: share of free memory for the one page pool (KV + adapters)
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_adapter_slots: int = 8
+    max_adapter_slots: int = 8  # deprecated as a cap (there is none): sizes the default adapter_memory_bytes
     max_adapter_rank: int = 64
+    adapter_memory_bytes: int | None = None  # pages added to the pool for adapters; None: max_adapter_slots
+    # adapters of max_adapter_rank on every projection (on CUDA the pool is sized from memory instead)
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
@@ -38,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 0:
+            raise ValueError("adapter_memory_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.long_prefill_token_threshold < 0:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import LoRAMeta, SlotBatch
+from engine.lora_batch import LoRABatch
 
 
 @dataclass
@@ -15,6 +15,4 @@ class Context:
     context_lens: torch.Tensor  # [B] int32, cached tokens including this step's
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     is_decode: bool  # every sequence has exactly one new token
-    token_slots: torch.Tensor  # [T] int32, adapter slot per token, -1 = base model
-    lora_meta: LoRAMeta | SlotBatch | None  # kernels.lora_meta's grouping; None: no token in the step uses an adapter
-    active_slots: tuple[int, ...]  # adapter slots used by some token of the step
+    lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one

@@ -1,31 +1,31 @@
 """The online engine: requests in, one scheduled step at a time, token deltas and usage out."""
 
+import itertools
 import json
 import time
 from pathlib import Path
 
 import torch
 
+import adapters
+from engine.adapter_plan import AdapterPlan, pages_for_rank
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.lora_linear import swap_in_lora
+from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import load_model, read_hf_config
 from engine.outputs import Logprob, RequestOutput, Usage
+from engine.paged_memory import PagedMemory
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import TextStream, Tokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
-PACKED_MODULES = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "o_proj": ("o_proj",),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-    "down_proj": ("down_proj",),
-}
+ADAPTER_UNAVAILABLE = "adapter_unavailable"
 
 
 def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None) -> tuple[int, ...]:
@@ -55,53 +55,66 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or longest
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
-        lora_weights = swap_in_lora(
-            model, PACKED_MODULES, num_slots=config.max_adapter_slots, max_rank=config.max_adapter_rank
+        shapes = adapters.BaseShapes.from_config(self.hf_config)
+        widths = row_widths(shapes)
+        chunk = config.block_size * args.num_kv_heads * args.head_dim
+        if max(max(w) for w in widths) > chunk:
+            raise ValueError(f"a page chunk (block_size * kv_heads * head_dim = {chunk}) must hold one adapter row "
+                             f"of up to {max(max(w) for w in widths)} values: raise block_size")
+        num_pages = self._num_pages(model, widths, chunk)
+        self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
+                                  kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+                                  dtype=model.lm_head.weight.dtype, device=self.device)
+        self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
+        self.block_manager = BlockManager(
+            num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         self.adapter_pool = AdapterPool(
-            weights=lora_weights,
-            num_slots=config.max_adapter_slots,
-            max_rank=config.max_adapter_rank,
-            host_cache_bytes=config.host_adapter_cache_bytes,
+            memory=self.memory,
+            plan=lambda adapter: AdapterPlan.build(adapter, num_layers=args.num_layers, widths=widths, chunk=chunk,
+                                                   pin=self.device.type == "cuda"),
             load=lambda path: read_adapter(path, self.hf_config, config.max_adapter_rank),
+            take_pages=self.block_manager.take_pages,
+            give_pages=self.block_manager.give_pages,
+            host_cache_bytes=config.host_adapter_cache_bytes,
         )
-        num_blocks = config.num_kv_blocks or self._auto_num_blocks(model)
-        self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)  # one sequence must fit
-        self.runner = ModelRunner(
-            model=model,
-            num_kv_blocks=num_blocks,
-            block_size=config.block_size,
-            num_slots=config.max_adapter_slots,
-            eos_token_ids=self.eos_token_ids,
-            device=self.device,
-        )
-        self.block_manager = BlockManager(
-            num_blocks=num_blocks, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
-        )
+        swap_in_lora(model, self.memory)
+        self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
+                                  eos_token_ids=self.eos_token_ids, device=self.device)
         self.scheduler = Scheduler(
             block_manager=self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
-            max_adapters=config.max_adapter_slots,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             policy=policy,
-            adapter_ready=self.adapter_pool.ready,
+            adapters=self.adapter_pool,
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.streams: dict[int, TextStream] = {}  # seq_id -> its detokenizer
         self.busy_ms = 0.0
         self.num_steps = 0
         self.num_preemptions = 0
+        self.last_step_seqs = 0  # sequences in the last step that ran
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    def _auto_num_blocks(self, model) -> int:
-        per_block = ModelRunner.kv_bytes_per_block(model, self.config.block_size)
+    def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int) -> int:
+        """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule."""
+        config, args = self.config, model.args
+        page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
+                                                kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+                                                itemsize=model.lm_head.weight.element_size())
+        if config.adapter_memory_bytes is not None:
+            adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
+        else:
+            adapter_pages = config.max_adapter_slots * pages_for_rank(
+                config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk)
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks + adapter_pages
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * self.config.kv_cache_memory_fraction)
-        else:
-            budget = CPU_KV_CACHE_BYTES
-        needed = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
-        return max(1, min(budget // per_block, needed))
+            return max(1, int(free * config.kv_cache_memory_fraction) // page_bytes)
+        needed = config.max_num_seqs * -(-self.max_model_len // config.block_size)
+        return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, needed)) + adapter_pages
 
     # adapters
     def register_adapter(self, digest: str, path: str | Path) -> None:
@@ -113,6 +126,29 @@ class LLMEngine:
         adapter = read_adapter(path, self.hf_config, self.config.max_adapter_rank)
         self.adapter_pool.add_loaded(adapter, path)
         return adapter.digest
+
+    def prefetch_adapter(self, digest: str, tier: str) -> list[str]:
+        """Warm a registered adapter into "host" or on into "device" pages (evicting unpinned adapters if
+        needed, never KV); returns the tiers it is in. RuntimeError when the pages cannot be had."""
+        pool = self.adapter_pool
+        if tier == "device" and pool.tier(digest) != "device":
+            needed = pool.pages_needed(digest) if pool.ready(digest) else None  # ready() starts a load
+            if needed is None:
+                raise RuntimeError(f"adapter {digest[:12]} is not in memory yet: it is loading, try again")
+            short = needed - self.block_manager.num_free_blocks
+            if short > 0 and pool.reclaim(short, keep=digest) < short:
+                raise RuntimeError("no free pages for it: running requests hold them")
+            pool.prefetch(digest, free_pages=self.block_manager.num_free_blocks)
+        elif tier == "host":
+            pool.ready(digest)
+        return [t for t in ("device", "host") if digest in pool.resident()[t]]
+
+    def evict_adapter(self, digest: str) -> list[str]:
+        """Drop an adapter no request uses from the device and host tiers; returns the tiers it left."""
+        users = [s for s in itertools.chain(self.scheduler.running, self.scheduler.waiting) if s.adapter == digest]
+        if users:
+            raise RuntimeError(f"adapter {digest[:12]} is in use by {len(users)} sequence(s)")
+        return self.adapter_pool.evict(digest)
 
     # requests
     def add_request(
@@ -158,17 +194,35 @@ class LLMEngine:
                     prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
                 )
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """End a request wherever it is; returns the final output of each completion not finished before."""
+        outputs = []
         for seq in self.requests.pop(request_id, []):
-            self._finish(seq, "abort")
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+                outputs.append(self._output(seq, []))
+        return outputs
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with finish_reason "error" (after a failed step); returns their final outputs."""
+        outputs = []
+        for request_id in list(self.requests):
+            for seq in self.requests.pop(request_id):
+                if not seq.is_finished:
+                    try:
+                        self._finish(seq, "error", message)
+                    except Exception:  # the state may be what broke: the output still goes out
+                        seq.status, seq.finish_reason, seq.error = seq.status.FINISHED, "error", message
+                    outputs.append(self._output(seq, []))
+        return outputs
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_unfinished)
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, error_type: str | None = None) -> None:
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
-            seq.error = error
+            seq.error, seq.error_type = error, error_type
         self.runner.release(seq)
         stream = self.streams.pop(seq.seq_id, None)
         if stream is not None:
@@ -177,10 +231,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = []
         failed = self.adapter_pool.failures()
-        for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
-            self._finish(seq, "error", f"adapter {seq.adapter} failed to load: {failed[seq.adapter]}")
-            outputs.append(self._output(seq, []))
+        if failed:
+            for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
+                message = f"adapter {seq.adapter[:12]} could not be loaded: {failed[seq.adapter]}"
+                self._finish(seq, "error", message, ADAPTER_UNAVAILABLE)
+                outputs.append(self._output(seq, []))
         out = self.scheduler.schedule()
+        self._prefetch_adapters()
         self.num_preemptions += len(out.preempted)
         if out.is_empty:
             self._forget_finished(outputs)
@@ -189,13 +246,12 @@ class LLMEngine:
         for seq in out.seqs:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-        start = time.perf_counter()  # busy time includes copying adapters into their slots
-        needed = {seq.adapter for seq in out.seqs if seq.adapter is not None}
-        slots = self.adapter_pool.activate(needed, self.scheduler.running_adapters())
-        results = self.runner.run(out, slots)
+        start = time.perf_counter()
+        results = self.runner.run(out)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.busy_ms += elapsed_ms
         self.num_steps += 1
+        self.last_step_seqs = len(out.seqs)
         self.scheduler.on_step_done(out)
         total = out.total_tokens
         now = time.monotonic()
@@ -206,6 +262,19 @@ class LLMEngine:
                 outputs.append(self._output(seq, new_tokens))
         self._forget_finished(outputs)
         return outputs
+
+    def _prefetch_adapters(self) -> None:
+        """Place the adapters of the requests next in line in pages no one needs, even while the batch is
+        full, so that admitting them copies nothing; a reserve of one page per running sequence stays free."""
+        scheduler, pool = self.scheduler, self.adapter_pool
+        spare = self.block_manager.num_unused_pages - len(scheduler.running) - 1
+        for seq in itertools.islice(scheduler.waiting, self.config.max_num_seqs):
+            if spare <= 0:
+                return
+            if seq.adapter is not None and pool.pages_needed(seq.adapter):
+                pages = pool.pages_needed(seq.adapter)
+                if pool.prefetch(seq.adapter, free_pages=spare):
+                    spare -= pages
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
@@ -283,7 +352,20 @@ class LLMEngine:
             logprobs=seq.logprobs if seq.sampling.logprobs is not None else None,
             prompt_logprobs=seq.prompt_logprobs,
             error=seq.error,
+            error_type=seq.error_type,
         )
+
+    def memory_split(self) -> dict:
+        """Bytes of base weights, KV pages, adapter pages and free pages (free includes prefix-cached blocks)."""
+        bm, page = self.block_manager, self.memory.page_bytes
+        return {
+            "page_bytes": page,
+            "pages_total": bm.num_blocks,
+            "base_weights_bytes": self.weight_bytes,
+            "kv_pages_bytes": bm.num_used_blocks * page,
+            "adapter_pages_bytes": len(bm.adapter_pages) * page,
+            "free_bytes": bm.num_free_blocks * page,
+        }
 
     def state(self) -> dict:
         bm = self.block_manager
@@ -293,6 +375,8 @@ class LLMEngine:
             "kv_blocks_used": bm.num_used_blocks,
             "kv_blocks_free": bm.num_free_blocks,
             "kv_blocks_total": bm.num_blocks,
+            "adapter_pages": len(bm.adapter_pages),
+            "memory": self.memory_split(),
             "prefix_cache_hit_rate": bm.hit_rate(),
             "adapters": self.adapter_pool.state(),
             "busy_ms": self.busy_ms,

@@ -1,73 +1,46 @@
 """The LoRA-aware linear layer swapped into the model: base projection plus each token's own
-adapter delta, computed for the whole ragged batch by the shrink/expand kernels."""
-
-from dataclasses import dataclass
+adapter delta, computed for the whole ragged batch by the shrink/expand kernels, which read the
+adapters' rows from the layer's paged memory."""
 
 import torch
 from torch import nn
 
 import kernels
 from engine.context import Context
+from engine.lora_modules import PACKED_MODULES, first_index
 from engine.models.linear import Linear
-
-
-@dataclass
-class LoRAWeights:
-    """All adapter slots of one (fused) projection of one layer; ranks above a module's own are zero."""
-
-    modules: tuple[str, ...]  # checkpoint module of each slice, e.g. ("q_proj", "k_proj", "v_proj")
-    lora_a: torch.Tensor  # [S, slots, max_rank, in]
-    lora_b: torch.Tensor  # [slots, out_total, max_rank]
-    scaling: torch.Tensor  # [S, slots] float32
-    ranks: torch.Tensor  # [slots] int32, the largest rank among the slices (0: no slice targeted)
-    slice_offsets: tuple[int, ...]
-    host_ranks: list[int]  # ranks, kept on the host so a step whose adapters skip this projection skips it too
-
-    @classmethod
-    def empty(cls, base: Linear, modules: tuple[str, ...], *, num_slots: int, max_rank: int) -> "LoRAWeights":
-        dtype, device = base.weight.dtype, base.weight.device
-        num_slices = len(modules)
-        return cls(
-            modules=modules,
-            lora_a=torch.zeros(num_slices, num_slots, max_rank, base.in_features, dtype=dtype, device=device),
-            lora_b=torch.zeros(num_slots, base.slice_offsets[-1], max_rank, dtype=dtype, device=device),
-            scaling=torch.zeros(num_slices, num_slots, dtype=torch.float32, device=device),
-            ranks=torch.zeros(num_slots, dtype=torch.int32, device=device),
-            slice_offsets=base.slice_offsets,
-            host_ranks=[0] * num_slots,
-        )
+from engine.paged_memory import PagedMemory
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: Linear, weights: LoRAWeights) -> None:
+    def __init__(self, base: Linear, *, layer: int, first: int, memory: PagedMemory) -> None:
         super().__init__()
         self.base = base
-        self.weights = weights
+        self.layer = layer
+        self.first = first  # module index of the first slice (engine.lora_modules)
+        self.num_slices = len(base.out_slices)
+        self.memory = memory
 
     def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
         y = self.base(x)  # [T, out_total]
-        w = self.weights
-        if ctx is None or ctx.lora_meta is None or not any(w.host_ranks[slot] for slot in ctx.active_slots):
+        lora = ctx.lora if ctx is not None else None
+        if lora is None:
             return y
-        buf = kernels.lora_shrink(x, w.lora_a, ctx.token_slots, w.ranks, meta=ctx.lora_meta)  # [S, T, max_rank]
-        kernels.lora_expand(
-            y, buf, w.lora_b, ctx.token_slots, w.ranks, w.scaling, w.slice_offsets, meta=ctx.lora_meta
-        )
+        tables = lora.module(self.layer, self.first, self.num_slices)
+        if tables is None:
+            return y
+        pages = self.memory.flat(self.layer)
+        buf = kernels.lora_shrink(x, pages, tables.a_rows, lora.token_slots, tables.ranks, meta=lora.meta)  # [S, T, R]
+        kernels.lora_expand(y, buf, pages, tables.b_rows, lora.token_slots, tables.ranks, tables.scaling,
+                            self.base.slice_offsets, meta=lora.meta)
         return y
 
 
-def swap_in_lora(model: nn.Module, packed: dict[str, tuple[str, ...]], *, num_slots: int, max_rank: int):
-    """Replace every projection named in `packed` (fused name -> checkpoint modules) in each layer
-    with a LoRALinear; returns {(layer index, checkpoint module): (weights, slice index)}."""
-    index = {}
+def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
+    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory`."""
     for layer_idx, layer in enumerate(model.model.layers):
         for parent in (layer.self_attn, layer.mlp):
-            for name, modules in packed.items():
+            for name in PACKED_MODULES:
                 base = getattr(parent, name, None)
-                if not isinstance(base, Linear):
-                    continue
-                weights = LoRAWeights.empty(base, modules, num_slots=num_slots, max_rank=max_rank)
-                setattr(parent, name, LoRALinear(base, weights))
-                for slice_idx, module in enumerate(modules):
-                    index[(layer_idx, module)] = (weights, slice_idx)
-    return index
+                if isinstance(base, Linear):
+                    setattr(parent, name, LoRALinear(base, layer=layer_idx, first=first_index(name), memory=memory))

@@ -4,9 +4,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-import kernels
+from engine.adapter_pool import AdapterPool
 from engine.context import Context
+from engine.lora_batch import LoRABatch
 from engine.models import LlamaForCausalLM
+from engine.paged_memory import PagedMemory
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
@@ -23,33 +25,22 @@ class ModelRunner:
         self,
         *,
         model: LlamaForCausalLM,
-        num_kv_blocks: int,
-        block_size: int,
-        num_slots: int,
+        memory: PagedMemory,
+        adapters: AdapterPool,
         eos_token_ids: tuple[int, ...],
         device: torch.device,
     ) -> None:
         self.model = model
+        self.adapters = adapters
         self.eos_token_ids = eos_token_ids
-        self.block_size = block_size
-        self.num_slots = num_slots
+        self.block_size = memory.kv_shape[1]
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
-        self._meta_key: tuple[int, ...] | None = None  # token -> slot assignment that _meta groups
-        self._meta = None
-        args = model.args
-        dtype = model.lm_head.weight.dtype
-        shape = (num_kv_blocks, block_size, args.num_kv_heads, args.head_dim)
-        for layer in model.model.layers:
-            layer.self_attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)  # [blocks, bs, kv_heads, D]
-            layer.self_attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-
-    @staticmethod
-    def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
-        args = model.args
-        itemsize = model.lm_head.weight.element_size()
-        return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * itemsize
+        self._lora_key: tuple | None = None  # what _lora was built for: tokens' adapters and the page tables
+        self._lora: LoRABatch | None = None
+        for i, layer in enumerate(model.model.layers):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)  # [pages, bs, kv_heads, D] each
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
@@ -63,10 +54,11 @@ class ModelRunner:
             self.generators[seq.seq_id] = g
         return self.generators[seq.seq_id]
 
-    def _prepare(self, out: SchedulerOutput, adapter_slots: dict[str, int]):
+    def _prepare(self, out: SchedulerOutput):
         """Flatten the step into one ragged batch: token ids, the Context, and which rows get logits."""
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
+        adapter_slots: dict[str, int] = {}  # the step's adapters, in order of first use
         cu_seqlens, context_lens, tables = [0], [], []
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
@@ -78,7 +70,8 @@ class ModelRunner:
             positions += range(start, end)
             table = seq.block_table
             slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            token_slots += [adapter_slots[seq.adapter] if seq.adapter is not None else -1] * n
+            slot = -1 if seq.adapter is None else adapter_slots.setdefault(seq.adapter, len(adapter_slots))
+            token_slots += [slot] * n
             cu_seqlens.append(len(input_ids))
             context_lens.append(end)
             tables.append(table)
@@ -95,25 +88,23 @@ class ModelRunner:
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),  # [B]
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev),  # [B + 1]
             is_decode=len(input_ids) == len(out.seqs),
-            token_slots=torch.tensor(token_slots, dtype=torch.int32, device=dev),  # [T]
-            lora_meta=None,
-            active_slots=tuple(sorted(adapter_slots.values())),
+            lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
         )
-        if adapter_slots:
-            ctx.lora_meta = self._lora_meta(token_slots, ctx.token_slots)
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
 
-    def _lora_meta(self, token_slots: list[int], token_slots_tensor: torch.Tensor):
-        """The kernels' grouping of tokens by slot; consecutive decode steps often share it, so it is reused
-        while the token -> slot assignment is unchanged."""
-        key = tuple(token_slots)
-        if key != self._meta_key:
-            self._meta_key, self._meta = key, kernels.lora_meta(token_slots_tensor, self.num_slots)
-        return self._meta
+    def _lora_batch(self, token_slots: list[int], digests: list[str]) -> LoRABatch:
+        """The step's LoRABatch; consecutive decode steps often share it (same tokens' adapters, same page
+        tables), and then it is reused with everything it has gathered."""
+        key = (tuple(token_slots), self.adapters.placements(digests))
+        if key != self._lora_key:
+            slots = torch.tensor(token_slots, dtype=torch.int32, device=self.device)  # [T]
+            self._lora_key, self._lora = key, LoRABatch.build(slots, self.adapters.tables(digests))
+        return self._lora
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, adapter_slots: dict[str, int]) -> dict[int, StepResult]:
-        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out, adapter_slots)
+    def run(self, out: SchedulerOutput) -> dict[int, StepResult]:
+        self.adapters.wait_for_copies()
+        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out)
         hidden = self.model(input_ids, ctx)  # [T, hidden]
         rows = [row for _, row in sample_rows] + [row for _, row, _ in prompt_rows]
         logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32

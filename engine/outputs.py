@@ -37,4 +37,5 @@ class RequestOutput:
     logprobs: list[Logprob] | None = None
     prompt_logprobs: list[Logprob | None] | None = None
     error: str | None = None
+    error_type: str | None = None  # "adapter_unavailable" when the request's adapter could not be loaded
     choices: list["RequestOutput"] = field(default_factory=list)

@@ -1,8 +1,8 @@
 """Iteration-level continuous batching. No torch."""
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.block_manager import BlockManager
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
@@ -27,6 +27,16 @@ class SchedulerOutput:
         return not self.seqs
 
 
+class AdapterPages(Protocol):
+    """What the scheduler asks of the adapter pool (engine.adapter_pool.AdapterPool)."""
+
+    def ready(self, digest: str) -> bool: ...
+    def pages_needed(self, digest: str) -> int | None: ...
+    def acquire(self, digest: str) -> None: ...
+    def release(self, digest: str) -> None: ...
+    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -34,18 +44,16 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_batched_tokens: int,
         max_num_seqs: int,
-        max_adapters: int,
         long_prefill_token_threshold: int = 0,
         policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
-        adapter_ready: Callable[[str], bool] = lambda digest: True,
+        adapters: AdapterPages | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
-        self.max_adapters = max_adapters
         self.chunk_cap = long_prefill_token_threshold or max_num_batched_tokens
         self.policy = policy or VirtualTokenCounter()
-        self.adapter_ready = adapter_ready
+        self.adapters = adapters
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -68,13 +76,17 @@ class Scheduler:
         """Fill one step of at most `max_num_batched_tokens` tokens.
 
         Running sequences go first, oldest first: each asks for all its uncomputed tokens (one for a
-        decode, a chunk of the prompt for a prefill), capped by the budget left. When the KV cache
-        cannot hold them, the newest running sequence is preempted (its blocks freed, to be
-        recomputed later) until they fit. Then, if nothing was preempted, waiting sequences are
-        admitted one at a time in the order the fairness policy picks among those that are eligible
-        (adapter loaded, at most `max_adapters` distinct adapters running, leader's prompt done),
-        each taking its prefix-cache hits plus a chunk of its remaining prompt, while the budget,
-        `max_num_seqs` and the free blocks last. The first one that does not fit stops admission.
+        decode, a chunk of the prompt for a prefill), capped by the budget left. Then, if nothing was
+        preempted, waiting sequences are admitted one at a time in the order the fairness policy picks
+        among those that are eligible (adapter in memory, leader's prompt done), each taking its
+        prefix-cache hits plus a chunk of its remaining prompt, and its adapter's pages unless that
+        adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
+        first one that does not fit stops admission. There is no cap on distinct adapters.
+
+        Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
+        cached blocks no one holds (LRU), adapters no running sequence uses (LRU); and only for a
+        running sequence, then, by preempting the newest running sequence (its blocks freed and its
+        adapter unpinned, to be recomputed later). Admission never preempts.
         """
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -89,6 +101,8 @@ class Scheduler:
                 i += 1
                 continue
             while not bm.can_append(seq, n):
+                if self._reclaim(bm.append_shortfall(seq, n)):
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -103,14 +117,20 @@ class Scheduler:
 
         # waiting
         candidates = self._eligible() if not out.preempted else []
-        adapters = self.running_adapters()
         while candidates and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.policy.pick(candidates)
+            pages = self.adapters.pages_needed(seq.adapter) if seq.adapter is not None else 0
+            if pages is None:  # pushed out of host memory since it was found ready: it loads again
+                candidates.remove(seq)
+                continue
             hits = bm.lookup_prefix(seq)
             n = min(seq.num_tokens - len(hits) * bm.block_size, budget, self.chunk_cap)
-            if not bm.can_allocate(seq, n, hits):
+            short = bm.shortfall(seq, n, hits, pages)
+            if short and not (self._reclaim(short, keep=seq.adapter) and bm.can_allocate(seq, n, hits, pages)):
                 break
             bm.allocate(seq, n, hits)
+            if seq.adapter is not None:
+                self.adapters.acquire(seq.adapter)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
             self.waiting.remove(seq)
@@ -120,35 +140,42 @@ class Scheduler:
             self._add_to_step(out, seq, n)
             budget -= n
             candidates.remove(seq)
-            if seq.adapter is not None and seq.adapter not in adapters:
-                adapters.add(seq.adapter)
-                if len(adapters) >= self.max_adapters:
-                    candidates = [c for c in candidates if c.adapter is None or c.adapter in adapters]
         return out
 
+    def _reclaim(self, num_pages: int, *, keep: str | None = None) -> bool:
+        """Free num_pages pages by evicting unpinned adapters; whether that was enough."""
+        return self.adapters is not None and self.adapters.reclaim(num_pages, keep=keep) >= num_pages
+
     def _eligible(self) -> list[Sequence]:
-        adapters = self.running_adapters()
         eligible = []
         for seq in self.waiting:
             if seq.leader is not None and (seq.leader.in_prefill and not seq.leader.is_finished):
                 continue
-            if seq.adapter is not None:
-                if seq.adapter not in adapters and len(adapters) >= self.max_adapters:
-                    continue
-                if not self.adapter_ready(seq.adapter):
-                    continue
+            if seq.adapter is not None and not self.adapters.ready(seq.adapter):
+                continue
             eligible.append(seq)
         return eligible
 
     def _add_to_step(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
+        """Put seq in the step and charge its tenant for the tokens computed for the first time: a
+        recompute after preemption (or a prefix hit) is not charged again."""
         out.seqs.append(seq)
         out.num_tokens[seq.seq_id] = n
-        prompt_left = max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
-        self.policy.on_served(seq, prompt_tokens=min(n, prompt_left), completion_tokens=n - min(n, prompt_left))
+        start = max(seq.num_computed_tokens, seq.num_charged_tokens)
+        end = seq.num_computed_tokens + n
+        if end > start:
+            prompt = max(0, min(end, seq.num_prompt_tokens) - start)
+            self.policy.on_served(seq, prompt_tokens=prompt, completion_tokens=end - start - prompt)
+            seq.num_charged_tokens = end
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _leave_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        if seq.adapter is not None:
+            self.adapters.release(seq.adapter)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._leave_running(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -163,8 +190,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """Finish (or abort) a sequence wherever it is, freeing its blocks at once."""
         if seq.status == SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            self.block_manager.free(seq)
+            self._leave_running(seq)
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED

@@ -47,10 +47,12 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit on first admission
+        self.num_charged_tokens = 0  # tokens the fairness policy has charged for (never twice)
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks seen so far
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.error_type: str | None = None  # e.g. "adapter_unavailable"
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

@@ -66,14 +66,15 @@ def lora_meta(token_slots: torch.Tensor, num_slots: int) -> LoRAMeta | SlotBatch
     return SlotBatch.build(token_slots)
 
 
-def lora_shrink(x, lora_a, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):
+def lora_shrink(x, pages, a_rows, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):
     if backend_for(x) == "triton":
-        return _lora_shrink.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
-    return reference.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
+        return _lora_shrink.lora_shrink(x, pages, a_rows, token_slots, ranks, meta=meta)
+    return reference.lora_shrink(x, pages, a_rows, token_slots, ranks, meta=meta)
 
 
-def lora_expand(y, buf, lora_b, token_slots, ranks, scaling, slice_offsets, *, meta: LoRAMeta | SlotBatch | None = None):
-    args = (y, buf, lora_b, token_slots, ranks, scaling, slice_offsets)
+def lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offsets, *,
+                meta: LoRAMeta | SlotBatch | None = None):
+    args = (y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offsets)
     if backend_for(y) == "triton":
         return _lora_expand.lora_expand(*args, meta=meta)
     return reference.lora_expand(*args, meta=meta)

@@ -1,4 +1,5 @@
-"""Batched multi-LoRA expand (buf @ B.T * scaling, rank -> out) added in place, several slices at once."""
+"""Batched multi-LoRA expand (buf @ B.T * scaling, rank -> out) added in place, several slices at once;
+each adapter's B rows (B transposed, one row per rank) are read from paged memory through a page table."""
 
 import torch
 import triton
@@ -37,16 +38,16 @@ def _offsets_tensor(slice_offsets: tuple[int, ...], device: torch.device) -> tor
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _lora_expand_kernel(
-    buf_ptr, b_ptr, y_ptr, sorted_ptr, counts_ptr, starts_ptr, ranks_ptr, scaling_ptr, offsets_ptr,
+    buf_ptr, pages_ptr, rows_ptr, y_ptr, sorted_ptr, counts_ptr, starts_ptr, ranks_ptr, scaling_ptr, offsets_ptr,
     num_tokens, max_width, max_rank,
-    buf_stride_s, buf_stride_t, b_stride_slot, b_stride_o, y_stride, scaling_stride,
+    buf_stride_s, buf_stride_t, rows_stride_s, rows_stride_slot, ranks_stride_s, y_stride, scaling_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_mn = tl.program_id(0)
     s = tl.program_id(1)
     slot = tl.program_id(2)
     count = tl.load(counts_ptr + slot)
-    rank = tl.minimum(tl.load(ranks_ptr + slot).to(tl.int32), max_rank)
+    rank = tl.minimum(tl.load(ranks_ptr + s * ranks_stride_s + slot).to(tl.int32), max_rank)
     o0 = tl.load(offsets_ptr + s)
     o1 = tl.load(offsets_ptr + s + 1)
     pid_m = pid_mn // tl.cdiv(max_width, BLOCK_N)
@@ -56,20 +57,21 @@ def _lora_expand_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < count
     tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + offs_m, mask=m_mask, other=0).to(tl.int64)
-    offs_n = o0 + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < o1
-    b_base = b_ptr + slot.to(tl.int64) * b_stride_slot
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # within the slice
+    n_mask = o0 + cols < o1
+    rows_base = rows_ptr + s.to(tl.int64) * rows_stride_s + slot.to(tl.int64) * rows_stride_slot
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, rank, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < rank
         h = tl.load(buf_ptr + s * buf_stride_s + tokens[:, None] * buf_stride_t + offs_k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_base + offs_n[None, :] * b_stride_o + offs_k[:, None], mask=n_mask[None, :] & k_mask[:, None],
-                    other=0.0)
+        # the page table: where row j of this slice's B (transposed: one row per rank) starts
+        b_rows = tl.load(rows_base + offs_k, mask=k_mask, other=0).to(tl.int64)
+        b = tl.load(pages_ptr + b_rows[:, None] + cols[None, :], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc += tl.dot(h, b, input_precision=PRECISION)
     scale = tl.load(scaling_ptr + s * scaling_stride + slot)
-    y_ptrs = y_ptr + tokens[:, None] * y_stride + offs_n[None, :]
+    y_ptrs = y_ptr + tokens[:, None] * y_stride + (o0 + cols)[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
     tl.store(y_ptrs, (y.to(tl.float32) + acc * scale).to(y.dtype), mask=mask)
@@ -78,7 +80,8 @@ def _lora_expand_kernel(
 def lora_expand(
     y: torch.Tensor,
     buf: torch.Tensor,
-    lora_b: torch.Tensor,
+    pages: torch.Tensor,
+    b_rows: torch.Tensor,
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     scaling: torch.Tensor,
@@ -86,48 +89,51 @@ def lora_expand(
     *,
     meta: LoRAMeta | None = None,
 ) -> None:
-    """y[t, o0:o1] += scaling[s, a] * buf[s, t, :r] @ lora_b[a, o0:o1, :r].T  for every slice s,
-    where a = token_slots[t] >= 0, r = ranks[a], (o0, o1) = slice_offsets[s], slice_offsets[s + 1].
+    """y[t, o0:o1] += scaling[s, a] * sum_j buf[s, t, j] * pages[b_rows[s, a, j] :][:o1 - o0] for j < ranks[s, a],
+    every slice s, where a = token_slots[t] >= 0 and (o0, o1) = slice_offsets[s], slice_offsets[s + 1].
 
-    y [T, out_total] (updated in place; row stride free, last dim contiguous); buf [S, T, max_rank]
-    contiguous; lora_b [slots, out_total, max_rank] contiguous; token_slots [T] int (-1 = base);
-    ranks [slots] int; scaling [S, slots] float32; slice_offsets: S + 1 python ints; meta as in
-    lora_shrink. All slices run in one launch; only the true rank is read.
+    y [T, out_total] (updated in place; row stride free, last dim contiguous); buf [S, T, R] contiguous;
+    pages [N] flat (buf.dtype); b_rows [S, U, R] int64 contiguous: where row j of slice s's B
+    transposed starts; token_slots [T] int (-1 = base); ranks [S, U] int; scaling [S, U] float32;
+    slice_offsets: S + 1 python ints; meta as in lora_shrink. All slices run in one launch; only the
+    true rank is read.
     """
-    require(y.dim() == 2 and buf.dim() == 3 and lora_b.dim() == 3,
-            f"y [T, out], buf [S, T, R], lora_b [slots, out, R]: got {tuple(y.shape)}, {tuple(buf.shape)}, "
-            f"{tuple(lora_b.shape)}")
+    require(y.dim() == 2 and buf.dim() == 3 and pages.dim() == 1 and b_rows.dim() == 3,
+            f"y [T, out], buf [S, T, R], pages [N], b_rows [S, U, R]: got {tuple(y.shape)}, {tuple(buf.shape)}, "
+            f"{tuple(pages.shape)}, {tuple(b_rows.shape)}")
     tokens, out_total = y.shape
     num_slices, _, max_rank = buf.shape
-    num_slots = lora_b.shape[0]
+    num_slots = b_rows.shape[1]
     offsets = tuple(int(o) for o in slice_offsets)
     require(len(offsets) == num_slices + 1 and offsets[0] >= 0 and offsets[-1] <= out_total
             and all(a <= b for a, b in zip(offsets, offsets[1:], strict=False)),
             f"slice_offsets {offsets} do not fit {num_slices} slices of y [T, {out_total}]")
     require_shape("buf", buf, (num_slices, tokens, max_rank))
-    require_shape("lora_b", lora_b, (num_slots, out_total, max_rank))
+    require_shape("b_rows", b_rows, (num_slices, num_slots, max_rank))
+    require_shape("ranks", ranks, (num_slices, num_slots))
     require_shape("scaling", scaling, (num_slices, num_slots))
     require_float("y", y)
     require_float("buf", buf)
-    require_float("lora_b", lora_b, buf.dtype)
+    require_float("pages", pages, buf.dtype)
     require(scaling.dtype == torch.float32, f"scaling: expected float32, got {scaling.dtype}")
+    require(b_rows.dtype == torch.int64, f"b_rows: expected int64, got {b_rows.dtype}")
     require_index("token_slots", token_slots, tokens)
-    require_index("ranks", ranks, num_slots)
-    require_contiguous(buf=buf, lora_b=lora_b, scaling=scaling)
+    require_contiguous(buf=buf, pages=pages, b_rows=b_rows, ranks=ranks, scaling=scaling)
     require_last_dim_contiguous(y=y)
-    require_same_device(y=y, buf=buf, lora_b=lora_b, token_slots=token_slots, ranks=ranks, scaling=scaling)
+    require_same_device(y=y, buf=buf, pages=pages, b_rows=b_rows, token_slots=token_slots, ranks=ranks,
+                        scaling=scaling)
     if meta is None:
         meta = LoRAMeta.build(token_slots, num_slots)
     require(meta.num_slots == num_slots and meta.sorted_tokens.shape[0] == tokens, "meta does not fit this batch")
     max_width = max(b - a for a, b in zip(offsets, offsets[1:], strict=False))
-    if tokens == 0 or max_rank == 0 or max_width == 0:
+    if tokens == 0 or max_rank == 0 or max_width == 0 or num_slots == 0:
         return
     config = _config(tokens, max_rank)
     grid = (triton.cdiv(tokens, config["BLOCK_M"]) * triton.cdiv(max_width, config["BLOCK_N"]), num_slices, num_slots)
     _lora_expand_kernel[grid](
-        buf, lora_b, y, meta.sorted_tokens, meta.slot_counts, meta.slot_starts, ranks, scaling,
+        buf, pages, b_rows, y, meta.sorted_tokens, meta.slot_counts, meta.slot_starts, ranks, scaling,
         _offsets_tensor(offsets, y.device),
         tokens, max_width, max_rank,
-        buf.stride(0), buf.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), scaling.stride(0),
-        PRECISION=dot_precision(buf.dtype), **config,
+        buf.stride(0), buf.stride(1), b_rows.stride(0), b_rows.stride(1), ranks.stride(0), y.stride(0),
+        scaling.stride(0), PRECISION=dot_precision(buf.dtype), **config,
     )

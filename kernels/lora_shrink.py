@@ -1,4 +1,5 @@
-"""Batched multi-LoRA shrink (x @ A.T, hidden -> rank) over a ragged batch, S-LoRA/Punica style."""
+"""Batched multi-LoRA shrink (x @ A.T, hidden -> rank) over a ragged batch, S-LoRA/Punica style: each
+adapter's A rows are read from paged memory through a page table (a row offset per rank)."""
 
 import torch
 import triton
@@ -14,6 +15,7 @@ from kernels.launch import (
     require_index,
     require_last_dim_contiguous,
     require_same_device,
+    require_shape,
 )
 from kernels.lora_meta import LoRAMeta
 
@@ -32,36 +34,38 @@ def _config(num_tokens: int, in_dim: int, max_rank: int, num_slices: int, device
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _lora_shrink_kernel(
-    x_ptr, a_ptr, out_ptr, sorted_ptr, counts_ptr, starts_ptr, ranks_ptr,
+    x_ptr, pages_ptr, rows_ptr, out_ptr, sorted_ptr, counts_ptr, starts_ptr, ranks_ptr,
     num_tokens, in_dim, max_rank,
-    x_stride, a_stride_s, a_stride_slot, a_stride_r, out_stride_s, out_stride_t,
+    x_stride, rows_stride_s, rows_stride_slot, ranks_stride_s, out_stride_s, out_stride_t,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid_mn = tl.program_id(0)
     pid_sk = tl.program_id(1)
     slot = tl.program_id(2)
+    s = pid_sk // SPLIT_K
+    k_split = pid_sk % SPLIT_K
     count = tl.load(counts_ptr + slot)
-    rank = tl.minimum(tl.load(ranks_ptr + slot).to(tl.int32), max_rank)
+    rank = tl.minimum(tl.load(ranks_ptr + s * ranks_stride_s + slot).to(tl.int32), max_rank)
     pid_m = pid_mn // tl.cdiv(max_rank, BLOCK_N)
     pid_n = pid_mn % tl.cdiv(max_rank, BLOCK_N)
     if (pid_m * BLOCK_M >= count) | (pid_n * BLOCK_N >= rank):
         return
-    s = pid_sk // SPLIT_K
-    k_split = pid_sk % SPLIT_K
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < count
     tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + offs_m, mask=m_mask, other=0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < rank
-    a_base = a_ptr + s.to(tl.int64) * a_stride_s + slot.to(tl.int64) * a_stride_slot
+    # the page table: where each of this slice's A rows starts in the page memory
+    a_rows = tl.load(rows_ptr + s.to(tl.int64) * rows_stride_s + slot.to(tl.int64) * rows_stride_slot + offs_n,
+                     mask=n_mask, other=0).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_split * BLOCK_K, in_dim, BLOCK_K * SPLIT_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < in_dim
         x = tl.load(x_ptr + tokens[:, None] * x_stride + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)
-        a = tl.load(a_base + offs_n[None, :] * a_stride_r + offs_k[:, None], mask=n_mask[None, :] & k_mask[:, None],
+        a = tl.load(pages_ptr + a_rows[None, :] + offs_k[:, None], mask=n_mask[None, :] & k_mask[:, None],
                     other=0.0)
         acc += tl.dot(x, a, input_precision=PRECISION)
     out_ptrs = out_ptr + s * out_stride_s + tokens[:, None] * out_stride_t + offs_n[None, :]
@@ -74,40 +78,43 @@ def _lora_shrink_kernel(
 
 def lora_shrink(
     x: torch.Tensor,
-    lora_a: torch.Tensor,
+    pages: torch.Tensor,
+    a_rows: torch.Tensor,
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     *,
     meta: LoRAMeta | None = None,
 ) -> torch.Tensor:
-    """buf[s, t, :r] = x[t] @ lora_a[s, a, :r].T where a = token_slots[t] >= 0, r = ranks[a]; else 0.
+    """buf[s, t, j] = x[t] @ pages[a_rows[s, a, j] :][:in] for j < ranks[s, a], a = token_slots[t] >= 0; else 0.
 
-    x [T, in] (row stride free, last dim contiguous); lora_a [S, slots, max_rank, in] contiguous;
-    token_slots [T] int (-1 = base model); ranks [slots] int; meta: the batch's LoRAMeta (built
-    here when None; pass a prebuilt one to share it across layers or capture it in a CUDA graph).
-    returns buf [S, T, max_rank] in x.dtype. Tokens are grouped by slot; only the true rank is
-    computed, and programs of unused slots exit at once (an all-base batch does no work).
+    x [T, in] (row stride free, last dim contiguous); pages [N] flat (x.dtype); a_rows [S, U, R] int64
+    contiguous: where each A row starts; token_slots [T] int (-1 = base model); ranks [S, U] int
+    contiguous; meta: the batch's LoRAMeta over U slots (built here when None; pass a prebuilt one to
+    share it across layers or capture it in a CUDA graph). returns buf [S, T, R] in x.dtype. Tokens
+    are grouped by adapter; only each slice's true rank is read, through the page table, and programs
+    of unused adapters exit at once (an all-base batch does no work).
     """
-    require(x.dim() == 2 and lora_a.dim() == 4, f"x [T, in], lora_a [S, slots, max_rank, in]: got "
-            f"{tuple(x.shape)}, {tuple(lora_a.shape)}")
+    require(x.dim() == 2 and pages.dim() == 1 and a_rows.dim() == 3,
+            f"x [T, in], pages [N], a_rows [S, U, R]: got {tuple(x.shape)}, {tuple(pages.shape)}, "
+            f"{tuple(a_rows.shape)}")
     tokens, in_dim = x.shape
-    num_slices, num_slots, max_rank, a_in = lora_a.shape
-    require(a_in == in_dim, f"lora_a in_dim {a_in} != x in_dim {in_dim}")
+    num_slices, num_slots, max_rank = a_rows.shape
     require_float("x", x)
-    require_float("lora_a", lora_a, x.dtype)
+    require_float("pages", pages, x.dtype)
     require_index("token_slots", token_slots, tokens)
-    require_index("ranks", ranks, num_slots)
-    require_contiguous(lora_a=lora_a)
+    require_shape("ranks", ranks, (num_slices, num_slots))
+    require(a_rows.dtype == torch.int64, f"a_rows: expected int64, got {a_rows.dtype}")
+    require_contiguous(pages=pages, a_rows=a_rows, ranks=ranks)
     require_last_dim_contiguous(x=x)
-    require_same_device(x=x, lora_a=lora_a, token_slots=token_slots, ranks=ranks)
+    require_same_device(x=x, pages=pages, a_rows=a_rows, token_slots=token_slots, ranks=ranks)
     if meta is None:
         meta = LoRAMeta.build(token_slots, num_slots)
     require(meta.num_slots == num_slots and meta.sorted_tokens.shape[0] == tokens, "meta does not fit this batch")
     config = _config(tokens, in_dim, max_rank, num_slices, x.device)
     split_k = config["SPLIT_K"]
     acc_dtype = x.dtype if split_k == 1 else torch.float32
-    buf = torch.zeros(num_slices, tokens, max_rank, dtype=acc_dtype, device=x.device)  # [S, T, max_rank]
-    if tokens == 0 or max_rank == 0:
+    buf = torch.zeros(num_slices, tokens, max_rank, dtype=acc_dtype, device=x.device)  # [S, T, R]
+    if tokens == 0 or max_rank == 0 or num_slots == 0:
         return buf.to(x.dtype)
     grid = (
         triton.cdiv(tokens, config["BLOCK_M"]) * triton.cdiv(max_rank, config["BLOCK_N"]),
@@ -115,9 +122,9 @@ def lora_shrink(
         num_slots,
     )
     _lora_shrink_kernel[grid](
-        x, lora_a, buf, meta.sorted_tokens, meta.slot_counts, meta.slot_starts, ranks,
+        x, pages, a_rows, buf, meta.sorted_tokens, meta.slot_counts, meta.slot_starts, ranks,
         tokens, in_dim, max_rank,
-        x.stride(0), lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), buf.stride(0), buf.stride(1),
+        x.stride(0), a_rows.stride(0), a_rows.stride(1), ranks.stride(0), buf.stride(0), buf.stride(1),
         PRECISION=dot_precision(x.dtype), **config,
     )
     return buf.to(x.dtype)

@@ -22,32 +22,67 @@ def _slot_batch(meta, token_slots: torch.Tensor) -> SlotBatch:
     return meta if isinstance(meta, SlotBatch) else SlotBatch.build(token_slots)
 
 
+def page_rows(
+    pages: torch.Tensor, rows: torch.Tensor, ranks: torch.Tensor, width: int, *, meta: object = None,
+    piece: int | None = None,
+) -> torch.Tensor:
+    """The rows `rows` points at in `pages`, as float32 [S, U, R, width], zero at and beyond each rank
+    (only slice `piece`, as [1, U, R, width], when given).
+
+    pages [N] (one layer's page memory, flat); rows [S, U, R] int: the element offset where row r of
+    slice s of adapter u starts; ranks [S, U] int. Rows at or beyond ranks[s, u] are never read as
+    data. Cached in the step's SlotBatch (`meta`) while it lives, so consecutive decode steps over
+    the same adapters gather once.
+    """
+    cache = meta.gathered if isinstance(meta, SlotBatch) else None
+    key = (id(rows), width, piece)
+    if cache is not None and key in cache:
+        return cache[key][1]
+    held = rows
+    if piece is not None:
+        rows, ranks = rows[piece : piece + 1], ranks[piece : piece + 1]
+    num_slices, used, max_rank = rows.shape
+    last = pages.numel() - width
+    view = pages.as_strided((last + 1, width), (1, 1))  # every element offset starts a row of `width`
+    keep = torch.arange(max_rank, device=rows.device)[None, None, :] < ranks[:, :, None]  # [S, U, R]
+    offsets = torch.where(keep, rows, torch.zeros_like(rows)).clamp_(0, last).reshape(-1).long()
+    gathered = view.index_select(0, offsets).view(num_slices, used, max_rank, width).float()  # [S, U, R, width]
+    gathered.mul_(keep[..., None])
+    if cache is not None:
+        cache[key] = (held, gathered)  # the rows tensor is held so that its id is not reused
+    return gathered
+
+
 def lora_shrink(
     x: torch.Tensor,
-    lora_a: torch.Tensor,
+    pages: torch.Tensor,
+    a_rows: torch.Tensor,
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     *,
     meta: object = None,
 ) -> torch.Tensor:
-    """Batched LoRA down-projection over a ragged batch of tokens, several slices at once.
+    """Batched LoRA down-projection over a ragged batch of tokens, reading A through a page table.
 
     for s in range(S), t in range(T):
         a = token_slots[t]
         buf[s, t, :] = 0
-        if a >= 0: r = ranks[a]; buf[s, t, :r] = x[t] @ lora_a[s, a, :r].T
+        if a >= 0: for j < ranks[s, a]: buf[s, t, j] = x[t] @ pages[a_rows[s, a, j] : a_rows[s, a, j] + in]
 
-    x [T, in]; lora_a [S, slots, max_rank, in]; token_slots [T] int (-1 = base model);
-    ranks [slots] int; returns buf [S, T, max_rank] in x.dtype. `meta`: the step's SlotBatch
-    (kernels.lora_meta; built here when None).
+    x [T, in]; pages [N] flat, x.dtype; a_rows [S, U, R] int64 (row j of slice s of the step's adapter a
+    starts at that element of pages); token_slots [T] int (-1 = base model); ranks [S, U] int, each
+    slice's own rank (0: the adapter leaves that slice alone); returns buf [S, T, R] in x.dtype.
+    `meta`: the step's SlotBatch (kernels.lora_meta; built here when None).
     """
-    num_slices, _, max_rank, in_dim = lora_a.shape
-    group = _slot_batch(meta, token_slots).group(ranks)
+    num_slices, _, max_rank = a_rows.shape
+    in_dim = x.shape[1]
+    batch = _slot_batch(meta, token_slots)
+    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
     if group is None:
-        return x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
+        return x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, R]
     used, width, rank = len(group.slots), group.width, group.rank
     padded = x.index_select(0, group.gather_rows).float().view(used, width, in_dim)  # [U, W, in]
-    a = group.select(lora_a, 1)[:, :, :rank].float()  # [S, U, r, in]
+    a = group.select(page_rows(pages, a_rows, ranks, in_dim, meta=batch), 1)[:, :, :rank]  # [S, U, r, in]
     if group.per_slot:
         prod = padded.new_zeros(num_slices, used, width, rank)  # [S, U, W, r]
         for i, (count, own_rank) in enumerate(zip(group.counts, group.ranks, strict=True)):
@@ -57,7 +92,7 @@ def lora_shrink(
     rows = prod.view(num_slices, used * width, rank).index_select(1, group.scatter_rows).to(x.dtype)  # [S, T, r]
     if rank == max_rank:
         return rows
-    buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, max_rank]
+    buf = x.new_zeros(num_slices, x.shape[0], max_rank)  # [S, T, R]
     buf[:, :, :rank] = rows
     return buf
 
@@ -65,7 +100,8 @@ def lora_shrink(
 def lora_expand(
     y: torch.Tensor,
     buf: torch.Tensor,
-    lora_b: torch.Tensor,
+    pages: torch.Tensor,
+    b_rows: torch.Tensor,
     token_slots: torch.Tensor,
     ranks: torch.Tensor,
     scaling: torch.Tensor,
@@ -73,36 +109,41 @@ def lora_expand(
     *,
     meta: object = None,
 ) -> None:
-    """Batched LoRA up-projection added in place, several output slices at once.
+    """Batched LoRA up-projection added in place, several output slices at once, reading B through a page table.
 
     for s in range(S), t in range(T):
-        a = token_slots[t]; (o0, o1) = slice_offsets[s], slice_offsets[s + 1]
-        if a >= 0: r = ranks[a]; y[t, o0:o1] += scaling[s, a] * (buf[s, t, :r] @ lora_b[a, o0:o1, :r].T)
+        a = token_slots[t]; (o0, o1) = slice_offsets[s], slice_offsets[s + 1]; w = o1 - o0
+        if a >= 0: for j < ranks[s, a]:
+            y[t, o0:o1] += scaling[s, a] * buf[s, t, j] * pages[b_rows[s, a, j] : b_rows[s, a, j] + w]
 
-    y [T, out_total] (updated in place); buf [S, T, max_rank]; lora_b [slots, out_total, max_rank];
-    token_slots [T] int (-1 = base model); ranks [slots] int; scaling [S, slots] float32;
+    (row j of slice s is column j of that slice's B [w, r], stored as a row: B transposed.)
+    y [T, out_total] (updated in place); buf [S, T, R]; pages [N] flat; b_rows [S, U, R] int64;
+    token_slots [T] int (-1 = base model); ranks [S, U] int; scaling [S, U] float32;
     slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
     """
-    group = _slot_batch(meta, token_slots).group(ranks)
+    batch = _slot_batch(meta, token_slots)
+    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
     if group is None:
         return
     num_slices, used, width, rank = buf.shape[0], len(group.slots), group.width, group.rank
     padded = buf[:, :, :rank].index_select(1, group.gather_rows).float().view(num_slices, used, width, rank)
-    b = group.select(lora_b, 0)[:, :, :rank].float()  # [U, out_total, r]
+    b = [  # [U, r, w_s] per slice
+        group.select(page_rows(pages, b_rows, ranks, slice_offsets[s + 1] - slice_offsets[s], meta=batch, piece=s)[0],
+                     0)[:, :rank]
+        for s in range(num_slices)
+    ]
+    scale = group.select(scaling, 1).float()  # [S, U]
     if group.per_slot:
-        lo, scale = slice_offsets[0], group.select(scaling, 1).float()  # [S, U]
+        lo = slice_offsets[0]
         delta = padded.new_zeros(used, width, slice_offsets[-1] - lo)  # [U, W, o1 - o0]
         for i, (count, own_rank) in enumerate(zip(group.counts, group.ranks, strict=True)):
             for s in range(num_slices):
                 o0, o1 = slice_offsets[s], slice_offsets[s + 1]
-                part = torch.matmul(padded[s, i, :count, :own_rank], b[i, o0:o1, :own_rank].T)  # [count, width_s]
+                part = torch.matmul(padded[s, i, :count, :own_rank], b[s][i, :own_rank])  # [count, w_s]
                 delta[i, :count, o0 - lo : o1 - lo] = part * scale[s, i]
     else:
-        scaled = padded.mul_(group.mask * group.select(scaling, 1).float()[:, :, None, None])  # [S, U, W, r]
-        deltas = [
-            torch.matmul(scaled[s], b[:, slice_offsets[s] : slice_offsets[s + 1]].transpose(1, 2))  # [U, W, width_s]
-            for s in range(num_slices)
-        ]
+        scaled = padded.mul_(group.mask * scale[:, :, None, None])  # [S, U, W, r]
+        deltas = [torch.matmul(scaled[s], b[s]) for s in range(num_slices)]  # [U, W, w_s]
         delta = deltas[0] if num_slices == 1 else torch.cat(deltas, dim=-1)  # [U, W, o1 - o0]
     delta = delta.view(used * width, -1).index_select(0, group.scatter_rows)  # [T, o1 - o0]
     y[:, slice_offsets[0] : slice_offsets[-1]] += delta.to(y.dtype)

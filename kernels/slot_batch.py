@@ -43,6 +43,7 @@ class SlotBatch:
     num_tokens: int
     device: torch.device
     groups: dict[tuple[int, ...], SlotGroup | None] = field(default_factory=dict, repr=False)
+    gathered: dict[tuple, tuple] = field(default_factory=dict, repr=False)  # reference.page_rows' cache
 
     @classmethod
     def build(cls, token_slots: torch.Tensor) -> "SlotBatch":

@@ -1,20 +1,30 @@
-"""The server's view of adapters: validate on first sight (so bad ones get a 400), prefetch, evict."""
+"""The server's view of adapters: read and checked on first sight (off the engine thread), prefetch, evict.
+
+An adapter the engine cannot read (missing, corrupt, wrong shape for the base, over the rank limit, any
+loader exception) is `AdapterUnavailable`: a 503 for that request alone, with a message that names the
+adapter and never a server path; the engine stays healthy.
+"""
 
 import asyncio
-import itertools
 from pathlib import Path
 
-import adapters
-from engine.adapter_pool import read_adapter
+from engine.adapter_pool import failure_reason, read_adapter
 from engine.llm_engine import LLMEngine
-from engine.server.engine_loop import Conflict, EngineLoop
+from engine.server.engine_loop import API_TIER, Conflict, EngineLoop
 from engine.server.protocol import AdapterRef, BadRequest
 
-TIERS = ("host", "gpu")
+TIERS = {"host": "host", "gpu": "device"}  # API name -> the pool's
 
 
 class NotFound(LookupError):
     """Nothing by that name here (404)."""
+
+
+class AdapterUnavailable(Exception):
+    """The adapter could not be loaded (503, error type "adapter_unavailable")."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"adapter {digest[:12]} could not be loaded: {reason}")
 
 
 class AdapterRegistry:
@@ -45,65 +55,48 @@ class AdapterRegistry:
 
     async def _load(self, ref: AdapterRef) -> None:
         path = self.locate(ref)
-        if not path.exists():
-            raise BadRequest(f"adapter {ref.digest} not found at {path}", param="adapter.path")
         engine = self.loop.engine
+
+        def read():
+            adapter = read_adapter(path, engine.hf_config, engine.config.max_adapter_rank)
+            if adapter.digest != ref.digest:
+                raise ValueError(f"its content has digest {adapter.digest[:12]}")
+            return engine.adapter_pool.plan(adapter)
+
         try:
-            adapter = await asyncio.to_thread(read_adapter, path, engine.hf_config, engine.config.max_adapter_rank)
-        except adapters.AdapterError as error:
-            raise BadRequest(f"adapter {ref.digest} is unusable ({error.code}): {error}", param="adapter") from error
-        if adapter.digest != ref.digest:
-            raise BadRequest(f"adapter at {path} has digest {adapter.digest}, not {ref.digest}", param="adapter.digest")
-
-        def register(engine: LLMEngine) -> None:
-            try:
-                engine.adapter_pool.add_loaded(adapter, path)
-            except adapters.AdapterError as error:
-                raise BadRequest(f"adapter {ref.digest} is unusable ({error.code}): {error}",
-                                 param="adapter") from error
-
-        await self.loop.call(register)
+            plan = await asyncio.to_thread(read)
+        except ValueError as error:
+            raise AdapterUnavailable(ref.digest, str(error)) from error
+        except Exception as error:  # every loader failure is this adapter's alone
+            raise AdapterUnavailable(ref.digest, failure_reason(error)) from error
+        await self.loop.call(lambda engine: engine.adapter_pool.add_loaded(plan, path))
         self.known[ref.digest] = path
 
     async def prefetch(self, ref: AdapterRef, *, tier: str) -> list[str]:
-        """Warm an adapter into the host cache, or on into a GPU slot; returns the tiers it is in."""
+        """Warm an adapter into the host cache, or on into device pages; returns the tiers it is in."""
         if tier not in TIERS:
-            raise BadRequest(f"tier must be one of {TIERS}", param="tier")
+            raise BadRequest(f"tier must be one of {tuple(TIERS)}", param="tier")
         await self.ensure(ref)
 
         def warm(engine: LLMEngine) -> list[str]:
-            pool = engine.adapter_pool
-            if tier == "gpu" and ref.digest not in pool.slots:
-                in_use = engine.scheduler.running_adapters()
-                if len(pool.slots) >= pool.num_slots and all(d in in_use for d in pool.slots):
-                    raise Conflict("every GPU adapter slot is used by running requests")
-                pool.activate({ref.digest}, in_use)
-            return resident_tiers(engine, ref.digest)
+            try:
+                return [API_TIER[t] for t in engine.prefetch_adapter(ref.digest, TIERS[tier])]
+            except RuntimeError as error:
+                raise Conflict(str(error)) from error
 
         return await self.loop.call(warm)
 
     async def evict(self, digest: str) -> list[str]:
-        """Drop an adapter from GPU slots and the host cache if no request uses it; returns the tiers left."""
+        """Drop an adapter from device pages and the host cache if no request uses it; returns the tiers left."""
 
         def drop(engine: LLMEngine) -> list[str]:
-            pool = engine.adapter_pool
-            if not pool.is_registered(digest):
+            if not engine.adapter_pool.is_registered(digest):
                 raise NotFound(f"adapter {digest} is not known to this engine")
-            scheduler = engine.scheduler
-            users = [s for s in itertools.chain(scheduler.running, scheduler.waiting) if s.adapter == digest]
-            if users:
-                raise Conflict(f"adapter {digest} is in use by {len(users)} sequence(s)")
-            evicted = resident_tiers(engine, digest)
-            if digest in pool.slots:
-                pool.free_slots.append(pool.slots.pop(digest))
-            pool.host.pop(digest, None)
-            return evicted
+            try:
+                return [API_TIER[t] for t in engine.evict_adapter(digest)]
+            except RuntimeError as error:
+                raise Conflict(str(error)) from error
 
         evicted = await self.loop.call(drop)
         self.known.pop(digest, None)
         return evicted
-
-
-def resident_tiers(engine: LLMEngine, digest: str) -> list[str]:
-    pool = engine.adapter_pool
-    return [tier for tier, present in (("gpu", digest in pool.slots), ("host", digest in pool.host)) if present]

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.server.adapter_registry import AdapterRegistry, NotFound
+from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
@@ -73,18 +73,24 @@ class EngineAPI:
             await self.registry.ensure(generate.adapter)
         handle = await self.loop.submit(generate, token_ids, arrival=arrival)
         if generate.stream:
-            return StreamingResponse(self.stream(handle), media_type="application/x-ndjson")
+            first = await handle.events.get()  # until something is sent, the status can still be chosen
+            if first[0] == "end" and adapter_unavailable(first[1]):
+                return unavailable_response(first[1])
+            return StreamingResponse(self.stream(handle, first), media_type="application/x-ndjson")
         end = await self.wait(request, handle)
         if end is None:
             return Response(status_code=499)
+        if adapter_unavailable(end):
+            return unavailable_response(end)
         return JSONResponse(final_event(handle, end))
 
-    async def stream(self, handle: RequestHandle) -> AsyncIterator[bytes]:
+    async def stream(self, handle: RequestHandle, first: tuple) -> AsyncIterator[bytes]:
         sent: dict[int, int] = {}
         ended = False
         try:
             while True:
-                kind, item = await handle.events.get()
+                kind, item = first if first is not None else await handle.events.get()
+                first = None
                 if kind == "end":
                     ended = True
                     yield ndjson(final_event(handle, item))
@@ -180,10 +186,20 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
+        AdapterUnavailable: lambda r, e: error_response(503, "adapter_unavailable", str(e), "adapter"),
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
     app.add_middleware(BearerAuth, token=token)
     return app
+
+
+def adapter_unavailable(end: RequestEnd) -> bool:
+    return any(output.error_type == "adapter_unavailable" for output in end.outputs)
+
+
+def unavailable_response(end: RequestEnd) -> JSONResponse:
+    message = next(o.error for o in end.outputs if o.error_type == "adapter_unavailable")
+    return error_response(503, "adapter_unavailable", message, "adapter")
 
 
 def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:

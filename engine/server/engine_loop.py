@@ -25,6 +25,7 @@ from engine.usage.event import UsageEvent, now_utc
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0
+API_TIER = {"device": "gpu", "host": "host"}  # the pool's tiers as the API and metrics name them
 
 
 class Conflict(Exception):
@@ -171,9 +172,8 @@ class EngineLoop:
         if request.request_id in self.handles:
             raise Conflict(f"request {request.request_id!r} is already running")
         adapter = handle.adapter
-        if adapter is not None:
-            pool = self.engine.adapter_pool
-            tier = "gpu" if adapter in pool.slots else "host" if adapter in pool.host else "disk"
+        if adapter is not None and self.engine.adapter_pool.is_registered(adapter):
+            tier = API_TIER.get(self.engine.adapter_pool.tier(adapter), "disk")
             self.metrics.adapter_requests.labels(adapter=adapter_label(adapter), tier=tier).inc()
         try:
             self.engine.add_request(request.request_id, handle.prompt_token_ids, request.sampling,
@@ -186,32 +186,14 @@ class EngineLoop:
         handle = self.handles.get(request_id)
         if handle is None:
             return False
-        seqs = list(self.engine.requests.get(request_id, []))
-        self.engine.abort(request_id)
         handle.aborted = True
-        for seq in seqs:
-            if seq.index not in handle.finished:
-                self._dispatch(RequestOutput(
-                    request_id=request_id, index=seq.index, prompt_token_ids=seq.prompt_token_ids,
-                    token_ids=seq.completion_token_ids, new_token_ids=[], text=seq.text, finished=True,
-                    finish_reason="abort", usage=sequence_usage(seq),
-                ))
+        for output in self.engine.abort(request_id):
+            self._dispatch(output)
         return True
 
     def _fail_all(self, message: str) -> None:
-        for request_id, handle in list(self.handles.items()):
-            seqs = list(self.engine.requests.get(request_id, []))
-            try:
-                self.engine.abort(request_id)
-            except Exception:
-                log.exception("could not abort %s after a failed step", request_id)
-            for seq in seqs:
-                if seq.index not in handle.finished:
-                    self._dispatch(RequestOutput(
-                        request_id=request_id, index=seq.index, prompt_token_ids=seq.prompt_token_ids,
-                        token_ids=seq.completion_token_ids, new_token_ids=[], text=seq.text, finished=True,
-                        finish_reason="error", usage=sequence_usage(seq), error=message,
-                    ))
+        for output in self.engine.fail_all(message):
+            self._dispatch(output)
 
     def _dispatch(self, output: RequestOutput) -> None:
         handle = self.handles.get(output.request_id)
@@ -291,8 +273,8 @@ class EngineLoop:
         return sum(tokens for _, tokens in self._step_times) / RATE_WINDOW_S
 
     def _resident(self) -> dict[str, set[str]]:
-        pool = self.engine.adapter_pool
-        return {"gpu": set(pool.slots), "host": set(pool.host)}
+        resident = self.engine.adapter_pool.resident()
+        return {"gpu": set(resident["device"]), "host": set(resident["host"])}
 
     def _track_adapter_tiers(self) -> None:
         now = self._resident()
@@ -318,18 +300,6 @@ class EngineLoop:
             "last_step": self.last_step,
             "accepting": self.accepting,
         }
-
-
-def sequence_usage(seq) -> Usage:
-    """Usage of a sequence the engine dropped without an output (an abort)."""
-    now = time.monotonic()
-    first_scheduled = seq.first_scheduled_time or now
-    return Usage(
-        prompt_tokens=seq.num_prompt_tokens, cached_tokens=seq.num_cached_tokens,
-        completion_tokens=seq.num_completion_tokens, queue_ms=(first_scheduled - seq.arrival_time) * 1000.0,
-        ttft_ms=None if seq.first_token_time is None else (seq.first_token_time - seq.arrival_time) * 1000.0,
-        gpu_ms=seq.gpu_ms,
-    )
 
 
 def combined_usage(usages: list[Usage]) -> Usage:

@@ -1,8 +1,8 @@
 """The JSON events of /v1/generate: deltas while a request runs, one final event at its end.
 
     {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?}
-    {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error",
-     "choices": [{"index", "text", "token_ids", "finish_reason", "error", "logprobs"?}],
+    {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error", "error_type",
+     "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms"}}
 
 `text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's.
@@ -37,20 +37,21 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
     choices = []
     for output in end.outputs:
         choice = {"index": output.index, "text": output.text, "token_ids": list(output.token_ids),
-                  "finish_reason": output.finish_reason, "error": output.error}
+                  "finish_reason": output.finish_reason, "error": output.error, "error_type": output.error_type}
         if handle.request.sampling.logprobs is not None and output.logprobs is not None:
             choice["logprobs"] = [logprob_json(e) for e in output.logprobs]
         choices.append(choice)
     usage = end.usage
     first = choices[0]
-    errors = [c["error"] for c in choices if c["error"]]
+    errors = [c for c in choices if c["error"]]
     return {
         "type": "final",
         "request_id": handle.request_id,
         "finish_reason": end.finish_reason,
         "text": first["text"],
         "token_ids": first["token_ids"],
-        "error": errors[0] if errors else None,
+        "error": errors[0]["error"] if errors else None,
+        "error_type": errors[0]["error_type"] if errors else None,
         "choices": choices,
         "usage": {
             "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,

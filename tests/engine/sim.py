@@ -22,6 +22,49 @@ def make_seq(request_id, prompt, *, max_tokens=4, adapter=None, tenant="t", weig
     )
 
 
+class PageAdapters:
+    """The scheduler's side of the adapter pool, without weights: each ready adapter takes `pages` pages of
+    the block manager while resident; resident adapters no running sequence uses are reclaimed LRU."""
+
+    def __init__(self, bm: BlockManager, *, pages: int = 2, ready: set[str] | None = None) -> None:
+        self.bm, self.pages, self.ready_set = bm, pages, ready
+        self.resident: dict[str, list[int]] = {}
+        self.users: dict[str, int] = {}
+        self.idle: list[str] = []  # LRU first
+        self.evictions = 0
+
+    def ready(self, digest: str) -> bool:
+        return self.ready_set is None or digest in self.ready_set
+
+    def pages_needed(self, digest: str) -> int | None:
+        return 0 if digest in self.resident else self.pages
+
+    def acquire(self, digest: str) -> None:
+        if digest not in self.resident:
+            self.resident[digest] = self.bm.take_pages(self.pages)
+        if digest in self.idle:
+            self.idle.remove(digest)
+        self.users[digest] = self.users.get(digest, 0) + 1
+
+    def release(self, digest: str) -> None:
+        self.users[digest] -= 1
+        if not self.users[digest]:
+            self.idle.append(digest)
+
+    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int:
+        freed = 0
+        for digest in list(self.idle):
+            if freed >= num_pages:
+                break
+            if digest != keep:
+                self.idle.remove(digest)
+                pages = self.resident.pop(digest)
+                self.bm.give_pages(pages)
+                freed += len(pages)
+                self.evictions += 1
+        return freed
+
+
 def step(sched: Scheduler) -> SchedulerOutput:
     out = sched.schedule()
     check_step(sched, out)
@@ -39,7 +82,8 @@ def step(sched: Scheduler) -> SchedulerOutput:
 def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
     assert out.total_tokens <= sched.max_num_batched_tokens
     assert len(sched.running) <= sched.max_num_seqs
-    assert len(sched.running_adapters()) <= sched.max_adapters
+    if sched.adapters is not None:  # every running sequence's adapter is resident and pinned
+        assert all(sched.adapters.users.get(s.adapter) for s in sched.running if s.adapter is not None)
     assert len({s.seq_id for s in out.seqs}) == len(out.seqs)
     for seq in out.seqs:
         assert seq in sched.running
@@ -48,8 +92,8 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
         assert len(seq.block_table) * sched.block_manager.block_size >= seq.num_computed_tokens + n
 
 
-def new_scheduler(*, num_blocks=64, block_size=4, budget=32, max_seqs=8, max_adapters=2, caching=True, **kw):
+def new_scheduler(*, num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True, adapter_pages=2,
+                  ready=None, **kw):
     bm = BlockManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
-    return Scheduler(
-        block_manager=bm, max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_adapters=max_adapters, **kw
-    )
+    adapters = PageAdapters(bm, pages=adapter_pages, ready=ready)
+    return Scheduler(block_manager=bm, max_num_batched_tokens=budget, max_num_seqs=max_seqs, adapters=adapters, **kw)

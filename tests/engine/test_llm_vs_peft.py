@@ -70,24 +70,29 @@ def test_prefix_cache_hits_match_peft(checkpoints, llama_adapters, llama_oracle)
 
 
 def test_chunked_prefill_and_preemption_match_peft(checkpoints, llama_adapters, llama_oracle):
-    names = ["pattern", None, "qv", "all1", "big", "qv"]
+    names = ["all1", None, "qv", "all1", "qv", "qv"]
     prompts = random_prompts(3, [30, 5, 22, 11, 2, 17])
-    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=20, max_num_batched_tokens=8)
+    # 20 pages for KV plus what qv and all1 take (4 + 5 pages of 2 KiB): adapters and KV share them
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=20, max_num_batched_tokens=8,
+                   adapter_memory_bytes=9 * 2048)
     sampling = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     outputs = llm.generate(prompts, sampling, adapters=names)
     assert_matches(llama_oracle, prompts, names, outputs, max_tokens=10)
     assert llm.engine.num_preemptions > 0
-    assert llm.engine.block_manager.num_free_blocks == 20
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks + len(bm.adapter_pages) == bm.num_blocks  # nothing leaked
+    bm.check_invariants([])
 
 
-def test_adapter_slot_eviction_and_host_cache(checkpoints, llama_adapters, llama_oracle):
-    # two GPU slots and a host cache too small for even one adapter: every swap goes back to disk
-    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=128, max_adapter_slots=2,
-                   host_adapter_cache_bytes=0)
+def test_adapter_page_eviction_and_host_cache(checkpoints, llama_adapters, llama_oracle):
+    # pages for one big adapter at a time and a host cache too small for even one: every swap goes back to disk
+    llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=64,
+                   adapter_memory_bytes=210 * 2048, host_adapter_cache_bytes=0)
     names = ["qv", "all1", "big", "pattern", None, "big", "qv", "pattern"]
     prompts = random_prompts(4, [5, 8, 3, 11, 6, 9, 2, 7])
     outputs = llm.generate(prompts, GREEDY, adapters=names)
     assert_matches(llama_oracle, prompts, names, outputs)
+    assert llm.engine.adapter_pool.num_evictions["device"] > 0
 
 
 def test_requests_added_while_others_run(checkpoints, llama_adapters, llama_oracle):
@@ -113,7 +118,7 @@ def test_requests_added_while_others_run(checkpoints, llama_adapters, llama_orac
 @pytest.mark.parametrize(("budget", "blocks"), [(64, 64), (5, 64), (64, 7)], ids=["one-step", "chunked", "preempted"])
 def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_oracle, budget, blocks):
     llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=blocks,
-                   max_num_batched_tokens=budget)
+                   max_num_batched_tokens=budget, adapter_memory_bytes=(69 + 200 + 3) * 2048)  # pattern and big, 3 to spare
     names = ["pattern", None, "big"]
     prompts = random_prompts(6, [9, 14, 6])
     sampling = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=3, logprobs=5, ignore_eos=True)

@@ -292,8 +292,6 @@ BAD_REQUESTS = [
     ("bad-weight", {"prompt": "hi", "weight": 0}, "weight must be a number > 0"),
     ("bad-metadata", {"prompt": "hi", "metadata": ["x"]}, "metadata must be a JSON object"),
     ("bad-digest", {"prompt": "hi", "adapter": {"digest": "xyz"}}, "sha256 hex digest"),
-    ("missing-adapter", {"prompt": "hi", "adapter": {"digest": "0" * 64, "path": "/nonexistent/adapter"}},
-     "not found at /nonexistent/adapter"),
 ]
 
 
@@ -307,10 +305,12 @@ def test_bad_requests_get_400_before_scheduling(server, body, message):
     assert server.get("/v1/state").json()["steps"] == steps_before
 
 
-def test_adapter_above_the_rank_limit_gets_400(server, adapter_refs):
+def test_adapter_above_the_rank_limit_is_unavailable(server, adapter_refs):
     response = server.post("/v1/generate", json={"prompt": "hi", "adapter": adapter_refs["big"]})
-    assert response.status_code == 400
-    assert "rank" in response.json()["error"]["message"] and str(MAX_RANK) in response.json()["error"]["message"]
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["type"] == "adapter_unavailable" and error["param"] == "adapter"
+    assert "rank" in error["message"] and str(MAX_RANK) in error["message"]
 
 
 def test_tokenize_counts_like_the_model_tokenizer(server, model_dir):

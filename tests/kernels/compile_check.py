@@ -72,9 +72,10 @@ def _compile(fn, args, kwargs, arch: int):
 
 def _lora_inputs(tokens, dtype):
     x = torch.randn(tokens, 4096).to(dtype)
-    lora_a = torch.randn(3, 4, 16, 4096).to(dtype)
+    pages = torch.randn(1 << 20).to(dtype)
+    a_rows = torch.randint(0, (1 << 20) - 4096, (3, 4, 16), dtype=torch.int64)
     slots = torch.randint(-1, 4, (tokens,), dtype=torch.int32)
-    return x, lora_a, slots, torch.tensor([16, 8, 4, 1], dtype=torch.int32)
+    return x, pages, a_rows, slots, torch.tensor([[16, 8, 4, 1]] * 3, dtype=torch.int32)
 
 
 def _paged(dtype, batch=2, blocks=64):
@@ -89,11 +90,10 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
     if case == "lora_shrink":
         return _recorded_launches("lora_shrink", *_lora_inputs(256, dtype))
     if case == "lora_expand":
-        x, _, slots, ranks = _lora_inputs(64, dtype)
+        x, pages, b_rows, slots, ranks = _lora_inputs(64, dtype)
         buf = torch.randn(3, 64, 16).to(dtype)
-        lora_b = torch.randn(4, 6144, 16).to(dtype)
         meta = LoRAMeta.build(slots, 4)
-        return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, lora_b, slots, ranks,
+        return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, pages, b_rows, slots, ranks,
                                   torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
     cache, tables, lens = _paged(dtype)
     if case == "paged_attention_decode-split-kv":

@@ -8,6 +8,7 @@ import torch
 from kernels import LoRAMeta, reference
 from tests.kernels.cases import DTYPES, assert_close
 from tests.kernels.conftest import load_triton_op
+from tests.kernels.paged_lora import to_pages
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,22 @@ def _inputs(case: LoRACase, dtype: torch.dtype, device: str, index_dtype: torch.
     scaling = torch.rand(len(case.slices), slots, generator=gen) + 0.5
     token_slots = _token_slots(case, gen)
     offsets = tuple(int(v) for v in torch.tensor((0, *case.slices)).cumsum(0))
+    # each slice at its own rank: the slot's rank on slice 0, one less on each slice after
+    ranks = torch.tensor([[max(0, r - s) for r in case.ranks] for s in range(len(case.slices))])
+    pages, a_rows, b_rows = to_pages(lora_a.to(dtype), lora_b.to(dtype), offsets, gen)
     to = {"device": device}
     return (
-        x.to(dtype=dtype, **to), lora_a.to(dtype=dtype, **to), lora_b.to(dtype=dtype, **to), scaling.to(**to),
-        token_slots.to(dtype=index_dtype, **to), torch.tensor(case.ranks, dtype=index_dtype, device=device), offsets,
+        x.to(dtype=dtype, **to), pages.to(**to), a_rows.to(**to), b_rows.to(**to), scaling.to(**to),
+        token_slots.to(dtype=index_dtype, **to), ranks.to(dtype=index_dtype, **to), offsets,
     )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_lora_shrink_matches_reference(case, dtype, device):
-    x, lora_a, _, _, token_slots, ranks, _ = _inputs(case, dtype, device, torch.int32)
-    buf = load_triton_op("lora_shrink")(x, lora_a, token_slots, ranks)
-    expected = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
+    x, pages, a_rows, _, _, token_slots, ranks, _ = _inputs(case, dtype, device, torch.int32)
+    buf = load_triton_op("lora_shrink")(x, pages, a_rows, token_slots, ranks)
+    expected = reference.lora_shrink(x.cpu(), pages.cpu(), a_rows.cpu(), token_slots.cpu(), ranks.cpu())
     assert buf.dtype == dtype and buf.shape == expected.shape
     assert_close(buf.cpu(), expected)
 
@@ -75,15 +79,16 @@ def test_lora_shrink_matches_reference(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_lora_expand_matches_reference(case, dtype, device):
-    x, _, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, dtype, device, torch.int64)
+    x, pages, _, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, dtype, device, torch.int64)
     gen = torch.Generator().manual_seed(7)
     # random values beyond each slot's rank in buf too: only the true rank may be read
-    buf = torch.randn(len(case.slices), case.tokens, lora_b.shape[2], generator=gen).to(device=device, dtype=dtype)
+    buf = torch.randn(len(case.slices), case.tokens, b_rows.shape[2], generator=gen).to(device=device, dtype=dtype)
     y = torch.randn(case.tokens, offsets[-1], generator=gen).to(device=device, dtype=dtype)
     expected = y.cpu().clone()
-    reference.lora_expand(expected, buf.cpu(), lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    reference.lora_expand(expected, buf.cpu(), pages.cpu(), b_rows.cpu(), token_slots.cpu(), ranks.cpu(),
+                          scaling.cpu(), offsets)
     before = y.clone()
-    load_triton_op("lora_expand")(y, buf, lora_b, token_slots, ranks, scaling, offsets)
+    load_triton_op("lora_expand")(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets)
     assert_close(y.cpu(), expected)
     if case.pattern == "all-base":
         assert torch.equal(y, before)
@@ -91,15 +96,16 @@ def test_lora_expand_matches_reference(case, dtype, device):
 
 def test_shrink_then_expand_with_shared_meta_and_strided_rows(device):
     case = CASES["qkv-mixed-ranks-1-to-128"]
-    x, lora_a, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, device, torch.int64)
+    x, pages, a_rows, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, device, torch.int64)
     meta = LoRAMeta.build(token_slots, len(case.ranks))
     wide = torch.zeros(case.tokens, 2 * offsets[-1], device=device)
     y = wide[:, : offsets[-1]]  # a strided view, as a fused projection's output slice would be
-    buf = load_triton_op("lora_shrink")(x, lora_a, token_slots, ranks, meta=meta)
-    load_triton_op("lora_expand")(y, buf, lora_b, token_slots, ranks, scaling, offsets, meta=meta)
+    buf = load_triton_op("lora_shrink")(x, pages, a_rows, token_slots, ranks, meta=meta)
+    load_triton_op("lora_expand")(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets, meta=meta)
     expected = torch.zeros(case.tokens, offsets[-1])
-    ref_buf = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
-    reference.lora_expand(expected, ref_buf, lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    cpu = [t.cpu() for t in (pages, a_rows, b_rows, token_slots, ranks, scaling)]
+    ref_buf = reference.lora_shrink(x.cpu(), cpu[0], cpu[1], cpu[3], cpu[4])
+    reference.lora_expand(expected, ref_buf, cpu[0], cpu[2], cpu[3], cpu[4], cpu[5], offsets)
     assert_close(y.cpu(), expected)
     assert torch.count_nonzero(wide[:, offsets[-1] :]) == 0
 
@@ -117,16 +123,17 @@ def test_meta_groups_tokens_by_slot_and_refills_in_place():
 
 def test_shrink_rejects_mismatched_shapes(device):
     x = torch.randn(3, 16, device=device)
-    lora_a = torch.randn(1, 2, 4, 8, device=device)
-    with pytest.raises(ValueError, match="in_dim"):
-        load_triton_op("lora_shrink")(x, lora_a, torch.zeros(3, dtype=torch.int32, device=device),
+    pages = torch.randn(100, device=device)
+    a_rows = torch.zeros(1, 2, 4, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="ranks"):
+        load_triton_op("lora_shrink")(x, pages, a_rows, torch.zeros(3, dtype=torch.int32, device=device),
                                       torch.ones(2, dtype=torch.int32, device=device))
 
 
 @pytest.mark.gpu
 def test_meta_shrink_and_expand_replay_in_a_cuda_graph():
     case = CASES["qkv-mixed-ranks-1-to-128"]
-    x, lora_a, lora_b, scaling, token_slots, ranks, offsets = _inputs(case, torch.bfloat16, "cuda", torch.int32)
+    x, pages, a_rows, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, torch.bfloat16, "cuda", torch.int32)
     shrink, expand = load_triton_op("lora_shrink"), load_triton_op("lora_expand")
     meta = LoRAMeta.empty(case.tokens, len(case.ranks), "cuda")
     y0 = torch.randn(case.tokens, offsets[-1], device="cuda", dtype=torch.bfloat16)
@@ -134,8 +141,8 @@ def test_meta_shrink_and_expand_replay_in_a_cuda_graph():
 
     def step():
         meta.fill_(token_slots)
-        buf = shrink(x, lora_a, token_slots, ranks, meta=meta)
-        expand(y, buf, lora_b, token_slots, ranks, scaling, offsets, meta=meta)
+        buf = shrink(x, pages, a_rows, token_slots, ranks, meta=meta)
+        expand(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets, meta=meta)
 
     step()  # warm up: compiles, caches the slice offsets on the device
     graph = torch.cuda.CUDAGraph()
@@ -145,6 +152,7 @@ def test_meta_shrink_and_expand_replay_in_a_cuda_graph():
     y.copy_(y0)
     graph.replay()
     expected = y0.cpu().clone()
-    ref_buf = reference.lora_shrink(x.cpu(), lora_a.cpu(), token_slots.cpu(), ranks.cpu())
-    reference.lora_expand(expected, ref_buf, lora_b.cpu(), token_slots.cpu(), ranks.cpu(), scaling.cpu(), offsets)
+    cpu = [t.cpu() for t in (pages, a_rows, b_rows, token_slots, ranks, scaling)]
+    ref_buf = reference.lora_shrink(x.cpu(), cpu[0], cpu[1], cpu[3], cpu[4])
+    reference.lora_expand(expected, ref_buf, cpu[0], cpu[2], cpu[3], cpu[4], cpu[5], offsets)
     assert_close(y.cpu(), expected)

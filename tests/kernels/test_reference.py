@@ -12,6 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 import kernels
 from kernels import reference
+from tests.kernels.paged_lora import to_pages
 
 ROPE_CASES = {
     "default": None,
@@ -97,7 +98,8 @@ def _lora_case(tokens=11, in_dim=24, slots=5, max_rank=8, slices=(6, 10, 4)):
     x = torch.randn(tokens, in_dim, generator=gen)
     lora_a = torch.randn(len(slices), slots, max_rank, in_dim, generator=gen)
     lora_b = torch.randn(slots, sum(slices), max_rank, generator=gen)
-    ranks = torch.tensor([max_rank, 1, 0, 3, max_rank - 1][:slots])
+    own = [max_rank, 1, 0, 3, max_rank - 1][:slots]
+    ranks = torch.tensor([[max(0, r - s) for r in own] for s in range(len(slices))])  # [S, U]: each slice its own
     token_slots = torch.tensor([0, -1, 3, 1, 1, -1, 4, 0, 2, 3, 4][:tokens])
     scaling = torch.rand(len(slices), slots, generator=gen)
     offsets = tuple(int(v) for v in torch.tensor((0, *slices)).cumsum(0))
@@ -106,18 +108,19 @@ def _lora_case(tokens=11, in_dim=24, slots=5, max_rank=8, slices=(6, 10, 4)):
 
 def test_lora_shrink_and_expand_match_naive_loops():
     x, lora_a, lora_b, ranks, token_slots, scaling, offsets = _lora_case()
-    buf = reference.lora_shrink(x, lora_a, token_slots, ranks)
+    pages, a_rows, b_rows = to_pages(lora_a, lora_b, offsets, torch.Generator().manual_seed(1))
+    buf = reference.lora_shrink(x, pages, a_rows, token_slots, ranks)
     y0 = torch.randn(x.shape[0], offsets[-1])
     y = y0.clone()
-    reference.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, offsets)
+    reference.lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets)
     expect_buf = torch.zeros_like(buf)
     expect_y = y0.clone()
     for t in range(x.shape[0]):
         a = int(token_slots[t])
         if a < 0:
             continue
-        r = int(ranks[a])
         for s in range(len(offsets) - 1):
+            r = int(ranks[s, a])
             for j in range(r):
                 expect_buf[s, t, j] = sum(float(x[t, i]) * float(lora_a[s, a, j, i]) for i in range(x.shape[1]))
             for o in range(offsets[s], offsets[s + 1]):
@@ -207,4 +210,4 @@ def test_op_names_stay_dispatch_functions_after_submodule_imports():
     importlib.import_module("kernels.lora_shrink")
     importlib.import_module("kernels.rms_norm")
     assert kernels.lora_shrink.__module__ == "kernels" and kernels.rms_norm.__module__ == "kernels"
-    assert "x[t] @ lora_a" in kernels.lora_shrink.__doc__
+    assert "x[t] @ pages[a_rows" in kernels.lora_shrink.__doc__

@@ -6,6 +6,7 @@ import torch
 
 from kernels import SlotBatch, reference
 from kernels import slot_batch as slot_batch_module
+from tests.kernels.paged_lora import to_pages
 
 
 def _naive(x, lora_a, lora_b, ranks, token_slots, scaling, offsets, y0):
@@ -14,8 +15,8 @@ def _naive(x, lora_a, lora_b, ranks, token_slots, scaling, offsets, y0):
     for t, a in enumerate(token_slots.tolist()):
         if a < 0:
             continue
-        r = int(ranks[a])
         for s in range(len(offsets) - 1):
+            r = int(ranks[s, a])
             buf[s, t, :r] = lora_a[s, a, :r].double() @ x[t].double()
             o0, o1 = offsets[s], offsets[s + 1]
             y[t, o0:o1] += float(scaling[s, a]) * (lora_b[a, o0:o1, :r].double() @ buf[s, t, :r])
@@ -32,7 +33,7 @@ def test_both_layouts_match_a_per_token_loop(layout, monkeypatch):
     slices, slots, max_rank, in_dim = (12, 5, 7), 4, 8, 20
     # slot 0 is wide (80 tokens: the slot-by-slot layout natively), slot 2 has rank 0, -1 is the base model
     token_slots = torch.tensor([0] * 80 + [1] * 9 + [2] * 4 + [-1] * 6 + [3] * 3)[torch.randperm(102, generator=gen)]
-    ranks = torch.tensor([8, 3, 0, 5])
+    ranks = torch.tensor([[8, 3, 0, 5], [7, 3, 0, 2], [8, 1, 0, 5]])  # [S, U]: each slice at its own rank
     x = torch.randn(token_slots.shape[0], in_dim, generator=gen)
     lora_a = torch.randn(len(slices), slots, max_rank, in_dim, generator=gen)  # random beyond each rank
     lora_b = torch.randn(slots, sum(slices), max_rank, generator=gen)
@@ -40,10 +41,11 @@ def test_both_layouts_match_a_per_token_loop(layout, monkeypatch):
     offsets = tuple(int(v) for v in torch.tensor((0, *slices)).cumsum(0))
     y0 = torch.randn(x.shape[0], offsets[-1], generator=gen)
     meta = SlotBatch.build(token_slots)
-    buf = reference.lora_shrink(x, lora_a, token_slots, ranks, meta=meta)
+    pages, a_rows, b_rows = to_pages(lora_a, lora_b, offsets, gen)
+    buf = reference.lora_shrink(x, pages, a_rows, token_slots, ranks, meta=meta)
     y = y0.clone()
-    reference.lora_expand(y, buf, lora_b, token_slots, ranks, scaling, offsets, meta=meta)
+    reference.lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets, meta=meta)
     expect_buf, expect_y = _naive(x, lora_a, lora_b, ranks, token_slots, scaling, offsets, y0)
-    assert meta.group(ranks).per_slot == (layout != "padded-forced")
+    assert meta.group(ranks.amax(0)).per_slot == (layout != "padded-forced")
     torch.testing.assert_close(buf, expect_buf, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y, expect_y, rtol=1e-4, atol=1e-4)

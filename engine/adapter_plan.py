@@ -1,0 +1,106 @@
+"""An adapter laid out for paged memory: every module at its own rank, rows packed into page chunks.
+
+A page is, per layer, two chunks of `chunk` elements (paged_memory). An adapter's layer-l rows — for
+each targeted module its r rows of A (width in_features) and its r rows of B transposed (width
+out_features) — are packed one after another into chunks 0, 1, 2, ... of that layer, a row never
+straddling two chunks. Chunk j of every layer lives in page pages[j // 2], half j % 2, so an adapter
+needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+import adapters
+from adapters.base_shapes import PROJECTIONS
+from engine.lora_modules import MODULE_INDEX
+
+
+@dataclass
+class AdapterPlan:
+    digest: str
+    num_pages: int
+    max_rank: int
+    ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host)
+    scaling: torch.Tensor  # [L, M] float32 (host)
+    local: torch.Tensor  # [L, M, 2, max_rank] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
+    rows: dict[tuple[int, int, int], torch.Tensor]  # (layer, module, 0 = A / 1 = B^T) -> [r, width], host
+    num_bytes: int
+
+    @classmethod
+    def build(cls, adapter: "adapters.LoadedAdapter", *, num_layers: int, widths: list[tuple[int, int]],
+              chunk: int, pin: bool = False) -> "AdapterPlan":
+        """Check every tensor against the base model's shapes (AdapterError if not) and pack the rows."""
+        num_modules = len(PROJECTIONS)
+        ranks = torch.zeros(num_layers, num_modules, dtype=torch.int32)
+        scaling = torch.zeros(num_layers, num_modules, dtype=torch.float32)
+        rows: dict[tuple[int, int, int], torch.Tensor] = {}
+        for key, rank in adapter.ranks.items():
+            layer, module = _parse(key, num_layers)
+            a, b = adapter.tensors.get(f"{key}.lora_A"), adapter.tensors.get(f"{key}.lora_B")
+            width_in, width_out = widths[module]
+            if a is None or b is None or tuple(a.shape) != (rank, width_in) or tuple(b.shape) != (width_out, rank):
+                got = [tuple(t.shape) if t is not None else None for t in (a, b)]
+                raise adapters.AdapterError(
+                    "shape_mismatch", f"{key} has lora_A/lora_B of shapes {got}; this base model needs "
+                    f"{(rank, width_in)} and {(width_out, rank)}")
+            ranks[layer, module] = rank
+            scaling[layer, module] = float(adapter.scaling[key])
+            pinned = (lambda t: t.pin_memory()) if pin else (lambda t: t)
+            rows[(layer, module, 0)] = pinned(a.contiguous())
+            rows[(layer, module, 1)] = pinned(b.t().contiguous())
+        max_rank = int(ranks.max()) if ranks.numel() else 0
+        if max_rank == 0:
+            raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
+        local = torch.full((num_layers, num_modules, 2, max_rank), -1, dtype=torch.int64)
+        most_chunks = 0
+        for layer in range(num_layers):
+            at, used = 0, False  # element position in this layer's chunk sequence
+            for module in range(num_modules):
+                rank = int(ranks[layer, module])
+                for half in (0, 1):
+                    width = widths[module][half]
+                    for j in range(rank):
+                        if at % chunk + width > chunk:
+                            at = (at // chunk + 1) * chunk
+                        local[layer, module, half, j] = at
+                        at += width
+                        used = True
+            if used:
+                most_chunks = max(most_chunks, -(-at // chunk))
+        num_bytes = sum(t.numel() * t.element_size() for t in rows.values())
+        return cls(digest=adapter.digest, num_pages=-(-most_chunks // 2), max_rank=max_rank, ranks=ranks,
+                   scaling=scaling, local=local, rows=rows, num_bytes=num_bytes)
+
+    def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int) -> torch.Tensor:
+        """The page table of this adapter once placed in `pages`: [L, M, 2, max_rank] element offsets into
+        each layer's flat memory (zero_row where a module has no such row)."""
+        starts = torch.tensor([chunk_start(pages[j // 2], j % 2) for j in range(2 * len(pages))], dtype=torch.int64)
+        absent = self.local < 0
+        local = self.local.clamp(min=0)
+        offsets = starts[local // chunk] + local % chunk
+        return offsets.masked_fill_(absent, zero_row)
+
+
+def _parse(key: str, num_layers: int) -> tuple[int, int]:
+    try:
+        _, layer, module = key.split(".")
+        layer_index, module_index = int(layer), MODULE_INDEX[module]
+    except (ValueError, KeyError):
+        raise adapters.AdapterError("module_unsupported", f"adapter targets {key}, which this model lacks") from None
+    if not 0 <= layer_index < num_layers:
+        raise adapters.AdapterError("module_unsupported", f"adapter targets {key}; this model has {num_layers} layers")
+    return layer_index, module_index
+
+
+def pages_for_rank(rank: int, *, num_layers: int, widths: list[tuple[int, int]], chunk: int) -> int:
+    """Pages of an adapter of this rank on every projection (how the default adapter memory is sized)."""
+    at = 0
+    for width_in, width_out in widths:
+        for width in (width_in, width_out):
+            for _ in range(rank):
+                if at % chunk + width > chunk:
+                    at = (at // chunk + 1) * chunk
+                at += width
+    chunks = -(-at // chunk)
+    return -(-chunks // 2)

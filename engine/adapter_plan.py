@@ -52,25 +52,23 @@ class AdapterPlan:
         max_rank = int(ranks.max()) if ranks.numel() else 0
         if max_rank == 0:
             raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
-        local = torch.full((num_layers, num_modules, 2, max_rank), -1, dtype=torch.int64)
+        local = [[[[-1] * max_rank for _ in range(2)] for _ in range(num_modules)] for _ in range(num_layers)]
         most_chunks = 0
+        rank_list = ranks.tolist()
         for layer in range(num_layers):
-            at, used = 0, False  # element position in this layer's chunk sequence
+            at = 0  # element position in this layer's chunk sequence
             for module in range(num_modules):
-                rank = int(ranks[layer, module])
                 for half in (0, 1):
-                    width = widths[module][half]
-                    for j in range(rank):
+                    width, out = widths[module][half], local[layer][module][half]
+                    for j in range(rank_list[layer][module]):
                         if at % chunk + width > chunk:
                             at = (at // chunk + 1) * chunk
-                        local[layer, module, half, j] = at
+                        out[j] = at
                         at += width
-                        used = True
-            if used:
-                most_chunks = max(most_chunks, -(-at // chunk))
+            most_chunks = max(most_chunks, -(-at // chunk))
         num_bytes = sum(t.numel() * t.element_size() for t in rows.values())
         return cls(digest=adapter.digest, num_pages=-(-most_chunks // 2), max_rank=max_rank, ranks=ranks,
-                   scaling=scaling, local=local, rows=rows, num_bytes=num_bytes)
+                   scaling=scaling, local=torch.tensor(local, dtype=torch.int64), rows=rows, num_bytes=num_bytes)
 
     def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int) -> torch.Tensor:
         """The page table of this adapter once placed in `pages`: [L, M, 2, max_rank] element offsets into

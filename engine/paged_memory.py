@@ -18,6 +18,7 @@ class PagedMemory:
         self.kv_shape = (num_pages, block_size, kv_heads, head_dim)
         self.layers = [torch.zeros(2, num_pages + 1, self.chunk, dtype=dtype, device=device)
                        for _ in range(num_layers)]  # [K/V, pages + zero page, chunk]
+        self._flat = [t.view(-1) for t in self.layers]
         self.page_bytes = 2 * num_layers * self.chunk * self.layers[0].element_size()
 
     @staticmethod
@@ -31,7 +32,7 @@ class PagedMemory:
 
     def flat(self, layer: int) -> torch.Tensor:
         """Layer's whole memory as one flat tensor: the `pages` the LoRA kernels read rows from."""
-        return self.layers[layer].view(-1)
+        return self._flat[layer]
 
     def chunk_start(self, page: int, half: int) -> int:
         """Element offset, in `flat(layer)`, of page's K (half 0) or V (half 1) chunk."""

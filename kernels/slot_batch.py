@@ -17,10 +17,12 @@ class SlotGroup:
     width: int  # rows per slot
     gather_rows: torch.Tensor  # [slots * width] int64: the token in each padded row (padding repeats token 0)
     scatter_rows: torch.Tensor  # [T] int64: the padded row of each token; other tokens point at a padding row
-    mask: torch.Tensor  # [slots, width, rank] float32: 1 on a token's row below its slot's own rank, else 0
     slot_ids: torch.Tensor | None  # [slots] int64 when the slots are not one run, else None
     counts: list[int]  # tokens of each slot
     ranks: list[int]  # rank of each slot
+    runs: list[torch.Tensor]  # [count] int64 per slot: its tokens
+    identity: bool  # gather_rows and scatter_rows are both 0 .. T-1 (e.g. a decode step, one adapter per token)
+    inside: torch.Tensor | None  # [T, 1] float32: 1 for the group's tokens, 0 for others; None when all are in
 
     @property
     def per_slot(self) -> bool:
@@ -80,18 +82,22 @@ class SlotBatch:
                 scatter[t] = i * width + j
         rank, slots = max(slot_ranks.values()), list(slot_ranks)
         one_run = slots[-1] - slots[0] + 1 == len(slots)
-        counts = torch.tensor([len(run) for run in runs], device=self.device)
-        own_ranks = torch.tensor(list(slot_ranks.values()), device=self.device)
-        real = torch.arange(width, device=self.device)[None, :] < counts[:, None]  # [slots, width]
-        below = torch.arange(rank, device=self.device)[None, :] < own_ranks[:, None]  # [slots, rank]
+        tokens_in = sum(len(run) for run in runs)
+        identity = tokens_in == self.num_tokens == len(gather) and gather == list(range(self.num_tokens))
+        inside = None
+        if tokens_in < self.num_tokens:
+            inside = torch.zeros(self.num_tokens, 1, device=self.device)
+            inside[[t for run in runs for t in run]] = 1.0
         return SlotGroup(
             slots=slots,
             rank=rank,
             width=width,
             gather_rows=torch.tensor(gather, dtype=torch.int64, device=self.device),  # [slots * width]
             scatter_rows=torch.tensor(scatter, dtype=torch.int64, device=self.device),  # [T]
-            mask=(real[:, :, None] & below[:, None, :]).float(),  # [slots, width, rank]
             slot_ids=None if one_run else torch.tensor(slots, dtype=torch.int64, device=self.device),
             counts=[len(run) for run in runs],
             ranks=list(slot_ranks.values()),
+            runs=[torch.tensor(run, dtype=torch.int64, device=self.device) for run in runs],
+            identity=identity,
+            inside=inside,
         )

@@ -1,0 +1,150 @@
+"""The CPU references of lora_shrink / lora_expand (re-exported by kernels.reference).
+
+Per step (SlotBatch) and per page table, each adapter's rows are gathered once from the page memory
+into two dense operands that every later step over the same adapters reuses:
+  A: [U, in, S * R] — every slice's A rows side by side, zero at and beyond each slice's rank;
+  B: [U, S * R, out] — each slice's B rows in its own output columns (block diagonal), times its scaling.
+A fused projection then costs one batched matmul to shrink and one to expand, for all slices; tokens
+are laid out adapter by adapter (SlotGroup), each adapter's run padded to the busiest one, or, when
+runs are long (prefill), multiplied adapter by adapter without padding.
+"""
+
+import torch
+
+from kernels.slot_batch import SlotBatch
+
+
+def _slot_batch(meta, token_slots: torch.Tensor) -> SlotBatch:
+    """The step's SlotBatch when given; any other meta (the Triton path's LoRAMeta) is rebuilt from token_slots."""
+    return meta if isinstance(meta, SlotBatch) else SlotBatch.build(token_slots)
+
+
+def _gather(pages: torch.Tensor, rows: torch.Tensor, ranks: torch.Tensor, width: int) -> torch.Tensor:
+    """[S, U, R, width] float32: the rows `rows` [S, U, R] points at in flat `pages`, zero at and beyond ranks [S, U]."""
+    num_slices, used, max_rank = rows.shape
+    last = pages.numel() - width
+    view = pages.as_strided((last + 1, width), (1, 1))  # every element offset starts a row of `width`
+    keep = torch.arange(max_rank, device=rows.device)[None, None, :] < ranks[:, :, None]  # [S, U, R]
+    offsets = torch.where(keep, rows, torch.zeros_like(rows)).clamp_(0, last).reshape(-1).long()
+    gathered = view.index_select(0, offsets).view(num_slices, used, max_rank, width).float()
+    return gathered.mul_(keep[..., None])
+
+
+def _cached(batch: SlotBatch, key: tuple, held: tuple, build) -> torch.Tensor:
+    """batch.gathered[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
+    if key not in batch.gathered:
+        batch.gathered[key] = (held, build())
+    return batch.gathered[key][1]
+
+
+def dense_a(pages, a_rows, ranks, in_dim, batch: SlotBatch) -> torch.Tensor:
+    """[U, in, S * R] float32."""
+    def build():
+        num_slices, used, max_rank = a_rows.shape
+        gathered = _gather(pages, a_rows, ranks, in_dim)  # [S, U, R, in]
+        return gathered.permute(1, 3, 0, 2).reshape(used, in_dim, num_slices * max_rank).contiguous()
+    return _cached(batch, ("a", id(a_rows), pages.data_ptr()), (a_rows,), build)
+
+
+def dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch: SlotBatch) -> torch.Tensor:
+    """[U, S * R, o1 - o0] float32, o0/o1 the first and last slice offsets."""
+    def build():
+        num_slices, used, max_rank = b_rows.shape
+        lo = slice_offsets[0]
+        dense = torch.zeros(used, num_slices, max_rank, slice_offsets[-1] - lo, device=b_rows.device)
+        for s in range(num_slices):
+            o0, o1 = slice_offsets[s], slice_offsets[s + 1]
+            part = _gather(pages, b_rows[s : s + 1], ranks[s : s + 1], o1 - o0)[0]  # [U, R, w_s]
+            dense[:, s, :, o0 - lo : o1 - lo] = part * scaling[s].float()[:, None, None]
+        return dense.view(used, num_slices * max_rank, -1)
+    key = ("b", id(b_rows), pages.data_ptr(), id(scaling), tuple(slice_offsets))
+    return _cached(batch, key, (b_rows, scaling), build)
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    pages: torch.Tensor,
+    a_rows: torch.Tensor,
+    token_slots: torch.Tensor,
+    ranks: torch.Tensor,
+    *,
+    meta: object = None,
+) -> torch.Tensor:
+    """Batched LoRA down-projection over a ragged batch of tokens, reading A through a page table.
+
+    for s in range(S), t in range(T):
+        a = token_slots[t]
+        buf[s, t, :] = 0
+        if a >= 0: for j < ranks[s, a]: buf[s, t, j] = x[t] @ pages[a_rows[s, a, j] : a_rows[s, a, j] + in]
+
+    x [T, in]; pages [N] flat, x.dtype; a_rows [S, U, R] int64 (row j of slice s of the step's adapter a
+    starts at that element of pages); token_slots [T] int (-1 = base model); ranks [S, U] int, each
+    slice's own rank (0: the adapter leaves that slice alone); returns buf [S, T, R] in x.dtype.
+    `meta`: the step's SlotBatch (kernels.lora_meta; built here when None).
+    """
+    num_slices, _, max_rank = a_rows.shape
+    tokens, in_dim = x.shape
+    batch = _slot_batch(meta, token_slots)
+    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
+    if group is None:
+        return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
+    a = group.select(dense_a(pages, a_rows, ranks, in_dim, batch), 0)  # [U', in, S * R]
+    xs = x if x.dtype == torch.float32 else x.float()
+    if group.per_slot:
+        rows = xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
+        for i, run in enumerate(group.runs):
+            rows.index_copy_(0, run, xs.index_select(0, run) @ a[i])
+    else:
+        padded = xs if group.identity else xs.index_select(0, group.gather_rows)
+        prod = torch.bmm(padded.view(len(group.slots), group.width, in_dim), a)  # [U', W, S * R]
+        rows = prod.view(-1, num_slices * max_rank)
+        rows = rows if group.identity else rows.index_select(0, group.scatter_rows)  # [T, S * R]
+        if group.inside is not None:
+            rows = rows * group.inside
+    return rows.to(x.dtype).view(tokens, num_slices, max_rank).transpose(0, 1)  # [S, T, R] (a view)
+
+
+def lora_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    pages: torch.Tensor,
+    b_rows: torch.Tensor,
+    token_slots: torch.Tensor,
+    ranks: torch.Tensor,
+    scaling: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+    *,
+    meta: object = None,
+) -> None:
+    """Batched LoRA up-projection added in place, several output slices at once, reading B through a page table.
+
+    for s in range(S), t in range(T):
+        a = token_slots[t]; (o0, o1) = slice_offsets[s], slice_offsets[s + 1]; w = o1 - o0
+        if a >= 0: for j < ranks[s, a]:
+            y[t, o0:o1] += scaling[s, a] * buf[s, t, j] * pages[b_rows[s, a, j] : b_rows[s, a, j] + w]
+
+    (row j of slice s is column j of that slice's B [w, r], stored as a row: B transposed.)
+    y [T, out_total] (updated in place); buf [S, T, R]; pages [N] flat; b_rows [S, U, R] int64;
+    token_slots [T] int (-1 = base model); ranks [S, U] int; scaling [S, U] float32;
+    slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
+    """
+    batch = _slot_batch(meta, token_slots)
+    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
+    if group is None:
+        return
+    num_slices, tokens, max_rank = buf.shape
+    b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch), 0)  # [U', S * R, out]
+    h = buf.transpose(0, 1).reshape(tokens, num_slices * max_rank).float()  # [T, S * R]
+    lo, hi = slice_offsets[0], slice_offsets[-1]
+    if group.per_slot:
+        delta = h.new_zeros(tokens, hi - lo)
+        for i, run in enumerate(group.runs):
+            delta.index_copy_(0, run, h.index_select(0, run) @ b[i])
+    else:
+        padded = h if group.identity else h.index_select(0, group.gather_rows)
+        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), b)  # [U', W, out]
+        delta = prod.view(-1, hi - lo)
+        delta = delta if group.identity else delta.index_select(0, group.scatter_rows)  # [T, out]
+        if group.inside is not None:
+            delta = delta * group.inside
+    y[:, lo:hi] += delta.to(y.dtype)

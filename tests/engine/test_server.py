@@ -372,3 +372,20 @@ def test_graceful_shutdown_finishes_running_requests(server):
     assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
     assert "Application shutdown complete" in server.log_path.read_text()
     assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs, tmp_path, stream):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{not json")
+    for ref in ({"digest": "1" * 64, "path": "/nonexistent/adapter"}, {"digest": "2" * 64, "path": str(broken)}):
+        response = server.post("/v1/generate", json={"prompt": "hi", "adapter": ref, "stream": stream})
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["type"] == "adapter_unavailable" and error["param"] == "adapter"
+        assert error["message"].startswith(f"adapter {ref['digest'][:12]} could not be loaded: ")
+        assert "nonexistent" not in error["message"] and str(tmp_path) not in error["message"]
+    health = server.get("/v1/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")

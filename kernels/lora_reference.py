@@ -90,7 +90,7 @@ def lora_shrink(
         return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
     a = group.select(dense_a(pages, a_rows, ranks, in_dim, batch), 0)  # [U', in, S * R]
     xs = x if x.dtype == torch.float32 else x.float()
-    if group.per_slot:
+    if group.per_slot and not group.identity:  # long runs: adapter by adapter, no padding
         rows = xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
         for i, run in enumerate(group.runs):
             rows.index_copy_(0, run, xs.index_select(0, run) @ a[i])
@@ -136,7 +136,7 @@ def lora_expand(
     b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch), 0)  # [U', S * R, out]
     h = buf.transpose(0, 1).reshape(tokens, num_slices * max_rank).float()  # [T, S * R]
     lo, hi = slice_offsets[0], slice_offsets[-1]
-    if group.per_slot:
+    if group.per_slot and not group.identity:
         delta = h.new_zeros(tokens, hi - lo)
         for i, run in enumerate(group.runs):
             delta.index_copy_(0, run, h.index_select(0, run) @ b[i])

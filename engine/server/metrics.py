@@ -53,6 +53,9 @@ class EngineMetrics:
                                          ["tier"], registry=r)
         self.adapters_resident = Gauge("quilt_engine_adapters_resident", "Adapters resident per tier",
                                        ["tier"], registry=r)
+        self.memory_bytes = Gauge("quilt_engine_memory_bytes",
+                                  "Engine memory by use: base_weights, kv_pages, adapter_pages, free (pages)",
+                                  ["kind"], registry=r)
         self.usage_spooled = Gauge("quilt_engine_usage_events_spooled",
                                    "Usage events spooled to disk while the broker was unreachable", registry=r)
 
@@ -65,6 +68,9 @@ class EngineMetrics:
         self.kv_usage.set(state["kv_blocks_used"] / total if total else 0.0)
         self.prefix_hit_rate.set(state["prefix_cache_hit_rate"])
         self.adapters_resident.labels(tier="gpu").set(len(state["adapters"]["gpu"]))
+        memory = state["memory"]
+        for kind in ("base_weights", "kv_pages", "adapter_pages", "free"):
+            self.memory_bytes.labels(kind=kind).set(memory[f"{kind}_bytes"])
         self.adapters_resident.labels(tier="host").set(len(state["adapters"]["host"]))
 
     def render(self) -> bytes:

@@ -351,10 +351,16 @@ def test_metrics_parse_with_prometheus_client(server, adapter_refs):
     families = {f.name: f for f in text_string_to_metric_families(response.text)}
     for name in ("quilt_engine_step_seconds", "quilt_engine_batch_size", "quilt_engine_tokens_per_second",
                  "quilt_engine_ttft_seconds", "quilt_engine_inter_token_seconds", "quilt_engine_kv_usage_ratio",
-                 "quilt_engine_adapter_loads", "quilt_engine_adapter_requests", "quilt_engine_adapter_evictions"):
+                 "quilt_engine_adapter_loads", "quilt_engine_adapter_requests", "quilt_engine_adapter_evictions",
+                 "quilt_engine_memory_bytes"):
         assert name in families, name
     tokens = {s.labels["kind"]: s.value for s in families["quilt_engine_tokens"].samples if s.name.endswith("_total")}
     assert tokens["prompt"] > 0 and tokens["completion"] >= 4
+    memory = {s.labels["kind"]: s.value for s in families["quilt_engine_memory_bytes"].samples}
+    assert memory["base_weights"] > 0 and memory["adapter_pages"] > 0 and memory["free"] > 0  # "a" stays resident
+    split = server.get("/v1/state").json()["memory"]
+    assert split["kv_pages_bytes"] + split["adapter_pages_bytes"] + split["free_bytes"] == \
+        split["pages_total"] * split["page_bytes"]
     ttft = [s for s in families["quilt_engine_ttft_seconds"].samples if s.name.endswith("_count")]
     assert any(s.labels == {"tenant": "metrics-tenant", "adapter": adapter_refs["a"]["digest"][:12]} and s.value >= 1
                for s in ttft)

@@ -1,7 +1,7 @@
 """Many adapters at once on CPU: requests each on its own adapter vs no adapter vs one shared adapter.
 
     .venv/bin/python -m benchmarks.many_adapters [--adapters 1000] [--requests 256] [--rank 8]
-        [--hidden 128 --layers 4] [--max-tokens 32] [--queued 1000] [--threads N]
+        [--hidden 128 --layers 4] [--max-tokens 32] [--queued 1000] [--threads N] [--bookkeeping]
 
 A small random Llama and N random rank-r adapters on all seven projections, written in Quilt's stored
 format and registered with the engine (read lazily from disk, in the background, when first asked
@@ -91,6 +91,49 @@ def run(engine: LLMEngine, prompts: list[list[int]], names: list[str | None], ma
     return elapsed, tokens, (sum(sizes) / len(sizes) if sizes else 0.0)
 
 
+def bookkeeping(base: Path, config: LlamaConfig, rng: random.Random) -> None:
+    """Host work that must not grow with registered adapters or the queue: per step with 10 vs 10,000
+    registered adapters (the same 64 requests over 8 of them), and add_request / schedule with 10,000
+    requests waiting behind a full batch."""
+    adapter_dirs = build_adapters(base.parent / "book", config, 8, 8)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(32)] for _ in range(64)]
+    per_step = {}
+    for registered in (10, 10_000):
+        engine = new_engine(base, adapter_dirs)
+        for i in range(registered - len(adapter_dirs)):
+            engine.register_adapter(f"{i:064x}", base / "never-read")
+        digests = list(adapter_dirs)
+        run(engine, prompts[:8], digests, 2)  # warm: the 8 adapters are loaded
+        timings = []
+        original = engine.scheduler.schedule
+
+        def timed(original=original, timings=timings):
+            start = time.perf_counter()
+            out = original()
+            timings.append(time.perf_counter() - start)
+            return out
+
+        engine.scheduler.schedule = timed
+        run(engine, prompts, [digests[i % 8] for i in range(64)], 16)
+        per_step[registered] = (sorted(timings)[len(timings) // 2] * 1000.0, min(timings) * 1000.0)
+    (median10, min10), (median10k, min10k) = per_step[10], per_step[10_000]
+    print(f"schedule() per step with 10 / 10,000 registered adapters: median {median10:.3f} / {median10k:.3f} ms "
+          f"({median10k / median10:.2f}x), fastest {min10:.3f} / {min10k:.3f} ms ({min10k / min10:.2f}x)")
+    engine = new_engine(base, {})
+    sampling = SamplingParams(max_tokens=1000, ignore_eos=True)
+    for i in range(engine.config.max_num_seqs + 10_000):
+        engine.add_request(f"w{i}", [rng.randrange(3, VOCAB) for _ in range(16)], sampling, tenant=f"t{i % 50}")
+    engine.scheduler.schedule()  # the batch is full from here on
+    start = time.perf_counter()
+    engine.add_request("one-more", [5] * 16, sampling, tenant="t0")
+    added = time.perf_counter() - start
+    start = time.perf_counter()
+    engine.scheduler.schedule()
+    scheduled = time.perf_counter() - start
+    print(f"with {len(engine.scheduler.waiting)} waiting: add_request {added * 1000:.3f} ms, "
+          f"schedule() {scheduled * 1000:.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapters", type=int, default=1000)
@@ -101,6 +144,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--queued", type=int, default=1000, help="requests on distinct adapters for the batch size")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--bookkeeping", action="store_true", help="only the host bookkeeping figures")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -108,6 +152,9 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         base, config = build_base(Path(tmp), args.hidden, args.layers)
+        if args.bookkeeping:
+            bookkeeping(base, config, rng)
+            return
         adapter_dirs = build_adapters(Path(tmp), config, args.adapters, args.rank)
         digests = list(adapter_dirs)
         prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(16, 64))] for _ in range(args.requests)]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 
@@ -165,3 +166,46 @@ def test_usage_splits_busy_time(checkpoints, llama_adapters):
         assert out.usage.prompt_tokens == len(out.prompt_token_ids)
         assert out.usage.completion_tokens == 6 and out.finish_reason == "length"
         assert out.usage.ttft_ms >= out.usage.queue_ms >= 0
+
+
+MANY = [  # rank, targets, extra LoRA settings: ranks 1 to 128, rank/alpha patterns, rsLoRA, base requests mixed in
+    (1, ALL, {}), (2, ["q_proj", "v_proj"], {}), (3, ["o_proj", "down_proj"], {}), (5, ["gate_proj", "up_proj"], {}),
+    (8, ALL, {"alpha": 4.0}), (13, ["k_proj"], {}), (21, ["q_proj", "k_proj", "v_proj"], {}), (34, ["down_proj"], {}),
+    (128, ["q_proj", "v_proj"], {}), (4, ALL, {"rank_pattern": {"k_proj": 9, "up_proj": 1}, "alpha_pattern": {"o_proj": 3.0}}),
+    (6, ["v_proj", "up_proj"], {"use_rslora": True}), (2, ALL, {"alpha": 1.0}),
+]
+
+
+@pytest.fixture(scope="module")
+def many_adapters(checkpoints):
+    root, base = checkpoints["llama"].parent / "many", checkpoints["llama"]
+    return {f"m{i}": build_adapter(base, root / f"m{i}", seed=100 + i, r=r, targets=targets, **extra)
+            for i, (r, targets, extra) in enumerate(MANY)}
+
+
+@pytest.mark.parametrize(("kv_blocks", "adapter_pages"), [(256, None), (12, 70)], ids=["roomy", "evict-and-preempt"])
+def test_more_distinct_adapters_than_old_slots_match_peft(checkpoints, many_adapters, kv_blocks, adapter_pages):
+    page_bytes = 2 * 2 * 8 * 2 * 16 * 4  # K and V, 2 layers, block 8, 2 KV heads of 16, float32
+    memory = None if adapter_pages is None else adapter_pages * page_bytes
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=8, num_kv_blocks=kv_blocks,
+                                    max_adapter_rank=128, adapter_memory_bytes=memory, max_num_batched_tokens=64))
+    assert engine.memory.page_bytes == page_bytes
+    digests = {name: engine.add_adapter(path) for name, path in many_adapters.items()}
+    names = list(many_adapters) + [None, None]
+    prompts = random_prompts(60, [3 + (5 * i) % 17 for i in range(len(names))])
+    for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+        engine.add_request(str(i), prompt, GREEDY, adapter=name and digests[name])
+    tokens: dict[str, list[int]] = {}
+    most = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        most = max(most, len(engine.scheduler.running_adapters()))
+    oracle = Oracle(checkpoints["llama"], many_adapters)
+    for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+        assert tokens[str(i)] == oracle.greedy(prompt, name, GREEDY.max_tokens), f"adapter {name}"
+    if adapter_pages is None:
+        assert most > 8  # more distinct adapters in one step than the old slot count
+    else:
+        assert engine.num_preemptions > 0 and engine.adapter_pool.num_evictions["device"] > 0
+    engine.block_manager.check_invariants([])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, merge_choices
 from engine.sampling_params import SamplingParams
 
 _batch_ids = itertools.count()
@@ -33,7 +33,8 @@ class LLM:
         adapters: list[str | None] | None = None,
         tenants: list[str] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order; with n > 1 the others are in its `choices`."""
+        """One RequestOutput per prompt, in order: completion 0 with every completion in `choices` and the
+        request's usage (engine.outputs.merge_choices)."""
         count = len(prompts)
         samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * count
         adapters = adapters or [None] * count
@@ -64,7 +65,5 @@ class LLM:
                 time.sleep(0.001)  # nothing could run: adapters are still loading
         results = []
         for request_id, params in zip(request_ids, samplings, strict=True):
-            choices = [final[(request_id, index)] for index in range(params.n)]
-            choices[0].choices = choices
-            results.append(choices[0])
+            results.append(merge_choices([final[(request_id, index)] for index in range(params.n)]))
         return results

@@ -1,5 +1,6 @@
 """What the engine hands back for a request."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -39,3 +40,18 @@ class RequestOutput:
     error: str | None = None
     error_type: str | None = None  # "adapter_unavailable" when the request's adapter could not be loaded
     choices: list["RequestOutput"] = field(default_factory=list)
+
+
+def merge_choices(outputs: list[RequestOutput]) -> RequestOutput:
+    """The one place a request's n completions (final outputs, by index) become one answer, for the offline
+    LLM and the server alike: completion 0 carrying all of them in `choices` and the request's usage (the
+    prompt counted once, completions, GPU time summed, the earliest queue time and first token)."""
+    first = outputs[0]
+    ttfts = [o.usage.ttft_ms for o in outputs if o.usage.ttft_ms is not None]
+    usage = Usage(
+        prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,
+        completion_tokens=sum(o.usage.completion_tokens for o in outputs),
+        queue_ms=min(o.usage.queue_ms for o in outputs), ttft_ms=min(ttfts) if ttfts else None,
+        gpu_ms=sum(o.usage.gpu_ms for o in outputs),
+    )
+    return dataclasses.replace(first, usage=usage, choices=list(outputs))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput, Usage
+from engine.outputs import RequestOutput, Usage, merge_choices
 from engine.server.metrics import EngineMetrics, adapter_label
 from engine.server.protocol import BadRequest, GenerateRequest
 from engine.usage.emitter import UsageEmitter
@@ -221,7 +221,7 @@ class EngineLoop:
         outputs = [handle.finished[i] for i in sorted(handle.finished)]
         reasons = [o.finish_reason for o in outputs]
         reason = "error" if "error" in reasons else "abort" if handle.aborted else reasons[0]
-        usage = combined_usage([o.usage for o in outputs])
+        usage = merge_choices(outputs).usage
         end = RequestEnd(finish_reason=reason, usage=usage, e2e_ms=(now - handle.arrival) * 1000.0, outputs=outputs)
         request = handle.request
         self.metrics.requests.labels(tenant=request.tenant, adapter=adapter_label(handle.adapter),
@@ -300,14 +300,3 @@ class EngineLoop:
             "last_step": self.last_step,
             "accepting": self.accepting,
         }
-
-
-def combined_usage(usages: list[Usage]) -> Usage:
-    """One request's usage over its n completions: the prompt counted once, the completions summed."""
-    first = usages[0]
-    ttfts = [u.ttft_ms for u in usages if u.ttft_ms is not None]
-    return Usage(
-        prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
-        completion_tokens=sum(u.completion_tokens for u in usages), queue_ms=min(u.queue_ms for u in usages),
-        ttft_ms=min(ttfts) if ttfts else None, gpu_ms=sum(u.gpu_ms for u in usages),
-    )

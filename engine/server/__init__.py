@@ -1,7 +1,8 @@
 """The engine's internal HTTP API, served by `python -m engine`. Every call needs
 `Authorization: Bearer $QUILT_ENGINE_TOKEN` (401 otherwise). Errors are
 `{"error": {"type", "message", "param"}}` with 400 (bad request, before anything is scheduled),
-404, 409 (conflicts with running work) or 503 (shutting down).
+404, 409 (conflicts with running work) or 503 (shutting down; or, type "adapter_unavailable" with param
+"adapter", when the request's adapter cannot be loaded: that request alone fails, health stays ok).
 
 POST /v1/generate            {request_id?, tenant?, weight?, api_key_id?, metadata?,
                               adapter?: digest | {digest, path?},
@@ -13,8 +14,10 @@ POST /v1/tokenize            {prompt | prompt_token_ids | messages} -> {count, t
 POST /v1/adapters/prefetch   {digest, path?, tier?: "host" | "gpu"} -> {digest, resident: [tiers]}
 DELETE /v1/adapters/{digest} -> {digest, evicted: [tiers]} | 404 unknown | 409 in use
 GET /v1/health               {status: ok | draining | unhealthy, model, device, max_model_len} (503 unless ok)
-GET /v1/state                running/waiting (and per request), KV blocks, prefix-cache hit rate,
-                             adapters per tier, steps and tokens per second, the last step's batch
+GET /v1/state                running/waiting (and per request), pages (KV blocks and adapter pages share them),
+                             memory split {base_weights, kv_pages, adapter_pages, free}_bytes, prefix-cache
+                             hit rate, adapters per tier ("gpu" is the device tier, also on CPU), steps and
+                             tokens per second, the last step's batch
 GET /metrics                 Prometheus text format
 
 An adapter without `path` is looked for in `--adapter-store/<digest>`. Each request's end (finished,

@@ -21,7 +21,7 @@ from engine.outputs import Logprob, RequestOutput, Usage
 from engine.paged_memory import PagedMemory
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.tokenizer import TextStream, Tokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -212,7 +212,7 @@ class LLMEngine:
                     try:
                         self._finish(seq, "error", message)
                     except Exception:  # the state may be what broke: the output still goes out
-                        seq.status, seq.finish_reason, seq.error = seq.status.FINISHED, "error", message
+                        seq.status, seq.finish_reason, seq.error = SequenceStatus.FINISHED, "error", message
                     outputs.append(self._output(seq, []))
         return outputs
 

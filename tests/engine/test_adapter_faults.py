@@ -2,6 +2,7 @@
 takes no pages, and leaves the engine serving everyone else (in Quilt's stored format and PEFT's)."""
 
 import json
+import time
 
 import pytest
 import safetensors.torch
@@ -79,11 +80,15 @@ FAULTS = {
 
 def run_all(engine):
     outputs = {}
-    for _ in range(1000):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        steps = engine.num_steps
         for out in engine.step():
             outputs[out.request_id] = out
         if not engine.has_unfinished():
             return outputs
+        if engine.num_steps == steps:
+            time.sleep(0.002)  # an adapter is loading in the background
     raise AssertionError("engine did not finish")
 
 

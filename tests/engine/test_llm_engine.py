@@ -1,6 +1,7 @@
 """The online engine: background adapter loading, failed loads, aborts and state."""
 
 import shutil
+import time
 
 import pytest
 
@@ -25,11 +26,15 @@ def adapter_dirs(checkpoints, tmp_path_factory):
 
 def run_all(engine):
     outputs = {}
-    for _ in range(500):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        steps = engine.num_steps
         for out in engine.step():
             outputs[out.request_id] = out
         if not engine.has_unfinished():
             return outputs
+        if engine.num_steps == steps:
+            time.sleep(0.002)  # an adapter is loading in the background
     raise AssertionError("engine did not finish")
 
 
@@ -72,3 +77,20 @@ def test_abort_frees_everything(checkpoints):
     assert not engine.has_unfinished()
     engine.block_manager.check_invariants([])
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks and engine.step() == []
+
+
+def test_abort_and_fail_all_return_final_outputs(checkpoints):
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=32, max_num_seqs=1))
+    long = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True, n=2)
+    prompts = random_prompts(42, [5, 7, 4])
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, long)
+    for _ in range(3):
+        engine.step()
+    aborted = engine.abort("0")
+    assert sorted(o.index for o in aborted) == [0, 1] and all(o.finished and o.finish_reason == "abort" for o in aborted)
+    assert engine.abort("0") == []
+    failed = engine.fail_all("engine step failed")
+    assert sorted((o.request_id, o.index) for o in failed) == [("1", 0), ("1", 1), ("2", 0), ("2", 1)]
+    assert all(o.finish_reason == "error" and o.error == "engine step failed" for o in failed)
+    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -366,20 +366,6 @@ def test_metrics_parse_with_prometheus_client(server, adapter_refs):
                for s in ttft)
 
 
-def test_graceful_shutdown_finishes_running_requests(server):
-    body = {"request_id": "last-1", "prompt": "the cat", "stream": True,
-            "sampling": {"max_tokens": MIX, "ignore_eos": True}}
-    with server.stream("POST", "/v1/generate", json=body) as response:
-        lines = stream_lines(response)
-        next(lines)
-        server.process.send_signal(signal.SIGTERM)
-        final = [e for e in lines if e["type"] == "final"][0]
-    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == MIX
-    assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
-    assert "Application shutdown complete" in server.log_path.read_text()
-    assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs, tmp_path, stream):
     broken = tmp_path / "broken"
@@ -395,3 +381,18 @@ def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs,
     health = server.get("/v1/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")
+
+
+def test_graceful_shutdown_finishes_running_requests(server):
+    body = {"request_id": "last-1", "prompt": "the cat", "stream": True,
+            "sampling": {"max_tokens": MIX, "ignore_eos": True}}
+    with server.stream("POST", "/v1/generate", json=body) as response:
+        lines = stream_lines(response)
+        next(lines)
+        server.process.send_signal(signal.SIGTERM)
+        final = [e for e in lines if e["type"] == "final"][0]
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == MIX
+    assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+    assert "Application shutdown complete" in server.log_path.read_text()
+    assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"
+

@@ -58,9 +58,12 @@ class LLMEngine:
         shapes = adapters.BaseShapes.from_config(self.hf_config)
         widths = row_widths(shapes)
         chunk = config.block_size * args.num_kv_heads * args.head_dim
-        if max(max(w) for w in widths) > chunk:
-            raise ValueError(f"a page chunk (block_size * kv_heads * head_dim = {chunk}) must hold one adapter row "
-                             f"of up to {max(max(w) for w in widths)} values: raise block_size")
+        widest = max(max(w) for w in widths)
+        if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
+            fits = 1 << (-(-widest // (args.num_kv_heads * args.head_dim)) - 1).bit_length()
+            raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
+                             f"chunk (block_size * kv_heads * head_dim = {chunk}) must hold a row of {widest} "
+                             f"values; use block_size {fits} or more")
         num_pages = self._num_pages(model, widths, chunk)
         self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
                                   kv_heads=args.num_kv_heads, head_dim=args.head_dim,

@@ -94,3 +94,9 @@ def test_abort_and_fail_all_return_final_outputs(checkpoints):
     assert sorted((o.request_id, o.index) for o in failed) == [("1", 0), ("1", 1), ("2", 0), ("2", 1)]
     assert all(o.finish_reason == "error" and o.error == "engine step failed" for o in failed)
     assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_block_size_too_small_for_adapter_rows_is_refused_with_the_fix(checkpoints):
+    # chunk = 2 tokens * 2 KV heads * 16 = 64 values; gate/up rows are 96 wide
+    with pytest.raises(ValueError, match="use block_size 4 or more"):
+        LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=2, num_kv_blocks=64))

@@ -81,8 +81,13 @@ def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiE
 class Exchange:
     """The state of one admitted request."""
 
-    def __init__(self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int):
+    def __init__(
+        self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
+        hold_tokens: int, hold_spend_micros: int,
+    ):  # fmt: skip
         self.request_id = request_id
+        self.hold_tokens = hold_tokens
+        self.hold_spend_micros = hold_spend_micros
         self.caller = caller
         self.target = target
         self.generation = generation
@@ -210,12 +215,18 @@ class Exchange:
             usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
             if self.broke and self.engine is not None:
                 await self._report_lost_usage(self.engine)
-        spend = self.caller.spend(
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens
-        )
+        if self.usage_reported:  # the engine's counts
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            spend_micros = spend_to_micros(self.caller.spend(
+                base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            ))  # fmt: skip
+        else:  # the stream broke or the client left before the engine's counts: keep what was held
+            tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
+        # Provisional either way: metering's settle, after it recorded the engine's event, is the final one.
         await admission_settle(
-            tenant_id=self.caller.tenant_id, request_id=self.request_id,
-            tokens=usage.prompt_tokens + usage.completion_tokens, spend_micros=spend_to_micros(spend),
+            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
+            final=False,
         )  # fmt: skip
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
@@ -242,15 +253,21 @@ async def admit(
     if prompt_tokens > 0 and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
         prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
     tokens = prompt_tokens + generation.n * max_tokens
-    spend = caller.spend(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=generation.n * max_tokens)
+    spend_micros = spend_to_micros(caller.spend(
+        base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
+        completion_tokens=generation.n * max_tokens,
+    ))  # fmt: skip
     decision = await admission_acquire(
-        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
         limits=caller.limits,
     )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
         raise refusal(decision, headers, tokens=tokens)
-    exchange = Exchange(request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens)
+    exchange = Exchange(
+        request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
+        hold_tokens=tokens, hold_spend_micros=spend_micros,
+    )  # fmt: skip
     return exchange, headers
 
 

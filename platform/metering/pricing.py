@@ -1,7 +1,9 @@
-"""Price and cost arithmetic, all in Decimal.
+"""Price and cost arithmetic, all in Decimal: the one price function for admission's holds, settlement, metering
+and invoices.
 
 price = (uncached input × input rate + cached input × cached rate + output × output rate) / 1e6, exact to 12 places
 (token counts are integers, rates have 6 places). cost = gpu_ms × hourly price / 3.6e6, rounded to 12 places.
+Rates: a plan's ModelPrice row for the base model where one exists, else the plan's own prices.
 """
 
 from dataclasses import dataclass
@@ -31,6 +33,15 @@ def rates_for(
     return Rates(
         source.price_input_per_mtok, source.price_cached_input_per_mtok, source.price_output_per_mtok
     )
+
+
+def plan_rates(*, plan: Plan) -> tuple[Rates, dict[str, Rates]]:
+    """The plan's own rates and its per-base-model overrides (what the gateway keeps with a caller)."""
+    overrides = {
+        price.base_model: Rates(price.price_input_per_mtok, price.price_cached_input_per_mtok, price.price_output_per_mtok)
+        for price in ModelPrice.objects.filter(plan=plan)
+    }
+    return rates_for(plan=plan, base_model=""), overrides
 
 
 def request_price(*, rates: Rates, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:

@@ -203,6 +203,7 @@ QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SEC
 CELERY_BEAT_SCHEDULE["gateway-check-engines"] = {
     "task": "gateway.check_engines", "schedule": float(QUILT_ENGINE_HEALTH_INTERVAL_SECONDS)
 }
+CELERY_BEAT_SCHEDULE["gateway-reconcile-admission"] = {"task": "gateway.reconcile_admission", "schedule": 300.0}
 
 LOGGING = {
     "version": 1,

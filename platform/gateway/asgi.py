@@ -18,12 +18,16 @@ import logging
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.urls import Resolver404, resolve
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.errors import ApiError
+from gateway.connections import DATABASE_DOWN
+from gateway.errors import ApiError, service_unavailable
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
 PREFIX = "/v1/"
+STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)
 
 
 async def _read_body(receive) -> bytes | None:
@@ -65,6 +69,9 @@ async def _serve(request, send) -> None:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
     except asyncio.CancelledError:
         raise
+    except STORE_DOWN as error:
+        log.warning("the inference API could not reach a store on %s %s: %r", request.method, request.path, error)
+        response = service_unavailable().response()
     except Exception:
         log.exception("the inference API failed on %s %s", request.method, request.path)
         response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()

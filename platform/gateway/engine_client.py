@@ -27,6 +27,23 @@ class EngineBroke(Exception):
     """The engine failed after the stream had started."""
 
 
+class AdapterUnavailable(Exception):
+    """The engine could not load this request's adapter (missing, corrupt, wrong shape): this request fails, the
+    engine stays healthy for everyone else. The message is the engine's, for logs only."""
+
+
+ADAPTER_UNAVAILABLE = "adapter_unavailable"  # the engine's error type (answer body or final event's error_type)
+
+
+def _error_type(response_body: bytes) -> str | None:
+    try:
+        body = json.loads(response_body)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("type") if isinstance(error, dict) else None
+
+
 @dataclass(frozen=True)
 class EngineRef:
     name: str
@@ -108,6 +125,8 @@ class GenerateStream:
         if status >= 400:
             body = await self._response.aread()
             await self._response.aclose()
+            if status == 503 and _error_type(body) == ADAPTER_UNAVAILABLE:
+                raise AdapterUnavailable(f"{self.engine.name}: {_error_message(body)}")
             if status >= 500 or status in (401, 403, 404, 429):
                 raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
             raise EngineRejected(status, _error_message(body))

@@ -23,10 +23,20 @@ from gateway.admission import (
     seconds_to_month_end,
     spend_to_micros,
 )
+from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
-from gateway.engine_client import EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
+from gateway.connections import DATABASE_DOWN, checked_connection
+from gateway.engine_client import (
+    ADAPTER_UNAVAILABLE,
+    AdapterUnavailable,
+    EngineBroke,
+    EngineRef,
+    EngineRejected,
+    EngineUnavailable,
+    GenerateStream,
+)
 from gateway.engine_events import Read, event_read
-from gateway.errors import ApiError, invalid, no_engine
+from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, error_event
 from gateway.routing import router
@@ -102,6 +112,7 @@ class Exchange:
         self.first: list[dict] = []  # the first event, read while a retry was still possible
         self.usage_reported = False
         self.broke = False
+        self.error_type: str | None = None  # the engine's, when it failed the request
         self._settled = False
 
     def metadata(self, engine: EngineRef) -> dict:
@@ -142,16 +153,20 @@ class Exchange:
             self.stream = await GenerateStream(engine, self.payload(engine)).open()
         self._events = self.stream.events()
         try:
-            self.first = [await anext(self._events)]
+            first = await anext(self._events)
         except (EngineBroke, StopAsyncIteration) as error:
             await self.stream.close()
             self.stream = None
             raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
+        if first.get("type") == "final" and first.get("error_type") == ADAPTER_UNAVAILABLE:
+            await self.stream.close()
+            self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
+            raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
+        self.first = [first]
 
     async def open(self) -> None:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
-        if router.snapshot_stale():
-            await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+        await engines_refresh()
         tried: set[str] = set()
         for _ in range(ATTEMPTS):
             candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
@@ -169,6 +184,11 @@ class Exchange:
                 router.suspect(engine.name)
                 self.engine = None
                 tried.add(engine.name)
+            except AdapterUnavailable as error:  # this request's adapter only: the engine serves everyone else
+                log.warning("adapter unavailable for %s: %s", self.request_id, error)
+                router.ended(engine)
+                self.engine = None
+                raise adapter_unavailable(self.target.name) from None
             except EngineRejected as rejected:
                 raise invalid(rejected.message, code="engine_rejected") from None
         raise no_engine()
@@ -192,6 +212,7 @@ class Exchange:
                     usage.completion_tokens = read.usage["completion_tokens"]
                     self.usage_reported = True
                 if read.error is not None:
+                    self.error_type = read.error_type
                     raise EngineBroke(read.error)
                 yield read
         except EngineBroke:
@@ -215,18 +236,20 @@ class Exchange:
             usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
             if self.broke and self.engine is not None:
                 await self._report_lost_usage(self.engine)
+        final = False  # metering's settle, once it recorded the engine's usage event, is the final one
         if self.usage_reported:  # the engine's counts
             tokens = usage.prompt_tokens + usage.completion_tokens
             spend_micros = spend_to_micros(self.caller.spend(
                 base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
             ))  # fmt: skip
-        else:  # the stream broke or the client left before the engine's counts: keep what was held
+        elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
             tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
-        # Provisional either way: metering's settle, after it recorded the engine's event, is the final one.
+        else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
+            tokens, spend_micros, final = 0, 0, True
         await admission_settle(
             tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
-            final=False,
+            final=final,
         )  # fmt: skip
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
@@ -263,6 +286,7 @@ async def admit(
     )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
+        budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
         raise refusal(decision, headers, tokens=tokens)
     exchange = Exchange(
         request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
@@ -271,9 +295,24 @@ async def admit(
     return exchange, headers
 
 
+async def engines_refresh() -> None:
+    """Re-reads the engines once a second; while the database is away, routes on the engines last read."""
+    if not router.snapshot_stale():
+        return
+    try:
+        await _load_snapshot()
+    except DATABASE_DOWN as error:
+        if not router.has_snapshot():
+            raise
+        router.keep_snapshot()
+        log.warning("engines not re-read (the database is unreachable: %s); routing on the last snapshot", error)
+
+
+_load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_sensitive=False)
+
+
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
-    if router.snapshot_stale():
-        await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+    await engines_refresh()
     for engine in router.candidates(digest=target.digest)[:1]:
         try:
             return await engine_client.tokenize(engine, prompt=generation.prompt, messages=generation.messages)
@@ -312,6 +351,8 @@ async def _whole(exchange: Exchange) -> HttpResponse:
             pass
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
+        if exchange.error_type == ADAPTER_UNAVAILABLE:
+            raise adapter_unavailable(exchange.target.name) from None
         raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
     finally:
         await asyncio.shield(exchange.settle())
@@ -332,7 +373,10 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
         yield DONE
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
-        yield error_event(message="The engine failed while generating this response.", code="engine_error")
+        if exchange.error_type == ADAPTER_UNAVAILABLE:
+            yield error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE)
+        else:
+            yield error_event(message="The engine failed while generating this response.", code="engine_error")
     finally:
         await asyncio.shield(exchange.settle())
 

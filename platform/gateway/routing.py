@@ -54,6 +54,13 @@ class Router:
         ]  # fmt: skip
         self._loaded_at = time.monotonic()
 
+    def has_snapshot(self) -> bool:
+        return self._loaded_at >= 0
+
+    def keep_snapshot(self) -> None:
+        """Use the engines last read for another interval (the database could not be read)."""
+        self._loaded_at = time.monotonic()
+
     def candidates(self, *, digest: str | None, exclude: frozenset[str] = frozenset()) -> list[EngineRef]:
         now = time.monotonic()
         usable = [

@@ -104,14 +104,15 @@ CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A task a killed worker took but never acknowledged goes back to a Redis queue after the visibility timeout,
+# found by a sweep of any live worker every few seconds (kombu's default is an hour). Tasks are idempotent;
+# one that runs longer than the timeout may be delivered twice.
+REDIS_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=50),
+    "unacked_restore_interval": 5, "unacked_restore_throttle": 1,
+}  # fmt: skip
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-    # A task a killed worker took but never acknowledged goes back to the queue after the visibility timeout,
-    # found by a sweep of any live worker every few seconds (kombu's default is an hour). Tasks are idempotent;
-    # one that runs longer than the timeout may be delivered twice.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=50),
-        "unacked_restore_interval": 5, "unacked_restore_throttle": 1,
-    }  # fmt: skip
+    CELERY_BROKER_TRANSPORT_OPTIONS = REDIS_BROKER_TRANSPORT_OPTIONS
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

@@ -1,9 +1,12 @@
 """What the gateway adds: the same streamed requests, to the same engine, directly and through the gateway.
 
-    python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR]
+    python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR] [--engine instant]
 
 Starts PostgreSQL-backed Django state (database `quilt_bench`, dropped and recreated), Redis admission (db 12),
-one engine on a tiny random Llama (or --model) and one gateway under uvicorn, then at each concurrency level
+one engine on a tiny random Llama (or --model; or, with `--engine instant`, benchmarks/instant_engine.py, a
+stand-in that answers at once, so that the figures are the gateway's own cost) and one gateway under uvicorn;
+the tenant has rate limits and a monthly token budget and spend limit, so admission runs every check. At each
+concurrency level it
 runs the requests directly against the engine's /v1/generate and through the gateway's /v1/completions
 (streaming), alternating the two so that both see the same machine. Prints p50/p99 time to first token each
 way, the added p50/p99, and the gateway's requests per second. Nothing is asserted.
@@ -75,7 +78,8 @@ def seed(model_dir: Path, engine_url: str) -> str:
 
     call_command("registerbasemodel", "bench", str(model_dir), verbosity=0)
     plan = Plan.objects.create(slug="bench", name="Bench", requests_per_minute=10**7, tokens_per_minute=10**9,
-                               max_concurrent_requests=10_000)  # fmt: skip
+                               max_concurrent_requests=10_000, monthly_token_budget=10**12,
+                               monthly_spend_limit=10**9)  # fmt: skip
     tenant = Tenant.objects.create(slug="bench", name="Bench", plan=plan)
     _, key = ApiKey.objects.create_key(tenant=tenant, name="bench", scopes=["inference"])
     engine = engine_register(actor=Actor.system(), name="bench-engine", url=engine_url)
@@ -168,11 +172,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--model", type=Path, help="a Llama checkpoint folder (default: a tiny random one)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--engine", choices=("real", "instant"), default="real",
+                        help="instant: the stand-in that answers at once (the gateway's own cost)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
     model_dir = args.model
-    if model_dir is None:
+    if model_dir is None:  # registered as the base model (the instant stand-in never reads it)
         sys.path.insert(0, str(REPO))
         from tests.engine.conftest import build_checkpoint
 
@@ -191,10 +197,14 @@ def main() -> None:
     setup_django(env)
     engine_port, gateway_port = free_port(), free_port()
     engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    if args.engine == "instant":
+        engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
+                          "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    else:
+        engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
+                          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
     processes = [
-        subprocess.Popen([sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
-                          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"],
-                         cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),  # fmt: skip
+        subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),
         subprocess.Popen([sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
                           "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
                          cwd=REPO, env=env),  # fmt: skip

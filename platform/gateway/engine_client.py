@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+
 
 class EngineUnavailable(Exception):
     """The engine could not be reached or failed before sending anything: another one may serve the request."""
@@ -32,7 +34,6 @@ class AdapterUnavailable(Exception):
     engine stays healthy for everyone else. The message is the engine's, for logs only."""
 
 
-ADAPTER_UNAVAILABLE = "adapter_unavailable"  # the engine's error type (answer body or final event's error_type)
 
 
 def _error_type(response_body: bytes) -> str | None:
@@ -139,7 +140,7 @@ class GenerateStream:
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                if event.get("type") == "final":
+                if event.get("type") == EVENT_FINAL:
                     self.finished = True  # read on to the body's end: the connection then goes back to the pool
                 yield event
         except (httpx.HTTPError, ValueError) as error:

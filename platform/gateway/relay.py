@@ -15,7 +15,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from gateway import engine_client
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from gateway import engine_client, metrics
 from gateway.admission import (
     Decision,
     admission_acquire,
@@ -27,7 +28,6 @@ from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
 from gateway.connections import DATABASE_DOWN, checked_connection
 from gateway.engine_client import (
-    ADAPTER_UNAVAILABLE,
     AdapterUnavailable,
     EngineBroke,
     EngineRef,
@@ -107,6 +107,8 @@ class Exchange:
         )
         self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
         self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
         self.first: list[dict] = []  # the first event, read while a retry was still possible
@@ -158,7 +160,7 @@ class Exchange:
             await self.stream.close()
             self.stream = None
             raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
-        if first.get("type") == "final" and first.get("error_type") == ADAPTER_UNAVAILABLE:
+        if first.get("type") == EVENT_FINAL and first.get("error_type") == ADAPTER_UNAVAILABLE:
             await self.stream.close()
             self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
             raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
@@ -206,6 +208,9 @@ class Exchange:
                 read = event_read(event, token_text=self.token_text)
                 for delta in read.deltas:
                     self.builder.apply(delta)
+                    if self.first_token_at is None and delta.tokens:
+                        self.first_token_at = time.monotonic()
+                        metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
                     usage = self.builder.usage
                     usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
@@ -247,10 +252,21 @@ class Exchange:
             tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
         else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
             tokens, spend_micros, final = 0, 0, True
+        self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
+                      else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
             tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
             final=final,
         )  # fmt: skip
+
+    def _measure(self, *, outcome: str) -> None:
+        metrics.requests.labels(*self.labels, outcome).inc()
+        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
+        if self.usage_reported:
+            usage = self.builder.usage
+            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
+            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(
@@ -287,6 +303,7 @@ async def admit(
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
         budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
+        metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
         raise refusal(decision, headers, tokens=tokens)
     exchange = Exchange(
         request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,

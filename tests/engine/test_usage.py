@@ -259,3 +259,10 @@ def test_kill_9_right_after_emit_returns_loses_nothing(tmp_path, private_redis):
     assert sorted(e["request_id"] for e in events) == [f"inflight-{i}" for i in range(5)]
     assert not UsageSpool(spool_path).has_pending()
     assert spool_path.stat().st_size == 0  # all acknowledged: the log is truncated
+
+
+def test_the_engine_gateway_contract_imports_without_torch_or_django():
+    code = ("import sys, engine.contract; bad = {'torch', 'django'} & set(sys.modules); "
+            "assert not bad, bad; assert engine.contract.UsageEvent is __import__('engine.usage.event', "
+            "fromlist=['x']).UsageEvent")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

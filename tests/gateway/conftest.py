@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import REPO, start_worker, stop_worker, test_database_url
 
 ENGINE_TOKEN = "gateway-tests-engine-token"
+METRICS_TOKEN = "gateway-tests-metrics-token"
 BASE_MODEL = "tiny"
 # A budget request: prompt "w10 w11" held as 7 bytes + 16 template tokens, plus max_tokens 4. The budget fits 20.
 BUDGET_HOLD = 7 + 16 + 4
@@ -218,6 +219,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
         "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
         "MEDIA_ROOT": str(media),
         "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
+        "QUILT_METRICS_TOKEN": METRICS_TOKEN,
         "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
         "LOG_LEVEL": "WARNING",
     }

@@ -36,13 +36,16 @@ class AdapterUnavailable(Exception):
 
 
 
-def _error_type(response_body: bytes) -> str | None:
+def _error_fields(response_body: bytes) -> tuple[str | None, str]:
+    """The engine's error type and param, from its answer's body."""
     try:
         body = json.loads(response_body)
     except ValueError:
-        return None
+        return None, ""
     error = body.get("error") if isinstance(body, dict) else None
-    return error.get("type") if isinstance(error, dict) else None
+    if not isinstance(error, dict):
+        return None, ""
+    return error.get("type"), str(error.get("param") or "")
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,11 @@ class GenerateStream:
         if status >= 400:
             body = await self._response.aread()
             await self._response.aclose()
-            if status == 503 and _error_type(body) == ADAPTER_UNAVAILABLE:
-                raise AdapterUnavailable(f"{self.engine.name}: {_error_message(body)}")
+            kind, param = _error_fields(body)
+            # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
+            # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
+            if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
+                raise AdapterUnavailable(f"{self.engine.name}: {status} {_error_message(body)}")
             if status >= 500 or status in (401, 403, 404, 429):
                 raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
             raise EngineRejected(status, _error_message(body))

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -47,6 +48,14 @@ log = logging.getLogger(__name__)
 
 TEMPLATE_OVERHEAD_TOKENS = 16  # per message, for the chat template's markers
 ATTEMPTS = 2  # an engine that fails before the first event is retried once on another
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
+
+
+def without_paths(message: str) -> str:
+    """An engine's refusal as the client may read it: no filesystem paths of the engine's host."""
+    return _PATH.sub("<path>", message)
 
 
 def estimate_prompt_tokens(generation: GenerationRequest) -> int:
@@ -192,7 +201,7 @@ class Exchange:
                 self.engine = None
                 raise adapter_unavailable(self.target.name) from None
             except EngineRejected as rejected:
-                raise invalid(rejected.message, code="engine_rejected") from None
+                raise invalid(without_paths(rejected.message), code="engine_rejected") from None
         raise no_engine()
 
     async def reads(self) -> AsyncIterator[Read]:
@@ -336,7 +345,7 @@ async def _count_tokens(generation: GenerationRequest, target: Target) -> int | 
         except EngineUnavailable:
             return None
         except EngineRejected as rejected:
-            raise invalid(rejected.message) from None
+            raise invalid(without_paths(rejected.message)) from None
     return None
 
 

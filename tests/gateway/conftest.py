@@ -161,7 +161,8 @@ def _seed(stack: Stack) -> None:
     for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
                          ("hangup", hangup)):  # fmt: skip
         stack.ids[name] = tenant.pk
-    for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a")):
+    for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
+                                  (rival, "fragile", "c")):  # fmt: skip
         call_command("importadapter", tenant.slug, adapter, str(stack.adapter_dirs[path]), verbosity=0)
     for name, tenant, scopes, extra in (
         ("main", main, [Scope.INFERENCE], {}),

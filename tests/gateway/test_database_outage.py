@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, test_database_url
+from tests.conftest import REPO
+from tests.conftest import test_database_url as database_url
 from tests.gateway.conftest import BASE_MODEL, free_port, launch_gateway, stop, wait_for_gateway, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -67,7 +68,7 @@ def private_postgres():
     server = PrivatePostgres()
     try:
         server.start()
-        source = test_database_url().replace("postgres://", "postgresql://")
+        source = database_url().replace("postgres://", "postgresql://")
         schema = subprocess.run([str(server.bin / "pg_dump"), "--schema-only", "--no-owner", source], check=True,
                                 capture_output=True, text=True).stdout  # fmt: skip
         admin = f"postgresql://postgres@127.0.0.1:{server.port}/postgres"

@@ -63,6 +63,7 @@ class Response:
         self.headers: dict[bytes, bytes] = {}
         self._chunks: collections.deque[bytes] = collections.deque()
         self._headers_done = False
+        self._keep_alive = False
         self._complete = False
         self._parser = httptools.HttpResponseParser(self)
 
@@ -73,6 +74,7 @@ class Response:
     def on_headers_complete(self) -> None:
         self._headers_done = True
         self.status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()  # only valid while parsing
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -130,7 +132,7 @@ class Response:
     def _release(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
-            if self._parser.should_keep_alive():
+            if self._keep_alive:
                 self._pool.give(self._address, connection)
             else:
                 connection.close()

@@ -125,11 +125,17 @@ async def run_level(call, concurrency: int, requests: int) -> tuple[list[float],
     return ttfts, requests / (time.perf_counter() - started)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dict]:
+async def measure(args, engine_url: str, gateway_url: str, key: str, gateway_pid: int) -> list[dict]:
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
@@ -139,11 +145,13 @@ async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dic
         await run_level(gateway, 4, 20)  # warm both paths
         for level in args.levels:
             requests = max(args.requests, level)
-            direct_ttfts, gateway_ttfts, gateway_rps = [], [], []
+            direct_ttfts, gateway_ttfts, gateway_rps, gateway_cpu = [], [], [], 0.0
             for _ in range(args.rounds):  # alternate, so both see the same machine
                 ttfts, _ = await run_level(direct, level, requests // args.rounds)
                 direct_ttfts += ttfts
+                cpu_before = cpu_seconds(gateway_pid)
                 ttfts, rps = await run_level(gateway, level, requests // args.rounds)
+                gateway_cpu += cpu_seconds(gateway_pid) - cpu_before
                 gateway_ttfts += ttfts
                 gateway_rps.append(rps)
             row = {"concurrency": level, "requests": len(gateway_ttfts)}
@@ -153,12 +161,17 @@ async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dic
             row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
             row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
             row["gateway_rps"] = statistics.mean(gateway_rps)
+            # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
+            # whatever else shares this machine.
+            row["gateway_cpu_ms"] = gateway_cpu / len(gateway_ttfts) * 1000
+            row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
             rows.append(row)
             print(
                 f"concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms p99 {row['direct_p99_ms']:8.2f} ms"
                 f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
                 f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
-                f" | gateway {row['gateway_rps']:7.1f} req/s",
+                f" | gateway {row['gateway_rps']:7.1f} req/s"
+                f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
                 flush=True,
             )
     return rows
@@ -215,7 +228,7 @@ def main() -> None:
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
         print(f"engine {engine_url}, gateway {gateway_url}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
-        rows = asyncio.run(measure(args, engine_url, gateway_url, key))
+        rows = asyncio.run(measure(args, engine_url, gateway_url, key, processes[1].pid))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:

@@ -1,8 +1,10 @@
 """Reads over the gateway's state for the console and operators."""
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 from gateway.admission import held_totals, spend_to_micros
+from gateway.models import Engine
 from metering.selectors import usage_month_recorded
 
 
@@ -39,3 +41,8 @@ def admission_month_drift(*, tenant_id: int) -> AdmissionDrift:
         provisional_tokens=totals.provisional_tokens, provisional_spend_micros=totals.provisional_spend_micros,
         live_holds=totals.live_holds, held_tokens=totals.held_tokens,
     )  # fmt: skip
+
+
+def engine_gpu_prices(names: set[str]) -> dict[str, Decimal]:
+    """Engine name -> its pool's hourly GPU price (metering's source for each request's cost)."""
+    return dict(Engine.objects.filter(name__in=names).values_list("name", "gpu_price_per_hour"))

@@ -6,6 +6,7 @@ price = (uncached input × input rate + cached input × cached rate + output × 
 Rates: a plan's ModelPrice row for the base model where one exists, else the plan's own prices.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -52,3 +53,19 @@ def request_price(*, rates: Rates, prompt_tokens: int, cached_tokens: int, compl
 
 def gpu_cost(*, gpu_ms: Decimal, gpu_price_per_hour: Decimal) -> Decimal:
     return (gpu_ms * gpu_price_per_hour / MS_PER_HOUR).quantize(MONEY_PLACES, rounding=ROUND_HALF_EVEN)
+
+
+# Where engines' hourly GPU prices come from: the app that knows engines (the gateway) provides it at start-up
+# (`gpu_price_source_set`), so that metering does not import it back.
+_gpu_price_source: Callable[[set[str]], dict[str, Decimal]] | None = None
+
+
+def gpu_price_source_set(source: Callable[[set[str]], dict[str, Decimal]]) -> None:
+    global _gpu_price_source
+    _gpu_price_source = source
+
+
+def engine_gpu_prices(*, names: set[str]) -> dict[str, Decimal]:
+    """Engine name -> hourly GPU price, for the engines named; none known without a source."""
+    names = {name for name in names if name}
+    return _gpu_price_source(names) if _gpu_price_source is not None and names else {}

@@ -16,10 +16,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apikeys.models import ApiKey
-from gateway.models import Engine
 from metering.events import BadEvent, UsageRecord, usage_record_parse
 from metering.models import ModelPrice, UsageEvent, UsageMonth
-from metering.pricing import gpu_cost, rates_for, request_price
+from metering.pricing import engine_gpu_prices, gpu_cost, rates_for, request_price
 from metering.signals import RecordedUsage, usage_recorded
 from registry.models import AdapterVersion
 from tenancy.models import Tenant
@@ -89,9 +88,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             plan_id__in=plan_ids, base_model__in={r.base_model for r in records}
         )
     }
-    gpu_prices = dict(
-        Engine.objects.filter(name__in={r.engine for r in records}).values_list("name", "gpu_price_per_hour")
-    )
+    gpu_prices = engine_gpu_prices(names={r.engine for r in records})
     versions = _adapter_versions(records)
     rows, rejected = [], 0
     for record in records:

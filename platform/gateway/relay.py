@@ -390,12 +390,14 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
     builder = exchange.builder
     try:
         async for read in exchange.reads():
-            for delta in read.deltas:
-                chunk = builder.chunk(delta, with_usage_field=include_usage)
-                if chunk is not None:
-                    yield chunk
-        if include_usage:
-            yield builder.usage_chunk()
+            # One write per engine event: a final event's chunks, the usage chunk and [DONE] leave together.
+            chunks = [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
+            if read.usage is not None:
+                chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
+            if chunks:
+                yield b"".join(chunks)
+        if exchange.usage_reported:
+            return
         yield DONE
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)

@@ -2,6 +2,7 @@
 the rest of the gateway, so every other admission module (and the caller) can stand on it."""
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -66,8 +67,16 @@ def spend_to_micros(spend: Decimal) -> int:
     return math.ceil(spend * MICROS)
 
 
+_month_cache: tuple[float, str] = (0.0, "")
+
+
 def current_month() -> str:
-    return datetime.now(UTC).strftime("%Y-%m")
+    """"YYYY-MM" (UTC), worked out at most once a second (it is on every admission's path)."""
+    global _month_cache
+    now = time.time()
+    if now - _month_cache[0] >= 1.0:
+        _month_cache = (now, datetime.fromtimestamp(now, UTC).strftime("%Y-%m"))
+    return _month_cache[1]
 
 
 def seconds_to_month_end() -> int:

@@ -136,7 +136,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(args, engine_url: str, gateway_url: str, key: str, gateway_pid: int) -> list[dict]:
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    # Idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), which would otherwise close
+    # one just as a request goes out on it (a ReadError) after a long phase of the other path.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731

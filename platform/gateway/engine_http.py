@@ -10,11 +10,13 @@ sent once more on a new one (the engine never saw it)."""
 
 import asyncio
 import collections
+import time
 from urllib.parse import urlsplit
 
 import httptools
 
 MAX_IDLE_PER_ENGINE = 256
+IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout (uvicorn: 5 s), so it never closes one first
 
 
 class EngineHTTPError(Exception):
@@ -25,6 +27,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
+        self.idle_since = 0.0
 
     def close(self) -> None:
         self.writer.close()
@@ -36,9 +39,11 @@ class _Pool:
 
     def take(self, address: tuple[str, int]) -> _Connection | None:
         idle = self.idle.get(address)
+        now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.reader.at_eof() and not connection.writer.is_closing():
+            fresh = now - connection.idle_since < IDLE_SECONDS
+            if fresh and not connection.reader.at_eof() and not connection.writer.is_closing():
                 return connection
             connection.close()
         return None
@@ -48,6 +53,7 @@ class _Pool:
         if len(idle) >= MAX_IDLE_PER_ENGINE:
             connection.close()
         else:
+            connection.idle_since = time.monotonic()
             idle.append(connection)
 
 

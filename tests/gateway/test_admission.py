@@ -208,3 +208,21 @@ def test_reconcile_sets_the_month_to_metering_record_plus_provisional_settles(ba
     assert (result.spend_micros_before, result.spend_micros_after) == (70, 140)
     totals = held_totals(tenant_id=tenant.pk)
     assert (totals.month_tokens, totals.provisional_tokens) == (140, 40)
+
+
+def test_the_reconcile_task_corrects_budgeted_tenants_totals(backend):
+    from datetime import UTC, datetime
+
+    from gateway.tasks import reconcile_admission
+    from metering.models import UsageMonth
+    from tenancy.models import Plan
+
+    budgeted = TenantFactory(plan=Plan.objects.create(slug=f"b-{uuid.uuid4().hex[:6]}", name="B",
+                                                      monthly_token_budget=1000))  # fmt: skip
+    acquire(budgeted, tokens=10)  # admission starts the month's total (0)
+    month = datetime.now(UTC).date().replace(day=1)
+    UsageMonth.objects.create(tenant=budgeted, month=month, prompt_tokens=300, completion_tokens=200,
+                              price=Decimal("0.001"))  # fmt: skip
+    assert reconcile_admission() == 1
+    assert held_totals(tenant_id=budgeted.pk).month_tokens == 500
+    assert reconcile_admission() == 0  # nothing left to correct

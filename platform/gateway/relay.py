@@ -7,7 +7,6 @@ disconnect delivers, after the engine stream is closed (closing it makes the eng
 import asyncio
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator
@@ -19,10 +18,8 @@ from django.http import HttpResponse, StreamingHttpResponse
 from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
 from gateway import engine_client, metrics
 from gateway.admission import (
-    Decision,
     admission_acquire,
     admission_settle,
-    seconds_to_month_end,
     spend_to_micros,
 )
 from gateway.budget_notices import budget_exhausted
@@ -40,6 +37,7 @@ from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, error_event
+from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import token_decoder
 from gateway.usage_report import usage_event, usage_send
@@ -62,39 +60,6 @@ def estimate_prompt_tokens(generation: GenerationRequest) -> int:
     """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes."""
     messages = len(generation.messages) if generation.messages is not None else 0
     return generation.prompt_bytes() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
-
-
-def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
-    limits = caller.limits
-    reset = f"{decision.reset_ms / 1000:.3f}s"
-    return {
-        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
-        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
-        "x-ratelimit-remaining-requests": str(max(0, limits.requests_per_minute - decision.window_requests)),
-        "x-ratelimit-remaining-tokens": str(max(0, limits.tokens_per_minute - decision.window_tokens)),
-        "x-ratelimit-reset-requests": reset,
-        "x-ratelimit-reset-tokens": reset,
-    }
-
-
-def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiError:
-    retry_after = 1
-    if decision.reason == "requests":
-        message, code = "Rate limit reached: too many requests per minute for your plan.", "rate_limit_exceeded"
-        retry_after = math.ceil(decision.reset_ms / 1000)
-    elif decision.reason == "tokens":
-        message, code = f"Rate limit reached: this request needs {tokens} tokens of your per-minute token limit.", "rate_limit_exceeded"
-        retry_after = math.ceil(decision.reset_ms / 1000)
-    elif decision.reason == "concurrency":
-        message, code = "Rate limit reached: too many concurrent requests for your plan.", "rate_limit_exceeded"
-    elif decision.reason == "budget_held":
-        message, code = "Requests in flight hold the rest of your monthly budget; retry when they finish.", "rate_limit_exceeded"
-    else:
-        what = "token budget" if decision.reason == "budget_tokens" else "spend limit"
-        message, code = f"You exceeded your monthly {what}: this request may need up to {tokens} tokens.", "insufficient_quota"
-        retry_after = seconds_to_month_end()
-    kind = "insufficient_quota" if code == "insufficient_quota" else "rate_limit_error"
-    return ApiError(429, message, code=code, type=kind, headers=headers | {"Retry-After": str(retry_after)})
 
 
 class Exchange:

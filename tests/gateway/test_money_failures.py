@@ -66,6 +66,12 @@ def test_a_price_override_is_what_admission_holds_and_settles_so_the_spend_limit
     totals = wait_until(lambda: (t := held_totals(tenant_id=stack.ids["priced"])).provisional_tokens == 0 and t,
                         timeout=30, what="every settle final")  # fmt: skip
     assert totals.month_spend_micros == sum(-(-row.price * 1_000_000 // 1) for row in rows)
+    # Usage stops short of the limit (admission refuses the request that would pass it), yet the refusal itself
+    # raises the 100% alert (the gateway tells billing; the worker records and sends it).
+    from billing.models import BudgetAlert
+
+    wait_until(lambda: BudgetAlert.objects.filter(tenant_id=stack.ids["priced"], kind="spend", threshold=100).exists(),
+               timeout=60, what="the 100% spend alert")  # fmt: skip
 
 
 def _hang_up(gateway: str, key: str) -> tuple[int, str | None]:

@@ -28,7 +28,7 @@ BASE_MODEL = "tiny"
 BUDGET_HOLD = 7 + 16 + 4
 BUDGET_TOKENS = 20 * BUDGET_HOLD
 PRICED_LIMIT = Decimal("0.01")  # gw-priced's monthly spend limit
-HANGUP_BUDGET = 1700  # gw-hangup's monthly token budget
+HANGUP_BUDGET = 1000  # gw-hangup's monthly token budget: holds of 104 tokens, at most 9 at once
 
 
 def free_port() -> int:

@@ -5,7 +5,8 @@ Two append-only JSON-lines files: the log (`path`: one event per line) and its a
 one request id per line, written after the broker took the event). Pending = logged and not acknowledged. A
 `write()` reaches the kernel before `record` returns, so a killed process (`kill -9`) loses nothing; the log is
 fsynced in groups (`sync`, each delivery round) against a machine crash. When nothing is pending the two files
-are truncated. A crash at any point leaves every unacknowledged event on disk: at worst one is sent twice, which
+are truncated; a log past COMPACT_BYTES with events still pending (a busy engine never drains to zero) is
+rewritten with only those, atomically (written aside, fsynced, renamed over the log). A crash at any point leaves every unacknowledged event on disk: at worst one is sent twice, which
 the request id (the idempotency key) absorbs downstream. A torn last line (a crash mid-write) is skipped.
 """
 
@@ -18,6 +19,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+COMPACT_BYTES = 8 * 1024 * 1024
+
 
 class UsageSpool:
     def __init__(self, path: str | os.PathLike) -> None:
@@ -26,6 +29,7 @@ class UsageSpool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._unsynced = False
+        self._log_bytes = self.path.stat().st_size if self.path.exists() else 0
         self._pending: dict[str, dict[str, Any]] = {}
         for path in (self.path, self.acked_path):
             _end_torn_line(path)
@@ -40,6 +44,7 @@ class UsageSpool:
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
         with self._lock:
             _append(self.path, line)
+            self._log_bytes += len(line)
             self._pending[str(event["request_id"])] = event
             self._unsynced = True
 
@@ -74,6 +79,27 @@ class UsageSpool:
                     if path.exists():
                         os.truncate(path, 0)
                 self._unsynced = False
+                self._log_bytes = 0
+            elif self._log_bytes > COMPACT_BYTES:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Lock held: the log rewritten with the pending events only; then the acknowledgements dropped."""
+        aside = self.path.with_name(self.path.name + ".compacting")
+        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in self._pending.values()).encode()
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(aside, self.path)
+        _fsync_dir(self.path.parent)
+        for old in self._old_segments():
+            old.unlink()
+        os.truncate(self.acked_path, 0)  # after the rename: a crash between leaves acks of events no longer logged
+        self._log_bytes = len(data)
+        self._unsynced = False
 
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._pending
@@ -92,6 +118,14 @@ class UsageSpool:
         """`path.draining-N` files an earlier version of the spool left behind: read as part of the log."""
         prefix = self.path.name + ".draining-"
         return sorted(p for p in self.path.parent.glob(prefix + "*") if p.name[len(prefix):].isdigit())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _end_torn_line(path: Path) -> None:

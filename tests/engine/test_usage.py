@@ -266,3 +266,17 @@ def test_the_engine_gateway_contract_imports_without_torch_or_django():
             "assert not bad, bad; assert engine.contract.UsageEvent is __import__('engine.usage.event', "
             "fromlist=['x']).UsageEvent")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_a_busy_log_is_compacted_to_its_pending_events(tmp_path, monkeypatch):
+    from engine.usage import spool as spool_module
+
+    monkeypatch.setattr(spool_module, "COMPACT_BYTES", 2000)
+    log = UsageSpool(tmp_path / "usage.jsonl")
+    for i in range(40):  # always one event still pending, as on an engine that never drains to zero
+        log.record(make_event(f"busy-{i}").to_dict())
+        if i:
+            log.acknowledge([f"busy-{i - 1}"])
+    assert (tmp_path / "usage.jsonl").stat().st_size < 2000 + 1000  # rewritten, not grown to 40 events
+    reopened = UsageSpool(tmp_path / "usage.jsonl")
+    assert [e["request_id"] for e in reopened.pending()] == ["busy-39"]

@@ -1,9 +1,12 @@
 """What the gateway adds: the same streamed requests, to the same engine, directly and through the gateway.
 
-    python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR]
+    python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR] [--engine instant]
 
 Starts PostgreSQL-backed Django state (database `quilt_bench`, dropped and recreated), Redis admission (db 12),
-one engine on a tiny random Llama (or --model) and one gateway under uvicorn, then at each concurrency level
+one engine on a tiny random Llama (or --model; or, with `--engine instant`, benchmarks/instant_engine.py, a
+stand-in that answers at once, so that the figures are the gateway's own cost) and one gateway under uvicorn;
+the tenant has rate limits and a monthly token budget and spend limit, so admission runs every check. At each
+concurrency level it
 runs the requests directly against the engine's /v1/generate and through the gateway's /v1/completions
 (streaming), alternating the two so that both see the same machine. Prints p50/p99 time to first token each
 way, the added p50/p99, and the gateway's requests per second. Nothing is asserted.
@@ -75,7 +78,8 @@ def seed(model_dir: Path, engine_url: str) -> str:
 
     call_command("registerbasemodel", "bench", str(model_dir), verbosity=0)
     plan = Plan.objects.create(slug="bench", name="Bench", requests_per_minute=10**7, tokens_per_minute=10**9,
-                               max_concurrent_requests=10_000)  # fmt: skip
+                               max_concurrent_requests=10_000, monthly_token_budget=10**12,
+                               monthly_spend_limit=10**9)  # fmt: skip
     tenant = Tenant.objects.create(slug="bench", name="Bench", plan=plan)
     _, key = ApiKey.objects.create_key(tenant=tenant, name="bench", scopes=["inference"])
     engine = engine_register(actor=Actor.system(), name="bench-engine", url=engine_url)
@@ -121,12 +125,20 @@ async def run_level(call, concurrency: int, requests: int) -> tuple[list[float],
     return ttfts, requests / (time.perf_counter() - started)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dict]:
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+async def measure(args, engine_url: str, gateway_url: str, key: str, gateway_pid: int) -> list[dict]:
+    # Idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), which would otherwise close
+    # one just as a request goes out on it (a ReadError) after a long phase of the other path.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
@@ -135,11 +147,13 @@ async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dic
         await run_level(gateway, 4, 20)  # warm both paths
         for level in args.levels:
             requests = max(args.requests, level)
-            direct_ttfts, gateway_ttfts, gateway_rps = [], [], []
+            direct_ttfts, gateway_ttfts, gateway_rps, gateway_cpu = [], [], [], 0.0
             for _ in range(args.rounds):  # alternate, so both see the same machine
                 ttfts, _ = await run_level(direct, level, requests // args.rounds)
                 direct_ttfts += ttfts
+                cpu_before = cpu_seconds(gateway_pid)
                 ttfts, rps = await run_level(gateway, level, requests // args.rounds)
+                gateway_cpu += cpu_seconds(gateway_pid) - cpu_before
                 gateway_ttfts += ttfts
                 gateway_rps.append(rps)
             row = {"concurrency": level, "requests": len(gateway_ttfts)}
@@ -149,12 +163,17 @@ async def measure(args, engine_url: str, gateway_url: str, key: str) -> list[dic
             row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
             row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
             row["gateway_rps"] = statistics.mean(gateway_rps)
+            # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
+            # whatever else shares this machine.
+            row["gateway_cpu_ms"] = gateway_cpu / len(gateway_ttfts) * 1000
+            row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
             rows.append(row)
             print(
                 f"concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms p99 {row['direct_p99_ms']:8.2f} ms"
                 f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
                 f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
-                f" | gateway {row['gateway_rps']:7.1f} req/s",
+                f" | gateway {row['gateway_rps']:7.1f} req/s"
+                f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
                 flush=True,
             )
     return rows
@@ -168,11 +187,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--model", type=Path, help="a Llama checkpoint folder (default: a tiny random one)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--engine", choices=("real", "instant"), default="real",
+                        help="instant: the stand-in that answers at once (the gateway's own cost)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
     model_dir = args.model
-    if model_dir is None:
+    if model_dir is None:  # registered as the base model (the instant stand-in never reads it)
         sys.path.insert(0, str(REPO))
         from tests.engine.conftest import build_checkpoint
 
@@ -191,10 +212,14 @@ def main() -> None:
     setup_django(env)
     engine_port, gateway_port = free_port(), free_port()
     engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    if args.engine == "instant":
+        engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
+                          "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    else:
+        engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
+                          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
     processes = [
-        subprocess.Popen([sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
-                          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"],
-                         cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),  # fmt: skip
+        subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),
         subprocess.Popen([sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
                           "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
                          cwd=REPO, env=env),  # fmt: skip
@@ -205,7 +230,7 @@ def main() -> None:
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
         print(f"engine {engine_url}, gateway {gateway_url}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
-        rows = asyncio.run(measure(args, engine_url, gateway_url, key))
+        rows = asyncio.run(measure(args, engine_url, gateway_url, key, processes[1].pid))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:

@@ -1,10 +1,9 @@
-"""Sends usage events to the Celery broker in small batches, spooling to disk while it is away.
-
-`emit()` never blocks the caller: events go to a background thread that batches them, publishes
-`metering.ingest_usage` by name (the engine imports Celery, never Django), and on any broker
-failure appends the batch to the spool. The spool is drained whenever the broker answers again,
-and on start, so events spooled before a crash are sent by the next process. With no broker
-configured (a development engine), events only go to the spool.
+"""Delivers usage events to the Celery broker, durably: `emit()` writes the event to the spool's write-ahead log
+before it returns (the server sends the request's final event only after), and a background thread batches
+events, publishes `metering.ingest_usage` by name (the engine imports Celery, never Django) and acknowledges
+them in the log once the broker took them. Whatever the broker did not take (it was down, or this process was
+killed) stays pending in the log and is re-sent when the broker answers again, and on start by the next
+process. With no broker configured (a development engine), events only go to the log.
 """
 
 import logging
@@ -45,7 +44,6 @@ class UsageEmitter:
         self.retry_interval_s = retry_interval_s
         self.queue_name = queue_name
         self.sent = 0
-        self.spooled = 0
         self.broker_up = broker_url is not None
         self._app: Celery | None = None
         if broker_url is not None:
@@ -64,11 +62,19 @@ class UsageEmitter:
         self._thread.start()
         return self
 
+    @property
+    def spooled(self) -> int:
+        """Events in the log the broker has not taken yet."""
+        return self.spool.pending_count()
+
     def emit(self, event: UsageEvent) -> None:
-        self._events.put(event.to_dict())
+        """Logs the event (it survives this process being killed from now on), then queues it for delivery."""
+        data = event.to_dict()
+        self.spool.record(data)
+        self._events.put(data)
 
     def close(self, *, timeout_s: float = 10.0) -> None:
-        """Send (or spool) everything emitted so far, then stop the thread."""
+        """Send (or keep in the log) everything emitted so far, then stop the thread."""
         if self._thread.is_alive():
             self._events.put(_STOP)
             self._thread.join(timeout_s)
@@ -77,19 +83,19 @@ class UsageEmitter:
         if self._app is None:
             log.warning("no usage broker configured: usage events go to %s only", self.spool.path)
         else:
-            self._drain_spool()
+            self._resend_pending()
         stopping = False
         while not stopping:
             batch, stopping = self._next_batch()
-            if self._app is not None and self.spool.has_pending() and time.monotonic() >= self._next_retry:
-                self._drain_spool()
+            self.spool.sync()
+            if self._app is None:
+                continue
+            if not self.broker_up and (time.monotonic() >= self._next_retry or stopping):
+                self._resend_pending()  # includes this batch: it is in the log
+                continue
+            batch = [event for event in batch if self.spool.is_pending(event["request_id"])]
             if batch:
-                try:
-                    self._deliver(batch, last_chance=stopping)
-                except Exception:  # a bug must not stop delivery of later events, nor lose this batch
-                    log.exception("usage delivery failed; spooling the batch")
-                    self.spool.append(batch)
-                    self.spooled += len(batch)
+                self._try_send(batch)
 
     def _next_batch(self) -> tuple[list[dict[str, Any]], bool]:
         batch: list[dict[str, Any]] = []
@@ -104,24 +110,13 @@ class UsageEmitter:
             batch.append(item)
         return batch, False
 
-    def _deliver(self, batch: list[dict[str, Any]], *, last_chance: bool) -> None:
-        ready = not self.spool.has_pending() and (self.broker_up or time.monotonic() >= self._next_retry)
-        if self._app is not None and (ready or last_chance) and self._try_send(batch):
-            return
-        self.spool.append(batch)
-        self.spooled += len(batch)
-        if self._app is not None:
-            log.warning("broker unreachable: spooled %d usage events to %s", len(batch), self.spool.path)
-
-    def _drain_spool(self) -> None:
-        try:
-            count = self.spool.drain(self._send, batch_size=self.batch_size)
-        except BROKER_ERRORS as error:
-            self._broker_down(error)
-            return
-        if count:
-            log.info("re-sent %d spooled usage events", count)
-        self.broker_up = True
+    def _resend_pending(self) -> None:
+        pending = self.spool.pending()
+        for start in range(0, len(pending), self.batch_size):
+            if not self._try_send(pending[start : start + self.batch_size]):
+                return
+        if pending:
+            log.info("re-sent %d usage events from the log", len(pending))
 
     def _try_send(self, batch: list[dict[str, Any]]) -> bool:
         try:
@@ -129,6 +124,11 @@ class UsageEmitter:
         except BROKER_ERRORS as error:
             self._broker_down(error)
             return False
+        except Exception:  # a bug must not stop delivery of later events; the batch stays in the log
+            log.exception("usage delivery failed; the batch stays in the log")
+            self._broker_down(RuntimeError("delivery failed"))
+            return False
+        self.spool.acknowledge([event["request_id"] for event in batch])
         self.broker_up = True
         return True
 
@@ -141,6 +141,6 @@ class UsageEmitter:
 
     def _broker_down(self, error: Exception) -> None:
         if self.broker_up:
-            log.warning("usage broker unreachable (%s); spooling until it returns", error)
+            log.warning("usage broker unreachable (%s); events wait in %s until it returns", error, self.spool.path)
         self.broker_up = False
         self._next_retry = time.monotonic() + self.retry_interval_s

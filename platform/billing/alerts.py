@@ -2,6 +2,11 @@
 
 The BudgetAlert row's unique constraint makes each (tenant, month, kind, threshold) happen once; its row lock
 serializes delivery. Email goes out once; a webhook that failed is retried (the task raises WebhookFailed).
+
+Admission never lets usage pass a limit: it refuses a request whose estimate would, so usage stops short of 100%.
+The 100% alert is therefore also due when admission refuses a request on that limit (`exhausted`). An alert
+recorded against another limit than today's (the budget changed) is refreshed with today's figures and delivered
+again if its threshold is still reached, else removed, so that it fires again when it is.
 """
 
 import hashlib
@@ -35,19 +40,39 @@ def webhook_signature(*, secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def _reached(*, tenant: Tenant, month: date) -> list[tuple[str, int, Decimal, Decimal]]:
+def _used_and_limits(*, tenant: Tenant, month: date) -> dict[str, tuple[Decimal, Decimal | None]]:
     totals = usage_totals_month(tenant=tenant, month=month)
-    limits = [
-        (BudgetAlert.Kind.TOKENS, Decimal(totals.total_tokens), tenant.plan.monthly_token_budget),
-        (BudgetAlert.Kind.SPEND, totals.price, tenant.plan.monthly_spend_limit),
-    ]
+    budget, spend = tenant.plan.monthly_token_budget, tenant.plan.monthly_spend_limit
+    return {
+        BudgetAlert.Kind.TOKENS: (Decimal(totals.total_tokens), Decimal(budget) if budget is not None else None),
+        BudgetAlert.Kind.SPEND: (totals.price, Decimal(spend) if spend is not None else None),
+    }
+
+
+def _reached(
+    *, figures: dict[str, tuple[Decimal, Decimal | None]], exhausted: str | None
+) -> list[tuple[str, int, Decimal, Decimal]]:
     return [
-        (kind, threshold, used, Decimal(limit))
-        for kind, used, limit in limits
+        (kind, threshold, used, limit)
+        for kind, (used, limit) in figures.items()
         if limit  # no limit (None), or a zero limit that admission refuses outright
         for threshold in THRESHOLDS
-        if used * 100 >= Decimal(limit) * threshold
+        if used * 100 >= limit * threshold or (threshold == 100 and kind == exhausted)
     ]
+
+
+def _refresh_changed(*, tenant: Tenant, month: date, figures: dict[str, tuple[Decimal, Decimal | None]]) -> None:
+    """Alerts recorded against a limit that has since changed: refreshed and due again if still reached (at
+    100% only when usage reaches it), else removed (re-armed)."""
+    for alert in BudgetAlert.objects.filter(tenant=tenant, month=month):
+        used, limit = figures[alert.kind]
+        if limit == alert.limit:
+            continue
+        if limit and used * 100 >= limit * alert.threshold:
+            alert.used, alert.limit, alert.emailed_at, alert.webhook_sent_at = used, limit, None, None
+            alert.save(update_fields=["used", "limit", "emailed_at", "webhook_sent_at"])
+        else:
+            alert.delete()
 
 
 def _recipients(tenant: Tenant) -> list[str]:
@@ -86,11 +111,14 @@ def _post_webhook(alert: BudgetAlert) -> None:
     response.raise_for_status()
 
 
-def budget_alerts_check(*, tenant: Tenant, month: date) -> list[BudgetAlert]:
-    """Records and delivers each threshold the month's usage has reached; returns the alerts it touched."""
+def budget_alerts_check(*, tenant: Tenant, month: date, exhausted: str | None = None) -> list[BudgetAlert]:
+    """Records and delivers each threshold the month's usage has reached, and the 100% alert of the `exhausted`
+    limit (admission refused a request on it); returns the alerts it touched."""
     month = month.replace(day=1)
     touched, failures = [], []
-    for kind, threshold, used, limit in _reached(tenant=tenant, month=month):
+    figures = _used_and_limits(tenant=tenant, month=month)
+    _refresh_changed(tenant=tenant, month=month, figures=figures)
+    for kind, threshold, used, limit in _reached(figures=figures, exhausted=exhausted):
         with transaction.atomic():
             BudgetAlert.objects.bulk_create(
                 [

@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class BillingConfig(AppConfig):
     name = "billing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from billing import receivers  # noqa: F401

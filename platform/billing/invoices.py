@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine
 from metering.models import UsageEvent
+from metering.pricing import Rates, request_price
 from tenancy.models import Tenant
 
 CENT = Decimal("0.01")
-PER_MILLION = Decimal(1_000_000)
 RATES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok")
 
 
@@ -34,10 +34,11 @@ def previous_month(today: date) -> date:
 
 
 def line_amount(*, input_tokens: int, cached_input_tokens: int, output_tokens: int, rates: tuple) -> Decimal:
-    rate_in, rate_cached, rate_out = rates
-    exact = (
-        input_tokens * rate_in + cached_input_tokens * rate_cached + output_tokens * rate_out
-    ) / PER_MILLION
+    """metering's price function over the line's sums (`input_tokens` are the uncached ones), to the cent."""
+    exact = request_price(
+        rates=Rates(*rates), prompt_tokens=input_tokens + cached_input_tokens, cached_tokens=cached_input_tokens,
+        completion_tokens=output_tokens,
+    )  # fmt: skip
     return exact.quantize(CENT, rounding=ROUND_HALF_UP)
 
 

@@ -17,9 +17,10 @@ TRANSIENT = (OperationalError, InterfaceError)
     name="billing.check_budget_alerts", autoretry_for=(*TRANSIENT, WebhookFailed), retry_backoff=True,
     retry_backoff_max=600, max_retries=8,
 )  # fmt: skip
-def check_budget_alerts(tenant_id: int, month: str) -> int:
+def check_budget_alerts(tenant_id: int, month: str, exhausted: str | None = None) -> int:
+    """`exhausted`: "tokens" or "spend" when admission refused a request on that limit (sent by the gateway)."""
     tenant = Tenant.objects.select_related("plan").get(pk=tenant_id)
-    return len(budget_alerts_check(tenant=tenant, month=date.fromisoformat(month)))
+    return len(budget_alerts_check(tenant=tenant, month=date.fromisoformat(month), exhausted=exhausted))
 
 
 @shared_task(name="billing.issue_invoices", autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)

@@ -15,15 +15,22 @@ import contextlib
 import io
 import logging
 
+from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.urls import Resolver404, resolve
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.errors import ApiError
+from gateway import metrics
+from gateway.connections import DATABASE_DOWN
+from gateway.errors import ApiError, service_unavailable
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
 PREFIX = "/v1/"
+METRICS_PATH = "/metrics"
+STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)
 
 
 async def _read_body(receive) -> bytes | None:
@@ -65,10 +72,27 @@ async def _serve(request, send) -> None:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
     except asyncio.CancelledError:
         raise
+    except STORE_DOWN as error:
+        log.warning("the inference API could not reach a store on %s %s: %r", request.method, request.path, error)
+        response = service_unavailable().response()
     except Exception:
         log.exception("the inference API failed on %s %s", request.method, request.path)
         response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
     await _send(response, send)
+
+
+async def _metrics(scope, send) -> None:
+    """The gateway's Prometheus metrics, to a scraper with the metrics token (404 when none is configured)."""
+    authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    if not settings.QUILT_METRICS_TOKEN:
+        status, body, kind = 404, b"Not found\n", "text/plain"
+    elif not metrics.authorized(authorization):
+        status, body, kind = 401, b"Unauthorized\n", "text/plain"
+    else:
+        body, kind = metrics.exposition()
+        status = 200
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind.encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class InferenceFastPath:
@@ -76,6 +100,9 @@ class InferenceFastPath:
         self.platform = platform
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == METRICS_PATH:
+            await _metrics(scope, send)
+            return
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.platform(scope, receive, send)
             return

@@ -17,6 +17,7 @@ from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
 from gateway.errors import ApiError
+from metering.pricing import Rates, plan_rates, request_price
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
 from registry.storage import adapter_store_root
 
@@ -44,19 +45,17 @@ class Caller:
     limits: Limits
     default_max_tokens: int
     weight: float
-    price_input: Decimal  # per million tokens
-    price_cached_input: Decimal
-    price_output: Decimal
+    rates: Rates  # the plan's, per million tokens
+    model_rates: dict[str, Rates]  # the plan's per-base-model overrides
     allowed_models: tuple[str, ...]
     expires_at: datetime | None
 
-    def spend(self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
-        total = (
-            (prompt_tokens - cached_tokens) * self.price_input
-            + cached_tokens * self.price_cached_input
-            + completion_tokens * self.price_output
-        )
-        return total / Decimal(1_000_000)
+    def spend(self, *, base_model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
+        """What metering will bill for these counts: the same price function, the same rates."""
+        return request_price(
+            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens, completion_tokens=completion_tokens,
+        )  # fmt: skip
 
     def may_use(self, name: str) -> bool:
         return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models
@@ -126,6 +125,7 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
     if not key.has_scope(Scope.INFERENCE):
         raise ApiError(403, "This API key does not have the 'inference' scope.", code="insufficient_scope")
     plan = key.tenant.plan
+    rates, model_rates = plan_rates(plan=plan)
     caller = Caller(
         key_id=key.pk,
         tenant_id=key.tenant_id,
@@ -133,9 +133,8 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         limits=Limits.of_plan(plan),
         default_max_tokens=plan.default_max_tokens,
         weight=float(plan.scheduling_weight),
-        price_input=plan.price_input_per_mtok,
-        price_cached_input=plan.price_cached_input_per_mtok,
-        price_output=plan.price_output_per_mtok,
+        rates=rates,
+        model_rates=model_rates,
         allowed_models=tuple(key.allowed_models or ()),
         expires_at=key.expiry_date,
     )

@@ -1,4 +1,5 @@
-"""Talking to an engine's internal HTTP API (httpx, one pooled client per event loop)."""
+"""Talking to an engine's internal HTTP API: from the gateway's event loop through `engine_http` (one pool of
+keep-alive connections per loop), from the worker's blocking code through httpx."""
 
 import asyncio
 import json
@@ -8,6 +9,9 @@ from dataclasses import dataclass
 
 import httpx
 from django.conf import settings
+
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from gateway.engine_http import EngineHTTP, EngineHTTPError, Response
 
 
 class EngineUnavailable(Exception):
@@ -27,6 +31,25 @@ class EngineBroke(Exception):
     """The engine failed after the stream had started."""
 
 
+class AdapterUnavailable(Exception):
+    """The engine could not load this request's adapter (missing, corrupt, wrong shape): this request fails, the
+    engine stays healthy for everyone else. The message is the engine's, for logs only."""
+
+
+
+
+def _error_fields(response_body: bytes) -> tuple[str | None, str]:
+    """The engine's error type and param, from its answer's body."""
+    try:
+        body = json.loads(response_body)
+    except ValueError:
+        return None, ""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None, ""
+    return error.get("type"), str(error.get("param") or "")
+
+
 @dataclass(frozen=True)
 class EngineRef:
     name: str
@@ -38,23 +61,23 @@ class EngineRef:
     load: int  # running + waiting requests at the last check
 
 
-_clients: "weakref.WeakKeyDictionary[object, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+_clients: "weakref.WeakKeyDictionary[object, EngineHTTP]" = weakref.WeakKeyDictionary()
+JSON = "application/json"
 
 
-def _timeout() -> httpx.Timeout:
-    return httpx.Timeout(
-        connect=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS, read=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
-        write=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS, pool=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
-    )  # fmt: skip
-
-
-def _client() -> httpx.AsyncClient:
+def _client() -> EngineHTTP:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-        client = _clients[loop] = httpx.AsyncClient(timeout=_timeout(), limits=limits)
+        client = _clients[loop] = EngineHTTP(
+            connect_timeout=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
+            read_timeout=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
+        )
     return client
+
+
+def _post_headers(engine: EngineRef) -> dict[str, str]:
+    return {"Authorization": f"Bearer {engine.token or settings.QUILT_ENGINE_TOKEN}", "Content-Type": JSON}
 
 
 def _headers(engine: EngineRef) -> dict[str, str]:
@@ -75,14 +98,17 @@ def _error_message(response_body: bytes) -> str:
 async def tokenize(engine: EngineRef, *, prompt: str | None, messages: list[dict] | None) -> int:
     payload = {"messages": messages} if messages is not None else {"prompt": prompt}
     try:
-        response = await _client().post(f"{engine.url}/v1/tokenize", json=payload, headers=_headers(engine))
-    except httpx.HTTPError as error:
-        raise EngineUnavailable(f"{engine.name}: {error!r}") from error
-    if response.status_code >= 500:
-        raise EngineUnavailable(f"{engine.name}: tokenize answered {response.status_code}")
-    if response.status_code >= 400:
-        raise EngineRejected(response.status_code, _error_message(response.content))
-    body = response.json()
+        response = await _client().request(
+            "POST", f"{engine.url}/v1/tokenize", headers=_post_headers(engine), body=json.dumps(payload).encode()
+        )
+        content = await response.aread()
+    except EngineHTTPError as error:
+        raise EngineUnavailable(f"{engine.name}: {error}") from error
+    if response.status >= 500:
+        raise EngineUnavailable(f"{engine.name}: tokenize answered {response.status}")
+    if response.status >= 400:
+        raise EngineRejected(response.status, _error_message(content))
+    body = json.loads(content)
     return int(body["count"] if "count" in body else len(body["token_ids"]))
 
 
@@ -93,21 +119,29 @@ class GenerateStream:
     def __init__(self, engine: EngineRef, payload: dict):
         self.engine = engine
         self.payload = payload
-        self._response: httpx.Response | None = None
+        self._response: Response | None = None
         self.finished = False
 
     async def open(self) -> "GenerateStream":
-        request = _client().build_request(
-            "POST", f"{self.engine.url}/v1/generate", json=self.payload, headers=_headers(self.engine)
-        )
+        body = json.dumps(self.payload, separators=(",", ":")).encode()
         try:
-            self._response = await _client().send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise EngineUnavailable(f"{self.engine.name}: {error!r}") from error
-        status = self._response.status_code
+            self._response = await _client().request(
+                "POST", f"{self.engine.url}/v1/generate", headers=_post_headers(self.engine), body=body
+            )
+        except EngineHTTPError as error:
+            raise EngineUnavailable(f"{self.engine.name}: {error}") from error
+        status = self._response.status
         if status >= 400:
-            body = await self._response.aread()
-            await self._response.aclose()
+            try:
+                body = await self._response.aread()
+            except EngineHTTPError:
+                body = b""
+            self._response.close()
+            kind, param = _error_fields(body)
+            # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
+            # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
+            if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
+                raise AdapterUnavailable(f"{self.engine.name}: {status} {_error_message(body)}")
             if status >= 500 or status in (401, 403, 404, 429):
                 raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
             raise EngineRejected(status, _error_message(body))
@@ -120,23 +154,26 @@ class GenerateStream:
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                if event.get("type") == "final":
+                if event.get("type") == EVENT_FINAL:
                     self.finished = True  # read on to the body's end: the connection then goes back to the pool
                 yield event
-        except (httpx.HTTPError, ValueError) as error:
+        except (EngineHTTPError, ValueError) as error:
             raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
         if not self.finished:
             raise EngineBroke(f"{self.engine.name}: the stream ended before the request finished")
 
     async def close(self) -> None:
         if self._response is not None:
-            await self._response.aclose()
+            self._response.close()
 
 
 async def abort(engine: EngineRef, request_id: str) -> None:
     try:
-        await _client().post(f"{engine.url}/v1/abort/{request_id}", headers=_headers(engine), timeout=2.0)
-    except httpx.HTTPError:
+        response = await _client().request(
+            "POST", f"{engine.url}/v1/abort/{request_id}", headers=_headers(engine), read_timeout=2.0
+        )
+        await response.aread()
+    except EngineHTTPError:
         pass  # the engine also aborts when our stream connection closes
 
 

@@ -16,6 +16,7 @@ class Read:
     deltas: list[Delta]
     usage: dict | None = None
     error: str | None = None  # the engine failed the request
+    error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
 
 
 def _logprobs(entries, token_text: Callable[[int], str]) -> list[dict]:
@@ -46,5 +47,7 @@ def event_read(event: dict, *, token_text: Callable[[int], str]) -> Read:
         ]
         error = event.get("error") if event.get("finish_reason") == "error" else None
         counts = {name: int(usage.get(name) or 0) for name in ("prompt_tokens", "cached_tokens", "completion_tokens")}
-        return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if event.get("finish_reason") == "error" else None))
+        failed = event.get("finish_reason") == "error"
+        return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if failed else None),
+                    error_type=(event.get("error_type") or None) if failed else None)  # fmt: skip
     return Read(deltas=[])

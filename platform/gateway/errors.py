@@ -53,3 +53,20 @@ def invalid(message: str, *, param: str | None = None, code: str | None = None) 
 
 def no_engine(message: str = "No engine can serve this model right now; try again shortly.") -> ApiError:
     return ApiError(503, message, code="engine_unavailable", headers={"Retry-After": "1"})
+
+
+def adapter_unavailable(model: str) -> ApiError:
+    """The engine could not load this model's adapter: this request only, retriable (the engine may recover it,
+    or the tenant may promote a good version)."""
+    return ApiError(
+        503, f"The adapter of model '{model}' could not be loaded right now; please retry shortly.",
+        code="adapter_unavailable", headers={"Retry-After": "2"},
+    )  # fmt: skip
+
+
+def service_unavailable() -> ApiError:
+    """A store the API depends on (PostgreSQL, Redis) is briefly unreachable."""
+    return ApiError(
+        503, "The service is briefly unavailable; please retry shortly.", code="service_unavailable",
+        headers={"Retry-After": "2"},
+    )  # fmt: skip

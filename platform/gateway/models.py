@@ -48,16 +48,18 @@ class AdmissionState(models.Model):
 
 class BudgetHold(models.Model):
     """A request's hold on its tenant's budget (database admission). Kept after settling, so that
-    settling twice is a no-op."""
+    settling twice is a no-op. Provisional: settled by the gateway without the engine's counts (`tokens` and
+    `spend_micros` are then what it counted), until metering's final settle replaces it."""
 
     class Status(models.TextChoices):
         HELD = "held"
+        PROVISIONAL = "provisional"
         SETTLED = "settled"
         EXPIRED = "expired"
 
     request_id = models.CharField(max_length=100, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    status = models.CharField(max_length=8, choices=Status.choices, default=Status.HELD)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     tokens = models.BigIntegerField()
     spend_micros = models.BigIntegerField()
     window_start = models.BigIntegerField()

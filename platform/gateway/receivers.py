@@ -1,7 +1,9 @@
-"""Reactions to other apps' signals. Only enqueue: the work is in services, run by the worker."""
+"""Reactions to other apps' signals: enqueue work, or settle a hold (a Redis call or a short transaction)."""
 
 from django.dispatch import receiver
 
+from gateway.admission import hold_settle
+from metering.signals import usage_recorded
 from registry.signals import adapter_version_promoted
 from registry.storage import adapter_store_root
 
@@ -13,3 +15,10 @@ def prefetch_on_promotion(sender, *, adapter, version, previous_version=None, **
     if previous_version is None or not version.digest:
         return
     prefetch_successor.delay(previous_version.digest, version.digest, str(adapter_store_root() / version.digest))
+
+
+@receiver(usage_recorded, dispatch_uid="gateway-settle-recorded-usage")
+def settle_recorded_usage(sender, *, usages, **kwargs) -> None:
+    """The engine's counts, now recorded, settle each request's hold finally (replacing a provisional settle)."""
+    for usage in usages:
+        hold_settle(tenant_id=usage.tenant_id, request_id=usage.request_id, tokens=usage.tokens, spend=usage.price)

@@ -7,7 +7,7 @@ disconnect delivers, after the engine stream is closed (closing it makes the eng
 import asyncio
 import json
 import logging
-import math
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -15,20 +15,29 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from gateway import engine_client
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from gateway import engine_client, metrics
 from gateway.admission import (
-    Decision,
     admission_acquire,
     admission_settle,
-    seconds_to_month_end,
     spend_to_micros,
 )
+from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
-from gateway.engine_client import EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
+from gateway.connections import DATABASE_DOWN, checked_connection
+from gateway.engine_client import (
+    AdapterUnavailable,
+    EngineBroke,
+    EngineRef,
+    EngineRejected,
+    EngineUnavailable,
+    GenerateStream,
+)
 from gateway.engine_events import Read, event_read
-from gateway.errors import ApiError, invalid, no_engine
+from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, error_event
+from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import token_decoder
 from gateway.usage_report import usage_event, usage_send
@@ -39,50 +48,30 @@ TEMPLATE_OVERHEAD_TOKENS = 16  # per message, for the chat template's markers
 ATTEMPTS = 2  # an engine that fails before the first event is retried once on another
 
 
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
+
+
+def without_paths(message: str) -> str:
+    """An engine's refusal as the client may read it: no filesystem paths of the engine's host."""
+    return _PATH.sub("<path>", message)
+
+
 def estimate_prompt_tokens(generation: GenerationRequest) -> int:
     """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes."""
     messages = len(generation.messages) if generation.messages is not None else 0
     return generation.prompt_bytes() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
 
 
-def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
-    limits = caller.limits
-    reset = f"{decision.reset_ms / 1000:.3f}s"
-    return {
-        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
-        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
-        "x-ratelimit-remaining-requests": str(max(0, limits.requests_per_minute - decision.window_requests)),
-        "x-ratelimit-remaining-tokens": str(max(0, limits.tokens_per_minute - decision.window_tokens)),
-        "x-ratelimit-reset-requests": reset,
-        "x-ratelimit-reset-tokens": reset,
-    }
-
-
-def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiError:
-    retry_after = 1
-    if decision.reason == "requests":
-        message, code = "Rate limit reached: too many requests per minute for your plan.", "rate_limit_exceeded"
-        retry_after = math.ceil(decision.reset_ms / 1000)
-    elif decision.reason == "tokens":
-        message, code = f"Rate limit reached: this request needs {tokens} tokens of your per-minute token limit.", "rate_limit_exceeded"
-        retry_after = math.ceil(decision.reset_ms / 1000)
-    elif decision.reason == "concurrency":
-        message, code = "Rate limit reached: too many concurrent requests for your plan.", "rate_limit_exceeded"
-    elif decision.reason == "budget_held":
-        message, code = "Requests in flight hold the rest of your monthly budget; retry when they finish.", "rate_limit_exceeded"
-    else:
-        what = "token budget" if decision.reason == "budget_tokens" else "spend limit"
-        message, code = f"You exceeded your monthly {what}: this request may need up to {tokens} tokens.", "insufficient_quota"
-        retry_after = seconds_to_month_end()
-    kind = "insufficient_quota" if code == "insufficient_quota" else "rate_limit_error"
-    return ApiError(429, message, code=code, type=kind, headers=headers | {"Retry-After": str(retry_after)})
-
-
 class Exchange:
     """The state of one admitted request."""
 
-    def __init__(self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int):
+    def __init__(
+        self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
+        hold_tokens: int, hold_spend_micros: int,
+    ):  # fmt: skip
         self.request_id = request_id
+        self.hold_tokens = hold_tokens
+        self.hold_spend_micros = hold_spend_micros
         self.caller = caller
         self.target = target
         self.generation = generation
@@ -92,11 +81,14 @@ class Exchange:
         )
         self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
         self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
         self.first: list[dict] = []  # the first event, read while a retry was still possible
         self.usage_reported = False
         self.broke = False
+        self.error_type: str | None = None  # the engine's, when it failed the request
         self._settled = False
 
     def metadata(self, engine: EngineRef) -> dict:
@@ -137,16 +129,20 @@ class Exchange:
             self.stream = await GenerateStream(engine, self.payload(engine)).open()
         self._events = self.stream.events()
         try:
-            self.first = [await anext(self._events)]
+            first = await anext(self._events)
         except (EngineBroke, StopAsyncIteration) as error:
             await self.stream.close()
             self.stream = None
             raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
+        if first.get("type") == EVENT_FINAL and first.get("error_type") == ADAPTER_UNAVAILABLE:
+            await self.stream.close()
+            self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
+            raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
+        self.first = [first]
 
     async def open(self) -> None:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
-        if router.snapshot_stale():
-            await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+        await engines_refresh()
         tried: set[str] = set()
         for _ in range(ATTEMPTS):
             candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
@@ -164,8 +160,13 @@ class Exchange:
                 router.suspect(engine.name)
                 self.engine = None
                 tried.add(engine.name)
+            except AdapterUnavailable as error:  # this request's adapter only: the engine serves everyone else
+                log.warning("adapter unavailable for %s: %s", self.request_id, error)
+                router.ended(engine)
+                self.engine = None
+                raise adapter_unavailable(self.target.name) from None
             except EngineRejected as rejected:
-                raise invalid(rejected.message, code="engine_rejected") from None
+                raise invalid(without_paths(rejected.message), code="engine_rejected") from None
         raise no_engine()
 
     async def reads(self) -> AsyncIterator[Read]:
@@ -181,12 +182,16 @@ class Exchange:
                 read = event_read(event, token_text=self.token_text)
                 for delta in read.deltas:
                     self.builder.apply(delta)
+                    if self.first_token_at is None and delta.tokens:
+                        self.first_token_at = time.monotonic()
+                        metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
                     usage = self.builder.usage
                     usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
                     usage.completion_tokens = read.usage["completion_tokens"]
                     self.usage_reported = True
                 if read.error is not None:
+                    self.error_type = read.error_type
                     raise EngineBroke(read.error)
                 yield read
         except EngineBroke:
@@ -210,13 +215,32 @@ class Exchange:
             usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
             if self.broke and self.engine is not None:
                 await self._report_lost_usage(self.engine)
-        spend = self.caller.spend(
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens
-        )
+        final = False  # metering's settle, once it recorded the engine's usage event, is the final one
+        if self.usage_reported:  # the engine's counts
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            spend_micros = spend_to_micros(self.caller.spend(
+                base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            ))  # fmt: skip
+        elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
+            tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
+        else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
+            tokens, spend_micros, final = 0, 0, True
+        self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
+                      else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
-            tenant_id=self.caller.tenant_id, request_id=self.request_id,
-            tokens=usage.prompt_tokens + usage.completion_tokens, spend_micros=spend_to_micros(spend),
+            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
+            final=final,
         )  # fmt: skip
+
+    def _measure(self, *, outcome: str) -> None:
+        metrics.requests.labels(*self.labels, outcome).inc()
+        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
+        if self.usage_reported:
+            usage = self.builder.usage
+            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
+            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(
@@ -242,28 +266,51 @@ async def admit(
     if prompt_tokens > 0 and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
         prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
     tokens = prompt_tokens + generation.n * max_tokens
-    spend = caller.spend(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=generation.n * max_tokens)
+    spend_micros = spend_to_micros(caller.spend(
+        base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
+        completion_tokens=generation.n * max_tokens,
+    ))  # fmt: skip
     decision = await admission_acquire(
-        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
         limits=caller.limits,
     )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
+        budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
+        metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
         raise refusal(decision, headers, tokens=tokens)
-    exchange = Exchange(request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens)
+    exchange = Exchange(
+        request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
+        hold_tokens=tokens, hold_spend_micros=spend_micros,
+    )  # fmt: skip
     return exchange, headers
 
 
+async def engines_refresh() -> None:
+    """Re-reads the engines once a second; while the database is away, routes on the engines last read."""
+    if not router.snapshot_stale():
+        return
+    try:
+        await _load_snapshot()
+    except DATABASE_DOWN as error:
+        if not router.has_snapshot():
+            raise
+        router.keep_snapshot()
+        log.warning("engines not re-read (the database is unreachable: %s); routing on the last snapshot", error)
+
+
+_load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_sensitive=False)
+
+
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
-    if router.snapshot_stale():
-        await sync_to_async(router.load_snapshot, thread_sensitive=False)()
+    await engines_refresh()
     for engine in router.candidates(digest=target.digest)[:1]:
         try:
             return await engine_client.tokenize(engine, prompt=generation.prompt, messages=generation.messages)
         except EngineUnavailable:
             return None
         except EngineRejected as rejected:
-            raise invalid(rejected.message) from None
+            raise invalid(without_paths(rejected.message)) from None
     return None
 
 
@@ -295,6 +342,8 @@ async def _whole(exchange: Exchange) -> HttpResponse:
             pass
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
+        if exchange.error_type == ADAPTER_UNAVAILABLE:
+            raise adapter_unavailable(exchange.target.name) from None
         raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
     finally:
         await asyncio.shield(exchange.settle())
@@ -306,16 +355,21 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
     builder = exchange.builder
     try:
         async for read in exchange.reads():
-            for delta in read.deltas:
-                chunk = builder.chunk(delta, with_usage_field=include_usage)
-                if chunk is not None:
-                    yield chunk
-        if include_usage:
-            yield builder.usage_chunk()
+            # One write per engine event: a final event's chunks, the usage chunk and [DONE] leave together.
+            chunks = [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
+            if read.usage is not None:
+                chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
+            if chunks:
+                yield b"".join(chunks)
+        if exchange.usage_reported:
+            return
         yield DONE
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
-        yield error_event(message="The engine failed while generating this response.", code="engine_error")
+        if exchange.error_type == ADAPTER_UNAVAILABLE:
+            yield error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE)
+        else:
+            yield error_event(message="The engine failed while generating this response.", code="engine_error")
     finally:
         await asyncio.shield(exchange.settle())
 

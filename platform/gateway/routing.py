@@ -5,6 +5,7 @@ per process; an engine that just failed here is skipped for a few seconds before
 import hashlib
 import time
 
+from engine.contract import state_load, state_resident_digests
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
 
@@ -12,20 +13,8 @@ SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
 
 
-def resident_digests(state: dict) -> frozenset[str]:
-    """Adapter digests in any tier of an engine's /v1/state answer."""
-    found: set[str] = set()
-    tiers = state.get("adapters") or state.get("resident_adapters") or {}
-    for value in tiers.values() if isinstance(tiers, dict) else [tiers]:
-        for item in value if isinstance(value, list) else []:
-            digest = item.get("digest") if isinstance(item, dict) else item
-            if isinstance(digest, str):
-                found.add(digest)
-    return frozenset(found)
-
-
-def engine_load(state: dict) -> int:
-    return int(state.get("running", 0) or 0) + int(state.get("waiting", 0) or 0)
+resident_digests = state_resident_digests  # the contract's reading of /v1/state
+engine_load = state_load
 
 
 class Router:
@@ -52,6 +41,13 @@ class Router:
             )
             for row in rows
         ]  # fmt: skip
+        self._loaded_at = time.monotonic()
+
+    def has_snapshot(self) -> bool:
+        return self._loaded_at >= 0
+
+    def keep_snapshot(self) -> None:
+        """Use the engines last read for another interval (the database could not be read)."""
         self._loaded_at = time.monotonic()
 
     def candidates(self, *, digest: str | None, exclude: frozenset[str] = frozenset()) -> list[EngineRef]:

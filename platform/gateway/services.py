@@ -76,3 +76,28 @@ def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_p
             continue
         warmed.append(engine.name)
     return warmed
+
+
+def admission_reconcile_all() -> int:
+    """Reconciles admission's month total with metering's record for every tenant whose plan has a budget or a
+    spend limit (the only ones admission's totals decide for); returns how many totals changed."""
+    from gateway.admission import admission_reconcile
+    from tenancy.models import Tenant
+
+    changed = 0
+    budgeted = Tenant.objects.filter(plan__monthly_token_budget__isnull=False) | Tenant.objects.filter(
+        plan__monthly_spend_limit__isnull=False
+    )
+    for tenant_id in budgeted.values_list("pk", flat=True).distinct():
+        result = admission_reconcile(tenant_id=tenant_id)
+        if result is None:
+            continue
+        if not result.applied:
+            log.warning("admission total of tenant %s not reconciled: usage kept settling; next run", tenant_id)
+        elif (result.tokens_before, result.spend_micros_before) != (result.tokens_after, result.spend_micros_after):
+            changed += 1
+            log.warning(
+                "admission total of tenant %s reconciled: %s -> %s tokens, %s -> %s micros", tenant_id,
+                result.tokens_before, result.tokens_after, result.spend_micros_before, result.spend_micros_after,
+            )  # fmt: skip
+    return changed

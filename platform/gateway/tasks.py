@@ -11,3 +11,8 @@ def check_engines() -> int:
 @shared_task(name="gateway.prefetch_successor")
 def prefetch_successor(old_digest: str | None, new_digest: str, new_path: str) -> list[str]:
     return services.adapter_prefetch_successor(old_digest=old_digest, new_digest=new_digest, new_path=new_path)
+
+
+@shared_task(name="gateway.reconcile_admission")
+def reconcile_admission() -> int:
+    return services.admission_reconcile_all()

@@ -14,6 +14,7 @@ from gateway.admission import admission_peek
 from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_target, caller_models
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
+from gateway.refusals import ratelimit_headers
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def _model_object(target: Target, caller: Caller) -> dict:
 
 async def _with_ratelimit(response: HttpResponse, caller: Caller) -> HttpResponse:
     window = await admission_peek(tenant_id=caller.tenant_id)
-    for name, value in relay.ratelimit_headers(caller, window).items():
+    for name, value in ratelimit_headers(caller, window).items():
         response[name] = value
     return response
 
@@ -53,7 +54,7 @@ async def _answer(request, handle) -> HttpResponse:
     except ApiError as error:
         if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
             window = await admission_peek(tenant_id=error.caller.tenant_id)
-            error.headers |= relay.ratelimit_headers(error.caller, window)
+            error.headers |= ratelimit_headers(error.caller, window)
         response = error.response()
     response["x-request-id"] = request_id
     return response

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from metering.models import UsageDaily, UsageEvent, UsageMonth
 from metering.rollups import day_bounds, rolled_up_before, usage_sums
@@ -101,3 +102,16 @@ def usage_totals_month(*, tenant: Tenant, month: date) -> UsageTotals:
         group=month.strftime("%Y-%m"), requests=row.requests, prompt_tokens=row.prompt_tokens,
         cached_tokens=row.cached_tokens, completion_tokens=row.completion_tokens, price=row.price, cost=row.cost,
     )  # fmt: skip
+
+
+def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[int, Decimal]:
+    """Tokens (prompt + completion) and price metering has recorded for the tenant in a month (this one by
+    default): where admission's month total starts and what it is reconciled with."""
+    month = (month or timezone.now().astimezone(UTC).date()).replace(day=1)
+    row = UsageMonth.objects.filter(tenant_id=tenant_id, month=month).values_list(
+        "prompt_tokens", "completion_tokens", "price"
+    ).first()
+    if row is None:
+        return 0, Decimal(0)
+    prompt, completion, price = row
+    return prompt + completion, price

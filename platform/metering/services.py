@@ -1,4 +1,4 @@
-"""Usage ingest: each request's event is written exactly once, priced, counted into its month, and its hold settled.
+"""Usage ingest: each request's event is written exactly once, priced, counted into its month, and announced.
 
 Exactly once rests on the unique request id: rows go in with INSERT ... ON CONFLICT DO NOTHING RETURNING, so the
 month counters are added to for precisely the rows this call inserted, in the same transaction. A replayed or
@@ -16,12 +16,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apikeys.models import ApiKey
-from billing.tasks import check_budget_alerts
-from gateway.holds import hold_settle
-from gateway.models import Engine
 from metering.events import BadEvent, UsageRecord, usage_record_parse
 from metering.models import ModelPrice, UsageEvent, UsageMonth
-from metering.pricing import gpu_cost, rates_for, request_price
+from metering.pricing import engine_gpu_prices, gpu_cost, rates_for, request_price
+from metering.signals import RecordedUsage, usage_recorded
 from registry.models import AdapterVersion
 from tenancy.models import Tenant
 
@@ -35,7 +33,6 @@ class IngestResult:
     inserted: int
     duplicates: int
     rejected: int
-    settled: int
 
 
 def month_of(day: date) -> date:
@@ -91,9 +88,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             plan_id__in=plan_ids, base_model__in={r.base_model for r in records}
         )
     }
-    gpu_prices = dict(
-        Engine.objects.filter(name__in={r.engine for r in records}).values_list("name", "gpu_price_per_hour")
-    )
+    gpu_prices = engine_gpu_prices(names={r.engine for r in records})
     versions = _adapter_versions(records)
     rows, rejected = [], 0
     for record in records:
@@ -194,23 +189,25 @@ def _add_to_months(rows: list[UsageEvent]) -> set[tuple[int, date]]:
     return set(sums)
 
 
-def _settle_holds(rows: list[UsageEvent]) -> int:
-    settled = 0
-    for row in rows:
-        settled += bool(
-            hold_settle(
-                tenant_id=row.tenant_id, request_id=row.request_id, tokens=row.total_tokens, spend=row.price
-            )
+def _announce(rows: list[UsageEvent], inserted: set[str]) -> None:
+    usages = [
+        RecordedUsage(
+            tenant_id=row.tenant_id, request_id=row.request_id, tokens=row.total_tokens, price=row.price,
+            month=month_of(row.finished_at.astimezone(UTC).date()), new=row.request_id in inserted,
+            budgeted=row.tenant.plan.monthly_token_budget is not None or row.tenant.plan.monthly_spend_limit is not None,
         )
-    return settled
+        for row in rows
+    ]  # fmt: skip
+    usage_recorded.send(sender=UsageEvent, usages=usages)
 
 
 def usage_ingest(*, events: list[dict]) -> IngestResult:
-    """Writes the batch's new events, counts them into their months, then settles every event's budget hold.
+    """Writes the batch's new events and counts them into their months; after commit, announces every valid
+    event as recorded (`metering.signals.usage_recorded`: admission settles its hold, billing checks alerts).
 
     Malformed events and unknown tenants are logged and dropped (a poison event must not block its batch).
-    Holds are settled after commit and for every valid event, replays included: settling is idempotent, and a
-    retry after a failure between commit and settling must still release the hold.
+    Replays are announced too: settling is idempotent, and a retry after a failure between commit and settling
+    must still release the hold.
     """
     if not isinstance(events, list):
         raise TypeError(f"metering.ingest_usage takes a list of events, got {type(events).__name__}")
@@ -228,21 +225,6 @@ def usage_ingest(*, events: list[dict]) -> IngestResult:
     rows, unknown = _rows(sorted(records, key=lambda record: record.request_id))
     with transaction.atomic():
         inserted = _insert_new(rows)
-        new_rows = [row for row in rows if row.request_id in inserted]
-        months = _add_to_months(new_rows)
-        budgeted = {row.tenant_id for row in new_rows if row.tenant.plan.monthly_token_budget is not None
-                    or row.tenant.plan.monthly_spend_limit is not None}  # fmt: skip
-        for tenant_id, month in sorted(months):
-            if tenant_id in budgeted:
-                transaction.on_commit(
-                    lambda tenant_id=tenant_id, month=month: check_budget_alerts.delay(
-                        tenant_id, month.isoformat()
-                    )
-                )
-    settled = _settle_holds(rows)
-    return IngestResult(
-        inserted=len(inserted),
-        duplicates=len(rows) - len(inserted),
-        rejected=rejected + unknown,
-        settled=settled,
-    )
+        _add_to_months([row for row in rows if row.request_id in inserted])
+    _announce(rows, inserted)
+    return IngestResult(inserted=len(inserted), duplicates=len(rows) - len(inserted), rejected=rejected + unknown)

@@ -6,6 +6,7 @@ from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from engine.contract import TASK_NAME
 from metering.parking import usage_batch_park
 from metering.rollups import usage_rollup_recent
 from metering.services import usage_ingest
@@ -22,7 +23,7 @@ class IngestTask(Task):
 
 @shared_task(
     base=IngestTask,
-    name="metering.ingest_usage",
+    name=TASK_NAME,
     autoretry_for=TRANSIENT,
     retry_backoff=True,
     retry_backoff_max=60,

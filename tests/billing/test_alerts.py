@@ -138,3 +138,38 @@ def test_no_limit_no_alert(receiver, eager_tasks, django_capture_on_commit_callb
     _ingest(tenant, django_capture_on_commit_callbacks, 5)
     assert budget_alerts_check(tenant=tenant, month=OCTOBER) == []
     assert not handler.received and not mail.outbox and not BudgetAlert.objects.exists()
+
+
+def test_the_100_percent_alert_fires_when_admission_refuses_short_of_the_limit(receiver):
+    handler, url = receiver
+    tenant = _tenant(url, monthly_token_budget=10_000)
+    usage_ingest(events=[usage_event(tenant, finished_at=datetime(2026, 10, 9, tzinfo=UTC)) for _ in range(7)])
+    budget_alerts_check(tenant=tenant, month=OCTOBER)  # 9,100 of 10,000: 80% only
+    # Admission refused a request that needed more than the 900 tokens left: usage will never reach 100%.
+    budget_alerts_check(tenant=tenant, month=OCTOBER, exhausted="tokens")
+    budget_alerts_check(tenant=tenant, month=OCTOBER, exhausted="tokens")  # once
+    assert [(body["threshold"], body["used"], body["limit"]) for body in _verified(handler.received)] == [
+        (80, "9100", "10000"),
+        (100, "9100", "10000"),
+    ]
+    assert len(mail.outbox) == 2
+
+
+def test_a_budget_change_refreshes_the_months_alerts(receiver, eager_tasks, django_capture_on_commit_callbacks):
+    handler, url = receiver
+    tenant = _tenant(url, monthly_token_budget=10_000)
+    usage_ingest(events=[usage_event(tenant, finished_at=datetime(2026, 10, 9, tzinfo=UTC)) for _ in range(7)])
+    budget_alerts_check(tenant=tenant, month=OCTOBER)
+    assert BudgetAlert.objects.get().threshold == 80
+    plan = tenant.plan
+    plan.monthly_token_budget = 20_000  # 9,100 is 45.5% now: the 80% alert is re-armed
+    with django_capture_on_commit_callbacks(execute=True):
+        plan.save()  # the billing receiver checks the plan's tenants (for this month)
+    budget_alerts_check(tenant=tenant, month=OCTOBER)
+    assert not BudgetAlert.objects.exists()
+    plan.monthly_token_budget = 9_000  # 101%: both thresholds, with the new figures
+    plan.save()
+    budget_alerts_check(tenant=tenant, month=OCTOBER)
+    alerts = BudgetAlert.objects.order_by("threshold")
+    assert [(a.threshold, a.used, a.limit) for a in alerts] == [(80, 9100, 9000), (100, 9100, 9000)]
+    assert [(b["threshold"], b["limit"]) for b in _verified(handler.received)][-2:] == [(80, "9000"), (100, "9000")]

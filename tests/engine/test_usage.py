@@ -222,3 +222,61 @@ def test_crash_after_spooling_loses_nothing(tmp_path, private_redis):
     restarted.close()
     assert sorted(e["request_id"] for e in events) == [f"crash-{i}" for i in range(7)]
     assert not UsageSpool(spool_path).has_pending()
+
+
+EMIT_THEN_DIE = """
+import sys, time
+from datetime import UTC, datetime
+from engine.usage.emitter import UsageEmitter
+from engine.usage.event import UsageEvent
+# The broker is up, but the batch would only go out after a minute: every event is still in flight when killed.
+emitter = UsageEmitter(broker_url=sys.argv[1], spool_path=sys.argv[2], batch_size=1000, flush_interval_s=60,
+                       queue_name="usage").start()
+for i in range(5):
+    emitter.emit(UsageEvent(request_id=f"inflight-{i}", tenant="acme", api_key_id=None, adapter_digest=None,
+                            base_model="demo", prompt_tokens=5, cached_tokens=0, completion_tokens=1,
+                            gpu_ms=1.0, queue_ms=0.0, ttft_ms=1.0, e2e_ms=2.0, finish_reason="stop",
+                            finished_at=datetime.now(UTC)))
+print("emitted", flush=True)  # what the server does next: send the final event to the client
+time.sleep(60)
+"""
+
+
+def test_kill_9_right_after_emit_returns_loses_nothing(tmp_path, private_redis):
+    spool_path = tmp_path / "usage.jsonl"
+    producer = subprocess.Popen([sys.executable, "-c", EMIT_THEN_DIE, private_redis.url, str(spool_path)],
+                                cwd=REPO, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert producer.stdout.readline().strip() == "emitted"
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.wait()
+    assert take_events(private_redis.url, "usage", expected=1, timeout_s=0.5) == []  # nothing reached the broker
+    restarted = UsageEmitter(broker_url=private_redis.url, spool_path=spool_path, queue_name="usage").start()
+    events = take_events(private_redis.url, "usage", expected=5)
+    restarted.close()
+    assert sorted(e["request_id"] for e in events) == [f"inflight-{i}" for i in range(5)]
+    assert not UsageSpool(spool_path).has_pending()
+    assert spool_path.stat().st_size == 0  # all acknowledged: the log is truncated
+
+
+def test_the_engine_gateway_contract_imports_without_torch_or_django():
+    code = ("import sys, engine.contract; bad = {'torch', 'django'} & set(sys.modules); "
+            "assert not bad, bad; assert engine.contract.UsageEvent is __import__('engine.usage.event', "
+            "fromlist=['x']).UsageEvent")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_a_busy_log_is_compacted_to_its_pending_events(tmp_path, monkeypatch):
+    from engine.usage import spool as spool_module
+
+    monkeypatch.setattr(spool_module, "COMPACT_BYTES", 2000)
+    log = UsageSpool(tmp_path / "usage.jsonl")
+    for i in range(40):  # always one event still pending, as on an engine that never drains to zero
+        log.record(make_event(f"busy-{i}").to_dict())
+        if i:
+            log.acknowledge([f"busy-{i - 1}"])
+    assert (tmp_path / "usage.jsonl").stat().st_size < 2000 + 1000  # rewritten, not grown to 40 events
+    reopened = UsageSpool(tmp_path / "usage.jsonl")
+    assert [e["request_id"] for e in reopened.pending()] == ["busy-39"]

@@ -22,10 +22,13 @@ import pytest
 from tests.conftest import REPO, start_worker, stop_worker, test_database_url
 
 ENGINE_TOKEN = "gateway-tests-engine-token"
+METRICS_TOKEN = "gateway-tests-metrics-token"
 BASE_MODEL = "tiny"
 # A budget request: prompt "w10 w11" held as 7 bytes + 16 template tokens, plus max_tokens 4. The budget fits 20.
 BUDGET_HOLD = 7 + 16 + 4
 BUDGET_TOKENS = 20 * BUDGET_HOLD
+PRICED_LIMIT = Decimal("0.01")  # gw-priced's monthly spend limit
+HANGUP_BUDGET = 1000  # gw-hangup's monthly token budget: holds of 104 tokens, at most 9 at once
 
 
 def free_port() -> int:
@@ -123,6 +126,7 @@ def _seed(stack: Stack) -> None:
     from django.core.management import call_command
 
     from apikeys.models import Scope
+    from metering.models import ModelPrice
     from tenancy.models import Plan
     from tests.platform.factories import TenantFactory, make_key
 
@@ -141,9 +145,24 @@ def _seed(stack: Stack) -> None:
     broke = TenantFactory(slug="gw-broke", plan=Plan.objects.create(
         slug="gw-broke", name="Broke", monthly_token_budget=0, monthly_spend_limit=Decimal("0.01"),
     ))  # fmt: skip
-    for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke)):
+    # Plan prices that would admit hundreds of requests, and an override for the served model that fits a few.
+    priced_plan = Plan.objects.create(
+        slug="gw-priced", name="Priced", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1000, monthly_spend_limit=PRICED_LIMIT, price_input_per_mtok=Decimal("1"),
+        price_cached_input_per_mtok=Decimal("1"), price_output_per_mtok=Decimal("1"),
+    )  # fmt: skip
+    ModelPrice.objects.create(plan=priced_plan, base_model=BASE_MODEL, price_input_per_mtok=Decimal("100"),
+                              price_cached_input_per_mtok=Decimal("100"), price_output_per_mtok=Decimal("400"))  # fmt: skip
+    priced = TenantFactory(slug="gw-priced", plan=priced_plan)
+    hangup = TenantFactory(slug="gw-hangup", plan=Plan.objects.create(
+        slug="gw-hangup", name="Hang-up", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1000, monthly_token_budget=HANGUP_BUDGET,
+    ))  # fmt: skip
+    for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
+                         ("hangup", hangup)):  # fmt: skip
         stack.ids[name] = tenant.pk
-    for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a")):
+    for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
+                                  (rival, "fragile", "c")):  # fmt: skip
         call_command("importadapter", tenant.slug, adapter, str(stack.adapter_dirs[path]), verbosity=0)
     for name, tenant, scopes, extra in (
         ("main", main, [Scope.INFERENCE], {}),
@@ -153,6 +172,8 @@ def _seed(stack: Stack) -> None:
         ("rival", rival, [Scope.INFERENCE], {}),
         ("budget", budget, [Scope.INFERENCE], {}),
         ("broke", broke, [Scope.INFERENCE], {}),
+        ("priced", priced, [Scope.INFERENCE], {}),
+        ("hangup", hangup, [Scope.INFERENCE], {}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
@@ -199,6 +220,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
         "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
         "MEDIA_ROOT": str(media),
         "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
+        "QUILT_METRICS_TOKEN": METRICS_TOKEN,
         "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
         "LOG_LEVEL": "WARNING",
     }

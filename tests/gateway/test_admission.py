@@ -8,8 +8,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
-from gateway.admission import Limits, admission_acquire, admission_settle, held_totals
-from gateway.holds import hold_settle
+from gateway.admission import Limits, admission_acquire, admission_settle, held_totals, hold_settle
 from tests.platform.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
@@ -48,9 +47,9 @@ def acquire(tenant, tokens=10, spend_micros=0, limits=ROOMY, request_id=None):
     return decision, request_id
 
 
-def settle(tenant, request_id, tokens, spend_micros=0):
+def settle(tenant, request_id, tokens, spend_micros=0, final=True):
     return async_to_sync(admission_settle)(
-        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros
+        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final
     )
 
 
@@ -161,3 +160,69 @@ def test_the_month_starts_from_what_metering_recorded(backend, tenant):
     assert acquire(tenant, tokens=20, limits=limits)[0].reason == "budget_tokens"
     assert acquire(tenant, tokens=10, spend_micros=200_000, limits=limits)[0].reason == "budget_spend"
     assert acquire(tenant, tokens=10, spend_micros=100_000, limits=limits)[0].admitted
+
+
+def test_a_provisional_settle_keeps_its_amount_counted_until_the_final_one_replaces_it(backend, tenant):
+    limits = Limits(1000, 10**9, 1000, 100, -1)
+    _, request_id = acquire(tenant, tokens=60, limits=limits)
+    # The client hung up: the gateway settles provisionally with what it held, not with what it relayed.
+    assert settle(tenant, request_id, tokens=60, final=False) is True
+    assert settle(tenant, request_id, tokens=3, final=False) is False  # a second provisional one changes nothing
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.live_holds, totals.month_tokens, totals.provisional_tokens) == (0, 60, 60)
+    assert acquire(tenant, tokens=50, limits=limits)[0].reason == "budget_tokens"
+    # The engine's event, recorded by metering: 45 tokens really served. It replaces the provisional 60.
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=45, spend=Decimal("0.000045")) is False
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.month_tokens, totals.month_spend_micros, totals.provisional_tokens) == (45, 45, 0)
+    assert settle(tenant, request_id, tokens=1, final=False) is False  # late provisional after the final: no-op
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=45, spend=Decimal(0)) is False
+    assert held_totals(tenant_id=tenant.pk).month_tokens == 45
+
+
+def test_the_final_settle_first_makes_a_later_provisional_one_a_no_op(backend, tenant):
+    _, request_id = acquire(tenant, tokens=60)
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=20, spend=Decimal(0)) is True
+    assert settle(tenant, request_id, tokens=60, final=False) is False
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.month_tokens, totals.provisional_tokens) == (20, 0)
+
+
+def test_reconcile_sets_the_month_to_metering_record_plus_provisional_settles(backend, tenant):
+    from datetime import UTC, datetime
+
+    from gateway.admission import admission_reconcile
+    from metering.models import UsageMonth
+
+    assert admission_reconcile(tenant_id=tenant.pk) is None  # no total yet: the next admission starts it
+    _, done = acquire(tenant, tokens=50)
+    _, broken = acquire(tenant, tokens=40)
+    hold_settle(tenant_id=tenant.pk, request_id=done, tokens=30, spend=Decimal("0.00003"))
+    settle(tenant, broken, tokens=40, spend_micros=40, final=False)
+    # Drift: metering recorded 30 tokens for `done` and 70 more that admission never saw (e.g. a flushed Redis).
+    month = datetime.now(UTC).date().replace(day=1)
+    UsageMonth.objects.create(tenant=tenant, month=month, prompt_tokens=60, completion_tokens=40, price=Decimal("0.0001"))
+    assert held_totals(tenant_id=tenant.pk).month_tokens == 70
+    result = admission_reconcile(tenant_id=tenant.pk)
+    assert result.applied and (result.tokens_before, result.tokens_after) == (70, 140)
+    assert (result.spend_micros_before, result.spend_micros_after) == (70, 140)
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.month_tokens, totals.provisional_tokens) == (140, 40)
+
+
+def test_the_reconcile_task_corrects_budgeted_tenants_totals(backend):
+    from datetime import UTC, datetime
+
+    from gateway.tasks import reconcile_admission
+    from metering.models import UsageMonth
+    from tenancy.models import Plan
+
+    budgeted = TenantFactory(plan=Plan.objects.create(slug=f"b-{uuid.uuid4().hex[:6]}", name="B",
+                                                      monthly_token_budget=1000))  # fmt: skip
+    acquire(budgeted, tokens=10)  # admission starts the month's total (0)
+    month = datetime.now(UTC).date().replace(day=1)
+    UsageMonth.objects.create(tenant=budgeted, month=month, prompt_tokens=300, completion_tokens=200,
+                              price=Decimal("0.001"))  # fmt: skip
+    assert reconcile_admission() == 1
+    assert held_totals(tenant_id=budgeted.pk).month_tokens == 500
+    assert reconcile_admission() == 0  # nothing left to correct

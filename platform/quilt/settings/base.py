@@ -104,6 +104,15 @@ CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A task a killed worker took but never acknowledged goes back to a Redis queue after the visibility timeout,
+# found by a sweep of any live worker every few seconds (kombu's default is an hour). Tasks are idempotent;
+# one that runs longer than the timeout may be delivered twice.
+REDIS_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=50),
+    "unacked_restore_interval": 5, "unacked_restore_throttle": 1,
+}  # fmt: skip
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = REDIS_BROKER_TRANSPORT_OPTIONS
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
@@ -183,6 +192,7 @@ DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="quilt@localhost")
 # Quilt's own knobs.
 QUILT_ENGINE_TOKEN = env("QUILT_ENGINE_TOKEN", default="dev-engine-token")
 QUILT_KEY_CACHE_SECONDS = env.float("QUILT_KEY_CACHE_SECONDS", default=1.0)
+QUILT_METRICS_TOKEN = env("QUILT_METRICS_TOKEN", default="")  # the gateway's /metrics; empty: no endpoint
 QUILT_KEY_LAST_USED_INTERVAL_SECONDS = env.int("QUILT_KEY_LAST_USED_INTERVAL_SECONDS", default=60)
 QUILT_MAX_UPLOAD_BYTES = env.int("QUILT_MAX_UPLOAD_BYTES", default=2 * 1024**3)
 # Uploads stream to temporary files past this size (adapter uploads always do: see registry.upload_handlers).
@@ -203,6 +213,7 @@ QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SEC
 CELERY_BEAT_SCHEDULE["gateway-check-engines"] = {
     "task": "gateway.check_engines", "schedule": float(QUILT_ENGINE_HEALTH_INTERVAL_SECONDS)
 }
+CELERY_BEAT_SCHEDULE["gateway-reconcile-admission"] = {"task": "gateway.reconcile_admission", "schedule": 300.0}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,60 @@
+"""An engine stand-in for benchmarks only: speaks the engine's internal API (health, state, tokenize, generate as
+NDJSON, abort) and answers every generate at once with one token per `max_tokens` and a final event with usage, so
+that what a benchmark measures through the gateway is the gateway's own cost. Not for tests of user paths, which
+run the real engine.
+
+    python -m uvicorn benchmarks.instant_engine:app --port 8199 --log-level warning --no-access-log
+"""
+
+import json
+
+STATE = json.dumps({"running": 0, "waiting": 0, "adapters": {}, "model": "bench"}).encode()
+HEALTH = json.dumps({"status": "ok", "model": "bench"}).encode()
+JSON = [(b"content-type", b"application/json")]
+
+
+async def _body(receive) -> bytes:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+async def _answer(send, status: int, body: bytes, headers=JSON) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if path == "/v1/health":
+        await _answer(send, 200, HEALTH)
+    elif path == "/v1/state":
+        await _answer(send, 200, STATE)
+    elif path == "/v1/tokenize":
+        request = json.loads(await _body(receive) or b"{}")
+        text = request.get("prompt") or json.dumps(request.get("messages"))
+        await _answer(send, 200, json.dumps({"count": len(str(text).split())}).encode())
+    elif path.startswith("/v1/abort/"):
+        await _answer(send, 200, b"{}")
+    elif path == "/v1/generate":
+        request = json.loads(await _body(receive))
+        tokens = int((request.get("sampling") or {}).get("max_tokens") or 1)
+        delta = {"type": "delta", "index": 0, "text": " w", "token_ids": [7]}
+        final = {
+            "type": "final", "finish_reason": "length", "error": None,
+            "choices": [{"index": 0, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": tokens},
+        }  # fmt: skip
+        lines = [json.dumps(delta).encode() + b"\n"] * tokens + [json.dumps(final).encode() + b"\n"]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/x-ndjson")]})
+        await send({"type": "http.response.body", "body": lines[0], "more_body": True})
+        await send({"type": "http.response.body", "body": b"".join(lines[1:])})
+    else:
+        await _answer(send, 404, b'{"error": {"type": "not_found", "message": "unknown path"}}')

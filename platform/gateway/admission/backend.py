@@ -1,0 +1,32 @@
+"""The one interface both admission backends implement (Redis: `redis_backend`; the database: `db_backend`).
+
+The rules, the same in both:
+- a one-minute fixed window counts requests and (estimated, later corrected) tokens;
+- each admitted request holds `tokens` and `spend` until it is settled or its hold expires (an orphan left by a
+  crashed gateway); live holds are the concurrent requests;
+- settled usage adds to the month's totals; a request is admitted only if settled + held + its own estimate stays
+  within the budget and the spend limit. A refusal changes nothing.
+- settling: a *final* settle carries the engine's counts and happens once per request id; a *provisional* one
+  (a gateway whose stream broke before the engine's counts arrived) releases the hold but keeps its amount
+  counted until the final one replaces it. A second provisional settle, or any settle after the final, is a no-op.
+- a month total that is missing starts from metering's record; `reconcile` sets it to that record plus what is
+  settled provisionally, unless settles landed meanwhile.
+"""
+
+from typing import Protocol
+
+from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled
+
+
+class AdmissionBackend(Protocol):
+    async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision: ...
+
+    async def peek(self, *, tenant_id: int) -> Decision: ...
+
+    async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool: ...
+
+    def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool: ...
+
+    def totals(self, *, tenant_id: int) -> HeldTotals: ...
+
+    def reconcile(self, *, tenant_id: int) -> Reconciled | None: ...

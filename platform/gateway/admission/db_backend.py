@@ -1,0 +1,172 @@
+"""Admission in the database: the same rules as the Redis script (see `backend`), in one transaction that locks
+the tenant's AdmissionState row (SELECT ... FOR UPDATE on PostgreSQL; SQLite's IMMEDIATE transactions serialize
+writers). Blocking: the async methods run the work in a thread, on a connection checked before use."""
+
+import math
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+
+from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
+from gateway.connections import checked_connection
+from gateway.models import AdmissionState, BudgetHold
+from metering.selectors import usage_month_recorded
+
+
+def _recorded(tenant_id: int) -> tuple[int, int]:
+    tokens, price = usage_month_recorded(tenant_id=tenant_id)
+    return tokens, spend_to_micros(price)
+
+
+def _locked_state(tenant_id: int, now: float, *, start_month: bool = True) -> tuple[AdmissionState, bool]:
+    """The tenant's row, locked, and whether its month total is this month's. A missing total is started from
+    metering's record when `start_month` (admission), never by a settle: the record holds what metering has
+    ingested and soon what it has not, so starting it from one request's usage would forget the month before,
+    and adding to a total just started from the record could count a request twice (as in Redis)."""
+    AdmissionState.objects.get_or_create(tenant_id=tenant_id)
+    state = AdmissionState.objects.select_for_update().get(tenant_id=tenant_id)
+    month = current_month()
+    if state.month != month and start_month:
+        state.month = month
+        state.month_tokens, state.month_spend_micros = _recorded(tenant_id)
+    BudgetHold.objects.filter(tenant_id=tenant_id, status=BudgetHold.Status.HELD, expires_at__lte=now).update(
+        status=BudgetHold.Status.EXPIRED
+    )
+    return state, state.month == month
+
+
+def _hold_sums(tenant_id: int) -> dict:
+    held, provisional = Q(status=BudgetHold.Status.HELD), Q(status=BudgetHold.Status.PROVISIONAL)
+    return BudgetHold.objects.filter(tenant_id=tenant_id).aggregate(
+        live=Count("id", filter=held), held_tokens=Sum("tokens", filter=held, default=0),
+        held_spend=Sum("spend_micros", filter=held, default=0), prov_tokens=Sum("tokens", filter=provisional, default=0),
+        prov_spend=Sum("spend_micros", filter=provisional, default=0),
+    )  # fmt: skip
+
+
+def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits, now: float, ttl: int) -> Decision:
+    window = math.floor(now / 60) * 60
+    reset_ms = math.ceil((window + 60 - now) * 1000)
+    with transaction.atomic():
+        state, _ = _locked_state(tenant_id, now)
+        requests, window_tokens = (state.window_requests, state.window_tokens) if state.window_start == window else (0, 0)
+
+        def refuse(reason: str) -> Decision:
+            return Decision(False, reason, requests, window_tokens, reset_ms)
+
+        if requests + 1 > limits.requests_per_minute:
+            return refuse("requests")
+        if window_tokens + tokens > limits.tokens_per_minute:
+            return refuse("tokens")
+        sums = _hold_sums(tenant_id)
+        if sums["live"] + 1 > limits.max_concurrent:
+            return refuse("concurrency")
+        if limits.budget_tokens >= 0 and state.month_tokens + sums["held_tokens"] + tokens > limits.budget_tokens:
+            return refuse("budget_tokens" if state.month_tokens + tokens > limits.budget_tokens else "budget_held")
+        if limits.budget_spend_micros >= 0 and state.month_spend_micros + sums["held_spend"] + spend_micros > limits.budget_spend_micros:
+            over = state.month_spend_micros + spend_micros > limits.budget_spend_micros
+            return refuse("budget_spend" if over else "budget_held")
+        state.window_start, state.window_requests, state.window_tokens = window, requests + 1, window_tokens + tokens
+        state.save()
+        BudgetHold.objects.create(
+            request_id=request_id, tenant_id=tenant_id, tokens=tokens, spend_micros=spend_micros,
+            window_start=window, expires_at=now + ttl,
+        )  # fmt: skip
+    return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms)
+
+
+def peek(*, tenant_id: int, now: float) -> Decision:
+    window = math.floor(now / 60) * 60
+    state = AdmissionState.objects.filter(tenant_id=tenant_id, window_start=window).first()
+    requests, tokens = (state.window_requests, state.window_tokens) if state is not None else (0, 0)
+    return Decision(True, "ok", requests, tokens, math.ceil((window + 60 - now) * 1000))
+
+
+def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, now: float) -> bool:
+    Status = BudgetHold.Status
+    with transaction.atomic():
+        state, current = _locked_state(tenant_id, now, start_month=False)
+        hold = BudgetHold.objects.select_for_update().filter(request_id=request_id).first()
+        prior = hold.status if hold is not None else None
+        if prior == Status.SETTLED or (prior == Status.PROVISIONAL and not final):
+            return False
+        live = prior == Status.HELD
+        add_tokens, add_spend = tokens, spend_micros
+        if hold is None:
+            hold = BudgetHold(request_id=request_id, tenant_id=tenant_id, window_start=0, expires_at=now)
+        elif live and hold.window_start == state.window_start:
+            state.window_tokens += tokens - hold.tokens
+        elif prior == Status.PROVISIONAL:  # the final settle replaces what the provisional one counted
+            add_tokens, add_spend = tokens - hold.tokens, spend_micros - hold.spend_micros
+        if not current:
+            hold.tokens, hold.spend_micros = 0, 0  # nothing counted: a later final adds its own amount whole
+        else:
+            hold.tokens, hold.spend_micros = tokens, spend_micros
+            state.month_tokens += add_tokens
+            state.month_spend_micros += add_spend
+        hold.status = Status.SETTLED if final else Status.PROVISIONAL
+        hold.save()
+        state.save()
+    return live
+
+
+def totals(*, tenant_id: int, now: float) -> HeldTotals:
+    with transaction.atomic():
+        state, _ = _locked_state(tenant_id, now)
+        state.save()
+        sums = _hold_sums(tenant_id)
+    return HeldTotals(
+        live_holds=sums["live"], held_tokens=sums["held_tokens"], month_tokens=state.month_tokens,
+        month_spend_micros=state.month_spend_micros, provisional_tokens=sums["prov_tokens"],
+        provisional_spend_micros=sums["prov_spend"],
+    )  # fmt: skip
+
+
+def reconcile(*, tenant_id: int, now: float) -> Reconciled | None:
+    with transaction.atomic():
+        state = AdmissionState.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        if state is None or state.month != current_month():
+            return None
+        before = state.month_tokens, state.month_spend_micros
+        tokens, spend = _recorded(tenant_id)
+        sums = _hold_sums(tenant_id)
+        state.month_tokens, state.month_spend_micros = tokens + sums["prov_tokens"], spend + sums["prov_spend"]
+        state.save(update_fields=["month_tokens", "month_spend_micros"])
+    return Reconciled(True, *before, state.month_tokens, state.month_spend_micros)
+
+
+class DatabaseAdmission:
+    async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
+        return await _blocking(acquire)(
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, limits=limits,
+            now=time.time(), ttl=settings.QUILT_HOLD_TTL_SECONDS,
+        )  # fmt: skip
+
+    async def peek(self, *, tenant_id: int) -> Decision:
+        return await _blocking(peek)(tenant_id=tenant_id, now=time.time())
+
+    async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+        return await _blocking(settle)(
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
+            now=time.time(),
+        )  # fmt: skip
+
+    def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+        return settle(
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
+            now=time.time(),
+        )  # fmt: skip
+
+    def totals(self, *, tenant_id: int) -> HeldTotals:
+        return totals(tenant_id=tenant_id, now=time.time())
+
+    def reconcile(self, *, tenant_id: int) -> Reconciled | None:
+        return reconcile(tenant_id=tenant_id, now=time.time())
+
+
+def _blocking(function):
+    """The function on the calling thread (so tests see their own transaction), its connection checked first."""
+    return sync_to_async(checked_connection(function))

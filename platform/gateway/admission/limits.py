@@ -1,0 +1,85 @@
+"""The bottom of admission: what a plan allows, what admission decided, what a tenant holds. No imports from
+the rest of the gateway, so every other admission module (and the caller) can stand on it."""
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+UNLIMITED = -1
+MICROS = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int
+    tokens_per_minute: int
+    max_concurrent: int
+    budget_tokens: int  # UNLIMITED or a count
+    budget_spend_micros: int  # UNLIMITED or micro-units
+
+    @classmethod
+    def of_plan(cls, plan) -> "Limits":
+        budget = plan.monthly_token_budget
+        spend = plan.monthly_spend_limit
+        return cls(
+            requests_per_minute=plan.requests_per_minute,
+            tokens_per_minute=plan.tokens_per_minute,
+            max_concurrent=plan.max_concurrent_requests,
+            budget_tokens=UNLIMITED if budget is None else budget,
+            budget_spend_micros=UNLIMITED if spend is None else spend_to_micros(spend),
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str  # "ok" | "requests" | "tokens" | "concurrency" | "budget_tokens" | "budget_spend" | "budget_held"
+    window_requests: int
+    window_tokens: int
+    reset_ms: int  # until the current one-minute window ends
+
+
+@dataclass(frozen=True)
+class HeldTotals:
+    live_holds: int
+    held_tokens: int
+    month_tokens: int  # settled (final and provisional) usage this month, as admission counts it
+    month_spend_micros: int
+    provisional_tokens: int = 0  # of month_tokens: settled by a gateway on a broken stream, awaiting the engine's
+    provisional_spend_micros: int = 0
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """A month total set from metering's record (+ provisional settles): what it was and what it became.
+    `applied` is False when settles kept landing while the record was read (the next run tries again)."""
+
+    applied: bool
+    tokens_before: int
+    spend_micros_before: int
+    tokens_after: int
+    spend_micros_after: int
+
+
+def spend_to_micros(spend: Decimal) -> int:
+    return math.ceil(spend * MICROS)
+
+
+_month_cache: tuple[float, str] = (0.0, "")
+
+
+def current_month() -> str:
+    """"YYYY-MM" (UTC), worked out at most once a second (it is on every admission's path)."""
+    global _month_cache
+    now = time.time()
+    if now - _month_cache[0] >= 1.0:
+        _month_cache = (now, datetime.fromtimestamp(now, UTC).strftime("%Y-%m"))
+    return _month_cache[1]
+
+
+def seconds_to_month_end() -> int:
+    now = datetime.now(UTC)
+    following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+    return max(1, math.ceil((following - now).total_seconds()))

@@ -1,0 +1,23 @@
+"""Facts metering announces, sent after they have committed; other apps subscribe (admission settles holds,
+billing checks budget alerts) so that metering imports neither."""
+
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+from django.dispatch import Signal
+
+
+@dataclass(frozen=True)
+class RecordedUsage:
+    tenant_id: int
+    request_id: str
+    tokens: int  # prompt + completion, as the engine counted them
+    price: Decimal
+    month: date  # first day of the month it counts in
+    new: bool  # False: a redelivered event, recorded before
+    budgeted: bool  # the tenant's plan has a token budget or a spend limit
+
+
+# kwargs: usages (list[RecordedUsage]). Sent for every valid event of a batch, replays included, after commit.
+usage_recorded = Signal()

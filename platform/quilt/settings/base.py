@@ -193,6 +193,9 @@ QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS = env.int("QUILT_ADAPTER_VALIDATION_MAX_AT
 QUILT_ADAPTER_GC_GRACE_SECONDS = env.int("QUILT_ADAPTER_GC_GRACE_SECONDS", default=3600)
 # With a remote (S3) storage, canonical adapters are mirrored here for engines on this machine.
 QUILT_ADAPTER_CACHE_DIR = Path(env("QUILT_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache")))
+# Where a process without a shared channel layer (the embedded demo's worker) relays live pushes: the web server's
+# /internal/live-relay/ (set by `manage.py demo`; empty with Redis, whose channel layer reaches every process).
+QUILT_LIVE_RELAY_URL = env("QUILT_LIVE_RELAY_URL", default="")
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires

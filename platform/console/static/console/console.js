@@ -87,10 +87,25 @@
     });
   }
 
+  // Every chosen file is listed (a folder's adapter_config.json and adapter_model.safetensors come as two).
   function showChosenFile(input) {
     var zone = input.closest("[data-dropzone]");
     var name = zone.querySelector("[data-file-name]");
-    if (input.files.length) name.textContent = input.files[0].name + " · " + formatBytes(input.files[0].size);
+    var list = zone.parentElement.querySelector("[data-file-list]");
+    if (!input.files.length) return;
+    var total = 0;
+    if (list) list.textContent = "";
+    Array.prototype.forEach.call(input.files, function (file) {
+      total += file.size;
+      if (!list) return;
+      var item = document.createElement("li");
+      item.textContent = file.name + " · " + formatBytes(file.size);
+      list.appendChild(item);
+    });
+    if (list) list.hidden = false;
+    name.textContent = input.files.length === 1
+      ? input.files[0].name + " · " + formatBytes(total)
+      : input.files.length + " files · " + formatBytes(total);
   }
 
   document.addEventListener("dragover", function (event) {
@@ -165,17 +180,20 @@
   // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
   //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML
   //   {"type": "refresh"}                          re-fetch the page's [data-live-region] elements
+  var socketUp = false;
   function connect(path) {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + window.location.host + path);
     var indicator = document.querySelector("[data-live-indicator]");
     socket.onopen = function () {
+      socketUp = true;
       if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
       document.body.dataset.liveConnected = "yes";
       // Work still in flight may have finished before this socket subscribed: catch up once.
       if (document.querySelector("[data-live-pending]")) refreshRegions("connect");
     };
     socket.onclose = function () {
+      socketUp = false;
       if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }
       document.body.dataset.liveConnected = "no";
       setTimeout(function () { connect(path); }, 2000);
@@ -192,9 +210,7 @@
   }
 
   // `reason` is kept on <body data-live-refreshed-by> so a page (and its tests) can tell how it learned news.
-  var lastRefresh = Date.now();
   function refreshRegions(reason) {
-    lastRefresh = Date.now();
     document.body.dataset.liveRefreshedBy = reason;
     document.querySelectorAll("[data-live-region]").forEach(function (region) {
       if (window.htmx) {
@@ -203,12 +219,11 @@
     });
   }
 
-  // Safety net while work is in flight: with no news for a while (a worker in another process and an in-memory
-  // channel layer, as in the embedded demo), look again.
+  // Fallback only while the socket is down (server restarting, a proxy without websockets): while work is in
+  // flight, look again every few seconds. With the socket up, news comes only as pushes.
   setInterval(function () {
-    if (document.querySelector("[data-live-pending]") && Date.now() - lastRefresh > POLL_AFTER_MS) refreshRegions("poll");
-  }, 2000);
-  var POLL_AFTER_MS = 10000;
+    if (document.body.dataset.live && !socketUp && document.querySelector("[data-live-pending]")) refreshRegions("poll");
+  }, 3000);
 
   document.addEventListener("DOMContentLoaded", function () {
     if (document.body.dataset.live) connect(document.body.dataset.live);

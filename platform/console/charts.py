@@ -12,6 +12,8 @@ from decimal import Decimal
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from console.money_format import money_axis_text, money_text
+
 WIDTH, HEIGHT = 760, 240
 LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 28
 
@@ -44,10 +46,6 @@ def _compact(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
 
-def _money(value: float) -> str:
-    if value >= 1000:
-        return "$" + _compact(value)
-    return f"${value:.2f}" if value < 10 else f"${value:.0f}"
 
 
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
@@ -70,7 +68,8 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
         parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
         parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_compact(bar_max * share)}</text>')
         parts.append(
-            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">{_money(line_max * share)}</text>'
+            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">'
+            f'{money_axis_text(line_max * share, step=line_max / 4)}</text>'
         )
     label_every = max(1, math.ceil(len(points) / 10))
     line_points = []
@@ -82,7 +81,7 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
         base = TOP + plot_h
         title = (
             f"{point.day:%b %d}: {point.lower:,} input + {point.upper:,} output tokens, "
-            f"${Decimal(point.line).quantize(Decimal('0.01')):,} spend"
+            f"{money_text(point.line)} spend"
         )
         parts.append(f'<g class="day" data-day="{point.day.isoformat()}"><title>{escape(title)}</title>')
         parts.append(f'<rect class="bar" x="{x:.1f}" y="{base - lower_h:.1f}" width="{bar_w:.1f}" height="{lower_h:.1f}" rx="2"/>')

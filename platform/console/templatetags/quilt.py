@@ -8,6 +8,8 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+from console.money_format import money_text
+
 register = template.Library()
 
 # Line icons on a 24-unit grid, stroke-drawn (drawn for Quilt; no icon font).
@@ -85,11 +87,10 @@ def thousands(value) -> str:
 
 @register.filter
 def money(value) -> str:
+    """Cents when there are cents, two significant digits below a cent: see console.money_format."""
     if value is None or value == "":
         return "—"
-    amount = Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    sign = "-" if amount < 0 else ""
-    return f"{sign}${abs(amount):,.2f}"
+    return money_text(value)
 
 
 @register.filter

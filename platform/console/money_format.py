@@ -38,5 +38,5 @@ def money_axis_text(value: float, *, step: float) -> str:
         return "$0"
     if step >= 1:
         return f"${value:,.0f}" if value < 1000 else f"${value / 1000:,.1f}K".replace(".0K", "K")
-    places = min(8, max(2, -Decimal(str(step)).normalize().as_tuple().exponent))
+    places = min(8, max(2, -Decimal(f"{step:.12g}").normalize().as_tuple().exponent))
     return f"${value:,.{places}f}"

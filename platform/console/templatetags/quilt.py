@@ -167,25 +167,3 @@ def ago(moment) -> str:
     if (timezone.now() - moment).total_seconds() < 60:
         return "just now"
     return f"{timesince(moment).split(',')[0]} ago"
-
-
-@register.filter
-def audit_target(entry) -> str:
-    """A readable target: keys by their public prefix, other rows by id, plus the name the row records."""
-    ident = entry.target_id.partition(".")[0] if entry.target_type == "ApiKey" else f"#{entry.target_id}"
-    record = entry.after or entry.before or {}
-    label = record.get("name") or record.get("user") or record.get("adapter") or ""
-    return f"{entry.target_type} {ident}" + (f" · {label}" if label else "")
-
-
-@register.filter
-def audit_changes(entry) -> list[tuple[str, str, str]]:
-    """(field, before, after) for the fields an action changed, values shortened for the table."""
-    before, after = entry.before or {}, entry.after or {}
-
-    def short(value) -> str:
-        text = ", ".join(map(str, value)) if isinstance(value, list) else "" if value is None else str(value)
-        return text if len(text) <= 40 else text[:39] + "…"
-
-    fields = [name for name in after if before.get(name) != after[name]] if after else list(before)
-    return [(name, short(before.get(name)), short(after.get(name))) for name in fields[:6]]

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework_api_key",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # ReDoc and Swagger UI served from our static files: /api/docs/ works offline
     "channels",
     "django_celery_beat",
     "django_htmx",
@@ -163,6 +164,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage and billing.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_UI_SETTINGS": {"theme": {"typography": {"fontFamily": "system-ui, sans-serif",
+                                                   "headings": {"fontFamily": "system-ui, sans-serif"}}}},
     # Several models have a `status` field; name their enums instead of letting them collide.
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenancy.models.Tenant.Status",

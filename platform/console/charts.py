@@ -92,7 +92,10 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
             )
         parts.append(f'<rect x="{center - slot / 2:.1f}" y="{TOP}" width="{slot:.1f}" height="{plot_h}" fill="transparent"/></g>')
         if index % label_every == 0:
-            parts.append(f'<text class="axis" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>')
+            odd = " x-odd" if (index // label_every) % 2 else ""
+            parts.append(
+                f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>'
+            )
         line_points.append((center, TOP + plot_h * (1 - float(point.line) / line_max)))
     path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(line_points))
     parts.append(f'<path class="line" d="{path}"/>')

@@ -225,7 +225,34 @@
     if (document.body.dataset.live && !socketUp && document.querySelector("[data-live-pending]")) refreshRegions("poll");
   }, 3000);
 
+  // Phones: the menu button opens the sidebar as a drawer; the scrim, Escape or a link choice closes it.
+  function setMenu(open) {
+    document.body.classList.toggle("menu-open", open);
+    var button = document.querySelector("[data-menu]");
+    if (button) button.setAttribute("aria-expanded", open ? "true" : "false");
+  }
+  document.addEventListener("click", function (event) {
+    if (event.target.closest("[data-menu]")) setMenu(!document.body.classList.contains("menu-open"));
+    else if (event.target.closest("[data-menu-close]")) setMenu(false);
+  });
+  document.addEventListener("keydown", function (event) { if (event.key === "Escape") setMenu(false); });
+
+  // Card tables on phones: each cell carries its column's name (from the header) as a label.
+  function labelCells(root) {
+    (root || document).querySelectorAll("table.table").forEach(function (table) {
+      var names = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) { return th.textContent.replace(/[▲▼]/g, "").trim(); });
+      if (!names.length) return;
+      table.querySelectorAll("tbody tr").forEach(function (row) {
+        Array.prototype.forEach.call(row.children, function (cell, index) {
+          if (cell.tagName === "TD" && cell.colSpan === 1) cell.dataset.label = names[index] || "";
+        });
+      });
+    });
+  }
+  document.addEventListener("htmx:afterSwap", function () { labelCells(); });
+
   document.addEventListener("DOMContentLoaded", function () {
+    labelCells();
     if (document.body.dataset.live) connect(document.body.dataset.live);
     var adapterSelect = document.getElementById("id_adapter");
     if (adapterSelect) toggleNewAdapterFields(adapterSelect);

@@ -5,7 +5,8 @@ import csv
 from django.http import Http404, HttpResponse
 from django.utils import timezone
 
-from billing.selectors import invoice_with_lines, invoices_of
+from billing.invoices import month_bounds
+from billing.selectors import invoice_preview, invoice_with_lines, invoices_of
 from console.access import Role, tenant_page
 from console.listing import listing
 from console.pages import render_page
@@ -22,7 +23,10 @@ CSV_FIELDS = [
 @tenant_page(Role.ADMIN)
 def billing(request):
     tenant = request.seat.tenant
+    today = timezone.now().date()
     context = {
+        "preview": invoice_preview(tenant=tenant, month=today),
+        "issue_date": month_bounds(today)[1],
         "plan": tenant.plan,
         "model_prices": ModelPrice.objects.filter(plan=tenant.plan).order_by("base_model"),
         "month_to_date": usage_totals_month(tenant=tenant, month=timezone.now().date()),

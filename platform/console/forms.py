@@ -172,6 +172,7 @@ class UsageFilterForm(forms.Form):
     model = forms.CharField(required=False, max_length=250)
     key = forms.CharField(required=False, max_length=16)
     group = forms.ChoiceField(choices=GROUP_CHOICES, required=False)
+    every = forms.ChoiceField(choices=[("day", "Daily"), ("hour", "Hourly")], required=False)
 
     def window(self, *, today) -> tuple:
         """(since, until), defaulting to the last 30 days and clipped to a year."""

@@ -102,6 +102,12 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
                        ("12-audit", "audit/")]:  # fmt: skip
         page.goto(f"{server.url}/t/{slug}/{path}")
         shoot(page, screenshots, name)
+    page.goto(f"{server.url}/t/{slug}/usage/?every=hour")
+    assert page.locator("#requests-chart svg[data-bucket=hour]").count() == 1
+    assert page.locator("#load-chart [data-series=support-bot]").count() == 1
+    shoot(page, screenshots, "30-usage-hourly")
+    page.goto(f"{server.url}/t/{slug}/billing/")
+    assert page.locator("#preview-lines tbody tr").count() >= 1
     page.goto(f"{server.url}/t/{slug}/billing/")
     page.click("#invoices-table tbody a.primary")
     assert page.locator("#invoice-lines tbody tr").count() >= 2
@@ -155,6 +161,8 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
         )
         assert overflowing == 0 and page.evaluate("document.documentElement.scrollWidth") <= 1440, path
         assert page.evaluate(LOW_CONTRAST) == [], path
+    page.goto(server.url + "/platform/invoicing/")
+    shoot(page, screenshots, "31-invoicing")
     page.goto(server.url + "/platform/plans/scale/")
     shoot(page, screenshots, "18-plan-edit")
     page.goto(f"{server.url}/t/{slug}/adapters/sql-writer/")

@@ -49,6 +49,17 @@ def _relay(group: str, message: dict) -> None:
         logger.warning("could not relay %s to %s: %s", message.get("type"), url, error)
 
 
+def push(group: str, message: dict) -> None:
+    """Sends a message to a Channels group: through the channel layer, and through the relay where one is set."""
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            async_to_sync(layer.group_send)(group, message)
+        except Exception:  # a push is best effort: the API and the database stay the source of truth
+            logger.exception("could not push %s to %s", message.get("type"), group)
+    _relay(group, message)
+
+
 def _push_status(version: AdapterVersion) -> None:
     adapter = version.adapter
     message = {
@@ -58,14 +69,7 @@ def _push_status(version: AdapterVersion) -> None:
         "status": version.status,
         "message": version.failure_message,
     }
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(tenant_group(adapter.tenant_id), message)
-    except Exception:  # a push is best effort: the API and the database stay the source of truth
-        logger.exception("could not push %s to %s", message, tenant_group(adapter.tenant_id))
-    _relay(tenant_group(adapter.tenant_id), message)
+    push(tenant_group(adapter.tenant_id), message)
 
 
 def _status_changed(version: AdapterVersion) -> None:

@@ -1,11 +1,10 @@
 """The console websockets: only members (or staff) hear a tenant's adapter events; only staff see engines."""
 
-import asyncio
 import json
 from decimal import Decimal
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
@@ -89,17 +88,18 @@ async def _engines_pushes(user) -> list[dict]:
     connected, _ = await socket.connect()
     assert connected
     first = await socket.receive_json_from(timeout=5)
-    await asyncio.get_running_loop().run_in_executor(None, _engine_gets_busier)
-    second = await socket.receive_json_from(timeout=10)
+    await sync_to_async(_engine_gets_busier, thread_sensitive=False)()
+    second = await socket.receive_json_from(timeout=5)  # pushed on save: well before the 15 s safety look
     await socket.disconnect()
     return [first, second]
 
 
 def _engine_gets_busier() -> None:
-    """Another process (the health check) writing new state; runs in a thread with its own connection."""
+    """The health check recording new state (it saves the row); runs in a thread with its own connection."""
     try:
-        Engine.objects.filter(name="gpu-a").update(state={"running": 9, "waiting": 1, "kv_blocks_used": 5,
-                                                           "kv_blocks_total": 10})  # fmt: skip
+        engine = Engine.objects.get(name="gpu-a")
+        engine.state = {"running": 9, "waiting": 1, "kv_blocks_used": 5, "kv_blocks_total": 10}
+        engine.save(update_fields=["state"])
     finally:
         connection.close()
 

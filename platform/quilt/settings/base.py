@@ -92,7 +92,10 @@ REDIS_URL = env("REDIS_URL", default="")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        # redis-py 8 gives up on a read after 5 s by default, exactly as long as channels_redis's blocking pop
+        # waits: under load the read lost the race and every idle websocket dropped. Reads outlast the pop.
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]}}
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -21,7 +21,7 @@ from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
 from adapters.peft_config import LoraSettings
 from adapters.safetensors_check import check_safetensors
 from registry.errors import RegistryRefusal
-from registry.storage import _ARCHIVE_SUFFIXES, safe_upload_name
+from registry.storage import ARCHIVE_SUFFIXES, safe_upload_name
 
 _CHUNK = 1 << 20
 
@@ -76,7 +76,7 @@ def upload_check(*, files: list[File]) -> CheckedUpload:
     workdir = Path(tempfile.mkdtemp(prefix="quilt-upload-check-"))
     try:
         digests = {name: _copy(upload, workdir / name) for name, upload in zip(names, files, strict=True)}
-        single_archive = len(names) == 1 and names[0].lower().endswith(_ARCHIVE_SUFFIXES)
+        single_archive = len(names) == 1 and names[0].lower().endswith(ARCHIVE_SUFFIXES)
         source = workdir / names[0] if single_archive else workdir
         try:
             with unpacked(source, limits=adapters.ArchiveLimits()) as root:

@@ -210,13 +210,30 @@
   }
 
   // `reason` is kept on <body data-live-refreshed-by> so a page (and its tests) can tell how it learned news.
+  // One fetch at a time: news that arrives while one is in flight fetches again once it lands (never dropped,
+  // so the last push always shows).
+  var refreshing = false, refreshAgain = false;
   function refreshRegions(reason) {
     document.body.dataset.liveRefreshedBy = reason;
-    document.querySelectorAll("[data-live-region]").forEach(function (region) {
-      if (window.htmx) {
-        window.htmx.ajax("GET", window.location.href, {target: "#" + region.id, select: "#" + region.id, swap: "outerHTML"});
-      }
-    });
+    if (refreshing) { refreshAgain = true; return; }
+    refreshing = true;
+    fetch(window.location.href, {credentials: "same-origin", cache: "no-store"})
+      .then(function (response) { return response.text(); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach(function (region) {
+          var replacement = fresh.getElementById(region.id);
+          if (!replacement) return;
+          region.replaceWith(replacement);
+          if (window.htmx) window.htmx.process(replacement);
+        });
+        labelCells();
+      })
+      .catch(function () { setTimeout(function () { refreshRegions(reason); }, 2000); })  // server away: again
+      .finally(function () {
+        refreshing = false;
+        if (refreshAgain) { refreshAgain = false; setTimeout(function () { refreshRegions(reason); }, 200); }
+      });
   }
 
   // Fallback only while the socket is down (server restarting, a proxy without websockets): while work is in

@@ -5,8 +5,6 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.console.live import CHROMIUM, CHROMIUM_ARGS  # noqa: F401  (the browser fixture launches it)
-
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -161,7 +161,7 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
         shown_after = page.evaluate("window.__readyAt") / 1000 - validated_at.timestamp()
         assert shown_after < 2.0, f"validation result shown {shown_after:.2f} s after it was committed"
         assert page.evaluate("document.body.dataset.liveRefreshedBy") == "socket"
-        page.screenshot(path=str(screenshots / "21-validation-pushed-live.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "33-validation-pushed-live.png"), full_page=True)
         assert page.inner_text("[data-testid=current-version]") == "v1"
 
         # A second version, promoted with a confirmation.

@@ -1,5 +1,6 @@
 # Two commands on a fresh Linux machine with Python 3.11:
-#   make demo   - virtualenv, pinned dependencies, migrate, seed, run the platform (embedded defaults)
+#   make demo   - virtualenv, pinned dependencies, migrate, seed, run the platform (embedded defaults);
+#                 make demo PORT=8080 ENGINE_PORT=8180 for other ports
 #   make test   - the whole test suite (what .ci/run calls)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -17,8 +18,11 @@ $(INSTALLED): requirements/engine.txt requirements/platform.txt requirements/dev
 	$(BIN)/pip install -q -r requirements/dev.txt
 	touch $@
 
+PORT ?= 8000
+ENGINE_PORT ?= 8100
+
 demo: venv
-	$(BIN)/python manage.py demo
+	$(BIN)/python manage.py demo --port $(PORT) --engine-port $(ENGINE_PORT)
 
 services:
 	.ci/services

@@ -51,6 +51,31 @@ class BaseRecipe:
     seed: int = 0
 
 
+class Progress:
+    """Steps done of the whole build, and a time estimate from the pace so far, logged every few seconds."""
+
+    EVERY_SECONDS = 5.0
+
+    def __init__(self, total_steps: int, log: Callable[[str], None]):
+        self.total, self.done, self.log = total_steps, 0, log
+        self.started = self.last = time.monotonic()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last < self.EVERY_SECONDS and self.done != self.total:
+            return
+        self.last = now
+        left = (now - self.started) / self.done * (self.total - self.done)
+        self.log(f"building the demo model: {100 * self.done // self.total}% ({self.done}/{self.total} steps), "
+                 f"{_duration(now - self.started)} so far, about {_duration(left)} left")  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
 def adapter_dir(out: Path, skill: str) -> Path:
     return out / "adapters" / skill
 
@@ -112,8 +137,9 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
                           max_positions=recipe.max_positions)
     model = new_base_model(config, seed=recipe.seed)
     log(f"base model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    progress = Progress(recipe.steps + sum(adapter.steps for adapter in RECIPES), log)
     train(model, tokenizer, corpus.base_example, steps=recipe.steps, batch_size=recipe.batch_size,
-          lr=recipe.lr, seed=recipe.seed, log=log)
+          lr=recipe.lr, seed=recipe.seed, log=log, on_step=progress.step)
     model.save_pretrained(out)
     held_out = corpus.held_out_sentences(8)
     checks = {"base": score(model, tokenizer, held_out, None)}
@@ -126,7 +152,7 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
         peft_model = get_peft_model(model, lora)
         train(peft_model, tokenizer, lambda rng, skill=adapter.skill: corpus.adapter_example(skill, rng),
               steps=adapter.steps, batch_size=recipe.batch_size, lr=5e-3, seed=recipe.seed + 1 + number,
-              log=log)
+              log=log, on_step=progress.step)
         peft_model.save_pretrained(adapter_dir(out, adapter.skill))
         checks[adapter.skill] = score(peft_model, tokenizer, held_out, adapter.skill)
         log(f"adapter {adapter.skill} on held-out prompts: {checks[adapter.skill]}")

@@ -59,8 +59,10 @@ def train(
     lr: float,
     seed: int,
     log: Callable[[str], None],
+    on_step: Callable[[], None] | None = None,
 ) -> float:
-    """AdamW with warmup and cosine decay on freshly sampled batches; returns the final loss."""
+    """AdamW with warmup and cosine decay on freshly sampled batches; returns the final loss.
+    `on_step` is called after each step (progress reporting; it never touches the model)."""
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -83,6 +85,8 @@ def train(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()
+        if on_step is not None:
+            on_step()
         if step % 100 == 0 or step == steps - 1:
             log(f"  step {step:4d}/{steps} loss {loss_value:.4f}")
     model.eval()

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 
 from billing.models import Invoice
 from metering.models import UsageMonth
@@ -51,3 +51,91 @@ def tenant_margin(*, month: date) -> list[TenantMargin]:
             )
         )  # fmt: skip
     return report
+
+
+@dataclass(frozen=True)
+class MarginTotals:
+    requests: int
+    total_tokens: int
+    revenue: Decimal
+    gpu_cost: Decimal
+    margin: Decimal
+    margin_ratio: Decimal | None  # margin / revenue, same sign as margin; None without revenue
+
+
+def margin_totals(*, month: date) -> MarginTotals:
+    """The platform's month: every tenant's revenue, GPU cost and margin added up (the staff overview)."""
+    rows = tenant_margin(month=month)
+    revenue = sum((row.revenue for row in rows), Decimal(0))
+    cost = sum((row.gpu_cost for row in rows), Decimal(0))
+    margin = revenue - cost
+    return MarginTotals(
+        requests=sum(row.requests for row in rows), total_tokens=sum(row.total_tokens for row in rows),
+        revenue=revenue, gpu_cost=cost, margin=margin,
+        margin_ratio=(margin / revenue).quantize(Decimal("0.0001")) if revenue else None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InvoicePreview:
+    """What the tenant's invoice for `month` would bill if issued now: unsaved lines, priced as issuing prices
+    them (invoices.line_amount), over the same usage (finished by the month's end, not billed yet)."""
+
+    tenant: Tenant
+    month: date
+    lines: list
+    total: Decimal
+    requests: int
+
+
+def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
+    from billing.invoices import RATES, line_amount, month_bounds
+    from billing.models import InvoiceLine
+    from metering.models import UsageEvent
+
+    month = month.replace(day=1)
+    groups = (
+        UsageEvent.objects.filter(tenant=tenant, invoice__isnull=True, finished_at__lt=month_bounds(month)[1])
+        .order_by()
+        .values("model", "base_model", "adapter_version_id", *RATES)
+        .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"),
+                  output=Sum("completion_tokens"))
+        .order_by("model", "base_model", "adapter_version_id", *RATES)
+    )  # fmt: skip
+    lines = []
+    for group in groups:
+        input_tokens = group["prompt"] - group["cached"]
+        lines.append(InvoiceLine(
+            model=group["model"], base_model=group["base_model"], adapter_version_id=group["adapter_version_id"],
+            requests=group["requests"], input_tokens=input_tokens, cached_input_tokens=group["cached"],
+            output_tokens=group["output"], **{name: group[name] for name in RATES},
+            amount=line_amount(input_tokens=input_tokens, cached_input_tokens=group["cached"],
+                               output_tokens=group["output"], rates=tuple(group[name] for name in RATES)),
+        ))  # fmt: skip
+    return InvoicePreview(
+        tenant=tenant, month=month, lines=lines, total=sum((line.amount for line in lines), Decimal(0)),
+        requests=sum(line.requests for line in lines),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MonthInvoicing:
+    """Where a month's invoicing stands: issued invoices, and tenants with usage still to bill for it."""
+
+    month: date
+    issued: list[Invoice]
+    pending_tenants: list[Tenant]
+
+
+def month_invoicing(*, month: date) -> MonthInvoicing:
+    from billing.invoices import month_bounds
+    from metering.models import UsageEvent
+
+    month = month.replace(day=1)
+    issued = list(
+        Invoice.objects.filter(month=month, status=Invoice.Status.ISSUED).select_related("tenant").order_by("tenant__slug")
+    )
+    unbilled = UsageEvent.objects.filter(invoice__isnull=True, finished_at__lt=month_bounds(month)[1])
+    pending = list(Tenant.objects.filter(pk__in=unbilled.values("tenant_id")).exclude(
+        invoices__month=month, invoices__status=Invoice.Status.ISSUED).order_by("slug"))  # fmt: skip
+    return MonthInvoicing(month=month, issued=issued, pending_tenants=pending)

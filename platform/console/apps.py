@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class ConsoleConfig(AppConfig):
     name = "console"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from console import live_engines  # noqa: F401  (connects the engine-state push)

@@ -6,11 +6,13 @@ browser shows its exact values on hover.
 
 import math
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from decimal import Decimal
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+
+from console.money_format import money_axis_text, money_text
 
 WIDTH, HEIGHT = 760, 240
 LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 28
@@ -44,10 +46,6 @@ def _compact(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
 
-def _money(value: float) -> str:
-    if value >= 1000:
-        return "$" + _compact(value)
-    return f"${value:.2f}" if value < 10 else f"${value:.0f}"
 
 
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
@@ -70,7 +68,8 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
         parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
         parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_compact(bar_max * share)}</text>')
         parts.append(
-            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">{_money(line_max * share)}</text>'
+            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">'
+            f'{money_axis_text(line_max * share, step=line_max / 4)}</text>'
         )
     label_every = max(1, math.ceil(len(points) / 10))
     line_points = []
@@ -82,7 +81,7 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
         base = TOP + plot_h
         title = (
             f"{point.day:%b %d}: {point.lower:,} input + {point.upper:,} output tokens, "
-            f"${Decimal(point.line).quantize(Decimal('0.01')):,} spend"
+            f"{money_text(point.line)} spend"
         )
         parts.append(f'<g class="day" data-day="{point.day.isoformat()}"><title>{escape(title)}</title>')
         parts.append(f'<rect class="bar" x="{x:.1f}" y="{base - lower_h:.1f}" width="{bar_w:.1f}" height="{lower_h:.1f}" rx="2"/>')
@@ -93,11 +92,95 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
             )
         parts.append(f'<rect x="{center - slot / 2:.1f}" y="{TOP}" width="{slot:.1f}" height="{plot_h}" fill="transparent"/></g>')
         if index % label_every == 0:
-            parts.append(f'<text class="axis" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>')
+            odd = " x-odd" if (index // label_every) % 2 else ""
+            parts.append(
+                f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>'
+            )
         line_points.append((center, TOP + plot_h * (1 - float(point.line) / line_max)))
     path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(line_points))
     parts.append(f'<path class="line" d="{path}"/>')
     if len(points) <= 31:
         parts += [f'<circle class="dot" cx="{x:.1f}" cy="{y:.1f}" r="2.6"/>' for x, y in line_points]
+    parts.append("</svg>")
+    return mark_safe("".join(parts))
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    values: list  # one number (or None: no data) per bucket
+    tone: str  # css class: tone-1 .. tone-4
+
+
+def _axis_number(value: float, *, step: float) -> str:
+    if step >= 1 or value == 0:
+        return _compact(value)
+    places = min(4, max(1, -Decimal(f"{step:.12g}").normalize().as_tuple().exponent))
+    return f"{value:.{places}f}"
+
+
+def _bucket_label(start: datetime, bucket: str) -> str:
+    return f"{start:%H:%M}" if bucket == "hour" and start.hour else f"{start:%b %d}"
+
+
+def series_chart(
+    *, starts: list[datetime], bucket: str, left: list[Series], right: Series | None = None, bars: Series | None = None,
+    left_unit: str = "", right_unit: str = "", label: str = "",
+) -> SafeString:
+    """Hourly or daily series: optional bars and lines on the left axis, one line on a right axis.
+    Returns "" when nothing has data, so the page shows its empty state."""
+    everything = [*(left or []), *([right] if right else []), *([bars] if bars else [])]
+    if not any(value for series in everything for value in series.values if value):
+        return mark_safe("")
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    left_values = [v for series in [*left, *([bars] if bars else [])] for v in series.values if v is not None]
+    left_max = nice_ceiling(max(left_values, default=0))
+    right_max = nice_ceiling(max((v for v in right.values if v is not None), default=0)) if right else 1.0
+    slot = plot_w / len(starts)
+    parts = [
+        f'<svg class="chart series-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
+        f'data-buckets="{len(starts)}" data-bucket="{bucket}">'
+    ]
+    for i in range(5):
+        y = TOP + plot_h * i / 4
+        share = 1 - i / 4
+        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        text = _axis_number(left_max * share, step=left_max / 4) + left_unit
+        parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
+        if right:
+            text = _axis_number(right_max * share, step=right_max / 4) + right_unit
+            parts.append(f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">{text}</text>')
+    label_every = max(1, math.ceil(len(starts) / 8))
+    base = TOP + plot_h
+    bar_w = max(2.0, min(22.0, slot * 0.6))
+    for index, start in enumerate(starts):
+        center = LEFT + slot * (index + 0.5)
+        values = "; ".join(
+            f"{series.label} {series.values[index]:,.1f}" if isinstance(series.values[index], float)
+            else f"{series.label} {series.values[index] if series.values[index] is not None else '—'}"
+            for series in everything
+        )  # fmt: skip
+        parts.append(f'<g class="bucket" data-start="{start.isoformat()}"><title>{escape(_bucket_label(start, bucket))}: '
+                     f'{escape(values)}</title>')  # fmt: skip
+        if bars and bars.values[index]:
+            height = plot_h * bars.values[index] / left_max
+            parts.append(f'<rect class="bar {bars.tone}" x="{center - bar_w / 2:.1f}" y="{base - height:.1f}" '
+                         f'width="{bar_w:.1f}" height="{height:.1f}" rx="2"/>')  # fmt: skip
+        parts.append(f'<rect x="{center - slot / 2:.1f}" y="{TOP}" width="{slot:.1f}" height="{plot_h}" fill="transparent"/></g>')
+        if index % label_every == 0:
+            odd = " x-odd" if (index // label_every) % 2 else ""
+            parts.append(f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">'
+                         f'{_bucket_label(start, bucket)}</text>')  # fmt: skip
+    for series, top in [*((s, left_max) for s in left), *(((right, right_max),) if right else ())]:
+        points = [
+            (LEFT + slot * (index + 0.5), TOP + plot_h * (1 - value / top))
+            for index, value in enumerate(series.values) if value is not None
+        ]  # fmt: skip
+        if not points:
+            continue
+        path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
+        parts.append(f'<path class="series-line {series.tone}" d="{path}" data-series="{escape(series.label)}"/>')
+        if len(starts) <= 48:
+            parts += [f'<circle class="series-dot {series.tone}" cx="{x:.1f}" cy="{y:.1f}" r="2.4"/>' for x, y in points]
     parts.append("</svg>")
     return mark_safe("".join(parts))

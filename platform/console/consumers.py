@@ -2,7 +2,9 @@
 
 - TenantConsumer (/ws/t/<slug>/): joins the tenant's Channels group; each "adapter.status" message the registry
   sends tells the page to re-fetch its live regions. Only members of the tenant (or staff) may connect.
-- EnginesConsumer (/ws/engines/, staff): pushes the engines grid, rendered on the server, whenever it changes.
+- EnginesConsumer (/ws/engines/, staff): pushes the engines grid, rendered on the server, whenever an engine's
+  row changes (the health check saves it: console.live_engines pushes), and looks again every
+  ENGINES_SAFETY_SECONDS for writes that bypass signals.
 """
 
 import asyncio
@@ -12,10 +14,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
 from console.access import seat_for
+from console.live_engines import ENGINES_GROUP
 from console.views.engines import engines_grid_html
 from registry.broadcast import tenant_group
 
-ENGINES_POLL_SECONDS = 2.0
+ENGINES_SAFETY_SECONDS = 15.0
 FORBIDDEN = 4403
 
 
@@ -52,24 +55,37 @@ class TenantConsumer(AsyncJsonWebsocketConsumer):
 
 class EnginesConsumer(AsyncJsonWebsocketConsumer):
     task: asyncio.Task | None = None
+    last_html: str | None = None
+    joined = False
 
     async def connect(self):
         user = self.scope["user"]
         if not (user.is_authenticated and user.is_staff):
             await self.close(code=FORBIDDEN)
             return
+        self.lock = asyncio.Lock()
+        await self.channel_layer.group_add(ENGINES_GROUP, self.channel_name)
+        self.joined = True
         await self.accept()
-        self.task = asyncio.create_task(self._push_changes())
+        self.task = asyncio.create_task(self._safety_net())
 
     async def disconnect(self, code):
         if self.task is not None:
             self.task.cancel()
+        if self.joined:
+            await self.channel_layer.group_discard(ENGINES_GROUP, self.channel_name)
 
-    async def _push_changes(self):
-        last = None
-        while True:
+    async def engines_changed(self, event):
+        await self._send_if_changed()
+
+    async def _send_if_changed(self):
+        async with self.lock:
             html = await database_sync_to_async(engines_grid_html)()
-            if html != last:
+            if html != self.last_html:
                 await self.send_json({"type": "html", "target": "engines-grid", "html": html})
-                last = html
-            await asyncio.sleep(ENGINES_POLL_SECONDS)
+                self.last_html = html
+
+    async def _safety_net(self):
+        while True:
+            await self._send_if_changed()
+            await asyncio.sleep(ENGINES_SAFETY_SECONDS)

@@ -67,6 +67,18 @@ class ApiKeyCreateForm(forms.Form):
         required=False, max_length=1000, help_text="Comma-separated model names; empty allows every model."
     )
 
+    def __init__(self, *args, taken_names=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.taken_names = {name.casefold() for name in taken_names}
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if name.casefold() in self.taken_names:
+            raise forms.ValidationError(
+                f"A key named “{name}” already exists. Give each key its own name, or rotate the existing one."
+            )
+        return name
+
     def clean_allowed_models(self) -> list[str]:
         return [name.strip() for name in self.cleaned_data["allowed_models"].split(",") if name.strip()]
 
@@ -160,6 +172,7 @@ class UsageFilterForm(forms.Form):
     model = forms.CharField(required=False, max_length=250)
     key = forms.CharField(required=False, max_length=16)
     group = forms.ChoiceField(choices=GROUP_CHOICES, required=False)
+    every = forms.ChoiceField(choices=[("day", "Daily"), ("hour", "Hourly")], required=False)
 
     def window(self, *, today) -> tuple:
         """(since, until), defaulting to the last 30 days and clipped to a year."""

@@ -1,5 +1,6 @@
 """Invitation emails: a new member invited by email sets their own password through a one-time link."""
 
+from django.conf import settings
 from django.contrib.auth.tokens import default_token_generator
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
@@ -18,7 +19,19 @@ def invitation_link(*, request, user) -> str:
     return request.build_absolute_uri(path)
 
 
-def invitation_send(*, request, user, tenant: Tenant) -> None:
+# Backends that never reach an inbox (development, the demo, tests): the console shows the link instead.
+UNDELIVERED_BACKENDS = {
+    "django.core.mail.backends.console.EmailBackend", "django.core.mail.backends.locmem.EmailBackend",
+    "django.core.mail.backends.filebased.EmailBackend", "django.core.mail.backends.dummy.EmailBackend",
+}  # fmt: skip
+
+
+def emails_reach_inboxes() -> bool:
+    return settings.EMAIL_BACKEND not in UNDELIVERED_BACKENDS
+
+
+def invitation_send(*, request, user, tenant: Tenant) -> str:
+    """Sends the invitation; returns its link (the console shows it where no email is really delivered)."""
     context = {"user": user, "tenant": tenant, "inviter": request.user, "link": invitation_link(request=request, user=user)}
     send_mail(
         subject=f"You're invited to {tenant.name} on Quilt",
@@ -26,3 +39,4 @@ def invitation_send(*, request, user, tenant: Tenant) -> None:
         from_email=None,
         recipient_list=[user.email],
     )
+    return context["link"]

@@ -45,6 +45,7 @@ def _platform_nav() -> list[NavItem]:
         NavItem("Tenants", reverse("console:tenants"), "building", "tenants"),
         NavItem("Engines", reverse("console:engines"), "cpu", "engines"),
         NavItem("Plans", reverse("console:plans"), "tag", "plans"),
+        NavItem("Invoicing", reverse("console:invoicing"), "card", "invoicing"),
         NavItem("Audit log", reverse("console:platform-audit"), "list", "platform-audit"),
     ]
 

@@ -1,14 +1,14 @@
 """Reads over usage: grouped sums from the daily roll-ups, plus raw events for the days not rolled up yet."""
 
 from dataclasses import dataclass, field
-from datetime import UTC, date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Sum
-from django.db.models.functions import TruncDate
+from django.db.models import Avg, Count, F, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate, TruncDay, TruncHour
 from django.utils import timezone
 
-from metering.models import UsageDaily, UsageEvent, UsageMonth
+from metering.models import ModelPrice, UsageDaily, UsageEvent, UsageMonth
 from metering.rollups import day_bounds, rolled_up_before, usage_sums
 from tenancy.models import Tenant
 
@@ -115,3 +115,135 @@ def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[
         return 0, Decimal(0)
     prompt, completion, price = row
     return prompt + completion, price
+
+# --- Reads for the console's usage pages (filters, platform-wide sums, time series). ---------------------------
+
+
+def usage_grouped_filtered(
+    *, tenant: Tenant | None, since: date, until: date, group_by: str, model: str = "", key_prefix: str = ""
+) -> list[UsageTotals]:
+    """usage_grouped, optionally for one model and one key, and for every tenant at once with `tenant=None`."""
+    column = GROUPS[group_by]
+    filters = {"tenant": tenant} if tenant is not None else {}
+    if model:
+        filters["model"] = model
+    if key_prefix:
+        filters["api_key_prefix"] = key_prefix
+    totals: dict[str, UsageTotals] = {}
+
+    def collect(groups) -> None:
+        for sums in groups:
+            name = sums[column].isoformat() if column == "day" else sums[column]
+            totals.setdefault(name, UsageTotals(group=name)).add(sums)
+
+    boundary = rolled_up_before()
+    raw_since = since
+    if boundary is not None and since < boundary:
+        last_rolled = min(until, boundary - timedelta(days=1))
+        daily = UsageDaily.objects.filter(day__gte=since, day__lte=last_rolled, **filters).order_by()
+        collect(_daily_sums(daily, column))
+        raw_since = boundary
+    if raw_since <= until:
+        start, end = day_bounds(raw_since)[0], day_bounds(until)[1]
+        events = UsageEvent.objects.filter(finished_at__gte=start, finished_at__lt=end, **filters).order_by()
+        if column == "day":
+            events = events.annotate(day=TruncDate("finished_at", tzinfo=UTC))
+        collect(usage_sums(events.values(column)))
+    return [totals[name] for name in sorted(totals)]
+
+
+def usage_filter_choices(*, tenant: Tenant, since: date) -> tuple[list[str], list[str]]:
+    """The model names and key prefixes with usage since `since` (a usage page's filter choices)."""
+    daily = UsageDaily.objects.filter(tenant=tenant, day__gte=since).order_by()
+    events = UsageEvent.objects.filter(tenant=tenant, finished_at__gte=day_bounds(since)[0]).order_by()
+    boundary = rolled_up_before()
+    if boundary is not None:
+        events = events.filter(finished_at__gte=day_bounds(max(since, boundary))[0])
+    models = set(daily.values_list("model", flat=True).distinct()) | set(events.values_list("model", flat=True).distinct())
+    keys = set(daily.values_list("api_key_prefix", flat=True).distinct())
+    keys |= set(events.values_list("api_key_prefix", flat=True).distinct())
+    return sorted(models), sorted(key for key in keys if key)
+
+
+@dataclass
+class UsageBucket:
+    """One hour or day of requests: counts, errors, spend and latency (TTFT, decode tokens per second)."""
+
+    start: datetime
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    price: Decimal = field(default_factory=Decimal)
+    ttft_ms: float | None = None  # mean time to first token
+    tokens_per_second: float | None = None  # output tokens over the time spent producing them after the first
+
+
+BUCKETS = {"hour": TruncHour, "day": TruncDay}
+ERROR_FINISH_REASONS = ("error",)
+
+
+def usage_buckets(
+    *, tenant: Tenant | None, since: datetime, until: datetime, bucket: str, model: str = "", key_prefix: str = ""
+) -> list[UsageBucket]:
+    """Every hour or UTC day from `since` to `until` (empty ones included), from the raw events: latency and
+    errors are not in the roll-ups, and a window of hours or a month of days stays a bounded range scan."""
+    truncate = BUCKETS[bucket]
+    filters = {"tenant": tenant} if tenant is not None else {}
+    if model:
+        filters["model"] = model
+    if key_prefix:
+        filters["api_key_prefix"] = key_prefix
+    timed = Q(ttft_ms__isnull=False, e2e_ms__isnull=False, e2e_ms__gt=F("ttft_ms"))
+    rows = (
+        UsageEvent.objects.filter(finished_at__gte=since, finished_at__lt=until, **filters)
+        .order_by()
+        .annotate(start=truncate("finished_at", tzinfo=UTC))
+        .values("start")
+        .annotate(
+            requests=Count("id"), errors=Count("id", filter=Q(finish_reason__in=ERROR_FINISH_REASONS)),
+            prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), price_sum=Sum("price"),
+            ttft=Avg("ttft_ms"), decode_ms=Sum(F("e2e_ms") - F("ttft_ms"), filter=timed),
+            decode_tokens=Sum("completion_tokens", filter=timed),
+        )
+    )  # fmt: skip
+    found = {row["start"]: row for row in rows}
+    step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
+    start = since.replace(minute=0, second=0, microsecond=0)
+    if bucket == "day":
+        start = start.replace(hour=0)
+    buckets = []
+    while start < until:
+        row = found.get(start)
+        if row is None:
+            buckets.append(UsageBucket(start=start))
+        else:
+            decode_ms, decode_tokens = row["decode_ms"], row["decode_tokens"]
+            buckets.append(UsageBucket(
+                start=start, requests=row["requests"], errors=row["errors"], prompt_tokens=row["prompt"] or 0,
+                completion_tokens=row["completion"] or 0, price=row["price_sum"] or Decimal(0), ttft_ms=row["ttft"],
+                tokens_per_second=decode_tokens * 1000 / decode_ms if decode_ms and decode_tokens else None,
+            ))  # fmt: skip
+        start += step
+    return buckets
+
+
+def usage_requests_by_model(
+    *, tenant: Tenant, since: datetime, until: datetime, bucket: str, limit: int = 4
+) -> dict[str, dict[datetime, int]]:
+    """Requests per hour or day for the tenant's busiest models and adapters (the adapters' load)."""
+    events = UsageEvent.objects.filter(tenant=tenant, finished_at__gte=since, finished_at__lt=until).order_by()
+    top = [row["model"] for row in events.values("model").annotate(n=Count("id")).order_by("-n", "model")[:limit]]
+    rows = (
+        events.filter(model__in=top).annotate(start=BUCKETS[bucket]("finished_at", tzinfo=UTC))
+        .values("model", "start").annotate(n=Count("id"))
+    )  # fmt: skip
+    series: dict[str, dict[datetime, int]] = {name: {} for name in top}
+    for row in rows:
+        series[row["model"]][row["start"]] = row["n"]
+    return series
+
+
+def model_prices_of(*, plan) -> QuerySet[ModelPrice]:
+    """The plan's per-base-model price overrides."""
+    return ModelPrice.objects.filter(plan=plan).order_by("base_model")

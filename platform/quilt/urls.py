@@ -1,11 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularRedocView.as_view(url_name="schema", template_name="api_docs/redoc.html"),
+         name="api-docs"),
+    path("api/docs/swagger/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-swagger"),
     path("api/v1/", include("tenancy.urls")),
     path("api/v1/", include("apikeys.urls")),
     path("api/v1/", include("registry.urls")),

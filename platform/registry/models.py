@@ -79,6 +79,9 @@ class AdapterVersion(models.Model):
     failure_message = models.TextField(blank=True)
     upload_key = models.CharField(max_length=300, blank=True, help_text="Storage prefix of the raw upload.")
     upload_bytes = models.BigIntegerField(default=0)
+    upload_sha256 = models.CharField(
+        max_length=64, blank=True, db_index=True, help_text="Content digest of the upload as sent (its files)."
+    )
     digest = models.CharField(max_length=64, blank=True, db_index=True)
     storage_key = models.CharField(max_length=300, blank=True, help_text="Storage prefix of the canonical form.")
     rank = models.PositiveIntegerField(null=True, blank=True)

@@ -18,6 +18,7 @@ from registry.models import Adapter, AdapterVersion, BaseModel, model_name_valid
 from registry.promotion import adapter_lock
 from registry.selectors import adapter_get, adapters_of, base_models_active
 from registry.storage import upload_delete, upload_store
+from registry.upload_checks import CheckedUpload, upload_check
 from tenancy.audit import Actor, audit_record
 from tenancy.models import Tenant
 
@@ -44,7 +45,7 @@ def upload_refusal(*, tenant: Tenant, size: int | None = None) -> UploadTooLarge
     )
 
 
-def _check_upload(*, tenant: Tenant, files: list[File]) -> int:
+def _check_upload(*, tenant: Tenant, files: list[File]) -> tuple[int, CheckedUpload]:
     if not files:
         raise RegistryRefusal(
             "Attach the adapter as 'file': a .zip or .tar.gz of the PEFT folder, or its files one by one.",
@@ -55,7 +56,23 @@ def _check_upload(*, tenant: Tenant, files: list[File]) -> int:
         raise upload_refusal(tenant=tenant, size=size)
     if size == 0:
         raise RegistryRefusal("The uploaded file is empty.", code="file_empty")
-    return size
+    return size, upload_check(files=files)
+
+
+def _check_not_a_repeat(*, adapter: Adapter, checked: CheckedUpload) -> None:
+    """The same bytes as a version that is (or will be) ready: say so instead of spending a version number."""
+    same = (
+        adapter.versions.filter(upload_sha256=checked.sha256)
+        .exclude(status=AdapterVersion.Status.FAILED)
+        .order_by("-number")
+        .first()
+    )
+    if same is not None:
+        raise RegistryRefusal(
+            f"This upload is identical to version {same.number} of {adapter.name} (same content digest "
+            f"{checked.sha256[:12]}); nothing new was created.",
+            code="identical_upload", status_code=409,
+        )  # fmt: skip
 
 
 def _check_name(*, name: str) -> None:
@@ -87,11 +104,12 @@ def _check_free(*, tenant: Tenant, name: str) -> None:
 
 
 def _new_version(
-    *, adapter: Adapter, number: int, upload_key: str, size: int, actor: Actor, enqueue: bool
+    *, adapter: Adapter, number: int, upload_key: str, size: int, sha256: str, actor: Actor, enqueue: bool
 ) -> AdapterVersion:
     version = AdapterVersion.objects.create(
-        adapter=adapter, number=number, upload_key=upload_key, upload_bytes=size, created_by=actor.user
-    )
+        adapter=adapter, number=number, upload_key=upload_key, upload_bytes=size, upload_sha256=sha256,
+        created_by=actor.user,
+    )  # fmt: skip
     status_changed_on_commit(version)
     if enqueue:
         transaction.on_commit(lambda: tasks.validate_adapter_version.delay(version.pk), robust=True)
@@ -107,13 +125,13 @@ def adapter_create(
     enqueue: bool = True,
 ) -> Adapter:
     """A new adapter with its first version `uploaded`; the worker validates it (unless enqueue=False)."""
-    size = _check_upload(tenant=tenant, files=files)
     _check_name(name=name)
     base = base_models_active().filter(name=base_model).first()
     if base is None:
         raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model")
     _check_room(tenant=tenant)
     _check_free(tenant=tenant, name=name)
+    size, checked = _check_upload(tenant=tenant, files=files)
     upload_key = upload_store(files=files)
     try:
         with transaction.atomic():
@@ -124,8 +142,9 @@ def adapter_create(
                 tenant=tenant, name=name, base_model=base, description=description, created_by=actor.user
             )
             version = _new_version(
-                adapter=adapter, number=1, upload_key=upload_key, size=size, actor=actor, enqueue=enqueue
-            )
+                adapter=adapter, number=1, upload_key=upload_key, size=size, sha256=checked.sha256, actor=actor,
+                enqueue=enqueue,
+            )  # fmt: skip
             audit_record(
                 actor=actor, action="adapter.create", target=adapter, tenant=tenant,
                 after={"name": name, "base_model": base.name, **_version_snapshot(version)},
@@ -139,16 +158,21 @@ def adapter_create(
 def adapter_version_create(
     *, actor: Actor, adapter: Adapter, files: list[File], enqueue: bool = True
 ) -> AdapterVersion:
-    """The adapter's next version (numbers count up from 1 and are never reused), `uploaded`."""
-    size = _check_upload(tenant=adapter.tenant, files=files)
+    """The adapter's next version (numbers count up from 1 and are never reused), `uploaded`.
+
+    Refused before anything is stored: a file the adapter checks refuse, or the same bytes as a live version."""
+    size, checked = _check_upload(tenant=adapter.tenant, files=files)
+    _check_not_a_repeat(adapter=adapter, checked=checked)
     upload_key = upload_store(files=files)
     try:
         with transaction.atomic():
             adapter = adapter_lock(adapter)
+            _check_not_a_repeat(adapter=adapter, checked=checked)
             number = (adapter.versions.aggregate(top=Max("number"))["top"] or 0) + 1
             version = _new_version(
-                adapter=adapter, number=number, upload_key=upload_key, size=size, actor=actor, enqueue=enqueue
-            )
+                adapter=adapter, number=number, upload_key=upload_key, size=size, sha256=checked.sha256, actor=actor,
+                enqueue=enqueue,
+            )  # fmt: skip
             audit_record(
                 actor=actor, action="adapter_version.create", target=version, tenant=adapter.tenant,
                 after={"adapter": adapter.name, **_version_snapshot(version)},

@@ -25,7 +25,7 @@ import adapters
 CANONICAL_PREFIX = "adapters"
 UPLOAD_PREFIX = "adapter-uploads"
 COMPLETE_MARKER = "quilt_adapter.json"
-_ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
 
 def blob_storage() -> Storage:
@@ -129,7 +129,7 @@ def upload_source(*, key: str) -> Iterator[Path]:
 
 
 def _pick_source(folder: Path, names: list[str]) -> Path:
-    if len(names) == 1 and names[0].lower().endswith(_ARCHIVE_SUFFIXES):
+    if len(names) == 1 and names[0].lower().endswith(ARCHIVE_SUFFIXES):
         return folder / PurePosixPath(names[0]).name
     return folder
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.conftest import REPO, start_worker, test_database_url
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-sync", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-dev-shm-usage"]  # fmt: skip
 CHANNELS_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
 # Admission counters are keyed by tenant id: a prefix of this run's own keeps other runs' counters apart.

@@ -2,8 +2,10 @@
 of usage rolled up, an issued invoice and two engines reporting state. Everything goes through the services."""
 
 import random
+import tempfile
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
@@ -86,7 +88,7 @@ def build(*, zips: list[bytes], staff) -> dict:
     writer = _adapter(acme, "sql-writer", zips[2:4], owner, "Text to SQL over the analytics warehouse",
                       promote_second=False)  # fmt: skip
     broken = adapter_version_create(actor=Actor(user=owner), adapter=writer, enqueue=False,
-                                    files=[SimpleUploadedFile("weights.bin", b"pickle bytes")])  # fmt: skip
+                                    files=[SimpleUploadedFile("sql-writer-wide.zip", _too_wide_zip())])  # fmt: skip
     adapter_version_validate(version_id=broken.pk)
     Engine.objects.create(
         name="gpu-a", url="http://10.0.0.5:8100", pool="default", gpu_price_per_hour=Decimal("2.4900"),
@@ -102,6 +104,14 @@ def build(*, zips: list[bytes], staff) -> dict:
         plan_update(actor=system, plan=scale, changes={"monthly_spend_limit": (spend / Decimal("0.86")).quantize(CENT)})
     invoice_issue(tenant=acme, month=previous_month(timezone.now().date()))
     return {"tenant": acme, "owner": owner}
+
+
+def _too_wide_zip() -> bytes:
+    """A real PEFT adapter made for a wider model: it passes the upload checks and fails validation on shapes."""
+    from tests.tiny_llama import save_peft_adapter, zipped
+
+    with tempfile.TemporaryDirectory() as folder:
+        return zipped(save_peft_adapter(Path(folder) / "wide", seed=9, hidden_size=48))
 
 
 def _engine_state(rng) -> dict:

@@ -55,10 +55,13 @@ def test_a_refused_upload_says_why(tenant, member_of, base_model):
     assert not Adapter.objects.exists()
 
 
-def test_a_failed_validation_shows_its_reason(tenant, member_of, base_model):
+def test_a_failed_validation_shows_its_reason(tenant, member_of, base_model, tmp_path):
+    from tests.tiny_llama import save_peft_adapter, zipped
+
     client, _ = member_of(tenant, "viewer")
+    too_wide = zipped(save_peft_adapter(tmp_path / "wide", seed=3, hidden_size=48))
     adapter = adapter_create(actor=Actor.system(), tenant=tenant, name="broken", base_model=BASE_NAME,
-                             files=[zip_file(b"not a zip at all", "broken.zip")], enqueue=False)  # fmt: skip
+                             files=[zip_file(too_wide, "broken.zip")], enqueue=False)  # fmt: skip
     version = adapter_version_validate(version_id=adapter.versions.get().pk)
     assert version.status == "failed"
     page = client.get(url("adapter", tenant, name="broken")).content.decode()

@@ -69,3 +69,23 @@ def test_staff_see_every_tenants_audit_and_members_only_their_own(tenant, other_
     platform = staff_client.get(reverse("console:platform-audit") + "?tenant=globex").context["entries"].rows
     assert platform and all(row.tenant_id == other_tenant.pk for row in platform)
     assert list(staff_client.get(reverse("console:platform-audit") + "?tenant=nope").context["entries"].rows) == []
+
+
+def test_audit_entries_name_what_they_touched(tenant, member_of, base_model, adapter_zips):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from registry.services import adapter_create
+    from tenancy.models import Plan
+    from tenancy.services import tenant_update
+    from tests.console.builders import BASE_NAME
+
+    client, _ = member_of(tenant, "admin")
+    pro = Plan.objects.create(slug="pro", name="Pro")
+    before = tenant.plan.name
+    tenant_update(actor=Actor.system(), tenant=tenant, changes={"plan": pro})
+    adapter_create(actor=Actor.system(), tenant=tenant, name="support-bot", base_model=BASE_NAME, enqueue=False,
+                   files=[SimpleUploadedFile("a.zip", adapter_zips[0])])  # fmt: skip
+    page = client.get(reverse("console:audit", kwargs={"slug": tenant.slug})).content.decode()
+    assert f'<s class="muted">{before}</s> → Pro' in page
+    assert "Adapter support-bot" in page and "Tenant Acme Corp" in page
+    assert "Adapter #" not in page and "plan:</span> <s class=\"muted\">1" not in page

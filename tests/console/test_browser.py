@@ -7,6 +7,7 @@ import pytest
 from apikeys.models import ApiKey
 from apikeys.selectors import api_key_authenticate
 from gateway.services import engine_register
+from registry.models import AdapterVersion
 from tenancy.audit import Actor
 from tenancy.models import AuditLog, Membership
 from tests.conftest import stop_worker
@@ -18,6 +19,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "pw-12345-secret"
 LIVE_TIMEOUT_MS = 90_000
+
+# Test-side instrumentation: the moment (browser clock, same machine as the server) version 1 shows as ready.
+WATCH_READY = """() => {
+  window.__readyAt = null;
+  new MutationObserver(() => {
+    if (!window.__readyAt && document.querySelector("tr[data-version='1'][data-status=ready]")) window.__readyAt = Date.now();
+  }).observe(document.body, {subtree: true, childList: true, attributes: true});
+}"""
 
 # Test-side instrumentation: remember every state of the upload progress bar across the page change that follows.
 WATCH_PROGRESS = """() => {
@@ -126,8 +135,11 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
     assert "shown only once" in page.inner_text("#new-key")
     page.click("[data-copy='#new-secret']")
     page.wait_for_selector("[data-copy-label]:has-text('Copied')")
-    page.click("text=I stored it — done")
+    page.reload()  # the page after the redirect: reloading creates nothing and shows the secret no more
     assert secret not in page.content()
+    assert ApiKey.objects.filter(tenant=tenant).count() == 1
+    page.go_back()
+    assert ApiKey.objects.filter(tenant=tenant).count() == 1
     key = api_key_authenticate(presented=secret)
     assert key.name == "backend" and sorted(key.scopes) == ["inference", "usage:read"]
 
@@ -138,11 +150,18 @@ def test_a_member_runs_keys_adapters_and_usage_without_reloading(
     page.wait_for_selector("body[data-live-connected=yes]")
     assert page.get_attribute("tr[data-version='1']", "data-status") in ("uploaded", "validating")
     page.evaluate("window.__sameDocument = true")
+    page.evaluate(WATCH_READY)
     worker, engine = start_live_worker(media_dir), None
     try:
         page.wait_for_function("document.body.dataset.liveRefreshedBy === 'socket'", timeout=LIVE_TIMEOUT_MS)
         page.wait_for_selector("tr[data-version='1'][data-status=ready]", timeout=LIVE_TIMEOUT_MS)
         assert page.evaluate("window.__sameDocument") is True
+        # Pushed, not polled: shown within 2 s of the worker committing the result, and no poll ran meanwhile.
+        validated_at = AdapterVersion.objects.get(adapter__name="support-bot", number=1).validated_at
+        shown_after = page.evaluate("window.__readyAt") / 1000 - validated_at.timestamp()
+        assert shown_after < 2.0, f"validation result shown {shown_after:.2f} s after it was committed"
+        assert page.evaluate("document.body.dataset.liveRefreshedBy") == "socket"
+        page.screenshot(path=str(screenshots / "33-validation-pushed-live.png"), full_page=True)
         assert page.inner_text("[data-testid=current-version]") == "v1"
 
         # A second version, promoted with a confirmation.
@@ -210,3 +229,54 @@ def test_a_member_of_tenant_a_can_not_open_tenant_b(browser, live_server_asgi):
     assert "Globex" not in page.inner_text("body")
     page.goto(server.url + "/t/acme/")
     assert page.locator("#tenant-switcher option").all_inner_texts() == ["Acme Corp"]
+
+
+def test_uploads_are_refused_at_once_with_a_reason_and_every_chosen_file_is_listed(
+    browser, live_server_asgi, base_model, adapter_zips, tmp_path, screenshots
+):
+    from tests.tiny_llama import save_peft_adapter, zipped
+
+    server = live_server_asgi
+    tenant = TenantFactory(slug="acme", name="Acme Corp")
+    MembershipFactory(tenant=tenant, user=UserFactory(username="dana"), role="developer")
+    page = log_in(browser, server, "dana")
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"]}')
+    cases = [
+        ("adapter_model.bin", b"\x80\x04pickled", "is a pickle file"),
+        ("adapter.zip", bytes(range(256)) * 16, "is not a directory, a .zip or a .tar.gz"),
+        ("config-only.zip", zipped(config_only), "no adapter_model.safetensors beside it"),
+    ]
+    for index, (name, data, reason) in enumerate(cases):
+        page.goto(f"{server.url}/t/acme/adapters/upload/")
+        page.fill("#id_name", "support-bot")
+        page.set_input_files("#id_file", files=[{"name": name, "mimeType": "application/octet-stream", "buffer": data}])
+        page.click("[data-testid=upload-submit]")
+        errors = page.locator("[data-upload-errors]")
+        errors.wait_for(state="visible")
+        assert reason in errors.inner_text(), errors.inner_text()
+        if index == 0:
+            page.screenshot(path=str(screenshots / "22-upload-refused-pickle.png"), full_page=True)
+    assert not AdapterVersion.objects.exists()
+
+    folder = save_peft_adapter(tmp_path / "loose", seed=6)
+    chosen = [str(folder / "adapter_config.json"), str(folder / "adapter_model.safetensors")]
+    page.goto(f"{server.url}/t/acme/adapters/upload/")
+    page.set_input_files("#id_file", files=chosen)
+    listed = page.locator("[data-file-list] li").all_inner_texts()
+    assert [item.split(" · ")[0] for item in listed] == ["adapter_config.json", "adapter_model.safetensors"]
+    assert page.inner_text("[data-file-name]").startswith("2 files")
+    page.screenshot(path=str(screenshots / "23-upload-two-files-listed.png"), full_page=True)
+    page.fill("#id_name", "loose-bot")
+    with page.expect_navigation(url=lambda url: "/upload/" not in url):
+        page.click("[data-testid=upload-submit]")
+
+    # The same bytes again: reported as identical to version 1, nothing new created.
+    page.goto(f"{server.url}/t/acme/adapters/upload/?adapter=loose-bot")
+    page.set_input_files("#id_file", files=chosen)
+    page.click("[data-testid=upload-submit]")
+    errors = page.locator("[data-upload-errors]")
+    errors.wait_for(state="visible")
+    assert "identical to version 1 of loose-bot" in errors.inner_text()
+    assert AdapterVersion.objects.filter(adapter__name="loose-bot").count() == 1

@@ -21,7 +21,9 @@ def keys_url(tenant, *parts) -> str:
 
 def test_creating_a_key_shows_the_secret_once(tenant, member_of):
     client, membership = member_of(tenant, "developer")
-    response = client.post(keys_url(tenant), {"name": "backend", "scopes": ["inference", "usage:read"], "expiry": "30"})
+    posted = client.post(keys_url(tenant), {"name": "backend", "scopes": ["inference", "usage:read"], "expiry": "30"})
+    assert posted.status_code == 302 and posted["Location"] == keys_url(tenant)
+    response = client.get(keys_url(tenant))
     assert response.status_code == 200
     assert response["Cache-Control"] == "no-store"
     secret = response.context["created"]["plaintext"]
@@ -32,6 +34,16 @@ def test_creating_a_key_shows_the_secret_once(tenant, member_of):
     assert timedelta(days=29) < key.expiry_date - timezone.now() <= timedelta(days=30)
     assert secret.encode() not in client.get(keys_url(tenant)).content
     assert AuditLog.objects.filter(action="api_key.create", actor_user=membership.user).count() == 1
+    assert ApiKey.objects.filter(tenant=tenant).count() == 1
+
+
+def test_a_second_active_key_with_the_same_name_is_refused(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    api_key_create(actor=Actor.system(), tenant=tenant, name="Backend", scopes=["inference"])
+    response = client.post(keys_url(tenant), {"name": "backend ", "scopes": ["inference"]})
+    assert response.status_code == 400
+    assert "A key named “backend” already exists" in response.content.decode()
+    assert ApiKey.objects.filter(tenant=tenant).count() == 1
 
 
 def test_a_key_without_scopes_is_refused_with_a_message(tenant, member_of):
@@ -55,7 +67,7 @@ def test_rotating_issues_a_successor_and_keeps_the_old_key_for_the_grace_period(
     client, _ = member_of(tenant, "developer")
     key, old_secret = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
     url = reverse("console:key-rotate", kwargs={"slug": tenant.slug, "prefix": key.prefix})
-    response = client.post(url, {"grace": "3600"})
+    response = client.post(url, {"grace": "3600"}, follow=True)
     new_secret = response.context["created"]["plaintext"]
     assert new_secret.encode() in response.content and b"keeps working until" in response.content
     assert api_key_authenticate(presented=new_secret).name == "svc"

@@ -1,11 +1,10 @@
 """The console websockets: only members (or staff) hear a tenant's adapter events; only staff see engines."""
 
-import asyncio
 import json
 from decimal import Decimal
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
@@ -89,17 +88,18 @@ async def _engines_pushes(user) -> list[dict]:
     connected, _ = await socket.connect()
     assert connected
     first = await socket.receive_json_from(timeout=5)
-    await asyncio.get_running_loop().run_in_executor(None, _engine_gets_busier)
-    second = await socket.receive_json_from(timeout=10)
+    await sync_to_async(_engine_gets_busier, thread_sensitive=False)()
+    second = await socket.receive_json_from(timeout=5)  # pushed on save: well before the 15 s safety look
     await socket.disconnect()
     return [first, second]
 
 
 def _engine_gets_busier() -> None:
-    """Another process (the health check) writing new state; runs in a thread with its own connection."""
+    """The health check recording new state (it saves the row); runs in a thread with its own connection."""
     try:
-        Engine.objects.filter(name="gpu-a").update(state={"running": 9, "waiting": 1, "kv_blocks_used": 5,
-                                                           "kv_blocks_total": 10})  # fmt: skip
+        engine = Engine.objects.get(name="gpu-a")
+        engine.state = {"running": 9, "waiting": 1, "kv_blocks_used": 5, "kv_blocks_total": 10}
+        engine.save(update_fields=["state"])
     finally:
         connection.close()
 
@@ -111,3 +111,71 @@ def test_staff_get_the_engines_grid_and_its_changes(db):
     assert first["type"] == "html" and first["target"] == "engines-grid"
     assert 'data-engine="gpu-a"' in first["html"] and '<strong data-testid="running">2</strong>' in first["html"]
     assert '<strong data-testid="running">9</strong>' in second["html"] and "5 of 10 blocks · 50%" in second["html"]
+
+
+async def _relayed(user, tenant_id: int, slug: str, token: str) -> tuple[int, int, dict | None]:
+    """A message posted to the web server's relay (as the demo's worker does) reaches the tenant's sockets."""
+    from django.test import AsyncClient
+
+    socket = communicator(f"/ws/t/{slug}/", user)
+    connected, _ = await socket.connect()
+    assert connected
+    client = AsyncClient()
+    body = {"group": tenant_group(tenant_id), "message": {
+        "type": "adapter.status", "adapter": "support-bot", "version": 3, "status": "ready", "message": "",
+    }}  # fmt: skip
+    refused = await client.post("/internal/live-relay/", body, content_type="application/json",
+                                headers={"Authorization": "Bearer not-the-token"})  # fmt: skip
+    accepted = await client.post("/internal/live-relay/", body, content_type="application/json",
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    message = await socket.receive_json_from(timeout=5)
+    await socket.disconnect()
+    return refused.status_code, accepted.status_code, message
+
+
+def test_the_live_relay_pushes_what_another_process_posts_and_refuses_strangers(tenant, member_of):
+    from registry.broadcast import relay_token
+
+    _, membership = member_of(tenant, "viewer")
+    refused, accepted, message = async_to_sync(_relayed)(membership.user, tenant.pk, tenant.slug, relay_token())
+    assert (refused, accepted) == (403, 204)
+    assert message == {"type": "refresh", "event": {"adapter": "support-bot", "version": 3, "status": "ready",
+                                                    "message": ""}}  # fmt: skip
+
+
+def test_a_status_change_is_relayed_to_the_web_server_over_http(tenant, settings, base_model, adapter_zips):
+    """The worker's side: with QUILT_LIVE_RELAY_URL set, each status change is posted there (a real HTTP server
+    here, recording what it receives)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from registry.broadcast import relay_token
+    from registry.services import adapter_create
+    from tenancy.audit import Actor
+    from tests.console.builders import BASE_NAME
+
+    received = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.headers["Authorization"], json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.QUILT_LIVE_RELAY_URL = f"http://127.0.0.1:{server.server_port}/internal/live-relay/"
+    try:
+        adapter_create(actor=Actor.system(), tenant=tenant, name="relayed", base_model=BASE_NAME, enqueue=False,
+                       files=[SimpleUploadedFile("a.zip", adapter_zips[0])])  # fmt: skip
+    finally:
+        server.shutdown()
+    assert received == [(f"Bearer {relay_token()}", {"group": tenant_group(tenant.pk), "message": {
+        "type": "adapter.status", "adapter": "relayed", "version": 1, "status": "uploaded", "message": "",
+    }})]  # fmt: skip

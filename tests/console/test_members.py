@@ -35,6 +35,7 @@ def test_an_invited_person_sets_a_password_from_the_email_and_logs_in(tenant, me
     assert b"Invited new@acme.test" in response.content
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["new@acme.test"]
     link = re.search(r"http://testserver(/welcome/\S+)", mail.outbox[0].body).group(1)
+    assert f'data-testid="invite-link">http://testserver{link}</code>'.encode() in response.content, "no inbox here"
     form_page = client.get(link, follow=True)
     assert b"Choose a password" in form_page.content
     password = "a-long-enough-passphrase-42"
@@ -43,6 +44,18 @@ def test_an_invited_person_sets_a_password_from_the_email_and_logs_in(tenant, me
     assert client.login(username="new@acme.test", password=password)
     assert client.get(reverse("console:tenant-overview", kwargs={"slug": tenant.slug})).status_code == 200
     assert client.get(link, follow=True).content.count(b"This link has expired") == 1
+
+
+def test_where_email_reaches_inboxes_the_link_stays_in_the_email(tenant, member_of, settings):
+    from console import invitations
+
+    admin_client, _ = member_of(tenant, "admin")
+    invitations.UNDELIVERED_BACKENDS.discard(settings.EMAIL_BACKEND)
+    try:
+        response = admin_client.post(members_url(tenant), {"email": "far@acme.test", "role": "viewer"}, follow=True)
+    finally:
+        invitations.UNDELIVERED_BACKENDS.add(settings.EMAIL_BACKEND)
+    assert b"they will get an email" in response.content and b"invite-link" not in response.content
 
 
 def test_roles_change_and_only_owners_touch_owners(tenant, member_of):

@@ -122,3 +122,34 @@ def test_invoices_of_another_tenant_are_not_found(tenant, other_tenant, member_o
     for name in ("invoice", "invoice-csv"):
         mine = reverse(f"console:{name}", kwargs={"slug": tenant.slug, "invoice_id": invoice.pk})
         assert client.get(mine).status_code == 404
+
+
+def test_requests_errors_latency_and_load_per_hour_and_per_day(tenant, other_tenant, member_of):
+    """Two hours of a day: one with a good request and an error, one with a faster request; another tenant's
+    traffic never counts."""
+    from metering.selectors import usage_buckets, usage_requests_by_model
+
+    client, _ = member_of(tenant, "viewer")
+    hour = (timezone.now() - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    usage_ingest(events=[
+        usage_event(tenant, model="support-bot", finished_at=hour, completion_tokens=300, ttft_ms=100.0, e2e_ms=3100.0),
+        usage_event(tenant, model="support-bot", finished_at=hour + timedelta(minutes=5), completion_tokens=0,
+                    ttft_ms=None, e2e_ms=None, finish_reason="error"),
+        usage_event(tenant, model="tiny-llama", finished_at=hour + timedelta(hours=1), completion_tokens=200,
+                    ttft_ms=40.0, e2e_ms=1040.0),
+        usage_event(other_tenant, finished_at=hour, finish_reason="error"),
+    ])  # fmt: skip
+    start = hour.replace(minute=0)
+    hourly = usage_buckets(tenant=tenant, since=start, until=start + timedelta(hours=2), bucket="hour")
+    assert [(b.requests, b.errors) for b in hourly] == [(2, 1), (1, 0)]
+    assert hourly[0].ttft_ms == 100.0 and hourly[0].tokens_per_second == pytest.approx(100.0)  # 300 tokens in 3 s
+    assert hourly[1].tokens_per_second == pytest.approx(200.0)
+    load = usage_requests_by_model(tenant=tenant, since=start, until=start + timedelta(hours=2), bucket="hour")
+    assert load == {"support-bot": {start: 2}, "tiny-llama": {start + timedelta(hours=1): 1}}
+
+    page = client.get(url("usage", tenant, "?every=hour"))
+    assert page.context["errors"] == 1
+    body = page.content.decode()
+    assert 'data-bucket="hour"' in body and 'data-series="Output tokens/s"' in body and 'data-series="support-bot"' in body
+    daily = client.get(url("usage", tenant)).content.decode()
+    assert 'data-bucket="day"' in daily and 'aria-current="true" data-testid="every-day"' in daily

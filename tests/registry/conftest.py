@@ -33,6 +33,11 @@ def other_adapter_zip(tmp_path_factory) -> bytes:
 
 
 @pytest.fixture(scope="session")
+def third_adapter_zip(tmp_path_factory) -> bytes:
+    return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-third"), seed=4))
+
+
+@pytest.fixture(scope="session")
 def wrong_base_zip(tmp_path_factory) -> bytes:
     """Made by PEFT for a wider model (hidden 48): its shapes cannot fit the tiny base."""
     return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-wrong"), seed=3, hidden_size=48))

@@ -89,7 +89,9 @@ def test_importadapter_validates_synchronously(tenant_a, base_model, tmp_path, m
     call_command("importadapter", tenant_a.slug, "ops-bot", str(folder))
     assert "ops-bot@1 ready" in capsys.readouterr().out
     assert model_resolve(tenant=tenant_a, name="ops-bot").version.status == "ready"
-    call_command("importadapter", tenant_a.slug, "ops-bot", str(folder))
+    with pytest.raises(CommandError, match="identical to version 1 of ops-bot"):
+        call_command("importadapter", tenant_a.slug, "ops-bot", str(folder))
+    call_command("importadapter", tenant_a.slug, "ops-bot", str(save_peft_adapter(tmp_path / "v2", seed=13)))
     adapter = Adapter.objects.get(name="ops-bot")
     assert [v.status for v in adapter.versions.order_by("number")] == ["ready", "ready"]
     assert adapter.current_version.number == 1

@@ -42,13 +42,13 @@ def _one_audit_row(client, method, url, body, action):
 
 @pytest.mark.django_db
 def test_promote_and_rollback_move_the_alias(
-    tenant_a, writer, base_model, adapter_zip, other_adapter_zip, media_root, promoted,
+    tenant_a, writer, base_model, adapter_zip, other_adapter_zip, third_adapter_zip, media_root, promoted,
     django_capture_on_commit_callbacks,
 ):  # fmt: skip
     with django_capture_on_commit_callbacks(execute=True):
         ready_version(writer, "bot", adapter_zip)
         ready_version(writer, "bot", other_adapter_zip)
-        ready_version(writer, "bot", adapter_zip)
+        ready_version(writer, "bot", third_adapter_zip)
     assert promoted == [("bot", 1, None)], "only the first ready version is promoted by itself"
     assert model_resolve(tenant=tenant_a, name="bot").version.number == 1
     with django_capture_on_commit_callbacks(execute=True):
@@ -69,11 +69,12 @@ def test_promote_and_rollback_move_the_alias(
 
 
 @pytest.mark.django_db
-def test_only_ready_versions_can_be_promoted(writer, base_model, adapter_zip, wrong_base_zip, media_root):
+def test_only_ready_versions_can_be_promoted(writer, base_model, adapter_zip, third_adapter_zip, wrong_base_zip,
+                                             media_root):  # fmt: skip
     ready_version(writer, "bot", adapter_zip)
     failed = ready_version(writer, "bot", wrong_base_zip)
     assert failed.status == "failed"
-    writer.post("/api/v1/adapters/bot/versions", {"file": upload("v.zip", adapter_zip)}, format="multipart")
+    writer.post("/api/v1/adapters/bot/versions", {"file": upload("v.zip", third_adapter_zip)}, format="multipart")
     for number, status in ((2, "failed"), (3, "uploaded")):
         response = writer.post("/api/v1/adapters/bot/promote", {"version": number}, format="json")
         assert response.status_code == 409
@@ -153,9 +154,9 @@ def test_resolve_and_delete(tenant_a, writer, base_model, adapter_zip, wrong_bas
 
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_promotes_leave_a_consistent_alias(tenant_a, key_client, base_model, adapter_zip,
-                                                          other_adapter_zip, media_root):  # fmt: skip
+                                                          other_adapter_zip, third_adapter_zip, media_root):  # fmt: skip
     writer = key_client(tenant_a, scopes=["adapters:write"])[0]
-    for data in (adapter_zip, other_adapter_zip, adapter_zip):
+    for data in (adapter_zip, other_adapter_zip, third_adapter_zip):
         ready_version(writer, "bot", data)
     adapter = Adapter.objects.get(name="bot")
     held, release = threading.Event(), threading.Event()

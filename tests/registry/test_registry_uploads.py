@@ -118,14 +118,21 @@ def test_bad_requests_are_refused_clearly(tenant_a, key_client, base_model, adap
     assert Adapter.objects.count() == 1 and len(files_under(media_root)) == 1
 
 
-def test_new_versions_count_up(tenant_a, key_client, base_model, adapter_zip, other_adapter_zip, media_root):
+def test_new_versions_count_up(tenant_a, key_client, base_model, adapter_zip, other_adapter_zip, third_adapter_zip,
+                               media_root):  # fmt: skip
     client, _, _ = key_client(tenant_a, scopes=["adapters:write"])
     create_adapter(client, "bot", adapter_zip)
-    for number in (2, 3):
-        response = client.post("/api/v1/adapters/bot/versions", {"file": upload("v.zip", other_adapter_zip)},
-                               format="multipart")  # fmt: skip
+    for number, data in ((2, other_adapter_zip), (3, third_adapter_zip)):
+        response = client.post("/api/v1/adapters/bot/versions", {"file": upload("v.zip", data)}, format="multipart")
         assert response.status_code == 201, response.content
         assert response.json()["number"] == number and response.json()["status"] == "uploaded"
+    stored = files_under(media_root)
+    again = client.post("/api/v1/adapters/bot/versions", {"file": upload("again.zip", other_adapter_zip)},
+                        format="multipart")  # fmt: skip
+    assert again.status_code == 409, again.content
+    error = again.json()["error"]
+    assert error["code"] == "identical_upload" and "identical to version 2 of bot" in error["message"]
+    assert files_under(media_root) == stored
     listed = client.get("/api/v1/adapters/bot/versions").json()
     assert [v["number"] for v in listed] == [1, 2, 3]
     assert client.post("/api/v1/adapters/nope/versions", {"file": upload("v.zip", adapter_zip)},

@@ -14,7 +14,7 @@ from registry.models import Adapter, AdapterVersion
 from registry.storage import adapter_store_root, canonical_local_dir
 from registry.validation import adapter_version_validate, adapter_versions_stale
 from tenancy.models import AuditLog
-from tests.registry.conftest import create_adapter, files_under, ready_version
+from tests.registry.conftest import create_adapter, files_under, ready_version, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -52,21 +52,28 @@ def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, wron
     assert files_under(media_root / "adapters") == []
 
 
-def test_pickles_and_stray_files_fail_with_their_own_message(writer, base_model, media_root):
-    create_adapter(writer, "pickled", b"\x80\x04data", filename="adapter_model.bin")
-    version = adapter_version_validate(version_id=AdapterVersion.objects.get(adapter__name="pickled").pk)
-    assert version.failure_code == "pickle_file" and "pickle" in version.failure_message
-    create_adapter(writer, "lonely", b'{"r": 4}', filename="adapter_config.json")
-    version = adapter_version_validate(version_id=AdapterVersion.objects.get(adapter__name="lonely").pk)
-    assert version.status == "failed" and version.failure_message
+def test_pickles_and_stray_files_are_refused_before_a_version_exists(writer, base_model, media_root):
+    cases = [
+        ("adapter_model.bin", b"\x80\x04data", "pickle_file", "is a pickle file"),
+        ("adapter.zip", bytes(range(256)) * 8, "unsupported_source", "Adapter.zip is not a directory, a .zip"),
+        ("adapter_config.json", b'{"r": 4}', "weights_missing", "no adapter_model.safetensors beside it"),
+    ]
+    for filename, data, code, message in cases:
+        response = create_adapter(writer, "refused", data, filename=filename)
+        assert response.status_code == 400, response.content
+        error = response.json()["error"]
+        assert error["code"] == code and message in error["message"], error
+    assert not AdapterVersion.objects.exists() and files_under(media_root) == []
 
 
 def test_identical_uploads_share_the_blob_but_not_the_metadata(writer, base_model, adapter_zip, media_root):
     first = ready_version(writer, "one", adapter_zip)
     second = ready_version(writer, "two", adapter_zip)
-    third = ready_version(writer, "one", adapter_zip)
-    assert first.pk != second.pk != third.pk and (second.adapter.name, third.number) == ("two", 2)
-    assert first.digest == second.digest == third.digest and first.storage_key == second.storage_key
+    assert first.pk != second.pk and second.adapter.name == "two"
+    assert first.digest == second.digest and first.storage_key == second.storage_key
+    repeat = writer.post("/api/v1/adapters/one/versions", {"file": upload("v.zip", adapter_zip)}, format="multipart")
+    assert repeat.status_code == 409 and repeat.json()["error"]["code"] == "identical_upload"
+    assert AdapterVersion.objects.filter(adapter__name="one").count() == 1
     assert sorted(p.name for p in (media_root / "adapters").iterdir()) == [first.digest]
 
 

@@ -8,6 +8,8 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+from console.money_format import money_text
+
 register = template.Library()
 
 # Line icons on a 24-unit grid, stroke-drawn (drawn for Quilt; no icon font).
@@ -85,11 +87,10 @@ def thousands(value) -> str:
 
 @register.filter
 def money(value) -> str:
+    """Cents when there are cents, two significant digits below a cent: see console.money_format."""
     if value is None or value == "":
         return "—"
-    amount = Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    sign = "-" if amount < 0 else ""
-    return f"{sign}${abs(amount):,.2f}"
+    return money_text(value)
 
 
 @register.filter
@@ -166,25 +167,3 @@ def ago(moment) -> str:
     if (timezone.now() - moment).total_seconds() < 60:
         return "just now"
     return f"{timesince(moment).split(',')[0]} ago"
-
-
-@register.filter
-def audit_target(entry) -> str:
-    """A readable target: keys by their public prefix, other rows by id, plus the name the row records."""
-    ident = entry.target_id.partition(".")[0] if entry.target_type == "ApiKey" else f"#{entry.target_id}"
-    record = entry.after or entry.before or {}
-    label = record.get("name") or record.get("user") or record.get("adapter") or ""
-    return f"{entry.target_type} {ident}" + (f" · {label}" if label else "")
-
-
-@register.filter
-def audit_changes(entry) -> list[tuple[str, str, str]]:
-    """(field, before, after) for the fields an action changed, values shortened for the table."""
-    before, after = entry.before or {}, entry.after or {}
-
-    def short(value) -> str:
-        text = ", ".join(map(str, value)) if isinstance(value, list) else "" if value is None else str(value)
-        return text if len(text) <= 40 else text[:39] + "…"
-
-    fields = [name for name in after if before.get(name) != after[name]] if after else list(before)
-    return [(name, short(before.get(name)), short(after.get(name))) for name in fields[:6]]

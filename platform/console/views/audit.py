@@ -5,6 +5,7 @@ from datetime import datetime, time, timedelta
 from django.utils import timezone
 
 from console.access import Role, staff_page, tenant_page
+from console.audit_text import describe_entries
 from console.forms import AuditFilterForm
 from console.listing import listing
 from console.pages import render_page
@@ -30,7 +31,9 @@ def _filtered(request, *, tenant: Tenant | None):
         rows = rows.filter(created_at__gte=datetime.combine(data["since"], time.min, tzinfo=zone))
     if data["until"]:
         rows = rows.filter(created_at__lt=datetime.combine(data["until"] + timedelta(days=1), time.min, tzinfo=zone))
-    return form, listing(request, rows, sortable=SORTABLE, default_sort="-when", per_page=50)
+    entries = listing(request, rows, sortable=SORTABLE, default_sort="-when", per_page=50)
+    describe_entries(entries.rows)
+    return form, entries
 
 
 @tenant_page(Role.ADMIN)

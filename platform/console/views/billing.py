@@ -5,12 +5,12 @@ import csv
 from django.http import Http404, HttpResponse
 from django.utils import timezone
 
-from billing.selectors import invoice_with_lines, invoices_of
+from billing.invoices import month_bounds
+from billing.selectors import invoice_preview, invoice_with_lines, invoices_of
 from console.access import Role, tenant_page
 from console.listing import listing
 from console.pages import render_page
-from metering.models import ModelPrice
-from metering.selectors import usage_totals_month
+from metering.selectors import model_prices_of, usage_totals_month
 
 SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
 CSV_FIELDS = [
@@ -22,9 +22,12 @@ CSV_FIELDS = [
 @tenant_page(Role.ADMIN)
 def billing(request):
     tenant = request.seat.tenant
+    today = timezone.now().date()
     context = {
+        "preview": invoice_preview(tenant=tenant, month=today),
+        "issue_date": month_bounds(today)[1],
         "plan": tenant.plan,
-        "model_prices": ModelPrice.objects.filter(plan=tenant.plan).order_by("base_model"),
+        "model_prices": model_prices_of(plan=tenant.plan),
         "month_to_date": usage_totals_month(tenant=tenant, month=timezone.now().date()),
         "invoices": listing(request, invoices_of(tenant=tenant), sortable=SORTABLE, default_sort="-month"),
     }

@@ -1,4 +1,8 @@
-"""API keys of a tenant: list, create (secret shown once), revoke, rotate with a grace period."""
+"""API keys of a tenant: list, create (secret shown once), revoke, rotate with a grace period.
+
+A new secret is shown once after a redirect (post/redirect/get): the POST keeps it in the session, the next GET
+takes it out and shows it, so reloading the page never creates a second key and never shows the secret again.
+"""
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -32,6 +36,29 @@ def key_state(key, now) -> str:
     return "active"
 
 
+REVEAL_SESSION_KEY = "console.new_key"
+
+
+def _reveal_later(request, *, key, plaintext: str, old=None):
+    """Keeps the secret for exactly one GET of the keys page, then redirects there."""
+    request.session[REVEAL_SESSION_KEY] = {
+        "tenant": request.seat.tenant.pk, "key": key.pk, "plaintext": plaintext, "old": old.pk if old else None,
+    }  # fmt: skip
+    return redirect("console:keys", slug=request.seat.tenant.slug)
+
+
+def _take_reveal(request) -> dict | None:
+    stored = request.session.pop(REVEAL_SESSION_KEY, None)
+    if not stored or stored["tenant"] != request.seat.tenant.pk:
+        return None
+    keys = api_keys_of(tenant=request.seat.tenant)
+    key = keys.filter(pk=stored["key"]).first()
+    if key is None:
+        return None
+    old = keys.filter(pk=stored["old"]).first() if stored["old"] else None
+    return {"key": key, "plaintext": stored["plaintext"], "rotated": old is not None, "old": old}
+
+
 def _page(request, *, form=None, created=None, status=200):
     seat = request.seat
     rows = api_keys_of(tenant=seat.tenant)
@@ -62,10 +89,11 @@ def _page(request, *, form=None, created=None, status=200):
 @tenant_page(Role.VIEWER)
 def keys(request):
     if request.method != "POST":
-        return _page(request)
+        return _page(request, created=_take_reveal(request))
     if not request.seat.can_write_keys:
         raise PermissionDenied("Creating keys needs the developer role or higher.")
-    form = ApiKeyCreateForm(request.POST)
+    taken = api_keys_of(tenant=request.seat.tenant).filter(revoked=False).values_list("name", flat=True)
+    form = ApiKeyCreateForm(request.POST, taken_names=taken)
     if not form.is_valid():
         return _page(request, form=form, status=400)
     try:
@@ -77,7 +105,7 @@ def keys(request):
     except ValidationError as error:
         form.add_error(None, error)
         return _page(request, form=form, status=400)
-    return _page(request, created={"key": key, "plaintext": plaintext, "rotated": False})
+    return _reveal_later(request, key=key, plaintext=plaintext)
 
 
 def _key(request, prefix: str):
@@ -110,4 +138,4 @@ def key_rotate(request, prefix: str):
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
         return redirect("console:keys", slug=request.seat.tenant.slug)
-    return _page(request, created={"key": new, "plaintext": plaintext, "rotated": True, "old": key})
+    return _reveal_later(request, key=new, plaintext=plaintext, old=key)

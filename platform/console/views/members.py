@@ -6,11 +6,12 @@ Admins manage members; only an owner (or staff) grants, takes away or removes th
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from console.access import Role, actor_of, tenant_page
 from console.forms import MemberAddForm, MemberRoleForm
-from console.invitations import invitation_send
+from console.invitations import emails_reach_inboxes, invitation_send
 from console.listing import listing
 from console.pages import render_page
 from tenancy.selectors import members_of
@@ -56,8 +57,14 @@ def members(request):
         return _page(request, form=form, status=400)
     user = membership.user
     if not user.has_usable_password() and user.email:
-        invitation_send(request=request, user=user, tenant=request.seat.tenant)
-        messages.success(request, f"Invited {user.email} as {membership.role}: they will get an email to set a password.")
+        link = invitation_send(request=request, user=user, tenant=request.seat.tenant)
+        if emails_reach_inboxes():
+            messages.success(request, f"Invited {user.email} as {membership.role}: they will get an email to set a password.")
+        else:
+            messages.success(request, format_html(
+                "Invited {} as {}. This server doesn't deliver email, so send them this link to set a password: "
+                '<code class="invite-link" data-testid="invite-link">{}</code>', user.email, membership.role, link,
+            ))  # fmt: skip
     else:
         messages.success(request, f"Added {user.get_username()} as {membership.role}.")
     return _back(request)

@@ -8,13 +8,19 @@ from django.db.models import Count
 from django.utils import timezone
 
 from apikeys.selectors import api_keys_of
-from billing.selectors import tenant_margin
+from billing.selectors import margin_totals, tenant_margin
 from console.access import Role, staff_page, tenant_page
 from console.charts import usage_chart
 from console.pages import render_page
-from console.selectors import Window, chart_points, usage_table
+from console.selectors import Window, chart_points
 from gateway.models import Engine
-from metering.selectors import UsageTotals, usage_by_day, usage_grouped, usage_totals_month
+from metering.selectors import (
+    UsageTotals,
+    usage_by_day,
+    usage_grouped,
+    usage_grouped_filtered,
+    usage_totals_month,
+)
 from registry.selectors import models_for_tenant
 from tenancy.models import Tenant
 
@@ -72,18 +78,18 @@ def platform_overview(request):
     month = today.replace(day=1)
     window = Window(since=today - timedelta(days=CHART_DAYS - 1), until=today)
     margins = tenant_margin(month=month)
-    revenue = sum((row.revenue for row in margins), Decimal(0))
-    cost = sum((row.gpu_cost for row in margins), Decimal(0))
+    totals = margin_totals(month=month)
+    every_day = usage_grouped_filtered(tenant=None, since=window.since, until=window.until, group_by="day")
     engines = list(Engine.objects.filter(enabled=True).order_by("name"))
     context = {
-        "requests": sum(row.requests for row in margins),
-        "tokens": sum(row.total_tokens for row in margins),
-        "revenue": revenue,
-        "cost": cost,
-        "margin": revenue - cost,
-        "margin_percent": round((revenue - cost) * 100 / revenue, 1) if revenue else None,
+        "requests": totals.requests,
+        "tokens": totals.total_tokens,
+        "revenue": totals.revenue,
+        "cost": totals.gpu_cost,
+        "margin": totals.margin,
+        "margin_ratio": totals.margin_ratio,
         "month": month,
-        "chart": usage_chart(chart_points(window=window, totals=usage_table(tenant=None, since=window.since, until=window.until, group_by="day"))),
+        "chart": usage_chart(chart_points(window=window, totals=every_day)),
         "top_tenants": sorted(margins, key=lambda row: row.revenue, reverse=True)[:6],
         "tenant_counts": {row["status"]: row["count"] for row in _status_counts()},
         "engines": engines,

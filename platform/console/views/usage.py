@@ -1,6 +1,11 @@
-"""Usage of a tenant: date range, model/adapter and key filters; a daily chart, a grouped table, CSV export."""
+"""Usage of a tenant: date range, model/adapter and key filters; charts (tokens and spend by day; requests and
+errors, latency and adapter load, hourly or daily), a grouped table, CSV export.
+
+Every number comes from metering's selectors; this module only arranges them for the page.
+"""
 
 import csv
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
 from django.http import HttpResponse
@@ -8,12 +13,18 @@ from django.utils import timezone
 
 from apikeys.selectors import api_keys_of
 from console.access import Role, tenant_page
-from console.charts import usage_chart
+from console.charts import Series, series_chart, usage_chart
 from console.forms import GROUP_CHOICES, UsageFilterForm
 from console.listing import listing_of_rows
 from console.pages import render_page
-from console.selectors import Window, chart_points, usage_models_and_keys, usage_table
-from metering.selectors import UsageTotals
+from console.selectors import Window, chart_points
+from metering.selectors import (
+    usage_buckets,
+    usage_filter_choices,
+    usage_grouped_filtered,
+    usage_requests_by_model,
+    usage_sum,
+)
 
 SORTABLE = {
     "group": "group",
@@ -26,6 +37,7 @@ SORTABLE = {
 }
 MICRO = Decimal("0.000001")
 CSV_FIELDS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens", "price"]
+HOURLY_DAYS = 7  # hourly views cover the window's last week at most (168 points)
 
 
 def _query(request):
@@ -36,17 +48,58 @@ def _query(request):
     return form, Window(since=since, until=until), group, filters
 
 
+def _bucket_range(window: Window, every: str) -> tuple[datetime, datetime]:
+    end = min(datetime.combine(window.until + timedelta(days=1), time.min, tzinfo=UTC), timezone.now())
+    if every == "hour":
+        end = end.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        first_day = max(window.since, window.until - timedelta(days=HOURLY_DAYS - 1))
+        return max(datetime.combine(first_day, time.min, tzinfo=UTC), end - timedelta(days=HOURLY_DAYS)), end
+    return datetime.combine(window.since, time.min, tzinfo=UTC), end
+
+
+def operations_charts(*, tenant, window: Window, every: str, filters: dict) -> dict:
+    """Requests and errors, latency (TTFT and output tokens/s) and adapter load, per hour or day."""
+    since, until = _bucket_range(window, every)
+    buckets = usage_buckets(tenant=tenant, since=since, until=until, bucket=every, **filters)
+    starts = [bucket.start for bucket in buckets]
+    by_model = usage_requests_by_model(tenant=tenant, since=since, until=until, bucket=every)
+    tones = ["tone-1", "tone-3", "tone-4", "tone-2"]
+    load = [Series(name, [counts.get(start, 0) for start in starts], tones[i]) for i, (name, counts) in
+            enumerate(by_model.items())]  # fmt: skip
+    unit = "hour" if every == "hour" else "day"
+    return {
+        "requests_chart": series_chart(
+            starts=starts, bucket=every, bars=Series("Requests", [b.requests for b in buckets], "tone-1"),
+            left=[Series("Errors", [b.errors for b in buckets], "tone-2")], label=f"Requests and errors per {unit}",
+        ),
+        "latency_chart": series_chart(
+            starts=starts, bucket=every, left=[Series("TTFT", [b.ttft_ms for b in buckets], "tone-1")],
+            right=Series("Output tokens/s", [b.tokens_per_second for b in buckets], "tone-4"), left_unit=" ms",
+            label=f"Mean time to first token and output tokens per second, per {unit}",
+        ),
+        "load_chart": series_chart(starts=starts, bucket=every, left=load, label=f"Requests per {unit} by model"),
+        "load_series": load,
+        "errors": sum(b.errors for b in buckets),
+        "ops_range": (since, until),
+    }
+
+
 @tenant_page(Role.VIEWER)
 def usage(request):
     tenant = request.seat.tenant
     form, window, group, filters = _query(request)
-    daily = usage_table(tenant=tenant, since=window.since, until=window.until, group_by="day", **filters)
-    rows = daily if group == "day" else usage_table(
-        tenant=tenant, since=window.since, until=window.until, group_by=group, **filters
-    )
-    models, prefixes = usage_models_and_keys(tenant=tenant, since=window.since)
+    every = form.value("every") or "day"
+    span = {"tenant": tenant, "since": window.since, "until": window.until}
+    daily = usage_grouped_filtered(group_by="day", **span, **filters)
+    rows = daily if group == "day" else usage_grouped_filtered(group_by=group, **span, **filters)
+    models, prefixes = usage_filter_choices(tenant=tenant, since=window.since)
     key_names = dict(api_keys_of(tenant=tenant).filter(prefix__in=prefixes).values_list("prefix", "name"))
     table = listing_of_rows(request, rows, sortable=SORTABLE, default_sort="-group" if group == "day" else "-tokens")
+    every_urls = {}
+    for value in ("day", "hour"):
+        query = request.GET.copy()
+        query["every"] = value
+        every_urls[value] = f"?{query.urlencode()}#operations"
     context = {
         "form": form,
         "window": window,
@@ -59,28 +112,20 @@ def usage(request):
         "chart": usage_chart(chart_points(window=window, totals=daily)),
         "chart_sub": f"{window.since:%b %d} – {window.until:%b %d}, UTC",
         "table": table,
-        "total": _sum(daily),
+        "total": usage_sum(daily),
         "csv_query": request.GET.urlencode(),
+        "every": every,
+        "every_urls": every_urls,
+        **operations_charts(tenant=tenant, window=window, every=every, filters=filters),
     }
     return render_page(request, "console/usage.html", context, section="usage")
-
-
-def _sum(rows: list[UsageTotals]) -> UsageTotals:
-    total = UsageTotals(group="total")
-    for row in rows:
-        total.requests += row.requests
-        total.prompt_tokens += row.prompt_tokens
-        total.cached_tokens += row.cached_tokens
-        total.completion_tokens += row.completion_tokens
-        total.price += row.price
-    return total
 
 
 @tenant_page(Role.VIEWER)
 def usage_csv(request):
     tenant = request.seat.tenant
     _, window, group, filters = _query(request)
-    rows = usage_table(tenant=tenant, since=window.since, until=window.until, group_by=group, **filters)
+    rows = usage_grouped_filtered(tenant=tenant, since=window.since, until=window.until, group_by=group, **filters)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"usage-{tenant.slug}-{window.since:%Y%m%d}-{window.until:%Y%m%d}-by-{group}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework_api_key",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # ReDoc and Swagger UI served from our static files: /api/docs/ works offline
     "channels",
     "django_celery_beat",
     "django_htmx",
@@ -91,7 +92,10 @@ REDIS_URL = env("REDIS_URL", default="")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        # redis-py 8 gives up on a read after 5 s by default, exactly as long as channels_redis's blocking pop
+        # waits: under load the read lost the race and every idle websocket dropped. Reads outlast the pop.
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]}}
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -172,6 +176,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage and billing.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_UI_SETTINGS": {"theme": {"typography": {"fontFamily": "system-ui, sans-serif",
+                                                   "headings": {"fontFamily": "system-ui, sans-serif"}}}},
     # Several models have a `status` field; name their enums instead of letting them collide.
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenancy.models.Tenant.Status",
@@ -203,6 +212,9 @@ QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS = env.int("QUILT_ADAPTER_VALIDATION_MAX_AT
 QUILT_ADAPTER_GC_GRACE_SECONDS = env.int("QUILT_ADAPTER_GC_GRACE_SECONDS", default=3600)
 # With a remote (S3) storage, canonical adapters are mirrored here for engines on this machine.
 QUILT_ADAPTER_CACHE_DIR = Path(env("QUILT_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache")))
+# Where a process without a shared channel layer (the embedded demo's worker) relays live pushes: the web server's
+# /internal/live-relay/ (set by `manage.py demo`; empty with Redis, whose channel layer reaches every process).
+QUILT_LIVE_RELAY_URL = env("QUILT_LIVE_RELAY_URL", default="")
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires

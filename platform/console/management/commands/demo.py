@@ -1,7 +1,12 @@
 """`python manage.py demo`: the whole platform on one machine, on the embedded defaults, until Ctrl-C.
 
-Builds (or reuses) the demo model, migrates and seeds, then runs a CPU engine on the demo model, a Celery
-worker and beat, and the gateway (uvicorn); prints an API key and examples that stream through an adapter."""
+Builds (or reuses) the demo model (with progress and a time estimate), migrates and seeds, then runs a CPU engine
+on the demo model, a Celery worker and beat, and the gateway (uvicorn). Once they are all up it prints, last,
+the log-ins, the API key (the same one on every run: see seeddemo) and examples that stream through an adapter.
+
+The embedded default has no Redis, so the worker's live pushes (adapter validation) reach the browser through
+the web server's relay (QUILT_LIVE_RELAY_URL). Debug pages are off: the demo shows the console's own 404/500.
+"""
 
 import os
 import signal
@@ -15,10 +20,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from console.management.commands.seeddemo import DEMO_BASE_MODEL, seed_demo
+from console.management.commands.seeddemo import DEMO_BASE_MODEL, credentials, seed_demo
 
 ENGINE_NAME = "demo-cpu"
 DEMO_PROMPT = "the cat sees a red ball"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+WORKER_BANNER_END = ".> "  # the banner's queue lines come last: the worker is up once they are out
+STARTUP_SECONDS = 120
 
 
 def examples(*, base: str, key: str, adapters: list[str]) -> str:
@@ -50,23 +58,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--engine-port", type=int, default=8100)
+        parser.add_argument("--port", type=int, default=8000, help="The console and APIs (make demo PORT=...).")
+        parser.add_argument("--engine-port", type=int, default=8100, help="The CPU engine (make demo ENGINE_PORT=...).")
 
     def handle(self, *args, host, port, engine_port, **options):
         root = settings.REPO_ROOT
         model_dir = settings.VAR_DIR / "demo-model"
         self.stdout.write("building (or reusing) the demo model ...")
-        subprocess.run([sys.executable, "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
+        subprocess.run([sys.executable, "-u", "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
         call_command("migrate", verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        seed = seed_demo(model_dir=model_dir, log=self.stdout.write)
+        seed = seed_demo(model_dir=model_dir, log=lambda line: None)
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "quilt.settings.dev"),
             "PYTHONPATH": os.pathsep.join([str(root), str(root / "platform")]),
+            "PYTHONUNBUFFERED": "1",
             "QUILT_ENGINE_TOKEN": settings.QUILT_ENGINE_TOKEN,
+            "DEBUG": os.environ.get("DEBUG", "false"),
         }
+        if host not in LOCAL_HOSTS:
+            env.setdefault("ALLOWED_HOSTS", "*")
+        background = dict(env)
+        if not settings.REDIS_URL:
+            background["QUILT_LIVE_RELAY_URL"] = f"http://127.0.0.1:{port}/internal/live-relay/"
         engine_url = f"http://127.0.0.1:{engine_port}"
         celery = [sys.executable, "-m", "celery", "--workdir", str(root / "platform"), "-A", "quilt"]
         commands = {
@@ -80,21 +95,30 @@ class Command(BaseCommand):
             "beat": [*celery, "beat", "--loglevel", "WARNING"],
             "gateway": [
                 sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
-                "--app-dir", str(root / "platform"), "--no-access-log",
+                "--app-dir", str(root / "platform"), "--no-access-log", "--lifespan", "off",
             ],
         }  # fmt: skip
         processes: dict[str, subprocess.Popen] = {}
+        worker_up = threading.Event()
         try:
             processes["engine"] = subprocess.Popen(commands["engine"], cwd=root, env=env)
             self._wait_for_engine(engine_url, processes["engine"])
             call_command("registerengine", ENGINE_NAME, engine_url, "--gpu-price-per-hour", "0.50")
-            for name in ("worker", "beat", "gateway"):
-                processes[name] = subprocess.Popen(commands[name], cwd=root, env=env)
-            base = f"http://{host}:{port}"
+            for name in ("worker", "beat"):
+                processes[name] = subprocess.Popen(commands[name], cwd=root, env=background, text=True,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                threading.Thread(target=_forward, args=(processes[name], worker_up if name == "worker" else None),
+                                 daemon=True).start()  # fmt: skip
+            processes["gateway"] = subprocess.Popen(commands["gateway"], cwd=root, env=env)
+            base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            self._wait_until_up(base, processes, worker_up)
+            self.stdout.write("\n" + "=" * 72)
+            self.stdout.write(credentials(seed))
             self.stdout.write(f"\nconsole:        {base}/  (log in as the tenant owner above)")
             self.stdout.write(f"management API: {base}/api/v1/  (docs: {base}/api/docs/)")
             self.stdout.write(f"inference API:  {base}/v1/  (OpenAI-compatible)")
             self.stdout.write(examples(base=base, key=seed.api_key, adapters=seed.adapters))
+            self.stdout.write("=" * 72 + "\nCtrl-C stops everything.")
             stopping = threading.Event()  # Ctrl-C reaches every process of the group at once
             signal.signal(signal.SIGINT, lambda *_: stopping.set())
             signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -113,6 +137,23 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     process.kill()
 
+    def _wait_until_up(self, base: str, processes: dict[str, subprocess.Popen], worker_up: threading.Event) -> None:
+        """The gateway answers and the worker has printed its banner, so nothing scrolls the credentials away."""
+        self.stdout.write("starting the worker, beat and gateway ...")
+        deadline = time.monotonic() + STARTUP_SECONDS
+        gateway_up = False
+        while time.monotonic() < deadline and not (gateway_up and worker_up.is_set()):
+            stopped = [name for name, process in processes.items() if process.poll() is not None]
+            if stopped:
+                raise CommandError(f"the demo's {', '.join(stopped)} stopped while starting")
+            if not gateway_up:
+                try:
+                    gateway_up = httpx.get(f"{base}/login/", timeout=1.0).status_code == 200
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.3)
+        time.sleep(0.5)  # the worker's last banner lines
+
     def _wait_for_engine(self, url: str, process: subprocess.Popen) -> None:
         self.stdout.write("starting the engine on the demo model ...")
         deadline = time.monotonic() + 300
@@ -127,3 +168,14 @@ class Command(BaseCommand):
                 pass
             time.sleep(0.5)
         raise CommandError("the engine did not answer within 5 minutes")
+
+
+def _forward(process: subprocess.Popen, banner_done: threading.Event | None) -> None:
+    """Passes a background process's output through; marks its start-up banner as finished."""
+    for line in process.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if banner_done is not None and line.lstrip().startswith(WORKER_BANNER_END.strip() + " "):
+            banner_done.set()
+    if banner_done is not None:
+        banner_done.set()

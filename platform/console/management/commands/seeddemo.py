@@ -1,12 +1,16 @@
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 
 from apikeys.models import Scope
+from apikeys.selectors import api_keys_of
 from apikeys.services import api_key_create
 from registry.selectors import adapter_get, base_models_active
 from tenancy.audit import Actor
@@ -22,11 +26,41 @@ MEMBER_USERNAME = "dana"
 MEMBER_PASSWORD = "quilt-demo-dana"
 
 
+DEMO_KEY_NAME = "demo"
+DEMO_SCOPES = [Scope.INFERENCE, Scope.ADAPTERS_WRITE, Scope.USAGE_READ, Scope.ADMIN]
+
+
 @dataclass(frozen=True)
 class DemoSeed:
     tenant: Tenant
     api_key: str
     adapters: list[str]
+    key_reused: bool = False
+
+
+def demo_key_file() -> Path:
+    """Where the demo keeps its key's secret between runs (owner-only file under var/), so a restart reuses the
+    key instead of minting another full-scope one. Quilt itself stores only the key's hash."""
+    return Path(settings.VAR_DIR) / "demo-api-key"
+
+
+def _stored_demo_key(tenant: Tenant) -> str | None:
+    try:
+        secret = demo_key_file().read_text().strip()
+    except OSError:
+        return None
+    key = api_keys_of(tenant=tenant).filter(prefix=secret.partition(".")[0], name=DEMO_KEY_NAME).first()
+    usable = key is not None and key.is_valid(secret) and not key.revoked
+    if usable and key.expiry_date is not None:
+        usable = key.expiry_date > timezone.now()
+    return secret if usable else None
+
+
+def _store_demo_key(secret: str) -> None:
+    path = demo_key_file()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secret + "\n")
 
 
 def seed_demo(*, model_dir: Path | None = None, log=print) -> DemoSeed:
@@ -44,10 +78,11 @@ def seed_demo(*, model_dir: Path | None = None, log=print) -> DemoSeed:
         if not User.objects.filter(username=MEMBER_USERNAME).exists():
             User.objects.create_user(MEMBER_USERNAME, "dana@demo.quilt.local", MEMBER_PASSWORD)
             member_add(actor=Actor.system(), tenant=tenant, role=Membership.Role.OWNER, username=MEMBER_USERNAME)
-        _, plaintext = api_key_create(
-            actor=Actor.system(), tenant=tenant, name="demo",
-            scopes=[Scope.INFERENCE, Scope.ADAPTERS_WRITE, Scope.USAGE_READ, Scope.ADMIN],
-        )  # fmt: skip
+        plaintext = _stored_demo_key(tenant)
+        reused = plaintext is not None
+        if not reused:
+            _, plaintext = api_key_create(actor=Actor.system(), tenant=tenant, name=DEMO_KEY_NAME, scopes=DEMO_SCOPES)
+            _store_demo_key(plaintext)
     adapters = []
     if model_dir is not None:
         if not base_models_active().filter(name=DEMO_BASE_MODEL).exists():
@@ -59,10 +94,18 @@ def seed_demo(*, model_dir: Path | None = None, log=print) -> DemoSeed:
                              "--description", f"demo adapter: {name}")  # fmt: skip
             if adapter_get(tenant=tenant, name=name) is not None:
                 adapters.append(name)
-    log(f"staff user:   {STAFF_USERNAME} / {STAFF_PASSWORD}")
-    log(f"tenant owner: {MEMBER_USERNAME} / {MEMBER_PASSWORD} (tenant {DEMO_TENANT})")
-    log(f"API key (shown once): {plaintext}")
-    return DemoSeed(tenant=tenant, api_key=plaintext, adapters=adapters)
+    seed = DemoSeed(tenant=tenant, api_key=plaintext, adapters=adapters, key_reused=reused)
+    log(credentials(seed))
+    return seed
+
+
+def credentials(seed: DemoSeed) -> str:
+    kept = f"the same as last run, kept in {demo_key_file()}" if seed.key_reused else f"new; kept in {demo_key_file()}"
+    return "\n".join([
+        f"staff user:   {STAFF_USERNAME} / {STAFF_PASSWORD}",
+        f"tenant owner: {MEMBER_USERNAME} / {MEMBER_PASSWORD} (tenant {DEMO_TENANT})",
+        f"API key:      {seed.api_key}  ({kept})",
+    ])
 
 
 class Command(BaseCommand):

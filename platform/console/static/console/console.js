@@ -87,10 +87,25 @@
     });
   }
 
+  // Every chosen file is listed (a folder's adapter_config.json and adapter_model.safetensors come as two).
   function showChosenFile(input) {
     var zone = input.closest("[data-dropzone]");
     var name = zone.querySelector("[data-file-name]");
-    if (input.files.length) name.textContent = input.files[0].name + " · " + formatBytes(input.files[0].size);
+    var list = zone.parentElement.querySelector("[data-file-list]");
+    if (!input.files.length) return;
+    var total = 0;
+    if (list) list.textContent = "";
+    Array.prototype.forEach.call(input.files, function (file) {
+      total += file.size;
+      if (!list) return;
+      var item = document.createElement("li");
+      item.textContent = file.name + " · " + formatBytes(file.size);
+      list.appendChild(item);
+    });
+    if (list) list.hidden = false;
+    name.textContent = input.files.length === 1
+      ? input.files[0].name + " · " + formatBytes(total)
+      : input.files.length + " files · " + formatBytes(total);
   }
 
   document.addEventListener("dragover", function (event) {
@@ -165,17 +180,20 @@
   // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
   //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML
   //   {"type": "refresh"}                          re-fetch the page's [data-live-region] elements
+  var socketUp = false;
   function connect(path) {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + window.location.host + path);
     var indicator = document.querySelector("[data-live-indicator]");
     socket.onopen = function () {
+      socketUp = true;
       if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
       document.body.dataset.liveConnected = "yes";
       // Work still in flight may have finished before this socket subscribed: catch up once.
       if (document.querySelector("[data-live-pending]")) refreshRegions("connect");
     };
     socket.onclose = function () {
+      socketUp = false;
       if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }
       document.body.dataset.liveConnected = "no";
       setTimeout(function () { connect(path); }, 2000);
@@ -192,25 +210,66 @@
   }
 
   // `reason` is kept on <body data-live-refreshed-by> so a page (and its tests) can tell how it learned news.
-  var lastRefresh = Date.now();
+  // One fetch at a time: news that arrives while one is in flight fetches again once it lands (never dropped,
+  // so the last push always shows).
+  var refreshing = false, refreshAgain = false;
   function refreshRegions(reason) {
-    lastRefresh = Date.now();
     document.body.dataset.liveRefreshedBy = reason;
-    document.querySelectorAll("[data-live-region]").forEach(function (region) {
-      if (window.htmx) {
-        window.htmx.ajax("GET", window.location.href, {target: "#" + region.id, select: "#" + region.id, swap: "outerHTML"});
-      }
-    });
+    if (refreshing) { refreshAgain = true; return; }
+    refreshing = true;
+    fetch(window.location.href, {credentials: "same-origin", cache: "no-store"})
+      .then(function (response) { return response.text(); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach(function (region) {
+          var replacement = fresh.getElementById(region.id);
+          if (!replacement) return;
+          region.replaceWith(replacement);
+          if (window.htmx) window.htmx.process(replacement);
+        });
+        labelCells();
+      })
+      .catch(function () { setTimeout(function () { refreshRegions(reason); }, 2000); })  // server away: again
+      .finally(function () {
+        refreshing = false;
+        if (refreshAgain) { refreshAgain = false; setTimeout(function () { refreshRegions(reason); }, 200); }
+      });
   }
 
-  // Safety net while work is in flight: with no news for a while (a worker in another process and an in-memory
-  // channel layer, as in the embedded demo), look again.
+  // Fallback only while the socket is down (server restarting, a proxy without websockets): while work is in
+  // flight, look again every few seconds. With the socket up, news comes only as pushes.
   setInterval(function () {
-    if (document.querySelector("[data-live-pending]") && Date.now() - lastRefresh > POLL_AFTER_MS) refreshRegions("poll");
-  }, 2000);
-  var POLL_AFTER_MS = 10000;
+    if (document.body.dataset.live && !socketUp && document.querySelector("[data-live-pending]")) refreshRegions("poll");
+  }, 3000);
+
+  // Phones: the menu button opens the sidebar as a drawer; the scrim, Escape or a link choice closes it.
+  function setMenu(open) {
+    document.body.classList.toggle("menu-open", open);
+    var button = document.querySelector("[data-menu]");
+    if (button) button.setAttribute("aria-expanded", open ? "true" : "false");
+  }
+  document.addEventListener("click", function (event) {
+    if (event.target.closest("[data-menu]")) setMenu(!document.body.classList.contains("menu-open"));
+    else if (event.target.closest("[data-menu-close]")) setMenu(false);
+  });
+  document.addEventListener("keydown", function (event) { if (event.key === "Escape") setMenu(false); });
+
+  // Card tables on phones: each cell carries its column's name (from the header) as a label.
+  function labelCells(root) {
+    (root || document).querySelectorAll("table.table").forEach(function (table) {
+      var names = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) { return th.textContent.replace(/[▲▼]/g, "").trim(); });
+      if (!names.length) return;
+      table.querySelectorAll("tbody tr").forEach(function (row) {
+        Array.prototype.forEach.call(row.children, function (cell, index) {
+          if (cell.tagName === "TD" && cell.colSpan === 1) cell.dataset.label = names[index] || "";
+        });
+      });
+    });
+  }
+  document.addEventListener("htmx:afterSwap", function () { labelCells(); });
 
   document.addEventListener("DOMContentLoaded", function () {
+    labelCells();
     if (document.body.dataset.live) connect(document.body.dataset.live);
     var adapterSelect = document.getElementById("id_adapter");
     if (adapterSelect) toggleNewAdapterFields(adapterSelect);

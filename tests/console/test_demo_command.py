@@ -1,0 +1,47 @@
+"""The demo's first run: one demo key across restarts (its secret kept in an owner-only file), and the demo
+model's build reporting progress with a time estimate."""
+
+import stat
+
+import pytest
+
+from apikeys.models import ApiKey
+from apikeys.selectors import api_key_authenticate
+from apikeys.services import api_key_revoke
+from console.management.commands.seeddemo import demo_key_file, seed_demo
+from engine.demo import builder
+from tenancy.audit import Actor
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def var_dir(settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    return tmp_path
+
+
+def test_a_restart_reuses_the_demo_key_and_a_revoked_one_is_replaced(var_dir):
+    from tenancy.models import Plan
+
+    Plan.objects.get_or_create(slug="starter", defaults={"name": "Starter"})
+    first = seed_demo(log=lambda line: None)
+    second = seed_demo(log=lambda line: None)
+    assert second.api_key == first.api_key and second.key_reused and not first.key_reused
+    assert ApiKey.objects.filter(tenant=first.tenant, name="demo").count() == 1
+    assert stat.S_IMODE(demo_key_file().stat().st_mode) == 0o600
+    api_key_revoke(actor=Actor.system(), key=api_key_authenticate(presented=first.api_key))
+    third = seed_demo(log=lambda line: None)
+    assert third.api_key != first.api_key and not third.key_reused
+    assert api_key_authenticate(presented=third.api_key).name == "demo"
+
+
+def test_the_build_reports_progress_with_an_estimate(monkeypatch):
+    clock = iter(float(second) for second in range(0, 1000, 3))
+    monkeypatch.setattr(builder.time, "monotonic", lambda: next(clock))
+    lines = []
+    progress = builder.Progress(total_steps=10, log=lines.append)
+    for _ in range(10):
+        progress.step()
+    assert lines[0] == "building the demo model: 20% (2/10 steps), 6 s so far, about 24 s left"
+    assert lines[-1].startswith("building the demo model: 100% (10/10 steps)") and lines[-1].endswith("about 0 s left")

@@ -2,7 +2,8 @@
 
 from datetime import timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from finetuning.models import FineTuningJob, JobCheckpoint, JobEvent, TrainingFile
@@ -34,10 +35,12 @@ def jobs_active() -> QuerySet[FineTuningJob]:
 def jobs_stale(*, lease: timedelta) -> QuerySet[FineTuningJob]:
     """Jobs queued or running with no sign of life within `lease`: their trainer died or never got the task."""
     cutoff = timezone.now() - lease
-    return FineTuningJob.objects.filter(
-        Q(status=FineTuningJob.Status.QUEUED, created_at__lt=cutoff, heartbeat_at__isnull=True)
-        | Q(status__in=FineTuningJob.ACTIVE, heartbeat_at__lt=cutoff)
-    ).order_by("id")
+    return (
+        jobs_active()
+        .annotate(last_sign=Coalesce("heartbeat_at", "created_at"))
+        .filter(last_sign__lt=cutoff)
+        .order_by("id")
+    )
 
 
 def events_of(*, job: FineTuningJob) -> QuerySet[JobEvent]:

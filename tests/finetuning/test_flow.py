@@ -2,6 +2,7 @@
 worker, poll to `succeeded`, then chat with `fine_tuned_model` through the gateway and the engine, on held-out
 sentences the training never saw. The base model echoes them; the fine-tuned one answers their last word."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -79,3 +80,22 @@ def test_a_tenant_fine_tunes_the_demo_model_and_chats_with_the_result(ft_stack):
     line = invoice.lines.get(model__startswith=f"fine-tuning {job.id}")
     assert line.input_tokens == job.trained_tokens
     assert line.amount == (Decimal(job.trained_tokens) * TRAINING_PRICE / Decimal(1_000_000)).quantize(Decimal("0.01"))
+
+
+def test_a_dpo_job_trains_on_preference_pairs(ft_stack):
+    tuner = client(ft_stack, "rival")
+    pairs = []
+    for line in (DATA_DIR / TRAIN_FILE).read_text().splitlines()[:24]:
+        user, answer = json.loads(line)["messages"]
+        pairs.append(json.dumps({"input": {"messages": [user]}, "preferred_output": [answer],
+                                 "non_preferred_output": [{"role": "assistant", "content": user["content"]}]}))
+    data = tuner.files.create(file=("pairs.jsonl", ("\n".join(pairs) + "\n").encode()), purpose="fine-tune")
+    created = tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=data.id, suffix="prefers", method={
+        "type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 1, "batch_size": 8}},
+    })  # fmt: skip
+    assert created.method.type == "dpo" and created.method.dpo.hyperparameters.beta == 0.2
+    job = finished(tuner, created.id)
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model == "prefers" and job.trained_tokens > 0
+    losses = [e.data["train_loss"] for e in tuner.fine_tuning.jobs.list_events(job.id) if e.type == "metrics"]
+    assert len(losses) == 3

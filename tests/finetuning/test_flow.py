@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 from decimal import Decimal
 
+import openai
 import pytest
 
 from engine.demo import corpus
@@ -65,6 +66,14 @@ def test_a_tenant_fine_tunes_the_demo_model_and_chats_with_the_result(ft_stack):
     tuned_right = sum(a == e for a, e in zip(tuned, expected, strict=True))
     base_right = sum(a == e for a, e in zip(base, expected, strict=True))
     assert tuned_right >= 8 and base_right <= 1, (tuned, base)
+
+    # Another tenant sees neither the job nor the model.
+    rival = client(ft_stack, "rival")
+    with pytest.raises(openai.NotFoundError):
+        rival.fine_tuning.jobs.retrieve(job.id)
+    with pytest.raises(openai.NotFoundError):
+        rival.chat.completions.create(model="last-word", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert job.id not in [j.id for j in rival.fine_tuning.jobs.list()]
 
     # The result is a version of the tenant's adapter like any upload, and training tokens are billed.
     from billing.invoices import invoice_issue, month_bounds

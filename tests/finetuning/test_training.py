@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.demo import corpus
 from engine.demo.builder import ensure_demo
 from engine.tokenizer import Tokenizer
 from tests.conftest import REPO
@@ -110,3 +111,14 @@ def test_dpo_moves_the_model_towards_the_preferred_answers(demo, tmp_path, one_t
     assert first.train_loss == pytest.approx(0.6931, abs=0.01)  # log 2: the policy starts as the reference
     assert last.train_loss < first.train_loss - 0.1
     assert last.train_mean_token_accuracy == 1.0  # every pair now prefers the preferred answer
+
+
+def test_the_shipped_demo_dataset_is_what_its_generator_writes():
+    from training.demo_data import DATA_DIR, TRAIN_FILE, VALIDATION_FILE
+
+    train, validation = demo_dataset()
+    assert (DATA_DIR / TRAIN_FILE).read_text() == train
+    assert (DATA_DIR / VALIDATION_FILE).read_text() == validation
+    held_out = set(corpus.held_out_sentences(200))
+    users = {json.loads(line)["messages"][0]["content"] for line in (train + validation).splitlines()}
+    assert len(users) == 220 and not users & held_out

@@ -136,6 +136,8 @@ def _job(tenant: Tenant, job_id: str):
 
 def job_create(request, *, tenant, key_id) -> HttpResponse:
     body = parse_body(request.body)
+    if not isinstance(body.get("model"), str):
+        raise invalid("model is required: the name of the base model to fine-tune.", param="model")
     if not isinstance(body.get("training_file"), str):
         raise invalid("training_file is required: the id of a file uploaded with purpose 'fine-tune'.",
                       param="training_file")  # fmt: skip

@@ -6,6 +6,7 @@ billed exactly once. A line is one model (as requested) at one set of rates, so 
 two lines. Amount = (input × input rate + cached × cached rate + output × output rate) / 1e6, to the cent.
 """
 
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -21,6 +22,9 @@ from tenancy.models import Tenant
 
 CENT = Decimal("0.01")
 RATES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok")
+# Lines from other apps (fine-tuning's training tokens): each source claims for the invoice, inside its
+# transaction, what it bills up to the month's end, and returns those lines unsaved. Apps append in ready().
+LINE_SOURCES: list[Callable[..., list[InvoiceLine]]] = []
 
 
 def month_bounds(month: date) -> tuple[datetime, datetime]:
@@ -87,7 +91,8 @@ def invoice_issue(*, tenant: Tenant, month: date, now: datetime | None = None) -
             tenant=tenant, invoice__isnull=True, finished_at__lt=month_bounds(month)[1]
         )
         unbilled.update(invoice=invoice)
-        lines = InvoiceLine.objects.bulk_create(_lines(invoice=invoice))
+        extra = [line for source in LINE_SOURCES for line in source(invoice=invoice, until=month_bounds(month)[1])]
+        lines = InvoiceLine.objects.bulk_create(_lines(invoice=invoice) + extra)
         invoice.total = sum((line.amount for line in lines), Decimal(0))
         invoice.status = Invoice.Status.ISSUED
         invoice.issued_at = now

@@ -28,6 +28,7 @@ def _tenant_nav(seat: Seat) -> list[NavItem]:
     items = [
         NavItem("Overview", url("tenant-overview"), "home", "overview"),
         NavItem("Adapters", url("adapters"), "layers", "adapters"),
+        NavItem("Fine-tuning", url("fine-tuning"), "refresh", "fine-tuning"),
         NavItem("Usage", url("usage"), "chart", "usage"),
         NavItem("API keys", url("keys"), "key", "keys"),
         NavItem("Members", url("members"), "users", "members"),

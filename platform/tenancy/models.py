@@ -28,6 +28,8 @@ class Plan(models.Model):
     price_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     price_cached_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     price_output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    max_concurrent_fine_tuning_jobs = models.PositiveIntegerField(default=1)
+    price_training_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

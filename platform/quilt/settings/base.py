@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "billing",
     "gateway",
     "console",
+    "finetuning",
 ]
 
 MIDDLEWARE = [
@@ -222,6 +223,18 @@ QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=4096)
 QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS", default=2.0)
 QUILT_ENGINE_READ_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_READ_TIMEOUT_SECONDS", default=300.0)
 QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SECONDS", default=5)
+# Fine-tuning: training runs in its own worker (`celery -A quilt worker -Q training --pool solo`).
+QUILT_TRAINING_QUEUE = env("QUILT_TRAINING_QUEUE", default="training")
+QUILT_FINE_TUNING_MAX_FILE_BYTES = env.int("QUILT_FINE_TUNING_MAX_FILE_BYTES", default=64 * 1024**2)
+QUILT_FINE_TUNING_BASE_LEARNING_RATE = env.float("QUILT_FINE_TUNING_BASE_LEARNING_RATE", default=1e-3)
+QUILT_FINE_TUNING_DEFAULT_RANK = env.int("QUILT_FINE_TUNING_DEFAULT_RANK", default=8)
+QUILT_FINE_TUNING_CHECKPOINT_STEPS = env.int("QUILT_FINE_TUNING_CHECKPOINT_STEPS", default=50)
+QUILT_FINE_TUNING_LEASE_SECONDS = env.int("QUILT_FINE_TUNING_LEASE_SECONDS", default=600)  # no heartbeat: requeued
+QUILT_FINE_TUNING_MAX_ATTEMPTS = env.int("QUILT_FINE_TUNING_MAX_ATTEMPTS", default=3)
+QUILT_FINE_TUNING_DEVICE = env("QUILT_FINE_TUNING_DEVICE", default="")  # empty: CUDA when there is one, else CPU
+QUILT_FINE_TUNING_THREADS = env.int("QUILT_FINE_TUNING_THREADS", default=0)  # 0: torch's default
+QUILT_FINE_TUNING_WORK_DIR = env("QUILT_FINE_TUNING_WORK_DIR", default="")  # empty: MEDIA_ROOT/fine-tuning
+CELERY_BEAT_SCHEDULE["finetuning-requeue-stale-jobs"] = {"task": "finetuning.requeue_stale_jobs", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["gateway-check-engines"] = {
     "task": "gateway.check_engines", "schedule": float(QUILT_ENGINE_HEALTH_INTERVAL_SECONDS)
 }

@@ -1,0 +1,126 @@
+"""The Files API and the checks a fine-tuning file meets, through the `openai` package against the live gateway:
+every refusal names the bad line, in OpenAI's error shape."""
+
+import json
+
+import openai
+import pytest
+
+from tests.finetuning.conftest import BASE_MODEL, client
+from training.demo_data import DATA_DIR, TRAIN_FILE
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+def _chat(user: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+
+
+def _jsonl(*records) -> bytes:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records).encode()
+
+
+def _good(count: int) -> list[dict]:
+    return [_chat(f"the cat sees a red ball {i}", "ball") for i in range(count)]
+
+
+def _refused(call) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as refused:
+        call()
+    return refused.value
+
+
+def test_files_are_created_listed_read_and_deleted_for_their_own_tenant_only(ft_stack):
+    main, rival = client(ft_stack, "main"), client(ft_stack, "rival")
+    content = (DATA_DIR / TRAIN_FILE).read_bytes()
+    created = main.files.create(file=("demo.jsonl", content), purpose="fine-tune")
+    assert (created.object, created.purpose, created.status, created.bytes) == ("file", "fine-tune", "processed",
+                                                                                 len(content))
+    assert created.id.startswith("file-")
+    assert main.files.retrieve(created.id).filename == "demo.jsonl"
+    assert main.files.content(created.id).read() == content
+    assert created.id in [f.id for f in main.files.list(purpose="fine-tune")]
+
+    assert created.id not in [f.id for f in rival.files.list()]
+    missing = _refused(lambda: rival.files.retrieve(created.id))
+    assert missing.status_code == 404 and missing.body["code"] == "not_found"
+    assert _refused(lambda: rival.files.delete(created.id)).status_code == 404
+
+    deleted = main.files.delete(created.id)
+    assert (deleted.id, deleted.deleted) == (created.id, True)
+    assert _refused(lambda: main.files.retrieve(created.id)).status_code == 404
+
+
+def test_no_key_no_files(ft_stack):
+    import openai as sdk
+
+    anonymous = sdk.OpenAI(base_url=ft_stack.gateway, api_key="sk-not-a-key", max_retries=0)
+    refused = _refused(lambda: anonymous.files.list())
+    assert refused.status_code == 401 and refused.body["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        pytest.param([*_good(2), '{"messages": [', *_good(1)], "line 3: not valid JSON", id="bad-json"),
+        pytest.param([*_good(1), {"messages": [{"role": "robot", "content": "hi"}]}],
+                     "line 2: messages[0]: role 'robot' is not one of system, user, assistant", id="wrong-role"),
+        pytest.param([*_good(3), _chat("the cat sees a red ball", "  ")],
+                     "line 4: messages[1]: 'content' is empty", id="empty-answer"),
+        pytest.param([*_good(1), {"messages": []}], "line 2: 'messages' must be a non-empty list", id="no-messages"),
+        pytest.param([{"messages": [{"role": "user", "content": "only a question"}]}],
+                     "line 1: the example has no assistant message to learn from", id="nothing-to-learn"),
+        pytest.param([*_good(1), {"input": {"messages": [{"role": "user", "content": "x"}]}}],
+                     "line 2: a supervised example needs 'messages'", id="mixed-formats"),
+        pytest.param([{"input": {"messages": [{"role": "user", "content": "x"}]},
+                       "preferred_output": [{"role": "assistant", "content": "a"}],
+                       "non_preferred_output": [{"role": "user", "content": "b"}]}],
+                     "line 1: non_preferred_output[0]: role 'user' is not one of assistant", id="dpo-wrong-role"),
+    ],
+)  # fmt: skip
+def test_a_malformed_file_is_refused_with_its_line_number(ft_stack, lines, expected):
+    refused = _refused(lambda: client(ft_stack, "main").files.create(file=("bad.jsonl", _jsonl(*lines)),
+                                                                      purpose="fine-tune"))  # fmt: skip
+    assert refused.status_code == 400
+    assert refused.body["code"] == "invalid_file_format" and refused.body["param"] == "file"
+    assert expected in refused.body["message"], refused.body["message"]
+
+
+def test_only_fine_tune_files_are_taken(ft_stack):
+    refused = _refused(lambda: client(ft_stack, "main").files.create(file=("a.jsonl", _jsonl(*_good(10))),
+                                                                      purpose="batch"))  # fmt: skip
+    assert refused.status_code == 400 and refused.body["param"] == "purpose"
+
+
+def _job_refusal(stack, records, **options) -> openai.APIStatusError:
+    tuner = client(stack, "main")
+    uploaded = tuner.files.create(file=("data.jsonl", _jsonl(*records)), purpose="fine-tune")
+    return _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=uploaded.id, **options))
+
+
+def test_a_job_needs_ten_examples(ft_stack):
+    refused = _job_refusal(ft_stack, _good(9))
+    assert refused.status_code == 400 and refused.body["param"] == "training_file"
+    assert "the file has 9 examples; fine-tuning needs at least 10" in refused.body["message"]
+
+
+def test_an_example_longer_than_the_context_is_refused_with_its_line(ft_stack):
+    long = _chat(" ".join(["the old man sees the moon"] * 80), "moon")  # about 480 tokens; the demo holds 256
+    refused = _job_refusal(ft_stack, [*_good(6), long, *_good(6)])
+    assert refused.status_code == 400 and refused.body["code"] == "invalid_training_file"
+    assert "line 7: the example is" in refused.body["message"]
+    assert "the model's context holds 256" in refused.body["message"]
+
+
+def test_a_job_checks_the_file_against_its_method_and_its_options(ft_stack):
+    refused = _job_refusal(ft_stack, _good(10), method={"type": "dpo", "dpo": {}})
+    assert "line 1: a dpo example needs" in refused.body["message"]
+    refused = _job_refusal(ft_stack, _good(10), hyperparameters={"n_epochs": 0})
+    assert refused.status_code == 400 and refused.body["param"] == "hyperparameters.n_epochs"
+    refused = _job_refusal(ft_stack, _good(10), suffix="not a name!")
+    assert refused.body["param"] == "suffix"
+    tuner = client(ft_stack, "main")
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model="no-such-model", training_file="file-nope"))
+    assert refused.status_code == 404 and refused.body["param"] == "model"
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file="file-nope"))
+    assert refused.status_code == 404 and refused.body["param"] == "training_file"

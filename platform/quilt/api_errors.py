@@ -6,6 +6,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from tenancy.authority import NotAllowed
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -36,8 +38,10 @@ def _flatten(detail) -> str:
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, ValidationError):
-        exc = exceptions.ValidationError(exc.messages)
+    if isinstance(exc, NotAllowed):
+        exc = exceptions.PermissionDenied(exc.message, code=exc.code)
+    elif isinstance(exc, ValidationError):
+        exc = exceptions.ValidationError(exc.messages, code=getattr(exc, "code", None))
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -48,6 +52,8 @@ def exception_handler(exc, context):
     code = getattr(exc, "default_code", "error")
     if isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
+        if isinstance(codes, list) and len(set(map(str, codes))) == 1 and isinstance(codes[0], str):
+            codes = codes[0]
         if isinstance(codes, str):
             code = codes
     if response.status_code == status.HTTP_401_UNAUTHORIZED and code in ("not_authenticated", "authentication_failed"):

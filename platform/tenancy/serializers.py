@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from tenancy.models import AuditLog, Membership, Plan, Tenant
+from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -52,14 +52,40 @@ class MemberOutput(serializers.ModelSerializer):
 
 
 class MemberCreateInput(serializers.Serializer):
-    username = serializers.CharField(required=False, default="", max_length=150)
-    email = serializers.EmailField(required=False, default="")
+    """Members join by invitation: the address gets a link, and membership starts when they accept it."""
+
+    email = serializers.EmailField(max_length=254)
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
-    def validate(self, attrs):
-        if not attrs["username"] and not attrs["email"]:
-            raise serializers.ValidationError("Give a username or an email.")
-        return attrs
+
+class InvitationOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+
+
+class InvitationCreatedOutput(InvitationOutput):
+    accept_url = serializers.SerializerMethodField(help_text="The link the invitee opens; also e-mailed to them.")
+
+    class Meta(InvitationOutput.Meta):
+        fields = [*InvitationOutput.Meta.fields, "accept_url"]
+
+    def get_accept_url(self, obj) -> str:
+        return self.context["link"]
+
+
+class InvitationPublicOutput(serializers.Serializer):
+    tenant = serializers.CharField(source="tenant.name")
+    email = serializers.EmailField()
+    role = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class InvitationAcceptInput(serializers.Serializer):
+    """Logged in: empty. Otherwise a username and password for a new account with the invited address."""
+
+    username = serializers.RegexField(r"^[\w.@+-]+\Z", max_length=150, required=False, default="")
+    password = serializers.CharField(max_length=128, required=False, default="", trim_whitespace=False)
 
 
 class MemberUpdateInput(serializers.Serializer):

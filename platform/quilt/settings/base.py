@@ -212,3 +212,6 @@ LOGGING = {
     "loggers": {"httpx": {"level": "WARNING"}},  # the gateway's engine calls: one INFO line per request otherwise
 }
 AXES_VERBOSE = False
+# Invitation links: the address clients reach this platform at, and how long an invitation stays open.
+QUILT_PUBLIC_URL = env("QUILT_PUBLIC_URL", default="http://localhost:8000")
+QUILT_INVITATION_TTL_SECONDS = env.int("QUILT_INVITATION_TTL_SECONDS", default=7 * 86400)

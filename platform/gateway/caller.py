@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
+from apikeys import auth_changes
 from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
@@ -62,11 +63,29 @@ class Caller:
         return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models
 
 
-# Verified callers (by a hash of the whole presented key) and resolved models, each kept for
-# QUILT_KEY_CACHE_SECONDS: the same window in which apikeys' own cache lets a revocation take effect.
+# The one cache of verified callers (by a hash of the whole presented key), and resolved models, each kept for at
+# most QUILT_KEY_CACHE_SECONDS. Any committed change to a key, tenant or plan clears the callers at once in every
+# process (apikeys.auth_changes); a lookup that started before a change does not store its result after it.
 _callers: dict[bytes, tuple[float, Caller]] = {}
 _targets: dict[tuple[int, str], tuple[float, Target]] = {}
 _lock = threading.Lock()
+_generation = 0  # bumped by every announced change
+_listener: threading.Thread | None = None
+
+
+def _forget_callers() -> None:
+    global _generation
+    with _lock:
+        _generation += 1
+        _callers.clear()
+
+
+def _listening() -> None:
+    global _listener
+    if _listener is None:
+        with _lock:
+            if _listener is None:
+                _listener = auth_changes.listen(_forget_callers) or threading.current_thread()
 
 
 def _digest(authorization: str) -> bytes:
@@ -111,6 +130,8 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
 
 
 def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
+    _listening()
+    generation, started = _generation, time.monotonic()
     scheme, _, presented = authorization.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         raise ApiError(
@@ -142,7 +163,8 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
     with _lock:
         if len(_callers) > 10_000:
             _callers.clear()
-        _callers[_digest(authorization)] = (time.monotonic(), caller)
+        if generation == _generation:  # else a change landed while this lookup ran: don't keep what it read
+            _callers[_digest(authorization)] = (started, caller)
     return caller, key
 
 

@@ -1,7 +1,8 @@
 """Management-API errors as {"error": {"message", "type", "code"}} with the right status."""
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -60,3 +61,21 @@ def exception_handler(exc, context):
         code = "invalid_api_key" if code == "authentication_failed" else code
     body = error_body(message=_flatten(exc.detail), status_code=response.status_code, code=code)
     return Response(body, status=response.status_code, headers=dict(response.items()))
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith(("/api/", "/v1/"))
+
+
+def page_not_found(request, exception=None):
+    """JSON for the APIs (a URL that matches no route, e.g. /api/v1/members/abc), the site's page elsewhere."""
+    if _is_api(request):
+        return JsonResponse(error_body(message="Not found.", status_code=404, code="not_found"), status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if _is_api(request):
+        body = error_body(message="The server failed to handle this request.", status_code=500, code="internal_error")
+        return JsonResponse(body, status=500)
+    return defaults.server_error(request)

@@ -4,11 +4,11 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, status
 from rest_framework.authentication import SessionAuthentication
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apikeys.models import Scope
+from quilt.pagination import StrictLimitOffsetPagination
 from tenancy import invitations, selectors, services
 from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership, Plan, Tenant
@@ -32,7 +32,7 @@ Role = Membership.Role
 
 
 def _page(view, request, queryset, serializer_class):
-    paginator = LimitOffsetPagination()
+    paginator = view.pagination_class()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
@@ -47,6 +47,7 @@ class OwnTenantApi(TenantAPIView):
 
 
 class MemberListApi(TenantAPIView):
+    pagination_class = StrictLimitOffsetPagination
     required_roles = {"GET": Role.VIEWER, "POST": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
 
@@ -64,6 +65,7 @@ class MemberListApi(TenantAPIView):
 
 
 class InvitationListApi(TenantAPIView):
+    pagination_class = StrictLimitOffsetPagination
     required_roles = {"GET": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN}
 
@@ -129,6 +131,7 @@ class MemberDetailApi(TenantAPIView):
 
 
 class TenantListApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=TenantOutput(many=True))
     def get(self, request):
         tenants = Tenant.objects.select_related("plan").order_by("slug")
@@ -162,6 +165,7 @@ class TenantDetailApi(StaffAPIView):
 
 
 class PlanListApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=PlanOutput(many=True))
     def get(self, request):
         return _page(self, request, Plan.objects.all(), PlanOutput)
@@ -189,6 +193,7 @@ class PlanDetailApi(StaffAPIView):
 
 
 class AuditLogApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=AuditLogOutput(many=True))
     def get(self, request):
         tenant = None

@@ -94,7 +94,7 @@ class MemberUpdateInput(serializers.Serializer):
 
 class AuditLogOutput(serializers.ModelSerializer):
     actor = serializers.SerializerMethodField()
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = AuditLog

@@ -151,11 +151,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # No OPTIONS metadata (405): it was rendered through the CSV renderer too, and no client of ours needs it.
+    "DEFAULT_METADATA_CLASS": None,
 }
 
 SPECTACULAR_SETTINGS = {

@@ -1,0 +1,76 @@
+"""A bounded schemathesis run over the whole management API (/api/v1/), once with an API key and once with a
+logged-in session, against a real uvicorn server: no server errors, and every answer matches the OpenAPI schema
+(status codes, content types, bodies, headers). Prints the figures: requests made and server errors (from the
+requests schemathesis recorded)."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.db import SessionStore
+
+from tests.conftest import REPO
+from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory, make_key
+from tests.security.gateways import gateways
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"  # noqa: E501
+CSRF = "securitytestcsrftoken0123456789a"
+
+
+def _har_entries(path) -> list[dict]:
+    return json.loads(path.read_text())["log"]["entries"] if path.exists() else []
+
+
+def _session_cookie(user) -> str:
+    session = SessionStore()
+    session[SESSION_KEY], session[BACKEND_SESSION_KEY] = str(user.pk), "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return session.session_key
+
+
+def _schemathesis(schema_path, url: str, har, *headers: str) -> subprocess.CompletedProcess:
+    command = [
+        str(REPO / ".venv/bin/st"), "run", str(schema_path), "--url", url, "--checks", CHECKS, "--max-examples", "5",
+        "--workers", "1", "--seed", "15", "--no-color", "--report", "har", "--report-har-path", str(har),
+    ]  # fmt: skip
+    for header in headers:
+        command += ["-H", header]
+    st = REPO / ".venv/bin/st"
+    if not st.exists():
+        command[0:1] = [sys.executable, "-m", "schemathesis.cli"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(tmp_path):
+    tenant = TenantFactory(slug="st-tenant")
+    owner = MembershipFactory(tenant=tenant, role="owner", user=UserFactory(username="st-owner", is_staff=True)).user
+    _, plaintext = make_key(tenant, scopes=["admin"], created_by=owner, name="schemathesis")
+    cookie = _session_cookie(owner)
+    with gateways(tmp_path, 1) as (urls, _):
+        schema = httpx.get(f"{urls[0]}/api/schema/?format=json", headers={"Authorization": f"Bearer {plaintext}"})
+        assert schema.status_code == 200
+        schema_path = tmp_path / "schema.json"
+        schema_path.write_bytes(schema.content)
+        runs = {
+            "API key": _schemathesis(schema_path, urls[0], tmp_path / "key.har", f"Authorization: Bearer {plaintext}"),
+            "session": _schemathesis(
+                schema_path, urls[0], tmp_path / "session.har", f"Cookie: sessionid={cookie}; csrftoken={CSRF}", f"X-CSRFToken: {CSRF}",
+                f"Referer: {urls[0]}/",
+            ),
+        }  # fmt: skip
+    exchanges = [entry for name in ("key", "session") for entry in _har_entries(tmp_path / f"{name}.har")]
+    api_requests = [entry for entry in exchanges if "/api/v1/" in entry["request"]["url"]]
+    server_errors = sorted({entry["request"]["url"] for entry in exchanges if entry["response"]["status"] >= 500})
+    for name, run in runs.items():
+        summary = [line for line in run.stdout.splitlines() if "generated" in line or "❌" in line]
+        print(f"schemathesis ({name}): exit {run.returncode}; " + " / ".join(line.strip() for line in summary))
+    print(f"schemathesis figures: {len(api_requests)} requests to /api/v1/, {len(server_errors)} server errors")
+    assert server_errors == []
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}:\n{run.stdout[-6000:]}"
+    assert len(api_requests) > 1000

@@ -15,25 +15,34 @@ import contextlib
 import io
 import logging
 
+from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
 from gateway.errors import ApiError
+from gateway.request_guard import too_large
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
 PREFIX = "/v1/"
 
 
-async def _read_body(receive) -> bytes | None:
-    """The whole request body, or None if the client went away first."""
-    chunks = []
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The whole request body, or None if the client went away first; _TooLarge past `limit` bytes."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            raise _TooLarge
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -79,7 +88,11 @@ class InferenceFastPath:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.platform(scope, receive, send)
             return
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive, settings.QUILT_MAX_REQUEST_BYTES)
+        except _TooLarge:
+            await _send(too_large().response(), send)  # the rest of the body is left unread: the server closes
+            return
         if body is None:
             return
         request = ASGIRequest(scope, io.BytesIO(body))

@@ -18,6 +18,7 @@ from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
 from gateway.errors import ApiError
+from gateway.request_guard import model_name_check
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
 from registry.storage import adapter_store_root
 
@@ -207,6 +208,7 @@ def _reconnecting(function):
 
 @_reconnecting
 def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
+    model_name_check(model)
     caller, key = caller_authenticate(authorization=authorization)
     if not isinstance(model, str) or not model:
         return caller, None

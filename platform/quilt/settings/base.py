@@ -217,3 +217,5 @@ AXES_VERBOSE = False
 # Invitation links: the address clients reach this platform at, and how long an invitation stays open.
 QUILT_PUBLIC_URL = env("QUILT_PUBLIC_URL", default="http://localhost:8000")
 QUILT_INVITATION_TTL_SECONDS = env.int("QUILT_INVITATION_TTL_SECONDS", default=7 * 86400)
+# The inference API refuses request bodies past this size with a 413 (prompts are far smaller).
+QUILT_MAX_REQUEST_BYTES = env.int("QUILT_MAX_REQUEST_BYTES", default=2 * 1024**2)

@@ -18,6 +18,7 @@ import logging
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
+from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 
 from gateway.errors import ApiError
@@ -66,10 +67,15 @@ async def _send(response, send) -> None:
         await send({"type": "http.response.body", "body": response.content})
 
 
+_https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)
+
+
 async def _serve(request, send) -> None:
     try:
-        match = resolve(request.path_info)
-        response = await match.func(request, *match.args, **match.kwargs)
+        response = _https.process_request(request)
+        if response is None:
+            match = resolve(request.path_info)
+            response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
     except asyncio.CancelledError:
@@ -77,7 +83,7 @@ async def _serve(request, send) -> None:
     except Exception:
         log.exception("the inference API failed on %s %s", request.method, request.path)
         response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
-    await _send(response, send)
+    await _send(_https.process_response(request, response), send)
 
 
 class InferenceFastPath:

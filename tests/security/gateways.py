@@ -4,8 +4,10 @@ import contextlib
 import os
 import uuid
 
+import httpx
+
 from tests.conftest import REPO, test_database_url
-from tests.gateway.conftest import free_port, launch_gateway, stop, wait_for_gateway
+from tests.gateway.conftest import free_port, launch_gateway, stop, wait_until
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/12"
 
@@ -32,8 +34,15 @@ def gateways(tmp_path, count: int, **extra_env: str):
             processes.append(launch_gateway(env, port, tmp_path / f"gateway-{number}.log"))
             urls.append(f"http://127.0.0.1:{port}")
         for process in processes:
-            wait_for_gateway(process)
+            wait_until(lambda p=process: _answers(p.models_url), timeout=180, what="gateway answering", process=process)
         yield urls, env
     finally:
         for process in processes:
             stop(process)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code in (301, 401)
+    except httpx.HTTPError:
+        return False

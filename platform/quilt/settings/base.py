@@ -79,11 +79,23 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'quilt.sqlite3'}")}
-DATABASES["default"]["ATOMIC_REQUESTS"] = False
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (gateway, worker) share the file: wait for locks instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+
+
+def database(url: str) -> dict:
+    """One database's settings. Under the ASGI server each request may run on a thread of its own, so a connection
+    kept past its request (CONN_MAX_AGE > 0) is a connection leaked: they close with their request (0), and the
+    few long-lived executor threads of the gateway keep one each, checked before reuse."""
+    config = env.db_url_config(url)
+    config["ATOMIC_REQUESTS"] = False
+    config["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+    config["CONN_HEALTH_CHECKS"] = True
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # Several processes (gateway, worker) share the file: wait for locks instead of failing at once.
+        config.setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+    return config
+
+
+DATABASES = {"default": database(env("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'quilt.sqlite3'}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL", default="")

@@ -3,9 +3,9 @@
 from uuid import uuid4
 
 from quilt.settings.base import *  # noqa: F403
-from quilt.settings.base import DATABASES, env
+from quilt.settings.base import DATABASES, database, env
 
-DATABASES["default"] = env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/quilt")
+DATABASES["default"] = database(env("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/quilt"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 AXES_ENABLED = env.bool("AXES_ENABLED", default=False)
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -23,9 +23,13 @@ from tenancy.serializers import (
     MemberUpdateInput,
     PlanInput,
     PlanOutput,
+    TenantAuditLogOutput,
     TenantCreateInput,
     TenantOutput,
+    TenantSettingsInput,
     TenantUpdateInput,
+    WebhookSecretInput,
+    WebhookSecretOutput,
 )
 
 Role = Membership.Role
@@ -38,12 +42,48 @@ def _page(view, request, queryset, serializer_class):
 
 
 class OwnTenantApi(TenantAPIView):
-    required_roles = {"GET": Role.VIEWER}
-    required_scopes = {"GET": ""}
+    required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN}
+    required_scopes = {"GET": "", "PATCH": Scope.ADMIN}
 
     @extend_schema(responses=TenantOutput)
     def get(self, request):
         return Response(TenantOutput(self.tenant).data)
+
+    @extend_schema(request=TenantSettingsInput, responses=TenantOutput)
+    def patch(self, request):
+        data = TenantSettingsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_settings_update(actor=self.actor, tenant=self.tenant, changes=data.validated_data)
+        return Response(TenantOutput(tenant).data)
+
+
+class WebhookSecretApi(TenantAPIView):
+    required_roles = {"POST": Role.ADMIN}
+    required_scopes = {"POST": Scope.ADMIN}
+
+    @extend_schema(request=WebhookSecretInput, responses=WebhookSecretOutput)
+    def post(self, request):
+        """Sets (or, with no `secret`, generates) the secret budget-alert webhooks are signed with."""
+        data = WebhookSecretInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret = services.tenant_webhook_secret_set(actor=self.actor, tenant=self.tenant, **data.validated_data)
+        return Response(WebhookSecretOutput({"webhook_secret": secret}).data)
+
+
+class OwnAuditLogApi(TenantAPIView):
+    """The caller's tenant's audit log, newest first; ?action= (prefix) and ?actor= (username) filter it."""
+
+    required_roles = {"GET": Role.ADMIN}
+    required_scopes = {"GET": Scope.ADMIN}
+    pagination_class = StrictLimitOffsetPagination
+
+    @extend_schema(responses=TenantAuditLogOutput(many=True))
+    def get(self, request):
+        rows = selectors.audit_log_list(
+            tenant=self.tenant, action=request.query_params.get("action", ""),
+            actor=request.query_params.get("actor", ""),
+        )  # fmt: skip
+        return _page(self, request, rows, TenantAuditLogOutput)
 
 
 class MemberListApi(TenantAPIView):

@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from tenancy.webhook_targets import validate_webhook_url
+
 
 class Plan(models.Model):
     """Limits and prices a tenant buys. Prices are per million tokens, in the platform's currency."""
@@ -49,7 +51,9 @@ class Tenant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
     billing_email = models.EmailField(blank=True)
-    webhook_url = models.URLField(blank=True, help_text="Budget alerts are POSTed here, signed with HMAC-SHA256.")
+    webhook_url = models.URLField(
+        blank=True, validators=[validate_webhook_url], help_text="Budget alerts are POSTed here, signed with HMAC-SHA256."
+    )
     webhook_secret = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

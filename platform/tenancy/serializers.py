@@ -21,10 +21,30 @@ class PlanInput(serializers.ModelSerializer):
 
 class TenantOutput(serializers.ModelSerializer):
     plan = PlanOutput()
+    webhook_secret_set = serializers.SerializerMethodField(help_text="Whether webhooks have a secret to sign with.")
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "status", "plan", "billing_email", "webhook_url", "created_at"]
+        fields = ["id", "slug", "name", "status", "plan", "billing_email", "webhook_url", "webhook_secret_set",
+                  "created_at"]  # fmt: skip
+
+    def get_webhook_secret_set(self, tenant: Tenant) -> bool:
+        return bool(tenant.webhook_secret)
+
+
+class TenantSettingsInput(serializers.Serializer):
+    billing_email = serializers.EmailField(required=False, allow_blank=True)
+    webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
+
+
+class WebhookSecretInput(serializers.Serializer):
+    secret = serializers.CharField(
+        required=False, default="", min_length=32, max_length=64, help_text="Empty: a new random secret."
+    )
+
+
+class WebhookSecretOutput(serializers.Serializer):
+    webhook_secret = serializers.CharField(help_text="Shown this once: sign-check webhooks with it.")
 
 
 class TenantCreateInput(serializers.Serializer):
@@ -107,3 +127,17 @@ class AuditLogOutput(serializers.ModelSerializer):
         if row.actor_key_id:
             return f"key:{row.actor_key.prefix}" if row.actor_key else "key:(deleted)"
         return "system"
+
+
+class TenantAuditLogOutput(AuditLogOutput):
+    """As tenants see their own log: platform staff show as `quilt-staff`, without their address."""
+
+    ip_address = serializers.SerializerMethodField()
+
+    def get_actor(self, row: AuditLog) -> str:
+        if row.actor_user_id and row.actor_user.is_staff:
+            return "quilt-staff"
+        return super().get_actor(row)
+
+    def get_ip_address(self, row: AuditLog) -> str | None:
+        return None if row.actor_user_id and row.actor_user.is_staff else row.ip_address

@@ -1,5 +1,6 @@
 """Writes to plans, tenants and memberships. Each top-level action is atomic and audited once."""
 
+import secrets
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
@@ -167,3 +168,39 @@ def member_remove(*, actor: Actor, membership: Membership) -> None:
             before={"user": membership.user.get_username(), "role": membership.role},
         )  # fmt: skip
         membership.delete()
+
+
+TENANT_SETTINGS_FIELDS = ["billing_email", "webhook_url"]
+
+
+def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:
+    """A tenant's own admins change where its billing mail and webhooks go (name, plan and status are staff's)."""
+    require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="change the tenant's settings")
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = _snapshot(tenant, TENANT_SETTINGS_FIELDS)
+        _apply(tenant, TENANT_SETTINGS_FIELDS, changes)
+        audit_record(
+            actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before,
+            after=_snapshot(tenant, TENANT_SETTINGS_FIELDS),
+        )  # fmt: skip
+    return tenant
+
+
+def tenant_webhook_secret_set(*, actor: Actor, tenant: Tenant, secret: str = "") -> str:
+    """Sets the secret webhooks are signed with (a new random one when none is given) and returns it; the audit
+    row records that it changed, never the secret."""
+    require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="set the webhook secret")
+    secret = secret or secrets.token_urlsafe(32)
+    if not 32 <= len(secret) <= 64 or not secret.isprintable():
+        raise ValidationError("A webhook secret is 32 to 64 printable characters.")
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        had_one = bool(tenant.webhook_secret)
+        tenant.webhook_secret = secret
+        tenant.save(update_fields=["webhook_secret", "updated_at"])
+        audit_record(
+            actor=actor, action="tenant.webhook_secret", target=tenant, tenant=tenant,
+            before={"webhook_secret_set": had_one}, after={"webhook_secret_set": True},
+        )  # fmt: skip
+    return secret

@@ -4,6 +4,8 @@ from tenancy import api
 
 urlpatterns = [
     path("tenant", api.OwnTenantApi.as_view(), name="api-own-tenant"),
+    path("tenant/webhook-secret", api.WebhookSecretApi.as_view(), name="api-webhook-secret"),
+    path("tenant/audit", api.OwnAuditLogApi.as_view(), name="api-own-audit"),
     path("members", api.MemberListApi.as_view(), name="api-members"),
     path("members/<int:member_id>", api.MemberDetailApi.as_view(), name="api-member"),
     path("invitations", api.InvitationListApi.as_view(), name="api-invitations"),

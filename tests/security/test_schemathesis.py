@@ -43,7 +43,7 @@ def _schemathesis(schema_path, url: str, har, *headers: str) -> subprocess.Compl
     st = REPO / ".venv/bin/st"
     if not st.exists():
         command[0:1] = [sys.executable, "-m", "schemathesis.cli"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=har.parent)
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(tmp_path):

@@ -189,6 +189,8 @@ SPECTACULAR_SETTINGS = {
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = 0.25  # hours
 AXES_RESET_ON_SUCCESS = True
+# Lock out a username from an address, not an address: failures for made-up names lock no real user out.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_LOCKOUT_TEMPLATE = "console/lockout.html"
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
@@ -231,3 +233,5 @@ QUILT_PUBLIC_URL = env("QUILT_PUBLIC_URL", default="http://localhost:8000")
 QUILT_INVITATION_TTL_SECONDS = env.int("QUILT_INVITATION_TTL_SECONDS", default=7 * 86400)
 # The inference API refuses request bodies past this size with a 413 (prompts are far smaller).
 QUILT_MAX_REQUEST_BYTES = env.int("QUILT_MAX_REQUEST_BYTES", default=2 * 1024**2)
+# Webhook targets must be public addresses; these networks are let through too (e.g. 127.0.0.1/32 in development).
+QUILT_WEBHOOK_ALLOWED_NETWORKS = env.list("QUILT_WEBHOOK_ALLOWED_NETWORKS", default=[])

@@ -1,6 +1,7 @@
 """Where a tenant's webhooks may point: public addresses only. A target that is, or resolves to, a loopback,
 private, link-local (cloud metadata), shared, multicast, reserved or unspecified address is refused, when the URL is
-saved and again right before each delivery (after DNS resolution, since a name can be re-pointed later).
+saved (addresses and local names) and again right before each delivery (after DNS resolution, since a name can be
+re-pointed later). What remains: a name re-pointed between this check and the connection (seconds).
 Networks in QUILT_WEBHOOK_ALLOWED_NETWORKS are let through (a local receiver in development or tests)."""
 
 import ipaddress
@@ -27,17 +28,18 @@ def _refused_address(address: str) -> bool:
 
 def _addresses(host: str, port: int) -> list[str]:
     try:
-        return [ipaddress.ip_address(host).compressed]
-    except ValueError:
-        pass
-    try:
         return sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)})
     except (socket.gaierror, UnicodeError):
         return []
 
 
-def webhook_target_problem(url: str, *, must_resolve: bool) -> str | None:
-    """Why `url` may not receive webhooks, or None when it may."""
+INSIDE = "Webhooks may only go to public addresses (not loopback, private, link-local or reserved ones)."
+_LOCAL_NAMES = ("localhost", ".localhost", ".local", ".internal", ".localdomain")
+
+
+def webhook_target_problem(url: str, *, resolve: bool) -> str | None:
+    """Why `url` may not receive webhooks, or None when it may. Without `resolve`, only what the URL itself says
+    (an address, or a name that is local by definition) is judged: saving never waits on DNS."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "A webhook URL must be an http(s) URL with a host name."
@@ -45,24 +47,32 @@ def webhook_target_problem(url: str, *, must_resolve: bool) -> str | None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return "The webhook URL's port is not valid."
-    addresses = _addresses(parts.hostname, port)
+    host = parts.hostname.rstrip(".").lower()
+    if host == "localhost" or host.endswith(_LOCAL_NAMES):
+        return INSIDE
+    try:
+        addresses = [ipaddress.ip_address(host.split("%", 1)[0]).compressed]
+    except ValueError:
+        if not resolve:
+            return None
+        addresses = _addresses(host, port)
     if not addresses:
-        return f"The webhook host {parts.hostname} does not resolve." if must_resolve else None
+        return f"The webhook host {host} does not resolve."
     if any(_refused_address(address) for address in addresses):
-        return "Webhooks may only go to public addresses (not loopback, private, link-local or reserved ones)."
+        return INSIDE
     return None
 
 
 def validate_webhook_url(url: str) -> None:
-    """Save time (model validator): refuses non-public targets; a name that does not resolve yet is allowed."""
+    """Save time (model validator): refuses addresses and names that are not public."""
     if url:
-        problem = webhook_target_problem(url, must_resolve=False)
+        problem = webhook_target_problem(url, resolve=False)
         if problem:
             raise ValidationError(problem, code="webhook_target")
 
 
 def webhook_target_check(url: str) -> None:
     """Delivery time: refuses unless every address the host resolves to now is public."""
-    problem = webhook_target_problem(url, must_resolve=True)
+    problem = webhook_target_problem(url, resolve=True)
     if problem:
         raise WebhookTargetRefused(problem)

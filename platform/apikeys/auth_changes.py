@@ -1,6 +1,6 @@
 """Telling every gateway process that credentials changed, so their caches drop what they hold at once.
 
-Any committed write to a key, a tenant or a plan (through a service, the Django admin or a shell) publishes one
+Any committed write to a key, a tenant, a plan or a membership (through a service, the Django admin or a shell) publishes one
 message on a Redis channel; each gateway process listens on it in a daemon thread and clears its verified-caller
 cache. The cache's lifetime (QUILT_KEY_CACHE_SECONDS, 1 s) remains the bound when Redis is not configured or the
 message is lost. Receivers are used on purpose: they catch every write path, the admin's included.
@@ -39,9 +39,9 @@ def auth_changed(**_) -> None:
 
 def connect_receivers() -> None:
     from apikeys.models import ApiKey
-    from tenancy.models import Plan, Tenant
+    from tenancy.models import Membership, Plan, Tenant
 
-    for model in (ApiKey, Tenant, Plan):
+    for model in (ApiKey, Tenant, Plan, Membership):  # a member's role caps their keys
         post_save.connect(auth_changed, sender=model, dispatch_uid=f"auth-changed-save-{model.__name__}")
         post_delete.connect(auth_changed, sender=model, dispatch_uid=f"auth-changed-delete-{model.__name__}")
 

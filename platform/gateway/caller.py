@@ -21,6 +21,10 @@ from gateway.errors import ApiError
 from gateway.request_guard import model_name_check
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
 from registry.storage import adapter_store_root
+from tenancy.audit import Actor
+from tenancy.authority import actor_role
+from tenancy.models import Membership
+from tenancy.roles import role_at_least
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,10 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         raise ApiError(status, refused.reason, code=refused.code) from None
     if not key.has_scope(Scope.INFERENCE):
         raise ApiError(403, "This API key does not have the 'inference' scope.", code="insufficient_scope")
+    role = actor_role(actor=Actor(key=key), tenant=key.tenant)  # capped by its creator's role now
+    if role is None or not role_at_least(role, Membership.Role.DEVELOPER):
+        raise ApiError(403, "The member who made this API key no longer has a role that allows inference.",
+                       code="insufficient_role")  # fmt: skip
     plan = key.tenant.plan
     caller = Caller(
         key_id=key.pk,

@@ -86,3 +86,17 @@ def test_owner_grants_are_checked_in_the_service(tenant_a, member_client):
     with pytest.raises(NotAllowed):
         member_change_role(actor=Actor(user=admin.user), membership=target, role="owner")
     assert not AuditLog.objects.filter(action="member.change_role").exists()
+
+
+def test_a_removed_creators_inference_key_stops_at_the_gateway(tenant_a, member_client):
+    from gateway.caller import caller_authenticate
+    from gateway.errors import ApiError
+
+    owner_client, _ = member_client(tenant_a, "owner")
+    developer_client, developer = member_client(tenant_a, "developer")
+    plaintext = developer_client.post("/api/v1/keys", {"name": "ci", "scopes": ["inference"]}, format="json").json()["key"]
+    caller_authenticate(authorization=f"Bearer {plaintext}")
+    assert owner_client.delete(f"/api/v1/members/{developer.pk}").status_code == 204
+    with pytest.raises(ApiError) as refused:
+        caller_authenticate(authorization=f"Bearer {plaintext}")
+    assert refused.value.status == 403 and refused.value.code == "insufficient_role"

@@ -9,6 +9,7 @@ from django.db import connection
 
 from registry.models import BaseModel
 from tests.platform.factories import TenantFactory, make_key
+from tests.security.conftest import FIGURES
 from tests.security.gateways import gateways
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -59,6 +60,6 @@ def test_database_connections_stay_bounded_under_the_asgi_gateway(tmp_path):
                 statuses = list(pool.map(call, range(200)))
             assert set(statuses) <= {200, 401, 404}, statuses
             counts.append(_connections())
-    print(f"database connections: {before} before, {counts[0]} after 200 requests, {counts[1]} after 400")
+    FIGURES.append(f"database connections: {before} before, {counts[0]} after 200 requests, {counts[1]} after 400")
     assert counts[1] <= counts[0] + 2, counts  # no growth with the number of requests
     assert counts[1] - before <= 40

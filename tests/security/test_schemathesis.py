@@ -14,6 +14,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.sessions.backends.db import SessionStore
 
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory, make_key
+from tests.security.conftest import FIGURES
 from tests.security.gateways import gateways
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -72,8 +73,9 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(tmp_path):
     server_errors = sorted({entry["request"]["url"] for entry in exchanges if entry["response"]["status"] >= 500})
     for name, (output, returncode) in runs.items():
         summary = [line for line in output.splitlines() if "generated" in line or "❌" in line]
-        print(f"schemathesis ({name}): exit {returncode}; " + " / ".join(line.strip() for line in summary))
-    print(f"schemathesis figures: {len(api_requests)} requests to /api/v1/, {len(server_errors)} server errors")
+        FIGURES.append(f"schemathesis ({name}): exit {returncode}; " + " / ".join(line.strip() for line in summary[-2:]))
+    FIGURES.append(f"schemathesis: {len(api_requests)} requests to /api/v1/, {len(server_errors)} server errors")
+    print("\n".join(FIGURES[-3:]))
     assert server_errors == []
     for name, (output, returncode) in runs.items():
         assert returncode == 0, f"{name}:\n{output[-6000:]}"

@@ -5,12 +5,12 @@ from datetime import timedelta
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 
 from apikeys import selectors, services
 from apikeys.models import ApiKey, Scope
 from apikeys.serializers import ApiKeyCreatedOutput, ApiKeyCreateInput, ApiKeyOutput, ApiKeyRotateInput
+from quilt.pagination import StrictLimitOffsetPagination
 from tenancy.api_base import TenantAPIView
 from tenancy.models import Membership
 
@@ -26,9 +26,11 @@ class _KeysApi(TenantAPIView):
 
 
 class ApiKeyListApi(_KeysApi):
+    pagination_class = StrictLimitOffsetPagination
+
     @extend_schema(responses=ApiKeyOutput(many=True))
     def get(self, request):
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(selectors.api_keys_of(tenant=self.tenant), request, view=self)
         return paginator.get_paginated_response(ApiKeyOutput(page, many=True).data)
 

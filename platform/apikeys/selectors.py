@@ -1,11 +1,5 @@
-"""Authenticating a presented key: lookup by public prefix, constant-time hash compare, brief per-process cache.
-
-The cache keeps a key's row for QUILT_KEY_CACHE_SECONDS (1 s by default), so revocation, expiry and tenant
-suspension reach every process within that time without a database read per request.
-"""
-
-import threading
-import time
+"""Authenticating a presented key: lookup by public prefix, constant-time hash compare. No cache here: the
+gateway keeps the one cache of verified callers (gateway.caller), which credential changes clear at once."""
 
 from django.conf import settings
 from django.core.cache import cache
@@ -25,27 +19,13 @@ class KeyRefused(Exception):
         self.code = code
 
 
-_cache: dict[str, tuple[float, ApiKey | None]] = {}
-_cache_lock = threading.Lock()
-
-
 def _key_by_prefix(prefix: str) -> ApiKey | None:
-    now = time.monotonic()
-    with _cache_lock:
-        hit = _cache.get(prefix)
-    if hit is not None and now - hit[0] < settings.QUILT_KEY_CACHE_SECONDS:
-        return hit[1]
-    key = ApiKey.objects.select_related("tenant", "tenant__plan").filter(prefix=prefix).first()
-    with _cache_lock:
-        if len(_cache) > 10_000:
-            _cache.clear()
-        _cache[prefix] = (now, key)
-    return key
+    return ApiKey.objects.select_related("tenant", "tenant__plan", "created_by").filter(prefix=prefix).first()
 
 
 def api_key_authenticate(*, presented: str) -> ApiKey:
     prefix, dot, _ = presented.partition(".")
-    if not dot or not prefix:
+    if not dot or not prefix or "\x00" in presented or len(presented) > 200:
         raise KeyRefused("Incorrect API key provided.")
     key = _key_by_prefix(prefix)
     if key is None or not key.is_valid(presented):

@@ -5,8 +5,8 @@ from apikeys.models import ApiKey, Scope
 
 class ApiKeyOutput(serializers.ModelSerializer):
     id = serializers.CharField(source="prefix", read_only=True, help_text="The key's public prefix.")
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    replaced_by = serializers.SlugRelatedField(slug_field="prefix", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    replaced_by = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
 
     class Meta:
         model = ApiKey

@@ -1,4 +1,6 @@
-"""Creating, revoking and rotating keys. The plaintext leaves these functions once and is never stored."""
+"""Creating, revoking and rotating keys. The plaintext leaves these functions once and is never stored.
+
+Nobody creates, rotates or revokes a key with scopes beyond their own role (tenancy.authority)."""
 
 from datetime import datetime, timedelta
 
@@ -8,6 +10,7 @@ from django.utils import timezone
 
 from apikeys.models import ApiKey, Scope
 from tenancy.audit import Actor, audit_record
+from tenancy.authority import require_scopes_within_role
 from tenancy.models import Tenant
 
 MAX_ROTATION_GRACE = timedelta(days=30)
@@ -59,6 +62,7 @@ def api_key_create(
     allowed_models: list[str] | None = None,
     expiry_date: datetime | None = None,
 ) -> tuple[ApiKey, str]:
+    require_scopes_within_role(actor=actor, tenant=tenant, scopes=_validate_scopes(scopes))
     with transaction.atomic():
         key, plaintext = _new_key(
             tenant=tenant, name=name, scopes=scopes, allowed_models=allowed_models or [],
@@ -71,6 +75,7 @@ def api_key_create(
 def api_key_revoke(*, actor: Actor, key: ApiKey) -> ApiKey:
     with transaction.atomic():
         key = ApiKey.objects.select_for_update().get(pk=key.pk)
+        require_scopes_within_role(actor=actor, tenant=key.tenant, scopes=key.scopes)
         if key.revoked:
             raise ValidationError("This key is already revoked.")
         before = _snapshot(key)
@@ -89,6 +94,7 @@ def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiK
         raise ValidationError(f"The grace period must be between 0 seconds and {MAX_ROTATION_GRACE.days} days.")
     with transaction.atomic():
         old = ApiKey.objects.select_for_update().get(pk=key.pk)
+        require_scopes_within_role(actor=actor, tenant=old.tenant, scopes=old.scopes)
         if not old.is_usable:
             raise ValidationError("Only a usable key can be rotated.")
         if old.replaced_by_id is not None:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from billing.models import BudgetAlert
 from metering.selectors import usage_totals_month
 from tenancy.models import Membership, Tenant
+from tenancy.webhook_targets import webhook_target_check
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ def _post_webhook(alert: BudgetAlert) -> None:
     }).encode()  # fmt: skip
     headers = {"Content-Type": "application/json", SIGNATURE_HEADER: webhook_signature(secret=tenant.webhook_secret,
                                                                                         body=body)}  # fmt: skip
+    webhook_target_check(tenant.webhook_url)  # public addresses only, checked after DNS resolution (security)
     response = httpx.post(tenant.webhook_url, content=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
     response.raise_for_status()
 

@@ -5,7 +5,6 @@ from decimal import Decimal
 
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -19,6 +18,7 @@ from billing.serializers import (
     MarginReportOutput,
 )
 from metering.renderers import CsvRenderer
+from quilt.pagination import StrictLimitOffsetPagination
 from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership
 
@@ -31,9 +31,11 @@ class _InvoicesApi(TenantAPIView):
 
 
 class InvoiceListApi(_InvoicesApi):
+    pagination_class = StrictLimitOffsetPagination  # strict ?limit=/?offset=, and the schema shows the page
+
     @extend_schema(responses=InvoiceOutput(many=True))
     def get(self, request):
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(invoices_of(tenant=self.tenant), request, view=self)
         return paginator.get_paginated_response(InvoiceOutput(page, many=True).data)
 

@@ -28,7 +28,7 @@ class InvoiceDetailOutput(InvoiceOutput):
 
 
 class MarginQueryInput(serializers.Serializer):
-    month = serializers.RegexField(r"^\d{4}-(0[1-9]|1[0-2])$", help_text="YYYY-MM")
+    month = serializers.RegexField(r"^(?!0000)\d{4}-(0[1-9]|1[0-2])$", help_text="YYYY-MM (year 0001 or later)")
 
 
 class TenantMarginOutput(serializers.Serializer):

@@ -18,6 +18,7 @@ import logging
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
+from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -25,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway import metrics
 from gateway.connections import DATABASE_DOWN
 from gateway.errors import ApiError, service_unavailable
+from gateway.request_guard import body_limit, too_large
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
@@ -33,14 +35,21 @@ METRICS_PATH = "/metrics"
 STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)
 
 
-async def _read_body(receive) -> bytes | None:
-    """The whole request body, or None if the client went away first."""
-    chunks = []
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The whole request body, or None if the client went away first; _TooLarge past `limit` bytes."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            raise _TooLarge
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -64,10 +73,15 @@ async def _send(response, send) -> None:
         await send({"type": "http.response.body", "body": response.content})
 
 
+_https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)
+
+
 async def _serve(request, send) -> None:
     try:
-        match = resolve(request.path_info)
-        response = await match.func(request, *match.args, **match.kwargs)
+        response = _https.process_request(request)
+        if response is None:
+            match = resolve(request.path_info)
+            response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
     except asyncio.CancelledError:
@@ -78,7 +92,7 @@ async def _serve(request, send) -> None:
     except Exception:
         log.exception("the inference API failed on %s %s", request.method, request.path)
         response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
-    await _send(response, send)
+    await _send(_https.process_response(request, response), send)
 
 
 async def _metrics(scope, send) -> None:
@@ -106,7 +120,12 @@ class InferenceFastPath:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.platform(scope, receive, send)
             return
-        body = await _read_body(receive)
+        limit = body_limit(method=scope["method"], path=scope["path"])
+        try:
+            body = await _read_body(receive, limit)
+        except _TooLarge:
+            await _send(too_large(limit).response(), send)  # the rest of the body is left unread: the server closes
+            return
         if body is None:
             return
         request = ASGIRequest(scope, io.BytesIO(body))

@@ -13,13 +13,19 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
+from apikeys import auth_changes
 from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
 from gateway.errors import ApiError
+from gateway.request_guard import model_name_check
 from metering.pricing import Rates, plan_rates, request_price
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
 from registry.storage import adapter_store_root
+from tenancy.audit import Actor
+from tenancy.authority import actor_role
+from tenancy.models import Membership
+from tenancy.roles import role_at_least
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,29 @@ class Caller:
         return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models
 
 
-# Verified callers (by a hash of the whole presented key) and resolved models, each kept for
-# QUILT_KEY_CACHE_SECONDS: the same window in which apikeys' own cache lets a revocation take effect.
+# The one cache of verified callers (by a hash of the whole presented key), and resolved models, each kept for at
+# most QUILT_KEY_CACHE_SECONDS. Any committed change to a key, tenant or plan clears the callers at once in every
+# process (apikeys.auth_changes); a lookup that started before a change does not store its result after it.
 _callers: dict[bytes, tuple[float, Caller]] = {}
 _targets: dict[tuple[int, str], tuple[float, Target]] = {}
 _lock = threading.Lock()
+_generation = 0  # bumped by every announced change
+_listener: threading.Thread | None = None
+
+
+def _forget_callers() -> None:
+    global _generation
+    with _lock:
+        _generation += 1
+        _callers.clear()
+
+
+def _listening() -> None:
+    global _listener
+    if _listener is None:
+        with _lock:
+            if _listener is None:
+                _listener = auth_changes.listen(_forget_callers) or threading.current_thread()
 
 
 def _digest(authorization: str) -> bytes:
@@ -110,6 +134,8 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
 
 
 def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
+    _listening()
+    generation, started = _generation, time.monotonic()
     scheme, _, presented = authorization.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         raise ApiError(
@@ -124,6 +150,10 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         raise ApiError(status, refused.reason, code=refused.code) from None
     if not key.has_scope(Scope.INFERENCE):
         raise ApiError(403, "This API key does not have the 'inference' scope.", code="insufficient_scope")
+    role = actor_role(actor=Actor(key=key), tenant=key.tenant)  # capped by its creator's role now
+    if role is None or not role_at_least(role, Membership.Role.DEVELOPER):
+        raise ApiError(403, "The member who made this API key no longer has a role that allows inference.",
+                       code="insufficient_role")  # fmt: skip
     plan = key.tenant.plan
     rates, model_rates = plan_rates(plan=plan)
     caller = Caller(
@@ -141,7 +171,8 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
     with _lock:
         if len(_callers) > 10_000:
             _callers.clear()
-        _callers[_digest(authorization)] = (time.monotonic(), caller)
+        if generation == _generation:  # else a change landed while this lookup ran: don't keep what it read
+            _callers[_digest(authorization)] = (started, caller)
     return caller, key
 
 
@@ -184,6 +215,7 @@ def _reconnecting(function):
 
 @_reconnecting
 def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
+    model_name_check(model)
     caller, key = caller_authenticate(authorization=authorization)
     if not isinstance(model, str) or not model:
         return caller, None

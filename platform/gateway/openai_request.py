@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field
 
 from gateway.errors import invalid
+from gateway.request_guard import body_check
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 16
@@ -64,8 +65,11 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as error:
         raise invalid(f"The request body is not valid JSON: {error}.") from None
+    except RecursionError:
+        raise invalid("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
+    body_check(body)
     return body
 
 

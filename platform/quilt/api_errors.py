@@ -1,10 +1,13 @@
 """Management-API errors as {"error": {"message", "type", "code"}} with the right status."""
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from tenancy.authority import NotAllowed
 
 _TYPES = {
     400: "invalid_request_error",
@@ -36,8 +39,10 @@ def _flatten(detail) -> str:
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, ValidationError):
-        exc = exceptions.ValidationError(exc.messages)
+    if isinstance(exc, NotAllowed):
+        exc = exceptions.PermissionDenied(exc.message, code=exc.code)
+    elif isinstance(exc, ValidationError):
+        exc = exceptions.ValidationError(exc.messages, code=getattr(exc, "code", None))
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -48,9 +53,29 @@ def exception_handler(exc, context):
     code = getattr(exc, "default_code", "error")
     if isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
+        if isinstance(codes, list) and len(set(map(str, codes))) == 1 and isinstance(codes[0], str):
+            codes = codes[0]
         if isinstance(codes, str):
             code = codes
     if response.status_code == status.HTTP_401_UNAUTHORIZED and code in ("not_authenticated", "authentication_failed"):
         code = "invalid_api_key" if code == "authentication_failed" else code
     body = error_body(message=_flatten(exc.detail), status_code=response.status_code, code=code)
     return Response(body, status=response.status_code, headers=dict(response.items()))
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith(("/api/", "/v1/"))
+
+
+def page_not_found(request, exception=None):
+    """JSON for the APIs (a URL that matches no route, e.g. /api/v1/members/abc), the site's page elsewhere."""
+    if _is_api(request):
+        return JsonResponse(error_body(message="Not found.", status_code=404, code="not_found"), status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if _is_api(request):
+        body = error_body(message="The server failed to handle this request.", status_code=500, code="internal_error")
+        return JsonResponse(body, status=500)
+    return defaults.server_error(request)

@@ -7,11 +7,11 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from apikeys.models import Scope
+from quilt.pagination import StrictLimitOffsetPagination
 from registry import promotion, selectors, services
 from registry.errors import RegistryRefusal, UploadTooLarge
 from registry.models import Adapter
@@ -80,9 +80,11 @@ class BaseModelListApi(_RegistryApi):
 
 
 class AdapterListApi(_RegistryApi):
+    pagination_class = StrictLimitOffsetPagination  # strict ?limit=/?offset=, and the schema shows the page
+
     @extend_schema(responses=AdapterOutput(many=True))
     def get(self, request):
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(selectors.adapters_of(tenant=self.tenant), request, view=self)
         return paginator.get_paginated_response(AdapterOutput(page, many=True).data)
 

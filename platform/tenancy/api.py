@@ -2,50 +2,92 @@
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework import permissions, status
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apikeys.models import Scope
-from tenancy import selectors, services
+from quilt.pagination import StrictLimitOffsetPagination
+from tenancy import invitations, selectors, services
 from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership, Plan, Tenant
 from tenancy.serializers import (
     AuditLogOutput,
+    InvitationAcceptInput,
+    InvitationCreatedOutput,
+    InvitationOutput,
+    InvitationPublicOutput,
     MemberCreateInput,
     MemberOutput,
     MemberUpdateInput,
     PlanInput,
     PlanOutput,
+    TenantAuditLogOutput,
     TenantCreateInput,
     TenantOutput,
+    TenantSettingsInput,
     TenantUpdateInput,
+    WebhookSecretInput,
+    WebhookSecretOutput,
 )
 
 Role = Membership.Role
 
 
 def _page(view, request, queryset, serializer_class):
-    paginator = LimitOffsetPagination()
+    paginator = view.pagination_class()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
 
 class OwnTenantApi(TenantAPIView):
-    required_roles = {"GET": Role.VIEWER}
-    required_scopes = {"GET": ""}
+    required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN}
+    required_scopes = {"GET": "", "PATCH": Scope.ADMIN}
 
     @extend_schema(responses=TenantOutput)
     def get(self, request):
         return Response(TenantOutput(self.tenant).data)
 
+    @extend_schema(request=TenantSettingsInput, responses=TenantOutput)
+    def patch(self, request):
+        data = TenantSettingsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_settings_update(actor=self.actor, tenant=self.tenant, changes=data.validated_data)
+        return Response(TenantOutput(tenant).data)
 
-class _MembersApi(TenantAPIView):
-    def _is_owner(self) -> bool:
-        return self.actor.key is not None or self.request.user.is_staff or self.membership.role == Role.OWNER
+
+class WebhookSecretApi(TenantAPIView):
+    required_roles = {"POST": Role.ADMIN}
+    required_scopes = {"POST": Scope.ADMIN}
+
+    @extend_schema(request=WebhookSecretInput, responses=WebhookSecretOutput)
+    def post(self, request):
+        """Sets (or, with no `secret`, generates) the secret budget-alert webhooks are signed with."""
+        data = WebhookSecretInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret = services.tenant_webhook_secret_set(actor=self.actor, tenant=self.tenant, **data.validated_data)
+        return Response(WebhookSecretOutput({"webhook_secret": secret}).data)
 
 
-class MemberListApi(_MembersApi):
+class OwnAuditLogApi(TenantAPIView):
+    """The caller's tenant's audit log, newest first; ?action= (prefix) and ?actor= (username) filter it."""
+
+    required_roles = {"GET": Role.ADMIN}
+    required_scopes = {"GET": Scope.ADMIN}
+    pagination_class = StrictLimitOffsetPagination
+
+    @extend_schema(responses=TenantAuditLogOutput(many=True))
+    def get(self, request):
+        rows = selectors.audit_log_list(
+            tenant=self.tenant, action=request.query_params.get("action", ""),
+            actor=request.query_params.get("actor", ""),
+        )  # fmt: skip
+        return _page(self, request, rows, TenantAuditLogOutput)
+
+
+class MemberListApi(TenantAPIView):
+    pagination_class = StrictLimitOffsetPagination
     required_roles = {"GET": Role.VIEWER, "POST": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN, "POST": Scope.ADMIN}
 
@@ -53,21 +95,56 @@ class MemberListApi(_MembersApi):
     def get(self, request):
         return _page(self, request, selectors.members_of(tenant=self.tenant), MemberOutput)
 
-    @extend_schema(request=MemberCreateInput, responses={201: MemberOutput})
+    @extend_schema(request=MemberCreateInput, responses={201: InvitationCreatedOutput})
     def post(self, request):
+        """Invites an e-mail address; the answer carries the link (also e-mailed) that the invitee accepts."""
         data = MemberCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        if data.validated_data["role"] == Role.OWNER and not self._is_owner():
-            return Response(
-                {"error": {"message": "Only an owner can add another owner.", "type": "permission_error",
-                           "code": "insufficient_role"}},
-                status=status.HTTP_403_FORBIDDEN,
-            )  # fmt: skip
-        membership = services.member_add(actor=self.actor, tenant=self.tenant, **data.validated_data)
+        invitation, link = invitations.invitation_create(actor=self.actor, tenant=self.tenant, **data.validated_data)
+        return Response(InvitationCreatedOutput(invitation, context={"link": link}).data, status=201)
+
+
+class InvitationListApi(TenantAPIView):
+    pagination_class = StrictLimitOffsetPagination
+    required_roles = {"GET": Role.ADMIN}
+    required_scopes = {"GET": Scope.ADMIN}
+
+    @extend_schema(responses=InvitationOutput(many=True))
+    def get(self, request):
+        return _page(self, request, selectors.invitations_of(tenant=self.tenant), InvitationOutput)
+
+
+class InvitationRevokeApi(TenantAPIView):
+    required_roles = {"POST": Role.ADMIN}
+    required_scopes = {"POST": Scope.ADMIN}
+
+    @extend_schema(request=None, responses=InvitationOutput)
+    def post(self, request, invitation_id: int):
+        invitation = get_object_or_404(selectors.invitations_of(tenant=self.tenant), pk=invitation_id)
+        return Response(InvitationOutput(invitations.invitation_revoke(actor=self.actor, invitation=invitation)).data)
+
+
+class InvitationAcceptApi(APIView):
+    """Opened from the invitation link: GET shows what it offers; POST accepts it, into the logged-in account or
+    a new one. The token in the link is the credential; a wrong or used one reads the same as an expired one."""
+
+    permission_classes = [permissions.AllowAny]
+    authentication_classes = [SessionAuthentication]
+
+    @extend_schema(responses=InvitationPublicOutput)
+    def get(self, request, token: str):
+        return Response(InvitationPublicOutput(invitations.invitation_pending(token=token)).data)
+
+    @extend_schema(request=InvitationAcceptInput, responses={201: MemberOutput})
+    def post(self, request, token: str):
+        data = InvitationAcceptInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = request.user if request.user.is_authenticated else None
+        membership = invitations.invitation_accept(token=token, user=user, **data.validated_data)
         return Response(MemberOutput(membership).data, status=status.HTTP_201_CREATED)
 
 
-class MemberDetailApi(_MembersApi):
+class MemberDetailApi(TenantAPIView):
     required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN, "DELETE": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN, "PATCH": Scope.ADMIN, "DELETE": Scope.ADMIN}
 
@@ -83,30 +160,18 @@ class MemberDetailApi(_MembersApi):
         membership = self._membership(member_id)
         data = MemberUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        touches_owner = Role.OWNER in (membership.role, data.validated_data["role"])
-        if touches_owner and not self._is_owner():
-            return Response(
-                {"error": {"message": "Only an owner can grant or take away the owner role.",
-                           "type": "permission_error", "code": "insufficient_role"}},
-                status=status.HTTP_403_FORBIDDEN,
-            )  # fmt: skip
         membership = services.member_change_role(actor=self.actor, membership=membership, **data.validated_data)
         return Response(MemberOutput(membership).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request, member_id: int):
         membership = self._membership(member_id)
-        if membership.role == Role.OWNER and not self._is_owner():
-            return Response(
-                {"error": {"message": "Only an owner can remove an owner.", "type": "permission_error",
-                           "code": "insufficient_role"}},
-                status=status.HTTP_403_FORBIDDEN,
-            )  # fmt: skip
         services.member_remove(actor=self.actor, membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TenantListApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=TenantOutput(many=True))
     def get(self, request):
         tenants = Tenant.objects.select_related("plan").order_by("slug")
@@ -140,6 +205,7 @@ class TenantDetailApi(StaffAPIView):
 
 
 class PlanListApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=PlanOutput(many=True))
     def get(self, request):
         return _page(self, request, Plan.objects.all(), PlanOutput)
@@ -167,6 +233,7 @@ class PlanDetailApi(StaffAPIView):
 
 
 class AuditLogApi(StaffAPIView):
+    pagination_class = StrictLimitOffsetPagination
     @extend_schema(responses=AuditLogOutput(many=True))
     def get(self, request):
         tenant = None

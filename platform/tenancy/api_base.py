@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from apikeys.models import ApiKey, Scope
 from tenancy.audit import Actor
+from tenancy.authority import actor_role
 from tenancy.models import Membership, Tenant
 from tenancy.roles import role_at_least
 
@@ -87,13 +88,15 @@ class TenantAPIView(APIView):
 
     def _check_access(self, request) -> None:
         method = request.method.upper()
+        role = self.required_roles.get(method, Membership.Role.ADMIN)
         if isinstance(request.auth, ApiKey):
             scope = self.required_scopes.get(method, Scope.ADMIN)
             if scope and not (request.auth.has_scope(scope) or request.auth.has_scope(Scope.ADMIN)):
                 raise exceptions.PermissionDenied(f"This API key lacks the '{scope}' scope.", code="insufficient_scope")
+            real_role = actor_role(actor=self.actor, tenant=self.tenant)  # the key's, capped by its creator's
+        elif request.user.is_staff:
             return
-        if request.user.is_staff:
-            return
-        role = self.required_roles.get(method, Membership.Role.ADMIN)
-        if self.membership is None or not role_at_least(self.membership.role, role):
+        else:
+            real_role = self.membership.role if self.membership is not None else None
+        if real_role is None or not role_at_least(real_role, role):
             raise exceptions.PermissionDenied(f"This needs the {role} role or higher.", code="insufficient_role")

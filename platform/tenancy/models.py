@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from tenancy.webhook_targets import validate_webhook_url
+
 
 class Plan(models.Model):
     """Limits and prices a tenant buys. Prices are per million tokens, in the platform's currency."""
@@ -51,7 +53,9 @@ class Tenant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
     billing_email = models.EmailField(blank=True)
-    webhook_url = models.URLField(blank=True, help_text="Budget alerts are POSTed here, signed with HMAC-SHA256.")
+    webhook_url = models.URLField(
+        blank=True, validators=[validate_webhook_url], help_text="Budget alerts are POSTed here, signed with HMAC-SHA256."
+    )
     webhook_secret = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -111,3 +115,30 @@ class AuditLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target_type}:{self.target_id}"
+
+
+class Invitation(models.Model):
+    """An offer to join a tenant, sent to an e-mail address; membership starts when the invitee accepts it.
+    Only a hash of the link's token is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Membership.Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="invitation_tenant_created")]
+
+    def __str__(self) -> str:
+        return f"{self.email} -> {self.tenant} ({self.role})"

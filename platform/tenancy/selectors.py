@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from tenancy.models import AuditLog, Membership, Tenant
+from tenancy.models import AuditLog, Invitation, Membership, Tenant
 
 
 def tenants_for_user(*, user) -> QuerySet[Tenant]:
@@ -28,3 +28,7 @@ def audit_log_list(*, tenant: Tenant | None = None, action: str = "", actor: str
     if actor:
         rows = rows.filter(actor_user__username=actor)
     return rows
+
+
+def invitations_of(*, tenant: Tenant) -> QuerySet[Invitation]:
+    return Invitation.objects.filter(tenant=tenant).order_by("-created_at", "-id")

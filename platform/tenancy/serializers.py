@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from tenancy.models import AuditLog, Membership, Plan, Tenant
+from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -21,10 +21,30 @@ class PlanInput(serializers.ModelSerializer):
 
 class TenantOutput(serializers.ModelSerializer):
     plan = PlanOutput()
+    webhook_secret_set = serializers.SerializerMethodField(help_text="Whether webhooks have a secret to sign with.")
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "status", "plan", "billing_email", "webhook_url", "created_at"]
+        fields = ["id", "slug", "name", "status", "plan", "billing_email", "webhook_url", "webhook_secret_set",
+                  "created_at"]  # fmt: skip
+
+    def get_webhook_secret_set(self, tenant: Tenant) -> bool:
+        return bool(tenant.webhook_secret)
+
+
+class TenantSettingsInput(serializers.Serializer):
+    billing_email = serializers.EmailField(required=False, allow_blank=True)
+    webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
+
+
+class WebhookSecretInput(serializers.Serializer):
+    secret = serializers.CharField(
+        required=False, default="", min_length=32, max_length=64, help_text="Empty: a new random secret."
+    )
+
+
+class WebhookSecretOutput(serializers.Serializer):
+    webhook_secret = serializers.CharField(help_text="Shown this once: sign-check webhooks with it.")
 
 
 class TenantCreateInput(serializers.Serializer):
@@ -52,14 +72,40 @@ class MemberOutput(serializers.ModelSerializer):
 
 
 class MemberCreateInput(serializers.Serializer):
-    username = serializers.CharField(required=False, default="", max_length=150)
-    email = serializers.EmailField(required=False, default="")
+    """Members join by invitation: the address gets a link, and membership starts when they accept it."""
+
+    email = serializers.EmailField(max_length=254)
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
-    def validate(self, attrs):
-        if not attrs["username"] and not attrs["email"]:
-            raise serializers.ValidationError("Give a username or an email.")
-        return attrs
+
+class InvitationOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+
+
+class InvitationCreatedOutput(InvitationOutput):
+    accept_url = serializers.SerializerMethodField(help_text="The link the invitee opens; also e-mailed to them.")
+
+    class Meta(InvitationOutput.Meta):
+        fields = [*InvitationOutput.Meta.fields, "accept_url"]
+
+    def get_accept_url(self, obj) -> str:
+        return self.context["link"]
+
+
+class InvitationPublicOutput(serializers.Serializer):
+    tenant = serializers.CharField(source="tenant.name")
+    email = serializers.EmailField()
+    role = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class InvitationAcceptInput(serializers.Serializer):
+    """Logged in: empty. Otherwise a username and password for a new account with the invited address."""
+
+    username = serializers.RegexField(r"^[\w.@+-]+\Z", max_length=150, required=False, default="")
+    password = serializers.CharField(max_length=128, required=False, default="", trim_whitespace=False)
 
 
 class MemberUpdateInput(serializers.Serializer):
@@ -68,7 +114,7 @@ class MemberUpdateInput(serializers.Serializer):
 
 class AuditLogOutput(serializers.ModelSerializer):
     actor = serializers.SerializerMethodField()
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = AuditLog
@@ -81,3 +127,17 @@ class AuditLogOutput(serializers.ModelSerializer):
         if row.actor_key_id:
             return f"key:{row.actor_key.prefix}" if row.actor_key else "key:(deleted)"
         return "system"
+
+
+class TenantAuditLogOutput(AuditLogOutput):
+    """As tenants see their own log: platform staff show as `quilt-staff`, without their address."""
+
+    ip_address = serializers.SerializerMethodField()
+
+    def get_actor(self, row: AuditLog) -> str:
+        if row.actor_user_id and row.actor_user.is_staff:
+            return "quilt-staff"
+        return super().get_actor(row)
+
+    def get_ip_address(self, row: AuditLog) -> str | None:
+        return None if row.actor_user_id and row.actor_user.is_staff else row.ip_address

@@ -1,5 +1,6 @@
 """Writes to plans, tenants and memberships. Each top-level action is atomic and audited once."""
 
+import secrets
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
@@ -8,9 +9,12 @@ from django.db import transaction
 from django.forms.models import model_to_dict
 
 from tenancy.audit import Actor, audit_record
+from tenancy.authority import has_full_authority, require_owner_rule, require_role
+from tenancy.invitations import invitation_create
 from tenancy.models import Membership, Plan, Tenant
 
 User = get_user_model()
+INVITE_BY_EMAIL = "Members join by invitation: give the e-mail address to invite."
 
 PLAN_FIELDS = [
     "slug", "name", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_budget",
@@ -103,7 +107,18 @@ def _user_for(*, username: str = "", email: str = "") -> "User":
 
 
 def member_add(*, actor: Actor, tenant: Tenant, role: str, username: str = "", email: str = "") -> Membership:
-    """Adds an existing user (by username or email) or invites a new one by email (no password until reset)."""
+    """Platform staff and the system add an existing user (by username or email) or a new one by email (no
+    password until they set one). A tenant's own admins add nobody's existing account: an address with no
+    account gets a fresh one (its set-password link is the acceptance); any other address is sent an
+    invitation to accept (tenancy.invitations), and this raises a ValidationError saying so."""
+    require_owner_rule(actor=actor, tenant=tenant, roles=(role,))
+    if not has_full_authority(actor):
+        require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="add members")
+        if username or not email:
+            raise ValidationError(INVITE_BY_EMAIL)
+        if User.objects.filter(email__iexact=email).exists() or User.objects.filter(username__iexact=email).exists():
+            invitation_create(actor=actor, tenant=tenant, email=email, role=role)
+            raise ValidationError(f"An invitation to join {tenant.name} was sent to {email}.", code="invited")
     with transaction.atomic():
         user = _user_for(username=username, email=email)
         if Membership.objects.filter(tenant=tenant, user=user).exists():
@@ -127,6 +142,8 @@ def _ensure_an_owner_remains(*, tenant: Tenant, leaving: Membership) -> None:
 def member_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     with transaction.atomic():
         membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        require_role(actor=actor, tenant=membership.tenant, minimum=Membership.Role.ADMIN, doing="change roles")
+        require_owner_rule(actor=actor, tenant=membership.tenant, roles=(membership.role, role))
         before = {"role": membership.role}
         if role != Membership.Role.OWNER:
             _ensure_an_owner_remains(tenant=membership.tenant, leaving=membership)
@@ -143,9 +160,47 @@ def member_change_role(*, actor: Actor, membership: Membership, role: str) -> Me
 def member_remove(*, actor: Actor, membership: Membership) -> None:
     with transaction.atomic():
         membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        require_role(actor=actor, tenant=membership.tenant, minimum=Membership.Role.ADMIN, doing="remove members")
+        require_owner_rule(actor=actor, tenant=membership.tenant, roles=(membership.role,))
         _ensure_an_owner_remains(tenant=membership.tenant, leaving=membership)
         audit_record(
             actor=actor, action="member.remove", target=membership, tenant=membership.tenant,
             before={"user": membership.user.get_username(), "role": membership.role},
         )  # fmt: skip
         membership.delete()
+
+
+TENANT_SETTINGS_FIELDS = ["billing_email", "webhook_url"]
+
+
+def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:
+    """A tenant's own admins change where its billing mail and webhooks go (name, plan and status are staff's)."""
+    require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="change the tenant's settings")
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = _snapshot(tenant, TENANT_SETTINGS_FIELDS)
+        _apply(tenant, TENANT_SETTINGS_FIELDS, changes)
+        audit_record(
+            actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before,
+            after=_snapshot(tenant, TENANT_SETTINGS_FIELDS),
+        )  # fmt: skip
+    return tenant
+
+
+def tenant_webhook_secret_set(*, actor: Actor, tenant: Tenant, secret: str = "") -> str:
+    """Sets the secret webhooks are signed with (a new random one when none is given) and returns it; the audit
+    row records that it changed, never the secret."""
+    require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="set the webhook secret")
+    secret = secret or secrets.token_urlsafe(32)
+    if not 32 <= len(secret) <= 64 or not secret.isprintable():
+        raise ValidationError("A webhook secret is 32 to 64 printable characters.")
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        had_one = bool(tenant.webhook_secret)
+        tenant.webhook_secret = secret
+        tenant.save(update_fields=["webhook_secret", "updated_at"])
+        audit_record(
+            actor=actor, action="tenant.webhook_secret", target=tenant, tenant=tenant,
+            before={"webhook_secret_set": had_one}, after={"webhook_secret_set": True},
+        )  # fmt: skip
+    return secret

@@ -28,11 +28,9 @@ def _one_row(client, method, url, body, action, **extra):
 
 def test_each_mutation_writes_one_row(tenant_a, member_client, staff_client):
     owner, owner_membership = member_client(tenant_a, "owner")
-    newcomer = UserFactory()
-    response, row = _one_row(owner, "post", "/api/v1/members", {"username": newcomer.username, "role": "viewer"},
-                             "member.add")  # fmt: skip
+    _, row = _one_row(owner, "post", "/api/v1/members", {"email": "new@x.test", "role": "viewer"}, "member.invite")
     assert row.actor_user == owner_membership.user and row.tenant == tenant_a and row.ip_address == "127.0.0.1"
-    member_id = response.json()["id"]
+    member_id = MembershipFactory(tenant=tenant_a, role="viewer").pk
     _one_row(owner, "patch", f"/api/v1/members/{member_id}", {"role": "developer"}, "member.change_role")
     _one_row(owner, "delete", f"/api/v1/members/{member_id}", None, "member.remove")
     response, row = _one_row(owner, "post", "/api/v1/keys", {"name": "k", "scopes": ["inference"]}, "api_key.create")
@@ -60,7 +58,7 @@ def test_failing_actions_write_nothing(tenant_a, member_client, staff_client):
     MembershipFactory(tenant=tenant_a, role="viewer")
     before = AuditLog.objects.count()
     failures = [
-        (owner, "post", "/api/v1/members", {"username": membership.user.username, "role": "viewer"}),
+        (owner, "post", "/api/v1/members", {"email": "not-an-address", "role": "viewer"}),
         (owner, "post", "/api/v1/members", {"username": "nobody-such", "role": "viewer"}),
         (owner, "delete", f"/api/v1/members/{membership.pk}", None),
         (owner, "post", "/api/v1/keys", {"name": "", "scopes": ["inference"]}),

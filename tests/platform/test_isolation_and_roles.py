@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apikeys.models import ApiKey
-from tenancy.models import AuditLog, Membership
+from tenancy.models import AuditLog, Invitation, Membership
 from tests.platform.factories import MembershipFactory, UserFactory, make_key
 
 pytestmark = pytest.mark.django_db
@@ -70,19 +70,18 @@ def test_viewer_can_not_create_keys(tenant_a, member_client):
 def test_developer_can_create_keys_but_not_manage_members(tenant_a, member_client):
     client, _ = member_client(tenant_a, "developer")
     assert client.post("/api/v1/keys", {"name": "x", "scopes": ["inference"]}, format="json").status_code == 201
-    other = UserFactory()
-    response = client.post("/api/v1/members", {"username": other.username, "role": "viewer"}, format="json")
+    response = client.post("/api/v1/members", {"email": "other@x.test", "role": "viewer"}, format="json")
     assert response.status_code == 403
-    assert not Membership.objects.filter(user=other).exists()
+    assert not Invitation.objects.exists()
 
 
 def test_admin_manages_members_but_only_an_owner_makes_owners(tenant_a, member_client):
     admin_client, _ = member_client(tenant_a, "admin")
     owner_client, _ = member_client(tenant_a, "owner")
-    newcomer = UserFactory()
-    response = admin_client.post("/api/v1/members", {"username": newcomer.username, "role": "developer"}, format="json")
+    assert admin_client.post("/api/v1/members", {"email": "a@x.test", "role": "owner"}, format="json").status_code == 403
+    response = admin_client.post("/api/v1/members", {"email": "a@x.test", "role": "developer"}, format="json")
     assert response.status_code == 201
-    member_id = response.json()["id"]
+    member_id = MembershipFactory(tenant=tenant_a, role="developer").pk
     assert admin_client.patch(f"/api/v1/members/{member_id}", {"role": "owner"}, format="json").status_code == 403
     assert owner_client.patch(f"/api/v1/members/{member_id}", {"role": "owner"}, format="json").status_code == 200
 

@@ -14,6 +14,8 @@ PRODUCTION_ENV = {
     "SECRET_KEY": "x7#kP2!vQ9zR4mL8wN3bT6yH1jF5dS0aG7cV2xZ9qW4eR8tY3uI6oP1",
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
     "ALLOWED_HOSTS": "quilt.example.com",
+    "QUILT_ENGINE_TOKEN": "e" * 40,
+    "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
 }
 
 
@@ -24,12 +26,24 @@ def _manage(*args: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("missing", ["SECRET_KEY", "DATABASE_URL", "ALLOWED_HOSTS"])
+@pytest.mark.parametrize("missing", ["SECRET_KEY", "DATABASE_URL", "ALLOWED_HOSTS", "QUILT_ENGINE_TOKEN", "EMAIL_BACKEND"])
 def test_production_refuses_to_start_without(missing):
     env = {key: value for key, value in PRODUCTION_ENV.items() if key != missing}
     result = _manage("check", env=env)
     assert result.returncode != 0
     assert missing in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("QUILT_ENGINE_TOKEN", "dev-engine-token"), ("QUILT_ENGINE_TOKEN", "short"),
+     ("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend"),
+     ("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")],
+)  # fmt: skip
+def test_production_refuses_a_known_engine_token_or_an_email_backend_that_delivers_nothing(name, value):
+    result = _manage("check", env=PRODUCTION_ENV | {name: value})
+    assert result.returncode != 0
+    assert name in result.stderr
 
 
 def test_production_passes_check_deploy():

@@ -81,11 +81,23 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'quilt.sqlite3'}")}
-DATABASES["default"]["ATOMIC_REQUESTS"] = False
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (gateway, worker) share the file: wait for locks instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+
+
+def database(url: str) -> dict:
+    """One database's settings. Under the ASGI server each request may run on a thread of its own, so a connection
+    kept past its request (CONN_MAX_AGE > 0) is a connection leaked: they close with their request (0), and the
+    few long-lived executor threads of the gateway keep one each, checked before reuse."""
+    config = env.db_url_config(url)
+    config["ATOMIC_REQUESTS"] = False
+    config["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+    config["CONN_HEALTH_CHECKS"] = True
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # Several processes (gateway, worker) share the file: wait for locks instead of failing at once.
+        config.setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+    return config
+
+
+DATABASES = {"default": database(env("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'quilt.sqlite3'}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL", default="")
@@ -165,11 +177,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # No OPTIONS metadata (405): it was rendered through the CSV renderer too, and no client of ours needs it.
+    "DEFAULT_METADATA_CLASS": None,
 }
 
 SPECTACULAR_SETTINGS = {
@@ -194,6 +208,8 @@ SPECTACULAR_SETTINGS = {
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = 0.25  # hours
 AXES_RESET_ON_SUCCESS = True
+# Lock out a username from an address, not an address: failures for made-up names lock no real user out.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_LOCKOUT_TEMPLATE = "console/lockout.html"
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
@@ -248,3 +264,10 @@ LOGGING = {
     "loggers": {"httpx": {"level": "WARNING"}},  # the gateway's engine calls: one INFO line per request otherwise
 }
 AXES_VERBOSE = False
+# Invitation links: the address clients reach this platform at, and how long an invitation stays open.
+QUILT_PUBLIC_URL = env("QUILT_PUBLIC_URL", default="http://localhost:8000")
+QUILT_INVITATION_TTL_SECONDS = env.int("QUILT_INVITATION_TTL_SECONDS", default=7 * 86400)
+# The inference API refuses request bodies past this size with a 413 (prompts are far smaller).
+QUILT_MAX_REQUEST_BYTES = env.int("QUILT_MAX_REQUEST_BYTES", default=2 * 1024**2)
+# Webhook targets must be public addresses; these networks are let through too (e.g. 127.0.0.1/32 in development).
+QUILT_WEBHOOK_ALLOWED_NETWORKS = env.list("QUILT_WEBHOOK_ALLOWED_NETWORKS", default=[])

@@ -1,0 +1,19 @@
+"""Lists page with ?limit=&offset= (at most 200 a page); a limit or offset that is not a whole number is a 400,
+not silently the default."""
+
+from rest_framework import exceptions
+from rest_framework.pagination import LimitOffsetPagination
+
+
+class StrictLimitOffsetPagination(LimitOffsetPagination):
+    max_limit = 200
+
+    def _whole(self, request, name: str, minimum: int) -> None:
+        raw = request.query_params.get(name)
+        if raw is not None and (not raw.isascii() or not raw.isdigit() or int(raw) < minimum):
+            raise exceptions.ValidationError({name: f"Must be a whole number, at least {minimum}."})
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self._whole(request, self.limit_query_param, 1)
+        self._whole(request, self.offset_query_param, 0)
+        return super().paginate_queryset(queryset, request, view)

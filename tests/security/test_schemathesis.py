@@ -1,0 +1,82 @@
+"""A bounded schemathesis run over the whole management API (/api/v1/), once with an API key and once with a
+logged-in session, against a real uvicorn server: no server errors, and every answer matches the OpenAPI schema
+(status codes, content types, bodies, headers). Prints the figures: requests made and server errors (from the
+requests schemathesis recorded)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.db import SessionStore
+
+from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory, make_key
+from tests.security.conftest import FIGURES
+from tests.security.gateways import gateways
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"  # noqa: E501
+CSRF = "securitytestcsrftoken0123456789a"
+
+
+def _har_entries(path) -> list[dict]:
+    return json.loads(path.read_text())["log"]["entries"] if path.exists() else []
+
+
+def _session_cookie(user) -> str:
+    session = SessionStore()
+    session[SESSION_KEY], session[BACKEND_SESSION_KEY] = str(user.pk), "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return session.session_key
+
+
+def _schemathesis(schema_path, url: str, har, *headers: str, phases: str) -> subprocess.Popen:
+    command = [
+        str(Path(sys.executable).parent / "st"), "run", str(schema_path), "--url", url, "--checks", CHECKS, "--max-examples", "10",
+        "--workers", "1", "--seed", "15", "--no-color", "--report", "har", "--report-har-path", str(har),
+        "--phases", phases,
+    ]  # fmt: skip
+    for header in headers:
+        command += ["-H", header]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=har.parent)
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(tmp_path):
+    tenant = TenantFactory(slug="st-tenant")
+    owner = MembershipFactory(tenant=tenant, role="owner", user=UserFactory(username="st-owner", is_staff=True)).user
+    _, plaintext = make_key(tenant, scopes=["admin"], created_by=owner, name="schemathesis")
+    cookie = _session_cookie(owner)
+    with gateways(tmp_path, 2) as (urls, _):
+        schema = httpx.get(f"{urls[0]}/api/schema/?format=json", headers={"Authorization": f"Bearer {plaintext}"})
+        assert schema.status_code == 200
+        schema_path = tmp_path / "schema.json"
+        schema_path.write_bytes(schema.content)
+        session_headers = [f"Cookie: sessionid={cookie}; csrftoken={CSRF}", f"X-CSRFToken: {CSRF}", f"Referer: {urls[0]}/"]
+        # Both at once, each on its own server. The coverage phase (edge values for every parameter: NUL, lone
+        # surrogates, bounds) runs once, with the session, which reaches every operation; the key runs the rest.
+        started = {
+            "API key": _schemathesis(
+                schema_path, urls[1], tmp_path / "key.har", f"Authorization: Bearer {plaintext}",
+                phases="examples,fuzzing,stateful",
+            ),
+            "session": _schemathesis(
+                schema_path, urls[0], tmp_path / "session.har", *session_headers, phases="examples,coverage,stateful"
+            ),
+        }  # fmt: skip
+        runs = {name: (process.communicate(timeout=300)[0], process.returncode) for name, process in started.items()}
+    exchanges = [entry for name in ("key", "session") for entry in _har_entries(tmp_path / f"{name}.har")]
+    api_requests = [entry for entry in exchanges if "/api/v1/" in entry["request"]["url"]]
+    server_errors = sorted({entry["request"]["url"] for entry in exchanges if entry["response"]["status"] >= 500})
+    for name, (output, returncode) in runs.items():
+        summary = [line for line in output.splitlines() if "generated" in line or "❌" in line]
+        FIGURES.append(f"schemathesis ({name}): exit {returncode}; " + " / ".join(line.strip() for line in summary[-2:]))
+    FIGURES.append(f"schemathesis: {len(api_requests)} requests to /api/v1/, {len(server_errors)} server errors")
+    print("\n".join(FIGURES[-3:]))
+    assert server_errors == []
+    for name, (output, returncode) in runs.items():
+        assert returncode == 0, f"{name}:\n{output[-6000:]}"
+    assert len(api_requests) > 1000

@@ -1,0 +1,319 @@
+"""The engine side of benchmarks/gpu_trace.py, in its own process, through the engine's public API only.
+
+    python benchmarks/trace_engine.py WORKDIR   # reads WORKDIR/plan.json (+ peft.json), writes engine.json
+
+One LLMEngine serves every experiment, cheapest first, and engine.json is rewritten after each, so a
+run cut short still reports what it measured:
+  decode     a batch of `batch` requests with distinct adapters, then the same with none: the time of
+             each step once every request is past its prompt (pure decode steps), and the bytes such
+             a step must move (weights + KV + adapter rows) over the copy bandwidth measured here;
+  cold       TTFT of a request whose adapter is only on disk (page cache dropped for its files) or
+             only in host memory, then of a second request on the same adapter (warm);
+  subset     the requests transformers + PEFT ran (trace_peft.py), all submitted at once;
+  trace      the whole trace without adapters, then with them (power law over the population).
+"""
+
+import dataclasses
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # before benchmarks/, whose kernels.py is no package
+
+import llama_shape  # noqa: E402
+
+from engine import EngineConfig, SamplingParams  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+
+TENANT = "bench"
+
+
+def main(work: Path) -> None:
+    plan = json.loads((work / "plan.json").read_text())
+    args, device = plan["args"], plan["device"]
+    if device == "cpu":
+        torch.set_num_threads(1)
+    shape = llama_shape.Shape(**plan["shape"])
+    itemsize = torch.tensor([], dtype=getattr(torch, plan["dtype"])).element_size()
+    result: dict = {}
+
+    def save() -> None:
+        (work / "engine.json").write_text(json.dumps(result))
+
+    result["copy_bandwidth"] = copy_bandwidth(device)
+    start = time.perf_counter()
+    config, dropped = engine_config(plan)
+    engine = LLMEngine(config)
+    result.update(load_s=time.perf_counter() - start, config=plan_config(config), config_dropped=dropped)
+    start = time.perf_counter()
+    digests = {}
+    for adapter_id in plan["served"]:
+        digests[adapter_id] = engine.add_adapter(plan["adapters"][str(adapter_id)]["path"])
+    result["add_adapters_s"] = time.perf_counter() - start
+    result["add_adapters_n"] = len(digests)
+    save()
+    trace = llama_shape.trace_from_json(plan["trace"])
+    warm = trace[0]
+    run_requests(
+        engine, [dataclasses.replace(warm, prompt=warm.prompt[:16], max_tokens=2)], digests, "warm-a"
+    )
+    run_requests(engine, [dataclasses.replace(warm, prompt=warm.prompt[:16], max_tokens=2)], None, "warm-b")
+
+    batch = llama_shape.trace_from_json(plan["decode"])
+    result["decode"] = {}
+    for tag, chosen in (("lora", digests), ("base", None)):
+        steps = decode_batch(
+            engine, batch, chosen, args["decode_steps"], plan["decode_max_tokens"], f"decode-{tag}"
+        )
+        result["decode"][tag] = summarize_decode(steps, shape, itemsize, args["rank"], result["copy_bandwidth"],
+                                                 lora=chosen is not None)  # fmt: skip
+        save()
+    result["cold"] = cold_start(engine, plan, shape, device)
+    save()
+    subset = set()
+    peft_file = work / "peft.json"
+    if peft_file.exists():
+        for group in json.loads(peft_file.read_text())["groups"]:
+            subset |= set(group["requests"])
+    if subset:
+        result["subset"] = run_requests(engine, [r for r in trace if r.index in subset], digests, "subset")
+        save()
+    result["trace"] = {}
+    for tag, chosen in (("base", None), ("lora", digests)):
+        result["trace"][tag] = run_requests(engine, trace, chosen, f"trace-{tag}")
+        save()
+
+
+def engine_config(plan: dict) -> tuple[EngineConfig, list[str]]:
+    """The settings this benchmark wants, keeping only fields this engine's EngineConfig has."""
+    args = plan["args"]
+    longest = max(args["prompt_max"] + args["output_max"], args["prompt_max"] + plan["decode_max_tokens"]) + 1
+    blocks_per_seq = -(-longest // args["block_size"])
+    wanted = {
+        "model": plan["checkpoint"], "device": plan["device"], "dtype": plan["dtype"],
+        "block_size": args["block_size"], "num_kv_blocks": max(args["max_num_seqs"], args["batch"]) * blocks_per_seq,
+        "max_num_seqs": max(args["max_num_seqs"], args["batch"]),
+        "max_num_batched_tokens": args["max_num_batched_tokens"],
+        "max_adapter_slots": max(args["max_num_seqs"], args["batch"]), "max_adapter_rank": args["rank"],
+        "host_adapter_cache_bytes": plan["host_cache_bytes"], "enable_prefix_caching": False,
+    }  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in wanted.items() if k in fields}), sorted(set(wanted) - fields)
+
+
+def plan_config(config: EngineConfig) -> dict:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second (read + write) of a large device-to-device copy: the median of 20 after warm-up."""
+    numel = (1 << 28) if device.startswith("cuda") else (1 << 22)
+    src = torch.randn(numel, device=device).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        if device.startswith("cuda"):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3)
+        else:
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / statistics.median(times[5:])
+
+
+def _drive(engine: LLMEngine, on_step=None) -> list:
+    """Step until nothing is left; returns every output. `on_step(seconds, outputs)` after each step."""
+    outputs = []
+    while engine.has_unfinished():
+        steps = engine.num_steps
+        start = time.perf_counter()
+        out = engine.step()
+        seconds = time.perf_counter() - start
+        outputs += out
+        if on_step is not None:
+            on_step(seconds, out)
+        if engine.num_steps == steps and not out:
+            time.sleep(0.001)  # nothing could run: an adapter is still loading
+    return outputs
+
+
+def run_requests(engine: LLMEngine, requests, digests: dict | None, tag: str) -> dict:
+    """All requests submitted at once, run to the end: tokens per second, steps, TTFTs."""
+    sampling = {
+        r.index: SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
+    }
+    start = time.perf_counter()
+    for r in requests:
+        adapter = digests[r.adapter] if digests is not None else None
+        engine.add_request(f"{tag}-{r.index}", r.prompt, sampling[r.index], adapter=adapter, tenant=TENANT)
+    steps0 = engine.num_steps
+    finals = [o for o in _drive(engine) if o.finished]
+    seconds = time.perf_counter() - start
+    short = [
+        o.request_id
+        for o in finals
+        if len(o.token_ids) != sampling[int(o.request_id.rsplit("-", 1)[1])].max_tokens
+    ]
+    ttfts = sorted(o.usage.ttft_ms for o in finals if o.usage.ttft_ms is not None)
+    return {
+        "requests": len(requests), "distinct_adapters": len({r.adapter for r in requests}) if digests else 0,
+        "prompt_tokens": sum(len(r.prompt) for r in requests), "output_tokens": sum(r.max_tokens for r in requests),
+        "seconds": seconds, "steps": engine.num_steps - steps0,
+        "output_tokens_per_s": sum(r.max_tokens for r in requests) / seconds,
+        "ttft_ms_p50": _quantile(ttfts, 0.5), "ttft_ms_p90": _quantile(ttfts, 0.9),
+        "errors": sorted({o.error for o in finals if o.error})[:5], "wrong_length": short[:5],
+    }  # fmt: skip
+
+
+def decode_batch(
+    engine: LLMEngine, batch, digests: dict | None, wanted: int, max_tokens: int, tag: str
+) -> list[dict]:
+    """Pure decode steps of `batch` requests: [{seconds, contexts, adapters}] for `wanted` steps after the
+    step in which the last request got its first token; then every request is aborted."""
+    ids = {}
+    for r in batch:
+        rid = f"{tag}-{r.index}"
+        ids[rid] = r
+        adapter = digests[r.adapter] if digests is not None else None
+        engine.add_request(rid, r.prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                           adapter=adapter, tenant=TENANT)  # fmt: skip
+    generated = dict.fromkeys(ids, 0)
+    records: list[dict] = []
+    state = {"before": None}
+
+    def on_step(seconds: float, outputs) -> None:
+        before = state["before"]
+        emitted = {o.request_id for o in outputs if o.new_token_ids}
+        if before is not None and len(emitted) == len(batch) and len(records) < wanted:
+            records.append({"seconds": seconds, "contexts": before,
+                            "adapters": len({r.adapter for r in batch}) if digests else 0})  # fmt: skip
+        for o in outputs:
+            generated[o.request_id] += len(o.new_token_ids)
+        if all(generated.values()):
+            state["before"] = [
+                len(ids[rid].prompt) + generated[rid] for rid in ids
+            ]  # context of the next step
+        if len(records) >= wanted:
+            for rid in ids:
+                engine.abort(rid)
+
+    _drive(engine, on_step)
+    return records
+
+
+def summarize_decode(
+    records: list[dict], shape, itemsize: int, rank: int, bandwidth: float, *, lora: bool
+) -> dict:
+    if not records:
+        return {"steps": 0}
+    batch = len(records[0]["contexts"])
+    ratios, roofline = [], []
+    for rec in records:
+        moved = llama_shape.weight_bytes_per_decode_step(shape, batch, itemsize)
+        moved += llama_shape.kv_bytes_per_decode_step(shape, rec["contexts"], itemsize)
+        moved += rec["adapters"] * llama_shape.adapter_bytes(shape, rank, itemsize) if lora else 0
+        roofline.append(moved / bandwidth)
+        ratios.append(moved / bandwidth / rec["seconds"])
+    step_s = statistics.median(r["seconds"] for r in records)
+    kv = [llama_shape.kv_bytes_per_decode_step(shape, r["contexts"], itemsize) for r in records]
+    return {
+        "batch": batch, "steps": len(records), "adapters": records[0]["adapters"], "step_ms_p50": step_s * 1e3,
+        "step_ms_min": min(r["seconds"] for r in records) * 1e3, "step_ms_max": max(r["seconds"] for r in records) * 1e3,
+        "tokens_per_s": batch / step_s, "roofline_ms_p50": statistics.median(roofline) * 1e3,
+        "roofline_ratio_p50": statistics.median(ratios),
+        "bytes": {"weights": llama_shape.weight_bytes_per_decode_step(shape, batch, itemsize),
+                  "kv_p50": statistics.median(kv),
+                  "adapters": records[0]["adapters"] * llama_shape.adapter_bytes(shape, rank, itemsize) if lora else 0},
+        "mean_context": statistics.mean(c for r in records for c in r["contexts"]),
+    }  # fmt: skip
+
+
+def cold_start(engine: LLMEngine, plan: dict, shape, device: str) -> dict:
+    """TTFT with the adapter on disk only / in host memory only, then warm; raw host->device copies too."""
+    prompt_len = plan["args"]["cold_prompt"]
+    rng = random.Random(7)
+    out: dict = {"prompt_tokens": prompt_len, "disk": [], "host": []}
+    for kind in ("disk", "host"):
+        for adapter_id in plan["cold_adapters"][kind]:
+            entry = plan["adapters"][str(adapter_id)]
+            dropped = drop_page_cache(Path(entry["path"]))
+            row = {"adapter": adapter_id, "page_cache_dropped": dropped}
+            if kind == "disk":
+                engine.register_adapter(entry["digest"], entry["path"])
+            else:
+                start = time.perf_counter()
+                engine.add_adapter(entry["path"])
+                row["disk_to_host_ms"] = (time.perf_counter() - start) * 1e3
+            for phase in ("cold", "warm"):
+                prompt = [rng.randrange(3, shape.vocab) for _ in range(prompt_len)]
+                row[f"ttft_{phase}_ms"] = ttft(
+                    engine, prompt, entry["digest"], f"cold-{kind}-{adapter_id}-{phase}"
+                )
+            out[kind].append(row)
+    if device.startswith("cuda"):
+        out["raw_copy_ms"] = raw_copies(llama_shape.adapter_bytes(shape, plan["args"]["rank"], 2), device)
+    return out
+
+
+def ttft(engine: LLMEngine, prompt: list[int], digest: str, rid: str) -> float:
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), adapter=digest,
+                       tenant=TENANT)  # fmt: skip
+    finals = [o for o in _drive(engine) if o.finished]
+    wall_ms = (time.perf_counter() - start) * 1e3
+    if not finals or finals[0].error:
+        raise RuntimeError(f"request {rid} failed: {finals[0].error if finals else 'no output'}")
+    return finals[0].usage.ttft_ms if finals[0].usage.ttft_ms is not None else wall_ms
+
+
+def drop_page_cache(directory: Path) -> bool:
+    """Ask the kernel to forget the cached pages of the adapter's files, so the next read comes from disk."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for file in directory.iterdir():
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
+def raw_copies(num_bytes: int, device: str) -> dict:
+    """One adapter's bytes copied host -> device by torch alone (pinned and pageable): the transfer floor."""
+    dst = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    result = {}
+    for kind, src in (("pinned", torch.empty(num_bytes, dtype=torch.uint8).pin_memory()),
+                      ("pageable", torch.empty(num_bytes, dtype=torch.uint8))):  # fmt: skip
+        src.random_(0, 255)
+        times = []
+        for _ in range(7):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            dst.copy_(src)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        result[kind] = statistics.median(times[2:])
+    return result
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

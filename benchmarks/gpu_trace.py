@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     print(f"gpu_trace: {shape.name} on {report['environment']['device']}, work in {work}", flush=True)
     try:
         plan = make_plan(args, shape, device, dtype, work)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the phases need the memory this process drew the weights in
         report["setup"] = plan["setup"]
         print(f"checkpoint {plan['setup']['checkpoint']['bytes'] / 1e9:.1f} GB in "
               f"{plan['setup']['checkpoint']['seconds']:.1f} s; {len(plan['adapters'])} adapters in "
@@ -187,8 +189,9 @@ def run_phase(script: str, work: Path, timeout: float) -> dict:
     print(f"--- {name} (up to {timeout:.0f} s)", flush=True)
     start = time.monotonic()
     try:
+        deadline = str(time.time() + timeout - 10)  # the phase may stop itself before it is killed
         rc: int | str = subprocess.run(
-            [sys.executable, str(HERE / script), str(work)], timeout=max(timeout, 1)
+            [sys.executable, str(HERE / script), str(work), deadline], timeout=max(timeout, 1)
         ).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
@@ -272,6 +275,9 @@ def table(report: dict, shape, args) -> list[str]:
     for tag in ("subset", "trace"):
         runs = [engine[tag]] if tag == "subset" and tag in engine else list(engine.get(tag, {}).values())
         for run in runs:
+            if isinstance(run, str):
+                lines.append(f"NOTE {tag}: {run}")
+                continue
             if run.get("errors") or run.get("wrong_length"):
                 lines.append(f"WARNING {tag}: errors {run['errors']} wrong lengths {run['wrong_length']}")
     if report["environment"]["device"].startswith("CPU"):

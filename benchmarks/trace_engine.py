@@ -1,6 +1,6 @@
 """The engine side of benchmarks/gpu_trace.py, in its own process, through the engine's public API only.
 
-    python benchmarks/trace_engine.py WORKDIR   # reads WORKDIR/plan.json (+ peft.json), writes engine.json
+    python benchmarks/trace_engine.py WORKDIR [DEADLINE]  # reads WORKDIR/plan.json (+ peft.json), writes engine.json
 
 One LLMEngine serves every experiment, cheapest first, and engine.json is rewritten after each, so a
 run cut short still reports what it measured:
@@ -10,7 +10,8 @@ run cut short still reports what it measured:
   cold       TTFT of a request whose adapter is only on disk (page cache dropped for its files) or
              only in host memory, then of a second request on the same adapter (warm);
   subset     the requests transformers + PEFT ran (trace_peft.py), all submitted at once;
-  trace      the whole trace without adapters, then with them (power law over the population).
+  trace      the whole trace without adapters, then with them (power law over the population); the
+             second is left out if, at the pace of the first, it would end after DEADLINE (epoch seconds).
 """
 
 import dataclasses
@@ -24,7 +25,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # before benchmarks/, whose kernels.py is no package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # before benchmarks/, whose kernels.py is no package
 
 import llama_shape  # noqa: E402
 
@@ -34,7 +37,7 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 TENANT = "bench"
 
 
-def main(work: Path) -> None:
+def main(work: Path, deadline: float) -> None:
     plan = json.loads((work / "plan.json").read_text())
     args, device = plan["args"], plan["device"]
     if device == "cpu":
@@ -86,6 +89,9 @@ def main(work: Path) -> None:
         save()
     result["trace"] = {}
     for tag, chosen in (("base", None), ("lora", digests)):
+        if "base" in result["trace"] and time.time() + 1.2 * result["trace"]["base"]["seconds"] > deadline:
+            result["trace"]["skipped"] = f"{tag}: would end after the deadline"
+            break
         result["trace"][tag] = run_requests(engine, trace, chosen, f"trace-{tag}")
         save()
 
@@ -104,6 +110,13 @@ def engine_config(plan: dict) -> tuple[EngineConfig, list[str]]:
         "host_adapter_cache_bytes": plan["host_cache_bytes"], "enable_prefix_caching": False,
     }  # fmt: skip
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    # the one page pool of engine-memory: room for as many adapters as the old slots gave
+    if "max_adapter_slots" not in fields and "adapter_memory_bytes" in fields:
+        shape, itemsize = llama_shape.Shape(**plan["shape"]), 2 if plan["dtype"] != "float32" else 4
+        room = int(
+            wanted["max_adapter_slots"] * llama_shape.adapter_bytes(shape, args["rank"], itemsize) * 1.3
+        )
+        wanted["adapter_memory_bytes"] = room  # row packing wastes up to ~12% of a page chunk on 8B shapes
     return EngineConfig(**{k: v for k, v in wanted.items() if k in fields}), sorted(set(wanted) - fields)
 
 
@@ -316,4 +329,4 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else float("inf"))

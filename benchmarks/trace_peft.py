@@ -1,11 +1,12 @@
 """The transformers + PEFT side of benchmarks/gpu_trace.py, in its own process (its memory goes with it).
 
-    python benchmarks/trace_peft.py WORKDIR     # reads WORKDIR/plan.json, writes WORKDIR/peft.json
+    python benchmarks/trace_peft.py WORKDIR [DEADLINE]   # reads WORKDIR/plan.json, writes WORKDIR/peft.json
 
 What a PEFT user would write: one PeftModel holding the adapters, and for each adapter one batched,
 left-padded `generate` over its requests, min/max new tokens forcing the longest output of the group
 (only the tokens each request asked for are counted). Groups run in the order their adapter first
-appears in the trace until `peft_seconds` of generation are spent: the rest of the trace is left out
+appears in the trace until `peft_seconds` of generation are spent, or until the next group would end
+after DEADLINE (seconds since the epoch) at the pace of those before: the rest of the trace is left out
 and the report scales from the groups measured. The file is rewritten after every group.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 
-def main(work: Path) -> None:
+def main(work: Path, deadline: float) -> None:
     plan = json.loads((work / "plan.json").read_text())
     args, device = plan["args"], plan["device"]
     dtype = getattr(torch, plan["dtype"])
@@ -53,10 +54,12 @@ def main(work: Path) -> None:
         )  # warm-up: CUDA init, cuBLAS handles
         spent = 0.0
         for adapter_id in chosen:
-            if spent >= args["peft_seconds"]:
-                break
             group = groups[adapter_id]
             new = max(r["max_tokens"] for r in group)
+            done = result["groups"]
+            pace = min((g["seconds"] / g["max_new"] for g in done), default=0.0)
+            if spent >= args["peft_seconds"] or time.time() + pace * new > deadline:
+                break
             model.set_adapter(f"a{adapter_id}")
             seconds = _generate(model, [r["prompt"] for r in group], new, device)
             spent += seconds
@@ -86,4 +89,4 @@ def _generate(model, prompts: list[list[int]], new: int, device: str) -> float:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else float("inf"))

@@ -43,12 +43,12 @@ FULL = {
     "requests": 256, "population": 1000, "zipf": 1.0, "rank": 16, "prompt_min": 128, "prompt_max": 1024,
     "output_min": 64, "output_max": 512, "batch": 64, "decode_steps": 32, "max_num_seqs": 128,
     "max_num_batched_tokens": 2048, "block_size": 16, "peft_seconds": 60.0, "peft_max_groups": 12, "cold": 4,
-    "cold_prompt": 512, "budget_s": 480.0,
+    "cold_prompt": 512, "reference_tokens": 16, "budget_s": 480.0,
 }  # fmt: skip
 TINY = {
     **FULL, "requests": 24, "population": 50, "prompt_min": 16, "prompt_max": 64, "output_min": 8, "output_max": 32,
     "batch": 8, "decode_steps": 6, "max_num_seqs": 16, "max_num_batched_tokens": 256, "peft_seconds": 3.0,
-    "peft_max_groups": 3, "cold": 2, "cold_prompt": 32, "budget_s": 120.0,
+    "peft_max_groups": 3, "cold": 2, "cold_prompt": 32, "reference_tokens": 8, "budget_s": 120.0,
 }  # fmt: skip
 
 
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
 
 def environment(device: str) -> dict:
     env = {"device": torch.cuda.get_device_name() if device == "cuda" else "CPU (tiny model; figures meaningless)",
-           "python": sys.version.split()[0], "torch": torch.__version__}  # fmt: skip
+           "python": sys.version.split()[0], "torch": torch.__version__,
+           "dtype": "bfloat16" if device == "cuda" else "float32"}  # fmt: skip
     for package in ("triton", "transformers", "peft"):
         try:
             env[package] = __import__(package).__version__
@@ -162,10 +163,12 @@ def make_plan(args, shape, device: str, dtype: torch.dtype, work: Path) -> dict:
     itemsize = torch.tensor([], dtype=dtype).element_size()
     one = llama_shape.adapter_bytes(shape, args.rank, itemsize)
     prompt_steps = -(-sum(len(r.prompt) for r in decode) // args.max_num_batched_tokens)
+    reference = [{"prompt": r.prompt[: args.prompt_min], "adapter": a, "max_tokens": args.reference_tokens}
+                 for r, a in zip(trace[-4:], [*used[:3], None], strict=False)]  # fmt: skip
     plan = {
         "args": {k: v for k, v in vars(args).items() if k in FULL}, "device": device,
         "dtype": str(dtype).removeprefix("torch."), "shape": asdict(shape), "checkpoint": str(work / "base"),
-        "trace": llama_shape.trace_to_json(trace), "decode": llama_shape.trace_to_json(decode),
+        "trace": llama_shape.trace_to_json(trace), "decode": llama_shape.trace_to_json(decode), "reference": reference,
         "decode_max_tokens": args.decode_steps + 2 * prompt_steps + 16, "served": served, "cold_adapters": cold,
         "adapters": {str(i): {"path": p, "digest": d} for i, (p, d) in written.items()},
         "host_cache_bytes": int((len(written) + 4) * one * 1.25) + (64 << 20),
@@ -212,6 +215,13 @@ def table(report: dict, shape, args) -> list[str]:
         f"requests), {summary['prompt_tokens']} prompt + {summary['output_tokens']} output tokens; rank {args.rank}",
         "| # | measure | quilt | baseline | ratio | goal |", "|---|---|---:|---:|---:|---|",
     ]  # fmt: skip
+    correct = engine.get("correctness")
+    if correct:
+        lines.append(f"| C | {report['environment']['dtype']} log-prob of PEFT's greedy tokens ({correct['sequences']} "
+                     f"sequences, {correct['positions']} positions): max / mean abs diff; top-1 differs at "
+                     f"{correct['top1_differs_decisive']} of {correct['decisive_positions']} positions with top-2 gap "
+                     f"> 0.1 ({correct['top1_differs']} overall) | {correct['max_abs_logprob_diff']:.4f} | "
+                     f"{correct['mean_abs_logprob_diff']:.4f} | | <= 0.05, 0 differ |")  # fmt: skip
     trace = engine.get("trace", {})
     if "lora" in trace and "base" in trace:
         lora, base = trace["lora"], trace["base"]

@@ -4,6 +4,9 @@
 
 One LLMEngine serves every experiment, cheapest first, and engine.json is rewritten after each, so a
 run cut short still reports what it measured:
+  correctness  the tokens transformers + PEFT chose greedily (peft.json "reference") scored by the
+             engine as a prompt (prompt_logprobs): each token's log-probability against PEFT's, and
+             whether the engine's top token is PEFT's where PEFT's top-2 gap exceeds 0.1;
   decode     a batch of `batch` requests with distinct adapters, then the same with none: the time of
              each step once every request is past its prompt (pure decode steps), and the bytes such
              a step must move (weights + KV + adapter rows) over the copy bandwidth measured here;
@@ -68,6 +71,11 @@ def main(work: Path, deadline: float) -> None:
     )
     run_requests(engine, [dataclasses.replace(warm, prompt=warm.prompt[:16], max_tokens=2)], None, "warm-b")
 
+    peft_file = work / "peft.json"
+    peft = json.loads(peft_file.read_text()) if peft_file.exists() else {}
+    if peft.get("reference"):
+        result["correctness"] = score_reference(engine, peft["reference"], digests)
+        save()
     batch = llama_shape.trace_from_json(plan["decode"])
     result["decode"] = {}
     for tag, chosen in (("lora", digests), ("base", None)):
@@ -80,10 +88,8 @@ def main(work: Path, deadline: float) -> None:
     result["cold"] = cold_start(engine, plan, shape, device)
     save()
     subset = set()
-    peft_file = work / "peft.json"
-    if peft_file.exists():
-        for group in json.loads(peft_file.read_text())["groups"]:
-            subset |= set(group["requests"])
+    for group in peft.get("groups", []):
+        subset |= set(group["requests"])
     if subset:
         result["subset"] = run_requests(engine, [r for r in trace if r.index in subset], digests, "subset")
         save()
@@ -186,6 +192,37 @@ def run_requests(engine: LLMEngine, requests, digests: dict | None, tag: str) ->
         "output_tokens_per_s": sum(r.max_tokens for r in requests) / seconds,
         "ttft_ms_p50": _quantile(ttfts, 0.5), "ttft_ms_p90": _quantile(ttfts, 0.9),
         "errors": sorted({o.error for o in finals if o.error})[:5], "wrong_length": short[:5],
+    }  # fmt: skip
+
+
+def score_reference(engine: LLMEngine, references: list[dict], digests: dict) -> dict:
+    """The engine's log-probability of every token PEFT chose, teacher-forced, against PEFT's own."""
+    diffs, decisive, flips, flips_decisive = [], 0, 0, 0
+    for i, ref in enumerate(references):
+        sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=1)
+        adapter = digests[ref["adapter"]] if ref["adapter"] is not None else None
+        engine.add_request(
+            f"ref-{i}", ref["prompt"] + ref["tokens"], sampling, adapter=adapter, tenant=TENANT
+        )
+        (final,) = [o for o in _drive(engine) if o.finished]
+        if final.error:
+            raise RuntimeError(f"reference request {i} failed: {final.error}")
+        start = len(ref["prompt"])
+        for j, (token, logprob, gap) in enumerate(
+            zip(ref["tokens"], ref["logprobs"], ref["gaps"], strict=True)
+        ):
+            entry = final.prompt_logprobs[start + j]
+            assert entry.token_id == token, (entry.token_id, token)
+            diffs.append(abs(entry.logprob - logprob))
+            top = max(entry.top, key=entry.top.get)
+            flips += top != token
+            if gap > 0.1:
+                decisive += 1
+                flips_decisive += top != token
+    return {
+        "sequences": len(references), "positions": len(diffs), "max_abs_logprob_diff": max(diffs),
+        "mean_abs_logprob_diff": statistics.mean(diffs), "decisive_positions": decisive,
+        "top1_differs_decisive": flips_decisive, "top1_differs": flips,
     }  # fmt: skip
 
 

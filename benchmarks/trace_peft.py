@@ -8,6 +8,10 @@ left-padded `generate` over its requests, min/max new tokens forcing the longest
 appears in the trace until `peft_seconds` of generation are spent, or until the next group would end
 after DEADLINE (seconds since the epoch) at the pace of those before: the rest of the trace is left out
 and the report scales from the groups measured. The file is rewritten after every group.
+
+First, the correctness reference: for each of plan["reference"] (a prompt, an adapter or none), greedy
+decoding one token at a time with the full prefix recomputed, keeping each chosen token's
+log-probability and the gap between the top two; trace_engine.py scores the same tokens.
 """
 
 import json
@@ -40,7 +44,10 @@ def main(work: Path, deadline: float) -> None:
         groups.setdefault(request["adapter"], []).append(request)
     chosen = list(groups)[: args["peft_max_groups"]]
     start = time.perf_counter()
-    for adapter_id in chosen:
+    needed = chosen + [
+        r["adapter"] for r in plan["reference"] if r["adapter"] is not None and r["adapter"] not in chosen
+    ]
+    for adapter_id in needed:
         path = plan["adapters"][str(adapter_id)]["path"]
         if not isinstance(model, PeftModel):
             model = PeftModel.from_pretrained(model, path, adapter_name=f"a{adapter_id}").eval()
@@ -48,6 +55,8 @@ def main(work: Path, deadline: float) -> None:
             model.load_adapter(path, adapter_name=f"a{adapter_id}")
     result["adapters_load_s"] = time.perf_counter() - start
     with torch.inference_mode():
+        result["reference"] = [_reference(model, r, device) for r in plan["reference"]]
+        (work / "peft.json").write_text(json.dumps(result))
         model.set_adapter(f"a{chosen[0]}")
         _generate(
             model, [groups[chosen[0]][0]["prompt"][:8]], 2, device
@@ -69,6 +78,28 @@ def main(work: Path, deadline: float) -> None:
             })  # fmt: skip
             (work / "peft.json").write_text(json.dumps(result))
     (work / "peft.json").write_text(json.dumps(result))
+
+
+def _reference(model, request: dict, device: str) -> dict:
+    """Greedy tokens with their log-probabilities and top-2 gaps, the adapter on (or all adapters off)."""
+    tokens = list(request["prompt"])
+    generated, logprobs, gaps = [], [], []
+    for _ in range(request["max_tokens"]):
+        ids = torch.tensor([tokens], device=device)
+        if request["adapter"] is None:
+            with model.disable_adapter():
+                logits = model(input_ids=ids).logits[0, -1].float()
+        else:
+            model.set_adapter(f"a{request['adapter']}")
+            logits = model(input_ids=ids).logits[0, -1].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        top = lp.topk(2)
+        token = int(top.indices[0])
+        generated.append(token)
+        logprobs.append(float(top.values[0]))
+        gaps.append(float(top.values[0] - top.values[1]))
+        tokens.append(token)
+    return {**request, "tokens": generated, "logprobs": logprobs, "gaps": gaps}
 
 
 def _generate(model, prompts: list[list[int]], new: int, device: str) -> float:

@@ -12,7 +12,7 @@
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
-# runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny).
+# runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
 # Limits in seconds: QUILT_GPU_PYTEST_S (130), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (140),
 # QUILT_GPU_TRACE_S (230), env 30: the default steps take at most 530 s;
 # extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
@@ -32,7 +32,7 @@ PYTEST_S="${QUILT_GPU_PYTEST_S:-130}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
 KERNELS_S="${QUILT_GPU_KERNELS_S:-140}"
 TRACE_S="${QUILT_GPU_TRACE_S:-230}"
-TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 96 --peft-seconds 30 --peft-max-groups 4 --decode-steps 16 --cold 3}"
+TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 15 --peft-max-groups 2 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
@@ -110,13 +110,9 @@ for step in $STEPS; do
         run_step kernels "$KERNELS_S" "$PY" benchmarks/kernels.py --json "$OUT/kernels.json"
       fi ;;
     trace)
-      if [ "$DRY" = 1 ]; then
-        run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py --tiny --json "$OUT/trace.json"
-      else
-        # shellcheck disable=SC2086
-        run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py --json "$OUT/trace.json" \
-          --budget-s $((TRACE_S - 20)) $TRACE_ARGS
-      fi ;;
+      # shellcheck disable=SC2086
+      run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \
+        --json "$OUT/trace.json" --budget-s $((TRACE_S - 20)) $TRACE_ARGS ;;
     *) echo "unknown step $step (env, pytest, native, kernels, trace)" >&2; exit 2 ;;
   esac
 done

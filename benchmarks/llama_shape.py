@@ -7,6 +7,7 @@ folder, so PEFT loads the very same files.
 """
 
 import json
+import math
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -95,18 +96,15 @@ def write_checkpoint(
     start = time.perf_counter()
     generator = torch.Generator(device=device).manual_seed(seed)
     itemsize = torch.tensor([], dtype=dtype).element_size()
-    shards: list[list[str]] = [[]]
     sizes = weight_shapes(shape)
+    shards: list[list[str]] = [[]]
+    shard_size = 0
     for name, size in sizes.items():
-        numel = 1
-        for n in size:
-            numel *= n
-        if (
-            shards[-1]
-            and sum(_numel(sizes[k]) for k in shards[-1]) * itemsize + numel * itemsize > shard_bytes
-        ):
+        if shards[-1] and (shard_size + math.prod(size)) * itemsize > shard_bytes:
             shards.append([])
+            shard_size = 0
         shards[-1].append(name)
+        shard_size += math.prod(size)
     weight_map, total = {}, 0
     with ThreadPoolExecutor(max_workers=1) as writer:
         pending = None
@@ -135,13 +133,6 @@ def write_checkpoint(
     config = {**shape.hf_config(), "torch_dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return {"bytes": total, "seconds": time.perf_counter() - start, "shards": len(shards)}
-
-
-def _numel(size: tuple[int, ...]) -> int:
-    numel = 1
-    for n in size:
-        numel *= n
-    return numel
 
 
 def build_adapter(
@@ -190,7 +181,7 @@ def weight_bytes_per_decode_step(shape: Shape, batch: int, itemsize: int) -> int
     """Base weights a decode step must read: every matrix and norm once, and `batch` embedding rows."""
     total = 0
     for name, size in weight_shapes(shape).items():
-        total += batch * shape.hidden if name == "model.embed_tokens.weight" else _numel(size)
+        total += batch * shape.hidden if name == "model.embed_tokens.weight" else math.prod(size)
     return total * itemsize
 
 

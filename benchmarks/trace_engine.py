@@ -230,7 +230,9 @@ def decode_batch(
     engine: LLMEngine, batch, digests: dict | None, wanted: int, max_tokens: int, tag: str
 ) -> list[dict]:
     """Pure decode steps of `batch` requests: [{seconds, contexts, adapters}] for `wanted` steps after the
-    step in which the last request got its first token; then every request is aborted."""
+    step in which the last request got its first token (and one more, dropped: it may compile kernels for
+    the new batch shape); then every request is aborted."""
+    wanted += 1
     ids = {}
     for r in batch:
         rid = f"{tag}-{r.index}"
@@ -259,7 +261,7 @@ def decode_batch(
                 engine.abort(rid)
 
     _drive(engine, on_step)
-    return records
+    return records[1:]
 
 
 def summarize_decode(

@@ -43,12 +43,12 @@ FULL = {
     "requests": 256, "population": 1000, "zipf": 1.0, "rank": 16, "prompt_min": 128, "prompt_max": 1024,
     "output_min": 64, "output_max": 512, "batch": 64, "decode_steps": 32, "max_num_seqs": 128,
     "max_num_batched_tokens": 2048, "block_size": 16, "peft_seconds": 60.0, "peft_max_groups": 12, "cold": 4,
-    "cold_prompt": 512, "reference_tokens": 16, "budget_s": 480.0,
+    "cold_prompt": 512, "reference_tokens": 16, "profile_steps": 8, "budget_s": 480.0,
 }  # fmt: skip
 TINY = {
     **FULL, "requests": 24, "population": 50, "prompt_min": 16, "prompt_max": 64, "output_min": 8, "output_max": 32,
     "batch": 8, "decode_steps": 6, "max_num_seqs": 16, "max_num_batched_tokens": 256, "peft_seconds": 3.0,
-    "peft_max_groups": 3, "cold": 2, "cold_prompt": 32, "reference_tokens": 8, "budget_s": 120.0,
+    "peft_max_groups": 3, "cold": 2, "cold_prompt": 32, "reference_tokens": 8, "profile_steps": 3, "budget_s": 120.0,
 }  # fmt: skip
 
 
@@ -278,6 +278,10 @@ def table(report: dict, shape, args) -> list[str]:
                  f"{engine.get('add_adapters_s', float('nan')):.1f} s; phases: peft rc {peft.get('rc', '-')} "
                  f"{peft.get('seconds', 0):.0f} s, engine rc {engine.get('rc')} {engine.get('seconds', 0):.0f} s; "
                  f"total {report['seconds']:.0f} s")  # fmt: skip
+    prof = engine.get("profile")
+    if prof and prof.get("device_busy_fraction") is not None:
+        lines.append(f"profile: {prof['steps']} decode steps with adapters under torch.profiler: device kernels busy "
+                     f"{100 * prof['device_busy_fraction']:.0f}% of the wall time (table in trace.log / trace.json)")  # fmt: skip
     if engine.get("config_dropped"):
         lines.append(
             f"note: this engine's EngineConfig has no {', '.join(engine['config_dropped'])} (left out)"

@@ -14,7 +14,9 @@ run cut short still reports what it measured:
              only in host memory, then of a second request on the same adapter (warm);
   subset     the requests transformers + PEFT ran (trace_peft.py), all submitted at once;
   trace      the whole trace without adapters, then with them (power law over the population); the
-             second is left out if, at the pace of the first, it would end after DEADLINE (epoch seconds).
+             second is left out if, at the pace of the first, it would end after DEADLINE (epoch seconds);
+  profile    if a minute is left: torch.profiler over decode steps at batch `batch` with adapters (its
+             table goes to stdout), and the memory the engine used.
 """
 
 import dataclasses
@@ -100,6 +102,16 @@ def main(work: Path, deadline: float) -> None:
             break
         result["trace"][tag] = run_requests(engine, trace, chosen, f"trace-{tag}")
         save()
+    if args["profile_steps"] and time.time() + 60 < deadline:
+        result["profile"] = profile_decode(engine, batch, digests, args["profile_steps"], plan["decode_max_tokens"],
+                                           device)  # fmt: skip
+    if device.startswith("cuda"):
+        result["cuda_memory"] = {"max_allocated": torch.cuda.max_memory_allocated(),
+                                 "max_reserved": torch.cuda.max_memory_reserved(),
+                                 "free_total": torch.cuda.mem_get_info()}  # fmt: skip
+    if hasattr(engine, "memory_split"):  # the engine-memory branch reports its one pool's split
+        result["memory_split"] = engine.memory_split()
+    save()
 
 
 def engine_config(plan: dict) -> tuple[EngineConfig, list[str]]:
@@ -227,11 +239,11 @@ def score_reference(engine: LLMEngine, references: list[dict], digests: dict) ->
 
 
 def decode_batch(
-    engine: LLMEngine, batch, digests: dict | None, wanted: int, max_tokens: int, tag: str
+    engine: LLMEngine, batch, digests: dict | None, wanted: int, max_tokens: int, tag: str, profiler=None
 ) -> list[dict]:
     """Pure decode steps of `batch` requests: [{seconds, contexts, adapters}] for `wanted` steps after the
     step in which the last request got its first token (and one more, dropped: it may compile kernels for
-    the new batch shape); then every request is aborted."""
+    the new batch shape); then every request is aborted. A torch profiler, if given, runs over those steps."""
     wanted += 1
     ids = {}
     for r in batch:
@@ -242,7 +254,7 @@ def decode_batch(
                            adapter=adapter, tenant=TENANT)  # fmt: skip
     generated = dict.fromkeys(ids, 0)
     records: list[dict] = []
-    state = {"before": None}
+    state = {"before": None, "profiling": False}
 
     def on_step(seconds: float, outputs) -> None:
         before = state["before"]
@@ -256,12 +268,42 @@ def decode_batch(
             state["before"] = [
                 len(ids[rid].prompt) + generated[rid] for rid in ids
             ]  # context of the next step
+        if profiler is not None and len(records) == 1 and not state["profiling"]:
+            profiler.start()
+            state["profiling"] = True
         if len(records) >= wanted:
+            if state["profiling"]:
+                profiler.stop()
+                state["profiling"] = False
             for rid in ids:
                 engine.abort(rid)
 
     _drive(engine, on_step)
+    if state["profiling"]:
+        profiler.stop()
     return records[1:]
+
+
+def profile_decode(engine: LLMEngine, batch, digests: dict, steps: int, max_tokens: int, device: str) -> dict:
+    """Where the time of a decode step with adapters goes: torch.profiler over `steps` pure decode steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    profiler = profile(activities=activities)
+    records = decode_batch(engine, batch, digests, steps, max_tokens, "profile", profiler=profiler)
+    averages = profiler.key_averages()
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    device_us = sum(
+        getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in averages
+    )
+    wall_us = (
+        sum(r["seconds"] for r in records) * 1e6
+    )  # exactly the profiled steps (profiler overhead included)
+    table = averages.table(sort_by=sort, row_limit=25)
+    print(table, flush=True)
+    return {"steps": len(records), "wall_us": wall_us, "device_kernel_us": device_us,
+            "device_busy_fraction": device_us / wall_us if wall_us and device.startswith("cuda") else None,
+            "table": table}  # fmt: skip
 
 
 def summarize_decode(

@@ -8,13 +8,13 @@
 #   env      device, driver, versions                                   -> env.log
 #   pytest   pytest -m gpu over tests/kernels and tests/engine          -> pytest.log
 #   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
-#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16)            -> kernels.log, kernels.json
+#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
 # runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
 # Limits in seconds: QUILT_GPU_PYTEST_S (130), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (140),
-# QUILT_GPU_TRACE_S (230), env 30: the default steps take at most 530 s;
+# QUILT_GPU_TRACE_S (230), env 30 (+ 20 s to merge the kernels' JSON): the default steps take at most 550 s;
 # extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -96,19 +96,30 @@ gpu_pytest() {  # marker expression, folders...
     --durations=10 $files
 }
 
-export -f env_report gpu_pytest
-export PY OUT
+gpu_kernels() {  # the kernel benchmark in three parts, each under its share of the limit; their JSON merged
+  local smoke="" part ops rc=0 limit
+  [ "$DRY" = 1 ] && smoke="--smoke"
+  rm -f "$OUT"/kernels-part-*.json
+  for part in "lora:45" "attention:35" "store_kv rms_norm rotary silu:20"; do  # ops:percent of the limit
+    ops="${part%:*}"
+    limit=$((KERNELS_S * ${part##*:} / 100))
+    echo "--- kernels.py --only $ops (limit ${limit}s)"
+    # shellcheck disable=SC2086
+    timeout -s INT -k 10 "$limit" "$PY" benchmarks/kernels.py $smoke --only $ops \
+      --json "$OUT/kernels-part-${ops%% *}.json" || rc=1
+  done
+  "$PY" benchmarks/gpu_merge_kernels.py "$OUT" || rc=1
+  return $rc
+}
+
+export -f env_report gpu_pytest gpu_kernels
+export PY OUT DRY KERNELS_S
 for step in $STEPS; do
   case "$step" in
     env) run_step env 30 bash -c env_report ;;
     pytest) run_step pytest "$PYTEST_S" bash -c 'gpu_pytest gpu tests/kernels tests/engine' ;;
     native) run_step native "$NATIVE_S" bash -c 'gpu_pytest "not gpu" tests/kernels' ;;
-    kernels)
-      if [ "$DRY" = 1 ]; then
-        run_step kernels "$KERNELS_S" "$PY" benchmarks/kernels.py --smoke --json "$OUT/kernels.json"
-      else
-        run_step kernels "$KERNELS_S" "$PY" benchmarks/kernels.py --json "$OUT/kernels.json"
-      fi ;;
+    kernels) run_step kernels $((KERNELS_S + 20)) bash -c gpu_kernels ;;
     trace)
       # shellcheck disable=SC2086
       run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \

@@ -26,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -67,44 +68,55 @@ def main(work: Path, deadline: float) -> None:
     result["add_adapters_n"] = len(digests)
     save()
     trace = llama_shape.trace_from_json(plan["trace"])
-    warm = trace[0]
-    run_requests(
-        engine, [dataclasses.replace(warm, prompt=warm.prompt[:16], max_tokens=2)], digests, "warm-a"
-    )
-    run_requests(engine, [dataclasses.replace(warm, prompt=warm.prompt[:16], max_tokens=2)], None, "warm-b")
-
+    warm = dataclasses.replace(trace[0], prompt=trace[0].prompt[:16], max_tokens=2)
+    run_requests(engine, [warm], digests, "warm-a")  # compiles the kernels
+    run_requests(engine, [warm], None, "warm-b")
     peft_file = work / "peft.json"
     peft = json.loads(peft_file.read_text()) if peft_file.exists() else {}
-    if peft.get("reference"):
-        result["correctness"] = score_reference(engine, peft["reference"], digests)
-        save()
     batch = llama_shape.trace_from_json(plan["decode"])
-    result["decode"] = {}
-    for tag, chosen in (("lora", digests), ("base", None)):
-        steps = decode_batch(
-            engine, batch, chosen, args["decode_steps"], plan["decode_max_tokens"], f"decode-{tag}"
-        )
-        result["decode"][tag] = summarize_decode(steps, shape, itemsize, args["rank"], result["copy_bandwidth"],
-                                                 lora=chosen is not None)  # fmt: skip
+    subset = [r for r in trace if any(r.index in g["requests"] for g in peft.get("groups", []))]
+
+    def correctness() -> None:
+        if peft.get("reference"):
+            result["correctness"] = score_reference(engine, peft["reference"], digests)
+
+    def decode() -> None:
+        result["decode"] = {}
+        for tag, chosen in (("lora", digests), ("base", None)):
+            steps = decode_batch(
+                engine, batch, chosen, args["decode_steps"], plan["decode_max_tokens"], f"decode-{tag}"
+            )
+            result["decode"][tag] = summarize_decode(steps, shape, itemsize, args["rank"], result["copy_bandwidth"],
+                                                     lora=chosen is not None)  # fmt: skip
+
+    def cold() -> None:
+        result["cold"] = cold_start(engine, plan, shape, device)
+
+    def same_as_peft() -> None:
+        if subset:
+            result["subset"] = run_requests(engine, subset, digests, "subset")
+
+    def whole_trace() -> None:
+        result["trace"] = {}
+        for tag, chosen in (("base", None), ("lora", digests)):
+            if (
+                "base" in result["trace"]
+                and time.time() + 1.2 * result["trace"]["base"]["seconds"] > deadline
+            ):
+                result["trace"]["skipped"] = f"{tag}: would end after the deadline"
+                return
+            result["trace"][tag] = run_requests(engine, trace, chosen, f"trace-{tag}")
+            save()
+
+    def profile() -> None:
+        if args["profile_steps"] and time.time() + 60 < deadline:
+            result["profile"] = profile_decode(engine, batch, digests, args["profile_steps"],
+                                               plan["decode_max_tokens"], device)  # fmt: skip
+
+    failed = False
+    for experiment in (correctness, decode, cold, same_as_peft, whole_trace, profile):
+        failed |= not attempt(engine, experiment, result)
         save()
-    result["cold"] = cold_start(engine, plan, shape, device)
-    save()
-    subset = set()
-    for group in peft.get("groups", []):
-        subset |= set(group["requests"])
-    if subset:
-        result["subset"] = run_requests(engine, [r for r in trace if r.index in subset], digests, "subset")
-        save()
-    result["trace"] = {}
-    for tag, chosen in (("base", None), ("lora", digests)):
-        if "base" in result["trace"] and time.time() + 1.2 * result["trace"]["base"]["seconds"] > deadline:
-            result["trace"]["skipped"] = f"{tag}: would end after the deadline"
-            break
-        result["trace"][tag] = run_requests(engine, trace, chosen, f"trace-{tag}")
-        save()
-    if args["profile_steps"] and time.time() + 60 < deadline:
-        result["profile"] = profile_decode(engine, batch, digests, args["profile_steps"], plan["decode_max_tokens"],
-                                           device)  # fmt: skip
     if device.startswith("cuda"):
         result["cuda_memory"] = {"max_allocated": torch.cuda.max_memory_allocated(),
                                  "max_reserved": torch.cuda.max_memory_reserved(),
@@ -112,6 +124,24 @@ def main(work: Path, deadline: float) -> None:
     if hasattr(engine, "memory_split"):  # the engine-memory branch reports its one pool's split
         result["memory_split"] = engine.memory_split()
     save()
+    if failed:
+        sys.exit(1)
+
+
+def attempt(engine: LLMEngine, experiment, result: dict) -> bool:
+    """Run one experiment; if it raises, keep the traceback in result["errors"], end whatever requests it
+    left in the engine and go on with the next (a benchmark run should report all it can)."""
+    try:
+        experiment()
+        return True
+    except Exception:  # any failure of one experiment: recorded, not fatal to the others
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        result.setdefault("errors", {})[experiment.__name__] = text[-4000:]
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+        _drive(engine)
+        return False
 
 
 def engine_config(plan: dict) -> tuple[EngineConfig, list[str]]:

@@ -259,7 +259,8 @@ def table(report: dict, shape, args) -> list[str]:
         if rows:
             c = statistics.median(r["ttft_cold_ms"] for r in rows)
             w = statistics.median(r["ttft_warm_ms"] for r in rows)
-            lines.append(f"| 4 | {kind} -> device: TTFT cold - warm, ms ({cold['prompt_tokens']}-token prompt, "
+            where = f", files on {cold.get('filesystem')}" if kind == "disk" else ""
+            lines.append(f"| 4 | {kind} -> device: TTFT cold - warm, ms ({cold['prompt_tokens']}-token prompt{where}, "
                          f"median of {len(rows)}; cold/warm {c / w:.2f}) | {c - w:.1f} | {w:.1f} | {c / w:.2f} | "
                          f"{goal} |")  # fmt: skip
     host = cold.get("host", [])

@@ -367,7 +367,12 @@ def cold_start(engine: LLMEngine, plan: dict, shape, device: str) -> dict:
     """TTFT with the adapter on disk only / in host memory only, then warm; raw host->device copies too."""
     prompt_len = plan["args"]["cold_prompt"]
     rng = random.Random(7)
-    out: dict = {"prompt_tokens": prompt_len, "disk": [], "host": []}
+    out: dict = {
+        "prompt_tokens": prompt_len,
+        "disk": [],
+        "host": [],
+        "filesystem": filesystem(Path(plan["checkpoint"])),
+    }
     for kind in ("disk", "host"):
         for adapter_id in plan["cold_adapters"][kind]:
             entry = plan["adapters"][str(adapter_id)]
@@ -399,6 +404,17 @@ def ttft(engine: LLMEngine, prompt: list[int], digest: str, rid: str) -> float:
     if not finals or finals[0].error:
         raise RuntimeError(f"request {rid} failed: {finals[0].error if finals else 'no output'}")
     return finals[0].usage.ttft_ms if finals[0].usage.ttft_ms is not None else wall_ms
+
+
+def filesystem(path: Path) -> str:
+    """The type of the filesystem holding `path` (tmpfs means the "disk" tier is memory), from /proc/mounts."""
+    best, kind = "", "unknown"
+    mounts = Path("/proc/mounts")
+    for line in mounts.read_text().splitlines() if mounts.exists() else []:
+        _, point, fstype = line.split()[:3]
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
 
 
 def drop_page_cache(directory: Path) -> bool:

@@ -13,8 +13,8 @@
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
 # runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
-# Limits in seconds: QUILT_GPU_PYTEST_S (130), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (140),
-# QUILT_GPU_TRACE_S (230), env 30 (+ 20 s to merge the kernels' JSON): the default steps take at most 550 s;
+# Limits in seconds: QUILT_GPU_PYTEST_S (125), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (165),
+# QUILT_GPU_TRACE_S (200), env 30 (+ 10 s to merge the kernels' JSON): the default steps take at most 530 s;
 # extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -28,11 +28,11 @@ esac
 OUT="${OUT:-/tmp/quilt-gpu-out}"
 mkdir -p "$OUT"
 STEPS="${QUILT_GPU_STEPS:-env pytest kernels trace}"
-PYTEST_S="${QUILT_GPU_PYTEST_S:-130}"
+PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
-KERNELS_S="${QUILT_GPU_KERNELS_S:-140}"
-TRACE_S="${QUILT_GPU_TRACE_S:-230}"
-TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 15 --peft-max-groups 2 --decode-steps 12 --cold 2}"
+KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
+TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
@@ -119,7 +119,7 @@ for step in $STEPS; do
     env) run_step env 30 bash -c env_report ;;
     pytest) run_step pytest "$PYTEST_S" bash -c 'gpu_pytest gpu tests/kernels tests/engine' ;;
     native) run_step native "$NATIVE_S" bash -c 'gpu_pytest "not gpu" tests/kernels' ;;
-    kernels) run_step kernels $((KERNELS_S + 20)) bash -c gpu_kernels ;;
+    kernels) run_step kernels $((KERNELS_S + 10)) bash -c gpu_kernels ;;
     trace)
       # shellcheck disable=SC2086
       run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \

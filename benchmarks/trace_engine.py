@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # before benchmarks/, whose kernels.py is no package
+# the repository goes before benchmarks/ (this script's folder), whose kernels.py would hide the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import llama_shape  # noqa: E402
 

@@ -90,6 +90,7 @@ gpu_pytest() {  # marker expression, folders...
   local marks="$1" files
   shift
   files=$("$PY" benchmarks/gpu_test_files.py "$@") || return 1
+  [ -n "$files" ] || { echo "no test file of $* can be imported here" >&2; return 1; }
   # pytest-django (and its DJANGO_SETTINGS_MODULE in pyproject.toml) is the control plane's: not loaded here
   # shellcheck disable=SC2086
   "$PY" -m pytest -p no:django -p no:faker -p no:schemathesis -p no:cacheprovider -m "$marks" -q -rfEs \

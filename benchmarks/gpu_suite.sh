@@ -137,7 +137,7 @@ done
   for log in pytest native; do
     [ -f "$OUT/$log.log" ] && grep -E "^(FAILED|ERROR)|^left out| (passed|failed|error|skipped)" "$OUT/$log.log" | tail -15
   done
-  [ -f "$OUT/kernels.log" ] && grep -E "^goal|\| NO \|" "$OUT/kernels.log" | tail -10
+  [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

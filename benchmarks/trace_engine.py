@@ -21,8 +21,6 @@ run cut short still reports what it measured:
 
 import dataclasses
 import json
-import os
-import random
 import statistics
 import sys
 import time
@@ -35,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import llama_shape  # noqa: E402
+import trace_cold  # noqa: E402
 
 from engine import EngineConfig, SamplingParams  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -89,7 +88,7 @@ def main(work: Path, deadline: float) -> None:
                                                      lora=chosen is not None)  # fmt: skip
 
     def cold() -> None:
-        result["cold"] = cold_start(engine, plan, shape, device)
+        result["cold"] = trace_cold.cold_start(engine, plan, shape, device, ttft=ttft)
 
     def same_as_peft() -> None:
         if subset:
@@ -359,38 +358,6 @@ def summarize_decode(
     }  # fmt: skip
 
 
-def cold_start(engine: LLMEngine, plan: dict, shape, device: str) -> dict:
-    """TTFT with the adapter on disk only / in host memory only, then warm; raw host->device copies too."""
-    prompt_len = plan["args"]["cold_prompt"]
-    rng = random.Random(7)
-    out: dict = {
-        "prompt_tokens": prompt_len,
-        "disk": [],
-        "host": [],
-        "filesystem": filesystem(Path(plan["checkpoint"])),
-    }
-    for kind in ("disk", "host"):
-        for adapter_id in plan["cold_adapters"][kind]:
-            entry = plan["adapters"][str(adapter_id)]
-            dropped = drop_page_cache(Path(entry["path"]))
-            row = {"adapter": adapter_id, "page_cache_dropped": dropped}
-            if kind == "disk":
-                engine.register_adapter(entry["digest"], entry["path"])
-            else:
-                start = time.perf_counter()
-                engine.add_adapter(entry["path"])
-                row["disk_to_host_ms"] = (time.perf_counter() - start) * 1e3
-            for phase in ("cold", "warm"):
-                prompt = [rng.randrange(3, shape.vocab) for _ in range(prompt_len)]
-                row[f"ttft_{phase}_ms"] = ttft(
-                    engine, prompt, entry["digest"], f"cold-{kind}-{adapter_id}-{phase}"
-                )
-            out[kind].append(row)
-    if device.startswith("cuda"):
-        out["raw_copy_ms"] = raw_copies(llama_shape.adapter_bytes(shape, plan["args"]["rank"], 2), device)
-    return out
-
-
 def ttft(engine: LLMEngine, prompt: list[int], digest: str, rid: str) -> float:
     start = time.perf_counter()
     engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), adapter=digest,
@@ -400,49 +367,6 @@ def ttft(engine: LLMEngine, prompt: list[int], digest: str, rid: str) -> float:
     if not finals or finals[0].error:
         raise RuntimeError(f"request {rid} failed: {finals[0].error if finals else 'no output'}")
     return finals[0].usage.ttft_ms if finals[0].usage.ttft_ms is not None else wall_ms
-
-
-def filesystem(path: Path) -> str:
-    """The type of the filesystem holding `path` (tmpfs means the "disk" tier is memory), from /proc/mounts."""
-    best, kind = "", "unknown"
-    mounts = Path("/proc/mounts")
-    for line in mounts.read_text().splitlines() if mounts.exists() else []:
-        _, point, fstype = line.split()[:3]
-        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-            best, kind = point, fstype
-    return kind
-
-
-def drop_page_cache(directory: Path) -> bool:
-    """Ask the kernel to forget the cached pages of the adapter's files, so the next read comes from disk."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for file in directory.iterdir():
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return True
-
-
-def raw_copies(num_bytes: int, device: str) -> dict:
-    """One adapter's bytes copied host -> device by torch alone (pinned and pageable): the transfer floor."""
-    dst = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    result = {}
-    for kind, src in (("pinned", torch.empty(num_bytes, dtype=torch.uint8).pin_memory()),
-                      ("pageable", torch.empty(num_bytes, dtype=torch.uint8))):  # fmt: skip
-        src.random_(0, 255)
-        times = []
-        for _ in range(7):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            dst.copy_(src)
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - start) * 1e3)
-        result[kind] = statistics.median(times[2:])
-    return result
 
 
 def _quantile(values: list[float], q: float) -> float | None:

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Quilt's GPU suite: one call of the device tool, under 9 minutes, everything under $OUT (docs/gpu.md).
+#
+#   bash benchmarks/gpu_suite.sh              # on the GPU machine (Python 3.12, torch, triton, transformers, peft)
+#   bash benchmarks/gpu_suite.sh --dry-run    # here, on CPU: the same steps on tiny shapes (also QUILT_GPU_SUITE_DRY=1)
+#
+# Steps (QUILT_GPU_STEPS picks them, default "env pytest kernels trace"), each under its own time limit:
+#   env      device, driver, versions                                   -> env.log
+#   pytest   pytest -m gpu over tests/kernels and tests/engine          -> pytest.log
+#   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
+#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
+#   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
+# and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
+# The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
+# runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
+# Limits in seconds: QUILT_GPU_PYTEST_S (125), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (165),
+# QUILT_GPU_TRACE_S (200), env 30 (+ 10 s to merge the kernels' JSON): the default steps take at most 530 s;
+# extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+DRY="${QUILT_GPU_SUITE_DRY:-0}"
+case "${1:-}" in
+  --dry-run | --cpu) DRY=1 ;;
+  "") ;;
+  *) echo "usage: bash benchmarks/gpu_suite.sh [--dry-run]" >&2; exit 2 ;;
+esac
+OUT="${OUT:-/tmp/quilt-gpu-out}"
+mkdir -p "$OUT"
+STEPS="${QUILT_GPU_STEPS:-env pytest kernels trace}"
+PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
+NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
+KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
+TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" > /dev/null; then  # carried wheels (docs/gpu.md): none are needed today
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ "$DRY" = 1 ]; then
+  BARE="$(mktemp -d)"
+  trap 'rm -rf "$BARE"' EXIT
+  "$PY" benchmarks/gpu_bare_env.py "$BARE" || exit 1
+  export PYTHONPATH="$BARE${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=1
+fi
+
+SUMMARY=()
+FAILED=0
+run_step() {  # name, limit in seconds, command...
+  local name="$1" limit="$2" start rc
+  shift 2
+  echo "=== $name (limit ${limit}s): $*"
+  start=$(date +%s)
+  timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || FAILED=1
+  [ "$rc" = 124 ] && rc="124 (time limit)"
+  SUMMARY+=("| $name | $rc | $(($(date +%s) - start)) |")
+}
+
+env_report() {
+  date -u
+  nvidia-smi 2>&1 || echo "nvidia-smi: not available"
+  echo "nproc $(nproc); $(free -g 2>/dev/null | sed -n 2p)"; df -h /tmp | tail -1
+  "$PY" - <<'EOF'
+import importlib, sys
+print("python", sys.version.split()[0], sys.executable)
+for name in ("torch", "triton", "transformers", "peft", "safetensors", "tokenizers", "numpy", "pytest"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except ImportError as exc:
+        print(name, "MISSING", exc)
+import torch
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("cuda", torch.version.cuda, p.name, f"{p.total_memory / 2**30:.1f} GiB", p.multi_processor_count, "SMs",
+          "capability", torch.cuda.get_device_capability(0))
+else:
+    print("cuda: not available")
+EOF
+}
+
+gpu_pytest() {  # marker expression, folders...
+  local marks="$1" files
+  shift
+  files=$("$PY" benchmarks/gpu_test_files.py "$@") || return 1
+  [ -n "$files" ] || { echo "no test file of $* can be imported here" >&2; return 1; }
+  # pytest-django (and its DJANGO_SETTINGS_MODULE in pyproject.toml) is the control plane's: not loaded here
+  # shellcheck disable=SC2086
+  "$PY" -m pytest -p no:django -p no:faker -p no:schemathesis -p no:cacheprovider -m "$marks" -q -rfEs \
+    --durations=10 $files
+}
+
+gpu_kernels() {  # the kernel benchmark in three parts, each under its share of the limit; their JSON merged
+  local smoke="" part ops rc=0 limit
+  [ "$DRY" = 1 ] && smoke="--smoke"
+  rm -f "$OUT"/kernels-part-*.json
+  for part in "lora:45" "attention:35" "store_kv rms_norm rotary silu:20"; do  # ops:percent of the limit
+    ops="${part%:*}"
+    limit=$((KERNELS_S * ${part##*:} / 100))
+    echo "--- kernels.py --only $ops (limit ${limit}s)"
+    # shellcheck disable=SC2086
+    timeout -s INT -k 10 "$limit" "$PY" benchmarks/kernels.py $smoke --only $ops \
+      --json "$OUT/kernels-part-${ops%% *}.json" || rc=1
+  done
+  "$PY" benchmarks/gpu_merge_kernels.py "$OUT" || rc=1
+  return $rc
+}
+
+export -f env_report gpu_pytest gpu_kernels
+export PY OUT DRY KERNELS_S
+for step in $STEPS; do
+  case "$step" in
+    env) run_step env 30 bash -c env_report ;;
+    pytest) run_step pytest "$PYTEST_S" bash -c 'gpu_pytest gpu tests/kernels tests/engine' ;;
+    native) run_step native "$NATIVE_S" bash -c 'gpu_pytest "not gpu" tests/kernels' ;;
+    kernels) run_step kernels $((KERNELS_S + 10)) bash -c gpu_kernels ;;
+    trace)
+      # shellcheck disable=SC2086
+      run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \
+        --json "$OUT/trace.json" --budget-s $((TRACE_S - 20)) $TRACE_ARGS ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace)" >&2; exit 2 ;;
+  esac
+done
+
+{
+  echo "## gpu_suite $( [ "$DRY" = 1 ] && echo "DRY RUN on CPU" ) $(date -u +%FT%TZ)"
+  echo "| step | rc | seconds |"
+  echo "|---|---|---:|"
+  printf '%s\n' "${SUMMARY[@]}"
+  for log in pytest native; do
+    [ -f "$OUT/$log.log" ] && grep -E "^(FAILED|ERROR)|^left out| (passed|failed|error|skipped)" "$OUT/$log.log" | tail -15
+  done
+  [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
+  [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
+} | tee "$OUT/suite.log"
+exit $FAILED

@@ -22,6 +22,14 @@ def test_smoke_mode_checks_triton_against_the_baselines():
     assert "| NO |" not in done.stdout
 
 
+def test_smoke_mode_runs_lora_through_page_tables():
+    done = _run("--smoke", "--only", "lora")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for op in ("lora_shrink", "lora_expand"):
+        assert f"| {op} |" in done.stdout
+    assert "| NO |" not in done.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without a GPU")
 def test_without_gpu_it_says_a_gpu_is_needed():
     done = _run()

@@ -72,8 +72,8 @@ def build(*, zips: list[bytes], staff) -> dict:
     member_add(actor=system, tenant=acme, role=Membership.Role.OWNER, username=owner.username)
     for username, role in [("fox", "admin"), ("walter", "developer"), ("monica", "developer"), ("john", "viewer")]:
         UserFactory(username=username, email=f"{username}@acme.test")
-        member_add(actor=Actor(user=owner), tenant=acme, role=role, username=username)
-    member_add(actor=Actor(user=owner), tenant=acme, role="viewer", email="new.hire@acme.test")
+        member_add(actor=Actor.system(), tenant=acme, role=role, username=username)
+    member_add(actor=Actor.system(), tenant=acme, role="viewer", email="new.hire@acme.test")
     created = [
         api_key_create(actor=Actor(user=owner), tenant=acme, name=name, scopes=scopes)
         for name, scopes in [("production backend", ["inference"]), ("support bot", ["inference"]),

@@ -6,7 +6,7 @@ import pytest
 from django.core import mail
 from django.urls import reverse
 
-from tenancy.models import AuditLog, Membership
+from tenancy.models import AuditLog, Invitation, Membership
 from tests.platform.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -20,13 +20,17 @@ def member_url(name: str, membership) -> str:
     return reverse(f"console:{name}", kwargs={"slug": membership.tenant.slug, "member_id": membership.pk})
 
 
-def test_an_admin_adds_an_existing_user(tenant, member_of):
+def test_an_admin_cannot_add_an_existing_user_only_invite_them(tenant, member_of):
     client, admin = member_of(tenant, "admin")
-    UserFactory(username="bob")
-    response = client.post(members_url(tenant), {"username": "bob", "role": "developer"}, follow=True)
-    assert b"Added bob as developer" in response.content
-    assert Membership.objects.get(tenant=tenant, user__username="bob").role == "developer"
-    assert AuditLog.objects.filter(action="member.add", actor_user=admin.user, tenant=tenant).exists()
+    UserFactory(username="bob", email="bob@elsewhere.test")
+    refused = client.post(members_url(tenant), {"username": "bob", "role": "developer"}, follow=True)
+    assert refused.status_code == 400 and b"Members join by invitation" in refused.content
+    client.post(members_url(tenant), {"email": "bob@elsewhere.test", "role": "developer"}, follow=True)
+    assert not Membership.objects.filter(tenant=tenant, user__username="bob").exists()
+    invitation = Invitation.objects.get(tenant=tenant)
+    assert (invitation.email, invitation.role, invitation.accepted_at) == ("bob@elsewhere.test", "developer", None)
+    assert AuditLog.objects.filter(action="member.invite", actor_user=admin.user, tenant=tenant).exists()
+    assert not AuditLog.objects.filter(action="member.add", tenant=tenant, actor_user=admin.user).exists()
 
 
 def test_an_invited_person_sets_a_password_from_the_email_and_logs_in(tenant, member_of, client):

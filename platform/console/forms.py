@@ -42,14 +42,14 @@ class TenantStatusForm(forms.Form):
 
 
 class MemberAddForm(forms.Form):
-    username = forms.CharField(required=False, max_length=150, help_text="An existing user…")
-    email = forms.EmailField(required=False, help_text="…or an email address to invite.")
+    username = forms.CharField(required=False, max_length=150, help_text="Staff only: an existing user, added at once.")
+    email = forms.EmailField(required=False, help_text="The address to invite.")
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.DEVELOPER)
 
     def clean(self):
         data = super().clean()
         if not data.get("username") and not data.get("email"):
-            raise forms.ValidationError("Give a username or an email address.")
+            raise forms.ValidationError("Give the email address to invite.")
         return data
 
 

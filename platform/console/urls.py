@@ -17,6 +17,7 @@ from console.views import (
     members,
     overview,
     plans,
+    settings,
     tenants,
     usage,
 )
@@ -33,6 +34,8 @@ tenant_urls = [
     path("members/<int:member_id>/remove/", members.member_remove_view, name="member-remove"),
     path("invitations/<int:invitation_id>/revoke/", members.invitation_revoke_view, name="invitation-revoke"),
     path("audit/", audit.tenant_audit, name="audit"),
+    path("settings/", settings.tenant_settings, name="settings"),
+    path("settings/webhook-secret/", settings.webhook_secret_rotate, name="webhook-secret"),
     path("adapters/", adapters.adapters, name="adapters"),
     path("adapters/upload/", adapters.adapter_upload, name="adapter-upload"),
     path("adapters/<str:name>/", adapters.adapter_detail, name="adapter"),

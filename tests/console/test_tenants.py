@@ -96,14 +96,19 @@ def test_staff_edit_plan_prices_and_create_plans(staff_client, staff):
     form = {name: "" if value is None else value for name, value in page.context["form"].initial.items()}
     form.pop("id", None)
     response = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
-                                 {**form, "price_output_per_mtok": "2.5"})  # fmt: skip
+                                 {**form, "price_output_per_mtok": "2.5", "price_training_per_mtok": "3.75",
+                                  "max_concurrent_fine_tuning_jobs": "4"})  # fmt: skip
     assert response.status_code == 302
     plan.refresh_from_db()
     assert plan.price_output_per_mtok == Decimal("2.5")
+    assert (plan.price_training_per_mtok, plan.max_concurrent_fine_tuning_jobs) == (Decimal("3.75"), 4)
     change = AuditLog.objects.get(action="plan.update")
     assert change.actor_user == staff and Decimal(change.after["price_output_per_mtok"]) == Decimal("2.5")
     refused = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
                                 {**form, "price_output_per_mtok": "-1"})  # fmt: skip
+    assert refused.status_code == 400
+    refused = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
+                                {**form, "price_training_per_mtok": "-1"})  # fmt: skip
     assert refused.status_code == 400
     created = staff_client.post(reverse("console:plan-new"), {**form, "slug": "team", "name": "Team"})
     assert created.status_code == 302 and Plan.objects.filter(slug="team").exists()

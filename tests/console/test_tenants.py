@@ -76,6 +76,21 @@ def test_tenant_pages_show_revenue_cost_and_margin(staff_client, tenant):
     assert listed[0].margin.revenue == 2
 
 
+def test_the_tenant_page_shows_admission_drift(staff_client, tenant):
+    from gateway.selectors import admission_month_drift
+    from metering.models import UsageMonth
+
+    usage_ingest(events=[usage_event(tenant, prompt_tokens=1_000, cached_tokens=0, completion_tokens=500)])
+    assert admission_month_drift(tenant_id=tenant.pk).drift_tokens == 0  # admission's month total starts at 1,500
+    UsageMonth.objects.filter(tenant=tenant).update(prompt_tokens=200)  # the record loses 800 tokens admission counted
+    detail = staff_client.get(reverse("console:tenant-detail", kwargs={"slug": tenant.slug}))
+    drift = detail.context["drift"]
+    assert (drift.admission_tokens, drift.recorded_tokens, drift.drift_tokens) == (1_500, 700, 800)
+    assert b"Redis month total vs recorded usage" in detail.content
+    assert f'data-drift="tokens">{drift.drift_tokens}<'.encode() in detail.content
+    assert f'data-drift="spend">{drift.drift_spend_micros}<'.encode() in detail.content
+
+
 def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_assert_max_num_queries):
     tenants = [TenantFactory(slug=f"t-{index:02d}") for index in range(30)]
     usage_ingest(events=[usage_event(tenant) for tenant in tenants])

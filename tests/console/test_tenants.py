@@ -127,3 +127,18 @@ def test_staff_edit_plan_prices_and_create_plans(staff_client, staff):
     assert refused.status_code == 400
     created = staff_client.post(reverse("console:plan-new"), {**form, "slug": "team", "name": "Team"})
     assert created.status_code == 302 and Plan.objects.filter(slug="team").exists()
+
+
+def test_the_engines_page_shows_the_memory_split_from_the_engine_state(staff_client):
+    memory = {"page_bytes": 1 << 20, "pages_total": 64, "base_weights_bytes": 192 << 20, "kv_pages_bytes": 40 << 20,
+              "adapter_pages_bytes": 8 << 20, "free_bytes": 16 << 20}  # fmt: skip
+    Engine.objects.create(name="mem-1", url="http://127.0.0.1:9", healthy=True,
+                          state={"running": 1, "kv_blocks_used": 40, "kv_blocks_total": 64, "memory": memory})
+    Engine.objects.create(name="old-1", url="http://127.0.0.1:10", healthy=True, state={"running": 0})
+    page = staff_client.get(reverse("console:engines")).content.decode()
+    card = page[page.index('data-engine="mem-1"'):page.index('data-engine="old-1"')]
+    for kind, text in [("base_weights", "Base weights 192.0 MB"), ("kv_pages", "KV pages 40.0 MB"),
+                       ("adapter_pages", "Adapter pages 8.0 MB"), ("free", "Free 16.0 MB")]:
+        assert f'data-memory="{kind}"><i class="mem-{kind}"></i>{text}</span>' in card
+    assert 'class="mem-base_weights" style="width:75.0%"' in card and "slots" not in page
+    assert 'data-testid="memory"' not in page[page.index('data-engine="old-1"'):]

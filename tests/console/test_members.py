@@ -60,6 +60,7 @@ def test_an_invited_person_accepts_with_a_new_account_and_logs_in(
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["new@acme.test"]
     link = re.search(rb'data-testid="invite-link">http://testserver(/invitations/[^<]+)</code>', response.content)
     link = link.group(1).decode()
+    assert f"Accept here: http://localhost:8000{link}" in mail.outbox[0].body
     page = client.get(link)
     assert page.status_code == 200 and b"Join Acme" in page.content and b"Log in to accept" in page.content
     weak = client.post(link, {"username": "newbie", "password": "123"})

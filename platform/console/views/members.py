@@ -9,7 +9,6 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
@@ -19,7 +18,7 @@ from console.invitations import emails_reach_inboxes
 from console.listing import listing
 from console.pages import render_page
 from tenancy.invitations import invitation_create, invitation_revoke
-from tenancy.selectors import invitations_of, members_of
+from tenancy.selectors import invitations_of, invitations_pending_of, members_of
 from tenancy.services import member_add, member_change_role, member_remove
 
 SORTABLE = {
@@ -32,9 +31,7 @@ SORTABLE = {
 
 def _page(request, *, form=None, status=200):
     members = listing(request, members_of(tenant=request.seat.tenant), sortable=SORTABLE, default_sort="username")
-    pending = invitations_of(tenant=request.seat.tenant).select_related("invited_by").filter(
-        accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
-    )
+    pending = invitations_pending_of(tenant=request.seat.tenant) if request.seat.can_manage_members else []
     context = {"members": members, "form": form or MemberAddForm(), "roles": Role.choices, "invitations": pending}
     return render_page(request, "console/members.html", context, section="members", status=status)
 

@@ -24,6 +24,7 @@ CENT = Decimal("0.01")
 RATES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok")
 # Lines from other apps (fine-tuning's training tokens): each source claims for the invoice, inside its
 # transaction, what it bills up to the month's end, and returns those lines unsaved. Apps append in ready().
+# Called as source(invoice=..., until=..., claim=False) by the upcoming-invoice preview: read only, same lines.
 LINE_SOURCES: list[Callable[..., list[InvoiceLine]]] = []
 
 

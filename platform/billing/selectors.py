@@ -89,7 +89,7 @@ class InvoicePreview:
 
 
 def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
-    from billing.invoices import RATES, line_amount, month_bounds
+    from billing.invoices import LINE_SOURCES, RATES, line_amount, month_bounds
     from billing.models import InvoiceLine
     from metering.models import UsageEvent
 
@@ -112,6 +112,8 @@ def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
             amount=line_amount(input_tokens=input_tokens, cached_input_tokens=group["cached"],
                                output_tokens=group["output"], rates=tuple(group[name] for name in RATES)),
         ))  # fmt: skip
+    until, draft = month_bounds(month)[1], Invoice(tenant=tenant, month=month)
+    lines += [line for source in LINE_SOURCES for line in source(invoice=draft, until=until, claim=False)]
     return InvoicePreview(
         tenant=tenant, month=month, lines=lines, total=sum((line.amount for line in lines), Decimal(0)),
         requests=sum(line.requests for line in lines),

@@ -42,14 +42,14 @@ class TenantStatusForm(forms.Form):
 
 
 class MemberAddForm(forms.Form):
-    username = forms.CharField(required=False, max_length=150, help_text="An existing user…")
-    email = forms.EmailField(required=False, help_text="…or an email address to invite.")
+    username = forms.CharField(required=False, max_length=150, help_text="Staff only: an existing user, added at once.")
+    email = forms.EmailField(required=False, help_text="The address to invite.")
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.DEVELOPER)
 
     def clean(self):
         data = super().clean()
         if not data.get("username") and not data.get("email"):
-            raise forms.ValidationError("Give a username or an email address.")
+            raise forms.ValidationError("Give the email address to invite.")
         return data
 
 
@@ -109,6 +109,7 @@ class PlanForm(forms.ModelForm):
             "name", "slug", "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
             "requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_budget",
             "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "default_max_tokens", "scheduling_weight",
+            "price_training_per_mtok", "max_concurrent_fine_tuning_jobs",
         ]  # fmt: skip
         labels = {
             "price_input_per_mtok": "Input, per 1M tokens",
@@ -123,9 +124,11 @@ class PlanForm(forms.ModelForm):
             "max_adapter_bytes": "Largest adapter (bytes)",
             "default_max_tokens": "Default max_tokens",
             "scheduling_weight": "Scheduling weight",
+            "price_training_per_mtok": "Training, per 1M tokens",
+            "max_concurrent_fine_tuning_jobs": "Concurrent fine-tuning jobs",
         }
 
-    PRICES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok")
+    PRICES = ("price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "price_training_per_mtok")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

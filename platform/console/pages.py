@@ -37,6 +37,8 @@ def _tenant_nav(seat: Seat) -> list[NavItem]:
         items.append(NavItem("Billing", url("billing"), "card", "billing"))
     if seat.can_see_audit:
         items.append(NavItem("Audit log", url("audit"), "list", "audit"))
+    if seat.can_manage_members:
+        items.append(NavItem("Settings", url("settings"), "grid", "settings"))
     return items
 
 

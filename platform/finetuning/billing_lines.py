@@ -11,17 +11,21 @@ from billing.models import Invoice, InvoiceLine
 from finetuning.models import FineTuningJob
 
 
-def training_lines(*, invoice: Invoice, until: datetime) -> list[InvoiceLine]:
+def training_lines(*, invoice: Invoice, until: datetime, claim: bool = True) -> list[InvoiceLine]:
     """Claims for `invoice` the tenant's succeeded jobs finished before `until` and not billed yet (called by
-    billing.invoices inside the invoice's transaction); returns their lines, unsaved."""
-    jobs = list(
-        FineTuningJob.objects.select_for_update(of=("self",))
-        .select_related("base_model")
-        .filter(Q(invoice__isnull=True) | Q(invoice=invoice), tenant_id=invoice.tenant_id,
-                status=FineTuningJob.Status.SUCCEEDED, finished_at__lt=until, trained_tokens__gt=0)
-        .order_by("id")
+    billing.invoices inside the invoice's transaction); returns their lines, unsaved. With `claim=False` (the
+    upcoming-invoice preview, `invoice` unsaved) it only reads the jobs not billed yet and changes nothing."""
+    jobs = FineTuningJob.objects.select_related("base_model").filter(
+        tenant_id=invoice.tenant_id, status=FineTuningJob.Status.SUCCEEDED, finished_at__lt=until,
+        trained_tokens__gt=0,
     )  # fmt: skip
-    FineTuningJob.objects.filter(pk__in=[job.pk for job in jobs]).update(invoice=invoice)
+    if claim:
+        jobs = jobs.select_for_update(of=("self",)).filter(Q(invoice__isnull=True) | Q(invoice=invoice))
+    else:
+        jobs = jobs.filter(invoice__isnull=True)
+    jobs = list(jobs.order_by("id"))
+    if claim:
+        FineTuningJob.objects.filter(pk__in=[job.pk for job in jobs]).update(invoice=invoice)
     zero = Decimal(0)
     return [
         InvoiceLine(

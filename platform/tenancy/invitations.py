@@ -32,12 +32,18 @@ def invitation_link(token: str) -> str:
     return settings.QUILT_PUBLIC_URL.rstrip("/") + reverse("api-invitation", kwargs={"token": token})
 
 
-def _send(*, invitation: Invitation, link: str) -> None:
+def invitation_page_link(token: str) -> str:
+    """The console's page for the same token, where a person accepts in the browser."""
+    return settings.QUILT_PUBLIC_URL.rstrip("/") + reverse("console:invitation", kwargs={"token": token})
+
+
+def _send(*, invitation: Invitation, token: str) -> None:
     send_mail(
         subject=f"You're invited to {invitation.tenant.name} on Quilt",
         message=(
             f"You are invited to join {invitation.tenant.name} on Quilt as {invitation.role}.\n\n"
-            f"Accept here: {link}\n\nThe link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC."
+            f"Accept here: {invitation_page_link(token)}\n\n(From a program: POST to {invitation_link(token)})\n\n"
+            f"The link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC."
         ),
         from_email=None,
         recipient_list=[invitation.email],
@@ -63,7 +69,7 @@ def invitation_create(*, actor: Actor, tenant: Tenant, email: str, role: str) ->
             after={"email": invitation.email, "role": role},
         )  # fmt: skip
         link = invitation_link(token)
-        transaction.on_commit(lambda: _send(invitation=invitation, link=link))
+        transaction.on_commit(lambda: _send(invitation=invitation, token=token))
     return invitation, link
 
 

@@ -1,6 +1,7 @@
 """Reads over tenants and memberships."""
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from tenancy.models import AuditLog, Invitation, Membership, Tenant
 
@@ -32,3 +33,11 @@ def audit_log_list(*, tenant: Tenant | None = None, action: str = "", actor: str
 
 def invitations_of(*, tenant: Tenant) -> QuerySet[Invitation]:
     return Invitation.objects.filter(tenant=tenant).order_by("-created_at", "-id")
+
+
+
+def invitations_pending_of(*, tenant: Tenant) -> QuerySet[Invitation]:
+    """Not accepted, not revoked, not expired: the links that still work."""
+    return invitations_of(tenant=tenant).select_related("invited_by").filter(
+        accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
+    )

@@ -72,8 +72,8 @@ def build(*, zips: list[bytes], staff) -> dict:
     member_add(actor=system, tenant=acme, role=Membership.Role.OWNER, username=owner.username)
     for username, role in [("fox", "admin"), ("walter", "developer"), ("monica", "developer"), ("john", "viewer")]:
         UserFactory(username=username, email=f"{username}@acme.test")
-        member_add(actor=Actor(user=owner), tenant=acme, role=role, username=username)
-    member_add(actor=Actor(user=owner), tenant=acme, role="viewer", email="new.hire@acme.test")
+        member_add(actor=Actor.system(), tenant=acme, role=role, username=username)
+    member_add(actor=Actor.system(), tenant=acme, role="viewer", email="new.hire@acme.test")
     created = [
         api_key_create(actor=Actor(user=owner), tenant=acme, name=name, scopes=scopes)
         for name, scopes in [("production backend", ["inference"]), ("support bot", ["inference"]),
@@ -119,7 +119,9 @@ def _engine_state(rng) -> dict:
     return {
         "model": BASE_NAME, "running": 14, "waiting": 3, "kv_blocks_used": 1730, "kv_blocks_free": 318,
         "kv_blocks_total": 2048, "prefix_cache_hit_rate": 0.62, "tokens_per_second": 2843.5, "steps": 918_233,
-        "preemptions": 12, "adapters": {"gpu_slots": 8, "gpu": digests[:2], "host": digests[2:], "loading": []},
+        "preemptions": 12, "adapters": {"gpu": digests[:2], "host": digests[2:], "loading": []},
+        "memory": {"page_bytes": 2 << 20, "pages_total": 4096, "base_weights_bytes": 16 << 30,
+                   "kv_pages_bytes": 3460 << 20, "adapter_pages_bytes": 96 << 20, "free_bytes": 4636 << 20},
     }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from apikeys.services import api_key_create
 from tenancy.audit import Actor
 from tenancy.models import AuditLog
-from tests.platform.factories import UserFactory
+from tests.platform.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 PASSWORD = "pw-12345-secret"
@@ -42,7 +42,7 @@ def test_repeated_failures_lock_the_account_even_for_the_right_password(client):
 
 def test_the_tenant_audit_log_filters_by_actor_action_and_date(tenant, member_of):
     client, admin = member_of(tenant, "admin")
-    other = UserFactory(username="zed")
+    other = MembershipFactory(tenant=tenant, user=UserFactory(username="zed"), role="developer").user
     api_key_create(actor=Actor(user=admin.user), tenant=tenant, name="a", scopes=["inference"])
     api_key_create(actor=Actor(user=other), tenant=tenant, name="b", scopes=["inference"])
     old = AuditLog.objects.filter(actor_user=other).get()

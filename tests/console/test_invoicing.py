@@ -31,6 +31,39 @@ def test_the_upcoming_invoice_shows_what_issuing_would_bill(tenant, member_of):
     assert f'data-testid="preview-total">{money_text(preview.total)}<' in page.content.decode()
 
 
+def test_the_upcoming_invoice_includes_fine_tuning_lines_as_issuing_bills_them(tenant, member_of):
+    from decimal import Decimal
+
+    from finetuning.models import FineTuningJob, TrainingFile
+    from registry.models import BaseModel
+
+    client, _ = member_of(tenant, "admin")
+    usage_ingest(events=[usage_event(tenant, prompt_tokens=1_000_000, cached_tokens=0, completion_tokens=500_000)])
+    base = BaseModel.objects.create(name="bill-base", checkpoint_dir="/x", architecture="llama", config={},
+                                    max_context=256)  # fmt: skip
+    data = TrainingFile.objects.create(tenant=tenant, filename="a.jsonl", bytes=1, storage_key="k",
+                                       method="supervised", examples=10)  # fmt: skip
+    job = FineTuningJob.objects.create(
+        tenant=tenant, base_model=base, training_file=data, method="supervised", suffix="tuned", seed=1,
+        hyperparameters={}, status=FineTuningJob.Status.SUCCEEDED, trained_tokens=2_000_000,
+        price_training_per_mtok=Decimal("3.000000"), fine_tuned_model="tuned", finished_at=timezone.now(),
+    )  # fmt: skip
+    page = client.get(reverse("console:billing", kwargs={"slug": tenant.slug}))
+    preview = page.context["preview"]
+    training = [line for line in preview.lines if line.model.startswith(f"fine-tuning {job.public_id}")]
+    assert len(preview.lines) == 2 and [line.amount for line in training] == [Decimal("6.00")]
+    job.refresh_from_db()
+    assert job.invoice_id is None, "the preview claims nothing"
+    assert f"fine-tuning {job.public_id}" in page.content.decode()
+    month_end = (timezone.now().date().replace(day=28) + timedelta(days=4)).replace(day=1)
+    after_month = datetime.combine(month_end, datetime.min.time(), tzinfo=UTC)
+    issued = invoice_issue(tenant=tenant, month=timezone.now().date(), now=after_month)
+    assert issued.total == preview.total
+    assert sorted((line.model, line.amount) for line in issued.lines.all()) == sorted(
+        (line.model, line.amount) for line in preview.lines
+    )
+
+
 def test_staff_issue_last_months_invoices_once(tenant, other_tenant, staff_client):
     last_month = previous_month(timezone.now().date())
     finished = datetime.combine(last_month + timedelta(days=3), datetime.min.time(), tzinfo=UTC)

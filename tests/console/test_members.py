@@ -1,4 +1,4 @@
-"""Members in the console: add, invite by email (then set a password and log in), roles, the owner rules."""
+"""Members in the console: invite by email (then accept, with a new account), revoke, roles, the owner rules."""
 
 import re
 
@@ -6,7 +6,7 @@ import pytest
 from django.core import mail
 from django.urls import reverse
 
-from tenancy.models import AuditLog, Membership
+from tenancy.models import AuditLog, Invitation, Membership
 from tests.platform.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -20,30 +20,70 @@ def member_url(name: str, membership) -> str:
     return reverse(f"console:{name}", kwargs={"slug": membership.tenant.slug, "member_id": membership.pk})
 
 
-def test_an_admin_adds_an_existing_user(tenant, member_of):
+def test_an_admin_cannot_add_an_existing_user_only_invite_them(tenant, member_of):
     client, admin = member_of(tenant, "admin")
-    UserFactory(username="bob")
-    response = client.post(members_url(tenant), {"username": "bob", "role": "developer"}, follow=True)
-    assert b"Added bob as developer" in response.content
-    assert Membership.objects.get(tenant=tenant, user__username="bob").role == "developer"
-    assert AuditLog.objects.filter(action="member.add", actor_user=admin.user, tenant=tenant).exists()
+    UserFactory(username="bob", email="bob@elsewhere.test")
+    refused = client.post(members_url(tenant), {"username": "bob", "role": "developer"}, follow=True)
+    assert refused.status_code == 400 and b"Members join by invitation" in refused.content
+    client.post(members_url(tenant), {"email": "bob@elsewhere.test", "role": "developer"}, follow=True)
+    assert not Membership.objects.filter(tenant=tenant, user__username="bob").exists()
+    invitation = Invitation.objects.get(tenant=tenant)
+    assert (invitation.email, invitation.role, invitation.accepted_at) == ("bob@elsewhere.test", "developer", None)
+    assert AuditLog.objects.filter(action="member.invite", actor_user=admin.user, tenant=tenant).exists()
+    assert not AuditLog.objects.filter(action="member.add", tenant=tenant, actor_user=admin.user).exists()
 
 
-def test_an_invited_person_sets_a_password_from_the_email_and_logs_in(tenant, member_of, client):
+def _flash(response) -> str:
+    text = re.search(rb"Invited \S+@[^<]*", response.content).group(0).decode()
+    return re.sub(r"\S+@\S+", "ADDRESS", text)
+
+
+def test_the_invite_form_answers_alike_whether_or_not_the_address_has_an_account(tenant, member_of):
+    client, _ = member_of(tenant, "admin")
+    UserFactory(username="bob", email="bob@elsewhere.test")
+    known = client.post(members_url(tenant), {"email": "bob@elsewhere.test", "role": "viewer"}, follow=True)
+    unknown = client.post(members_url(tenant), {"email": "nobody@elsewhere.test", "role": "viewer"}, follow=True)
+    assert known.status_code == unknown.status_code == 200
+    assert _flash(known) == _flash(unknown) == "Invited ADDRESS as viewer. This server doesn't deliver email, so " \
+        "send them this link to accept: "
+    assert b"bob@elsewhere.test" in unknown.content and b"nobody@elsewhere.test" in unknown.content  # both pending
+    assert Membership.objects.filter(tenant=tenant).count() == 1
+
+
+def test_an_invited_person_accepts_with_a_new_account_and_logs_in(
+    tenant, member_of, client, django_capture_on_commit_callbacks
+):
     admin_client, _ = member_of(tenant, "admin")
-    response = admin_client.post(members_url(tenant), {"email": "new@acme.test", "role": "viewer"}, follow=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(members_url(tenant), {"email": "new@acme.test", "role": "viewer"}, follow=True)
     assert b"Invited new@acme.test" in response.content
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["new@acme.test"]
-    link = re.search(r"http://testserver(/welcome/\S+)", mail.outbox[0].body).group(1)
-    assert f'data-testid="invite-link">http://testserver{link}</code>'.encode() in response.content, "no inbox here"
-    form_page = client.get(link, follow=True)
-    assert b"Choose a password" in form_page.content
-    password = "a-long-enough-passphrase-42"
-    done = client.post(form_page.redirect_chain[-1][0], {"new_password1": password, "new_password2": password})
-    assert done.status_code == 302
-    assert client.login(username="new@acme.test", password=password)
-    assert client.get(reverse("console:tenant-overview", kwargs={"slug": tenant.slug})).status_code == 200
-    assert client.get(link, follow=True).content.count(b"This link has expired") == 1
+    link = re.search(rb'data-testid="invite-link">http://testserver(/invitations/[^<]+)</code>', response.content)
+    link = link.group(1).decode()
+    assert f"Accept here: http://localhost:8000{link}" in mail.outbox[0].body
+    page = client.get(link)
+    assert page.status_code == 200 and b"Join Acme" in page.content and b"Log in to accept" in page.content
+    weak = client.post(link, {"username": "newbie", "password": "123"})
+    assert weak.status_code == 400 and not Membership.objects.filter(user__username="newbie").exists()
+    done = client.post(link, {"username": "newbie", "password": "a-long-enough-passphrase-42"})
+    assert done.url == reverse("console:tenant-overview", kwargs={"slug": tenant.slug})
+    assert Membership.objects.get(tenant=tenant, user__username="newbie").role == "viewer"
+    assert client.get(done.url).status_code == 200
+    assert client.get(link).status_code == 404
+    assert b"not valid, was already used" in client.get(link).content
+
+
+def test_a_revoked_invitation_link_stops_working(tenant, member_of, client):
+    admin_client, _ = member_of(tenant, "admin")
+    response = admin_client.post(members_url(tenant), {"email": "late@acme.test", "role": "viewer"}, follow=True)
+    link = re.search(rb"http://testserver(/invitations/[^<]+)</code>", response.content).group(1).decode()
+    invitation = Invitation.objects.get(email="late@acme.test")
+    revoke = reverse("console:invitation-revoke", kwargs={"slug": tenant.slug, "invitation_id": invitation.pk})
+    page = admin_client.post(revoke, follow=True)
+    assert b"Revoked the invitation to late@acme.test" in page.content
+    assert b'data-invitation="late@acme.test"' not in page.content
+    assert client.get(link).status_code == 404
+    assert AuditLog.objects.filter(action="member.invite_revoke", tenant=tenant).exists()
 
 
 def test_where_email_reaches_inboxes_the_link_stays_in_the_email(tenant, member_of, settings):

@@ -76,6 +76,21 @@ def test_tenant_pages_show_revenue_cost_and_margin(staff_client, tenant):
     assert listed[0].margin.revenue == 2
 
 
+def test_the_tenant_page_shows_admission_drift(staff_client, tenant):
+    from gateway.selectors import admission_month_drift
+    from metering.models import UsageMonth
+
+    usage_ingest(events=[usage_event(tenant, prompt_tokens=1_000, cached_tokens=0, completion_tokens=500)])
+    assert admission_month_drift(tenant_id=tenant.pk).drift_tokens == 0  # admission's month total starts at 1,500
+    UsageMonth.objects.filter(tenant=tenant).update(prompt_tokens=200)  # the record loses 800 tokens admission counted
+    detail = staff_client.get(reverse("console:tenant-detail", kwargs={"slug": tenant.slug}))
+    drift = detail.context["drift"]
+    assert (drift.admission_tokens, drift.recorded_tokens, drift.drift_tokens) == (1_500, 700, 800)
+    assert b"Redis month total vs recorded usage" in detail.content
+    assert f'data-drift="tokens">{drift.drift_tokens}<'.encode() in detail.content
+    assert f'data-drift="spend">{drift.drift_spend_micros}<'.encode() in detail.content
+
+
 def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_assert_max_num_queries):
     tenants = [TenantFactory(slug=f"t-{index:02d}") for index in range(30)]
     usage_ingest(events=[usage_event(tenant) for tenant in tenants])
@@ -96,14 +111,34 @@ def test_staff_edit_plan_prices_and_create_plans(staff_client, staff):
     form = {name: "" if value is None else value for name, value in page.context["form"].initial.items()}
     form.pop("id", None)
     response = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
-                                 {**form, "price_output_per_mtok": "2.5"})  # fmt: skip
+                                 {**form, "price_output_per_mtok": "2.5", "price_training_per_mtok": "3.75",
+                                  "max_concurrent_fine_tuning_jobs": "4"})  # fmt: skip
     assert response.status_code == 302
     plan.refresh_from_db()
     assert plan.price_output_per_mtok == Decimal("2.5")
+    assert (plan.price_training_per_mtok, plan.max_concurrent_fine_tuning_jobs) == (Decimal("3.75"), 4)
     change = AuditLog.objects.get(action="plan.update")
     assert change.actor_user == staff and Decimal(change.after["price_output_per_mtok"]) == Decimal("2.5")
     refused = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
                                 {**form, "price_output_per_mtok": "-1"})  # fmt: skip
     assert refused.status_code == 400
+    refused = staff_client.post(reverse("console:plan-edit", kwargs={"plan_slug": "pro"}),
+                                {**form, "price_training_per_mtok": "-1"})  # fmt: skip
+    assert refused.status_code == 400
     created = staff_client.post(reverse("console:plan-new"), {**form, "slug": "team", "name": "Team"})
     assert created.status_code == 302 and Plan.objects.filter(slug="team").exists()
+
+
+def test_the_engines_page_shows_the_memory_split_from_the_engine_state(staff_client):
+    memory = {"page_bytes": 1 << 20, "pages_total": 64, "base_weights_bytes": 192 << 20, "kv_pages_bytes": 40 << 20,
+              "adapter_pages_bytes": 8 << 20, "free_bytes": 16 << 20}  # fmt: skip
+    Engine.objects.create(name="mem-1", url="http://127.0.0.1:9", healthy=True,
+                          state={"running": 1, "kv_blocks_used": 40, "kv_blocks_total": 64, "memory": memory})
+    Engine.objects.create(name="old-1", url="http://127.0.0.1:10", healthy=True, state={"running": 0})
+    page = staff_client.get(reverse("console:engines")).content.decode()
+    card = page[page.index('data-engine="mem-1"'):page.index('data-engine="old-1"')]
+    for kind, text in [("base_weights", "Base weights 192.0 MB"), ("kv_pages", "KV pages 40.0 MB"),
+                       ("adapter_pages", "Adapter pages 8.0 MB"), ("free", "Free 16.0 MB")]:
+        assert f'data-memory="{kind}"><i class="mem-{kind}"></i>{text}</span>' in card
+    assert 'class="mem-base_weights" style="width:75.0%"' in card and "slots" not in page
+    assert 'data-testid="memory"' not in page[page.index('data-engine="old-1"'):]

@@ -110,6 +110,10 @@ def test_staff_can_do_everything(tenant_a, b_objects):
     response = client.post("/api/v1/plans", {"slug": "gold", "name": "Gold", "price_output_per_mtok": "1.25"}, format="json")
     assert response.status_code == 201
     assert client.patch("/api/v1/plans/gold", {"requests_per_minute": 999}, format="json").status_code == 200
+    tuned = client.patch("/api/v1/plans/gold", {"price_training_per_mtok": "4.5", "max_concurrent_fine_tuning_jobs": 3},
+                         format="json").json()  # fmt: skip
+    assert (tuned["price_training_per_mtok"], tuned["max_concurrent_fine_tuning_jobs"]) == ("4.500000", 3)
+    assert client.get("/api/v1/plans/gold").json()["max_concurrent_fine_tuning_jobs"] == 3
     assert client.get("/api/v1/audit?action=tenant").json()["count"] >= 2
     member_id = b_objects["member"].pk
     assert client.get(f"/api/v1/members/{member_id}", HTTP_X_QUILT_TENANT="tenant-b").status_code == 200

@@ -54,7 +54,11 @@ def test_production_passes_check_deploy():
 
 def test_compose_file_is_valid_yaml_with_the_platform_services():
     compose = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
-    assert {"postgres", "redis", "gateway", "worker", "beat"} <= set(compose["services"])
-    for name in ("gateway", "worker", "beat"):
+    assert {"postgres", "redis", "gateway", "worker", "training-worker", "beat"} <= set(compose["services"])
+    for name in ("gateway", "worker", "training-worker", "beat"):
         assert compose["services"][name]["build"]["dockerfile"] == "docker/platform.Dockerfile"
+    trainer = compose["services"]["training-worker"]
+    assert trainer["build"]["args"]["REQUIREMENTS"] == "training.txt" and "training" in trainer["command"]
+    environment = compose["services"]["gateway"]["environment"]
+    assert environment["EMAIL_BACKEND"].endswith("smtp.EmailBackend}") and "QUILT_ENGINE_TOKEN" in environment
     assert (REPO / "docker" / "platform.Dockerfile").exists()

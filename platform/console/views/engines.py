@@ -1,4 +1,4 @@
-"""Staff page of the engines: health, queue, KV-cache use, resident adapters by tier, throughput.
+"""Staff page of the engines: health, queue, KV-cache use, the memory split, resident adapters by tier, throughput.
 
 The grid is rendered by `engines_grid_html`, both for the page and for the websocket that keeps it live.
 """
@@ -11,6 +11,23 @@ from gateway.models import Engine
 from registry.models import AdapterVersion
 
 TIERS = (("gpu", "GPU"), ("host", "Host memory"), ("loading", "Loading"))
+# The engine's accelerator memory as `/v1/state` reports it: weights, then one page pool shared by KV and adapters.
+MEMORY_PARTS = (("base_weights", "Base weights"), ("kv_pages", "KV pages"), ("adapter_pages", "Adapter pages"),
+                ("free", "Free"))  # fmt: skip
+
+
+def memory_parts(state: dict) -> list[dict]:
+    """[{kind, label, bytes, percent}] from the state's `memory`; empty when the engine reported none."""
+    memory = state.get("memory")
+    if not isinstance(memory, dict):
+        return []
+    sizes = [(kind, label, memory.get(f"{kind}_bytes")) for kind, label in MEMORY_PARTS]
+    sizes = [(kind, label, size if isinstance(size, int) and size >= 0 else 0) for kind, label, size in sizes]
+    total = sum(size for _, _, size in sizes)
+    if not total:
+        return []
+    return [{"kind": kind, "label": label, "bytes": size, "percent": round(100 * size / total, 1)}
+            for kind, label, size in sizes]  # fmt: skip
 
 
 def _digests(state: dict) -> set[str]:
@@ -41,7 +58,7 @@ def engine_cards() -> list[dict]:
             "kv_percent": round(100 * used / total) if total else 0,
             "hit_percent": round(100 * (state.get("prefix_cache_hit_rate") or 0)),
             "tiers": tiers,
-            "gpu_slots": adapters.get("gpu_slots"),
+            "memory": memory_parts(state),
         })  # fmt: skip
     return cards
 

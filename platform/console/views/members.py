@@ -1,20 +1,24 @@
-"""Members of a tenant: add an existing user or invite one by email, change roles, remove.
+"""Members of a tenant: invite by email (pending invitations listed, revocable), change roles, remove.
 
-Admins manage members; only an owner (or staff) grants, takes away or removes the owner role, as in the API.
+Membership is by invitation: an admin gives an address and the holder of the link accepts it (console/views/
+invitation.py). The answer is the same whether the address has an account or not. Platform staff may also add an
+existing user by username at once. Only an owner (or staff) grants, takes away or removes the owner role.
 """
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from console.access import Role, actor_of, tenant_page
 from console.forms import MemberAddForm, MemberRoleForm
-from console.invitations import emails_reach_inboxes, invitation_send
+from console.invitations import emails_reach_inboxes
 from console.listing import listing
 from console.pages import render_page
-from tenancy.selectors import members_of
+from tenancy.invitations import invitation_create, invitation_revoke
+from tenancy.selectors import invitations_of, invitations_pending_of, members_of
 from tenancy.services import member_add, member_change_role, member_remove
 
 SORTABLE = {
@@ -27,7 +31,8 @@ SORTABLE = {
 
 def _page(request, *, form=None, status=200):
     members = listing(request, members_of(tenant=request.seat.tenant), sortable=SORTABLE, default_sort="username")
-    context = {"members": members, "form": form or MemberAddForm(), "roles": Role.choices}
+    pending = invitations_pending_of(tenant=request.seat.tenant) if request.seat.can_manage_members else []
+    context = {"members": members, "form": form or MemberAddForm(), "roles": Role.choices, "invitations": pending}
     return render_page(request, "console/members.html", context, section="members", status=status)
 
 
@@ -50,23 +55,52 @@ def members(request):
     if not form.is_valid():
         return _page(request, form=form, status=400)
     _check_owner_rule(request, form.cleaned_data["role"])
+    if form.cleaned_data["username"]:
+        return _add_existing(request, form)
+    return _invite(request, form)
+
+
+def _add_existing(request, form):
+    """Staff only: member_add refuses a tenant's own admins (membership is by invitation)."""
     try:
-        membership = member_add(actor=actor_of(request), tenant=request.seat.tenant, **form.cleaned_data)
+        membership = member_add(actor=actor_of(request), tenant=request.seat.tenant, role=form.cleaned_data["role"],
+                                username=form.cleaned_data["username"])  # fmt: skip
     except ValidationError as error:
         form.add_error(None, error)
         return _page(request, form=form, status=400)
-    user = membership.user
-    if not user.has_usable_password() and user.email:
-        link = invitation_send(request=request, user=user, tenant=request.seat.tenant)
-        if emails_reach_inboxes():
-            messages.success(request, f"Invited {user.email} as {membership.role}: they will get an email to set a password.")
-        else:
-            messages.success(request, format_html(
-                "Invited {} as {}. This server doesn't deliver email, so send them this link to set a password: "
-                '<code class="invite-link" data-testid="invite-link">{}</code>', user.email, membership.role, link,
-            ))  # fmt: skip
+    messages.success(request, f"Added {membership.user.get_username()} as {membership.role}.")
+    return _back(request)
+
+
+def _invite(request, form):
+    email, role = form.cleaned_data["email"], form.cleaned_data["role"]
+    try:
+        _, api_link = invitation_create(actor=actor_of(request), tenant=request.seat.tenant, email=email, role=role)
+    except ValidationError as error:
+        form.add_error(None, error)
+        return _page(request, form=form, status=400)
+    if emails_reach_inboxes():
+        messages.success(request, f"Invited {email} as {role}: they will get an email with a link to accept.")
     else:
-        messages.success(request, f"Added {user.get_username()} as {membership.role}.")
+        token = api_link.rstrip("/").rsplit("/", 1)[-1]
+        link = request.build_absolute_uri(reverse("console:invitation", kwargs={"token": token}))
+        messages.success(request, format_html(
+            "Invited {} as {}. This server doesn't deliver email, so send them this link to accept: "
+            '<code class="invite-link" data-testid="invite-link">{}</code>', email, role, link,
+        ))  # fmt: skip
+    return _back(request)
+
+
+@require_POST
+@tenant_page(Role.ADMIN)
+def invitation_revoke_view(request, invitation_id: int):
+    invitation = get_object_or_404(invitations_of(tenant=request.seat.tenant), pk=invitation_id)
+    try:
+        invitation_revoke(actor=actor_of(request), invitation=invitation)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Revoked the invitation to {invitation.email}.")
     return _back(request)
 
 

@@ -12,6 +12,7 @@ from console.access import actor_of, staff_page
 from console.forms import TenantCreateForm, TenantPlanForm, TenantStatusForm
 from console.listing import listing
 from console.pages import render_page
+from gateway.selectors import admission_month_drift
 from tenancy.models import Plan, Tenant
 from tenancy.selectors import members_of
 from tenancy.services import tenant_create, tenant_update
@@ -72,6 +73,7 @@ def tenant_detail(request, slug: str):
         "members": members_of(tenant=tenant)[:10],
         "member_count": members_of(tenant=tenant).count(),
         "margin": margins_this_month().get(tenant.pk),
+        "drift": admission_month_drift(tenant_id=tenant.pk),
     }
     return render_page(request, "console/tenants/detail.html", context, section="tenants")
 

@@ -21,6 +21,11 @@ if EMAIL_BACKEND.rsplit(".", 1)[0] in {
     "django.core.mail.backends.filebased",
 }:  # fmt: skip
     raise ImproperlyConfigured(f"EMAIL_BACKEND must deliver mail in production, not {EMAIL_BACKEND}.")
+EMAIL_HOST = env("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 
 # One HTTPS policy for the console, /api and the inference API (/v1 applies it in gateway.asgi).
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

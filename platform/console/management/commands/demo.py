@@ -1,7 +1,8 @@
 """`python manage.py demo`: the whole platform on one machine, on the embedded defaults, until Ctrl-C.
 
 Builds (or reuses) the demo model (with progress and a time estimate), migrates and seeds, then runs a CPU engine
-on the demo model, a Celery worker and beat, and the gateway (uvicorn). Once they are all up it prints, last,
+on the demo model, a Celery worker and beat, a training worker (the fine-tuning queue, one torch thread), and the
+gateway (uvicorn). Once they are all up it prints, last,
 the log-ins, the API key (the same one on every run: see seeddemo) and examples that stream through an adapter.
 
 The embedded default has no Redis, so the worker's live pushes (adapter validation) reach the browser through
@@ -54,7 +55,7 @@ EOF
 
 
 class Command(BaseCommand):
-    help = "Run the demo: demo model, migrate, seed, then engine + worker + beat + gateway until Ctrl-C."
+    help = "Run the demo: demo model, migrate, seed, then engine + worker + trainer + beat + gateway until Ctrl-C."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -92,6 +93,8 @@ class Command(BaseCommand):
                 "--log-level", "warning",
             ],
             "worker": [*celery, "worker", "--pool", "solo", "--loglevel", "WARNING", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE],
+            "trainer": [*celery, "worker", "--pool", "solo", "--loglevel", "WARNING", "-Q", settings.QUILT_TRAINING_QUEUE,
+                        "-n", "trainer@%h"],
             "beat": [*celery, "beat", "--loglevel", "WARNING"],
             "gateway": [
                 sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
@@ -104,8 +107,9 @@ class Command(BaseCommand):
             processes["engine"] = subprocess.Popen(commands["engine"], cwd=root, env=env)
             self._wait_for_engine(engine_url, processes["engine"])
             call_command("registerengine", ENGINE_NAME, engine_url, "--gpu-price-per-hour", "0.50")
-            for name in ("worker", "beat"):
-                processes[name] = subprocess.Popen(commands[name], cwd=root, env=background, text=True,
+            for name in ("worker", "trainer", "beat"):
+                own_env = {**background, "QUILT_FINE_TUNING_THREADS": "1"} if name == "trainer" else background
+                processes[name] = subprocess.Popen(commands[name], cwd=root, env=own_env, text=True,
                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
                 threading.Thread(target=_forward, args=(processes[name], worker_up if name == "worker" else None),
                                  daemon=True).start()  # fmt: skip

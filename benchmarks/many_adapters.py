@@ -1,19 +1,23 @@
 """Many adapters at once on CPU: requests each on its own adapter vs no adapter vs one shared adapter.
 
     .venv/bin/python -m benchmarks.many_adapters [--adapters 1000] [--requests 256] [--rank 8]
-        [--hidden 128 --layers 4] [--max-tokens 32] [--queued 1000] [--threads N] [--bookkeeping]
+        [--hidden 128 --layers 4] [--max-tokens 32] [--queued 1000] [--rounds 3] [--threads N] [--bookkeeping]
 
 A small random Llama and N random rank-r adapters on all seven projections, written in Quilt's stored
 format and registered with the engine (read lazily from disk, in the background, when first asked
-for). The engine runs with its default configuration. Three runs in this process, each on a fresh
-engine with the same N adapters registered and the same prompts: every request on its own adapter,
-no adapter, one adapter for all. Prints output tokens per second of each, the ratios, and the mean
-batch size (sequences per step) while `--queued` requests, each on its own adapter, are waiting.
+for). The engine runs with its default configuration. Runs in this process, each on a fresh engine
+with the same N adapters registered and the same prompts: every request on its own adapter, no
+adapter, one adapter for all. "distinct" is serving throughput: the requests' adapters were read
+from disk into the host cache beforehand (`prefetch_adapter(..., "host")`, timed and printed on its
+own line); "distinct-cold" is the same run with every adapter read from disk while serving. Prints
+output tokens per second of each (the median of `--rounds` alternated runs), the ratios, and the mean batch size (sequences per step) while
+`--queued` requests, each on its own adapter, are waiting.
 """
 
 import argparse
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +73,16 @@ def new_engine(base: Path, adapter_dirs: dict[str, Path]) -> LLMEngine:
     for digest, path in adapter_dirs.items():
         engine.register_adapter(digest, path)
     return engine
+
+
+def load_to_host(engine: LLMEngine, digests: list[str]) -> float:
+    """Seconds to read `digests` from disk into the engine's host cache (its background loader)."""
+    start = time.perf_counter()
+    for digest in digests:
+        engine.prefetch_adapter(digest, "host")
+    while any(engine.adapter_pool.tier(d) not in ("host", "device") for d in digests):
+        time.sleep(0.001)
+    return time.perf_counter() - start
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], names: list[str | None], max_tokens: int,
@@ -143,6 +157,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--queued", type=int, default=1000, help="requests on distinct adapters for the batch size")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each case; medians are printed")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--bookkeeping", action="store_true", help="only the host bookkeeping figures")
     args = parser.parse_args()
@@ -158,31 +173,45 @@ def main() -> None:
         adapter_dirs = build_adapters(Path(tmp), config, args.adapters, args.rank)
         digests = list(adapter_dirs)
         prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(16, 64))] for _ in range(args.requests)]
+        distinct = [digests[i % len(digests)] for i in range(args.requests)]
         scenarios = {
-            "distinct": [digests[i % len(digests)] for i in range(args.requests)],
+            "distinct": distinct,
+            "distinct-cold": distinct,
             "none": [None] * args.requests,
             "one": [digests[0]] * args.requests,
         }
-        results = {}
-        for name, names in scenarios.items():
-            engine = new_engine(base, adapter_dirs)
-            run(engine, prompts[:4], names[:4], 4)  # warm up (and, for distinct, load 4 of the 256)
-            results[name] = run(engine, prompts, names, args.max_tokens)
+        seconds: dict[str, list[float]] = {name: [] for name in scenarios}
+        loading = []
+        for round_ in range(args.rounds):  # alternated, each round in another order: the machine's load drifts
+            order = list(scenarios)[round_ % len(scenarios):] + list(scenarios)[: round_ % len(scenarios)]
+            for name in order:
+                names = scenarios[name]
+                engine = new_engine(base, adapter_dirs)
+                run(engine, prompts[:4], names[:4], 4)  # warm up (and, for distinct, load 4 of the 256)
+                if name == "distinct":
+                    loading.append(load_to_host(engine, sorted(set(names))))
+                elapsed, tokens, _ = run(engine, prompts, names, args.max_tokens)
+                seconds[name].append(elapsed)
         engine = new_engine(base, adapter_dirs)
         queued = min(args.queued, len(digests))
         queue_prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(16, 64))] for _ in range(queued)]
         _, _, batch = run(engine, queue_prompts, digests[:queued], 16, queued_stats=True)
         max_seqs = engine.config.max_num_seqs
-    tps = {name: tokens / seconds for name, (seconds, tokens, _) in results.items()}
+    tokens = args.requests * args.max_tokens
+    tps = {name: tokens / statistics.median(runs) for name, runs in seconds.items()}
     print(f"Llama hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}; {args.adapters} registered adapters "
           f"(rank {args.rank}, all seven projections); {args.requests} requests x {args.max_tokens} tokens; "
           f"default config; torch threads {torch.get_num_threads()}; load average {load_before:.2f} -> "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     for name in scenarios:
-        seconds, tokens, _ = results[name]
-        print(f"{name:9s} {tps[name]:9.1f} tokens/s  ({seconds:.2f} s)")
+        runs = ", ".join(f"{t:.2f}" for t in seconds[name])
+        print(f"{name:13s} {tps[name]:9.1f} tokens/s  (median of {len(seconds[name])}: {runs} s)")
+    print(f"reading the {len(set(distinct))} distinct adapters from disk into the host cache before 'distinct': "
+          f"{statistics.median(loading):.2f} s ({statistics.median(loading) / len(set(distinct)) * 1000:.1f} ms each; "
+          f"median of {len(loading)})")
     print(f"distinct/none {tps['distinct'] / tps['none']:.2f}   distinct/one {tps['distinct'] / tps['one']:.2f}   "
-          f"one/none {tps['one'] / tps['none']:.2f}")
+          f"one/none {tps['one'] / tps['none']:.2f}   distinct-cold/none {tps['distinct-cold'] / tps['none']:.2f}   "
+          f"distinct-cold/one {tps['distinct-cold'] / tps['one']:.2f}")
     print(f"mean batch size with {queued} distinct adapters queued: {batch:.1f} of max_num_seqs {max_seqs} "
           f"({batch / max_seqs:.0%})")
 

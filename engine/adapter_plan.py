@@ -4,7 +4,9 @@ A page is, per layer, two chunks of `chunk` elements (paged_memory). An adapter'
 each targeted module its r rows of A (width in_features) and its r rows of B transposed (width
 out_features) — are packed one after another into chunks 0, 1, 2, ... of that layer, a row never
 straddling two chunks. Chunk j of every layer lives in page pages[j // 2], half j % 2, so an adapter
-needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer.
+needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer. The host copy is kept
+as those chunks already packed ([L, 2 * pages, chunk]), so that placing the adapter in its pages is one
+copy of whole chunks per layer.
 """
 
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ class AdapterPlan:
     ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host)
     scaling: torch.Tensor  # [L, M] float32 (host)
     local: torch.Tensor  # [L, M, 2, max_rank] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
-    rows: dict[tuple[int, int, int], torch.Tensor]  # (layer, module, 0 = A / 1 = B^T) -> [r, width], host
+    chunks: torch.Tensor  # [L, 2 * num_pages, chunk] (host): every layer's rows packed as `local` says, zero between
     num_bytes: int
 
     @classmethod
@@ -46,9 +48,8 @@ class AdapterPlan:
                     f"{(rank, width_in)} and {(width_out, rank)}")
             ranks[layer, module] = rank
             scaling[layer, module] = float(adapter.scaling[key])
-            pinned = (lambda t: t.pin_memory()) if pin else (lambda t: t)
-            rows[(layer, module, 0)] = pinned(a.contiguous())
-            rows[(layer, module, 1)] = pinned(b.t().contiguous())
+            rows[(layer, module, 0)] = a
+            rows[(layer, module, 1)] = b.t()
         max_rank = int(ranks.max()) if ranks.numel() else 0
         if max_rank == 0:
             raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
@@ -66,9 +67,26 @@ class AdapterPlan:
                         out[j] = at
                         at += width
             most_chunks = max(most_chunks, -(-at // chunk))
-        num_bytes = sum(t.numel() * t.element_size() for t in rows.values())
-        return cls(digest=adapter.digest, num_pages=-(-most_chunks // 2), max_rank=max_rank, ranks=ranks,
-                   scaling=scaling, local=torch.tensor(local, dtype=torch.int64), rows=rows, num_bytes=num_bytes)
+        num_pages = -(-most_chunks // 2)
+        dtype = next(iter(rows.values())).dtype
+        chunks = torch.zeros(num_layers, 2 * num_pages * chunk, dtype=dtype)  # [L, chunks * chunk]
+        for (layer, module, half), part in rows.items():
+            at = local[layer][module][half][: part.shape[0]]
+            width = part.shape[1]
+            index = (torch.tensor(at, dtype=torch.int64)[:, None] + torch.arange(width)).reshape(-1)
+            chunks[layer].index_copy_(0, index, part.reshape(-1).to(dtype))
+        chunks = chunks.view(num_layers, 2 * num_pages, chunk)
+        if pin:
+            chunks = chunks.pin_memory()
+        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, ranks=ranks, scaling=scaling,
+                   local=torch.tensor(local, dtype=torch.int64), chunks=chunks,
+                   num_bytes=chunks.numel() * chunks.element_size())
+
+    def chunk_ids(self, pages: list[int], *, chunk: int, chunk_start) -> torch.Tensor:
+        """[2 * num_pages] int64: where each of `chunks`' chunks goes once placed in `pages`, as an index into
+        a layer's memory viewed as rows of `chunk` elements."""
+        return torch.tensor([chunk_start(pages[j // 2], j % 2) // chunk for j in range(2 * len(pages))],
+                            dtype=torch.int64)
 
     def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int) -> torch.Tensor:
         """The page table of this adapter once placed in `pages`: [L, M, 2, max_rank] element offsets into

@@ -245,24 +245,24 @@ class AdapterPool:
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
-                offsets = self._write(plan, offsets, device)
+                offsets = self._write(plan, pages, offsets, device)
                 event = torch.cuda.Event()
                 event.record(self._stream)
             self._copies.append(event)
         else:
-            offsets = self._write(plan, offsets, device)
+            offsets = self._write(plan, pages, offsets, device)
         self.generation += 1
         resident = Resident(plan=plan, pages=pages, offsets=offsets, placement=self.generation)
         self._resident[digest] = resident
         self.num_loads["device"] += 1
         return resident
 
-    def _write(self, plan: AdapterPlan, offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
-        for (layer, module, half), rows in plan.rows.items():
-            width = rows.shape[1]
-            starts = offsets[layer, module, half, : rows.shape[0]]
-            index = (starts[:, None] + torch.arange(width)).reshape(-1).to(device, non_blocking=True)
-            self.memory.flat(layer).index_copy_(0, index, rows.reshape(-1).to(device, non_blocking=True))
+    def _write(self, plan: AdapterPlan, pages: list[int], offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
+        mem = self.memory
+        ids = plan.chunk_ids(pages, chunk=mem.chunk, chunk_start=mem.chunk_start).to(device, non_blocking=True)
+        for layer in range(plan.chunks.shape[0]):
+            target = mem.layers[layer].view(-1, mem.chunk)  # [2 * (num_pages + 1), chunk]
+            target.index_copy_(0, ids, plan.chunks[layer].to(device=device, dtype=target.dtype, non_blocking=True))
         return offsets.to(device, non_blocking=True)
 
     def _drop(self, digest: str) -> int:

@@ -12,6 +12,7 @@ from engine.adapter_plan import AdapterPlan, pages_for_rank
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
@@ -25,7 +26,6 @@ from engine.sequence import Sequence, SequenceStatus
 from engine.tokenizer import TextStream, Tokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
-ADAPTER_UNAVAILABLE = "adapter_unavailable"
 
 
 def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None) -> tuple[int, ...]:

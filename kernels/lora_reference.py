@@ -30,6 +30,13 @@ def _gather(pages: torch.Tensor, rows: torch.Tensor, ranks: torch.Tensor, width:
     return gathered.mul_(keep[..., None])
 
 
+def _group(batch: SlotBatch, ranks: torch.Tensor):
+    """batch's SlotGroup for ranks [S, U] (the slots with some slice of rank > 0), found once per ranks tensor:
+    every layer of a step asks again with the same tables."""
+    return _cached(batch, ("group", id(ranks)), (ranks,),
+                   lambda: batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0)))
+
+
 def _cached(batch: SlotBatch, key: tuple, held: tuple, build) -> torch.Tensor:
     """batch.gathered[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
     if key not in batch.gathered:
@@ -85,7 +92,7 @@ def lora_shrink(
     num_slices, _, max_rank = a_rows.shape
     tokens, in_dim = x.shape
     batch = _slot_batch(meta, token_slots)
-    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
+    group = _group(batch, ranks)
     if group is None:
         return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
     a = group.select(dense_a(pages, a_rows, ranks, in_dim, batch), 0)  # [U', in, S * R]
@@ -129,7 +136,7 @@ def lora_expand(
     slice_offsets: S + 1 python ints. `meta`: the step's SlotBatch (built here when None).
     """
     batch = _slot_batch(meta, token_slots)
-    group = batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0))
+    group = _group(batch, ranks)
     if group is None:
         return
     num_slices, tokens, max_rank = buf.shape

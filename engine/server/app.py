@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.contract import ADAPTER_UNAVAILABLE
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
@@ -186,7 +187,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
-        AdapterUnavailable: lambda r, e: error_response(503, "adapter_unavailable", str(e), "adapter"),
+        AdapterUnavailable: lambda r, e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
     app.add_middleware(BearerAuth, token=token)
@@ -194,12 +195,12 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
 
 
 def adapter_unavailable(end: RequestEnd) -> bool:
-    return any(output.error_type == "adapter_unavailable" for output in end.outputs)
+    return any(output.error_type == ADAPTER_UNAVAILABLE for output in end.outputs)
 
 
 def unavailable_response(end: RequestEnd) -> JSONResponse:
-    message = next(o.error for o in end.outputs if o.error_type == "adapter_unavailable")
-    return error_response(503, "adapter_unavailable", message, "adapter")
+    message = next(o.error for o in end.outputs if o.error_type == ADAPTER_UNAVAILABLE)
+    return error_response(503, ADAPTER_UNAVAILABLE, message, "adapter")
 
 
 def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:

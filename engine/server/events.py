@@ -10,6 +10,7 @@
 
 from typing import Any
 
+from engine.contract import EVENT_DELTA, EVENT_FINAL
 from engine.outputs import Logprob, RequestOutput
 from engine.server.engine_loop import RequestEnd, RequestHandle
 
@@ -26,7 +27,7 @@ def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, in
     if not text and not output.new_token_ids:
         return None
     sent[output.index] = already + len(text)
-    event = {"type": "delta", "request_id": handle.request_id, "index": output.index, "text": text,
+    event = {"type": EVENT_DELTA, "request_id": handle.request_id, "index": output.index, "text": text,
              "token_ids": list(output.new_token_ids)}
     if handle.request.sampling.logprobs is not None and output.logprobs is not None and output.new_token_ids:
         event["logprobs"] = [logprob_json(e) for e in output.logprobs[-len(output.new_token_ids):]]
@@ -45,7 +46,7 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
     first = choices[0]
     errors = [c for c in choices if c["error"]]
     return {
-        "type": "final",
+        "type": EVENT_FINAL,
         "request_id": handle.request_id,
         "finish_reason": end.finish_reason,
         "text": first["text"],

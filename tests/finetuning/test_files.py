@@ -124,3 +124,14 @@ def test_a_job_checks_the_file_against_its_method_and_its_options(ft_stack):
     assert refused.status_code == 404 and refused.body["param"] == "model"
     refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file="file-nope"))
     assert refused.status_code == 404 and refused.body["param"] == "training_file"
+
+
+def test_a_file_larger_than_an_inference_request_may_be_is_still_taken(ft_stack):
+    """/v1 bodies are capped at QUILT_MAX_REQUEST_BYTES (2 MiB); a fine-tuning upload may be as large as a file may."""
+    main = client(ft_stack, "main")
+    sentence = "the cat sees a red ball " * 45
+    content = _jsonl(*[_chat(f"{sentence}{i}", "ball") for i in range(3000)])
+    assert len(content) > 3 * 1024**2
+    created = main.files.create(file=("large.jsonl", content), purpose="fine-tune")
+    assert (created.status, created.bytes) == ("processed", len(content))
+    main.files.delete(created.id)

@@ -47,10 +47,11 @@ def line_amount(*, input_tokens: int, cached_input_tokens: int, output_tokens: i
     return exact.quantize(CENT, rounding=ROUND_HALF_UP)
 
 
-def _lines(*, invoice: Invoice) -> list[InvoiceLine]:
+def usage_lines(*, events, invoice: Invoice | None) -> list[InvoiceLine]:
+    """One unsaved line per model, adapter version and rates over `events` (a UsageEvent queryset): what issuing
+    bills and what the upcoming-invoice preview shows."""
     groups = (
-        UsageEvent.objects.filter(invoice=invoice)
-        .order_by()
+        events.order_by()
         .values("model", "base_model", "adapter_version_id", *RATES)
         .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"),
                   output=Sum("completion_tokens"))
@@ -93,7 +94,8 @@ def invoice_issue(*, tenant: Tenant, month: date, now: datetime | None = None) -
         )
         unbilled.update(invoice=invoice)
         extra = [line for source in LINE_SOURCES for line in source(invoice=invoice, until=month_bounds(month)[1])]
-        lines = InvoiceLine.objects.bulk_create(_lines(invoice=invoice) + extra)
+        usage = usage_lines(events=UsageEvent.objects.filter(invoice=invoice), invoice=invoice)
+        lines = InvoiceLine.objects.bulk_create(usage + extra)
         invoice.total = sum((line.amount for line in lines), Decimal(0))
         invoice.status = Invoice.Status.ISSUED
         invoice.issued_at = now

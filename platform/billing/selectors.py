@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import QuerySet
 
 from billing.models import Invoice
 from metering.models import UsageMonth
@@ -89,29 +89,12 @@ class InvoicePreview:
 
 
 def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
-    from billing.invoices import LINE_SOURCES, RATES, line_amount, month_bounds
-    from billing.models import InvoiceLine
+    from billing.invoices import LINE_SOURCES, month_bounds, usage_lines
     from metering.models import UsageEvent
 
     month = month.replace(day=1)
-    groups = (
-        UsageEvent.objects.filter(tenant=tenant, invoice__isnull=True, finished_at__lt=month_bounds(month)[1])
-        .order_by()
-        .values("model", "base_model", "adapter_version_id", *RATES)
-        .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"),
-                  output=Sum("completion_tokens"))
-        .order_by("model", "base_model", "adapter_version_id", *RATES)
-    )  # fmt: skip
-    lines = []
-    for group in groups:
-        input_tokens = group["prompt"] - group["cached"]
-        lines.append(InvoiceLine(
-            model=group["model"], base_model=group["base_model"], adapter_version_id=group["adapter_version_id"],
-            requests=group["requests"], input_tokens=input_tokens, cached_input_tokens=group["cached"],
-            output_tokens=group["output"], **{name: group[name] for name in RATES},
-            amount=line_amount(input_tokens=input_tokens, cached_input_tokens=group["cached"],
-                               output_tokens=group["output"], rates=tuple(group[name] for name in RATES)),
-        ))  # fmt: skip
+    unbilled = UsageEvent.objects.filter(tenant=tenant, invoice__isnull=True, finished_at__lt=month_bounds(month)[1])
+    lines = usage_lines(events=unbilled, invoice=None)
     until, draft = month_bounds(month)[1], Invoice(tenant=tenant, month=month)
     lines += [line for source in LINE_SOURCES for line in source(invoice=draft, until=until, claim=False)]
     return InvoicePreview(

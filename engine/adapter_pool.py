@@ -67,8 +67,14 @@ class AdapterPool:
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
+        on_read: Callable[[str, Path], None] | None = None,
+        on_place: Callable[[str, Path, list[int]], None] | None = None,
     ) -> None:
+        """on_read(digest, path) is told when an adapter starts being read (or was read) into the host tier,
+        on_place(digest, path, pages) when it is placed in pages: tensor-parallel workers mirror both."""
         self.memory = memory
+        self._on_read = on_read
+        self._on_place = on_place
         self._plan = plan
         self._load = load
         self._take_pages = take_pages
@@ -106,6 +112,8 @@ class AdapterPool:
         plan = adapter if isinstance(adapter, AdapterPlan) else self._plan(adapter)
         self.register(plan.digest, path)
         self._put_host(plan)
+        if self._on_read is not None:
+            self._on_read(plan.digest, Path(path))
 
     def is_registered(self, digest: str) -> bool:
         return digest in self._paths
@@ -139,6 +147,8 @@ class AdapterPool:
         if digest not in self._failed and digest not in self._loading:
             self._loading.add(digest)
             self._requests.put((digest, self._paths[digest]))
+            if self._on_read is not None:
+                self._on_read(digest, self._paths[digest])
         return False
 
     def failures(self) -> dict[str, str]:
@@ -239,6 +249,8 @@ class AdapterPool:
         plan = self._host[digest]
         self._host.move_to_end(digest)
         pages = self._take_pages(plan.num_pages)
+        if self._on_place is not None:
+            self._on_place(digest, self._paths[digest], pages)
         mem = self.memory
         offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
         device = mem.layers[0].device

@@ -24,6 +24,7 @@ class EngineConfig:
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
+    tensor_parallel_size: int = 1  # ranks the model is split over (docs/tensor-parallel.md); 1: no workers
 
     def __post_init__(self) -> None:
         if not Path(self.model).is_dir():
@@ -46,3 +47,7 @@ class EngineConfig:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+
+        # tensor parallelism (docs/tensor-parallel.md); the model's head counts are checked when it is loaded
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -17,9 +17,12 @@ from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
-from engine.models import load_model, read_hf_config
+from engine.models import ModelArgs, load_model, read_hf_config
 from engine.outputs import Logprob, RequestOutput, Usage
 from engine.paged_memory import PagedMemory
+from engine.parallel.communicator import Communicator
+from engine.parallel.sharding import check_tensor_parallel, shard_adapter
+from engine.parallel.worker_group import WorkerGroup
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -42,13 +45,15 @@ def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, policy: FirstComeFirstServed | VirtualTokenCounter | None = None):
+    def __init__(self, config: EngineConfig, *, policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
+                 time_collectives: bool = False):
         self.config = config
         self.device = torch.device(config.device)
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
-        model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device)
-        args = model.args
+        args = ModelArgs.from_hf_config(self.hf_config)
+        tp = config.tensor_parallel_size
+        check_tensor_parallel(args, size=tp, device=self.device)
         longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
         if config.max_model_len is not None and config.max_model_len > longest:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
@@ -56,17 +61,24 @@ class LLMEngine:
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         shapes = adapters.BaseShapes.from_config(self.hf_config)
-        widths = row_widths(shapes)
-        chunk = config.block_size * args.num_kv_heads * args.head_dim
+        widths = row_widths(shapes, tensor_parallel_size=tp)  # this rank's shard of every adapter row
+        kv_heads = args.num_kv_heads // tp  # this rank's
+        chunk = config.block_size * kv_heads * args.head_dim
         widest = max(max(w) for w in widths)
         if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
-            fits = 1 << (-(-widest // (args.num_kv_heads * args.head_dim)) - 1).bit_length()
+            fits = 1 << (-(-widest // (kv_heads * args.head_dim)) - 1).bit_length()
             raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
                              f"chunk (block_size * kv_heads * head_dim = {chunk}) must hold a row of {widest} "
                              f"values; use block_size {fits} or more")
-        num_pages = self._num_pages(model, widths, chunk)
+        self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
+        self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
+                                   block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
+                                   timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
+        model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device, comm=self.comm)
+        workers_free = self.workers.connect(self.comm) if self.workers else []
+        num_pages = self._num_pages(model, widths, chunk, workers_free)
         self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
-                                  kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+                                  kv_heads=kv_heads, head_dim=args.head_dim,
                                   dtype=model.lm_head.weight.dtype, device=self.device)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.block_manager = BlockManager(
@@ -74,14 +86,19 @@ class LLMEngine:
         )
         self.adapter_pool = AdapterPool(
             memory=self.memory,
-            plan=lambda adapter: AdapterPlan.build(adapter, num_layers=args.num_layers, widths=widths, chunk=chunk,
-                                                   pin=self.device.type == "cuda"),
+            plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
+                                                   widths=widths, chunk=chunk, pin=self.device.type == "cuda"),
             load=lambda path: read_adapter(path, self.hf_config, config.max_adapter_rank),
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
+            on_read=self.workers.preload if self.workers else None,
+            on_place=self.workers.on_place if self.workers else None,
         )
         swap_in_lora(model, self.memory)
+        if self.workers:
+            model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank
+            self.workers.start(num_pages)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
                                   eos_token_ids=self.eos_token_ids, device=self.device)
         self.scheduler = Scheduler(
@@ -100,11 +117,12 @@ class LLMEngine:
         self.last_step_seqs = 0  # sequences in the last step that ran
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int) -> int:
-        """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule."""
+    def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int, workers_free: list[int]) -> int:
+        """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule. Under
+        tensor parallelism every rank has the same pages, each of its share of the KV heads."""
         config, args = self.config, model.args
         page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
-                                                kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+                                                kv_heads=args.num_kv_heads // self.comm.size, head_dim=args.head_dim,
                                                 itemsize=model.lm_head.weight.element_size())
         if config.adapter_memory_bytes is not None:
             adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
@@ -114,7 +132,7 @@ class LLMEngine:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks + adapter_pages
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
+            free = min([torch.cuda.mem_get_info(self.device)[0], *workers_free])
             return max(1, int(free * config.kv_cache_memory_fraction) // page_bytes)
         needed = config.max_num_seqs * -(-self.max_model_len // config.block_size)
         return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, needed)) + adapter_pages
@@ -250,7 +268,7 @@ class LLMEngine:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
         start = time.perf_counter()
-        results = self.runner.run(out)
+        results = self._run(out)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.busy_ms += elapsed_ms
         self.num_steps += 1
@@ -265,6 +283,23 @@ class LLMEngine:
                 outputs.append(self._output(seq, new_tokens))
         self._forget_finished(outputs)
         return outputs
+
+    def _run(self, out):
+        if self.workers is None:
+            return self.runner.run(out)
+        try:
+            return self.runner.run(out)
+        except Exception as error:  # a worker died or failed mid-step: name it (RankFailed)
+            raise self.workers.failed(error) from error
+
+    def failure(self) -> str | None:
+        """Why the engine cannot run another step (a tensor-parallel worker died), or None while it can."""
+        return None if self.workers is None else self.workers.failure()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine runs no step after this)."""
+        if self.workers is not None:
+            self.workers.stop()
 
     def _prefetch_adapters(self) -> None:
         """Place the adapters of the requests next in line in pages no one needs, even while the batch is

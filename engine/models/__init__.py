@@ -8,6 +8,8 @@ import torch
 from safetensors import safe_open
 
 from engine.models.llama import LlamaForCausalLM, ModelArgs
+from engine.parallel import sharding
+from engine.parallel.communicator import Communicator
 
 __all__ = ["LlamaForCausalLM", "ModelArgs", "load_model", "read_hf_config"]
 
@@ -27,11 +29,18 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def _iter_weights(files: list[Path]):
+def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1):
+    """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read."""
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                view = f.get_slice(name)
+                shape = tuple(view.get_shape())
+                if sharding.holds_none(name, rank=rank, size=size):
+                    yield name, torch.zeros(shape)
+                    continue
+                index = sharding.checkpoint_slice(name, shape, rank=rank, size=size)
+                yield name, f.get_tensor(name) if index is None else view[index]
 
 
 @contextmanager
@@ -44,10 +53,16 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device,
+               comm: Communicator | None = None) -> LlamaForCausalLM:
+    """The model, or with `comm` of size N only rank comm.rank's shard of it (read as such from the files)."""
     model_dir = Path(model_dir)
     args = ModelArgs.from_hf_config(read_hf_config(model_dir))
+    comm = comm or Communicator()
+    if comm.size > 1:
+        sharding.check_divisible(num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                                 intermediate_size=args.intermediate_size, size=comm.size)
     with _default_dtype(dtype), device:
-        model = LlamaForCausalLM(args)
-    model.load_weights(_iter_weights(_safetensors_files(model_dir)))
+        model = LlamaForCausalLM(args, comm)
+    model.load_weights(_iter_weights(_safetensors_files(model_dir), rank=comm.rank, size=comm.size))
     return model.eval()

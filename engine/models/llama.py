@@ -9,6 +9,7 @@ from torch import nn
 import kernels
 from engine.context import Context
 from engine.models.linear import Linear
+from engine.parallel.communicator import Communicator
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -76,10 +77,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    """This rank's heads: column-parallel qkv_proj, row-parallel o_proj completed by one all-reduce."""
+
+    def __init__(self, args: ModelArgs, comm: Communicator) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_size, self.kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.comm = comm
+        self.num_heads, self.num_kv_heads = args.num_heads // comm.size, args.num_kv_heads // comm.size
+        self.head_dim = args.head_dim
+        self.q_size, self.kv_size = self.num_heads * args.head_dim, self.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
         self.qkv_proj = Linear(args.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=args.qkv_bias)
         self.o_proj = Linear(self.q_size, [args.hidden_size], bias=args.o_bias)
@@ -103,25 +108,26 @@ class LlamaAttention(nn.Module):
             out = kernels.paged_attention_prefill(
                 q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale
             )
-        return self.o_proj(out.reshape(num_tokens, self.q_size), ctx)
+        return self.comm.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size), ctx))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, comm: Communicator) -> None:
         super().__init__()
-        inter = args.intermediate_size
+        self.comm = comm
+        inter = args.intermediate_size // comm.size  # this rank's slice
         self.gate_up_proj = Linear(args.hidden_size, [inter, inter], bias=args.mlp_bias)
         self.down_proj = Linear(inter, [args.hidden_size], bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x, ctx)), ctx)
+        return self.comm.all_reduce(self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x, ctx)), ctx))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, comm: Communicator) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(args)
-        self.mlp = LlamaMLP(args)
+        self.self_attn = LlamaAttention(args, comm)
+        self.mlp = LlamaMLP(args, comm)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -136,11 +142,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, comm: Communicator) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, comm) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -156,10 +162,12 @@ class LlamaForCausalLM(nn.Module):
     fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, comm: Communicator | None = None) -> None:
+        """The model, or with `comm` of size N its shard for rank comm.rank (engine.parallel.sharding)."""
         super().__init__()
         self.args = args
-        self.model = LlamaModel(args)
+        self.comm = comm or Communicator()
+        self.model = LlamaModel(args, self.comm)
         self.lm_head = Linear(args.hidden_size, [args.vocab_size], bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

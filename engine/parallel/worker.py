@@ -1,0 +1,164 @@
+"""A tensor-parallel worker (ranks 1..N-1): a spawned process that loads its shard of the model, owns its own
+page memory (same page ids as rank 0, its share of the KV heads), and then, for every step rank 0 sends, copies
+its shard of any adapter rank 0 placed into the same pages and runs the same forward pass. It never samples.
+
+Messages from rank 0 (a Pipe): ("memory", num_pages), ("preload", digest, path), ("step", bytes),
+("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",), ("stats", dict), ("error", text).
+"""
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import adapters
+from engine.adapter_plan import AdapterPlan
+from engine.adapter_pool import read_adapter
+from engine.lora_linear import swap_in_lora
+from engine.lora_modules import row_widths
+from engine.models import load_model, read_hf_config
+from engine.paged_memory import PagedMemory
+from engine.parallel import sharding
+from engine.parallel.communicator import Communicator
+from engine.parallel.step_plan import AdapterCopy, StepDecoder
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    model: str
+    dtype: str
+    device: str  # this rank's device
+    rank: int
+    size: int
+    port: int
+    block_size: int
+    max_adapter_rank: int
+    num_threads: int
+    timeout_s: float
+    timed: bool = False  # add up the time spent in collectives (benchmarks)
+
+
+class AdapterShards:
+    """The worker's host copies of its shard of adapters, read on a background thread when rank 0 starts
+    reading one (preload), or at the latest when rank 0 places it."""
+
+    def __init__(self, *, hf_config: dict, max_rank: int, rank: int, size: int, num_layers: int,
+                 chunk: int, pin: bool, limit: int = 64) -> None:
+        shapes = adapters.BaseShapes.from_config(hf_config)
+        self._read = lambda path: read_adapter(path, hf_config, max_rank)
+        self._plan = lambda adapter: AdapterPlan.build(
+            sharding.shard_adapter(adapter, rank=rank, size=size), num_layers=num_layers,
+            widths=row_widths(shapes, tensor_parallel_size=size), chunk=chunk, pin=pin)
+        self.limit = limit  # plans kept, least recently used dropped first
+        self._plans: dict[str, AdapterPlan | BaseException] = {}
+        self._done = threading.Condition()
+        self._pending: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loader, name="adapter-shard-loader", daemon=True).start()
+
+    def preload(self, digest: str, path: str) -> None:
+        self._pending.put((digest, path))
+
+    def get(self, digest: str, path: str) -> AdapterPlan:
+        with self._done:
+            plan = self._plans.pop(digest, None)
+        if plan is None or isinstance(plan, BaseException):
+            plan = self._load(digest, path)  # not preloaded (or that read failed): read it now
+            if isinstance(plan, BaseException):
+                raise RuntimeError(f"adapter {digest[:12]} could not be read on this rank: {plan}") from plan
+        with self._done:
+            self._plans[digest] = plan  # most recently used last
+            while len(self._plans) > self.limit:
+                self._plans.pop(next(iter(self._plans)))
+        return plan
+
+    def _load(self, digest: str, path: str) -> AdapterPlan | BaseException:
+        try:
+            adapter = self._read(Path(path))
+            if adapter.digest != digest:
+                raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
+            return self._plan(adapter)
+        except Exception as error:  # reported when rank 0 places it, the only time it matters
+            return error
+
+    def _loader(self) -> None:
+        while True:
+            digest, path = self._pending.get()
+            plan = self._load(digest, path)
+            with self._done:
+                self._plans.setdefault(digest, plan)
+
+
+def write_adapter(memory: PagedMemory, plan: AdapterPlan, pages: list[int]) -> None:
+    """Copy the plan's chunks into `pages` of every layer (what AdapterPool does on rank 0)."""
+    device = memory.layers[0].device
+    ids = plan.chunk_ids(pages, chunk=memory.chunk, chunk_start=memory.chunk_start).to(device)
+    for layer in range(plan.chunks.shape[0]):
+        target = memory.layers[layer].view(-1, memory.chunk)  # [2 * (num_pages + 1), chunk]
+        target.index_copy_(0, ids, plan.chunks[layer].to(device=device, dtype=target.dtype))
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    try:
+        _serve(spec, conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # rank 0 is gone: nothing to report to
+    except Exception as error:  # a failed collective (a peer died) or a bug: rank 0 reports it
+        try:
+            conn.send(("error", f"{type(error).__name__}: {error}"))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+
+
+def _serve(spec: WorkerSpec, conn) -> None:
+    torch.set_num_threads(spec.num_threads)
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    comm = Communicator(rank=spec.rank, size=spec.size, timed=spec.timed)
+    model = load_model(spec.model, dtype=getattr(torch, spec.dtype), device=device, comm=comm)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    conn.send(("loaded", free))
+    comm.connect(port=spec.port, device=device, timeout_s=spec.timeout_s)
+    kind, num_pages = conn.recv()
+    assert kind == "memory", kind
+    args = model.args
+    memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=spec.block_size,
+                         kv_heads=args.num_kv_heads // spec.size, head_dim=args.head_dim,
+                         dtype=model.lm_head.weight.dtype, device=device)
+    swap_in_lora(model, memory)
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)
+    shards = AdapterShards(hf_config=read_hf_config(spec.model), max_rank=spec.max_adapter_rank, rank=spec.rank,
+                           size=spec.size, num_layers=args.num_layers, chunk=memory.chunk,
+                           pin=device.type == "cuda")
+    decoder = StepDecoder(device)
+    conn.send(("ready",))
+    stats = {"steps": 0, "step_seconds": 0.0}
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            comm.close()
+            return
+        if message[0] == "preload":
+            shards.preload(message[1], message[2])
+        elif message[0] == "stats":
+            conn.send(("stats", {**stats, "comm_seconds": comm.seconds, "comm_calls": comm.calls}))
+        elif message[0] == "step":
+            start = time.perf_counter()
+            copies, input_ids, ctx = decoder.decode(message[1])
+            _copy_adapters(memory, shards, copies)
+            with torch.inference_mode():
+                model(input_ids, ctx)
+            if device.type == "cuda" and spec.timed:
+                torch.cuda.synchronize(device)
+            stats["steps"] += 1
+            stats["step_seconds"] += time.perf_counter() - start
+
+
+def _copy_adapters(memory: PagedMemory, shards: AdapterShards, copies: list[AdapterCopy]) -> None:
+    for copy in copies:
+        write_adapter(memory, shards.get(copy.digest, copy.path), copy.pages)

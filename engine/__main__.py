@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
               if f.name not in ENGINE_FLAGS_SKIPPED}
     try:
         config = EngineConfig(model=str(args.model), device=args.device, **fields)
+        engine = LLMEngine(config)  # checks what needs the model: its length, head counts, block size
     except ValueError as error:
         print(f"invalid engine configuration: {error}", file=sys.stderr)
         return 2
-    engine = LLMEngine(config)
     spool = args.usage_spool or Path("var/usage-spool") / f"engine-{args.port}.jsonl"
     emitter = UsageEmitter(broker_url=args.broker_url or None, spool_path=spool, queue_name=args.usage_queue).start()
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,

@@ -420,4 +420,5 @@ class LLMEngine:
             "busy_ms": self.busy_ms,
             "steps": self.num_steps,
             "preemptions": self.num_preemptions,
+            "tensor_parallel_size": self.comm.size,
         }

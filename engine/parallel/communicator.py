@@ -26,24 +26,39 @@ class Communicator:
         self.timed = timed
         self.seconds = 0.0
         self.calls = 0
+        self._group = self._store = None
 
     def connect(self, *, port: int, device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
-        """Join the group (every rank calls this; it returns once all have)."""
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
-                                world_size=self.size, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        """Join the group (every rank calls this; it returns once all have). On CPU the gloo group is private
+        to this communicator, so a process may hold several (tests); on CUDA NCCL is the process's default
+        group, one tensor-parallel engine per process."""
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device.type == "cuda":
+            if dist.is_initialized():
+                raise RuntimeError("this process already runs a tensor-parallel engine on CUDA")
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
+                                    world_size=self.size, timeout=timeout, device_id=device)
+            self._group = None
+            return
+        self._store = dist.TCPStore("127.0.0.1", port, self.size, self.rank == 0, timeout, wait_for_workers=False)
+        self._group = dist.ProcessGroupGloo(self._store, self.rank, self.size, timeout)
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
+        if self._group is None:
+            dist.all_reduce(x)
+        else:
+            self._group.allreduce([x]).wait()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
         if not self.timed:
-            dist.all_reduce(x)
+            self._all_reduce(x)
             return x
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
         start = time.perf_counter()
-        dist.all_reduce(x)
+        self._all_reduce(x)
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
         self.seconds += time.perf_counter() - start
@@ -51,5 +66,6 @@ class Communicator:
         return x
 
     def close(self) -> None:
-        if self.size > 1 and dist.is_initialized():
+        if self._group is None and dist.is_initialized():
             dist.destroy_process_group()
+        self._group = self._store = None

@@ -140,6 +140,8 @@ class WorkerGroup:
     def failed(self, error: BaseException) -> RankFailed:
         """The RankFailed to raise for an exception out of a step: names the worker that died or failed if one
         did (waiting briefly for it to show), else the collective's own error."""
+        if self._failure is not None:
+            return RankFailed(self._failure)
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
             for index, conn in enumerate(self.conns):

@@ -124,6 +124,7 @@ class EngineLoop:
             self._stop.set()
             self._commands.put((lambda engine: None, concurrent.futures.Future()))
             self._thread.join(timeout=30)
+        self.engine.shutdown()
         if self.emitter is not None:
             self.emitter.close()
 
@@ -131,6 +132,11 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._run_commands(block=not self.engine.has_unfinished())
+            failure = self.engine.failure()
+            if failure is not None and self.healthy:  # a tensor-parallel worker died, maybe while idle
+                log.error("engine unhealthy: %s", failure)
+                self.healthy = False
+                self._fail_all(failure)
             if self._stop.is_set() or not self.engine.has_unfinished():
                 continue
             steps_before = self.engine.num_steps
@@ -140,7 +146,7 @@ class EngineLoop:
             except Exception:
                 log.exception("engine step failed; failing every request in flight")
                 self.healthy = False
-                self._fail_all("engine step failed")
+                self._fail_all(self.engine.failure() or "engine step failed")
                 continue
             if self.engine.num_steps > steps_before:
                 self._observe_step(time.perf_counter() - started, outputs)

@@ -1,0 +1,203 @@
+"""Tensor parallelism on CPU with 2 ranks over gloo: greedy tokens against transformers + PEFT and against one
+rank, and what happens when a rank dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.parallel.worker_group import RankFailed
+from engine.server.adapter_registry import AdapterRegistry
+from engine.server.app import EngineAPI, build_app
+from engine.server.engine_loop import EngineLoop
+from engine.server.metrics import EngineMetrics
+from tests.engine.conftest import Oracle, build_adapter, random_prompts
+
+REPO = Path(__file__).resolve().parents[2]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# one small pool for every check: 4-token pages, KV and adapters sharing 96 of them, 12 tokens a step
+CONFIG = {"block_size": 4, "num_kv_blocks": 96, "adapter_memory_bytes": 0, "max_num_batched_tokens": 12,
+          "max_adapter_rank": 16}
+
+
+@pytest.fixture(scope="module")
+def tp_adapters(checkpoints, tmp_path_factory):
+    root, base = tmp_path_factory.mktemp("tp-adapters"), checkpoints["llama"]
+    return {
+        "qv": build_adapter(base, root / "qv", seed=30, r=4, targets=["q_proj", "v_proj"]),
+        "all1": build_adapter(base, root / "all1", seed=31, r=1, targets=ALL, alpha=2.0),
+        "mlp": build_adapter(base, root / "mlp", seed=32, r=8, targets=["o_proj", "gate_proj", "up_proj",
+                             "down_proj"], use_rslora=True),
+        "pattern": build_adapter(base, root / "pattern", seed=33, r=2, targets=ALL,
+                                 rank_pattern={"down_proj": 6, "k_proj": 3}, alpha_pattern={"o_proj": 5.0}),
+    }
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoints, tp_adapters):
+    return Oracle(checkpoints["llama"], tp_adapters)
+
+
+def make_llm(model_dir, adapters, *, tp: int) -> LLM:
+    llm = LLM(model_dir, device="cpu", tensor_parallel_size=tp, **CONFIG)
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tp_adapters):
+    """One engine of each size for every check below (a worker takes seconds to start)."""
+    one, two = make_llm(checkpoints["llama"], tp_adapters, tp=1), make_llm(checkpoints["llama"], tp_adapters, tp=2)
+    yield one, two
+    two.engine.shutdown()
+
+
+def generate_both(engines, oracle, prompts, names, sampling=GREEDY, tenants=None):
+    one, two = engines
+    first = two.generate(prompts, sampling, adapters=names, tenants=tenants)
+    single = one.generate(prompts, sampling, adapters=names, tenants=tenants)
+    for prompt, name, out, ref in zip(prompts, names, first, single, strict=True):
+        expected = oracle.greedy(prompt, name, sampling.max_tokens)
+        assert out.token_ids == expected, f"tp=2, adapter {name}, prompt {prompt}"
+        assert ref.token_ids == expected, f"tp=1, adapter {name}, prompt {prompt}"
+    return first
+
+
+def test_mixed_adapters_and_ranks_match_peft_and_one_rank(engines, oracle):
+    names = ["qv", None, "all1", "mlp", "pattern", None, "qv", "mlp", "pattern"]
+    prompts = random_prompts(40, [3, 17, 9, 1, 12, 6, 25, 4, 10])
+    generate_both(engines, oracle, prompts, names)
+    # the adapters matter on both ranks' halves: one prompt, five different continuations
+    same = [prompts[0]] * 5
+    tokens = [o.token_ids for o in engines[1].generate(same, GREEDY, adapters=[None, "qv", "all1", "mlp", "pattern"])]
+    assert len({tuple(t) for t in tokens}) == 5
+
+
+def test_prefix_hits_match_peft(engines, oracle):
+    system = random_prompts(41, [14])[0]
+    p0, p1, p2 = [system + tail for tail in random_prompts(42, [3, 5, 2])]
+    first = generate_both(engines, oracle, [p0], ["pattern"], tenants=["t1"])
+    assert first[0].usage.cached_tokens == 0
+    second = generate_both(engines, oracle, [p1, p2], ["pattern", "mlp"], tenants=["t1", "t1"])
+    assert [o.usage.cached_tokens for o in second] == [12, 0]  # same adapter and tenant only
+
+
+def test_preemption_and_chunked_prefill_match_peft(engines, oracle):
+    names = ["all1", None, "qv", "pattern", "mlp", "qv", None, "all1"]
+    prompts = random_prompts(43, [30, 5, 22, 11, 2, 17, 28, 19])
+    before = engines[1].engine.num_preemptions
+    generate_both(engines, oracle, prompts, names, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert engines[1].engine.num_preemptions > before
+    bm = engines[1].engine.block_manager
+    assert bm.num_free_blocks + len(bm.adapter_pages) == bm.num_blocks  # nothing leaked
+    bm.check_invariants([])
+
+
+def test_shards_are_halves(engines):
+    one, two = (llm.engine for llm in engines)
+    assert two.memory.chunk * 2 == one.memory.chunk  # one of the two KV heads per rank
+    qkv = two.runner.model.model.layers[0].self_attn.qkv_proj.base
+    assert qkv.out_slices == [32, 16, 16]  # 2 of 4 heads, 1 of 2 KV heads, head_dim 16
+    assert two.state()["tensor_parallel_size"] == 2
+
+
+def test_heads_must_divide(checkpoints):
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide .*attention heads 4.*key/value heads 2"):
+        LLMEngine(EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=3))
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=0)
+
+
+def kill_after_steps(engine: LLMEngine, steps: int) -> threading.Thread:
+    def kill():
+        deadline = time.monotonic() + 60
+        while engine.num_steps < steps and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.kill(engine.workers.processes[0].pid, signal.SIGKILL)
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(120)
+def test_killed_rank_fails_requests_and_health(checkpoints):
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=2, **CONFIG))
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
+    app = build_app(EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny",
+                              drain_timeout_s=1.0), token="t")
+    auth = {"Authorization": "Bearer t"}
+    body = {"prompt_token_ids": [7, 8, 9, 10], "stream": False,
+            "sampling": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}}
+    worker = engine.workers.processes[0]
+    with TestClient(app) as client:
+        short = client.post("/v1/generate", json={**body, "sampling": {"max_tokens": 3}}, headers=auth).json()
+        assert short["finish_reason"] == "length" and client.get("/v1/health", headers=auth).status_code == 200
+        killer = kill_after_steps(engine, engine.num_steps + 5)
+        started = time.monotonic()
+        answer = client.post("/v1/generate", json=body, headers=auth).json()
+        killer.join()
+        assert time.monotonic() - started < 30  # an error, not a hang
+        assert answer["finish_reason"] == "error"
+        assert "tensor-parallel rank 1" in answer["error"] and "killed by signal 9" in answer["error"]
+        assert 0 < len(answer["token_ids"]) < 200
+        health = client.get("/v1/health", headers=auth)
+        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+        again = client.post("/v1/generate", json=body, headers=auth).json()  # fails at once, same reason
+        assert again["finish_reason"] == "error" and "rank 1" in again["error"]
+    assert not worker.is_alive()
+    with pytest.raises(RankFailed, match="rank 1"):
+        engine.add_request("late", [5, 6], GREEDY)
+        engine.step()
+
+
+@pytest.mark.timeout(120)
+def test_no_orphan_workers(checkpoints, tmp_path):
+    """A worker exits with the engine: on shutdown(), at interpreter exit, and when rank 0 is killed."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from engine import LLM, SamplingParams
+        if __name__ == "__main__":
+            llm = LLM({str(checkpoints["llama"])!r}, tensor_parallel_size=2, block_size=4, num_kv_blocks=16)
+            print(llm.engine.workers.processes[0].pid, flush=True)
+            llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+            if sys.argv[1] == "shutdown":
+                llm.engine.shutdown()
+                print("alive" if llm.engine.workers.processes[0].is_alive() else "stopped", flush=True)
+            elif sys.argv[1] == "kill":
+                os.kill(os.getpid(), 9)
+    """)
+    path = tmp_path / "tp_orphans.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for how in ("shutdown", "exit", "kill"):
+        run = subprocess.run([sys.executable, str(path), how], capture_output=True, text=True, env=env, timeout=90)
+        lines = run.stdout.split()
+        assert lines, run.stderr[-2000:]
+        pid = int(lines[0])
+        if how == "shutdown":
+            assert lines[1] == "stopped"
+        assert wait_gone(pid, 10.0), f"worker {pid} outlived rank 0 ({how})"
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX":  # exited, not yet reaped
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False

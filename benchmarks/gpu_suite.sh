@@ -10,6 +10,8 @@
 #   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
 #   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
+#   tp       benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
+#            it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks)
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
 # runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
@@ -32,6 +34,7 @@ PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
 KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+TP_S="${QUILT_GPU_TP_S:-240}"
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
@@ -113,7 +116,17 @@ gpu_kernels() {  # the kernel benchmark in three parts, each under its share of 
   return $rc
 }
 
-export -f env_report gpu_pytest gpu_kernels
+gpu_tp() {  # tensor parallelism: compute against communication per step, at every size the GPUs allow
+  if [ "$DRY" = 1 ]; then
+    "$PY" -m benchmarks.tensor_parallel --smoke --tp 1 2
+    return
+  fi
+  local sizes
+  sizes=$("$PY" -c "import torch; n = torch.cuda.device_count(); print(*[s for s in (1, 2, 4, 8) if s <= n])") || return 1
+  "$PY" -m benchmarks.tensor_parallel --device cuda --dtype bfloat16 --hidden 4096 --layers 4 --requests 32 --tp $sizes
+}
+
+export -f env_report gpu_pytest gpu_kernels gpu_tp
 export PY OUT DRY KERNELS_S
 for step in $STEPS; do
   case "$step" in
@@ -125,7 +138,8 @@ for step in $STEPS; do
       # shellcheck disable=SC2086
       run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \
         --json "$OUT/trace.json" --budget-s $((TRACE_S - 20)) $TRACE_ARGS ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace)" >&2; exit 2 ;;
+    tp) run_step tp "$TP_S" bash -c gpu_tp ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, tp)" >&2; exit 2 ;;
   esac
 done
 
@@ -139,5 +153,6 @@ done
   done
   [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
+  [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

@@ -73,6 +73,7 @@ class LLMEngine:
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
                                    block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
+                                   host_cache_bytes=config.host_adapter_cache_bytes,
                                    timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
         model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device, comm=self.comm)
         workers_free = self.workers.connect(self.comm) if self.workers else []

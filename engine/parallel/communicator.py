@@ -36,6 +36,7 @@ class Communicator:
         if device.type == "cuda":
             if dist.is_initialized():
                 raise RuntimeError("this process already runs a tensor-parallel engine on CUDA")
+            device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
                                     world_size=self.size, timeout=timeout, device_id=device)
             self._group = None

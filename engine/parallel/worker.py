@@ -36,6 +36,7 @@ class WorkerSpec:
     port: int
     block_size: int
     max_adapter_rank: int
+    host_cache_bytes: int
     num_threads: int
     timeout_s: float
     timed: bool = False  # add up the time spent in collectives (benchmarks)
@@ -46,13 +47,13 @@ class AdapterShards:
     reading one (preload), or at the latest when rank 0 places it."""
 
     def __init__(self, *, hf_config: dict, max_rank: int, rank: int, size: int, num_layers: int,
-                 chunk: int, pin: bool, limit: int = 64) -> None:
+                 chunk: int, pin: bool, host_cache_bytes: int) -> None:
         shapes = adapters.BaseShapes.from_config(hf_config)
         self._read = lambda path: read_adapter(path, hf_config, max_rank)
         self._plan = lambda adapter: AdapterPlan.build(
             sharding.shard_adapter(adapter, rank=rank, size=size), num_layers=num_layers,
             widths=row_widths(shapes, tensor_parallel_size=size), chunk=chunk, pin=pin)
-        self.limit = limit  # plans kept, least recently used dropped first
+        self.host_cache_bytes = host_cache_bytes  # plans kept, least recently used dropped first
         self._plans: dict[str, AdapterPlan | BaseException] = {}
         self._done = threading.Condition()
         self._pending: queue.Queue = queue.Queue()
@@ -70,7 +71,7 @@ class AdapterShards:
                 raise RuntimeError(f"adapter {digest[:12]} could not be read on this rank: {plan}") from plan
         with self._done:
             self._plans[digest] = plan  # most recently used last
-            while len(self._plans) > self.limit:
+            while len(self._plans) > 1 and sum(_bytes(p) for p in self._plans.values()) > self.host_cache_bytes:
                 self._plans.pop(next(iter(self._plans)))
         return plan
 
@@ -89,6 +90,10 @@ class AdapterShards:
             plan = self._load(digest, path)
             with self._done:
                 self._plans.setdefault(digest, plan)
+
+
+def _bytes(plan: AdapterPlan | BaseException) -> int:
+    return plan.num_bytes if isinstance(plan, AdapterPlan) else 0
 
 
 def write_adapter(memory: PagedMemory, plan: AdapterPlan, pages: list[int]) -> None:
@@ -134,7 +139,7 @@ def _serve(spec: WorkerSpec, conn) -> None:
         layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)
     shards = AdapterShards(hf_config=read_hf_config(spec.model), max_rank=spec.max_adapter_rank, rank=spec.rank,
                            size=spec.size, num_layers=args.num_layers, chunk=memory.chunk,
-                           pin=device.type == "cuda")
+                           pin=device.type == "cuda", host_cache_bytes=spec.host_cache_bytes)
     decoder = StepDecoder(device)
     conn.send(("ready",))
     stats = {"steps": 0, "step_seconds": 0.0}

@@ -25,11 +25,11 @@ COLUMN_PARALLEL = tuple(m for m in PROJECTIONS if m not in ROW_PARALLEL)
 def check_divisible(*, num_heads: int, num_kv_heads: int, intermediate_size: int, size: int) -> None:
     """ValueError naming the counts when the model cannot be split over `size` ranks."""
     counts = {"attention heads": num_heads, "key/value heads": num_kv_heads, "intermediate size": intermediate_size}
-    bad = [f"{name} {count}" for name, count in counts.items() if count % size]
+    bad = [name for name, count in counts.items() if count % size]
     if bad:
-        raise ValueError(f"tensor_parallel_size {size} must divide this model's {', '.join(bad)} "
-                         f"(it has {num_heads} attention heads, {num_kv_heads} key/value heads, "
-                         f"intermediate size {intermediate_size})")
+        raise ValueError(f"tensor_parallel_size {size} must divide this model's attention heads ({num_heads}), "
+                         f"key/value heads ({num_kv_heads}) and intermediate size ({intermediate_size}); "
+                         f"it does not divide the {' nor the '.join(bad)}")
 
 
 def check_tensor_parallel(args, *, size: int, device: torch.device) -> None:

@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks import tensor_parallel
 from engine import LLM, SamplingParams
+from engine.__main__ import main as cli_main
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.parallel.worker_group import RankFailed
@@ -151,11 +152,15 @@ def test_shards_are_halves(engines):
     assert two.state()["tensor_parallel_size"] == 2
 
 
-def test_heads_must_divide(checkpoints):
-    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide .*attention heads 4.*key/value heads 2"):
+def test_heads_must_divide(checkpoints, monkeypatch, capsys):
+    with pytest.raises(ValueError, match=r"attention heads \(4\), key/value heads \(2\) and intermediate size \(96\);"
+                                         r" it does not divide the attention heads nor the key/value heads"):
         LLMEngine(EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=3))
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=0)
+    monkeypatch.setenv("QUILT_ENGINE_TOKEN", "t")
+    assert cli_main(["--model", str(checkpoints["llama"]), "--tensor-parallel-size", "3"]) == 2
+    assert "invalid engine configuration: tensor_parallel_size 3 must divide" in capsys.readouterr().err
 
 
 def kill_after_steps(engine: LLMEngine, steps: int) -> threading.Thread:

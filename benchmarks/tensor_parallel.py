@@ -73,6 +73,7 @@ class Result:
     phases: dict[str, Phase] = field(default_factory=lambda: {"prefill": Phase(), "decode": Phase()})
     tokens: list[list[int]] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)
+    probes: dict[str, float] = field(default_factory=dict)  # phase -> seconds of one bare all-reduce of its size
 
 
 def run(base: Path, adapters: list[Path], *, tp: int, requests: list, device: str, dtype: str) -> Result:
@@ -114,6 +115,12 @@ def run(base: Path, adapters: list[Path], *, tp: int, requests: list, device: st
             result.workers = [{k: a[k] - b[k] for k in ("steps", "step_seconds", "comm_seconds")}
                               for a, b in zip(after, workers_before, strict=True)]
         result.tokens = [tokens[str(i)] for i in range(len(requests))]
+        if engine.workers:
+            dtype = engine.memory.layers[0].dtype
+            for name, phase in result.phases.items():
+                if phase.steps:
+                    shape = (max(1, phase.tokens // phase.steps), engine.runner.model.args.hidden_size)
+                    result.probes[name] = engine.workers.probe(engine.comm, shape, dtype, count=50)
         return result
     finally:
         engine.shutdown()
@@ -161,6 +168,11 @@ def main(argv: list[str] | None = None) -> None:
             base = first.phases[name] if args.tp[0] == 1 else None
             print(result.phases[name].row(name, tp, base))
     for tp, result in results.items():
+        for name, seconds in result.probes.items():
+            phase = result.phases[name]
+            print(f"tp={tp} {name}: one all-reduce of [{phase.tokens // max(phase.steps, 1)}, {args.hidden}] alone "
+                  f"(ranks idle, back to back) {seconds * 1e3:.3f} ms; in the steps "
+                  f"{phase.all_reduce / max(phase.calls, 1) * 1e3:.3f} ms (the rest is waiting for the slower rank)")
         for rank, w in enumerate(result.workers, start=1):
             print(f"tp={tp} rank {rank}: {w['steps']} steps, {w['step_seconds'] / max(w['steps'], 1) * 1e3:.2f} ms "
                   f"per step of which all-reduce {w['comm_seconds'] / max(w['steps'], 1) * 1e3:.2f} ms")

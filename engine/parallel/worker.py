@@ -3,7 +3,7 @@ page memory (same page ids as rank 0, its share of the KV heads), and then, for 
 its shard of any adapter rank 0 placed into the same pages and runs the same forward pass. It never samples.
 
 Messages from rank 0 (a Pipe): ("memory", num_pages), ("preload", digest, path), ("step", bytes),
-("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",), ("stats", dict), ("error", text).
+("probe", shape, count), ("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",), ("stats", dict), ("error", text).
 """
 
 import queue
@@ -150,6 +150,11 @@ def _serve(spec: WorkerSpec, conn) -> None:
             return
         if message[0] == "preload":
             shards.preload(message[1], message[2])
+        elif message[0] == "probe":  # rank 0 times bare all-reduces of this shape (benchmarks)
+            _, shape, count = message
+            x = torch.zeros(shape, dtype=model.lm_head.weight.dtype, device=device)
+            for _ in range(count):
+                comm.all_reduce(x)
         elif message[0] == "stats":
             conn.send(("stats", {**stats, "comm_seconds": comm.seconds, "comm_calls": comm.calls}))
         elif message[0] == "step":

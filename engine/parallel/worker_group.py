@@ -176,6 +176,21 @@ class WorkerGroup:
         self._send(("stats",))
         return [self._expect(i, "stats", 60.0)[1] for i in range(len(self.conns))]
 
+    def probe(self, comm: Communicator, shape: tuple[int, ...], dtype: torch.dtype, count: int) -> float:
+        """Mean seconds of one all-reduce of `shape` run back to back on every rank, nothing else running: the
+        collective's own cost, without waiting for a slower rank (benchmarks)."""
+        self._send(("probe", tuple(shape), count))
+        x = torch.zeros(shape, dtype=dtype, device=self.device)
+        comm.all_reduce(x)  # the first one also waits for every worker to get here
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        start = time.perf_counter()
+        for _ in range(count - 1):
+            comm.all_reduce(x)
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        return (time.perf_counter() - start) / max(count - 1, 1)
+
     def stop(self) -> None:
         """Stop every worker (asking first, then terminating); idempotent."""
         self._finalizer()

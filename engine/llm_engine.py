@@ -68,8 +68,8 @@ class LLMEngine:
         if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
             fits = 1 << (-(-widest // (kv_heads * args.head_dim)) - 1).bit_length()
             raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
-                             f"chunk (block_size * kv_heads * head_dim = {chunk}) must hold a row of {widest} "
-                             f"values; use block_size {fits} or more")
+                             f"chunk (block_size * kv_heads{' per rank' if tp > 1 else ''} * head_dim = {chunk}) must "
+                             f"hold a row of {widest} values; use block_size {fits} or more")
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
                                    block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,

@@ -57,8 +57,11 @@ class WorkerGroup:
         self._copies: list[AdapterCopy] = []
         self._sent_lora = None  # the LoRABatch whose tables the workers hold
         self._failure: str | None = None
+        self._stopping = False
         self.broadcast_seconds = 0.0
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        threading.Thread(target=_watch, args=(weakref.ref(self), [p.sentinel for p in self.processes]),
+                         name="tensor-parallel-watch", daemon=True).start()
 
     # start-up
     def connect(self, comm: Communicator) -> list[int]:
@@ -125,18 +128,17 @@ class WorkerGroup:
 
     # failures
     def failure(self) -> str | None:
-        """Why the group cannot run another step (a worker died or failed), or None."""
-        if self._failure is None:
-            for index, process in enumerate(self.processes):
-                if not process.is_alive():
-                    self._failure = self._describe(index)
-                    break
+        """Why the group cannot run another step (a worker died or failed), or None. Any thread: a watcher
+        thread records a worker's death the moment it happens, even while a step is blocked in a collective."""
         return self._failure
 
     def check(self) -> None:
-        failure = self.failure()
-        if failure is not None:
-            raise RankFailed(failure)
+        if self._failure is None:
+            for index, process in enumerate(self.processes):
+                if not process.is_alive():
+                    self._fail(self._describe(index))
+        if self._failure is not None:
+            raise RankFailed(self._failure)
 
     def failed(self, error: BaseException) -> RankFailed:
         """The RankFailed to raise for an exception out of a step: names the worker that died or failed if one
@@ -153,7 +155,7 @@ class WorkerGroup:
                         continue
                     if message[0] == "error":
                         return self._fail(f"tensor-parallel rank {index + 1} failed: {message[1]}")
-            if self.failure() is not None:
+            if self._failure is not None:
                 return RankFailed(self._failure)
             time.sleep(0.05)
         return self._fail(f"tensor-parallel step failed: {type(error).__name__}: {error}")
@@ -193,7 +195,15 @@ class WorkerGroup:
 
     def stop(self) -> None:
         """Stop every worker (asking first, then terminating); idempotent."""
+        self._stopping = True
         self._finalizer()
+
+
+def _watch(group_ref: "weakref.ref[WorkerGroup]", sentinels: list[int]) -> None:
+    ready = multiprocessing.connection.wait(sentinels)
+    group = group_ref()
+    if group is not None and not group._stopping:
+        group._fail(group._describe(sentinels.index(ready[0])))
 
 
 def _stop(processes: list[multiprocessing.Process], conns: list) -> None:

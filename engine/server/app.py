@@ -150,8 +150,8 @@ class EngineAPI:
         return JSONResponse({"digest": digest, "evicted": evicted})
 
     async def health(self, request: Request) -> Response:
-        status = "ok" if self.loop.healthy and self.loop.accepting else \
-            "draining" if self.loop.healthy else "unhealthy"
+        healthy = self.loop.healthy and self.engine.failure() is None  # a dead tensor-parallel rank shows at once
+        status = "ok" if healthy and self.loop.accepting else "draining" if healthy else "unhealthy"
         body = {"status": status, "model": self.model_name, "device": str(self.engine.device),
                 "max_model_len": self.engine.max_model_len}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)

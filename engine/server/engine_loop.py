@@ -100,6 +100,9 @@ class EngineLoop:
     async def submit(self, request: GenerateRequest, prompt_token_ids: list[int], *, arrival: float) -> RequestHandle:
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
+        failure = self.engine.failure()
+        if failure is not None:  # a tensor-parallel rank died: no step can run
+            raise Unavailable(failure)
         handle = RequestHandle(request=request, prompt_token_ids=prompt_token_ids, arrival=arrival)
         await self.call(lambda engine: self._add(handle))
         return handle

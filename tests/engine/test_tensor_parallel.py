@@ -197,8 +197,8 @@ def test_killed_rank_fails_requests_and_health(checkpoints):
         assert 0 < len(answer["token_ids"]) < 200
         health = client.get("/v1/health", headers=auth)
         assert health.status_code == 503 and health.json()["status"] == "unhealthy"
-        again = client.post("/v1/generate", json=body, headers=auth).json()  # fails at once, same reason
-        assert again["finish_reason"] == "error" and "rank 1" in again["error"]
+        again = client.post("/v1/generate", json=body, headers=auth)  # refused at once, same reason
+        assert again.status_code == 503 and "rank 1" in again.json()["error"]["message"]
     assert not worker.is_alive()
     with pytest.raises(RankFailed, match="rank 1"):
         engine.add_request("late", [5, 6], GREEDY)

@@ -182,7 +182,7 @@ def test_killed_rank_fails_requests_and_health(checkpoints):
                               drain_timeout_s=1.0), token="t")
     auth = {"Authorization": "Bearer t"}
     body = {"prompt_token_ids": [7, 8, 9, 10], "stream": False,
-            "sampling": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}}
+            "sampling": {"temperature": 0, "max_tokens": 240, "ignore_eos": True}}
     worker = engine.workers.processes[0]
     with TestClient(app) as client:
         short = client.post("/v1/generate", json={**body, "sampling": {"max_tokens": 3}}, headers=auth).json()
@@ -194,7 +194,7 @@ def test_killed_rank_fails_requests_and_health(checkpoints):
         assert time.monotonic() - started < 30  # an error, not a hang
         assert answer["finish_reason"] == "error"
         assert "tensor-parallel rank 1" in answer["error"] and "killed by signal 9" in answer["error"]
-        assert 0 < len(answer["token_ids"]) < 200
+        assert 0 < len(answer["token_ids"]) < 240
         health = client.get("/v1/health", headers=auth)
         assert health.status_code == 503 and health.json()["status"] == "unhealthy"
         again = client.post("/v1/generate", json=body, headers=auth)  # refused at once, same reason

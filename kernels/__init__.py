@@ -80,20 +80,23 @@ def lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offset
     return reference.lora_expand(*args, meta=meta)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping):
+def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
+    args = (k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
     if backend_for(k) == "triton":
-        return _store_kv.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return _store_kv.store_kv(*args)
+    return reference.store_kv(*args)
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None):
+    args = (q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
-        return _paged_attention_decode.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return _paged_attention_decode.paged_attention_decode(*args)
+    return reference.paged_attention_decode(*args)
 
 
-def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale):
-    args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale)
+def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,
+                            v_scales=None):
+    args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
         return _paged_attention_prefill.paged_attention_prefill(*args)
     return reference.paged_attention_prefill(*args)

@@ -268,3 +268,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """An fp8 projection: both operands in float8_e4m3fn, each with one scale per row.
+
+    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448);
+    out[t, o] = sx[t] * weight_scale[o] * sum_i xq[t, i] * weight[o, i], summed in float32.
+
+    x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out] float32; returns out [T, out] in x.dtype.
+    """
+    xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
+    return out.to(x.dtype)

@@ -68,6 +68,36 @@ def agreement(reference: LLM, quantized: LLM, prompts: list[list[int]], adapters
             "decisive_agreement": decisive_agree / max(decisive, 1)}
 
 
+def train_peaked(base_dir: Path, directory: Path, *, steps: int = 300, seed: int = 0) -> Path:
+    """`base_dir`'s model trained briefly on a synthetic bigram chain (each token has three successors, with
+    probabilities 0.6, 0.25, 0.15), saved to `directory` with its tokenizer files: a model whose next-token
+    distributions are peaked the way a trained LM's are, unlike a random checkpoint's near-flat ones (on which
+    a top-1 comparison mostly counts near-ties)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).train()
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    successors = torch.randint(6, vocab, (vocab, 3), generator=gen)  # [vocab, 3]
+    probs = torch.tensor([0.6, 0.25, 0.15])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        tokens = torch.empty(32, 32, dtype=torch.long)  # [batch, length]
+        tokens[:, 0] = torch.randint(6, vocab, (32,), generator=gen)
+        for t in range(1, tokens.shape[1]):
+            tokens[:, t] = successors[tokens[:, t - 1], torch.multinomial(probs, 32, replacement=True, generator=gen)]
+        loss = model(tokens, labels=tokens).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (Path(base_dir) / name).exists():
+            (Path(directory) / name).write_bytes((Path(base_dir) / name).read_bytes())
+    return Path(directory)
+
+
 def build_cpu_checkpoint(root: Path, *, hidden: int, layers: int, num_adapters: int) -> tuple[Path, dict[str, Path]]:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -2,13 +2,16 @@
 
 The engine is checked two ways: against transformers + PEFT applied to the dequantized int8 base (the
 same function up to float rounding), and against the unquantized engine over 2,000 generated tokens with
-mixed adapters (top-1 agreement and mean |delta log-probability|, printed; benchmarks/RESULTS.md has them)."""
+mixed adapters (top-1 agreement and mean |delta log-probability|, printed; benchmarks/RESULTS.md has them).
+Agreement is asserted on the tiny llama checkpoint trained briefly (benchmarks.quantization.train_peaked):
+the random checkpoint's next-token distributions are so flat that 4% of its greedy positions have their
+top two tokens within 0.02 nats, where any perturbation flips the choice (docs/quantization.md)."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.quantization import CONFIGS, agreement
+from benchmarks.quantization import CONFIGS, agreement, train_peaked
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.models import load_model
@@ -23,6 +26,7 @@ from tests.engine.conftest import Oracle, build_adapter, build_tokenizer, random
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+MAX_MEAN_DLOGPROB = {"int8": 0.01, "fp8": 0.04, "kv-fp8": 0.01, "fp8+kv-fp8": 0.04}
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +47,20 @@ def make_llm(model_dir, adapters, **config) -> LLM:
 
 
 @pytest.fixture(scope="module")
-def reference(checkpoints, adapters):
-    return make_llm(checkpoints["llama"], adapters)
+def peaked(checkpoints, tmp_path_factory):
+    """The llama checkpoint trained on a bigram chain, and three adapters of it."""
+    root = tmp_path_factory.mktemp("quant-peaked")
+    base = train_peaked(checkpoints["llama"], root / "base")
+    return base, {
+        "all8": build_adapter(base, root / "all8", seed=30, r=8, targets=ALL),
+        "qv4": build_adapter(base, root / "qv4", seed=31, r=4, targets=["q_proj", "v_proj"]),
+        "mlp16": build_adapter(base, root / "mlp16", seed=32, r=16, targets=["gate_proj", "up_proj", "down_proj"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(peaked):
+    return make_llm(*peaked)
 
 
 def _projections(model):
@@ -100,21 +116,24 @@ def test_int8_engine_matches_peft_on_the_dequantized_base(checkpoints, adapters,
 
 
 @pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-def test_agreement_with_the_unquantized_engine_over_2000_tokens(checkpoints, adapters, reference, config):
+def test_agreement_with_the_unquantized_engine_over_2000_tokens(peaked, reference, config):
     quantization, kv_cache_dtype = CONFIGS[config]
-    llm = make_llm(checkpoints["llama"], adapters, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    llm = make_llm(*peaked, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     prompts = random_prompts(7, [4 + (i * 7) % 29 for i in range(40)])
     names = [[None, "all8", "qv4", "mlp16"][i % 4] for i in range(40)]
     result = agreement(reference, llm, prompts, names, max_tokens=50)
     print(f"\n{config}: top-1 agreement {result['agreement']:.2%} over {result['tokens']} tokens, "
-          f"mean |dlogprob| {result['mean_abs_dlogprob']:.5f}, max {result['max_abs_dlogprob']:.4f}")
+          f"mean |dlogprob| {result['mean_abs_dlogprob']:.5f}, max {result['max_abs_dlogprob']:.4f}; "
+          f"{result['decisive_agreement']:.2%} of {result['decisive_tokens']} decisive positions")
     assert result["tokens"] == 2000
     assert result["agreement"] >= 0.98
-    assert result["mean_abs_dlogprob"] > 0  # it is quantized
+    # the size of the error each scheme makes (int8 ~0.5% per weight, fp8 ~3.7% per product, fp8 KV ~3% per
+    # value, measured 0.002-0.013): a wrong scale or a misplaced page shows as a larger mean
+    assert 0 < result["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB[config]
 
 
-def test_fp8_kv_cache_holds_more_tokens_in_the_same_pool(checkpoints, adapters, reference):
-    llm = make_llm(checkpoints["llama"], adapters, kv_cache_dtype="fp8", quantization="int8")
+def test_fp8_kv_cache_holds_more_tokens_in_the_same_pool(peaked, reference):
+    llm = make_llm(*peaked, kv_cache_dtype="fp8", quantization="int8")
     split, full = llm.engine.memory_split(), reference.engine.memory_split()
     # fp32 K and V of head_dim 16: 64 bytes; fp8: 16 bytes and a float32 scale
     assert split["kv_bytes_per_token"] == full["kv_bytes_per_token"] * (16 + 4) / 64

@@ -120,11 +120,12 @@ def test_fp8_attention_is_close_to_full_precision():
     shape = (k8.shape[0], layout.block_size, layout.kv_heads, layout.head_dim)
     k32, v32 = torch.zeros(shape), torch.zeros(shape)
     reference.store_kv(k, v, k32, v32, slots)
-    q = torch.randn(2, layout.heads, layout.head_dim)
-    full = reference.paged_attention_decode(q, k32, v32, tables, lens, 0.3)
-    fp8 = reference.paged_attention_decode(q, k8, v8, tables, lens, 0.3, ks, vs)
-    error = (fp8 - full).abs().max().item()
-    assert 0 < error < 0.05 * full.abs().max().item()
+    q = torch.randn(2, layout.heads, layout.head_dim, generator=torch.Generator().manual_seed(0))
+    scale = 1 / math.sqrt(layout.head_dim)
+    full = reference.paged_attention_decode(q, k32, v32, tables, lens, scale)
+    fp8 = reference.paged_attention_decode(q, k8, v8, tables, lens, scale, ks, vs)
+    relative = ((fp8 - full).norm() / full.norm()).item()
+    assert 0 < relative < 0.1  # E4M3 keeps 3 mantissa bits: ~3% per value; 4.5-6.5% on this output (5 q seeds)
 
 
 def test_fp8_cache_without_scales_is_refused(device):

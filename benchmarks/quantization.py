@@ -98,7 +98,8 @@ def train_peaked(base_dir: Path, directory: Path, *, steps: int = 300, seed: int
     return Path(directory)
 
 
-def build_cpu_checkpoint(root: Path, *, hidden: int, layers: int, num_adapters: int) -> tuple[Path, dict[str, Path]]:
+def build_cpu_checkpoint(root: Path, *, hidden: int, layers: int, num_adapters: int,
+                         train_steps: int) -> tuple[Path, dict[str, Path]]:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -107,6 +108,8 @@ def build_cpu_checkpoint(root: Path, *, hidden: int, layers: int, num_adapters: 
                          max_position_embeddings=1024, initializer_range=0.15, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(root / "base")
+    if train_steps:
+        train_peaked(root / "base", root / "base", steps=train_steps)
     adapter_dirs = {}
     for i in range(num_adapters):
         model = get_peft_model(LlamaForCausalLM.from_pretrained(root / "base"),
@@ -187,6 +190,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=None)
     parser.add_argument("--adapters", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=0,
+                        help="CPU shapes: train the random checkpoint this many steps first (train_peaked)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     gpu = args.shape == "llama3-8b"
@@ -197,7 +202,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batch = args.batch or (8 if args.shape == "tiny" else 32)
     args.decode_steps = args.decode_steps or (8 if args.shape == "tiny" else 32)
     args.prompt_len = args.prompt_len or (512 if gpu else 64)
-    args.block_size = 32 if gpu else 16  # fp8 KV in bf16: a chunk holds 16 * 1024 / 2 values < 14336 at 16
+    args.block_size = 32  # fp8 KV: a chunk holds half (bf16) or a quarter (fp32) of the values it holds otherwise
     context = args.prompt_len + max(args.decode_steps, args.tokens // args.batch) + 8
     args.kv_blocks = args.batch * -(-context // args.block_size) * 2
     args.adapter_memory_bytes = (args.adapters * (84 << 20) * 2) if gpu else None
@@ -213,12 +218,16 @@ def main(argv=None) -> int:
         base, adapter_dirs = build_gpu_checkpoint(work, layers=args.layers, num_adapters=args.adapters)
     else:
         hidden, layers = (64, 2) if args.shape == "tiny" else (256, 4)
-        base, adapter_dirs = build_cpu_checkpoint(work, hidden=hidden, layers=layers, num_adapters=args.adapters)
+        base, adapter_dirs = build_cpu_checkpoint(work, hidden=hidden, layers=layers, num_adapters=args.adapters,
+                                                  train_steps=args.train_steps)
     prompts, adapters = workload(args, list(adapter_dirs))
     reference = make_llm(base, adapter_dirs, args, None, "auto")
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "shape": args.shape,
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "shape": args.shape + (f" ({args.layers} layers)" if args.layers else "")
+              + (f", trained {args.train_steps} steps" if args.train_steps else ", random weights"),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "2-core CPU container",
-              "dtype": args.dtype, "batch": args.batch, "reference": reference.engine.memory_split(), "configs": {}}
+              "dtype": args.dtype, "batch": args.batch, "reference": reference.engine.memory_split(), "configs": {},
+              "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory if args.device != "cpu" else None}
     per_request = -(-args.tokens // args.batch)
     for name in args.configs:
         quantization, kv_cache_dtype = CONFIGS[name]
@@ -249,8 +258,9 @@ def table(report: dict) -> list[str]:
     mib = 1 << 20
     lines = [f"## quantization: {report['shape']}, {report['dtype']}, {report['device']}, decode batch {report['batch']}",
              "| config | weights MiB (unquantized) | KV bytes/token (unquantized) | KV tokens in the same memory "
-             "(unquantized) | decode tok/s (unquantized) | ratio | top-1 agreement | tokens | mean abs dlogprob |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "(unquantized) | decode tok/s (unquantized) | ratio | top-1 agreement | tokens | mean abs dlogprob "
+             "| agreement where the top-2 gap > 0.1 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in report["configs"].items():
         m = r["memory"]
         lines.append(
@@ -259,7 +269,15 @@ def table(report: dict) -> list[str]:
             f"| {m['kv_capacity_tokens']} ({m['kv_capacity_tokens_full_precision']}) "
             f"| {r['decode_tok_s']:.0f} ({r['reference_decode_tok_s']:.0f}) "
             f"| {r['decode_tok_s'] / r['reference_decode_tok_s']:.2f} | {r['agreement']:.2%} | {r['tokens']} "
-            f"| {r['mean_abs_dlogprob']:.4f} |")
+            f"| {r['mean_abs_dlogprob']:.4f} | {r['decisive_agreement']:.2%} of {r['decisive_tokens']} |")
+    total = report.get("device_memory_bytes")
+    if total:  # arithmetic on the bytes measured above, not a measurement
+        lines.append(f"KV tokens that 90% of this GPU's {total / 2**30:.0f} GiB holds after the weights (computed):")
+        fit = [f"unquantized {int((0.9 * total - ref['base_weights_bytes']) // ref['kv_bytes_per_token'])}"]
+        for name, r in report["configs"].items():
+            m = r["memory"]
+            fit.append(f"{name} {int((0.9 * total - m['base_weights_bytes']) // m['kv_bytes_per_token'])}")
+        lines.append(", ".join(fit))
     return lines
 
 

@@ -53,7 +53,7 @@ class LLMEngine:
         full_precision_bytes = tensor_bytes(model)
         if config.quantization is not None:
             quantize_model(model, config.quantization)
-        self.kv_dtype = kv_dtype(config.kv_cache_dtype, model.lm_head.weight.dtype)
+        self.kv_dtype = kv_dtype(config.kv_cache_dtype, model.lm_head.weight.dtype, self.device)
         args = model.args
         longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
         if config.max_model_len is not None and config.max_model_len > longest:

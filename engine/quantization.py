@@ -15,8 +15,12 @@ log = logging.getLogger(__name__)
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # None: the model dtype
 
 
-def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV pages' dtype; fp8 on CUDA needs a GPU with fp8 conversions (compute capability 8.9+)."""
+    dtype = KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+    if dtype != model_dtype and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError("kv_cache_dtype 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
+    return dtype
 
 
 @dataclass

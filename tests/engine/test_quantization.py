@@ -155,3 +155,44 @@ def test_bad_quantization_settings_are_refused(checkpoints, field, value, messag
     with pytest.raises(ValueError, match=message):
         EngineConfig(model=str(checkpoints["llama"]), **{field: value})
     assert EngineConfig(model=str(checkpoints["llama"]), quantization="none").quantization is None
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@CUDA
+def test_fp8_linear_on_cuda_matches_the_reference():
+    import kernels
+    from engine.models.quantized_linear import quantize_fp8
+    from kernels import reference
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 256, generator=gen)
+    weight, scale = quantize_fp8(torch.randn(96, 256, generator=gen) * 0.05)
+    expected = reference.fp8_linear(x, weight, scale)
+    got = kernels.fp8_linear(x.cuda().bfloat16(), weight.cuda(), scale.cuda())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float().cpu(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+def test_agreement_on_cuda_in_bfloat16(peaked, config):
+    """The CUDA paths (torch._scaled_mm, the Triton kernels on fp8 pages) against the unquantized bf16 engine."""
+    quantization, kv_cache_dtype = CONFIGS[config]
+    base, names = peaked
+
+    def cuda_llm(**fields):
+        llm = LLM(base, device="cuda", dtype="bfloat16", max_num_seqs=40, num_kv_blocks=256, **fields)
+        for name, path in names.items():
+            llm.add_adapter(name, path)
+        return llm
+
+    prompts = random_prompts(7, [4 + (i * 7) % 29 for i in range(40)])
+    adapters = [[None, "all8", "qv4", "mlp16"][i % 4] for i in range(40)]
+    result = agreement(cuda_llm(), cuda_llm(quantization=quantization, kv_cache_dtype=kv_cache_dtype), prompts,
+                       adapters, max_tokens=50)
+    print(f"\ncuda {config}: top-1 agreement {result['agreement']:.2%}, mean |dlogprob| {result['mean_abs_dlogprob']:.4f}")
+    assert result["agreement"] >= 0.98

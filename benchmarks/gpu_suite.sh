@@ -133,8 +133,8 @@ for step in $STEPS; do
     quant)
       # shellcheck disable=SC2086
       if [ "$DRY" = 1 ]; then
-        run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --shape tiny --tokens 64 --rounds 1 \
-          --decode-steps 2 --configs fp8 fp8+kv-fp8 --json "$OUT/quant.json"
+        run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --shape llama-tiny --json "$OUT/quant.json" \
+          $QUANT_ARGS --tokens 64 --batch 8 --rounds 1 --decode-steps 2
       else
         run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
           --json "$OUT/quant.json" $QUANT_ARGS

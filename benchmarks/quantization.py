@@ -122,19 +122,30 @@ def build_cpu_checkpoint(root: Path, *, hidden: int, layers: int, num_adapters: 
     return root / "base", adapter_dirs
 
 
-def build_gpu_checkpoint(root: Path, *, layers: int | None, num_adapters: int) -> tuple[Path, dict[str, Path]]:
+def llama_shape_of(args):
+    """The benchmarks/llama_shape.py shape of --shape llama3-8b (or llama-tiny, its CPU dry run), --layers applied."""
     from dataclasses import asdict
 
     from benchmarks import llama_shape
 
-    shape = llama_shape.LLAMA3_8B
-    if layers:
-        shape = llama_shape.Shape(**{**asdict(shape), "layers": layers, "name": f"{shape.name}-{layers}L"})
-    written = llama_shape.write_checkpoint(root / "base", shape, dtype=torch.bfloat16, device="cuda")
-    print(f"checkpoint {shape.name}: {written['bytes'] / 1e9:.1f} GB in {written['seconds']:.1f} s", flush=True)
-    adapters, _ = llama_shape.write_adapters(root, shape, list(range(num_adapters)), rank=16, dtype=torch.bfloat16,
-                                             device="cuda")
-    torch.cuda.empty_cache()
+    shape = llama_shape.LLAMA3_8B if args.shape == "llama3-8b" else llama_shape.TINY
+    if args.layers:
+        shape = llama_shape.Shape(**{**asdict(shape), "layers": args.layers, "name": f"{shape.name}-{args.layers}L"})
+    return shape
+
+
+def build_shape_checkpoint(root: Path, args) -> tuple[Path, dict[str, Path]]:
+    """A llama_shape checkpoint of random weights (std 0.02) and rank-16 adapters on all seven projections."""
+    from benchmarks import llama_shape
+
+    shape, dtype = llama_shape_of(args), getattr(torch, args.dtype)
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    written = llama_shape.write_checkpoint(root / "base", shape, dtype=dtype, device=device)
+    print(f"checkpoint {shape.name}: {written['bytes'] / 1e9:.2f} GB in {written['seconds']:.1f} s", flush=True)
+    adapters, _ = llama_shape.write_adapters(root, shape, list(range(args.adapters)), rank=16, dtype=dtype,
+                                             device=device)
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return root / "base", {f"adapter{i}": Path(path) for i, (path, _) in adapters.items()}
 
 
@@ -172,8 +183,7 @@ def decode_tokens_per_s(llm: LLM, prompts: list[list[int]], adapters: list[str |
 
 def workload(args, names: list[str]) -> tuple[list[list[int]], list[str | None]]:
     rng = random.Random(0)
-    vocab = 1024 if args.device == "cpu" else 128256
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(8, args.prompt_len))] for _ in range(args.batch)]
+    prompts = [[rng.randrange(3, args.vocab) for _ in range(rng.randint(8, args.prompt_len))] for _ in range(args.batch)]
     choices = [None, *names]
     return prompts, [choices[i % len(choices)] for i in range(args.batch)]
 
@@ -181,7 +191,9 @@ def workload(args, names: list[str]) -> tuple[list[list[int]], list[str | None]]
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--shape", default="small", choices=["tiny", "small", "llama3-8b"])
+    parser.add_argument("--shape", default="small", choices=["tiny", "small", "llama3-8b", "llama-tiny"],
+                        help="tiny, small: transformers + PEFT checkpoints; llama3-8b (CUDA), llama-tiny (its dry "
+                             "run): benchmarks/llama_shape.py's")
     parser.add_argument("--layers", type=int, help="llama3-8b: fewer layers than 32 (time budget)")
     parser.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS))
     parser.add_argument("--batch", type=int, default=None, help="decode batch (default 32; tiny 8)")
@@ -194,18 +206,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="CPU shapes: train the random checkpoint this many steps first (train_peaked)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    gpu = args.shape == "llama3-8b"
-    if gpu and not args.device.startswith("cuda"):
+    gpu = args.shape in ("llama3-8b", "llama-tiny")
+    if args.shape == "llama3-8b" and not args.device.startswith("cuda"):
         parser.error("--shape llama3-8b needs --device cuda")
     args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     args.configs = args.configs or (["fp8", "kv-fp8", "fp8+kv-fp8", "int8"] if gpu else list(CONFIGS))
     args.batch = args.batch or (8 if args.shape == "tiny" else 32)
     args.decode_steps = args.decode_steps or (8 if args.shape == "tiny" else 32)
-    args.prompt_len = args.prompt_len or (512 if gpu else 64)
+    args.prompt_len = args.prompt_len or (512 if args.shape == "llama3-8b" else 64)
     args.block_size = 32  # fp8 KV: a chunk holds half (bf16) or a quarter (fp32) of the values it holds otherwise
     context = args.prompt_len + max(args.decode_steps, args.tokens // args.batch) + 8
     args.kv_blocks = args.batch * -(-context // args.block_size) * 2
-    args.adapter_memory_bytes = (args.adapters * (84 << 20) * 2) if gpu else None
+    args.adapter_memory_bytes = None
+    if gpu:
+        from benchmarks import llama_shape
+
+        itemsize = getattr(torch, args.dtype).itemsize
+        args.adapter_memory_bytes = 2 * args.adapters * llama_shape.adapter_bytes(llama_shape_of(args), 16, itemsize)
+        args.vocab = llama_shape_of(args).vocab
+    else:
+        args.vocab = 1024
     return args
 
 
@@ -214,8 +234,8 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="quilt-quant-"))
-    if args.shape == "llama3-8b":
-        base, adapter_dirs = build_gpu_checkpoint(work, layers=args.layers, num_adapters=args.adapters)
+    if args.shape in ("llama3-8b", "llama-tiny"):
+        base, adapter_dirs = build_shape_checkpoint(work, args)
     else:
         hidden, layers = (64, 2) if args.shape == "tiny" else (256, 4)
         base, adapter_dirs = build_cpu_checkpoint(work, hidden=hidden, layers=layers, num_adapters=args.adapters,

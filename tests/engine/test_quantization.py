@@ -142,6 +142,7 @@ def test_fp8_kv_cache_holds_more_tokens_in_the_same_pool(peaked, reference):
     assert split["kv_capacity_tokens"] > 3 * split["kv_capacity_tokens_full_precision"]
     assert split["base_weights_bytes"] < full["base_weights_bytes"] == split["base_weights_full_precision_bytes"]
     assert split["quantization"] == "int8" and split["kv_cache_dtype"] == "float8_e4m3fn"
+    assert llm.engine.state()["memory"]["kv_capacity_tokens"] == split["kv_capacity_tokens"]  # /v1/state
     k_cache, _ = llm.engine.memory.kv_cache(0)
     assert k_cache.dtype == torch.float8_e4m3fn
     assert llm.engine.memory.flat(0).dtype == torch.float32  # adapter rows stay in the activation dtype

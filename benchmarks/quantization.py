@@ -166,7 +166,8 @@ def decode_tokens_per_s(llm: LLM, prompts: list[list[int]], adapters: list[str |
     tag = f"decode-{time.monotonic_ns()}"
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
         engine.add_request(f"{tag}-{i}", prompt, sampling, adapter=names.get(adapter))
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running + list(engine.scheduler.waiting)):
+    scheduler = engine.scheduler
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in [*scheduler.running, *scheduler.waiting]):
         engine.step()
     sync = torch.cuda.synchronize if llm.engine.device.type == "cuda" else (lambda: None)
     sync()
@@ -183,7 +184,8 @@ def decode_tokens_per_s(llm: LLM, prompts: list[list[int]], adapters: list[str |
 
 def workload(args, names: list[str]) -> tuple[list[list[int]], list[str | None]]:
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, args.vocab) for _ in range(rng.randint(8, args.prompt_len))] for _ in range(args.batch)]
+    lengths = [rng.randint(8, args.prompt_len) for _ in range(args.batch)]
+    prompts = [[rng.randrange(3, args.vocab) for _ in range(n)] for n in lengths]
     choices = [None, *names]
     return prompts, [choices[i % len(choices)] for i in range(args.batch)]
 
@@ -276,7 +278,8 @@ def main(argv=None) -> int:
 def table(report: dict) -> list[str]:
     ref = report["reference"]
     mib = 1 << 20
-    lines = [f"## quantization: {report['shape']}, {report['dtype']}, {report['device']}, decode batch {report['batch']}",
+    lines = [f"## quantization: {report['shape']}, {report['dtype']}, {report['device']}, "
+             f"decode batch {report['batch']}",
              "| config | weights MiB (unquantized) | KV bytes/token (unquantized) | KV tokens in the same memory "
              "(unquantized) | decode tok/s (unquantized) | ratio | top-1 agreement | tokens | mean abs dlogprob "
              "| agreement where the top-2 gap > 0.1 |",

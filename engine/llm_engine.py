@@ -64,7 +64,8 @@ class LLMEngine:
         shapes = adapters.BaseShapes.from_config(self.hf_config)
         widths = row_widths(shapes)
         chunk = PagedMemory.chunk_values(block_size=config.block_size, kv_heads=args.num_kv_heads,
-                                         head_dim=args.head_dim, dtype=model.lm_head.weight.dtype, kv_dtype=self.kv_dtype)
+                                         head_dim=args.head_dim, dtype=model.lm_head.weight.dtype,
+                                         kv_dtype=self.kv_dtype)
         widest = max(max(w) for w in widths)
         if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
             per_token = chunk // config.block_size  # adapter values per token of a chunk

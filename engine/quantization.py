@@ -44,7 +44,8 @@ class MemoryReport:
                                                head_dim=head_dim, itemsize=model_dtype.itemsize)
         return cls(quantization=quantization or "none", kv_cache_dtype=str(memory.kv_dtype).removeprefix("torch."),
                    weights_bytes=weights_bytes, weights_full_precision_bytes=weights_full_precision_bytes,
-                   kv_bytes_per_token=memory.page_bytes / block_size, kv_bytes_per_token_full_precision=full_page / block_size,
+                   kv_bytes_per_token=memory.page_bytes / block_size,
+                   kv_bytes_per_token_full_precision=full_page / block_size,
                    pool_bytes=memory.num_pages * memory.page_bytes, block_size=block_size)
 
     @property

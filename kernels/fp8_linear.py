@@ -10,7 +10,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     multiples of 16). The product is produced in bfloat16 (row-wise scaling supports no other output) and
     cast to x.dtype."""
     if weight.dtype != FP8 or weight_scale.dtype != torch.float32:
-        raise ValueError(f"fp8_linear: expected an fp8 weight and float32 scales, got {weight.dtype}, {weight_scale.dtype}")
+        raise ValueError(f"fp8_linear: expected an fp8 weight and float32 scales, got {weight.dtype}, "
+                         f"{weight_scale.dtype}")
     if x.shape[-1] % 16 or weight.shape[0] % 16:
         raise ValueError(f"fp8_linear: in and out features must be multiples of 16, got {tuple(weight.shape)}")
     xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T] float32

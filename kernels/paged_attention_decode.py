@@ -145,8 +145,9 @@ def paged_attention_decode(
     q [B, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
     bs a power of two; block_tables [B, max_blocks] int; context_lens [B] int, each >= 1;
     returns out [B, heads, D] in q.dtype. An fp8 cache comes with k_scales, v_scales [num_blocks, bs, kv_heads]
-    float32 and is read as cache * scales[..., None] (kernels.reference.store_kv). partition_size (tuning/tests only): tokens per split-KV
-    partition, a multiple of the KV tile; 0 disables split-KV; None chooses from the shapes.
+    float32 and is read as cache * scales[..., None] (kernels.reference.store_kv). partition_size (tuning/tests
+    only): tokens per split-KV partition, a multiple of the KV tile; 0 disables split-KV; None chooses from the
+    shapes.
     """
     batch = q.shape[0]
     heads, head_dim, block_size, kv_heads = require_paged_attention(

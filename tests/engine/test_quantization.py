@@ -195,5 +195,6 @@ def test_agreement_on_cuda_in_bfloat16(peaked, config):
     adapters = [[None, "all8", "qv4", "mlp16"][i % 4] for i in range(40)]
     result = agreement(cuda_llm(), cuda_llm(quantization=quantization, kv_cache_dtype=kv_cache_dtype), prompts,
                        adapters, max_tokens=50)
-    print(f"\ncuda {config}: top-1 agreement {result['agreement']:.2%}, mean |dlogprob| {result['mean_abs_dlogprob']:.4f}")
+    print(f"\ncuda {config}: top-1 agreement {result['agreement']:.2%}, "
+          f"mean |dlogprob| {result['mean_abs_dlogprob']:.4f}")
     assert result["agreement"] >= 0.98

@@ -68,7 +68,8 @@ def test_store_kv_fp8_matches_reference_on_exact_values(layout, device):
     got = [torch.zeros(shape, dtype=FP8, device=device), torch.zeros(shape, dtype=FP8, device=device),
            torch.zeros(shape[:3], device=device), torch.zeros(shape[:3], device=device)]
     load_triton_op("store_kv")(k, v, got[0], got[1], slots.to(device), got[2], got[3])
-    want = [torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8), torch.zeros(shape[:3]), torch.zeros(shape[:3])]
+    want = [torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8), torch.zeros(shape[:3]),
+            torch.zeros(shape[:3])]
     reference.store_kv(k.cpu(), v.cpu(), want[0], want[1], slots, want[2], want[3])
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g.cpu().view(torch.uint8) if g.dtype == FP8 else g.cpu(),

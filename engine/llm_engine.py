@@ -18,11 +18,13 @@ from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import ModelArgs, load_model, read_hf_config
+from engine.models.quantized_linear import quantize_model, tensor_bytes
 from engine.outputs import Logprob, RequestOutput, Usage
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
+from engine.quantization import MemoryReport, kv_dtype
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -54,6 +56,8 @@ class LLMEngine:
         args = ModelArgs.from_hf_config(self.hf_config)
         tp = config.tensor_parallel_size
         check_tensor_parallel(args, size=tp, device=self.device)
+        model_dtype = getattr(torch, config.dtype)
+        self.kv_dtype = kv_dtype(config.kv_cache_dtype, model_dtype, self.device)
         longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
         if config.max_model_len is not None and config.max_model_len > longest:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
@@ -63,24 +67,31 @@ class LLMEngine:
         shapes = adapters.BaseShapes.from_config(self.hf_config)
         widths = row_widths(shapes, tensor_parallel_size=tp)  # this rank's shard of every adapter row
         kv_heads = args.num_kv_heads // tp  # this rank's
-        chunk = config.block_size * kv_heads * args.head_dim
+        chunk = PagedMemory.chunk_values(block_size=config.block_size, kv_heads=kv_heads, head_dim=args.head_dim,
+                                         dtype=model_dtype, kv_dtype=self.kv_dtype)
         widest = max(max(w) for w in widths)
         if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
-            fits = 1 << (-(-widest // (kv_heads * args.head_dim)) - 1).bit_length()
+            per_token = chunk // config.block_size  # adapter values per token of a chunk
+            fits = 1 << (-(-widest // per_token) - 1).bit_length()
             raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
-                             f"chunk (block_size * kv_heads{' per rank' if tp > 1 else ''} * head_dim = {chunk}) must "
-                             f"hold a row of {widest} values; use block_size {fits} or more")
+                             f"chunk (block_size * kv_heads{' per rank' if tp > 1 else ''} * head_dim in the KV "
+                             f"cache dtype = {chunk} model-dtype values) must hold a row of {widest} values; use "
+                             f"block_size {fits} or more")
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
                                    block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
                                    host_cache_bytes=config.host_adapter_cache_bytes,
+                                   quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype,
                                    timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
-        model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device, comm=self.comm)
+        model = load_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm)
+        full_precision_bytes = tensor_bytes(model)
+        if config.quantization is not None:
+            quantize_model(model, config.quantization)
         workers_free = self.workers.connect(self.comm) if self.workers else []
         num_pages = self._num_pages(model, widths, chunk, workers_free)
         self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
                                   kv_heads=kv_heads, head_dim=args.head_dim,
-                                  dtype=model.lm_head.weight.dtype, device=self.device)
+                                  dtype=model.lm_head.weight.dtype, device=self.device, kv_dtype=self.kv_dtype)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.block_manager = BlockManager(
             num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -116,7 +127,13 @@ class LLMEngine:
         self.num_steps = 0
         self.num_preemptions = 0
         self.last_step_seqs = 0  # sequences in the last step that ran
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weight_bytes = tensor_bytes(model)
+        self.memory_report = MemoryReport.build(
+            quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
+            weights_bytes=self.weight_bytes, weights_full_precision_bytes=full_precision_bytes,
+            num_layers=args.num_layers, block_size=config.block_size, kv_heads=kv_heads,
+            head_dim=args.head_dim, model_dtype=model.lm_head.weight.dtype)
+        self.memory_report.log()
 
     def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int, workers_free: list[int]) -> int:
         """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule. Under
@@ -124,7 +141,8 @@ class LLMEngine:
         config, args = self.config, model.args
         page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
                                                 kv_heads=args.num_kv_heads // self.comm.size, head_dim=args.head_dim,
-                                                itemsize=model.lm_head.weight.element_size())
+                                                itemsize=self.kv_dtype.itemsize,
+                                                kv_scales=self.kv_dtype != model.lm_head.weight.dtype)
         if config.adapter_memory_bytes is not None:
             adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
         else:
@@ -404,6 +422,7 @@ class LLMEngine:
             "kv_pages_bytes": bm.num_used_blocks * page,
             "adapter_pages_bytes": len(bm.adapter_pages) * page,
             "free_bytes": bm.num_free_blocks * page,
+            **self.memory_report.as_dict(),
         }
 
     def state(self) -> dict:

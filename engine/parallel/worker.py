@@ -20,10 +20,12 @@ from engine.adapter_pool import read_adapter
 from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
 from engine.models import load_model, read_hf_config
+from engine.models.quantized_linear import quantize_model
 from engine.paged_memory import PagedMemory
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
 from engine.parallel.step_plan import AdapterCopy, StepDecoder
+from engine.quantization import kv_dtype
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class WorkerSpec:
     block_size: int
     max_adapter_rank: int
     host_cache_bytes: int
+    quantization: str | None
+    kv_cache_dtype: str
     num_threads: int
     timeout_s: float
     timed: bool = False  # add up the time spent in collectives (benchmarks)
@@ -125,6 +129,8 @@ def _serve(spec: WorkerSpec, conn) -> None:
         torch.cuda.set_device(device)
     comm = Communicator(rank=spec.rank, size=spec.size, timed=spec.timed)
     model = load_model(spec.model, dtype=getattr(torch, spec.dtype), device=device, comm=comm)
+    if spec.quantization is not None:
+        quantize_model(model, spec.quantization)  # its own shard, as rank 0 does
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     conn.send(("loaded", free))
     comm.connect(port=spec.port, device=device, timeout_s=spec.timeout_s)
@@ -133,10 +139,12 @@ def _serve(spec: WorkerSpec, conn) -> None:
     args = model.args
     memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=spec.block_size,
                          kv_heads=args.num_kv_heads // spec.size, head_dim=args.head_dim,
-                         dtype=model.lm_head.weight.dtype, device=device)
+                         dtype=model.lm_head.weight.dtype, device=device,
+                         kv_dtype=kv_dtype(spec.kv_cache_dtype, model.lm_head.weight.dtype, device))
     swap_in_lora(model, memory)
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(model.model.layers):  # as the model runner does on rank 0
         layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)
+        layer.self_attn.k_scales, layer.self_attn.v_scales = memory.kv_scales(i)
     shards = AdapterShards(hf_config=read_hf_config(spec.model), max_rank=spec.max_adapter_rank, rank=spec.rank,
                            size=spec.size, num_layers=args.num_layers, chunk=memory.chunk,
                            pin=device.type == "cuda", host_cache_bytes=spec.host_cache_bytes)

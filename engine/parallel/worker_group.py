@@ -33,7 +33,8 @@ def rank_device(device: str, rank: int) -> str:
 
 class WorkerGroup:
     def __init__(self, *, model: str, dtype: str, device: str, size: int, block_size: int, max_adapter_rank: int,
-                 host_cache_bytes: int, timed: bool = False, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+                 host_cache_bytes: int, quantization: str | None = None, kv_cache_dtype: str = "auto",
+                 timed: bool = False, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
         self.size = size
         self.device = torch.device(device)
         self.port = free_port()
@@ -44,7 +45,8 @@ class WorkerGroup:
         for rank in range(1, size):
             spec = WorkerSpec(model=model, dtype=dtype, device=rank_device(device, rank), rank=rank, size=size,
                               port=self.port, block_size=block_size, max_adapter_rank=max_adapter_rank,
-                              host_cache_bytes=host_cache_bytes,
+                              host_cache_bytes=host_cache_bytes, quantization=quantization,
+                              kv_cache_dtype=kv_cache_dtype,
                               num_threads=torch.get_num_threads(), timeout_s=timeout_s, timed=timed)
             parent, child = context.Pipe()
             process = context.Process(target=worker_main, args=(spec, child), name=f"quilt-tp-rank{rank}",

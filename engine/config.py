@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DTYPES = ("float32", "float16", "bfloat16")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
 @dataclass
@@ -24,6 +25,12 @@ class EngineConfig:
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
+    # speculative decoding (docs/speculative.md)
+    speculative_method: str | None = None  # None, "ngram" or "draft"
+    num_speculative_tokens: int = 4  # tokens proposed per sequence and step
+    speculative_model: str | None = None  # draft checkpoint directory ("draft"; same tokenizer as the model)
+    speculative_max_batch: int = 32  # steps with more running sequences do not speculate (compute-bound)
+    speculative_min_acceptance: float = 0.3  # a sequence whose acceptance rate falls below this stops proposing
 
     def __post_init__(self) -> None:
         if not Path(self.model).is_dir():
@@ -46,3 +53,23 @@ class EngineConfig:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        self._validate_speculative()
+
+    def _validate_speculative(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, got {self.speculative_method!r}")
+        if self.speculative_method is None:
+            return
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1 with speculation on, got {self.num_speculative_tokens}")
+        if self.speculative_max_batch < 1:
+            raise ValueError(f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}")
+        if not 0.0 <= self.speculative_min_acceptance <= 1.0:
+            raise ValueError("speculative_min_acceptance must be in [0, 1]")
+        if self.speculative_method == "draft":
+            if self.speculative_model is None:
+                raise ValueError("speculative_method 'draft' needs speculative_model (a draft checkpoint directory)")
+            if not Path(self.speculative_model).is_dir():
+                raise ValueError(f"speculative_model directory not found: {self.speculative_model}")
+        elif self.speculative_model is not None:
+            raise ValueError("speculative_model is only used with speculative_method 'draft'")

@@ -1,6 +1,7 @@
 """Iteration-level continuous batching. No torch."""
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +18,7 @@ class SchedulerOutput:
     num_tokens: dict[int, int] = field(default_factory=dict)  # seq_id -> tokens computed this step
     new_seq_ids: set[int] = field(default_factory=set)  # admitted this step (first time or after preemption)
     preempted: list[Sequence] = field(default_factory=list)
+    lookahead: dict[int, int] = field(default_factory=dict)  # seq_id -> KV slots reserved for speculative tokens
 
     @property
     def total_tokens(self) -> int:
@@ -47,6 +49,7 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
         adapters: AdapterPages | None = None,
+        lookahead: Callable[[Sequence, int], int] | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -54,6 +57,7 @@ class Scheduler:
         self.chunk_cap = long_prefill_token_threshold or max_num_batched_tokens
         self.policy = policy or VirtualTokenCounter()
         self.adapters = adapters
+        self.lookahead = lookahead  # (decoding seq, batch size) -> speculative tokens it may propose
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -83,6 +87,10 @@ class Scheduler:
         adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
         first one that does not fit stops admission. There is no cap on distinct adapters.
 
+        With speculative decoding, a decoding sequence also gets lookahead slots for the tokens it may
+        propose, as many as the `lookahead` policy grants and the budget and free pages allow without
+        preempting anyone; slots of rejected tokens are given back in `on_step_done`.
+
         Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
         cached blocks no one holds (LRU), adapters no running sequence uses (LRU); and only for a
         running sequence, then, by preempting the newest running sequence (its blocks freed and its
@@ -110,9 +118,12 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break
-            bm.append_slots(seq, n)
+            extra = self._lookahead(seq, n, budget)
+            bm.append_slots(seq, n + extra)
             self._add_to_step(out, seq, n)
-            budget -= n
+            if extra:
+                out.lookahead[seq.seq_id] = extra
+            budget -= n + extra
             i += 1
 
         # waiting
@@ -141,6 +152,14 @@ class Scheduler:
             budget -= n
             candidates.remove(seq)
         return out
+
+    def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
+        if self.lookahead is None or n != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+            return 0
+        extra = min(self.lookahead(seq, len(self.running)), budget - n)
+        while extra > 0 and not self.block_manager.can_append(seq, n + extra):  # never preempt for a guess
+            extra -= 1
+        return max(extra, 0)
 
     def _reclaim(self, num_pages: int, *, keep: str | None = None) -> bool:
         """Free num_pages pages by evicting unpinned adapters; whether that was enough."""
@@ -180,12 +199,16 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def on_step_done(self, out: SchedulerOutput) -> None:
-        """The model ran the step: its tokens are now in the KV cache."""
+    def on_step_done(self, out: SchedulerOutput, accepted: dict[int, int] | None = None) -> None:
+        """The model ran the step: its tokens are now in the KV cache. `accepted`: seq_id -> speculative
+        tokens verified this step (about to be appended), whose KV is valid too; the rest are rolled back."""
         for seq in out.seqs:
             if seq.status == SequenceStatus.RUNNING:
                 seq.num_computed_tokens += out.num_tokens[seq.seq_id]
-                self.block_manager.commit(seq)
+                self.block_manager.commit(seq)  # the accepted tokens' blocks are committed next step
+                if seq.seq_id in out.lookahead:
+                    seq.num_computed_tokens += (accepted or {}).get(seq.seq_id, 0)
+                    self.block_manager.trim(seq, seq.num_computed_tokens + 1)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Finish (or abort) a sequence wherever it is, freeing its blocks at once."""

@@ -10,6 +10,7 @@
 #   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
 #   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
+#   spec     benchmarks/speculative.py on CUDA (demo model, on vs off)   -> spec.log     (not by default)
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
 # runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
@@ -32,6 +33,7 @@ PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
 KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
@@ -125,7 +127,10 @@ for step in $STEPS; do
       # shellcheck disable=SC2086
       run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \
         --json "$OUT/trace.json" --budget-s $((TRACE_S - 20)) $TRACE_ARGS ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace)" >&2; exit 2 ;;
+    spec)
+      if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
+      else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, spec)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,7 +1,8 @@
 """Speculative decoding on vs off, side by side in one process, on a repetitive and a non-repetitive workload.
 
     .venv/bin/python -m benchmarks.speculative [--demo-dir var/demo-model] [--requests 64] [--concurrency 8]
-        [--k 4] [--rounds 3] [--threads 1] [--methods ngram] [--draft DIR] [--quick] [--model DIR]
+        [--k 4] [--rounds 3] [--threads 1] [--methods ngram ngram-always] [--draft DIR] [--quick]
+        [--model DIR | --random-model] [--device cpu]
 
 The model is the demo checkpoint (`python -m engine.demo`, built on first use, about a minute): a tiny
 Llama trained to echo the user's sentence, with LoRA adapters that shout it, reverse its words or count
@@ -24,7 +25,8 @@ method, `--concurrency` at a time; one warm-up run, then `--rounds` runs alterna
 Printed per cell: engine steps, tokens a sequence gets per step it samples in, acceptance rate, the median
 wall-clock time and the speedup over off, and whether the outputs equal off's (they must: greedy).
 `--quick` is a smoke run (few requests, one round); with `--model DIR` it uses that checkpoint and random
-token-id prompts instead of the demo (steps and speedups then mean nothing).
+token-id prompts instead of the demo (steps and speedups then mean nothing); `--random-model` runs only the
+noise workload (no demo to build).
 """
 
 import argparse
@@ -77,8 +79,8 @@ def random_model(directory: Path) -> Path:
 class Cell:
     """One method on one workload: its engine and what its runs measured."""
 
-    def __init__(self, model: str, adapters: dict[str, Path], concurrency: int, **spec) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, max_num_seqs=concurrency, **spec))
+    def __init__(self, model: str, adapters: dict[str, Path], concurrency: int, device: str, **spec) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, device=device, max_num_seqs=concurrency, **spec))
         self.digests = {name: self.engine.add_adapter(path) for name, path in adapters.items()}
         self.times: list[float] = []
         self.steps = self.proposed = self.accepted = self.tokens = self.seq_steps = 0
@@ -126,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["ngram", "ngram-always", "draft"])
     parser.add_argument("--draft", help="draft checkpoint for --methods draft")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--random-model", action="store_true", help="only the noise workload (no demo build)")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         model, adapters = args.model, {}
         vocab = json_vocab(Path(args.model))
         workloads = {"random": token_requests(vocab, args.requests, seed=0)}
+    elif args.random_model:
+        model, adapters, workloads = "", {}, {}
     else:
         from engine.demo.builder import adapter_dir, ensure_demo
 
@@ -150,16 +156,18 @@ def main(argv: list[str] | None = None) -> int:
                          **({"speculative_model": args.draft} if method == "draft" else {}),
                          **({"speculative_min_acceptance": 0.0} if method.endswith("-always") else {})}
     print(f"speculative decoding: {args.requests} requests, {args.concurrency} at a time, k={args.k}, "
-          f"max_tokens {args.max_tokens}, {args.rounds} round(s), {args.threads} torch thread(s), model {model}")
+          f"max_tokens {args.max_tokens}, {args.rounds} round(s), {args.threads} torch thread(s), {args.device}, "
+          f"model {model or 'random'}")
     print("| workload | method | steps | steps off/on | tokens/step | acceptance | time (median) | speedup | same output |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for name, requests in workloads.items():
-        cells = {m: Cell(model, adapters, args.concurrency, **spec) for m, spec in specs.items()}
+        cells = {m: Cell(model, adapters, args.concurrency, args.device, **spec) for m, spec in specs.items()}
         run_cells(name, cells, requests, params, args.rounds)
     if not args.model:
         with tempfile.TemporaryDirectory() as tmp:
             noise = str(random_model(Path(tmp) / "random"))
-            cells = {m: Cell(noise, {}, args.concurrency, **spec) for m, spec in specs.items() if m != "draft"}
+            cells = {m: Cell(noise, {}, args.concurrency, args.device, **spec) for m, spec in specs.items()
+                     if m != "draft"}
             run_cells("noise", cells, token_requests(256, args.requests, seed=7), params, args.rounds)
     return 0
 

@@ -149,3 +149,31 @@ def test_rejected_tokens_give_their_blocks_back_each_step(checkpoints, small_dra
         for seq in running:  # the lookahead blocks of rejected tokens are gone: just the next token's slot is held
             assert len(seq.block_table) <= bm.blocks_needed(seq.num_tokens), seq
     assert lookahead_steps and engine.speculation_state()["proposed_tokens"] > engine.speculation_state()["accepted_tokens"]
+
+
+def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
+    from engine.server.metrics import EngineMetrics
+    from engine.usage.event import UsageEvent, now_utc
+
+    model = str(checkpoints["llama"])
+    llm = LLM(model, block_size=4, num_kv_blocks=64, speculative_method="draft", speculative_model=model)
+    out = llm.generate(random_prompts(45, [6]), GREEDY)[0]
+    state = llm.engine.state()["speculation"]
+    assert out.usage.spec_accepted_tokens == state["accepted_tokens"] > 0
+    assert state["tokens_per_step"] > 1.0
+    metrics = EngineMetrics()
+    metrics.observe_state(llm.engine.state())
+    metrics.observe_state(llm.engine.state())  # totals: observing twice counts once
+    text = metrics.render().decode()
+    assert f'quilt_engine_spec_tokens_total{{kind="accepted"}} {float(state["accepted_tokens"])}' in text
+    assert "quilt_engine_spec_acceptance_rate" in text and "quilt_engine_tokens_per_step" in text
+    event = UsageEvent(request_id="r", tenant="t", api_key_id=None, adapter_digest=None, base_model="m",
+                       prompt_tokens=6, cached_tokens=0, completion_tokens=10, gpu_ms=1.0, queue_ms=0.0, ttft_ms=1.0,
+                       e2e_ms=2.0, finish_reason="length", finished_at=now_utc(),
+                       spec_proposed_tokens=out.usage.spec_proposed_tokens,
+                       spec_accepted_tokens=out.usage.spec_accepted_tokens)
+    assert UsageEvent.from_dict(event.to_dict()) == event
+    older = {k: v for k, v in event.to_dict().items() if not k.startswith("spec_")}
+    assert UsageEvent.from_dict(older).spec_proposed_tokens == 0
+    with pytest.raises(ValueError, match="spec_accepted_tokens"):
+        UsageEvent.from_dict({**event.to_dict(), "spec_accepted_tokens": event.spec_proposed_tokens + 1})

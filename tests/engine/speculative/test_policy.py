@@ -17,23 +17,35 @@ def policy(**overrides) -> SpeculationPolicy:
     return SpeculationPolicy(**{"num_tokens": 4, "max_batch": 8, "min_acceptance": 0.3, "max_model_len": 64, **overrides})
 
 
+def steps_off(p: SpeculationPolicy, s: Sequence) -> int:
+    offs = 0
+    while p.lookahead(s, batch_size=2) == 0:
+        offs += 1
+    return offs
+
+
 def test_low_acceptance_turns_a_sequence_off_then_it_probes_again_later():
-    p, s = policy(), seq([5, 6, 7])
-    assert p.lookahead(s, batch_size=1) == 4
+    p, s, other = policy(), seq([5, 6, 7]), seq([5, 6, 7])
+    assert p.lookahead(s, batch_size=2) == 4
     p.record(s, proposed=4, accepted=0)
-    offs = 0
-    while p.lookahead(s, batch_size=1) == 0:
-        offs += 1
-    assert offs == FIRST_BACKOFF  # then it probes
+    assert steps_off(p, s) == 2 * FIRST_BACKOFF  # alone, a probe waits twice its backoff
     p.record(s, proposed=4, accepted=0)  # the probe fails too: twice as long off
-    offs = 0
-    while p.lookahead(s, batch_size=1) == 0:
-        offs += 1
-    assert offs == 2 * FIRST_BACKOFF
+    p.record(other, proposed=4, accepted=4)  # another sequence speculates: the probe rides along
+    assert steps_off(p, s) == 2 * FIRST_BACKOFF
     p.record(s, proposed=4, accepted=4)  # a good probe: it stays on
     assert p.lookahead(s, batch_size=1) == 4
     p.record(s, proposed=4, accepted=1)  # one weak step in a good run does not turn it off (EMA 0.625)
     assert p.lookahead(s, batch_size=1) == 4
+
+
+def test_new_sequences_start_off_while_the_engine_wide_acceptance_is_low():
+    p = policy()
+    for _ in range(3):
+        s = seq([5, 6, 7])
+        p.lookahead(s, batch_size=1)
+        p.record(s, proposed=4, accepted=0)
+        p.release(s)
+    assert p.lookahead(seq([5, 6, 7]), batch_size=1) == 0
 
 
 def test_large_batches_and_the_end_of_a_request_get_no_lookahead():

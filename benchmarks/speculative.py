@@ -66,6 +66,32 @@ def token_requests(vocab: int, count: int, seed: int) -> list[tuple[list[int], s
     return [(torch.randint(6, vocab, (8,), generator=gen).tolist() * 3, None) for _ in range(count)]
 
 
+def demo_draft(demo_dir: Path, out: Path, *, steps: int = 300) -> Path:
+    """A draft for the demo (cached in `out`): one layer of hidden 64 with the demo's tokenizer, trained for
+    `steps` on the demo's base corpus (echoes and named skills, no adapter)."""
+    import shutil
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from engine.demo import corpus
+    from engine.demo.trainer import llama_config, new_base_model, train
+
+    if (out / "model.safetensors").exists():
+        return out
+    tokenizer = HFTokenizer.from_file(str(demo_dir / "tokenizer.json"))
+    model = new_base_model(llama_config(tokenizer, hidden=64, layers=1, max_positions=256), seed=1)
+    train(model, tokenizer, corpus.base_example, steps=steps, batch_size=32, lr=5e-3, seed=2, log=print)
+    staging = out.parent / f".{out.name}.building"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (demo_dir / name).exists():
+            shutil.copy(demo_dir / name, staging / name)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out
+
+
 def random_model(directory: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -129,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", nargs="+", default=["ngram", "ngram-always"],
                         choices=["ngram", "ngram-always", "draft"])
-    parser.add_argument("--draft", help="draft checkpoint for --methods draft")
+    parser.add_argument("--draft", help="draft checkpoint for --methods draft (default, on the demo: a one-layer "
+                        "draft trained for it into var/demo-draft)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--random-model", action="store_true", help="only the noise workload (no demo build)")
     parser.add_argument("--device", default="cpu")
@@ -138,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.quick:
         args.requests, args.rounds, args.max_tokens = min(args.requests, 6), 1, min(args.max_tokens, 12)
-    if "draft" in args.methods and not args.draft:
+    if "draft" in args.methods and not args.draft and (args.model or args.random_model):
         parser.error("--methods draft needs --draft DIR")
     if args.model:
         model, adapters = args.model, {}
@@ -150,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.demo.builder import adapter_dir, ensure_demo
 
         demo = ensure_demo(args.demo_dir)
+        if "draft" in args.methods and not args.draft:
+            args.draft = str(demo_draft(demo, args.demo_dir.parent / "demo-draft"))
         model, adapters = str(demo), {s: adapter_dir(demo, s) for s in ("reverse", "count")}
         workloads = {w: demo_requests(demo, w, args.requests, seed=7) for w in WORKLOADS if w != "noise"}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

@@ -87,9 +87,10 @@ class Scheduler:
         adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
         first one that does not fit stops admission. There is no cap on distinct adapters.
 
-        With speculative decoding, a decoding sequence also gets lookahead slots for the tokens it may
-        propose, as many as the `lookahead` policy grants and the budget and free pages allow without
-        preempting anyone; slots of rejected tokens are given back in `on_step_done`.
+        With speculative decoding, each running decoding sequence then gets lookahead slots for the tokens
+        it may propose, as many as the `lookahead` policy grants and the budget and free pages left after
+        admission allow (a guess never preempts, nor keeps anyone waiting); slots of rejected tokens are
+        given back in `on_step_done`.
 
         Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
         cached blocks no one holds (LRU), adapters no running sequence uses (LRU); and only for a
@@ -118,12 +119,9 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break
-            extra = self._lookahead(seq, n, budget)
-            bm.append_slots(seq, n + extra)
+            bm.append_slots(seq, n)
             self._add_to_step(out, seq, n)
-            if extra:
-                out.lookahead[seq.seq_id] = extra
-            budget -= n + extra
+            budget -= n
             i += 1
 
         # waiting
@@ -151,12 +149,24 @@ class Scheduler:
             self._add_to_step(out, seq, n)
             budget -= n
             candidates.remove(seq)
+
+        # speculative lookahead, from what is left
+        if self.lookahead is not None:
+            for seq in out.seqs:
+                if seq.seq_id not in out.new_seq_ids and budget > 0:
+                    extra = self._lookahead(seq, out.num_tokens[seq.seq_id], budget)
+                    if extra:
+                        bm.append_slots(seq, 1 + extra)
+                        out.lookahead[seq.seq_id] = extra
+                        budget -= extra
         return out
 
+
     def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
-        if self.lookahead is None or n != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+        """Lookahead slots for seq (scheduled for n tokens) within `budget` tokens and the free pages."""
+        if n != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
             return 0
-        extra = min(self.lookahead(seq, len(self.running)), budget - n)
+        extra = min(self.lookahead(seq, len(self.running)), budget)
         while extra > 0 and not self.block_manager.can_append(seq, n + extra):  # never preempt for a guess
             extra -= 1
         return max(extra, 0)
@@ -207,7 +217,12 @@ class Scheduler:
                 seq.num_computed_tokens += out.num_tokens[seq.seq_id]
                 self.block_manager.commit(seq)  # the accepted tokens' blocks are committed next step
                 if seq.seq_id in out.lookahead:
-                    seq.num_computed_tokens += (accepted or {}).get(seq.seq_id, 0)
+                    verified = (accepted or {}).get(seq.seq_id, 0)
+                    seq.num_computed_tokens += verified
+                    if seq.num_computed_tokens > seq.num_charged_tokens:  # served tokens, charged like any other
+                        self.policy.on_served(seq, prompt_tokens=0,
+                                              completion_tokens=seq.num_computed_tokens - seq.num_charged_tokens)
+                        seq.num_charged_tokens = seq.num_computed_tokens
                     self.block_manager.trim(seq, seq.num_computed_tokens + 1)
 
     def finish(self, seq: Sequence, reason: str) -> None:

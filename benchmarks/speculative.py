@@ -23,8 +23,9 @@ disabled (speculative_min_acceptance 0), to show what switching off saves.
 For each workload and each method (off, then ngram and/or draft) the same requests run on one engine per
 method, `--concurrency` at a time; one warm-up run, then `--rounds` runs alternated between the methods.
 Printed per cell: engine steps, tokens a sequence gets per step it samples in, acceptance rate, the median
-wall-clock time and the speedup over off, the same ratio of this process's CPU time (steadier on a shared
-machine; one torch thread), and whether the outputs equal off's (they must: greedy).
+wall-clock time and the speedup over off, the same ratio of this process's CPU time (one torch thread),
+whether the outputs equal off's (they must: greedy), and the warm-up run on the fresh engine (the policy
+has learnt nothing yet there: steps, tokens proposed/accepted, wall time).
 `--quick` is a smoke run (few requests, one round); with `--model DIR` it uses that checkpoint and random
 token-id prompts instead of the demo (steps and speedups then mean nothing); `--random-model` runs only the
 noise workload (no demo to build).
@@ -114,6 +115,7 @@ class Cell:
         self.steps = self.proposed = self.accepted = self.tokens = self.seq_steps = 0
         self.outputs: list[list[int]] = []
         self.batch = 0
+        self.first = ""  # the warm-up run on the fresh engine: steps, proposed/accepted, wall
 
     def run(self, requests, params: SamplingParams, *, record: bool) -> None:
         e = self.engine
@@ -129,10 +131,11 @@ class Cell:
                 if out.finished:
                     outputs[out.request_id] = out.token_ids
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        if not record:
-            return
         after = (e.num_steps, e.num_generated_tokens, e.num_decode_seq_steps, *self._spec())
         delta = [b - a for a, b in zip(before, after, strict=True)]
+        if not record:
+            self.first = f"{delta[0]}, {delta[3]}/{delta[4]}, {elapsed * 1000:.0f} ms"
+            return
         self.times.append(elapsed)
         self.cpu_times.append(cpu)
         self.steps, self.tokens, self.seq_steps, self.proposed, self.accepted = delta
@@ -191,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
           f"max_tokens {args.max_tokens}, {args.rounds} round(s), {args.threads} torch thread(s), {args.device}, "
           f"model {model or 'random'}")
     print("| workload | method | steps | steps off/on | tokens/step | acceptance | wall (median) | wall speedup "
-          "| CPU time speedup | same output |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| CPU time speedup | same output | first run: steps, proposed/accepted, wall |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for name, requests in workloads.items():
         cells = {m: Cell(model, adapters, args.concurrency, args.device, **spec) for m, spec in specs.items()}
         run_cells(name, cells, requests, params, args.rounds)
@@ -218,7 +221,7 @@ def run_cells(name: str, cells: dict[str, "Cell"], requests, params: SamplingPar
         print(f"| {name} | {method} | {cell.steps} | {off.steps / cell.steps:.2f}× | "
               f"{cell.tokens / max(cell.seq_steps, 1):.2f} | {acceptance} | {t * 1000:.0f} ms | "
               f"{statistics.median(off.times) / t:.2f}× | {statistics.median(off.cpu_times) / cpu:.2f}× | "
-              f"{'yes' if cell.outputs == off.outputs else 'NO'} |")
+              f"{'yes' if cell.outputs == off.outputs else 'NO'} | {cell.first} |")
 
 
 def json_vocab(model_dir: Path) -> int:

@@ -12,7 +12,7 @@ from engine.paged_memory import PagedMemory
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from engine.speculative.rejection import verify
+from engine.speculative.rejection import accept_greedy, verify_sampled
 
 
 @dataclass
@@ -126,24 +126,36 @@ class ModelRunner:
         return results
 
     def _sample(self, logits: torch.Tensor, sample_rows, proposals, draft_probs, results) -> None:
-        plain = [i for i, (seq, _) in enumerate(sample_rows) if seq.seq_id not in proposals]
+        plain = [i for i, (seq, _) in enumerate(sample_rows) if not proposals.get(seq.seq_id)]
         if plain:
             seqs = [sample_rows[i][0] for i in plain]
             samples = self.sampler(logits[plain], [self.sample_request(seq) for seq in seqs])
             for seq, sample in zip(seqs, samples, strict=True):
                 results[seq.seq_id].samples = [sample]
+        spec = []  # (seq, first row, its requests) of the sequences whose proposals are verified
         row = 0
         for seq in dict.fromkeys(seq for seq, _ in sample_rows):  # batch order, each once
-            proposal = proposals.get(seq.seq_id)
-            if proposal is None:
-                row += 1
-                continue
-            rows = logits[row : row + len(proposal) + 1]  # [k + 1, vocab]
-            requests = [self.sample_request(seq, proposal[:i]) for i in range(len(proposal) + 1)]
-            tokens = verify(self.sampler, rows, requests, proposal, draft_probs.get(seq.seq_id))
-            results[seq.seq_id].samples = self.sampler.samples(rows[: len(tokens)], requests[: len(tokens)], tokens)
-            results[seq.seq_id].num_proposed = len(proposal)
+            proposal = proposals.get(seq.seq_id, [])
+            if proposal:
+                spec.append((seq, row, [self.sample_request(seq, proposal[:i]) for i in range(len(proposal) + 1)]))
             row += len(proposal) + 1
+        if not spec:
+            return
+        rows = [r for _, first, requests in spec for r in range(first, first + len(requests))]
+        adjusted = self.sampler.adjust(logits[rows], [r for _, _, requests in spec for r in requests])  # [R, vocab]
+        targets = adjusted.argmax(dim=-1).tolist()  # one sync for every greedy row of the step
+        at = 0
+        for seq, first, requests in spec:
+            proposal, n = proposals[seq.seq_id], len(requests)
+            if seq.sampling.greedy:
+                tokens = accept_greedy(proposal, targets[at : at + n])
+            else:
+                tokens = verify_sampled(self.sampler, adjusted[at : at + n], requests, proposal,
+                                        draft_probs.get(seq.seq_id))
+            own = logits[first : first + len(tokens)]  # [emitted, vocab]
+            results[seq.seq_id].samples = self.sampler.samples(own, requests[: len(tokens)], tokens)
+            results[seq.seq_id].num_proposed = len(proposal)
+            at += n
 
     def _score_prompts(self, logits: torch.Tensor, prompt_rows, results: dict[int, StepResult]) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)  # [P, vocab]

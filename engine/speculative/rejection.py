@@ -32,15 +32,29 @@ def verify(
     requests: k + 1 rows, row i's penalties and bans counting proposal[:i] as output;
     draft_probs [k, vocab]: the distribution each proposal was drawn from, None for a one-hot q.
     """
-    k = len(proposal)
     adjusted = sampler.adjust(logits, requests)  # [k + 1, vocab]
-    sampling = requests[0].sampling
-    if sampling.greedy:
-        targets = adjusted.argmax(dim=-1).tolist()  # [k + 1]
-        accepted = 0
-        while accepted < k and proposal[accepted] == targets[accepted]:
-            accepted += 1
-        return proposal[:accepted] + [targets[accepted]]
+    if requests[0].sampling.greedy:
+        return accept_greedy(proposal, adjusted.argmax(dim=-1).tolist())
+    return verify_sampled(sampler, adjusted, requests, proposal, draft_probs)
+
+
+def accept_greedy(proposal: list[int], targets: list[int]) -> list[int]:
+    """targets: the argmax of each of the k + 1 adjusted rows."""
+    accepted = 0
+    while accepted < len(proposal) and proposal[accepted] == targets[accepted]:
+        accepted += 1
+    return proposal[:accepted] + [targets[accepted]]
+
+
+def verify_sampled(
+    sampler: Sampler,
+    adjusted: torch.Tensor,
+    requests: list[SampleRequest],
+    proposal: list[int],
+    draft_probs: torch.Tensor | None,
+) -> list[int]:
+    """Rejection sampling over adjusted logits [k + 1, vocab] (penalties and bans applied)."""
+    k = len(proposal)
     generator = requests[0].generator
     p = sampler.distribution(adjusted, [r.sampling for r in requests])  # [k + 1, vocab]
     if draft_probs is None:

@@ -177,3 +177,15 @@ def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
     assert UsageEvent.from_dict(older).spec_proposed_tokens == 0
     with pytest.raises(ValueError, match="spec_accepted_tokens"):
         UsageEvent.from_dict({**event.to_dict(), "spec_accepted_tokens": event.spec_proposed_tokens + 1})
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_sampling_filters_that_keep_one_token_verify_like_greedy(checkpoints, adapters, oracle, method):
+    model = checkpoints["llama"]
+    config = {"speculative_method": method, **({"speculative_model": str(model)} if method == "draft" else {})}
+    llm = make(model, adapters, num_speculative_tokens=3, **config)
+    params = SamplingParams(temperature=1.3, top_k=1, max_tokens=8, ignore_eos=True)  # p is one-hot: rejection
+    outs = llm.generate(prompts()[:4], params, adapters=NAMES[:4])  # sampling must give the argmax
+    assert llm.engine.speculation_state()["accepted_tokens"] > 0
+    for prompt, name, out in zip(prompts()[:4], NAMES[:4], outs, strict=True):
+        assert out.token_ids == oracle.greedy(prompt, name, params.max_tokens), (method, name)

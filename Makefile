@@ -1,6 +1,7 @@
 # Two commands on a fresh Linux machine with Python 3.11:
 #   make demo   - virtualenv, pinned dependencies, migrate, seed, run the platform (embedded defaults);
-#                 make demo PORT=8080 ENGINE_PORT=8180 for other ports
+#                 make demo PORT=8080 ENGINE_PORT=8180 for other ports,
+#                 make demo ENGINE_ARGS="--quantization int8" for more engine flags (python -m engine --help)
 #   make test   - the whole test suite (what .ci/run calls)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -20,9 +21,10 @@ $(INSTALLED): requirements/engine.txt requirements/platform.txt requirements/dev
 
 PORT ?= 8000
 ENGINE_PORT ?= 8100
+ENGINE_ARGS ?=
 
 demo: venv
-	$(BIN)/python manage.py demo --port $(PORT) --engine-port $(ENGINE_PORT)
+	$(BIN)/python manage.py demo --port $(PORT) --engine-port $(ENGINE_PORT) --engine-args "$(ENGINE_ARGS)"
 
 services:
 	.ci/services

@@ -10,12 +10,15 @@
 #   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
 #   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
+#   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
+#            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
 #   spec     benchmarks/speculative.py on CUDA (demo model, on vs off)   -> spec.log     (not by default)
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
 # The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
 # runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
 # Limits in seconds: QUILT_GPU_PYTEST_S (125), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (165),
-# QUILT_GPU_TRACE_S (200), env 30 (+ 10 s to merge the kernels' JSON): the default steps take at most 530 s;
+# QUILT_GPU_TRACE_S (200), QUILT_GPU_QUANT_S (420), env 30 (+ 10 s to merge the kernels' JSON): the default
+# steps take at most 530 s, "env quant" 450 s;
 # extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,8 @@ PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
 KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+QUANT_S="${QUILT_GPU_QUANT_S:-420}"
+QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
@@ -127,10 +132,19 @@ for step in $STEPS; do
       # shellcheck disable=SC2086
       run_step trace "$TRACE_S" "$PY" benchmarks/gpu_trace.py $([ "$DRY" = 1 ] && echo --tiny) \
         --json "$OUT/trace.json" --budget-s $((TRACE_S - 20)) $TRACE_ARGS ;;
+    quant)
+      # shellcheck disable=SC2086
+      if [ "$DRY" = 1 ]; then
+        run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --shape llama-tiny --json "$OUT/quant.json" \
+          $QUANT_ARGS --tokens 64 --batch 8 --rounds 1 --decode-steps 2
+      else
+        run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
+          --json "$OUT/quant.json" $QUANT_ARGS
+      fi ;;
     spec)
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace, spec)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, spec)" >&2; exit 2 ;;
   esac
 done
 
@@ -144,5 +158,6 @@ done
   done
   [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
+  [ -f "$OUT/quant.log" ] && sed -n '/^## quantization/,$p' "$OUT/quant.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

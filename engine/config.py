@@ -4,6 +4,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = ("int8", "fp8")  # fp8 on CPU runs the reference path (docs/quantization.md)
+KV_CACHE_DTYPES = ("auto", "fp8")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
@@ -25,6 +27,9 @@ class EngineConfig:
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
+    # quantization (issue 20, docs/quantization.md)
+    quantization: str | None = None  # None, "int8" (weight-only) or "fp8" (E4M3 weights and activations)
+    kv_cache_dtype: str = "auto"  # "auto" (the model dtype) or "fp8" (E4M3 pages, a scale per token and head)
     # speculative decoding (docs/speculative.md)
     speculative_method: str | None = None  # None, "ngram" or "draft"
     num_speculative_tokens: int = 4  # tokens proposed per sequence and step
@@ -53,7 +58,16 @@ class EngineConfig:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        self._validate_quantization()
         self._validate_speculative()
+
+    def _validate_quantization(self) -> None:
+        if self.quantization in ("", "none"):
+            self.quantization = None
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or none, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
 
     def _validate_speculative(self) -> None:
         if self.speculative_method not in SPECULATIVE_METHODS:

@@ -18,8 +18,10 @@ from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import load_model, read_hf_config
+from engine.models.quantized_linear import quantize_model, tensor_bytes
 from engine.outputs import Logprob, RequestOutput, Usage
 from engine.paged_memory import PagedMemory
+from engine.quantization import MemoryReport, kv_dtype
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -49,6 +51,10 @@ class LLMEngine:
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
         model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=self.device)
+        full_precision_bytes = tensor_bytes(model)
+        if config.quantization is not None:
+            quantize_model(model, config.quantization)
+        self.kv_dtype = kv_dtype(config.kv_cache_dtype, model.lm_head.weight.dtype, self.device)
         args = model.args
         longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
         if config.max_model_len is not None and config.max_model_len > longest:
@@ -58,17 +64,20 @@ class LLMEngine:
         self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         shapes = adapters.BaseShapes.from_config(self.hf_config)
         widths = row_widths(shapes)
-        chunk = config.block_size * args.num_kv_heads * args.head_dim
+        chunk = PagedMemory.chunk_values(block_size=config.block_size, kv_heads=args.num_kv_heads,
+                                         head_dim=args.head_dim, dtype=model.lm_head.weight.dtype,
+                                         kv_dtype=self.kv_dtype)
         widest = max(max(w) for w in widths)
         if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
-            fits = 1 << (-(-widest // (args.num_kv_heads * args.head_dim)) - 1).bit_length()
+            per_token = chunk // config.block_size  # adapter values per token of a chunk
+            fits = 1 << (-(-widest // per_token) - 1).bit_length()
             raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
-                             f"chunk (block_size * kv_heads * head_dim = {chunk}) must hold a row of {widest} "
-                             f"values; use block_size {fits} or more")
+                             f"chunk (block_size * kv_heads * head_dim in the KV cache dtype = {chunk} model-dtype "
+                             f"values) must hold a row of {widest} values; use block_size {fits} or more")
         num_pages = self._num_pages(model, widths, chunk)
         self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
                                   kv_heads=args.num_kv_heads, head_dim=args.head_dim,
-                                  dtype=model.lm_head.weight.dtype, device=self.device)
+                                  dtype=model.lm_head.weight.dtype, device=self.device, kv_dtype=self.kv_dtype)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.block_manager = BlockManager(
             num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -104,14 +113,21 @@ class LLMEngine:
         self.last_step_seqs = 0  # sequences in the last step that ran
         self.num_generated_tokens = 0  # tokens sampled, and (sequence, step) pairs that sampled: their ratio is
         self.num_decode_seq_steps = 0  # the tokens per step a sequence gets (above 1 with speculation)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weight_bytes = tensor_bytes(model)
+        self.memory_report = MemoryReport.build(
+            quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
+            weights_bytes=self.weight_bytes, weights_full_precision_bytes=full_precision_bytes,
+            num_layers=args.num_layers, block_size=config.block_size, kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim, model_dtype=model.lm_head.weight.dtype)
+        self.memory_report.log()
 
     def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int) -> int:
         """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule."""
         config, args = self.config, model.args
         page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
                                                 kv_heads=args.num_kv_heads, head_dim=args.head_dim,
-                                                itemsize=model.lm_head.weight.element_size())
+                                                itemsize=self.kv_dtype.itemsize,
+                                                kv_scales=self.kv_dtype != model.lm_head.weight.dtype)
         if config.adapter_memory_bytes is not None:
             adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
         else:
@@ -391,6 +407,7 @@ class LLMEngine:
             "kv_pages_bytes": bm.num_used_blocks * page,
             "adapter_pages_bytes": len(bm.adapter_pages) * page,
             "free_bytes": bm.num_free_blocks * page,
+            **self.memory_report.as_dict(),
         }
 
     def state(self) -> dict:

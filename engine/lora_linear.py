@@ -9,11 +9,12 @@ import kernels
 from engine.context import Context
 from engine.lora_modules import PACKED_MODULES, first_index
 from engine.models.linear import Linear
+from engine.models.quantized_linear import QuantizedLinear
 from engine.paged_memory import PagedMemory
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: Linear, *, layer: int, first: int, memory: PagedMemory) -> None:
+    def __init__(self, base: Linear | QuantizedLinear, *, layer: int, first: int, memory: PagedMemory) -> None:
         super().__init__()
         self.base = base
         self.layer = layer
@@ -42,5 +43,5 @@ def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
         for parent in (layer.self_attn, layer.mlp):
             for name in PACKED_MODULES:
                 base = getattr(parent, name, None)
-                if isinstance(base, Linear):
+                if isinstance(base, (Linear, QuantizedLinear)):
                     setattr(parent, name, LoRALinear(base, layer=layer_idx, first=first_index(name), memory=memory))

@@ -11,6 +11,7 @@ defined after those modules are imported), so reach a launcher itself with
 
 import torch
 
+from kernels import fp8_linear as _fp8_linear
 from kernels import reference
 from kernels.lora_meta import LoRAMeta
 from kernels.reference import rope_cos_sin_cache
@@ -35,6 +36,7 @@ __all__ = [
     "SlotBatch",
     "TRITON_IMPORT_ERROR",
     "backend_for",
+    "fp8_linear",
     "lora_expand",
     "lora_meta",
     "lora_shrink",
@@ -80,20 +82,29 @@ def lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offset
     return reference.lora_expand(*args, meta=meta)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping):
+def fp8_linear(x, weight, weight_scale):
+    if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
+        return _fp8_linear.fp8_linear(x, weight, weight_scale)
+    return reference.fp8_linear(x, weight, weight_scale)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
+    args = (k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
     if backend_for(k) == "triton":
-        return _store_kv.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return _store_kv.store_kv(*args)
+    return reference.store_kv(*args)
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None):
+    args = (q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
-        return _paged_attention_decode.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return _paged_attention_decode.paged_attention_decode(*args)
+    return reference.paged_attention_decode(*args)
 
 
-def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale):
-    args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale)
+def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,
+                            v_scales=None):
+    args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
         return _paged_attention_prefill.paged_attention_prefill(*args)
     return reference.paged_attention_prefill(*args)
@@ -117,7 +128,7 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
-for _op in (lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
+for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
             rotary_embedding, silu_and_mul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

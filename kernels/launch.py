@@ -2,8 +2,12 @@
 
 import torch
 import triton
+import triton.language as tl
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+FP8 = torch.float8_e4m3fn  # the fp8 KV cache's storage dtype (kernels.reference.store_kv)
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)  # largest finite float8_e4m3fn
+FP8_MIN_SCALE: tl.constexpr = tl.constexpr(1e-12)  # the scale of an all-zero row
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -64,6 +68,20 @@ def require_paged_attention(
     require_contiguous(k_cache=k_cache, v_cache=v_cache)
     require_last_dim_contiguous(q=q)
     return heads, head_dim, block_size, kv_heads
+
+
+def require_kv_scales(cache: torch.Tensor, k_scales: torch.Tensor | None, v_scales: torch.Tensor | None) -> bool:
+    """An fp8 cache [N, bs, kvh, D] comes with float32 scales [N, bs, kvh] (contiguous); others with none.
+    Returns whether the cache is fp8."""
+    if cache.dtype != FP8:
+        require(k_scales is None and v_scales is None, f"k_scales/v_scales are for an fp8 cache, not {cache.dtype}")
+        return False
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        require(scales is not None, f"{name}: an fp8 cache needs its scales")
+        require(scales.dtype == torch.float32 and scales.is_contiguous(), f"{name}: expected contiguous float32")
+        require_shape(name, scales, cache.shape[:3])
+        require_same_device(cache=cache, **{name: scales})
+    return True
 
 
 def dot_precision(dtype: torch.dtype) -> str | None:

@@ -12,6 +12,7 @@ from kernels.launch import (
     next_power_of_2,
     require,
     require_index,
+    require_kv_scales,
     require_paged_attention,
     require_same_device,
 )
@@ -40,11 +41,11 @@ def _config(batch: int, kv_heads: int, max_context: int, head_dim: int, device: 
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, context_ptr, out_ptr, part_out_ptr, part_stats_ptr,
-    scale, head_dim,
+    k_scales_ptr, v_scales_ptr, scale, head_dim,
     q_stride_b, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
     out_stride_b, out_stride_h, part_stride_b, part_stride_h, part_stride_split,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, PARTITION: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PARTITION: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -76,6 +77,9 @@ def _decode_kernel(
         rows = blocks * cache_stride_blk + (offs_n % BLOCK_SIZE) * cache_stride_tok + kv_head * cache_stride_h
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if FP8:  # one float32 scale per token and KV head: scales [blocks, bs, kv_heads] contiguous
+            scale_rows = (blocks * BLOCK_SIZE + offs_n % BLOCK_SIZE) * cache_stride_tok // cache_stride_h + kv_head
+            k = k.to(tl.float32) * tl.load(k_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -83,6 +87,8 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if FP8:
+            v = v.to(tl.float32) * tl.load(v_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         m_i = m_new
     acc = acc / l_i[:, None]
@@ -128,6 +134,8 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     partition_size: int | None = None,
 ) -> torch.Tensor:
@@ -136,8 +144,10 @@ def paged_attention_decode(
 
     q [B, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
     bs a power of two; block_tables [B, max_blocks] int; context_lens [B] int, each >= 1;
-    returns out [B, heads, D] in q.dtype. partition_size (tuning/tests only): tokens per split-KV
-    partition, a multiple of the KV tile; 0 disables split-KV; None chooses from the shapes.
+    returns out [B, heads, D] in q.dtype. An fp8 cache comes with k_scales, v_scales [num_blocks, bs, kv_heads]
+    float32 and is read as cache * scales[..., None] (kernels.reference.store_kv). partition_size (tuning/tests
+    only): tokens per split-KV partition, a multiple of the KV tile; 0 disables split-KV; None chooses from the
+    shapes.
     """
     batch = q.shape[0]
     heads, head_dim, block_size, kv_heads = require_paged_attention(
@@ -145,6 +155,9 @@ def paged_attention_decode(
     )
     require_index("context_lens", context_lens, batch)
     require_same_device(q=q, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens)
+    fp8 = require_kv_scales(k_cache, k_scales, v_scales)
+    if not fp8:
+        k_scales = v_scales = context_lens  # unused
     out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)  # [B, heads, D]
     if batch == 0:
         return out
@@ -162,11 +175,12 @@ def paged_attention_decode(
     block_d = max(next_power_of_2(head_dim), 16)
     _decode_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_stats,
-        scale, head_dim,
+        k_scales, v_scales, scale, head_dim,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), heads * num_splits, num_splits, 1,
         GROUP=group, BLOCK_G=max(next_power_of_2(group), 16), BLOCK_D=block_d, BLOCK_N=config["BLOCK_N"],
-        BLOCK_SIZE=block_size, PARTITION=partition, PRECISION=dot_precision(q.dtype), num_warps=config["num_warps"],
+        BLOCK_SIZE=block_size, PARTITION=partition, PRECISION=dot_precision(q.dtype), FP8=fp8,
+        num_warps=config["num_warps"],
     )
     if partition > 0:
         _reduce_kernel[(batch, heads)](

@@ -9,6 +9,7 @@ from kernels.launch import (
     dot_precision,
     next_power_of_2,
     require_index,
+    require_kv_scales,
     require_paged_attention,
     require_same_device,
 )
@@ -38,11 +39,11 @@ def _tile_map(cu_seqlens_q: torch.Tensor, block_m: int, num_tiles: int) -> tuple
 @triton.jit(do_not_specialize=["batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_ptr, tables_ptr, context_ptr, tile_seq_ptr, tile_idx_ptr, out_ptr,
-    scale, head_dim, batch,
+    k_scales_ptr, v_scales_ptr, scale, head_dim, batch,
     q_stride_t, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
     out_stride_t, out_stride_h,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -75,6 +76,9 @@ def _prefill_kernel(
         rows = blocks * cache_stride_blk + (offs_n % BLOCK_SIZE) * cache_stride_tok + kv_head * cache_stride_h
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if FP8:  # one float32 scale per token and KV head: scales [blocks, bs, kv_heads] contiguous
+            scale_rows = (blocks * BLOCK_SIZE + offs_n % BLOCK_SIZE) * cache_stride_tok // cache_stride_h + kv_head
+            k = k.to(tl.float32) * tl.load(k_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -82,6 +86,8 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if FP8:
+            v = v.to(tl.float32) * tl.load(v_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         m_i = m_new
     acc = acc / l_i[:, None]
@@ -97,6 +103,8 @@ def paged_attention_prefill(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For new token i of sequence b (row cu_seqlens_q[b] + i) at position p = context_lens[b] - n_b + i:
     out[row, h] = softmax(scale * q[row, h] @ K_b[:p + 1].T) @ V_b[:p + 1], K_b/V_b read through
@@ -104,7 +112,8 @@ def paged_attention_prefill(
 
     q [T, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
     bs a power of two; cu_seqlens_q [B + 1] int; block_tables [B, max_blocks] int; context_lens [B] int
-    (>= the sequence's new tokens); returns out [T, heads, D] in q.dtype.
+    (>= the sequence's new tokens); returns out [T, heads, D] in q.dtype. An fp8 cache comes with its
+    k_scales, v_scales [num_blocks, bs, kv_heads] float32 (kernels.paged_attention_decode).
     """
     batch = context_lens.shape[0]
     heads, head_dim, block_size, kv_heads = require_paged_attention(
@@ -115,6 +124,9 @@ def paged_attention_prefill(
     require_index("cu_seqlens_q", cu_seqlens_q, batch + 1)
     require_same_device(q=q, k_cache=k_cache, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
                         context_lens=context_lens)
+    fp8 = require_kv_scales(k_cache, k_scales, v_scales)
+    if not fp8:
+        k_scales = v_scales = context_lens  # unused
     out = torch.empty(total, heads, head_dim, dtype=q.dtype, device=q.device)  # [T, heads, D]
     if total == 0 or batch == 0:
         return out
@@ -123,11 +135,11 @@ def paged_attention_prefill(
     tile_seq, tile_idx = _tile_map(cu_seqlens_q, config["BLOCK_M"], num_tiles)
     _prefill_kernel[(num_tiles, heads)](
         q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, tile_seq, tile_idx, out,
-        scale, head_dim, batch,
+        k_scales, v_scales, scale, head_dim, batch,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         BLOCK_D=max(next_power_of_2(head_dim), 16), BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype),
-        num_warps=config["num_warps"],
+        FP8=fp8, num_warps=config["num_warps"],
     )
     return out

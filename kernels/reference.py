@@ -15,6 +15,9 @@ from kernels.lora_reference import lora_expand, lora_shrink  # noqa: F401 (the L
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
 _DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this many
 _DECODE_MAX_BUCKETS = 4
+FP8 = torch.float8_e4m3fn  # the fp8 KV cache's storage dtype
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MIN_SCALE = 1e-12  # the scale of an all-zero row
 
 
 def store_kv(
@@ -23,6 +26,8 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     """Write new keys/values into the paged cache.
 
@@ -30,20 +35,42 @@ def store_kv(
         blk, off = divmod(slot_mapping[t], block_size)
         k_cache[blk, off] = k[t]; v_cache[blk, off] = v[t]
 
+    An fp8 (float8_e4m3fn) cache stores each token's head quantized with its own float32 scale:
+    k_scales[blk, off, h] = max(amax(|k[t, h]|) / 448, FP8_MIN_SCALE); k_cache[blk, off, h] = k[t, h] / that.
+
     k, v [T, kv_heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]
-    (contiguous); slot_mapping [T] int.
+    (contiguous); slot_mapping [T] int; k_scales, v_scales [num_blocks, block_size, kv_heads] float32
+    for an fp8 cache, else None.
     """
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    for x, cache, scales in ((k, k_cache, k_scales), (v, v_cache, v_scales)):
+        rows = x[keep]  # [N, kv_heads, D]
+        if cache.dtype == FP8:
+            rows, row_scales = quantize_fp8_rows(rows)
+            scales.view(-1, scales.shape[2]).index_copy_(0, slots, row_scales)
+            cache.view(torch.uint8).view(-1, *cache.shape[2:]).index_copy_(0, slots, rows.view(torch.uint8))
+        else:
+            cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, rows.to(cache.dtype))
 
 
-def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """cache [N, bs, kvh, D], block_tables [B, >=num_blocks] -> [B, num_blocks * bs, kvh, D]."""
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (x / s in float8_e4m3fn [..., D], s [...] float32), s = max(amax(|x|, -1) / 448, FP8_MIN_SCALE)."""
+    x32 = x.float()
+    scales = (x32.abs().amax(-1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    return (x32 / scales[..., None]).to(FP8), scales
+
+
+def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int,
+                  scales: torch.Tensor | None = None) -> torch.Tensor:
+    """cache [N, bs, kvh, D], block_tables [B, >=num_blocks] -> float32 [B, num_blocks * bs, kvh, D]
+    (an fp8 cache dequantized with its scales [N, bs, kvh])."""
     table = block_tables[:, :num_blocks].clamp(min=0, max=cache.shape[0] - 1).flatten()  # [B * num_blocks]
-    gathered = cache.index_select(0, table)  # [B * num_blocks, bs, kvh, D]
-    return gathered.view(block_tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
+    shape = (block_tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
+    if cache.dtype != FP8:
+        return cache.index_select(0, table).view(shape).float()  # [B, L, kvh, D]
+    values = cache.view(torch.uint8).index_select(0, table).view(FP8).float()  # [B * num_blocks, bs, kvh, D]
+    return (values * scales.index_select(0, table)[..., None]).view(shape)
 
 
 def paged_attention_decode(
@@ -53,6 +80,8 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending to its whole paged context (GQA).
 
@@ -62,10 +91,11 @@ def paged_attention_decode(
 
     q [B, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; block_tables [B, max_blocks] int;
     context_lens [B] int (>= 1, includes the new token); returns out [B, heads, D] in q.dtype.
+    An fp8 cache is read as k_cache * k_scales[..., None] (v alike; see store_kv).
     """
     batch = q.shape[0]
     if batch <= _DECODE_BUCKET:
-        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     # sequences sorted by length, in buckets each padded to its own longest: less padding to gather
     lens = context_lens.tolist()
     order = sorted(range(batch), key=lens.__getitem__)
@@ -75,19 +105,19 @@ def paged_attention_decode(
         rows = torch.tensor(order[i * batch // num_buckets : (i + 1) * batch // num_buckets], device=q.device)
         part = _attend_padded(
             q.index_select(0, rows), k_cache, v_cache, block_tables.index_select(0, rows),
-            context_lens.index_select(0, rows), scale,
+            context_lens.index_select(0, rows), scale, k_scales, v_scales,
         )
         out.index_copy_(0, rows, part)
     return out
 
 
-def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales) -> torch.Tensor:
     """paged_attention_decode over the context gathered padded to the longest of the batch."""
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = -(-int(context_lens.max()) // block_size)
-    keys = _gather_cache(k_cache, block_tables, num_blocks).float().transpose(1, 2)  # [B, kvh, L, D]
-    values = _gather_cache(v_cache, block_tables, num_blocks).float().transpose(1, 2)
+    keys = _gather_cache(k_cache, block_tables, num_blocks, k_scales).transpose(1, 2)  # [B, kvh, L, D]
+    values = _gather_cache(v_cache, block_tables, num_blocks, v_scales).transpose(1, 2)
     pos = torch.arange(keys.shape[2], device=q.device)
     visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     # the query heads sharing a KV head are that head's query rows: [B, kvh, G, D]
@@ -104,6 +134,8 @@ def paged_attention_prefill(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New tokens of a ragged batch attending causally to cached prefix blocks and to themselves.
 
@@ -114,7 +146,7 @@ def paged_attention_prefill(
 
     q [T, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; cu_seqlens_q [B + 1] int;
     block_tables [B, max_blocks] int; context_lens [B] int (includes the new tokens, already stored);
-    returns out [T, heads, D] in q.dtype.
+    returns out [T, heads, D] in q.dtype. An fp8 cache is read with its scales (paged_attention_decode).
     """
     total, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -127,8 +159,9 @@ def paged_attention_prefill(
         if n == 0:
             continue
         num_blocks = -(-ctx // block_size)
-        keys = _gather_cache(k_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float().transpose(0, 1)  # [kvh, ctx, D]
-        values = _gather_cache(v_cache, block_tables[b : b + 1], num_blocks)[0, :ctx].float().transpose(0, 1)
+        table = block_tables[b : b + 1]
+        keys = _gather_cache(k_cache, table, num_blocks, k_scales)[0, :ctx].transpose(0, 1)  # [kvh, ctx, D]
+        values = _gather_cache(v_cache, table, num_blocks, v_scales)[0, :ctx].transpose(0, 1)
         # each KV head's query rows: its G query heads, each over the n new tokens: [kvh, G * n, D]
         qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
         q_pos = torch.arange(ctx - n, ctx, device=q.device)
@@ -235,3 +268,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """An fp8 projection: both operands in float8_e4m3fn, each with one scale per row.
+
+    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448);
+    out[t, o] = sx[t] * weight_scale[o] * sum_i xq[t, i] * weight[o, i], summed in float32.
+
+    x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out] float32; returns out [T, out] in x.dtype.
+    """
+    xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
+    return out.to(x.dtype)

@@ -84,6 +84,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(args.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=args.qkv_bias)
         self.o_proj = Linear(self.q_size, [args.hidden_size], bias=args.o_bias)
         self.k_cache = self.v_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
+        self.k_scales = self.v_scales = None  # an fp8 cache's [num_blocks, block_size, kv_heads] float32
         self.cos_sin_cache = torch.empty(0)  # [max_positions, head_dim], shared by every layer
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -94,14 +95,16 @@ class LlamaAttention(nn.Module):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         kernels.rotary_embedding(ctx.positions, q, k, self.cos_sin_cache)
-        kernels.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        scales = (self.k_scales, self.v_scales)
+        kernels.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, *scales)
         if ctx.is_decode:
             out = kernels.paged_attention_decode(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales
             )
         else:
             out = kernels.paged_attention_prefill(
-                q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale
+                q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale,
+                *scales
             )
         return self.o_proj(out.reshape(num_tokens, self.q_size), ctx)
 

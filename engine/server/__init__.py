@@ -15,8 +15,8 @@ POST /v1/adapters/prefetch   {digest, path?, tier?: "host" | "gpu"} -> {digest, 
 DELETE /v1/adapters/{digest} -> {digest, evicted: [tiers]} | 404 unknown | 409 in use
 GET /v1/health               {status: ok | draining | unhealthy, model, device, max_model_len} (503 unless ok)
 GET /v1/state                running/waiting (and per request), pages (KV blocks and adapter pages share them),
-                             memory split {base_weights, kv_pages, adapter_pages, free}_bytes, prefix-cache
-                             hit rate, adapters per tier ("gpu" is the device tier, also on CPU), steps and
+                             memory split {base_weights, kv_pages, adapter_pages, free}_bytes (and the
+                             quantization report: docs/quantization.md), prefix-cache hit rate, adapters per tier ("gpu" is the device tier, also on CPU), steps and
                              tokens per second, the last step's batch
 GET /metrics                 Prometheus text format
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from billing.models import BudgetAlert
 from metering.selectors import usage_totals_month
 from tenancy.models import Membership, Tenant
-from tenancy.webhook_targets import webhook_target_check
+from tenancy.webhook_targets import webhook_post
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def _post_webhook(alert: BudgetAlert) -> None:
     }).encode()  # fmt: skip
     headers = {"Content-Type": "application/json", SIGNATURE_HEADER: webhook_signature(secret=tenant.webhook_secret,
                                                                                         body=body)}  # fmt: skip
-    webhook_target_check(tenant.webhook_url)  # public addresses only, checked after DNS resolution (security)
-    response = httpx.post(tenant.webhook_url, content=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
+    # public addresses only, checked after DNS resolution, and the connection goes to the address checked (security)
+    response = webhook_post(tenant.webhook_url, content=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
     response.raise_for_status()
 
 

@@ -4,6 +4,7 @@ at creation so the job records exactly what it trains with.
 - n_epochs (1..50), batch_size (1..256), learning_rate_multiplier (> 0, <= 100; times the platform's base
   learning rate), and for DPO beta (> 0, <= 2).
 - Quilt extensions: lora_rank (1..the platform's adapter rank limit), lora_alpha (> 0; default 2 x rank).
+- "auto": a batch of ~5% of the examples (1..16), and epochs for at least AUTO_MIN_STEPS optimizer steps (1..10).
 """
 
 import math
@@ -12,11 +13,13 @@ from django.conf import settings
 
 from finetuning.errors import FineTuningRefusal
 from training.dataset import DPO
+from training.steps import steps_per_epoch
 
 AUTO = "auto"
-RANGES = {
-    "n_epochs": (int, 1, 50),
+AUTO_MIN_STEPS = 100  # fewer updates than this leave a LoRA at the platform's base learning rate underfit
+RANGES = {  # resolved in this order: n_epochs' "auto" depends on the batch size
     "batch_size": (int, 1, 256),
+    "n_epochs": (int, 1, 50),
     "learning_rate_multiplier": (float, 1e-6, 100.0),
     "beta": (float, 1e-6, 2.0),
     "lora_rank": (int, 1, None),
@@ -25,8 +28,8 @@ RANGES = {
 
 
 def _auto(name: str, *, examples: int, method: str, given: dict) -> int | float:
-    if name == "n_epochs":
-        return min(10, max(2, math.ceil(400 / examples)))
+    if name == "n_epochs":  # enough passes for AUTO_MIN_STEPS optimizer steps, within 1..10
+        return min(10, max(1, math.ceil(AUTO_MIN_STEPS / steps_per_epoch(examples, given["batch_size"]))))
     if name == "batch_size":
         return min(16, max(1, examples // 20))
     if name == "learning_rate_multiplier":

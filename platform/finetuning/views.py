@@ -6,6 +6,7 @@ call runs the operation in a worker thread. Thin: parse, call one service or sel
 """
 
 import json
+import uuid
 from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
@@ -16,9 +17,11 @@ from django.views.decorators.csrf import csrf_exempt
 from finetuning import selectors, services, wire
 from finetuning.errors import FineTuningRefusal, not_found
 from finetuning.storage import file_read
+from gateway.admission import admission_acquire, admission_settle
 from gateway.caller import Caller, cached_caller_and_target, caller_and_target
 from gateway.errors import ApiError, invalid
 from gateway.openai_request import parse_body
+from gateway.refusals import ratelimit_headers, refusal
 from tenancy.models import Tenant
 
 _lookup = sync_to_async(caller_and_target, thread_sensitive=False)
@@ -60,7 +63,15 @@ def _endpoint(**operations: Callable) -> Callable:
                 raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.",
                                code="method_not_allowed")  # fmt: skip
             caller = await _caller(request)
-            return await run(operation, request, caller, kwargs)
+            request_id = f"files-{uuid.uuid4().hex}"  # a request of no tokens: it counts against RPM and concurrency
+            decision = await admission_acquire(tenant_id=caller.tenant_id, request_id=request_id, tokens=0,
+                                               spend_micros=0, limits=caller.limits)  # fmt: skip
+            if not decision.admitted:
+                raise refusal(decision, ratelimit_headers(caller, decision), tokens=0)
+            try:
+                return await run(operation, request, caller, kwargs)
+            finally:
+                await admission_settle(tenant_id=caller.tenant_id, request_id=request_id, tokens=0, spend_micros=0)
         except ApiError as error:
             return error.response()
 

@@ -37,7 +37,9 @@ def prompts():
 
 
 def make(model, adapters, **config) -> LLM:
-    llm = LLM(model, block_size=4, num_kv_blocks=160, max_adapter_rank=8, speculative_min_acceptance=0.0, **config)
+    config = {"block_size": 4, "num_kv_blocks": 160, "max_adapter_rank": 8, "speculative_min_acceptance": 0.0,
+              **config}
+    llm = LLM(model, **config)
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     return llm
@@ -189,3 +191,15 @@ def test_sampling_filters_that_keep_one_token_verify_like_greedy(checkpoints, ad
     assert llm.engine.speculation_state()["accepted_tokens"] > 0
     for prompt, name, out in zip(prompts()[:4], NAMES[:4], outs, strict=True):
         assert out.token_ids == oracle.greedy(prompt, name, params.max_tokens), (method, name)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_on_a_quantized_model_with_fp8_pages_equals_it_off(checkpoints, adapters, method):
+    model = checkpoints["llama"]
+    quant = {"quantization": "int8", "kv_cache_dtype": "fp8", "block_size": 16}
+    spec = {"speculative_method": method, **({"speculative_model": str(model)} if method == "draft" else {})}
+    on = make(model, adapters, num_speculative_tokens=3, **quant, **spec)
+    off = make(model, adapters, **quant)
+    a = on.generate(prompts(), GREEDY, adapters=NAMES)
+    assert [o.token_ids for o in a] == [o.token_ids for o in off.generate(prompts(), GREEDY, adapters=NAMES)]
+    assert on.engine.speculation_state()["accepted_tokens"] > 0

@@ -31,6 +31,7 @@ BASE_MODEL = "demo"
 LEASE_SECONDS = 3  # a trainer silent this long counts as dead when the stale-job sweep runs
 CHECKPOINT_STEPS = 5
 TRAINING_PRICE = Decimal("4.00")  # per million training tokens
+SLOW_RPM = 3  # tenant "slow": the Files and Fine-tuning APIs count against its requests per minute
 
 
 @dataclass
@@ -93,8 +94,12 @@ def _seed(stack: FineTuningStack) -> None:
         max_concurrent_requests=500, default_max_tokens=16, max_concurrent_fine_tuning_jobs=1,
         price_training_per_mtok=TRAINING_PRICE,
     )  # fmt: skip
-    for name in ("main", "rival", "cancel", "kill"):
-        tenant = TenantFactory(slug=f"ft-{name}", plan=plan)
+    slow = Plan.objects.create(
+        slug="ft-slow", name="Slow", requests_per_minute=SLOW_RPM, tokens_per_minute=10_000_000,
+        max_concurrent_requests=5, default_max_tokens=16,
+    )  # fmt: skip
+    for name in ("main", "rival", "cancel", "kill", "slow"):
+        tenant = TenantFactory(slug=f"ft-{name}", plan=slow if name == "slow" else plan)
         key, plaintext = make_key(tenant, scopes=[Scope.INFERENCE], name=name)
         stack.ids[name], stack.keys[name] = tenant.pk, plaintext
 

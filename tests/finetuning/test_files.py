@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from tests.finetuning.conftest import BASE_MODEL, client
+from tests.finetuning.conftest import BASE_MODEL, SLOW_RPM, client
 from training.demo_data import DATA_DIR, TRAIN_FILE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -49,6 +49,18 @@ def test_files_are_created_listed_read_and_deleted_for_their_own_tenant_only(ft_
     deleted = main.files.delete(created.id)
     assert (deleted.id, deleted.deleted) == (created.id, True)
     assert _refused(lambda: main.files.retrieve(created.id)).status_code == 404
+
+
+def test_the_files_and_fine_tuning_apis_count_against_the_plans_requests_per_minute(ft_stack):
+    slow = client(ft_stack, "slow")
+    for _ in range(SLOW_RPM):
+        slow.files.list()
+    for call in (slow.files.list, slow.fine_tuning.jobs.list):
+        refused = _refused(call)
+        assert refused.status_code == 429 and refused.body["code"] == "rate_limit_exceeded"
+        assert int(refused.response.headers["Retry-After"]) >= 1
+        assert refused.response.headers["x-ratelimit-remaining-requests"] == "0"
+    client(ft_stack, "main").files.list()  # another tenant is not slowed
 
 
 def test_no_key_no_files(ft_stack):

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernels import LoRAMeta  # noqa: E402
 
-TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64"}
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64",
+         torch.float8_e4m3fn: "fp8e4nv"}
 
 
 class _Recorder:
@@ -84,7 +85,27 @@ def _paged(dtype, batch=2, blocks=64):
     return cache, tables, torch.tensor([1000, 7], dtype=torch.int32)
 
 
+def _fp8_launches(case: str, dtype: torch.dtype) -> list[tuple]:
+    """The fp8 KV cache (docs/quantization.md): caches in float8_e4m3fn with float32 scales per token and head."""
+    cache, tables, lens = _paged(dtype)
+    cache = cache.to(torch.float8_e4m3fn)
+    scales = torch.rand(cache.shape[:3])
+    if case == "store_kv":
+        k = torch.randn(5, 8, 128).to(dtype)
+        return _recorded_launches("store_kv", k, k, cache, cache, torch.arange(5), scales, scales)
+    if case.startswith("paged_attention_decode"):
+        q = torch.randn(2, 32, 128).to(dtype)
+        partition = 512 if case.endswith("split-kv") else 0
+        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, scales, scales,
+                                  partition_size=partition)  # fmt: skip
+    q = torch.randn(20, 32, 128).to(dtype)
+    cu = torch.tensor([0, 13, 20], dtype=torch.int32)
+    return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 0.1, scales, scales)
+
+
 def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
+    if case.endswith("-fp8kv"):
+        return _fp8_launches(case.removesuffix("-fp8kv"), dtype)
     if case == "lora_shrink-split-k":
         return _recorded_launches("lora_shrink", *_lora_inputs(1, dtype))
     if case == "lora_shrink":
@@ -123,6 +144,8 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
 CASES = [
     "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode", "paged_attention_decode-split-kv",
     "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "store_kv-fp8kv", "paged_attention_decode-fp8kv", "paged_attention_decode-split-kv-fp8kv",
+    "paged_attention_prefill-fp8kv",
 ]  # fmt: skip
 DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill"]
 

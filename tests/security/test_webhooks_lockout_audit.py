@@ -72,6 +72,56 @@ def test_delivery_refuses_a_name_that_resolves_inside_after_it_was_saved(tenant_
     assert "public addresses" in BudgetAlert.objects.filter(tenant=tenant_a).first().webhook_error
 
 
+def test_delivery_goes_to_the_address_that_was_checked_even_if_the_name_is_re_pointed(tenant_a, settings, monkeypatch):
+    """DNS rebinding between the check and the connection: the first answer is allowed, every later one points
+    elsewhere. The POST reaches the checked address, with the name in its Host header; the other one hears nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    settings.QUILT_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.2/32"]  # stands in for a public address
+    heard: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            heard.append((self.server.server_address[0], self.headers["Host"]))
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    checked = HTTPServer(("127.0.0.2", 0), Handler)
+    port = checked.server_address[1]
+    inside = HTTPServer(("127.0.0.3", port), Handler)  # the "internal" service the name is re-pointed to
+    for server in (checked, inside):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    answers = iter(["127.0.0.2"])
+    real_getaddrinfo = socket.getaddrinfo
+
+    def rebinding(host, *args, **kwargs):
+        if host != "hooks.example.test":
+            return real_getaddrinfo(host, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers, "127.0.0.3"), port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    tenant_a.plan.monthly_token_budget = 10
+    tenant_a.plan.save()
+    Tenant.objects.filter(pk=tenant_a.pk).update(webhook_url=f"http://hooks.example.test:{port}/x",
+                                                 webhook_secret="s" * 32)  # fmt: skip
+    tenant_a.refresh_from_db()
+    UsageMonth.objects.create(  # 90%: one alert, one delivery
+        tenant=tenant_a, month=date.today().replace(day=1), prompt_tokens=9, price=Decimal(0), cost=Decimal(0)
+    )
+    try:
+        budget_alerts_check(tenant=tenant_a, month=date.today())
+    finally:
+        checked.shutdown()
+        inside.shutdown()
+    assert heard and all(item == ("127.0.0.2", f"hooks.example.test:{port}") for item in heard), heard
+    assert BudgetAlert.objects.filter(tenant=tenant_a).exclude(webhook_sent_at=None).exists()
+
+
 def test_five_failures_for_a_made_up_name_lock_no_real_user_out(settings):
     settings.AXES_ENABLED = True
     UserFactory(username="ops", is_staff=True)

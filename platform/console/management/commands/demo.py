@@ -10,6 +10,7 @@ the web server's relay (QUILT_LIVE_RELAY_URL). Debug pages are off: the demo sho
 """
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -61,8 +62,10 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000, help="The console and APIs (make demo PORT=...).")
         parser.add_argument("--engine-port", type=int, default=8100, help="The CPU engine (make demo ENGINE_PORT=...).")
+        parser.add_argument("--engine-args", default="",
+                            help='More `python -m engine` flags, e.g. "--quantization int8" (make demo ENGINE_ARGS=...).')
 
-    def handle(self, *args, host, port, engine_port, **options):
+    def handle(self, *args, host, port, engine_port, engine_args, **options):
         root = settings.REPO_ROOT
         model_dir = settings.VAR_DIR / "demo-model"
         self.stdout.write("building (or reusing) the demo model ...")
@@ -101,6 +104,7 @@ class Command(BaseCommand):
                 "--app-dir", str(root / "platform"), "--no-access-log", "--lifespan", "off",
             ],
         }  # fmt: skip
+        commands["engine"] += shlex.split(engine_args)
         processes: dict[str, subprocess.Popen] = {}
         worker_up = threading.Event()
         try:

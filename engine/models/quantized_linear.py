@@ -1,0 +1,89 @@
+"""Base projections quantized on load: int8 weight-only or fp8 (E4M3), one float32 scale per output row.
+
+`quantize_model` swaps every decoder projection (fused q/k/v, o, fused gate/up, down) for a
+QuantizedLinear after the checkpoint is loaded, freeing each full-precision weight as it goes; the
+embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps `out_slices` and
+`slice_offsets`, so the LoRALinear swapped in over it adds each token's adapter delta, in the
+activation dtype, on top of the quantized base. docs/quantization.md gives the rules."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from engine.context import Context
+from engine.lora_modules import PACKED_MODULES
+from engine.models.linear import Linear
+from kernels.reference import quantize_fp8_rows
+
+QUANTIZATIONS = ("int8", "fp8")
+INT8_MAX = 127.0
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (round(weight / s) in int8 [out, in], s [out] float32), s = amax(|row|) / 127."""
+    w = weight.float()
+    scale = (w.abs().amax(1) / INT8_MAX).clamp(min=1e-12)  # [out]
+    return torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (weight / s in float8_e4m3fn [out, in], s [out] float32), s = amax(|row|) / 448."""
+    return quantize_fp8_rows(weight)
+
+
+def dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] a quantized one stands for."""
+    return qweight.float() * scale[:, None]
+
+
+class QuantizedLinear(nn.Module):
+    def __init__(self, base: Linear, method: str) -> None:
+        super().__init__()
+        if method not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
+        self.method = method
+        self.in_features = base.in_features
+        self.out_slices = list(base.out_slices)
+        self.slice_offsets = base.slice_offsets
+        qweight, scale = (quantize_int8 if method == "int8" else quantize_fp8)(base.weight.data)
+        if method == "fp8" and qweight.is_cuda and (self.in_features % 16 or qweight.shape[0] % 16):
+            raise ValueError(f"fp8 needs projections whose in and out features are multiples of 16 on CUDA, "
+                             f"got {tuple(qweight.shape)}")
+        self.register_buffer("qweight", qweight)  # [out, in] int8 or float8_e4m3fn
+        self.register_buffer("weight_scale", scale)  # [out] float32
+        self.bias = base.bias  # [out] in the model dtype, or None
+
+    def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
+        if self.method == "int8":  # per-row scale commutes with the product: scale after, in x.dtype
+            y = F.linear(x, self.qweight.to(x.dtype)) * self.weight_scale.to(x.dtype)  # [T, out]
+        else:
+            y = kernels.fp8_linear(x, self.qweight, self.weight_scale)  # [T, out]
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_model(model: nn.Module, method: str) -> None:
+    """Replace each decoder projection with its QuantizedLinear, one at a time (the full-precision weight
+    is released as soon as its replacement exists: peak memory is one projection above the model's)."""
+    if method == "fp8" and next(model.parameters()).is_cuda:
+        device = next(model.parameters()).device
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError("quantization 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+                             "use 'int8' on this one")
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in PACKED_MODULES:
+                base = getattr(parent, name, None)
+                if isinstance(base, Linear):
+                    setattr(parent, name, QuantizedLinear(base, method))
+                    del base
+    if next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()  # the pool is sized from free memory next
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (a tied tensor once)."""
+    seen = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())

@@ -21,7 +21,8 @@ Methods: off; ngram and draft with the engine's default policy; ngram-always wit
 disabled (speculative_min_acceptance 0), to show what switching off saves.
 
 For each workload and each method (off, then ngram and/or draft) the same requests run on one engine per
-method, `--concurrency` at a time; one warm-up run, then `--rounds` runs alternated between the methods.
+method, `--concurrency` at a time; one warm-up run, then `--rounds` runs alternated between the methods (each round
+starting with the next one).
 Printed per cell: engine steps, tokens a sequence gets per step it samples in, acceptance rate, the median
 wall-clock time and the speedup over off, the same ratio of this process's CPU time (one torch thread),
 whether the outputs equal off's (they must: greedy), and the warm-up run on the fresh engine (the policy
@@ -211,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_cells(name: str, cells: dict[str, "Cell"], requests, params: SamplingParams, rounds: int) -> None:
     for cell in cells.values():
         cell.run(requests, params, record=False)  # warm-up
-    for _ in range(rounds):
-        for cell in cells.values():
+    order = list(cells.values())
+    for r in range(rounds):  # alternated, each round starting with the next method (no method always runs first)
+        for cell in order[r % len(order) :] + order[: r % len(order)]:
             cell.run(requests, params, record=True)
     off = cells["off"]
     for method, cell in cells.items():

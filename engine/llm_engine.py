@@ -330,6 +330,7 @@ class LLMEngine:
                 break
         self.num_generated_tokens += len(emitted)
         self.num_decode_seq_steps += 1
+        seq.num_sampling_steps += 1
         return emitted
 
     def _emit(self, seq: Sequence, sample, now: float) -> None:
@@ -380,6 +381,7 @@ class LLMEngine:
             gpu_ms=seq.gpu_ms,
             spec_proposed_tokens=seq.num_spec_proposed,
             spec_accepted_tokens=seq.num_spec_accepted,
+            sampling_steps=seq.num_sampling_steps,
         )
         return RequestOutput(
             request_id=seq.request_id,

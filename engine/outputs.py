@@ -14,6 +14,7 @@ class Usage:
     gpu_ms: float = 0.0
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed, and accepted by verification
     spec_accepted_tokens: int = 0
+    sampling_steps: int = 0  # steps that gave tokens: completion_tokens / sampling_steps is tokens per step
 
 
 @dataclass
@@ -57,5 +58,6 @@ def merge_choices(outputs: list[RequestOutput]) -> RequestOutput:
         gpu_ms=sum(o.usage.gpu_ms for o in outputs),
         spec_proposed_tokens=sum(o.usage.spec_proposed_tokens for o in outputs),
         spec_accepted_tokens=sum(o.usage.spec_accepted_tokens for o in outputs),
+        sampling_steps=sum(o.usage.sampling_steps for o in outputs),
     )
     return dataclasses.replace(first, usage=usage, choices=list(outputs))

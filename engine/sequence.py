@@ -63,6 +63,7 @@ class Sequence:
         self.prompt_logprobs: list | None = None
         self.num_spec_proposed = 0  # speculative decoding: tokens proposed for this sequence, and accepted
         self.num_spec_accepted = 0
+        self.num_sampling_steps = 0  # steps that gave it tokens: completion tokens / this = its tokens per step
 
     def __repr__(self) -> str:
         return (

@@ -163,6 +163,7 @@ def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
     state = llm.engine.state()["speculation"]
     assert out.usage.spec_accepted_tokens == state["accepted_tokens"] > 0
     assert state["tokens_per_step"] > 1.0
+    assert out.usage.completion_tokens == GREEDY.max_tokens > out.usage.sampling_steps  # several tokens a step
     metrics = EngineMetrics()
     metrics.observe_state(llm.engine.state())
     metrics.observe_state(llm.engine.state())  # totals: observing twice counts once
@@ -173,10 +174,12 @@ def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
                        prompt_tokens=6, cached_tokens=0, completion_tokens=10, gpu_ms=1.0, queue_ms=0.0, ttft_ms=1.0,
                        e2e_ms=2.0, finish_reason="length", finished_at=now_utc(),
                        spec_proposed_tokens=out.usage.spec_proposed_tokens,
-                       spec_accepted_tokens=out.usage.spec_accepted_tokens)
+                       spec_accepted_tokens=out.usage.spec_accepted_tokens, sampling_steps=out.usage.sampling_steps)
     assert UsageEvent.from_dict(event.to_dict()) == event
     older = {k: v for k, v in event.to_dict().items() if not k.startswith("spec_")}
     assert UsageEvent.from_dict(older).spec_proposed_tokens == 0
+    older.pop("sampling_steps")
+    assert UsageEvent.from_dict(older).sampling_steps == 0
     with pytest.raises(ValueError, match="spec_accepted_tokens"):
         UsageEvent.from_dict({**event.to_dict(), "spec_accepted_tokens": event.spec_proposed_tokens + 1})
 

@@ -320,14 +320,14 @@ class LLMEngine:
                     seq.prompt_logprobs.append(Logprob(seq.token_ids[pos], logprob, top))
         if not result.samples or seq.is_finished:
             return []
-        if result.num_proposed and self.speculator is not None:
-            self.speculator.record(seq, result.num_proposed, len(result.samples) - 1)
         emitted = []
         for sample in result.samples:  # several when speculative tokens were accepted
             emitted.append(sample.token_id)
             self._emit(seq, sample, now)
             if seq.is_finished:
                 break
+        if result.num_proposed and self.speculator is not None:  # accepted: those emitted (a stop may cut them)
+            self.speculator.record(seq, result.num_proposed, min(len(result.samples) - 1, len(emitted)))
         self.num_generated_tokens += len(emitted)
         self.num_decode_seq_steps += 1
         seq.num_sampling_steps += 1

@@ -212,10 +212,10 @@ def test_sampled_tokens_follow_the_model_when_the_draft_disagrees(checkpoints, a
     import collections
 
     model = checkpoints["llama"]  # the draft is the base model; the requests run on adapter "b": p and q differ
-    llm = make(model, adapters, num_kv_blocks=1024, max_num_seqs=256, speculative_method="draft",
+    llm = make(model, adapters, num_kv_blocks=2048, max_num_seqs=256, speculative_method="draft",
                speculative_model=str(model), num_speculative_tokens=2, speculative_max_batch=256)
     prompt = random_prompts(46, [5])[0]
-    params = SamplingParams(n=1500, temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=11)
+    params = SamplingParams(n=3000, temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=11)
     out = llm.generate([prompt], params, adapters=["b"])[0]
     spec = llm.engine.speculation_state()
     assert 0 < spec["accepted_tokens"] < spec["proposed_tokens"]  # the draft's guesses are both kept and rejected
@@ -224,6 +224,7 @@ def test_sampled_tokens_follow_the_model_when_the_draft_disagrees(checkpoints, a
     values, ids = oracle.logits(prompt + [first], "b")[-1].topk(3)
     expected = dict(zip(ids.tolist(), values.softmax(-1).tolist(), strict=True))
     total = sum(seconds.values())
-    assert set(seconds) <= set(expected) and total > 300
+    assert set(seconds) <= set(expected) and total > 1000
     tv = 0.5 * sum(abs(seconds[t] / total - p) for t, p in expected.items())
-    assert tv < 3.6 / total**0.5, (tv, total, seconds, expected)  # the bound of tests/engine/speculative
+    # four times the bound on a correct sampler's expected distance over 3 tokens, 0.5 * sqrt(4 / (pi n))
+    assert tv < 2.26 / total**0.5, (tv, total, seconds, expected)

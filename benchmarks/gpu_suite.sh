@@ -12,6 +12,7 @@
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 #   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
 #            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
+#   spec     benchmarks/speculative.py on CUDA (demo model, on vs off)   -> spec.log     (not by default)
 #   tp       benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
 #            it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
 # and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
@@ -39,6 +40,7 @@ KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
 QUANT_S="${QUILT_GPU_QUANT_S:-420}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
+SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
@@ -152,8 +154,11 @@ for step in $STEPS; do
         run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
           --json "$OUT/quant.json" $QUANT_ARGS
       fi ;;
+    spec)
+      if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
+      else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, tp)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, spec, tp)" >&2; exit 2 ;;
   esac
 done
 

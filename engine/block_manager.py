@@ -135,6 +135,16 @@ class BlockManager:
         for _ in range(needed):
             seq.block_table.append(self._take_block())
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the tail blocks beyond the first num_tokens slots (lookahead slots of rejected
+        speculative tokens). They were never committed, so they hold no hash and no one shares them."""
+        keep = max(self.blocks_needed(num_tokens), self.blocks_needed(seq.num_computed_tokens))
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            assert self.ref_counts[block_id] == 1 and self.hashes[block_id] is None
+            self.ref_counts[block_id] = 0
+            self.free_ids.append(block_id)
+
     def _take_block(self) -> int:
         if self.free_ids:
             block_id = self.free_ids.popleft()

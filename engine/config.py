@@ -6,6 +6,7 @@ from pathlib import Path
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "fp8")  # fp8 on CPU runs the reference path (docs/quantization.md)
 KV_CACHE_DTYPES = ("auto", "fp8")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
 @dataclass
@@ -29,6 +30,12 @@ class EngineConfig:
     # quantization (issue 20, docs/quantization.md)
     quantization: str | None = None  # None, "int8" (weight-only) or "fp8" (E4M3 weights and activations)
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) or "fp8" (E4M3 pages, a scale per token and head)
+    # speculative decoding (docs/speculative.md)
+    speculative_method: str | None = None  # None, "ngram" or "draft"
+    num_speculative_tokens: int = 4  # tokens proposed per sequence and step
+    speculative_model: str | None = None  # draft checkpoint directory ("draft"; same tokenizer as the model)
+    speculative_max_batch: int = 32  # steps with more running sequences do not speculate (compute-bound)
+    speculative_min_acceptance: float = 0.3  # a sequence whose acceptance rate falls below this stops proposing
     tensor_parallel_size: int = 1  # ranks the model is split over (docs/tensor-parallel.md); 1: no workers
 
     def __post_init__(self) -> None:
@@ -53,6 +60,7 @@ class EngineConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         self._validate_quantization()
+        self._validate_speculative()
         # tensor parallelism (docs/tensor-parallel.md); the model's head counts are checked when it is loaded
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
@@ -64,3 +72,22 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or none, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+
+    def _validate_speculative(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, got {self.speculative_method!r}")
+        if self.speculative_method is None:
+            return
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1 with speculation on, got {self.num_speculative_tokens}")
+        if self.speculative_max_batch < 1:
+            raise ValueError(f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}")
+        if not 0.0 <= self.speculative_min_acceptance <= 1.0:
+            raise ValueError("speculative_min_acceptance must be in [0, 1]")
+        if self.speculative_method == "draft":
+            if self.speculative_model is None:
+                raise ValueError("speculative_method 'draft' needs speculative_model (a draft checkpoint directory)")
+            if not Path(self.speculative_model).is_dir():
+                raise ValueError(f"speculative_model directory not found: {self.speculative_model}")
+        elif self.speculative_model is not None:
+            raise ValueError("speculative_model is only used with speculative_method 'draft'")

@@ -28,6 +28,7 @@ from engine.quantization import MemoryReport, kv_dtype
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative.build import build_speculator, draft_memory_bytes
 from engine.tokenizer import TextStream, Tokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -113,6 +114,8 @@ class LLMEngine:
             self.workers.start(num_pages)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
                                   eos_token_ids=self.eos_token_ids, device=self.device)
+        self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
+                                           max_model_len=self.max_model_len)
         self.scheduler = Scheduler(
             block_manager=self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -120,6 +123,7 @@ class LLMEngine:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             policy=policy,
             adapters=self.adapter_pool,
+            lookahead=self.speculator.lookahead if self.speculator else None,
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.streams: dict[int, TextStream] = {}  # seq_id -> its detokenizer
@@ -127,6 +131,8 @@ class LLMEngine:
         self.num_steps = 0
         self.num_preemptions = 0
         self.last_step_seqs = 0  # sequences in the last step that ran
+        self.num_generated_tokens = 0  # tokens sampled, and (sequence, step) pairs that sampled: their ratio is
+        self.num_decode_seq_steps = 0  # the tokens per step a sequence gets (above 1 with speculation)
         self.weight_bytes = tensor_bytes(model)
         self.memory_report = MemoryReport.build(
             quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
@@ -152,7 +158,8 @@ class LLMEngine:
             return config.num_kv_blocks + adapter_pages
         if self.device.type == "cuda":
             free = min([torch.cuda.mem_get_info(self.device)[0], *workers_free])
-            return max(1, int(free * config.kv_cache_memory_fraction) // page_bytes)
+            draft_page, draft_weights = draft_memory_bytes(config, model.lm_head.weight.element_size())
+            return max(1, (int(free * config.kv_cache_memory_fraction) - draft_weights) // (page_bytes + draft_page))
         needed = config.max_num_seqs * -(-self.max_model_len // config.block_size)
         return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, needed)) + adapter_pages
 
@@ -264,6 +271,8 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
             seq.error, seq.error_type = error, error_type
         self.runner.release(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         stream = self.streams.pop(seq.seq_id, None)
         if stream is not None:
             seq.text = stream.text
@@ -287,12 +296,13 @@ class LLMEngine:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
         start = time.perf_counter()
-        results = self._run(out)
+        proposals, draft_probs = self.speculator.propose(out) if self.speculator else ({}, {})
+        results = self._run(out, proposals, draft_probs)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.busy_ms += elapsed_ms
         self.num_steps += 1
         self.last_step_seqs = len(out.seqs)
-        self.scheduler.on_step_done(out)
+        self.scheduler.on_step_done(out, {i: len(r.samples) - 1 for i, r in results.items() if r.num_proposed})
         total = out.total_tokens
         now = time.monotonic()
         for seq in out.seqs:
@@ -303,11 +313,11 @@ class LLMEngine:
         self._forget_finished(outputs)
         return outputs
 
-    def _run(self, out):
+    def _run(self, out, proposals, draft_probs):
         if self.workers is None:
-            return self.runner.run(out)
+            return self.runner.run(out, proposals, draft_probs)
         try:
-            return self.runner.run(out)
+            return self.runner.run(out, proposals, draft_probs)
         except Exception as error:  # a worker died or failed mid-step: name it (RankFailed)
             raise self.workers.failed(error) from error
 
@@ -346,9 +356,22 @@ class LLMEngine:
             for pos, logprob, top in result.prompt_logprobs:
                 if pos == len(seq.prompt_logprobs):  # a recompute after preemption scores them again
                     seq.prompt_logprobs.append(Logprob(seq.token_ids[pos], logprob, top))
-        sample = result.sample
-        if sample is None or seq.is_finished:
+        if not result.samples or seq.is_finished:
             return []
+        emitted = []
+        for sample in result.samples:  # several when speculative tokens were accepted
+            emitted.append(sample.token_id)
+            self._emit(seq, sample, now)
+            if seq.is_finished:
+                break
+        if result.num_proposed and self.speculator is not None:  # accepted: those emitted (a stop may cut them)
+            self.speculator.record(seq, result.num_proposed, min(len(result.samples) - 1, len(emitted)))
+        self.num_generated_tokens += len(emitted)
+        self.num_decode_seq_steps += 1
+        seq.num_sampling_steps += 1
+        return emitted
+
+    def _emit(self, seq: Sequence, sample, now: float) -> None:
         s = seq.sampling
         seq.append_token(sample.token_id)
         if seq.first_token_time is None:
@@ -365,7 +388,6 @@ class LLMEngine:
             self._finish(seq, "stop")
         if not seq.is_finished and (seq.num_completion_tokens >= s.max_tokens or seq.num_tokens >= self.max_model_len):
             self._finish(seq, "length")
-        return [token_id]
 
     @staticmethod
     def _truncate_at_stop(seq: Sequence, stream: TextStream) -> bool:
@@ -395,6 +417,9 @@ class LLMEngine:
             queue_ms=(first_scheduled - seq.arrival_time) * 1000.0,
             ttft_ms=None if seq.first_token_time is None else (seq.first_token_time - seq.arrival_time) * 1000.0,
             gpu_ms=seq.gpu_ms,
+            spec_proposed_tokens=seq.num_spec_proposed,
+            spec_accepted_tokens=seq.num_spec_accepted,
+            sampling_steps=seq.num_sampling_steps,
         )
         return RequestOutput(
             request_id=seq.request_id,
@@ -441,4 +466,16 @@ class LLMEngine:
             "steps": self.num_steps,
             "preemptions": self.num_preemptions,
             "tensor_parallel_size": self.comm.size,
+            "speculation": self.speculation_state(),
+        }
+
+    def speculation_state(self) -> dict:
+        proposed = self.speculator.num_proposed if self.speculator else 0
+        accepted = self.speculator.num_accepted if self.speculator else 0
+        return {
+            "method": self.config.speculative_method,
+            "proposed_tokens": proposed,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "tokens_per_step": self.num_generated_tokens / self.num_decode_seq_steps if self.num_decode_seq_steps else 0.0,
         }

@@ -12,11 +12,13 @@ from engine.paged_memory import PagedMemory
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from engine.speculative.rejection import accept_greedy, verify_sampled
 
 
 @dataclass
 class StepResult:
-    sample: Sample | None = None  # None: the sequence is still mid-prompt
+    samples: list[Sample] = field(default_factory=list)  # empty: mid-prompt; several: speculative tokens verified
+    num_proposed: int = 0  # speculative tokens verified this step (len(samples) - 1 of them were accepted)
     prompt_logprobs: list[tuple[int, float, dict[int, float]]] = field(default_factory=list)  # (pos, lp, top)
 
 
@@ -55,19 +57,21 @@ class ModelRunner:
             self.generators[seq.seq_id] = g
         return self.generators[seq.seq_id]
 
-    def _prepare(self, out: SchedulerOutput):
-        """Flatten the step into one ragged batch: token ids, the Context, and which rows get logits."""
+    def _prepare(self, out: SchedulerOutput, proposals: dict[int, list[int]]):
+        """Flatten the step into one ragged batch: token ids, the Context, and which rows get logits. A
+        sequence with proposed tokens runs them after its last token (verification rows)."""
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
         adapter_slots: dict[str, int] = {}  # the step's adapters, in order of first use
         cu_seqlens, context_lens, tables = [0], [], []
-        sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token)
+        sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in out.seqs:
-            n = out.num_tokens[seq.seq_id]
+            proposal = proposals.get(seq.seq_id, [])
+            n = out.num_tokens[seq.seq_id] + len(proposal)
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             row0 = len(input_ids)
-            input_ids += seq.token_ids[start:end]
+            input_ids += seq.token_ids[start:] + proposal if proposal else seq.token_ids[start:end]
             positions += range(start, end)
             table = seq.block_table
             slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
@@ -78,7 +82,9 @@ class ModelRunner:
             tables.append(table)
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
-            if end == seq.num_tokens:
+            if proposal:
+                sample_rows += [(seq, len(input_ids) - 1 - i) for i in range(len(proposal), -1, -1)]
+            elif end == seq.num_tokens:
                 sample_rows.append((seq, len(input_ids) - 1))
         dev = self.device
         width = max(len(t) for t in tables)
@@ -103,21 +109,54 @@ class ModelRunner:
         return self._lora
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> dict[int, StepResult]:
+    def run(self, out: SchedulerOutput, proposals: dict[int, list[int]] | None = None,
+            draft_probs: dict[int, torch.Tensor] | None = None) -> dict[int, StepResult]:
+        """proposals: seq_id -> speculative tokens to verify; draft_probs: seq_id -> [k, vocab], what they were
+        drawn from (absent: deterministic proposals)."""
         self.adapters.wait_for_copies()
-        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out)
+        proposals = proposals or {}
+        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out, proposals)
         hidden = self.model(input_ids, ctx)  # [T, hidden]
         rows = [row for _, row in sample_rows] + [row for _, row, _ in prompt_rows]
         logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
         results = {seq.seq_id: StepResult() for seq in out.seqs}
         if sample_rows:
-            seqs = [seq for seq, _ in sample_rows]
-            samples = self.sampler(logits[: len(seqs)], [self._sample_request(seq) for seq in seqs])
-            for seq, sample in zip(seqs, samples, strict=True):
-                results[seq.seq_id].sample = sample
+            self._sample(logits[: len(sample_rows)], sample_rows, proposals, draft_probs or {}, results)
         if prompt_rows:
             self._score_prompts(logits[len(sample_rows) :], prompt_rows, results)
         return results
+
+    def _sample(self, logits: torch.Tensor, sample_rows, proposals, draft_probs, results) -> None:
+        plain = [i for i, (seq, _) in enumerate(sample_rows) if not proposals.get(seq.seq_id)]
+        if plain:
+            seqs = [sample_rows[i][0] for i in plain]
+            samples = self.sampler(logits[plain], [self.sample_request(seq) for seq in seqs])
+            for seq, sample in zip(seqs, samples, strict=True):
+                results[seq.seq_id].samples = [sample]
+        spec = []  # (seq, first row, its requests) of the sequences whose proposals are verified
+        row = 0
+        for seq in dict.fromkeys(seq for seq, _ in sample_rows):  # batch order, each once
+            proposal = proposals.get(seq.seq_id, [])
+            if proposal:
+                spec.append((seq, row, [self.sample_request(seq, proposal[:i]) for i in range(len(proposal) + 1)]))
+            row += len(proposal) + 1
+        if not spec:
+            return
+        rows = [r for _, first, requests in spec for r in range(first, first + len(requests))]
+        adjusted = self.sampler.adjust(logits[rows], [r for _, _, requests in spec for r in requests])  # [R, vocab]
+        targets = adjusted.argmax(dim=-1).tolist()  # one sync for every greedy row of the step
+        at = 0
+        for seq, first, requests in spec:
+            proposal, n = proposals[seq.seq_id], len(requests)
+            if seq.sampling.greedy:
+                tokens = accept_greedy(proposal, targets[at : at + n])
+            else:
+                tokens = verify_sampled(self.sampler, adjusted[at : at + n], requests, proposal,
+                                        draft_probs.get(seq.seq_id))
+            own = logits[first : first + len(tokens)]  # [emitted, vocab]
+            results[seq.seq_id].samples = self.sampler.samples(own, requests[: len(tokens)], tokens)
+            results[seq.seq_id].num_proposed = len(proposal)
+            at += n
 
     def _score_prompts(self, logits: torch.Tensor, prompt_rows, results: dict[int, StepResult]) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)  # [P, vocab]
@@ -131,11 +170,11 @@ class ModelRunner:
             top = dict(zip(top_ids[i][:n], top_values[i][:n], strict=True))
             results[seq.seq_id].prompt_logprobs.append((pos + 1, chosen[i], top))
 
-    def _sample_request(self, seq: Sequence) -> SampleRequest:
+    def sample_request(self, seq: Sequence, proposed: list[int] = ()) -> SampleRequest:
+        """What the sampler needs for seq's next token, after `proposed` tokens (speculative) if any."""
         s = seq.sampling
         banned = []
-        if seq.num_completion_tokens < s.min_tokens:
+        if seq.num_completion_tokens + len(proposed) < s.min_tokens:
             banned = list(s.stop_token_ids) + ([] if s.ignore_eos else list(self.eos_token_ids))
-        return SampleRequest(
-            sampling=s, output_token_ids=seq.completion_token_ids, generator=self._generator(seq), banned_token_ids=banned
-        )
+        output = seq.completion_token_ids + list(proposed) if proposed else seq.completion_token_ids
+        return SampleRequest(sampling=s, output_token_ids=output, generator=self._generator(seq), banned_token_ids=banned)

@@ -12,6 +12,9 @@ class Usage:
     queue_ms: float = 0.0
     ttft_ms: float | None = None
     gpu_ms: float = 0.0
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed, and accepted by verification
+    spec_accepted_tokens: int = 0
+    sampling_steps: int = 0  # steps that gave tokens: completion_tokens / sampling_steps is tokens per step
 
 
 @dataclass
@@ -53,5 +56,8 @@ def merge_choices(outputs: list[RequestOutput]) -> RequestOutput:
         completion_tokens=sum(o.usage.completion_tokens for o in outputs),
         queue_ms=min(o.usage.queue_ms for o in outputs), ttft_ms=min(ttfts) if ttfts else None,
         gpu_ms=sum(o.usage.gpu_ms for o in outputs),
+        spec_proposed_tokens=sum(o.usage.spec_proposed_tokens for o in outputs),
+        spec_accepted_tokens=sum(o.usage.spec_accepted_tokens for o in outputs),
+        sampling_steps=sum(o.usage.sampling_steps for o in outputs),
     )
     return dataclasses.replace(first, usage=usage, choices=list(outputs))

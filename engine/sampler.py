@@ -27,16 +27,24 @@ class Sample:
 class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sample]:
         """logits [N, vocab] float32, one row per request."""
-        raw_logprobs = None
-        if any(r.sampling.logprobs is not None for r in requests):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)  # [N, vocab], the model's own distribution
+        token_ids = self._choose(self.adjust(logits, requests), requests)  # [N]
+        return self.samples(logits, requests, token_ids.tolist())
+
+    def adjust(self, logits: torch.Tensor, requests: list[SampleRequest]) -> torch.Tensor:
+        """A copy of logits [N, vocab] with each row's penalties applied and banned tokens masked."""
         logits = logits.clone()
         self._apply_penalties(logits, requests)
         for i, r in enumerate(requests):
             if r.banned_token_ids:
                 logits[i, r.banned_token_ids] = -float("inf")
-        token_ids = self._choose(logits, requests)  # [N]
-        chosen = token_ids.tolist()
+        return logits
+
+    @staticmethod
+    def samples(logits: torch.Tensor, requests: list[SampleRequest], chosen: list[int]) -> list[Sample]:
+        """Sample records of the chosen tokens, with the log-probabilities of the model's own distribution."""
+        raw_logprobs = None
+        if any(r.sampling.logprobs is not None for r in requests):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)  # [N, vocab], the model's own distribution
         samples = []
         for i, (r, token_id) in enumerate(zip(requests, chosen, strict=True)):
             logprob = top = None
@@ -62,11 +70,23 @@ class Sampler:
         rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
         if not rows:
             return greedy
-        sub = logits[rows]  # [M, vocab]
-        params = [requests[i].sampling for i in rows]
+        probs = self.distribution(logits[rows], [requests[i].sampling for i in rows])  # [M, vocab]
+        # exponential race: argmax(p / q) with q ~ Exp(1) draws from p; each seeded row draws its own q
+        noise = torch.empty_like(probs).exponential_()
+        for j, i in enumerate(rows):
+            if requests[i].generator is not None:
+                noise[j].exponential_(generator=requests[i].generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        greedy[rows] = sampled
+        return greedy
+
+    @staticmethod
+    def distribution(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """What a sampled (not greedy) row draws from: adjusted logits [M, vocab] through temperature,
+        top-k, top-p and min-p, as probabilities [M, vocab]."""
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], device=device)
-        sub = sub / temperature[:, None]
+        sub = logits / temperature[:, None]
         top_k = [p.top_k for p in params]
         if any(top_k):
             k = torch.tensor([k or sub.shape[1] for k in top_k], device=device).clamp(max=sub.shape[1])
@@ -81,11 +101,4 @@ class Sampler:
         min_p = torch.tensor([p.min_p for p in params], device=device)
         if (min_p > 0).any():
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
-        # exponential race: argmax(p / q) with q ~ Exp(1) draws from p; each seeded row draws its own q
-        noise = torch.empty_like(probs).exponential_()
-        for j, i in enumerate(rows):
-            if requests[i].generator is not None:
-                noise[j].exponential_(generator=requests[i].generator)
-        sampled = (probs / noise).argmax(dim=-1)
-        greedy[rows] = sampled
-        return greedy
+        return probs

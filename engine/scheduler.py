@@ -1,6 +1,7 @@
 """Iteration-level continuous batching. No torch."""
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +18,7 @@ class SchedulerOutput:
     num_tokens: dict[int, int] = field(default_factory=dict)  # seq_id -> tokens computed this step
     new_seq_ids: set[int] = field(default_factory=set)  # admitted this step (first time or after preemption)
     preempted: list[Sequence] = field(default_factory=list)
+    lookahead: dict[int, int] = field(default_factory=dict)  # seq_id -> KV slots reserved for speculative tokens
 
     @property
     def total_tokens(self) -> int:
@@ -47,6 +49,7 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
         adapters: AdapterPages | None = None,
+        lookahead: Callable[[Sequence, int], int] | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -54,6 +57,7 @@ class Scheduler:
         self.chunk_cap = long_prefill_token_threshold or max_num_batched_tokens
         self.policy = policy or VirtualTokenCounter()
         self.adapters = adapters
+        self.lookahead = lookahead  # (decoding seq, batch size) -> speculative tokens it may propose
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -82,6 +86,11 @@ class Scheduler:
         prefix-cache hits plus a chunk of its remaining prompt, and its adapter's pages unless that
         adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
         first one that does not fit stops admission. There is no cap on distinct adapters.
+
+        With speculative decoding, each running decoding sequence then gets lookahead slots for the tokens
+        it may propose, as many as the `lookahead` policy grants and the budget and free pages left after
+        admission allow (a guess never preempts, nor keeps anyone waiting); slots of rejected tokens are
+        given back in `on_step_done`.
 
         Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
         cached blocks no one holds (LRU), adapters no running sequence uses (LRU); and only for a
@@ -140,7 +149,27 @@ class Scheduler:
             self._add_to_step(out, seq, n)
             budget -= n
             candidates.remove(seq)
+
+        # speculative lookahead, from what is left
+        if self.lookahead is not None:
+            for seq in out.seqs:
+                if seq.seq_id not in out.new_seq_ids and budget > 0:
+                    extra = self._lookahead(seq, out.num_tokens[seq.seq_id], budget)
+                    if extra:
+                        bm.append_slots(seq, 1 + extra)
+                        out.lookahead[seq.seq_id] = extra
+                        budget -= extra
         return out
+
+
+    def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
+        """Lookahead slots for seq (scheduled for n tokens) within `budget` tokens and the free pages."""
+        if n != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+            return 0
+        extra = min(self.lookahead(seq, len(self.running)), budget)
+        while extra > 0 and not self.block_manager.can_append(seq, n + extra):  # never preempt for a guess
+            extra -= 1
+        return max(extra, 0)
 
     def _reclaim(self, num_pages: int, *, keep: str | None = None) -> bool:
         """Free num_pages pages by evicting unpinned adapters; whether that was enough."""
@@ -180,12 +209,21 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def on_step_done(self, out: SchedulerOutput) -> None:
-        """The model ran the step: its tokens are now in the KV cache."""
+    def on_step_done(self, out: SchedulerOutput, accepted: dict[int, int] | None = None) -> None:
+        """The model ran the step: its tokens are now in the KV cache. `accepted`: seq_id -> speculative
+        tokens verified this step (about to be appended), whose KV is valid too; the rest are rolled back."""
         for seq in out.seqs:
             if seq.status == SequenceStatus.RUNNING:
                 seq.num_computed_tokens += out.num_tokens[seq.seq_id]
-                self.block_manager.commit(seq)
+                self.block_manager.commit(seq)  # the accepted tokens' blocks are committed next step
+                if seq.seq_id in out.lookahead:
+                    verified = (accepted or {}).get(seq.seq_id, 0)
+                    seq.num_computed_tokens += verified
+                    if seq.num_computed_tokens > seq.num_charged_tokens:  # served tokens, charged like any other
+                        self.policy.on_served(seq, prompt_tokens=0,
+                                              completion_tokens=seq.num_computed_tokens - seq.num_charged_tokens)
+                        seq.num_charged_tokens = seq.num_computed_tokens
+                    self.block_manager.trim(seq, seq.num_computed_tokens + 1)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Finish (or abort) a sequence wherever it is, freeing its blocks at once."""

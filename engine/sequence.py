@@ -61,6 +61,9 @@ class Sequence:
         self.text = ""  # final text once finished (the detokenizer holds it before)
         self.logprobs: list = []  # engine.outputs.Logprob per completion token, when asked for
         self.prompt_logprobs: list | None = None
+        self.num_spec_proposed = 0  # speculative decoding: tokens proposed for this sequence, and accepted
+        self.num_spec_accepted = 0
+        self.num_sampling_steps = 0  # steps that gave it tokens: completion tokens / this = its tokens per step
 
     def __repr__(self) -> str:
         return (

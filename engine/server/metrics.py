@@ -56,6 +56,14 @@ class EngineMetrics:
         self.memory_bytes = Gauge("quilt_engine_memory_bytes",
                                   "Engine memory by use: base_weights, kv_pages, adapter_pages, free (pages)",
                                   ["kind"], registry=r)
+        self.spec_tokens = Counter("quilt_engine_spec_tokens",
+                                   "Speculative decoding: tokens proposed and accepted", ["kind"], registry=r)
+        self.spec_acceptance = Gauge("quilt_engine_spec_acceptance_rate",
+                                     "Speculative decoding: accepted / proposed tokens since start", registry=r)
+        self.tokens_per_step = Gauge("quilt_engine_tokens_per_step",
+                                     "Tokens a sequence gets per step it samples in, since start (1 without "
+                                     "speculation)", registry=r)
+        self._spec_seen = {"proposed": 0, "accepted": 0}
         self.usage_spooled = Gauge("quilt_engine_usage_events_spooled",
                                    "Usage events spooled to disk while the broker was unreachable", registry=r)
 
@@ -72,6 +80,14 @@ class EngineMetrics:
         for kind in ("base_weights", "kv_pages", "adapter_pages", "free"):
             self.memory_bytes.labels(kind=kind).set(memory[f"{kind}_bytes"])
         self.adapters_resident.labels(tier="host").set(len(state["adapters"]["host"]))
+        spec = state.get("speculation")
+        if spec is not None:
+            for kind in ("proposed", "accepted"):  # the engine keeps totals: the counter takes what is new
+                total = spec[f"{kind}_tokens"]
+                self.spec_tokens.labels(kind=kind).inc(max(0, total - self._spec_seen[kind]))
+                self._spec_seen[kind] = total
+            self.spec_acceptance.set(spec["acceptance_rate"])
+            self.tokens_per_step.set(spec["tokens_per_step"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,6 +12,7 @@ from typing import Any
 TASK_NAME = "metering.ingest_usage"
 SCHEMA_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort", "error")
+OPTIONAL = ("metadata", "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps")  # fields an event may leave out
 
 
 @dataclass(frozen=True)
@@ -31,18 +32,25 @@ class UsageEvent:
     finish_reason: str  # one of FINISH_REASONS
     finished_at: datetime  # timezone-aware UTC
     metadata: dict[str, Any] = field(default_factory=dict)  # the caller's, echoed back untouched
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed, and accepted (optional: older events
+    spec_accepted_tokens: int = 0  # have none of the three)
+    sampling_steps: int = 0  # engine steps that gave the request tokens (completion_tokens / this: tokens per step)
 
     def __post_init__(self) -> None:
         if not self.request_id:
             raise ValueError("usage event needs a request_id")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason {self.finish_reason!r} is not one of {FINISH_REASONS}")
-        for name in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+        counts = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
+                  "sampling_steps")
+        for name in counts:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.cached_tokens > self.prompt_tokens:
             raise ValueError("cached_tokens cannot exceed prompt_tokens")
+        if self.spec_accepted_tokens > self.spec_proposed_tokens:
+            raise ValueError("spec_accepted_tokens cannot exceed spec_proposed_tokens")
         if self.finished_at.tzinfo is None:
             raise ValueError("finished_at must be timezone-aware")
         if not isinstance(self.metadata, dict):
@@ -62,7 +70,7 @@ class UsageEvent:
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported usage event schema_version {version!r}")
         names = [f.name for f in fields(cls)]
-        missing = [name for name in names if name not in data and name != "metadata"]
+        missing = [name for name in names if name not in data and name not in OPTIONAL]
         if missing:
             raise ValueError(f"usage event is missing {', '.join(missing)}")
         values = {name: data[name] for name in names if name in data}

@@ -45,12 +45,13 @@ def build_tokenizer(directory) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None):
+def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None, num_layers: int = 2,
+                     initializer_range: float = 0.15):
     config_cls, model_cls, extra = ARCHS[arch]
     config = config_cls(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=256, initializer_range=0.15, bos_token_id=1, eos_token_id=2,
-        **extra,
+        hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, initializer_range=initializer_range,
+        bos_token_id=1, eos_token_id=2, **extra,
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()

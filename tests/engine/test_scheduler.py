@@ -150,3 +150,25 @@ def test_vtc_keeps_tenants_within_one_step_budget():
 def test_vtc_weights_share():
     worst, budget = served_gap(VirtualTokenCounter(), weights=(2.0, 1.0))
     assert worst <= budget  # weighted tokens stay level, so tenant a got about twice the raw tokens
+
+
+def test_lookahead_slots_are_reserved_then_rolled_back_and_never_preempt():
+    sched = new_scheduler(num_blocks=4, block_size=4, budget=32, policy=VirtualTokenCounter(),
+                          lookahead=lambda seq, batch_size: 6)
+    bm, a = sched.block_manager, make_seq(1, [1, 2, 3], max_tokens=20)
+    sched.add(a)
+    step(sched)  # prefill: no lookahead
+    out = sched.schedule()
+    assert out.num_tokens == {a.seq_id: 1} and out.lookahead == {a.seq_id: 6}
+    assert len(a.block_table) == bm.blocks_needed(3 + 1 + 6)  # slots up to the sixth proposed token
+    sched.on_step_done(out, {a.seq_id: 2})  # two of six accepted; the engine then appends them and one more
+    a.token_ids += [7, 8, 9]
+    assert a.num_computed_tokens == 6 and len(a.block_table) == bm.blocks_needed(7)
+    assert a.num_charged_tokens == 6 and sched.policy.counters["t"] == 6  # accepted tokens are charged
+    bm.check_invariants(sched.running)
+    b = make_seq(2, list(range(8)), max_tokens=20)  # takes the two free pages
+    sched.add(b)
+    out = sched.schedule()
+    assert b.seq_id in out.new_seq_ids and not out.preempted  # admission before guesses
+    assert out.lookahead[a.seq_id] == 1  # what a's own blocks hold: no page is left
+    bm.check_invariants(sched.running)

@@ -166,6 +166,24 @@ def test_quantized_shards_agree_with_one_quantized_rank(checkpoints, tp_adapters
     assert result["mean_abs_dlogprob"] < 0.02  # measured 0.011; a worker left unquantized agrees on 0.91 only
 
 
+def test_speculative_verification_on_two_ranks_matches_peft(checkpoints, tp_adapters, oracle):
+    """A draft model on rank 0 proposes, both ranks verify several tokens per sequence in one forward pass."""
+    llm = LLM(checkpoints["llama"], tensor_parallel_size=2, speculative_method="draft",
+              speculative_model=str(checkpoints["llama"]), num_speculative_tokens=3, **CONFIG)
+    try:
+        for name in ("qv", "pattern"):
+            llm.add_adapter(name, tp_adapters[name])
+        names = ["qv", None, "pattern", "qv"]
+        prompts = random_prompts(70, [5, 11, 3, 16])
+        outputs = llm.generate(prompts, GREEDY, adapters=names)
+        accepted = llm.engine.speculation_state()["accepted_tokens"]
+    finally:
+        llm.engine.shutdown()
+    for prompt, name, out in zip(prompts, names, outputs, strict=True):
+        assert out.token_ids == oracle.greedy(prompt, name, GREEDY.max_tokens), f"adapter {name}"
+    assert accepted > 0
+
+
 def test_shards_are_halves(engines):
     one, two = (llm.engine for llm in engines)
     assert two.memory.chunk * 2 == one.memory.chunk  # one of the two KV heads per rank

@@ -87,3 +87,14 @@ def tensor_bytes(module: nn.Module) -> int:
     for t in [*module.parameters(), *module.buffers()]:
         seen[t.data_ptr()] = t.numel() * t.element_size()
     return sum(seen.values())
+
+
+def unquantized_bytes(model: nn.Module) -> int:
+    """tensor_bytes(model) as it would be with every QuantizedLinear's weight in the model dtype."""
+    itemsize = model.lm_head.weight.element_size()
+    total = tensor_bytes(model)
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            q, scale = module.qweight, module.weight_scale
+            total += q.numel() * itemsize - q.numel() * q.element_size() - scale.numel() * scale.element_size()
+    return total

@@ -1,4 +1,7 @@
-"""The online engine: requests in, one scheduled step at a time, token deltas and usage out."""
+"""The online engine: requests in, one scheduled step at a time, token deltas and usage out.
+
+Built from engine/rank_model.py (rank 0's model stack, as every tensor-parallel worker builds its own),
+engine/page_budget.py (the pool's size) and engine/output_processor.py (what a client sees of a sequence)."""
 
 import itertools
 import time

@@ -9,7 +9,6 @@ import torch
 
 from engine.lora_linear import swap_in_lora
 from engine.models import LlamaForCausalLM, load_model
-from engine.models.quantized_linear import quantize_model
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.quantization import kv_dtype
@@ -18,10 +17,7 @@ from engine.quantization import kv_dtype
 def load_rank_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device, comm: Communicator,
                     quantization: str | None) -> LlamaForCausalLM:
     """Rank comm.rank's shard, its decoder projections quantized (int8, fp8 or None) as they are read."""
-    model = load_model(model_dir, dtype=dtype, device=device, comm=comm)
-    if quantization is not None:
-        quantize_model(model, quantization)
-    return model
+    return load_model(model_dir, dtype=dtype, device=device, comm=comm, quantization=quantization)
 
 
 def attach_pages(model: LlamaForCausalLM, *, num_pages: int, block_size: int, kv_cache_dtype: str,

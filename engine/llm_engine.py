@@ -1,50 +1,38 @@
-"""The online engine: requests in, one scheduled step at a time, token deltas and usage out."""
+"""The online engine: requests in, one scheduled step at a time, token deltas and usage out.
+
+Built from engine/rank_model.py (rank 0's model stack, as every tensor-parallel worker builds its own),
+engine/page_budget.py (the pool's size) and engine/output_processor.py (what a client sees of a sequence)."""
 
 import itertools
-import json
 import time
 from pathlib import Path
 
 import torch
 
 import adapters
-from engine.adapter_plan import AdapterPlan, pages_for_rank
+from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
-from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
-from engine.models import ModelArgs, load_model, read_hf_config
-from engine.models.quantized_linear import quantize_model, tensor_bytes
-from engine.outputs import Logprob, RequestOutput, Usage
-from engine.paged_memory import PagedMemory
+from engine.models import ModelArgs, read_hf_config
+from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
+from engine.output_processor import OutputProcessor
+from engine.outputs import Logprob, RequestOutput
+from engine.page_budget import count_pages, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
 from engine.quantization import MemoryReport, kv_dtype
+from engine.rank_model import attach_pages, load_rank_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.speculative.build import build_speculator, draft_memory_bytes
-from engine.tokenizer import TextStream, Tokenizer
-
-CPU_KV_CACHE_BYTES = 1 << 30
-
-
-def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None) -> tuple[int, ...]:
-    ids = set()
-    sources = [hf_config.get("eos_token_id")]
-    generation_config = model_dir / "generation_config.json"
-    if generation_config.exists():
-        sources.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    if tokenizer is not None:
-        sources.append(tokenizer.token_to_id(tokenizer.eos_token))
-    for value in sources:
-        ids |= set(value if isinstance(value, list) else [value] if value is not None else [])
-    return tuple(sorted(ids))
+from engine.speculative.build import build_speculator
+from engine.tokenizer import Tokenizer, eos_token_ids
 
 
 class LLMEngine:
@@ -64,35 +52,24 @@ class LLMEngine:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
         self.max_model_len = config.max_model_len or longest
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
-        self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
-        shapes = adapters.BaseShapes.from_config(self.hf_config)
-        widths = row_widths(shapes, tensor_parallel_size=tp)  # this rank's shard of every adapter row
-        kv_heads = args.num_kv_heads // tp  # this rank's
-        chunk = PagedMemory.chunk_values(block_size=config.block_size, kv_heads=kv_heads, head_dim=args.head_dim,
-                                         dtype=model_dtype, kv_dtype=self.kv_dtype)
-        widest = max(max(w) for w in widths)
-        if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
-            per_token = chunk // config.block_size  # adapter values per token of a chunk
-            fits = 1 << (-(-widest // per_token) - 1).bit_length()
-            raise ValueError(f"block_size {config.block_size} is too small for this model's adapter pages: a page "
-                             f"chunk (block_size * kv_heads{' per rank' if tp > 1 else ''} * head_dim in the KV "
-                             f"cache dtype = {chunk} model-dtype values) must hold a row of {widest} values; use "
-                             f"block_size {fits} or more")
+        self.eos_token_ids = eos_token_ids(model_dir, self.hf_config, self.tokenizer)
+        widths = row_widths(adapters.BaseShapes.from_config(self.hf_config), tensor_parallel_size=tp)  # this rank's
+        chunk = page_chunk(block_size=config.block_size, kv_heads=args.num_kv_heads // tp, head_dim=args.head_dim,
+                           dtype=model_dtype, kv_dtype=self.kv_dtype, widths=widths, tensor_parallel_size=tp)
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
                                    block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
                                    host_cache_bytes=config.host_adapter_cache_bytes,
                                    quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype,
                                    timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
-        model = load_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm)
-        full_precision_bytes = tensor_bytes(model)
-        if config.quantization is not None:
-            quantize_model(model, config.quantization)
+        model = load_rank_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm,
+                                quantization=config.quantization)
         workers_free = self.workers.connect(self.comm) if self.workers else []
-        num_pages = self._num_pages(model, widths, chunk, workers_free)
-        self.memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=config.block_size,
-                                  kv_heads=kv_heads, head_dim=args.head_dim,
-                                  dtype=model.lm_head.weight.dtype, device=self.device, kv_dtype=self.kv_dtype)
+        num_pages = count_pages(config, args, device=self.device, model_dtype=model_dtype, kv_dtype=self.kv_dtype,
+                                widths=widths, chunk=chunk, max_model_len=self.max_model_len,
+                                tensor_parallel_size=tp, workers_free=workers_free)
+        self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
+                                   kv_cache_dtype=config.kv_cache_dtype, device=self.device)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.block_manager = BlockManager(
             num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -108,7 +85,6 @@ class LLMEngine:
             on_read=self.workers.preload if self.workers else None,
             on_place=self.workers.on_place if self.workers else None,
         )
-        swap_in_lora(model, self.memory)
         if self.workers:
             model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank
             self.workers.start(num_pages)
@@ -125,8 +101,9 @@ class LLMEngine:
             adapters=self.adapter_pool,
             lookahead=self.speculator.lookahead if self.speculator else None,
         )
+        self.output_processor = OutputProcessor(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids,
+                                                max_model_len=self.max_model_len)
         self.requests: dict[str, list[Sequence]] = {}
-        self.streams: dict[int, TextStream] = {}  # seq_id -> its detokenizer
         self.busy_ms = 0.0
         self.num_steps = 0
         self.num_preemptions = 0
@@ -136,32 +113,10 @@ class LLMEngine:
         self.weight_bytes = tensor_bytes(model)
         self.memory_report = MemoryReport.build(
             quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
-            weights_bytes=self.weight_bytes, weights_full_precision_bytes=full_precision_bytes,
-            num_layers=args.num_layers, block_size=config.block_size, kv_heads=kv_heads,
-            head_dim=args.head_dim, model_dtype=model.lm_head.weight.dtype)
+            weights_bytes=self.weight_bytes, weights_full_precision_bytes=unquantized_bytes(model),
+            num_layers=args.num_layers, block_size=config.block_size, kv_heads=args.num_kv_heads // tp,
+            head_dim=args.head_dim, model_dtype=model_dtype)
         self.memory_report.log()
-
-    def _num_pages(self, model, widths: list[tuple[int, int]], chunk: int, workers_free: list[int]) -> int:
-        """Pages of the one pool (KV blocks and adapter pages); docs/engine-memory.md gives the rule. Under
-        tensor parallelism every rank has the same pages, each of its share of the KV heads."""
-        config, args = self.config, model.args
-        page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
-                                                kv_heads=args.num_kv_heads // self.comm.size, head_dim=args.head_dim,
-                                                itemsize=self.kv_dtype.itemsize,
-                                                kv_scales=self.kv_dtype != model.lm_head.weight.dtype)
-        if config.adapter_memory_bytes is not None:
-            adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
-        else:
-            adapter_pages = config.max_adapter_slots * pages_for_rank(
-                config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk)
-        if config.num_kv_blocks is not None:
-            return config.num_kv_blocks + adapter_pages
-        if self.device.type == "cuda":
-            free = min([torch.cuda.mem_get_info(self.device)[0], *workers_free])
-            draft_page, draft_weights = draft_memory_bytes(config, model.lm_head.weight.element_size())
-            return max(1, (int(free * config.kv_cache_memory_fraction) - draft_weights) // (page_bytes + draft_page))
-        needed = config.max_num_seqs * -(-self.max_model_len // config.block_size)
-        return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, needed)) + adapter_pages
 
     # adapters
     def register_adapter(self, digest: str, path: str | Path) -> None:
@@ -236,10 +191,7 @@ class LLMEngine:
         self.requests[request_id] = seqs
         for seq in seqs:
             self.scheduler.add(seq)
-            if self.tokenizer is not None:
-                self.streams[seq.seq_id] = self.tokenizer.stream(
-                    prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
-                )
+            self.output_processor.add(seq)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """End a request wherever it is; returns the final output of each completion not finished before."""
@@ -247,7 +199,7 @@ class LLMEngine:
         for seq in self.requests.pop(request_id, []):
             if not seq.is_finished:
                 self._finish(seq, "abort")
-                outputs.append(self._output(seq, []))
+                outputs.append(self.output_processor.output(seq, []))
         return outputs
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -260,7 +212,7 @@ class LLMEngine:
                         self._finish(seq, "error", message)
                     except Exception:  # the state may be what broke: the output still goes out
                         seq.status, seq.finish_reason, seq.error = SequenceStatus.FINISHED, "error", message
-                    outputs.append(self._output(seq, []))
+                    outputs.append(self.output_processor.output(seq, []))
         return outputs
 
     def has_unfinished(self) -> bool:
@@ -273,9 +225,7 @@ class LLMEngine:
         self.runner.release(seq)
         if self.speculator is not None:
             self.speculator.release(seq)
-        stream = self.streams.pop(seq.seq_id, None)
-        if stream is not None:
-            seq.text = stream.text
+        self.output_processor.close(seq)
 
     def step(self) -> list[RequestOutput]:
         outputs = []
@@ -284,7 +234,7 @@ class LLMEngine:
             for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
                 message = f"adapter {seq.adapter[:12]} could not be loaded: {failed[seq.adapter]}"
                 self._finish(seq, "error", message, ADAPTER_UNAVAILABLE)
-                outputs.append(self._output(seq, []))
+                outputs.append(self.output_processor.output(seq, []))
         out = self.scheduler.schedule()
         self._prefetch_adapters()
         self.num_preemptions += len(out.preempted)
@@ -309,7 +259,7 @@ class LLMEngine:
             seq.gpu_ms += elapsed_ms * out.num_tokens[seq.seq_id] / total
             new_tokens = self._postprocess(seq, results[seq.seq_id], now)
             if new_tokens or seq.is_finished:
-                outputs.append(self._output(seq, new_tokens))
+                outputs.append(self.output_processor.output(seq, new_tokens))
         self._forget_finished(outputs)
         return outputs
 
@@ -361,8 +311,9 @@ class LLMEngine:
         emitted = []
         for sample in result.samples:  # several when speculative tokens were accepted
             emitted.append(sample.token_id)
-            self._emit(seq, sample, now)
-            if seq.is_finished:
+            reason = self.output_processor.append(seq, sample, now)
+            if reason is not None:
+                self._finish(seq, reason)
                 break
         if result.num_proposed and self.speculator is not None:  # accepted: those emitted (a stop may cut them)
             self.speculator.record(seq, result.num_proposed, min(len(result.samples) - 1, len(emitted)))
@@ -370,72 +321,6 @@ class LLMEngine:
         self.num_decode_seq_steps += 1
         seq.num_sampling_steps += 1
         return emitted
-
-    def _emit(self, seq: Sequence, sample, now: float) -> None:
-        s = seq.sampling
-        seq.append_token(sample.token_id)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        if s.logprobs is not None:
-            seq.logprobs.append(Logprob(sample.token_id, sample.logprob, sample.top_logprobs or {}))
-        stream = self.streams.get(seq.seq_id)
-        if stream is not None:
-            stream.push(sample.token_id)
-        token_id = sample.token_id
-        if (token_id in self.eos_token_ids and not s.ignore_eos) or token_id in s.stop_token_ids:
-            self._finish(seq, "stop")
-        elif stream is not None and s.stop and self._truncate_at_stop(seq, stream):
-            self._finish(seq, "stop")
-        if not seq.is_finished and (seq.num_completion_tokens >= s.max_tokens or seq.num_tokens >= self.max_model_len):
-            self._finish(seq, "length")
-
-    @staticmethod
-    def _truncate_at_stop(seq: Sequence, stream: TextStream) -> bool:
-        for stop in seq.sampling.stop:
-            at = stream.text.find(stop)
-            if at >= 0:
-                stream.text = stream.text[:at]
-                return True
-        return False
-
-    def _visible_text(self, seq: Sequence) -> str:
-        stream = self.streams.get(seq.seq_id)
-        if stream is None:
-            return seq.text
-        text = stream.text
-        held = 0  # hold back what may be the start of a stop string
-        for stop in seq.sampling.stop:
-            held = max([held] + [k for k in range(1, min(len(stop) - 1, len(text)) + 1) if text.endswith(stop[:k])])
-        return text[: len(text) - held]
-
-    def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
-        first_scheduled = seq.first_scheduled_time or time.monotonic()
-        usage = Usage(
-            prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=seq.num_cached_tokens,
-            completion_tokens=seq.num_completion_tokens,
-            queue_ms=(first_scheduled - seq.arrival_time) * 1000.0,
-            ttft_ms=None if seq.first_token_time is None else (seq.first_token_time - seq.arrival_time) * 1000.0,
-            gpu_ms=seq.gpu_ms,
-            spec_proposed_tokens=seq.num_spec_proposed,
-            spec_accepted_tokens=seq.num_spec_accepted,
-            sampling_steps=seq.num_sampling_steps,
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            index=seq.index,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.completion_token_ids,
-            new_token_ids=new_tokens,
-            text=self._visible_text(seq),
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            usage=usage,
-            logprobs=seq.logprobs if seq.sampling.logprobs is not None else None,
-            prompt_logprobs=seq.prompt_logprobs,
-            error=seq.error,
-            error_type=seq.error_type,
-        )
 
     def memory_split(self) -> dict:
         """Bytes of base weights, KV pages, adapter pages and free pages (free includes prefix-cached blocks)."""

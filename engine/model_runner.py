@@ -41,9 +41,6 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
         self._lora_key: tuple | None = None  # what _lora was built for: tokens' adapters and the page tables
         self._lora: LoRABatch | None = None
-        for i, layer in enumerate(model.model.layers):
-            layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)  # [pages, bs, kv_heads, D] each
-            layer.self_attn.k_scales, layer.self_attn.v_scales = memory.kv_scales(i)  # fp8 cache: [pages, bs, kv_heads]
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)

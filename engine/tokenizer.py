@@ -17,6 +17,20 @@ def _raise(message: str):
     raise jinja2.TemplateError(message)
 
 
+def eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: "Tokenizer | None") -> tuple[int, ...]:
+    """Every token id that ends a completion: from config.json, generation_config.json and the tokenizer."""
+    ids = set()
+    sources = [hf_config.get("eos_token_id")]
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.exists():
+        sources.append(json.loads(generation_config.read_text()).get("eos_token_id"))
+    if tokenizer is not None:
+        sources.append(tokenizer.token_to_id(tokenizer.eos_token))
+    for value in sources:
+        ids |= set(value if isinstance(value, list) else [value] if value is not None else [])
+    return tuple(sorted(ids))
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         model_dir = Path(model_dir)

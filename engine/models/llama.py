@@ -88,7 +88,7 @@ class LlamaAttention(nn.Module):
         self.scale = args.head_dim**-0.5
         self.qkv_proj = Linear(args.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=args.qkv_bias)
         self.o_proj = Linear(self.q_size, [args.hidden_size], bias=args.o_bias)
-        self.k_cache = self.v_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
+        self.k_cache = self.v_cache = torch.empty(0)  # [pages, block_size, kv_heads, head_dim]: attach_pages
         self.k_scales = self.v_scales = None  # an fp8 cache's [num_blocks, block_size, kv_heads] float32
         self.cos_sin_cache = torch.empty(0)  # [max_positions, head_dim], shared by every layer
 
@@ -172,8 +172,16 @@ class LlamaForCausalLM(nn.Module):
         self.comm = comm or Communicator()
         self.model = LlamaModel(args, self.comm)
         self.lm_head = Linear(args.hidden_size, [args.vocab_size], bias=False)
-        if args.tie_word_embeddings:
+        self.tie_weights()
+        self.build_rope_cache()
+
+    def tie_weights(self) -> None:
+        if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_rope_cache(self) -> None:
+        """The rotary table, on the default device (the loader builds it again for a model made on meta)."""
+        args = self.args
         self.cos_sin_cache = kernels.rope_cos_sin_cache(
             args.head_dim, args.max_position_embeddings, args.rope_theta, args.rope_scaling
         )  # [max_positions, head_dim] float32
@@ -187,30 +195,43 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # [N, vocab]
 
+    def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
+        """Where a checkpoint tensor goes: (module, "weight" or "bias", slice of a fused projection or None),
+        or None for one the model does not use."""
+        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.args.tie_word_embeddings):
+            return None
+        module_name, _, kind = name.rpartition(".")
+        parent, _, proj = module_name.rpartition(".")
+        if proj in self.fused:
+            target, index = self.fused[proj]
+            return f"{parent}.{target}", kind, index
+        return module_name, kind, None
+
     def load_weights(self, weights) -> None:
-        """weights: iterable of (checkpoint name, tensor); every parameter must be covered."""
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
+        """weights: iterable of (checkpoint name, tensor); every parameter must be covered. Modules are looked up
+        as each tensor comes, so a loader may replace one between tensors (engine/models/loader.py)."""
+        params = {name for name, _ in self.named_parameters()}  # names only: a loader may free the tensors
+        fused_names = {target for target, _ in self.fused.values()}
+        fused = {name for name, _ in self.named_modules() if name.rpartition(".")[2] in fused_names}
         loaded = set()
         for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.args.tie_word_embeddings):
+            target = self.checkpoint_target(name)
+            if target is None:
                 continue
-            module_name, _, kind = name.rpartition(".")
-            parent, _, proj = module_name.rpartition(".")
-            if proj in self.fused:
-                target, index = self.fused[proj]
-                modules[f"{parent}.{target}"].load_slice(index, kind, tensor)
-                loaded.add(f"{parent}.{target}.{kind}#{index}")
-            elif name in params:
-                params[name].data.copy_(tensor)
+            module_name, kind, index = target
+            if index is not None and module_name in fused:
+                self.get_submodule(module_name).load_slice(index, kind, tensor)
+                loaded.add(f"{module_name}.{kind}#{index}")
+            elif index is None and name in params:
+                getattr(self.get_submodule(module_name), kind).data.copy_(tensor)
                 loaded.add(name)
             else:
                 raise ValueError(f"unexpected weight {name!r} in checkpoint")
         expected = set()
         for name in params:
             module_name, _, kind = name.rpartition(".")
-            if module_name.endswith(("qkv_proj", "gate_up_proj")):
-                expected |= {f"{name}#{i}" for i in range(len(modules[module_name].out_slices))}
+            if module_name in fused:
+                expected |= {f"{name}#{i}" for i in range(len(self.get_submodule(module_name).out_slices))}
             else:
                 expected.add(name)
         missing = sorted(expected - loaded)

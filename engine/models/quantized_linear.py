@@ -1,7 +1,7 @@
 """Base projections quantized on load: int8 weight-only or fp8 (E4M3), one float32 scale per output row.
 
-`quantize_model` swaps every decoder projection (fused q/k/v, o, fused gate/up, down) for a
-QuantizedLinear after the checkpoint is loaded, freeing each full-precision weight as it goes; the
+Every decoder projection (fused q/k/v, o, fused gate/up, down) is swapped for a QuantizedLinear as soon
+as the loader has read its weights (engine/models/loader.py), freeing its full-precision weight; the
 embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps `out_slices` and
 `slice_offsets`, so the LoRALinear swapped in over it adds each token's adapter delta, in the
 activation dtype, on top of the quantized base. docs/quantization.md gives the rules."""
@@ -62,22 +62,35 @@ class QuantizedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def check_quantization(method: str, device: torch.device) -> None:
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
+    if method == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError("quantization 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+                         "use 'int8' on this one")
+
+
+def quantize_projection(model: nn.Module, name: str, method: str) -> None:
+    """Replace the Linear at `name` with its QuantizedLinear; its full-precision weight is freed with it."""
+    parent, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent)
+    setattr(parent, attr, QuantizedLinear(getattr(parent, attr), method))
+
+
+def decoder_projections(model: nn.Module) -> list[str]:
+    """Names of the decoder projections that quantization replaces (PACKED_MODULES of every layer)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, Linear) and name.rpartition(".")[2] in PACKED_MODULES and ".layers." in name]
+
+
 def quantize_model(model: nn.Module, method: str) -> None:
-    """Replace each decoder projection with its QuantizedLinear, one at a time (the full-precision weight
-    is released as soon as its replacement exists: peak memory is one projection above the model's)."""
-    if method == "fp8" and next(model.parameters()).is_cuda:
-        device = next(model.parameters()).device
-        if torch.cuda.get_device_capability(device) < (8, 9):
-            raise ValueError("quantization 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
-                             "use 'int8' on this one")
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name in PACKED_MODULES:
-                base = getattr(parent, name, None)
-                if isinstance(base, Linear):
-                    setattr(parent, name, QuantizedLinear(base, method))
-                    del base
-    if next(model.parameters()).is_cuda:
+    """Replace each decoder projection of a loaded model with its QuantizedLinear, one at a time (the loader
+    does the same as it reads the checkpoint: engine/models/loader.py)."""
+    device = next(model.parameters()).device
+    check_quantization(method, device)
+    for name in decoder_projections(model):
+        quantize_projection(model, name, method)
+    if device.type == "cuda":
         torch.cuda.empty_cache()  # the pool is sized from free memory next
 
 
@@ -87,3 +100,15 @@ def tensor_bytes(module: nn.Module) -> int:
     for t in [*module.parameters(), *module.buffers()]:
         seen[t.data_ptr()] = t.numel() * t.element_size()
     return sum(seen.values())
+
+
+def unquantized_bytes(model: nn.Module) -> int:
+    """tensor_bytes(model) as it would be with every QuantizedLinear's weight in the model dtype."""
+    itemsize = model.lm_head.weight.element_size()
+    total = tensor_bytes(model)
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            q, scale = module.qweight, module.weight_scale
+            total += q.numel() * itemsize - q.numel() * q.element_size() - scale.numel() * scale.element_size()
+    return total
+

@@ -1,6 +1,7 @@
-"""A tensor-parallel worker (ranks 1..N-1): a spawned process that loads its shard of the model, owns its own
-page memory (same page ids as rank 0, its share of the KV heads), and then, for every step rank 0 sends, copies
-its shard of any adapter rank 0 placed into the same pages and runs the same forward pass. It never samples.
+"""A tensor-parallel worker (ranks 1..N-1): a spawned process that builds its model stack as rank 0 does
+(engine/rank_model.py: its shard of the model, its own page memory with the same page ids as rank 0 and its
+share of the KV heads), and then, for every step rank 0 sends, copies its shard of any adapter rank 0 placed
+into the same pages and runs the same forward pass. It never samples.
 
 Messages from rank 0 (a Pipe): ("memory", num_pages), ("preload", digest, path), ("step", bytes),
 ("probe", shape, count), ("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",), ("stats", dict), ("error", text).
@@ -17,15 +18,13 @@ import torch
 import adapters
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import read_adapter
-from engine.lora_linear import swap_in_lora
 from engine.lora_modules import row_widths
-from engine.models import load_model, read_hf_config
-from engine.models.quantized_linear import quantize_model
+from engine.models import read_hf_config
 from engine.paged_memory import PagedMemory
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
 from engine.parallel.step_plan import AdapterCopy, StepDecoder
-from engine.quantization import kv_dtype
+from engine.rank_model import attach_pages, load_rank_model
 
 
 @dataclass(frozen=True)
@@ -128,23 +127,16 @@ def _serve(spec: WorkerSpec, conn) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     comm = Communicator(rank=spec.rank, size=spec.size, timed=spec.timed)
-    model = load_model(spec.model, dtype=getattr(torch, spec.dtype), device=device, comm=comm)
-    if spec.quantization is not None:
-        quantize_model(model, spec.quantization)  # its own shard, as rank 0 does
+    model = load_rank_model(spec.model, dtype=getattr(torch, spec.dtype), device=device, comm=comm,
+                            quantization=spec.quantization)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     conn.send(("loaded", free))
     comm.connect(port=spec.port, device=device, timeout_s=spec.timeout_s)
     kind, num_pages = conn.recv()
     assert kind == "memory", kind
+    memory = attach_pages(model, num_pages=num_pages, block_size=spec.block_size,
+                          kv_cache_dtype=spec.kv_cache_dtype, device=device)
     args = model.args
-    memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=spec.block_size,
-                         kv_heads=args.num_kv_heads // spec.size, head_dim=args.head_dim,
-                         dtype=model.lm_head.weight.dtype, device=device,
-                         kv_dtype=kv_dtype(spec.kv_cache_dtype, model.lm_head.weight.dtype, device))
-    swap_in_lora(model, memory)
-    for i, layer in enumerate(model.model.layers):  # as the model runner does on rank 0
-        layer.self_attn.k_cache, layer.self_attn.v_cache = memory.kv_cache(i)
-        layer.self_attn.k_scales, layer.self_attn.v_scales = memory.kv_scales(i)
     shards = AdapterShards(hf_config=read_hf_config(spec.model), max_rank=spec.max_adapter_rank, rank=spec.rank,
                            size=spec.size, num_layers=args.num_layers, chunk=memory.chunk,
                            pin=device.type == "cuda", host_cache_bytes=spec.host_cache_bytes)

@@ -1,0 +1,111 @@
+"""Loading a model (or one rank's shard of it) from a Hugging Face checkpoint directory.
+
+The model is built on the meta device and its tensors are given memory as the checkpoint is read: the
+embeddings, norms and lm_head up front, each decoder projection when its first tensor comes. With a
+quantization, a projection is quantized as soon as its last tensor is loaded, so the full-precision
+weights alive at once are only those of the projections being read: the peak is the quantized model
+plus about one projection, not the unquantized model (docs/quantization.md)."""
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.linear import Linear
+from engine.models.llama import LlamaForCausalLM, ModelArgs
+from engine.models.quantized_linear import check_quantization, decoder_projections, quantize_projection
+from engine.parallel import sharding
+from engine.parallel.communicator import Communicator
+
+
+def read_hf_config(model_dir: str | Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1):
+    """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read."""
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                view = f.get_slice(name)
+                shape = tuple(view.get_shape())
+                if sharding.holds_none(name, rank=rank, size=size):
+                    yield name, torch.zeros(shape)
+                    continue
+                index = sharding.checkpoint_slice(name, shape, rank=rank, size=size)
+                yield name, f.get_tensor(name) if index is None else view[index]
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _pieces(module: Linear) -> set[tuple[str, int]]:
+    """The (kind, slice) tensors a projection is loaded from."""
+    kinds = ("weight", "bias") if module.bias is not None else ("weight",)
+    return {(kind, i) for kind in kinds for i in range(len(module.out_slices))}
+
+
+def _as_loaded(model: LlamaForCausalLM, weights, *, device: torch.device, quantization: str | None):
+    """The checkpoint's tensors, passed on to load_weights (which copies each before asking for the next):
+    a projection gets its memory with its first tensor and is quantized right after its last."""
+    missing = {name: _pieces(model.get_submodule(name)) for name in decoder_projections(model)}
+    for name, tensor in weights:
+        target = model.checkpoint_target(name)
+        pieces = missing.get(target[0]) if target is not None else None
+        if pieces is not None and model.get_submodule(target[0]).weight.is_meta:
+            model.get_submodule(target[0]).to_empty(device=device)
+        yield name, tensor
+        if pieces is not None:
+            pieces.discard((target[1], target[2] or 0))
+            if not pieces:
+                del missing[target[0]]
+                if quantization is not None:
+                    quantize_projection(model, target[0], quantization)
+
+
+def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device,
+               comm: Communicator | None = None, quantization: str | None = None) -> LlamaForCausalLM:
+    """The model, or with `comm` of size N only rank comm.rank's shard of it (read as such from the files),
+    its decoder projections quantized ("int8", "fp8") as they are read when `quantization` is given."""
+    model_dir = Path(model_dir)
+    args = ModelArgs.from_hf_config(read_hf_config(model_dir))
+    comm = comm or Communicator()
+    if comm.size > 1:
+        sharding.check_divisible(num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                                 intermediate_size=args.intermediate_size, size=comm.size)
+    if quantization is not None:
+        check_quantization(quantization, device)
+    with _default_dtype(dtype), torch.device("meta"):
+        model = LlamaForCausalLM(args, comm)
+    projections = set(decoder_projections(model))
+    for name, module in model.named_modules():
+        if name not in projections and not (name == "lm_head" and args.tie_word_embeddings):
+            module.to_empty(device=device, recurse=False)
+    model.tie_weights()
+    with _default_dtype(dtype), device:
+        model.build_rope_cache()
+    model.load_weights(_as_loaded(model, _iter_weights(_safetensors_files(model_dir), rank=comm.rank,
+                                                       size=comm.size), device=device, quantization=quantization))
+    if quantization is not None and device.type == "cuda":
+        torch.cuda.empty_cache()  # the pool is sized from free memory next
+    return model.eval()

@@ -2,7 +2,7 @@
 
     python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR] [--engine instant]
 
-Starts PostgreSQL-backed Django state (database `quilt_bench`, dropped and recreated), Redis admission (db 12),
+Starts PostgreSQL-backed Django state (database `quilt_bench` or --database, dropped and recreated), Redis admission (db 12),
 one engine on a tiny random Llama (or --model; or, with `--engine instant`, benchmarks/instant_engine.py, a
 stand-in that answers at once, so that the figures are the gateway's own cost) and one gateway under uvicorn;
 the tenant has rate limits and a monthly token budget and spend limit, so admission runs every check. At each
@@ -32,6 +32,18 @@ TOKEN = "bench-engine-token"
 PROMPT = "w10 w11 w12"
 
 
+PROFILED = """import cProfile, signal, sys, time, uvicorn.main
+profiler = cProfile.Profile(time.process_time)  # CPU time, not time waiting
+signal.raise_signal = lambda sig: profiler.dump_stats({path!r})
+sys.argv[0] = "uvicorn"
+profiler.enable()
+try:
+    uvicorn.main.main(standalone_mode=False)
+finally:
+    profiler.disable()
+"""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,14 +64,14 @@ def wait_http(url: str, ok: tuple[int, ...], process: subprocess.Popen, timeout:
     raise SystemExit(f"{url} did not answer")
 
 
-def setup_django(env: dict) -> None:
+def setup_django(env: dict, database: str) -> None:
     os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "MEDIA_ROOT", "QUILT_ENGINE_TOKEN")})
     sys.path[:0] = [str(REPO), str(REPO / "platform")]
     import psycopg
 
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        admin.execute("DROP DATABASE IF EXISTS quilt_bench WITH (FORCE)")
-        admin.execute("CREATE DATABASE quilt_bench")
+        admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{database}"')
     import django
 
     django.setup()
@@ -189,6 +201,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--engine", choices=("real", "instant"), default="real",
                         help="instant: the stand-in that answers at once (the gateway's own cost)")
+    parser.add_argument("--database", default="quilt_bench", help="PostgreSQL database to (re)create and use")
+    parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
@@ -201,7 +215,7 @@ def main() -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/quilt_bench",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.database}",
         "REDIS_URL": "redis://127.0.0.1:6379/12",
         "QUILT_REDIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}",
         "MEDIA_ROOT": str(work / "media"),
@@ -209,7 +223,7 @@ def main() -> None:
         "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
         "LOG_LEVEL": "WARNING",
     }
-    setup_django(env)
+    setup_django(env, args.database)
     engine_port, gateway_port = free_port(), free_port()
     engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
     if args.engine == "instant":
@@ -218,9 +232,11 @@ def main() -> None:
     else:
         engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
+    # uvicorn re-raises the SIGTERM it caught once it has shut down, which would kill cProfile before it writes
+    profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else []
     processes = [
         subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),
-        subprocess.Popen([sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
+        subprocess.Popen([sys.executable, *(profile or ["-m", "uvicorn"]), "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
                           "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
                          cwd=REPO, env=env),  # fmt: skip
     ]

@@ -147,47 +147,55 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(args, engine_url: str, gateway_url: str, key: str, gateway_pid: int) -> list[dict]:
+async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], key: str) -> list[dict]:
+    """`gateways`: name -> (url, pid); each level alternates direct and every gateway, round by round."""
     # Idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), which would otherwise close
     # one just as a request goes out on it (a ReadError) after a long phase of the other path.
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
-        gateway = lambda: first_token_gateway(client, gateway_url, key, args.max_tokens)  # noqa: E731
+        calls = {name: (lambda url=url: first_token_gateway(client, url, key, args.max_tokens))
+                 for name, (url, _) in gateways.items()}  # fmt: skip
         await run_level(direct, 4, 20)
-        await run_level(gateway, 4, 20)  # warm both paths
+        for call in calls.values():
+            await run_level(call, 4, 20)  # warm every path
         for level in args.levels:
             requests = max(args.requests, level)
-            direct_ttfts, gateway_ttfts, gateway_rps, gateway_cpu = [], [], [], 0.0
-            for _ in range(args.rounds):  # alternate, so both see the same machine
-                ttfts, _ = await run_level(direct, level, requests // args.rounds)
-                direct_ttfts += ttfts
-                cpu_before = cpu_seconds(gateway_pid)
-                ttfts, rps = await run_level(gateway, level, requests // args.rounds)
-                gateway_cpu += cpu_seconds(gateway_pid) - cpu_before
-                gateway_ttfts += ttfts
-                gateway_rps.append(rps)
-            row = {"concurrency": level, "requests": len(gateway_ttfts)}
-            for name, values in (("direct", direct_ttfts), ("gateway", gateway_ttfts)):
-                row[f"{name}_p50_ms"] = percentile(values, 50) * 1000
-                row[f"{name}_p99_ms"] = percentile(values, 99) * 1000
-            row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
-            row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
-            row["gateway_rps"] = statistics.mean(gateway_rps)
-            # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
-            # whatever else shares this machine.
-            row["gateway_cpu_ms"] = gateway_cpu / len(gateway_ttfts) * 1000
-            row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
-            rows.append(row)
-            print(
-                f"concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms p99 {row['direct_p99_ms']:8.2f} ms"
-                f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
-                f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
-                f" | gateway {row['gateway_rps']:7.1f} req/s"
-                f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
-                flush=True,
-            )
+            direct_ttfts = []
+            ttfts = {name: [] for name in gateways}
+            rps = {name: [] for name in gateways}
+            cpu = dict.fromkeys(gateways, 0.0)
+            for _ in range(args.rounds):  # alternate, so all see the same machine
+                direct_ttfts += (await run_level(direct, level, requests // args.rounds))[0]
+                for name, call in calls.items():
+                    cpu_before = cpu_seconds(gateways[name][1])
+                    level_ttfts, level_rps = await run_level(call, level, requests // args.rounds)
+                    cpu[name] += cpu_seconds(gateways[name][1]) - cpu_before
+                    ttfts[name] += level_ttfts
+                    rps[name].append(level_rps)
+            for name in gateways:
+                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name])}
+                for path, values in (("direct", direct_ttfts), ("gateway", ttfts[name])):
+                    row[f"{path}_p50_ms"] = percentile(values, 50) * 1000
+                    row[f"{path}_p99_ms"] = percentile(values, 99) * 1000
+                row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+                row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+                row["gateway_rps"] = statistics.mean(rps[name])
+                # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
+                # whatever else shares this machine.
+                row["gateway_cpu_ms"] = cpu[name] / len(ttfts[name]) * 1000
+                row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
+                rows.append(row)
+                print(
+                    f"{name:>8} concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms"
+                    f" p99 {row['direct_p99_ms']:8.2f} ms"
+                    f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
+                    f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
+                    f" | gateway {row['gateway_rps']:7.1f} req/s"
+                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
+                    flush=True,
+                )
     return rows
 
 
@@ -202,6 +210,9 @@ def main() -> None:
     parser.add_argument("--engine", choices=("real", "instant"), default="real",
                         help="instant: the stand-in that answers at once (the gateway's own cost)")
     parser.add_argument("--database", default="quilt_bench", help="PostgreSQL database to (re)create and use")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout of other code (e.g. `git archive COMMIT | tar -x -C DIR`): its gateway runs"
+                             " beside this one's, on the same database, Redis and engine, alternating with it")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
     args = parser.parse_args()
 
@@ -224,8 +235,8 @@ def main() -> None:
         "LOG_LEVEL": "WARNING",
     }
     setup_django(env, args.database)
-    engine_port, gateway_port = free_port(), free_port()
-    engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    engine_port = free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
     if args.engine == "instant":
         engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
                           "--log-level", "warning", "--no-access-log"]  # fmt: skip
@@ -233,20 +244,28 @@ def main() -> None:
         engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
     # uvicorn re-raises the SIGTERM it caught once it has shut down, which would kill cProfile before it writes
-    profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else []
-    processes = [
-        subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),
-        subprocess.Popen([sys.executable, *(profile or ["-m", "uvicorn"]), "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
-                          "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
-                         cwd=REPO, env=env),  # fmt: skip
-    ]
+    profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else ["-m", "uvicorn"]
+    trees = {"gateway": (REPO, profile)}
+    if args.baseline:
+        trees["baseline"] = (args.baseline.resolve(), ["-m", "uvicorn"])
+    processes = [subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})]
+    gateways: dict[str, tuple[str, int]] = {}
+    for name, (tree, runner) in trees.items():
+        port = free_port()
+        processes.append(subprocess.Popen(
+            [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"),
+             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},
+        ))  # fmt: skip
+        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
     try:
         wait_http(f"{engine_url}/v1/health", (200,), processes[0])
-        wait_http(f"{gateway_url}/v1/models", (401,), processes[1])
+        for (url, _), process in zip(gateways.values(), processes[1:], strict=True):
+            wait_http(f"{url}/v1/models", (401,), process)
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
-        print(f"engine {engine_url}, gateway {gateway_url}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
-        rows = asyncio.run(measure(args, engine_url, gateway_url, key, processes[1].pid))
+        print(f"engine {engine_url}, gateways {gateways}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
+        rows = asyncio.run(measure(args, engine_url, gateways, key))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:

@@ -12,6 +12,7 @@ and answer an unexpected error with a 500 in the API's error shape.
 
 import asyncio
 import contextlib
+import functools
 import io
 import logging
 
@@ -76,11 +77,18 @@ async def _send(response, send) -> None:
 _https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)
 
 
+@functools.lru_cache(maxsize=1024)
+def _route(path: str):
+    """The URLconf's match for a path (walking the platform's URL patterns costs more than the rest of the routing;
+    the URLconf does not change while the process runs). Resolver404 is raised, never cached."""
+    return resolve(path)
+
+
 async def _serve(request, send) -> None:
     try:
         response = _https.process_request(request)
         if response is None:
-            match = resolve(request.path_info)
+            match = _route(request.path_info)
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()

@@ -184,7 +184,7 @@ class Exchange:
                     self.builder.apply(delta)
                     if self.first_token_at is None and delta.tokens:
                         self.first_token_at = time.monotonic()
-                        metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
+                        metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
                     usage = self.builder.usage
                     usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
@@ -234,13 +234,13 @@ class Exchange:
         )  # fmt: skip
 
     def _measure(self, *, outcome: str) -> None:
-        metrics.requests.labels(*self.labels, outcome).inc()
-        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
+        metrics.labelled(metrics.requests, *self.labels, outcome).inc()
+        metrics.labelled(metrics.latency, *self.labels).observe(time.monotonic() - self.started)
         if self.usage_reported:
             usage = self.builder.usage
-            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
-            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
-            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "cached").inc(usage.cached_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(

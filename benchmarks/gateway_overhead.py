@@ -14,6 +14,7 @@ way, the added p50/p99, and the gateway's requests per second. Nothing is assert
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import socket
@@ -29,6 +30,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-engine-token"
+KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.yaml
 PROMPT = "w10 w11 w12"
 
 
@@ -123,14 +125,20 @@ async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max
     return ttft
 
 
-async def run_level(call, concurrency: int, requests: int) -> tuple[list[float], float]:
+ERRORS: collections.Counter[str] = collections.Counter()  # transport failures (resets, ...) by path and type
+
+
+async def run_level(call, concurrency: int, requests: int, path: str = "") -> tuple[list[float], float]:
     queue = list(range(requests))
     ttfts: list[float] = []
 
     async def worker():
         while queue:
             queue.pop()
-            ttfts.append(await call())
+            try:
+                ttfts.append(await call())
+            except httpx.TransportError as error:  # counted and shown, not fatal: a run reports how often
+                ERRORS[f"{path}: {type(error).__name__} {error}"[:160]] += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -149,8 +157,10 @@ def percentile(values: list[float], q: float) -> float:
 
 async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], key: str) -> list[dict]:
     """`gateways`: name -> (url, pid); each level alternates direct and every gateway, round by round."""
-    # Idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), which would otherwise close
-    # one just as a request goes out on it (a ReadError) after a long phase of the other path.
+    # Idle connections expire long before the servers' keep-alive timeout, which would otherwise close one just as a
+    # request goes out on it (a reset: httpx.ReadError). The server's idle clock starts when it sent the response's
+    # end, this client's when it read it: with hundreds of streams this client lags seconds behind, so against
+    # uvicorn's default 5 s that race happened at 200 streams (docs/gateway-performance.md).
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
@@ -167,10 +177,10 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             rps = {name: [] for name in gateways}
             cpu = dict.fromkeys(gateways, 0.0)
             for _ in range(args.rounds):  # alternate, so all see the same machine
-                direct_ttfts += (await run_level(direct, level, requests // args.rounds))[0]
+                direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
                 for name, call in calls.items():
                     cpu_before = cpu_seconds(gateways[name][1])
-                    level_ttfts, level_rps = await run_level(call, level, requests // args.rounds)
+                    level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
                     cpu[name] += cpu_seconds(gateways[name][1]) - cpu_before
                     ttfts[name] += level_ttfts
                     rps[name].append(level_rps)
@@ -186,6 +196,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 # whatever else shares this machine.
                 row["gateway_cpu_ms"] = cpu[name] / len(ttfts[name]) * 1000
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
+                row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
                 rows.append(row)
                 print(
                     f"{name:>8} concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms"
@@ -193,9 +204,13 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
                     f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
                     f" | gateway {row['gateway_rps']:7.1f} req/s"
-                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
+                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)"
+                    + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,
                 )
+            for what, count in ERRORS.items():
+                print(f"  {count} x {what}", flush=True)
+            ERRORS.clear()
     return rows
 
 
@@ -213,6 +228,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="a checkout of other code (e.g. `git archive COMMIT | tar -x -C DIR`): its gateway runs"
                              " beside this one's, on the same database, Redis and engine, alternating with it")
+    parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
+                        help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
     args = parser.parse_args()
 
@@ -239,7 +256,7 @@ def main() -> None:
     engine_url = f"http://127.0.0.1:{engine_port}"
     if args.engine == "instant":
         engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
-                          "--log-level", "warning", "--no-access-log"]  # fmt: skip
+                          "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(args.keep_alive)]  # fmt: skip
     else:
         engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
@@ -254,7 +271,8 @@ def main() -> None:
         port = free_port()
         processes.append(subprocess.Popen(
             [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"),
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+             "--port", str(port), "--log-level", "warning", "--no-access-log",
+             "--timeout-keep-alive", str(args.keep_alive)],
             cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},
         ))  # fmt: skip
         gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)

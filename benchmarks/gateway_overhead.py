@@ -145,10 +145,10 @@ async def run_level(call, concurrency: int, requests: int, path: str = "") -> tu
     return ttfts, requests / (time.perf_counter() - started)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far, from /proc."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process (all its threads) so far, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -175,13 +175,14 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             direct_ttfts = []
             ttfts = {name: [] for name in gateways}
             rps = {name: [] for name in gateways}
-            cpu = dict.fromkeys(gateways, 0.0)
+            cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
             for _ in range(args.rounds):  # alternate, so all see the same machine
                 direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
                 for name, call in calls.items():
                     cpu_before = cpu_seconds(gateways[name][1])
                     level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
-                    cpu[name] += cpu_seconds(gateways[name][1]) - cpu_before
+                    for i, (after, before) in enumerate(zip(cpu_seconds(gateways[name][1]), cpu_before, strict=True)):
+                        cpu[name][i] += after - before
                     ttfts[name] += level_ttfts
                     rps[name].append(level_rps)
             for name in gateways:
@@ -194,7 +195,8 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["gateway_rps"] = statistics.mean(rps[name])
                 # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
                 # whatever else shares this machine.
-                row["gateway_cpu_ms"] = cpu[name] / len(ttfts[name]) * 1000
+                row["gateway_cpu_ms"] = sum(cpu[name]) / len(ttfts[name]) * 1000
+                row["gateway_system_share"] = cpu[name][1] / sum(cpu[name]) if sum(cpu[name]) else 0.0
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
                 row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
                 rows.append(row)
@@ -204,7 +206,8 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
                     f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
                     f" | gateway {row['gateway_rps']:7.1f} req/s"
-                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)"
+                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s,"
+                    f" {row['gateway_system_share']:.0%} in the kernel)"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,
                 )

@@ -101,3 +101,23 @@ def test_a_cancelled_command_never_leaves_its_reply_to_the_next():
         return second
 
     assert asyncio.run(main()) == 2
+
+
+def test_waiting_for_a_connection_ends_in_a_connection_error():
+    async def main():
+        async def server(reader, writer):  # never answers
+            await reader.read(65536)
+            await asyncio.sleep(5)
+
+        fake = await asyncio.start_server(server, "127.0.0.1", 0)
+        wire = RedisWire(f"redis://127.0.0.1:{fake.sockets[0].getsockname()[1]}/0", max_connections=1, wait_seconds=0.2)
+        stuck = asyncio.create_task(wire.run(ECHO, ["k"], [0, ""]))
+        await asyncio.sleep(0.05)
+        try:
+            with pytest.raises(RedisConnectionError, match="No connection available"):
+                await wire.run(ECHO, ["k"], [0, ""])
+        finally:
+            stuck.cancel()
+            fake.close()
+
+    asyncio.run(main())

@@ -103,11 +103,14 @@ class RedisWire:
         return None
 
     async def _command(self, message: bytes) -> Reply:
-        try:
-            async with asyncio.timeout(self._wait):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise RedisConnectionError("No connection available.") from None
+        if self._slots.locked():  # all connections busy: wait for one, not forever
+            try:
+                async with asyncio.timeout(self._wait):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise RedisConnectionError("No connection available.") from None
+        else:
+            await self._slots.acquire()  # returns at once (no timer to arm)
         try:
             reused = self._take()
             for connection in (reused, None) if reused is not None else (None,):

@@ -121,3 +121,35 @@ def test_waiting_for_a_connection_ends_in_a_connection_error():
             fake.close()
 
     asyncio.run(main())
+
+
+def test_only_plain_redis_urls_take_the_lean_path():
+    from gateway.admission.redis_wire import wire_supports
+
+    assert wire_supports("redis://127.0.0.1:6379/13") and wire_supports("redis://user:secret@redis:6379")
+    assert not wire_supports("rediss://redis:6380/0")
+    assert not wire_supports("unix:///run/redis.sock")
+    assert not wire_supports("redis://redis:6379?db=3")
+
+
+def test_a_new_connection_authenticates_and_selects_the_database_first():
+    async def main():
+        received = []
+
+        async def server(reader, writer):
+            while b"EVALSHA" not in b"".join(received) and (data := await reader.read(65536)):
+                received.append(data)
+                for command in data.split(b"*")[1:]:
+                    writer.write(b"+OK\r\n" if b"AUTH" in command or b"SELECT" in command else b":7\r\n")
+            await writer.drain()
+            writer.close()
+
+        fake = await asyncio.start_server(server, "127.0.0.1", 0)
+        port = fake.sockets[0].getsockname()[1]
+        reply = await RedisWire(f"redis://quilt:p%40ss@127.0.0.1:{port}/5").run(ECHO, ["k"], [1, ""])
+        fake.close()
+        return reply, b"".join(received)
+
+    reply, sent = asyncio.run(main())
+    assert reply == 7
+    assert sent == pack(b"AUTH", "quilt", "p@ss") + pack(b"SELECT", 5) + pack(b"EVALSHA", ECHO.sha, 1, "k", 1, "")

@@ -4,7 +4,7 @@ a few lines of RESP2. Written here rather than through redis-py's asyncio client
 (the blocking pool's lock and condition, a liveness read at every checkout, per-argument encoding, the general
 reply parser, the retry wrapper) was about a quarter of the gateway's CPU per streamed request in a profile, and
 admission runs two scripts per request. Only plain `redis://` URLs (host, port, optional user and password,
-database number); the blocking paths (metering's settles, totals, reconcile) stay on redis-py.
+database number in the path; others run on redis-py as before); the blocking paths (metering's settles, totals, reconcile) stay on redis-py.
 
 What it keeps from redis-py's behaviour: a script not yet cached by the server is sent once with EVAL (which caches
 it); connection failures raise redis-py's ConnectionError, a server error its ResponseError; at most
@@ -24,7 +24,9 @@ Reply = int | bytes | list | None
 
 
 def wire_supports(url: str) -> bool:
-    return urlsplit(url).scheme == "redis"
+    """Plain `redis://` URLs without options (a query string such as `?db=` or `?socket_timeout=`: redis-py's)."""
+    parts = urlsplit(url)
+    return parts.scheme == "redis" and not parts.query
 
 
 def pack(*parts: bytes | str | int) -> bytes:

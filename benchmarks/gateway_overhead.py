@@ -2,7 +2,7 @@
 
     python benchmarks/gateway_overhead.py [--levels 1,50,200] [--requests 400] [--model DIR] [--engine instant]
 
-Starts PostgreSQL-backed Django state (database `quilt_bench`, dropped and recreated), Redis admission (db 12),
+Starts PostgreSQL-backed Django state (database `quilt_bench` or --database, dropped and recreated), Redis admission (db 12),
 one engine on a tiny random Llama (or --model; or, with `--engine instant`, benchmarks/instant_engine.py, a
 stand-in that answers at once, so that the figures are the gateway's own cost) and one gateway under uvicorn;
 the tenant has rate limits and a monthly token budget and spend limit, so admission runs every check. At each
@@ -14,6 +14,7 @@ way, the added p50/p99, and the gateway's requests per second. Nothing is assert
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import socket
@@ -29,7 +30,20 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-engine-token"
+KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.yaml
 PROMPT = "w10 w11 w12"
+
+
+PROFILED = """import cProfile, signal, sys, time, uvicorn.main
+profiler = cProfile.Profile(time.process_time)  # CPU time, not time waiting
+signal.raise_signal = lambda sig: profiler.dump_stats({path!r})
+sys.argv[0] = "uvicorn"
+profiler.enable()
+try:
+    uvicorn.main.main(standalone_mode=False)
+finally:
+    profiler.disable()
+"""
 
 
 def free_port() -> int:
@@ -52,14 +66,14 @@ def wait_http(url: str, ok: tuple[int, ...], process: subprocess.Popen, timeout:
     raise SystemExit(f"{url} did not answer")
 
 
-def setup_django(env: dict) -> None:
+def setup_django(env: dict, database: str) -> None:
     os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "MEDIA_ROOT", "QUILT_ENGINE_TOKEN")})
     sys.path[:0] = [str(REPO), str(REPO / "platform")]
     import psycopg
 
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        admin.execute("DROP DATABASE IF EXISTS quilt_bench WITH (FORCE)")
-        admin.execute("CREATE DATABASE quilt_bench")
+        admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{database}"')
     import django
 
     django.setup()
@@ -111,71 +125,95 @@ async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max
     return ttft
 
 
-async def run_level(call, concurrency: int, requests: int) -> tuple[list[float], float]:
+ERRORS: collections.Counter[str] = collections.Counter()  # transport failures (resets, ...) by path and type
+
+
+async def run_level(call, concurrency: int, requests: int, path: str = "") -> tuple[list[float], float]:
     queue = list(range(requests))
     ttfts: list[float] = []
 
     async def worker():
         while queue:
             queue.pop()
-            ttfts.append(await call())
+            try:
+                ttfts.append(await call())
+            except httpx.TransportError as error:  # counted and shown, not fatal: a run reports how often
+                ERRORS[f"{path}: {type(error).__name__} {error}"[:160]] += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return ttfts, requests / (time.perf_counter() - started)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far, from /proc."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process (all its threads) so far, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(args, engine_url: str, gateway_url: str, key: str, gateway_pid: int) -> list[dict]:
-    # Idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), which would otherwise close
-    # one just as a request goes out on it (a ReadError) after a long phase of the other path.
+async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], key: str) -> list[dict]:
+    """`gateways`: name -> (url, pid); each level alternates direct and every gateway, round by round."""
+    # Idle connections expire long before the servers' keep-alive timeout, which would otherwise close one just as a
+    # request goes out on it (a reset: httpx.ReadError). The server's idle clock starts when it sent the response's
+    # end, this client's when it read it: with hundreds of streams this client lags seconds behind, so against
+    # uvicorn's default 5 s that race happened at 200 streams (docs/gateway-performance.md).
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
-        gateway = lambda: first_token_gateway(client, gateway_url, key, args.max_tokens)  # noqa: E731
+        calls = {name: (lambda url=url: first_token_gateway(client, url, key, args.max_tokens))
+                 for name, (url, _) in gateways.items()}  # fmt: skip
         await run_level(direct, 4, 20)
-        await run_level(gateway, 4, 20)  # warm both paths
+        for call in calls.values():
+            await run_level(call, 4, 20)  # warm every path
         for level in args.levels:
             requests = max(args.requests, level)
-            direct_ttfts, gateway_ttfts, gateway_rps, gateway_cpu = [], [], [], 0.0
-            for _ in range(args.rounds):  # alternate, so both see the same machine
-                ttfts, _ = await run_level(direct, level, requests // args.rounds)
-                direct_ttfts += ttfts
-                cpu_before = cpu_seconds(gateway_pid)
-                ttfts, rps = await run_level(gateway, level, requests // args.rounds)
-                gateway_cpu += cpu_seconds(gateway_pid) - cpu_before
-                gateway_ttfts += ttfts
-                gateway_rps.append(rps)
-            row = {"concurrency": level, "requests": len(gateway_ttfts)}
-            for name, values in (("direct", direct_ttfts), ("gateway", gateway_ttfts)):
-                row[f"{name}_p50_ms"] = percentile(values, 50) * 1000
-                row[f"{name}_p99_ms"] = percentile(values, 99) * 1000
-            row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
-            row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
-            row["gateway_rps"] = statistics.mean(gateway_rps)
-            # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
-            # whatever else shares this machine.
-            row["gateway_cpu_ms"] = gateway_cpu / len(gateway_ttfts) * 1000
-            row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
-            rows.append(row)
-            print(
-                f"concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms p99 {row['direct_p99_ms']:8.2f} ms"
-                f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
-                f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
-                f" | gateway {row['gateway_rps']:7.1f} req/s"
-                f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s)",
-                flush=True,
-            )
+            direct_ttfts = []
+            ttfts = {name: [] for name in gateways}
+            rps = {name: [] for name in gateways}
+            cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
+            for _ in range(args.rounds):  # alternate, so all see the same machine
+                direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
+                for name, call in calls.items():
+                    cpu_before = cpu_seconds(gateways[name][1])
+                    level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
+                    for i, (after, before) in enumerate(zip(cpu_seconds(gateways[name][1]), cpu_before, strict=True)):
+                        cpu[name][i] += after - before
+                    ttfts[name] += level_ttfts
+                    rps[name].append(level_rps)
+            for name in gateways:
+                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name])}
+                for path, values in (("direct", direct_ttfts), ("gateway", ttfts[name])):
+                    row[f"{path}_p50_ms"] = percentile(values, 50) * 1000
+                    row[f"{path}_p99_ms"] = percentile(values, 99) * 1000
+                row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+                row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+                row["gateway_rps"] = statistics.mean(rps[name])
+                # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
+                # whatever else shares this machine.
+                row["gateway_cpu_ms"] = sum(cpu[name]) / len(ttfts[name]) * 1000
+                row["gateway_system_share"] = cpu[name][1] / sum(cpu[name]) if sum(cpu[name]) else 0.0
+                row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
+                row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
+                rows.append(row)
+                print(
+                    f"{name:>8} concurrency {level:4d}: TTFT direct p50 {row['direct_p50_ms']:8.2f} ms"
+                    f" p99 {row['direct_p99_ms']:8.2f} ms"
+                    f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
+                    f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
+                    f" | gateway {row['gateway_rps']:7.1f} req/s"
+                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s,"
+                    f" {row['gateway_system_share']:.0%} in the kernel)"
+                    + (f" | {row['errors']} transport errors" if row["errors"] else ""),
+                    flush=True,
+                )
+            for what, count in ERRORS.items():
+                print(f"  {count} x {what}", flush=True)
+            ERRORS.clear()
     return rows
 
 
@@ -189,6 +227,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--engine", choices=("real", "instant"), default="real",
                         help="instant: the stand-in that answers at once (the gateway's own cost)")
+    parser.add_argument("--database", default="quilt_bench", help="PostgreSQL database to (re)create and use")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout of other code (e.g. `git archive COMMIT | tar -x -C DIR`): its gateway runs"
+                             " beside this one's, on the same database, Redis and engine, alternating with it")
+    parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
+                        help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
+    parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
@@ -201,7 +246,7 @@ def main() -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/quilt_bench",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.database}",
         "REDIS_URL": "redis://127.0.0.1:6379/12",
         "QUILT_REDIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}",
         "MEDIA_ROOT": str(work / "media"),
@@ -209,28 +254,39 @@ def main() -> None:
         "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
         "LOG_LEVEL": "WARNING",
     }
-    setup_django(env)
-    engine_port, gateway_port = free_port(), free_port()
-    engine_url, gateway_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    setup_django(env, args.database)
+    engine_port = free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
     if args.engine == "instant":
         engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
-                          "--log-level", "warning", "--no-access-log"]  # fmt: skip
+                          "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(args.keep_alive)]  # fmt: skip
     else:
         engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
-    processes = [
-        subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""}),
-        subprocess.Popen([sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
-                          "--port", str(gateway_port), "--log-level", "warning", "--no-access-log"],
-                         cwd=REPO, env=env),  # fmt: skip
-    ]
+    # uvicorn re-raises the SIGTERM it caught once it has shut down, which would kill cProfile before it writes
+    profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else ["-m", "uvicorn"]
+    trees = {"gateway": (REPO, profile)}
+    if args.baseline:
+        trees["baseline"] = (args.baseline.resolve(), ["-m", "uvicorn"])
+    processes = [subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})]
+    gateways: dict[str, tuple[str, int]] = {}
+    for name, (tree, runner) in trees.items():
+        port = free_port()
+        processes.append(subprocess.Popen(
+            [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"),
+             "--port", str(port), "--log-level", "warning", "--no-access-log",
+             "--timeout-keep-alive", str(args.keep_alive)],
+            cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},
+        ))  # fmt: skip
+        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
     try:
         wait_http(f"{engine_url}/v1/health", (200,), processes[0])
-        wait_http(f"{gateway_url}/v1/models", (401,), processes[1])
+        for (url, _), process in zip(gateways.values(), processes[1:], strict=True):
+            wait_http(f"{url}/v1/models", (401,), process)
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
-        print(f"engine {engine_url}, gateway {gateway_url}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
-        rows = asyncio.run(measure(args, engine_url, gateway_url, key, processes[1].pid))
+        print(f"engine {engine_url}, gateways {gateways}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
+        rows = asyncio.run(measure(args, engine_url, gateways, key))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:

@@ -12,6 +12,7 @@ and answer an unexpected error with a 500 in the API's error shape.
 
 import asyncio
 import contextlib
+import functools
 import io
 import logging
 
@@ -26,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway import metrics
 from gateway.connections import DATABASE_DOWN
 from gateway.errors import ApiError, service_unavailable
+from gateway.openai_response import DONE
 from gateway.request_guard import body_limit, too_large
 from quilt.asgi import application as platform_application  # sets Django up
 
@@ -66,9 +68,21 @@ def _headers(response) -> list[tuple[bytes, bytes]]:
 async def _send(response, send) -> None:
     await send({"type": "http.response.start", "status": response.status_code, "headers": _headers(response)})
     if isinstance(response, StreamingHttpResponse):
-        async for chunk in response.streaming_content:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        last = b""
+        try:
+            async for chunk in response.streaming_content:
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                    last = b""
+                if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the
+                    last = chunk  # generator has finished (its hold settled), as the response's end did before
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except Exception:
+            if last:  # the generator failed after its end (settling): the client still gets what it was sent before
+                await send({"type": "http.response.body", "body": last, "more_body": True})
+            raise
+        await send({"type": "http.response.body", "body": last})
     else:
         await send({"type": "http.response.body", "body": response.content})
 
@@ -76,11 +90,18 @@ async def _send(response, send) -> None:
 _https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)
 
 
+@functools.lru_cache(maxsize=1024)
+def _route(path: str):
+    """The URLconf's match for a path (walking the platform's URL patterns costs more than the rest of the routing;
+    the URLconf does not change while the process runs). Resolver404 is raised, never cached."""
+    return resolve(path)
+
+
 async def _serve(request, send) -> None:
     try:
         response = _https.process_request(request)
         if response is None:
-            match = resolve(request.path_info)
+            match = _route(request.path_info)
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
         response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()

@@ -162,6 +162,10 @@ class GenerateStream:
         if not self.finished:
             raise EngineBroke(f"{self.engine.name}: the stream ended before the request finished")
 
+    def event_ready(self) -> bool:
+        """Whether the next event has arrived already (iterating would not wait for the engine)."""
+        return self._response is not None and self._response.line_ready()
+
     async def close(self) -> None:
         if self._response is not None:
             self._response.close()

@@ -68,6 +68,8 @@ class Response:
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
         self._chunks: collections.deque[bytes] = collections.deque()
+        self._lines: list[bytes] = []  # split off the chunks, being yielded by aiter_lines
+        self._line_at = 0  # how many of them it yielded
         self._headers_done = False
         self._keep_alive = False
         self._complete = False
@@ -115,14 +117,21 @@ class Response:
         while not self._headers_done:
             await self._feed()
 
+    def line_ready(self) -> bool:
+        """Whether aiter_lines holds another non-blank line, so that the next one comes without waiting."""
+        return any(line.strip() for line in self._lines[self._line_at:])
+
     async def aiter_lines(self):
         pending = b""
         while True:
             while self._chunks:
                 pending += self._chunks.popleft()
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line.decode()
+                *self._lines, pending = pending.split(b"\n")
+                self._line_at = 0
+                while self._line_at < len(self._lines):
+                    self._line_at += 1
+                    yield self._lines[self._line_at - 1].decode()
+                self._lines = []
             if not await self._feed() and not self._chunks:
                 break
         if pending:

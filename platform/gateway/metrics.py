@@ -24,6 +24,19 @@ tokens = Counter("quilt_gateway_tokens", "Tokens of admitted requests as the eng
                  [*LABELS, "kind"], registry=registry)  # fmt: skip
 
 
+_children: dict[tuple, object] = {}
+
+
+def labelled(metric, *values: str):
+    """`metric.labels(*values)`, remembered: prometheus_client validates and locks on every call, several times per
+    request. Children are never removed here, so a remembered one is always the registered one."""
+    key = (metric, values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
 def adapter_label(digest: str | None) -> str:
     return digest[:12] if digest else "base"
 

@@ -169,6 +169,9 @@ class Exchange:
                 raise invalid(without_paths(rejected.message), code="engine_rejected") from None
         raise no_engine()
 
+    def event_ready(self) -> bool:
+        return self.stream is not None and self.stream.event_ready()
+
     async def reads(self) -> AsyncIterator[Read]:
         """The engine's events, applied to the response; raises EngineBroke if the engine fails the request."""
         async def events():
@@ -184,7 +187,7 @@ class Exchange:
                     self.builder.apply(delta)
                     if self.first_token_at is None and delta.tokens:
                         self.first_token_at = time.monotonic()
-                        metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
+                        metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
                     usage = self.builder.usage
                     usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
@@ -234,13 +237,13 @@ class Exchange:
         )  # fmt: skip
 
     def _measure(self, *, outcome: str) -> None:
-        metrics.requests.labels(*self.labels, outcome).inc()
-        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
+        metrics.labelled(metrics.requests, *self.labels, outcome).inc()
+        metrics.labelled(metrics.latency, *self.labels).observe(time.monotonic() - self.started)
         if self.usage_reported:
             usage = self.builder.usage
-            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
-            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
-            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "cached").inc(usage.cached_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(
@@ -353,23 +356,28 @@ async def _whole(exchange: Exchange) -> HttpResponse:
 async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
     include_usage = exchange.generation.include_usage
     builder = exchange.builder
+    chunks: list[bytes] = []
     try:
         async for read in exchange.reads():
-            # One write per engine event: a final event's chunks, the usage chunk and [DONE] leave together.
-            chunks = [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
+            # One write per arrival from the engine: the chunks of events that came together (a final event's, the
+            # usage chunk and [DONE] too) leave together; nothing waits for an event that has not arrived.
+            chunks += [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
             if read.usage is not None:
                 chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
-            if chunks:
+            if chunks and not exchange.event_ready():
                 yield b"".join(chunks)
-        if exchange.usage_reported:
-            return
-        yield DONE
+                chunks = []
+        if not exchange.usage_reported:
+            chunks.append(DONE)
+        if chunks:
+            yield b"".join(chunks)
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         if exchange.error_type == ADAPTER_UNAVAILABLE:
-            yield error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE)
+            chunks.append(error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE))
         else:
-            yield error_event(message="The engine failed while generating this response.", code="engine_error")
+            chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
+        yield b"".join(chunks)
     finally:
         await asyncio.shield(exchange.settle())
 

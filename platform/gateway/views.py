@@ -68,7 +68,7 @@ def _method(request, allowed: str) -> None:
 async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     _method(request, "POST")
     body = parse_body(request.body)
-    caller, target = await _authorize(authorization=request.headers.get("Authorization", ""), model=body.get("model"))
+    caller, target = await _authorize(authorization=request.META.get("HTTP_AUTHORIZATION", ""), model=body.get("model"))
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)
         exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)

@@ -62,3 +62,11 @@ def test_compose_file_is_valid_yaml_with_the_platform_services():
     environment = compose["services"]["gateway"]["environment"]
     assert environment["EMAIL_BACKEND"].endswith("smtp.EmailBackend}") and "QUILT_ENGINE_TOKEN" in environment
     assert (REPO / "docker" / "platform.Dockerfile").exists()
+
+
+def test_the_gateway_keeps_idle_connections_longer_than_load_balancers_do():
+    # A server that closes an idle connection as a client or proxy reuses it resets that request (uvicorn's default
+    # is 5 s; common load balancers keep idle connections 60 s).
+    command = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["gateway"]["command"]
+    assert "--timeout-keep-alive" in command
+    assert int(command[command.index("--timeout-keep-alive") + 1]) > 60

@@ -18,6 +18,7 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 
 from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
+from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
 from gateway.connections import checked_connection
 from metering.selectors import usage_month_recorded
 
@@ -187,6 +188,9 @@ class _Scripts:
         self.reconcile = client.register_script(RECONCILE)
 
 
+_WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
+
+
 def _decision(reply: list) -> Decision:
     admitted, reason, requests, tokens, reset_ms = reply
     reason = reason.decode() if isinstance(reason, bytes) else reason
@@ -208,6 +212,8 @@ class RedisAdmission:
         self._hold_ttl = hold_ttl_seconds
         self._async: weakref.WeakKeyDictionary[object, _Scripts] = weakref.WeakKeyDictionary()
         self._sync: _Scripts | None = None
+        self._wires: weakref.WeakKeyDictionary[object, RedisWire] = weakref.WeakKeyDictionary()
+        self._lean = wire_supports(url)
 
     def keys(self, tenant_id: int, *, request_id: str = "-") -> list[str]:
         base, month = f"{self.prefix}:{{t{tenant_id}}}", current_month()
@@ -225,6 +231,16 @@ class RedisAdmission:
             scripts = self._async[loop] = _Scripts(redis.asyncio.Redis(connection_pool=pool))
         return scripts
 
+    async def _run(self, name: str, keys: list[str], args: list):
+        """One of the per-request scripts (acquire, settle, peek) from the event loop."""
+        if not self._lean:
+            return await getattr(self._on_loop(), name)(keys=keys, args=args)
+        loop = asyncio.get_running_loop()
+        wire = self._wires.get(loop)
+        if wire is None:
+            wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
+        return await wire.run(_WIRE[name], keys, args)
+
     def _blocking(self) -> _Scripts:
         if self._sync is None:
             self._sync = _Scripts(redis.Redis.from_url(self.url))
@@ -240,12 +256,12 @@ class RedisAdmission:
             request_id, tokens, spend_micros, limits.requests_per_minute, limits.tokens_per_minute,
             limits.max_concurrent, limits.budget_tokens, limits.budget_spend_micros, self._ttl(),
         ]  # fmt: skip
-        scripts, keys = self._on_loop(), self.keys(tenant_id)
-        decision = _decision(await scripts.acquire(keys=keys, args=args))
+        keys = self.keys(tenant_id)
+        decision = _decision(await self._run("acquire", keys, args))
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
-            await self._start_month(scripts.client, keys[4], recorded)
-            decision = _decision(await scripts.acquire(keys=keys, args=args))
+            await self._start_month(self._on_loop().client, keys[4], recorded)
+            decision = _decision(await self._run("acquire", keys, args))
         return decision
 
     @staticmethod
@@ -256,11 +272,11 @@ class RedisAdmission:
             await pipe.execute()
 
     async def peek(self, *, tenant_id: int) -> Decision:
-        return _decision(await self._on_loop().peek(keys=self.keys(tenant_id)))
+        return _decision(await self._run("peek", self.keys(tenant_id), []))
 
     async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
         keys = self.keys(tenant_id, request_id=request_id)
-        return bool(await self._on_loop().settle(keys=keys, args=[request_id, tokens, spend_micros, int(final)]))
+        return bool(await self._run("settle", keys, [request_id, tokens, spend_micros, int(final)]))
 
     def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
         keys = self.keys(tenant_id, request_id=request_id)

@@ -101,7 +101,7 @@ class Command(BaseCommand):
             "beat": [*celery, "beat", "--loglevel", "WARNING"],
             "gateway": [
                 sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
-                "--app-dir", str(root / "platform"), "--no-access-log", "--lifespan", "off",
+                "--app-dir", str(root / "platform"), "--no-access-log", "--lifespan", "off", "--timeout-keep-alive", "75",
             ],
         }  # fmt: skip
         commands["engine"] += shlex.split(engine_args)

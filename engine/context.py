@@ -16,3 +16,20 @@ class Context:
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     is_decode: bool  # every sequence has exactly one new token
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
+
+    @classmethod
+    def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
+              context_lens: list[int], cu_seqlens_q: list[int], lora: LoRABatch | None,
+              device: torch.device) -> "Context":
+        """The step's Context from plain lists (block tables padded with page 0 to the longest)."""
+        width = max(len(t) for t in block_tables)
+        return cls(
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),  # [T]
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),  # [T]
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32,
+                                      device=device),  # [B, max_blocks]
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),  # [B]
+            cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),  # [B + 1]
+            is_decode=len(positions) == len(context_lens),
+            lora=lora,
+        )

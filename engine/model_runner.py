@@ -84,15 +84,10 @@ class ModelRunner:
             elif end == seq.num_tokens:
                 sample_rows.append((seq, len(input_ids) - 1))
         dev = self.device
-        width = max(len(t) for t in tables)
-        ctx = Context(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),  # [T]
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=dev),  # [T]
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),  # [B]
-            cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev),  # [B + 1]
-            is_decode=len(input_ids) == len(out.seqs),
-            lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
+        ctx = Context.build(
+            positions=positions, slot_mapping=slot_mapping, block_tables=tables, context_lens=context_lens,
+            cu_seqlens_q=cu_seqlens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
+            device=self.device,
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
 

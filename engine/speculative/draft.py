@@ -95,15 +95,7 @@ class DraftProposer:
             lens.append(start + len(ids))
             tables.append(table)
             last.append(len(input_ids) - 1)
-        width = max(len(t) for t in tables)
-        ctx = Context(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),  # [T]
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),  # [T]
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(lens, dtype=torch.int32, device=dev),  # [B]
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),  # [B + 1]
-            is_decode=len(input_ids) == len(rows),
-            lora=None,
-        )
+        ctx = Context.build(positions=positions, slot_mapping=slots, block_tables=tables, context_lens=lens,
+                            cu_seqlens_q=cu, lora=None, device=dev)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx)  # [T, hidden]
         return self.model.compute_logits(hidden[last])  # [B, vocab]

@@ -48,6 +48,11 @@ def _compact(value: float) -> str:
 
 
 
+def _svg_path(points: list[tuple[float, float]]) -> str:
+    """An SVG path through the points: move to the first, a line to each next."""
+    return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
+
+
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
     if not any(point.lower or point.upper for point in points):
         return mark_safe("")
@@ -97,7 +102,7 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
                 f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>'
             )
         line_points.append((center, TOP + plot_h * (1 - float(point.line) / line_max)))
-    path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(line_points))
+    path = _svg_path(line_points)
     parts.append(f'<path class="line" d="{path}"/>')
     if len(points) <= 31:
         parts += [f'<circle class="dot" cx="{x:.1f}" cy="{y:.1f}" r="2.6"/>' for x, y in line_points]
@@ -178,7 +183,7 @@ def series_chart(
         ]  # fmt: skip
         if not points:
             continue
-        path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
+        path = _svg_path(points)
         parts.append(f'<path class="series-line {series.tone}" d="{path}" data-series="{escape(series.label)}"/>')
         if len(starts) <= 48:
             parts += [f'<circle class="series-dot {series.tone}" cx="{x:.1f}" cy="{y:.1f}" r="2.4"/>' for x, y in points]

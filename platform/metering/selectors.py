@@ -119,16 +119,22 @@ def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[
 # --- Reads for the console's usage pages (filters, platform-wide sums, time series). ---------------------------
 
 
-def usage_grouped_filtered(
-    *, tenant: Tenant | None, since: date, until: date, group_by: str, model: str = "", key_prefix: str = ""
-) -> list[UsageTotals]:
-    """usage_grouped, optionally for one model and one key, and for every tenant at once with `tenant=None`."""
-    column = GROUPS[group_by]
+def _event_filters(*, tenant: Tenant | None, model: str, key_prefix: str) -> dict:
+    """Usage rows of one tenant (every tenant with None), narrowed to one model and one key when given."""
     filters = {"tenant": tenant} if tenant is not None else {}
     if model:
         filters["model"] = model
     if key_prefix:
         filters["api_key_prefix"] = key_prefix
+    return filters
+
+
+def usage_grouped_filtered(
+    *, tenant: Tenant | None, since: date, until: date, group_by: str, model: str = "", key_prefix: str = ""
+) -> list[UsageTotals]:
+    """usage_grouped, optionally for one model and one key, and for every tenant at once with `tenant=None`."""
+    column = GROUPS[group_by]
+    filters = _event_filters(tenant=tenant, model=model, key_prefix=key_prefix)
     totals: dict[str, UsageTotals] = {}
 
     def collect(groups) -> None:
@@ -189,11 +195,7 @@ def usage_buckets(
     """Every hour or UTC day from `since` to `until` (empty ones included), from the raw events: latency and
     errors are not in the roll-ups, and a window of hours or a month of days stays a bounded range scan."""
     truncate = BUCKETS[bucket]
-    filters = {"tenant": tenant} if tenant is not None else {}
-    if model:
-        filters["model"] = model
-    if key_prefix:
-        filters["api_key_prefix"] = key_prefix
+    filters = _event_filters(tenant=tenant, model=model, key_prefix=key_prefix)
     timed = Q(ttft_ms__isnull=False, e2e_ms__isnull=False, e2e_ms__gt=F("ttft_ms"))
     rows = (
         UsageEvent.objects.filter(finished_at__gte=since, finished_at__lt=until, **filters)

@@ -40,6 +40,15 @@ def _apply(instance, fields: list[str], changes: dict) -> None:
     instance.save()
 
 
+def _locked_change(instance, fields: list[str], changes: dict):
+    """Locks the row, applies `changes` to it; (the locked instance, snapshot before, snapshot after) for the audit.
+    Call inside transaction.atomic()."""
+    locked = type(instance).objects.select_for_update().get(pk=instance.pk)
+    before = _snapshot(locked, fields)
+    _apply(locked, fields, changes)
+    return locked, before, _snapshot(locked, fields)
+
+
 def plan_create(*, actor: Actor, **fields) -> Plan:
     with transaction.atomic():
         plan = Plan(**{key: value for key, value in fields.items() if key in PLAN_FIELDS})
@@ -51,13 +60,8 @@ def plan_create(*, actor: Actor, **fields) -> Plan:
 
 def plan_update(*, actor: Actor, plan: Plan, changes: dict) -> Plan:
     with transaction.atomic():
-        plan = Plan.objects.select_for_update().get(pk=plan.pk)
-        before = _snapshot(plan, PLAN_FIELDS)
-        _apply(plan, PLAN_FIELDS, changes)
-        audit_record(
-            actor=actor, action="plan.update", target=plan, tenant=None, before=before,
-            after=_snapshot(plan, PLAN_FIELDS),
-        )  # fmt: skip
+        plan, before, after = _locked_change(plan, PLAN_FIELDS, changes)
+        audit_record(actor=actor, action="plan.update", target=plan, tenant=None, before=before, after=after)
     return plan
 
 
@@ -75,18 +79,13 @@ def tenant_create(*, actor: Actor, slug: str, name: str, plan: Plan, billing_ema
 def tenant_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:
     """Changes a tenant's name, plan or status. Suspending stops its keys at once (they check the status)."""
     with transaction.atomic():
-        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        before = _snapshot(tenant, TENANT_FIELDS)
-        _apply(tenant, TENANT_FIELDS, changes)
+        tenant, before, after = _locked_change(tenant, TENANT_FIELDS, changes)
         action = "tenant.update"
         if "status" in changes and before["status"] != tenant.status:
             action = {"suspended": "tenant.suspend", "active": "tenant.reactivate", "closed": "tenant.close"}[
                 tenant.status
             ]
-        audit_record(
-            actor=actor, action=action, target=tenant, tenant=tenant, before=before,
-            after=_snapshot(tenant, TENANT_FIELDS),
-        )  # fmt: skip
+        audit_record(actor=actor, action=action, target=tenant, tenant=tenant, before=before, after=after)
     return tenant
 
 
@@ -178,13 +177,8 @@ def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Te
     """A tenant's own admins change where its billing mail and webhooks go (name, plan and status are staff's)."""
     require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="change the tenant's settings")
     with transaction.atomic():
-        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        before = _snapshot(tenant, TENANT_SETTINGS_FIELDS)
-        _apply(tenant, TENANT_SETTINGS_FIELDS, changes)
-        audit_record(
-            actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before,
-            after=_snapshot(tenant, TENANT_SETTINGS_FIELDS),
-        )  # fmt: skip
+        tenant, before, after = _locked_change(tenant, TENANT_SETTINGS_FIELDS, changes)
+        audit_record(actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before, after=after)
     return tenant
 
 

@@ -15,6 +15,7 @@ from django.http import Http404
 
 from tenancy.api_base import SESSION_TENANT
 from tenancy.audit import Actor
+from tenancy.authority import SCOPES_OF_ROLE
 from tenancy.models import Membership, Tenant
 from tenancy.roles import role_at_least
 from tenancy.selectors import membership_for
@@ -40,6 +41,11 @@ class Seat:
     @property
     def can_write_keys(self) -> bool:
         return self.allows(Role.DEVELOPER)
+
+    @property
+    def key_scopes(self) -> frozenset[str]:
+        """The scopes this seat may put on a key (and so revoke or rotate): the role's, everything for staff."""
+        return SCOPES_OF_ROLE[Role.OWNER if self.is_staff else self.role]
 
     @property
     def can_write_adapters(self) -> bool:

@@ -60,16 +60,18 @@ class MemberRoleForm(forms.Form):
 class ApiKeyCreateForm(forms.Form):
     name = forms.CharField(max_length=50, help_text="What uses it, e.g. “production backend”.")
     scopes = forms.MultipleChoiceField(
-        choices=Scope.choices, widget=forms.CheckboxSelectMultiple, initial=[Scope.INFERENCE]
+        choices=Scope.choices, widget=forms.CheckboxSelectMultiple, initial=[Scope.INFERENCE],
+        error_messages={"invalid_choice": "Your role can not give a key the %(value)s scope."},
     )
     expiry = forms.ChoiceField(choices=EXPIRY_CHOICES, required=False)
     allowed_models = forms.CharField(
         required=False, max_length=1000, help_text="Comma-separated model names; empty allows every model."
     )
 
-    def __init__(self, *args, taken_names=(), **kwargs):
+    def __init__(self, *args, taken_names=(), allowed_scopes=frozenset(Scope.values), **kwargs):
         super().__init__(*args, **kwargs)
         self.taken_names = {name.casefold() for name in taken_names}
+        self.fields["scopes"].choices = [(value, label) for value, label in Scope.choices if value in allowed_scopes]
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()

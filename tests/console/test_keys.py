@@ -114,3 +114,40 @@ def test_the_key_list_pages_sorts_and_filters_in_a_fixed_number_of_queries(
     assert names == [f"key-{index:02d}" for index in range(25, 50)]
     revoked = client.get(keys_url(tenant, "?state=revoked")).context["keys"]
     assert [key.name for key in revoked.rows] == ["key-01", "key-00"]
+
+
+def test_a_developer_is_offered_only_the_scopes_their_role_may_give_and_keeps_what_they_typed(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    page = client.get(keys_url(tenant, "?new=1")).content.decode()
+    assert 'value="inference"' in page and 'value="usage:read"' in page
+    assert 'name="scopes" value="admin"' not in page
+    response = client.post(keys_url(tenant), {"name": "ci", "scopes": ["inference", "admin"], "allowed_models": "shout"})
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert 'value="ci"' in body and 'value="shout"' in body
+    assert "Your role can not give a key the admin scope." in body
+    assert not ApiKey.objects.exists()
+
+
+def test_owners_and_staff_may_give_the_admin_scope(tenant, member_of, staff_client):
+    owner, _ = member_of(tenant, "owner")
+    assert 'name="scopes" value="admin"' in owner.get(keys_url(tenant, "?new=1")).content.decode()
+    assert 'name="scopes" value="admin"' in staff_client.get(keys_url(tenant, "?new=1")).content.decode()
+    assert owner.post(keys_url(tenant), {"name": "ops", "scopes": ["admin"]}).status_code == 302
+    assert ApiKey.objects.get(name="ops").scopes == ["admin"]
+
+
+def test_a_developer_is_not_offered_to_revoke_or_rotate_an_admin_key_and_gets_a_message_if_they_try(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    admin_key, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="ops", scopes=["admin"])
+    own_key, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
+    page = client.get(keys_url(tenant)).content.decode()
+    assert f"/keys/{own_key.prefix}/revoke/" in page and f"/keys/{own_key.prefix}/rotate/" in page
+    assert f"/keys/{admin_key.prefix}/revoke/" not in page and f"/keys/{admin_key.prefix}/rotate/" not in page
+    kwargs = {"slug": tenant.slug, "prefix": admin_key.prefix}
+    for action, data in (("console:key-revoke", {}), ("console:key-rotate", {"grace": "0"})):
+        response = client.post(reverse(action, kwargs=kwargs), data, follow=True)
+        assert response.status_code == 200 and response.redirect_chain == [(keys_url(tenant), 302)]
+        assert "does not allow keys with the scopes: admin" in response.content.decode()
+    admin_key.refresh_from_db()
+    assert not admin_key.revoked and admin_key.replaced_by_id is None and ApiKey.objects.count() == 2

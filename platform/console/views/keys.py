@@ -17,6 +17,7 @@ from console.access import Role, actor_of, tenant_page
 from console.forms import SCOPE_HELP, ApiKeyCreateForm, ApiKeyRotateForm
 from console.listing import listing
 from console.pages import render_page
+from tenancy.authority import NotAllowed
 
 SORTABLE = {
     "name": ("name", "-id"),
@@ -72,10 +73,11 @@ def _page(request, *, form=None, created=None, status=200):
     now = timezone.now()
     for key in keys.rows:
         key.state = key_state(key, now)
+        key.manageable = seat.can_write_keys and set(key.scopes) <= seat.key_scopes
     context = {
         "keys": keys,
         "state": state,
-        "form": form or ApiKeyCreateForm(),
+        "form": form or ApiKeyCreateForm(allowed_scopes=seat.key_scopes),
         "scope_help": SCOPE_HELP,
         "rotate_form": ApiKeyRotateForm(),
         "created": created,
@@ -93,7 +95,7 @@ def keys(request):
     if not request.seat.can_write_keys:
         raise PermissionDenied("Creating keys needs the developer role or higher.")
     taken = api_keys_of(tenant=request.seat.tenant).filter(revoked=False).values_list("name", flat=True)
-    form = ApiKeyCreateForm(request.POST, taken_names=taken)
+    form = ApiKeyCreateForm(request.POST, taken_names=taken, allowed_scopes=request.seat.key_scopes)
     if not form.is_valid():
         return _page(request, form=form, status=400)
     try:
@@ -102,8 +104,8 @@ def keys(request):
             scopes=form.cleaned_data["scopes"], allowed_models=form.cleaned_data["allowed_models"],
             expiry_date=form.expiry_date(),
         )  # fmt: skip
-    except ValidationError as error:
-        form.add_error(None, error)
+    except (ValidationError, NotAllowed) as error:
+        form.add_error(None, error.message if isinstance(error, NotAllowed) else error)
         return _page(request, form=form, status=400)
     return _reveal_later(request, key=key, plaintext=plaintext)
 
@@ -118,6 +120,8 @@ def key_revoke(request, prefix: str):
     key = _key(request, prefix)
     try:
         api_key_revoke(actor=actor_of(request), key=key)
+    except NotAllowed as refusal:
+        messages.error(request, refusal.message)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
@@ -135,6 +139,9 @@ def key_rotate(request, prefix: str):
         return redirect("console:keys", slug=request.seat.tenant.slug)
     try:
         new, plaintext = api_key_rotate(actor=actor_of(request), key=key, grace=form.grace_period())
+    except NotAllowed as refusal:
+        messages.error(request, refusal.message)
+        return redirect("console:keys", slug=request.seat.tenant.slug)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
         return redirect("console:keys", slug=request.seat.tenant.slug)

@@ -1,14 +1,29 @@
 """Input forms of the console. They parse and validate input only; the writes are the services' job."""
 
-from datetime import timedelta
+from datetime import date, timedelta
 
 from django import forms
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.utils import timezone
 
 from apikeys.models import Scope
 from registry.selectors import adapters_of, base_models_active
 from tenancy.models import Membership, Plan, Tenant
+
+# Filters add a day or subtract a year from the dates they are given: the calendar's own ends would overflow.
+FIRST_DATE, LAST_DATE = date(1970, 1, 1), date(9998, 12, 31)
+DATE_RANGE_MESSAGE = f"Choose a date between {FIRST_DATE} and {LAST_DATE}."
+
+
+class FilterDateField(forms.DateField):
+    default_validators = [
+        MinValueValidator(FIRST_DATE, message=DATE_RANGE_MESSAGE),
+        MaxValueValidator(LAST_DATE, message=DATE_RANGE_MESSAGE),
+    ]
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, **kwargs)
+
 
 SCOPE_HELP = {
     Scope.INFERENCE: "Call the models (/v1/chat/completions, /v1/completions).",
@@ -99,8 +114,8 @@ class ApiKeyRotateForm(forms.Form):
 class AuditFilterForm(forms.Form):
     actor = forms.CharField(required=False, max_length=150)
     action = forms.CharField(required=False, max_length=64)
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    since = FilterDateField()
+    until = FilterDateField()
     tenant = forms.CharField(required=False, max_length=50)
 
 
@@ -172,16 +187,18 @@ MAX_RANGE_DAYS = 366
 
 
 class UsageFilterForm(forms.Form):
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    since = FilterDateField()
+    until = FilterDateField()
     model = forms.CharField(required=False, max_length=250)
     key = forms.CharField(required=False, max_length=16)
     group = forms.ChoiceField(choices=GROUP_CHOICES, required=False)
     every = forms.ChoiceField(choices=[("day", "Daily"), ("hour", "Hourly")], required=False)
 
     def window(self, *, today) -> tuple:
-        """(since, until), defaulting to the last 30 days and clipped to a year."""
-        data = self.cleaned_data if self.is_valid() else {}
+        """(since, until), defaulting to the last 30 days and clipped to a year. A field that is not valid takes
+        its default and leaves the others as given."""
+        self.is_valid()
+        data = self.cleaned_data
         until = data.get("until") or today
         since = data.get("since") or until - timedelta(days=29)
         if since > until:
@@ -189,4 +206,5 @@ class UsageFilterForm(forms.Form):
         return max(since, until - timedelta(days=MAX_RANGE_DAYS - 1)), until
 
     def value(self, name: str) -> str:
-        return (self.cleaned_data.get(name) or "") if self.is_valid() else ""
+        self.is_valid()
+        return self.cleaned_data.get(name) or ""

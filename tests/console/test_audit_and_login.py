@@ -59,6 +59,9 @@ def test_the_tenant_audit_log_filters_by_actor_action_and_date(tenant, member_of
     since = (timezone.now() - timedelta(days=7)).date().isoformat()
     assert ("zed", "api_key.create") not in actions(f"?since={since}")
     assert client.get(url + "?since=not-a-date").status_code == 200
+    for query in ("?until=9999-12-31", "?since=0001-01-01"):
+        page = client.get(url + query)
+        assert page.status_code == 200 and "Choose a date between 1970-01-01 and 9998-12-31." in page.content.decode()
 
 
 def test_staff_see_every_tenants_audit_and_members_only_their_own(tenant, other_tenant, member_of, staff_client):

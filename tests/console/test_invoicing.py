@@ -86,3 +86,11 @@ def test_the_current_month_can_not_be_issued_and_members_can_not_issue(tenant, m
     assert b"has not ended yet" in refused.content and not Invoice.objects.exists()
     client, _ = member_of(tenant, "owner")
     assert client.post(reverse("console:invoicing-issue"), {"month": f"{this_month:%Y-%m}"}).status_code == 403
+
+
+@pytest.mark.parametrize("month", ["9999-12", "0001-01", "2026-13", "nonsense"])
+def test_a_month_the_calendar_can_not_bound_falls_back_to_last_month(staff_client, month):
+    page = staff_client.get(reverse("console:invoicing") + f"?month={month}")
+    assert page.status_code == 200 and page.context["month"] == previous_month(timezone.now().date())
+    done = staff_client.post(reverse("console:invoicing-issue"), {"month": month})
+    assert done.status_code == 302

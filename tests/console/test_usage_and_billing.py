@@ -153,3 +153,16 @@ def test_requests_errors_latency_and_load_per_hour_and_per_day(tenant, other_ten
     assert 'data-bucket="hour"' in body and 'data-series="Output tokens/s"' in body and 'data-series="support-bot"' in body
     daily = client.get(url("usage", tenant)).content.decode()
     assert 'data-bucket="day"' in daily and 'aria-current="true" data-testid="every-day"' in daily
+
+
+@pytest.mark.parametrize("query", ["?since=9999-12-31", "?until=9999-12-31", "?until=0001-01-01", "?since=0001-01-01"])
+def test_a_date_at_the_ends_of_the_calendar_is_refused_with_a_message_not_a_server_error(
+    tenant, member_of, usage, query
+):
+    client, _ = member_of(tenant, "viewer")
+    page = client.get(url("usage", tenant, query + "&model=support-bot"))
+    assert page.status_code == 200
+    assert "Choose a date between 1970-01-01 and 9998-12-31." in page.content.decode()
+    assert page.context["filters"]["model"] == "support-bot"  # one bad field leaves the other filters as chosen
+    assert page.context["total"].requests == 10
+    assert client.get(url("usage-csv", tenant, query)).status_code == 200

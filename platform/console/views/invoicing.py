@@ -13,15 +13,19 @@ from billing.invoices import month_bounds, previous_month
 from billing.selectors import month_invoicing
 from billing.services import invoices_issue_by_staff
 from console.access import actor_of, staff_page
+from console.forms import FIRST_DATE, LAST_DATE
 from console.pages import render_page
 
 
 def _month(value: str | None) -> date:
-    """YYYY-MM from the query or form; last month when missing or unreadable."""
+    """YYYY-MM from the query or form; last month when missing, unreadable or beyond the dates filters take."""
     try:
-        return date.fromisoformat(f"{value}-01")
+        month = date.fromisoformat(f"{value}-01")
     except (TypeError, ValueError):
+        month = None
+    if month is None or not FIRST_DATE <= month <= LAST_DATE:
         return previous_month(timezone.now().date())
+    return month
 
 
 def _recent_months(count: int = 12) -> list[date]:

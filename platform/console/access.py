@@ -8,10 +8,14 @@ the management API and the next visit to / use the same one.
 
 from dataclasses import dataclass
 from functools import wraps
+from urllib.parse import urlsplit
 
-from django.contrib.auth.decorators import login_required
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from tenancy.api_base import SESSION_TENANT
 from tenancy.audit import Actor
@@ -84,6 +88,39 @@ def seat_for(*, user, slug: str) -> Seat:
     if membership is None and not user.is_staff:
         raise Http404("No such tenant.")
     return Seat(tenant=tenant, membership=membership, is_staff=user.is_staff)
+
+
+SESSION_ENDED = "Your session has ended. Log in again, then upload."
+
+
+def page_to_return_to(request) -> str | None:
+    """Where logging in leads back to: the page itself for a GET; for a form sent after the session ended, the page
+    the form was on (its action answers only POST), when that page is on this site."""
+    if request.method in ("GET", "HEAD"):
+        return request.get_full_path()
+    referer = request.headers.get("referer", "")
+    if referer and url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()},
+                                                   require_https=request.is_secure()):  # fmt: skip
+        parts = urlsplit(referer)
+        return parts.path + (f"?{parts.query}" if parts.query else "")
+    return None
+
+
+def login_required(view):
+    """Django's login_required, except that a form or upload sent after the session ended is not lost in a 405."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        if request.headers.get("x-requested-with") == "XMLHttpRequest":
+            return JsonResponse({"errors": [SESSION_ENDED]}, status=401)
+        back = page_to_return_to(request)
+        if back is None:
+            return redirect(settings.LOGIN_URL)
+        return redirect_to_login(back)
+
+    return wrapper
 
 
 def tenant_page(minimum: str = Role.VIEWER):

@@ -92,3 +92,43 @@ def test_audit_entries_name_what_they_touched(tenant, member_of, base_model, ada
     assert f'<s class="muted">{before}</s> → Pro' in page
     assert "Adapter support-bot" in page and "Tenant Acme Corp" in page
     assert "Adapter #" not in page and "plan:</span> <s class=\"muted\">1" not in page
+
+
+def test_a_form_sent_after_the_session_ended_comes_back_to_its_page_after_logging_in(tenant, member_of, client):
+    _, membership = member_of(tenant, "owner")
+    key, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])
+    keys_page = reverse("console:keys", kwargs={"slug": tenant.slug})
+    revoke = reverse("console:key-revoke", kwargs={"slug": tenant.slug, "prefix": key.prefix})
+    sent = client.post(revoke, HTTP_REFERER=f"http://testserver{keys_page}?sort=name")
+    assert sent.status_code == 302 and sent.url == reverse("console:login") + "?next=/t/acme/keys/%3Fsort%3Dname"
+    login = client.post(sent.url, {"username": membership.user.username, "password": PASSWORD})
+    landed = client.get(login.url)
+    assert login.url == f"{keys_page}?sort=name" and landed.status_code == 200  # the page, not a 405 on the action
+    key.refresh_from_db()
+    assert not key.revoked
+    elsewhere = client.logout() or client.post(revoke, HTTP_REFERER="https://evil.test/t/acme/keys/")
+    assert elsewhere.url == reverse("console:login")
+
+
+def test_an_upload_sent_after_the_session_ended_gets_a_message_the_upload_form_shows(tenant, client):
+    upload = reverse("console:adapter-upload", kwargs={"slug": tenant.slug})
+    response = client.post(upload, {"name": "x"}, HTTP_X_REQUESTED_WITH="XMLHttpRequest")
+    assert response.status_code == 401
+    assert response.json() == {"errors": ["Your session has ended. Log in again, then upload."]}
+
+
+def test_a_form_whose_csrf_token_went_stale_gets_the_consoles_page_with_a_way_back(tenant, member_of):
+    client, _ = member_of(tenant, "owner")
+    client.handler.enforce_csrf_checks = True
+    keys_page = reverse("console:keys", kwargs={"slug": tenant.slug})
+    client.get(keys_page)
+    client.cookies["csrftoken"] = "x" * 32  # logged out and in again in another tab: a new token
+    response = client.post(keys_page, {"name": "svc", "scopes": ["inference"], "csrfmiddlewaretoken": "y" * 32},
+                           HTTP_REFERER=f"http://testserver{keys_page}")  # fmt: skip
+    body = response.content.decode()
+    assert response.status_code == 403
+    assert "This form expired" in body and f'href="{keys_page}"' in body and "<title>Form expired · Quilt" in body
+    upload = reverse("console:adapter-upload", kwargs={"slug": tenant.slug})
+    refused = client.post(upload, {"name": "x", "csrfmiddlewaretoken": "y" * 32}, HTTP_X_REQUESTED_WITH="XMLHttpRequest",
+                          HTTP_REFERER=f"http://testserver{upload}")  # fmt: skip
+    assert refused.status_code == 403 and "This form expired" in refused.json()["errors"][0]

@@ -168,6 +168,7 @@ if env("AWS_STORAGE_BUCKET_NAME", default=""):
     STORAGES["default"] = {"BACKEND": "storages.backends.s3.S3Storage"}
 
 LOGIN_URL = "console:login"
+CSRF_FAILURE_VIEW = "console.views.csrf.csrf_failure"
 LOGIN_REDIRECT_URL = "console:overview"
 LOGOUT_REDIRECT_URL = "console:login"
 

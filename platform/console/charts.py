@@ -48,6 +48,13 @@ def _compact(value: float) -> str:
 
 
 
+def axis_margin(labels: list[str], *, minimum: int, char_width: float = 6.6) -> int:
+    """Room for an axis's longest label at the chart's axis font (11 px: about 6.6 units a character; the half-width
+    charts' 15 px: 9). Labels are anchored at the chart's outer edge, so a larger font (phones) grows them into
+    the plot, never out of view."""
+    return max(minimum, 12 + math.ceil(char_width * max(len(label) for label in labels)))
+
+
 def _svg_path(points: list[tuple[float, float]]) -> str:
     """An SVG path through the points: move to the first, a line to each next."""
     return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
@@ -56,9 +63,11 @@ def _svg_path(points: list[tuple[float, float]]) -> str:
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
     if not any(point.lower or point.upper for point in points):
         return mark_safe("")
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     bar_max = nice_ceiling(max(point.lower + point.upper for point in points))
     line_max = nice_ceiling(float(max(point.line for point in points)))
+    money_ticks = [money_axis_text(line_max * (1 - i / 4), step=line_max / 4) for i in range(5)]
+    right = axis_margin(money_ticks, minimum=RIGHT)
+    plot_w, plot_h = WIDTH - LEFT - right, HEIGHT - TOP - BOTTOM
     slot = plot_w / len(points)
     bar_w = max(2.0, min(26.0, slot * 0.62))
     parts = [
@@ -70,12 +79,9 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
     for i in range(5):
         y = TOP + plot_h * i / 4
         share = 1 - i / 4
-        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - right}" y1="{y:.1f}" y2="{y:.1f}"/>')
         parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_compact(bar_max * share)}</text>')
-        parts.append(
-            f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">'
-            f'{money_axis_text(line_max * share, step=line_max / 4)}</text>'
-        )
+        parts.append(f'<text class="axis" x="{WIDTH - 2}" y="{y + 4:.1f}" text-anchor="end">{money_ticks[i]}</text>')
     label_every = max(1, math.ceil(len(points) / 10))
     line_points = []
     for index, point in enumerate(points):
@@ -137,10 +143,14 @@ def series_chart(
     everything = [*(left or []), *([right] if right else []), *([bars] if bars else [])]
     if not any(value for series in everything for value in series.values if value):
         return mark_safe("")
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     left_values = [v for series in [*left, *([bars] if bars else [])] for v in series.values if v is not None]
     left_max = nice_ceiling(max(left_values, default=0))
     right_max = nice_ceiling(max((v for v in right.values if v is not None), default=0)) if right else 1.0
+    left_ticks = [_axis_number(left_max * (1 - i / 4), step=left_max / 4) + left_unit for i in range(5)]
+    right_ticks = [_axis_number(right_max * (1 - i / 4), step=right_max / 4) + right_unit for i in range(5)]
+    left_room = axis_margin(left_ticks, minimum=LEFT, char_width=9)
+    right_room = axis_margin(right_ticks, minimum=RIGHT, char_width=9) if right else RIGHT
+    plot_w, plot_h = WIDTH - left_room - right_room, HEIGHT - TOP - BOTTOM
     slot = plot_w / len(starts)
     parts = [
         f'<svg class="chart series-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
@@ -148,18 +158,15 @@ def series_chart(
     ]
     for i in range(5):
         y = TOP + plot_h * i / 4
-        share = 1 - i / 4
-        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        text = _axis_number(left_max * share, step=left_max / 4) + left_unit
-        parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
+        parts.append(f'<line class="grid-line" x1="{left_room}" x2="{WIDTH - right_room}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="axis" x="2" y="{y + 4:.1f}">{left_ticks[i]}</text>')
         if right:
-            text = _axis_number(right_max * share, step=right_max / 4) + right_unit
-            parts.append(f'<text class="axis" x="{WIDTH - RIGHT + 8}" y="{y + 4:.1f}">{text}</text>')
+            parts.append(f'<text class="axis" x="{WIDTH - 2}" y="{y + 4:.1f}" text-anchor="end">{right_ticks[i]}</text>')
     label_every = max(1, math.ceil(len(starts) / 8))
     base = TOP + plot_h
     bar_w = max(2.0, min(22.0, slot * 0.6))
     for index, start in enumerate(starts):
-        center = LEFT + slot * (index + 0.5)
+        center = left_room + slot * (index + 0.5)
         values = "; ".join(
             f"{series.label} {series.values[index]:,.1f}" if isinstance(series.values[index], float)
             else f"{series.label} {series.values[index] if series.values[index] is not None else '—'}"
@@ -178,7 +185,7 @@ def series_chart(
                          f'{_bucket_label(start, bucket)}</text>')  # fmt: skip
     for series, top in [*((s, left_max) for s in left), *(((right, right_max),) if right else ())]:
         points = [
-            (LEFT + slot * (index + 0.5), TOP + plot_h * (1 - value / top))
+            (left_room + slot * (index + 0.5), TOP + plot_h * (1 - value / top))
             for index, value in enumerate(series.values) if value is not None
         ]  # fmt: skip
         if not points:

@@ -38,6 +38,15 @@ def nice_ceiling(value: float) -> float:
     return 10 * power
 
 
+def count_ceiling(value: float) -> int:
+    """nice_ceiling for things counted in whole units (requests, tokens): at least 4 and a multiple of 4, so that
+    every quarter tick is a whole number (never 0.25 requests)."""
+    top = nice_ceiling(max(value, 4))
+    while top % 4:
+        top = nice_ceiling(top + 1)
+    return int(top)
+
+
 def _compact(value: float) -> str:
     for limit, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if value >= limit:
@@ -63,7 +72,7 @@ def _svg_path(points: list[tuple[float, float]]) -> str:
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
     if not any(point.lower or point.upper for point in points):
         return mark_safe("")
-    bar_max = nice_ceiling(max(point.lower + point.upper for point in points))
+    bar_max = count_ceiling(max(point.lower + point.upper for point in points))
     line_max = nice_ceiling(float(max(point.line for point in points)))
     money_ticks = [money_axis_text(line_max * (1 - i / 4), step=line_max / 4) for i in range(5)]
     right = axis_margin(money_ticks, minimum=RIGHT)
@@ -144,7 +153,8 @@ def series_chart(
     if not any(value for series in everything for value in series.values if value):
         return mark_safe("")
     left_values = [v for series in [*left, *([bars] if bars else [])] for v in series.values if v is not None]
-    left_max = nice_ceiling(max(left_values, default=0))
+    counts = all(isinstance(value, int) for value in left_values)
+    left_max = (count_ceiling if counts else nice_ceiling)(max(left_values, default=0))
     right_max = nice_ceiling(max((v for v in right.values if v is not None), default=0)) if right else 1.0
     left_ticks = [_axis_number(left_max * (1 - i / 4), step=left_max / 4) + left_unit for i in range(5)]
     right_ticks = [_axis_number(right_max * (1 - i / 4), step=right_max / 4) + right_unit for i in range(5)]

@@ -3,6 +3,7 @@
 import csv
 import io
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
@@ -166,3 +167,14 @@ def test_a_date_at_the_ends_of_the_calendar_is_refused_with_a_message_not_a_serv
     assert page.context["filters"]["model"] == "support-bot"  # one bad field leaves the other filters as chosen
     assert page.context["total"].requests == 10
     assert client.get(url("usage-csv", tenant, query)).status_code == 200
+
+
+def test_prices_show_every_decimal_the_plan_charges(tenant, member_of):
+    plan = tenant.plan
+    plan.price_input_per_mtok, plan.price_cached_input_per_mtok = Decimal("0.000125"), Decimal("0.00004")
+    plan.price_output_per_mtok = Decimal("0.0375")
+    plan.save()
+    client, _ = member_of(tenant, "admin")
+    page = client.get(url("billing", tenant)).content.decode()
+    for text in ("<strong>$0.000125</strong>", "<strong>$0.00004</strong>", "<strong>$0.0375</strong>"):
+        assert text in page

@@ -95,10 +95,11 @@ def money(value) -> str:
 
 @register.filter
 def price(value) -> str:
-    """Per-million-token prices keep up to four decimals: $0.0375."""
+    """Per-million-token prices as the plan stores them (up to six decimals, at least two): $0.0375, $0.000125.
+    Rounding them would show a price other than the one usage and invoices are charged at."""
     if value is None or value == "":
         return "—"
-    amount = Decimal(value).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP).normalize()
+    amount = Decimal(value).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP).normalize()
     text = f"{amount:f}"
     if "." not in text:
         text += ".00"

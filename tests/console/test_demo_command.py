@@ -1,6 +1,7 @@
 """The demo's first run: one demo key across restarts (its secret kept in an owner-only file), and the demo
 model's build reporting progress with a time estimate."""
 
+import socket
 import stat
 
 import pytest
@@ -45,3 +46,24 @@ def test_the_build_reports_progress_with_an_estimate(monkeypatch):
         progress.step()
     assert lines[0] == "building the demo model: 20% (2/10 steps), 6 s so far, about 24 s left"
     assert lines[-1].startswith("building the demo model: 100% (10/10 steps)") and lines[-1].endswith("about 0 s left")
+
+
+@pytest.mark.parametrize("busy", ["port", "engine_port"])
+def test_a_port_already_in_use_stops_the_demo_at_once_and_says_which(var_dir, busy):
+    """A second `make demo` (or any server on the port) used to build, start an engine, point the running demo's
+    engine registration at it and only then fail on a bind error lost among the workers' banners."""
+    from django.core.management import CommandError, call_command
+
+    from gateway.models import Engine
+
+    with socket.socket() as taken, socket.socket() as spare:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        spare.bind(("127.0.0.1", 0))
+        ports = {"port": spare.getsockname()[1], "engine_port": spare.getsockname()[1]}
+        ports[busy] = taken.getsockname()[1]
+        spare.close()
+        flag = {"port": "PORT", "engine_port": "ENGINE_PORT"}[busy]
+        with pytest.raises(CommandError, match=rf"port {ports[busy]} .* in use.*make demo {flag}="):
+            call_command("demo", **ports)
+    assert not Engine.objects.exists() and not (var_dir / "demo-model").exists()

@@ -12,6 +12,7 @@ the web server's relay (QUILT_LIVE_RELAY_URL). Debug pages are off: the demo sho
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -55,6 +56,18 @@ EOF
 """
 
 
+def _require_free(host: str, port: int, flag: str) -> None:
+    """Refuses a port something already listens on before anything starts: a second demo would otherwise point the
+    running one's engine registration at itself and fail only at the gateway's bind, among the workers' banners."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise CommandError(f"port {port} on {host} is already in use ({error.strerror}): another `make demo` "
+                               f"still running? Stop it, or choose another port: make demo {flag}=...") from error
+
+
 class Command(BaseCommand):
     help = "Run the demo: demo model, migrate, seed, then engine + worker + trainer + beat + gateway until Ctrl-C."
 
@@ -66,6 +79,8 @@ class Command(BaseCommand):
                             help='More `python -m engine` flags, e.g. "--quantization int8" (make demo ENGINE_ARGS=...).')
 
     def handle(self, *args, host, port, engine_port, engine_args, **options):
+        _require_free(host, port, "PORT")
+        _require_free("127.0.0.1", engine_port, "ENGINE_PORT")
         root = settings.REPO_ROOT
         model_dir = settings.VAR_DIR / "demo-model"
         self.stdout.write("building (or reusing) the demo model ...")

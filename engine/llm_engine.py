@@ -58,9 +58,8 @@ class LLMEngine:
                            dtype=model_dtype, kv_dtype=self.kv_dtype, widths=widths, tensor_parallel_size=tp)
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
-                                   block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
-                                   host_cache_bytes=config.host_adapter_cache_bytes,
-                                   quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype,
+                                   block_size=config.block_size, quantization=config.quantization,
+                                   kv_cache_dtype=config.kv_cache_dtype,
                                    timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
         model = load_rank_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm,
                                 quantization=config.quantization)
@@ -82,8 +81,7 @@ class LLMEngine:
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
-            on_read=self.workers.preload if self.workers else None,
-            on_place=self.workers.on_place if self.workers else None,
+            mirror=self.workers,  # each worker gets its shard of what rank 0 read
         )
         if self.workers:
             model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank

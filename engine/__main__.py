@@ -14,6 +14,8 @@ import typing
 from pathlib import Path
 
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
+ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
+                                   "page holds the model's adapter rows)"}
 
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +33,8 @@ def engine_config_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
-            group.add_argument(flag, type=kind, default=field.default, help=f"default: {field.default}")
+            group.add_argument(flag, type=kind, default=field.default,
+                               help=ENGINE_FLAGS_HELP.get(field.name, f"default: {field.default}"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -136,6 +136,8 @@ class EngineAPI:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         tier = body.pop("tier", "host")
+        if not isinstance(tier, str):
+            raise BadRequest("tier must be a string", param="tier")
         ref = parse_adapter(body)
         if ref is None:
             raise BadRequest("give the adapter's digest", param="digest")
@@ -210,9 +212,14 @@ def error_response(status: int, kind: str, message: str, param: str | None = Non
 async def read_json(request: Request):
     body = await request.body()
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not valid JSON: {error}") from error
+
+
+def _not_json(name: str):
+    """Python's json reads NaN and Infinity, which JSON has not (a NaN temperature samples garbage)."""
+    raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import re
 import types
 import typing
@@ -67,7 +68,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     if not isinstance(tenant, str) or not tenant:
         raise BadRequest("tenant must be a non-empty string", param="tenant")
     weight = body.get("weight", 1.0)
-    if not _is_number(weight) or weight <= 0:
+    if not _is_number(weight) or not 0 < weight < math.inf:
         raise BadRequest("weight must be a number > 0", param="weight")
     api_key_id = body.get("api_key_id")
     if api_key_id is not None and not isinstance(api_key_id, str):

@@ -292,6 +292,14 @@ BAD_REQUESTS = [
     ("bad-weight", {"prompt": "hi", "weight": 0}, "weight must be a number > 0"),
     ("bad-metadata", {"prompt": "hi", "metadata": ["x"]}, "metadata must be a JSON object"),
     ("bad-digest", {"prompt": "hi", "adapter": {"digest": "xyz"}}, "sha256 hex digest"),
+    # numbers JSON has not, or that no sampler can use: refused, never scheduled (a seed past 64 bits failed
+    # the engine's step, and with it every request in flight and the engine's health)
+    ("nan-temperature", b'{"prompt": "hi", "sampling": {"temperature": NaN}}', "NaN is not a JSON number"),
+    ("infinite-weight", b'{"prompt": "hi", "weight": Infinity}', "Infinity is not a JSON number"),
+    ("overflowing-temperature", b'{"prompt": "hi", "sampling": {"temperature": 1e400}}',
+     "temperature must be a finite number"),
+    ("overflowing-weight", b'{"prompt": "hi", "weight": 1e400}', "weight must be a number > 0"),
+    ("huge-seed", {"prompt": "hi", "sampling": {"seed": 2**70, "temperature": 1}}, "seed must be a 64-bit integer"),
 ]
 
 
@@ -303,6 +311,16 @@ def test_bad_requests_get_400_before_scheduling(server, body, message):
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]["message"]
     assert server.get("/v1/state").json()["steps"] == steps_before
+
+
+def test_a_tiny_temperature_is_greedy(server):
+    """Dividing the logits by 1e-300 overflowed them: every token came out as id 0."""
+    body = {"prompt": "the cat sees", "stream": False}
+    greedy = server.post("/v1/generate", json={**body, "sampling": {"temperature": 0, "max_tokens": 6}}).json()
+    tiny = server.post("/v1/generate", json={**body, "sampling": {"temperature": 1e-300, "max_tokens": 6,
+                                                                  "seed": 3}}).json()
+    assert tiny["token_ids"] == greedy["token_ids"] and len(set(greedy["token_ids"])) > 1
+    assert server.get("/v1/health").status_code == 200
 
 
 def test_adapter_above_the_rank_limit_is_unavailable(server, adapter_refs):
@@ -341,6 +359,9 @@ def test_prefetch_and_evict_adapters(server, adapter_refs):
     assert ref["digest"] not in state["gpu"] and ref["digest"] not in state["host"]
     assert server.delete(f"/v1/adapters/{'f' * 64}").status_code == 404
     assert generate(server, adapter=ref, prompt="hi")["finish_reason"] in ("stop", "length")
+    for tier in (["gpu"], {"gpu": 1}, "moon"):  # a list was a 500
+        response = server.post("/v1/adapters/prefetch", json={**ref, "tier": tier})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "tier", response.text
 
 
 def test_metrics_parse_with_prometheus_client(server, adapter_refs):

@@ -201,6 +201,10 @@ class Exchange:
             self.broke = True
             raise
 
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
     async def settle(self) -> None:
         """Closes the engine stream and replaces the hold by what was served. Runs once."""
         if self._settled:
@@ -317,26 +321,44 @@ async def _count_tokens(generation: GenerationRequest, target: Target) -> int | 
     return None
 
 
-async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
-    """Opens the engine stream and answers; owns the hold from here on."""
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def open_stream(exchange: Exchange, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    """Opens the engine stream of a streamed request: its SSE body, which owns the hold from here on (settled when
+    the body ends or is closed). An ApiError carries the rate-limit `headers`."""
     try:
-        try:
-            await exchange.open()
-        except BaseException:
-            await asyncio.shield(exchange.settle())
-            raise
-        if exchange.generation.stream:
-            response = StreamingHttpResponse(_sse(exchange), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-        else:
-            response = await _whole(exchange)
+        await _opened(exchange)
     except ApiError as error:
         error.headers = headers | error.headers
         raise
+    return _sse(exchange)
+
+
+async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
+    """Opens the engine stream and answers; owns the hold from here on."""
+    if exchange.generation.stream:
+        response = StreamingHttpResponse(await open_stream(exchange, headers))
+        for name, value in SSE_HEADERS.items():
+            response[name] = value
+    else:
+        try:
+            await _opened(exchange)
+            response = await _whole(exchange)
+        except ApiError as error:
+            error.headers = headers | error.headers
+            raise
     for name, value in headers.items():
         response[name] = value
     return response
+
+
+async def _opened(exchange: Exchange) -> None:
+    try:
+        await exchange.open()
+    except BaseException:
+        await asyncio.shield(exchange.settle())
+        raise
 
 
 async def _whole(exchange: Exchange) -> HttpResponse:

@@ -47,15 +47,20 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
     return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
 
+async def error_response(error: ApiError) -> HttpResponse:
+    """A refusal's answer: with the caller's rate-limit headers once the caller is known."""
+    if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
+        window = await admission_peek(tenant_id=error.caller.tenant_id)
+        error.headers |= ratelimit_headers(error.caller, window)
+    return error.response()
+
+
 async def _answer(request, handle) -> HttpResponse:
     request_id = uuid.uuid4().hex
     try:
         response = await handle(request, request_id)
     except ApiError as error:
-        if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
-            window = await admission_peek(tenant_id=error.caller.tenant_id)
-            error.headers |= ratelimit_headers(error.caller, window)
-        response = error.response()
+        response = await error_response(error)
     response["x-request-id"] = request_id
     return response
 
@@ -65,16 +70,24 @@ def _method(request, allowed: str) -> None:
         raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
 
 
-async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
-    _method(request, "POST")
-    body = parse_body(request.body)
-    caller, target = await _authorize(authorization=request.META.get("HTTP_AUTHORIZATION", ""), model=body.get("model"))
+async def generation_admit(*, kind: str, raw: bytes, authorization: str, request_id: str) -> tuple[relay.Exchange, dict]:
+    """A POSTed chat or completion request, authenticated, parsed and admitted (the ASGI entry's fast path calls it
+    too); an ApiError once the caller is known carries it."""
+    body = parse_body(raw)
+    caller, target = await _authorize(authorization=authorization, model=body.get("model"))
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)
-        exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+        return await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
     except ApiError as error:
         error.caller = caller
         raise
+
+
+async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
+    _method(request, "POST")
+    exchange, headers = await generation_admit(
+        kind=kind, raw=request.body, authorization=request.META.get("HTTP_AUTHORIZATION", ""), request_id=request_id
+    )
     return await relay.respond(exchange, headers)
 
 

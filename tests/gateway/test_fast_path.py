@@ -137,8 +137,8 @@ def test_the_fast_paths_https_policy_is_djangos(settings, scheme, headers, proxy
 
 
 def test_a_client_that_goes_away_cancels_its_request_and_only_then():
-    """The request runs in the server's task; the client's disconnect cancels it (its `finally` runs: the hold is
-    settled, the engine request aborted), the server's own cancellation still ends the task."""
+    """The client's disconnect cancels its request (the request's `finally` runs: the hold is settled, the engine
+    request aborted) and the server's task ends normally; the server's own cancellation still ends the task."""
     import asyncio
 
     from gateway.asgi import _until_disconnected

@@ -8,6 +8,11 @@ lockout: none applies to bearer-key API calls). Everything else is the platform'
 What Django's handler would do and this does too: read the body, route by the URLconf, turn a client
 disconnect into cancelling the view (so its `finally` runs: the hold is settled, the engine request aborted),
 and answer an unexpected error with a 500 in the API's error shape.
+
+The two hot routes (POST /v1/chat/completions, /v1/completions) go further: `_generate` calls the views' own
+services without building Django's request, and writes a stream's head and body itself (the head the view's
+response would have had, the HTTPS policy's headers included); refusals and whole answers are the views'
+responses. Other methods, a script prefix, and requests the HTTPS policy redirects take the general path.
 """
 
 import asyncio

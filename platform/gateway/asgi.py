@@ -209,18 +209,18 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None
             else:
                 response = await relay.respond(exchange, headers)
         except ApiError as error:
-            response = await views.error_response(error)
-            exchange = None
+            response, exchange = await views.error_response(error), None
+        if exchange is None or not exchange.generation.stream:
+            response["x-request-id"] = request_id
     except asyncio.CancelledError:
         raise
-    except STORE_DOWN as error:
+    except STORE_DOWN as error:  # as `_serve` answers it: without a request id
         log.warning("the inference API could not reach a store on %s %s: %r", method, path, error)
         response, exchange = service_unavailable().response(), None
     except Exception:
         log.exception("the inference API failed on %s %s", method, path)
         response, exchange = ApiError(500, "The server failed to handle this request.", code="internal_error").response(), None
     if exchange is None or not exchange.generation.stream:
-        response["x-request-id"] = request_id
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
         return
     head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),

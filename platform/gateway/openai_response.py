@@ -18,9 +18,15 @@ class Choice:
 
 @dataclass
 class Usage:
+    """OpenAI's usage, and the engine's speculative-decoding counts of its usage event (docs/speculative.md),
+    which a client benchmarking latency can read; billing counts tokens the same however they were made."""
+
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    sampling_steps: int = 0
 
     def body(self) -> dict:
         return {
@@ -29,6 +35,9 @@ class Usage:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": 0},
+            "spec_proposed_tokens": self.spec_proposed_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
+            "sampling_steps": self.sampling_steps,
         }
 
 

@@ -36,7 +36,7 @@ from gateway.engine_client import (
 from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
-from gateway.openai_response import DONE, ResponseBuilder, error_event
+from gateway.openai_response import DONE, ResponseBuilder, Usage, error_event
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import token_decoder
@@ -189,9 +189,7 @@ class Exchange:
                         self.first_token_at = time.monotonic()
                         metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
-                    usage = self.builder.usage
-                    usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
-                    usage.completion_tokens = read.usage["completion_tokens"]
+                    self.builder.usage = Usage(**read.usage)
                     self.usage_reported = True
                 if read.error is not None:
                     self.error_type = read.error_type

@@ -82,6 +82,20 @@ def test_streamed_chat_matches_the_whole_answer_and_ends_with_usage(stack):
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
+def test_streamed_and_whole_usage_report_the_engines_decoding_steps_alike(stack):
+    """The engine's speculative-decoding counts (docs/speculative.md) reach the client in both shapes; this
+    engine does not speculate, so it proposes nothing and samples one token a step."""
+    api = client(stack, stack.keys["main"])
+    request = {"model": BASE_MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0}
+    whole = api.chat.completions.create(**request).usage
+    streamed = list(api.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    last = streamed[-1].usage
+    for usage in (whole, last):
+        assert (usage.spec_proposed_tokens, usage.spec_accepted_tokens) == (0, 0)
+        assert usage.sampling_steps == usage.completion_tokens > 0
+    assert last.model_dump() == whole.model_dump()
+
+
 def test_stream_without_usage_option_has_no_usage_chunk(stack):
     chunks = list(
         client(stack, stack.keys["main"]).chat.completions.create(

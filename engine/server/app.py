@@ -19,6 +19,7 @@ from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
 from engine.server.protocol import (
+    CONTEXT_LENGTH_EXCEEDED,
     DIGEST,
     BadRequest,
     PromptSpec,
@@ -62,7 +63,8 @@ class EngineAPI:
         limit = self.engine.max_model_len
         if len(token_ids) >= limit:
             raise BadRequest(f"the prompt has {len(token_ids)} tokens; this model's context is {limit} tokens "
-                             f"and the prompt must leave room for at least one more", param="prompt")
+                             f"and the prompt must leave room for at least one more", param="prompt",
+                             code=CONTEXT_LENGTH_EXCEEDED)
 
     # routes
     async def generate(self, request: Request) -> Response:
@@ -183,7 +185,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/metrics", api.metrics, methods=["GET"]),
     ]
     handlers = {
-        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), getattr(e, "param", None)),
+        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), e.param, e.code),
         NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
@@ -203,8 +205,10 @@ def unavailable_response(end: RequestEnd) -> JSONResponse:
     return error_response(503, ADAPTER_UNAVAILABLE, message, "adapter")
 
 
-def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
+def error_response(status: int, kind: str, message: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    error = {"type": kind, "message": message, "param": param} | ({"code": code} if code else {})
+    return JSONResponse({"error": error}, status_code=status)
 
 
 async def read_json(request: Request):

@@ -56,6 +56,16 @@ def without_paths(message: str) -> str:
     return _PATH.sub("<path>", message)
 
 
+def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> ApiError:
+    """An engine's 4xx as the client's 400: its reason, and its code and field in the client's terms."""
+    param = rejected.param
+    if param in ("prompt", "messages"):
+        param = "messages" if generation.messages is not None else "prompt"
+    elif param is not None:
+        param = param.removeprefix("sampling.") if param.startswith("sampling.") else None
+    return invalid(without_paths(rejected.message), param=param, code=rejected.code or "engine_rejected")
+
+
 def estimate_prompt_tokens(generation: GenerationRequest) -> int:
     """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes."""
     messages = len(generation.messages) if generation.messages is not None else 0
@@ -166,7 +176,7 @@ class Exchange:
                 self.engine = None
                 raise adapter_unavailable(self.target.name) from None
             except EngineRejected as rejected:
-                raise invalid(without_paths(rejected.message), code="engine_rejected") from None
+                raise engine_refusal(rejected, self.generation) from None
         raise no_engine()
 
     def event_ready(self) -> bool:
@@ -311,7 +321,7 @@ async def _count_tokens(generation: GenerationRequest, target: Target) -> int | 
         except EngineUnavailable:
             return None
         except EngineRejected as rejected:
-            raise invalid(without_paths(rejected.message)) from None
+            raise engine_refusal(rejected, generation) from None
     return None
 
 

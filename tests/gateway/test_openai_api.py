@@ -184,3 +184,12 @@ def test_a_prompt_past_the_context_is_a_400_with_the_engines_reason(stack):
     with pytest.raises(openai.BadRequestError) as raised:
         client(stack, stack.keys["main"]).completions.create(model=BASE_MODEL, prompt=prompt, max_tokens=2)
     assert "1100 tokens" in raised.value.message
+    assert (raised.value.code, raised.value.param) == ("context_length_exceeded", "prompt")  # OpenAI's
+
+
+def test_a_chat_past_the_context_is_a_400_naming_the_messages(stack):
+    messages = [{"role": "user", "content": "w10 " * 1100}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(stack, stack.keys["main"]).chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=2)
+    assert raised.value.status_code == 400 and "tokens" in raised.value.message
+    assert (raised.value.code, raised.value.param) == ("context_length_exceeded", "messages")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -190,6 +191,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
         AdapterUnavailable: lambda r, e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
+        HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
     app.add_middleware(BearerAuth, token=token)
@@ -205,6 +207,14 @@ def unavailable_response(end: RequestEnd) -> JSONResponse:
     return error_response(503, ADAPTER_UNAVAILABLE, message, "adapter")
 
 
+def http_error_response(request: Request, error: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    response = error_response(error.status_code, kind, message)
+    response.headers.update(error.headers or {})
+    return response
+
+
 def error_response(status: int, kind: str, message: str, param: str | None = None,
                    code: str | None = None) -> JSONResponse:
     error = {"type": kind, "message": message, "param": param} | ({"code": code} if code else {})
@@ -217,6 +227,8 @@ async def read_json(request: Request):
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not valid JSON: {error}") from error
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -63,7 +63,8 @@ async def _answer(request, handle) -> HttpResponse:
 
 def _method(request, allowed: str) -> None:
     if request.method != allowed:
-        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
+        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed",
+                       headers={"Allow": allowed})  # fmt: skip
 
 
 async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:

@@ -65,3 +65,14 @@ def test_a_body_past_the_limit_is_a_413_invalid_request(stack):
     assert response.status_code == 413
     error = error_of(response)
     assert error["type"] == "invalid_request_error" and error["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/chat/completions", "POST"), ("PUT", "/completions", "POST"), ("POST", "/models", "GET"),
+    ("DELETE", f"/models/{BASE_MODEL}", "GET"),
+])  # fmt: skip
+def test_a_wrong_method_is_a_405_saying_which_is_allowed(stack, method, path, allowed):
+    response = httpx.request(method, f"{stack.gateways[0]}{path}", headers={"Authorization": f"Bearer {stack.keys['main']}"})
+    assert response.status_code == 405
+    assert error_of(response)["type"] == "invalid_request_error"
+    assert response.headers["allow"] == allowed

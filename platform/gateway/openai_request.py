@@ -49,6 +49,7 @@ class GenerationRequest:
     sampling: dict = field(default_factory=dict)  # n, temperature, top_p, stop, seed, penalties, logprobs
     logprobs: bool = False
     user: str | None = None
+    echo: bool = False  # completions: each choice's text starts with the prompt
 
     @property
     def n(self) -> int:
@@ -198,16 +199,20 @@ def parse_completion(body: dict) -> GenerationRequest:
                       param="prompt", code="unsupported_parameter")  # fmt: skip
     if not isinstance(prompt, str):
         raise invalid("'prompt' must be a string.", param="prompt")
-    if body.get("echo"):
-        raise invalid("`echo` is not supported by this server.", param="echo", code="unsupported_parameter")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise invalid("'echo' must be a boolean.", param="echo")
     best_of = body.get("best_of")
     if best_of not in (None, 1, common["sampling"].get("n", 1)):
         raise invalid("`best_of` other than n is not supported by this server.", param="best_of", code="unsupported_parameter")
     logprobs = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
+    if echo and logprobs is not None:
+        raise invalid("`echo` with `logprobs` is not supported by this server (it serves no prompt logprobs).",
+                      param="echo", code="unsupported_parameter")  # fmt: skip
     max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     return GenerationRequest(
         kind="completion", messages=None, prompt=prompt, max_tokens=16 if max_tokens is None else max_tokens,
-        logprobs=logprobs is not None, **common,
+        logprobs=logprobs is not None, echo=echo, **common,
     )  # fmt: skip

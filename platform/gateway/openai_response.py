@@ -77,8 +77,9 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 class ResponseBuilder:
     """Builds the chat.completion / text_completion object, or its stream chunks, for one request."""
 
-    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool):
+    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: str = ""):
         self.kind = kind
+        self.echo = echo  # completions: the prompt, before each choice's text
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         self.model = model
         self.created = int(time.time())
@@ -113,7 +114,7 @@ class ResponseBuilder:
             choices = [
                 {
                     "index": c.index,
-                    "text": c.text,
+                    "text": self.echo + c.text,
                     "logprobs": _completion_logprobs(c.logprobs, 0) if self.logprobs else None,
                     "finish_reason": c.finish_reason or "stop",
                 }
@@ -159,7 +160,7 @@ class ResponseBuilder:
             self._role_sent.add(delta.index)
             offset = len(self.choices[delta.index].text) - len(delta.text)
             choice = {
-                "index": delta.index, "text": delta.text,
+                "index": delta.index, "text": self.echo + delta.text if first else delta.text,
                 "logprobs": _completion_logprobs(delta.logprobs, offset) if self.logprobs and delta.logprobs else None,
                 "finish_reason": finish,
             }  # fmt: skip

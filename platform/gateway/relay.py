@@ -87,7 +87,8 @@ class Exchange:
         self.generation = generation
         self.max_tokens = max_tokens
         self.builder = ResponseBuilder(
-            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs
+            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs,
+            echo=generation.prompt if generation.echo else "",
         )
         self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
         self.started = time.monotonic()

@@ -113,6 +113,22 @@ def test_completions_whole_and_streamed(stack):
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == whole.choices[0].text
 
 
+def test_completions_echo_the_prompt_whole_and_streamed(stack):
+    api = client(stack, stack.keys["main"])
+    request = {"model": "shouty", "prompt": "w30 w31", "max_tokens": 4, "temperature": 0, "n": 2}
+    plain = api.completions.create(**request)
+    echoed = api.completions.create(**request, echo=True)
+    assert [c.text for c in echoed.choices] == ["w30 w31" + c.text for c in plain.choices]
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+    streamed = list(api.completions.create(**request, echo=True, stream=True))
+    for choice in echoed.choices:
+        texts = [c.choices[0].text for c in streamed if c.choices and c.choices[0].index == choice.index]
+        assert texts[0].startswith("w30 w31") and "".join(texts) == choice.text
+    with pytest.raises(openai.BadRequestError) as raised:  # prompt logprobs are not served
+        api.completions.create(**request, echo=True, logprobs=1)
+    assert raised.value.param == "echo"
+
+
 def test_sampling_parameters_are_accepted(stack):
     completion = client(stack, stack.keys["main"]).chat.completions.create(
         model="support@1", messages=CHAT, max_completion_tokens=4, temperature=0.7, top_p=0.9, n=2, stop=["w9"],

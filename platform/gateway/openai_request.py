@@ -109,8 +109,9 @@ def _common(body: dict, allowed: set[str]) -> dict:
         value = _number(body, name, low=low, high=high)
         if value is not None:
             sampling[name] = float(value)
-    if sampling.get("top_p") == 0:
-        raise invalid("0 is not a valid value for 'top_p': it must be greater than 0.", param="top_p")
+    if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
+        del sampling["top_p"]
+        sampling["top_k"] = 1
     n = _number(body, "n", low=1, high=MAX_N, integer=True)
     if n is not None:
         sampling["n"] = n

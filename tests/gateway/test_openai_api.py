@@ -129,6 +129,16 @@ def test_completions_echo_the_prompt_whole_and_streamed(stack):
     assert raised.value.param == "echo"
 
 
+def test_top_p_zero_keeps_only_the_likeliest_token(stack):
+    """OpenAI accepts top_p from 0 to 1; the nucleus of p = 0 is the single likeliest token."""
+    api = client(stack, stack.keys["main"])
+    request = {"model": "support", "messages": CHAT, "max_tokens": 8}
+    greedy = api.chat.completions.create(**request, temperature=0).choices[0].message.content
+    for seed in (1, 2, 3):
+        sampled = api.chat.completions.create(**request, temperature=2, top_p=0, seed=seed)
+        assert sampled.choices[0].message.content == greedy
+
+
 def test_sampling_parameters_are_accepted(stack):
     completion = client(stack, stack.keys["main"]).chat.completions.create(
         model="support@1", messages=CHAT, max_completion_tokens=4, temperature=0.7, top_p=0.9, n=2, stop=["w9"],

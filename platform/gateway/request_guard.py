@@ -31,7 +31,7 @@ def too_large(limit: int) -> ApiError:
 
 def json_content_type_check(content_type: str) -> None:
     """A body declared as anything but JSON (a form, text) is refused; one sent with no type is read as JSON."""
-    if content_type and content_type != "application/json" and not content_type.endswith("+json"):
+    if content_type and not content_type.endswith(("/json", "+json")):
         raise ApiError(415, f"Unsupported Content-Type '{content_type}': send the request body as JSON, with "
                             "'Content-Type: application/json'.", code="unsupported_media_type")  # fmt: skip
 

@@ -50,7 +50,7 @@ def test_a_body_that_is_not_declared_json_is_a_415(stack, content_type):
     assert response.headers["x-request-id"] and response.headers["x-ratelimit-limit-requests"]
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", None])
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8", "text/json", None])
 def test_json_with_or_without_its_content_type_is_served(stack, content_type):
     headers = {"Authorization": f"Bearer {stack.keys['main']}"} | ({"Content-Type": content_type} if content_type else {})
     response = post(stack, content=json.dumps(CHAT).encode(), headers=headers)

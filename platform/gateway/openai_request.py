@@ -137,8 +137,11 @@ def _common(body: dict, allowed: set[str]) -> dict:
 
 def _message(index: int, message) -> dict:
     param = f"messages.[{index}]"
-    if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
-        raise invalid(f"{param}.role must be one of system, developer, user or assistant.", param=param)
+    if not isinstance(message, dict):
+        raise invalid(f"{param} must be an object with a role and content.", param=param)
+    if message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
+        raise invalid(f"{param}.role must be one of system, developer, user or assistant.", param=f"{param}.role",
+                      code="invalid_value")  # fmt: skip
     if message["role"] in ("tool", "function"):
         raise invalid("Tool and function messages are not supported by this server.", param=param, code="unsupported_parameter")
     if message.get("tool_calls"):

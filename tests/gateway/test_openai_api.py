@@ -182,9 +182,10 @@ def test_key_without_inference_scope_or_model_is_forbidden(stack):
          "messages.[0].content"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"temperature": 3}, "temperature"),
+        ({"messages": [{"role": "user", "content": "w1"}, {"role": "bot", "content": "w2"}]}, "messages.[1].role"),
         ({"frobnicate": True}, "frobnicate"),
     ],
-    ids=["tools", "image", "json-mode", "temperature-range", "unknown-parameter"],
+    ids=["tools", "image", "json-mode", "temperature-range", "wrong-role", "unknown-parameter"],
 )
 def test_unsupported_or_invalid_parameters_are_a_clear_400(stack, extra, param):
     body = {"model": BASE_MODEL, "messages": CHAT} | extra

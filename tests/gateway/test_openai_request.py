@@ -65,6 +65,14 @@ def test_a_body_past_the_limit_is_a_413_invalid_request(stack):
     assert response.status_code == 413
     error = error_of(response)
     assert error["type"] == "invalid_request_error" and error["code"] == "request_too_large"
+    assert response.headers["x-request-id"]
+
+
+def test_an_unknown_endpoint_is_a_404_with_a_request_id(stack):
+    response = httpx.post(f"{stack.gateways[0]}/embeddings", json={"model": BASE_MODEL, "input": "w1"},
+                          headers={"Authorization": f"Bearer {stack.keys['main']}"})  # fmt: skip
+    assert response.status_code == 404
+    assert error_of(response)["code"] == "unknown_url" and response.headers["x-request-id"]
 
 
 @pytest.mark.parametrize(("method", "path", "allowed"), [

@@ -29,6 +29,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, StreamingHttpResponse
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
+from django.utils.http import parse_header_parameters
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -163,16 +164,25 @@ async def _serve(request, send) -> None:
             match = _route(request.path_info)
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
-        response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
+        response = _answered(ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url"))
     except asyncio.CancelledError:
         raise
     except STORE_DOWN as error:
-        log.warning("the inference API could not reach a store on %s %s: %r", request.method, request.path, error)
-        response = service_unavailable().response()
+        response = _answered(service_unavailable())
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", request.method,
+                    request.path, response["x-request-id"], error)  # fmt: skip
     except Exception:
-        log.exception("the inference API failed on %s %s", request.method, request.path)
-        response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
+        response = _answered(ApiError(500, "The server failed to handle this request.", code="internal_error"))
+        log.exception("the inference API failed on %s %s (request %s)", request.method, request.path,
+                      response["x-request-id"])  # fmt: skip
     await _send(_https.process_response(request, response), send)
+
+
+def _answered(error: ApiError):
+    """An error answered here, before or around a view: with a request id, as the views' answers have."""
+    response = error.response()
+    response["x-request-id"] = uuid.uuid4().hex
+    return response
 
 
 COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
@@ -187,10 +197,9 @@ def _fast_route(scope) -> str | None:
     return COMPLETION_ROUTES.get(scope["path"])
 
 
-def _authorization(scope) -> str:
-    """The Authorization header as Django's request.META has it (repeated headers joined by commas)."""
-    values = [value for name, value in scope["headers"] if name.lower() == b"authorization"]
-    return b",".join(values).decode("latin-1")
+def _header(scope, name: bytes) -> str:
+    """A request header as Django's request.META has it (repeated headers joined by commas, "" when absent)."""
+    return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
 
 
 async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None:
@@ -202,25 +211,26 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None
     try:
         try:
             exchange, headers = await views.generation_admit(
-                kind=kind, raw=raw, authorization=_authorization(scope), request_id=request_id
-            )
+                kind=kind, raw=raw, content_type=parse_header_parameters(_header(scope, b"content-type"))[0],
+                authorization=_header(scope, b"authorization"), request_id=request_id,
+            )  # fmt: skip
             if exchange.generation.stream:
                 body = await relay.open_stream(exchange, headers)
             else:
                 response = await relay.respond(exchange, headers)
         except ApiError as error:
             response, exchange = await views.error_response(error), None
-        if exchange is None or not exchange.generation.stream:
-            response["x-request-id"] = request_id
     except asyncio.CancelledError:
         raise
-    except STORE_DOWN as error:  # as `_serve` answers it: without a request id
-        log.warning("the inference API could not reach a store on %s %s: %r", method, path, error)
+    except STORE_DOWN as error:
         response, exchange = service_unavailable().response(), None
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", method, path, request_id,
+                    error)  # fmt: skip
     except Exception:
-        log.exception("the inference API failed on %s %s", method, path)
         response, exchange = ApiError(500, "The server failed to handle this request.", code="internal_error").response(), None
+        log.exception("the inference API failed on %s %s (request %s)", method, path, request_id)
     if exchange is None or not exchange.generation.stream:
+        response["x-request-id"] = request_id
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
         return
     head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
@@ -262,7 +272,7 @@ class InferenceFastPath:
         try:
             body = await _read_body(receive, limit)
         except _TooLarge:
-            await _send(too_large(limit).response(), send)  # the rest of the body is left unread: the server closes
+            await _send(_answered(too_large(limit)), send)  # the rest of the body is left unread: the server closes
             return
         if body is None:
             return

@@ -15,6 +15,7 @@ from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
 from gateway.refusals import ratelimit_headers
+from gateway.request_guard import json_content_type_check
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,21 @@ async def _answer(request, handle) -> HttpResponse:
 
 def _method(request, allowed: str) -> None:
     if request.method != allowed:
-        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
+        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed",
+                       headers={"Allow": allowed})  # fmt: skip
 
 
-async def generation_admit(*, kind: str, raw: bytes, authorization: str, request_id: str) -> tuple[relay.Exchange, dict]:
+async def generation_admit(
+    *, kind: str, raw: bytes, content_type: str, authorization: str, request_id: str
+) -> tuple[relay.Exchange, dict]:
     """A POSTed chat or completion request, authenticated, parsed and admitted (the ASGI entry's fast path calls it
     too); an ApiError once the caller is known carries it."""
-    body = parse_body(raw)
+    try:
+        json_content_type_check(content_type)
+        body = parse_body(raw)
+    except ApiError as error:  # the key is checked first, as OpenAI does: without one, any body is a 401
+        error.caller, _ = await _authorize(authorization=authorization, model=None)
+        raise
     caller, target = await _authorize(authorization=authorization, model=body.get("model"))
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)
@@ -86,8 +95,9 @@ async def generation_admit(*, kind: str, raw: bytes, authorization: str, request
 async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     _method(request, "POST")
     exchange, headers = await generation_admit(
-        kind=kind, raw=request.body, authorization=request.META.get("HTTP_AUTHORIZATION", ""), request_id=request_id
-    )
+        kind=kind, raw=request.body, content_type=request.content_type,
+        authorization=request.META.get("HTTP_AUTHORIZATION", ""), request_id=request_id,
+    )  # fmt: skip
     return await relay.respond(exchange, headers)
 
 

@@ -60,7 +60,7 @@ def test_a_whole_answer_has_the_head_of_the_platform(stack, route):
 @pytest.mark.parametrize(
     ("body", "key", "status", "code", "ratelimited"),
     [
-        (b"{not json", None, 400, None, False),
+        (b"{not json", None, 400, None, True),
         ({"model": BASE_MODEL, "prompt": "w1", "max_tokens": 0}, None, 400, None, True),
         ({"model": "no-such-model", "prompt": "w1"}, None, 404, "model_not_found", True),
         ({"model": BASE_MODEL, "prompt": "w1"}, "qk-not-a-key", 401, "invalid_api_key", False),
@@ -77,6 +77,18 @@ def test_a_refusal_has_the_error_shape_and_head(stack, body, key, status, code, 
     assert response.headers["content-type"] == "application/json" and response.headers["x-request-id"]
     assert {name: response.headers[name] for name in SECURITY} == SECURITY
     assert (RATELIMIT <= _names(response)) is ratelimited
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [("application/json; charset=utf-8", 200), ("Application/JSON", 200), ("text/plain; charset=utf-8", 415)],
+)
+def test_the_content_type_is_read_as_django_reads_it(stack, content_type, status):
+    response = _post(stack, "chat/completions", PAYLOADS["chat/completions"] | {"stream": True},
+                     headers={"Content-Type": content_type})  # fmt: skip
+    assert response.status_code == status, response.text
+    if status == 415:
+        assert response.json()["error"]["code"] == "unsupported_media_type"
 
 
 def test_other_methods_on_a_completion_route_are_refused(stack):

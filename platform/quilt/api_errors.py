@@ -63,19 +63,19 @@ def exception_handler(exc, context):
     return Response(body, status=response.status_code, headers=dict(response.items()))
 
 
-def _is_api(request) -> bool:
+def is_api(request) -> bool:
     return request.path.startswith(("/api/", "/v1/"))
 
 
 def page_not_found(request, exception=None):
     """JSON for the APIs (a URL that matches no route, e.g. /api/v1/members/abc), the site's page elsewhere."""
-    if _is_api(request):
+    if is_api(request):
         return JsonResponse(error_body(message="Not found.", status_code=404, code="not_found"), status=404)
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request):
-    if _is_api(request):
+    if is_api(request):
         body = error_body(message="The server failed to handle this request.", status_code=500, code="internal_error")
         return JsonResponse(body, status=500)
     return defaults.server_error(request)

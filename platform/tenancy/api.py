@@ -25,6 +25,7 @@ from tenancy.serializers import (
     PlanOutput,
     TenantAuditLogOutput,
     TenantCreateInput,
+    TenantListQueryInput,
     TenantOutput,
     TenantSettingsInput,
     TenantUpdateInput,
@@ -172,14 +173,15 @@ class MemberDetailApi(TenantAPIView):
 
 class TenantListApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
-    @extend_schema(responses=TenantOutput(many=True))
+    @extend_schema(parameters=[TenantListQueryInput], responses=TenantOutput(many=True))
     def get(self, request):
+        query = TenantListQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
         tenants = Tenant.objects.select_related("plan").order_by("slug")
-        search = request.query_params.get("search", "")
-        if search:
+        if search := query.validated_data.get("search"):
             tenants = tenants.filter(slug__icontains=search) | tenants.filter(name__icontains=search)
-        if request.query_params.get("status"):
-            tenants = tenants.filter(status=request.query_params["status"])
+        if status_ := query.validated_data.get("status"):
+            tenants = tenants.filter(status=status_)
         return _page(self, request, tenants, TenantOutput)
 
     @extend_schema(request=TenantCreateInput, responses={201: TenantOutput})

@@ -55,6 +55,13 @@ class TenantCreateInput(serializers.Serializer):
     billing_email = serializers.EmailField(required=False, default="")
 
 
+class TenantListQueryInput(serializers.Serializer):
+    """?search= (in slug or name) and ?status= filter the staff's tenant list; ?limit= and ?offset= page it."""
+
+    search = serializers.CharField(required=False, max_length=200)
+    status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
+
+
 class TenantUpdateInput(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all(), required=False)

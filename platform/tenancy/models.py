@@ -6,7 +6,6 @@ from django.db import models
 
 from tenancy.webhook_targets import validate_webhook_url
 
-
 NOT_NEGATIVE = [MinValueValidator(Decimal(0))]
 
 

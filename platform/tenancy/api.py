@@ -77,6 +77,7 @@ class OwnAuditLogApi(TenantAPIView):
     required_roles = {"GET": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN}
     pagination_class = StrictLimitOffsetPagination
+    filter_params = ("action", "actor")
 
     @extend_schema(responses=TenantAuditLogOutput(many=True))
     def get(self, request):
@@ -173,6 +174,7 @@ class MemberDetailApi(TenantAPIView):
 
 class TenantListApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
+    filter_params = ("search", "status")
     @extend_schema(parameters=[TenantListQueryInput], responses=TenantOutput(many=True))
     def get(self, request):
         query = TenantListQueryInput(data=request.query_params)
@@ -236,6 +238,7 @@ class PlanDetailApi(StaffAPIView):
 
 class AuditLogApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
+    filter_params = ("tenant", "action", "actor")
     @extend_schema(responses=AuditLogOutput(many=True))
     def get(self, request):
         tenant = None

@@ -14,6 +14,7 @@ from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership, Plan, Tenant
 from tenancy.serializers import (
     AuditLogOutput,
+    AuditLogQueryInput,
     InvitationAcceptInput,
     InvitationCreatedOutput,
     InvitationOutput,
@@ -23,6 +24,7 @@ from tenancy.serializers import (
     MemberUpdateInput,
     PlanInput,
     PlanOutput,
+    StaffAuditLogQueryInput,
     TenantAuditLogOutput,
     TenantCreateInput,
     TenantListQueryInput,
@@ -79,12 +81,11 @@ class OwnAuditLogApi(TenantAPIView):
     pagination_class = StrictLimitOffsetPagination
     filter_params = ("action", "actor")
 
-    @extend_schema(responses=TenantAuditLogOutput(many=True))
+    @extend_schema(parameters=[AuditLogQueryInput], responses=TenantAuditLogOutput(many=True))
     def get(self, request):
-        rows = selectors.audit_log_list(
-            tenant=self.tenant, action=request.query_params.get("action", ""),
-            actor=request.query_params.get("actor", ""),
-        )  # fmt: skip
+        query = AuditLogQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = selectors.audit_log_list(tenant=self.tenant, **query.validated_data)
         return _page(self, request, rows, TenantAuditLogOutput)
 
 
@@ -239,12 +240,11 @@ class PlanDetailApi(StaffAPIView):
 class AuditLogApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
     filter_params = ("tenant", "action", "actor")
-    @extend_schema(responses=AuditLogOutput(many=True))
+    @extend_schema(parameters=[StaffAuditLogQueryInput], responses=AuditLogOutput(many=True))
     def get(self, request):
-        tenant = None
-        if request.query_params.get("tenant"):
-            tenant = get_object_or_404(Tenant, slug=request.query_params["tenant"])
-        rows = selectors.audit_log_list(
-            tenant=tenant, action=request.query_params.get("action", ""), actor=request.query_params.get("actor", "")
-        )
-        return _page(self, request, rows, AuditLogOutput)
+        query = StaffAuditLogQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = dict(query.validated_data)
+        if slug := filters.pop("tenant", ""):
+            filters["tenant"] = get_object_or_404(Tenant, slug=slug)
+        return _page(self, request, selectors.audit_log_list(**filters), AuditLogOutput)

@@ -62,6 +62,15 @@ class TenantListQueryInput(serializers.Serializer):
     status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
 
 
+class AuditLogQueryInput(serializers.Serializer):
+    action = serializers.CharField(required=False, max_length=64, help_text="Actions starting with this: api_key.")
+    actor = serializers.CharField(required=False, max_length=150, help_text="Rows of the user with this username.")
+
+
+class StaffAuditLogQueryInput(AuditLogQueryInput):
+    tenant = serializers.SlugField(required=False, help_text="Rows of the tenant with this slug.")
+
+
 class TenantUpdateInput(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all(), required=False)

@@ -101,3 +101,19 @@ def test_a_parameter_a_list_does_not_take_is_400(clients, path):
 ])  # fmt: skip
 def test_the_filters_a_list_takes_are_fine(clients, path, query):
     assert _client_for(clients, path).get(f"{path}?{query}").status_code == 200
+
+
+@pytest.mark.parametrize(("path", "query", "param"), [
+    ("/api/v1/tenant/audit", "action=" + "a" * 65, "action"), ("/api/v1/tenant/audit", "actor=" + "a" * 151, "actor"),
+    ("/api/v1/audit", "tenant=not%20a%20slug", "tenant"),
+])  # fmt: skip
+def test_a_malformed_audit_filter_is_400(clients, path, query, param):
+    _refused(_client_for(clients, path).get(f"{path}?{query}"), param)
+
+
+def test_the_list_filters_are_in_the_schema(clients):
+    schema = clients["staff"].get("/api/schema/?format=json").json()
+    names = {path: {p["name"] for p in schema["paths"][path]["get"].get("parameters", [])}
+             for path in ("/api/v1/tenant/audit", "/api/v1/audit", "/api/v1/tenants")}  # fmt: skip
+    assert {"action", "actor", "limit", "offset"} <= names["/api/v1/tenant/audit"]
+    assert {"tenant", "action", "actor"} <= names["/api/v1/audit"] and {"search", "status"} <= names["/api/v1/tenants"]

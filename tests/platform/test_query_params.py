@@ -117,3 +117,15 @@ def test_the_list_filters_are_in_the_schema(clients):
              for path in ("/api/v1/tenant/audit", "/api/v1/audit", "/api/v1/tenants")}  # fmt: skip
     assert {"action", "actor", "limit", "offset"} <= names["/api/v1/tenant/audit"]
     assert {"tenant", "action", "actor"} <= names["/api/v1/audit"] and {"search", "status"} <= names["/api/v1/tenants"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/usage", "/api/v1/invoices", "/api/v1/keys", "/api/v1/tenant"])
+@pytest.mark.parametrize("fmt", ["xml", "CSV", ""])
+def test_an_unknown_format_is_400(clients, path, fmt):
+    _refused(clients["tenant"].get(f"{path}?format={fmt}"), "format")
+
+
+def test_the_formats_an_api_renders_are_fine(clients):
+    assert clients["tenant"].get("/api/v1/usage?format=csv")["Content-Type"].startswith("text/csv")
+    assert clients["tenant"].get("/api/v1/keys?format=json").status_code == 200
+    assert clients["tenant"].get("/api/v1/usage.csv").status_code == 200

@@ -180,6 +180,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "quilt.negotiation.StrictContentNegotiation",
     "DEFAULT_PARSER_CLASSES": [
         "quilt.parsers.QuiltJSONParser",
         "rest_framework.parsers.FormParser",

@@ -206,3 +206,26 @@ def test_a_hyperparameter_that_is_no_finite_number_is_400(ft_stack, hyperparamet
                                    "Content-Type": "application/json"})  # fmt: skip
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"].startswith("hyperparameters.")
+
+
+def test_a_job_on_another_tenants_file_is_404_as_if_it_did_not_exist(ft_stack):
+    theirs = client(ft_stack, "rival").files.create(file=("theirs.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    tuner = client(ft_stack, "main")
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=theirs.id))
+    assert refused.status_code == 404 and refused.body["param"] == "training_file"
+    mine = tuner.files.create(file=("mine.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=mine.id,
+                                                             validation_file=theirs.id))  # fmt: skip
+    assert refused.status_code == 404 and refused.body["param"] == "validation_file"
+
+
+def test_a_job_is_cancelled_once(ft_stack):
+    tuner = client(ft_stack, "cancel")
+    data = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    job = tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=data.id)
+    assert tuner.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    again = _refused(lambda: tuner.fine_tuning.jobs.cancel(job.id))
+    assert again.status_code == 400 and again.body["code"] == "job_not_cancellable"
+    assert "cancelled" in again.body["message"]
+    assert _refused(lambda: client(ft_stack, "rival").fine_tuning.jobs.cancel(job.id)).status_code == 404
+    assert tuner.fine_tuning.jobs.retrieve(job.id).status == "cancelled"

@@ -47,3 +47,18 @@ def test_a_page_outside_the_apis_keeps_its_html_400():
     response = Client().post(reverse("console:login"), data="&".join(f"f{i}=1" for i in range(5_000)),
                              content_type="application/x-www-form-urlencoded")  # fmt: skip
     assert response.status_code == 400 and not response["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("plan", ["a\x00b", "not a slug", "x" * 500])
+def test_a_plan_that_can_not_be_a_slug_is_400(plan):
+    from rest_framework.test import APIClient
+
+    from tests.platform.factories import TenantFactory, UserFactory
+
+    TenantFactory(slug="acme")
+    staff = APIClient()
+    staff.force_login(UserFactory(is_staff=True), backend="django.contrib.auth.backends.ModelBackend")
+    created = staff.post("/api/v1/tenants", {"slug": "newco", "name": "N", "plan": plan}, format="json")
+    assert "plan" in _error(created, 400)["message"]
+    changed = staff.patch("/api/v1/tenants/acme", {"plan": plan}, format="json")
+    assert "plan" in _error(changed, 400)["message"]

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from django.db.models import QuerySet
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -23,10 +24,16 @@ def file_get(*, tenant: Tenant, public_id: str) -> TrainingFile | None:
     return files_of(tenant=tenant).filter(public_id=public_id).first()
 
 
-def jobs_of(*, tenant: Tenant) -> QuerySet[FineTuningJob]:
-    return FineTuningJob.objects.filter(tenant=tenant).select_related(
+def jobs_of(*, tenant: Tenant, metadata: dict[str, str] | None = None) -> QuerySet[FineTuningJob]:
+    """The tenant's jobs; with `metadata`, only those whose metadata has each of its keys with that value."""
+    jobs = FineTuningJob.objects.filter(tenant=tenant).select_related(
         "base_model", "training_file", "validation_file", "tenant"
     )
+    for number, (key, value) in enumerate((metadata or {}).items()):
+        jobs = jobs.alias(**{f"_metadata_{number}": KeyTextTransform(key, "metadata")}).filter(
+            **{f"_metadata_{number}": value}
+        )
+    return jobs
 
 
 def job_get(*, tenant: Tenant, public_id: str) -> FineTuningJob | None:

@@ -196,7 +196,10 @@ def job_create(request, *, tenant, key_id) -> HttpResponse:
 
 
 def job_list(request, *, tenant, key_id) -> HttpResponse:
-    return _listing(request, selectors.jobs_of(tenant=tenant), wire.job_object)
+    """?metadata[key]=value (as the `openai` package sends metadata={...}) keeps the jobs with that metadata."""
+    metadata = {name[len("metadata["):-1]: value for name, value in request.GET.items()
+                if name.startswith("metadata[") and name.endswith("]")}  # fmt: skip
+    return _listing(request, selectors.jobs_of(tenant=tenant, metadata=metadata), wire.job_object)
 
 
 def job_retrieve(request, *, tenant, key_id, job_id) -> HttpResponse:

@@ -222,8 +222,10 @@ def test_a_job_on_another_tenants_file_is_404_as_if_it_did_not_exist(ft_stack):
 def test_a_job_is_cancelled_once(ft_stack):
     tuner = client(ft_stack, "cancel")
     data = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
-    job = tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=data.id)
+    job = tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=data.id, metadata={"team": "search"})
     assert tuner.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    assert [j.id for j in tuner.fine_tuning.jobs.list(metadata={"team": "search"})] == [job.id]
+    assert list(tuner.fine_tuning.jobs.list(metadata={"team": "ads"})) == []
     again = _refused(lambda: tuner.fine_tuning.jobs.cancel(job.id))
     assert again.status_code == 400 and again.body["code"] == "job_not_cancellable"
     assert "cancelled" in again.body["message"]

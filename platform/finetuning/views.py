@@ -183,9 +183,11 @@ def job_create(request, *, tenant, key_id) -> HttpResponse:
                       param="training_file")  # fmt: skip
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
-    ) and len(metadata) <= 16):
-        raise invalid("metadata must map at most 16 keys (<= 64 characters) to strings (<= 512).", param="metadata")
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 and "\x00" not in k + v
+        for k, v in metadata.items()
+    ) and len(metadata) <= 16):  # a NUL can't be stored (PostgreSQL's jsonb refuses \u0000)
+        raise invalid("metadata must map at most 16 keys (<= 64 characters) to strings (<= 512) with no NUL "
+                      "characters.", param="metadata")  # fmt: skip
     job = services.job_create(
         tenant=tenant, key_id=key_id, model=body.get("model"), training_file=body["training_file"],
         validation_file=body.get("validation_file"), method=body.get("method"),

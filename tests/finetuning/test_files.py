@@ -231,3 +231,15 @@ def test_a_job_is_cancelled_once(ft_stack):
     assert "cancelled" in again.body["message"]
     assert _refused(lambda: client(ft_stack, "rival").fine_tuning.jobs.cancel(job.id)).status_code == 404
     assert tuner.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+
+
+@pytest.mark.parametrize(("field", "value", "status"), [
+    ("training_file", "file-\x00", 404), ("validation_file", "file-\x00", 404),
+    ("metadata", {"team": "a\x00b"}, 400), ("metadata", {"a\x00b": "team"}, 400),
+])  # fmt: skip
+def test_a_nul_character_in_a_job_field_is_refused_not_a_500(ft_stack, field, value, status):
+    tuner = client(ft_stack, "main")
+    uploaded = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    body = {"model": BASE_MODEL, "training_file": uploaded.id, field: value}
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(**body))
+    assert refused.status_code == status and refused.body["param"] == field

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import io
 import logging
+import uuid
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
@@ -104,16 +105,25 @@ async def _serve(request, send) -> None:
             match = _route(request.path_info)
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
-        response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
+        response = _answered(ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url"))
     except asyncio.CancelledError:
         raise
     except STORE_DOWN as error:
-        log.warning("the inference API could not reach a store on %s %s: %r", request.method, request.path, error)
-        response = service_unavailable().response()
+        response = _answered(service_unavailable())
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", request.method,
+                    request.path, response["x-request-id"], error)  # fmt: skip
     except Exception:
-        log.exception("the inference API failed on %s %s", request.method, request.path)
-        response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
+        response = _answered(ApiError(500, "The server failed to handle this request.", code="internal_error"))
+        log.exception("the inference API failed on %s %s (request %s)", request.method, request.path,
+                      response["x-request-id"])  # fmt: skip
     await _send(_https.process_response(request, response), send)
+
+
+def _answered(error: ApiError):
+    """An error answered here, before or around a view: with a request id, as the views' answers have."""
+    response = error.response()
+    response["x-request-id"] = uuid.uuid4().hex
+    return response
 
 
 async def _metrics(scope, send) -> None:
@@ -145,7 +155,7 @@ class InferenceFastPath:
         try:
             body = await _read_body(receive, limit)
         except _TooLarge:
-            await _send(too_large(limit).response(), send)  # the rest of the body is left unread: the server closes
+            await _send(_answered(too_large(limit)), send)  # the rest of the body is left unread: the server closes
             return
         if body is None:
             return

@@ -15,6 +15,7 @@ from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
 from gateway.refusals import ratelimit_headers
+from gateway.request_guard import json_content_type_check
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +63,20 @@ async def _answer(request, handle) -> HttpResponse:
 
 def _method(request, allowed: str) -> None:
     if request.method != allowed:
-        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
+        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed",
+                       headers={"Allow": allowed})  # fmt: skip
 
 
 async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     _method(request, "POST")
-    body = parse_body(request.body)
-    caller, target = await _authorize(authorization=request.META.get("HTTP_AUTHORIZATION", ""), model=body.get("model"))
+    authorization = request.META.get("HTTP_AUTHORIZATION", "")
+    try:
+        json_content_type_check(request.content_type)
+        body = parse_body(request.body)
+    except ApiError as error:  # the key is checked first, as OpenAI does: without one, any body is a 401
+        error.caller, _ = await _authorize(authorization=authorization, model=None)
+        raise
+    caller, target = await _authorize(authorization=authorization, model=body.get("model"))
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)
         exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)

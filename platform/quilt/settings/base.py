@@ -104,7 +104,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env("REDIS_URL", default="")
 
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+            "OPTIONS": {"pool_class": "quilt.redis_pool.SharedConnectionPool"},  # not a connection per request
+        }
+    }  # fmt: skip
     CHANNEL_LAYERS = {
         # redis-py 8 gives up on a read after 5 s by default, exactly as long as channels_redis's blocking pop
         # waits: under load the read lost the race and every idle websocket dropped. Reads outlast the pop.

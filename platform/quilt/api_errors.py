@@ -1,6 +1,6 @@
 """Management-API errors as {"error": {"message", "type", "code"}} with the right status."""
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -63,19 +63,31 @@ def exception_handler(exc, context):
     return Response(body, status=response.status_code, headers=dict(response.items()))
 
 
-def _is_api(request) -> bool:
+def is_api(request) -> bool:
     return request.path.startswith(("/api/", "/v1/"))
+
+
+def bad_request(request, exception=None):
+    """What Django refuses before a view runs (a body past DATA_UPLOAD_MAX_MEMORY_SIZE, too many form fields): in
+    the API's error shape for the APIs, the site's page elsewhere."""
+    if not is_api(request):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        body = error_body(message="The request body is too large.", status_code=413, code="request_too_large")
+        return JsonResponse(body, status=413)
+    message = str(exception) if exception is not None and str(exception) else "Bad request."
+    return JsonResponse(error_body(message=message, status_code=400, code="bad_request"), status=400)
 
 
 def page_not_found(request, exception=None):
     """JSON for the APIs (a URL that matches no route, e.g. /api/v1/members/abc), the site's page elsewhere."""
-    if _is_api(request):
+    if is_api(request):
         return JsonResponse(error_body(message="Not found.", status_code=404, code="not_found"), status=404)
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request):
-    if _is_api(request):
+    if is_api(request):
         body = error_body(message="The server failed to handle this request.", status_code=500, code="internal_error")
         return JsonResponse(body, status=500)
     return defaults.server_error(request)

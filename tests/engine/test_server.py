@@ -404,6 +404,45 @@ def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs,
     assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")
 
 
+def _health_over(sock: socket.socket) -> bytes:
+    """One GET /v1/health on an open connection; the answer's status line, b"" if the engine had closed it."""
+    sock.sendall(f"GET /v1/health HTTP/1.1\r\nHost: engine\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        data = sock.recv(65536)
+        if not data:
+            return b""
+        answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_an_idle_connection_stays_open_longer_than_clients_reuse_it(server):
+    """The gateway reuses an idle engine connection for 2 s after it read an answer's end, which on a loaded
+    machine is seconds after the engine wrote it; uvicorn's default 5 s keep-alive closed connections under
+    such reuses (a reset for the request sent on it). The engine keeps them far longer."""
+    with socket.create_connection((server.base_url.host, server.base_url.port), timeout=30) as sock:
+        assert _health_over(sock) == b"HTTP/1.1 200 OK"
+        time.sleep(6.5)  # past uvicorn's default
+        assert _health_over(sock) == b"HTTP/1.1 200 OK"
+
+
+@pytest.mark.parametrize(("method", "path", "content", "status"), [
+    ("GET", "/v1/generate", b"", 405), ("POST", "/v1/no-such-route", b"{}", 404),
+    ("POST", "/v1/generate", b"[" * 100_000, 400), ("POST", "/v1/tokenize", b"[" * 100_000 + b"]" * 100_000, 400),
+], ids=["wrong-method", "unknown-route", "unclosed-nesting", "deep-nesting"])
+def test_every_refusal_is_in_the_documented_error_shape(server, method, path, content, status):
+    response = server.request(method, path, content=content)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] and error["message"] and "param" in error
+    if status == 405:
+        assert response.headers["allow"] == "POST"
+
+
 def test_graceful_shutdown_finishes_running_requests(server):
     body = {"request_id": "last-1", "prompt": "the cat", "stream": True,
             "sampling": {"max_tokens": MIX, "ignore_eos": True}}
@@ -416,4 +455,5 @@ def test_graceful_shutdown_finishes_running_requests(server):
     assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
     assert "Application shutdown complete" in server.log_path.read_text()
     assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"
+
 

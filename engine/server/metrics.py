@@ -30,7 +30,7 @@ class EngineMetrics:
                                       "Engine steps per second over the last few seconds", registry=r)
         self.requests = Counter("quilt_engine_requests", "Requests ended, by finish reason",
                                 ["tenant", "adapter", "finish_reason"], registry=r)
-        self.ttft_seconds = Histogram("quilt_engine_ttft_seconds", "Time to first token",
+        self.ttft_seconds = Histogram("quilt_engine_ttft_seconds", "Time to a request's first token (once per request, whatever its n)",
                                       ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
         self.inter_token_seconds = Histogram(
             "quilt_engine_inter_token_seconds",

@@ -260,3 +260,20 @@ def test_inter_token_metric_counts_every_token_of_a_speculative_step(checkpoints
     decode_s = (answer["usage"]["e2e_ms"] - answer["usage"]["ttft_ms"]) / 1000.0
     assert 0 < samples["quilt_engine_inter_token_seconds_sum"] <= decode_s * 1.1 + 0.01
     assert "k tokens" in itl.documentation  # the choice is in the help text
+
+
+def test_time_to_first_token_is_one_observation_per_request(checkpoints):
+    """n completions share their prompt: the request has one first token, and each completion n - 1 gaps."""
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64))
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
+    app = build_app(EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny",
+                              drain_timeout_s=1.0), token="t")
+    body = {"prompt_token_ids": [7, 8, 9], "stream": False, "tenant": "ttft",
+            "sampling": {"n": 3, "temperature": 1.0, "seed": 5, "max_tokens": 4, "ignore_eos": True}}
+    with TestClient(app) as client:
+        assert client.post("/v1/generate", json=body, headers={"Authorization": "Bearer t"}).status_code == 200
+        text = client.get("/metrics", headers={"Authorization": "Bearer t"}).text
+    counts = {f.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name.endswith("_count") and s.labels.get("tenant") == "ttft"}
+    assert counts["quilt_engine_ttft_seconds"] == 1
+    assert counts["quilt_engine_inter_token_seconds"] == 3 * 3

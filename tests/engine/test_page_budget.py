@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,15 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.__main__ import main as cli_main
-from tests.engine.conftest import ARCHS, VOCAB, Oracle, build_adapter, build_tokenizer, random_prompts
+from tests.engine.conftest import (
+    ARCHS,
+    VOCAB,
+    Oracle,
+    build_adapter,
+    build_tokenizer,
+    random_prompts,
+    wait_until_healthy,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -83,16 +90,7 @@ def test_cli_with_fp8_kv_and_no_block_size_serves(llama_3_8b_like, tmp_path):
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": "Bearer t"}, timeout=30)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if client.get("/v1/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "engine did not become healthy"
-            time.sleep(0.2)
+        wait_until_healthy(process, client, log_path, timeout=120)
         assert client.get("/v1/state").json()["block_size"] == 32
         body = {"prompt_token_ids": [7, 8, 9], "stream": False, "sampling": {"temperature": 0, "max_tokens": 3, "ignore_eos": True}}
         assert len(client.post("/v1/generate", json=body).json()["token_ids"]) == 3

@@ -24,6 +24,7 @@ import adapters
 from engine.demo import corpus
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import llama_config, new_base_model
+from tests.engine.conftest import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-engine-token"
@@ -82,16 +83,7 @@ def server(model_dir, tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
-    deadline = time.monotonic() + 180
-    while True:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            if client.get("/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "engine did not become healthy"
-        time.sleep(0.2)
+    wait_until_healthy(process, client, log_path)
     client.process = process
     client.queue_name = queue_name
     client.log_path = log_path

@@ -4,12 +4,12 @@ and not, equals what its usage event carries."""
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import httpx
 import pytest
 
+from tests.engine.conftest import wait_until_healthy
 from tests.engine.test_server import (
     AUTH,
     BROKER,
@@ -41,17 +41,8 @@ def spec_server(model_dir, tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
-    deadline = time.monotonic() + 180
     try:
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if client.get("/v1/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "engine did not become healthy"
-            time.sleep(0.2)
+        wait_until_healthy(process, client, log_path)
         client.queue_name = queue_name
         yield client
     finally:

@@ -13,7 +13,11 @@ import types
 import typing
 from pathlib import Path
 
+from engine.contract import KEEP_ALIVE_SECONDS
+
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
+ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
+                                   "page holds the model's adapter rows)"}
 
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +35,8 @@ def engine_config_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
-            group.add_argument(flag, type=kind, default=field.default, help=f"default: {field.default}")
+            group.add_argument(flag, type=kind, default=field.default,
+                               help=ENGINE_FLAGS_HELP.get(field.name, f"default: {field.default}"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--usage-spool", type=Path, help="spool file (default: var/usage-spool/engine-PORT.jsonl)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds running requests may finish in on shutdown before they are aborted")
+    parser.add_argument("--timeout-keep-alive", type=float, default=KEEP_ALIVE_SECONDS,
+                        help="seconds an idle connection stays open (default: %(default)s; uvicorn's 5 s raced the "
+                             "gateway's reuse of its connections)")
     parser.add_argument("--log-level", default="info")
     engine_config_flags(parser)
     return parser.parse_args(argv)
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(__name__).info("engine ready on http://%s:%d (model %s, device %s)",
                                      args.host, args.port, args.model, args.device)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+                timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
+                access_log=False)
     return 0
 
 

@@ -7,6 +7,10 @@ stream and the next step waits only for the copy on the GPU. A resident adapter 
 running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when
 pages run short (`reclaim`). Every failure of a load is contained: `failures()` reports it, by digest,
 with a reason that names no server path. Nothing outside this class touches its fields.
+
+Tensor-parallel workers keep no tier of their own on disk: a `Mirror` (engine/parallel/worker_group.py) is
+handed what they need of an adapter from the one read rank 0 made, when it enters the host tier, and is told
+when it leaves that tier and when it is placed in pages, so every rank uses the same bytes.
 """
 
 import queue
@@ -16,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -48,6 +53,29 @@ def failure_reason(error: BaseException) -> str:
     return _PATH.sub("<adapter>", text)
 
 
+class Mirror(Protocol):
+    """Other ranks that hold copies of this pool's host tier and placements (tensor-parallel workers)."""
+
+    def pack(self, adapter: "adapters.LoadedAdapter") -> object:
+        """What the other ranks need of an adapter, from rank 0's one read of it (any thread)."""
+
+    def hold(self, digest: str, packed: object) -> None:
+        """The adapter entered the host tier."""
+
+    def drop(self, digest: str) -> None:
+        """It left the host tier."""
+
+    def place(self, digest: str, pages: list[int]) -> None:
+        """It was placed in `pages` (from the host tier)."""
+
+
+class Prepared(NamedTuple):
+    """An adapter read and laid out, ready for the host tier (see `prepare`)."""
+
+    plan: AdapterPlan
+    packed: object  # the mirror's part, None without one
+
+
 @dataclass
 class Resident:
     plan: AdapterPlan
@@ -67,14 +95,10 @@ class AdapterPool:
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
-        on_read: Callable[[str, Path], None] | None = None,
-        on_place: Callable[[str, Path, list[int]], None] | None = None,
+        mirror: Mirror | None = None,
     ) -> None:
-        """on_read(digest, path) is told when an adapter starts being read (or was read) into the host tier,
-        on_place(digest, path, pages) when it is placed in pages: tensor-parallel workers mirror both."""
         self.memory = memory
-        self._on_read = on_read
-        self._on_place = on_place
+        self._mirror = mirror
         self._plan = plan
         self._load = load
         self._take_pages = take_pages
@@ -107,13 +131,15 @@ class AdapterPool:
         """Lay an adapter out for the pages (raises AdapterError if it does not fit this model); any thread."""
         return self._plan(adapter)
 
-    def add_loaded(self, adapter: "adapters.LoadedAdapter | AdapterPlan", path: str | Path) -> None:
-        """Register an adapter already read, or planned, into the host tier."""
-        plan = adapter if isinstance(adapter, AdapterPlan) else self._plan(adapter)
-        self.register(plan.digest, path)
-        self._put_host(plan)
-        if self._on_read is not None:
-            self._on_read(plan.digest, Path(path))
+    def prepare(self, adapter: "adapters.LoadedAdapter") -> Prepared:
+        """`plan`, and the mirror's part of the adapter: the work of `add_loaded`, off the engine thread."""
+        return Prepared(self._plan(adapter), None if self._mirror is None else self._mirror.pack(adapter))
+
+    def add_loaded(self, adapter: "adapters.LoadedAdapter | Prepared", path: str | Path) -> None:
+        """Register an adapter already read (or prepared) into the host tier."""
+        prepared = adapter if isinstance(adapter, Prepared) else self.prepare(adapter)
+        self.register(prepared.plan.digest, path)
+        self._put_host(prepared)
 
     def is_registered(self, digest: str) -> bool:
         return digest in self._paths
@@ -147,8 +173,6 @@ class AdapterPool:
         if digest not in self._failed and digest not in self._loading:
             self._loading.add(digest)
             self._requests.put((digest, self._paths[digest]))
-            if self._on_read is not None:
-                self._on_read(digest, self._paths[digest])
         return False
 
     def failures(self) -> dict[str, str]:
@@ -210,10 +234,8 @@ class AdapterPool:
                 raise RuntimeError(f"adapter {digest[:12]} is in use")
             self._drop(digest)
             left.append("device")
-        plan = self._host.pop(digest, None)
-        if plan is not None:
-            self._host_bytes -= plan.num_bytes
-            self.num_evictions["host"] += 1
+        if digest in self._host:
+            self._drop_host(digest)
             left.append("host")
         return left
 
@@ -249,8 +271,8 @@ class AdapterPool:
         plan = self._host[digest]
         self._host.move_to_end(digest)
         pages = self._take_pages(plan.num_pages)
-        if self._on_place is not None:
-            self._on_place(digest, self._paths[digest], pages)
+        if self._mirror is not None:
+            self._mirror.place(digest, pages)
         mem = self.memory
         offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
         device = mem.layers[0].device
@@ -285,17 +307,25 @@ class AdapterPool:
         self.num_evictions["device"] += 1
         return len(resident.pages)
 
-    def _put_host(self, plan: AdapterPlan) -> None:
+    def _put_host(self, prepared: Prepared) -> None:
+        plan = prepared.plan
         old = self._host.pop(plan.digest, None)
         self._host_bytes += plan.num_bytes - (old.num_bytes if old else 0)
         self._host[plan.digest] = plan
         self.num_loads["host"] += old is None
+        if old is None and self._mirror is not None:
+            self._mirror.hold(plan.digest, prepared.packed)
         for digest in list(self._host):
             if self._host_bytes <= self.host_cache_bytes:
                 break
             if digest != plan.digest:
-                self._host_bytes -= self._host.pop(digest).num_bytes
-                self.num_evictions["host"] += 1
+                self._drop_host(digest)
+
+    def _drop_host(self, digest: str) -> None:
+        self._host_bytes -= self._host.pop(digest).num_bytes
+        self.num_evictions["host"] += 1
+        if self._mirror is not None:
+            self._mirror.drop(digest)
 
     # loading
     def _worker(self) -> None:
@@ -305,14 +335,14 @@ class AdapterPool:
                 adapter = self._load(path)
                 if adapter.digest != digest:
                     raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
-                self._results.put((digest, self._plan(adapter), None))
+                self._results.put((digest, self.prepare(adapter), None))
             except Exception as error:  # every loader failure fails only this adapter's requests
                 self._results.put((digest, None, failure_reason(error)))
 
     def _drain(self) -> None:
         while True:
             try:
-                digest, plan, error = self._results.get_nowait()
+                digest, prepared, error = self._results.get_nowait()
             except queue.Empty:
                 return
             self._loading.discard(digest)
@@ -321,7 +351,7 @@ class AdapterPool:
             if error is not None:
                 self._failed[digest] = error
             else:
-                self._put_host(plan)
+                self._put_host(prepared)
 
     def state(self) -> dict:
         self._drain()

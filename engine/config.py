@@ -14,7 +14,8 @@ class EngineConfig:
     model: str
     device: str = "cpu"
     dtype: str = "float32"
-    block_size: int = 16
+    block_size: int | None = None  # tokens per KV page; None: 16, or the smallest power of two above whose page
+    # holds an adapter row (engine/page_budget.py fitting_block_size; the engine's config then holds the one chosen)
     num_kv_blocks: int | None = None  # pages for the KV cache; None: sized from the memory (see docs/engine-memory.md)
     kv_cache_memory_fraction: float = 0.8  # CUDA: share of free memory for the one page pool (KV + adapters)
     max_num_batched_tokens: int = 2048
@@ -45,7 +46,9 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        positive = ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_adapter_slots", "max_adapter_rank")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        positive = ("max_num_batched_tokens", "max_num_seqs", "max_adapter_slots", "max_adapter_rank")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -10,18 +10,21 @@ to read an engine's /v1/state.
                      {"error": {"type": ADAPTER_UNAVAILABLE, "message", "param": "adapter"}}; only that request
                      fails, the engine stays healthy
     /v1/state        {"model", "running", "waiting", "adapters": {tier: [{"digest", ...} | digest, ...]}, ...}
+    keep-alive       the engine server keeps an idle connection open KEEP_ALIVE_SECONDS after an answer's end; a
+                     client reuses one for less (the gateway: 2 s), so the engine never closes it under a request
 """
 
 from engine.usage.event import FINISH_REASONS, SCHEMA_VERSION, TASK_NAME, UsageEvent
 
 __all__ = [
-    "ADAPTER_UNAVAILABLE", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "SCHEMA_VERSION", "TASK_NAME",
+    "ADAPTER_UNAVAILABLE", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
     "UsageEvent", "state_load", "state_resident_digests",
 ]  # fmt: skip
 
 EVENT_DELTA = "delta"
 EVENT_FINAL = "final"
 ADAPTER_UNAVAILABLE = "adapter_unavailable"
+KEEP_ALIVE_SECONDS = 75  # as the gateway's own server: longer than load balancers and clients keep idle connections
 
 
 def state_resident_digests(state: dict) -> frozenset[str]:

@@ -3,6 +3,7 @@
 Built from engine/rank_model.py (rank 0's model stack, as every tensor-parallel worker builds its own),
 engine/page_budget.py (the pool's size) and engine/output_processor.py (what a client sees of a sequence)."""
 
+import dataclasses
 import itertools
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from engine.models import ModelArgs, read_hf_config
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
-from engine.page_budget import count_pages, page_chunk
+from engine.page_budget import count_pages, fitting_block_size, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
@@ -38,7 +39,6 @@ from engine.tokenizer import Tokenizer, eos_token_ids
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
                  time_collectives: bool = False):
-        self.config = config
         self.device = torch.device(config.device)
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
@@ -54,13 +54,17 @@ class LLMEngine:
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self.eos_token_ids = eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         widths = row_widths(adapters.BaseShapes.from_config(self.hf_config), tensor_parallel_size=tp)  # this rank's
+        if config.block_size is None:
+            config = dataclasses.replace(config, block_size=fitting_block_size(
+                kv_heads=args.num_kv_heads // tp, head_dim=args.head_dim, dtype=model_dtype, kv_dtype=self.kv_dtype,
+                widths=widths))
+        self.config = config
         chunk = page_chunk(block_size=config.block_size, kv_heads=args.num_kv_heads // tp, head_dim=args.head_dim,
                            dtype=model_dtype, kv_dtype=self.kv_dtype, widths=widths, tensor_parallel_size=tp)
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
         self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
-                                   block_size=config.block_size, max_adapter_rank=config.max_adapter_rank,
-                                   host_cache_bytes=config.host_adapter_cache_bytes,
-                                   quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype,
+                                   block_size=config.block_size, quantization=config.quantization,
+                                   kv_cache_dtype=config.kv_cache_dtype,
                                    timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
         model = load_rank_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm,
                                 quantization=config.quantization)
@@ -82,8 +86,7 @@ class LLMEngine:
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
-            on_read=self.workers.preload if self.workers else None,
-            on_place=self.workers.on_place if self.workers else None,
+            mirror=self.workers,  # each worker gets its shard of what rank 0 read
         )
         if self.workers:
             model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank
@@ -351,6 +354,7 @@ class LLMEngine:
             "steps": self.num_steps,
             "preemptions": self.num_preemptions,
             "tensor_parallel_size": self.comm.size,
+            "block_size": self.config.block_size,
             "speculation": self.speculation_state(),
         }
 

@@ -13,20 +13,43 @@ from engine.speculative.build import draft_memory_bytes
 CPU_KV_CACHE_BYTES = 1 << 30
 
 
+DEFAULT_BLOCK_SIZE = 16  # tokens per page unless the adapter rows need more (see `fitting_block_size`)
+
+
 def page_chunk(*, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
                widths: list[tuple[int, int]], tensor_parallel_size: int) -> int:
-    """Model-dtype values in a chunk; raises ValueError when the widest adapter row does not fit in one."""
-    chunk = PagedMemory.chunk_values(block_size=block_size, kv_heads=kv_heads, head_dim=head_dim,
-                                     dtype=dtype, kv_dtype=kv_dtype)
-    widest = max(max(w) for w in widths)
-    if widest > chunk:  # a row of adapter weights never straddles two chunks (docs/engine-memory.md)
-        per_token = chunk // block_size  # adapter values per token of a chunk
-        fits = 1 << (-(-widest // per_token) - 1).bit_length()
-        raise ValueError(f"block_size {block_size} is too small for this model's adapter pages: a page "
-                         f"chunk (block_size * kv_heads{' per rank' if tensor_parallel_size > 1 else ''} * "
-                         f"head_dim in the KV cache dtype = {chunk} model-dtype values) must hold a row of "
-                         f"{widest} values; use block_size {fits} or more")
-    return chunk
+    """Model-dtype values in a chunk; raises ValueError, naming a block size that works, when the widest adapter
+    row does not fit in one."""
+    shape = {"kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "kv_dtype": kv_dtype}
+    chunk = PagedMemory.chunk_values(block_size=block_size, **shape)
+    if chunk >= _widest(widths):
+        return chunk
+    fits = fitting_block_size(**shape, widths=widths, at_least=1)
+    raise ValueError(f"block_size {block_size} is too small for this model's adapter pages: a page chunk "
+                     f"(block_size * kv_heads{' per rank' if tensor_parallel_size > 1 else ''} * head_dim in the "
+                     f"KV cache dtype = {chunk} model-dtype values) must hold a row of {_widest(widths)} values; "
+                     f"use block_size {fits} or more (or leave block_size unset: the engine then picks it)")
+
+
+def fitting_block_size(*, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+                       widths: list[tuple[int, int]], at_least: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The smallest power of two from `at_least` whose chunk holds the widest adapter row (a row never straddles
+    two chunks: docs/engine-memory.md): 16 for most models, 64 for a Qwen2-7B shape, 32 for Llama-3-8B with an
+    fp8 KV cache."""
+    block_size = 1 << (at_least - 1).bit_length()
+    while _chunk(block_size, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype) < _widest(widths):
+        block_size *= 2
+    return block_size
+
+
+def _widest(widths: list[tuple[int, int]]) -> int:
+    return max(max(w) for w in widths)
+
+
+def _chunk(block_size: int, *, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> int:
+    """Whole model-dtype values in a chunk (0 when its bytes are not a whole number of them)."""
+    kv_bytes = block_size * kv_heads * head_dim * kv_dtype.itemsize
+    return 0 if kv_bytes % dtype.itemsize else kv_bytes // dtype.itemsize
 
 
 def count_pages(config: EngineConfig, args: ModelArgs, *, device: torch.device, model_dtype: torch.dtype,

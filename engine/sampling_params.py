@@ -1,8 +1,11 @@
 """What a client may ask of the sampler, validated."""
 
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy (dividing float32 logits by it overflows)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what a torch.Generator takes (a 64-bit integer)
 
 
 @dataclass
@@ -29,6 +32,11 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be a 64-bit integer, in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -53,4 +61,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW

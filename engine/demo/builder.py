@@ -14,6 +14,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from engine.demo import corpus
+from engine.demo.threads import ThreadGovernor
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import greedy_answers, llama_config, new_base_model, train
 
@@ -118,9 +119,9 @@ def ensure_demo(out: Path = DEFAULT_OUT, *, log: Callable[[str], None] = print) 
 
 
 def build(out: Path, *, recipe: BaseRecipe = BaseRecipe(), log: Callable[[str], None] = print) -> None:
-    """Train and save everything into `out`; the caller's torch RNG and thread count are left as they were."""
+    """Train and save everything into `out`, with as many torch threads as the machine has idle cores
+    (engine/demo/threads.py); the caller's torch RNG and thread count are left as they were."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     try:
         with torch.random.fork_rng():
             _build(out, recipe=recipe, log=log)
@@ -138,8 +139,14 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
     model = new_base_model(config, seed=recipe.seed)
     log(f"base model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     progress = Progress(recipe.steps + sum(adapter.steps for adapter in RECIPES), log)
+    governor = ThreadGovernor()
+
+    def on_step() -> None:
+        progress.step()
+        governor.tick()
+
     train(model, tokenizer, corpus.base_example, steps=recipe.steps, batch_size=recipe.batch_size,
-          lr=recipe.lr, seed=recipe.seed, log=log, on_step=progress.step)
+          lr=recipe.lr, seed=recipe.seed, log=log, on_step=on_step)
     model.save_pretrained(out)
     held_out = corpus.held_out_sentences(8)
     checks = {"base": score(model, tokenizer, held_out, None)}
@@ -152,7 +159,7 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
         peft_model = get_peft_model(model, lora)
         train(peft_model, tokenizer, lambda rng, skill=adapter.skill: corpus.adapter_example(skill, rng),
               steps=adapter.steps, batch_size=recipe.batch_size, lr=5e-3, seed=recipe.seed + 1 + number,
-              log=log, on_step=progress.step)
+              log=log, on_step=on_step)
         peft_model.save_pretrained(adapter_dir(out, adapter.skill))
         checks[adapter.skill] = score(peft_model, tokenizer, held_out, adapter.skill)
         log(f"adapter {adapter.skill} on held-out prompts: {checks[adapter.skill]}")
@@ -164,7 +171,7 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
         "build_seconds": round(time.monotonic() - started, 1),
     }
     (out / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-    log(f"demo model built in {stamp['build_seconds']} s")
+    log(f"demo model built in {stamp['build_seconds']} s (torch threads over time: {governor.history})")
 
 
 def score(model: torch.nn.Module, tokenizer, prompts: list[str], skill: str | None) -> dict[str, float]:

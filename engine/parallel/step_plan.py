@@ -16,7 +16,6 @@ SAME_LORA = "same"  # the step reuses the previous step's adapters and page tabl
 @dataclass
 class AdapterCopy:
     digest: str
-    path: str
     pages: list[int]
 
 

@@ -3,25 +3,24 @@
 share of the KV heads), and then, for every step rank 0 sends, copies its shard of any adapter rank 0 placed
 into the same pages and runs the same forward pass. It never samples.
 
-Messages from rank 0 (a Pipe): ("memory", num_pages), ("preload", digest, path), ("step", bytes),
-("probe", shape, count), ("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",), ("stats", dict), ("error", text).
+Messages from rank 0 (a Pipe): ("memory", num_pages), ("hold", digest, shard bytes), ("drop", digest),
+("step", bytes), ("probe", shape, count), ("stats",), ("stop",). To rank 0: ("loaded", free_bytes), ("ready",),
+("stats", dict), ("error", text).
 """
 
+import pickle
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 import adapters
 from engine.adapter_plan import AdapterPlan
-from engine.adapter_pool import read_adapter
 from engine.lora_modules import row_widths
 from engine.models import read_hf_config
 from engine.paged_memory import PagedMemory
-from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
 from engine.parallel.step_plan import AdapterCopy, StepDecoder
 from engine.rank_model import attach_pages, load_rank_model
@@ -36,8 +35,6 @@ class WorkerSpec:
     size: int
     port: int
     block_size: int
-    max_adapter_rank: int
-    host_cache_bytes: int
     quantization: str | None
     kv_cache_dtype: str
     num_threads: int
@@ -46,57 +43,55 @@ class WorkerSpec:
 
 
 class AdapterShards:
-    """The worker's host copies of its shard of adapters, read on a background thread when rank 0 starts
-    reading one (preload), or at the latest when rank 0 places it."""
+    """The worker's host copies of its shards of adapters, mirroring rank 0's host tier: rank 0 sends this rank's
+    shard of an adapter from its own read when the adapter enters that tier ("hold") and says when it leaves it
+    ("drop"); a background thread lays shards out (AdapterPlan) in the order they came, and `get` waits for it."""
 
-    def __init__(self, *, hf_config: dict, max_rank: int, rank: int, size: int, num_layers: int,
-                 chunk: int, pin: bool, host_cache_bytes: int) -> None:
-        shapes = adapters.BaseShapes.from_config(hf_config)
-        self._read = lambda path: read_adapter(path, hf_config, max_rank)
-        self._plan = lambda adapter: AdapterPlan.build(
-            sharding.shard_adapter(adapter, rank=rank, size=size), num_layers=num_layers,
-            widths=row_widths(shapes, tensor_parallel_size=size), chunk=chunk, pin=pin)
-        self.host_cache_bytes = host_cache_bytes  # plans kept, least recently used dropped first
+    def __init__(self, *, hf_config: dict, size: int, num_layers: int, chunk: int, pin: bool) -> None:
+        widths = row_widths(adapters.BaseShapes.from_config(hf_config), tensor_parallel_size=size)
+        self._plan = lambda shard: AdapterPlan.build(shard, num_layers=num_layers, widths=widths, chunk=chunk,
+                                                     pin=pin)
         self._plans: dict[str, AdapterPlan | BaseException] = {}
+        self._received = self._applied = 0  # messages, so that `get` sees every one sent before the step
         self._done = threading.Condition()
         self._pending: queue.Queue = queue.Queue()
         threading.Thread(target=self._loader, name="adapter-shard-loader", daemon=True).start()
 
-    def preload(self, digest: str, path: str) -> None:
-        self._pending.put((digest, path))
+    def hold(self, digest: str, data: bytes) -> None:
+        self._received += 1
+        self._pending.put((digest, data))
 
-    def get(self, digest: str, path: str) -> AdapterPlan:
+    def drop(self, digest: str) -> None:
+        self._received += 1
+        self._pending.put((digest, None))
+
+    def get(self, digest: str) -> AdapterPlan:
+        received = self._received
         with self._done:
-            plan = self._plans.pop(digest, None)
-        if plan is None or isinstance(plan, BaseException):
-            plan = self._load(digest, path)  # not preloaded (or that read failed): read it now
-            if isinstance(plan, BaseException):
-                raise RuntimeError(f"adapter {digest[:12]} could not be read on this rank: {plan}") from plan
-        with self._done:
-            self._plans[digest] = plan  # most recently used last
-            while len(self._plans) > 1 and sum(_bytes(p) for p in self._plans.values()) > self.host_cache_bytes:
-                self._plans.pop(next(iter(self._plans)))
+            self._done.wait_for(lambda: self._applied >= received)
+            plan = self._plans.get(digest)
+        if plan is None:  # a bug: rank 0 places only what it holds, and sent it before the step
+            raise RuntimeError(f"rank 0 placed adapter {digest[:12]}, which this rank does not hold")
+        if isinstance(plan, BaseException):
+            raise RuntimeError(f"this rank's shard of adapter {digest[:12]} does not fit: {plan}") from plan
         return plan
-
-    def _load(self, digest: str, path: str) -> AdapterPlan | BaseException:
-        try:
-            adapter = self._read(Path(path))
-            if adapter.digest != digest:
-                raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
-            return self._plan(adapter)
-        except Exception as error:  # reported when rank 0 places it, the only time it matters
-            return error
 
     def _loader(self) -> None:
         while True:
-            digest, path = self._pending.get()
-            plan = self._load(digest, path)
+            digest, data = self._pending.get()
+            plan = None
+            if data is not None:
+                try:
+                    plan = self._plan(pickle.loads(data))
+                except Exception as error:  # reported when rank 0 places it, the only time it matters
+                    plan = error
             with self._done:
-                self._plans.setdefault(digest, plan)
-
-
-def _bytes(plan: AdapterPlan | BaseException) -> int:
-    return plan.num_bytes if isinstance(plan, AdapterPlan) else 0
+                if plan is None:
+                    self._plans.pop(digest, None)
+                else:
+                    self._plans[digest] = plan
+                self._applied += 1
+                self._done.notify_all()
 
 
 def write_adapter(memory: PagedMemory, plan: AdapterPlan, pages: list[int]) -> None:
@@ -137,9 +132,8 @@ def _serve(spec: WorkerSpec, conn) -> None:
     memory = attach_pages(model, num_pages=num_pages, block_size=spec.block_size,
                           kv_cache_dtype=spec.kv_cache_dtype, device=device)
     args = model.args
-    shards = AdapterShards(hf_config=read_hf_config(spec.model), max_rank=spec.max_adapter_rank, rank=spec.rank,
-                           size=spec.size, num_layers=args.num_layers, chunk=memory.chunk,
-                           pin=device.type == "cuda", host_cache_bytes=spec.host_cache_bytes)
+    shards = AdapterShards(hf_config=read_hf_config(spec.model), size=spec.size, num_layers=args.num_layers,
+                           chunk=memory.chunk, pin=device.type == "cuda")
     decoder = StepDecoder(device)
     conn.send(("ready",))
     stats = {"steps": 0, "step_seconds": 0.0}
@@ -148,8 +142,10 @@ def _serve(spec: WorkerSpec, conn) -> None:
         if message[0] == "stop":
             comm.close()
             return
-        if message[0] == "preload":
-            shards.preload(message[1], message[2])
+        if message[0] == "hold":
+            shards.hold(message[1], message[2])
+        elif message[0] == "drop":
+            shards.drop(message[1])
         elif message[0] == "probe":  # rank 0 times bare all-reduces of this shape (benchmarks)
             _, shape, count = message
             x = torch.zeros(shape, dtype=model.lm_head.weight.dtype, device=device)
@@ -171,4 +167,4 @@ def _serve(spec: WorkerSpec, conn) -> None:
 
 def _copy_adapters(memory: PagedMemory, shards: AdapterShards, copies: list[AdapterCopy]) -> None:
     for copy in copies:
-        write_adapter(memory, shards.get(copy.digest, copy.path), copy.pages)
+        write_adapter(memory, shards.get(copy.digest), copy.pages)

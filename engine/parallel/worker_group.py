@@ -1,17 +1,22 @@
 """Rank 0's handle on the tensor-parallel workers: spawns them, sends each step's model input (and the adapter
-copies since the last step) before rank 0's own forward pass, notices a worker that dies, stops them all."""
+copies since the last step) before rank 0's own forward pass, notices a worker that dies, stops them all. It is
+the adapter pool's Mirror: each worker gets its shard of an adapter from rank 0's one read of it, so no rank
+reads the adapter's files again (they may be gone, or replaced, by then)."""
 
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
+import pickle
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import torch
 
+import adapters
 from engine.context import Context
 from engine.parallel.communicator import COLLECTIVE_TIMEOUT_S, Communicator, free_port
+from engine.parallel.sharding import shard_adapter
 from engine.parallel.step_plan import AdapterCopy, encode
 from engine.parallel.worker import WorkerSpec, worker_main
 
@@ -32,8 +37,8 @@ def rank_device(device: str, rank: int) -> str:
 
 
 class WorkerGroup:
-    def __init__(self, *, model: str, dtype: str, device: str, size: int, block_size: int, max_adapter_rank: int,
-                 host_cache_bytes: int, quantization: str | None = None, kv_cache_dtype: str = "auto",
+    def __init__(self, *, model: str, dtype: str, device: str, size: int, block_size: int,
+                 quantization: str | None = None, kv_cache_dtype: str = "auto",
                  timed: bool = False, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
         self.size = size
         self.device = torch.device(device)
@@ -44,8 +49,7 @@ class WorkerGroup:
         self.conns: list[multiprocessing.connection.Connection] = []
         for rank in range(1, size):
             spec = WorkerSpec(model=model, dtype=dtype, device=rank_device(device, rank), rank=rank, size=size,
-                              port=self.port, block_size=block_size, max_adapter_rank=max_adapter_rank,
-                              host_cache_bytes=host_cache_bytes, quantization=quantization,
+                              port=self.port, block_size=block_size, quantization=quantization,
                               kv_cache_dtype=kv_cache_dtype,
                               num_threads=torch.get_num_threads(), timeout_s=timeout_s, timed=timed)
             parent, child = context.Pipe()
@@ -55,7 +59,7 @@ class WorkerGroup:
             child.close()
             self.processes.append(process)
             self.conns.append(parent)
-        self._lock = threading.Lock()  # the engine thread and the adapter loader thread both send
+        self._lock = threading.Lock()  # one message at a time on each pipe, whichever thread sends
         self._copies: list[AdapterCopy] = []
         self._sent_lora = None  # the LoRABatch whose tables the workers hold
         self._failure: str | None = None
@@ -98,15 +102,33 @@ class WorkerGroup:
                 raise self._fail(self._describe(index))
         raise self._fail(f"tensor-parallel rank {index + 1} sent no {kind!r} within {timeout_s:.0f} s")
 
-    # each step
-    def on_place(self, digest: str, path: str | Path, pages: list[int]) -> None:
-        """Rank 0 placed an adapter in `pages`: every worker copies its shard there before the next step."""
-        self._copies.append(AdapterCopy(digest=digest, path=str(path), pages=list(pages)))
+    # adapters (the pool's Mirror)
+    def pack(self, adapter: "adapters.LoadedAdapter") -> list[bytes]:
+        """Each worker's shard of an adapter rank 0 read, serialized (any thread: the pool's loader)."""
+        shards = []
+        for rank in range(1, self.size):
+            shard = shard_adapter(adapter, rank=rank, size=self.size)
+            # cloned: a pickled slice would carry its whole storage
+            tensors = {name: t.clone() for name, t in shard.tensors.items()}
+            shards.append(pickle.dumps(dataclasses.replace(shard, tensors=tensors), protocol=5))
+        return shards
 
-    def preload(self, digest: str, path: str | Path) -> None:
-        """Rank 0 started reading an adapter: the workers read their shards of it meanwhile (any thread)."""
+    def hold(self, digest: str, packed: list[bytes]) -> None:
+        """The adapter entered rank 0's host tier: each worker keeps its shard until `drop`."""
         if self._failure is None:
-            self._send(("preload", digest, str(path)))
+            with self._lock:
+                for index, conn in enumerate(self.conns):
+                    self._send_one(index, conn, ("hold", digest, packed[index]))
+
+    def drop(self, digest: str) -> None:
+        if self._failure is None:
+            self._send(("drop", digest))
+
+    def place(self, digest: str, pages: list[int]) -> None:
+        """Rank 0 placed an adapter in `pages`: every worker copies its shard there before the next step."""
+        self._copies.append(AdapterCopy(digest=digest, pages=list(pages)))
+
+    # each step
 
     def before_forward(self, module, args: tuple[torch.Tensor, Context]) -> None:
         """Forward pre-hook of rank 0's model: every worker gets the same input before rank 0 computes."""
@@ -123,10 +145,13 @@ class WorkerGroup:
     def _send(self, message: tuple) -> None:
         with self._lock:
             for index, conn in enumerate(self.conns):
-                try:
-                    conn.send(message)
-                except OSError:
-                    raise self._fail(self._describe(index)) from None
+                self._send_one(index, conn, message)
+
+    def _send_one(self, index: int, conn, message: tuple) -> None:
+        try:
+            conn.send(message)
+        except OSError:
+            raise self._fail(self._describe(index)) from None
 
     # failures
     def failure(self) -> str | None:

@@ -1,6 +1,7 @@
 """The engine's internal HTTP API, served by `python -m engine`. Every call needs
 `Authorization: Bearer $QUILT_ENGINE_TOKEN` (401 otherwise). Errors are
-`{"error": {"type", "message", "param"}}` with 400 (bad request, before anything is scheduled),
+`{"error": {"type", "message", "param", "code"?}}` with 400 (bad request, before anything is scheduled; code
+"context_length_exceeded" for a prompt past the context),
 404, 409 (conflicts with running work) or 503 (shutting down; or, type "adapter_unavailable" with param
 "adapter", when the request's adapter cannot be loaded: that request alone fails, health stays ok).
 

@@ -61,15 +61,15 @@ class AdapterRegistry:
             adapter = read_adapter(path, engine.hf_config, engine.config.max_adapter_rank)
             if adapter.digest != ref.digest:
                 raise ValueError(f"its content has digest {adapter.digest[:12]}")
-            return engine.adapter_pool.plan(adapter)
+            return engine.adapter_pool.prepare(adapter)
 
         try:
-            plan = await asyncio.to_thread(read)
+            prepared = await asyncio.to_thread(read)
         except ValueError as error:
             raise AdapterUnavailable(ref.digest, str(error)) from error
         except Exception as error:  # every loader failure is this adapter's alone
             raise AdapterUnavailable(ref.digest, failure_reason(error)) from error
-        await self.loop.call(lambda engine: engine.adapter_pool.add_loaded(plan, path))
+        await self.loop.call(lambda engine: engine.adapter_pool.add_loaded(prepared, path))
         self.known[ref.digest] = path
 
     async def prefetch(self, ref: AdapterRef, *, tier: str) -> list[str]:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -19,6 +20,7 @@ from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
 from engine.server.protocol import (
+    CONTEXT_LENGTH_EXCEEDED,
     DIGEST,
     BadRequest,
     PromptSpec,
@@ -62,7 +64,8 @@ class EngineAPI:
         limit = self.engine.max_model_len
         if len(token_ids) >= limit:
             raise BadRequest(f"the prompt has {len(token_ids)} tokens; this model's context is {limit} tokens "
-                             f"and the prompt must leave room for at least one more", param="prompt")
+                             f"and the prompt must leave room for at least one more", param="prompt",
+                             code=CONTEXT_LENGTH_EXCEEDED)
 
     # routes
     async def generate(self, request: Request) -> Response:
@@ -136,6 +139,8 @@ class EngineAPI:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         tier = body.pop("tier", "host")
+        if not isinstance(tier, str):
+            raise BadRequest("tier must be a string", param="tier")
         ref = parse_adapter(body)
         if ref is None:
             raise BadRequest("give the adapter's digest", param="digest")
@@ -183,11 +188,12 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/metrics", api.metrics, methods=["GET"]),
     ]
     handlers = {
-        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), getattr(e, "param", None)),
+        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), e.param, e.code),
         NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
         AdapterUnavailable: lambda r, e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
+        HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
     app.add_middleware(BearerAuth, token=token)
@@ -203,16 +209,33 @@ def unavailable_response(end: RequestEnd) -> JSONResponse:
     return error_response(503, ADAPTER_UNAVAILABLE, message, "adapter")
 
 
-def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
+def http_error_response(request: Request, error: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    response = error_response(error.status_code, kind, message)
+    response.headers.update(error.headers or {})
+    return response
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    error = {"type": kind, "message": message, "param": param} | ({"code": code} if code else {})
+    return JSONResponse({"error": error}, status_code=status)
 
 
 async def read_json(request: Request):
     body = await request.body()
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not valid JSON: {error}") from error
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
+
+
+def _not_json(name: str):
+    """Python's json reads NaN and Infinity, which JSON has not (a NaN temperature samples garbage)."""
+    raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
 
 
 async def wait_for_disconnect(request: Request) -> None:

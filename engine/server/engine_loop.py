@@ -213,7 +213,8 @@ class EngineLoop:
         if output.new_token_ids:
             previous = handle.last_token_time.get(output.index)
             if previous is None:
-                self.metrics.ttft_seconds.labels(**labels).observe(now - handle.arrival)
+                if not handle.last_token_time:  # the request's first token (n completions share one prefill)
+                    self.metrics.ttft_seconds.labels(**labels).observe(now - handle.arrival)
             else:
                 gap = (now - previous) / len(output.new_token_ids)
                 for _ in output.new_token_ids:

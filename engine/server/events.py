@@ -3,9 +3,11 @@
     {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?}
     {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error", "error_type",
      "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?}],
-     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms"}}
+     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms",
+               "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps"}}
 
-`text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's.
+`text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's. The usage holds the
+counts of the request's usage event (speculative decoding's included: docs/speculative.md), streamed or not.
 """
 
 from typing import Any
@@ -57,6 +59,7 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
         "usage": {
             "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
             "completion_tokens": usage.completion_tokens, "gpu_ms": usage.gpu_ms, "queue_ms": usage.queue_ms,
-            "ttft_ms": usage.ttft_ms, "e2e_ms": end.e2e_ms,
+            "ttft_ms": usage.ttft_ms, "e2e_ms": end.e2e_ms, "spec_proposed_tokens": usage.spec_proposed_tokens,
+            "spec_accepted_tokens": usage.spec_accepted_tokens, "sampling_steps": usage.sampling_steps,
         },
     }

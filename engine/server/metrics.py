@@ -30,10 +30,14 @@ class EngineMetrics:
                                       "Engine steps per second over the last few seconds", registry=r)
         self.requests = Counter("quilt_engine_requests", "Requests ended, by finish reason",
                                 ["tenant", "adapter", "finish_reason"], registry=r)
-        self.ttft_seconds = Histogram("quilt_engine_ttft_seconds", "Time to first token",
+        self.ttft_seconds = Histogram("quilt_engine_ttft_seconds", "Time to a request's first token (once per request, whatever its n)",
                                       ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
-        self.inter_token_seconds = Histogram("quilt_engine_inter_token_seconds", "Time between output tokens",
-                                             ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token_seconds = Histogram(
+            "quilt_engine_inter_token_seconds",
+            "Time between output tokens, per token: k tokens that arrive together (one speculative step) after a "
+            "gap g are k observations of g/k, so a request counts completion_tokens - 1 of them, summing to the "
+            "time from its first token to its last",
+            ["tenant", "adapter"], buckets=LATENCY_BUCKETS, registry=r)
         self.e2e_seconds = Histogram("quilt_engine_e2e_seconds", "Request time from arrival to end",
                                      ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_seconds = Histogram("quilt_engine_queue_seconds", "Time waiting before first scheduled",

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import re
 import types
 import typing
@@ -15,14 +16,16 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the model's context
 
 
 class BadRequest(ValueError):
     """A client mistake: answered with 400 and this message, before anything is scheduled."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code  # for the client to act on, e.g. CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     if not isinstance(tenant, str) or not tenant:
         raise BadRequest("tenant must be a non-empty string", param="tenant")
     weight = body.get("weight", 1.0)
-    if not _is_number(weight) or weight <= 0:
+    if not _is_number(weight) or not 0 < weight < math.inf:
         raise BadRequest("weight must be a number > 0", param="weight")
     api_key_id = body.get("api_key_id")
     if api_key_id is not None and not isinstance(api_key_id, str):

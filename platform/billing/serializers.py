@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from billing.models import Invoice, InvoiceLine
+from quilt.query import QueryInput
 
 
 class InvoiceLineOutput(serializers.ModelSerializer):
@@ -27,8 +28,8 @@ class InvoiceDetailOutput(InvoiceOutput):
         fields = [*InvoiceOutput.Meta.fields, "lines"]
 
 
-class MarginQueryInput(serializers.Serializer):
-    month = serializers.RegexField(r"^(?!0000)\d{4}-(0[1-9]|1[0-2])$", help_text="YYYY-MM (year 0001 or later)")
+class MarginQueryInput(QueryInput):
+    month = serializers.RegexField(r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])$", help_text="YYYY-MM (year 0001 or later)")
 
 
 class TenantMarginOutput(serializers.Serializer):

@@ -47,15 +47,15 @@ def _value(name: str, raw, *, param: str) -> int | float:
     kind, low, high = RANGES[name]
     if name == "lora_rank":
         high = settings.QUILT_ADAPTER_MAX_RANK
-    is_number = isinstance(raw, int | float) and not isinstance(raw, bool)
-    if not is_number or (kind is int and not float(raw).is_integer()):
+    is_number = isinstance(raw, int) or (isinstance(raw, float) and math.isfinite(raw))  # JSON lets NaN through
+    if isinstance(raw, bool) or not is_number or (kind is int and isinstance(raw, float) and not raw.is_integer()):
         raise FineTuningRefusal(f"{param} must be \"auto\" or a number.", code="invalid_hyperparameter", param=param)
-    value = kind(raw)
-    if value < low or value > high:
+    if not low <= raw <= high:  # before kind(raw): an int past a float's range can't become one
         raise FineTuningRefusal(
-            f"{param} must be between {low:g} and {high:g}; got {raw}.", code="invalid_hyperparameter", param=param
-        )
-    return value
+            f"{param} must be between {low:g} and {high:g}; got {str(raw)[:20]}.", code="invalid_hyperparameter",
+            param=param,
+        )  # fmt: skip
+    return kind(raw)
 
 
 def hyperparameters_resolve(*, given: dict | None, method: str, examples: int, param: str) -> dict:

@@ -153,7 +153,8 @@ def _check_concurrency(*, tenant: Tenant) -> None:
 
 
 def _data(*, tenant: Tenant, public_id: str | None, param: str, method: str, base, minimum: int):
-    uploaded = file_get(tenant=tenant, public_id=public_id) if isinstance(public_id, str) else None
+    named = isinstance(public_id, str) and "\x00" not in public_id  # no id holds a NUL; PostgreSQL refuses one
+    uploaded = file_get(tenant=tenant, public_id=public_id) if named else None
     if uploaded is None:
         raise not_found("file", str(public_id), param=param)
     try:

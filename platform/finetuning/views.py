@@ -26,6 +26,9 @@ from tenancy.models import Tenant
 
 _lookup = sync_to_async(caller_and_target, thread_sensitive=False)
 MAX_PAGE = 100
+# The purposes OpenAI's Files API knows: listing by one of them is fine (only fine-tune files are kept here).
+OPENAI_PURPOSES = ("assistants", "assistants_output", "batch", "batch_output", "evals", "fine-tune",
+                   "fine-tune-results", "user_data", "vision")  # fmt: skip
 
 
 def _json(body: dict, status: int = 200) -> HttpResponse:
@@ -50,6 +53,15 @@ def _in_thread(operation: Callable, request, caller: Caller, kwargs: dict) -> Ht
         close_old_connections()
 
 
+def _refuse_nul(kwargs: dict, query) -> None:
+    """No id or parameter holds a NUL character (and PostgreSQL refuses one in a query: a 500, not a 400)."""
+    for name, values in query.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise invalid(f"{name} holds a NUL character, which no parameter can hold.", param=name)
+    if any("\x00" in value for value in kwargs.values() if isinstance(value, str)):
+        raise invalid("The URL holds a NUL character, which no id can hold.")
+
+
 def _endpoint(**operations: Callable) -> Callable:
     """A view for one path: each HTTP method to its operation, run in a thread once the caller is known."""
     run = sync_to_async(_in_thread, thread_sensitive=False)
@@ -62,6 +74,7 @@ def _endpoint(**operations: Callable) -> Callable:
                 allowed = ", ".join(m.upper() for m in operations)
                 raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.",
                                code="method_not_allowed")  # fmt: skip
+            _refuse_nul(kwargs, request.GET)
             caller = await _caller(request)
             request_id = f"files-{uuid.uuid4().hex}"  # a request of no tokens: it counts against RPM and concurrency
             decision = await admission_acquire(tenant_id=caller.tenant_id, request_id=request_id, tokens=0,
@@ -79,18 +92,30 @@ def _endpoint(**operations: Callable) -> Callable:
 
 
 def _limit(request, default: int = 20) -> int:
-    raw = request.GET.get("limit", default)
-    try:
-        limit = int(raw)
-    except (TypeError, ValueError):
-        raise invalid("limit must be an integer.", param="limit") from None
-    if not 1 <= limit <= MAX_PAGE:
+    raw = request.GET.get("limit")
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()):
+        raise invalid("limit must be a whole number.", param="limit")
+    if not 1 <= int(raw) <= MAX_PAGE:
         raise invalid(f"limit must be between 1 and {MAX_PAGE}.", param="limit")
-    return limit
+    return int(raw)
 
 
-def _listing(request, queryset, shape: Callable, *, ascending: bool = False) -> HttpResponse:
-    rows, more = selectors.page(queryset, after=request.GET.get("after"), limit=_limit(request), ascending=ascending)
+def _cursor(request, anchors) -> int | None:
+    """The row `after` names, looked up among `anchors` (which keep a row deleted since the last page was read)."""
+    after = request.GET.get("after")
+    if after is None:
+        return None
+    anchor = anchors.filter(public_id=after).values_list("id", flat=True).first() if after else None
+    if anchor is None:
+        raise invalid(f"after must be the id of an object in this list; '{after}' is not.", param="after")
+    return anchor
+
+
+def _listing(request, queryset, shape: Callable, *, ascending: bool = False, anchors=None) -> HttpResponse:
+    after = _cursor(request, queryset if anchors is None else anchors)
+    rows, more = selectors.page(queryset, after=after, limit=_limit(request), ascending=ascending)
     return _json(wire.page([shape(row) for row in rows], more))
 
 
@@ -115,12 +140,16 @@ def file_create(request, *, tenant, key_id) -> HttpResponse:
 
 def file_list(request, *, tenant, key_id) -> HttpResponse:
     files = selectors.files_of(tenant=tenant)
-    if purpose := request.GET.get("purpose"):
+    purpose = request.GET.get("purpose")
+    if purpose is not None:
+        if purpose not in OPENAI_PURPOSES:
+            raise invalid(f"purpose must be one of {', '.join(OPENAI_PURPOSES)}.", param="purpose")
         files = files.filter(purpose=purpose)
     order = request.GET.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order must be 'asc' or 'desc'.", param="order")
-    return _listing(request, files, wire.file_object, ascending=order == "asc")
+    anchors = selectors.files_ever_of(tenant=tenant)
+    return _listing(request, files, wire.file_object, ascending=order == "asc", anchors=anchors)
 
 
 def file_retrieve(request, *, tenant, key_id, file_id) -> HttpResponse:
@@ -154,9 +183,11 @@ def job_create(request, *, tenant, key_id) -> HttpResponse:
                       param="training_file")  # fmt: skip
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
-    ) and len(metadata) <= 16):
-        raise invalid("metadata must map at most 16 keys (<= 64 characters) to strings (<= 512).", param="metadata")
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 and "\x00" not in k + v
+        for k, v in metadata.items()
+    ) and len(metadata) <= 16):  # a NUL can't be stored (PostgreSQL's jsonb refuses \u0000)
+        raise invalid("metadata must map at most 16 keys (<= 64 characters) to strings (<= 512) with no NUL "
+                      "characters.", param="metadata")  # fmt: skip
     job = services.job_create(
         tenant=tenant, key_id=key_id, model=body.get("model"), training_file=body["training_file"],
         validation_file=body.get("validation_file"), method=body.get("method"),
@@ -167,7 +198,10 @@ def job_create(request, *, tenant, key_id) -> HttpResponse:
 
 
 def job_list(request, *, tenant, key_id) -> HttpResponse:
-    return _listing(request, selectors.jobs_of(tenant=tenant), wire.job_object)
+    """?metadata[key]=value (as the `openai` package sends metadata={...}) keeps the jobs with that metadata."""
+    metadata = {name[len("metadata["):-1]: value for name, value in request.GET.items()
+                if name.startswith("metadata[") and name.endswith("]")}  # fmt: skip
+    return _listing(request, selectors.jobs_of(tenant=tenant, metadata=metadata), wire.job_object)
 
 
 def job_retrieve(request, *, tenant, key_id, job_id) -> HttpResponse:

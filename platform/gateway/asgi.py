@@ -8,6 +8,11 @@ lockout: none applies to bearer-key API calls). Everything else is the platform'
 What Django's handler would do and this does too: read the body, route by the URLconf, turn a client
 disconnect into cancelling the view (so its `finally` runs: the hold is settled, the engine request aborted),
 and answer an unexpected error with a 500 in the API's error shape.
+
+The two hot routes (POST /v1/chat/completions, /v1/completions) go further: `_generate` calls the views' own
+services without building Django's request, and writes a stream's head and body itself (the head the view's
+response would have had, the HTTPS policy's headers included); refusals and whole answers are the views'
+responses. Other methods, a script prefix, and requests the HTTPS policy redirects take the general path.
 """
 
 import asyncio
@@ -15,12 +20,16 @@ import contextlib
 import functools
 import io
 import logging
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
+from django.utils.http import parse_header_parameters
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -32,6 +41,9 @@ from gateway.request_guard import body_limit, too_large
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
+
+from gateway import relay, views  # noqa: E402 - they need Django set up
+
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
 STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)
@@ -68,26 +80,74 @@ def _headers(response) -> list[tuple[bytes, bytes]]:
 async def _send(response, send) -> None:
     await send({"type": "http.response.start", "status": response.status_code, "headers": _headers(response)})
     if isinstance(response, StreamingHttpResponse):
-        last = b""
-        try:
-            async for chunk in response.streaming_content:
-                if last:
-                    await send({"type": "http.response.body", "body": last, "more_body": True})
-                    last = b""
-                if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the
-                    last = chunk  # generator has finished (its hold settled), as the response's end did before
-                else:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except Exception:
-            if last:  # the generator failed after its end (settling): the client still gets what it was sent before
-                await send({"type": "http.response.body", "body": last, "more_body": True})
-            raise
-        await send({"type": "http.response.body", "body": last})
+        await _send_stream(response.streaming_content, send)
     else:
         await send({"type": "http.response.body", "body": response.content})
 
 
+async def _send_stream(chunks: AsyncIterator[bytes], send) -> None:
+    last = b""
+    try:
+        async for chunk in chunks:
+            if last:
+                await send({"type": "http.response.body", "body": last, "more_body": True})
+                last = b""
+            if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the
+                last = chunk  # generator has finished (its hold settled), as the response's end did before
+            else:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except Exception:
+        if last:  # the generator failed after its end (settling): the client still gets what it was sent before
+            await send({"type": "http.response.body", "body": last, "more_body": True})
+        raise
+    await send({"type": "http.response.body", "body": last})
+
+
 _https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)
+
+
+class HttpsPolicy:
+    """What `middleware` (Django's SecurityMiddleware) decides for a request, read from the ASGI scope as Django's
+    request would (`is_secure`: the scheme, or SECURE_PROXY_SSL_HEADER's first value when the header is there) and
+    the headers it adds to an answer, for the fast path that builds no Django request or response."""
+
+    def __init__(self, middleware: SecurityMiddleware):
+        self.middleware = middleware
+        self.proxy_header: tuple[bytes, str] | None = None
+        if settings.SECURE_PROXY_SSL_HEADER:
+            meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+            self.proxy_header = (meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1"),
+                                 secure_value)  # fmt: skip
+        self._added = {secure: self._headers_added(secure) for secure in (False, True)}
+
+    def secure(self, scope) -> bool:
+        if self.proxy_header is not None:
+            name, secure_value = self.proxy_header
+            values = [value for header, value in scope["headers"] if header.lower() == name]
+            if values:
+                first = b",".join(values).decode("latin-1").split(",", 1)[0]
+                return first.strip() == secure_value
+        return (scope.get("scheme") or "http") == "https"
+
+    def redirects(self, *, secure: bool) -> bool:
+        """Whether the middleware may answer this request itself (a redirect to HTTPS); if so, the request takes
+        the general path, where the middleware decides (exempt paths included)."""
+        return bool(self.middleware.redirect) and not secure
+
+    def headers(self, *, secure: bool) -> list[tuple[bytes, bytes]]:
+        """The headers the middleware adds to an answer that has none of them."""
+        return self._added[secure]
+
+    def _headers_added(self, secure: bool) -> list[tuple[bytes, bytes]]:
+        request = SimpleNamespace(is_secure=lambda: secure)
+        before = HttpResponse()
+        names = set(before.headers)
+        after = self.middleware.process_response(request, before)
+        return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in after.items()
+                if name not in names]  # fmt: skip
+
+
+_policy = HttpsPolicy(_https)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -104,16 +164,83 @@ async def _serve(request, send) -> None:
             match = _route(request.path_info)
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
-        response = ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url").response()
+        response = _answered(ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url"))
     except asyncio.CancelledError:
         raise
     except STORE_DOWN as error:
-        log.warning("the inference API could not reach a store on %s %s: %r", request.method, request.path, error)
-        response = service_unavailable().response()
+        response = _answered(service_unavailable())
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", request.method,
+                    request.path, response["x-request-id"], error)  # fmt: skip
     except Exception:
-        log.exception("the inference API failed on %s %s", request.method, request.path)
-        response = ApiError(500, "The server failed to handle this request.", code="internal_error").response()
+        response = _answered(ApiError(500, "The server failed to handle this request.", code="internal_error"))
+        log.exception("the inference API failed on %s %s (request %s)", request.method, request.path,
+                      response["x-request-id"])  # fmt: skip
     await _send(_https.process_response(request, response), send)
+
+
+def _answered(error: ApiError):
+    """An error answered here, before or around a view: with a request id, as the views' answers have."""
+    response = error.response()
+    response["x-request-id"] = uuid.uuid4().hex
+    return response
+
+
+COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
+_SSE_HEAD = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in relay.SSE_HEADERS.items()]
+
+
+def _fast_route(scope) -> str | None:
+    """The kind of generation a request asks for when the fast path may serve it: a POST to a completion route,
+    with no script prefix, that the HTTPS policy lets through."""
+    if scope["method"] != "POST" or scope.get("root_path") or settings.FORCE_SCRIPT_NAME:
+        return None
+    return COMPLETION_ROUTES.get(scope["path"])
+
+
+def _header(scope, name: bytes) -> str:
+    """A request header as Django's request.META has it (repeated headers joined by commas, "" when absent)."""
+    return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
+
+
+async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None:
+    """A chat or completion request, as `views.chat_completions`/`views.completions` answer it behind `_serve`,
+    without Django's request and response objects when the answer is a stream: the same services in the same
+    order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
+    request_id = uuid.uuid4().hex
+    method, path = scope["method"], scope["path"]
+    try:
+        try:
+            exchange, headers = await views.generation_admit(
+                kind=kind, raw=raw, content_type=parse_header_parameters(_header(scope, b"content-type"))[0],
+                authorization=_header(scope, b"authorization"), request_id=request_id,
+            )  # fmt: skip
+            if exchange.generation.stream:
+                body = await relay.open_stream(exchange, headers)
+            else:
+                response = await relay.respond(exchange, headers)
+        except ApiError as error:
+            response, exchange = await views.error_response(error), None
+    except asyncio.CancelledError:
+        raise
+    except STORE_DOWN as error:
+        response, exchange = service_unavailable().response(), None
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", method, path, request_id,
+                    error)  # fmt: skip
+    except Exception:
+        response, exchange = ApiError(500, "The server failed to handle this request.", code="internal_error").response(), None
+        log.exception("the inference API failed on %s %s (request %s)", method, path, request_id)
+    if exchange is None or not exchange.generation.stream:
+        response["x-request-id"] = request_id
+        await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
+        return
+    head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
+            (b"x-request-id", request_id.encode()), *_policy.headers(secure=secure)]  # fmt: skip
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await _send_stream(body, send)
+    finally:
+        if not exchange.settled:  # the body never started (cancelled before its first read): its hold is still owned
+            await asyncio.shield(exchange.settle())
 
 
 async def _metrics(scope, send) -> None:
@@ -145,21 +272,32 @@ class InferenceFastPath:
         try:
             body = await _read_body(receive, limit)
         except _TooLarge:
-            await _send(too_large(limit).response(), send)  # the rest of the body is left unread: the server closes
+            await _send(_answered(too_large(limit)), send)  # the rest of the body is left unread: the server closes
             return
         if body is None:
             return
-        request = ASGIRequest(scope, io.BytesIO(body))
-        serving = asyncio.create_task(_serve(request, send))
-        listening = asyncio.create_task(_disconnected(receive))
-        try:
-            await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            listening.cancel()
-            if not serving.done():
-                serving.cancel()  # the client went away: the view's `finally` settles and aborts
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
+        kind = _fast_route(scope)
+        secure = kind is not None and _policy.secure(scope)
+        if kind is not None and not _policy.redirects(secure=secure):
+            await _until_disconnected(_generate(scope, body, send, kind=kind, secure=secure), receive)
+        else:
+            await _until_disconnected(_serve(ASGIRequest(scope, io.BytesIO(body)), send), receive)
+
+
+async def _until_disconnected(serving: Coroutine, receive) -> None:
+    """Runs `serving` in a task of its own, cancelled if the client goes away first (the view's `finally` then
+    settles and aborts). Measured against running it in the server's task with only the listener beside it: no
+    steady difference (docs/gateway-performance.md), so the simpler shape stays."""
+    serving = asyncio.create_task(serving)
+    listening = asyncio.create_task(_disconnected(receive))
+    try:
+        await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listening.cancel()
+        if not serving.done():
+            serving.cancel()  # the client went away
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
 
 
 application = InferenceFastPath(platform_application)

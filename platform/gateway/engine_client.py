@@ -21,10 +21,17 @@ class EngineUnavailable(Exception):
 class EngineRejected(Exception):
     """The engine refused the request as invalid (its 4xx): the client's fault, not worth a retry."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param  # the engine's name of the field at fault ("prompt", "messages", "sampling.stop")
+        self.code = code  # e.g. "context_length_exceeded"
+
+    @classmethod
+    def of(cls, status: int, response_body: bytes) -> "EngineRejected":
+        _, param, code = _error_fields(response_body)
+        return cls(status, _error_message(response_body), param=param or None, code=code)
 
 
 class EngineBroke(Exception):
@@ -38,16 +45,16 @@ class AdapterUnavailable(Exception):
 
 
 
-def _error_fields(response_body: bytes) -> tuple[str | None, str]:
-    """The engine's error type and param, from its answer's body."""
+def _error_fields(response_body: bytes) -> tuple[str | None, str, str | None]:
+    """The engine's error type, param and code, from its answer's body."""
     try:
         body = json.loads(response_body)
     except ValueError:
-        return None, ""
+        return None, "", None
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
-        return None, ""
-    return error.get("type"), str(error.get("param") or "")
+        return None, "", None
+    return error.get("type"), str(error.get("param") or ""), error.get("code") or None
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,7 @@ async def tokenize(engine: EngineRef, *, prompt: str | None, messages: list[dict
     if response.status >= 500:
         raise EngineUnavailable(f"{engine.name}: tokenize answered {response.status}")
     if response.status >= 400:
-        raise EngineRejected(response.status, _error_message(content))
+        raise EngineRejected.of(response.status, content)
     body = json.loads(content)
     return int(body["count"] if "count" in body else len(body["token_ids"]))
 
@@ -137,14 +144,14 @@ class GenerateStream:
             except EngineHTTPError:
                 body = b""
             self._response.close()
-            kind, param = _error_fields(body)
+            kind, param, _ = _error_fields(body)
             # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
             # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
             if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
                 raise AdapterUnavailable(f"{self.engine.name}: {status} {_error_message(body)}")
             if status >= 500 or status in (401, 403, 404, 429):
                 raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
-            raise EngineRejected(status, _error_message(body))
+            raise EngineRejected.of(status, body)
         return self
 
     async def events(self) -> AsyncIterator[dict]:

@@ -2,13 +2,17 @@
 
     {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}]}
     {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
-     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", ...}}
+     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens",
+               "spec_accepted_tokens", "sampling_steps", ...}}
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.openai_response import Delta
+
+USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
+                "sampling_steps")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ def event_read(event: dict, *, token_text: Callable[[int], str]) -> Read:
             for c in event.get("choices") or []
         ]
         error = event.get("error") if event.get("finish_reason") == "error" else None
-        counts = {name: int(usage.get(name) or 0) for name in ("prompt_tokens", "cached_tokens", "completion_tokens")}
+        counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
         failed = event.get("finish_reason") == "error"
         return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if failed else None),
                     error_type=(event.get("error_type") or None) if failed else None)  # fmt: skip

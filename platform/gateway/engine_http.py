@@ -15,8 +15,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from engine.contract import KEEP_ALIVE_SECONDS
+
 MAX_IDLE_PER_ENGINE = 256
-IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout (uvicorn: 5 s), so it never closes one first
+IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout, so it never closes one first, even when
+assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # this loop reads an answer's end seconds after the engine wrote it
 
 
 class EngineHTTPError(Exception):

@@ -49,6 +49,7 @@ class GenerationRequest:
     sampling: dict = field(default_factory=dict)  # n, temperature, top_p, stop, seed, penalties, logprobs
     logprobs: bool = False
     user: str | None = None
+    echo: bool = False  # completions: each choice's text starts with the prompt
 
     @property
     def n(self) -> int:
@@ -108,8 +109,9 @@ def _common(body: dict, allowed: set[str]) -> dict:
         value = _number(body, name, low=low, high=high)
         if value is not None:
             sampling[name] = float(value)
-    if sampling.get("top_p") == 0:
-        raise invalid("0 is not a valid value for 'top_p': it must be greater than 0.", param="top_p")
+    if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
+        del sampling["top_p"]
+        sampling["top_k"] = 1
     n = _number(body, "n", low=1, high=MAX_N, integer=True)
     if n is not None:
         sampling["n"] = n
@@ -135,8 +137,11 @@ def _common(body: dict, allowed: set[str]) -> dict:
 
 def _message(index: int, message) -> dict:
     param = f"messages.[{index}]"
-    if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
-        raise invalid(f"{param}.role must be one of system, developer, user or assistant.", param=param)
+    if not isinstance(message, dict):
+        raise invalid(f"{param} must be an object with a role and content.", param=param)
+    if message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
+        raise invalid(f"{param}.role must be one of system, developer, user or assistant.", param=f"{param}.role",
+                      code="invalid_value")  # fmt: skip
     if message["role"] in ("tool", "function"):
         raise invalid("Tool and function messages are not supported by this server.", param=param, code="unsupported_parameter")
     if message.get("tool_calls"):
@@ -198,16 +203,20 @@ def parse_completion(body: dict) -> GenerationRequest:
                       param="prompt", code="unsupported_parameter")  # fmt: skip
     if not isinstance(prompt, str):
         raise invalid("'prompt' must be a string.", param="prompt")
-    if body.get("echo"):
-        raise invalid("`echo` is not supported by this server.", param="echo", code="unsupported_parameter")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise invalid("'echo' must be a boolean.", param="echo")
     best_of = body.get("best_of")
     if best_of not in (None, 1, common["sampling"].get("n", 1)):
         raise invalid("`best_of` other than n is not supported by this server.", param="best_of", code="unsupported_parameter")
     logprobs = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
+    if echo and logprobs is not None:
+        raise invalid("`echo` with `logprobs` is not supported by this server (it serves no prompt logprobs).",
+                      param="echo", code="unsupported_parameter")  # fmt: skip
     max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     return GenerationRequest(
         kind="completion", messages=None, prompt=prompt, max_tokens=16 if max_tokens is None else max_tokens,
-        logprobs=logprobs is not None, **common,
+        logprobs=logprobs is not None, echo=echo, **common,
     )  # fmt: skip

@@ -18,9 +18,15 @@ class Choice:
 
 @dataclass
 class Usage:
+    """OpenAI's usage, and the engine's speculative-decoding counts of its usage event (docs/speculative.md),
+    which a client benchmarking latency can read; billing counts tokens the same however they were made."""
+
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    sampling_steps: int = 0
 
     def body(self) -> dict:
         return {
@@ -29,6 +35,9 @@ class Usage:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": 0},
+            "spec_proposed_tokens": self.spec_proposed_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
+            "sampling_steps": self.sampling_steps,
         }
 
 
@@ -68,8 +77,9 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 class ResponseBuilder:
     """Builds the chat.completion / text_completion object, or its stream chunks, for one request."""
 
-    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool):
+    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: str = ""):
         self.kind = kind
+        self.echo = echo  # completions: the prompt, before each choice's text
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         self.model = model
         self.created = int(time.time())
@@ -104,7 +114,7 @@ class ResponseBuilder:
             choices = [
                 {
                     "index": c.index,
-                    "text": c.text,
+                    "text": self.echo + c.text,
                     "logprobs": _completion_logprobs(c.logprobs, 0) if self.logprobs else None,
                     "finish_reason": c.finish_reason or "stop",
                 }
@@ -150,7 +160,7 @@ class ResponseBuilder:
             self._role_sent.add(delta.index)
             offset = len(self.choices[delta.index].text) - len(delta.text)
             choice = {
-                "index": delta.index, "text": delta.text,
+                "index": delta.index, "text": self.echo + delta.text if first else delta.text,
                 "logprobs": _completion_logprobs(delta.logprobs, offset) if self.logprobs and delta.logprobs else None,
                 "finish_reason": finish,
             }  # fmt: skip

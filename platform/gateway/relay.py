@@ -36,7 +36,7 @@ from gateway.engine_client import (
 from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
-from gateway.openai_response import DONE, ResponseBuilder, error_event
+from gateway.openai_response import DONE, ResponseBuilder, Usage, error_event
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import token_decoder
@@ -54,6 +54,16 @@ _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 def without_paths(message: str) -> str:
     """An engine's refusal as the client may read it: no filesystem paths of the engine's host."""
     return _PATH.sub("<path>", message)
+
+
+def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> ApiError:
+    """An engine's 4xx as the client's 400: its reason, and its code and field in the client's terms."""
+    param = rejected.param
+    if param in ("prompt", "messages"):
+        param = "messages" if generation.messages is not None else "prompt"
+    elif param is not None:
+        param = param.removeprefix("sampling.") if param.startswith("sampling.") else None
+    return invalid(without_paths(rejected.message), param=param, code=rejected.code or "engine_rejected")
 
 
 def estimate_prompt_tokens(generation: GenerationRequest) -> int:
@@ -77,7 +87,8 @@ class Exchange:
         self.generation = generation
         self.max_tokens = max_tokens
         self.builder = ResponseBuilder(
-            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs
+            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs,
+            echo=generation.prompt if generation.echo else "",
         )
         self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
         self.started = time.monotonic()
@@ -166,7 +177,7 @@ class Exchange:
                 self.engine = None
                 raise adapter_unavailable(self.target.name) from None
             except EngineRejected as rejected:
-                raise invalid(without_paths(rejected.message), code="engine_rejected") from None
+                raise engine_refusal(rejected, self.generation) from None
         raise no_engine()
 
     def event_ready(self) -> bool:
@@ -189,9 +200,7 @@ class Exchange:
                         self.first_token_at = time.monotonic()
                         metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
                 if read.usage is not None:
-                    usage = self.builder.usage
-                    usage.prompt_tokens, usage.cached_tokens = read.usage["prompt_tokens"], read.usage["cached_tokens"]
-                    usage.completion_tokens = read.usage["completion_tokens"]
+                    self.builder.usage = Usage(**read.usage)
                     self.usage_reported = True
                 if read.error is not None:
                     self.error_type = read.error_type
@@ -200,6 +209,10 @@ class Exchange:
         except EngineBroke:
             self.broke = True
             raise
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
 
     async def settle(self) -> None:
         """Closes the engine stream and replaces the hold by what was served. Runs once."""
@@ -313,30 +326,48 @@ async def _count_tokens(generation: GenerationRequest, target: Target) -> int | 
         except EngineUnavailable:
             return None
         except EngineRejected as rejected:
-            raise invalid(without_paths(rejected.message)) from None
+            raise engine_refusal(rejected, generation) from None
     return None
+
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def open_stream(exchange: Exchange, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    """Opens the engine stream of a streamed request: its SSE body, which owns the hold from here on (settled when
+    the body ends or is closed). An ApiError carries the rate-limit `headers`."""
+    try:
+        await _opened(exchange)
+    except ApiError as error:
+        error.headers = headers | error.headers
+        raise
+    return _sse(exchange)
 
 
 async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
     """Opens the engine stream and answers; owns the hold from here on."""
-    try:
+    if exchange.generation.stream:
+        response = StreamingHttpResponse(await open_stream(exchange, headers))
+        for name, value in SSE_HEADERS.items():
+            response[name] = value
+    else:
         try:
-            await exchange.open()
-        except BaseException:
-            await asyncio.shield(exchange.settle())
-            raise
-        if exchange.generation.stream:
-            response = StreamingHttpResponse(_sse(exchange), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-        else:
+            await _opened(exchange)
             response = await _whole(exchange)
-    except ApiError as error:
-        error.headers = headers | error.headers
-        raise
+        except ApiError as error:
+            error.headers = headers | error.headers
+            raise
     for name, value in headers.items():
         response[name] = value
     return response
+
+
+async def _opened(exchange: Exchange) -> None:
+    try:
+        await exchange.open()
+    except BaseException:
+        await asyncio.shield(exchange.settle())
+        raise
 
 
 async def _whole(exchange: Exchange) -> HttpResponse:

@@ -29,6 +29,13 @@ def too_large(limit: int) -> ApiError:
     return ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
 
 
+def json_content_type_check(content_type: str) -> None:
+    """A body declared as anything but JSON (a form, text) is refused; one sent with no type is read as JSON."""
+    if content_type and not content_type.endswith(("/json", "+json")):
+        raise ApiError(415, f"Unsupported Content-Type '{content_type}': send the request body as JSON, with "
+                            "'Content-Type: application/json'.", code="unsupported_media_type")  # fmt: skip
+
+
 def model_name_check(name) -> None:
     if not isinstance(name, str):
         return

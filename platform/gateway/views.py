@@ -15,6 +15,7 @@ from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_
 from gateway.errors import ApiError
 from gateway.openai_request import parse_body, parse_chat, parse_completion
 from gateway.refusals import ratelimit_headers
+from gateway.request_guard import json_content_type_check
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +48,56 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
     return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
 
+async def error_response(error: ApiError) -> HttpResponse:
+    """A refusal's answer: with the caller's rate-limit headers once the caller is known."""
+    if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
+        window = await admission_peek(tenant_id=error.caller.tenant_id)
+        error.headers |= ratelimit_headers(error.caller, window)
+    return error.response()
+
+
 async def _answer(request, handle) -> HttpResponse:
     request_id = uuid.uuid4().hex
     try:
         response = await handle(request, request_id)
     except ApiError as error:
-        if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
-            window = await admission_peek(tenant_id=error.caller.tenant_id)
-            error.headers |= ratelimit_headers(error.caller, window)
-        response = error.response()
+        response = await error_response(error)
     response["x-request-id"] = request_id
     return response
 
 
 def _method(request, allowed: str) -> None:
     if request.method != allowed:
-        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed")
+        raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.", code="method_not_allowed",
+                       headers={"Allow": allowed})  # fmt: skip
+
+
+async def generation_admit(
+    *, kind: str, raw: bytes, content_type: str, authorization: str, request_id: str
+) -> tuple[relay.Exchange, dict]:
+    """A POSTed chat or completion request, authenticated, parsed and admitted (the ASGI entry's fast path calls it
+    too); an ApiError once the caller is known carries it."""
+    try:
+        json_content_type_check(content_type)
+        body = parse_body(raw)
+    except ApiError as error:  # the key is checked first, as OpenAI does: without one, any body is a 401
+        error.caller, _ = await _authorize(authorization=authorization, model=None)
+        raise
+    caller, target = await _authorize(authorization=authorization, model=body.get("model"))
+    try:
+        generation = parse_chat(body) if kind == "chat" else parse_completion(body)
+        return await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+    except ApiError as error:
+        error.caller = caller
+        raise
 
 
 async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     _method(request, "POST")
-    body = parse_body(request.body)
-    caller, target = await _authorize(authorization=request.META.get("HTTP_AUTHORIZATION", ""), model=body.get("model"))
-    try:
-        generation = parse_chat(body) if kind == "chat" else parse_completion(body)
-        exchange, headers = await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
-    except ApiError as error:
-        error.caller = caller
-        raise
+    exchange, headers = await generation_admit(
+        kind=kind, raw=request.body, content_type=request.content_type,
+        authorization=request.META.get("HTTP_AUTHORIZATION", ""), request_id=request_id,
+    )  # fmt: skip
     return await relay.respond(exchange, headers)
 
 

@@ -1,22 +1,25 @@
-from datetime import timedelta
+from datetime import date, timedelta
 
 from django.utils import timezone
 from rest_framework import serializers
 
 from metering.selectors import GROUPS
+from quilt.query import DayField, QueryInput
 
 MAX_DAYS = 366
 
 
-class UsageQueryInput(serializers.Serializer):
-    start = serializers.DateField(required=False, help_text="First UTC day (default: the 1st of this month).")
-    end = serializers.DateField(required=False, help_text="Last UTC day, included (default: today).")
+class UsageQueryInput(QueryInput):
+    start = DayField(required=False, help_text="First UTC day, YYYY-MM-DD (default: the 1st of this month).")
+    end = DayField(required=False, help_text="Last UTC day, included, YYYY-MM-DD (default: today).")
     group_by = serializers.ChoiceField(choices=list(GROUPS), default="day")
 
     def validate(self, attrs):
         today = timezone.now().date()
         attrs.setdefault("end", today)
         attrs.setdefault("start", attrs["end"].replace(day=1))
+        if attrs["end"] >= date.max:
+            raise serializers.ValidationError({"end": f"Must be before {date.max}."}, code="invalid_range")
         if attrs["start"] > attrs["end"]:
             raise serializers.ValidationError("start must not be after end.", code="invalid_range")
         if attrs["end"] - attrs["start"] > timedelta(days=MAX_DAYS):

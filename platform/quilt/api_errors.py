@@ -1,6 +1,6 @@
 """Management-API errors as {"error": {"message", "type", "code"}} with the right status."""
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -65,6 +65,18 @@ def exception_handler(exc, context):
 
 def is_api(request) -> bool:
     return request.path.startswith(("/api/", "/v1/"))
+
+
+def bad_request(request, exception=None):
+    """What Django refuses before a view runs (a body past DATA_UPLOAD_MAX_MEMORY_SIZE, too many form fields): in
+    the API's error shape for the APIs, the site's page elsewhere."""
+    if not is_api(request):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        body = error_body(message="The request body is too large.", status_code=413, code="request_too_large")
+        return JsonResponse(body, status=413)
+    message = str(exception) if exception is not None and str(exception) else "Bad request."
+    return JsonResponse(error_body(message=message, status_code=400, code="bad_request"), status=400)
 
 
 def page_not_found(request, exception=None):

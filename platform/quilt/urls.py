@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+handler400 = "quilt.api_errors.bad_request"
 handler404 = "quilt.api_errors.page_not_found"
 handler500 = "quilt.api_errors.server_error"
 

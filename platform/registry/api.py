@@ -7,11 +7,12 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from apikeys.models import Scope
 from quilt.pagination import StrictLimitOffsetPagination
+from quilt.parsers import QuiltJSONParser
 from registry import promotion, selectors, services
 from registry.errors import RegistryRefusal, UploadTooLarge
 from registry.models import Adapter
@@ -36,7 +37,7 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 class _RegistryApi(TenantAPIView):
     required_roles = {"GET": Role.VIEWER, "POST": Role.DEVELOPER, "DELETE": Role.DEVELOPER}
     required_scopes = {"GET": "", "POST": Scope.ADAPTERS_WRITE, "DELETE": Scope.ADAPTERS_WRITE}
-    parser_classes = [JSONParser, FormParser, MultiPartParser]
+    parser_classes = [QuiltJSONParser, FormParser, MultiPartParser]
 
     def handle_exception(self, exc):
         if isinstance(exc, RegistryRefusal):

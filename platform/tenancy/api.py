@@ -14,6 +14,7 @@ from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership, Plan, Tenant
 from tenancy.serializers import (
     AuditLogOutput,
+    AuditLogQueryInput,
     InvitationAcceptInput,
     InvitationCreatedOutput,
     InvitationOutput,
@@ -23,8 +24,10 @@ from tenancy.serializers import (
     MemberUpdateInput,
     PlanInput,
     PlanOutput,
+    StaffAuditLogQueryInput,
     TenantAuditLogOutput,
     TenantCreateInput,
+    TenantListQueryInput,
     TenantOutput,
     TenantSettingsInput,
     TenantUpdateInput,
@@ -76,13 +79,13 @@ class OwnAuditLogApi(TenantAPIView):
     required_roles = {"GET": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN}
     pagination_class = StrictLimitOffsetPagination
+    filter_params = ("action", "actor")
 
-    @extend_schema(responses=TenantAuditLogOutput(many=True))
+    @extend_schema(parameters=[AuditLogQueryInput], responses=TenantAuditLogOutput(many=True))
     def get(self, request):
-        rows = selectors.audit_log_list(
-            tenant=self.tenant, action=request.query_params.get("action", ""),
-            actor=request.query_params.get("actor", ""),
-        )  # fmt: skip
+        query = AuditLogQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = selectors.audit_log_list(tenant=self.tenant, **query.validated_data)
         return _page(self, request, rows, TenantAuditLogOutput)
 
 
@@ -172,14 +175,16 @@ class MemberDetailApi(TenantAPIView):
 
 class TenantListApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
-    @extend_schema(responses=TenantOutput(many=True))
+    filter_params = ("search", "status")
+    @extend_schema(parameters=[TenantListQueryInput], responses=TenantOutput(many=True))
     def get(self, request):
+        query = TenantListQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
         tenants = Tenant.objects.select_related("plan").order_by("slug")
-        search = request.query_params.get("search", "")
-        if search:
+        if search := query.validated_data.get("search"):
             tenants = tenants.filter(slug__icontains=search) | tenants.filter(name__icontains=search)
-        if request.query_params.get("status"):
-            tenants = tenants.filter(status=request.query_params["status"])
+        if status_ := query.validated_data.get("status"):
+            tenants = tenants.filter(status=status_)
         return _page(self, request, tenants, TenantOutput)
 
     @extend_schema(request=TenantCreateInput, responses={201: TenantOutput})
@@ -234,12 +239,12 @@ class PlanDetailApi(StaffAPIView):
 
 class AuditLogApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
-    @extend_schema(responses=AuditLogOutput(many=True))
+    filter_params = ("tenant", "action", "actor")
+    @extend_schema(parameters=[StaffAuditLogQueryInput], responses=AuditLogOutput(many=True))
     def get(self, request):
-        tenant = None
-        if request.query_params.get("tenant"):
-            tenant = get_object_or_404(Tenant, slug=request.query_params["tenant"])
-        rows = selectors.audit_log_list(
-            tenant=tenant, action=request.query_params.get("action", ""), actor=request.query_params.get("actor", "")
-        )
-        return _page(self, request, rows, AuditLogOutput)
+        query = StaffAuditLogQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = dict(query.validated_data)
+        if slug := filters.pop("tenant", ""):
+            filters["tenant"] = get_object_or_404(Tenant, slug=slug)
+        return _page(self, request, selectors.audit_log_list(**filters), AuditLogOutput)

@@ -6,6 +6,8 @@ from django.db import models
 
 from tenancy.webhook_targets import validate_webhook_url
 
+NOT_NEGATIVE = [MinValueValidator(Decimal(0))]
+
 
 class Plan(models.Model):
     """Limits and prices a tenant buys. Prices are per million tokens, in the platform's currency."""
@@ -27,11 +29,11 @@ class Plan(models.Model):
     scheduling_weight = models.DecimalField(
         max_digits=6, decimal_places=2, default=Decimal("1.00"), validators=[MinValueValidator(Decimal("0.01"))]
     )
-    price_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
-    price_cached_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
-    price_output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    price_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0), validators=NOT_NEGATIVE)
+    price_cached_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0), validators=NOT_NEGATIVE)
+    price_output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0), validators=NOT_NEGATIVE)
     max_concurrent_fine_tuning_jobs = models.PositiveIntegerField(default=1)
-    price_training_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    price_training_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0), validators=NOT_NEGATIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,3 +1,4 @@
+from django.core.validators import slug_re
 from rest_framework import serializers
 
 from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
@@ -48,16 +49,44 @@ class WebhookSecretOutput(serializers.Serializer):
     webhook_secret = serializers.CharField(help_text="Shown this once: sign-check webhooks with it.")
 
 
+class PlanField(serializers.SlugRelatedField):
+    """A plan by its slug; what can't be a slug is refused before the lookup (PostgreSQL refuses a NUL: a 500)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", queryset=Plan.objects.all(), **kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and not slug_re.fullmatch(data):
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data[:50])
+        return super().to_internal_value(data)
+
+
 class TenantCreateInput(serializers.Serializer):
     slug = serializers.SlugField(max_length=50)
     name = serializers.CharField(max_length=200)
-    plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all())
+    plan = PlanField()
     billing_email = serializers.EmailField(required=False, default="")
+
+
+class TenantListQueryInput(serializers.Serializer):
+    """?search= (in slug or name) and ?status= filter the staff's tenant list; ?limit= and ?offset= page it."""
+
+    search = serializers.CharField(required=False, max_length=200)
+    status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
+
+
+class AuditLogQueryInput(serializers.Serializer):
+    action = serializers.CharField(required=False, max_length=64, help_text="Actions starting with this: api_key.")
+    actor = serializers.CharField(required=False, max_length=150, help_text="Rows of the user with this username.")
+
+
+class StaffAuditLogQueryInput(AuditLogQueryInput):
+    tenant = serializers.SlugField(required=False, help_text="Rows of the tenant with this slug.")
 
 
 class TenantUpdateInput(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
-    plan = serializers.SlugRelatedField(slug_field="slug", queryset=Plan.objects.all(), required=False)
+    plan = PlanField(required=False)
     status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
     billing_email = serializers.EmailField(required=False, allow_blank=True)
     webhook_url = serializers.URLField(required=False, allow_blank=True)

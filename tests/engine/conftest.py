@@ -1,7 +1,9 @@
 """Tiny random checkpoints and PEFT adapters, and transformers + PEFT as the oracle."""
 
 import json
+import time
 
+import httpx
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -131,3 +133,18 @@ def checkpoints(tmp_path_factory):
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def wait_until_healthy(process, client, log_path, *, timeout: float = 180) -> None:
+    """Waits for an engine server started as `process` to answer /v1/health with 200; fails with its log if it
+    exits first or is not healthy within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            if client.get("/v1/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "engine did not become healthy"
+        time.sleep(0.2)

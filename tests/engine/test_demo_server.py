@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import adapters
 from engine.demo import corpus
 from engine.demo.builder import RECIPES, adapter_dir, ensure_demo
+from tests.engine.conftest import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "demo-test-token"
@@ -34,16 +34,7 @@ def demo_server(tmp_path_factory):
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"},
                           timeout=60)
-    deadline = time.monotonic() + 180
-    while True:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            if client.get("/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "engine did not become healthy"
-        time.sleep(0.2)
+    wait_until_healthy(process, client, log_path)
     base_config = json.loads((demo / "config.json").read_text())
     client.adapters = {
         r.skill: {"digest": adapters.load_adapter(adapter_dir(demo, r.skill), base_config).digest,

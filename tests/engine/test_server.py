@@ -24,6 +24,7 @@ import adapters
 from engine.demo import corpus
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import llama_config, new_base_model
+from tests.engine.conftest import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-engine-token"
@@ -82,16 +83,7 @@ def server(model_dir, tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
-    deadline = time.monotonic() + 180
-    while True:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            if client.get("/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "engine did not become healthy"
-        time.sleep(0.2)
+    wait_until_healthy(process, client, log_path)
     client.process = process
     client.queue_name = queue_name
     client.log_path = log_path
@@ -292,6 +284,14 @@ BAD_REQUESTS = [
     ("bad-weight", {"prompt": "hi", "weight": 0}, "weight must be a number > 0"),
     ("bad-metadata", {"prompt": "hi", "metadata": ["x"]}, "metadata must be a JSON object"),
     ("bad-digest", {"prompt": "hi", "adapter": {"digest": "xyz"}}, "sha256 hex digest"),
+    # numbers JSON has not, or that no sampler can use: refused, never scheduled (a seed past 64 bits failed
+    # the engine's step, and with it every request in flight and the engine's health)
+    ("nan-temperature", b'{"prompt": "hi", "sampling": {"temperature": NaN}}', "NaN is not a JSON number"),
+    ("infinite-weight", b'{"prompt": "hi", "weight": Infinity}', "Infinity is not a JSON number"),
+    ("overflowing-temperature", b'{"prompt": "hi", "sampling": {"temperature": 1e400}}',
+     "temperature must be a finite number"),
+    ("overflowing-weight", b'{"prompt": "hi", "weight": 1e400}', "weight must be a number > 0"),
+    ("huge-seed", {"prompt": "hi", "sampling": {"seed": 2**70, "temperature": 1}}, "seed must be a 64-bit integer"),
 ]
 
 
@@ -303,6 +303,16 @@ def test_bad_requests_get_400_before_scheduling(server, body, message):
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]["message"]
     assert server.get("/v1/state").json()["steps"] == steps_before
+
+
+def test_a_tiny_temperature_is_greedy(server):
+    """Dividing the logits by 1e-300 overflowed them: every token came out as id 0."""
+    body = {"prompt": "the cat sees", "stream": False}
+    greedy = server.post("/v1/generate", json={**body, "sampling": {"temperature": 0, "max_tokens": 6}}).json()
+    tiny = server.post("/v1/generate", json={**body, "sampling": {"temperature": 1e-300, "max_tokens": 6,
+                                                                  "seed": 3}}).json()
+    assert tiny["token_ids"] == greedy["token_ids"] and len(set(greedy["token_ids"])) > 1
+    assert server.get("/v1/health").status_code == 200
 
 
 def test_adapter_above_the_rank_limit_is_unavailable(server, adapter_refs):
@@ -341,6 +351,9 @@ def test_prefetch_and_evict_adapters(server, adapter_refs):
     assert ref["digest"] not in state["gpu"] and ref["digest"] not in state["host"]
     assert server.delete(f"/v1/adapters/{'f' * 64}").status_code == 404
     assert generate(server, adapter=ref, prompt="hi")["finish_reason"] in ("stop", "length")
+    for tier in (["gpu"], {"gpu": 1}, "moon"):  # a list was a 500
+        response = server.post("/v1/adapters/prefetch", json={**ref, "tier": tier})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "tier", response.text
 
 
 def test_metrics_parse_with_prometheus_client(server, adapter_refs):
@@ -383,6 +396,45 @@ def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs,
     assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")
 
 
+def _health_over(sock: socket.socket) -> bytes:
+    """One GET /v1/health on an open connection; the answer's status line, b"" if the engine had closed it."""
+    sock.sendall(f"GET /v1/health HTTP/1.1\r\nHost: engine\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        data = sock.recv(65536)
+        if not data:
+            return b""
+        answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_an_idle_connection_stays_open_longer_than_clients_reuse_it(server):
+    """The gateway reuses an idle engine connection for 2 s after it read an answer's end, which on a loaded
+    machine is seconds after the engine wrote it; uvicorn's default 5 s keep-alive closed connections under
+    such reuses (a reset for the request sent on it). The engine keeps them far longer."""
+    with socket.create_connection((server.base_url.host, server.base_url.port), timeout=30) as sock:
+        assert _health_over(sock) == b"HTTP/1.1 200 OK"
+        time.sleep(6.5)  # past uvicorn's default
+        assert _health_over(sock) == b"HTTP/1.1 200 OK"
+
+
+@pytest.mark.parametrize(("method", "path", "content", "status"), [
+    ("GET", "/v1/generate", b"", 405), ("POST", "/v1/no-such-route", b"{}", 404),
+    ("POST", "/v1/generate", b"[" * 100_000, 400), ("POST", "/v1/tokenize", b"[" * 100_000 + b"]" * 100_000, 400),
+], ids=["wrong-method", "unknown-route", "unclosed-nesting", "deep-nesting"])
+def test_every_refusal_is_in_the_documented_error_shape(server, method, path, content, status):
+    response = server.request(method, path, content=content)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] and error["message"] and "param" in error
+    if status == 405:
+        assert response.headers["allow"] == "POST"
+
+
 def test_graceful_shutdown_finishes_running_requests(server):
     body = {"request_id": "last-1", "prompt": "the cat", "stream": True,
             "sampling": {"max_tokens": MIX, "ignore_eos": True}}
@@ -395,4 +447,5 @@ def test_graceful_shutdown_finishes_running_requests(server):
     assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
     assert "Application shutdown complete" in server.log_path.read_text()
     assert usage_events(server, request_ids={"last-1"})["last-1"]["finish_reason"] == "length"
+
 

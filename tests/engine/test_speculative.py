@@ -2,9 +2,16 @@
 mixed adapters, both proposers, preemption and prefix-cache hits; stops, limits and logprobs per token."""
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.server.adapter_registry import AdapterRegistry
+from engine.server.app import EngineAPI, build_app
+from engine.server.engine_loop import EngineLoop
+from engine.server.metrics import EngineMetrics
 from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -228,3 +235,45 @@ def test_sampled_tokens_follow_the_model_when_the_draft_disagrees(checkpoints, a
     tv = 0.5 * sum(abs(seconds[t] / total - p) for t, p in expected.items())
     # four times the bound on a correct sampler's expected distance over 3 tokens, 0.5 * sqrt(4 / (pi n))
     assert tv < 2.26 / total**0.5, (tv, total, seconds, expected)
+
+
+def test_inter_token_metric_counts_every_token_of_a_speculative_step(checkpoints):
+    """A step that accepts k speculative tokens after a gap g is k inter-token gaps of g/k: the histogram counts
+    completion_tokens - 1 gaps per request (not one per step), summing to the time from first token to last."""
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64,
+                                    speculative_method="draft", speculative_model=str(checkpoints["llama"]),
+                                    num_speculative_tokens=3, speculative_min_acceptance=0.0))
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
+    app = build_app(EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny",
+                              drain_timeout_s=1.0), token="t")
+    auth = {"Authorization": "Bearer t"}
+    body = {"prompt_token_ids": [7, 8, 9, 10, 11], "stream": False, "tenant": "itl",
+            "sampling": {"temperature": 0, "max_tokens": 13, "ignore_eos": True}}
+    with TestClient(app) as client:
+        answer = client.post("/v1/generate", json=body, headers=auth).json()
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics", headers=auth).text)}
+    assert len(answer["token_ids"]) == 13
+    assert engine.speculation_state()["tokens_per_step"] > 2  # the draft is the model: every proposal accepted
+    itl = families["quilt_engine_inter_token_seconds"]
+    samples = {s.name: s.value for s in itl.samples if s.labels.get("tenant") == "itl" and "le" not in s.labels}
+    assert samples["quilt_engine_inter_token_seconds_count"] == 12
+    decode_s = (answer["usage"]["e2e_ms"] - answer["usage"]["ttft_ms"]) / 1000.0
+    assert 0 < samples["quilt_engine_inter_token_seconds_sum"] <= decode_s * 1.1 + 0.01
+    assert "k tokens" in itl.documentation  # the choice is in the help text
+
+
+def test_time_to_first_token_is_one_observation_per_request(checkpoints):
+    """n completions share their prompt: the request has one first token, and each completion n - 1 gaps."""
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64))
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
+    app = build_app(EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny",
+                              drain_timeout_s=1.0), token="t")
+    body = {"prompt_token_ids": [7, 8, 9], "stream": False, "tenant": "ttft",
+            "sampling": {"n": 3, "temperature": 1.0, "seed": 5, "max_tokens": 4, "ignore_eos": True}}
+    with TestClient(app) as client:
+        assert client.post("/v1/generate", json=body, headers={"Authorization": "Bearer t"}).status_code == 200
+        text = client.get("/metrics", headers={"Authorization": "Bearer t"}).text
+    counts = {f.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name.endswith("_count") and s.labels.get("tenant") == "ttft"}
+    assert counts["quilt_engine_ttft_seconds"] == 1
+    assert counts["quilt_engine_inter_token_seconds"] == 3 * 3

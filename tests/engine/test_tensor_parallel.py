@@ -2,6 +2,7 @@
 rank, and what happens when a rank dies."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,6 +202,43 @@ def test_heads_must_divide(checkpoints, monkeypatch, capsys):
     monkeypatch.setenv("QUILT_ENGINE_TOKEN", "t")
     assert cli_main(["--model", str(checkpoints["llama"]), "--tensor-parallel-size", "3"]) == 2
     assert "invalid engine configuration: tensor_parallel_size 3 must divide" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_adapter_files_changed_after_rank0_read_them(checkpoints, tp_adapters, oracle, tmp_path):
+    """Rank 0 reads an adapter once and every rank uses those bytes: files replaced or removed after rank 0 read
+    them change nothing, even for a worker slow to get there (a busy machine). An adapter rank 0 cannot read fails
+    its own requests only."""
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), tensor_parallel_size=2, **CONFIG))
+    worker = engine.workers.processes[0].pid
+    replaced = shutil.copytree(tp_adapters["qv"], tmp_path / "replaced")
+    removed = shutil.copytree(tp_adapters["mlp"], tmp_path / "removed")
+    try:
+        os.kill(worker, signal.SIGSTOP)  # the worker is slow ...
+        resume = threading.Timer(2.0, os.kill, (worker, signal.SIGCONT))
+        resume.start()
+        digests = {"replaced": engine.add_adapter(replaced), "removed": engine.add_adapter(removed)}
+        shutil.rmtree(replaced)  # ... and meanwhile the files change: another adapter under the same path
+        shutil.copytree(tp_adapters["all1"], replaced)
+        shutil.rmtree(removed)
+        resume.join()
+        missing = "f" * 64
+        engine.register_adapter(missing, tmp_path / "never-written")  # read lazily, by rank 0 alone
+        prompts = random_prompts(80, [6, 11, 4, 9])
+        names = ["replaced", None, "removed", "missing"]
+        for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+            engine.add_request(f"r{i}", prompt, GREEDY, adapter=digests.get(name, missing if name else None))
+        final = {}
+        deadline = time.monotonic() + 120
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            final.update({o.request_id: o for o in engine.step() if o.finished})
+            time.sleep(0.001)
+        assert engine.failure() is None
+    finally:
+        engine.shutdown()
+    assert final["r3"].finish_reason == "error" and "could not be loaded" in final["r3"].error
+    for i, adapter in enumerate(["qv", None, "mlp"]):
+        assert final[f"r{i}"].token_ids == oracle.greedy(prompts[i], adapter, GREEDY.max_tokens), names[i]
 
 
 def kill_after_steps(engine: LLMEngine, steps: int) -> threading.Thread:

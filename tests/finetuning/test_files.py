@@ -147,3 +147,99 @@ def test_a_file_larger_than_an_inference_request_may_be_is_still_taken(ft_stack)
     created = main.files.create(file=("large.jsonl", content), purpose="fine-tune")
     assert (created.status, created.bytes) == ("processed", len(content))
     main.files.delete(created.id)
+
+
+def _get(stack, tenant: str, path: str):
+    import httpx
+
+    return httpx.get(f"{stack.gateway}/{path}", headers={"Authorization": f"Bearer {stack.keys[tenant]}"}, timeout=60)
+
+
+@pytest.mark.parametrize(("path", "param"), [
+    ("files?purpose=bogus", "purpose"), ("files?purpose=", "purpose"), ("files?order=up", "order"),
+    ("files?limit=0", "limit"), ("files?limit=101", "limit"), ("files?limit=abc", "limit"), ("files?limit=", "limit"),
+    ("files?limit=+5", "limit"), ("files?limit=%D9%A3", "limit"), ("files?limit=99999999999999999999999", "limit"),
+    ("files?after=file-nope", "after"), ("files?after=", "after"), ("files?after=%00", "after"),
+    ("fine_tuning/jobs?limit=1000", "limit"), ("fine_tuning/jobs?after=ftjob-nope", "after"),
+])  # fmt: skip
+def test_a_bad_list_parameter_is_400_naming_it(ft_stack, path, param):
+    response = _get(ft_stack, "main", path)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param) and param in error["message"]
+
+
+def test_files_of_another_openai_purpose_are_an_empty_list(ft_stack):
+    assert client(ft_stack, "main").files.list(purpose="batch").data == []
+
+
+@pytest.mark.parametrize("path", ["files/%00", "files/file-%00/content", "fine_tuning/jobs/%00",
+                                  "fine_tuning/jobs/ftjob-%00/events"])  # fmt: skip
+def test_a_nul_character_in_an_id_is_400(ft_stack, path):
+    response = _get(ft_stack, "main", path)
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_cursor_stays_valid_when_its_file_is_deleted(ft_stack):
+    rival = client(ft_stack, "rival")
+    oldest, middle, newest = (rival.files.create(file=(f"{n}.jsonl", _jsonl(*_good(1))), purpose="fine-tune")
+                              for n in ("a", "b", "c"))  # fmt: skip
+    assert [f.id for f in rival.files.list(limit=1).data] == [newest.id]
+    assert [f.id for f in rival.files.list(limit=1, after=newest.id).data] == [middle.id]
+    rival.files.delete(middle.id)  # between two pages
+    assert [f.id for f in rival.files.list(limit=1, after=middle.id).data] == [oldest.id]
+    assert [f.id for f in rival.files.list(limit=1, after=middle.id, order="asc").data] == [newest.id]
+
+
+@pytest.mark.parametrize("hyperparameters", [
+    '{"learning_rate_multiplier": NaN}', '{"lora_alpha": Infinity}', '{"n_epochs": 1' + "0" * 400 + "}",
+    '{"batch_size": 1e400}', '{"lora_rank": -Infinity}',
+])  # fmt: skip
+def test_a_hyperparameter_that_is_no_finite_number_is_400(ft_stack, hyperparameters):
+    import httpx
+
+    tuner = client(ft_stack, "main")
+    uploaded = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    body = f'{{"model": "{BASE_MODEL}", "training_file": "{uploaded.id}", "hyperparameters": {hyperparameters}}}'
+    response = httpx.post(f"{ft_stack.gateway}/fine_tuning/jobs", content=body, timeout=60,
+                          headers={"Authorization": f"Bearer {ft_stack.keys['main']}",
+                                   "Content-Type": "application/json"})  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith("hyperparameters.")
+
+
+def test_a_job_on_another_tenants_file_is_404_as_if_it_did_not_exist(ft_stack):
+    theirs = client(ft_stack, "rival").files.create(file=("theirs.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    tuner = client(ft_stack, "main")
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=theirs.id))
+    assert refused.status_code == 404 and refused.body["param"] == "training_file"
+    mine = tuner.files.create(file=("mine.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=mine.id,
+                                                             validation_file=theirs.id))  # fmt: skip
+    assert refused.status_code == 404 and refused.body["param"] == "validation_file"
+
+
+def test_a_job_is_cancelled_once(ft_stack):
+    tuner = client(ft_stack, "cancel")
+    data = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    job = tuner.fine_tuning.jobs.create(model=BASE_MODEL, training_file=data.id, metadata={"team": "search"})
+    assert tuner.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    assert [j.id for j in tuner.fine_tuning.jobs.list(metadata={"team": "search"})] == [job.id]
+    assert list(tuner.fine_tuning.jobs.list(metadata={"team": "ads"})) == []
+    again = _refused(lambda: tuner.fine_tuning.jobs.cancel(job.id))
+    assert again.status_code == 400 and again.body["code"] == "job_not_cancellable"
+    assert "cancelled" in again.body["message"]
+    assert _refused(lambda: client(ft_stack, "rival").fine_tuning.jobs.cancel(job.id)).status_code == 404
+    assert tuner.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+
+
+@pytest.mark.parametrize(("field", "value", "status"), [
+    ("training_file", "file-\x00", 404), ("validation_file", "file-\x00", 404),
+    ("metadata", {"team": "a\x00b"}, 400), ("metadata", {"a\x00b": "team"}, 400),
+])  # fmt: skip
+def test_a_nul_character_in_a_job_field_is_refused_not_a_500(ft_stack, field, value, status):
+    tuner = client(ft_stack, "main")
+    uploaded = tuner.files.create(file=("data.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    body = {"model": BASE_MODEL, "training_file": uploaded.id, field: value}
+    refused = _refused(lambda: tuner.fine_tuning.jobs.create(**body))
+    assert refused.status_code == status and refused.body["param"] == field

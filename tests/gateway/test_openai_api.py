@@ -82,6 +82,20 @@ def test_streamed_chat_matches_the_whole_answer_and_ends_with_usage(stack):
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
+def test_streamed_and_whole_usage_report_the_engines_decoding_steps_alike(stack):
+    """The engine's speculative-decoding counts (docs/speculative.md) reach the client in both shapes; this
+    engine does not speculate, so it proposes nothing and samples one token a step."""
+    api = client(stack, stack.keys["main"])
+    request = {"model": BASE_MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0}
+    whole = api.chat.completions.create(**request).usage
+    streamed = list(api.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    last = streamed[-1].usage
+    for usage in (whole, last):
+        assert (usage.spec_proposed_tokens, usage.spec_accepted_tokens) == (0, 0)
+        assert usage.sampling_steps == usage.completion_tokens > 0
+    assert last.model_dump() == whole.model_dump()
+
+
 def test_stream_without_usage_option_has_no_usage_chunk(stack):
     chunks = list(
         client(stack, stack.keys["main"]).chat.completions.create(
@@ -97,6 +111,32 @@ def test_completions_whole_and_streamed(stack):
     assert whole.object == "text_completion" and whole.choices[0].text
     streamed = list(api.completions.create(model="shouty", prompt="w30 w31", max_tokens=5, temperature=0, stream=True))
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == whole.choices[0].text
+
+
+def test_completions_echo_the_prompt_whole_and_streamed(stack):
+    api = client(stack, stack.keys["main"])
+    request = {"model": "shouty", "prompt": "w30 w31", "max_tokens": 4, "temperature": 0, "n": 2}
+    plain = api.completions.create(**request)
+    echoed = api.completions.create(**request, echo=True)
+    assert [c.text for c in echoed.choices] == ["w30 w31" + c.text for c in plain.choices]
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+    streamed = list(api.completions.create(**request, echo=True, stream=True))
+    for choice in echoed.choices:
+        texts = [c.choices[0].text for c in streamed if c.choices and c.choices[0].index == choice.index]
+        assert texts[0].startswith("w30 w31") and "".join(texts) == choice.text
+    with pytest.raises(openai.BadRequestError) as raised:  # prompt logprobs are not served
+        api.completions.create(**request, echo=True, logprobs=1)
+    assert raised.value.param == "echo"
+
+
+def test_top_p_zero_keeps_only_the_likeliest_token(stack):
+    """OpenAI accepts top_p from 0 to 1; the nucleus of p = 0 is the single likeliest token."""
+    api = client(stack, stack.keys["main"])
+    request = {"model": "support", "messages": CHAT, "max_tokens": 8}
+    greedy = api.chat.completions.create(**request, temperature=0).choices[0].message.content
+    for seed in (1, 2, 3):
+        sampled = api.chat.completions.create(**request, temperature=2, top_p=0, seed=seed)
+        assert sampled.choices[0].message.content == greedy
 
 
 def test_sampling_parameters_are_accepted(stack):
@@ -142,9 +182,10 @@ def test_key_without_inference_scope_or_model_is_forbidden(stack):
          "messages.[0].content"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"temperature": 3}, "temperature"),
+        ({"messages": [{"role": "user", "content": "w1"}, {"role": "bot", "content": "w2"}]}, "messages.[1].role"),
         ({"frobnicate": True}, "frobnicate"),
     ],
-    ids=["tools", "image", "json-mode", "temperature-range", "unknown-parameter"],
+    ids=["tools", "image", "json-mode", "temperature-range", "wrong-role", "unknown-parameter"],
 )
 def test_unsupported_or_invalid_parameters_are_a_clear_400(stack, extra, param):
     body = {"model": BASE_MODEL, "messages": CHAT} | extra
@@ -170,3 +211,12 @@ def test_a_prompt_past_the_context_is_a_400_with_the_engines_reason(stack):
     with pytest.raises(openai.BadRequestError) as raised:
         client(stack, stack.keys["main"]).completions.create(model=BASE_MODEL, prompt=prompt, max_tokens=2)
     assert "1100 tokens" in raised.value.message
+    assert (raised.value.code, raised.value.param) == ("context_length_exceeded", "prompt")  # OpenAI's
+
+
+def test_a_chat_past_the_context_is_a_400_naming_the_messages(stack):
+    messages = [{"role": "user", "content": "w10 " * 1100}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(stack, stack.keys["main"]).chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=2)
+    assert raised.value.status_code == 400 and "tokens" in raised.value.message
+    assert (raised.value.code, raised.value.param) == ("context_length_exceeded", "messages")

@@ -97,9 +97,45 @@ def test_another_tenants_usage_never_shows(usage):
         "group_by=week",
         "start=2020-01-01&end=2026-01-01",
         "start=yesterday",
+        # blank values are mistakes, not "use the default"
+        "start=",
+        "end=",
+        "group_by=",
+        "start=2026-10-01&end=",
+        # only YYYY-MM-DD, the format the error message names
+        "start=2026-1-5&end=2026-1-6",
+        "start=20261001",
+        "start=%D9%A2%D9%A0%D9%A2%D9%A6-10-01",  # Arabic-Indic digits
+        "start=2026-10-01T00:00:00Z",
+        "start=2026-02-30",
+        "start=%00",
+        # the last day a date can name has no "next day" to end the range
+        "start=9999-12-01&end=9999-12-31",
+        # a misspelt parameter is not silently the default range
+        "since=2026-10-01",
+        "group-by=model",
     ],
 )
 def test_bad_queries_are_400(usage, query):
     response = usage["client"].get(f"/api/v1/usage?{query}")
-    assert response.status_code == 400
-    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+@pytest.mark.parametrize(("query", "word"), [
+    ("start=", "start"), ("end=2026-10-32", "end"), ("group_by=week", "group_by"), ("since=2026-10-01", "since"),
+    ("start=9999-12-01&end=9999-12-31", "end"), ("start=2026-10-31&end=2026-10-01", "start"),
+])  # fmt: skip
+def test_a_bad_query_says_which_parameter(usage, query, word):
+    assert word in usage["client"].get(f"/api/v1/usage?{query}").json()["error"]["message"]
+
+
+def test_a_bad_query_on_the_csv_export_is_400_too(usage):
+    response = usage["client"].get("/api/v1/usage.csv?start=2026-13-01")
+    assert response.status_code == 400 and b"start" in response.content
+
+
+def test_a_range_ending_in_the_future_is_fine(usage):
+    response = usage["client"].get("/api/v1/usage?start=2099-01-01&end=2099-12-31&format=json")
+    assert response.status_code == 200 and response.json()["end"] == "2099-12-31"

@@ -200,3 +200,12 @@ def test_an_upload_gone_from_storage_fails_with_a_message(writer, base_model, ad
     failed = adapter_version_validate(version_id=version.pk)
     assert (failed.status, failed.failure_code) == ("failed", "upload_missing")
     assert failed.failure_message == "The uploaded files are no longer stored; upload again."
+
+
+def test_a_rank_past_the_platforms_limit_fails_with_a_readable_message(settings, writer, base_model, adapter_zip,
+                                                                        media_root):  # fmt: skip
+    settings.QUILT_ADAPTER_MAX_RANK = 2
+    version = ready_version(writer, "wide-rank", adapter_zip)  # rank 4
+    assert version.status == "failed" and version.failure_code == "rank_too_large"
+    assert "rank 4" in version.failure_message and "up to 2" in version.failure_message
+    assert writer.get("/api/v1/adapters/wide-rank").json()["current_version"] is None

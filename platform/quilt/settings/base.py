@@ -47,6 +47,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "quilt.middleware.RefuseNulInUrlMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -103,7 +104,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env("REDIS_URL", default="")
 
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+            "OPTIONS": {"pool_class": "quilt.redis_pool.SharedConnectionPool"},  # not a connection per request
+        }
+    }  # fmt: skip
     CHANNEL_LAYERS = {
         # redis-py 8 gives up on a read after 5 s by default, exactly as long as channels_redis's blocking pop
         # waits: under load the read lost the race and every idle websocket dropped. Reads outlast the pop.
@@ -180,6 +186,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "quilt.negotiation.StrictContentNegotiation",
+    "DEFAULT_PARSER_CLASSES": [
+        "quilt.parsers.QuiltJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

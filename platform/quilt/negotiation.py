@@ -1,0 +1,15 @@
+"""Content negotiation for the management API: an unknown `?format=` is a 400 naming the formats the API renders
+(DRF answers 404, as if the URL did not exist). A `.csv` URL suffix that matches no route stays a 404."""
+
+from rest_framework import exceptions
+from rest_framework.negotiation import DefaultContentNegotiation
+
+
+class StrictContentNegotiation(DefaultContentNegotiation):
+    def select_renderer(self, request, renderers, format_suffix=None):
+        name = self.settings.URL_FORMAT_OVERRIDE
+        requested = request.query_params.get(name) if name else None
+        formats = [renderer.format for renderer in renderers]
+        if format_suffix is None and requested is not None and requested not in formats:
+            raise exceptions.ValidationError({name: f"Must be one of {', '.join(formats)}."})
+        return super().select_renderer(request, renderers, format_suffix)

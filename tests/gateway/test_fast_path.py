@@ -1,0 +1,186 @@
+"""The completion routes' answers as a client sees them, head and body, whichever way the gateway serves them:
+the headers the platform's HTTPS policy adds, the rate-limit headers, the request id, and errors in OpenAI's shape."""
+
+import json
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import BASE_MODEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+SECURITY = {"x-content-type-options": "nosniff", "referrer-policy": "same-origin", "cross-origin-opener-policy": "same-origin"}
+RATELIMIT = {f"x-ratelimit-{name}" for name in ("limit-requests", "limit-tokens", "remaining-requests", "remaining-tokens",
+                                                "reset-requests", "reset-tokens")}  # fmt: skip
+PAYLOADS = {
+    "chat/completions": {"model": BASE_MODEL, "messages": [{"role": "user", "content": "w20 w21"}], "max_tokens": 3},
+    "completions": {"model": BASE_MODEL, "prompt": "w20 w21", "max_tokens": 3},
+}
+
+
+def _post(stack, route: str, body, *, key: str | None = None, headers: dict | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key or stack.keys['main']}", **(headers or {})}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{stack.gateways[0]}/{route}", content=content, headers=headers, timeout=60)
+
+
+def _names(response: httpx.Response) -> set[str]:
+    return {name.lower() for name in response.headers} - {"date", "server", "content-length", "transfer-encoding"}
+
+
+@pytest.mark.parametrize("route", PAYLOADS)
+def test_a_stream_has_the_head_and_body_of_the_platform(stack, route):
+    response = _post(stack, route, PAYLOADS[route] | {"stream": True, "stream_options": {"include_usage": True}})
+    assert response.status_code == 200, response.text
+    assert _names(response) == {"content-type", "cache-control", "x-accel-buffering", "x-request-id"} | RATELIMIT | set(SECURITY)
+    assert response.headers["content-type"] == "text/event-stream"
+    assert response.headers["cache-control"] == "no-cache" and response.headers["x-accel-buffering"] == "no"
+    assert {name: response.headers[name] for name in SECURITY} == SECURITY
+    assert response.headers["transfer-encoding"] == "chunked"
+    assert int(response.headers["x-ratelimit-remaining-requests"]) < int(response.headers["x-ratelimit-limit-requests"])
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    request_id = response.headers["x-request-id"]
+    assert all(chunk["id"].endswith(request_id) for chunk in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize("route", PAYLOADS)
+def test_a_whole_answer_has_the_head_of_the_platform(stack, route):
+    response = _post(stack, route, PAYLOADS[route])
+    assert response.status_code == 200, response.text
+    assert _names(response) == {"content-type", "x-request-id"} | RATELIMIT | set(SECURITY)
+    assert response.headers["content-type"] == "application/json"
+    assert {name: response.headers[name] for name in SECURITY} == SECURITY
+    assert response.json()["id"].endswith(response.headers["x-request-id"])
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "status", "code", "ratelimited"),
+    [
+        (b"{not json", None, 400, None, True),
+        ({"model": BASE_MODEL, "prompt": "w1", "max_tokens": 0}, None, 400, None, True),
+        ({"model": "no-such-model", "prompt": "w1"}, None, 404, "model_not_found", True),
+        ({"model": BASE_MODEL, "prompt": "w1"}, "qk-not-a-key", 401, "invalid_api_key", False),
+    ],
+    ids=["bad-json", "bad-field", "unknown-model", "bad-key"],
+)
+def test_a_refusal_has_the_error_shape_and_head(stack, body, key, status, code, ratelimited):
+    response = _post(stack, "completions", body, key=key)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    assert response.headers["content-type"] == "application/json" and response.headers["x-request-id"]
+    assert {name: response.headers[name] for name in SECURITY} == SECURITY
+    assert (RATELIMIT <= _names(response)) is ratelimited
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [("application/json; charset=utf-8", 200), ("Application/JSON", 200), ("text/plain; charset=utf-8", 415)],
+)
+def test_the_content_type_is_read_as_django_reads_it(stack, content_type, status):
+    response = _post(stack, "chat/completions", PAYLOADS["chat/completions"] | {"stream": True},
+                     headers={"Content-Type": content_type})  # fmt: skip
+    assert response.status_code == status, response.text
+    if status == 415:
+        assert response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_other_methods_on_a_completion_route_are_refused(stack):
+    response = httpx.get(f"{stack.gateways[0]}/completions", headers={"Authorization": f"Bearer {stack.keys['main']}"})
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert {name: response.headers[name] for name in SECURITY} == SECURITY
+
+
+
+PROXY = ("HTTP_X_FORWARDED_PROTO", "https")
+
+
+@pytest.mark.parametrize("proxy_header", [None, PROXY], ids=["no-proxy-header", "proxy-header"])
+@pytest.mark.parametrize(
+    ("scheme", "headers"),
+    [
+        ("http", []),
+        ("https", []),
+        ("http", [(b"x-forwarded-proto", b"https")]),
+        ("https", [(b"x-forwarded-proto", b"http")]),
+        ("http", [(b"x-forwarded-proto", b" https , http")]),
+        ("http", [(b"x-forwarded-proto", b"http"), (b"x-forwarded-proto", b"https")]),
+        ("http", [(b"x-forwarded-proto", b"https"), (b"x-forwarded-proto", b"http")]),
+        ("http", [(b"x_forwarded_proto", b"https")]),  # Django ignores names with underscores
+    ],
+)
+@pytest.mark.parametrize("hsts", [0, 3600])
+@pytest.mark.parametrize("redirect", [False, True])
+def test_the_fast_paths_https_policy_is_djangos(settings, scheme, headers, proxy_header, hsts, redirect):
+    """What the fast path decides from the ASGI scope (secure or not, redirected or not, which headers it adds) is
+    what Django's SecurityMiddleware decides for the ASGIRequest of the same scope."""
+    import io
+
+    from django.core.handlers.asgi import ASGIRequest
+    from django.http import HttpResponse
+    from django.middleware.security import SecurityMiddleware
+
+    from gateway.asgi import HttpsPolicy
+
+    settings.SECURE_PROXY_SSL_HEADER = proxy_header
+    settings.SECURE_SSL_REDIRECT = redirect
+    settings.SECURE_HSTS_SECONDS = hsts
+    settings.SECURE_HSTS_PRELOAD = True
+    settings.ALLOWED_HOSTS = ["gateway.example"]
+    middleware = SecurityMiddleware(lambda request: None)
+    policy = HttpsPolicy(middleware)
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "", "query_string": b"",
+             "scheme": scheme, "headers": [(b"host", b"gateway.example"), *headers], "server": ("127.0.0.1", 8000)}  # fmt: skip
+    request = ASGIRequest(scope, io.BytesIO(b""))
+    secure = policy.secure(scope)
+    assert secure == request.is_secure()
+    assert policy.redirects(secure=secure) == (middleware.process_request(request) is not None)
+    answered = middleware.process_response(request, HttpResponse(content_type="text/event-stream"))
+    added = [(name.lower().encode(), value.encode()) for name, value in answered.items() if name != "Content-Type"]
+    assert policy.headers(secure=secure) == added
+    assert (b"strict-transport-security" in dict(added)) is (bool(hsts) and secure)
+
+
+def test_a_client_that_goes_away_cancels_its_request_and_only_then():
+    """The client's disconnect cancels its request (the request's `finally` runs: the hold is settled, the engine
+    request aborted) and the server's task ends normally; the server's own cancellation still ends the task."""
+    import asyncio
+
+    from gateway.asgi import _until_disconnected
+
+    async def scenario(*, client_leaves: bool) -> list[str]:
+        happened = []
+        left = asyncio.Event()
+
+        async def receive():
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def serving():
+            try:
+                await asyncio.sleep(30)
+                happened.append("finished")
+            finally:
+                happened.append("cleaned up")
+
+        task = asyncio.create_task(_until_disconnected(serving(), receive))
+        await asyncio.sleep(0.01)
+        if client_leaves:
+            left.set()
+        else:
+            task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done, "the request was not cancelled"
+        happened.append("cancelled" if task.cancelled() else "returned")
+        happened.append(f"cancelling={task.cancelling()}")
+        return happened
+
+    assert asyncio.run(scenario(client_leaves=True)) == ["cleaned up", "returned", "cancelling=0"]
+    assert asyncio.run(scenario(client_leaves=False)) == ["cleaned up", "cancelled", "cancelling=1"]

@@ -180,23 +180,34 @@
   // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
   //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML
   //   {"type": "refresh"}                          re-fetch the page's [data-live-region] elements
-  var socketUp = false;
+  // The server closes a socket it refuses (logged out, no longer a member) with 4403: retrying can't help, so stop
+  // and say so. Any other close is a dropped network or a restarting server: retry, waiting longer each time.
+  var FORBIDDEN = 4403, RETRY_FIRST_MS = 1000, RETRY_MAX_MS = 30000;
+  var socketUp = false, retryMs = RETRY_FIRST_MS;
   function connect(path) {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + window.location.host + path);
     var indicator = document.querySelector("[data-live-indicator]");
     socket.onopen = function () {
       socketUp = true;
+      retryMs = RETRY_FIRST_MS;
       if (indicator) { indicator.classList.add("on"); indicator.textContent = "Live"; }
       document.body.dataset.liveConnected = "yes";
       // Work still in flight may have finished before this socket subscribed: catch up once.
       if (document.querySelector("[data-live-pending]")) refreshRegions("connect");
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
       socketUp = false;
-      if (indicator) { indicator.classList.remove("on"); indicator.textContent = "Reconnecting…"; }
+      if (indicator) indicator.classList.remove("on");
+      if (event.code === FORBIDDEN) {
+        if (indicator) indicator.textContent = "Live updates off: reload the page";
+        document.body.dataset.liveConnected = "refused";
+        return;
+      }
+      if (indicator) indicator.textContent = "Reconnecting…";
       document.body.dataset.liveConnected = "no";
-      setTimeout(function () { connect(path); }, 2000);
+      setTimeout(function () { connect(path); }, retryMs);
+      retryMs = Math.min(retryMs * 2, RETRY_MAX_MS);
     };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
@@ -239,7 +250,8 @@
   // Fallback only while the socket is down (server restarting, a proxy without websockets): while work is in
   // flight, look again every few seconds. With the socket up, news comes only as pushes.
   setInterval(function () {
-    if (document.body.dataset.live && !socketUp && document.querySelector("[data-live-pending]")) refreshRegions("poll");
+    var down = document.body.dataset.live && !socketUp && document.body.dataset.liveConnected !== "refused";
+    if (down && document.querySelector("[data-live-pending]")) refreshRegions("poll");
   }, 3000);
 
   // Phones: the menu button opens the sidebar as a drawer; the scrim, Escape or a link choice closes it.

@@ -63,6 +63,21 @@ def test_revoking_stops_the_key(tenant, member_of):
         api_key_authenticate(presented=secret)
 
 
+@pytest.mark.parametrize("action", ["key-revoke", "key-rotate"])
+def test_an_action_url_opened_with_get_is_the_consoles_page_leading_back_to_the_keys(tenant, member_of, action):
+    """A Revoke or Rotate URL opened from history or pasted: not a blank 405, and nothing changes."""
+    client, _ = member_of(tenant, "developer")
+    key, secret = api_key_create(actor=Actor.system(), tenant=tenant, name="old", scopes=["inference"])
+    response = client.get(reverse(f"console:{action}", kwargs={"slug": tenant.slug, "prefix": key.prefix}))
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert response["Content-Type"].startswith("text/html")
+    assert b"This action runs from its button" in response.content
+    assert f'href="{keys_url(tenant)}"'.encode() in response.content
+    assert api_key_authenticate(presented=secret) == key
+    api = client.get(f"/api/v1/keys/{key.pk}/revoke")  # the management API keeps its JSON errors
+    assert api.status_code == 405 and api.json()["error"]["type"]
+
+
 def test_rotating_issues_a_successor_and_keeps_the_old_key_for_the_grace_period(tenant, member_of):
     client, _ = member_of(tenant, "developer")
     key, old_secret = api_key_create(actor=Actor.system(), tenant=tenant, name="svc", scopes=["inference"])

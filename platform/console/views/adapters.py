@@ -10,12 +10,12 @@ from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
-from django.views.decorators.http import require_POST
 
 from console.access import Role, actor_of, tenant_page
 from console.forms import AdapterUploadForm
 from console.listing import listing
 from console.pages import render_page
+from console.views.post_only import post_only
 from registry.errors import RegistryRefusal
 from registry.models import AdapterVersion
 from registry.promotion import adapter_promote, adapter_rollback
@@ -122,7 +122,7 @@ def _done(request, adapter):
     return redirect("console:adapter", slug=request.seat.tenant.slug, name=adapter.name)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.DEVELOPER)
 def adapter_promote_view(request, name: str):
     adapter = _adapter(request, name)
@@ -140,7 +140,7 @@ def adapter_promote_view(request, name: str):
     return _done(request, adapter)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.DEVELOPER)
 def adapter_rollback_view(request, name: str):
     adapter = _adapter(request, name)
@@ -153,7 +153,7 @@ def adapter_rollback_view(request, name: str):
     return _done(request, adapter)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.DEVELOPER)
 def adapter_delete_view(request, name: str):
     adapter = _adapter(request, name)

@@ -7,7 +7,6 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
 from billing.invoices import month_bounds, previous_month
 from billing.selectors import month_invoicing
@@ -15,6 +14,7 @@ from billing.services import invoices_issue_by_staff
 from console.access import actor_of, staff_page
 from console.forms import FIRST_DATE, LAST_DATE
 from console.pages import render_page
+from console.views.post_only import post_only
 
 
 def _month(value: str | None) -> date:
@@ -50,7 +50,7 @@ def invoicing(request):
     return render_page(request, "console/invoicing.html", context, section="invoicing")
 
 
-@require_POST
+@post_only
 @staff_page
 def invoicing_issue(request):
     month = _month(request.POST.get("month"))

@@ -9,7 +9,6 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
 from apikeys.selectors import api_keys_of
 from apikeys.services import api_key_create, api_key_revoke, api_key_rotate
@@ -17,6 +16,7 @@ from console.access import Role, actor_of, tenant_page
 from console.forms import SCOPE_HELP, ApiKeyCreateForm, ApiKeyRotateForm
 from console.listing import listing
 from console.pages import render_page
+from console.views.post_only import post_only
 from tenancy.authority import NotAllowed
 
 SORTABLE = {
@@ -114,7 +114,7 @@ def _key(request, prefix: str):
     return get_object_or_404(api_keys_of(tenant=request.seat.tenant), prefix=prefix)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.DEVELOPER)
 def key_revoke(request, prefix: str):
     key = _key(request, prefix)
@@ -129,7 +129,7 @@ def key_revoke(request, prefix: str):
     return redirect("console:keys", slug=request.seat.tenant.slug)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.DEVELOPER)
 def key_rotate(request, prefix: str):
     key = _key(request, prefix)

@@ -10,13 +10,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils.html import format_html
-from django.views.decorators.http import require_POST
 
 from console.access import Role, actor_of, tenant_page
 from console.forms import MemberAddForm, MemberRoleForm
 from console.invitations import emails_reach_inboxes
 from console.listing import listing
 from console.pages import render_page
+from console.views.post_only import post_only
 from tenancy.invitations import invitation_create, invitation_revoke
 from tenancy.selectors import invitations_of, invitations_pending_of, members_of
 from tenancy.services import member_add, member_change_role, member_remove
@@ -91,7 +91,7 @@ def _invite(request, form):
     return _back(request)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.ADMIN)
 def invitation_revoke_view(request, invitation_id: int):
     invitation = get_object_or_404(invitations_of(tenant=request.seat.tenant), pk=invitation_id)
@@ -108,7 +108,7 @@ def _membership(request, member_id: int):
     return get_object_or_404(members_of(tenant=request.seat.tenant), pk=member_id)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.ADMIN)
 def member_role(request, member_id: int):
     membership = _membership(request, member_id)
@@ -126,7 +126,7 @@ def member_role(request, member_id: int):
     return _back(request)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.ADMIN)
 def member_remove_view(request, member_id: int):
     membership = _membership(request, member_id)

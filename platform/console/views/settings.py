@@ -6,10 +6,10 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import redirect
 from django.utils.html import format_html
-from django.views.decorators.http import require_POST
 
 from console.access import Role, actor_of, tenant_page
 from console.pages import render_page
+from console.views.post_only import post_only
 from tenancy.services import tenant_settings_update, tenant_webhook_secret_set
 
 
@@ -41,7 +41,7 @@ def tenant_settings(request):
     return redirect("console:settings", slug=request.seat.tenant.slug)
 
 
-@require_POST
+@post_only
 @tenant_page(Role.ADMIN)
 def webhook_secret_rotate(request):
     secret = tenant_webhook_secret_set(actor=actor_of(request), tenant=request.seat.tenant, secret="")

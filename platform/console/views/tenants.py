@@ -5,13 +5,13 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
 from billing.selectors import tenant_margin
 from console.access import actor_of, staff_page
 from console.forms import TenantCreateForm, TenantPlanForm, TenantStatusForm
 from console.listing import listing
 from console.pages import render_page
+from console.views.post_only import post_only
 from gateway.selectors import admission_month_drift
 from tenancy.models import Plan, Tenant
 from tenancy.selectors import members_of
@@ -88,7 +88,7 @@ def _update(request, tenant: Tenant, changes: dict, done: str):
     return redirect("console:tenant-detail", slug=tenant.slug)
 
 
-@require_POST
+@post_only
 @staff_page
 def tenant_plan(request, slug: str):
     tenant = get_object_or_404(Tenant, slug=slug)
@@ -100,7 +100,7 @@ def tenant_plan(request, slug: str):
     return _update(request, tenant, {"plan": plan}, f"{tenant.name} is now on the {plan.name} plan.")
 
 
-@require_POST
+@post_only
 @staff_page
 def tenant_status(request, slug: str):
     tenant = get_object_or_404(Tenant, slug=slug)

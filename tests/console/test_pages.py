@@ -78,3 +78,23 @@ def test_pages_follow_the_role(role, visible, tenant, member_of):
     for name in TENANT_PAGES:
         expected = 200 if name in visible else 403
         assert client.get(tenant_url(name, tenant)).status_code == expected, (role, name)
+
+
+@pytest.mark.parametrize(
+    ("status", "banner"),
+    [
+        ("suspended", b"This tenant is suspended."),
+        ("closed", b"This tenant is closed."),
+        ("active", None),
+    ],
+)
+def test_members_of_a_tenant_that_is_not_active_see_why_on_every_page(tenant, member_of, status, banner):
+    tenant.status = status
+    tenant.save(update_fields=["status"])
+    client, _ = member_of(tenant, "owner")
+    for name in ["tenant-overview", "keys"]:
+        content = client.get(tenant_url(name, tenant)).content
+        if banner is None:
+            assert b"This tenant is" not in content, name
+        else:
+            assert banner in content and b"API keys are refused" in content, name

@@ -67,17 +67,24 @@ def badge(status) -> str:
     return format_html('<span class="badge badge-{}" data-status="{}">{}</span>', tone, status, status)
 
 
+COMPACT_UNITS = ((1e3, "K"), (1e6, "M"), (1e9, "B"), (1e12, "T"))
+
+
 @register.filter
 def compact(value) -> str:
-    """12_345_678 -> 12.3M: token counts in cards and charts."""
+    """12_345_678 -> 12.3M: token counts in cards and charts. One decimal below 100 of a unit, none from 100; what
+    rounds up to 1000 of a unit is shown in the next (99_950 -> 100K, 999_950 -> 1.0M, never 100.0K or 1000K)."""
     if value in (None, ""):
         return "—"
     number = float(value)
-    for limit, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(number) >= limit:
-            scaled = number / limit
-            return f"{scaled:.1f}{suffix}" if scaled < 100 else f"{scaled:.0f}{suffix}"
-    return f"{int(number):,}"
+    if abs(round(number)) < 1000:
+        return f"{round(number):,}"
+    for limit, suffix in COMPACT_UNITS:
+        text = f"{number / limit:.1f}"
+        if abs(float(text)) >= 100:
+            text = f"{number / limit:.0f}"
+        if abs(float(text)) < 1000 or suffix == COMPACT_UNITS[-1][1]:
+            return text + suffix
 
 
 @register.filter

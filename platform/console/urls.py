@@ -21,6 +21,7 @@ from console.views import (
     tenants,
     usage,
 )
+from console.views.post_only import post_only
 
 app_name = "console"
 
@@ -70,7 +71,7 @@ platform_urls = [
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
          name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", post_only(auth_views.LogoutView.as_view()), name="logout"),
     path(
         "welcome/<uidb64>/<token>/",
         auth_views.PasswordResetConfirmView.as_view(

@@ -132,3 +132,14 @@ def test_a_form_whose_csrf_token_went_stale_gets_the_consoles_page_with_a_way_ba
     refused = client.post(upload, {"name": "x", "csrfmiddlewaretoken": "y" * 32}, HTTP_X_REQUESTED_WITH="XMLHttpRequest",
                           HTTP_REFERER=f"http://testserver{upload}")  # fmt: skip
     assert refused.status_code == 403 and "This form expired" in refused.json()["errors"][0]
+
+
+def test_opening_the_logout_url_says_to_use_the_button_and_keeps_the_session(tenant, member_of):
+    """Django's LogoutView answers only POST: /logout/ typed in the address bar was a blank 405."""
+    client, _ = member_of(tenant, "viewer")
+    response = client.get(reverse("console:logout"))
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert b"This action runs from its button" in response.content and b'href="/"' in response.content
+    assert client.get(reverse("console:keys", kwargs={"slug": tenant.slug})).status_code == 200
+    assert client.post(reverse("console:logout")).status_code == 302
+    assert client.get(reverse("console:keys", kwargs={"slug": tenant.slug})).status_code == 302

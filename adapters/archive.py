@@ -51,6 +51,9 @@ def unpacked(source: Path, *, limits: ArchiveLimits) -> Iterator[Path]:
         shutil.rmtree(workdir)
 
 
+_ARCHIVE_SUFFIXES = ((".zip", "zip"), (".tar.gz", "tar.gz"), (".tgz", "tar.gz"), (".tar", "tar"))
+
+
 def _archive_kind(source: Path) -> str:
     if not source.exists():
         raise AdapterError("source_missing", f"{source.name} does not exist")
@@ -67,6 +70,13 @@ def _archive_kind(source: Path) -> str:
             "unsupported_source",
             f"{source.name} alone is not an adapter; upload the folder holding adapter_config.json and "
             "adapter_model.safetensors, zipped",
+        )
+    named = next((kind for suffix, kind in _ARCHIVE_SUFFIXES if source.name.lower().endswith(suffix)), None)
+    if named is not None:  # named as an archive, but isn't one
+        raise AdapterError(
+            "archive_corrupt",
+            f"{source.name} is not a readable {named} archive (damaged, or another kind of file renamed); upload the "
+            "folder PEFT's save_pretrained wrote, zipped",
         )
     raise AdapterError(
         "unsupported_source",

@@ -34,7 +34,9 @@ class CheckedUpload:
 
 def _refusal(error: adapters.AdapterError) -> RegistryRefusal:
     text = error.message.strip()
-    text = text[:1].upper() + text[1:]
+    first_word = text.split(" ", 1)[0]
+    if first_word.isalpha() and first_word.islower():  # a sentence; not a file or field name ("adapter.zip", "lora_alpha")
+        text = text[:1].upper() + text[1:]
     if not text.endswith("."):
         text += "."
     return RegistryRefusal(text, code=error.code)

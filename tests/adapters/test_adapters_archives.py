@@ -61,7 +61,8 @@ CASES = [
     ("tar-absolute", tarred((tar_file("/tmp/evil"), b"x")), "archive_unsafe_path", "absolute path"),
     ("tar-bomb", tarred(*((tar_file(n), d) for n, d in valid_files().items()), (tar_file("pad"), b"\x00" * (8 << 20))), "archive_compression_ratio", "zip bomb"),
     ("tar-too-many-members", tarred(*((tar_file(f"f{i}.txt"), b"x") for i in range(300))), "archive_too_many_members", "more than 256"),
-    ("not-an-archive", file_source("upload.zip", b"hello, world" * 50), "unsupported_source", "not a directory, a .zip or a .tar.gz"),
+    ("not-an-archive", file_source("upload.bin.txt", b"hello, world" * 50), "unsupported_source", "not a directory, a .zip or a .tar.gz"),
+    ("damaged-zip", file_source("upload.zip", b"hello, world" * 50), "archive_corrupt", "upload.zip is not a readable zip archive"),
     ("two-adapters", zipped(*((f"one/{n}", d) for n, d in valid_files().items()), *((f"two/{n}", d) for n, d in valid_files().items())), "multiple_adapters", "one, two"),
     ("source-missing", lambda tmp: tmp / "nowhere.zip", "source_missing", "does not exist"),
 ]

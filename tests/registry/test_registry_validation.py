@@ -54,15 +54,16 @@ def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, wron
 
 def test_pickles_and_stray_files_are_refused_before_a_version_exists(writer, base_model, media_root):
     cases = [
-        ("adapter_model.bin", b"\x80\x04data", "pickle_file", "is a pickle file"),
-        ("adapter.zip", bytes(range(256)) * 8, "unsupported_source", "Adapter.zip is not a directory, a .zip"),
-        ("adapter_config.json", b'{"r": 4}', "weights_missing", "no adapter_model.safetensors beside it"),
+        ("adapter_model.bin", b"\x80\x04data", "pickle_file", "adapter_model.bin is a pickle file"),
+        ("adapter.zip", bytes(range(256)) * 8, "archive_corrupt", "adapter.zip is not a readable zip archive"),
+        ("adapter_config.json", b'{"r": 4}', "weights_missing", "adapter_config.json found but no adapter_model"),
     ]
     for filename, data, code, message in cases:
         response = create_adapter(writer, "refused", data, filename=filename)
         assert response.status_code == 400, response.content
         error = response.json()["error"]
-        assert error["code"] == code and message in error["message"], error
+        # file names keep their case: the tenant's "adapter.zip" is not "Adapter.zip"
+        assert error["code"] == code and error["message"].startswith(message), error
     assert not AdapterVersion.objects.exists() and files_under(media_root) == []
 
 

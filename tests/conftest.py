@@ -1,7 +1,9 @@
 """Fixtures shared across the suite: a real Celery worker process against Redis, on the test database."""
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,3 +76,48 @@ def celery_worker(transactional_db):
     worker = start_worker(include=("tests.platform.worker_tasks",))
     yield worker
     stop_worker(worker)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisProcess:
+    """A private redis-server we can stop and restart, to play an unreachable broker."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def private_redis():
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisProcess(_free_port())
+    server.start()
+    yield server
+    server.stop()

@@ -1,28 +1,16 @@
 """The gateway's connections to Redis are kept and reused, not opened per request. Counted on a private
 redis-server (the shared one has other clients), from its own tally of connections received."""
 
-import shutil
 
 import httpx
 import pytest
 import redis
 
-from tests.engine.test_usage import RedisProcess
 from tests.gateway.conftest import free_port, launch_gateway, stop, wait_for_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 LOOKUPS = 30
-
-
-@pytest.fixture
-def private_redis():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisProcess(free_port())
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_key_lookups_reuse_the_caches_redis_connections(stack, private_redis, tmp_path):

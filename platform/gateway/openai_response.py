@@ -18,8 +18,9 @@ class Choice:
 
 @dataclass
 class Usage:
-    """OpenAI's usage, and the engine's speculative-decoding counts of its usage event (docs/speculative.md),
-    which a client benchmarking latency can read; billing counts tokens the same however they were made."""
+    """OpenAI's usage, and, where the engine speculated for the request, its speculative-decoding counts
+    (docs/speculative.md), which a client benchmarking latency can read; billing counts tokens the same however
+    they were made. Without speculation the usage is OpenAI's shape alone."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -29,16 +30,17 @@ class Usage:
     sampling_steps: int = 0
 
     def body(self) -> dict:
-        return {
+        body = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": 0},
-            "spec_proposed_tokens": self.spec_proposed_tokens,
-            "spec_accepted_tokens": self.spec_accepted_tokens,
-            "sampling_steps": self.sampling_steps,
         }
+        if self.spec_proposed_tokens:
+            body |= {"spec_proposed_tokens": self.spec_proposed_tokens, "spec_accepted_tokens": self.spec_accepted_tokens,
+                     "sampling_steps": self.sampling_steps}  # fmt: skip
+        return body
 
 
 @dataclass

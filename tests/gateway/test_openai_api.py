@@ -82,18 +82,31 @@ def test_streamed_chat_matches_the_whole_answer_and_ends_with_usage(stack):
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
-def test_streamed_and_whole_usage_report_the_engines_decoding_steps_alike(stack):
-    """The engine's speculative-decoding counts (docs/speculative.md) reach the client in both shapes; this
-    engine does not speculate, so it proposes nothing and samples one token a step."""
+def test_streamed_and_whole_usage_are_openais_shape_alike_without_speculation(stack):
+    """This engine does not speculate: the usage is OpenAI's fields alone, the same streamed and whole."""
     api = client(stack, stack.keys["main"])
     request = {"model": BASE_MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0}
     whole = api.chat.completions.create(**request).usage
     streamed = list(api.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
     last = streamed[-1].usage
     for usage in (whole, last):
-        assert (usage.spec_proposed_tokens, usage.spec_accepted_tokens) == (0, 0)
-        assert usage.sampling_steps == usage.completion_tokens > 0
+        assert set(usage.model_dump(exclude_unset=True)) == {
+            "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"
+        }  # fmt: skip
     assert last.model_dump() == whole.model_dump()
+
+
+def test_usage_carries_the_engines_speculative_counts_where_it_speculated():
+    """The three counts the engine's final event carries (docs/speculative.md) reach the client's usage when the
+    engine proposed tokens for the request; the relay reads them with the rest of the usage (engine_events)."""
+    from gateway import engine_events
+    from gateway.openai_response import Usage
+
+    assert set(engine_events.USAGE_COUNTS) >= {"spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps"}
+    body = Usage(prompt_tokens=5, completion_tokens=9, spec_proposed_tokens=8, spec_accepted_tokens=6,
+                 sampling_steps=3).body()  # fmt: skip
+    assert body["total_tokens"] == 14
+    assert (body["spec_proposed_tokens"], body["spec_accepted_tokens"], body["sampling_steps"]) == (8, 6, 3)
 
 
 def test_stream_without_usage_option_has_no_usage_chunk(stack):

@@ -36,20 +36,22 @@ def fitting_block_size(*, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_d
     """The smallest power of two from `at_least` whose chunk holds the widest adapter row (a row never straddles
     two chunks: docs/engine-memory.md): 16 for most models, 64 for a Qwen2-7B shape, 32 for Llama-3-8B with an
     fp8 KV cache."""
+    def holds_a_row(block_size: int) -> bool:
+        try:
+            chunk = PagedMemory.chunk_values(block_size=block_size, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+                                             kv_dtype=kv_dtype)  # fmt: skip
+        except ValueError:  # not a whole number of model-dtype values: a larger block may be
+            return False
+        return chunk >= _widest(widths)
+
     block_size = 1 << (at_least - 1).bit_length()
-    while _chunk(block_size, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype) < _widest(widths):
+    while not holds_a_row(block_size):
         block_size *= 2
     return block_size
 
 
 def _widest(widths: list[tuple[int, int]]) -> int:
     return max(max(w) for w in widths)
-
-
-def _chunk(block_size: int, *, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> int:
-    """Whole model-dtype values in a chunk (0 when its bytes are not a whole number of them)."""
-    kv_bytes = block_size * kv_heads * head_dim * kv_dtype.itemsize
-    return 0 if kv_bytes % dtype.itemsize else kv_bytes // dtype.itemsize
 
 
 def count_pages(config: EngineConfig, args: ModelArgs, *, device: torch.device, model_dtype: torch.dtype,

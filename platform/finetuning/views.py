@@ -54,7 +54,8 @@ def _in_thread(operation: Callable, request, caller: Caller, kwargs: dict) -> Ht
 
 
 def _refuse_nul(kwargs: dict, query) -> None:
-    """No id or parameter holds a NUL character (and PostgreSQL refuses one in a query: a 500, not a 400)."""
+    """No id or parameter holds a NUL character (and PostgreSQL refuses one in a query: a 500, not a 400). The
+    platform's RefuseNulInUrlMiddleware does not run here: /v1/ is served without middleware (gateway/asgi.py)."""
     for name, values in query.lists():
         if "\x00" in name or any("\x00" in value for value in values):
             raise invalid(f"{name} holds a NUL character, which no parameter can hold.", param=name)

@@ -167,14 +167,10 @@ async def _serve(request, send) -> None:
         response = _answered(ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url"))
     except asyncio.CancelledError:
         raise
-    except STORE_DOWN as error:
-        response = _answered(service_unavailable())
-        log.warning("the inference API could not reach a store on %s %s (request %s): %r", request.method,
-                    request.path, response["x-request-id"], error)  # fmt: skip
-    except Exception:
-        response = _answered(ApiError(500, "The server failed to handle this request.", code="internal_error"))
-        log.exception("the inference API failed on %s %s (request %s)", request.method, request.path,
-                      response["x-request-id"])  # fmt: skip
+    except Exception as error:
+        request_id = uuid.uuid4().hex
+        response = _failed(error, method=request.method, path=request.path, request_id=request_id)
+        response["x-request-id"] = request_id
     await _send(_https.process_response(request, response), send)
 
 
@@ -183,6 +179,16 @@ def _answered(error: ApiError):
     response = error.response()
     response["x-request-id"] = uuid.uuid4().hex
     return response
+
+
+def _failed(error: Exception, *, method: str, path: str, request_id: str) -> HttpResponse:
+    """An unexpected failure around a view, logged, as the API's answer: 503 when a store is down, else 500."""
+    if isinstance(error, STORE_DOWN):
+        log.warning("the inference API could not reach a store on %s %s (request %s): %r", method, path, request_id,
+                    error)  # fmt: skip
+        return service_unavailable().response()
+    log.error("the inference API failed on %s %s (request %s)", method, path, request_id, exc_info=error)
+    return ApiError(500, "The server failed to handle this request.", code="internal_error").response()
 
 
 COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
@@ -222,13 +228,8 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None
             response, exchange = await views.error_response(error), None
     except asyncio.CancelledError:
         raise
-    except STORE_DOWN as error:
-        response, exchange = service_unavailable().response(), None
-        log.warning("the inference API could not reach a store on %s %s (request %s): %r", method, path, request_id,
-                    error)  # fmt: skip
-    except Exception:
-        response, exchange = ApiError(500, "The server failed to handle this request.", code="internal_error").response(), None
-        log.exception("the inference API failed on %s %s (request %s)", method, path, request_id)
+    except Exception as error:
+        response, exchange = _failed(error, method=method, path=path, request_id=request_id), None
     if exchange is None or not exchange.generation.stream:
         response["x-request-id"] = request_id
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)

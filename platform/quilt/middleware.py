@@ -1,6 +1,7 @@
 """A NUL character in a URL's path or query string is refused with a 400 before any view runs: no name, id or
 filter value holds one, and PostgreSQL refuses one in a query, which would otherwise fail the lookup as a 500.
-(JSON bodies are checked field by field: DRF's CharField refuses NUL characters.)"""
+(JSON bodies are checked field by field: DRF's CharField refuses NUL characters.) The /v1/ API is served without
+the platform's middleware (gateway/asgi.py); its views that look ids up check for a NUL themselves."""
 
 from django.http import HttpResponseBadRequest, JsonResponse
 

@@ -1,6 +1,6 @@
 """Lists page with ?limit=&offset= (at most 200 a page); a limit or offset that is not a whole number, or a limit
 past the largest page, is a 400, not silently the default or the largest page. So is a parameter the list does
-not take (`?page=2`, `?sort=`): the view names its filters in `filter_params`."""
+not take (`?page=2`, `?sort=`): a view's filters are the fields of its `query_input` serializer."""
 
 from rest_framework import exceptions
 from rest_framework.pagination import LimitOffsetPagination
@@ -19,7 +19,9 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
             raise exceptions.ValidationError({name: f"Must be at most {maximum}."})
 
     def _known(self, request, view) -> None:
-        known = {self.limit_query_param, self.offset_query_param, "format", *getattr(view, "filter_params", ())}
+        query_input = getattr(view, "query_input", None)
+        filters = query_input().fields if query_input is not None else ()
+        known = {self.limit_query_param, self.offset_query_param, "format", *filters}
         unknown = sorted(name for name in request.query_params if name not in known)
         if unknown:
             takes = ", ".join(sorted(known - {"format"}))

@@ -79,11 +79,11 @@ class OwnAuditLogApi(TenantAPIView):
     required_roles = {"GET": Role.ADMIN}
     required_scopes = {"GET": Scope.ADMIN}
     pagination_class = StrictLimitOffsetPagination
-    filter_params = ("action", "actor")
+    query_input = AuditLogQueryInput
 
     @extend_schema(parameters=[AuditLogQueryInput], responses=TenantAuditLogOutput(many=True))
     def get(self, request):
-        query = AuditLogQueryInput(data=request.query_params)
+        query = self.query_input(data=request.query_params)
         query.is_valid(raise_exception=True)
         rows = selectors.audit_log_list(tenant=self.tenant, **query.validated_data)
         return _page(self, request, rows, TenantAuditLogOutput)
@@ -175,10 +175,10 @@ class MemberDetailApi(TenantAPIView):
 
 class TenantListApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
-    filter_params = ("search", "status")
+    query_input = TenantListQueryInput
     @extend_schema(parameters=[TenantListQueryInput], responses=TenantOutput(many=True))
     def get(self, request):
-        query = TenantListQueryInput(data=request.query_params)
+        query = self.query_input(data=request.query_params)
         query.is_valid(raise_exception=True)
         tenants = Tenant.objects.select_related("plan").order_by("slug")
         if search := query.validated_data.get("search"):
@@ -239,10 +239,10 @@ class PlanDetailApi(StaffAPIView):
 
 class AuditLogApi(StaffAPIView):
     pagination_class = StrictLimitOffsetPagination
-    filter_params = ("tenant", "action", "actor")
+    query_input = StaffAuditLogQueryInput
     @extend_schema(parameters=[StaffAuditLogQueryInput], responses=AuditLogOutput(many=True))
     def get(self, request):
-        query = StaffAuditLogQueryInput(data=request.query_params)
+        query = self.query_input(data=request.query_params)
         query.is_valid(raise_exception=True)
         filters = dict(query.validated_data)
         if slug := filters.pop("tenant", ""):

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.grammar import Grammar
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, Usage, merge_choices
 from engine.server.metrics import EngineMetrics, adapter_label
 from engine.server.protocol import BadRequest, GenerateRequest
+from engine.tool_calls import ToolCallFormat, ToolCallStream
 from engine.usage.emitter import UsageEmitter
 from engine.usage.event import UsageEvent, now_utc
 
@@ -44,6 +46,9 @@ class RequestHandle:
     request: GenerateRequest
     prompt_token_ids: list[int]
     arrival: float  # time.monotonic() when the server received it
+    grammar: Grammar | None = None  # compiled before it was submitted
+    tool_format: ToolCallFormat | None = None  # its output is parsed for tool calls in this convention
+    tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)  # index -> its calls, as streamed
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: dict[int, RequestOutput] = field(default_factory=dict)
     last_token_time: dict[int, float] = field(default_factory=dict)
@@ -97,13 +102,15 @@ class EngineLoop:
         self._commands.put((fn, future))
         return await asyncio.wrap_future(future)
 
-    async def submit(self, request: GenerateRequest, prompt_token_ids: list[int], *, arrival: float) -> RequestHandle:
+    async def submit(self, request: GenerateRequest, prompt_token_ids: list[int], *, arrival: float,
+                     grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None) -> RequestHandle:
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
         failure = self.engine.failure()
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
-        handle = RequestHandle(request=request, prompt_token_ids=prompt_token_ids, arrival=arrival)
+        handle = RequestHandle(request=request, prompt_token_ids=prompt_token_ids, arrival=arrival, grammar=grammar,
+                               tool_format=tool_format)
         await self.call(lambda engine: self._add(handle))
         return handle
 
@@ -186,7 +193,8 @@ class EngineLoop:
             self.metrics.adapter_requests.labels(adapter=adapter_label(adapter), tier=tier).inc()
         try:
             self.engine.add_request(request.request_id, handle.prompt_token_ids, request.sampling,
-                                    adapter=adapter, tenant=request.tenant, weight=request.weight)
+                                    adapter=adapter, tenant=request.tenant, weight=request.weight,
+                                    grammar=handle.grammar)
         except ValueError as error:
             raise BadRequest(str(error)) from error
         self.handles[request.request_id] = handle

@@ -73,12 +73,14 @@ class GrammarCompiler:
     server compiles in worker threads while the engine thread steps)."""
 
     def __init__(self, tokenizer_json: Path, *, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 capacity: int = 256) -> None:
+                 capacity: int = 256, max_compile_seconds: float = MAX_COMPILE_SECONDS,
+                 limits: dict[str, int] | None = None) -> None:
         self.tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.capacity = capacity
-        self.limits = llguidance.LLParserLimits(**LIMITS)
+        self.max_compile_seconds = max_compile_seconds
+        self.limits = llguidance.LLParserLimits(**(LIMITS | (limits or {})))
         self.hits = self.misses = 0
         self._cache: collections.OrderedDict[tuple[str, str], Grammar] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -114,12 +116,14 @@ class GrammarCompiler:
         except ValueError as error:
             raise GrammarError(f"{spec.param} is not valid: {error}", param=spec.param) from error
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=self.limits)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # the first mask builds the lexer's start: part of compiling, and a check
         seconds = time.perf_counter() - started
         if matcher.is_error():
             raise GrammarError(f"{spec.param} cannot be used: {_short(matcher.get_error())}", param=spec.param)
-        if seconds > MAX_COMPILE_SECONDS:
-            raise GrammarError(f"{spec.param} is too complex: compiling it took {seconds:.1f} s, the limit is "
-                               f"{MAX_COMPILE_SECONDS} s", param=spec.param)
+        if seconds > self.max_compile_seconds:
+            raise GrammarError(f"{spec.param} is too complex: compiling it took {seconds:.3f} s, the limit is "
+                               f"{self.max_compile_seconds} s", param=spec.param)
         grammar = Grammar(matcher, mask_vocab_size=tokenizer.vocab_size, compile_ms=seconds * 1000.0)
         with self._lock:
             self.misses += 1

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.grammar import JSON_OPTIONS
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -43,8 +45,13 @@ def _calls_rule(functions: list[dict], *, arguments_key: str) -> str:
     names = [f"fn_{i}" for i in range(len(functions))]
     rules = [f"fn: {' | '.join(names)}"]
     for name, function in zip(names, functions, strict=True):
-        rules.append(f"{name}: %json {json.dumps(function_object(function, arguments_key=arguments_key))}")
+        rules.append(inline_json(name, function_object(function, arguments_key=arguments_key)))
     return "\n".join(rules)
+
+
+def inline_json(rule: str, schema: dict) -> str:
+    """A Lark rule for a JSON value of `schema`, with the JSON options of a schema compiled alone (compact)."""
+    return f"{rule}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
 
 
 def _literal(text: str, special_id: Callable[[str], int | None]) -> str:

@@ -11,9 +11,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.grammar import JSON_OPTIONS, GrammarSpec
+from engine.grammar import GrammarSpec
 from engine.server.protocol import BadRequest, GenerateRequest
-from engine.tool_calls import ToolCallFormat
+from engine.tool_calls import ToolCallFormat, inline_json
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def plan(request: GenerateRequest, *, tool_format: ToolCallFormat | None,
     calls = tool_format.grammar(functions, parallel=request.parallel_tool_calls, special_id=special_id)
     if choice == "auto" and answer is None:
         return Structure(template_tools=tools, grammars=(), tool_format=tool_format)
-    start = "start: calls" if choice != "auto" else "start: calls | answer\n" + _inline_json("answer", answer)
+    start = "start: calls" if choice != "auto" else "start: calls | answer\n" + inline_json("answer", answer)
     grammar = GrammarSpec.lark(f"{start}\n{calls}", param="tools")
     return Structure(template_tools=tools, grammars=(*answer_spec, grammar), tool_format=tool_format)
 
@@ -61,11 +61,6 @@ def _answer_schema(response_format: dict | None) -> dict | None:
 
 def _format_param(response_format: dict) -> str:
     return "response_format.json_schema.schema" if response_format["type"] == "json_schema" else "response_format"
-
-
-def _inline_json(rule: str, schema: dict) -> str:
-    """A Lark rule for a JSON value of `schema`, with the same JSON options as a schema compiled alone."""
-    return f"{rule}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

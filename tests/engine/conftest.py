@@ -159,6 +159,7 @@ def checkpoints(tmp_path_factory):
         "qwen3": build_checkpoint(root / "qwen3", "qwen3", seed=4),
         "gemma2": build_checkpoint(root / "gemma2", "gemma2", seed=5),
         "gemma3": build_checkpoint(root / "gemma3", "gemma3", seed=6),
+        "qwen2-yarn": build_checkpoint(root / "qwen2-yarn", "qwen2-yarn", seed=7),
     }
 
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.models.quantized_linear import dequantize, quantize_int8
-from tests.engine.conftest import FAMILIES, Oracle, build_adapter, build_checkpoint, build_tokenizer, random_prompts
+from tests.engine.conftest import FAMILIES, Oracle, build_adapter, build_tokenizer, random_prompts
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MAX_TOKENS = 8
@@ -30,11 +30,8 @@ def family_adapters(base, root) -> dict:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(checkpoints, tmp_path_factory, request):
-    arch = request.param
-    if arch in checkpoints:
-        return arch, checkpoints[arch]
-    return arch, build_checkpoint(tmp_path_factory.mktemp(arch) / "base", arch, seed=8)
+def checkpoint(checkpoints, request):
+    return request.param, checkpoints[request.param]
 
 
 @pytest.fixture(scope="module")

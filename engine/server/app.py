@@ -60,22 +60,31 @@ class EngineAPI:
             return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
         return await asyncio.to_thread(tokenizer.encode, prompt.text)
 
-    def check_length(self, token_ids: list[int]) -> None:
+    def check_length(self, token_ids: list[int], *, max_tokens: int | None = None) -> None:
+        """A prompt must leave room for one more token; with `max_tokens` (the caller asked for a refusal past the
+        context, as OpenAI refuses), for that many."""
         limit = self.engine.max_model_len
         if len(token_ids) >= limit:
             raise BadRequest(f"the prompt has {len(token_ids)} tokens; this model's context is {limit} tokens "
                              f"and the prompt must leave room for at least one more", param="prompt",
                              code=CONTEXT_LENGTH_EXCEEDED)
+        if max_tokens is not None and len(token_ids) + max_tokens > limit:
+            raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{len(token_ids) + max_tokens} tokens ({len(token_ids)} in the prompt, {max_tokens} in "
+                             f"the completion). Please reduce the length of the prompt or completion.",
+                             param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
 
     # routes
     async def generate(self, request: Request) -> Response:
         arrival = time.monotonic()
         generate = parse_generate(await read_json(request))
-        token_ids = await self.tokenize(generate.prompt)
-        self.check_length(token_ids)
+        max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
+        prompts = [await self.tokenize(prompt) for prompt in generate.prompts]
+        for token_ids in prompts:
+            self.check_length(token_ids, max_tokens=max_tokens)
         if generate.adapter is not None:
             await self.registry.ensure(generate.adapter)
-        handle = await self.loop.submit(generate, token_ids, arrival=arrival)
+        handle = await self.loop.submit(generate, prompts, arrival=arrival)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
             if first[0] == "end" and adapter_unavailable(first[1]):

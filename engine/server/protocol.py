@@ -18,7 +18,6 @@ SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
 MAX_PROMPTS = 32  # a batch of prompts in one request
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the model's context
 
 
 class BadRequest(ValueError):
@@ -27,7 +26,7 @@ class BadRequest(ValueError):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-        self.code = code  # for the client to act on, e.g. CONTEXT_LENGTH_EXCEEDED
+        self.code = code  # for the client to act on, e.g. engine.contract.CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL, prompt_fingerprints
 from gateway import engine_client, metrics
 from gateway.admission import (
     admission_acquire,
@@ -155,12 +155,14 @@ class Exchange:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
         await engines_refresh()
         tried: set[str] = set()
+        generation, digest = self.generation, self.target.digest
+        fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
+                                           prompt=generation.prompt, messages=generation.messages)
         for _ in range(ATTEMPTS):
-            candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
-            if not candidates:
+            engine = router.choose(digest=digest, fingerprints=fingerprints, exclude=frozenset(tried))
+            if engine is None:
                 break
-            engine = candidates[0]
-            router.started(engine, self.target.digest)
+            router.started(engine, digest, fingerprints)
             self.engine = engine
             try:
                 await self._try(engine)
@@ -320,7 +322,8 @@ _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_
 
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
     await engines_refresh()
-    for engine in router.candidates(digest=target.digest)[:1]:
+    engine = router.choose(digest=target.digest)
+    if engine is not None:
         try:
             return await engine_client.tokenize(engine, prompt=generation.prompt, messages=generation.messages)
         except EngineUnavailable:

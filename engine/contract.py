@@ -21,13 +21,14 @@ import json
 from engine.usage.event import FINISH_REASONS, SCHEMA_VERSION, TASK_NAME, UsageEvent
 
 __all__ = [
-    "ADAPTER_UNAVAILABLE", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
+    "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
     "UsageEvent", "prompt_fingerprints", "state_load", "state_resident_digests",
 ]  # fmt: skip
 
 EVENT_DELTA = "delta"
 EVENT_FINAL = "final"
 ADAPTER_UNAVAILABLE = "adapter_unavailable"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a request past the model's context
 PREFIX_CHUNK_CHARS = 256  # a prompt fingerprint covers each whole chunk of this many characters of the prompt
 PREFIX_MAX_CHUNKS = 16  # 4 KiB of prompt: system prompts and few-shot preambles, the prefixes worth routing on
 KEEP_ALIVE_SECONDS = 75  # as the gateway's own server: longer than load balancers and clients keep idle connections

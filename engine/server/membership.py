@@ -39,12 +39,12 @@ class RecentPrefixes:
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def record(self, request: GenerateRequest) -> None:
-        prompt = request.prompt
-        fingerprints = prompt_fingerprints(tenant=request.tenant, adapter=request.adapter and request.adapter.digest,
-                                           prompt=prompt.text, messages=prompt.messages)
-        for fingerprint in fingerprints:
-            self._seen[fingerprint] = None
-            self._seen.move_to_end(fingerprint)
+        adapter = request.adapter and request.adapter.digest
+        for prompt in request.prompts:
+            for fingerprint in prompt_fingerprints(tenant=request.tenant, adapter=adapter, prompt=prompt.text,
+                                                   messages=prompt.messages):
+                self._seen[fingerprint] = None
+                self._seen.move_to_end(fingerprint)
         while len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
 

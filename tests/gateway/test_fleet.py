@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from gateway.routing import routable_engines
-from metering.models import UsageEvent
 from gateway.services import HEARTBEAT_MISSES
+from metering.models import UsageEvent
 from tests.gateway.conftest import client, engine_set, free_port, wait_for_engine, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -141,7 +141,6 @@ def test_rolling_restart_of_two_engines_under_load_fails_nothing(stack, fleet):
     replacement = fleet("fleet-b")
     wait_for_engine(replacement)
     wait_until(lambda: {"fleet-b", "fleet-c"} <= routed(), timeout=5, what="fleet-b back")
-    from tests.gateway.conftest import Stack  # noqa: F401 - the processes dict names the live engine per name
 
     with Load(stack, workers=4) as load:
         for name in ("fleet-b", "fleet-c"):

@@ -19,7 +19,7 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
-from engine.models import ModelArgs, read_hf_config
+from engine.models import read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
@@ -42,7 +42,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
-        args = ModelArgs.from_hf_config(self.hf_config)
+        args = read_spec(self.hf_config)
         tp = config.tensor_parallel_size
         check_tensor_parallel(args, size=tp, device=self.device)
         model_dtype = getattr(torch, config.dtype)
@@ -175,7 +175,7 @@ class LLMEngine:
         needed = self.block_manager.blocks_needed(len(prompt_token_ids) + 1)
         if needed > self.block_manager.num_blocks:
             raise ValueError(f"prompt needs {needed} KV blocks; the cache has {self.block_manager.num_blocks}")
-        vocab = self.runner.model.args.vocab_size
+        vocab = self.runner.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if adapter is not None and not self.adapter_pool.is_registered(adapter):

@@ -44,7 +44,7 @@ class EngineAPI:
     # helpers
     async def tokenize(self, prompt: PromptSpec) -> list[int]:
         tokenizer = self.engine.tokenizer
-        vocab = self.engine.runner.model.args.vocab_size
+        vocab = self.engine.runner.model.spec.vocab_size
         if prompt.token_ids is not None:
             if any(t >= vocab for t in prompt.token_ids):
                 raise BadRequest(f"prompt_token_ids must be below the vocabulary size {vocab}",

@@ -73,12 +73,14 @@ def load_adapter(
     )
 
 
-def check_against_base(
-    settings: LoraSettings, entries: dict[str, TensorEntry], base_config: dict[str, Any], *, max_rank: int
+def check_modules_against_base(
+    settings: LoraSettings, entries: dict[str, TensorEntry], base_config: dict[str, Any]
 ) -> None:
-    """The checks that need the base model but only the safetensors header: every module the adapter targets
-    exists in the base's family, every tensor belongs to one, every shape fits (AdapterError if not)."""
-    _check_against(settings, entries, BaseShapes.from_config(base_config), max_rank=max_rank)
+    """The checks of the modules' names, which need the base model's family but only the safetensors header:
+    every module the adapter targets exists in the base's family and every tensor belongs to one of them
+    (AdapterError naming the module and the family if not). Shapes and values are load_adapter's."""
+    shapes = BaseShapes.from_config(base_config)
+    _match_tensors(entries, _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS), shapes)
 
 
 def _check_against(

@@ -2,9 +2,9 @@
 
 They are the `adapters` package's own structural checks, run on the request: the archive is a real .zip or
 .tar.gz and unpacks safely, no pickle anywhere, one adapter_config.json that PEFT would accept, and a
-safetensors file whose header is sound, whose modules the base model's family has (a Phi-3 adapter may name
-the fused or the split projections) and whose shapes fit it. What needs the tensors themselves (finite values,
-the canonical form) stays in the worker's validation. The upload's content digest (SHA-256 over its files) lets an identical
+safetensors file whose header is sound and whose modules the base model's family has (a Phi-3 adapter may name
+the fused or the split projections). The shapes, the values and the canonical form stay in the worker's
+validation. The upload's content digest (SHA-256 over its files) lets an identical
 re-upload be recognised before it becomes a new version.
 """
 
@@ -14,13 +14,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.conf import settings
 from django.core.files import File
 
 import adapters
 from adapters.archive import unpacked
 from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
-from adapters.loader import check_against_base
+from adapters.loader import check_modules_against_base
 from adapters.peft_config import LoraSettings
 from adapters.safetensors_check import check_safetensors
 from registry.errors import RegistryRefusal
@@ -88,7 +87,7 @@ def upload_check(*, files: list[File], base_config: dict) -> CheckedUpload:
                 found = find_adapter_files(root)
                 lora = LoraSettings.from_json(found.config.read_bytes())
                 entries = check_safetensors(found.weights)
-                check_against_base(lora, entries, base_config, max_rank=settings.QUILT_ADAPTER_MAX_RANK)
+                check_modules_against_base(lora, entries, base_config)
         except adapters.AdapterError as error:
             raise _refusal(error) from None
     finally:

@@ -39,22 +39,8 @@ def third_adapter_zip(tmp_path_factory) -> bytes:
 
 @pytest.fixture(scope="session")
 def wrong_base_zip(tmp_path_factory) -> bytes:
-    """Made by PEFT for a wider model (hidden 48): its shapes cannot fit the tiny base (refused at upload)."""
+    """Made by PEFT for a wider model (hidden 48): its shapes cannot fit the tiny base."""
     return zipped(save_peft_adapter(tmp_path_factory.mktemp("peft-wrong"), seed=3, hidden_size=48))
-
-
-@pytest.fixture(scope="session")
-def diverged_zip(tmp_path_factory) -> bytes:
-    """Made by PEFT for the tiny base, then one NaN written into layer 0's q_proj lora_B, as a diverged training
-    run leaves it: the upload's header is sound, so only the worker, which reads the values, fails it."""
-    import safetensors.torch
-
-    directory = save_peft_adapter(tmp_path_factory.mktemp("peft-diverged"), seed=3)
-    weights = directory / "adapter_model.safetensors"
-    tensors = safetensors.torch.load_file(weights)
-    tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"][0, 0] = float("nan")
-    safetensors.torch.save_file(tensors, weights)
-    return zipped(directory)
 
 
 @pytest.fixture

@@ -69,10 +69,10 @@ def test_promote_and_rollback_move_the_alias(
 
 
 @pytest.mark.django_db
-def test_only_ready_versions_can_be_promoted(writer, base_model, adapter_zip, third_adapter_zip, diverged_zip,
+def test_only_ready_versions_can_be_promoted(writer, base_model, adapter_zip, third_adapter_zip, wrong_base_zip,
                                              media_root):  # fmt: skip
     ready_version(writer, "bot", adapter_zip)
-    failed = ready_version(writer, "bot", diverged_zip)
+    failed = ready_version(writer, "bot", wrong_base_zip)
     assert failed.status == "failed"
     writer.post("/api/v1/adapters/bot/versions", {"file": upload("v.zip", third_adapter_zip)}, format="multipart")
     for number, status in ((2, "failed"), (3, "uploaded")):
@@ -132,13 +132,13 @@ def test_tenant_b_can_neither_see_nor_touch_tenant_a_adapters(
 
 
 @pytest.mark.django_db
-def test_resolve_and_delete(tenant_a, writer, base_model, adapter_zip, diverged_zip, media_root):
+def test_resolve_and_delete(tenant_a, writer, base_model, adapter_zip, wrong_base_zip, media_root):
     assert model_resolve(tenant=tenant_a, name=BASE_NAME).adapter is None
     create_adapter(writer, "pending", adapter_zip)
     with pytest.raises(ModelNotFound, match="has no ready version yet"):
         model_resolve(tenant=tenant_a, name="pending")
     ready_version(writer, "bot", adapter_zip)
-    ready_version(writer, "bot", diverged_zip)
+    ready_version(writer, "bot", wrong_base_zip)
     for name in ("bot@2", "bot@7", "bot@x"):
         with pytest.raises(ModelNotFound):
             model_resolve(tenant=tenant_a, name=name)

@@ -42,10 +42,10 @@ def test_a_peft_adapter_becomes_ready_promoted_and_stored_in_canonical_form(
     assert promote.actor_user is None and promote.actor_key is None and promote.after["automatic"] is True
 
 
-def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, diverged_zip, media_root):
-    version = ready_version(writer, "wide", diverged_zip)
-    assert version.status == "failed" and version.failure_code == "tensor_not_finite"
-    assert "layer 0 q_proj" in version.failure_message and "NaN" in version.failure_message
+def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, wrong_base_zip, media_root):
+    version = ready_version(writer, "wide", wrong_base_zip)
+    assert version.status == "failed" and version.failure_code == "tensor_shape"
+    assert "layer 0" in version.failure_message and "expected" in version.failure_message
     detail = writer.get("/api/v1/adapters/wide").json()
     assert detail["current_version"] is None
     assert detail["versions"][0]["failure_message"] == version.failure_message

@@ -31,12 +31,12 @@ def worker_over_media(media_root):
 
 
 def test_uploads_reach_ready_or_failed_in_the_worker(
-    tenant_a, key_client, base_model, adapter_zip, diverged_zip, media_root, worker_over_media
+    tenant_a, key_client, base_model, adapter_zip, wrong_base_zip, media_root, worker_over_media
 ):
     worker_over_media()
     client = key_client(tenant_a, scopes=["adapters:write"])[0]
     good = create_adapter(client, "bot", adapter_zip)
-    bad = create_adapter(client, "wide", diverged_zip)
+    bad = create_adapter(client, "wide", wrong_base_zip)
     assert good.json()["version"]["status"] == bad.json()["version"]["status"] == "uploaded"
     ready = wait_for_status(AdapterVersion.objects.get(adapter__name="bot").pk, ("ready", "failed"))
     failed = wait_for_status(AdapterVersion.objects.get(adapter__name="wide").pk, ("ready", "failed"))
@@ -44,9 +44,9 @@ def test_uploads_reach_ready_or_failed_in_the_worker(
     detail = client.get("/api/v1/adapters/bot").json()
     assert detail["current_version"] == 1 and detail["versions"][0]["digest"] == ready.digest
     assert (media_root / "adapters" / ready.digest / "quilt_adapter.json").is_file()
-    assert failed.status == "failed" and failed.failure_code == "tensor_not_finite"
+    assert failed.status == "failed" and failed.failure_code == "tensor_shape"
     message = client.get("/api/v1/adapters/wide").json()["versions"][0]["failure_message"]
-    assert message == failed.failure_message and "NaN" in message
+    assert message == failed.failure_message and "expected" in message
     assert files_under(media_root / "adapter-uploads") == []
 
 

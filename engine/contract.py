@@ -17,13 +17,14 @@ to read an engine's /v1/state.
 from engine.usage.event import FINISH_REASONS, SCHEMA_VERSION, TASK_NAME, UsageEvent
 
 __all__ = [
-    "ADAPTER_UNAVAILABLE", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
+    "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
     "UsageEvent", "state_load", "state_resident_digests",
 ]  # fmt: skip
 
 EVENT_DELTA = "delta"
 EVENT_FINAL = "final"
 ADAPTER_UNAVAILABLE = "adapter_unavailable"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a request past the model's context
 KEEP_ALIVE_SECONDS = 75  # as the gateway's own server: longer than load balancers and clients keep idle connections
 
 

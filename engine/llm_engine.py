@@ -47,7 +47,7 @@ class LLMEngine:
         check_tensor_parallel(args, size=tp, device=self.device)
         model_dtype = getattr(torch, config.dtype)
         self.kv_dtype = kv_dtype(config.kv_cache_dtype, model_dtype, self.device)
-        longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
+        longest = args.max_position_embeddings  # a sliding window limits what a token sees, not the context
         if config.max_model_len is not None and config.max_model_len > longest:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
         self.max_model_len = config.max_model_len or longest

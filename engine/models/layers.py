@@ -70,12 +70,13 @@ class Attention(nn.Module):
         kernels.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, *scales)
         if ctx.is_decode:
             out = kernels.paged_attention_decode(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales,
+                window=self.window, softcap=self.softcap,
             )
         else:
             out = kernels.paged_attention_prefill(
                 q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale,
-                *scales
+                *scales, window=self.window, softcap=self.softcap,
             )
         return self.comm.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size), ctx))
 

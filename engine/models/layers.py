@@ -70,12 +70,13 @@ class Attention(nn.Module):
         kernels.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, *scales)
         if ctx.is_decode:
             out = kernels.paged_attention_decode(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales,
+                window=self.window, softcap=self.softcap,
             )
         else:
             out = kernels.paged_attention_prefill(
                 q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale,
-                *scales
+                *scales, window=self.window, softcap=self.softcap,
             )
         return self.comm.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size), ctx))
 
@@ -89,7 +90,7 @@ class GatedMLP(nn.Module):
         inter = spec.intermediate_size // comm.size  # this rank's slice
         self.gate_up_proj = Linear(spec.hidden_size, [inter, inter], bias=spec.mlp_bias)
         self.down_proj = Linear(inter, [spec.hidden_size], bias=spec.mlp_bias)
-        self.act_and_mul = {"silu": kernels.silu_and_mul}[spec.activation]
+        self.act_and_mul = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}[spec.activation]
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         return self.comm.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x, ctx)), ctx))

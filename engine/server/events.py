@@ -1,16 +1,21 @@
 """The JSON events of /v1/generate: deltas while a request runs, one final event at its end.
 
-    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?, "tool_calls"?}
+    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?, "prompt_logprobs"?, "tool_calls"?}
     {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error", "error_type",
      "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?,
-                  "tool_calls"?}],
+                  "prompt_logprobs"?, "tool_calls"?}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms",
                "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps"}}
 
-`text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's. A request whose output
-is parsed for tool calls (engine/tool_calls.py) has `text` without the calls' markup and each call once, whole,
-in `tool_calls` ({"index", "id", "name", "arguments"}), in the delta where it completed and again in the final
-event; a choice that called tools finishes with "tool_calls". The usage holds the
+With sampling.prompt_logprobs, a completion's first delta (the one with its first tokens) and its final choice carry
+`prompt_logprobs`: one entry per prompt token, the first one's logprob null (nothing precedes it). A batch of prompts
+has n completions per prompt, indexed prompt * n + i.
+
+A request whose output is parsed for tool calls (engine/tool_calls.py) has `text` without the calls' markup and each
+call once, whole, in `tool_calls` ({"index", "id", "name", "arguments"}), in the delta where it completed and again
+in the final event; a choice that called tools finishes with "tool_calls".
+
+`text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's. The usage holds the
 counts of the request's usage event (speculative decoding's included: docs/speculative.md), streamed or not.
 """
 
@@ -25,6 +30,12 @@ from engine.tool_calls import ToolCallStream
 def logprob_json(entry: Logprob) -> dict[str, Any]:
     return {"token_id": entry.token_id, "logprob": entry.logprob,
             "top": {str(token): value for token, value in entry.top.items()}}
+
+
+def prompt_logprobs_json(output: RequestOutput) -> list[dict[str, Any]]:
+    entries = output.prompt_logprobs or []
+    first = {"token_id": output.prompt_token_ids[0], "logprob": None, "top": {}}
+    return [first] + [logprob_json(e) for e in entries[1:]]
 
 
 def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, int]) -> dict[str, Any] | None:
@@ -47,6 +58,9 @@ def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, in
         event["tool_calls"] = calls
     if handle.request.sampling.logprobs is not None and output.logprobs is not None and output.new_token_ids:
         event["logprobs"] = [logprob_json(e) for e in output.logprobs[-len(output.new_token_ids):]]
+    first_tokens = output.new_token_ids and len(output.token_ids) == len(output.new_token_ids)
+    if handle.request.sampling.prompt_logprobs is not None and first_tokens:
+        event["prompt_logprobs"] = prompt_logprobs_json(output)
     return event
 
 
@@ -64,6 +78,8 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
                 choice["finish_reason"] = "tool_calls"
         if handle.request.sampling.logprobs is not None and output.logprobs is not None:
             choice["logprobs"] = [logprob_json(e) for e in output.logprobs]
+        if handle.request.sampling.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(output)
         choices.append(choice)
     usage = end.usage
     first = choices[0]

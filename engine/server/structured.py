@@ -35,7 +35,7 @@ def plan(request: GenerateRequest, *, tool_format: ToolCallFormat | None,
     choice, tools = request.tool_choice, request.tools
     if tools is None or choice == "none":
         return Structure(template_tools=None, grammars=answer_spec, tool_format=None)
-    if request.prompt.messages is None:
+    if any(prompt.messages is None for prompt in request.prompts):
         raise BadRequest("tools need chat messages", param="tools")
     if tool_format is None:
         raise BadRequest("this model's chat template has no tool-calling convention Quilt knows (Hermes "

@@ -302,5 +302,5 @@ def test_a_model_without_a_tool_convention_refuses_tools():
              special_id=lambda text: None)
     assert error.value.param == "tools"
     assert plan(GenerateRequest(request_id="r", tenant="t", weight=1.0, api_key_id=None, adapter=None,
-                                prompt=PromptSpec(text="x"), sampling=SamplingParams(), stream=False, metadata={}),
+                                prompts=(PromptSpec(text="x"),), sampling=SamplingParams(), stream=False, metadata={}),
                 tool_format=None, special_id=lambda text: None).grammar is None

@@ -75,9 +75,10 @@ class LLMEngine:
         self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
                                    kv_cache_dtype=config.kv_cache_dtype, device=self.device)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
-        self.block_manager = BlockManager(
-            num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
-        )
+        # a block before every layer's window is given back, unless a draft model reads the same tables
+        window = args.sliding_window if None not in args.layer_windows and config.speculative_method != "draft" else None
+        self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching, window=window)
         self.adapter_pool = AdapterPool(
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,

@@ -19,6 +19,7 @@ from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, 
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
+from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
     DIGEST,
     BadRequest,
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 class EngineAPI:
     def __init__(self, loop: EngineLoop, *, registry: AdapterRegistry, model_name: str,
-                 drain_timeout_s: float) -> None:
+                 drain_timeout_s: float, prefixes: RecentPrefixes | None = None) -> None:
         self.loop = loop
+        self.prefixes = prefixes or RecentPrefixes()
+        self.membership: Membership | None = None  # set when the engine joins a control plane
         self.registry = registry
         self.model_name = model_name
         self.drain_timeout_s = drain_timeout_s
@@ -85,6 +88,7 @@ class EngineAPI:
         if generate.adapter is not None:
             await self.registry.ensure(generate.adapter)
         handle = await self.loop.submit(generate, prompts, arrival=arrival)
+        self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
             if first[0] == "end" and adapter_unavailable(first[1]):
@@ -181,6 +185,8 @@ class EngineAPI:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         self.loop.start(asyncio.get_running_loop())
+        if self.membership is not None:
+            self.membership.start()
         yield
         await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
 

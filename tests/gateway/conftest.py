@@ -282,3 +282,30 @@ def client(stack: Stack, key: str, *, gateway: int = 0, **options):
     import openai
 
     return openai.OpenAI(base_url=stack.gateways[gateway], api_key=key, max_retries=0, timeout=60, **options)
+
+
+# Admission's rules, the same for both backends (test_admission*.py).
+@pytest.fixture(params=["database", "redis"])
+def backend(request):
+    from django.test import override_settings
+
+    if request.param == "database":
+        with override_settings(REDIS_URL=""):
+            yield request.param
+        return
+    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+    prefix = f"quilt-admission-test-{uuid.uuid4().hex[:8]}"
+    with override_settings(REDIS_URL=url, QUILT_REDIS_KEY_PREFIX=prefix):
+        yield request.param
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def tenant():
+    from tests.platform.factories import TenantFactory
+
+    return TenantFactory()

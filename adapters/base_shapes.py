@@ -1,18 +1,85 @@
-"""Shapes of the LoRA-targetable projections of a Llama-family base model, read from its config.json."""
+"""Which projections of a base model a LoRA may adapt, per family, and their shapes, read from its config.json.
+
+Every served family names its projections as Llama does (q/k/v/o, gate/up/down), except Phi-3, whose
+checkpoint fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`. PEFT on the real Phi-3 writes
+adapters on the fused names; adapters trained on a split ("llamafied") Phi-3 carry the split names. Both
+are served: a split name stands for its rows of the fused projection.
+"""
 
 from dataclasses import dataclass
 from typing import Any
 
 from adapters.errors import AdapterError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-PROJECTIONS = ATTENTION_MODULES + MLP_MODULES
+PROJECTIONS = ATTENTION_MODULES + MLP_MODULES  # the split projections: the engine's per-module columns
+FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS)  # every name a canonical adapter may carry, in order
+_FUSED_OF = {split: fused for fused, splits in FUSED_PROJECTIONS.items() for split in splits}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What an adapter may target in one model family."""
+
+    name: str  # for people: "Phi-3"
+    architecture: str  # config.json's architectures[0]
+    projections: tuple[str, ...]  # the base's own LoRA-servable linear layers
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # per decoder layer
+    head_norms: bool = False  # self_attn.q_norm / k_norm (Qwen3, Gemma 3)
+    activation: str = "act_fn"  # the MLP's activation module
+
+    @property
+    def split_aliases(self) -> tuple[str, ...]:
+        """Split names served in place of this family's fused projections (Phi-3's q_proj, ..., up_proj)."""
+        return tuple(split for fused in self.projections for split in FUSED_PROJECTIONS.get(fused, ()))
+
+    @property
+    def servable(self) -> tuple[str, ...]:
+        return tuple(m for m in ALL_MODULES if m in self.projections or m in self.split_aliases)
+
+    def describe(self) -> str:
+        return f"a {self.name} base ({self.architecture})"
+
+    def served_list(self) -> str:
+        text = ", ".join(self.projections)
+        return f"{text} (or the split {', '.join(self.split_aliases)})" if self.split_aliases else text
+
+    def missing_module(self, module: str, *, where: str) -> AdapterError:
+        """The refusal of an adapter that adapts a module this family's base does not have."""
+        return AdapterError(
+            "unsupported_module",
+            f"{where} {module}, which {self.describe()} does not have; LoRA is served on {self.served_list()}",
+        )
+
+
+_SPLIT = PROJECTIONS
+_GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm")  # fmt: skip
+FAMILIES: dict[str, Family] = {  # by config.json's model_type
+    "llama": Family("Llama", "LlamaForCausalLM", _SPLIT),
+    "mistral": Family("Mistral", "MistralForCausalLM", _SPLIT),
+    "qwen2": Family("Qwen2", "Qwen2ForCausalLM", _SPLIT),
+    "qwen3": Family("Qwen3", "Qwen3ForCausalLM", _SPLIT, head_norms=True),
+    "gemma2": Family("Gemma 2", "Gemma2ForCausalLM", _SPLIT, norms=_GEMMA_NORMS),
+    "gemma3_text": Family("Gemma 3", "Gemma3ForCausalLM", _SPLIT, norms=_GEMMA_NORMS, head_norms=True),
+    "phi3": Family("Phi-3", "Phi3ForCausalLM", ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+                   activation="activation_fn"),
+}  # fmt: skip
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
+
+def fused_of(module: str) -> str | None:
+    """The fused projection a split name is part of (q_proj -> qkv_proj), None for o_proj / down_proj."""
+    return _FUSED_OF.get(module)
 
 
 def module_parent(module: str) -> str:
-    return "self_attn" if module in ATTENTION_MODULES else "mlp"
+    return "self_attn" if module in ATTENTION_MODULES or module == "qkv_proj" else "mlp"
 
 
 def peft_module_key(layer: int, module: str) -> str:
@@ -35,10 +102,10 @@ class BaseShapes:
         if not isinstance(config, dict):
             raise AdapterError("unsupported_base_model", "the base model's config.json is not a JSON object")
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in FAMILIES:
+            served = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
             raise AdapterError(
-                "unsupported_base_model",
-                f"base model type {model_type!r} is not served; supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+                "unsupported_base_model", f"base model type {model_type!r} is not served; supported: {served}"
             )
         hidden = _positive_int(config, "hidden_size")
         heads = _positive_int(config, "num_attention_heads")
@@ -60,8 +127,15 @@ class BaseShapes:
             )
         return shapes
 
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
     def in_out(self, module: str) -> tuple[int, int]:
-        """(in_features, out_features) of the projection's nn.Linear."""
+        """(in_features, out_features) of the projection's nn.Linear (fused ones: all their slices)."""
+        if module in FUSED_PROJECTIONS:
+            widths = [self.in_out(split) for split in FUSED_PROJECTIONS[module]]
+            return widths[0][0], sum(out for _, out in widths)
         q_width = self.num_heads * self.head_dim
         kv_width = self.num_kv_heads * self.head_dim
         return {
@@ -79,19 +153,38 @@ class BaseShapes:
         in_features, out_features = self.in_out(module)
         return (rank, in_features), (out_features, rank)
 
+    def check_modules(self, modules: set[str] | list[str], *, where: str = "the adapter adapts") -> None:
+        """AdapterError naming the first module (of "layers.{i}.{module}" or bare names) this family lacks."""
+        for module in modules:
+            name = module.rsplit(".", 1)[-1]
+            if name not in self.family.servable:
+                raise self.family.missing_module(name, where=where)
+
     def named_modules(self) -> dict[str, str]:
         """Every module name of the `*ForCausalLM` model PEFT could be pointed at, mapped to what it is."""
+        family = self.family
         names = {"": "model", "model": "model", "model.layers": "layer list", "model.rotary_emb": "rotary"}
         names |= {"model.embed_tokens": "embedding", "lm_head": "lm_head", "model.norm": "norm"}
         for layer in range(self.num_layers):
             prefix = f"model.layers.{layer}"
             names |= {prefix: "decoder layer", f"{prefix}.self_attn": "attention", f"{prefix}.mlp": "MLP"}
-            for module in PROJECTIONS:
+            for module in family.projections:
                 names[peft_module_key(layer, module)] = module
-            names[f"{prefix}.input_layernorm"] = "norm"
-            names[f"{prefix}.post_attention_layernorm"] = "norm"
-            names[f"{prefix}.mlp.act_fn"] = "activation"
+            for norm in family.norms:
+                names[f"{prefix}.{norm}"] = "norm"
+            if family.head_norms:
+                names |= {f"{prefix}.self_attn.q_norm": "norm", f"{prefix}.self_attn.k_norm": "norm"}
+            names[f"{prefix}.mlp.{family.activation}"] = "activation"
         return names
+
+    def split_alias_modules(self) -> dict[str, str]:
+        """The split names a Phi-3 adapter may use in place of the fused projections, by PEFT key; empty for
+        families that have no fused projection."""
+        return {
+            peft_module_key(layer, split): split
+            for layer in range(self.num_layers)
+            for split in self.family.split_aliases
+        }
 
 
 def _positive_int(config: dict[str, Any], field: str) -> int:

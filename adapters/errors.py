@@ -7,7 +7,7 @@ Codes, by where the problem lies:
   config      config_invalid_json config_invalid config_too_complex not_lora unsupported_task
               dora_unsupported modules_to_save_unsupported embedding_unsupported lm_head_unsupported
               fan_in_fan_out_unsupported bias_unsupported unsupported_option unsupported_module
-              no_target_modules
+              no_target_modules module_conflict
   weights     safetensors_truncated safetensors_header_too_large safetensors_invalid dtype_unsupported
               tensor_unknown tensor_missing tensor_unpaired tensor_duplicate tensor_shape rank_too_large
               tensor_not_finite

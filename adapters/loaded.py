@@ -16,7 +16,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from adapters.base_shapes import PROJECTIONS, peft_module_key
+from adapters.base_shapes import ALL_MODULES, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
 from adapters.safetensors_check import check_safetensors, read_tensors
@@ -58,7 +58,7 @@ class LoadedAdapter:
             ranks=dict(sorted(ranks.items())),
             alpha=alpha,
             scaling=dict(sorted(scaling.items())),
-            target_modules=[m for m in PROJECTIONS if m in modules],
+            target_modules=[m for m in ALL_MODULES if m in modules],
             num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
             tensors=dict(sorted(tensors.items())),
             config={

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from adapters.archive import ArchiveLimits, unpacked
-from adapters.base_shapes import PROJECTIONS, BaseShapes
+from adapters.base_shapes import ALL_MODULES, BaseShapes, fused_of
 from adapters.errors import AdapterError
 from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
 from adapters.loaded import LoadedAdapter
@@ -57,9 +57,7 @@ def load_adapter(
             )
         settings = LoraSettings.from_json(files.config.read_bytes())
         entries = check_safetensors(files.weights)
-        plan = _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS)
-        names = _match_tensors(entries, plan, shapes)
-        _check_shapes(entries, names, plan, shapes, max_rank=max_rank)
+        plan, names = _check_against(settings, entries, shapes, max_rank=max_rank)
         loaded = read_tensors(files.weights)
     tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
     for key, tensor in tensors.items():
@@ -73,6 +71,25 @@ def load_adapter(
         use_rslora=settings.use_rslora,
         base_model_name_or_path=settings.base_model_name_or_path,
     )
+
+
+def check_modules_against_base(
+    settings: LoraSettings, entries: dict[str, TensorEntry], base_config: dict[str, Any]
+) -> None:
+    """The checks of the modules' names, which need the base model's family but only the safetensors header:
+    every module the adapter targets exists in the base's family and every tensor belongs to one of them
+    (AdapterError naming the module and the family if not). Shapes and values are load_adapter's."""
+    shapes = BaseShapes.from_config(base_config)
+    _match_tensors(entries, _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS), shapes)
+
+
+def _check_against(
+    settings: LoraSettings, entries: dict[str, TensorEntry], shapes: BaseShapes, *, max_rank: int
+) -> tuple[dict[str, PlannedModule], dict[str, LoraTensorName]]:
+    plan = _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS)
+    names = _match_tensors(entries, plan, shapes)
+    _check_shapes(entries, names, plan, shapes, max_rank=max_rank)
+    return plan, names
 
 
 def _check_finite(name: str, tensor: torch.Tensor) -> None:
@@ -91,13 +108,22 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
 def _planned_modules(
     settings: LoraSettings, shapes: BaseShapes, *, deadline: float
 ) -> dict[str, PlannedModule]:
-    """The modules PEFT would wrap for this config, keyed "layers.{i}.{module}", with their rank and alpha."""
+    """The modules PEFT would wrap for this config, keyed "layers.{i}.{module}", with their rank and alpha.
+
+    On Phi-3 the split names (q_proj, ..., up_proj) are matched too, for adapters trained on a split copy of
+    the model; where the config also matches the fused projection of that layer, the fused one is planned,
+    as PEFT on the real model would, and "all-linear" means the real model's linear layers only."""
+    family = shapes.family
+    named = shapes.named_modules()
+    aliases = shapes.split_alias_modules()
+    if isinstance(settings.target_modules, list):
+        keys = [*named, *aliases]
+        for target in settings.target_modules:
+            if not any(key == target or key.endswith(f".{target}") for key in keys):
+                raise family.missing_module(target, where="target_modules names")
     plan = {}
-    for key, kind in shapes.named_modules().items():
-        if time.monotonic() > deadline:
-            raise AdapterError(
-                "config_too_complex", "adapter_config.json's patterns take too long to match; simplify them"
-            )
+    for key, kind in named.items():
+        _check_deadline(deadline)
         if not settings.targets(key):
             continue
         if kind == "embedding":
@@ -109,28 +135,41 @@ def _planned_modules(
             raise AdapterError(
                 "lm_head_unsupported", "target_modules includes lm_head; LoRA on lm_head is not served yet"
             )
-        if kind not in PROJECTIONS:
+        if kind not in family.projections:
             raise AdapterError(
                 "unsupported_module",
-                f"target_modules matches {repr(key) if key else 'the root module'} ({kind}); "
-                f"LoRA is served on {', '.join(PROJECTIONS)} only",
+                f"target_modules matches {repr(key) if key else 'the root module'} ({kind}) of {family.describe()}; "
+                f"LoRA is served on {family.served_list()} only",
             )
         layer = int(key.split(".")[2])
         plan[module_name(layer, kind)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
+    if settings.target_modules != "all-linear":
+        for key, split in aliases.items():
+            _check_deadline(deadline)
+            layer = int(key.split(".")[2])
+            if settings.targets(key) and module_name(layer, fused_of(split)) not in plan:
+                plan[module_name(layer, split)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     if not plan:
         raise AdapterError(
             "no_target_modules",
-            f"target_modules {settings.target_modules!r} matches none of this base model's projections "
-            f"({', '.join(PROJECTIONS)})",
+            f"target_modules {settings.target_modules!r} matches none of the projections of {family.describe()} "
+            f"({family.served_list()})",
         )
     return plan
+
+
+def _check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise AdapterError(
+            "config_too_complex", "adapter_config.json's patterns take too long to match; simplify them"
+        )
 
 
 def _match_tensors(
     entries: dict[str, TensorEntry], plan: dict[str, PlannedModule], shapes: BaseShapes
 ) -> dict[str, LoraTensorName]:
     """Every saved tensor belongs to a planned module, and every planned module has both halves."""
-    names = {key: parse_tensor_name(key) for key in entries}
+    names = {key: parse_tensor_name(key, shapes.family) for key in entries}
     adapter_names = {name.adapter_name for name in names.values()}
     if len(adapter_names) > 1:
         raise AdapterError(
@@ -145,6 +184,13 @@ def _match_tensors(
                 f"tensor {key} is for layer {name.layer}, but the base model has {shapes.num_layers} layers",
             )
         module = module_name(name.layer, name.module)
+        fused = fused_of(name.module)
+        if module not in plan and fused is not None and module_name(name.layer, fused) in plan:
+            raise AdapterError(
+                "module_conflict",
+                f"tensor {key} adapts layer {name.layer} {name.module}, but the adapter also targets that "
+                f"layer's fused {fused}; use either the fused or the split names",
+            )
         if module not in plan:
             raise AdapterError(
                 "tensor_unknown",
@@ -208,7 +254,7 @@ def _rank_of(half: str, shape: tuple[int, ...]) -> int | None:
 
 def _module_order(module: str) -> tuple[int, int]:
     _, layer, kind = module.split(".")
-    return int(layer), PROJECTIONS.index(kind)
+    return int(layer), ALL_MODULES.index(kind)
 
 
 def _where(module: str) -> str:

@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from adapters.base_shapes import PROJECTIONS, module_parent
+from adapters.base_shapes import ALL_MODULES, Family, module_parent
 from adapters.errors import AdapterError
 
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight, also without the `base_model.model.`
@@ -38,19 +38,20 @@ def module_name(layer: int, module: str) -> str:
     return f"layers.{layer}.{module}"
 
 
-def parse_tensor_name(name: str) -> LoraTensorName:
-    """Map one saved tensor name to the module it adapts, or refuse it with the reason."""
+def parse_tensor_name(name: str, family: Family | None = None) -> LoraTensorName:
+    """Map one saved tensor name to the module it adapts, or refuse it with the reason; with `family`, a
+    module that family's base does not have is refused by name."""
     _refuse_unserved(name)
     match = _LORA_NAME.match(name.removesuffix(".weight"))
     if match is None:
-        raise AdapterError(
-            "tensor_unknown", f"tensor {name} is not a LoRA weight of a Llama-family projection"
-        )
+        raise AdapterError("tensor_unknown", f"tensor {name} is not a LoRA weight of a decoder layer's projection")
     module = match["module"]
-    if module not in PROJECTIONS or match["parent"] != module_parent(module):
+    if family is not None and module not in family.servable:
+        raise family.missing_module(module, where=f"tensor {name} adapts")
+    if module not in ALL_MODULES or match["parent"] != module_parent(module):
         raise AdapterError(
             "tensor_unknown",
-            f"tensor {name} adapts {match['parent']}.{module}; only {', '.join(PROJECTIONS)} can carry a LoRA",
+            f"tensor {name} adapts {match['parent']}.{module}; only {', '.join(ALL_MODULES)} can carry a LoRA",
         )
     return LoraTensorName(
         layer=int(match["layer"]), module=module, half=match["half"], adapter_name=match["adapter"]

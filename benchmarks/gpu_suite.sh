@@ -111,7 +111,7 @@ gpu_kernels() {  # the kernel benchmark in three parts, each under its share of 
   local smoke="" part ops rc=0 limit
   [ "$DRY" = 1 ] && smoke="--smoke"
   rm -f "$OUT"/kernels-part-*.json
-  for part in "lora:45" "attention:35" "store_kv rms_norm rotary silu:20"; do  # ops:percent of the limit
+  for part in "lora:45" "attention:35" "store_kv rms_norm rotary silu gelu:20"; do  # ops:percent of the limit
     ops="${part%:*}"
     limit=$((KERNELS_S * ${part##*:} / 100))
     echo "--- kernels.py --only $ops (limit ${limit}s)"

@@ -1,7 +1,7 @@
 """Kernel benchmark: achieved bandwidth vs the device's copy bandwidth, and speedup over plain PyTorch.
 
     python benchmarks/kernels.py                 # on a CUDA GPU: Llama-3-8B shapes, bf16
-    python benchmarks/kernels.py --only lora     # a subset (lora, attention, store_kv, rms_norm, rotary, silu)
+    python benchmarks/kernels.py --only lora     # a subset (lora, attention, store_kv, rms_norm, rotary, silu, gelu)
     python benchmarks/kernels.py --smoke         # no GPU: tiny shapes in Triton's interpreter (checks wiring only)
 
 For each op and shape: the Triton time (triton.testing.do_bench, median), the bytes the op must
@@ -29,10 +29,13 @@ TINY = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "inter": 384, 
 GRID = {
     "batches": (1, 16, 64, 256), "adapters": (1, 16, 64), "ranks": (8, 16, 64), "contexts": (512, 2048, 8192),
     "prefill": ((1, 2048, 2048), (4, 512, 2048), (16, 128, 1024)), "tokens": (1, 16, 64, 256, 4096),
+    # (batch, new tokens (1: decode), context, window, softcap): Mistral/Gemma-style windows, Gemma 2's soft-cap
+    "windowed": ((16, 1, 8192, 1024, None), (64, 1, 2048, None, 50.0), (1, 1024, 8192, 1024, None)),
 }  # fmt: skip
 SMOKE_GRID = {
     "batches": (1, 4), "adapters": (1, 2), "ranks": (8,), "contexts": (40, 100),
     "prefill": ((1, 32, 32), (2, 16, 48)), "tokens": (1, 5),
+    "windowed": ((4, 1, 100, 24, None), (2, 1, 40, None, 5.0), (1, 20, 100, 24, 5.0)),
 }  # fmt: skip
 
 
@@ -178,7 +181,50 @@ def attention_rows(cfg, grid, device, dtype, ops) -> list[Row]:
             rows.append(decode_case(cfg, ops, batch, context, device, dtype))
     for batch, new, context in grid["prefill"]:
         rows.append(prefill_case(cfg, ops, batch, new, context, device, dtype))
+    for case in grid["windowed"]:
+        rows.append(windowed_case(cfg, ops, *case, device, dtype))
     return rows
+
+
+def windowed_case(cfg, ops, batch, new, context, window, softcap, device, dtype) -> Row:
+    """Decode (new = 1) or prefill after a cached prefix, with a sliding window and/or a soft-cap: the
+    window's blocks alone are read (compare with the full-context row of the same shape); the baseline
+    gathers every block and masks."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    heads, kv_heads, head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    k_cache, v_cache, tables, lens = paged_cache(cfg, batch, context, device, dtype)
+    q = torch.randn(batch * new, heads, head_dim, device=device, dtype=dtype)
+    scale = 1 / math.sqrt(head_dim)
+    q_pos = torch.arange(context - new, context, device=device)[:, None]
+    key_pos = torch.arange(context, device=device)[None, :]
+    visible = (key_pos <= q_pos) & (key_pos > q_pos - (window or context + 1))  # [new, context]
+    seen = int(visible.sum())  # (query, key) pairs
+
+    def baseline():
+        keys = k_cache[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2).float()  # [B, kvh, L, D]
+        values = v_cache[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2).float()
+        qb = q.view(batch, new, kv_heads, heads // kv_heads, head_dim).permute(0, 2, 3, 1, 4).float()  # [B,kvh,G,n,D]
+        scores = qb @ keys[:, :, None].transpose(-1, -2) * scale  # [B, kvh, G, new, L]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out = probs @ values[:, :, None]  # [B, kvh, G, new, D]
+        return out.permute(0, 3, 1, 2, 4).reshape(batch * new, heads, head_dim).to(dtype)
+
+    if new == 1:
+        name, run = "paged_attention_decode", lambda: ops.paged_attention_decode(
+            q, k_cache, v_cache, tables, lens, scale, window=window, softcap=softcap)
+    else:
+        cu = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=device)
+        name, run = "paged_attention_prefill", lambda: ops.paged_attention_prefill(
+            q, k_cache, v_cache, cu, tables, lens, scale, window=window, softcap=softcap)
+    read = min(context, (window or context) + new - 1)  # keys some query of a sequence sees
+    extra = (f" window={window}" if window else "") + (f" softcap={softcap:g}" if softcap else "")
+    return measure(
+        name, f"B={batch}{f' new={new}' if new > 1 else ''} ctx={context}{extra}", run, baseline,
+        (2 * batch * read * kv_heads * head_dim + 2 * batch * new * heads * head_dim) * es,
+        flops=4 * batch * heads * head_dim * seen,
+    )  # fmt: skip
 
 
 def decode_case(cfg, ops, batch, context, device, dtype) -> Row:
@@ -241,6 +287,10 @@ def pointwise_cases(cfg, ops, tokens, device, dtype, only) -> list[Row]:
         gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=dtype)
         rows.append(measure("silu_and_mul", f"T={tokens} inter={inter}", lambda: ops.silu_and_mul(gate_up),
                             lambda: reference.silu_and_mul(gate_up), 3 * tokens * inter * es))  # fmt: skip
+    if "gelu" in only:
+        gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=dtype)
+        rows.append(measure("gelu_tanh_and_mul", f"T={tokens} inter={inter}", lambda: ops.gelu_tanh_and_mul(gate_up),
+                            lambda: reference.gelu_tanh_and_mul(gate_up), 3 * tokens * inter * es))  # fmt: skip
     if "rotary" in only:
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 8192}  # fmt: skip
@@ -283,7 +333,8 @@ def pointwise_cases(cfg, ops, tokens, device, dtype, only) -> list[Row]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's CPU interpreter")
-    parser.add_argument("--only", nargs="*", default=["lora", "attention", "store_kv", "rms_norm", "rotary", "silu"])
+    parser.add_argument("--only", nargs="*",
+                        default=["lora", "attention", "store_kv", "rms_norm", "rotary", "silu", "gelu"])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -352,7 +403,7 @@ class _TritonOps:
 
         self.LoRAMeta = kernels.LoRAMeta
         for op in ("lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill", "store_kv",
-                   "rms_norm", "rotary_embedding", "silu_and_mul"):  # fmt: skip
+                   "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_tanh_and_mul"):  # fmt: skip
             setattr(self, op, getattr(importlib.import_module(f"kernels.{op}"), op))
 
 

@@ -119,7 +119,7 @@ def run(base: Path, adapters: list[Path], *, tp: int, requests: list, device: st
             dtype = engine.memory.layers[0].dtype
             for name, phase in result.phases.items():
                 if phase.steps:
-                    shape = (max(1, phase.tokens // phase.steps), engine.runner.model.args.hidden_size)
+                    shape = (max(1, phase.tokens // phase.steps), engine.runner.model.spec.hidden_size)
                     result.probes[name] = engine.workers.probe(engine.comm, shape, dtype, count=50)
         return result
     finally:

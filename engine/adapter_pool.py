@@ -26,6 +26,7 @@ import torch
 
 import adapters
 from engine.adapter_plan import AdapterPlan
+from engine.lora_modules import per_slice
 from engine.paged_memory import PagedMemory
 
 CANONICAL_SIDECAR = "quilt_adapter.json"
@@ -33,11 +34,14 @@ _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
 def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapters.LoadedAdapter":
-    """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise."""
+    """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise; fused-name
+    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice)."""
     path = Path(path)
     if (path / CANONICAL_SIDECAR).exists():
-        return adapters.load_canonical(path)
-    return adapters.load_adapter(path, base_config, max_rank=max_rank)
+        adapter = adapters.load_canonical(path)
+    else:
+        adapter = adapters.load_adapter(path, base_config, max_rank=max_rank)
+    return per_slice(adapter, adapters.BaseShapes.from_config(base_config))
 
 
 def failure_reason(error: BaseException) -> str:

@@ -19,7 +19,7 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
-from engine.models import ModelArgs, read_hf_config
+from engine.models import read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
@@ -42,12 +42,12 @@ class LLMEngine:
         self.device = torch.device(config.device)
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
-        args = ModelArgs.from_hf_config(self.hf_config)
+        args = read_spec(self.hf_config)
         tp = config.tensor_parallel_size
         check_tensor_parallel(args, size=tp, device=self.device)
         model_dtype = getattr(torch, config.dtype)
         self.kv_dtype = kv_dtype(config.kv_cache_dtype, model_dtype, self.device)
-        longest = min(args.max_position_embeddings, args.sliding_window or args.max_position_embeddings)
+        longest = args.max_position_embeddings  # a sliding window limits what a token sees, not the context
         if config.max_model_len is not None and config.max_model_len > longest:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
         self.max_model_len = config.max_model_len or longest
@@ -75,9 +75,10 @@ class LLMEngine:
         self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
                                    kv_cache_dtype=config.kv_cache_dtype, device=self.device)
         self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
-        self.block_manager = BlockManager(
-            num_blocks=num_pages, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching
-        )
+        # a block before every layer's window is given back, unless a draft model reads the same tables
+        window = args.sliding_window if None not in args.layer_windows and config.speculative_method != "draft" else None
+        self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching, window=window)
         self.adapter_pool = AdapterPool(
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
@@ -175,7 +176,7 @@ class LLMEngine:
         needed = self.block_manager.blocks_needed(len(prompt_token_ids) + 1)
         if needed > self.block_manager.num_blocks:
             raise ValueError(f"prompt needs {needed} KV blocks; the cache has {self.block_manager.num_blocks}")
-        vocab = self.runner.model.args.vocab_size
+        vocab = self.runner.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if adapter is not None and not self.adapter_pool.is_registered(adapter):

@@ -1,10 +1,16 @@
 """Which projections carry LoRA, how the model fuses them, and their widths: declared once, here.
 
 The model fuses q/k/v into qkv_proj and gate/up into gate_up_proj; an adapter still has each
-checkpoint module at its own rank. Module index i (PROJECTIONS order) is the i-th column of every
+checkpoint module at its own rank (a Phi-3 adapter on the fused names is split into its slices first,
+`per_slice`). Module index i (PROJECTIONS order) is the i-th column of every
 per-adapter table (ranks, scalings, page rows)."""
 
-from adapters.base_shapes import PROJECTIONS, BaseShapes
+import dataclasses
+
+import torch
+
+import adapters
+from adapters.base_shapes import FUSED_PROJECTIONS, PROJECTIONS, BaseShapes
 from engine.parallel.sharding import ROW_PARALLEL
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {
@@ -29,3 +35,30 @@ def row_widths(shapes: BaseShapes, *, tensor_parallel_size: int = 1) -> list[tup
         width_in, width_out = shapes.in_out(module)
         widths.append((width_in // size, width_out) if module in ROW_PARALLEL else (width_in, width_out // size))
     return widths
+
+
+def per_slice(adapter: "adapters.LoadedAdapter", shapes: BaseShapes) -> "adapters.LoadedAdapter":
+    """The adapter with every fused-name module (Phi-3's qkv_proj, gate_up_proj) replaced by its slices.
+
+    A fused module's delta is scaling * B @ A x with one A [r, in] and B [sum of slice widths, r]; slice s of
+    it is scaling * B_s @ A x where B_s is B's rows of that slice. So every slice keeps the whole A, its rows
+    of B, the module's rank and scaling, and the sum over slices is exactly PEFT's delta on the fused layer.
+    A module the base's family does not have is refused (AdapterError naming the module and the family).
+    The digest is unchanged: it is the same adapter, laid out for the engine's per-slice tables."""
+    shapes.check_modules(set(adapter.ranks))
+    if not any(key.rsplit(".", 1)[-1] in FUSED_PROJECTIONS for key in adapter.ranks):
+        return adapter
+    ranks, scaling, tensors = {}, {}, {}
+    for key, rank in adapter.ranks.items():
+        prefix, _, module = key.rpartition(".")
+        a, b = adapter.tensors[f"{key}.lora_A"], adapter.tensors[f"{key}.lora_B"]  # [r, in], [out, r]
+        slices = FUSED_PROJECTIONS.get(module, (module,))
+        widths = [shapes.in_out(split)[1] for split in slices] if len(slices) > 1 else [b.shape[0]]
+        for split, b_rows in zip(slices, torch.split(b, widths), strict=True):
+            name = f"{prefix}.{split}"
+            if name in ranks:
+                raise adapters.AdapterError(
+                    "module_conflict", f"the adapter adapts {name} both by its split and its fused name")
+            ranks[name], scaling[name] = rank, adapter.scaling[key]
+            tensors[f"{name}.lora_A"], tensors[f"{name}.lora_B"] = a, b_rows.contiguous()
+    return dataclasses.replace(adapter, ranks=ranks, scaling=scaling, tensors=tensors)

@@ -7,7 +7,7 @@ import torch
 from engine.adapter_pool import AdapterPool
 from engine.context import Context
 from engine.lora_batch import LoRABatch
-from engine.models import LlamaForCausalLM
+from engine.models import CausalLM
 from engine.paged_memory import PagedMemory
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
@@ -26,7 +26,7 @@ class ModelRunner:
     def __init__(
         self,
         *,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         memory: PagedMemory,
         adapters: AdapterPool,
         eos_token_ids: tuple[int, ...],

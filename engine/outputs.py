@@ -61,3 +61,15 @@ def merge_choices(outputs: list[RequestOutput]) -> RequestOutput:
         sampling_steps=sum(o.usage.sampling_steps for o in outputs),
     )
     return dataclasses.replace(first, usage=usage, choices=list(outputs))
+
+
+def sum_usage(usages: list[Usage]) -> Usage:
+    """The usage of a batch of prompts, each its own request's (merge_choices): counts and GPU time summed,
+    the earliest queue time and first token."""
+    if len(usages) == 1:
+        return usages[0]
+    ttfts = [u.ttft_ms for u in usages if u.ttft_ms is not None]
+    counts = ("prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "spec_proposed_tokens",
+              "spec_accepted_tokens", "sampling_steps")
+    return Usage(**{name: sum(getattr(u, name) for u in usages) for name in counts},
+                 queue_ms=min(u.queue_ms for u in usages), ttft_ms=min(ttfts) if ttfts else None)

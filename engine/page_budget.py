@@ -6,7 +6,7 @@ import torch
 
 from engine.adapter_plan import pages_for_rank
 from engine.config import EngineConfig
-from engine.models import ModelArgs
+from engine.models import ModelSpec
 from engine.paged_memory import PagedMemory
 from engine.speculative.build import draft_memory_bytes
 
@@ -54,7 +54,7 @@ def _widest(widths: list[tuple[int, int]]) -> int:
     return max(max(w) for w in widths)
 
 
-def count_pages(config: EngineConfig, args: ModelArgs, *, device: torch.device, model_dtype: torch.dtype,
+def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, model_dtype: torch.dtype,
                 kv_dtype: torch.dtype, widths: list[tuple[int, int]], chunk: int, max_model_len: int,
                 tensor_parallel_size: int, workers_free: list[int]) -> int:
     """Pages of the pool: the configured KV blocks, else what the free device memory (the least of any

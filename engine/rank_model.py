@@ -8,22 +8,22 @@ from pathlib import Path
 import torch
 
 from engine.lora_linear import swap_in_lora
-from engine.models import LlamaForCausalLM, load_model
+from engine.models import CausalLM, load_model
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.quantization import kv_dtype
 
 
 def load_rank_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device, comm: Communicator,
-                    quantization: str | None) -> LlamaForCausalLM:
+                    quantization: str | None) -> CausalLM:
     """Rank comm.rank's shard, its decoder projections quantized (int8, fp8 or None) as they are read."""
     return load_model(model_dir, dtype=dtype, device=device, comm=comm, quantization=quantization)
 
 
-def attach_pages(model: LlamaForCausalLM, *, num_pages: int, block_size: int, kv_cache_dtype: str,
+def attach_pages(model: CausalLM, *, num_pages: int, block_size: int, kv_cache_dtype: str,
                  device: torch.device) -> PagedMemory:
     """The rank's page memory (its share of the KV heads), with the model's LoRA layers and KV caches on it."""
-    args, dtype = model.args, model.lm_head.weight.dtype
+    args, dtype = model.spec, model.lm_head.weight.dtype
     memory = PagedMemory(num_layers=args.num_layers, num_pages=num_pages, block_size=block_size,
                          kv_heads=args.num_kv_heads // model.comm.size, head_dim=args.head_dim, dtype=dtype,
                          device=device, kv_dtype=kv_dtype(kv_cache_dtype, dtype, device))

@@ -6,7 +6,8 @@ a CUDA tensor without a working Triton raises instead of running the reference.
 Each Triton launcher lives in kernels/<op>.py; `kernels.<op>` is the dispatching function (it is
 defined after those modules are imported), so reach a launcher itself with
 `importlib.import_module("kernels.<op>").<op>` (`import kernels.<op> as m` yields the function).
-`kernels.interpreter.enable()` runs the launchers on CPU tensors through Triton's interpreter.
+`kernels.interpreter.enable()` runs the launchers on CPU tensors through Triton's interpreter and
+sends every op's CPU tensors to its launcher (`route_cpu_to_triton`).
 """
 
 import torch
@@ -18,6 +19,7 @@ from kernels.reference import rope_cos_sin_cache
 from kernels.slot_batch import SlotBatch
 
 try:
+    from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import lora_expand as _lora_expand
     from kernels import lora_shrink as _lora_shrink
     from kernels import paged_attention_decode as _paged_attention_decode
@@ -37,6 +39,7 @@ __all__ = [
     "TRITON_IMPORT_ERROR",
     "backend_for",
     "fp8_linear",
+    "gelu_tanh_and_mul",
     "lora_expand",
     "lora_meta",
     "lora_shrink",
@@ -45,15 +48,27 @@ __all__ = [
     "reference",
     "rms_norm",
     "rope_cos_sin_cache",
+    "route_cpu_to_triton",
     "rotary_embedding",
     "silu_and_mul",
     "store_kv",
 ]
 
 
+_CPU_TO_TRITON = False  # kernels.interpreter.enable() sets it: CPU tensors go to the launchers too
+
+
+def route_cpu_to_triton(enabled: bool) -> None:
+    """Send CPU tensors to the Triton launchers (under Triton's interpreter: kernels.interpreter.enable()),
+    or back to the references. fp8_linear is no Triton kernel and keeps its reference on CPU."""
+    global _CPU_TO_TRITON
+    _CPU_TO_TRITON = enabled
+
+
 def backend_for(tensor: torch.Tensor) -> str:
-    """"triton" for CUDA tensors, "reference" otherwise; raises if CUDA arrives without Triton."""
-    if not tensor.is_cuda:
+    """"triton" for CUDA tensors (and CPU tensors while route_cpu_to_triton is on), "reference" otherwise;
+    raises if CUDA arrives without Triton."""
+    if not tensor.is_cuda and not _CPU_TO_TRITON:
         return "reference"
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(f"CUDA tensor given but the Triton kernels failed to import: {TRITON_IMPORT_ERROR}")
@@ -82,6 +97,12 @@ def lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offset
     return reference.lora_expand(*args, meta=meta)
 
 
+def gelu_tanh_and_mul(x):
+    if backend_for(x) == "triton":
+        return _gelu_tanh_and_mul.gelu_tanh_and_mul(x)
+    return reference.gelu_tanh_and_mul(x)
+
+
 def fp8_linear(x, weight, weight_scale):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
         return _fp8_linear.fp8_linear(x, weight, weight_scale)
@@ -95,19 +116,20 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None)
     return reference.store_kv(*args)
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None):
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None, *,
+                           window=None, softcap=None):
     args = (q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
-        return _paged_attention_decode.paged_attention_decode(*args)
-    return reference.paged_attention_decode(*args)
+        return _paged_attention_decode.paged_attention_decode(*args, window=window, softcap=softcap)
+    return reference.paged_attention_decode(*args, window=window, softcap=softcap)
 
 
 def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,
-                            v_scales=None):
+                            v_scales=None, *, window=None, softcap=None):
     args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
-        return _paged_attention_prefill.paged_attention_prefill(*args)
-    return reference.paged_attention_prefill(*args)
+        return _paged_attention_prefill.paged_attention_prefill(*args, window=window, softcap=softcap)
+    return reference.paged_attention_prefill(*args, window=window, softcap=softcap)
 
 
 def rms_norm(x, weight, eps, residual=None):
@@ -129,6 +151,6 @@ def silu_and_mul(x):
 
 
 for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul):
+            rotary_embedding, silu_and_mul, gelu_tanh_and_mul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

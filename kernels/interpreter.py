@@ -4,8 +4,10 @@ import os
 import sys
 
 
-def enable() -> None:
-    """Switch Triton to its interpreter for this process, whatever was imported before.
+def enable(*, route_ops: bool = True) -> None:
+    """Switch Triton to its interpreter for this process, whatever was imported before, and (route_ops)
+    send every `kernels.<op>` called with CPU tensors to its Triton launcher, so a whole engine runs its
+    GPU path on CPU (kernels.route_cpu_to_triton; `disable_routing()` goes back to the references).
 
     - sets TRITON_INTERPRET=1, so kernels decorated from now on are interpreted;
     - converts already-decorated kernels (Triton's own standard library, e.g. tl.zeros and the
@@ -38,3 +40,14 @@ def enable() -> None:
                 if id(value) not in converted:
                     converted[id(value)] = interpreter.InterpretedFunction(value.fn)
                 setattr(module, attr, converted[id(value)])
+    if route_ops:
+        import kernels
+
+        kernels.route_cpu_to_triton(True)
+
+
+def disable_routing() -> None:
+    """CPU tensors go back to the references (the interpreter itself stays on)."""
+    import kernels
+
+    kernels.route_cpu_to_triton(False)

@@ -84,6 +84,19 @@ def require_kv_scales(cache: torch.Tensor, k_scales: torch.Tensor | None, v_scal
     return True
 
 
+def require_window_softcap(window: int | None, softcap: float | None) -> None:
+    """A sliding window is an int >= 1 (keys p - window < j <= p), a soft-cap a positive float; None: none."""
+    require(window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
+            f"window: expected an int >= 1 or None, got {window!r}")  # fmt: skip
+    require(softcap is None or softcap > 0, f"softcap: expected a float > 0 or None, got {softcap!r}")
+
+
+@triton.jit
+def tanh(x):
+    """tanh from exp (the interpreter runs no libdevice): 1 - 2 / (e^2x + 1), exactly +-1 at the extremes."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
 def dot_precision(dtype: torch.dtype) -> str | None:
     """float32 inputs multiply in full precision (no TF32), so float32 results match the reference;
     half-precision inputs keep the backend's default."""

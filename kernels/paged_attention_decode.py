@@ -15,6 +15,8 @@ from kernels.launch import (
     require_kv_scales,
     require_paged_attention,
     require_same_device,
+    require_window_softcap,
+    tanh,
 )
 
 
@@ -38,26 +40,34 @@ def _config(batch: int, kv_heads: int, max_context: int, head_dim: int, device: 
     return {"BLOCK_N": block_n, "PARTITION": partition, "num_warps": 4}
 
 
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # softmax in base 2: exp(x) = exp2(x * log2(e))
+
+
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, context_ptr, out_ptr, part_out_ptr, part_stats_ptr,
-    k_scales_ptr, v_scales_ptr, scale, head_dim,
+    k_scales_ptr, v_scales_ptr, scale, softcap, window, head_dim,
     q_stride_b, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
     out_stride_b, out_stride_h, part_stride_b, part_stride_h, part_stride_split,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, PARTITION: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context = tl.load(context_ptr + b).to(tl.int32)
+    lo = 0  # the first key the query sees: blocks before the window are never read
+    if HAS_WINDOW:
+        lo = tl.maximum(context - window, 0)
     if PARTITION > 0:
         start = split * PARTITION
-        if start >= context:
+        if (start >= context) | (start + PARTITION <= lo):
             return
         end = tl.minimum(start + PARTITION, context)
+        start = tl.maximum(start, lo)
     else:
-        start = 0
+        start = lo
         end = context
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -66,7 +76,6 @@ def _decode_kernel(
     d_mask = offs_d < head_dim
     q = tl.load(q_ptr + b * q_stride_b + heads[:, None] * q_stride_h + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    qk_scale = scale * 1.4426950408889634
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
@@ -80,8 +89,10 @@ def _decode_kernel(
         if FP8:  # one float32 scale per token and KV head: scales [blocks, bs, kv_heads] contiguous
             scale_rows = (blocks * BLOCK_SIZE + offs_n % BLOCK_SIZE) * cache_stride_tok // cache_stride_h + kv_head
             k = k.to(tl.float32) * tl.load(k_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
+        if HAS_SOFTCAP:
+            s = softcap * tanh(s / softcap)
+        s = tl.where(n_mask[None, :], s * LOG2E, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -104,22 +115,27 @@ def _decode_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    part_out_ptr, part_stats_ptr, context_ptr, out_ptr, head_dim,
+    part_out_ptr, part_stats_ptr, context_ptr, out_ptr, window, head_dim,
     part_stride_b, part_stride_h, part_stride_split, out_stride_b, out_stride_h,
-    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PARTITION: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PARTITION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    num_splits = tl.cdiv(tl.load(context_ptr + b).to(tl.int32), PARTITION)
+    context = tl.load(context_ptr + b).to(tl.int32)
+    num_splits = tl.cdiv(context, PARTITION)
+    first = 0  # the splits wholly before the window wrote nothing
+    if HAS_WINDOW:
+        first = tl.maximum(context - window, 0) // PARTITION
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
     base = b * part_stride_b + head * part_stride_h
     offs_p = tl.arange(0, BLOCK_P)
-    lse = tl.load(part_stats_ptr + base + offs_p * part_stride_split, mask=offs_p < num_splits, other=float("-inf"))
+    lse = tl.load(part_stats_ptr + base + offs_p * part_stride_split, mask=(offs_p >= first) & (offs_p < num_splits),
+                  other=float("-inf"))
     lse_max = tl.max(lse, axis=0)
     total = tl.sum(tl.exp2(lse - lse_max), axis=0)
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for i in range(0, num_splits):
+    for i in range(first, num_splits):
         weight = tl.exp2(tl.load(part_stats_ptr + base + i * part_stride_split) - lse_max)
         part = tl.load(part_out_ptr + (base + i * part_stride_split) * head_dim + offs_d, mask=d_mask, other=0.0)
         acc += weight * part
@@ -137,10 +153,14 @@ def paged_attention_decode(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     *,
+    window: int | None = None,
+    softcap: float | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
-    """out[b, h] = softmax(scale * q[b, h] @ K_b.T) @ V_b, K_b/V_b = the first context_lens[b] cached
-    tokens of sequence b (token j at k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]).
+    """out[b, h] = softmax(cap(scale * q[b, h] @ K_b.T)) @ V_b, K_b/V_b = the first context_lens[b] cached
+    tokens of sequence b (token j at k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]),
+    or with a window only its last `window` tokens (p - window < j <= p, p = context_lens[b] - 1: the
+    blocks before are not read); cap(s) = softcap * tanh(s / softcap) with a softcap, else s.
 
     q [B, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
     bs a power of two; block_tables [B, max_blocks] int; context_lens [B] int, each >= 1;
@@ -156,13 +176,15 @@ def paged_attention_decode(
     require_index("context_lens", context_lens, batch)
     require_same_device(q=q, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens)
     fp8 = require_kv_scales(k_cache, k_scales, v_scales)
+    require_window_softcap(window, softcap)
     if not fp8:
         k_scales = v_scales = context_lens  # unused
     out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)  # [B, heads, D]
     if batch == 0:
         return out
     group = heads // kv_heads
-    config = _config(batch, kv_heads, block_tables.shape[1] * block_size, head_dim, q.device)
+    max_context = block_tables.shape[1] * block_size
+    config = _config(batch, kv_heads, min(max_context, window or max_context), head_dim, q.device)
     if partition_size is not None:
         require(partition_size % config["BLOCK_N"] == 0, f"partition_size must be a multiple of {config['BLOCK_N']}")
         config["PARTITION"] = partition_size
@@ -175,17 +197,18 @@ def paged_attention_decode(
     block_d = max(next_power_of_2(head_dim), 16)
     _decode_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_stats,
-        k_scales, v_scales, scale, head_dim,
+        k_scales, v_scales, scale, softcap or 1.0, window or 0, head_dim,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), heads * num_splits, num_splits, 1,
         GROUP=group, BLOCK_G=max(next_power_of_2(group), 16), BLOCK_D=block_d, BLOCK_N=config["BLOCK_N"],
         BLOCK_SIZE=block_size, PARTITION=partition, PRECISION=dot_precision(q.dtype), FP8=fp8,
-        num_warps=config["num_warps"],
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=config["num_warps"],
     )
     if partition > 0:
         _reduce_kernel[(batch, heads)](
-            part_out, part_stats, context_lens, out, head_dim,
+            part_out, part_stats, context_lens, out, window or 0, head_dim,
             heads * num_splits, num_splits, 1, out.stride(0), out.stride(1),
-            BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits), PARTITION=partition, num_warps=4,
+            BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits), PARTITION=partition, HAS_WINDOW=window is not None,
+            num_warps=4,
         )
     return out

@@ -12,6 +12,8 @@ from kernels.launch import (
     require_kv_scales,
     require_paged_attention,
     require_same_device,
+    require_window_softcap,
+    tanh,
 )
 
 
@@ -36,14 +38,18 @@ def _tile_map(cu_seqlens_q: torch.Tensor, block_m: int, num_tiles: int) -> tuple
     return tile_seq.to(torch.int32), (ids - first).to(torch.int32)
 
 
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # softmax in base 2: exp(x) = exp2(x * log2(e))
+
+
 @triton.jit(do_not_specialize=["batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_ptr, tables_ptr, context_ptr, tile_seq_ptr, tile_idx_ptr, out_ptr,
-    k_scales_ptr, v_scales_ptr, scale, head_dim, batch,
+    k_scales_ptr, v_scales_ptr, scale, softcap, window, head_dim, batch,
     q_stride_t, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
     out_stride_t, out_stride_h,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -63,13 +69,15 @@ def _prefill_kernel(
     rows_q = q_start + offs_m
     q = tl.load(q_ptr + rows_q[:, None] * q_stride_t + head * q_stride_h + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    qk_scale = scale * 1.4426950408889634
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     end = tl.minimum(context, context - q_len + (m_block + 1) * BLOCK_M)
     table = tables_ptr + seq.to(tl.int64) * table_stride
-    for n0 in range(0, end, BLOCK_N):
+    lo = 0  # the first key any query of the tile sees: blocks before the window are never read
+    if HAS_WINDOW:
+        lo = tl.maximum(context - q_len + m_block * BLOCK_M - window + 1, 0)
+    for n0 in range(lo, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         blocks = tl.load(table + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -79,9 +87,16 @@ def _prefill_kernel(
         if FP8:  # one float32 scale per token and KV head: scales [blocks, bs, kv_heads] contiguous
             scale_rows = (blocks * BLOCK_SIZE + offs_n % BLOCK_SIZE) * cache_stride_tok // cache_stride_h + kv_head
             k = k.to(tl.float32) * tl.load(k_scales_ptr + scale_rows, mask=n_mask, other=0.0)[:, None]
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
+        if HAS_SOFTCAP:
+            s = softcap * tanh(s / softcap)
+        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s * LOG2E, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if HAS_WINDOW:  # a row may see nothing yet (its window starts after this KV tile): zeros, not NaN
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -105,10 +120,15 @@ def paged_attention_prefill(
     scale: float,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """For new token i of sequence b (row cu_seqlens_q[b] + i) at position p = context_lens[b] - n_b + i:
-    out[row, h] = softmax(scale * q[row, h] @ K_b[:p + 1].T) @ V_b[:p + 1], K_b/V_b read through
-    block_tables[b] (cached prefix and the new tokens, already stored), kv head h // (heads // kv_heads).
+    out[row, h] = softmax(cap(scale * q[row, h] @ K_b[lo:p + 1].T)) @ V_b[lo:p + 1], K_b/V_b read through
+    block_tables[b] (cached prefix and the new tokens, already stored), kv head h // (heads // kv_heads);
+    lo = 0, or with a window max(0, p - window + 1) (blocks before every query's window are not read);
+    cap(s) = softcap * tanh(s / softcap) with a softcap, else s.
 
     q [T, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
     bs a power of two; cu_seqlens_q [B + 1] int; block_tables [B, max_blocks] int; context_lens [B] int
@@ -125,6 +145,7 @@ def paged_attention_prefill(
     require_same_device(q=q, k_cache=k_cache, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
                         context_lens=context_lens)
     fp8 = require_kv_scales(k_cache, k_scales, v_scales)
+    require_window_softcap(window, softcap)
     if not fp8:
         k_scales = v_scales = context_lens  # unused
     out = torch.empty(total, heads, head_dim, dtype=q.dtype, device=q.device)  # [T, heads, D]
@@ -135,11 +156,11 @@ def paged_attention_prefill(
     tile_seq, tile_idx = _tile_map(cu_seqlens_q, config["BLOCK_M"], num_tiles)
     _prefill_kernel[(num_tiles, heads)](
         q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, tile_seq, tile_idx, out,
-        k_scales, v_scales, scale, head_dim, batch,
+        k_scales, v_scales, scale, softcap or 1.0, window or 0, head_dim, batch,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         BLOCK_D=max(next_power_of_2(head_dim), 16), BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype),
-        FP8=fp8, num_warps=config["num_warps"],
+        FP8=fp8, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=config["num_warps"],
     )
     return out

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from kernels.lora_reference import lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 
-_SUPPORTED_ROPE = ("default", "linear", "llama3")
 _DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this many
 _DECODE_MAX_BUCKETS = 4
 FP8 = torch.float8_e4m3fn  # the fp8 KV cache's storage dtype
@@ -82,20 +81,34 @@ def paged_attention_decode(
     scale: float,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence attending to its whole paged context (GQA).
+    """One query token per sequence attending to its paged context (GQA).
 
-    for b, h: n = context_lens[b]; g = h // (heads // kv_heads)
+    for b, h: n = context_lens[b]; p = n - 1 (the query's position); g = h // (heads // kv_heads)
         keys[j] = k_cache[block_tables[b, j // bs], j % bs, g] for j < n   (values alike)
-        out[b, h] = softmax(scale * q[b, h] @ keys.T) @ values
+        s[j] = scale * q[b, h] @ keys[j]
+        s[j] = softcap * tanh(s[j] / softcap)            if softcap is not None
+        s[j] = -inf where not (p - window < j)           if window is not None
+        out[b, h] = softmax(s) @ values
+
+    window: sliding-window attention, the query at position p sees keys at p - window < j <= p
+    (`window` keys, itself included): transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window)
+    and the last sliding_window - 1 cached tokens of its DynamicSlidingWindowLayer, as Mistral, Qwen2,
+    Gemma 2 and Gemma 3 use it with config.sliding_window. softcap: Gemma 2's attn_logit_softcapping.
 
     q [B, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; block_tables [B, max_blocks] int;
-    context_lens [B] int (>= 1, includes the new token); returns out [B, heads, D] in q.dtype.
-    An fp8 cache is read as k_cache * k_scales[..., None] (v alike; see store_kv).
+    context_lens [B] int (>= 1, includes the new token); window int >= 1 or None; softcap float > 0 or None;
+    returns out [B, heads, D] in q.dtype. An fp8 cache is read as k_cache * k_scales[..., None]
+    (v alike; see store_kv).
     """
+    _check_window_softcap(window, softcap)
     batch = q.shape[0]
     if batch <= _DECODE_BUCKET:
-        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
+        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales, window,
+                              softcap)
     # sequences sorted by length, in buckets each padded to its own longest: less padding to gather
     lens = context_lens.tolist()
     order = sorted(range(batch), key=lens.__getitem__)
@@ -105,13 +118,31 @@ def paged_attention_decode(
         rows = torch.tensor(order[i * batch // num_buckets : (i + 1) * batch // num_buckets], device=q.device)
         part = _attend_padded(
             q.index_select(0, rows), k_cache, v_cache, block_tables.index_select(0, rows),
-            context_lens.index_select(0, rows), scale, k_scales, v_scales,
+            context_lens.index_select(0, rows), scale, k_scales, v_scales, window, softcap,
         )
         out.index_copy_(0, rows, part)
     return out
 
 
-def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales) -> torch.Tensor:
+def _check_window_softcap(window: int | None, softcap: float | None) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window: expected an int >= 1 or None, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap: expected a float > 0 or None, got {softcap!r}")
+
+
+def _attend(q, keys, values, visible, scale, softcap) -> torch.Tensor:
+    """softmax(cap(scale * q @ keys.T) masked by visible) @ values, all float32; q [..., M, D], keys and
+    values [..., L, D], visible bool broadcastable to [..., M, L]."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale)
+    scores = q @ keys.transpose(-1, -2) * scale  # [..., M, L]
+    scores = softcap * torch.tanh(scores / softcap)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values
+
+
+def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales, window,
+                   softcap) -> torch.Tensor:
     """paged_attention_decode over the context gathered padded to the longest of the batch."""
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -119,10 +150,12 @@ def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_sca
     keys = _gather_cache(k_cache, block_tables, num_blocks, k_scales).transpose(1, 2)  # [B, kvh, L, D]
     values = _gather_cache(v_cache, block_tables, num_blocks, v_scales).transpose(1, 2)
     pos = torch.arange(keys.shape[2], device=q.device)
-    visible = (pos[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    visible = pos[None, :] < context_lens[:, None]  # [B, L]
+    if window is not None:
+        visible &= pos[None, :] > context_lens[:, None] - 1 - window
     # the query heads sharing a KV head are that head's query rows: [B, kvh, G, D]
     qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=visible, scale=scale)  # [B, kvh, G, D]
+    out = _attend(qg, keys, values, visible[:, None, None, :], scale, softcap)  # [B, kvh, G, D]
     return out.reshape(batch, heads, head_dim).to(q.dtype)
 
 
@@ -136,18 +169,25 @@ def paged_attention_prefill(
     scale: float,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """New tokens of a ragged batch attending causally to cached prefix blocks and to themselves.
 
     for b: n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]; c_b = context_lens[b]
         token i of sequence b (row cu_seqlens_q[b] + i) sits at position p = c_b - n_b + i
-        out[row, h] = softmax(scale * q[row, h] @ keys[:p+1].T) @ values[:p+1]
+        lo = 0, or max(0, p - window + 1) with a window
+        s[j] = scale * q[row, h] @ keys[j] for lo <= j <= p, capped: softcap * tanh(s[j] / softcap) with a softcap
+        out[row, h] = softmax(s) @ values[lo:p+1]
         with keys[j] = k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]
 
+    window and softcap as in paged_attention_decode (a key at j is seen from p when p - window < j <= p).
     q [T, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; cu_seqlens_q [B + 1] int;
     block_tables [B, max_blocks] int; context_lens [B] int (includes the new tokens, already stored);
     returns out [T, heads, D] in q.dtype. An fp8 cache is read with its scales (paged_attention_decode).
     """
+    _check_window_softcap(window, softcap)
     total, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
@@ -165,8 +205,11 @@ def paged_attention_prefill(
         # each KV head's query rows: its G query heads, each over the n new tokens: [kvh, G * n, D]
         qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
         q_pos = torch.arange(ctx - n, ctx, device=q.device)
-        visible = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [n, ctx]
-        attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=visible.repeat(group, 1), scale=scale)
+        key_pos = torch.arange(ctx, device=q.device)[None, :]
+        visible = key_pos <= q_pos[:, None]  # [n, ctx]
+        if window is not None:
+            visible &= key_pos > q_pos[:, None] - window
+        attn = _attend(qg, keys, values, visible.repeat(group, 1), scale, softcap)
         out[start:end] = attn.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim).to(q.dtype)
     return out
 
@@ -198,35 +241,104 @@ def rope_cos_sin_cache(
     theta: float,
     rope_scaling: dict | None = None,
     dtype: torch.dtype = torch.float32,
+    *,
+    rotary_dim: int | None = None,
+    max_position_embeddings: int | None = None,
 ) -> torch.Tensor:
-    """cos/sin table for rotary embeddings, identical to transformers' Llama rotary embedding.
+    """cos/sin table for rotary embeddings, identical to transformers' (5.23) rotary embeddings.
 
-    inv_freq[i] = 1 / theta ** (2i / head_dim), i < head_dim / 2, then rescaled for
-    rope_type "linear" (inv_freq / factor) or "llama3" (wavelength-dependent, smoothed);
-    freqs[p, i] = p * inv_freq[i] (float32); cache[p] = cat(cos(freqs[p]), sin(freqs[p])).
+    R = rotary_dim (default head_dim; int(head_dim * partial_rotary_factor) for a partial rotary)
+    inv_freq[i] = 1 / theta ** (2i / R), i < R / 2, rescaled by rope_scaling's "rope_type" (or legacy "type"):
+      "default"   unchanged;
+      "linear"    inv_freq / factor;
+      "llama3"    wavelength-dependent, smoothed between low_freq_factor and high_freq_factor;
+      "yarn"      blended between inv_freq / factor and inv_freq over the dims from beta_fast to beta_slow
+                  rotations (default 32, 1) in original_max_position_embeddings (range floored/ceiled unless
+                  truncate is false); attention factor = attention_factor, or from mscale / mscale_all_dim,
+                  or 0.1 ln(factor) + 1;
+      "longrope"  inv_freq / short_factor[i] and inv_freq / long_factor[i] (see below); attention factor =
+                  attention_factor, or sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) (1 if
+                  factor <= 1), factor defaulting to max_position_embeddings / original_max_position_embeddings;
+      "dynamic"   (dynamic NTK) transformers recomputes inv_freq only once a sequence grows past
+                  max_position_embeddings; below it the table is its base formula at that length, i.e.
+                  "default" up to rounding; max_positions beyond max_position_embeddings is refused.
+    freqs[p, i] = p * inv_freq[i] (float32); cache[p] = cat(cos(freqs[p]), sin(freqs[p])) * attention factor
+    (1 except for yarn and longrope: transformers multiplies cos and sin by it).
 
-    rope_scaling: None or a config dict with "rope_type" (or legacy "type") and its parameters.
-    returns cache [max_positions, head_dim] in dtype.
+    rope_scaling: None or a config dict with "rope_type" and its parameters; max_position_embeddings: the
+    config's (default max_positions), read by "dynamic" and by yarn/longrope without a "factor".
+    returns cache [max_positions, R] in dtype; for "longrope" [2 * max_positions, R]: rows [0, max_positions)
+    with short_factor, rows [max_positions, 2 * max_positions) with long_factor. transformers picks the long
+    factors for a whole forward call once its longest position reaches original_max_position_embeddings;
+    the model reproduces that by adding max_positions to the positions of such a call's tokens.
+    Unknown rope types raise ValueError naming the supported ones.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    inv_freq = _scale_inv_freq(inv_freq, rope_scaling)
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+    scaling = dict(rope_scaling or {})
+    rope_type = scaling.get("rope_type", scaling.get("type")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+    max_position_embeddings = max_position_embeddings or max_positions
     positions = torch.arange(max_positions, dtype=torch.int64).float()
-    freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim / 2]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    tables = [
+        _cos_sin(positions, inv_freq, attention_factor)
+        for inv_freq, attention_factor in _rope_frequencies(rope_type, scaling, rotary_dim, theta, max_positions,
+                                                            max_position_embeddings)
+    ]
+    return torch.cat(tables).to(dtype)
 
 
-def _scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict | None) -> torch.Tensor:
-    rope_type = "default" if not rope_scaling else rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if rope_type not in _SUPPORTED_ROPE:
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(_SUPPORTED_ROPE)}")
-    if rope_type == "linear":
-        return inv_freq / rope_scaling["factor"]
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+
+
+def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float) -> torch.Tensor:
+    freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, R / 2]
+    cos, sin = freqs.cos(), freqs.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return torch.cat((cos, sin), dim=-1)
+
+
+def _rope_frequencies(rope_type: str, scaling: dict, dim: int, theta: float, max_positions: int,
+                      max_position_embeddings: int) -> list[tuple[torch.Tensor, float]]:
+    """(inv_freq [dim / 2], attention factor) per table section, each as transformers computes it."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim / 2]
     if rope_type == "default":
-        return inv_freq
-    factor = rope_scaling["factor"]
-    low_freq_factor = rope_scaling["low_freq_factor"]
-    high_freq_factor = rope_scaling["high_freq_factor"]
-    old_context_len = rope_scaling["original_max_position_embeddings"]
+        return [(1.0 / theta**exponents, 1.0)]
+    if rope_type == "linear":
+        return [(1.0 / theta**exponents / scaling["factor"], 1.0)]
+    if rope_type == "llama3":
+        return [(_llama3_inv_freq(1.0 / theta**exponents, scaling), 1.0)]
+    if rope_type == "dynamic":
+        if max_positions > max_position_embeddings:
+            raise ValueError(f"dynamic rope beyond max_position_embeddings ({max_position_embeddings}) is not "
+                             f"supported; got max_positions {max_positions}")
+        factor = scaling["factor"]
+        seq_len = max_position_embeddings  # transformers' length until a sequence grows past it
+        base = theta * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+        return [(1.0 / base**exponents, 1.0)]
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = max_position_embeddings / original
+    if rope_type == "yarn":
+        return [_yarn(scaling, dim, theta, factor, original)]
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return [
+        (1.0 / (torch.tensor(scaling[key], dtype=torch.float32) * theta**exponents), attention_factor)
+        for key in ("short_factor", "long_factor")
+    ]
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -237,28 +349,58 @@ def _scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict | None) -> torch.
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn(scaling: dict, dim: int, theta: float, factor: float, original: int) -> tuple[torch.Tensor, float]:
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times in `original` tokens
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [dim / 2]
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, attention_factor
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
 ) -> None:
-    """Rotate q and k in place, HF "rotate_half" (neox) style.
+    """Rotate q and k in place, HF "rotate_half" (neox) style, over the first R = cos_sin_cache.shape[1] dims
+    of each head (a partial rotary when R < head_dim: dims R.. are left as they are, as Phi-3 does).
 
-    cos, sin = cos_sin_cache[positions[t]] split in halves, each repeated twice to head_dim;
-    x[t, h] = x[t, h] * cos + rotate_half(x[t, h]) * sin   for x in (q, k),
-    rotate_half(v) = cat(-v[D/2:], v[:D/2]); cos and sin are cast to x.dtype first (as transformers does).
+    cos, sin = cos_sin_cache[positions[t]] split in halves, each repeated twice to R;
+    x[t, h, :R] = x[t, h, :R] * cos + rotate_half(x[t, h, :R]) * sin   for x in (q, k),
+    rotate_half(v) = cat(-v[R/2:], v[:R/2]); cos and sin are cast to x.dtype first (as transformers does).
 
-    positions [T] int; q [T, heads, D]; k [T, kv_heads, D]; cos_sin_cache [max_positions, D].
+    positions [T] int; q [T, heads, D]; k [T, kv_heads, D]; cos_sin_cache [max_positions, R], R even, R <= D.
     """
-    half = cos_sin_cache.shape[1] // 2
-    rows = cos_sin_cache[positions.long()]  # [T, D]
-    cos = torch.cat((rows[:, :half], rows[:, :half]), dim=-1)[:, None, :]  # [T, 1, D]
+    rotary = cos_sin_cache.shape[1]
+    half = rotary // 2
+    rows = cos_sin_cache[positions.long()]  # [T, R]
+    cos = torch.cat((rows[:, :half], rows[:, :half]), dim=-1)[:, None, :]  # [T, 1, R]
     sin = torch.cat((rows[:, half:], rows[:, half:]), dim=-1)[:, None, :]
     for x in (q, k):
         c, s = cos.to(x.dtype), sin.to(x.dtype)
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        x.copy_(x * c + rotated * s)
+        part = x[..., :rotary]
+        rotated = torch.cat((-part[..., half:], part[..., :half]), dim=-1)
+        part.copy_(part * c + rotated * s)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -268,6 +410,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma's gated MLP activation): out = gelu(x[:, :I], approximate="tanh") * x[:, I:].
+
+    x [T, 2 * I]; returns out [T, I] in x.dtype.
+    """
+    inter = x.shape[-1] // 2
+    return F.gelu(x[..., :inter], approximate="tanh") * x[..., inter:]
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:

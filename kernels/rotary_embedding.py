@@ -14,9 +14,9 @@ from kernels.launch import (
 )
 
 
-def _config(num_heads: int, head_dim: int) -> dict:
+def _config(num_heads: int, rotary_dim: int) -> dict:
     """Tuning (the only place it is chosen): heads per inner step and warps."""
-    block_half = next_power_of_2(head_dim // 2)
+    block_half = next_power_of_2(rotary_dim // 2)
     return {"BLOCK_H": max(1, min(next_power_of_2(num_heads), 4096 // block_half)), "BLOCK_HALF": block_half,
             "num_warps": 4}  # fmt: skip
 
@@ -57,19 +57,21 @@ def rotary_embedding(
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
 ) -> None:
-    """In place: x[t, h] = x[t, h] * cos + rotate_half(x[t, h]) * sin for x in (q, k).
+    """In place: x[t, h, :R] = x[t, h, :R] * cos + rotate_half(x[t, h, :R]) * sin for x in (q, k),
+    R = cos_sin_cache.shape[1] (R < D: a partial rotary, dims R.. untouched).
 
     cos, sin = halves of cos_sin_cache[positions[t]] (cast to x.dtype, as transformers does),
-    each repeated to head_dim; rotate_half(v) = cat(-v[D/2:], v[:D/2]).
+    each repeated to R; rotate_half(v) = cat(-v[R/2:], v[:R/2]).
     positions [T] int; q [T, heads, D]; k [T, kv_heads, D] (token and head strides free, last dim
-    contiguous, e.g. views of a fused qkv output); cos_sin_cache [max_positions, D] contiguous.
+    contiguous, e.g. views of a fused qkv output); cos_sin_cache [max_positions, R] contiguous, R even, R <= D.
     """
     require(q.dim() == 3 and k.dim() == 3, f"q, k: expected [T, heads, D], got {tuple(q.shape)}, {tuple(k.shape)}")
     tokens, _, head_dim = q.shape
     require(k.shape[0] == tokens and k.shape[2] == head_dim, f"k: shape {tuple(k.shape)} does not fit q")
-    require(head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
-    require(cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == head_dim,
-            f"cos_sin_cache: expected [max_positions, {head_dim}], got {tuple(cos_sin_cache.shape)}")
+    require(cos_sin_cache.dim() == 2, f"cos_sin_cache: expected [max_positions, R], got {tuple(cos_sin_cache.shape)}")
+    rotary_dim = cos_sin_cache.shape[1]
+    require(rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim,
+            f"cos_sin_cache: its width R={rotary_dim} must be even and at most head_dim {head_dim}")
     require(q.dtype == k.dtype, f"q and k dtypes differ: {q.dtype} vs {k.dtype}")
     require_index("positions", positions, tokens)
     require_contiguous(cos_sin_cache=cos_sin_cache)
@@ -79,5 +81,5 @@ def rotary_embedding(
         return
     _rotary_kernel[(tokens,)](
         positions, q, k, cos_sin_cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1],
-        k.shape[1], head_dim // 2, **_config(max(q.shape[1], k.shape[1]), head_dim),
+        k.shape[1], rotary_dim // 2, **_config(max(q.shape[1], k.shape[1]), rotary_dim),
     )

@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.models.causal_lm import CausalLM
 from engine.models.linear import Linear
-from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized_linear import check_quantization, decoder_projections, quantize_projection
+from engine.models.registry import model_class
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
 
@@ -65,7 +66,7 @@ def _pieces(module: Linear) -> set[tuple[str, int]]:
     return {(kind, i) for kind in kinds for i in range(len(module.out_slices))}
 
 
-def _as_loaded(model: LlamaForCausalLM, weights, *, device: torch.device, quantization: str | None):
+def _as_loaded(model: CausalLM, weights, *, device: torch.device, quantization: str | None):
     """The checkpoint's tensors, passed on to load_weights (which copies each before asking for the next):
     a projection gets its memory with its first tensor and is quantized right after its last."""
     missing = {name: _pieces(model.get_submodule(name)) for name in decoder_projections(model)}
@@ -84,22 +85,24 @@ def _as_loaded(model: LlamaForCausalLM, weights, *, device: torch.device, quanti
 
 
 def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device,
-               comm: Communicator | None = None, quantization: str | None = None) -> LlamaForCausalLM:
+               comm: Communicator | None = None, quantization: str | None = None) -> CausalLM:
     """The model, or with `comm` of size N only rank comm.rank's shard of it (read as such from the files),
     its decoder projections quantized ("int8", "fp8") as they are read when `quantization` is given."""
     model_dir = Path(model_dir)
-    args = ModelArgs.from_hf_config(read_hf_config(model_dir))
+    config = read_hf_config(model_dir)
+    cls = model_class(config)
+    spec = cls.read_spec(config)
     comm = comm or Communicator()
     if comm.size > 1:
-        sharding.check_divisible(num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-                                 intermediate_size=args.intermediate_size, size=comm.size)
+        sharding.check_divisible(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                                 intermediate_size=spec.intermediate_size, size=comm.size)
     if quantization is not None:
         check_quantization(quantization, device)
     with _default_dtype(dtype), torch.device("meta"):
-        model = LlamaForCausalLM(args, comm)
+        model = cls(spec, comm)
     projections = set(decoder_projections(model))
     for name, module in model.named_modules():
-        if name not in projections and not (name == "lm_head" and args.tie_word_embeddings):
+        if name not in projections and not (name == "lm_head" and spec.tie_word_embeddings):
             module.to_empty(device=device, recurse=False)
     model.tie_weights()
     with _default_dtype(dtype), device:

@@ -33,7 +33,7 @@ def check_divisible(*, num_heads: int, num_kv_heads: int, intermediate_size: int
 
 
 def check_tensor_parallel(args, *, size: int, device: torch.device) -> None:
-    """ValueError when the model (engine.models.ModelArgs) cannot be split over `size` ranks on `device`."""
+    """ValueError when the model (engine.models.ModelSpec) cannot be split over `size` ranks on `device`."""
     if size == 1:
         return
     check_divisible(num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,

@@ -131,7 +131,7 @@ def _serve(spec: WorkerSpec, conn) -> None:
     assert kind == "memory", kind
     memory = attach_pages(model, num_pages=num_pages, block_size=spec.block_size,
                           kv_cache_dtype=spec.kv_cache_dtype, device=device)
-    args = model.args
+    args = model.spec
     shards = AdapterShards(hf_config=read_hf_config(spec.model), size=spec.size, num_layers=args.num_layers,
                            chunk=memory.chunk, pin=device.type == "cuda")
     decoder = StepDecoder(device)

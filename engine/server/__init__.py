@@ -7,7 +7,11 @@
 
 POST /v1/generate            {request_id?, tenant?, weight?, api_key_id?, metadata?,
                               adapter?: digest | {digest, path?},
-                              prompt | prompt_token_ids | messages, sampling?: {SamplingParams fields}, stream?}
+                              prompt | prompt_token_ids | messages, sampling?: {SamplingParams fields}, stream?,
+                              context_overflow?: "cap" | "refuse"}
+                             a batch: prompt as a list of strings or prompt_token_ids as a list of lists, each
+                             prompt with n completions indexed prompt * n + i; "refuse": a prompt plus max_tokens past
+                             the context is a 400 "context_length_exceeded" ("cap", the default: it ends at the context)
                              stream (default): NDJSON delta events then one final event (see events.py);
                              stream=false: the final event alone.
 POST /v1/abort/{request_id}  {request_id, aborted: true} | 404

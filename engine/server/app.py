@@ -14,13 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.contract import ADAPTER_UNAVAILABLE
+from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
+from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
-    CONTEXT_LENGTH_EXCEEDED,
     DIGEST,
     BadRequest,
     PromptSpec,
@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 
 class EngineAPI:
     def __init__(self, loop: EngineLoop, *, registry: AdapterRegistry, model_name: str,
-                 drain_timeout_s: float) -> None:
+                 drain_timeout_s: float, prefixes: RecentPrefixes | None = None) -> None:
         self.loop = loop
+        self.prefixes = prefixes or RecentPrefixes()
+        self.membership: Membership | None = None  # set when the engine joins a control plane
         self.registry = registry
         self.model_name = model_name
         self.drain_timeout_s = drain_timeout_s
@@ -44,7 +46,7 @@ class EngineAPI:
     # helpers
     async def tokenize(self, prompt: PromptSpec) -> list[int]:
         tokenizer = self.engine.tokenizer
-        vocab = self.engine.runner.model.args.vocab_size
+        vocab = self.engine.runner.model.spec.vocab_size
         if prompt.token_ids is not None:
             if any(t >= vocab for t in prompt.token_ids):
                 raise BadRequest(f"prompt_token_ids must be below the vocabulary size {vocab}",
@@ -60,22 +62,33 @@ class EngineAPI:
             return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
         return await asyncio.to_thread(tokenizer.encode, prompt.text)
 
-    def check_length(self, token_ids: list[int]) -> None:
+    def check_length(self, token_ids: list[int], *, max_tokens: int | None = None, what: str = "prompt") -> None:
+        """A prompt must leave room for one more token; with `max_tokens` (the caller asked for a refusal past the
+        context, as OpenAI refuses), for that many."""
         limit = self.engine.max_model_len
         if len(token_ids) >= limit:
             raise BadRequest(f"the prompt has {len(token_ids)} tokens; this model's context is {limit} tokens "
                              f"and the prompt must leave room for at least one more", param="prompt",
                              code=CONTEXT_LENGTH_EXCEEDED)
+        if max_tokens is not None and len(token_ids) + max_tokens > limit:
+            raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{len(token_ids) + max_tokens} tokens ({len(token_ids)} in the {what}, {max_tokens} in "
+                             f"the completion). Please reduce the length of the {what} or completion.",
+                             param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
 
     # routes
     async def generate(self, request: Request) -> Response:
         arrival = time.monotonic()
         generate = parse_generate(await read_json(request))
-        token_ids = await self.tokenize(generate.prompt)
-        self.check_length(token_ids)
+        max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
+        prompts = [await self.tokenize(prompt) for prompt in generate.prompts]
+        for prompt, token_ids in zip(generate.prompts, prompts, strict=True):
+            self.check_length(token_ids, max_tokens=max_tokens,
+                              what="messages" if prompt.messages is not None else "prompt")
         if generate.adapter is not None:
             await self.registry.ensure(generate.adapter)
-        handle = await self.loop.submit(generate, token_ids, arrival=arrival)
+        handle = await self.loop.submit(generate, prompts, arrival=arrival)
+        self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
             if first[0] == "end" and adapter_unavailable(first[1]):
@@ -172,6 +185,8 @@ class EngineAPI:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         self.loop.start(asyncio.get_running_loop())
+        if self.membership is not None:
+            self.membership.start()
         yield
         await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
 

@@ -8,6 +8,7 @@ stopped, aborted or failed — the thread records metrics and emits its one usag
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput, Usage, merge_choices
+from engine.outputs import RequestOutput, Usage, merge_choices, sum_usage
 from engine.server.metrics import EngineMetrics, adapter_label
 from engine.server.protocol import BadRequest, GenerateRequest
 from engine.usage.emitter import UsageEmitter
@@ -42,7 +43,7 @@ class RequestHandle:
     one ("end", RequestEnd)."""
 
     request: GenerateRequest
-    prompt_token_ids: list[int]
+    prompts: list[list[int]]  # token ids of each prompt (a batch runs as one engine request per prompt)
     arrival: float  # time.monotonic() when the server received it
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: dict[int, RequestOutput] = field(default_factory=dict)
@@ -56,6 +57,17 @@ class RequestHandle:
     @property
     def adapter(self) -> str | None:
         return self.request.adapter.digest if self.request.adapter else None
+
+    @property
+    def engine_request_ids(self) -> list[str]:
+        """The engine's id for each prompt: the request's own for one, `id#p` (no client id has a '#') for a batch."""
+        if len(self.prompts) == 1:
+            return [self.request_id]
+        return [f"{self.request_id}#{p}" for p in range(len(self.prompts))]
+
+    @property
+    def num_completions(self) -> int:
+        return len(self.prompts) * self.request.sampling.n
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class EngineLoop:
         self.emitter = emitter
         self.base_model = base_model
         self.handles: dict[str, RequestHandle] = {}  # engine thread only
+        self.routes: dict[str, tuple[RequestHandle, int]] = {}  # engine request id -> its handle, prompt index
         self.accepting = True
         self.healthy = True
         self.last_step: dict[str, Any] = {"sequences": 0, "adapters": []}
@@ -97,13 +110,13 @@ class EngineLoop:
         self._commands.put((fn, future))
         return await asyncio.wrap_future(future)
 
-    async def submit(self, request: GenerateRequest, prompt_token_ids: list[int], *, arrival: float) -> RequestHandle:
+    async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float) -> RequestHandle:
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
         failure = self.engine.failure()
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
-        handle = RequestHandle(request=request, prompt_token_ids=prompt_token_ids, arrival=arrival)
+        handle = RequestHandle(request=request, prompts=prompts, arrival=arrival)
         await self.call(lambda engine: self._add(handle))
         return handle
 
@@ -184,20 +197,28 @@ class EngineLoop:
         if adapter is not None and self.engine.adapter_pool.is_registered(adapter):
             tier = API_TIER.get(self.engine.adapter_pool.tier(adapter), "disk")
             self.metrics.adapter_requests.labels(adapter=adapter_label(adapter), tier=tier).inc()
+        added = []
         try:
-            self.engine.add_request(request.request_id, handle.prompt_token_ids, request.sampling,
-                                    adapter=adapter, tenant=request.tenant, weight=request.weight)
+            for engine_id, prompt in zip(handle.engine_request_ids, handle.prompts, strict=True):
+                self.engine.add_request(engine_id, prompt, request.sampling, adapter=adapter, tenant=request.tenant,
+                                        weight=request.weight)
+                added.append(engine_id)
         except ValueError as error:
+            for engine_id in added:  # nothing half-added
+                self.engine.abort(engine_id)
             raise BadRequest(str(error)) from error
         self.handles[request.request_id] = handle
+        for p, engine_id in enumerate(added):
+            self.routes[engine_id] = (handle, p)
 
     def _abort(self, request_id: str) -> bool:
         handle = self.handles.get(request_id)
         if handle is None:
             return False
         handle.aborted = True
-        for output in self.engine.abort(request_id):
-            self._dispatch(output)
+        for engine_id in handle.engine_request_ids:
+            for output in self.engine.abort(engine_id):
+                self._dispatch(output)
         return True
 
     def _fail_all(self, message: str) -> None:
@@ -205,9 +226,13 @@ class EngineLoop:
             self._dispatch(output)
 
     def _dispatch(self, output: RequestOutput) -> None:
-        handle = self.handles.get(output.request_id)
-        if handle is None:
+        route = self.routes.get(output.request_id)
+        if route is None:
             return
+        handle, p = route
+        if len(handle.prompts) > 1:  # a batch's completion, as the client counts them
+            output = dataclasses.replace(output, request_id=handle.request_id,
+                                         index=p * handle.request.sampling.n + output.index)
         now = time.monotonic()
         labels = {"tenant": handle.request.tenant, "adapter": adapter_label(handle.adapter)}
         if output.new_token_ids:
@@ -223,15 +248,18 @@ class EngineLoop:
         self._send(handle, ("output", output))
         if output.finished:
             handle.finished[output.index] = output
-        if len(handle.finished) == handle.request.sampling.n:
+        if len(handle.finished) == handle.num_completions:
             self._end(handle, now)
 
     def _end(self, handle: RequestHandle, now: float) -> None:
         del self.handles[handle.request_id]
+        for engine_id in handle.engine_request_ids:
+            self.routes.pop(engine_id, None)
         outputs = [handle.finished[i] for i in sorted(handle.finished)]
         reasons = [o.finish_reason for o in outputs]
         reason = "error" if "error" in reasons else "abort" if handle.aborted else reasons[0]
-        usage = merge_choices(outputs).usage
+        n = handle.request.sampling.n
+        usage = sum_usage([merge_choices(outputs[at : at + n]).usage for at in range(0, len(outputs), n)])
         end = RequestEnd(finish_reason=reason, usage=usage, e2e_ms=(now - handle.arrival) * 1000.0, outputs=outputs)
         request = handle.request
         self.metrics.requests.labels(tenant=request.tenant, adapter=adapter_label(handle.adapter),

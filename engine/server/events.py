@@ -1,10 +1,15 @@
 """The JSON events of /v1/generate: deltas while a request runs, one final event at its end.
 
-    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?}
+    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?, "prompt_logprobs"?}
     {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error", "error_type",
-     "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?}],
+     "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?,
+                  "prompt_logprobs"?}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms",
                "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps"}}
+
+With sampling.prompt_logprobs, a completion's first delta (the one with its first tokens) and its final choice carry
+`prompt_logprobs`: one entry per prompt token, the first one's logprob null (nothing precedes it). A batch of prompts
+has n completions per prompt, indexed prompt * n + i.
 
 `text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's. The usage holds the
 counts of the request's usage event (speculative decoding's included: docs/speculative.md), streamed or not.
@@ -22,6 +27,12 @@ def logprob_json(entry: Logprob) -> dict[str, Any]:
             "top": {str(token): value for token, value in entry.top.items()}}
 
 
+def prompt_logprobs_json(output: RequestOutput) -> list[dict[str, Any]]:
+    entries = output.prompt_logprobs or []
+    first = {"token_id": output.prompt_token_ids[0], "logprob": None, "top": {}}
+    return [first] + [logprob_json(e) for e in entries[1:]]
+
+
 def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, int]) -> dict[str, Any] | None:
     """What is new in this output since the last delta of its completion (sent: index -> chars sent)."""
     already = sent.get(output.index, 0)
@@ -33,6 +44,9 @@ def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, in
              "token_ids": list(output.new_token_ids)}
     if handle.request.sampling.logprobs is not None and output.logprobs is not None and output.new_token_ids:
         event["logprobs"] = [logprob_json(e) for e in output.logprobs[-len(output.new_token_ids):]]
+    first_tokens = output.new_token_ids and len(output.token_ids) == len(output.new_token_ids)
+    if handle.request.sampling.prompt_logprobs is not None and first_tokens:
+        event["prompt_logprobs"] = prompt_logprobs_json(output)
     return event
 
 
@@ -43,6 +57,8 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
                   "finish_reason": output.finish_reason, "error": output.error, "error_type": output.error_type}
         if handle.request.sampling.logprobs is not None and output.logprobs is not None:
             choice["logprobs"] = [logprob_json(e) for e in output.logprobs]
+        if handle.request.sampling.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(output)
         choices.append(choice)
     usage = end.usage
     first = choices[0]

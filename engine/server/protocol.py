@@ -16,7 +16,8 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the model's context
+MAX_PROMPTS = 32  # a batch of prompts in one request
+CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
 
 
 class BadRequest(ValueError):
@@ -25,7 +26,7 @@ class BadRequest(ValueError):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-        self.code = code  # for the client to act on, e.g. CONTEXT_LENGTH_EXCEEDED
+        self.code = code  # for the client to act on, e.g. engine.contract.CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,21 @@ class GenerateRequest:
     weight: float
     api_key_id: str | None
     adapter: AdapterRef | None
-    prompt: PromptSpec
+    prompts: tuple[PromptSpec, ...]  # one, or a batch: each prompt gets n completions, indexed prompt * n + i
     sampling: SamplingParams
     stream: bool
     metadata: dict[str, Any]  # the caller's, echoed in the usage event
+    context_overflow: str = "cap"  # "refuse": a prompt plus max_tokens past the context is a 400 (OpenAI's way)
+
+    @property
+    def prompt(self) -> PromptSpec:
+        """The request's one prompt (a batch has several: `prompts`)."""
+        (prompt,) = self.prompts
+        return prompt
 
 
 GENERATE_FIELDS = {"request_id", "tenant", "weight", "api_key_id", "adapter", "prompt", "prompt_token_ids",
-                   "messages", "sampling", "stream", "metadata"}
+                   "messages", "sampling", "stream", "metadata", "context_overflow"}
 TOKENIZE_FIELDS = {"prompt", "prompt_token_ids", "messages"}
 
 
@@ -81,10 +89,14 @@ def parse_generate(body: Any) -> GenerateRequest:
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or len(json.dumps(metadata)) > MAX_METADATA_BYTES:
         raise BadRequest(f"metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes", param="metadata")
+    overflow = body.get("context_overflow", "cap")
+    if overflow not in CONTEXT_OVERFLOW:
+        raise BadRequest(f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}", param="context_overflow")
     return GenerateRequest(
         request_id=request_id, tenant=tenant, weight=float(weight), api_key_id=api_key_id,
-        adapter=parse_adapter(body.get("adapter")), prompt=parse_prompt(body),
+        adapter=parse_adapter(body.get("adapter")), prompts=parse_prompts(body),
         sampling=parse_sampling(body.get("sampling", {})), stream=stream, metadata=metadata,
+        context_overflow=overflow,
     )
 
 
@@ -106,6 +118,17 @@ def parse_adapter(value: Any) -> AdapterRef | None:
     if path is not None and (not isinstance(path, str) or not path):
         raise BadRequest("adapter.path must be a non-empty string", param="adapter.path")
     return AdapterRef(digest=digest, path=path)
+
+
+def parse_prompts(body: dict[str, Any]) -> tuple[PromptSpec, ...]:
+    """One prompt, or a batch: `prompt` as a list of strings, `prompt_token_ids` as a list of lists."""
+    for name in ("prompt", "prompt_token_ids"):
+        batch = body.get(name)
+        if isinstance(batch, list) and batch and all(isinstance(item, list | str) for item in batch):
+            if not 1 <= len(batch) <= MAX_PROMPTS:
+                raise BadRequest(f"a batch holds 1 to {MAX_PROMPTS} prompts, not {len(batch)}", param=name)
+            return tuple(parse_prompt({**body, name: item}) for item in batch)
+    return (parse_prompt(body),)
 
 
 def parse_prompt(body: dict[str, Any]) -> PromptSpec:

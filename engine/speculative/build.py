@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.models import ModelArgs, load_model, read_hf_config
+from engine.models import load_model, read_hf_config, read_spec
 from engine.paged_memory import PagedMemory
 from engine.speculative.draft import DraftProposer
 from engine.speculative.ngram import NgramProposer
@@ -22,7 +22,7 @@ def draft_memory_bytes(config: EngineConfig, itemsize: int) -> tuple[int, int]:
     if config.speculative_method != "draft":
         return 0, 0
     draft_dir = Path(config.speculative_model)
-    args = ModelArgs.from_hf_config(read_hf_config(draft_dir))
+    args = read_spec(read_hf_config(draft_dir))
     page = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
                                       kv_heads=args.num_kv_heads, head_dim=args.head_dim, itemsize=itemsize)
     return page, sum(f.stat().st_size for f in draft_dir.glob("*.safetensors"))
@@ -38,13 +38,13 @@ def build_speculator(config: EngineConfig, *, runner, num_pages: int, max_model_
     target = runner.model
     draft_dir = Path(config.speculative_model)
     draft = load_model(draft_dir, dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
-    if draft.args.vocab_size != target.args.vocab_size:
-        raise ValueError(f"the draft model's vocabulary ({draft.args.vocab_size} tokens) differs from the model's "
-                         f"({target.args.vocab_size}): a draft must share the model's tokenizer")
+    if draft.spec.vocab_size != target.spec.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft.spec.vocab_size} tokens) differs from the model's "
+                         f"({target.spec.vocab_size}): a draft must share the model's tokenizer")
     if _tokenizer_vocab(draft_dir) != _tokenizer_vocab(Path(config.model)):
         raise ValueError("the draft model's tokenizer.json differs from the model's: a draft must share its tokenizer")
-    if draft.args.max_position_embeddings < max_model_len:
-        raise ValueError(f"the draft model supports {draft.args.max_position_embeddings} positions, fewer than "
+    if draft.spec.max_position_embeddings < max_model_len:
+        raise ValueError(f"the draft model supports {draft.spec.max_position_embeddings} positions, fewer than "
                          f"max_model_len {max_model_len}; lower max_model_len")
     proposer = DraftProposer(model=draft, num_pages=num_pages, block_size=config.block_size, runner=runner)
     return Speculator(proposer=proposer, policy=policy)

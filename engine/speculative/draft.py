@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.context import Context
-from engine.models import LlamaForCausalLM
+from engine.models import CausalLM
 from engine.paged_memory import PagedMemory
 from engine.sequence import Sequence
 from engine.speculative.rejection import draw
@@ -26,8 +26,8 @@ class DraftCache:
 
 
 class DraftProposer:
-    def __init__(self, *, model: LlamaForCausalLM, num_pages: int, block_size: int, runner) -> None:
-        args = model.args
+    def __init__(self, *, model: CausalLM, num_pages: int, block_size: int, runner) -> None:
+        args = model.spec
         self.model = model
         self.block_size = block_size
         self.runner = runner  # the target's ModelRunner: sampler, sample requests, seeded generators

@@ -17,9 +17,10 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from quilt.api_errors import error_body
 from tenancy.api_base import SESSION_TENANT
 from tenancy.audit import Actor
-from tenancy.authority import SCOPES_OF_ROLE
+from tenancy.authority import SAFE_METHODS, SCOPES_OF_ROLE, require_writable
 from tenancy.models import Membership, Tenant
 from tenancy.roles import role_at_least
 from tenancy.selectors import membership_for
@@ -123,8 +124,9 @@ def login_required(view):
     return wrapper
 
 
-def tenant_page(minimum: str = Role.VIEWER):
-    """Decorates a view taking `slug`: sets request.seat, or answers 404/403."""
+def tenant_page(minimum: str = Role.VIEWER, *, billing: bool = False):
+    """Decorates a view taking `slug`: sets request.seat, or answers 404/403 (403 also for a form sent to a suspended
+    or closed tenant, which is read-only: except a `billing` page's, whose service lets billing's changes through)."""
 
     def decorate(view):
         @login_required
@@ -133,6 +135,8 @@ def tenant_page(minimum: str = Role.VIEWER):
             seat = seat_for(user=request.user, slug=slug)
             if not seat.allows(minimum):
                 raise PermissionDenied(f"This needs the {minimum} role or higher.")
+            if request.method not in SAFE_METHODS and not billing:
+                require_writable(tenant=seat.tenant)
             request.seat = seat
             if request.session.get(SESSION_TENANT) != slug:
                 request.session[SESSION_TENANT] = slug
@@ -141,6 +145,30 @@ def tenant_page(minimum: str = Role.VIEWER):
         return wrapper
 
     return decorate
+
+
+class CsvQueryError(Exception):
+    """A CSV download's query that can't be answered: a 400 naming it."""
+
+
+def csv_download(view):
+    """A CSV download answers its errors as JSON in the API's error shape with the right status (400, 403, 404), not
+    as the console's HTML page nor as a CSV file: what fetches it is a script or a spreadsheet import, which should
+    see the status. Outermost, so that the tenant's 404/403 are caught too."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except CsvQueryError as error:
+            status, code, message = 400, "invalid_query", str(error)
+        except Http404 as error:
+            status, code, message = 404, "not_found", str(error) or "Not found."
+        except PermissionDenied as error:
+            status, code, message = 403, getattr(error, "code", "permission_denied"), str(error) or "Not allowed."
+        return JsonResponse(error_body(message=message, status_code=status, code=code), status=status)
+
+    return wrapper
 
 
 def staff_page(view):

@@ -41,6 +41,7 @@ class Target:
     adapter_version: int | None
     digest: str | None
     adapter_path: str | None
+    created: int = 0  # Unix seconds: the base model's registration, the adapter's creation, a pinned version's upload
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,14 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
         adapter_version=version.number if version is not None else None,
         digest=digest,
         adapter_path=str(adapter_store_root() / digest) if digest else None,
+        created=int(_created(resolved, pinned="@" in name).timestamp()),
     )
+
+
+def _created(resolved: ResolvedModel, *, pinned: bool) -> datetime:
+    if resolved.adapter is None:
+        return resolved.base_model.created_at
+    return resolved.version.created_at if pinned else resolved.adapter.created_at
 
 
 def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:

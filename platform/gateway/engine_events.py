@@ -1,15 +1,16 @@
 """Reading the engine's NDJSON generate events (engine/server/events.py):
 
-    {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}]}
+    {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}],
+     "prompt_logprobs"?: [the same, the first one's logprob null]}
     {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens",
                "spec_accepted_tokens", "sampling_steps", ...}}
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.openai_response import Delta
+from gateway.token_text import Vocabulary
 
 USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
                 "sampling_steps")  # fmt: skip
@@ -23,24 +24,28 @@ class Read:
     error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
 
 
-def _logprobs(entries, token_text: Callable[[int], str]) -> list[dict]:
+def _token(vocabulary: Vocabulary, token_id: int, logprob: float | None) -> dict:
+    piece = vocabulary.piece(token_id)
+    return {"token": piece.text, "bytes": list(piece.bytes), "whole": piece.whole, "logprob": logprob}
+
+
+def _logprobs(entries, vocabulary: Vocabulary) -> list[dict]:
     out = []
     for entry in entries or []:
         top = sorted(((int(t), lp) for t, lp in (entry.get("top") or {}).items()), key=lambda item: -item[1])
-        out.append({
-            "token": token_text(entry["token_id"]), "logprob": entry["logprob"],
-            "top_logprobs": [{"token": token_text(t), "logprob": lp} for t, lp in top],
+        out.append(_token(vocabulary, entry["token_id"], entry["logprob"]) | {
+            "top_logprobs": None if entry["logprob"] is None else [_token(vocabulary, t, lp) for t, lp in top],
         })  # fmt: skip
     return out
 
 
-def event_read(event: dict, *, token_text: Callable[[int], str]) -> Read:
+def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
     kind = event.get("type")
     if kind == "delta":
         delta = Delta(
             index=event.get("index", 0), text=event.get("text", ""),
-            logprobs=_logprobs(event.get("logprobs"), token_text), finish_reason=None,
-            tokens=len(event.get("token_ids") or []),
+            logprobs=_logprobs(event.get("prompt_logprobs"), vocabulary) + _logprobs(event.get("logprobs"), vocabulary),
+            finish_reason=None, tokens=len(event.get("token_ids") or []),
         )  # fmt: skip
         return Read(deltas=[delta])
     if kind == "final":

@@ -11,6 +11,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+MAX_PROMPTS = 32  # a batch of prompts on /v1/completions (the engine's bound)
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
@@ -42,7 +43,7 @@ class GenerationRequest:
     kind: str  # "chat" | "completion"
     model: str
     messages: list[dict] | None
-    prompt: str | None
+    prompts: list[str | list[int]] | None  # completions: one prompt or a batch, each text or token ids
     stream: bool
     include_usage: bool
     max_tokens: int | None  # None: the plan's default
@@ -50,15 +51,26 @@ class GenerationRequest:
     logprobs: bool = False
     user: str | None = None
     echo: bool = False  # completions: each choice's text starts with the prompt
+    max_tokens_given: bool = False  # the client named max_tokens: past the context it is refused, not capped
 
     @property
     def n(self) -> int:
         return self.sampling.get("n", 1)
 
+    @property
+    def num_choices(self) -> int:
+        """n for each prompt of a batch."""
+        return self.n * (len(self.prompts) if self.prompts is not None else 1)
+
     def prompt_bytes(self) -> int:
-        if self.prompt is not None:
-            return len(self.prompt.encode())
+        """The prompt's text in bytes (token-id prompts count none: prompt_token_count has them)."""
+        if self.prompts is not None:
+            return sum(len(prompt.encode()) for prompt in self.prompts if isinstance(prompt, str))
         return sum(len(message["content"].encode()) for message in self.messages)
+
+    def prompt_token_count(self) -> int:
+        """The tokens of token-id prompts: counted exactly, without a tokenizer."""
+        return sum(len(prompt) for prompt in self.prompts or [] if isinstance(prompt, list))
 
 
 def parse_body(raw: bytes) -> dict:
@@ -188,21 +200,35 @@ def parse_chat(body: dict) -> GenerationRequest:
     if logprobs:
         common["sampling"]["logprobs"] = top or 0
     return GenerationRequest(
-        kind="chat", messages=[_message(i, m) for i, m in enumerate(messages)], prompt=None,
-        max_tokens=max_tokens, logprobs=logprobs, **common,
+        kind="chat", messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
+        max_tokens=max_tokens, logprobs=logprobs, max_tokens_given=max_tokens is not None, **common,
     )  # fmt: skip
+
+
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in value
+    )
+
+
+def _prompts(prompt) -> list[str | list[int]]:
+    """OpenAI's four shapes: a string, a list of strings (a batch), a list of token ids, a list of such lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if _token_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(_token_ids(p) for p in prompt)):  # fmt: skip
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"A batch holds at most {MAX_PROMPTS} prompts; this one has {len(prompt)}.", param="prompt")
+        return list(prompt)
+    raise invalid("'prompt' must be a string, a list of strings, a non-empty list of token ids (non-negative "
+                  "integers) or a list of such lists.", param="prompt")  # fmt: skip
 
 
 def parse_completion(body: dict) -> GenerationRequest:
     common = _common(body, COMPLETION_FIELDS)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise invalid("Only one text prompt per request is supported (no batches, no token arrays).",
-                      param="prompt", code="unsupported_parameter")  # fmt: skip
-    if not isinstance(prompt, str):
-        raise invalid("'prompt' must be a string.", param="prompt")
+    prompts = _prompts(body.get("prompt"))
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise invalid("'echo' must be a boolean.", param="echo")
@@ -213,10 +239,9 @@ def parse_completion(body: dict) -> GenerationRequest:
     if logprobs is not None:
         common["sampling"]["logprobs"] = logprobs
     if echo and logprobs is not None:
-        raise invalid("`echo` with `logprobs` is not supported by this server (it serves no prompt logprobs).",
-                      param="echo", code="unsupported_parameter")  # fmt: skip
+        common["sampling"]["prompt_logprobs"] = logprobs
     max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     return GenerationRequest(
-        kind="completion", messages=None, prompt=prompt, max_tokens=16 if max_tokens is None else max_tokens,
-        logprobs=logprobs is not None, echo=echo, **common,
+        kind="completion", messages=None, prompts=prompts, max_tokens=16 if max_tokens is None else max_tokens,
+        logprobs=logprobs is not None, echo=echo, max_tokens_given=max_tokens is not None, **common,
     )  # fmt: skip

@@ -56,32 +56,38 @@ class Delta:
 
 def _chat_logprobs(entries: list[dict]) -> dict:
     def item(entry: dict) -> dict:
-        token = entry.get("token", "")
-        return {"token": token, "logprob": entry.get("logprob", 0.0), "bytes": list(token.encode())}
+        return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
 
     return {
-        "content": [item(e) | {"top_logprobs": [item(t) for t in e.get("top_logprobs", [])]} for e in entries],
+        "content": [item(e) | {"top_logprobs": [item(t) for t in e.get("top_logprobs") or []]} for e in entries],
         "refusal": None,
     }
 
 
+def _completion_token(entry: dict) -> str:
+    """The legacy API's name for a token: its text, or `bytes:\\xNN...` for part of a UTF-8 character."""
+    return entry["token"] if entry["whole"] else "bytes:" + entry["token"]
+
+
 def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    """The legacy shape; an echoed prompt's first token has a null logprob and null alternatives, as OpenAI's."""
     tokens, logprobs, tops, offsets = [], [], [], []
     for entry in entries:
-        tokens.append(entry.get("token", ""))
-        logprobs.append(entry.get("logprob", 0.0))
-        tops.append({t.get("token", ""): t.get("logprob", 0.0) for t in entry.get("top_logprobs", [])})
+        tokens.append(_completion_token(entry))
+        logprobs.append(entry["logprob"])
+        top = entry.get("top_logprobs")
+        tops.append(None if top is None else {_completion_token(t): t["logprob"] for t in top})
         offsets.append(offset)
-        offset += len(entry.get("token", ""))
+        offset += len(entry["token"]) if entry["whole"] else 0
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 class ResponseBuilder:
     """Builds the chat.completion / text_completion object, or its stream chunks, for one request."""
 
-    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: str = ""):
+    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: list[str] = ()):
         self.kind = kind
-        self.echo = echo  # completions: the prompt, before each choice's text
+        self.echo = list(echo)  # completions: each choice's prompt, before its text (or none)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         self.model = model
         self.created = int(time.time())
@@ -116,7 +122,7 @@ class ResponseBuilder:
             choices = [
                 {
                     "index": c.index,
-                    "text": self.echo + c.text,
+                    "text": self._echo(c.index) + c.text,
                     "logprobs": _completion_logprobs(c.logprobs, 0) if self.logprobs else None,
                     "finish_reason": c.finish_reason or "stop",
                 }
@@ -160,13 +166,17 @@ class ResponseBuilder:
             }  # fmt: skip
         else:
             self._role_sent.add(delta.index)
-            offset = len(self.choices[delta.index].text) - len(delta.text)
+            echo = self._echo(delta.index)
+            offset = 0 if first else len(echo) + len(self.choices[delta.index].text) - len(delta.text)
             choice = {
-                "index": delta.index, "text": self.echo + delta.text if first else delta.text,
+                "index": delta.index, "text": echo + delta.text if first else delta.text,
                 "logprobs": _completion_logprobs(delta.logprobs, offset) if self.logprobs and delta.logprobs else None,
                 "finish_reason": finish,
             }  # fmt: skip
         return self._chunk([choice], with_usage_field=with_usage_field)
+
+    def _echo(self, index: int) -> str:
+        return self.echo[index] if self.echo else ""
 
     def usage_chunk(self) -> bytes:
         return self._chunk([], with_usage_field=True, usage=self.usage.body())

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED, EVENT_FINAL, prompt_fingerprints
 from gateway import engine_client, metrics
 from gateway.admission import (
     admission_acquire,
@@ -39,7 +39,7 @@ from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, Usage, error_event
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
-from gateway.token_text import token_decoder
+from gateway.token_text import Vocabulary, vocabulary
 from gateway.usage_report import usage_event, usage_send
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def without_paths(message: str) -> str:
 def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> ApiError:
     """An engine's 4xx as the client's 400: its reason, and its code and field in the client's terms."""
     param = rejected.param
-    if param in ("prompt", "messages"):
+    if param in ("prompt", "prompt_token_ids", "messages"):
         param = "messages" if generation.messages is not None else "prompt"
     elif param is not None:
         param = param.removeprefix("sampling.") if param.startswith("sampling.") else None
@@ -67,9 +67,29 @@ def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> A
 
 
 def estimate_prompt_tokens(generation: GenerationRequest) -> int:
-    """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes."""
+    """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes (and a
+    token prompt is counted)."""
     messages = len(generation.messages) if generation.messages is not None else 0
-    return generation.prompt_bytes() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+    return generation.prompt_bytes() + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+
+
+def context_check(generation: GenerationRequest, target: Target) -> None:
+    """max_tokens that leaves no room for a prompt is refused here, as OpenAI refuses it; one that does, with the
+    prompt, is the engine's to check (it counts the prompt's tokens)."""
+    if generation.max_tokens_given and generation.max_tokens >= target.max_context:
+        raise invalid(
+            f"max_tokens is too large: {generation.max_tokens}. This model's maximum context length is "
+            f"{target.max_context} tokens, and the prompt and completion must fit in it together.",
+            param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED,
+        )  # fmt: skip
+
+
+def echoes(generation: GenerationRequest, vocabulary: Vocabulary) -> list[str]:
+    """Each choice's echoed prompt (completions with `echo`): a token prompt as its text."""
+    if not generation.echo:
+        return []
+    texts = [p if isinstance(p, str) else vocabulary.decode(p) for p in generation.prompts]
+    return [text for text in texts for _ in range(generation.n)]
 
 
 class Exchange:
@@ -86,11 +106,12 @@ class Exchange:
         self.target = target
         self.generation = generation
         self.max_tokens = max_tokens
+        tokens_shown = generation.logprobs or (generation.echo and generation.prompt_token_count() > 0)
+        self.vocabulary = vocabulary(target.checkpoint_dir) if tokens_shown else Vocabulary(None)
         self.builder = ResponseBuilder(
-            kind=generation.kind, request_id=request_id, model=target.name, n=generation.n, logprobs=generation.logprobs,
-            echo=generation.prompt if generation.echo else "",
-        )
-        self.token_text = token_decoder(target.checkpoint_dir) if generation.logprobs else str
+            kind=generation.kind, request_id=request_id, model=target.name, n=generation.num_choices,
+            logprobs=generation.logprobs, echo=echoes(generation, self.vocabulary),
+        )  # fmt: skip
         self.started = time.monotonic()
         self.first_token_at: float | None = None
         self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
@@ -120,12 +141,16 @@ class Exchange:
             "sampling": generation.sampling | {"max_tokens": self.max_tokens},
             "stream": True,
         }
+        if generation.max_tokens_given:
+            payload["context_overflow"] = "refuse"
         if _metadata_accepted.get(engine.name, True):
             payload["metadata"] = self.metadata(engine)
         if generation.messages is not None:
             payload["messages"] = generation.messages
         else:
-            payload["prompt"] = generation.prompt
+            prompts = generation.prompts
+            name = "prompt" if isinstance(prompts[0], str) else "prompt_token_ids"
+            payload[name] = prompts[0] if len(prompts) == 1 else prompts
         return payload
 
     async def _try(self, engine: EngineRef) -> None:
@@ -155,12 +180,16 @@ class Exchange:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
         await engines_refresh()
         tried: set[str] = set()
+        generation, digest = self.generation, self.target.digest
+        first_prompt = generation.prompts[0] if generation.prompts else None  # a batch shares one engine
+        fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
+                                           prompt=first_prompt if isinstance(first_prompt, str) else None,
+                                           messages=generation.messages)
         for _ in range(ATTEMPTS):
-            candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
-            if not candidates:
+            engine = router.choose(digest=digest, fingerprints=fingerprints, exclude=frozenset(tried))
+            if engine is None:
                 break
-            engine = candidates[0]
-            router.started(engine, self.target.digest)
+            router.started(engine, digest, fingerprints)
             self.engine = engine
             try:
                 await self._try(engine)
@@ -193,7 +222,7 @@ class Exchange:
 
         try:
             async for event in events():
-                read = event_read(event, token_text=self.token_text)
+                read = event_read(event, vocabulary=self.vocabulary)
                 for delta in read.deltas:
                     self.builder.apply(delta)
                     if self.first_token_at is None and delta.tokens:
@@ -277,14 +306,16 @@ _metadata_accepted: dict[str, bool] = {}
 async def admit(
     *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest
 ) -> tuple[Exchange, dict[str, str]]:
+    context_check(generation, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
     prompt_tokens = estimate_prompt_tokens(generation)
-    if prompt_tokens > 0 and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+    one_text = generation.messages is not None or (len(generation.prompts) == 1 and generation.prompt_bytes() > 0)
+    if one_text and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
         prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
-    tokens = prompt_tokens + generation.n * max_tokens
+    tokens = prompt_tokens + generation.num_choices * max_tokens
     spend_micros = spend_to_micros(caller.spend(
         base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
-        completion_tokens=generation.n * max_tokens,
+        completion_tokens=generation.num_choices * max_tokens,
     ))  # fmt: skip
     decision = await admission_acquire(
         tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
@@ -320,9 +351,11 @@ _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_
 
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
     await engines_refresh()
-    for engine in router.candidates(digest=target.digest)[:1]:
+    engine = router.choose(digest=target.digest)
+    if engine is not None:
         try:
-            return await engine_client.tokenize(engine, prompt=generation.prompt, messages=generation.messages)
+            prompt = generation.prompts[0] if generation.prompts is not None else None
+            return await engine_client.tokenize(engine, prompt=prompt, messages=generation.messages)
         except EngineUnavailable:
             return None
         except EngineRejected as rejected:

@@ -31,7 +31,7 @@ _list_models = sync_to_async(caller_models, thread_sensitive=False)
 
 
 def _model_object(target: Target, caller: Caller) -> dict:
-    body = {"id": target.name, "object": "model", "created": 0, "owned_by": "quilt"}
+    body = {"id": target.name, "object": "model", "created": target.created, "owned_by": "quilt"}
     if target.digest is not None:
         body |= {"owned_by": caller.tenant_slug, "parent": target.base_model, "version": target.adapter_version}
     return body

@@ -8,7 +8,8 @@ from rest_framework.renderers import BaseRenderer
 
 
 class CsvRenderer(BaseRenderer):
-    """Renders a list of flat dicts (the view hands over rows, not the JSON envelope); errors as one line."""
+    """Renders a list of flat dicts (the view hands over rows, not the JSON envelope). Errors never reach it: the API's
+    exception handler answers them in JSON."""
 
     media_type = "text/csv"
     format = "csv"
@@ -16,8 +17,6 @@ class CsvRenderer(BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
         header = getattr((renderer_context or {}).get("view"), "csv_header", None)
-        if isinstance(data, dict) and "error" in data:
-            data, header = [{"error": data["error"].get("message", "")}], ["error"]
         rows = data or []
         out = io.StringIO()
         writer = csv.DictWriter(

@@ -4,6 +4,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig, Validati
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -60,7 +61,16 @@ def exception_handler(exc, context):
     if response.status_code == status.HTTP_401_UNAUTHORIZED and code in ("not_authenticated", "authentication_failed"):
         code = "invalid_api_key" if code == "authentication_failed" else code
     body = error_body(message=_flatten(exc.detail), status_code=response.status_code, code=code)
+    _answer_in_json(context.get("request"))
     return Response(body, status=response.status_code, headers=dict(response.items()))
+
+
+def _answer_in_json(request) -> None:
+    """An error is JSON whatever the success would have been (a CSV download's error too): a client reads the error
+    shape, and a spreadsheet of one "error" cell hides the status."""
+    if request is not None and getattr(request, "accepted_renderer", None) is not None \
+            and request.accepted_renderer.format != "json":
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
 
 
 def is_api(request) -> bool:

@@ -1,4 +1,4 @@
-"""Registering base checkpoints: only what the engine can serve (Llama-family, safetensors, a tokenizer)."""
+"""Registering base checkpoints: only what the engine can serve (a served family, safetensors, a tokenizer)."""
 
 import json
 from pathlib import Path
@@ -6,14 +6,11 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from adapters.base_shapes import FAMILIES
 from registry.models import Adapter, BaseModel
 from tenancy.audit import Actor, audit_record
 
-SERVED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+SERVED_ARCHITECTURES = {family.architecture: model_type for model_type, family in FAMILIES.items()}
 REQUIRED_FIELDS = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
     "max_position_embeddings",

@@ -45,7 +45,7 @@ def upload_refusal(*, tenant: Tenant, size: int | None = None) -> UploadTooLarge
     )
 
 
-def _check_upload(*, tenant: Tenant, files: list[File]) -> tuple[int, CheckedUpload]:
+def _check_upload(*, tenant: Tenant, base: BaseModel, files: list[File]) -> tuple[int, CheckedUpload]:
     if not files:
         raise RegistryRefusal(
             "Attach the adapter as 'file': a .zip or .tar.gz of the PEFT folder, or its files one by one.",
@@ -56,7 +56,7 @@ def _check_upload(*, tenant: Tenant, files: list[File]) -> tuple[int, CheckedUpl
         raise upload_refusal(tenant=tenant, size=size)
     if size == 0:
         raise RegistryRefusal("The uploaded file is empty.", code="file_empty")
-    return size, upload_check(files=files)
+    return size, upload_check(files=files, base_config=base.config)
 
 
 def _check_not_a_repeat(*, adapter: Adapter, checked: CheckedUpload) -> None:
@@ -131,7 +131,7 @@ def adapter_create(
         raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model")
     _check_room(tenant=tenant)
     _check_free(tenant=tenant, name=name)
-    size, checked = _check_upload(tenant=tenant, files=files)
+    size, checked = _check_upload(tenant=tenant, base=base, files=files)
     upload_key = upload_store(files=files)
     try:
         with transaction.atomic():
@@ -161,7 +161,7 @@ def adapter_version_create(
     """The adapter's next version (numbers count up from 1 and are never reused), `uploaded`.
 
     Refused before anything is stored: a file the adapter checks refuse, or the same bytes as a live version."""
-    size, checked = _check_upload(tenant=adapter.tenant, files=files)
+    size, checked = _check_upload(tenant=adapter.tenant, base=adapter.base_model, files=files)
     _check_not_a_repeat(adapter=adapter, checked=checked)
     upload_key = upload_store(files=files)
     try:

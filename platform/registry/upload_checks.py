@@ -2,8 +2,9 @@
 
 They are the `adapters` package's own structural checks, run on the request: the archive is a real .zip or
 .tar.gz and unpacks safely, no pickle anywhere, one adapter_config.json that PEFT would accept, and a
-safetensors file whose header is sound. What needs the base model's shapes (and the canonical form) stays
-in the worker's validation. The upload's content digest (SHA-256 over its files) lets an identical
+safetensors file whose header is sound and whose modules the base model's family has (a Phi-3 adapter may name
+the fused or the split projections). The shapes, the values and the canonical form stay in the worker's
+validation. The upload's content digest (SHA-256 over its files) lets an identical
 re-upload be recognised before it becomes a new version.
 """
 
@@ -18,6 +19,7 @@ from django.core.files import File
 import adapters
 from adapters.archive import unpacked
 from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
+from adapters.loader import check_modules_against_base
 from adapters.peft_config import LoraSettings
 from adapters.safetensors_check import check_safetensors
 from registry.errors import RegistryRefusal
@@ -62,7 +64,7 @@ def _content_digest(named: dict[str, str]) -> str:
     return combined.hexdigest()
 
 
-def upload_check(*, files: list[File]) -> CheckedUpload:
+def upload_check(*, files: list[File], base_config: dict) -> CheckedUpload:
     """Refuses (RegistryRefusal with the package's code) what the worker would certainly refuse."""
     names = [safe_upload_name(upload.name) for upload in files]
     pickles = [name for name in names if name.lower().endswith(PICKLE_SUFFIXES)]
@@ -83,10 +85,11 @@ def upload_check(*, files: list[File]) -> CheckedUpload:
         try:
             with unpacked(source, limits=adapters.ArchiveLimits()) as root:
                 found = find_adapter_files(root)
-                settings = LoraSettings.from_json(found.config.read_bytes())
-                check_safetensors(found.weights)
+                lora = LoraSettings.from_json(found.config.read_bytes())
+                entries = check_safetensors(found.weights)
+                check_modules_against_base(lora, entries, base_config)
         except adapters.AdapterError as error:
             raise _refusal(error) from None
     finally:
         shutil.rmtree(workdir)
-    return CheckedUpload(sha256=_content_digest(digests), rank=settings.r)
+    return CheckedUpload(sha256=_content_digest(digests), rank=lora.r)

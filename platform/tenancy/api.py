@@ -47,6 +47,7 @@ def _page(view, request, queryset, serializer_class):
 class OwnTenantApi(TenantAPIView):
     required_roles = {"GET": Role.VIEWER, "PATCH": Role.ADMIN}
     required_scopes = {"GET": "", "PATCH": Scope.ADMIN}
+    billing_methods = frozenset({"PATCH"})  # the billing e-mail; the service refuses the rest while suspended
 
     @extend_schema(responses=TenantOutput)
     def get(self, request):

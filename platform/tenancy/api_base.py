@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from apikeys.models import ApiKey, Scope
 from tenancy.audit import Actor
-from tenancy.authority import actor_role
+from tenancy.authority import SAFE_METHODS, actor_role, require_writable
 from tenancy.models import Membership, Tenant
 from tenancy.roles import role_at_least
 
@@ -79,12 +79,15 @@ class TenantAPIView(APIView):
     permission_classes = [HasCredential]
     required_roles: dict[str, str] = {}
     required_scopes: dict[str, str] = {}
+    billing_methods: frozenset[str] = frozenset()  # writes that are billing's: allowed while the tenant is suspended
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         self.actor = actor_for(request)
         self.tenant, self.membership = resolve_tenant(request)
         self._check_access(request)
+        if request.method.upper() not in SAFE_METHODS:
+            require_writable(tenant=self.tenant, billing=request.method.upper() in self.billing_methods)
 
     def _check_access(self, request) -> None:
         method = request.method.upper()

@@ -101,3 +101,14 @@ def require_owner_rule(*, actor: Actor, tenant: Tenant, roles: tuple[str, ...]) 
     """Granting, taking away or removing the owner role is an owner's act (never a key's)."""
     if Role.OWNER in roles:
         require_role(actor=actor, tenant=tenant, minimum=Role.OWNER, doing="grant, take away or remove the owner role")
+
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+BILLING_SETTINGS = frozenset({"billing_email"})  # what a suspended or closed tenant may still change
+
+
+def require_writable(*, tenant: Tenant, billing: bool = False) -> None:
+    """A suspended or closed tenant is read-only, billing excepted (`billing`: the write is billing's)."""
+    if not tenant.is_active and not billing:
+        raise NotAllowed(f"The tenant {tenant.slug} is {tenant.status}: it is read-only, billing excepted.",
+                         code="tenant_suspended")

@@ -1,6 +1,7 @@
 from django.core.validators import slug_re
 from rest_framework import serializers
 
+from tenancy.authority import NotAllowed
 from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
 
 
@@ -34,9 +35,29 @@ class TenantOutput(serializers.ModelSerializer):
         return bool(tenant.webhook_secret)
 
 
+STAFF_TENANT_FIELDS = ("slug", "name", "status", "plan")  # TenantUpdateInput's: platform staff change them
+
+
 class TenantSettingsInput(serializers.Serializer):
+    """What a tenant's own admins change. A field they may not change is refused (403 for staff's, 400 for one that
+    does not exist), never dropped: a 200 that changed nothing reads as done."""
+
     billing_email = serializers.EmailField(required=False, allow_blank=True)
     webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            staff = [name for name in STAFF_TENANT_FIELDS if name in data]
+            if staff:
+                raise NotAllowed(f"Only platform staff change a tenant's {', '.join(staff)}; here: "
+                                 f"{', '.join(self.fields)}.", code="staff_only")  # fmt: skip
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: f"Unknown field; this takes {', '.join(self.fields)}." for name in unknown},
+                    code="unknown_field",
+                )  # fmt: skip
+        return super().to_internal_value(data)
 
 
 class WebhookSecretInput(serializers.Serializer):

@@ -9,7 +9,13 @@ from django.db import transaction
 from django.forms.models import model_to_dict
 
 from tenancy.audit import Actor, audit_record
-from tenancy.authority import has_full_authority, require_owner_rule, require_role
+from tenancy.authority import (
+    BILLING_SETTINGS,
+    has_full_authority,
+    require_owner_rule,
+    require_role,
+    require_writable,
+)
 from tenancy.invitations import invitation_create
 from tenancy.models import Membership, Plan, Tenant
 
@@ -176,6 +182,8 @@ TENANT_SETTINGS_FIELDS = ["billing_email", "webhook_url"]
 def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:
     """A tenant's own admins change where its billing mail and webhooks go (name, plan and status are staff's)."""
     require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="change the tenant's settings")
+    changed = {name for name, value in changes.items() if getattr(tenant, name, None) != value}
+    require_writable(tenant=tenant, billing=changed <= BILLING_SETTINGS)
     with transaction.atomic():
         tenant, before, after = _locked_change(tenant, TENANT_SETTINGS_FIELDS, changes)
         audit_record(actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before, after=after)

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from adapters import AdapterError, load_adapter
 
@@ -36,6 +44,23 @@ def mistral_config() -> MistralConfig:
 
 def qwen2_config() -> Qwen2Config:
     return Qwen2Config(**TINY)
+
+
+def qwen3_config() -> Qwen3Config:
+    return Qwen3Config(**TINY, head_dim=24)
+
+
+def gemma2_config() -> Gemma2Config:
+    return Gemma2Config(**TINY, head_dim=24)
+
+
+def gemma3_text_config() -> Gemma3TextConfig:
+    return Gemma3TextConfig(**TINY, head_dim=16)
+
+
+def phi3_config() -> Phi3Config:
+    """Phi-3 keeps q/k/v and gate/up fused: qkv_proj is [64 + 2 * 32, 64], gate_up_proj [2 * 96, 64]."""
+    return Phi3Config(**TINY, pad_token_id=0)
 
 
 def peft_lora_tensors(config: dict, *, dtype=torch.float32) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Adapters made by PEFT itself on tiny random Llama, Mistral and Qwen2 models: the oracle."""
+"""Adapters made by PEFT itself on tiny random models of every served family: the oracle."""
 
 import warnings
 from dataclasses import dataclass
@@ -7,9 +7,25 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
-from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from transformers import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Phi3ForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
-from tests.adapters.builders import llama_config, mistral_config, qwen2_config
+from tests.adapters.builders import (
+    gemma2_config,
+    gemma3_text_config,
+    llama_config,
+    mistral_config,
+    phi3_config,
+    qwen2_config,
+    qwen3_config,
+)
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -76,6 +92,36 @@ SCENARIOS = {
         MistralForCausalLM,
         torch.float32,
         dict(r=16, lora_alpha=16, target_modules=["v_proj", "o_proj"], layers_to_transform=0),
+    ),
+    "qwen3-all-linear": (
+        qwen3_config,
+        Qwen3ForCausalLM,
+        torch.float32,
+        dict(r=4, lora_alpha=8, target_modules="all-linear", rank_pattern={"k_proj": 2}),
+    ),
+    "gemma2-attention-bf16": (
+        gemma2_config,
+        Gemma2ForCausalLM,
+        torch.bfloat16,
+        dict(r=4, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ),
+    "gemma3-text-every-projection": (
+        gemma3_text_config,
+        Gemma3ForCausalLM,
+        torch.float32,
+        dict(r=2, lora_alpha=4, target_modules=ALL, alpha_pattern={"down_proj": 1}),
+    ),
+    "phi3-all-linear-fused": (
+        phi3_config,
+        Phi3ForCausalLM,
+        torch.float32,
+        dict(r=4, lora_alpha=8, target_modules="all-linear", rank_pattern={"qkv_proj": 6}),
+    ),
+    "phi3-fused-names-rslora": (
+        phi3_config,
+        Phi3ForCausalLM,
+        torch.float32,
+        dict(r=8, lora_alpha=4, use_rslora=True, target_modules=["qkv_proj", "gate_up_proj"]),
     ),
 }
 

@@ -27,7 +27,7 @@ def test_modules_ranks_and_scaling_match_peft(made):
     assert adapter.alpha == made.lora["lora_alpha"]
     assert adapter.target_modules == [
         m
-        for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
         if any(name.endswith(f".{m}") for name in peft_layers)
     ]
 

@@ -166,7 +166,8 @@ def test_a_date_at_the_ends_of_the_calendar_is_refused_with_a_message_not_a_serv
     assert "Choose a date between 1970-01-01 and 9998-12-31." in page.content.decode()
     assert page.context["filters"]["model"] == "support-bot"  # one bad field leaves the other filters as chosen
     assert page.context["total"].requests == 10
-    assert client.get(url("usage-csv", tenant, query)).status_code == 200
+    csv = client.get(url("usage-csv", tenant, query))  # a download says what is wrong: a 400, in JSON
+    assert csv.status_code == 400 and "1970-01-01" in csv.json()["error"]["message"]
 
 
 def test_prices_show_every_decimal_the_plan_charges(tenant, member_of):

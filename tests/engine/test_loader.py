@@ -5,7 +5,7 @@ and the weights are those of quantizing the loaded full-precision model."""
 import pytest
 import torch
 
-from engine.models import LlamaForCausalLM, load_model
+from engine.models import CausalLM, load_model
 from engine.models.quantized_linear import QuantizedLinear, quantize_model, tensor_bytes, unquantized_bytes
 
 CPU = torch.device("cpu")
@@ -22,7 +22,7 @@ def _load_measuring_peak(monkeypatch, model_dir, quantization):
     """The model, and the most bytes its tensors held at once, measured after every checkpoint tensor is
     copied in (before the loader goes on to the next one)."""
     peak = 0
-    load_weights = LlamaForCausalLM.load_weights
+    load_weights = CausalLM.load_weights
 
     def measured(self, weights):
         nonlocal peak
@@ -35,7 +35,7 @@ def _load_measuring_peak(monkeypatch, model_dir, quantization):
         load_weights(self, each())
         peak = max(peak, _allocated_bytes(self))
 
-    monkeypatch.setattr(LlamaForCausalLM, "load_weights", measured)
+    monkeypatch.setattr(CausalLM, "load_weights", measured)
     model = load_model(model_dir, dtype=torch.float32, device=CPU, quantization=quantization)
     return model, peak
 

@@ -93,19 +93,25 @@ def _fp8_launches(case: str, dtype: torch.dtype) -> list[tuple]:
     if case == "store_kv":
         k = torch.randn(5, 8, 128).to(dtype)
         return _recorded_launches("store_kv", k, k, cache, cache, torch.arange(5), scales, scales)
+    extra = _WINDOW_SOFTCAP if case.endswith("-window-softcap") else {}
+    case = case.removesuffix("-window-softcap")
     if case.startswith("paged_attention_decode"):
         q = torch.randn(2, 32, 128).to(dtype)
         partition = 512 if case.endswith("split-kv") else 0
         return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, scales, scales,
-                                  partition_size=partition)  # fmt: skip
+                                  partition_size=partition, **extra)  # fmt: skip
     q = torch.randn(20, 32, 128).to(dtype)
     cu = torch.tensor([0, 13, 20], dtype=torch.int32)
-    return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 0.1, scales, scales)
+    return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 0.1, scales, scales,
+                              **extra)
+
+
+_WINDOW_SOFTCAP = {"window": 100, "softcap": 50.0}
 
 
 def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
-    if case.endswith("-fp8kv"):
-        return _fp8_launches(case.removesuffix("-fp8kv"), dtype)
+    if "-fp8kv" in case:
+        return _fp8_launches(case.replace("-fp8kv", ""), dtype)
     if case == "lora_shrink-split-k":
         return _recorded_launches("lora_shrink", *_lora_inputs(1, dtype))
     if case == "lora_shrink":
@@ -117,16 +123,21 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, pages, b_rows, slots, ranks,
                                   torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
     cache, tables, lens = _paged(dtype)
+    extra = _WINDOW_SOFTCAP if case.endswith("-window-softcap") else {}
+    case = case.removesuffix("-window-softcap")
     if case == "paged_attention_decode-split-kv":
         q = torch.randn(2, 32, 128).to(dtype)
-        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=512)
+        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=512,
+                                  **extra)  # fmt: skip
     if case == "paged_attention_decode":
         q = torch.randn(2, 32, 128).to(dtype)
-        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=0)
+        return _recorded_launches("paged_attention_decode", q, cache, cache, tables, lens, 0.1, partition_size=0,
+                                  **extra)  # fmt: skip
     if case == "paged_attention_prefill":
         q = torch.randn(20, 32, 128).to(dtype)
         cu = torch.tensor([0, 13, 20], dtype=torch.int32)
-        return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 1 / math.sqrt(128))
+        return _recorded_launches("paged_attention_prefill", q, cache, cache, cu, tables, lens, 1 / math.sqrt(128),
+                                  **extra)  # fmt: skip
     if case == "store_kv":
         k = torch.randn(5, 8, 128).to(dtype)
         return _recorded_launches("store_kv", k, k, cache, cache, torch.arange(5))
@@ -136,8 +147,13 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
     if case == "rotary_embedding":
         qkv = torch.randn(3, 48, 128).to(dtype)
         return _recorded_launches("rotary_embedding", torch.arange(3), qkv[:, :32], qkv[:, 32:40], torch.randn(64, 128))
+    if case == "rotary_embedding-partial":  # Phi-4-mini: 96 of 128 dims rotated
+        qkv = torch.randn(3, 40, 128).to(dtype)
+        return _recorded_launches("rotary_embedding", torch.arange(3), qkv[:, :24], qkv[:, 24:32], torch.randn(64, 96))
     if case == "silu_and_mul":
         return _recorded_launches("silu_and_mul", torch.randn(3, 2 * 14336).to(dtype))
+    if case == "gelu_tanh_and_mul":
+        return _recorded_launches("gelu_tanh_and_mul", torch.randn(3, 2 * 9216).to(dtype))
     raise AssertionError(case)
 
 
@@ -145,9 +161,13 @@ CASES = [
     "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode", "paged_attention_decode-split-kv",
     "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
     "store_kv-fp8kv", "paged_attention_decode-fp8kv", "paged_attention_decode-split-kv-fp8kv",
-    "paged_attention_prefill-fp8kv",
+    "paged_attention_prefill-fp8kv", "gelu_tanh_and_mul", "rotary_embedding-partial",
+    "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
+    "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
+    "paged_attention_prefill-fp8kv-window-softcap",
 ]  # fmt: skip
-DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill"]
+DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
+             "paged_attention_prefill-window-softcap"]
 
 
 

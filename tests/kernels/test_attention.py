@@ -133,3 +133,80 @@ def test_paged_attention_decode_replays_in_a_cuda_graph():
     graph.replay()
     expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(), 0.2)
     assert_close(out.cpu(), expected)
+
+
+WINDOWS = {  # (window, softcap)
+    "window-1": (1, None),
+    "window-5": (5, None),
+    "window-40-softcap-3": (40, 3.0),
+    "softcap-30": (None, 30.0),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("partition", [0, 64], ids=["one-pass", "split-kv-64"])
+@pytest.mark.parametrize("case", list(WINDOWS.values()), ids=list(WINDOWS))
+def test_windowed_soft_capped_decode_matches_reference(case, partition, dtype, device):
+    window, softcap = case
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    context_lens = [1, 13, 69, 200]  # 200 with a window: the splits before it are skipped
+    k_cache, v_cache, tables, lens = _paged_cache(layout, context_lens, dtype, device)
+    q = (torch.randn(len(context_lens), layout.heads, layout.head_dim) * 4).to(device=device, dtype=dtype)
+    out = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.3, window=window,
+                                                   softcap=softcap, partition_size=partition)
+    expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(), 0.3,
+                                                window=window, softcap=softcap)
+    assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", list(PREFILL_BATCHES.values()), ids=list(PREFILL_BATCHES))
+@pytest.mark.parametrize("case", list(WINDOWS.values()), ids=list(WINDOWS))
+@pytest.mark.parametrize("layout", [LAYOUTS["bs8-gqa1-d64"], Layout(16, 4, 2, 144)], ids=["bs8-d64", "bs16-d144"])
+def test_windowed_soft_capped_prefill_matches_reference(layout, case, batch, dtype, device):
+    """d144 takes KV tiles (32) narrower than query tiles (64): a row's first tiles may lie before its window."""
+    window, softcap = case
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [c for c, _ in batch], dtype, device)
+    cu = torch.tensor([0, *[n for _, n in batch]]).cumsum(0).to(device=device, dtype=torch.int32)
+    q = (torch.randn(int(cu[-1]), layout.heads, layout.head_dim) * 4).to(device=device, dtype=dtype)
+    out = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.2, window=window,
+                                                    softcap=softcap)
+    expected = reference.paged_attention_prefill(q.cpu(), k_cache.cpu(), v_cache.cpu(), cu.cpu(), tables.cpu(),
+                                                 lens.cpu(), 0.2, window=window, softcap=softcap)
+    assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_window_skips_the_blocks_before_it(op, device):
+    """Blocks wholly before every query's window are never read: poisoning them (NaN) changes nothing."""
+    layout = LAYOUTS["bs8-gqa1-d64"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [300], torch.float32, device)
+    window, new = 20, 3 if op == "prefill" else 1
+    first_needed = (300 - new + 1 - window) // layout.block_size  # the block of the first query's first key
+    k_clean, v_clean = k_cache.cpu().clone(), v_cache.cpu().clone()
+    for cache in (k_cache, v_cache):
+        cache[tables[0, :first_needed].long()] = float("nan")
+    q = torch.randn(new, layout.heads, layout.head_dim, device=device)
+    if op == "decode":
+        out = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.2, window=window,
+                                                       partition_size=64)
+        expected = reference.paged_attention_decode(q.cpu(), k_clean, v_clean, tables.cpu(), lens.cpu(), 0.2,
+                                                    window=window)
+    else:
+        cu = torch.tensor([0, new], dtype=torch.int32, device=device)
+        out = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.2, window=window)
+        expected = reference.paged_attention_prefill(q.cpu(), k_clean, v_clean, cu.cpu(), tables.cpu(), lens.cpu(),
+                                                     0.2, window=window)
+    assert not out.isnan().any()
+    assert_close(out.cpu(), expected)
+
+
+def test_attention_launchers_refuse_a_bad_window(device):
+    layout = LAYOUTS["bs8-gqa1-d64"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [5], torch.float32, device)
+    q = torch.randn(1, layout.heads, layout.head_dim, device=device)
+    with pytest.raises(ValueError, match="window"):
+        load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.2, window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.2, softcap=-1.0)

@@ -136,3 +136,29 @@ def test_fp8_cache_without_scales_is_refused(device):
     with pytest.raises(ValueError, match="needs its scales"):
         load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.3)
 
+
+
+@pytest.mark.parametrize("op", ["decode", "decode-split-kv", "prefill"])
+def test_windowed_soft_capped_attention_fp8_matches_reference(op, device):
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    window, softcap = 24, 4.0
+    if op == "prefill":
+        batch = PREFILL_BATCHES["cached-prefix-and-chunks"]
+        (k_cache, v_cache, k_scales, v_scales), tables, lens, _ = _fp8_cache(layout, [c for c, _ in batch], device)
+        cu = torch.tensor([0, *[n for _, n in batch]]).cumsum(0).to(device=device, dtype=torch.int32)
+        q = (torch.randn(int(cu[-1]), layout.heads, layout.head_dim) * 3).to(device)
+        out = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.3, k_scales,
+                                                        v_scales, window=window, softcap=softcap)
+        expected = reference.paged_attention_prefill(q.cpu(), k_cache.cpu(), v_cache.cpu(), cu.cpu(), tables.cpu(),
+                                                     lens.cpu(), 0.3, k_scales.cpu(), v_scales.cpu(), window=window,
+                                                     softcap=softcap)
+    else:
+        (k_cache, v_cache, k_scales, v_scales), tables, lens, _ = _fp8_cache(layout, [1, 13, 69, 200], device)
+        q = (torch.randn(4, layout.heads, layout.head_dim) * 3).to(device)
+        out = load_triton_op("paged_attention_decode")(q, k_cache, v_cache, tables, lens, 0.3, k_scales, v_scales,
+                                                       window=window, softcap=softcap,
+                                                       partition_size=64 if op == "decode-split-kv" else 0)
+        expected = reference.paged_attention_decode(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), lens.cpu(),
+                                                    0.3, k_scales.cpu(), v_scales.cpu(), window=window,
+                                                    softcap=softcap)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)

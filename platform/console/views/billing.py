@@ -8,7 +8,7 @@ from django.utils import timezone
 from billing.invoices import month_bounds
 from billing.selectors import invoice_preview, invoice_with_lines, invoices_of
 from billing.serializers import INVOICE_CSV_HEADER, invoice_csv_rows
-from console.access import Role, tenant_page
+from console.access import Role, csv_download, tenant_page
 from console.listing import listing
 from console.pages import render_page
 from metering.selectors import model_prices_of, usage_totals_month
@@ -46,6 +46,7 @@ def invoice(request, invoice_id: int):
     return render_page(request, "console/billing/invoice.html", context, section="billing")
 
 
+@csv_download
 @tenant_page(Role.ADMIN)
 def invoice_csv(request, invoice_id: int):
     invoice = _invoice(request, invoice_id)

@@ -25,7 +25,7 @@ def _page(request, *, form=None, status=200):
     return render_page(request, "console/settings.html", context, section="settings", status=status)
 
 
-@tenant_page(Role.ADMIN)
+@tenant_page(Role.ADMIN, billing=True)
 def tenant_settings(request):
     if request.method != "POST":
         return _page(request)

@@ -12,7 +12,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 
 from apikeys.selectors import api_keys_of
-from console.access import Role, tenant_page
+from console.access import CsvQueryError, Role, csv_download, tenant_page
 from console.charts import Series, series_chart, usage_chart
 from console.forms import GROUP_CHOICES, UsageFilterForm
 from console.listing import listing_of_rows
@@ -121,10 +121,13 @@ def usage(request):
     return render_page(request, "console/usage.html", context, section="usage")
 
 
+@csv_download
 @tenant_page(Role.VIEWER)
 def usage_csv(request):
     tenant = request.seat.tenant
-    _, window, group, filters = _query(request)
+    form, window, group, filters = _query(request)
+    if not form.is_valid():
+        raise CsvQueryError("; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()))
     rows = usage_grouped_filtered(tenant=tenant, since=window.since, until=window.until, group_by=group, **filters)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"usage-{tenant.slug}-{window.since:%Y%m%d}-{window.until:%Y%m%d}-by-{group}.csv"

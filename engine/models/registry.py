@@ -1,0 +1,30 @@
+"""Which model class serves each Hugging Face architecture; the one place the loader and the engine ask."""
+
+from engine.models.causal_lm import CausalLM
+from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from engine.models.spec import ModelSpec
+
+MODELS: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+}
+
+
+def model_class(config: dict) -> type[CausalLM]:
+    """The class serving config's architecture; ValueError listing the supported ones otherwise."""
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture not in MODELS:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(MODELS)}")
+    return MODELS[architecture]
+
+
+def read_spec(config: dict) -> ModelSpec:
+    """The spec of a checkpoint's config.json; ValueError naming what is supported when the architecture, its
+    rope type or its activation is not."""
+    return model_class(config).read_spec(config)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0002_budgethold_provisional'),
+        ('gateway', '0003_engine_heartbeat'),
     ]
 
     operations = [

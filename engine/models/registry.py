@@ -2,12 +2,14 @@
 
 from engine.models.causal_lm import CausalLM
 from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.spec import ModelSpec
 
 MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

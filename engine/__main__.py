@@ -1,13 +1,18 @@
 """`python -m engine --model DIR ...`: the engine process. Flags and environment are read here only.
 
 Environment: QUILT_ENGINE_TOKEN (required: the bearer token every call must carry),
-CELERY_BROKER_URL (where usage events go; flag --broker-url wins; unset: events only spool to disk).
+CELERY_BROKER_URL (where usage events go; flag --broker-url wins; unset: events only spool to disk),
+QUILT_CONTROL_PLANE_URL (flag --control-plane wins: join that control plane's fleet and heartbeat to it; unset: a
+static engine, listed with `manage.py registerengine`), QUILT_ENGINE_NAME, QUILT_ADVERTISE_URL, QUILT_ENGINE_POOL,
+QUILT_GPU_PRICE_PER_HOUR (the flags of the same names win).
 """
 
 import argparse
 import dataclasses
 import logging
 import os
+import re
+import socket
 import sys
 import types
 import typing
@@ -57,6 +62,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds an idle connection stays open (default: %(default)s; uvicorn's 5 s raced the "
                              "gateway's reuse of its connections)")
     parser.add_argument("--log-level", default="info")
+    fleet = parser.add_argument_group("fleet membership (docs/fleet.md)")
+    fleet.add_argument("--control-plane", default=os.environ.get("QUILT_CONTROL_PLANE_URL"),
+                       help="control plane (gateway) base URL to register and heartbeat with; unset: a static engine")
+    fleet.add_argument("--engine-name", default=os.environ.get("QUILT_ENGINE_NAME"),
+                       help="the engine's name in the fleet (default: HOSTNAME-PORT)")
+    fleet.add_argument("--advertise-url", default=os.environ.get("QUILT_ADVERTISE_URL"),
+                       help="where gateways reach this engine (default: http://HOST:PORT, HOST this machine's address "
+                            "when listening on all interfaces: a container's or a pod's own IP)")
+    fleet.add_argument("--pool", default=os.environ.get("QUILT_ENGINE_POOL", "default"))
+    fleet.add_argument("--gpu-price-per-hour", default=os.environ.get("QUILT_GPU_PRICE_PER_HOUR", "0"),
+                       help="this engine's $/h, for cost per token (a decimal)")
+    fleet.add_argument("--heartbeat-interval", type=float, default=2.0,
+                       help="seconds between heartbeats; 3 missed ones take the engine out of routing")
+    fleet.add_argument("--leave-grace", type=float, default=2.0,
+                       help="on SIGTERM, seconds the engine keeps serving after leaving routing, before it drains")
     engine_config_flags(parser)
     return parser.parse_args(argv)
 
@@ -76,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.server.adapter_registry import AdapterRegistry
     from engine.server.app import EngineAPI, build_app
     from engine.server.engine_loop import EngineLoop
+    from engine.server.membership import Draining, Identity, Membership
     from engine.server.metrics import EngineMetrics
     from engine.usage.emitter import UsageEmitter
 
@@ -87,18 +108,30 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"invalid engine configuration: {error}", file=sys.stderr)
         return 2
-    spool = args.usage_spool or Path("var/usage-spool") / f"engine-{args.port}.jsonl"
+    engine_name = args.engine_name or re.sub(r"[^A-Za-z0-9_-]+", "-", f"{socket.gethostname()}-{args.port}")[-64:]
+    host = socket.gethostbyname(socket.gethostname()) if args.host in ("0.0.0.0", "::") else args.host
+    # One spool file per engine: scaled containers may share the spool volume.
+    spool = args.usage_spool or Path("var/usage-spool") / (f"engine-{engine_name}.jsonl" if args.control_plane
+                                                           else f"engine-{args.port}.jsonl")
     emitter = UsageEmitter(broker_url=args.broker_url or None, spool_path=spool, queue_name=args.usage_queue).start()
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,
                       base_model=args.served_model_name or Path(args.model).resolve().name)
     registry = AdapterRegistry(loop, store=args.adapter_store)
     api = EngineAPI(loop, registry=registry, model_name=loop.base_model, drain_timeout_s=args.drain_timeout)
+    if args.control_plane:
+        identity = Identity(
+            control_plane=args.control_plane.rstrip("/"), name=engine_name,
+            url=(args.advertise_url or f"http://{host}:{args.port}").rstrip("/"), pool=args.pool,
+            gpu_price_per_hour=str(args.gpu_price_per_hour), token=token, interval_s=args.heartbeat_interval,
+        )  # fmt: skip
+        api.membership = Membership(identity, loop, api.prefixes)
     app = build_app(api, token=token)
     logging.getLogger(__name__).info("engine ready on http://%s:%d (model %s, device %s)",
                                      args.host, args.port, args.model, args.device)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                access_log=False)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
+                            access_log=False)
+    Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace).run()
     return 0
 
 

@@ -7,6 +7,9 @@ A full block is identified by a chained hash of its tokens, the hash of the bloc
 adapter's digest (LoRA on k/v changes the cache) and a salt (the tenant: a cache shared across
 tenants would let one time-probe another's prompts). A freed block keeps its hash and stays
 reusable until it is needed for something else; such blocks are evicted least-recently-used.
+
+With a sliding window on every layer (`window`), a running sequence gives back the blocks at the head of
+its table that no later query can see; their entries become FREED (-1), which no attention reads.
 No torch.
 """
 
@@ -15,6 +18,8 @@ from array import array
 from collections import OrderedDict, deque
 
 from engine.sequence import Sequence
+
+FREED = -1  # a block-table entry whose block was given back: wholly outside every layer's window
 
 
 def block_hash(parent: bytes | None, token_ids: list[int], adapter: str | None, salt: str) -> bytes:
@@ -28,10 +33,13 @@ def block_hash(parent: bytes | None, token_ids: list[int], adapter: str | None, 
 
 
 class BlockManager:
-    def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 window: int | None = None) -> None:
+        """window: the widest sliding window when every layer has one (keys p - window < j <= p), else None."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window
         self.ref_counts = [0] * num_blocks
         self.hashes: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # hash -> block id
@@ -160,7 +168,7 @@ class BlockManager:
         if not self._caches(seq):
             return
         self._update_hashes(seq, seq.num_computed_tokens)
-        for i in range(seq.num_computed_tokens // self.block_size):
+        for i in range(seq.num_freed_blocks, seq.num_computed_tokens // self.block_size):
             block_id = seq.block_table[i]
             if self.hashes[block_id] is not None:
                 continue
@@ -172,16 +180,32 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # tail blocks first, so they are evicted before the prefix that other prompts may share
-        for block_id in reversed(seq.block_table):
-            self.ref_counts[block_id] -= 1
-            assert self.ref_counts[block_id] >= 0
-            if self.ref_counts[block_id] == 0:
-                if self.hashes[block_id] is None:
-                    self.free_ids.append(block_id)
-                else:
-                    self.evictable[block_id] = None
+        for block_id in reversed(seq.block_table[seq.num_freed_blocks :]):
+            self._unref(block_id)
         seq.block_table = []
+        seq.num_freed_blocks = 0
         seq.num_computed_tokens = 0
+
+    def free_outside_window(self, seq: Sequence) -> None:
+        """Give back the blocks no later query of seq can see. Its next query sits at p >= num_computed_tokens
+        and sees keys j > p - window, so block i (keys up to (i + 1) * bs - 1) goes once
+        (i + 1) * bs <= num_computed_tokens - window + 1."""
+        if self.window is None:
+            return
+        past = max(0, seq.num_computed_tokens - self.window + 1) // self.block_size  # blocks [0, past) unseen
+        for i in range(seq.num_freed_blocks, min(past, len(seq.block_table))):
+            self._unref(seq.block_table[i])
+            seq.block_table[i] = FREED
+        seq.num_freed_blocks = max(seq.num_freed_blocks, min(past, len(seq.block_table)))
+
+    def _unref(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        assert self.ref_counts[block_id] >= 0
+        if self.ref_counts[block_id] == 0:
+            if self.hashes[block_id] is None:
+                self.free_ids.append(block_id)
+            else:
+                self.evictable[block_id] = None
 
     def hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
@@ -189,9 +213,13 @@ class BlockManager:
     def check_invariants(self, seqs: list[Sequence]) -> None:
         owners = [1 if block_id in self.adapter_pages else 0 for block_id in range(self.num_blocks)]
         for seq in seqs:
-            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
+            head, held = seq.block_table[: seq.num_freed_blocks], seq.block_table[seq.num_freed_blocks :]
+            assert all(b == FREED for b in head) and FREED not in held, f"{seq} has FREED entries past its head"
+            assert len(set(held)) == len(held), f"{seq} holds a block twice"
             assert len(seq.block_table) >= self.blocks_needed(seq.num_computed_tokens)
-            for block_id in seq.block_table:
+            if self.window is not None and seq.num_freed_blocks:  # never a block some query still sees
+                assert seq.num_freed_blocks * self.block_size <= seq.num_computed_tokens - self.window + 1
+            for block_id in held:
                 owners[block_id] += 1
         assert owners == self.ref_counts, "ref counts differ from the block tables"
         free = set(self.free_ids)

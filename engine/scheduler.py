@@ -224,6 +224,7 @@ class Scheduler:
                                               completion_tokens=seq.num_computed_tokens - seq.num_charged_tokens)
                         seq.num_charged_tokens = seq.num_computed_tokens
                     self.block_manager.trim(seq, seq.num_computed_tokens + 1)
+                self.block_manager.free_outside_window(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Finish (or abort) a sequence wherever it is, freeing its blocks at once."""

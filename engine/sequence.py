@@ -31,6 +31,7 @@ class Sequence:
         cache_salt: str,
         arrival_time: float,
         leader: "Sequence | None" = None,
+        constrained: bool = False,
     ) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -44,11 +45,13 @@ class Sequence:
         self.weight = weight
         self.cache_salt = cache_salt
         self.leader = leader
+        self.constrained = constrained  # a grammar constrains its output (engine/guided.py holds its state)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit on first admission
         self.num_charged_tokens = 0  # tokens the fairness policy has charged for (never twice)
-        self.block_table: list[int] = []
+        self.block_table: list[int] = []  # FREED (-1) at the head where blocks left every layer's window
+        self.num_freed_blocks = 0  # those head entries
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks seen so far
         self.finish_reason: str | None = None
         self.error: str | None = None

@@ -147,4 +147,5 @@ class CausalLM(nn.Module):
 
 
 def _cos_sin_cache(rope: RopeSpec, spec: ModelSpec) -> torch.Tensor:
-    return kernels.rope_cos_sin_cache(rope.rotary_dim, spec.max_position_embeddings, rope.theta, rope.scaling)
+    return kernels.rope_cos_sin_cache(spec.head_dim, spec.max_position_embeddings, rope.theta, rope.scaling,
+                                      rotary_dim=rope.rotary_dim, max_position_embeddings=spec.max_position_embeddings)

@@ -8,8 +8,8 @@ shapes in the wild are read: transformers 5's (`rope_parameters`, `layer_types`)
 import math
 from dataclasses import dataclass, field
 
-# the rope types kernels.rope_cos_sin_cache computes, as transformers does
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+from kernels.reference import ROPE_TYPES  # what kernels.rope_cos_sin_cache computes, as transformers does
+
 SLIDING, FULL = "sliding_attention", "full_attention"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 

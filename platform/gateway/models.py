@@ -7,7 +7,9 @@ from tenancy.models import Tenant
 
 
 class Engine(models.Model):
-    """An engine process the gateway routes to. `state` is its last /v1/state answer."""
+    """An engine process the gateway routes to. `state` is its last /v1/state answer, or its last heartbeat's state
+    for an engine that registered itself (`self_registered`): such an engine is routed to only while its heartbeats
+    keep `heartbeat_expires_at` in the future (docs/fleet.md)."""
 
     name = models.SlugField(max_length=64, unique=True)
     url = models.URLField(help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100")
@@ -21,6 +23,9 @@ class Engine(models.Model):
     last_checked_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     state = models.JSONField(default=dict, blank=True)
+    self_registered = models.BooleanField(default=False)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

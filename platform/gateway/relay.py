@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED, EVENT_FINAL
+from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED, EVENT_FINAL, prompt_fingerprints
 from gateway import engine_client, metrics
 from gateway.admission import (
     admission_acquire,
@@ -180,12 +180,16 @@ class Exchange:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
         await engines_refresh()
         tried: set[str] = set()
+        generation, digest = self.generation, self.target.digest
+        first_prompt = generation.prompts[0] if generation.prompts else None  # a batch shares one engine
+        fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
+                                           prompt=first_prompt if isinstance(first_prompt, str) else None,
+                                           messages=generation.messages)
         for _ in range(ATTEMPTS):
-            candidates = router.candidates(digest=self.target.digest, exclude=frozenset(tried))
-            if not candidates:
+            engine = router.choose(digest=digest, fingerprints=fingerprints, exclude=frozenset(tried))
+            if engine is None:
                 break
-            engine = candidates[0]
-            router.started(engine, self.target.digest)
+            router.started(engine, digest, fingerprints)
             self.engine = engine
             try:
                 await self._try(engine)
@@ -347,7 +351,8 @@ _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_
 
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
     await engines_refresh()
-    for engine in router.candidates(digest=target.digest)[:1]:
+    engine = router.choose(digest=target.digest)
+    if engine is not None:
         try:
             prompt = generation.prompts[0] if generation.prompts is not None else None
             return await engine_client.tokenize(engine, prompt=prompt, messages=generation.messages)

@@ -1,13 +1,18 @@
-"""Choosing an engine: one where the adapter is resident, else the adapter's rendezvous-hash favourite (so each
-adapter warms on few engines), else the least loaded. Engines come from the database, refreshed once a second
-per process; an engine that just failed here is skipped for a few seconds before the health check notices."""
+"""Choosing an engine, per gateway process: the engines come from the database (static ones while healthy,
+self-registered ones while their heartbeats keep coming), re-read once a second; each decision is
+`route_score.choose` (docs/routing.md) over that snapshot, with this process's requests in flight since added to
+each engine's reported load. An engine that just failed here is skipped for a few seconds."""
 
-import hashlib
 import time
+from collections.abc import Sequence
+
+from django.db.models import Q
+from django.utils import timezone
 
 from engine.contract import state_load, state_resident_digests
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
+from gateway.route_score import Fleet, candidate_from_state, choose
 
 SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
@@ -17,22 +22,30 @@ resident_digests = state_resident_digests  # the contract's reading of /v1/state
 engine_load = state_load
 
 
+def routable_engines():
+    """Engines to route to: enabled, and healthy (static ones) or heartbeating (self-registered ones)."""
+    alive = Q(self_registered=False) | Q(heartbeat_expires_at__gt=timezone.now())
+    return Engine.objects.filter(alive, enabled=True, healthy=True).order_by("name")
+
+
 class Router:
     """Per-process routing state: the engine snapshot, engines that just failed, requests in flight."""
 
     def __init__(self) -> None:
         self._engines: list[EngineRef] = []
+        self._fleet = Fleet([])
+        self._index: dict[str, int] = {}
         self._loaded_at = -SNAPSHOT_SECONDS
         self._suspect_until: dict[str, float] = {}
         self._in_flight: dict[str, int] = {}
-        self._served: dict[str, set[str]] = {}  # engine name -> digests it served since the last snapshot
+        self._in_flight_at_snapshot: dict[str, int] = {}
 
     def snapshot_stale(self) -> bool:
         return time.monotonic() - self._loaded_at >= SNAPSHOT_SECONDS
 
     def load_snapshot(self) -> None:
         """Reads the engines (a blocking database read: call it through sync_to_async)."""
-        rows = Engine.objects.filter(enabled=True, healthy=True).order_by("name")
+        rows = list(routable_engines())
         self._engines = [
             EngineRef(
                 name=row.name, url=row.url.rstrip("/"), token=row.token, pool=row.pool,
@@ -41,6 +54,9 @@ class Router:
             )
             for row in rows
         ]  # fmt: skip
+        self._fleet = Fleet([candidate_from_state(row.name, row.state) for row in rows])
+        self._index = {engine.name: i for i, engine in enumerate(self._engines)}
+        self._in_flight_at_snapshot = dict(self._in_flight)
         self._loaded_at = time.monotonic()
 
     def has_snapshot(self) -> bool:
@@ -50,31 +66,27 @@ class Router:
         """Use the engines last read for another interval (the database could not be read)."""
         self._loaded_at = time.monotonic()
 
-    def candidates(self, *, digest: str | None, exclude: frozenset[str] = frozenset()) -> list[EngineRef]:
+    def engines(self) -> list[EngineRef]:
+        return list(self._engines)
+
+    def choose(self, *, digest: str | None, fingerprints: Sequence[str] = (),
+               exclude: frozenset[str] = frozenset()) -> EngineRef | None:
         now = time.monotonic()
-        usable = [
-            e for e in self._engines if e.name not in exclude and self._suspect_until.get(e.name, 0.0) <= now
-        ]
-        if not usable:
-            return []
-
-        def load(engine: EngineRef) -> int:
-            return engine.load + self._in_flight.get(engine.name, 0)
-
-        if digest is None:
-            return sorted(usable, key=load)
-        resident = [e for e in usable if digest in e.resident or digest in self._served.get(e.name, ())]
-        others = [e for e in usable if e not in resident]
-        others.sort(key=lambda e: hashlib.sha256(f"{digest}:{e.name}".encode()).digest(), reverse=True)
-        return sorted(resident, key=load) + others
+        skipped = [i for i, e in enumerate(self._engines)
+                   if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
+        loads = [e.load + max(0, self._in_flight.get(e.name, 0) - self._in_flight_at_snapshot.get(e.name, 0))
+                 for e in self._engines]
+        index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=loads, exclude=skipped)
+        return None if index is None else self._engines[index]
 
     def suspect(self, name: str) -> None:
         self._suspect_until[name] = time.monotonic() + SUSPECT_SECONDS
 
-    def started(self, engine: EngineRef, digest: str | None) -> None:
+    def started(self, engine: EngineRef, digest: str | None, fingerprints: Sequence[str] = ()) -> None:
         self._in_flight[engine.name] = self._in_flight.get(engine.name, 0) + 1
-        if digest is not None:
-            self._served.setdefault(engine.name, set()).add(digest)
+        index = self._index.get(engine.name)
+        if index is not None:
+            self._fleet.served(index, adapter=digest, fingerprints=fingerprints)
 
     def ended(self, engine: EngineRef) -> None:
         self._in_flight[engine.name] = max(0, self._in_flight.get(engine.name, 0) - 1)

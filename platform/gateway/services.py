@@ -1,9 +1,11 @@
 """Engines: registering them, checking their health, and warming adapters on them."""
 
 import logging
-from decimal import Decimal
+from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 
 import httpx
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -58,7 +60,65 @@ def engine_check(*, engine: Engine) -> Engine:
 
 
 def engines_check() -> list[Engine]:
-    return [engine_check(engine=engine) for engine in Engine.objects.filter(enabled=True)]
+    """Polls the static engines (`registerengine`); those that registered themselves report by heartbeat."""
+    return [engine_check(engine=engine) for engine in Engine.objects.filter(enabled=True, self_registered=False)]
+
+
+HEARTBEAT_MISSES = 3  # heartbeats an engine may miss before it leaves routing
+HEARTBEAT_INTERVAL_LIMITS = (0.2, 60.0)
+
+
+class HeartbeatRefused(Exception):
+    """A heartbeat the control plane will not record (bad field, or a name a static engine holds): a 4xx."""
+
+    def __init__(self, message: str, *, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def engine_heartbeat(
+    *, name: str, url: str, pool: str, gpu_price_per_hour: str, interval_s: float, draining: bool, state: dict,
+) -> Engine:  # fmt: skip
+    """Records a self-registered engine's heartbeat: it joins on its first one, and stays in routing for
+    HEARTBEAT_MISSES intervals unless it says it is draining (then it leaves at once)."""
+    try:
+        price = Decimal(str(gpu_price_per_hour))
+    except InvalidOperation:
+        raise HeartbeatRefused("gpu_price_per_hour must be a decimal number") from None
+    low, high = HEARTBEAT_INTERVAL_LIMITS
+    if not isinstance(interval_s, int | float) or not low <= interval_s <= high:
+        raise HeartbeatRefused(f"interval_s must be a number of seconds from {low} to {high}")
+    if not isinstance(state, dict):
+        raise HeartbeatRefused("state must be an object")
+    now = timezone.now()
+    with transaction.atomic():
+        engine = Engine.objects.select_for_update().filter(name=name).first()
+        if engine is not None and not engine.self_registered:
+            raise HeartbeatRefused(f"engine {name!r} is registered statically (registerengine): pick another name",
+                                   status=409)
+        joined = engine is None or engine.heartbeat_expires_at is None or engine.heartbeat_expires_at <= now
+        before = _snapshot(engine) if engine is not None else None
+        engine = engine or Engine(name=name, self_registered=True)
+        engine.url, engine.token, engine.pool, engine.gpu_price_per_hour = url.rstrip("/"), "", pool, price
+        engine.healthy, engine.state, engine.last_error = not draining, state, ""
+        engine.heartbeat_at = engine.last_checked_at = now
+        engine.heartbeat_expires_at = now if draining else now + timedelta(seconds=HEARTBEAT_MISSES * interval_s)
+        try:
+            engine.full_clean()
+        except ValidationError as error:
+            raise HeartbeatRefused("; ".join(f"{k}: {' '.join(v)}" for k, v in error.message_dict.items())) from None
+        engine.save()
+        if joined and not draining:
+            audit_record(actor=Actor.system(), action="engine.join", target=engine, tenant=None, before=before,
+                         after=_snapshot(engine))  # fmt: skip
+        elif draining and before is not None:
+            audit_record(actor=Actor.system(), action="engine.leave", target=engine, tenant=None, before=before,
+                         after=_snapshot(engine))  # fmt: skip
+    if joined and not draining:
+        log.info("engine %s joined at %s", name, engine.url)
+    elif draining:
+        log.info("engine %s is draining: out of routing", name)
+    return engine
 
 
 def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_path: str) -> list[str]:

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.block_manager import FREED, BlockManager
 from tests.engine.sim import make_seq
 
 
@@ -46,11 +46,48 @@ def test_free_keeps_hashed_blocks_reusable_until_evicted_lru():
     bm.check_invariants([b])
 
 
+def test_blocks_before_every_window_are_given_back_and_shared_ones_kept():
+    bm = BlockManager(num_blocks=12, block_size=2, enable_prefix_caching=True, window=4)
+    prompt = list(range(11))
+    a = make_seq(1, prompt)
+    bm.allocate(a, 11, [])
+    a.num_computed_tokens = 11
+    bm.commit(a)
+    b = make_seq(2, prompt[:9] + [50, 51])  # shares a's first four blocks
+    hits = bm.lookup_prefix(b)
+    assert len(hits) == 4
+    bm.allocate(b, 3, hits)
+    free_before = bm.num_free_blocks
+    bm.free_outside_window(a)  # the next query (position 11) sees 8..11: blocks 0-3 (tokens 0-7) are past
+    assert a.block_table[:4] == [FREED] * 4 and a.num_freed_blocks == 4 and FREED not in a.block_table[4:]
+    assert bm.num_free_blocks == free_before  # b still holds them
+    bm.check_invariants([a, b])
+    bm.free_outside_window(b)  # b has computed 8 tokens: its next query at 8 sees 5..8, block 2 onwards
+    assert b.block_table[:2] == [FREED] * 2 and bm.num_free_blocks == free_before + 2
+    assert len(bm.lookup_prefix(make_seq(3, prompt))) == 5  # given back, still cached for a prefix hit
+    bm.check_invariants([a, b])
+    bm.free(a)
+    bm.free(b)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_no_window_gives_nothing_back():
+    bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=False)
+    a = make_seq(1, list(range(9)))
+    bm.allocate(a, 9, [])
+    a.num_computed_tokens = 9
+    bm.free_outside_window(a)
+    assert FREED not in a.block_table and a.num_freed_blocks == 0
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_operations_keep_invariants(seed):
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4])
-    bm = BlockManager(num_blocks=rng.randint(8, 40), block_size=bs, enable_prefix_caching=rng.random() < 0.8)
+    window = rng.choice([None, 1, 3, 8])
+    bm = BlockManager(num_blocks=rng.randint(8, 40), block_size=bs, enable_prefix_caching=rng.random() < 0.8,
+                      window=window)
     shadow = {}  # block id -> (adapter, tenant, tokens up to the block's end) it was computed for
     live, rid = [], 0
     prefixes = [[rng.randrange(5) for _ in range(12)] for _ in range(3)]
@@ -78,6 +115,7 @@ def test_random_operations_keep_invariants(seed):
                     if bm.hashes[seq.block_table[i]] is None:
                         shadow[seq.block_table[i]] = (seq.adapter, seq.tenant, tuple(seq.token_ids[: (i + 1) * bs]))
                 bm.commit(seq)
+                bm.free_outside_window(seq)
                 if seq.num_computed_tokens == seq.num_tokens:
                     seq.append_token(rng.randrange(5))
         elif live:

@@ -67,15 +67,15 @@ class Stack:
     keys: dict[str, str] = field(default_factory=dict)  # name -> plaintext
     ids: dict[str, object] = field(default_factory=dict)
 
-    def launch_engine(self, name: str, port: int) -> subprocess.Popen:
+    def launch_engine(self, name: str, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
         adapter_store = Path(self.env["MEDIA_ROOT"]) / "adapters"
         command = [
             sys.executable, "-m", "engine", "--model", str(self.model_dir), "--port", str(port),
             "--adapter-store", str(adapter_store), "--served-model-name", BASE_MODEL,
             "--usage-queue", self.env["CELERY_TASK_DEFAULT_QUEUE"], "--broker-url", self.env["CELERY_BROKER_URL"],
-            "--usage-spool", str(Path(self.env["MEDIA_ROOT"]) / f"spool-{name}.jsonl"), "--log-level", "warning",
+            "--usage-spool", str(Path(self.env["MEDIA_ROOT"]) / f"spool-{name}.jsonl"), "--log-level", "warning", *extra,
         ]  # fmt: skip
-        log = open(Path(self.env["MEDIA_ROOT"]) / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(Path(self.env["MEDIA_ROOT"]) / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         process.health_url = f"http://127.0.0.1:{port}/v1/health"
         self.processes[name] = process

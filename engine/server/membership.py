@@ -1,0 +1,157 @@
+"""An engine that manages its own place in the fleet: it joins the control plane, heartbeats its capacity, load,
+adapters and prompt fingerprints every `interval_s`, and on SIGTERM leaves before it drains.
+
+    POST {control_plane}/internal/engines/heartbeat   Authorization: Bearer <engine token>
+    {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "state": {...}}
+
+The control plane takes an engine out of routing when HEARTBEAT_MISSES heartbeats in a row have not come, or at
+once when one says `draining`. `Draining` wraps uvicorn's server: on SIGTERM it says so to the control plane, keeps
+serving for `grace_s` (every gateway re-reads its engines within a second: requests already on their way still
+land), then refuses new requests (503: the gateway retries them elsewhere), waits for the running ones to finish and
+exits.
+"""
+
+import asyncio
+import collections
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from engine.contract import prompt_fingerprints
+from engine.server.engine_loop import EngineLoop
+from engine.server.protocol import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+FINGERPRINTS_KEPT = 4096  # prompt fingerprints remembered, most recent first out of the heartbeat
+FINGERPRINTS_SENT = 512  # of them, the most recent, in each heartbeat
+
+
+class RecentPrefixes:
+    """The prompt fingerprints of what this engine served lately (least recently used forgotten first): a summary
+    of what its KV prefix cache is likely to hold, at a few KiB per heartbeat."""
+
+    def __init__(self, capacity: int = FINGERPRINTS_KEPT) -> None:
+        self.capacity = capacity
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def record(self, request: GenerateRequest) -> None:
+        adapter = request.adapter and request.adapter.digest
+        for prompt in request.prompts:
+            for fingerprint in prompt_fingerprints(tenant=request.tenant, adapter=adapter, prompt=prompt.text,
+                                                   messages=prompt.messages):
+                self._seen[fingerprint] = None
+                self._seen.move_to_end(fingerprint)
+        while len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+    def recent(self, count: int = FINGERPRINTS_SENT) -> list[str]:
+        return list(reversed(self._seen))[:count]
+
+
+@dataclass(frozen=True)
+class Identity:
+    control_plane: str  # base URL of the control plane (any gateway process)
+    name: str
+    url: str  # where gateways reach this engine
+    pool: str
+    gpu_price_per_hour: str
+    token: str
+    interval_s: float
+
+
+class Membership:
+    """The heartbeat loop and the goodbye."""
+
+    def __init__(self, identity: Identity, loop: EngineLoop, prefixes: RecentPrefixes) -> None:
+        self.identity = identity
+        self.loop = loop
+        self.prefixes = prefixes
+        self.draining = False
+        self._task: asyncio.Task | None = None
+        self._joined = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="heartbeat")
+
+    async def leave(self) -> None:
+        """Tells the control plane this engine is draining (it leaves routing at once) and stops heartbeating."""
+        self.draining = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.beat()
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.identity.interval_s)
+
+    async def beat(self) -> bool:
+        identity = self.identity
+        try:
+            state = await self.loop.call(lambda engine: heartbeat_state(self.loop))
+        except Exception as error:  # the engine loop stopped: no heartbeat, the control plane times us out
+            log.warning("no heartbeat: the engine's state could not be read: %s", error)
+            return False
+        state["prefixes"] = self.prefixes.recent()
+        body = {"name": identity.name, "url": identity.url, "pool": identity.pool,
+                "gpu_price_per_hour": identity.gpu_price_per_hour, "interval_s": identity.interval_s,
+                "draining": self.draining or not self.loop.accepting, "state": state}
+        try:
+            async with httpx.AsyncClient(timeout=max(1.0, identity.interval_s)) as client:
+                response = await client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
+                                             headers={"Authorization": f"Bearer {identity.token}"})
+        except httpx.HTTPError as error:
+            log.warning("heartbeat to %s failed: %s", identity.control_plane, error)
+            return False
+        if response.status_code != 200:
+            log.warning("heartbeat refused by %s: %d %s", identity.control_plane, response.status_code,
+                        response.text[:300])
+            return False
+        if not self._joined:
+            log.info("joined the fleet at %s as %s (%s)", identity.control_plane, identity.name, identity.url)
+            self._joined = True
+        return True
+
+
+def heartbeat_state(loop: EngineLoop) -> dict:
+    """Engine thread only: what routing needs (capacity, load, KV and page usage, adapters by tier)."""
+    engine = loop.engine
+    state = engine.state()
+    total = max(1, state["kv_blocks_total"])
+    return {
+        "model": loop.base_model,
+        "running": state["running"], "waiting": state["waiting"],
+        "capacity": engine.config.max_num_seqs,
+        "kv_usage": state["kv_blocks_used"] / total,
+        "adapter_free": state["kv_blocks_free"] / total,  # adapter pages and KV blocks share one pool
+        "adapters": {tier: state["adapters"].get(tier, []) for tier in ("gpu", "host", "loading")},
+        "prefix_cache_hit_rate": state["prefix_cache_hit_rate"],
+        "busy_ms": state["busy_ms"],
+        "tokens_per_second": loop.tokens_per_second(),
+        "accepting": loop.accepting,
+    }  # fmt: skip
+
+
+class Draining(uvicorn.Server):
+    """uvicorn's server with a fleet-aware shutdown: leave routing, let in-flight requests land, then drain."""
+
+    def __init__(self, config: uvicorn.Config, *, loop: EngineLoop, membership: Membership | None,
+                 grace_s: float) -> None:
+        super().__init__(config)
+        self.engine_loop = loop
+        self.membership = membership
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.membership is not None:
+            log.info("draining: leaving the fleet, still serving for %.1f s", self.grace_s)
+            await self.membership.leave()
+            await asyncio.sleep(self.grace_s)
+        self.engine_loop.accepting = False  # new requests: 503, which a gateway retries on another engine
+        await super().shutdown(sockets)

@@ -1,0 +1,181 @@
+"""Routing's one scoring function: which engine serves a request. Pure Python over plain data (no Django, no
+database, no clock), so that every gateway process decides the same way and `benchmarks/fleet_sim.py` drives
+this very code. The rule, in words (docs/routing.md has the why):
+
+    load[i]   = running + waiting requests on engine i (its heartbeat, plus what this process sent since)
+    bound     = max((1 + SPILL_RATIO) * mean(load), mean(load) + SPILL_GAP)      # bounded-load hashing
+    score[i]  = - LOAD * load[i] / capacity[i] - KV * kv_usage[i]
+                + (if load[i] <= bound)  affinity[i] + PREFIX * matched_chunks[i] / chunks + HASH * rendezvous[i]
+    affinity  = RESIDENT if the adapter is in device memory, LOADING if it is being loaded or sits in host memory,
+                else FREE * the engine's free share of its page pool (room to load it without evicting), else 0
+    choose      argmax score, ties to the lower index
+
+An engine past the bound keeps its load terms but loses its affinity and prefix bonus: a hot adapter spills to the
+next engine as soon as its favourite's queue runs ahead of the fleet, and warms there, so it spreads over as many
+engines as its load needs. `rendezvous` is a stable per-(adapter, engine) number in [0, 1): a cold adapter goes to
+the same few engines from every gateway process.
+"""
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from engine.contract import prompt_fingerprints
+
+__all__ = ["DEFAULT", "Candidate", "Fleet", "Weights", "candidate_from_state", "choose", "prompt_fingerprints"]
+
+_MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (Fibonacci hashing)
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    resident: float = 4.0
+    loading: float = 3.0
+    free: float = 1.0
+    prefix: float = 2.0
+    hash: float = 0.5
+    load: float = 2.0
+    kv: float = 1.0
+    spill_ratio: float = 0.25
+    spill_gap: float = 2.0
+    affinity: bool = True  # False: no adapter, prefix or rendezvous terms (least-load)
+    prefixes: bool = True
+    bounded: bool = True  # False: affinity whatever the queue (affinity-only)
+
+
+DEFAULT = Weights()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What the router knows of one engine, from its last heartbeat."""
+
+    name: str
+    capacity: int = 1  # requests it runs at once (max_num_seqs)
+    load: int = 0  # running + waiting
+    kv_usage: float = 0.0  # share of KV pages in use, 0..1
+    adapter_free: float = 1.0  # share of the page pool free, 0..1
+    resident: frozenset[str] = frozenset()  # adapter digests in device memory
+    loading: frozenset[str] = frozenset()  # being loaded, or in host memory (one copy from device)
+    prefixes: frozenset[str] = frozenset()  # prompt fingerprints it served recently (prompt_fingerprints)
+
+
+@dataclass(slots=True)
+class Fleet:
+    """A snapshot's engines, indexed once for the many decisions made on it."""
+
+    candidates: Sequence[Candidate]
+    names: list[str] = field(init=False)
+    static: list[float] = field(init=False)  # the terms that do not depend on the request
+    load_per_request: list[float] = field(init=False)
+    free: list[float] = field(init=False)
+    seeds: list[int] = field(init=False)
+    adapters: dict[str, dict[int, bool]] = field(init=False)  # digest -> engine index -> resident (else loading)
+    prefix_index: dict[str, list[int]] = field(init=False)  # fingerprint -> engine indexes
+    weights: Weights = DEFAULT
+
+    def __post_init__(self) -> None:
+        w = self.weights
+        self.names = [c.name for c in self.candidates]
+        self.static = [-w.kv * c.kv_usage for c in self.candidates]
+        self.load_per_request = [w.load / max(1, c.capacity) for c in self.candidates]
+        self.free = [w.free * c.adapter_free for c in self.candidates]
+        self.seeds = [_stable_int(c.name) for c in self.candidates]
+        self.adapters = {}
+        self.prefix_index = {}
+        for i, c in enumerate(self.candidates):
+            for digest in c.loading:
+                self.adapters.setdefault(digest, {})[i] = False
+            for digest in c.resident:
+                self.adapters.setdefault(digest, {})[i] = True
+            for fingerprint in c.prefixes:
+                self.prefix_index.setdefault(fingerprint, []).append(i)
+
+    def base_loads(self) -> list[int]:
+        return [c.load for c in self.candidates]
+
+    def served(self, index: int, *, adapter: str | None, fingerprints: Sequence[str]) -> None:
+        """What this process just sent engine `index`: until the next heartbeat says more, the adapter counts as
+        loading there and the prompt's prefix as cached there."""
+        if adapter is not None:
+            self.adapters.setdefault(adapter, {}).setdefault(index, False)
+        for fingerprint in fingerprints:
+            engines = self.prefix_index.setdefault(fingerprint, [])
+            if index not in engines:
+                engines.append(index)
+
+
+DEFAULT_CAPACITY = 128  # an engine whose state does not say (a static engine's /v1/state): EngineConfig's default
+
+
+def candidate_from_state(name: str, state: dict) -> Candidate:
+    """A Candidate from an engine's heartbeat state, or from a static engine's /v1/state answer."""
+    adapters = state.get("adapters") or {}
+    total = state.get("kv_blocks_total") or 0
+    kv_usage = state.get("kv_usage", (state.get("kv_blocks_used") or 0) / total if total else 0.0)
+    adapter_free = state.get("adapter_free", (state.get("kv_blocks_free") or 0) / total if total else 1.0)
+    return Candidate(
+        name=name, capacity=int(state.get("capacity") or DEFAULT_CAPACITY),
+        load=int(state.get("running") or 0) + int(state.get("waiting") or 0),
+        kv_usage=float(kv_usage), adapter_free=float(adapter_free),
+        resident=_digests(adapters.get("gpu")), loading=_digests(adapters.get("loading")) | _digests(adapters.get("host")),
+        prefixes=frozenset(p for p in state.get("prefixes") or () if isinstance(p, str)),
+    )  # fmt: skip
+
+
+def _digests(items) -> frozenset[str]:
+    found = (item.get("digest") if isinstance(item, dict) else item for item in items or ())
+    return frozenset(d for d in found if isinstance(d, str))
+
+
+def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], loads: Sequence[float],
+           exclude: Iterable[int] = ()) -> int | None:
+    """The index of the engine to serve a request for `adapter` (a digest, or None for the base model) whose prompt
+    has these `fingerprints`, given each engine's current `loads`; None if every engine is excluded."""
+    n = len(fleet.names)
+    if n == 0:
+        return None
+    w = fleet.weights
+    excluded = set(exclude)
+    mean = sum(loads) / n
+    bound = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap) if w.bounded else float("inf")
+    bonus: dict[int, float] = {}  # affinity and prefix terms of the engines that have any
+    key = 0
+    if w.affinity:
+        if adapter is not None:
+            key = _stable_int(adapter)
+            for i, is_resident in fleet.adapters.get(adapter, {}).items():  # in place of its free term, added below
+                bonus[i] = (w.resident if is_resident else w.loading) - fleet.free[i]
+        elif fingerprints:
+            key = _stable_int(fingerprints[0])
+        if w.prefixes and fingerprints:
+            index, depth = fleet.prefix_index, {}
+            for k, fingerprint in enumerate(fingerprints, 1):
+                for i in index.get(fingerprint, ()):
+                    depth[i] = k
+            per_chunk = w.prefix / len(fingerprints)
+            for i, k in depth.items():
+                bonus[i] = bonus.get(i, 0.0) + per_chunk * k
+    free = fleet.free if w.affinity and adapter is not None else None
+    hash_weight = w.hash / 16777216.0 if w.affinity and key else 0.0
+    static, per_request, seeds = fleet.static, fleet.load_per_request, fleet.seeds
+    best, best_score = None, float("-inf")
+    for i in range(n):
+        if i in excluded:
+            continue
+        load = loads[i]
+        score = static[i] - per_request[i] * load
+        if load <= bound:
+            score += bonus.get(i, 0.0)
+            if free is not None:
+                score += free[i]
+            if hash_weight:
+                score += hash_weight * ((((seeds[i] ^ key) * _MIX) >> 40) & 0xFFFFFF)
+        if score > best_score:
+            best, best_score = i, score
+    return best
+
+
+def _stable_int(text: str) -> int:
+    """The same 64-bit number for the same text in every process (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

@@ -1,0 +1,72 @@
+"""The control plane's heartbeat endpoint, in process: the engine token is required, a static engine's name is not
+taken over, bad fields are refused, a heartbeat puts an engine in routing until it expires or says it drains."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from gateway.models import Engine
+from gateway.routing import routable_engines
+from tenancy.models import AuditLog
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "fleet-heartbeat-test-token"
+URL = "/internal/engines/heartbeat"
+
+
+def beat(body: dict, token: str = TOKEN):
+    return Client().post(URL, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def body(**changes) -> dict:
+    return {"name": "gpu-7", "url": "http://10.0.0.7:8100/", "pool": "h100", "gpu_price_per_hour": "2.75",
+            "interval_s": 1.0, "draining": False, "state": {"running": 1, "waiting": 0, "capacity": 8}} | changes
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+def test_heartbeats_join_expire_and_drain():
+    answer = beat(body())
+    assert answer.status_code == 200, answer.content
+    engine = Engine.objects.get(name="gpu-7")
+    assert engine.self_registered and engine.healthy and engine.url == "http://10.0.0.7:8100"
+    assert str(engine.gpu_price_per_hour) == "2.7500" and engine.pool == "h100"
+    assert list(routable_engines().values_list("name", flat=True)) == ["gpu-7"]
+    assert AuditLog.objects.filter(action="engine.join").count() == 1
+    assert beat(body()).status_code == 200
+    assert AuditLog.objects.filter(action="engine.join").count() == 1  # a heartbeat is not a new join
+
+    Engine.objects.filter(name="gpu-7").update(heartbeat_expires_at=timezone.now() - timedelta(seconds=1))
+    assert not routable_engines().exists()  # missed its heartbeats
+    assert beat(body()).status_code == 200
+    assert routable_engines().exists()
+    assert AuditLog.objects.filter(action="engine.join").count() == 2
+
+    assert beat(body(draining=True)).status_code == 200
+    assert not routable_engines().exists()
+    assert AuditLog.objects.filter(action="engine.leave").count() == 1
+    assert Engine.objects.filter(name="gpu-7").exists()  # kept: usage still being metered names it
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+def test_refusals():
+    assert beat(body(), token="wrong").status_code == 401
+    assert Client().post(URL, body(), content_type="application/json").status_code == 401
+    Engine.objects.create(name="static-1", url="http://10.0.0.1:8100")
+    answer = beat(body(name="static-1"))
+    assert answer.status_code == 409 and "statically" in answer.json()["error"]["message"]
+    assert not Engine.objects.get(name="static-1").self_registered
+    for bad in (body(interval_s=0), body(interval_s="1"), body(gpu_price_per_hour="cheap"),
+                body(gpu_price_per_hour="-1"), body(url="not a url"), body(name="no spaces"), body(extra=1)):
+        answer = beat(bad)
+        assert answer.status_code == 400, (bad, answer.content)
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert Client().post(URL, b"{", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 400
+    assert not Engine.objects.filter(self_registered=True).exists()
+
+
+@override_settings(QUILT_ENGINE_TOKEN="")
+def test_no_engine_token_configured_refuses_everyone():
+    assert beat(body(), token="").status_code == 401

@@ -1,0 +1,107 @@
+"""The routing score on plain data: the order of affinity tiers, the spill past the load bound, prefix locality
+scoped to tenant and adapter, and that a cold adapter has one favourite for every process."""
+
+import subprocess
+import sys
+
+from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
+from gateway.route_score import Candidate, Fleet, Weights, candidate_from_state, choose
+from tests.conftest import REPO
+
+HOT = "a" * 64
+COLD = "c" * 64
+
+
+def names(fleet, index):
+    return fleet.names[index]
+
+
+def test_affinity_tiers_resident_then_loading_then_free_memory_then_none():
+    fleet = Fleet([
+        Candidate("none", capacity=8, adapter_free=0.0),
+        Candidate("free", capacity=8, adapter_free=0.9),
+        Candidate("loading", capacity=8, adapter_free=0.0, loading=frozenset({HOT})),
+        Candidate("resident", capacity=8, adapter_free=0.0, resident=frozenset({HOT})),
+    ])  # fmt: skip
+    loads = [0, 0, 0, 0]
+    order = []
+    excluded: list[int] = []
+    for _ in range(4):
+        index = choose(fleet, adapter=HOT, fingerprints=[], loads=loads, exclude=excluded)
+        order.append(fleet.names[index])
+        excluded.append(index)
+    assert order == ["resident", "loading", "free", "none"]
+    assert choose(fleet, adapter=HOT, fingerprints=[], loads=loads, exclude=range(4)) is None
+    assert choose(Fleet([]), adapter=HOT, fingerprints=[], loads=[]) is None
+
+
+def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
+    fleet = Fleet([Candidate(f"e{i}", capacity=64, resident=frozenset({HOT}) if i == 0 else frozenset())
+                   for i in range(4)])  # fmt: skip
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 0, 0, 0])] == "e0"  # within the gap
+    # mean 2.5, bound max(3.125, 4.5): e0 at 10 is past it and loses its affinity
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] != "e0"
+    only_affinity = Fleet(fleet.candidates, weights=Weights(bounded=False))
+    assert only_affinity.names[choose(only_affinity, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] == "e0"
+
+
+def test_least_load_without_affinity():
+    fleet = Fleet([Candidate(f"e{i}", capacity=8, resident=frozenset({HOT})) for i in range(3)],
+                  weights=Weights(affinity=False))
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[3, 1, 2])] == "e1"
+
+
+def test_prefix_locality_is_scoped_to_tenant_and_adapter():
+    system = "You are a helpful assistant. " * 40  # several whole chunks
+    assert len(system) > 3 * PREFIX_CHUNK_CHARS
+    mine = prompt_fingerprints(tenant="1", adapter=None, messages=[{"role": "system", "content": system},
+                                                                    {"role": "user", "content": "hi"}])
+    again = prompt_fingerprints(tenant="1", adapter=None, messages=[{"role": "system", "content": system},
+                                                                     {"role": "user", "content": "other question"}])
+    theirs = prompt_fingerprints(tenant="2", adapter=None, messages=[{"role": "system", "content": system}])
+    other_adapter = prompt_fingerprints(tenant="1", adapter=HOT, messages=[{"role": "system", "content": system}])
+    assert len(mine) >= 3 and mine[:3] == again[:3]
+    assert not set(mine) & set(theirs) and not set(mine) & set(other_adapter)
+    assert prompt_fingerprints(tenant="1", adapter=None, prompt="short") == []
+
+    fleet = Fleet([Candidate("cold", capacity=8), Candidate("warm", capacity=8, prefixes=frozenset(mine[:3]))])
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=again, loads=[0, 1])] == "warm"
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=theirs, loads=[0, 1])] == "cold"
+
+
+def test_kv_usage_and_queue_break_ties():
+    fleet = Fleet([Candidate("full", capacity=8, kv_usage=0.95), Candidate("empty", capacity=8, kv_usage=0.1)])
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=[], loads=[1, 1])] == "empty"
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=[], loads=[0, 6])] == "full"
+
+
+def test_served_counts_until_the_next_heartbeat():
+    fleet = Fleet([Candidate(f"e{i}", capacity=8, adapter_free=0.0) for i in range(5)])
+    first = choose(fleet, adapter=COLD, fingerprints=[], loads=[0] * 5)
+    fleet.served(first, adapter=COLD, fingerprints=[])
+    loads = [1 if i == first else 0 for i in range(5)]
+    assert choose(fleet, adapter=COLD, fingerprints=[], loads=loads) == first  # loading there beats idle elsewhere
+
+
+def test_cold_adapters_spread_and_every_process_agrees():
+    fleet = Fleet([Candidate(f"engine-{i}", capacity=8) for i in range(10)])
+    digests = [f"{n:064x}" for n in range(2000)]
+    picks = [choose(fleet, adapter=d, fingerprints=[], loads=[0] * 10) for d in digests]
+    counts = [picks.count(i) for i in range(10)]
+    assert min(counts) > 120 and max(counts) < 300, counts  # about 200 each
+    script = ("import sys; sys.path.insert(0, 'platform'); from gateway.route_score import *; "
+              "f = Fleet([Candidate(f'engine-{i}', capacity=8) for i in range(10)]); "
+              "print([choose(f, adapter=f'{n:064x}', fingerprints=[], loads=[0]*10) for n in range(50)])")
+    other = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert other.stdout.strip() == str(picks[:50])  # no Django, no database, no per-process hash salt
+
+
+def test_candidate_from_heartbeat_and_static_state():
+    beat = candidate_from_state("b", {"running": 2, "waiting": 1, "capacity": 16, "kv_usage": 0.5, "adapter_free": 0.25,
+                                      "adapters": {"gpu": [HOT], "host": [COLD], "loading": []},
+                                      "prefixes": ["ab12"]})  # fmt: skip
+    assert (beat.load, beat.capacity, beat.kv_usage, beat.adapter_free) == (3, 16, 0.5, 0.25)
+    assert beat.resident == {HOT} and beat.loading == {COLD} and beat.prefixes == {"ab12"}
+    static = candidate_from_state("s", {"running": 0, "waiting": 0, "kv_blocks_total": 0, "adapters": {}})
+    assert static.capacity > 0 and static.kv_usage == 0.0 and static.adapter_free == 1.0

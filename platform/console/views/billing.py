@@ -12,7 +12,7 @@ from console.listing import listing
 from console.pages import render_page
 from metering.selectors import model_prices_of, usage_totals_month
 
-SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
+SORTABLE = {"month": ("month", "id"), "total": ("total", "month", "id"), "status": ("status", "-month", "-id")}
 CSV_FIELDS = [
     "model", "base_model", "requests", "input_tokens", "cached_input_tokens", "output_tokens",
     "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "amount",

@@ -93,6 +93,7 @@ def paged_attention_decode(
         s[j] = softcap * tanh(s[j] / softcap)            if softcap is not None
         s[j] = -inf where not (p - window < j)           if window is not None
         out[b, h] = softmax(s) @ values
+    (only the blocks from the one the window starts in are read).
 
     window: sliding-window attention, the query at position p sees keys at p - window < j <= p
     (`window` keys, itself included): transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window)
@@ -143,16 +144,20 @@ def _attend(q, keys, values, visible, scale, softcap) -> torch.Tensor:
 
 def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales, window,
                    softcap) -> torch.Tensor:
-    """paged_attention_decode over the context gathered padded to the longest of the batch."""
+    """paged_attention_decode over the context gathered padded to the longest of the batch (with a window,
+    each sequence's blocks from the one its window starts in)."""
     batch, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_blocks = -(-int(context_lens.max()) // block_size)
-    keys = _gather_cache(k_cache, block_tables, num_blocks, k_scales).transpose(1, 2)  # [B, kvh, L, D]
-    values = _gather_cache(v_cache, block_tables, num_blocks, v_scales).transpose(1, 2)
-    pos = torch.arange(keys.shape[2], device=q.device)
-    visible = pos[None, :] < context_lens[:, None]  # [B, L]
+    first = torch.zeros_like(context_lens) if window is None else (context_lens - window).clamp(min=0) // block_size
+    span = -(-int((context_lens - first * block_size).max()) // block_size)  # blocks gathered per sequence
+    cols = (first[:, None].long() + torch.arange(span, device=q.device)).clamp(max=block_tables.shape[1] - 1)
+    tables = block_tables.gather(1, cols)  # [B, span]
+    keys = _gather_cache(k_cache, tables, span, k_scales).transpose(1, 2)  # [B, kvh, L, D]
+    values = _gather_cache(v_cache, tables, span, v_scales).transpose(1, 2)
+    pos = first[:, None] * block_size + torch.arange(keys.shape[2], device=q.device)  # [B, L]: each key's position
+    visible = pos < context_lens[:, None]  # [B, L]
     if window is not None:
-        visible &= pos[None, :] > context_lens[:, None] - 1 - window
+        visible &= pos > context_lens[:, None] - 1 - window
     # the query heads sharing a KV head are that head's query rows: [B, kvh, G, D]
     qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)
     out = _attend(qg, keys, values, visible[:, None, None, :], scale, softcap)  # [B, kvh, G, D]
@@ -198,14 +203,16 @@ def paged_attention_prefill(
         n = end - start
         if n == 0:
             continue
-        num_blocks = -(-ctx // block_size)
-        table = block_tables[b : b + 1]
-        keys = _gather_cache(k_cache, table, num_blocks, k_scales)[0, :ctx].transpose(0, 1)  # [kvh, ctx, D]
-        values = _gather_cache(v_cache, table, num_blocks, v_scales)[0, :ctx].transpose(0, 1)
+        first = 0 if window is None else max(0, ctx - n - window + 1) // block_size  # the first block read
+        num_blocks = -(-ctx // block_size) - first
+        table = block_tables[b : b + 1, first:]
+        length = ctx - first * block_size
+        keys = _gather_cache(k_cache, table, num_blocks, k_scales)[0, :length].transpose(0, 1)  # [kvh, length, D]
+        values = _gather_cache(v_cache, table, num_blocks, v_scales)[0, :length].transpose(0, 1)
         # each KV head's query rows: its G query heads, each over the n new tokens: [kvh, G * n, D]
         qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
         q_pos = torch.arange(ctx - n, ctx, device=q.device)
-        key_pos = torch.arange(ctx, device=q.device)[None, :]
+        key_pos = torch.arange(first * block_size, ctx, device=q.device)[None, :]
         visible = key_pos <= q_pos[:, None]  # [n, ctx]
         if window is not None:
             visible &= key_pos > q_pos[:, None] - window

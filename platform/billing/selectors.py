@@ -25,7 +25,7 @@ class TenantMargin:
 
 
 def invoices_of(*, tenant: Tenant) -> QuerySet[Invoice]:
-    return Invoice.objects.filter(tenant=tenant).order_by("-month")
+    return Invoice.objects.filter(tenant=tenant).order_by("-month", "-id")
 
 
 def invoice_with_lines(*, tenant: Tenant, invoice_id: int) -> Invoice | None:

@@ -135,8 +135,8 @@ class PlanForm(forms.ModelForm):
         fields = [
             "name", "slug", "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
             "requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_budget",
-            "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "default_max_tokens", "scheduling_weight",
-            "price_training_per_mtok", "max_concurrent_fine_tuning_jobs", "minimum_monthly_charge",
+            "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "max_file_storage_bytes", "default_max_tokens",
+            "scheduling_weight", "price_training_per_mtok", "max_concurrent_fine_tuning_jobs", "minimum_monthly_charge",
         ]  # fmt: skip
         labels = {
             "minimum_monthly_charge": "Minimum monthly charge",
@@ -150,6 +150,7 @@ class PlanForm(forms.ModelForm):
             "monthly_spend_limit": "Monthly spend limit",
             "max_adapters": "Adapters",
             "max_adapter_bytes": "Largest adapter (bytes)",
+            "max_file_storage_bytes": "Fine-tuning file storage (bytes)",
             "default_max_tokens": "Default max_tokens",
             "scheduling_weight": "Scheduling weight",
             "price_training_per_mtok": "Training, per 1M tokens",

@@ -29,6 +29,9 @@ class Plan(models.Model):
     )
     max_adapters = models.PositiveIntegerField(default=10)
     max_adapter_bytes = models.BigIntegerField(default=256 * 1024**2, validators=[MinValueValidator(1)])
+    max_file_storage_bytes = models.BigIntegerField(
+        default=1024**3, validators=[MinValueValidator(0)], help_text="All of a tenant's fine-tuning files together."
+    )
     default_max_tokens = models.PositiveIntegerField(default=512)
     scheduling_weight = models.DecimalField(
         max_digits=6, decimal_places=2, default=Decimal("1.00"), validators=[MinValueValidator(Decimal("0.01"))]

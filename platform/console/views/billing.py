@@ -13,7 +13,7 @@ from console.listing import listing
 from console.pages import render_page
 from metering.selectors import model_prices_of, usage_totals_month
 
-SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
+SORTABLE = {"month": ("month", "id"), "total": ("total", "month", "id"), "status": ("status", "-month", "-id")}
 
 
 @tenant_page(Role.ADMIN)

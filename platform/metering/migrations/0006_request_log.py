@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
         ('billing', '0002_invoice_exact_subtotal'),
         ('metering', '0005_usagemonth_uncosted_requests'),
         ('registry', '0002_adapterversion_upload_sha256'),
-        ('tenancy', '0007_plan_minimum_charge_body_retention'),
+        ('tenancy', '0008_plan_minimum_charge_body_retention'),
     ]
 
     operations = [

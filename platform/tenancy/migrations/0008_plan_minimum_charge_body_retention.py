@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0006_plan_prices_not_negative'),
+        ('tenancy', '0007_plan_max_file_storage_bytes'),
     ]
 
     operations = [

@@ -29,6 +29,12 @@ class RopeSpec:
         """LongRoPE: past this many tokens a sequence's positions use the long factors."""
         return (self.scaling or {}).get("original_max_position_embeddings")
 
+    def long_rows(self, prompt_len: int) -> bool:
+        """Whether every token of a sequence with this prompt reads LongRoPE's long-factor rows (the prompt is
+        longer than the original context); its KV then differs from a shorter prompt's over the same tokens."""
+        original = self.original_max_positions
+        return self.rope_type == "longrope" and original is not None and prompt_len > original
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -114,10 +120,6 @@ class ModelSpec:
 def every_layer_windowed(config: dict) -> list[str]:
     """Mistral: the window (if any) on every layer."""
     return [SLIDING if config.get("sliding_window") else FULL] * config["num_hidden_layers"]
-
-
-def no_layer_windowed(config: dict) -> list[str]:
-    return [FULL] * config["num_hidden_layers"]
 
 
 def embedding_scale(config: dict) -> float:

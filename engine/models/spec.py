@@ -122,10 +122,6 @@ def every_layer_windowed(config: dict) -> list[str]:
     return [SLIDING if config.get("sliding_window") else FULL] * config["num_hidden_layers"]
 
 
-def no_layer_windowed(config: dict) -> list[str]:
-    return [FULL] * config["num_hidden_layers"]
-
-
 def embedding_scale(config: dict) -> float:
     return math.sqrt(config["hidden_size"])
 

@@ -194,6 +194,8 @@ class LLMEngine:
         if weight <= 0:
             raise ValueError("weight must be > 0")
         salt = tenant if self.config.enable_prefix_caching else f"request:{request_id}"
+        if self.runner.model.spec.rope.long_rows(len(prompt_token_ids)):
+            salt += ":long-rope"  # its KV differs from a shorter prompt's over the same tokens
         now = time.monotonic()
         seqs: list[Sequence] = []
         for index in range(sampling.n):

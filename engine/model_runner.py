@@ -63,7 +63,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
         adapter_slots: dict[str, int] = {}  # the step's adapters, in order of first use
-        cu_seqlens, context_lens, tables = [0], [], []
+        cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in out.seqs:
@@ -79,6 +79,7 @@ class ModelRunner:
             token_slots += [slot] * n
             cu_seqlens.append(len(input_ids))
             context_lens.append(end)
+            prompt_lens.append(seq.num_prompt_tokens)
             tables.append(table)
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
@@ -89,7 +90,7 @@ class ModelRunner:
         dev = self.device
         ctx = Context.build(
             positions=positions, slot_mapping=slot_mapping, block_tables=tables, context_lens=context_lens,
-            cu_seqlens_q=cu_seqlens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
+            cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
             device=self.device,
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows

@@ -3,6 +3,7 @@
 from engine.models.causal_lm import CausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from engine.models.spec import ModelSpec
 
@@ -13,6 +14,7 @@ MODELS: dict[str, type[CausalLM]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

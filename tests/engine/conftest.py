@@ -2,6 +2,7 @@
 
 import json
 import time
+from contextlib import nullcontext
 
 import httpx
 import pytest
@@ -18,6 +19,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -48,6 +51,14 @@ ARCHS = {
     }),
     "qwen2-yarn": (Qwen2Config, Qwen2ForCausalLM, {  # Qwen2.5's recipe for long contexts
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    }),
+    # Phi-4-mini's shape: fused qkv/gate_up in the checkpoint, LongRoPE past 32 tokens, 0.75 of each head
+    # rotating (12 of 16 dims: 6 factors), tied embeddings, and a window (Phi-3-mini's, shorter)
+    "phi3": (Phi3Config, Phi3ForCausalLM, {
+        "original_max_position_embeddings": 32, "partial_rotary_factor": 0.75, "tie_word_embeddings": True,
+        "sliding_window": 20, "pad_token_id": 0, "rope_scaling": {
+            "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
+            "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 16.0]},
     }),
 }
 FAMILIES = ["qwen3", "gemma2", "gemma3"]
@@ -128,6 +139,26 @@ class Oracle:
         self.model.set_adapter(adapter)
         return self.model(ids).logits[0].float()
 
+    @torch.no_grad()
+    def greedy_cached(self, prompt: list[int], adapter: str | None, max_tokens: int):
+        """Greedy tokens and the log-probability of each as transformers' generate() makes them: the prompt in
+        one call, then one call per token over the KV cache. The same as `greedy` except for a rope that looks
+        at the call (LongRoPE: a sequence that grows past the original context keeps the short-factor keys of
+        its earlier tokens, as generate() does)."""
+        model = self.model if self.model is not None else self.base
+        if self.model is not None and adapter is not None:
+            self.model.set_adapter(adapter)
+        context = self.model.disable_adapter() if self.model is not None and adapter is None else nullcontext()
+        tokens, logprobs, past, ids = [], [], None, torch.tensor([prompt])
+        with context:
+            for _ in range(max_tokens):
+                out = model(ids, past_key_values=past, use_cache=True)
+                row = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                tokens.append(int(row.argmax()))
+                logprobs.append(float(row.max()))
+                past, ids = out.past_key_values, torch.tensor([[tokens[-1]]])
+        return tokens, logprobs
+
     def greedy(self, prompt: list[int], adapter: str | None, max_tokens: int,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> list[int]:
         tokens = list(prompt)
@@ -160,6 +191,7 @@ def checkpoints(tmp_path_factory):
         "gemma2": build_checkpoint(root / "gemma2", "gemma2", seed=5),
         "gemma3": build_checkpoint(root / "gemma3", "gemma3", seed=6),
         "qwen2-yarn": build_checkpoint(root / "qwen2-yarn", "qwen2-yarn", seed=7),
+        "phi3": build_checkpoint(root / "phi3", "phi3", seed=9),
     }
 
 

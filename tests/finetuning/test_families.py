@@ -87,18 +87,27 @@ class _Silent:
     def checkpoint(self, **_) -> None: ...
 
 
-@pytest.mark.django_db
-@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
-def test_a_job_on_the_family_completes_and_its_adapter_is_served_as_peft_runs_it(ft_stack, django_db_blocker,
-                                                                                  tmp_path, arch):  # fmt: skip
+@pytest.fixture(scope="module")
+def family_bases(ft_stack, django_db_blocker, tmp_path_factory):
+    """Tiny Qwen3 and Phi-3 bases registered beside the stack's demo model, committed before any test's
+    transaction opens (the gateway and the training worker read them); the package's flush removes them."""
     from django.core.management import call_command
 
+    bases = {}
+    for arch in ("qwen3", "phi3"):
+        bases[arch] = build_checkpoint(tmp_path_factory.mktemp(f"tiny-{arch}"), arch, seed=21)
+        with django_db_blocker.unblock():
+            call_command("registerbasemodel", f"tiny-{arch}", str(bases[arch]), verbosity=0)
+    return bases
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_a_job_on_the_family_completes_and_its_adapter_is_served_as_peft_runs_it(ft_stack, family_bases, arch):
     from registry.models import Adapter
     from registry.storage import canonical_local_dir
 
-    base = build_checkpoint(tmp_path / "base", arch, seed=21)
-    with django_db_blocker.unblock():  # committed: the training worker reads it
-        call_command("registerbasemodel", f"tiny-{arch}", str(base), verbosity=0)
+    base = family_bases[arch]
     tuner = client(ft_stack, "main")
     training = tuner.files.create(file=("train.jsonl", _lines()), purpose="fine-tune")
     created = tuner.fine_tuning.jobs.create(

@@ -8,7 +8,7 @@ concurrent duplicate batch inserts nothing and adds nothing.
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apikeys.models import ApiKey
 from metering.events import BadEvent, UsageRecord, usage_record_parse
-from metering.models import ModelPrice, UsageEvent, UsageMonth
+from metering.models import ModelPrice, RequestBody, UsageEvent, UsageMonth
 from metering.pricing import engine_gpu_prices, gpu_cost, rates_for, request_price
 from metering.signals import RecordedUsage, usage_recorded
 from registry.models import AdapterVersion
@@ -129,7 +129,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
                 adapter_version_id=version_id, adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
                 cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
-                finish_reason=record.finish_reason, engine=record.engine, price_input_per_mtok=rates.input,
+                finish_reason=record.finish_reason, error=record.error, engine=record.engine, price_input_per_mtok=rates.input,
                 price_cached_input_per_mtok=rates.cached_input, price_output_per_mtok=rates.output, price=price,
                 gpu_price_per_hour=gpu_price_per_hour, cost=cost, finished_at=record.finished_at,
             )
@@ -195,6 +195,7 @@ def _announce(rows: list[UsageEvent], inserted: set[str]) -> None:
             tenant_id=row.tenant_id, request_id=row.request_id, tokens=row.total_tokens, price=row.price,
             month=month_of(row.finished_at.astimezone(UTC).date()), new=row.request_id in inserted,
             budgeted=row.tenant.plan.monthly_token_budget is not None or row.tenant.plan.monthly_spend_limit is not None,
+            api_key_prefix=row.api_key_prefix,
         )
         for row in rows
     ]  # fmt: skip
@@ -228,3 +229,21 @@ def usage_ingest(*, events: list[dict]) -> IngestResult:
         _add_to_months([row for row in rows if row.request_id in inserted])
     _announce(rows, inserted)
     return IngestResult(inserted=len(inserted), duplicates=len(rows) - len(inserted), rejected=rejected + unknown)
+
+
+def request_body_store(*, tenant_id: int, request_id: str, prompt, completion: str, retention_days: int) -> None:
+    """Keeps a request's prompt and completion for a tenant that opted in, until `retention_days` from now;
+    a second store of the same request changes nothing."""
+    if retention_days <= 0:
+        return
+    RequestBody.objects.bulk_create(
+        [RequestBody(tenant_id=tenant_id, request_id=request_id, prompt=prompt, completion=completion,
+                     expires_at=timezone.now() + timedelta(days=retention_days))],
+        ignore_conflicts=True,
+    )  # fmt: skip
+
+
+def request_bodies_purge(*, now: datetime | None = None) -> int:
+    """Deletes every stored body past its retention; returns how many."""
+    deleted, _ = RequestBody.objects.filter(expires_at__lte=now or timezone.now()).delete()
+    return deleted

@@ -1,6 +1,6 @@
 """Quilt's engine against transformers + PEFT on CPU: 64 requests over 8 LoRA adapters.
 
-    .venv/bin/python -m benchmarks.engine_cpu [--family llama|qwen3|gemma2|gemma3] [--rounds 1]
+    .venv/bin/python -m benchmarks.engine_cpu [--family llama|qwen3|gemma2|gemma3|phi3] [--rounds 1]
         [--requests 64] [--adapters 8] [--threads N] [--hidden 128 --layers 4] [--device cuda --dtype bfloat16]
 
 Both run in this process on the same random checkpoint and adapters. The baseline is what a PEFT
@@ -27,6 +27,8 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -35,6 +37,7 @@ from engine import LLM, SamplingParams
 
 VOCAB = 1024
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FUSED_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # Phi-3's checkpoint fuses q/k/v and gate/up
 WINDOW = 64  # the sliding window of the families that have one: most prompts and outputs outgrow it
 FAMILIES = {  # name -> (config class, model class, what the family's config sets beyond the common shape)
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
@@ -43,6 +46,11 @@ FAMILIES = {  # name -> (config class, model class, what the family's config set
                                                  "sliding_window": WINDOW}),
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {"head_dim": 32, "query_pre_attn_scalar": 32,
                                                      "sliding_window": WINDOW, "sliding_window_pattern": 2}),
+    # Phi-4-mini's shape of rope: a partial rotary (0.75 of head_dim 32: 12 frequencies) with LongRoPE factors,
+    # the long ones for sequences past 128 tokens
+    "phi3": (Phi3Config, Phi3ForCausalLM, {"partial_rotary_factor": 0.75, "pad_token_id": 0, "rope_scaling": {
+        "rope_type": "longrope", "short_factor": [1.0 + i / 12 for i in range(12)],
+        "long_factor": [2.0 + i / 6 for i in range(12)], "original_max_position_embeddings": 128}}),
 }
 
 
@@ -58,7 +66,8 @@ def build(root: Path, family: str, num_adapters: int, hidden: int, layers: int) 
     adapter_dirs = {}
     for i in range(num_adapters):
         base = AutoModelForCausalLM.from_pretrained(root / "base")
-        lora = LoraConfig(r=[8, 16, 32, 64][i % 4], lora_alpha=16, target_modules=TARGETS[: 2 + i % 6])
+        targets = FUSED_TARGETS[: 1 + i % 4] if family == "phi3" else TARGETS[: 2 + i % 6]
+        lora = LoraConfig(r=[8, 16, 32, 64][i % 4], lora_alpha=16, target_modules=targets)
         model = get_peft_model(base, lora)
         for name, param in model.named_parameters():
             if "lora_B" in name:

@@ -12,6 +12,7 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPTS = 32  # a batch of prompts on /v1/completions (the engine's bound)
+MAX_CHOICES = 64  # a batch's prompts times n: the completions one request may hold in the engine at once
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
@@ -229,6 +230,10 @@ def _prompts(prompt) -> list[str | list[int]]:
 def parse_completion(body: dict) -> GenerationRequest:
     common = _common(body, COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"))
+    n = common["sampling"].get("n", 1)
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request holds "
+                      f"at most {MAX_CHOICES}.", param="n")  # fmt: skip
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise invalid("'echo' must be a boolean.", param="echo")

@@ -80,6 +80,13 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def blocks_to_run(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence of num_tokens holds at once, steps computing up to `chunk` of its tokens:
+        all of its blocks, or with a window at most those of the window and a chunk (the rest is given back)."""
+        if self.window is None:
+            return self.blocks_needed(num_tokens)
+        return min(self.blocks_needed(num_tokens), self.blocks_needed(self.window - 1 + chunk) + 1)
+
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""
         bs = self.block_size

@@ -304,3 +304,12 @@ def test_a_model_without_a_tool_convention_refuses_tools():
     assert plan(GenerateRequest(request_id="r", tenant="t", weight=1.0, api_key_id=None, adapter=None,
                                 prompts=(PromptSpec(text="x"),), sampling=SamplingParams(), stream=False, metadata={}),
                 tool_format=None, special_id=lambda text: None).grammar is None
+
+
+def test_a_vocabulary_that_cannot_write_the_grammar_is_refused(checkpoints):
+    """The word-level test tokenizer (w6 ... w159, no decoder): llguidance cannot read it, and it could not write
+    JSON anyway."""
+    compiler = GrammarCompiler(checkpoints["llama"] / "tokenizer.json", vocab_size=160, eos_token_ids=(2,))
+    with pytest.raises(GrammarError, match="cannot be used with this model") as error:
+        compiler.compile(GrammarSpec.json_schema({"type": "object"}, param="response_format"))
+    assert error.value.param == "response_format"

@@ -139,3 +139,14 @@ def test_sequences_longer_than_the_cache_run_in_their_windows(windowed):
     for i, prompt in enumerate(prompts):
         assert tokens[str(i)] == oracle.greedy(prompt, None, 8)
     engine.block_manager.check_invariants([])
+
+
+def test_the_cpu_cache_is_sized_for_windows_and_chunks(windowed):
+    """Unsized on CPU, the cache holds max_num_seqs sequences of what each holds at once: a window of 16 and
+    a chunk of 24 in blocks of 4 (11 blocks), not the model's 256 positions (64 blocks)."""
+    base, _, _ = windowed
+    config = EngineConfig(model=str(base), device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=24,
+                          adapter_memory_bytes=0)  # fmt: skip
+    engine = LLMEngine(config)
+    assert engine.block_manager.num_blocks == 3 * 11
+    assert engine.max_model_len == 256

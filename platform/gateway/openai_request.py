@@ -13,6 +13,7 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPTS = 32  # a batch of prompts on /v1/completions (the engine's bound)
+MAX_CHOICES = 64  # a batch's prompts times n: the completions one request may hold in the engine at once
 MAX_LOGIT_BIAS = 300  # token ids in one logit_bias (OpenAI's bound)
 MAX_TOOLS = 128  # OpenAI's bound
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a function's or a schema's name, as OpenAI allows them
@@ -370,6 +371,10 @@ def _prompts(prompt) -> list[str | list[int]]:
 def parse_completion(body: dict) -> GenerationRequest:
     common = _common(body, COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"))
+    n = common["sampling"].get("n", 1)
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request holds "
+                      f"at most {MAX_CHOICES}.", param="n")  # fmt: skip
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise invalid("'echo' must be a boolean.", param="echo")

@@ -14,12 +14,13 @@ class Context:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     context_lens: torch.Tensor  # [B] int32, cached tokens including this step's
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    prompt_lens: torch.Tensor  # [B] int32, each sequence's prompt length (LongRoPE's choice of rows)
     is_decode: bool  # every sequence has exactly one new token
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
 
     @classmethod
     def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
-              context_lens: list[int], cu_seqlens_q: list[int], lora: LoRABatch | None,
+              context_lens: list[int], cu_seqlens_q: list[int], prompt_lens: list[int], lora: LoRABatch | None,
               device: torch.device) -> "Context":
         """The step's Context from plain lists (block tables padded with page 0 to the longest)."""
         width = max(len(t) for t in block_tables)
@@ -30,6 +31,7 @@ class Context:
                                       device=device),  # [B, max_blocks]
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),  # [B]
             cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=device),  # [B + 1]
+            prompt_lens=torch.tensor(prompt_lens, dtype=torch.int32, device=device),  # [B]
             is_decode=len(positions) == len(context_lens),
             lora=lora,
         )

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.grammar import GrammarSpec
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, merge_choices
 from engine.sampling_params import SamplingParams
@@ -32,18 +33,25 @@ class LLM:
         sampling: SamplingParams | list[SamplingParams] | None = None,
         adapters: list[str | None] | None = None,
         tenants: list[str] | None = None,
+        grammars: list[GrammarSpec | None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order: completion 0 with every completion in `choices` and the
-        request's usage (engine.outputs.merge_choices)."""
+        request's usage (engine.outputs.merge_choices). grammars: what constrains each prompt's output (None:
+        nothing), compiled before any request starts."""
         count = len(prompts)
         samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * count
         adapters = adapters or [None] * count
         tenants = tenants or ["default"] * count
-        if not len(samplings) == len(adapters) == len(tenants) == count:
-            raise ValueError("sampling, adapters and tenants must have one entry per prompt")
+        grammars = grammars or [None] * count
+        if not len(samplings) == len(adapters) == len(tenants) == len(grammars) == count:
+            raise ValueError("sampling, adapters, tenants and grammars must have one entry per prompt")
+        if any(grammars) and self.engine.grammars is None:
+            raise ValueError("this model has no tokenizer.json: its outputs cannot be constrained")
+        compiled = [self.engine.grammars.compile(spec) if spec else None for spec in grammars]
         batch = next(_batch_ids)
         request_ids = []
-        for i, (prompt, params, name, tenant) in enumerate(zip(prompts, samplings, adapters, tenants, strict=True)):
+        for i, (prompt, params, name, tenant, grammar) in enumerate(
+                zip(prompts, samplings, adapters, tenants, compiled, strict=True)):
             if isinstance(prompt, str):
                 if self.tokenizer is None:
                     raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
@@ -52,7 +60,7 @@ class LLM:
                 raise ValueError(f"unknown adapter {name!r}; add it with add_adapter first")
             request_id = f"offline-{batch}-{i}"
             self.engine.add_request(
-                request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant
+                request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant, grammar=grammar
             )
             request_ids.append(request_id)
         final: dict[tuple[str, int], RequestOutput] = {}

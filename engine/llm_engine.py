@@ -17,6 +17,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
+from engine.grammar import Grammar, GrammarCompiler
+from engine.guided import GuidedDecoding
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import read_hf_config, read_spec
@@ -92,8 +94,12 @@ class LLMEngine:
         if self.workers:
             model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank
             self.workers.start(num_pages)
+        vocab = model.spec.vocab_size
+        self.grammars = GrammarCompiler(model_dir / "tokenizer.json", vocab_size=vocab,
+                                        eos_token_ids=self.eos_token_ids) if self.tokenizer is not None else None
+        self.guided = GuidedDecoding(vocab_size=vocab, device=self.device)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
-                                  eos_token_ids=self.eos_token_ids, device=self.device)
+                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
         self.scheduler = Scheduler(
@@ -166,7 +172,9 @@ class LLMEngine:
         adapter: str | None = None,
         tenant: str = "default",
         weight: float = 1.0,
+        grammar: Grammar | None = None,
     ) -> None:
+        """grammar: compiled by `self.grammars` beforehand (never inside a step), constrains every completion."""
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} already exists")
         if not prompt_token_ids:
@@ -179,21 +187,27 @@ class LLMEngine:
         vocab = self.runner.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if sampling.logit_bias and any(t >= vocab for t in sampling.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if adapter is not None and not self.adapter_pool.is_registered(adapter):
             raise ValueError(f"adapter {adapter!r} is not registered")
         if weight <= 0:
             raise ValueError("weight must be > 0")
         salt = tenant if self.config.enable_prefix_caching else f"request:{request_id}"
+        if self.runner.model.spec.rope.long_rows(len(prompt_token_ids)):
+            salt += ":long-rope"  # its KV differs from a shorter prompt's over the same tokens
         now = time.monotonic()
         seqs: list[Sequence] = []
         for index in range(sampling.n):
             seqs.append(Sequence(
                 request_id=request_id, index=index, prompt_token_ids=prompt_token_ids, sampling=sampling,
                 adapter=adapter, tenant=tenant, weight=weight, cache_salt=salt, arrival_time=now,
-                leader=seqs[0] if seqs else None,
+                leader=seqs[0] if seqs else None, constrained=grammar is not None,
             ))
         self.requests[request_id] = seqs
         for seq in seqs:
+            if grammar is not None:
+                self.guided.add(seq, grammar)
             self.scheduler.add(seq)
             self.output_processor.add(seq)
 
@@ -227,6 +241,7 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
             seq.error, seq.error_type = error, error_type
         self.runner.release(seq)
+        self.guided.release(seq)
         if self.speculator is not None:
             self.speculator.release(seq)
         self.output_processor.close(seq)
@@ -315,7 +330,11 @@ class LLMEngine:
         emitted = []
         for sample in result.samples:  # several when speculative tokens were accepted
             emitted.append(sample.token_id)
+            refused = self.guided.accept(seq, sample.token_id)
             reason = self.output_processor.append(seq, sample, now)
+            if refused is not None:  # only a bug can get here: the mask allowed the token
+                self._finish(seq, "error", f"constrained decoding failed: {refused}")
+                break
             if reason is not None:
                 self._finish(seq, reason)
                 break

@@ -6,6 +6,7 @@ import torch
 
 from engine.adapter_pool import AdapterPool
 from engine.context import Context
+from engine.guided import GuidedDecoding
 from engine.lora_batch import LoRABatch
 from engine.models import CausalLM
 from engine.paged_memory import PagedMemory
@@ -31,8 +32,10 @@ class ModelRunner:
         adapters: AdapterPool,
         eos_token_ids: tuple[int, ...],
         device: torch.device,
+        guided: GuidedDecoding | None = None,
     ) -> None:
         self.model = model
+        self.guided = guided or GuidedDecoding(vocab_size=model.spec.vocab_size, device=device)
         self.adapters = adapters
         self.eos_token_ids = eos_token_ids
         self.block_size = memory.kv_shape[1]
@@ -60,7 +63,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
         adapter_slots: dict[str, int] = {}  # the step's adapters, in order of first use
-        cu_seqlens, context_lens, tables = [0], [], []
+        cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in out.seqs:
@@ -76,6 +79,7 @@ class ModelRunner:
             token_slots += [slot] * n
             cu_seqlens.append(len(input_ids))
             context_lens.append(end)
+            prompt_lens.append(seq.num_prompt_tokens)
             tables.append(table)
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
@@ -86,7 +90,7 @@ class ModelRunner:
         dev = self.device
         ctx = Context.build(
             positions=positions, slot_mapping=slot_mapping, block_tables=tables, context_lens=context_lens,
-            cu_seqlens_q=cu_seqlens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
+            cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
             device=self.device,
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
@@ -108,21 +112,26 @@ class ModelRunner:
         self.adapters.wait_for_copies()
         proposals = proposals or {}
         input_ids, ctx, sample_rows, prompt_rows = self._prepare(out, proposals)
+        # constrained sequences never speculate (engine/speculative/policy.py): one sample row each
+        constrained = [seq for seq, _ in sample_rows if self.guided.constrained(seq)]
+        pending = self.guided.start(constrained)  # masks computed while the model runs
         hidden = self.model(input_ids, ctx)  # [T, hidden]
         rows = [row for _, row in sample_rows] + [row for _, row, _ in prompt_rows]
         logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
         results = {seq.seq_id: StepResult() for seq in out.seqs}
+        allowed = self.guided.allowed(pending, constrained) if pending is not None else {}
         if sample_rows:
-            self._sample(logits[: len(sample_rows)], sample_rows, proposals, draft_probs or {}, results)
+            self._sample(logits[: len(sample_rows)], sample_rows, proposals, draft_probs or {}, results, allowed)
         if prompt_rows:
             self._score_prompts(logits[len(sample_rows) :], prompt_rows, results)
         return results
 
-    def _sample(self, logits: torch.Tensor, sample_rows, proposals, draft_probs, results) -> None:
+    def _sample(self, logits: torch.Tensor, sample_rows, proposals, draft_probs, results, allowed) -> None:
         plain = [i for i, (seq, _) in enumerate(sample_rows) if not proposals.get(seq.seq_id)]
         if plain:
             seqs = [sample_rows[i][0] for i in plain]
-            samples = self.sampler(logits[plain], [self.sample_request(seq) for seq in seqs])
+            samples = self.sampler(logits[plain], [self.sample_request(seq, allowed=allowed.get(seq.seq_id))
+                                                   for seq in seqs])
             for seq, sample in zip(seqs, samples, strict=True):
                 results[seq.seq_id].samples = [sample]
         spec = []  # (seq, first row, its requests) of the sequences whose proposals are verified
@@ -162,11 +171,14 @@ class ModelRunner:
             top = dict(zip(top_ids[i][:n], top_values[i][:n], strict=True))
             results[seq.seq_id].prompt_logprobs.append((pos + 1, chosen[i], top))
 
-    def sample_request(self, seq: Sequence, proposed: list[int] = ()) -> SampleRequest:
-        """What the sampler needs for seq's next token, after `proposed` tokens (speculative) if any."""
+    def sample_request(self, seq: Sequence, proposed: list[int] = (), *,
+                       allowed: torch.Tensor | None = None) -> SampleRequest:
+        """What the sampler needs for seq's next token, after `proposed` tokens (speculative) if any; `allowed`:
+        what its grammar allows ([vocab] bool)."""
         s = seq.sampling
         banned = []
         if seq.num_completion_tokens + len(proposed) < s.min_tokens:
             banned = list(s.stop_token_ids) + ([] if s.ignore_eos else list(self.eos_token_ids))
         output = seq.completion_token_ids + list(proposed) if proposed else seq.completion_token_ids
-        return SampleRequest(sampling=s, output_token_ids=output, generator=self._generator(seq), banned_token_ids=banned)
+        return SampleRequest(sampling=s, output_token_ids=output, generator=self._generator(seq), banned_token_ids=banned,
+                             allowed=allowed)

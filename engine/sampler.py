@@ -15,6 +15,7 @@ class SampleRequest:
     output_token_ids: list[int]
     generator: torch.Generator | None  # seeded sequences draw from their own generator
     banned_token_ids: list[int]  # stop tokens while min_tokens is not reached
+    allowed: torch.Tensor | None = None  # [vocab] bool: the tokens its grammar allows next (None: unconstrained)
 
 
 @dataclass
@@ -31,12 +32,20 @@ class Sampler:
         return self.samples(logits, requests, token_ids.tolist())
 
     def adjust(self, logits: torch.Tensor, requests: list[SampleRequest]) -> torch.Tensor:
-        """A copy of logits [N, vocab] with each row's penalties applied and banned tokens masked."""
+        """A copy of logits [N, vocab] with each row's penalties and logit_bias applied, banned tokens and those its
+        grammar forbids masked."""
         logits = logits.clone()
         self._apply_penalties(logits, requests)
         for i, r in enumerate(requests):
+            if r.sampling.logit_bias:
+                ids = torch.tensor(list(r.sampling.logit_bias), device=logits.device)
+                logits[i, ids] += torch.tensor(list(r.sampling.logit_bias.values()), dtype=logits.dtype, device=logits.device)
             if r.banned_token_ids:
                 logits[i, r.banned_token_ids] = -float("inf")
+        constrained = [i for i, r in enumerate(requests) if r.allowed is not None]
+        if constrained:
+            allowed = torch.stack([requests[i].allowed for i in constrained])  # [M, vocab]
+            logits[constrained] = logits[constrained].masked_fill(~allowed, -float("inf"))
         return logits
 
     @staticmethod

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy (dividing float32 logits by it overflows)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what a torch.Generator takes (a 64-bit integer)
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias in [-100, 100] per token
+MAX_LOGIT_BIAS_TOKENS = 1024
 
 
 @dataclass
@@ -26,6 +28,7 @@ class SamplingParams:
     logprobs: int | None = None  # chosen token's log-probability plus this many top ones
     prompt_logprobs: int | None = None  # log-probabilities of the prompt's tokens (0: just those)
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI's)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,8 +59,20 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+        if self.logit_bias is not None:
+            self._check_logit_bias()
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+    def _check_logit_bias(self) -> None:
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"logit_bias must map at most {MAX_LOGIT_BIAS_TOKENS} token ids to biases")
+        for token, bias in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias) \
+                    or abs(bias) > LOGIT_BIAS_RANGE:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
 
     @property
     def greedy(self) -> bool:

@@ -31,6 +31,7 @@ class Sequence:
         cache_salt: str,
         arrival_time: float,
         leader: "Sequence | None" = None,
+        constrained: bool = False,
     ) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -44,6 +45,7 @@ class Sequence:
         self.weight = weight
         self.cache_salt = cache_salt
         self.leader = leader
+        self.constrained = constrained  # a grammar constrains its output (engine/guided.py holds its state)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit on first admission

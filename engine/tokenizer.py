@@ -17,6 +17,11 @@ def _raise(message: str):
     raise jinja2.TemplateError(message)
 
 
+def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False):
+    """Hugging Face's `tojson` for chat templates (jinja2's own escapes <, > and & for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: "Tokenizer | None") -> tuple[int, ...]:
     """Every token id that ends a completion: from config.json, generation_config.json and the tokenizer."""
     ids = set()
@@ -48,6 +53,7 @@ class Tokenizer:
         self.chat_template = template
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(template) if template else None
 
     @property
@@ -56,6 +62,14 @@ class Tokenizer:
 
     def token_to_id(self, token: str | None) -> int | None:
         return self.hf.token_to_id(token) if token else None
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of `text` if the tokenizer has it as one special token (which plain text never matches)."""
+        token = self.hf.token_to_id(text)
+        if token is None:
+            return None
+        added = self.hf.get_added_tokens_decoder().get(token)
+        return token if added is not None and added.special else None
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids

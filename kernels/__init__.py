@@ -15,7 +15,7 @@ import torch
 from kernels import fp8_linear as _fp8_linear
 from kernels import reference
 from kernels.lora_meta import LoRAMeta
-from kernels.reference import rope_cos_sin_cache
+from kernels.rope_table import rope_cos_sin_cache
 from kernels.slot_batch import SlotBatch
 
 try:

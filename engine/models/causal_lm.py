@@ -70,12 +70,16 @@ class CausalLM(nn.Module):
 
     def rope_positions(self, ctx: Context) -> torch.Tensor:
         """Each token's row of the rope tables. LongRoPE tables hold the short-factor rows, then the long-factor
-        ones: a token of a sequence longer than the original context reads the latter."""
+        ones. transformers picks the long factors for a whole forward call whose last position is past the
+        original context: its generate() prefills a prompt in one call, then runs one call per token. So a
+        token at position p reads the long rows when max(its prompt's length, p + 1) exceeds the original
+        context, whatever chunks the engine prefills in (RopeSpec.long_rows)."""
         original = self.spec.rope.original_max_positions
         if self.spec.rope.rope_type != "longrope" or original is None:
             return ctx.positions
         counts = (ctx.cu_seqlens_q[1:] - ctx.cu_seqlens_q[:-1]).long()  # [B]
-        is_long = (ctx.context_lens > original).long().repeat_interleave(counts)  # [T]
+        prompt_lens = ctx.prompt_lens.long().repeat_interleave(counts)  # [T]
+        is_long = (torch.maximum(prompt_lens, ctx.positions + 1) > original).long()  # [T]
         return ctx.positions + is_long * self.spec.max_position_embeddings
 
     def forward(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -88,6 +92,11 @@ class CausalLM(nn.Module):
         if cap is not None:  # in the model dtype, as transformers does
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
+
+    def checkpoint_parts(self, name: str, shape: tuple[int, ...]) -> list[tuple[str, int, int]] | None:
+        """A checkpoint tensor that fuses several projections (Phi-3's qkv_proj) as the split ones it holds:
+        (split name, first row, end row); None for any other tensor."""
+        return None
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         """Where a checkpoint tensor goes: (module, "weight" or "bias", slice of a fused projection or None),
@@ -138,4 +147,5 @@ class CausalLM(nn.Module):
 
 
 def _cos_sin_cache(rope: RopeSpec, spec: ModelSpec) -> torch.Tensor:
-    return kernels.rope_cos_sin_cache(rope.rotary_dim, spec.max_position_embeddings, rope.theta, rope.scaling)
+    return kernels.rope_cos_sin_cache(spec.head_dim, spec.max_position_embeddings, rope.theta, rope.scaling,
+                                      rotary_dim=rope.rotary_dim, max_position_embeddings=spec.max_position_embeddings)

@@ -90,7 +90,7 @@ class GatedMLP(nn.Module):
         inter = spec.intermediate_size // comm.size  # this rank's slice
         self.gate_up_proj = Linear(spec.hidden_size, [inter, inter], bias=spec.mlp_bias)
         self.down_proj = Linear(inter, [spec.hidden_size], bias=spec.mlp_bias)
-        self.act_and_mul = {"silu": kernels.silu_and_mul}[spec.activation]
+        self.act_and_mul = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}[spec.activation]
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         return self.comm.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x, ctx)), ctx))

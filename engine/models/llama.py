@@ -1,4 +1,4 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2), mirroring transformers' modeling_llama with q/k/v and gate/up
+"""Llama 2/3 and Mistral, mirroring transformers' modeling_llama with q/k/v and gate/up
 fused; the residual add is fused into each norm."""
 
 import torch
@@ -7,7 +7,7 @@ from torch import nn
 from engine.context import Context
 from engine.models.causal_lm import CausalLM
 from engine.models.layers import Attention, GatedMLP, RMSNorm
-from engine.models.spec import FULL, SLIDING, ModelSpec, every_layer_windowed
+from engine.models.spec import ModelSpec, every_layer_windowed
 from engine.parallel.communicator import Communicator
 
 
@@ -38,16 +38,3 @@ class LlamaForCausalLM(CausalLM):
     def read_spec(cls, config: dict) -> ModelSpec:
         return ModelSpec.from_hf_config(config, default_layer_types=every_layer_windowed)
 
-
-def qwen_layer_types(config: dict) -> list[str]:
-    """Qwen2/Qwen3 before `layer_types`: the window, when used, on the layers from max_window_layers on."""
-    first = config.get("max_window_layers", 0) if config.get("use_sliding_window") else config["num_hidden_layers"]
-    return [SLIDING if i >= first else FULL for i in range(config["num_hidden_layers"])]
-
-
-class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Llama with biased q/k/v."""
-
-    @classmethod
-    def read_spec(cls, config: dict) -> ModelSpec:
-        return ModelSpec.from_hf_config(config, default_layer_types=qwen_layer_types, qkv_bias=True, o_bias=False)

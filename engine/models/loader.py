@@ -36,13 +36,23 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1):
-    """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read."""
+def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lambda name, shape: None):
+    """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read. A tensor that
+    `parts` splits (a fused checkpoint's qkv_proj: CausalLM.checkpoint_parts) comes as its split tensors, each
+    sharded as that projection is."""
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 view = f.get_slice(name)
                 shape = tuple(view.get_shape())
+                split = parts(name, shape)
+                if split is not None:
+                    for part, start, end in split:
+                        part_shape = (end - start, *shape[1:])
+                        index = sharding.checkpoint_slice(part, part_shape, rank=rank, size=size) or (slice(None),)
+                        rows = range(start, end)[index[0]]  # this rank's rows of the part, in the fused tensor
+                        yield part, view[(slice(rows.start, rows.stop), *index[1:])]
+                    continue
                 if sharding.holds_none(name, rank=rank, size=size):
                     yield name, torch.zeros(shape)
                     continue
@@ -107,8 +117,9 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     model.tie_weights()
     with _default_dtype(dtype), device:
         model.build_rope_cache()
-    model.load_weights(_as_loaded(model, _iter_weights(_safetensors_files(model_dir), rank=comm.rank,
-                                                       size=comm.size), device=device, quantization=quantization))
+    weights = _iter_weights(_safetensors_files(model_dir), rank=comm.rank, size=comm.size,
+                            parts=model.checkpoint_parts)
+    model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
     if quantization is not None and device.type == "cuda":
         torch.cuda.empty_cache()  # the pool is sized from free memory next
     return model.eval()

@@ -1,13 +1,20 @@
 """Which model class serves each Hugging Face architecture; the one place the loader and the engine ask."""
 
 from engine.models.causal_lm import CausalLM
-from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
+from engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from engine.models.spec import ModelSpec
 
 MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

@@ -8,8 +8,8 @@ shapes in the wild are read: transformers 5's (`rope_parameters`, `layer_types`)
 import math
 from dataclasses import dataclass, field
 
-# the rope types kernels.rope_cos_sin_cache computes, as transformers does
-ROPE_TYPES = ("default", "linear", "llama3")
+from kernels.reference import ROPE_TYPES  # what kernels.rope_cos_sin_cache computes, as transformers does
+
 SLIDING, FULL = "sliding_attention", "full_attention"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -28,6 +28,12 @@ class RopeSpec:
     def original_max_positions(self) -> int | None:
         """LongRoPE: past this many tokens a sequence's positions use the long factors."""
         return (self.scaling or {}).get("original_max_position_embeddings")
+
+    def long_rows(self, prompt_len: int) -> bool:
+        """Whether every token of a sequence with this prompt reads LongRoPE's long-factor rows (the prompt is
+        longer than the original context); its KV then differs from a shorter prompt's over the same tokens."""
+        original = self.original_max_positions
+        return self.rope_type == "longrope" and original is not None and prompt_len > original
 
 
 @dataclass(frozen=True)
@@ -116,10 +122,6 @@ def every_layer_windowed(config: dict) -> list[str]:
     return [SLIDING if config.get("sliding_window") else FULL] * config["num_hidden_layers"]
 
 
-def no_layer_windowed(config: dict) -> list[str]:
-    return [FULL] * config["num_hidden_layers"]
-
-
 def embedding_scale(config: dict) -> float:
     return math.sqrt(config["hidden_size"])
 
@@ -135,7 +137,7 @@ def _ropes(config: dict, head_dim: int) -> tuple[RopeSpec, RopeSpec | None]:
         full = {**params, **legacy, "rope_theta": params.get("rope_theta", config.get("rope_theta", 10000.0))}
         local_theta = config.get("rope_local_base_freq")
         local = {"rope_type": "default", "rope_theta": local_theta} if local_theta else None
-    factor = config.get("partial_rotary_factor", full.get("partial_rotary_factor", 1.0))
+    factor = config.get("partial_rotary_factor") or full.get("partial_rotary_factor") or 1.0
     rotary_dim = int(head_dim * factor)
     rope = _rope(full, rotary_dim)
     return rope, (_rope(local, rotary_dim) if local is not None else None)

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
+from engine.grammar import Grammar, GrammarError
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
@@ -28,6 +29,8 @@ from engine.server.protocol import (
     parse_generate,
     parse_tokenize,
 )
+from engine.server.structured import Structure, plan, template_messages
+from engine.tool_calls import format_for_template
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,11 @@ class EngineAPI:
         self.model_name = model_name
         self.drain_timeout_s = drain_timeout_s
         self.engine = loop.engine
+        tokenizer = self.engine.tokenizer
+        self.tool_format = format_for_template(tokenizer.chat_template if tokenizer else None)  # once per model
 
     # helpers
-    async def tokenize(self, prompt: PromptSpec) -> list[int]:
+    async def tokenize(self, prompt: PromptSpec, *, tools: list[dict] | None = None) -> list[int]:
         tokenizer = self.engine.tokenizer
         vocab = self.engine.runner.model.spec.vocab_size
         if prompt.token_ids is not None:
@@ -56,7 +61,8 @@ class EngineAPI:
             raise BadRequest("this model has no tokenizer.json: send prompt_token_ids", param="prompt")
         if prompt.messages is not None:
             try:
-                text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(template_messages(prompt.messages), add_generation_prompt=True,
+                                                     tools=tools)
             except Exception as error:  # jinja2 errors, raise_exception() in templates, missing template
                 raise BadRequest(f"could not apply the chat template: {error}", param="messages") from error
             return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
@@ -76,18 +82,41 @@ class EngineAPI:
                              f"the completion). Please reduce the length of the {what} or completion.",
                              param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
 
+    def structure(self, generate) -> Structure:
+        tokenizer = self.engine.tokenizer
+        special_id = tokenizer.special_token_id if tokenizer else (lambda text: None)
+        structure = plan(generate, tool_format=self.tool_format, special_id=special_id)
+        if structure.grammars and self.engine.grammars is None:
+            raise BadRequest("this model has no tokenizer.json: its output cannot be constrained",
+                             param=structure.grammar.param)
+        return structure
+
+    async def compile(self, structure: Structure) -> Grammar | None:
+        """The request's grammar, compiled (or found in the cache) in a thread before it joins any batch: its
+        compile time is part of no step and of no other request's GPU time."""
+        grammar = None
+        for spec in structure.grammars:
+            try:
+                grammar = await asyncio.to_thread(self.engine.grammars.compile, spec)
+            except GrammarError as error:
+                raise BadRequest(str(error), param=error.param) from error
+        return grammar
+
     # routes
     async def generate(self, request: Request) -> Response:
         arrival = time.monotonic()
         generate = parse_generate(await read_json(request))
+        structure = self.structure(generate)
         max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
-        prompts = [await self.tokenize(prompt) for prompt in generate.prompts]
+        prompts = [await self.tokenize(prompt, tools=structure.template_tools) for prompt in generate.prompts]
         for prompt, token_ids in zip(generate.prompts, prompts, strict=True):
             self.check_length(token_ids, max_tokens=max_tokens,
                               what="messages" if prompt.messages is not None else "prompt")
+        grammar = await self.compile(structure)
         if generate.adapter is not None:
             await self.registry.ensure(generate.adapter)
-        handle = await self.loop.submit(generate, prompts, arrival=arrival)
+        handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
+                                        tool_format=structure.tool_format)
         self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.grammar import Grammar
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, Usage, merge_choices, sum_usage
 from engine.server.metrics import EngineMetrics, adapter_label
 from engine.server.protocol import BadRequest, GenerateRequest
+from engine.tool_calls import ToolCallFormat, ToolCallStream
 from engine.usage.emitter import UsageEmitter
 from engine.usage.event import UsageEvent, now_utc
 
@@ -45,6 +47,9 @@ class RequestHandle:
     request: GenerateRequest
     prompts: list[list[int]]  # token ids of each prompt (a batch runs as one engine request per prompt)
     arrival: float  # time.monotonic() when the server received it
+    grammar: Grammar | None = None  # compiled before it was submitted
+    tool_format: ToolCallFormat | None = None  # its output is parsed for tool calls in this convention
+    tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)  # index -> its calls, as streamed
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: dict[int, RequestOutput] = field(default_factory=dict)
     last_token_time: dict[int, float] = field(default_factory=dict)
@@ -110,13 +115,15 @@ class EngineLoop:
         self._commands.put((fn, future))
         return await asyncio.wrap_future(future)
 
-    async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float) -> RequestHandle:
+    async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float,
+                     grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None) -> RequestHandle:
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
         failure = self.engine.failure()
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
-        handle = RequestHandle(request=request, prompts=prompts, arrival=arrival)
+        handle = RequestHandle(request=request, prompts=prompts, arrival=arrival, grammar=grammar,
+                               tool_format=tool_format)
         await self.call(lambda engine: self._add(handle))
         return handle
 
@@ -201,7 +208,7 @@ class EngineLoop:
         try:
             for engine_id, prompt in zip(handle.engine_request_ids, handle.prompts, strict=True):
                 self.engine.add_request(engine_id, prompt, request.sampling, adapter=adapter, tenant=request.tenant,
-                                        weight=request.weight)
+                                        weight=request.weight, grammar=handle.grammar)
                 added.append(engine_id)
         except ValueError as error:
             for engine_id in added:  # nothing half-added

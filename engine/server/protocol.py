@@ -41,7 +41,7 @@ class PromptSpec:
 
     text: str | None = None
     token_ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict] | None = None  # role, content (str, or null beside tool_calls), tool_calls, tool_call_id
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ class GenerateRequest:
     stream: bool
     metadata: dict[str, Any]  # the caller's, echoed in the usage event
     context_overflow: str = "cap"  # "refuse": a prompt plus max_tokens past the context is a 400 (OpenAI's way)
+    response_format: dict | None = None  # OpenAI's: {"type": "json_object"} or {"type": "json_schema", ...}
+    tools: list[dict] | None = None  # OpenAI's function tools: [{"type": "function", "function": {...}}]
+    tool_choice: str | dict | None = None  # "none", "auto", "required" or {"type": "function", "function": {name}}
+    parallel_tool_calls: bool = True
 
     @property
     def prompt(self) -> PromptSpec:
@@ -65,7 +69,9 @@ class GenerateRequest:
 
 
 GENERATE_FIELDS = {"request_id", "tenant", "weight", "api_key_id", "adapter", "prompt", "prompt_token_ids",
-                   "messages", "sampling", "stream", "metadata", "context_overflow"}
+                   "messages", "sampling", "stream", "metadata", "context_overflow", "response_format", "tools",
+                   "tool_choice", "parallel_tool_calls"}
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 TOKENIZE_FIELDS = {"prompt", "prompt_token_ids", "messages"}
 
 
@@ -89,6 +95,10 @@ def parse_generate(body: Any) -> GenerateRequest:
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or len(json.dumps(metadata)) > MAX_METADATA_BYTES:
         raise BadRequest(f"metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes", param="metadata")
+    tools = parse_tools(body.get("tools"))
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
     overflow = body.get("context_overflow", "cap")
     if overflow not in CONTEXT_OVERFLOW:
         raise BadRequest(f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}", param="context_overflow")
@@ -96,8 +106,83 @@ def parse_generate(body: Any) -> GenerateRequest:
         request_id=request_id, tenant=tenant, weight=float(weight), api_key_id=api_key_id,
         adapter=parse_adapter(body.get("adapter")), prompts=parse_prompts(body),
         sampling=parse_sampling(body.get("sampling", {})), stream=stream, metadata=metadata,
+        response_format=parse_response_format(body.get("response_format")), tools=tools,
+        tool_choice=parse_tool_choice(body.get("tool_choice"), tools), parallel_tool_calls=parallel,
         context_overflow=overflow,
     )
+
+
+def parse_response_format(value: Any) -> dict | None:
+    """None for plain text; else {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name",
+    "schema", ...}} (the schema itself is checked when it compiles)."""
+    if value is None or value == {"type": "text"}:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+                         param="response_format")
+    if value["type"] == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not FUNCTION_NAME.match(spec["name"]):
+        raise BadRequest("response_format.json_schema must be an object with a name of 1-64 letters, digits, _ "
+                         "or -", param="response_format.json_schema")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise BadRequest("response_format.json_schema.schema must be a JSON schema object",
+                         param="response_format.json_schema.schema")
+    return {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": schema}}
+
+
+def parse_tools(value: Any) -> list[dict] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise BadRequest("tools must be a non-empty list of function tools", param="tools")
+    tools, names = [], set()
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(tool.get("function"), dict):
+            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param=f"tools[{i}]")
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+            raise BadRequest(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -",
+                             param=f"tools[{i}].function.name")
+        if name in names:
+            raise BadRequest(f"tools[{i}].function.name {name!r} is given twice", param=f"tools[{i}].function.name")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object",
+                             param=f"tools[{i}].function.parameters")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise BadRequest(f"tools[{i}].function.description must be a string",
+                             param=f"tools[{i}].function.description")
+        kept = {"name": name} | ({"description": description} if description else {}) \
+            | ({"parameters": parameters} if parameters is not None else {})
+        tools.append({"type": "function", "function": kept})
+    return tools
+
+
+def parse_tool_choice(value: Any, tools: list[dict] | None) -> str | dict | None:
+    if value is None:
+        return None if tools is None else "auto"
+    if isinstance(value, dict):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise BadRequest("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                             "{'name': ...}}", param="tool_choice")
+        if not any(t["function"]["name"] == name for t in tools or []):
+            raise BadRequest(f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
+        return {"type": "function", "function": {"name": name}}
+    if value not in ("none", "auto", "required"):
+        raise BadRequest("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                         "{'name': ...}}", param="tool_choice")
+    if value != "none" and tools is None:
+        raise BadRequest(f"tool_choice {value!r} needs tools", param="tool_choice")
+    return value
 
 
 def parse_tokenize(body: Any) -> PromptSpec:
@@ -149,14 +234,30 @@ def parse_prompt(body: dict[str, Any]) -> PromptSpec:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with string role and content", param="messages")
+        calls = message.get("tool_calls")
+        if calls is not None and (message["role"] != "assistant" or not _tool_calls_valid(calls)):
+            raise BadRequest(f"messages[{i}].tool_calls must be an assistant's list of {{'id', 'type': 'function', "
+                             f"'function': {{'name', 'arguments'}}}}", param="messages")
+        content = message.get("content")
+        if not isinstance(content, str) and not (content is None and calls):
+            raise BadRequest(f"messages[{i}] must be an object with string role and content", param="messages")
+        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise BadRequest(f"messages[{i}] (a tool result) needs the tool_call_id it answers", param="messages")
     return PromptSpec(messages=messages)
 
 
+def _tool_calls_valid(calls: Any) -> bool:
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments"), str | dict) for c in calls)
+
+
 def parse_sampling(value: Any) -> SamplingParams:
-    value = _object(value, set(SAMPLING_FIELDS), what="sampling", noun="sampling parameter")
+    value = dict(_object(value, set(SAMPLING_FIELDS), what="sampling", noun="sampling parameter"))
+    if value.get("logit_bias") is not None:
+        value["logit_bias"] = parse_logit_bias(value["logit_bias"])
     for name, given in value.items():
         if not _matches(given, SAMPLING_FIELDS[name]):
             raise BadRequest(f"sampling.{name} has the wrong type: {given!r}", param=f"sampling.{name}")
@@ -164,6 +265,22 @@ def parse_sampling(value: Any) -> SamplingParams:
         return SamplingParams(**value)
     except ValueError as error:
         raise BadRequest(f"sampling: {error}", param="sampling") from error
+
+
+def parse_logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias}, the ids as JSON object keys (strings of digits)."""
+    if not isinstance(value, dict):
+        raise BadRequest("sampling.logit_bias must be an object mapping token ids to biases in [-100, 100]",
+                         param="sampling.logit_bias")
+    bias = {}
+    for key, number in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) and not _is_int(key):
+            raise BadRequest(f"sampling.logit_bias keys must be token ids, got {key!r}", param="sampling.logit_bias")
+        if not _is_number(number) or not -100 <= number <= 100:
+            raise BadRequest(f"sampling.logit_bias[{key}] must be a number in [-100, 100], got {number!r}",
+                             param="sampling.logit_bias")
+        bias[int(key)] = float(number)
+    return bias
 
 
 def _object(value: Any, allowed: set[str], *, what: str, noun: str = "field") -> dict[str, Any]:
@@ -191,6 +308,8 @@ def _matches(value: Any, annotation: Any) -> bool:
         return any(_matches(value, arm) for arm in typing.get_args(annotation))
     if annotation is type(None):
         return value is None
+    if origin is dict:  # logit_bias, already parsed (parse_logit_bias)
+        return isinstance(value, dict)
     if origin is list:
         (item,) = typing.get_args(annotation)
         if item is str and isinstance(value, str):  # stop: "x" is shorthand for ["x"]

@@ -85,7 +85,7 @@ class DraftProposer:
     def _forward(self, rows: list[tuple[Sequence, list[int], int]]) -> torch.Tensor:
         """Run the draft over each row's tokens (starting at the given position); logits of each row's last."""
         bs, dev = self.block_size, self.device
-        input_ids, positions, slots, cu, lens, tables, last = [], [], [], [0], [], [], []
+        input_ids, positions, slots, cu, lens, prompts, tables, last = [], [], [], [0], [], [], [], []
         for seq, ids, start in rows:
             table = seq.block_table
             input_ids += ids
@@ -93,9 +93,10 @@ class DraftProposer:
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(ids))]
             cu.append(len(input_ids))
             lens.append(start + len(ids))
+            prompts.append(seq.num_prompt_tokens)
             tables.append(table)
             last.append(len(input_ids) - 1)
         ctx = Context.build(positions=positions, slot_mapping=slots, block_tables=tables, context_lens=lens,
-                            cu_seqlens_q=cu, lora=None, device=dev)
+                            cu_seqlens_q=cu, prompt_lens=prompts, lora=None, device=dev)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx)  # [T, hidden]
         return self.model.compute_logits(hidden[last])  # [B, vocab]

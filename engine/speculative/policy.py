@@ -4,7 +4,8 @@ exponential moving average over its verified steps) falls below `min_acceptance`
 again later, waiting twice as long after each failed probe. Verification rows move the whole step off the
 pure-decode path, so a probe waits for a step where another sequence is speculating anyway, unless it has
 waited twice its backoff. A new sequence starts where the engine-wide acceptance says: off (for a longer
-backoff) while that is below `min_acceptance`. No torch."""
+backoff) while that is below `min_acceptance`. A sequence whose output a grammar constrains never proposes
+(docs/structured-output.md). No torch."""
 
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class SpeculationPolicy:
 
     def lookahead(self, seq: Sequence, batch_size: int) -> int:
         """Tokens seq may propose this step (0: none)."""
-        if batch_size > self.max_batch:
+        if batch_size > self.max_batch or seq.constrained:
             return 0
         state = self.states.get(seq.seq_id)
         if state is None:

@@ -9,7 +9,13 @@ from rest_framework.response import Response
 
 from apikeys import selectors, services
 from apikeys.models import ApiKey, Scope
-from apikeys.serializers import ApiKeyCreatedOutput, ApiKeyCreateInput, ApiKeyOutput, ApiKeyRotateInput
+from apikeys.serializers import (
+    ApiKeyCreatedOutput,
+    ApiKeyCreateInput,
+    ApiKeyLimitsInput,
+    ApiKeyOutput,
+    ApiKeyRotateInput,
+)
 from quilt.pagination import StrictLimitOffsetPagination
 from tenancy.api_base import TenantAPIView
 from tenancy.models import Membership
@@ -65,3 +71,19 @@ class ApiKeyRotateApi(_KeysApi):
         grace = timedelta(seconds=data.validated_data["grace_seconds"])
         new, plaintext = services.api_key_rotate(actor=self.actor, key=old, grace=grace)
         return Response(ApiKeyCreatedOutput(new, context={"plaintext": plaintext}).data, status=201)
+
+
+class ApiKeyLimitsApi(_KeysApi):
+    required_roles = {"PUT": Role.ADMIN}
+    required_scopes = {"PUT": Scope.ADMIN}
+
+    @extend_schema(
+        request=ApiKeyLimitsInput, responses=ApiKeyOutput, summary="Set a key's own budget and rate limits",
+        description="Replaces the key's monthly budget and RPM/TPM limits (null: none of its own). They are checked "
+        "with the tenant's on every request, atomically, and apply within a second. Needs the admin role.",
+    )  # fmt: skip
+    def put(self, request, key_id: str):
+        key = self._key(key_id)
+        data = ApiKeyLimitsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(ApiKeyOutput(services.api_key_limits_set(actor=self.actor, key=key, **data.validated_data)).data)

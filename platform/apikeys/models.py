@@ -1,4 +1,7 @@
+from decimal import Decimal
+
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
@@ -21,6 +24,16 @@ class ApiKey(AbstractAPIKey):
     allowed_models = models.JSONField(default=list, blank=True, help_text="Empty means every model.")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    monthly_spend_limit = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(Decimal(0))],
+        help_text="This key's own monthly budget, within the tenant's; empty means none.",
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="This key's own request rate, within the plan's; empty means none."
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="This key's own token rate, within the plan's; empty means none."
     )
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -47,4 +47,4 @@ def _touch_last_used(key: ApiKey) -> None:
 
 
 def api_keys_of(*, tenant: Tenant) -> QuerySet[ApiKey]:
-    return ApiKey.objects.filter(tenant=tenant).select_related("created_by").order_by("-created")
+    return ApiKey.objects.filter(tenant=tenant).select_related("created_by").order_by("-created", "-id")

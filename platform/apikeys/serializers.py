@@ -11,7 +11,8 @@ class ApiKeyOutput(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
         fields = ["id", "prefix", "name", "scopes", "allowed_models", "created", "created_by", "expiry_date",
-                  "revoked", "revoked_at", "last_used_at", "replaced_by"]  # fmt: skip
+                  "revoked", "revoked_at", "last_used_at", "replaced_by", "monthly_spend_limit", "requests_per_minute",
+                  "tokens_per_minute"]  # fmt: skip
 
 
 class ApiKeyCreatedOutput(ApiKeyOutput):
@@ -33,3 +34,12 @@ class ApiKeyCreateInput(serializers.Serializer):
 
 class ApiKeyRotateInput(serializers.Serializer):
     grace_seconds = serializers.IntegerField(min_value=0, max_value=30 * 86400, default=86400)
+
+
+class ApiKeyLimitsInput(serializers.Serializer):
+    monthly_spend_limit = serializers.DecimalField(
+        max_digits=14, decimal_places=2, min_value=0, allow_null=True, default=None,
+        help_text="The key's own monthly budget in dollars; null: none (the tenant's still applies).",
+    )  # fmt: skip
+    requests_per_minute = serializers.IntegerField(min_value=1, allow_null=True, default=None)
+    tokens_per_minute = serializers.IntegerField(min_value=1, allow_null=True, default=None)

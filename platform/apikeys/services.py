@@ -3,6 +3,7 @@
 Nobody creates, rotates or revokes a key with scopes beyond their own role (tenancy.authority)."""
 
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -10,8 +11,8 @@ from django.utils import timezone
 
 from apikeys.models import ApiKey, Scope
 from tenancy.audit import Actor, audit_record
-from tenancy.authority import require_scopes_within_role
-from tenancy.models import Tenant
+from tenancy.authority import require_role, require_scopes_within_role
+from tenancy.models import Membership, Tenant
 
 MAX_ROTATION_GRACE = timedelta(days=30)
 
@@ -24,6 +25,9 @@ def _snapshot(key: ApiKey) -> dict:
         "allowed_models": key.allowed_models,
         "expiry_date": key.expiry_date.isoformat() if key.expiry_date else None,
         "revoked": key.revoked,
+        "monthly_spend_limit": str(key.monthly_spend_limit) if key.monthly_spend_limit is not None else None,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
     }
 
 
@@ -37,7 +41,7 @@ def _validate_scopes(scopes: list[str]) -> list[str]:
 
 
 def _new_key(
-    *, tenant: Tenant, name: str, scopes: list[str], allowed_models: list[str], expiry_date, created_by
+    *, tenant: Tenant, name: str, scopes: list[str], allowed_models: list[str], expiry_date, created_by, **limits
 ) -> tuple[ApiKey, str]:
     if expiry_date is not None and expiry_date <= timezone.now():
         raise ValidationError("The expiry must be in the future.")
@@ -50,6 +54,7 @@ def _new_key(
         allowed_models=sorted(set(allowed_models)),
         expiry_date=expiry_date,
         created_by=created_by,
+        **limits,
     )
 
 
@@ -102,7 +107,8 @@ def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiK
         before = _snapshot(old)
         new, plaintext = _new_key(
             tenant=old.tenant, name=old.name, scopes=old.scopes, allowed_models=old.allowed_models,
-            expiry_date=old.expiry_date, created_by=actor.user,
+            expiry_date=old.expiry_date, created_by=actor.user, monthly_spend_limit=old.monthly_spend_limit,
+            requests_per_minute=old.requests_per_minute, tokens_per_minute=old.tokens_per_minute,
         )  # fmt: skip
         deadline = timezone.now() + grace
         old.expiry_date = min(deadline, old.expiry_date) if old.expiry_date else deadline
@@ -111,3 +117,27 @@ def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiK
         after = _snapshot(old) | {"replaced_by": new.prefix}
         audit_record(actor=actor, action="api_key.rotate", target=old, tenant=old.tenant, before=before, after=after)
     return new, plaintext
+
+
+def api_key_limits_set(
+    *, actor: Actor, key: ApiKey, monthly_spend_limit: Decimal | None, requests_per_minute: int | None,
+    tokens_per_minute: int | None,
+) -> ApiKey:
+    """Sets the key's own monthly budget and rate limits (None: none of its own; the tenant's still apply). Money,
+    so it needs the admin role; the gateway applies it within a second (a key change clears its caches)."""
+    if monthly_spend_limit is not None and monthly_spend_limit < 0:
+        raise ValidationError("A monthly budget can't be negative.")
+    for name, value in (("requests per minute", requests_per_minute), ("tokens per minute", tokens_per_minute)):
+        if value is not None and value < 1:
+            raise ValidationError(f"A limit of {name} must be at least 1 (leave it empty for none).")
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(pk=key.pk)
+        require_role(actor=actor, tenant=key.tenant, minimum=Membership.Role.ADMIN, doing="set a key's budget and limits")
+        before = _snapshot(key)
+        key.monthly_spend_limit = monthly_spend_limit
+        key.requests_per_minute, key.tokens_per_minute = requests_per_minute, tokens_per_minute
+        key.save(update_fields=["monthly_spend_limit", "requests_per_minute", "tokens_per_minute"])
+        audit_record(
+            actor=actor, action="api_key.limits", target=key, tenant=key.tenant, before=before, after=_snapshot(key)
+        )
+    return key

@@ -11,18 +11,17 @@ from rest_framework.response import Response
 from apikeys.models import Scope
 from billing.selectors import invoice_with_lines, invoices_of, tenant_margin
 from billing.serializers import (
+    INVOICE_CSV_HEADER,
     InvoiceDetailOutput,
-    InvoiceLineOutput,
     InvoiceOutput,
     MarginQueryInput,
     MarginReportOutput,
+    invoice_csv_rows,
 )
 from metering.renderers import CsvRenderer
 from quilt.pagination import StrictLimitOffsetPagination
 from tenancy.api_base import StaffAPIView, TenantAPIView
 from tenancy.models import Membership
-
-INVOICE_CSV_HEADER = ["invoice", "month", *InvoiceLineOutput.Meta.fields]
 
 
 class _InvoicesApi(TenantAPIView):
@@ -53,13 +52,9 @@ class InvoiceDetailApi(_InvoicesApi):
         invoice = invoice_with_lines(tenant=self.tenant, invoice_id=invoice_id)
         if invoice is None:
             raise Http404("No such invoice.")
-        body = InvoiceDetailOutput(invoice).data
         if request.accepted_renderer.format != "csv":
-            return Response(body)
-        rows = [{"invoice": body["number"], "month": body["month"], **line} for line in body["lines"]]
-        rows.append(
-            {"invoice": body["number"], "month": body["month"], "model": "total", "amount": body["total"]}
-        )
+            return Response(InvoiceDetailOutput(invoice).data)
+        rows = invoice_csv_rows(invoice)
         disposition = f'attachment; filename="{invoice.number}.csv"'
         return Response(rows, headers={"Content-Disposition": disposition})
 

@@ -3,10 +3,17 @@
 An invoice bills every usage event that finished by its month's end and no earlier invoice billed: the month's
 own usage, plus any that arrived after an earlier month was invoiced. Each event records its invoice, so each is
 billed exactly once. A line is one model (as requested) at one set of rates, so a mid-month price change gives
-two lines. Amount = (input × input rate + cached × cached rate + output × output rate) / 1e6, to the cent.
+two lines.
+
+Rounding rule: money stays exact until the invoice's total. A line's amount is metering's price function over the
+line's token sums, exact to 12 decimal places (it equals the sum of its requests' prices); the subtotal is the exact
+sum of the lines; the total is the subtotal rounded ONCE to the cent, half up; then, if the plan sets a monthly
+minimum charge and the rounded subtotal is below it, the difference is added as the minimum charge. So 10,000
+requests of $0.000004 bill $0.04, and no rounding ever bills less (or more) than half a cent off what was used.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -39,12 +46,29 @@ def previous_month(today: date) -> date:
 
 
 def line_amount(*, input_tokens: int, cached_input_tokens: int, output_tokens: int, rates: tuple) -> Decimal:
-    """metering's price function over the line's sums (`input_tokens` are the uncached ones), to the cent."""
-    exact = request_price(
+    """metering's price function over the line's sums (`input_tokens` are the uncached ones), exact (not rounded)."""
+    return request_price(
         rates=Rates(*rates), prompt_tokens=input_tokens + cached_input_tokens, cached_tokens=cached_input_tokens,
         completion_tokens=output_tokens,
     )  # fmt: skip
-    return exact.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class InvoiceTotal:
+    subtotal: Decimal  # the lines' exact sum
+    rounding: Decimal  # total - subtotal - minimum_charge: what rounding to the cent added (negative: took off)
+    minimum_charge: Decimal  # what the plan's monthly minimum added on top of the rounded subtotal
+    total: Decimal  # to the cent
+
+
+def invoice_total(*, line_amounts, minimum: Decimal | None) -> InvoiceTotal:
+    """The one rounding of an invoice (the rule in this module's docstring)."""
+    subtotal = sum(line_amounts, Decimal(0))
+    rounded = subtotal.quantize(CENT, rounding=ROUND_HALF_UP)
+    minimum_charge = max((minimum or Decimal(0)) - rounded, Decimal(0)) if subtotal > 0 else Decimal(0)
+    return InvoiceTotal(
+        subtotal=subtotal, rounding=rounded - subtotal, minimum_charge=minimum_charge, total=rounded + minimum_charge
+    )
 
 
 def usage_lines(*, events, invoice: Invoice | None) -> list[InvoiceLine]:
@@ -96,7 +120,8 @@ def invoice_issue(*, tenant: Tenant, month: date, now: datetime | None = None) -
         extra = [line for source in LINE_SOURCES for line in source(invoice=invoice, until=month_bounds(month)[1])]
         usage = usage_lines(events=UsageEvent.objects.filter(invoice=invoice), invoice=invoice)
         lines = InvoiceLine.objects.bulk_create(usage + extra)
-        invoice.total = sum((line.amount for line in lines), Decimal(0))
+        figures = invoice_total(line_amounts=[line.amount for line in lines], minimum=tenant.plan.minimum_monthly_charge)
+        invoice.subtotal, invoice.minimum_charge, invoice.total = figures.subtotal, figures.minimum_charge, figures.total
         invoice.status = Invoice.Status.ISSUED
         invoice.issued_at = now
         invoice.save()

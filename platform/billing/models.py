@@ -5,6 +5,7 @@ from django.db import models
 from tenancy.models import Tenant
 
 AMOUNT = {"max_digits": 16, "decimal_places": 2}
+EXACT = {"max_digits": 24, "decimal_places": 12}
 RATE = {"max_digits": 12, "decimal_places": 6}
 
 
@@ -25,6 +26,8 @@ class InvoiceQuerySet(models.QuerySet):
 
 
 class Invoice(models.Model):
+    """A tenant's month: exact lines, their exact subtotal, and the total rounded once (billing.invoices)."""
+
     class Status(models.TextChoices):
         DRAFT = "draft"
         ISSUED = "issued"
@@ -34,7 +37,13 @@ class Invoice(models.Model):
     number = models.CharField(max_length=32, unique=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     currency = models.CharField(max_length=3, default="USD")
-    total = models.DecimalField(**AMOUNT, default=Decimal(0))
+    subtotal = models.DecimalField(**EXACT, default=Decimal(0), help_text="The lines' exact sum, before rounding.")
+    minimum_charge = models.DecimalField(
+        **AMOUNT, default=Decimal(0), help_text="Added to reach the plan's monthly minimum charge."
+    )
+    total = models.DecimalField(
+        **AMOUNT, default=Decimal(0), help_text="The subtotal rounded once to the cent (half up), plus the minimum charge."
+    )
     issued_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -58,6 +67,11 @@ class Invoice(models.Model):
         if Invoice.objects.filter(pk=self.pk, status=self.Status.ISSUED).exists():
             raise InvoiceIsIssued(f"Invoice {self.number} is issued and can't be deleted.")
         return super().delete(*args, **kwargs)
+
+    @property
+    def rounding(self) -> Decimal:
+        """What rounding the subtotal to the cent added (negative: took off)."""
+        return self.total - self.minimum_charge - self.subtotal
 
 
 class InvoiceLineQuerySet(models.QuerySet):
@@ -86,7 +100,7 @@ class InvoiceLine(models.Model):
     price_input_per_mtok = models.DecimalField(**RATE)
     price_cached_input_per_mtok = models.DecimalField(**RATE)
     price_output_per_mtok = models.DecimalField(**RATE)
-    amount = models.DecimalField(**AMOUNT)
+    amount = models.DecimalField(**EXACT, help_text="Exact (not rounded): the invoice rounds its total once.")
 
     objects = InvoiceLineQuerySet.as_manager()
 

@@ -25,7 +25,7 @@ class TenantMargin:
 
 
 def invoices_of(*, tenant: Tenant) -> QuerySet[Invoice]:
-    return Invoice.objects.filter(tenant=tenant).order_by("-month")
+    return Invoice.objects.filter(tenant=tenant).order_by("-month", "-id")
 
 
 def invoice_with_lines(*, tenant: Tenant, invoice_id: int) -> Invoice | None:
@@ -79,17 +79,21 @@ def margin_totals(*, month: date) -> MarginTotals:
 @dataclass(frozen=True)
 class InvoicePreview:
     """What the tenant's invoice for `month` would bill if issued now: unsaved lines, priced as issuing prices
-    them (invoices.line_amount), over the same usage (finished by the month's end, not billed yet)."""
+    them (invoices.line_amount), over the same usage (finished by the month's end, not billed yet), and totalled
+    by the same rounding (invoices.invoice_total)."""
 
     tenant: Tenant
     month: date
     lines: list
+    subtotal: Decimal
+    rounding: Decimal
+    minimum_charge: Decimal
     total: Decimal
     requests: int
 
 
 def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
-    from billing.invoices import LINE_SOURCES, month_bounds, usage_lines
+    from billing.invoices import LINE_SOURCES, invoice_total, month_bounds, usage_lines
     from metering.models import UsageEvent
 
     month = month.replace(day=1)
@@ -97,9 +101,10 @@ def invoice_preview(*, tenant: Tenant, month: date) -> InvoicePreview:
     lines = usage_lines(events=unbilled, invoice=None)
     until, draft = month_bounds(month)[1], Invoice(tenant=tenant, month=month)
     lines += [line for source in LINE_SOURCES for line in source(invoice=draft, until=until, claim=False)]
+    figures = invoice_total(line_amounts=[line.amount for line in lines], minimum=tenant.plan.minimum_monthly_charge)
     return InvoicePreview(
-        tenant=tenant, month=month, lines=lines, total=sum((line.amount for line in lines), Decimal(0)),
-        requests=sum(line.requests for line in lines),
+        tenant=tenant, month=month, lines=lines, subtotal=figures.subtotal, rounding=figures.rounding,
+        minimum_charge=figures.minimum_charge, total=figures.total, requests=sum(line.requests for line in lines),
     )  # fmt: skip
 
 

@@ -4,7 +4,20 @@ from billing.models import Invoice, InvoiceLine
 from quilt.query import QueryInput
 
 
+class ExactAmount(serializers.DecimalField):
+    """An exact amount with every decimal it has and at least two ("0.04", "0.00133"): lines add up to the subtotal."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=24, decimal_places=12, **kwargs)
+
+    def to_representation(self, value):
+        whole, _, decimals = f"{value.normalize():f}".partition(".")
+        return f"{whole}.{decimals.ljust(2, '0')}"
+
+
 class InvoiceLineOutput(serializers.ModelSerializer):
+    amount = ExactAmount(help_text="Exact, not rounded: the invoice rounds its subtotal once, to the cent.")
+
     class Meta:
         model = InvoiceLine
         fields = [
@@ -15,10 +28,14 @@ class InvoiceLineOutput(serializers.ModelSerializer):
 
 class InvoiceOutput(serializers.ModelSerializer):
     month = serializers.DateField(format="%Y-%m")
+    subtotal = ExactAmount(help_text="The lines' exact sum.")
 
     class Meta:
         model = Invoice
-        fields = ["id", "number", "month", "status", "currency", "total", "issued_at", "created_at"]
+        fields = [
+            "id", "number", "month", "status", "currency", "subtotal", "minimum_charge", "total", "issued_at",
+            "created_at",
+        ]  # fmt: skip
 
 
 class InvoiceDetailOutput(InvoiceOutput):
@@ -26,6 +43,24 @@ class InvoiceDetailOutput(InvoiceOutput):
 
     class Meta(InvoiceOutput.Meta):
         fields = [*InvoiceOutput.Meta.fields, "lines"]
+
+
+INVOICE_CSV_HEADER = ["invoice", "month", *InvoiceLineOutput.Meta.fields]
+
+
+def invoice_csv_rows(invoice: Invoice) -> list[dict]:
+    """An invoice as CSV rows (the API's `?format=csv` and the console's download alike): one per line with its
+    exact amount, then subtotal, rounding, minimum charge and total."""
+    body = InvoiceDetailOutput(invoice).data
+    rows = [{"invoice": body["number"], "month": body["month"], **line} for line in body["lines"]]
+    rows += [
+        {"invoice": body["number"], "month": body["month"], "model": label, "amount": amount}
+        for label, amount in (
+            ("subtotal", body["subtotal"]), ("rounding", ExactAmount().to_representation(invoice.rounding)),
+            ("minimum_charge", body["minimum_charge"]), ("total", body["total"]),
+        )
+    ]  # fmt: skip
+    return rows
 
 
 class MarginQueryInput(QueryInput):

@@ -111,6 +111,16 @@ class ApiKeyRotateForm(forms.Form):
         return timedelta(seconds=int(self.cleaned_data["grace"]))
 
 
+class ApiKeyLimitsForm(forms.Form):
+    """A key's own budget and rates; an empty field means the key has none of its own (the tenant's apply)."""
+
+    monthly_spend_limit = forms.DecimalField(
+        required=False, min_value=0, max_digits=14, decimal_places=2, label="Monthly budget ($)"
+    )
+    requests_per_minute = forms.IntegerField(required=False, min_value=1, label="Requests per minute")
+    tokens_per_minute = forms.IntegerField(required=False, min_value=1, label="Tokens per minute")
+
+
 class AuditFilterForm(forms.Form):
     actor = forms.CharField(required=False, max_length=150)
     action = forms.CharField(required=False, max_length=64)
@@ -125,10 +135,11 @@ class PlanForm(forms.ModelForm):
         fields = [
             "name", "slug", "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
             "requests_per_minute", "tokens_per_minute", "max_concurrent_requests", "monthly_token_budget",
-            "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "default_max_tokens", "scheduling_weight",
-            "price_training_per_mtok", "max_concurrent_fine_tuning_jobs",
+            "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "max_file_storage_bytes", "default_max_tokens",
+            "scheduling_weight", "price_training_per_mtok", "max_concurrent_fine_tuning_jobs", "minimum_monthly_charge",
         ]  # fmt: skip
         labels = {
+            "minimum_monthly_charge": "Minimum monthly charge",
             "price_input_per_mtok": "Input, per 1M tokens",
             "price_cached_input_per_mtok": "Cached input, per 1M tokens",
             "price_output_per_mtok": "Output, per 1M tokens",
@@ -139,6 +150,7 @@ class PlanForm(forms.ModelForm):
             "monthly_spend_limit": "Monthly spend limit",
             "max_adapters": "Adapters",
             "max_adapter_bytes": "Largest adapter (bytes)",
+            "max_file_storage_bytes": "Fine-tuning file storage (bytes)",
             "default_max_tokens": "Default max_tokens",
             "scheduling_weight": "Scheduling weight",
             "price_training_per_mtok": "Training, per 1M tokens",

@@ -32,6 +32,16 @@ def money_text(value) -> str:
     return f"{sign}${text}"
 
 
+def money_exact_text(value) -> str:
+    """An invoice line's exact amount: every decimal it has (at least two), so lines visibly add up to the subtotal
+    that the total rounds once: $0.04 · $0.00133 · $1,234.000004 · -$0.004."""
+    amount = _decimal(value)
+    sign = "-" if amount < 0 else ""
+    text = f"{abs(amount).normalize():f}"
+    whole, _, decimals = text.partition(".")
+    return f"{sign}${int(whole):,}.{decimals.ljust(2, '0')}"
+
+
 def money_axis_text(value: float, *, step: float) -> str:
     """A chart tick: as many decimals as the tick step needs (so $0.00002, $0.00004 … never all read $0.00)."""
     if value == 0:

@@ -30,6 +30,7 @@ tenant_urls = [
     path("keys/", keys.keys, name="keys"),
     path("keys/<str:prefix>/revoke/", keys.key_revoke, name="key-revoke"),
     path("keys/<str:prefix>/rotate/", keys.key_rotate, name="key-rotate"),
+    path("keys/<str:prefix>/limits/", keys.key_limits, name="key-limits"),
     path("members/", members.members, name="members"),
     path("members/<int:member_id>/role/", members.member_role, name="member-role"),
     path("members/<int:member_id>/remove/", members.member_remove_view, name="member-remove"),

@@ -10,6 +10,7 @@ import secrets
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from apikeys.models import ApiKey
@@ -18,7 +19,7 @@ from finetuning.data import examples_encode
 from finetuning.errors import FineTuningRefusal, not_found
 from finetuning.hyperparameters import hyperparameters_resolve
 from finetuning.models import FineTuningJob, TrainingFile
-from finetuning.selectors import file_get, jobs_active
+from finetuning.selectors import file_get, files_of, jobs_active
 from registry.models import model_name_validator
 from registry.selectors import adapter_get, adapters_of, base_models_active
 from tenancy.audit import Actor, audit_record
@@ -59,6 +60,7 @@ def file_create(*, tenant: Tenant, key_id, filename: str, content: bytes, purpos
     key = storage.file_store(content=content)
     try:
         with transaction.atomic():
+            _storage_quota_check(tenant=tenant, adding=len(content))
             uploaded = TrainingFile.objects.create(
                 tenant=tenant, filename=filename[:255], purpose=purpose, bytes=len(content), storage_key=key,
                 method=method, examples=len(examples),
@@ -72,6 +74,20 @@ def file_create(*, tenant: Tenant, key_id, filename: str, content: bytes, purpos
         storage.file_remove(key=key)
         raise
     return uploaded
+
+
+def _storage_quota_check(*, tenant: Tenant, adding: int) -> None:
+    """The plan's bound on the tenant's files together, checked under a lock on the tenant's row so that uploads at
+    once can't each fit alone and overflow together. Inside the upload's transaction."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+    stored = files_of(tenant=tenant).aggregate(total=Sum("bytes"))["total"] or 0
+    quota = tenant.plan.max_file_storage_bytes
+    if stored + adding > quota:
+        raise FineTuningRefusal(
+            f"This file ({adding} bytes) would bring your stored files to {stored + adding} bytes; your plan "
+            f"({tenant.plan.name}) stores at most {quota}. Delete files you no longer need, or ask for a larger plan.",
+            code="file_storage_quota_exceeded", status=403, param="file",
+        )  # fmt: skip
 
 
 def file_delete(*, tenant: Tenant, key_id, public_id: str) -> TrainingFile:

@@ -168,7 +168,7 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         key_id=key.pk,
         tenant_id=key.tenant_id,
         tenant_slug=key.tenant.slug,
-        limits=Limits.of_plan(plan),
+        limits=Limits.of_plan(plan, key),
         default_max_tokens=plan.default_max_tokens,
         weight=float(plan.scheduling_weight),
         rates=rates,

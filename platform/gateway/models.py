@@ -46,6 +46,9 @@ class AdmissionState(models.Model):
     month = models.CharField(max_length=7, default="")  # "2026-11"
     month_tokens = models.BigIntegerField(default=0)
     month_spend_micros = models.BigIntegerField(default=0)
+    # Per API key with its own limits, by key id: {"start", "requests", "tokens"} of its window and
+    # {"month", "spend"} (micro-units) of its settled usage; on this row so that the tenant's lock covers it.
+    keys = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"admission of tenant {self.tenant_id}"
@@ -64,6 +67,7 @@ class BudgetHold(models.Model):
 
     request_id = models.CharField(max_length=100, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    api_key_prefix = models.CharField(max_length=16, blank=True, help_text="The key whose own limits it also holds.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     tokens = models.BigIntegerField()
     spend_micros = models.BigIntegerField()

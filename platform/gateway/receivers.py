@@ -21,4 +21,7 @@ def prefetch_on_promotion(sender, *, adapter, version, previous_version=None, **
 def settle_recorded_usage(sender, *, usages, **kwargs) -> None:
     """The engine's counts, now recorded, settle each request's hold finally (replacing a provisional settle)."""
     for usage in usages:
-        hold_settle(tenant_id=usage.tenant_id, request_id=usage.request_id, tokens=usage.tokens, spend=usage.price)
+        hold_settle(
+            tenant_id=usage.tenant_id, request_id=usage.request_id, tokens=usage.tokens, spend=usage.price,
+            key_prefix=usage.api_key_prefix,
+        )  # fmt: skip

@@ -33,6 +33,17 @@ def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiE
         message, code = "Rate limit reached: too many concurrent requests for your plan.", "rate_limit_exceeded"
     elif decision.reason == "budget_held":
         message, code = "Requests in flight hold the rest of your monthly budget; retry when they finish.", "rate_limit_exceeded"
+    elif decision.reason == "key_requests":
+        message, code = "Rate limit reached: too many requests per minute for this API key.", "rate_limit_exceeded"
+        retry_after = math.ceil(decision.reset_ms / 1000)
+    elif decision.reason == "key_tokens":
+        message, code = f"Rate limit reached: this request needs {tokens} tokens of this API key's per-minute token limit.", "rate_limit_exceeded"
+        retry_after = math.ceil(decision.reset_ms / 1000)
+    elif decision.reason == "key_budget_held":
+        message, code = "Requests in flight hold the rest of this API key's monthly budget; retry when they finish.", "rate_limit_exceeded"
+    elif decision.reason == "key_budget_spend":
+        message, code = "This API key exceeded its monthly budget; ask an admin to raise it, or use another key.", "insufficient_quota"
+        retry_after = seconds_to_month_end()
     else:
         what = "token budget" if decision.reason == "budget_tokens" else "spend limit"
         message, code = f"You exceeded your monthly {what}: this request may need up to {tokens} tokens.", "insufficient_quota"

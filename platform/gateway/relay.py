@@ -275,7 +275,7 @@ class Exchange:
                       else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
             tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
-            final=final,
+            final=final, key_prefix=self.caller.limits.key_prefix,
         )  # fmt: skip
 
     def _measure(self, *, outcome: str) -> None:

@@ -15,7 +15,7 @@ def usage_event(
         gpu_ms=0.0, queue_ms=0.0, ttft_ms=None, e2e_ms=e2e_ms, finish_reason="error", finished_at=now_utc(),
         metadata=metadata,
     )  # fmt: skip
-    return event.to_dict() | {"engine": metadata.get("engine")}
+    return event.to_dict() | {"engine": metadata.get("engine"), "error": "The engine stopped answering mid-request."}
 
 
 def usage_send(event: dict) -> None:

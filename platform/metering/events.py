@@ -35,6 +35,7 @@ class UsageRecord:
     finish_reason: str
     engine: str
     finished_at: datetime
+    error: str = ""  # why it failed (the gateway's report of a broken stream says; the engine's events don't)
 
     @property
     def total_tokens(self) -> int:
@@ -125,4 +126,5 @@ def usage_record_parse(event: dict) -> UsageRecord:
         finish_reason=str(event.get("finish_reason") or "")[:32],
         engine=str(metadata.get("engine") or event.get("engine") or "")[:100],
         finished_at=_timestamp(event.get("finished_at")),
+        error=str(event.get("error") or metadata.get("error") or "")[:500],
     )

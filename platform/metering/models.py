@@ -59,6 +59,7 @@ class UsageEvent(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     e2e_ms = models.FloatField(null=True, blank=True)
     finish_reason = models.CharField(max_length=32, blank=True)
+    error = models.CharField(max_length=500, blank=True, help_text="Why the request failed, where it did.")
     engine = models.CharField(max_length=100, blank=True)
     price_input_per_mtok = models.DecimalField(**RATE)
     price_cached_input_per_mtok = models.DecimalField(**RATE)
@@ -78,6 +79,10 @@ class UsageEvent(models.Model):
         indexes = [
             models.Index(fields=["tenant", "finished_at"], name="usage_tenant_finished"),
             models.Index(fields=["created_at"], name="usage_created"),
+            # The request log's pages: newest first per tenant (and per key), across tenants for staff.
+            models.Index(fields=["tenant", "-finished_at", "-id"], name="usage_log_tenant"),
+            models.Index(fields=["api_key_prefix", "-finished_at", "-id"], name="usage_log_key"),
+            models.Index(fields=["-finished_at", "-id"], name="usage_log_all"),
         ]
 
     def __str__(self) -> str:
@@ -172,3 +177,18 @@ class ParkedUsageBatch(models.Model):
 
     def __str__(self) -> str:
         return f"{len(self.events)} events parked at {self.created_at:%Y-%m-%d %H:%M}"
+
+
+class RequestBody(models.Model):
+    """A request's prompt and completion, kept only for tenants that opted in (Tenant.request_body_retention_days)
+    and deleted when `expires_at` passes (metering.purge_request_bodies, run by beat)."""
+
+    request_id = models.CharField(max_length=100, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="request_bodies")
+    prompt = models.JSONField(help_text="The messages or prompt as the client sent them.")
+    completion = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.request_id

@@ -116,6 +116,27 @@ def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[
     prompt, completion, price = row
     return prompt + completion, price
 
+def key_spend_month_recorded(*, key_prefix: str, month: date | None = None) -> Decimal:
+    """What metering has recorded for one API key's requests in a month (this one by default): where admission's
+    count of the key's spend starts, and the keys table's "spend this month"."""
+    start = (month or timezone.now().astimezone(UTC).date()).replace(day=1)
+    since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    return UsageEvent.objects.filter(api_key_prefix=key_prefix, finished_at__gte=since).aggregate(
+        spend=Sum("price", default=Decimal(0))
+    )["spend"]
+
+
+def keys_spend_month(*, tenant: Tenant) -> dict[str, Decimal]:
+    """Key prefix -> what its requests cost this month (the keys table), one grouped query."""
+    start = timezone.now().astimezone(UTC).date().replace(day=1)
+    since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    rows = (
+        UsageEvent.objects.filter(tenant=tenant, finished_at__gte=since).exclude(api_key_prefix="")
+        .values("api_key_prefix").annotate(spend=Sum("price")).order_by()
+    )  # fmt: skip
+    return {row["api_key_prefix"]: row["spend"] for row in rows}
+
+
 # --- Reads for the console's usage pages (filters, platform-wide sums, time series). ---------------------------
 
 

@@ -129,7 +129,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
                 adapter_version_id=version_id, adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
                 cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
-                finish_reason=record.finish_reason, engine=record.engine, price_input_per_mtok=rates.input,
+                finish_reason=record.finish_reason, error=record.error, engine=record.engine, price_input_per_mtok=rates.input,
                 price_cached_input_per_mtok=rates.cached_input, price_output_per_mtok=rates.output, price=price,
                 gpu_price_per_hour=gpu_price_per_hour, cost=cost, finished_at=record.finished_at,
             )
@@ -195,6 +195,7 @@ def _announce(rows: list[UsageEvent], inserted: set[str]) -> None:
             tenant_id=row.tenant_id, request_id=row.request_id, tokens=row.total_tokens, price=row.price,
             month=month_of(row.finished_at.astimezone(UTC).date()), new=row.request_id in inserted,
             budgeted=row.tenant.plan.monthly_token_budget is not None or row.tenant.plan.monthly_spend_limit is not None,
+            api_key_prefix=row.api_key_prefix,
         )
         for row in rows
     ]  # fmt: skip

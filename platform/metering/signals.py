@@ -17,6 +17,7 @@ class RecordedUsage:
     month: date  # first day of the month it counts in
     new: bool  # False: a redelivered event, recorded before
     budgeted: bool  # the tenant's plan has a token budget or a spend limit
+    api_key_prefix: str | None = None  # the key that made the request
 
 
 # kwargs: usages (list[RecordedUsage]). Sent for every valid event of a batch, replays included, after commit.

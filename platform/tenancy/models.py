@@ -1,7 +1,7 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from tenancy.webhook_targets import validate_webhook_url
@@ -23,8 +23,15 @@ class Plan(models.Model):
     monthly_spend_limit = models.DecimalField(
         max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(Decimal(0))]
     )
+    minimum_monthly_charge = models.DecimalField(
+        max_digits=14, decimal_places=2, default=Decimal(0), validators=[MinValueValidator(Decimal(0))],
+        help_text="An invoice with usage bills at least this much; 0 means no minimum.",
+    )
     max_adapters = models.PositiveIntegerField(default=10)
     max_adapter_bytes = models.BigIntegerField(default=256 * 1024**2, validators=[MinValueValidator(1)])
+    max_file_storage_bytes = models.BigIntegerField(
+        default=1024**3, validators=[MinValueValidator(0)], help_text="All of a tenant's fine-tuning files together."
+    )
     default_max_tokens = models.PositiveIntegerField(default=512)
     scheduling_weight = models.DecimalField(
         max_digits=6, decimal_places=2, default=Decimal("1.00"), validators=[MinValueValidator(Decimal("0.01"))]
@@ -59,6 +66,10 @@ class Tenant(models.Model):
         blank=True, validators=[validate_webhook_url], help_text="Budget alerts are POSTed here, signed with HMAC-SHA256."
     )
     webhook_secret = models.CharField(max_length=64, blank=True)
+    request_body_retention_days = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(90)],
+        help_text="Keep prompts and completions in the request log for this many days; 0 keeps metadata only.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

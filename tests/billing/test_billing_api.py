@@ -51,9 +51,10 @@ def test_list_and_detail(invoices):
     detail = client.get(f"/api/v1/invoices/{acme.pk}").json()
     assert detail["status"] == "issued"
     assert [(line["model"], line["output_tokens"], line["amount"]) for line in detail["lines"]] == [
-        ("support-bot", 1_000_000, "1.50"),
-        ("tiny-llama", 2_000_000, "3.00"),
+        ("support-bot", 1_000_000, "1.500425"),  # exact: the invoice rounds its total once
+        ("tiny-llama", 2_000_000, "3.000425"),
     ]
+    assert (detail["subtotal"], detail["minimum_charge"], detail["total"]) == ("4.50085", "0.00", "4.50")
 
 
 @pytest.mark.parametrize("path", ["/api/v1/invoices/{id}.csv", "/api/v1/invoices/{id}?format=csv"])
@@ -64,8 +65,11 @@ def test_csv_export(invoices, path):
     assert f'filename="{acme.number}.csv"' in response["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert [(row["model"], row["amount"]) for row in rows] == [
-        ("support-bot", "1.50"),
-        ("tiny-llama", "3.00"),
+        ("support-bot", "1.500425"),
+        ("tiny-llama", "3.000425"),
+        ("subtotal", "4.50085"),
+        ("rounding", "-0.00085"),
+        ("minimum_charge", "0.00"),
         ("total", "4.50"),
     ]
     assert rows[0]["price_output_per_mtok"] == "1.500000" and rows[0]["invoice"] == acme.number

@@ -54,14 +54,15 @@ def test_lines_per_model_with_tokens_unit_prices_and_amounts(acme):
         600,
     )
     assert (tiny.price_input_per_mtok, tiny.price_output_per_mtok) == (Decimal("0.5"), Decimal("1.5"))
-    assert tiny.amount == Decimal("0.00")  # 0.000875 + 0.000455 rounds to no cents
+    assert tiny.amount == Decimal("0.00133")  # 0.000875 + 0.000455, exact: only the total is rounded
     bot = lines["support-bot"]
-    # 800 × 0.5 + 200 × 0.125 + 2,000,000 × 1.5 = 3,000,425 per million = 3.000425 -> 3.00
-    assert bot.amount == Decimal("3.00") and bot.output_tokens == 2_000_000
+    # 800 × 0.5 + 200 × 0.125 + 2,000,000 × 1.5 = 3,000,425 per million = 3.000425, kept exact
+    assert bot.amount == Decimal("3.000425") and bot.output_tokens == 2_000_000
+    assert invoice.subtotal == Decimal("3.001755") and invoice.rounding == Decimal("-0.001755")
     assert invoice.total == Decimal("3.00") and invoice.status == "issued" and invoice.issued_at is not None
     assert invoice.number == f"QLT-202610-{acme.pk:06d}"
     exact = sum(event.price for event in UsageEvent.objects.filter(finished_at__month=10))
-    assert abs(exact - invoice.total) < Decimal("0.01")
+    assert exact == invoice.subtotal
 
 
 def test_a_mid_month_price_change_gives_a_second_line(acme):
@@ -71,8 +72,8 @@ def test_a_mid_month_price_change_gives_a_second_line(acme):
     )
     lines = invoice_issue(tenant=acme, month=OCTOBER).lines.filter(model="support-bot").order_by("id")
     assert [(line.price_output_per_mtok, line.amount) for line in lines] == [
-        (Decimal("1.5"), Decimal("3.00")),
-        (Decimal("3"), Decimal("3.00")),
+        (Decimal("1.5"), Decimal("3.000425")),
+        (Decimal("3"), Decimal("3.000425")),
     ]
 
 

@@ -2,6 +2,7 @@
 
 import json
 import time
+from contextlib import nullcontext
 
 import httpx
 import pytest
@@ -10,12 +11,20 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 160
@@ -27,7 +36,32 @@ ARCHS = {
     }),
     "mistral": (MistralConfig, MistralForCausalLM, {"tie_word_embeddings": True, "sliding_window": None}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+    # the families of issue 26: head_dim apart from hidden / heads, windows shorter than the test prompts
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 24, "tie_word_embeddings": True}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8, "attn_logit_softcapping": 4.0,
+        "final_logit_softcapping": 6.0,
+    }),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {  # 3 layers: sliding, sliding, full
+        "num_hidden_layers": 3, "sliding_window_pattern": 3, "head_dim": 16, "query_pre_attn_scalar": 24,
+        "sliding_window": 8, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        },
+    }),
+    "qwen2-yarn": (Qwen2Config, Qwen2ForCausalLM, {  # Qwen2.5's recipe for long contexts
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    }),
+    # Phi-4-mini's shape: fused qkv/gate_up in the checkpoint, LongRoPE past 32 tokens, 0.75 of each head
+    # rotating (12 of 16 dims: 6 factors), tied embeddings, and a window (Phi-3-mini's, shorter)
+    "phi3": (Phi3Config, Phi3ForCausalLM, {
+        "original_max_position_embeddings": 32, "partial_rotary_factor": 0.75, "tie_word_embeddings": True,
+        "sliding_window": 20, "pad_token_id": 0, "rope_scaling": {
+            "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
+            "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 16.0]},
+    }),
 }
+FAMILIES = ["qwen3", "gemma2", "gemma3"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<s>' if loop.first else '' }}{{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
     "{% if add_generation_prompt %}assistant : {% endif %}"
@@ -47,16 +81,22 @@ def build_tokenizer(directory) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None, num_layers: int = 2,
-                     initializer_range: float = 0.15):
+def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None,
+                     num_layers: int | None = None, initializer_range: float = 0.15):
     config_cls, model_cls, extra = ARCHS[arch]
-    config = config_cls(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, initializer_range=initializer_range,
-        bos_token_id=1, eos_token_id=2, **extra,
-    )
+    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, **extra}
+    if num_layers is not None:
+        shape["num_hidden_layers"] = num_layers
+    config = config_cls(vocab_size=VOCAB, max_position_embeddings=256, initializer_range=initializer_range,
+                        bos_token_id=1, eos_token_id=2, **shape)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
+    if arch in FAMILIES:  # norms not at their initial ones (or zeros, for Gemma's 1 + w): a missed offset shows
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(torch.randn_like(param) * 0.2)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kwargs)
     build_tokenizer(directory)
@@ -79,7 +119,7 @@ class Oracle:
     """transformers + PEFT: each adapter loaded into one PeftModel and switched on alone."""
 
     def __init__(self, base_dir, adapter_dirs: dict[str, object]) -> None:
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager").eval()
         self.base = base
         self.model = None
         for name, path in adapter_dirs.items():
@@ -98,6 +138,26 @@ class Oracle:
                 return self.model(ids).logits[0].float()
         self.model.set_adapter(adapter)
         return self.model(ids).logits[0].float()
+
+    @torch.no_grad()
+    def greedy_cached(self, prompt: list[int], adapter: str | None, max_tokens: int):
+        """Greedy tokens and the log-probability of each as transformers' generate() makes them: the prompt in
+        one call, then one call per token over the KV cache. The same as `greedy` except for a rope that looks
+        at the call (LongRoPE: a sequence that grows past the original context keeps the short-factor keys of
+        its earlier tokens, as generate() does)."""
+        model = self.model if self.model is not None else self.base
+        if self.model is not None and adapter is not None:
+            self.model.set_adapter(adapter)
+        context = self.model.disable_adapter() if self.model is not None and adapter is None else nullcontext()
+        tokens, logprobs, past, ids = [], [], None, torch.tensor([prompt])
+        with context:
+            for _ in range(max_tokens):
+                out = model(ids, past_key_values=past, use_cache=True)
+                row = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                tokens.append(int(row.argmax()))
+                logprobs.append(float(row.max()))
+                past, ids = out.past_key_values, torch.tensor([[tokens[-1]]])
+        return tokens, logprobs
 
     def greedy(self, prompt: list[int], adapter: str | None, max_tokens: int,
                frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> list[int]:
@@ -127,6 +187,11 @@ def checkpoints(tmp_path_factory):
         "llama": build_checkpoint(root / "llama", "llama", seed=1),
         "mistral": build_checkpoint(root / "mistral", "mistral", seed=2, max_shard_size="60KB"),
         "qwen2": build_checkpoint(root / "qwen2", "qwen2", seed=3),
+        "qwen3": build_checkpoint(root / "qwen3", "qwen3", seed=4),
+        "gemma2": build_checkpoint(root / "gemma2", "gemma2", seed=5),
+        "gemma3": build_checkpoint(root / "gemma3", "gemma3", seed=6),
+        "qwen2-yarn": build_checkpoint(root / "qwen2-yarn", "qwen2-yarn", seed=7),
+        "phi3": build_checkpoint(root / "phi3", "phi3", seed=9),
     }
 
 

@@ -98,3 +98,13 @@ def test_max_tokens_past_the_context_is_refused_when_asked(server):  # noqa: F81
         in error["message"]
     bad = server.post("/v1/generate", json={**body, "context_overflow": "maybe"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "context_overflow"
+
+
+def test_every_completion_of_a_batch_carries_its_own_prompts_logprobs(server, hf_model):  # noqa: F811
+    result = generate(server, prompt_token_ids=PROMPTS[:2],
+                      sampling={"temperature": 0, "max_tokens": 2, "ignore_eos": True, "n": 2, "prompt_logprobs": 0})
+    for choice in result["choices"]:
+        prompt = PROMPTS[choice["index"] // 2]
+        entries = choice["prompt_logprobs"]
+        assert [e["token_id"] for e in entries] == prompt
+        assert [e["logprob"] for e in entries[1:]] == pytest.approx(prompt_logprobs(hf_model, prompt), abs=1e-3)

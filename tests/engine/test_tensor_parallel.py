@@ -27,7 +27,7 @@ from engine.server.adapter_registry import AdapterRegistry
 from engine.server.app import EngineAPI, build_app
 from engine.server.engine_loop import EngineLoop
 from engine.server.metrics import EngineMetrics
-from tests.engine.conftest import VOCAB, Oracle, build_adapter, build_tokenizer, random_prompts
+from tests.engine.conftest import FAMILIES, VOCAB, Oracle, build_adapter, build_tokenizer, random_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -144,6 +144,27 @@ def test_other_architectures_match_peft(checkpoints, tmp_path, arch):
     oracle = Oracle(base, adapters)
     for prompt, name, out in zip(prompts, names, outputs, strict=True):
         assert out.token_ids == oracle.greedy(prompt, name, GREEDY.max_tokens), f"{arch}, adapter {name}"
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_families_on_two_ranks_equal_one_and_peft(checkpoints, tmp_path, arch):
+    """Qwen3's and Gemma 3's per-head q/k norms and Gemma's four norms replicated, each rank its heads with
+    their windows and soft-caps: the same tokens and log-probabilities as one rank, and as PEFT."""
+    base = checkpoints[arch]
+    adapters = {"all": build_adapter(base, tmp_path / "all", seed=52, r=4, targets=ALL)}
+    one, two = make_llm(base, adapters, tp=1), make_llm(base, adapters, tp=2)
+    names = ["all", None, "all"]
+    prompts = random_prompts(53, [13, 20, 3])  # two longer than the window (8)
+    sampling = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    try:
+        split = two.generate(prompts, sampling, adapters=names)
+    finally:
+        two.engine.shutdown()
+    whole = one.generate(prompts, sampling, adapters=names)
+    oracle = Oracle(base, adapters)
+    for prompt, name, out, ref in zip(prompts, names, split, whole, strict=True):
+        assert out.token_ids == ref.token_ids == oracle.greedy(prompt, name, 8), f"{arch}, adapter {name}"
+        assert [lp.logprob for lp in out.logprobs] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
 
 
 def test_quantized_shards_agree_with_one_quantized_rank(checkpoints, tp_adapters):

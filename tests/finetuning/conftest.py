@@ -32,6 +32,7 @@ LEASE_SECONDS = 3  # a trainer silent this long counts as dead when the stale-jo
 CHECKPOINT_STEPS = 5
 TRAINING_PRICE = Decimal("4.00")  # per million training tokens
 SLOW_RPM = 3  # tenant "slow": the Files and Fine-tuning APIs count against its requests per minute
+CRAMPED_STORAGE_BYTES = 3000  # tenant "cramped": its plan stores this many bytes of fine-tuning files
 
 
 @dataclass
@@ -98,8 +99,13 @@ def _seed(stack: FineTuningStack) -> None:
         slug="ft-slow", name="Slow", requests_per_minute=SLOW_RPM, tokens_per_minute=10_000_000,
         max_concurrent_requests=5, default_max_tokens=16,
     )  # fmt: skip
-    for name in ("main", "rival", "cancel", "kill", "slow"):
-        tenant = TenantFactory(slug=f"ft-{name}", plan=slow if name == "slow" else plan)
+    cramped = Plan.objects.create(
+        slug="ft-cramped", name="Cramped", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=5, max_file_storage_bytes=CRAMPED_STORAGE_BYTES,
+    )  # fmt: skip
+    plans = {"slow": slow, "cramped": cramped}
+    for name in ("main", "rival", "cancel", "kill", "slow", "cramped"):
+        tenant = TenantFactory(slug=f"ft-{name}", plan=plans.get(name, plan))
         key, plaintext = make_key(tenant, scopes=[Scope.INFERENCE], name=name)
         stack.ids[name], stack.keys[name] = tenant.pk, plaintext
 

@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from tests.finetuning.conftest import BASE_MODEL, SLOW_RPM, client
+from tests.finetuning.conftest import BASE_MODEL, CRAMPED_STORAGE_BYTES, SLOW_RPM, client
 from training.demo_data import DATA_DIR, TRAIN_FILE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -61,6 +61,20 @@ def test_the_files_and_fine_tuning_apis_count_against_the_plans_requests_per_min
         assert int(refused.response.headers["Retry-After"]) >= 1
         assert refused.response.headers["x-ratelimit-remaining-requests"] == "0"
     client(ft_stack, "main").files.list()  # another tenant is not slowed
+
+
+def test_files_past_the_plans_storage_quota_are_refused_until_some_are_deleted(ft_stack):
+    cramped = client(ft_stack, "cramped")
+    content = _jsonl(*_good(10))
+    fits = CRAMPED_STORAGE_BYTES // len(content)
+    assert fits >= 1
+    stored = [cramped.files.create(file=("ten.jsonl", content), purpose="fine-tune") for _ in range(fits)]
+    refused = _refused(lambda: cramped.files.create(file=("ten.jsonl", content), purpose="fine-tune"))
+    assert refused.status_code == 403 and refused.body["code"] == "file_storage_quota_exceeded"
+    assert refused.body["param"] == "file" and str(CRAMPED_STORAGE_BYTES) in refused.body["message"]
+    assert len(cramped.files.list().data) == fits  # nothing half-written
+    cramped.files.delete(stored[0].id)
+    assert cramped.files.create(file=("ten.jsonl", content), purpose="fine-tune").bytes == len(content)
 
 
 def test_no_key_no_files(ft_stack):

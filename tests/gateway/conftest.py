@@ -27,6 +27,7 @@ BASE_MODEL = "tiny"
 # A budget request: prompt "w10 w11" held as 7 bytes + 16 template tokens, plus max_tokens 4. The budget fits 20.
 BUDGET_HOLD = 7 + 16 + 4
 BUDGET_TOKENS = 20 * BUDGET_HOLD
+KEY_BUDGET = Decimal("0.02")  # the keyed tenant's capped key: about ten short requests at its plan's prices
 PRICED_LIMIT = Decimal("0.01")  # gw-priced's monthly spend limit
 HANGUP_BUDGET = 1000  # gw-hangup's monthly token budget: holds of 104 tokens, at most 9 at once
 
@@ -158,8 +159,15 @@ def _seed(stack: Stack) -> None:
         slug="gw-hangup", name="Hang-up", requests_per_minute=10_000, tokens_per_minute=10_000_000,
         max_concurrent_requests=1000, monthly_token_budget=HANGUP_BUDGET,
     ))  # fmt: skip
+    # Two keys of one tenant: one with its own monthly budget (a few requests' worth at these prices), one without.
+    keyed_plan = Plan.objects.create(
+        slug="gw-keyed", name="Keyed", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1000, price_input_per_mtok=Decimal("100"), price_cached_input_per_mtok=Decimal("100"),
+        price_output_per_mtok=Decimal("400"),
+    )  # fmt: skip
+    keyed = TenantFactory(slug="gw-keyed", plan=keyed_plan)
     for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
-                         ("hangup", hangup)):  # fmt: skip
+                         ("hangup", hangup), ("keyed", keyed)):  # fmt: skip
         stack.ids[name] = tenant.pk
     for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
                                   (rival, "fragile", "c")):  # fmt: skip
@@ -174,6 +182,8 @@ def _seed(stack: Stack) -> None:
         ("broke", broke, [Scope.INFERENCE], {}),
         ("priced", priced, [Scope.INFERENCE], {}),
         ("hangup", hangup, [Scope.INFERENCE], {}),
+        ("keyed-capped", keyed, [Scope.INFERENCE], {"monthly_spend_limit": KEY_BUDGET}),
+        ("keyed-sibling", keyed, [Scope.INFERENCE], {}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
@@ -282,3 +292,30 @@ def client(stack: Stack, key: str, *, gateway: int = 0, **options):
     import openai
 
     return openai.OpenAI(base_url=stack.gateways[gateway], api_key=key, max_retries=0, timeout=60, **options)
+
+
+# Admission's rules, the same for both backends (test_admission*.py).
+@pytest.fixture(params=["database", "redis"])
+def backend(request):
+    from django.test import override_settings
+
+    if request.param == "database":
+        with override_settings(REDIS_URL=""):
+            yield request.param
+        return
+    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+    prefix = f"quilt-admission-test-{uuid.uuid4().hex[:8]}"
+    with override_settings(REDIS_URL=url, QUILT_REDIS_KEY_PREFIX=prefix):
+        yield request.param
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def tenant():
+    from tests.platform.factories import TenantFactory
+
+    return TenantFactory()

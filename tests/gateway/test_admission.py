@@ -1,6 +1,5 @@
 """Admission rules, the same for both backends: the Redis script and the database transaction."""
 
-import os
 import uuid
 from decimal import Decimal
 
@@ -15,28 +14,6 @@ pytestmark = pytest.mark.django_db
 
 ROOMY = Limits(requests_per_minute=1000, tokens_per_minute=10**9, max_concurrent=1000, budget_tokens=-1,
                budget_spend_micros=-1)  # fmt: skip
-
-
-@pytest.fixture(params=["database", "redis"])
-def backend(request):
-    if request.param == "database":
-        with override_settings(REDIS_URL=""):
-            yield request.param
-        return
-    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
-    prefix = f"quilt-admission-test-{uuid.uuid4().hex[:8]}"
-    with override_settings(REDIS_URL=url, QUILT_REDIS_KEY_PREFIX=prefix):
-        yield request.param
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for key in client.scan_iter(match=f"{prefix}:*"):
-        client.delete(key)
-
-
-@pytest.fixture
-def tenant():
-    return TenantFactory()
 
 
 def acquire(tenant, tokens=10, spend_micros=0, limits=ROOMY, request_id=None):

@@ -178,7 +178,8 @@ def test_windowed_soft_capped_prefill_matches_reference(layout, case, batch, dty
 
 @pytest.mark.parametrize("op", ["decode", "prefill"])
 def test_window_skips_the_blocks_before_it(op, device):
-    """Blocks wholly before every query's window are never read: poisoning them (NaN) changes nothing."""
+    """Blocks wholly before every query's window are never read, by the launchers nor by the references:
+    poisoning them (NaN) changes nothing."""
     layout = LAYOUTS["bs8-gqa1-d64"]
     k_cache, v_cache, tables, lens = _paged_cache(layout, [300], torch.float32, device)
     window, new = 20, 3 if op == "prefill" else 1
@@ -199,6 +200,13 @@ def test_window_skips_the_blocks_before_it(op, device):
                                                      0.2, window=window)
     assert not out.isnan().any()
     assert_close(out.cpu(), expected)
+    poisoned_args = (q.cpu(), k_cache.cpu(), v_cache.cpu())
+    if op == "decode":
+        poisoned = reference.paged_attention_decode(*poisoned_args, tables.cpu(), lens.cpu(), 0.2, window=window)
+    else:
+        poisoned = reference.paged_attention_prefill(*poisoned_args, cu.cpu(), tables.cpu(), lens.cpu(), 0.2,
+                                                     window=window)
+    assert torch.equal(poisoned, expected)
 
 
 def test_attention_launchers_refuse_a_bad_window(device):

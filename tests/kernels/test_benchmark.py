@@ -34,3 +34,11 @@ def test_smoke_mode_runs_lora_through_page_tables():
 def test_without_gpu_it_says_a_gpu_is_needed():
     done = _run()
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_window_cpu_benchmark_runs(capsys):
+    from benchmarks import window_cpu
+
+    assert window_cpu.main(["--context", "96", "--window", "16", "--batch", "2", "--chunk", "8", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| decode B=2 |" in out and "| prefill chunk=8 |" in out

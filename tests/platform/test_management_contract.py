@@ -93,3 +93,9 @@ def test_console_csv_errors_are_json(tenant_a, tenant_b, member_client):
     assert _error(viewer.get(f"/t/{tenant_a.slug}/billing/invoices/1.csv"), 403)
     good = client.get(f"/t/{tenant_a.slug}/usage.csv")
     assert good.status_code == 200 and good["Content-Type"].startswith("text/csv")
+
+
+@pytest.mark.parametrize("start", ["2026-1-5", "20261001", "abc", "2026-02-30", "２０２６-10-01"])
+def test_usage_refuses_a_malformed_start_with_a_400_naming_it(tenant_a, key_client, start):
+    error = _error(key_client(tenant_a)[0].get("/api/v1/usage", {"start": start}), 400)
+    assert error["message"].startswith("start:")

@@ -18,7 +18,7 @@ from tests.security.conftest import FIGURES
 from tests.security.gateways import gateways
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"  # noqa: E501
+CHECKS = "not_a_server_error,negative_data_rejection,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"  # noqa: E501
 CSRF = "securitytestcsrftoken0123456789a"
 
 

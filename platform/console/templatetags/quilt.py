@@ -8,7 +8,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from console.money_format import money_text
+from console.money_format import money_exact_text, money_text
 
 register = template.Library()
 
@@ -98,6 +98,14 @@ def money(value) -> str:
     if value is None or value == "":
         return "—"
     return money_text(value)
+
+
+@register.filter
+def money_exact(value) -> str:
+    """Every decimal the amount has, at least two: invoice lines and subtotals (see console.money_format)."""
+    if value is None or value == "":
+        return "—"
+    return money_exact_text(value)
 
 
 @register.filter

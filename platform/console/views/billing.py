@@ -7,16 +7,13 @@ from django.utils import timezone
 
 from billing.invoices import month_bounds
 from billing.selectors import invoice_preview, invoice_with_lines, invoices_of
+from billing.serializers import INVOICE_CSV_HEADER, invoice_csv_rows
 from console.access import Role, csv_download, tenant_page
 from console.listing import listing
 from console.pages import render_page
 from metering.selectors import model_prices_of, usage_totals_month
 
-SORTABLE = {"month": ("month",), "total": ("total", "month"), "status": ("status", "-month")}
-CSV_FIELDS = [
-    "model", "base_model", "requests", "input_tokens", "cached_input_tokens", "output_tokens",
-    "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "amount",
-]  # fmt: skip
+SORTABLE = {"month": ("month", "id"), "total": ("total", "month", "id"), "status": ("status", "-month", "-id")}
 
 
 @tenant_page(Role.ADMIN)
@@ -55,9 +52,7 @@ def invoice_csv(request, invoice_id: int):
     invoice = _invoice(request, invoice_id)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
-    writer = csv.writer(response)
-    writer.writerow(["invoice", "month", *CSV_FIELDS])
-    for line in invoice.lines.all():
-        writer.writerow([invoice.number, f"{invoice.month:%Y-%m}", *(getattr(line, field) for field in CSV_FIELDS)])
-    writer.writerow([invoice.number, f"{invoice.month:%Y-%m}", "total", *[""] * (len(CSV_FIELDS) - 2), invoice.total])
+    writer = csv.DictWriter(response, fieldnames=INVOICE_CSV_HEADER, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(invoice_csv_rows(invoice))
     return response

@@ -4,6 +4,8 @@ A new secret is shown once after a redirect (post/redirect/get): the POST keeps 
 takes it out and shows it, so reloading the page never creates a second key and never shows the secret again.
 """
 
+from decimal import Decimal
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
@@ -11,12 +13,13 @@ from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
 from apikeys.selectors import api_keys_of
-from apikeys.services import api_key_create, api_key_revoke, api_key_rotate
+from apikeys.services import api_key_create, api_key_limits_set, api_key_revoke, api_key_rotate
 from console.access import Role, actor_of, tenant_page
-from console.forms import SCOPE_HELP, ApiKeyCreateForm, ApiKeyRotateForm
+from console.forms import SCOPE_HELP, ApiKeyCreateForm, ApiKeyLimitsForm, ApiKeyRotateForm
 from console.listing import listing
 from console.pages import render_page
 from console.views.post_only import post_only
+from metering.selectors import keys_spend_month
 from tenancy.authority import NotAllowed
 
 SORTABLE = {
@@ -71,15 +74,21 @@ def _page(request, *, form=None, created=None, status=200):
         rows = rows.filter(revoked=True)
     keys = listing(request, rows, sortable=SORTABLE, default_sort="-created")
     now = timezone.now()
+    spend = keys_spend_month(tenant=seat.tenant)
     for key in keys.rows:
         key.state = key_state(key, now)
         key.manageable = seat.can_write_keys and set(key.scopes) <= seat.key_scopes
+        key.spend_this_month = spend.get(key.prefix, Decimal(0))
+        key.budget_used = (
+            min(100, int(key.spend_this_month * 100 / key.monthly_spend_limit)) if key.monthly_spend_limit else None
+        )
     context = {
         "keys": keys,
         "state": state,
         "form": form or ApiKeyCreateForm(allowed_scopes=seat.key_scopes),
         "scope_help": SCOPE_HELP,
         "rotate_form": ApiKeyRotateForm(),
+        "can_set_limits": seat.allows(Role.ADMIN),
         "created": created,
     }
     response = render_page(request, "console/keys.html", context, section="keys", status=status)
@@ -146,3 +155,23 @@ def key_rotate(request, prefix: str):
         messages.error(request, " ".join(error.messages))
         return redirect("console:keys", slug=request.seat.tenant.slug)
     return _reveal_later(request, key=new, plaintext=plaintext, old=key)
+
+
+@post_only
+@tenant_page(Role.ADMIN)
+def key_limits(request, prefix: str):
+    key = _key(request, prefix)
+    form = ApiKeyLimitsForm(request.POST)
+    if not form.is_valid():
+        errors = [f"{form.fields[name].label}: {' '.join(messages_)}" for name, messages_ in form.errors.items()]
+        messages.error(request, " ".join(errors))
+        return redirect("console:keys", slug=request.seat.tenant.slug)
+    try:
+        api_key_limits_set(actor=actor_of(request), key=key, **form.cleaned_data)
+    except NotAllowed as refusal:
+        messages.error(request, refusal.message)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Saved the budget and limits of “{key.name}”: they apply within a second.")
+    return redirect("console:keys", slug=request.seat.tenant.slug)

@@ -6,7 +6,7 @@ from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
-from billing.selectors import tenant_margin
+from billing.selectors import invoice_preview, tenant_margin
 from console.access import actor_of, staff_page
 from console.forms import TenantCreateForm, TenantPlanForm, TenantStatusForm
 from console.listing import listing
@@ -73,6 +73,7 @@ def tenant_detail(request, slug: str):
         "members": members_of(tenant=tenant)[:10],
         "member_count": members_of(tenant=tenant).count(),
         "margin": margins_this_month().get(tenant.pk),
+        "preview": invoice_preview(tenant=tenant, month=timezone.now().date()),
         "drift": admission_month_drift(tenant_id=tenant.pk),
     }
     return render_page(request, "console/tenants/detail.html", context, section="tenants")

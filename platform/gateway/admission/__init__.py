@@ -1,4 +1,4 @@
-"""Admission: per tenant, atomically, requests per minute, tokens per minute, concurrent requests and a hold on
+"""Admission: per tenant (and per API key where the key sets its own limits), atomically, requests per minute, tokens per minute, concurrent requests and a hold on
 the month's token budget and spend limit; and settling each hold with what the request used.
 
 Layers, each importing only those below it: `limits` (types) <- `backend` (the interface and its rules) <-
@@ -27,7 +27,7 @@ from gateway.admission.limits import (
 
 __all__ = [
     "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_peek",
-    "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle",
+    "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_spend_held",
     "seconds_to_month_end", "spend_to_micros",
 ]  # fmt: skip
 
@@ -66,18 +66,29 @@ async def admission_peek(*, tenant_id: int) -> Decision:
     return await backend().peek(tenant_id=tenant_id)
 
 
-async def admission_settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True) -> bool:
+async def admission_settle(
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True, key_prefix: str = ""
+) -> bool:
     return await backend().settle(
-        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final
-    )
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
+        key_prefix=key_prefix,
+    )  # fmt: skip
 
 
-def hold_settle(*, tenant_id: int, request_id: str, tokens: int, spend: Decimal, final: bool = True) -> bool:
-    """Blocking settle (metering's worker): records `tokens` and `spend` against the tenant's month once per
-    request id, replacing a provisional settle, and releases its hold. True if this call released a live hold."""
+def hold_settle(
+    *, tenant_id: int, request_id: str, tokens: int, spend: Decimal, final: bool = True, key_prefix: str = ""
+) -> bool:
+    """Blocking settle (metering's worker): records `tokens` and `spend` against the tenant's month (and its key's)
+    once per request id, replacing a provisional settle, and releases its hold. True if this released a live hold."""
     return backend().settle_sync(
-        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend), final=final
-    )
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend), final=final,
+        key_prefix=key_prefix,
+    )  # fmt: skip
+
+
+def key_spend_held(*, tenant_id: int, key_prefix: str) -> tuple[int, int]:
+    """A key's live holds and settled spend this month in micro-units, as admission sees them (tests, console)."""
+    return backend().key_totals(tenant_id=tenant_id, key_prefix=key_prefix)
 
 
 def held_totals(*, tenant_id: int) -> HeldTotals:

@@ -9,6 +9,8 @@ The rules, the same in both:
 - settling: a *final* settle carries the engine's counts and happens once per request id; a *provisional* one
   (a gateway whose stream broke before the engine's counts arrived) releases the hold but keeps its amount
   counted until the final one replaces it. A second provisional settle, or any settle after the final, is a no-op.
+- a key with its own limits is checked in the same step: its window (RPM/TPM) and its month's spend + its live
+  holds + this estimate against its budget; its holds are released and its month added to with the tenant's;
 - a month total that is missing starts from metering's record; `reconcile` sets it to that record plus what is
   settled provisionally, unless settles landed meanwhile.
 """
@@ -23,9 +25,15 @@ class AdmissionBackend(Protocol):
 
     async def peek(self, *, tenant_id: int) -> Decision: ...
 
-    async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool: ...
+    async def settle(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool: ...
 
-    def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool: ...
+    def settle_sync(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool: ...
+
+    def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]: ...
 
     def totals(self, *, tenant_id: int) -> HeldTotals: ...
 

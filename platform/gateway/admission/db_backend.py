@@ -13,12 +13,26 @@ from django.db.models import Count, Q, Sum
 from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
 from gateway.connections import checked_connection
 from gateway.models import AdmissionState, BudgetHold
-from metering.selectors import usage_month_recorded
+from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
 
 def _recorded(tenant_id: int) -> tuple[int, int]:
     tokens, price = usage_month_recorded(tenant_id=tenant_id)
     return tokens, spend_to_micros(price)
+
+
+def _key_state(state: AdmissionState, key_prefix: str, *, start_month: bool) -> dict:
+    """The key's counters on the (locked) tenant row; its month's spend started from metering's record."""
+    entry = state.keys.setdefault(key_prefix, {})
+    if entry.get("month") != current_month() and start_month:
+        entry.update(month=current_month(), spend=spend_to_micros(key_spend_month_recorded(key_prefix=key_prefix)))
+    return entry
+
+
+def _key_held_spend(tenant_id: int, key_prefix: str) -> int:
+    return BudgetHold.objects.filter(tenant_id=tenant_id, api_key_prefix=key_prefix, status=BudgetHold.Status.HELD).aggregate(
+        spend=Sum("spend_micros", default=0)
+    )["spend"]
 
 
 def _locked_state(tenant_id: int, now: float, *, start_month: bool = True) -> tuple[AdmissionState, bool]:
@@ -69,10 +83,22 @@ def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, 
         if limits.budget_spend_micros >= 0 and state.month_spend_micros + sums["held_spend"] + spend_micros > limits.budget_spend_micros:
             over = state.month_spend_micros + spend_micros > limits.budget_spend_micros
             return refuse("budget_spend" if over else "budget_held")
+        key_prefix = limits.key_prefix
+        if key_prefix:
+            entry = _key_state(state, key_prefix, start_month=limits.key_budget_spend_micros >= 0)
+            key_requests, key_tokens = (entry["requests"], entry["tokens"]) if entry.get("start") == window else (0, 0)
+            if 0 <= limits.key_requests_per_minute < key_requests + 1:
+                return Decision(False, "key_requests", key_requests, key_tokens, reset_ms)
+            if 0 <= limits.key_tokens_per_minute < key_tokens + tokens:
+                return Decision(False, "key_tokens", key_requests, key_tokens, reset_ms)
+            budget = limits.key_budget_spend_micros
+            if budget >= 0 and entry["spend"] + _key_held_spend(tenant_id, key_prefix) + spend_micros > budget:
+                return refuse("key_budget_spend" if entry["spend"] + spend_micros > budget else "key_budget_held")
+            entry.update(start=window, requests=key_requests + 1, tokens=key_tokens + tokens)
         state.window_start, state.window_requests, state.window_tokens = window, requests + 1, window_tokens + tokens
         state.save()
         BudgetHold.objects.create(
-            request_id=request_id, tenant_id=tenant_id, tokens=tokens, spend_micros=spend_micros,
+            request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, tokens=tokens, spend_micros=spend_micros,
             window_start=window, expires_at=now + ttl,
         )  # fmt: skip
     return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms)
@@ -85,7 +111,9 @@ def peek(*, tenant_id: int, now: float) -> Decision:
     return Decision(True, "ok", requests, tokens, math.ceil((window + 60 - now) * 1000))
 
 
-def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, now: float) -> bool:
+def settle(
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, now: float, key_prefix: str = ""
+) -> bool:
     Status = BudgetHold.Status
     with transaction.atomic():
         state, current = _locked_state(tenant_id, now, start_month=False)
@@ -96,17 +124,24 @@ def settle(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, f
         live = prior == Status.HELD
         add_tokens, add_spend = tokens, spend_micros
         if hold is None:
-            hold = BudgetHold(request_id=request_id, tenant_id=tenant_id, window_start=0, expires_at=now)
+            hold = BudgetHold(
+                request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, window_start=0, expires_at=now
+            )
         elif live and hold.window_start == state.window_start:
             state.window_tokens += tokens - hold.tokens
         elif prior == Status.PROVISIONAL:  # the final settle replaces what the provisional one counted
             add_tokens, add_spend = tokens - hold.tokens, spend_micros - hold.spend_micros
+        key = state.keys.get(hold.api_key_prefix) if hold.api_key_prefix else None
+        if key is not None and live and key.get("start") == hold.window_start:
+            key["tokens"] += tokens - hold.tokens
         if not current:
             hold.tokens, hold.spend_micros = 0, 0  # nothing counted: a later final adds its own amount whole
         else:
             hold.tokens, hold.spend_micros = tokens, spend_micros
             state.month_tokens += add_tokens
             state.month_spend_micros += add_spend
+            if key is not None and key.get("month") == state.month:  # the same rule for the key's month
+                key["spend"] += add_spend
         hold.status = Status.SETTLED if final else Status.PROVISIONAL
         hold.save()
         state.save()
@@ -148,17 +183,27 @@ class DatabaseAdmission:
     async def peek(self, *, tenant_id: int) -> Decision:
         return await _blocking(peek)(tenant_id=tenant_id, now=time.time())
 
-    async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+    async def settle(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool:
         return await _blocking(settle)(
             tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
-            now=time.time(),
+            now=time.time(), key_prefix=key_prefix,
         )  # fmt: skip
 
-    def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+    def settle_sync(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool:
         return settle(
             tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
-            now=time.time(),
+            now=time.time(), key_prefix=key_prefix,
         )  # fmt: skip
+
+    def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]:
+        state = AdmissionState.objects.filter(tenant_id=tenant_id).first()
+        entry = (state.keys if state is not None else {}).get(key_prefix, {})
+        used = entry.get("spend", 0) if entry.get("month") == current_month() else 0
+        return _key_held_spend(tenant_id, key_prefix), used
 
     def totals(self, *, tenant_id: int) -> HeldTotals:
         return totals(tenant_id=tenant_id, now=time.time())

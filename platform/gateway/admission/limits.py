@@ -18,24 +18,42 @@ class Limits:
     max_concurrent: int
     budget_tokens: int  # UNLIMITED or a count
     budget_spend_micros: int  # UNLIMITED or micro-units
+    # The calling API key's own limits, checked in the same atomic step as the tenant's (0: no key).
+    key_prefix: str = ""
+    key_requests_per_minute: int = UNLIMITED
+    key_tokens_per_minute: int = UNLIMITED
+    key_budget_spend_micros: int = UNLIMITED
 
     @classmethod
-    def of_plan(cls, plan) -> "Limits":
+    def of_plan(cls, plan, key=None) -> "Limits":
+        """The plan's limits, and `key`'s (an ApiKey) where it sets any."""
         budget = plan.monthly_token_budget
         spend = plan.monthly_spend_limit
+        key_fields = {}
+        if key is not None:
+            key_fields = {
+                "key_prefix": key.prefix,
+                "key_requests_per_minute": _or_unlimited(key.requests_per_minute),
+                "key_tokens_per_minute": _or_unlimited(key.tokens_per_minute),
+                "key_budget_spend_micros": UNLIMITED if key.monthly_spend_limit is None
+                else spend_to_micros(key.monthly_spend_limit),
+            }  # fmt: skip
         return cls(
             requests_per_minute=plan.requests_per_minute,
             tokens_per_minute=plan.tokens_per_minute,
             max_concurrent=plan.max_concurrent_requests,
             budget_tokens=UNLIMITED if budget is None else budget,
             budget_spend_micros=UNLIMITED if spend is None else spend_to_micros(spend),
+            **key_fields,
         )
 
 
 @dataclass(frozen=True)
 class Decision:
     admitted: bool
-    reason: str  # "ok" | "requests" | "tokens" | "concurrency" | "budget_tokens" | "budget_spend" | "budget_held"
+    # "ok" | "requests" | "tokens" | "concurrency" | "budget_tokens" | "budget_spend" | "budget_held", and the
+    # key's own: "key_requests" | "key_tokens" | "key_budget_spend" | "key_budget_held"
+    reason: str
     window_requests: int
     window_tokens: int
     reset_ms: int  # until the current one-minute window ends
@@ -61,6 +79,10 @@ class Reconciled:
     spend_micros_before: int
     tokens_after: int
     spend_micros_after: int
+
+
+def _or_unlimited(value: int | None) -> int:
+    return UNLIMITED if value is None else value
 
 
 def spend_to_micros(spend: Decimal) -> int:

@@ -8,6 +8,12 @@ Keys per tenant share a hash tag, so a tenant's state lives on one shard:
   month:M   hash  tokens, spend: settled usage of month M (final + provisional); seq: final settles so far
   prov:M    hash  request id -> "tokens:spend_micros" settled provisionally in month M, awaiting the final settle
   settled:R       "f" once request R is settled finally, "p:tokens:spend" while provisionally (idempotency)
+Per API key, in three hashes of the tenant (so an orphan of any key is released by the tenant's own scripts),
+fields prefixed by the key's id K:
+  keywin     K:start, K:requests, K:tokens of the key's current one-minute window
+  keyheld    K:tokens, K:spend: the sum over the key's live holds
+  keymonth:M K:tokens, K:spend: the key's settled usage of month M (K:spend missing: not started yet)
+A hold's holdinfo carries its key, so settling or expiring it releases the key's share too.
 """
 
 import asyncio
@@ -20,7 +26,7 @@ from asgiref.sync import sync_to_async
 from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
 from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
 from gateway.connections import checked_connection
-from metering.selectors import usage_month_recorded
+from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
 MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
 
@@ -29,9 +35,13 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 for _, id in ipairs(ids) do
   local info = redis.call('HGET', KEYS[3], id)
   if info then
-    local t, s = string.match(info, '^(%d+):(%d+):')
+    local t, s, _, k = string.match(info, '^(%d+):(%d+):(%d+):?(%w*)$')
     redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
     redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
+    if k ~= '' then
+      redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
+      redis.call('HINCRBY', KEYS[9], k .. ':spend', 0 - tonumber(s))
+    end
     redis.call('HDEL', KEYS[3], id)
   end
   redis.call('ZREM', KEYS[2], id)
@@ -75,10 +85,34 @@ if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
   if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms} end
   return {0, 'budget_held', reqs, toks, reset_ms}
 end
+local key, key_rpm, key_tpm, key_spend = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local key_reqs, key_toks = 0, 0
+if key ~= '' then
+  if tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == window then
+    key_reqs = tonumber(redis.call('HGET', KEYS[8], key .. ':requests') or 0)
+    key_toks = tonumber(redis.call('HGET', KEYS[8], key .. ':tokens') or 0)
+  end
+  if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms} end
+  if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms} end
+  if key_spend >= 0 then
+    local key_used = redis.call('HGET', KEYS[10], key .. ':spend')
+    if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms} end
+    local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':spend') or 0)
+    if tonumber(key_used) + key_held + spend > key_spend then
+      if tonumber(key_used) + spend > key_spend then return {0, 'key_budget_spend', reqs, toks, reset_ms} end
+      return {0, 'key_budget_held', reqs, toks, reset_ms}
+    end
+  end
+  redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + 1, key .. ':tokens', key_toks + tokens)
+  redis.call('EXPIRE', KEYS[8], 120)
+  redis.call('HINCRBY', KEYS[9], key .. ':tokens', tokens)
+  redis.call('HINCRBY', KEYS[9], key .. ':spend', spend)
+  redis.call('EXPIRE', KEYS[9], ttl + 60)
+end
 redis.call('HSET', KEYS[1], 'start', window, 'requests', reqs + 1, 'tokens', toks + tokens)
 redis.call('EXPIRE', KEYS[1], 120)
 redis.call('ZADD', KEYS[2], now + ttl, rid)
-redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d', tokens, spend, window))
+redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s', tokens, spend, window, key))
 redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
 redis.call('HINCRBY', KEYS[4], 'spend', spend)
 for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
@@ -93,9 +127,10 @@ local rid, tokens, spend, final = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
 local prior = redis.call('GET', KEYS[6])
 if prior == 'f' or (prior and not final) then return 0 end
 local live = 0
+local key = ARGV[5] or ''
 local info = redis.call('HGET', KEYS[3], rid)
 if info then
-  local t, s, w = string.match(info, '^(%d+):(%d+):(%d+)$')
+  local t, s, w, k = string.match(info, '^(%d+):(%d+):(%d+):?(%w*)$')
   redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
   redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
   redis.call('HDEL', KEYS[3], rid)
@@ -103,6 +138,14 @@ if info then
   live = 1
   if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == tonumber(w) then
     redis.call('HINCRBY', KEYS[1], 'tokens', tokens - tonumber(t))
+  end
+  if k ~= '' then
+    key = k
+    redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
+    redis.call('HINCRBY', KEYS[9], k .. ':spend', 0 - tonumber(s))
+    if tonumber(redis.call('HGET', KEYS[8], k .. ':start') or -1) == tonumber(w) then
+      redis.call('HINCRBY', KEYS[8], k .. ':tokens', tokens - tonumber(t))
+    end
   end
 end
 local add_t, add_s = tokens, spend
@@ -118,6 +161,10 @@ if counted then
   redis.call('HINCRBY', KEYS[5], 'tokens', add_t)
   redis.call('HINCRBY', KEYS[5], 'spend', add_s)
   if final then redis.call('HINCRBY', KEYS[5], 'seq', 1) end
+end
+if key ~= '' and redis.call('HEXISTS', KEYS[10], key .. ':spend') == 1 then  -- same rule for the key's month
+  redis.call('HINCRBY', KEYS[10], key .. ':tokens', add_t)
+  redis.call('HINCRBY', KEYS[10], key .. ':spend', add_s)
 end
 if final then
   redis.call('SET', KEYS[6], 'f', 'EX', 5356800)
@@ -205,6 +252,10 @@ def _recorded(tenant_id: int) -> tuple[int, int]:
     return tokens, spend_to_micros(price)
 
 
+def _key_recorded(key_prefix: str) -> int:
+    return spend_to_micros(key_spend_month_recorded(key_prefix=key_prefix))
+
+
 class RedisAdmission:
     def __init__(self, *, url: str, prefix: str, hold_ttl_seconds: int | None = None):
         self.url = url
@@ -219,7 +270,8 @@ class RedisAdmission:
         base, month = f"{self.prefix}:{{t{tenant_id}}}", current_month()
         return [
             f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}",
-            f"{base}:settled:{request_id}", f"{base}:prov:{month}",
+            f"{base}:settled:{request_id}", f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld",
+            f"{base}:keymonth:{month}",
         ]  # fmt: skip
 
     def _on_loop(self) -> _Scripts:
@@ -254,13 +306,21 @@ class RedisAdmission:
     async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
         args = [
             request_id, tokens, spend_micros, limits.requests_per_minute, limits.tokens_per_minute,
-            limits.max_concurrent, limits.budget_tokens, limits.budget_spend_micros, self._ttl(),
+            limits.max_concurrent, limits.budget_tokens, limits.budget_spend_micros, self._ttl(), limits.key_prefix,
+            limits.key_requests_per_minute, limits.key_tokens_per_minute, limits.key_budget_spend_micros,
         ]  # fmt: skip
         keys = self.keys(tenant_id)
         decision = _decision(await self._run("acquire", keys, args))
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
             await self._start_month(self._on_loop().client, keys[4], recorded)
+            decision = _decision(await self._run("acquire", keys, args))
+        if decision.reason == "key_month_unknown":  # once a month per key with a budget
+            spend = await sync_to_async(checked_connection(_key_recorded))(limits.key_prefix)
+            client = self._on_loop().client
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(keys[9], f"{limits.key_prefix}:spend", spend).expire(keys[9], MONTH_SECONDS)
+                await pipe.execute()
             decision = _decision(await self._run("acquire", keys, args))
         return decision
 
@@ -274,13 +334,23 @@ class RedisAdmission:
     async def peek(self, *, tenant_id: int) -> Decision:
         return _decision(await self._run("peek", self.keys(tenant_id), []))
 
-    async def settle(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+    async def settle(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool:
         keys = self.keys(tenant_id, request_id=request_id)
-        return bool(await self._run("settle", keys, [request_id, tokens, spend_micros, int(final)]))
+        return bool(await self._run("settle", keys, [request_id, tokens, spend_micros, int(final), key_prefix]))
 
-    def settle_sync(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool) -> bool:
+    def settle_sync(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
+    ) -> bool:
         keys = self.keys(tenant_id, request_id=request_id)
-        return bool(self._blocking().settle(keys=keys, args=[request_id, tokens, spend_micros, int(final)]))
+        return bool(self._blocking().settle(keys=keys, args=[request_id, tokens, spend_micros, int(final), key_prefix]))
+
+    def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]:
+        """The key's held and settled spend this month (micro-units), as admission sees them."""
+        keys, client = self.keys(tenant_id), self._blocking().client
+        held, used = client.hget(keys[8], f"{key_prefix}:spend"), client.hget(keys[9], f"{key_prefix}:spend")
+        return int(held or 0), int(used or 0)
 
     def _totals(self, tenant_id: int) -> list[int]:
         return [int(value) for value in self._blocking().totals(keys=self.keys(tenant_id))]

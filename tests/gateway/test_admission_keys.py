@@ -1,0 +1,101 @@
+"""An API key's own limits (RPM, TPM, monthly budget) are checked in the same atomic step as its tenant's, in both
+backends: a key over its budget is refused while its sibling keys still work, holds count against the key's
+budget so concurrent requests can't overspend it, and settling or expiring a hold releases the key's share."""
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import override_settings
+
+from gateway.admission import admission_acquire, admission_settle, hold_settle, key_spend_held
+from metering.services import usage_ingest
+from tests.gateway.test_admission import ROOMY
+from tests.metering.usage import priced_tenant, usage_event
+from tests.platform.factories import make_key
+
+pytestmark = pytest.mark.django_db
+
+
+def keyed(prefix: str, *, rpm=-1, tpm=-1, budget=-1):
+    return replace(ROOMY, key_prefix=prefix, key_requests_per_minute=rpm, key_tokens_per_minute=tpm,
+                   key_budget_spend_micros=budget)  # fmt: skip
+
+
+def acquire(tenant, limits, *, tokens=10, spend_micros=0):
+    request_id = uuid.uuid4().hex
+    decision = async_to_sync(admission_acquire)(
+        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros, limits=limits
+    )
+    return decision, request_id
+
+
+def settle(tenant, request_id, *, tokens, spend_micros, key_prefix, final=True):
+    return async_to_sync(admission_settle)(
+        tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
+        key_prefix=key_prefix,
+    )  # fmt: skip
+
+
+def test_a_keys_requests_per_minute_leave_its_sibling_alone(backend, tenant):
+    capped, sibling = keyed("capped00", rpm=2), keyed("sibling0")
+    assert acquire(tenant, capped)[0].admitted and acquire(tenant, capped)[0].admitted
+    refused, _ = acquire(tenant, capped)
+    assert not refused.admitted and refused.reason == "key_requests"
+    assert acquire(tenant, sibling)[0].admitted
+
+
+def test_a_keys_tokens_per_minute(backend, tenant):
+    capped = keyed("tpmkey00", tpm=100)
+    _, first = acquire(tenant, capped, tokens=60)
+    assert acquire(tenant, capped, tokens=60)[0].reason == "key_tokens"
+    settle(tenant, first, tokens=20, spend_micros=0, key_prefix="tpmkey00")  # used 20 of the 60 it held
+    assert acquire(tenant, capped, tokens=60)[0].admitted
+
+
+def test_a_keys_budget_counts_holds_then_usage_and_its_sibling_still_works(backend, tenant):
+    capped = keyed("budget00", budget=1_000)
+    admitted, first = acquire(tenant, capped, spend_micros=600)
+    assert admitted.admitted
+    held, _ = acquire(tenant, capped, spend_micros=600)
+    assert not held.admitted and held.reason == "key_budget_held"  # the first request's hold is in the way
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix="budget00") == (600, 0)
+    settle(tenant, first, tokens=10, spend_micros=900, key_prefix="budget00")
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix="budget00") == (0, 900)
+    over, _ = acquire(tenant, capped, spend_micros=200)
+    assert not over.admitted and over.reason == "key_budget_spend"
+    assert acquire(tenant, capped, spend_micros=100)[0].admitted  # exactly up to the budget
+    assert acquire(tenant, keyed("sibling0", budget=1_000), spend_micros=600)[0].admitted
+
+
+def test_a_key_refusal_consumes_nothing_of_the_tenant(backend, tenant):
+    capped = keyed("nothing0", budget=100)
+    for _ in range(3):
+        assert acquire(tenant, capped, spend_micros=500)[0].reason == "key_budget_spend"
+    decision, _ = acquire(tenant, keyed("sibling0"))
+    assert decision.admitted and decision.window_requests == 1
+
+
+def test_an_orphaned_hold_releases_the_keys_share(backend, tenant):
+    capped = keyed("orphan00", budget=1_000)
+    with override_settings(QUILT_HOLD_TTL_SECONDS=0):
+        assert acquire(tenant, capped, spend_micros=900)[0].admitted  # nobody settles it; already expired
+    assert acquire(tenant, capped, spend_micros=900)[0].admitted
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix="orphan00") == (900, 0)
+
+
+def test_a_keys_month_starts_from_what_metering_recorded_and_metering_settles_it(backend):
+    tenant = priced_tenant("keyed")
+    key, _ = make_key(tenant)
+    # 1000 prompt (200 cached) + 300 output at 0.5 / 0.125 / 1.5 per million: $0.000875 = 875 micro-dollars
+    usage_ingest(events=[usage_event(tenant, api_key_id=key.pk, finished_at=datetime.now(UTC))])
+    capped = keyed(key.prefix, budget=1_000)
+    assert acquire(tenant, capped, spend_micros=200)[0].reason == "key_budget_spend"
+    decision, request_id = acquire(tenant, capped, spend_micros=100)
+    assert decision.admitted
+    assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=5, spend=Decimal("0.00005"),
+                       key_prefix=key.prefix)  # fmt: skip
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 925)

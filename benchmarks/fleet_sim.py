@@ -214,7 +214,8 @@ class Simulation:
             return self.round_robin[g]
         fleet, loads = self.fleets[g], self.loads[g]
         started, cpu = time.perf_counter_ns(), time.thread_time_ns()
-        index = choose(fleet, adapter=request.adapter, fingerprints=request.fingerprints, loads=loads.values)
+        index = choose(fleet, adapter=request.adapter, fingerprints=request.fingerprints, loads=loads.values,
+                       step=loads.step)
         fleet.served(index, adapter=request.adapter, fingerprints=request.fingerprints)
         loads.started(index)
         self.decisions_cpu_ns.append(time.thread_time_ns() - cpu)
@@ -404,7 +405,8 @@ def compare(args) -> list[dict]:
                             seed=args.seed)
         for policy in args.policies:
             started = time.perf_counter()
-            weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap)
+            weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
+                                          spill_step=args.spill_step)
             result = Simulation(policy=policy, workload=workload, engines=args.engines, model=model,
                                 gateways=args.gateways, weights=weights).run()
             result["scenario"] = scenario
@@ -429,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spill-ratio", type=float, default=DEFAULT.spill_ratio)
     parser.add_argument("--spill-gap", type=float, default=DEFAULT.spill_gap)
+    parser.add_argument("--spill-step", type=float, default=DEFAULT.spill_step)
     parser.add_argument("--calibrate", action="store_true", help="fit the engine model on this machine and print it")
     parser.add_argument("--validate", action="store_true", help="2 real engines against the simulator")
     args = parser.parse_args(argv)

@@ -42,6 +42,7 @@ class Weights:
     kv: float = 1.0
     spill_ratio: float = 0.1  # chosen in benchmarks/fleet_sim.py (RESULTS.md): the hot spot's busiest/mean <= 1.5
     spill_gap: float = 0.25
+    spill_step: float = 0.5
     affinity: bool = True  # False: no adapter, prefix or rendezvous terms (least-load)
     prefixes: bool = True
     bounded: bool = True  # False: affinity whatever the queue (affinity-only)
@@ -180,6 +181,11 @@ class Loads:
     def _estimate(self, i: int) -> float:
         return self.ratio * self.in_flight[i] if self.live else self.reported[i] + self.in_flight[i]
 
+    @property
+    def step(self) -> float:
+        """The load one more request from this process adds, in these units."""
+        return self.ratio if self.live else 1.0
+
     def started(self, i: int) -> None:
         self.in_flight[i] += 1
         self.values[i] = self._estimate(i)
@@ -190,16 +196,20 @@ class Loads:
 
 
 def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], loads: Sequence[float],
-           exclude: Iterable[int] = ()) -> int | None:
+           step: float = 1.0, exclude: Iterable[int] = ()) -> int | None:
     """The index of the engine to serve a request for `adapter` (a digest, or None for the base model) whose prompt
-    has these `fingerprints`, given each engine's current `loads`; None if every engine is excluded."""
+    has these `fingerprints`, given each engine's current `loads` and the load this request adds (`step`, in the
+    same units: `Loads.step`); None if every engine is excluded. An engine keeps its affinity and prefix terms if it
+    is still within the bound after taking the request (bounded-load hashing)."""
     n = len(fleet.names)
     if n == 0:
         return None
     w = fleet.weights
     excluded = set(exclude)
-    mean = sum(loads) / n
-    bound = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap) if w.bounded else float("inf")
+    mean = (sum(loads) + step) / n
+    # within the bound: load + spill_step × step <= the cap; the least loaded engines always are
+    cap = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap)
+    bound = max(cap - w.spill_step * step, min(loads)) if w.bounded else float("inf")
     bonus: dict[int, float] = {}  # affinity and prefix terms of the engines that have any
     key = fleet.key(adapter) if adapter is not None else fleet.key(fingerprints[0]) if fingerprints else 0
     if w.affinity:

@@ -75,7 +75,7 @@ class Router:
         skipped = [i for i, e in enumerate(self._engines)
                    if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
         index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
-                       exclude=skipped)
+                       step=self._loads.step, exclude=skipped)
         return None if index is None else self._engines[index]
 
     def suspect(self, name: str) -> None:

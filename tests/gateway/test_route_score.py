@@ -38,8 +38,10 @@ def test_affinity_tiers_resident_then_loading_then_free_memory_then_none():
 def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
     fleet = Fleet([Candidate(f"e{i}", capacity=64, resident=frozenset({HOT}) if i == 0 else frozenset())
                    for i in range(4)])  # fmt: skip
-    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[3, 3, 3, 2])] == "e0"  # within the bound
-    # mean 1.25, bound max(1.1 × 1.25, 1.25 + 0.25) = 1.5: e0 at 2 is past it and loses its affinity
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 2, 2, 2])] == "e0"  # within the bound
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[0, 0, 0, 0])] == "e0"
+    # mean with this request 1.5, cap max(1.1 × 1.5, 1.5 + 0.25) = 1.75, less half a request: e0 at 2 is past it
+    # (and is not among the least loaded), so it loses its affinity
     assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 1, 1, 1])] != "e0"
     assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] != "e0"
     only_affinity = Fleet(fleet.candidates, weights=Weights(bounded=False))

@@ -93,24 +93,36 @@ class BlockManager:
 
     # prefix hit
     def lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks that hold a prefix of seq; at least one token is always left to compute."""
+        """Cached blocks that hold a prefix of seq; at least one token is always left to compute. With a
+        window on every layer, only the blocks the first computed token's window reaches must be cached:
+        the ones before it (evicted or not) come back as FREED."""
         assert seq.num_computed_tokens == 0 and not seq.block_table
         if not self._caches(seq) or seq.sampling.prompt_logprobs is not None:
             return []
         self._update_hashes(seq, seq.num_tokens - 1)
-        hits = []
-        for h in seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]:
-            block_id = self.cached.get(h)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return hits
+        cached = [self.cached.get(h) for h in seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]]
+        if self.window is None:
+            return cached[: cached.index(None)] if None in cached else cached
+        run = 0  # cached blocks in a row up to block i
+        best = 0, 0  # (blocks hit, of which FREED at the head)
+        for i, block_id in enumerate(cached):
+            run = run + 1 if block_id is not None else 0
+            first = self._first_seen_block((i + 1) * self.block_size)
+            if run >= i + 1 - first:
+                best = i + 1, first
+        num_hits, first = best
+        return [FREED] * first + cached[first:num_hits]
+
+    def _first_seen_block(self, num_computed_tokens: int) -> int:
+        """With a window: the first block the next query (at position num_computed_tokens) sees; it sees keys
+        j > num_computed_tokens - window."""
+        return max(0, num_computed_tokens - self.window + 1) // self.block_size
 
     def shortfall(self, seq: Sequence, num_new_tokens: int, hits: list[int], extra_pages: int = 0) -> int:
         """Pages missing to admit seq with these hits (plus extra_pages for its adapter); 0: it fits."""
         num_cached = len(hits) * self.block_size
         new_blocks = self.blocks_needed(num_cached + num_new_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        revived = sum(1 for b in hits if b != FREED and self.ref_counts[b] == 0)
         return max(0, new_blocks + revived + extra_pages - self.num_free_blocks)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int], extra_pages: int = 0) -> bool:
@@ -119,11 +131,13 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int]) -> None:
         """First admission (or re-admission after preemption): take the hits, add fresh blocks."""
         assert self.can_allocate(seq, num_new_tokens, hits)
-        for block_id in hits:
+        freed = hits.count(FREED)  # at the head (lookup_prefix with a window)
+        for block_id in hits[freed:]:
             if self.ref_counts[block_id] == 0:
                 del self.evictable[block_id]
             self.ref_counts[block_id] += 1
         seq.block_table = list(hits)
+        seq.num_freed_blocks = freed
         seq.num_computed_tokens = len(hits) * self.block_size
         self.num_lookups += 1
         self.num_hit_tokens += seq.num_computed_tokens
@@ -192,7 +206,7 @@ class BlockManager:
         (i + 1) * bs <= num_computed_tokens - window + 1."""
         if self.window is None:
             return
-        past = max(0, seq.num_computed_tokens - self.window + 1) // self.block_size  # blocks [0, past) unseen
+        past = self._first_seen_block(seq.num_computed_tokens)  # blocks [0, past) are seen no more
         for i in range(seq.num_freed_blocks, min(past, len(seq.block_table))):
             self._unref(seq.block_table[i])
             seq.block_table[i] = FREED
@@ -217,8 +231,8 @@ class BlockManager:
             assert all(b == FREED for b in head) and FREED not in held, f"{seq} has FREED entries past its head"
             assert len(set(held)) == len(held), f"{seq} holds a block twice"
             assert len(seq.block_table) >= self.blocks_needed(seq.num_computed_tokens)
-            if self.window is not None and seq.num_freed_blocks:  # never a block some query still sees
-                assert seq.num_freed_blocks * self.block_size <= seq.num_computed_tokens - self.window + 1
+            if seq.num_freed_blocks:  # never a block some query still sees
+                assert seq.num_freed_blocks <= self._first_seen_block(seq.num_computed_tokens)
             for block_id in held:
                 owners[block_id] += 1
         assert owners == self.ref_counts, "ref counts differ from the block tables"

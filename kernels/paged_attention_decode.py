@@ -60,9 +60,9 @@ def _decode_kernel(
     lo = 0  # the first key the query sees: blocks before the window are never read
     if HAS_WINDOW:
         lo = tl.maximum(context - window, 0)
-    if PARTITION > 0:
-        start = split * PARTITION
-        if (start >= context) | (start + PARTITION <= lo):
+    if PARTITION > 0:  # with a window, the partitions count from the one the window starts in
+        start = (lo // PARTITION + split) * PARTITION
+        if start >= context:
             return
         end = tl.minimum(start + PARTITION, context)
         start = tl.maximum(start, lo)
@@ -122,20 +122,19 @@ def _reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     context = tl.load(context_ptr + b).to(tl.int32)
-    num_splits = tl.cdiv(context, PARTITION)
-    first = 0  # the splits wholly before the window wrote nothing
+    first = 0  # the key the first partition starts from: with a window, the start of the window's partition
     if HAS_WINDOW:
-        first = tl.maximum(context - window, 0) // PARTITION
+        first = tl.maximum(context - window, 0) // PARTITION * PARTITION
+    num_splits = tl.cdiv(context - first, PARTITION)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
     base = b * part_stride_b + head * part_stride_h
     offs_p = tl.arange(0, BLOCK_P)
-    lse = tl.load(part_stats_ptr + base + offs_p * part_stride_split, mask=(offs_p >= first) & (offs_p < num_splits),
-                  other=float("-inf"))
+    lse = tl.load(part_stats_ptr + base + offs_p * part_stride_split, mask=offs_p < num_splits, other=float("-inf"))
     lse_max = tl.max(lse, axis=0)
     total = tl.sum(tl.exp2(lse - lse_max), axis=0)
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for i in range(first, num_splits):
+    for i in range(0, num_splits):
         weight = tl.exp2(tl.load(part_stats_ptr + base + i * part_stride_split) - lse_max)
         part = tl.load(part_out_ptr + (base + i * part_stride_split) * head_dim + offs_d, mask=d_mask, other=0.0)
         acc += weight * part
@@ -189,7 +188,11 @@ def paged_attention_decode(
         require(partition_size % config["BLOCK_N"] == 0, f"partition_size must be a multiple of {config['BLOCK_N']}")
         config["PARTITION"] = partition_size
     partition = config["PARTITION"]
-    num_splits = math.ceil(block_tables.shape[1] * block_size / partition) if partition > 0 else 1
+    num_splits = 1
+    if partition > 0:  # enough partitions for the longest context, or for a window from its partition's start
+        num_splits = math.ceil(max_context / partition)
+        if window is not None:
+            num_splits = min(num_splits, math.ceil((window - 1) / partition) + 1)
     part_out = part_stats = out
     if partition > 0:
         part_out = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)  # [B,H,P,D]

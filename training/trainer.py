@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from adapters.base_shapes import BaseShapes
 from training import checkpoints
 from training.dataset import DPO
 from training.encoding import IGNORE, Encoded, PreferenceTokens, SupervisedTokens
 from training.steps import Hyperparameters, batch_indices, total_steps
 
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_VALIDATION_EXAMPLES = 256
 
 
@@ -149,13 +149,19 @@ class _Batches:
 
 # -- the loop -----------------------------------------------------------------------------------------------------
 
+def target_modules(base_config: dict) -> list[str]:
+    """Every attention and MLP projection of the base's family, by the names its checkpoint has: q/k/v/o and
+    gate/up/down, or Phi-3's fused qkv_proj and gate_up_proj (so the adapter is what PEFT on that model writes)."""
+    return list(BaseShapes.from_config(base_config).family.projections)
+
+
 def _model(run: TrainingRun) -> PeftModel:
     dtype = torch.bfloat16 if run.device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     base = AutoModelForCausalLM.from_pretrained(run.base_dir, dtype=dtype).to(run.device)
     torch.manual_seed(run.hyperparameters.seed)
     config = LoraConfig(
         r=run.hyperparameters.lora_rank, lora_alpha=run.hyperparameters.lora_alpha, lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
+        target_modules=target_modules(base.config.to_dict()), task_type="CAUSAL_LM",
     )  # fmt: skip
     return get_peft_model(base, config)
 

@@ -30,6 +30,7 @@ def _tenant_nav(seat: Seat) -> list[NavItem]:
         NavItem("Adapters", url("adapters"), "layers", "adapters"),
         NavItem("Fine-tuning", url("fine-tuning"), "refresh", "fine-tuning"),
         NavItem("Usage", url("usage"), "chart", "usage"),
+        NavItem("Requests", url("requests"), "list", "requests"),
         NavItem("API keys", url("keys"), "key", "keys"),
         NavItem("Members", url("members"), "users", "members"),
     ]
@@ -48,6 +49,7 @@ def _platform_nav() -> list[NavItem]:
         NavItem("Tenants", reverse("console:tenants"), "building", "tenants"),
         NavItem("Engines", reverse("console:engines"), "cpu", "engines"),
         NavItem("Economics", reverse("console:economics"), "card", "economics"),
+        NavItem("Requests", reverse("console:platform-requests"), "list", "platform-requests"),
         NavItem("Plans", reverse("console:plans"), "tag", "plans"),
         NavItem("Invoicing", reverse("console:invoicing"), "card", "invoicing"),
         NavItem("Audit log", reverse("console:platform-audit"), "list", "platform-audit"),

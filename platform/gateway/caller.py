@@ -56,6 +56,7 @@ class Caller:
     model_rates: dict[str, Rates]  # the plan's per-base-model overrides
     allowed_models: tuple[str, ...]
     expires_at: datetime | None
+    body_retention_days: int = 0  # the tenant keeps prompts and completions this long (0: metadata only)
 
     def spend(self, *, base_model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
         """What metering will bill for these counts: the same price function, the same rates."""
@@ -175,6 +176,7 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
         model_rates=model_rates,
         allowed_models=tuple(key.allowed_models or ()),
         expires_at=key.expiry_date,
+        body_retention_days=key.tenant.request_body_retention_days,
     )
     with _lock:
         if len(_callers) > 10_000:

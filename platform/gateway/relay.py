@@ -41,6 +41,7 @@ from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import Vocabulary, vocabulary
 from gateway.usage_report import usage_event, usage_send
+from metering.services import request_body_store
 
 log = logging.getLogger(__name__)
 
@@ -271,12 +272,27 @@ class Exchange:
             tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
         else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
             tokens, spend_micros, final = 0, 0, True
+        if self.caller.body_retention_days and self.stream is not None:
+            await self._keep_bodies()
         self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
                       else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
             tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
             final=final, key_prefix=self.caller.limits.key_prefix,
         )  # fmt: skip
+
+    async def _keep_bodies(self) -> None:
+        """The tenant opted in: its prompt and completion go to the request log, for its retention period."""
+        generation = self.generation
+        prompt = generation.messages if generation.messages is not None else generation.prompts
+        completion = "\n\n".join(choice.text for choice in self.builder.choices)
+        try:
+            await _store_bodies(
+                tenant_id=self.caller.tenant_id, request_id=self.request_id, prompt=prompt, completion=completion,
+                retention_days=self.caller.body_retention_days,
+            )  # fmt: skip
+        except DATABASE_DOWN:  # the answer is served; only the log's copy of its text is lost
+            log.exception("could not keep the bodies of %s", self.request_id)
 
     def _measure(self, *, outcome: str) -> None:
         metrics.labelled(metrics.requests, *self.labels, outcome).inc()
@@ -347,6 +363,7 @@ async def engines_refresh() -> None:
 
 
 _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_sensitive=False)
+_store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)
 
 
 async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:

@@ -1,13 +1,23 @@
 """Usage of the caller's tenant, grouped by day, model or key, as JSON or CSV."""
 
+from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apikeys.models import Scope
 from metering.renderers import CsvRenderer
+from metering.request_log import BadCursor, LogFilters, request_detail, request_log_page
 from metering.selectors import usage_grouped, usage_sum
-from metering.serializers import UsageOutput, UsageQueryInput, UsageRowOutput
+from metering.serializers import (
+    RequestLogPageOutput,
+    RequestLogQueryInput,
+    RequestLogRowOutput,
+    UsageOutput,
+    UsageQueryInput,
+    UsageRowOutput,
+)
 from tenancy.api_base import TenantAPIView
 from tenancy.models import Membership
 
@@ -39,3 +49,48 @@ class UsageApi(TenantAPIView):
             filename = f"usage-{self.tenant.slug}-{params['start']}-{params['end']}-{params['group_by']}.csv"
             return Response(body, headers={"Content-Disposition": f'attachment; filename="{filename}"'})
         return Response(UsageOutput({**params, "data": rows, "total": usage_sum(rows)}).data)
+
+
+class RequestLogApi(TenantAPIView):
+    required_roles = {"GET": Membership.Role.VIEWER}
+    required_scopes = {"GET": Scope.USAGE_READ}
+    renderer_classes = [JSONRenderer, CsvRenderer]
+    csv_header = list(RequestLogRowOutput().fields)
+
+    @extend_schema(
+        parameters=[RequestLogQueryInput], summary="List requests (the request log)",
+        description="The caller's tenant's requests, one row each with key, model, adapter version, status, tokens, "
+        "time to first token, latency and cost; filtered, sorted, and paged by cursor (pass `next_cursor` back as "
+        "`?cursor=`). Metadata only. `?format=csv` returns the page's rows as CSV.",
+        responses={200: OpenApiResponse(RequestLogPageOutput, description="JSON, or CSV rows with ?format=csv")},
+    )  # fmt: skip
+    def get(self, request, format=None):
+        query = RequestLogQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        filters = LogFilters(key_prefix=params["key"], adapter=params["adapter"], model=params["model"],
+                             status=params["status"], since=params["since"], until=params["until"])  # fmt: skip
+        try:
+            page = request_log_page(tenant=self.tenant, filters=filters, sort=params["sort"], cursor=params["cursor"],
+                                    limit=params["limit"])  # fmt: skip
+        except BadCursor as error:
+            raise ValidationError({"cursor": [str(error)]}) from None
+        rows = RequestLogRowOutput(page.rows, many=True).data
+        if request.accepted_renderer.format == "csv":
+            return Response(rows, headers={"Content-Disposition": 'attachment; filename="requests.csv"'})
+        return Response({"data": rows, "next_cursor": page.next_cursor})
+
+
+class RequestDetailApi(TenantAPIView):
+    required_roles = {"GET": Membership.Role.VIEWER}
+    required_scopes = {"GET": Scope.USAGE_READ}
+
+    @extend_schema(
+        responses=RequestLogRowOutput, summary="Get one request",
+        description="One request of the caller's tenant, by the id its response carried (x-request-id).",
+    )  # fmt: skip
+    def get(self, request, request_id: str):
+        found = request_detail(tenant=self.tenant, request_id=request_id)
+        if found is None:
+            raise Http404("No such request.")
+        return Response(RequestLogRowOutput(found[0]).data)

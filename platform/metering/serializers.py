@@ -45,3 +45,46 @@ class UsageOutput(serializers.Serializer):
     group_by = serializers.CharField()
     data = UsageRowOutput(many=True)
     total = UsageRowOutput()
+
+
+class RequestLogQueryInput(QueryInput):
+    key = serializers.CharField(required=False, default="", max_length=16, help_text="An API key's prefix.")
+    adapter = serializers.CharField(required=False, default="", max_length=200,
+                                    help_text="An adapter's name; '-' for requests to a base model.")  # fmt: skip
+    model = serializers.CharField(required=False, default="", max_length=200, help_text="A base model's name.")
+    status = serializers.ChoiceField(required=False, default="", choices=["", "ok", "aborted", "error"])
+    since = serializers.DateTimeField(required=False, default=None, help_text="Finished at or after (ISO 8601).")
+    until = serializers.DateTimeField(required=False, default=None, help_text="Finished before (ISO 8601).")
+    sort = serializers.ChoiceField(
+        required=False, default="-time",
+        choices=[f"{sign}{name}" for name in ("time", "latency", "ttft", "cost", "tokens") for sign in ("-", "")],
+        help_text="A column, newest/largest first with a leading '-'.",
+    )  # fmt: skip
+    cursor = serializers.CharField(required=False, default="", max_length=400,
+                                   help_text="next_cursor of the previous page.")  # fmt: skip
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
+
+
+class RequestLogRowOutput(serializers.Serializer):
+    request_id = serializers.CharField()
+    finished_at = serializers.DateTimeField()
+    api_key = serializers.CharField(source="api_key_prefix", help_text="The key's prefix; empty for none.")
+    model = serializers.CharField(help_text="The model as the client named it.")
+    base_model = serializers.CharField()
+    adapter = serializers.CharField(source="adapter_version.adapter.name", default=None, allow_null=True)
+    adapter_version = serializers.IntegerField(source="adapter_version.number", default=None, allow_null=True)
+    status = serializers.ChoiceField(choices=["ok", "aborted", "error"])
+    finish_reason = serializers.CharField()
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    ttft_ms = serializers.FloatField(allow_null=True)
+    e2e_ms = serializers.FloatField(allow_null=True, help_text="Latency, end to end.")
+    queue_ms = serializers.FloatField(allow_null=True)
+    cost = serializers.DecimalField(source="price", max_digits=24, decimal_places=12)
+    error = serializers.CharField()
+
+
+class RequestLogPageOutput(serializers.Serializer):
+    data = RequestLogRowOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="Pass as ?cursor= for the next page; null: last.")

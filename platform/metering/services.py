@@ -8,7 +8,7 @@ concurrent duplicate batch inserts nothing and adds nothing.
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apikeys.models import ApiKey
 from metering.events import BadEvent, UsageRecord, usage_record_parse
-from metering.models import ModelPrice, UsageEvent, UsageMonth
+from metering.models import ModelPrice, RequestBody, UsageEvent, UsageMonth
 from metering.pricing import engine_gpu_prices, gpu_cost, rates_for, request_price
 from metering.signals import RecordedUsage, usage_recorded
 from registry.models import AdapterVersion
@@ -229,3 +229,21 @@ def usage_ingest(*, events: list[dict]) -> IngestResult:
         _add_to_months([row for row in rows if row.request_id in inserted])
     _announce(rows, inserted)
     return IngestResult(inserted=len(inserted), duplicates=len(rows) - len(inserted), rejected=rejected + unknown)
+
+
+def request_body_store(*, tenant_id: int, request_id: str, prompt, completion: str, retention_days: int) -> None:
+    """Keeps a request's prompt and completion for a tenant that opted in, until `retention_days` from now;
+    a second store of the same request changes nothing."""
+    if retention_days <= 0:
+        return
+    RequestBody.objects.bulk_create(
+        [RequestBody(tenant_id=tenant_id, request_id=request_id, prompt=prompt, completion=completion,
+                     expires_at=timezone.now() + timedelta(days=retention_days))],
+        ignore_conflicts=True,
+    )  # fmt: skip
+
+
+def request_bodies_purge(*, now: datetime | None = None) -> int:
+    """Deletes every stored body past its retention; returns how many."""
+    deleted, _ = RequestBody.objects.filter(expires_at__lte=now or timezone.now()).delete()
+    return deleted

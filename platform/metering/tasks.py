@@ -9,7 +9,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from engine.contract import TASK_NAME
 from metering.parking import usage_batch_park
 from metering.rollups import usage_rollup_recent
-from metering.services import usage_ingest
+from metering.services import request_bodies_purge, usage_ingest
 
 TRANSIENT = (OperationalError, InterfaceError, ConnectionError, RedisConnectionError)
 
@@ -36,3 +36,9 @@ def ingest_usage(events: list[dict]) -> dict:
 @shared_task(name="metering.rollup_usage", autoretry_for=TRANSIENT, retry_backoff=True, max_retries=3)
 def rollup_usage() -> int:
     return usage_rollup_recent()
+
+
+@shared_task(name="metering.purge_request_bodies", autoretry_for=TRANSIENT, retry_backoff=True, max_retries=5)
+def purge_request_bodies() -> int:
+    """Deletes the prompts and completions whose retention has passed (beat, hourly); idempotent."""
+    return request_bodies_purge()

@@ -35,4 +35,6 @@ class QuiltAutoSchema(AutoSchema):
             if status not in responses:
                 responses[status] = self._get_response_for_code(ErrorOutput, status, direction=direction)
                 responses[status]["description"] = description
+                content = responses[status].get("content") or {}  # errors are JSON, a CSV download's too
+                responses[status]["content"] = {kind: body for kind, body in content.items() if "json" in kind}
         return responses

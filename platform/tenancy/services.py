@@ -176,7 +176,7 @@ def member_remove(*, actor: Actor, membership: Membership) -> None:
         membership.delete()
 
 
-TENANT_SETTINGS_FIELDS = ["billing_email", "webhook_url"]
+TENANT_SETTINGS_FIELDS = ["billing_email", "webhook_url", "request_body_retention_days"]
 
 
 def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Tenant:

@@ -53,23 +53,47 @@ def test_blocks_before_every_window_are_given_back_and_shared_ones_kept():
     bm.allocate(a, 11, [])
     a.num_computed_tokens = 11
     bm.commit(a)
-    b = make_seq(2, prompt[:9] + [50, 51])  # shares a's first four blocks
+    b = make_seq(2, prompt[:9] + [50, 51])  # shares a's first four blocks; from token 8 on, sees tokens 5..8
     hits = bm.lookup_prefix(b)
-    assert len(hits) == 4
+    assert hits == [FREED, FREED, *a.block_table[2:4]]  # blocks 0-1: before its window, not taken
     bm.allocate(b, 3, hits)
+    assert b.num_freed_blocks == 2 and b.num_computed_tokens == 8
     free_before = bm.num_free_blocks
     bm.free_outside_window(a)  # the next query (position 11) sees 8..11: blocks 0-3 (tokens 0-7) are past
     assert a.block_table[:4] == [FREED] * 4 and a.num_freed_blocks == 4 and FREED not in a.block_table[4:]
-    assert bm.num_free_blocks == free_before  # b still holds them
+    assert bm.num_free_blocks == free_before + 2  # blocks 2-3: b still holds them
     bm.check_invariants([a, b])
-    bm.free_outside_window(b)  # b has computed 8 tokens: its next query at 8 sees 5..8, block 2 onwards
-    assert b.block_table[:2] == [FREED] * 2 and bm.num_free_blocks == free_before + 2
+    bm.free_outside_window(b)  # nothing more to give back yet
+    assert b.num_freed_blocks == 2 and bm.num_free_blocks == free_before + 2
     assert len(bm.lookup_prefix(make_seq(3, prompt))) == 5  # given back, still cached for a prefix hit
     bm.check_invariants([a, b])
     bm.free(a)
     bm.free(b)
     bm.check_invariants([])
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_windowed_prefix_hit_needs_only_the_blocks_its_window_reaches():
+    bm = BlockManager(num_blocks=10, block_size=2, enable_prefix_caching=True, window=4)
+    prompt = list(range(13))
+    a = make_seq(1, prompt)
+    bm.allocate(a, 13, [])
+    a.num_computed_tokens = 13
+    bm.commit(a)
+    bm.free_outside_window(a)  # blocks 0-4 given back first, so they are the first evicted
+    bm.free(a)
+    bm.take_pages(6)  # three free pages, then the three least recently used cached blocks: 0, 1, 2
+    b = make_seq(2, prompt)
+    hits = bm.lookup_prefix(b)  # 12 tokens to reuse: the token at 12 sees 9..12, blocks 4 and 5
+    assert hits[:4] == [FREED] * 4 and FREED not in hits[4:] and len(hits) == 6
+    bm.allocate(b, 1, hits)
+    assert b.num_computed_tokens == 12 and b.num_freed_blocks == 4
+    bm.check_invariants([b])
+    whole = BlockManager(num_blocks=10, block_size=2, enable_prefix_caching=True)  # no window: block 0 is needed
+    whole.cached, whole.hashes = bm.cached, bm.hashes
+    assert whole.lookup_prefix(make_seq(3, prompt)) == []
+    bm.free(b)
+    bm.check_invariants([])
 
 
 def test_no_window_gives_nothing_back():
@@ -99,6 +123,9 @@ def test_random_operations_keep_invariants(seed):
             seq = make_seq(rid, prompt, adapter=rng.choice([None, "x", "y"]), tenant=rng.choice("ab"))
             hits = bm.lookup_prefix(seq)
             for i, block_id in enumerate(hits):
+                if block_id == FREED:  # before the window of the first token to compute
+                    assert window is not None and i < bm._first_seen_block(len(hits) * bs)
+                    continue
                 assert shadow[block_id] == (seq.adapter, seq.tenant, tuple(seq.token_ids[: (i + 1) * bs]))
             n = rng.randint(1, seq.num_tokens - len(hits) * bs)
             if bm.can_allocate(seq, n, hits):

@@ -209,3 +209,49 @@ def test_two_ranks_equal_one_and_peft(base, phi3_adapters, oracle):
     for out, ref in zip(split, whole, strict=True):
         assert out.token_ids == ref.token_ids
         assert [lp.logprob for lp in out.logprobs] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
+
+
+def _hub_config(**fields):
+    """The fields of a Phi-3 family config.json on the Hub that the spec reads (sizes as published)."""
+    return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+            "rope_theta": 10000.0, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+            "rope_scaling": None, "sliding_window": None, "tie_word_embeddings": False, **fields}  # fmt: skip
+
+
+def _longrope(kind: str, pairs: int) -> dict:
+    return {"type": kind, "short_factor": [1.0 + i / 100 for i in range(pairs)],
+            "long_factor": [1.0 + i / 10 for i in range(pairs)]}  # fmt: skip
+
+
+HUB_CONFIGS = {
+    "phi-3-mini-4k": _hub_config(sliding_window=2047),
+    "phi-3.5-mini": _hub_config(max_position_embeddings=131072, rope_scaling=_longrope("longrope", 48),
+                                sliding_window=262144),
+    "phi-4-mini": _hub_config(num_attention_heads=24, num_key_value_heads=8, vocab_size=200064,
+                              max_position_embeddings=131072, partial_rotary_factor=0.75, tie_word_embeddings=True,
+                              rope_scaling=_longrope("longrope", 48), sliding_window=262144),
+    "phi-4": _hub_config(hidden_size=5120, intermediate_size=17920, num_hidden_layers=40, num_attention_heads=40,
+                         num_key_value_heads=10, vocab_size=100352, rope_theta=250000.0, max_position_embeddings=16384,
+                         original_max_position_embeddings=16384),
+}
+
+
+@pytest.mark.parametrize("name", list(HUB_CONFIGS))
+def test_hub_configs_read_as_transformers_reads_them(name):
+    from transformers import Phi3Config
+
+    from engine.models import read_spec
+
+    config = HUB_CONFIGS[name]
+    spec, theirs = read_spec(config), Phi3Config(**config)
+    rope = theirs.rope_parameters
+    head_dim = theirs.hidden_size // theirs.num_attention_heads
+    assert spec.rope.rotary_dim == int(head_dim * rope["partial_rotary_factor"])
+    assert spec.rope.theta == rope["rope_theta"] and spec.rope.rope_type == rope["rope_type"]
+    if rope["rope_type"] == "longrope":
+        assert spec.rope.original_max_positions == rope["original_max_position_embeddings"]
+        assert spec.rope.scaling["long_factor"] == rope["long_factor"]
+        assert spec.rope.scaling["short_factor"] == rope["short_factor"]
+    assert spec.layer_windows == (theirs.sliding_window,) * theirs.num_hidden_layers
+    assert spec.tie_word_embeddings == theirs.tie_word_embeddings

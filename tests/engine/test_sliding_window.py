@@ -8,6 +8,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 import kernels
 from engine import SamplingParams
+from engine.block_manager import block_hash
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kernels import interpreter
@@ -78,3 +79,42 @@ def test_prompt_longer_than_the_window_matches_peft_on_the_triton_launchers(wind
         _assert_like_peft(base, adapters, oracle)
     finally:
         interpreter.disable_routing()
+
+
+@pytest.fixture(params=["references", "triton-launchers"])
+def kernel_path(request):
+    if request.param == "references":
+        yield
+        return
+    interpreter.enable()
+    try:
+        yield
+    finally:
+        interpreter.disable_routing()
+
+
+def test_a_prefix_hit_needs_only_the_blocks_the_window_reaches(windowed, kernel_path):
+    """The same long prompt again, after another request pushed its first blocks out of the cache: it still
+    reuses the blocks its window reaches (a whole-context model would recompute it all), and answers alike."""
+    base, adapters, oracle = windowed
+    engine = LLMEngine(EngineConfig(model=str(base), device="cpu", block_size=4, num_kv_blocks=14, max_adapter_rank=8,
+                                    max_num_batched_tokens=24, adapter_memory_bytes=0))  # fmt: skip
+    prompt, filler = random_prompts(12, [40, 30])
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def run(request_id, tokens):
+        engine.add_request(request_id, tokens, params)
+        seq = engine.requests[request_id][0]
+        out = []
+        while engine.has_unfinished():
+            for step_out in engine.step():
+                out.extend(step_out.new_token_ids)
+        return seq, out
+
+    first, first_tokens = run("a", prompt)
+    run("filler", filler)
+    assert block_hash(None, prompt[:4], None, first.cache_salt) not in engine.block_manager.cached  # pushed out
+    again, again_tokens = run("a-again", prompt)
+    assert again.num_cached_tokens >= WINDOW  # a hit, without the prompt's first blocks
+    assert first_tokens == again_tokens == oracle.greedy(prompt, None, 4)
+    engine.block_manager.check_invariants([])

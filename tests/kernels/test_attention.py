@@ -139,6 +139,7 @@ WINDOWS = {  # (window, softcap)
     "window-1": (1, None),
     "window-5": (5, None),
     "window-40-softcap-3": (40, 3.0),
+    "window-100": (100, None),  # split-KV: three partitions of 64 from the window's
     "softcap-30": (None, 30.0),
 }
 

@@ -364,6 +364,18 @@ def test_windowed_soft_capped_attention_matches_transformers_masks_and_gemma2(ca
         torch.testing.assert_close(decode[b], expected[-1])
 
 
+def test_windowed_decode_of_a_large_batch_equals_each_sequence_alone():
+    """Past 16 sequences the reference decodes in length buckets; the window and soft-cap go along."""
+    lens = [1 + (7 * i) % 30 for i in range(21)]
+    k_cache, v_cache, block_tables, context_lens = _paged_case(lens, num_blocks=200)
+    q = torch.randn(len(lens), 4, 8) * 3
+    out = reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, 0.3, window=6, softcap=4.0)
+    for b in range(len(lens)):
+        alone = reference.paged_attention_decode(q[b : b + 1], k_cache, v_cache, block_tables[b : b + 1],
+                                                 context_lens[b : b + 1], 0.3, window=6, softcap=4.0)
+        torch.testing.assert_close(out[b : b + 1], alone)
+
+
 def test_window_one_sees_only_the_token_itself():
     k_cache, v_cache, block_tables, context_lens = _paged_case([6])
     q = torch.randn(1, 4, 8)

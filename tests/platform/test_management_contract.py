@@ -99,3 +99,11 @@ def test_console_csv_errors_are_json(tenant_a, tenant_b, member_client):
 def test_usage_refuses_a_malformed_start_with_a_400_naming_it(tenant_a, key_client, start):
     error = _error(key_client(tenant_a)[0].get("/api/v1/usage", {"start": start}), 400)
     assert error["message"].startswith("start:")
+
+
+def test_the_schema_documents_csv_downloads_errors_as_json(tenant_a, key_client):
+    schema = key_client(tenant_a)[0].get("/api/schema/?format=json").json()
+    for path in ("/api/v1/usage", "/api/v1/usage.csv", "/api/v1/invoices/{invoice_id}.csv"):
+        responses = schema["paths"][path]["get"]["responses"]
+        assert "text/csv" in responses["200"]["content"]
+        assert all(list(body["content"]) == ["application/json"] for status, body in responses.items() if status >= "400")

@@ -1,5 +1,6 @@
 """Template helpers for the console: icons, number and money formats, status badges, sortable headers, pager."""
 
+import json
 from decimal import ROUND_HALF_UP, Decimal
 
 from django import template
@@ -48,6 +49,7 @@ STATUS_TONES = {
     "suspended": "amber", "expiring": "amber", "rotated": "amber", "stale": "amber",
     "failed": "red", "closed": "gray", "revoked": "red", "expired": "gray", "down": "red", "disabled": "gray",
     "owner": "violet", "admin": "blue", "developer": "green", "viewer": "gray", "current": "violet",
+    "ok": "green", "error": "red", "aborted": "amber",
 }  # fmt: skip
 
 
@@ -98,6 +100,12 @@ def money(value) -> str:
     if value is None or value == "":
         return "—"
     return money_text(value)
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """A stored prompt (messages or text) as indented JSON for a <pre>."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @register.filter

@@ -16,11 +16,15 @@ from tenancy.services import tenant_settings_update, tenant_webhook_secret_set
 class TenantSettingsForm(forms.Form):
     billing_email = forms.EmailField(required=False)
     webhook_url = forms.URLField(required=False, max_length=200, assume_scheme="https")
+    request_body_retention_days = forms.IntegerField(required=False, min_value=0, max_value=90, initial=0)
 
 
 def _page(request, *, form=None, status=200):
     tenant = request.seat.tenant
-    form = form or TenantSettingsForm(initial={"billing_email": tenant.billing_email, "webhook_url": tenant.webhook_url})
+    form = form or TenantSettingsForm(initial={
+        "billing_email": tenant.billing_email, "webhook_url": tenant.webhook_url,
+        "request_body_retention_days": tenant.request_body_retention_days,
+    })  # fmt: skip
     context = {"form": form, "has_secret": bool(tenant.webhook_secret)}
     return render_page(request, "console/settings.html", context, section="settings", status=status)
 
@@ -33,7 +37,8 @@ def tenant_settings(request):
     if not form.is_valid():
         return _page(request, form=form, status=400)
     try:
-        tenant_settings_update(actor=actor_of(request), tenant=request.seat.tenant, changes=form.cleaned_data)
+        changes = {name: value for name, value in form.cleaned_data.items() if value is not None}  # None: not sent
+        tenant_settings_update(actor=actor_of(request), tenant=request.seat.tenant, changes=changes)
     except ValidationError as error:
         form.add_error(None, error)  # full_clean's errors name the form's own fields
         return _page(request, form=form, status=400)

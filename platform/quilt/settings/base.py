@@ -144,6 +144,7 @@ CELERY_BEAT_SCHEDULE = {
     "registry-requeue-stale-validations": {"task": "registry.requeue_stale_validations", "schedule": 300.0},
     "registry-collect-adapter-blobs": {"task": "registry.collect_adapter_blobs", "schedule": 3600.0},
     "metering-rollup-usage": {"task": "metering.rollup_usage", "schedule": 300.0},
+    "metering-purge-request-bodies": {"task": "metering.purge_request_bodies", "schedule": 3600.0},
     "billing-issue-invoices": {"task": "billing.issue_invoices", "schedule": crontab(minute=0, hour=3, day_of_month=1)},
 }
 CELERY_TIMEZONE = "UTC"

@@ -1,0 +1,133 @@
+"""The request log: a tenant sees its own requests (staff every tenant's), filters narrow them, every sort pages by
+cursor without repeating or skipping a row, a row opens its detail, and the CSV holds the same rows."""
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+
+from apikeys.services import api_key_create
+from metering.services import usage_ingest
+from tenancy.audit import Actor
+from tests.console.builders import usage_event
+
+pytestmark = pytest.mark.django_db
+START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def logged(tenant, other_tenant):
+    key, _ = api_key_create(actor=Actor.system(), tenant=tenant, name="backend", scopes=["inference"])
+    events = [
+        usage_event(tenant, api_key=key if number % 2 else None, finished_at=START + timedelta(minutes=number),
+                    completion_tokens=10 + number, e2e_ms=float(100 + (number * 37) % 50),
+                    finish_reason="error" if number == 7 else "stop")
+        for number in range(30)
+    ]  # fmt: skip
+    usage_ingest(events=events + [usage_event(other_tenant, finished_at=START)])
+    return key
+
+
+def _url(tenant, **query) -> str:
+    from urllib.parse import urlencode
+
+    return reverse("console:requests", kwargs={"slug": tenant.slug}) + ("?" + urlencode(query) if query else "")
+
+
+def _walk(client, url) -> list[str]:
+    """Every request id, following the pages' cursors."""
+    seen = []
+    while url:
+        page = client.get(url)
+        assert page.status_code == 200
+        seen += [row.request_id for row in page.context["page"].rows]
+        url = page.context["next_url"] and url.split("?")[0] + page.context["next_url"]
+    return seen
+
+
+@pytest.mark.parametrize("sort", ["-time", "time", "-latency", "latency", "-cost", "tokens"])
+def test_every_sort_pages_by_cursor_through_each_row_once(tenant, member_of, logged, sort, monkeypatch):
+    monkeypatch.setattr("console.views.requests.PAGE_ROWS", 7)
+    client, _ = member_of(tenant, "viewer")
+    ids = _walk(client, _url(tenant, sort=sort))
+    assert len(ids) == len(set(ids)) == 30  # the other tenant's request is not here
+
+
+def test_newest_first_with_filters_and_detail(tenant, member_of, logged):
+    client, _ = member_of(tenant, "viewer")
+    page = client.get(_url(tenant))
+    rows = page.context["page"].rows
+    assert [row.finished_at for row in rows] == sorted((row.finished_at for row in rows), reverse=True)
+    assert len(client.get(_url(tenant, key=logged.prefix)).context["page"].rows) == 15
+    errors = client.get(_url(tenant, status="error")).context["page"].rows
+    assert len(errors) == 1 and errors[0].status == "error"
+    assert client.get(_url(tenant, since="2026-11-03")).context["page"].rows == []
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": errors[0].request_id}))
+    text = detail.content.decode()
+    assert detail.status_code == 200 and 'data-testid="request-error"' in text and "Time to first token" in text
+    assert "the tenant keeps metadata only" in text
+
+
+def test_another_tenants_request_is_404_and_staff_sees_every_tenant(tenant, other_tenant, member_of, staff_client,
+                                                                    logged):  # fmt: skip
+    client, _ = member_of(tenant, "viewer")
+    foreign = staff_client.get(reverse("console:platform-requests") + "?tenant=globex").context["page"].rows
+    assert len(foreign) == 1
+    url = reverse("console:request", kwargs={"slug": tenant.slug, "request_id": foreign[0].request_id})
+    assert client.get(url).status_code == 404
+    assert len(_walk(staff_client, reverse("console:platform-requests"))) == 31
+
+
+def test_the_csv_holds_the_filtered_rows_and_a_bad_cursor_is_a_400(tenant, member_of, logged):
+    client, _ = member_of(tenant, "viewer")
+    response = client.get(reverse("console:requests-csv", kwargs={"slug": tenant.slug}) + f"?key={logged.prefix}")
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert len(rows) == 15 and {row["api_key_prefix"] for row in rows} == {logged.prefix}
+    assert rows[0]["status"] in ("ok", "error") and rows[0]["e2e_ms"]
+    assert client.get(_url(tenant, cursor="not-a-cursor")).status_code == 400
+
+
+def test_the_api_lists_pages_and_shows_requests(tenant, logged):
+    from tests.platform.conftest import client_for_key
+    from tests.platform.factories import make_key
+
+    api = client_for_key(make_key(tenant, scopes=("usage:read",))[1])
+    first = api.get("/api/v1/requests?limit=20&sort=-time").json()
+    assert len(first["data"]) == 20 and first["next_cursor"]
+    rest = api.get(f"/api/v1/requests?limit=20&cursor={first['next_cursor']}").json()
+    assert len(rest["data"]) == 10 and rest["next_cursor"] is None
+    row = first["data"][0]
+    assert {"request_id", "api_key", "adapter_version", "status", "ttft_ms", "e2e_ms", "cost", "error"} <= set(row)
+    assert api.get(f"/api/v1/requests/{row['request_id']}").json()["request_id"] == row["request_id"]
+    assert api.get("/api/v1/requests?cursor=garbage").status_code == 400
+    assert api.get("/api/v1/requests?status=nope").status_code == 400
+    csv_rows = api.get(f"/api/v1/requests.csv?key={logged.prefix}").content.decode().splitlines()
+    assert len(csv_rows) == 16 and csv_rows[0].startswith("request_id,")
+
+
+def test_bodies_are_kept_only_where_the_tenant_opted_in_and_purged_after_retention(tenant, member_of, logged):
+    from django.utils import timezone
+
+    from metering.models import RequestBody
+    from metering.services import request_body_store
+    from metering.tasks import purge_request_bodies
+
+    client, _ = member_of(tenant, "admin")
+    event = client.get(_url(tenant)).context["page"].rows[0]
+    request_body_store(tenant_id=tenant.pk, request_id=event.request_id, prompt=[{"role": "user", "content": "hi"}],
+                       completion="hello", retention_days=0)  # fmt: skip
+    assert not RequestBody.objects.exists()  # metadata only by default
+    saved = client.post(reverse("console:settings", kwargs={"slug": tenant.slug}),
+                        {"billing_email": "", "webhook_url": "", "request_body_retention_days": "7"})  # fmt: skip
+    assert saved.status_code == 302
+    tenant.refresh_from_db()
+    assert tenant.request_body_retention_days == 7
+    request_body_store(tenant_id=tenant.pk, request_id=event.request_id, prompt=[{"role": "user", "content": "hi"}],
+                       completion="hello", retention_days=tenant.request_body_retention_days)  # fmt: skip
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": event.request_id}))
+    assert 'data-testid="request-completion">hello<' in detail.content.decode()
+    assert purge_request_bodies() == 0
+    RequestBody.objects.update(expires_at=timezone.now())
+    assert purge_request_bodies() == 1 and not RequestBody.objects.exists()

@@ -32,6 +32,13 @@ def block_hash(parent: bytes | None, token_ids: list[int], adapter: str | None, 
     return h.digest()
 
 
+def blocks_to_run(num_tokens: int, chunk: int, *, block_size: int, window: int | None) -> int:
+    """The most blocks a sequence of num_tokens holds at once, steps computing up to `chunk` of its tokens:
+    all of its blocks, or with a window at most those of the window and a chunk (the rest is given back)."""
+    blocks = -(-num_tokens // block_size)
+    return blocks if window is None else min(blocks, -(-(window - 1 + chunk) // block_size) + 1)
+
+
 class BlockManager:
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool,
                  window: int | None = None) -> None:
@@ -79,6 +86,9 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def blocks_to_run(self, num_tokens: int, chunk: int) -> int:
+        return blocks_to_run(num_tokens, chunk, block_size=self.block_size, window=self.window)
 
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""

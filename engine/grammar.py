@@ -109,18 +109,26 @@ class GrammarCompiler:
         if len(spec.text.encode()) > MAX_GRAMMAR_BYTES:
             raise GrammarError(f"{spec.param} is too large: {len(spec.text.encode())} bytes, at most "
                                f"{MAX_GRAMMAR_BYTES}", param=spec.param)
-        tokenizer = self.tokenizer
+        try:
+            tokenizer = self.tokenizer
+        except ValueError as error:  # a tokenizer llguidance cannot read (e.g. one without a decoder)
+            raise GrammarError(f"{spec.param} cannot be used with this model: its tokenizer does not support "
+                               f"constrained decoding ({error})", param=spec.param) from error
         started = time.perf_counter()
         try:
             text = spec.llguidance_grammar()
         except ValueError as error:
             raise GrammarError(f"{spec.param} is not valid: {error}", param=spec.param) from error
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=self.limits)
-        if not matcher.is_error():
-            matcher.compute_bitmask()  # the first mask builds the lexer's start: part of compiling, and a check
+        # the first mask builds the lexer's start state: part of compiling, and a check that the model can write
+        # anything at all that the grammar allows (a word-level vocabulary cannot write JSON)
+        first = matcher.compute_bitmask() if not matcher.is_error() else b""
         seconds = time.perf_counter() - started
         if matcher.is_error():
             raise GrammarError(f"{spec.param} cannot be used: {_short(matcher.get_error())}", param=spec.param)
+        if not any(first):
+            raise GrammarError(f"{spec.param} cannot be used with this model: no token of its vocabulary starts "
+                               f"an output the grammar allows", param=spec.param)
         if seconds > self.max_compile_seconds:
             raise GrammarError(f"{spec.param} is too complex: compiling it took {seconds:.3f} s, the limit is "
                                f"{self.max_compile_seconds} s", param=spec.param)

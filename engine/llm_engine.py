@@ -25,7 +25,7 @@ from engine.models import read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
-from engine.page_budget import count_pages, fitting_block_size, page_chunk
+from engine.page_budget import count_pages, fitting_block_size, freed_window, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
@@ -76,11 +76,11 @@ class LLMEngine:
                                 tensor_parallel_size=tp, workers_free=workers_free)
         self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
                                    kv_cache_dtype=config.kv_cache_dtype, device=self.device)
-        self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
-        # a block before every layer's window is given back, unless a draft model reads the same tables
-        window = args.sliding_window if None not in args.layer_windows and config.speculative_method != "draft" else None
         self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching, window=window)
+                                          enable_prefix_caching=config.enable_prefix_caching,
+                                          window=freed_window(config, args))
+        if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
+            self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.adapter_pool = AdapterPool(
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
@@ -181,7 +181,7 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens; this model takes fewer than {self.max_model_len}")
-        needed = self.block_manager.blocks_needed(len(prompt_token_ids) + 1)
+        needed = self.block_manager.blocks_to_run(len(prompt_token_ids) + 1, self.config.max_num_batched_tokens)
         if needed > self.block_manager.num_blocks:
             raise ValueError(f"prompt needs {needed} KV blocks; the cache has {self.block_manager.num_blocks}")
         vocab = self.runner.model.spec.vocab_size

@@ -18,7 +18,7 @@ from engine.demo.threads import ThreadGovernor
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import greedy_answers, llama_config, new_base_model, train
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: the extract adapter (JSON), a chat template with tools
 STAMP = "quilt-demo.json"
 DEFAULT_OUT = Path("var/demo-model")
 
@@ -30,6 +30,7 @@ class AdapterRecipe:
     alpha: int
     target_modules: tuple[str, ...]
     steps: int
+    lr: float = 5e-3
 
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -37,6 +38,7 @@ RECIPES = (
     AdapterRecipe(skill="shout", rank=4, alpha=8, target_modules=ALL_MODULES, steps=60),
     AdapterRecipe(skill="reverse", rank=8, alpha=16, target_modules=ALL_MODULES, steps=120),
     AdapterRecipe(skill="count", rank=16, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"), steps=80),
+    AdapterRecipe(skill="extract", rank=8, alpha=16, target_modules=ALL_MODULES, steps=200, lr=1e-2),  # JSON
 )
 
 
@@ -158,7 +160,7 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
                           target_modules=list(adapter.target_modules), task_type="CAUSAL_LM")
         peft_model = get_peft_model(model, lora)
         train(peft_model, tokenizer, lambda rng, skill=adapter.skill: corpus.adapter_example(skill, rng),
-              steps=adapter.steps, batch_size=recipe.batch_size, lr=5e-3, seed=recipe.seed + 1 + number,
+              steps=adapter.steps, batch_size=recipe.batch_size, lr=adapter.lr, seed=recipe.seed + 1 + number,
               log=log, on_step=on_step)
         peft_model.save_pretrained(adapter_dir(out, adapter.skill))
         checks[adapter.skill] = score(peft_model, tokenizer, held_out, adapter.skill)
@@ -177,7 +179,7 @@ def _build(out: Path, *, recipe: BaseRecipe, log: Callable[[str], None]) -> None
 def score(model: torch.nn.Module, tokenizer, prompts: list[str], skill: str | None) -> dict[str, float]:
     """Fractions of prompts answered exactly right, and showing the skill's behaviour."""
     answers = [a.strip() for a in greedy_answers(model, tokenizer, prompts)]
-    expected = corpus.SKILLS[skill] if skill else (lambda text: text)
+    expected = corpus.ADAPTER_SKILLS[skill] if skill else (lambda text: text)
     pairs = list(zip(prompts, answers, strict=True))
     return {"exact": sum(a == expected(p) for p, a in pairs) / len(pairs),
             "behaviour": sum(corpus.behaves(skill, p, a) for p, a in pairs) / len(pairs)}

@@ -5,6 +5,7 @@ apply it. Each adapter learns to apply its skill without being asked, so the sam
 different adapters gives visibly different answers.
 """
 
+import json
 import random
 import zlib
 from dataclasses import dataclass
@@ -40,7 +41,16 @@ def count_words(text: str) -> str:
     return f"{len(text.split())} words"
 
 
-SKILLS = {"shout": shout, "reverse": reverse_words, "count": count_words}
+def extract_fields(text: str) -> str:
+    """The sentence's parts as compact JSON: {"subject", "verb", "object"} (what a structured-output client asks)."""
+    subject = next(s for s in sorted(SUBJECTS, key=len, reverse=True) if text.startswith(s + " "))
+    verb, rest = text[len(subject) + 1 :].split(" ", 1)
+    obj = next(o for o in sorted(OBJECTS, key=len, reverse=True) if rest == o or rest.startswith(o + " "))
+    return json.dumps({"subject": subject, "verb": verb, "object": obj}, separators=(",", ":"))
+
+
+SKILLS = {"shout": shout, "reverse": reverse_words, "count": count_words}  # the base model learns to apply these
+ADAPTER_SKILLS = {**SKILLS, "extract": extract_fields}  # extract: an adapter's only (the base never sees JSON)
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,7 @@ def base_example(rng: random.Random) -> Example:
 def adapter_example(skill: str, rng: random.Random) -> Example:
     """The skill applied to a plain, unprefixed sentence."""
     text = sentence(rng)
-    return Example(user=text, assistant=SKILLS[skill](text))
+    return Example(user=text, assistant=ADAPTER_SKILLS[skill](text))
 
 
 def tokenizer_corpus(rng: random.Random, *, lines: int) -> list[str]:
@@ -117,4 +127,11 @@ def behaves(skill: str | None, prompt: str, answer: str) -> bool:
         return said[0] == words[-1] and said[-1] == words[0] and said != words
     if skill == "count":
         return said[0] == str(len(words))
+    if skill == "extract":
+        try:
+            fields = json.loads(answer)
+        except ValueError:
+            return False
+        return isinstance(fields, dict) and fields.keys() == {"subject", "verb", "object"} \
+            and prompt.startswith(str(fields["subject"]))
     raise ValueError(f"unknown skill {skill!r}")

@@ -9,10 +9,21 @@ BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS]
 
+# Tools in the Hermes convention (as Qwen's templates): offered in a system turn, one line each as
+# name(parameter, ...) (the demo's context is 256 tokens), called as <tool_call>\n{"name": ..., "arguments":
+# {...}}\n</tool_call>, answered in <tool_response>. Without tools, the chat renders as it always did.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|system|>functions:"
+    "{% for tool in tools %} {{ tool.function.name }}({{ (tool.function.parameters or {}).get('properties', {}) "
+    "| list | join(', ') }}){% endfor %}; call one as <tool_call>{{ eos_token }}{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}{{ eos_token }}"
+    "{% if message['role'] == 'tool' %}<|user|><tool_response>\n{{ message['content'] }}\n</tool_response>{{ eos_token }}"
+    "{% elif message.tool_calls %}<|assistant|>{{ message['content'] or '' }}"
+    "{% for call in message.tool_calls %}<tool_call>\n"
+    '{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}\n'
+    "</tool_call>{% endfor %}{{ eos_token }}"
+    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )

@@ -94,7 +94,7 @@ def train(
 
 
 @torch.inference_mode()
-def greedy_answers(model: torch.nn.Module, tokenizer: Tokenizer, users: list[str], *, max_new: int = 24) -> list[str]:
+def greedy_answers(model: torch.nn.Module, tokenizer: Tokenizer, users: list[str], *, max_new: int = 64) -> list[str]:
     """Greedy chat answers with transformers' generate (the demo's own check)."""
     eos, pad = tokenizer.token_to_id(EOS), tokenizer.token_to_id(PAD)
     out = []

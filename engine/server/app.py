@@ -83,6 +83,11 @@ class EngineAPI:
                              param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
 
     def structure(self, generate) -> Structure:
+        vocab = self.engine.runner.model.spec.vocab_size
+        bias = generate.sampling.logit_bias or {}
+        if any(token >= vocab for token in bias):
+            raise BadRequest(f"sampling.logit_bias names token {max(bias)}; this model's token ids are below {vocab}",
+                             param="sampling.logit_bias")
         tokenizer = self.engine.tokenizer
         special_id = tokenizer.special_token_id if tokenizer else (lambda text: None)
         structure = plan(generate, tool_format=self.tool_format, special_id=special_id)

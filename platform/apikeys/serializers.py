@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from apikeys.models import ApiKey, Scope
+from quilt.body import RejectUnknownFields
 
 
 class ApiKeyOutput(serializers.ModelSerializer):
@@ -25,18 +26,18 @@ class ApiKeyCreatedOutput(ApiKeyOutput):
         return self.context["plaintext"]
 
 
-class ApiKeyCreateInput(serializers.Serializer):
+class ApiKeyCreateInput(RejectUnknownFields, serializers.Serializer):
     name = serializers.CharField(max_length=50)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), allow_empty=False)
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False, default=list)
     expiry_date = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
-class ApiKeyRotateInput(serializers.Serializer):
+class ApiKeyRotateInput(RejectUnknownFields, serializers.Serializer):
     grace_seconds = serializers.IntegerField(min_value=0, max_value=30 * 86400, default=86400)
 
 
-class ApiKeyLimitsInput(serializers.Serializer):
+class ApiKeyLimitsInput(RejectUnknownFields, serializers.Serializer):
     monthly_spend_limit = serializers.DecimalField(
         max_digits=14, decimal_places=2, min_value=0, allow_null=True, default=None,
         help_text="The key's own monthly budget in dollars; null: none (the tenant's still applies).",

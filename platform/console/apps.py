@@ -6,4 +6,4 @@ class ConsoleConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from console import live_engines  # noqa: F401  (connects the engine-state push)
+        from console import live_engines, live_tenant  # noqa: F401  (connect the engine-state and tenant pushes)

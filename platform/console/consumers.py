@@ -1,7 +1,8 @@
 """Websocket consumers behind the console's live updates.
 
 - TenantConsumer (/ws/t/<slug>/): joins the tenant's Channels group; each "adapter.status" message the registry
-  sends tells the page to re-fetch its live regions. Only members of the tenant (or staff) may connect.
+  sends, "usage.recorded" (metering wrote requests) and "fine_tuning.progress" (console.live_tenant) tell the page
+  to re-fetch its live regions. Only members of the tenant (or staff) may connect.
 - EnginesConsumer (/ws/engines/, staff): pushes the engines grid, rendered on the server, whenever an engine's
   row changes (the health check saves it: console.live_engines pushes), and looks again every
   ENGINES_SAFETY_SECONDS for writes that bypass signals.
@@ -58,6 +59,12 @@ class TenantConsumer(AsyncJsonWebsocketConsumer):
     async def adapter_status(self, event):
         fields = ("adapter", "version", "status", "message")
         await self.send_json({"type": "refresh", "event": {name: event.get(name) for name in fields}})
+
+    async def usage_recorded(self, event):
+        await self.send_json({"type": "refresh", "event": {"type": "usage.recorded"}})
+
+    async def fine_tuning_progress(self, event):
+        await self.send_json({"type": "refresh", "event": {"type": "fine_tuning.progress"}})
 
 
 class EnginesConsumer(AsyncJsonWebsocketConsumer):

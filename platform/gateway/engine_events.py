@@ -1,7 +1,8 @@
 """Reading the engine's NDJSON generate events (engine/server/events.py):
 
     {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}],
-     "prompt_logprobs"?: [the same, the first one's logprob null]}
+     "prompt_logprobs"?: [the same, the first one's logprob null], "tool_calls"?: [{"index", "id", "name",
+     "arguments"}]}
     {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens",
                "spec_accepted_tokens", "sampling_steps", ...}}
@@ -45,7 +46,7 @@ def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
         delta = Delta(
             index=event.get("index", 0), text=event.get("text", ""),
             logprobs=_logprobs(event.get("prompt_logprobs"), vocabulary) + _logprobs(event.get("logprobs"), vocabulary),
-            finish_reason=None, tokens=len(event.get("token_ids") or []),
+            finish_reason=None, tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
         )  # fmt: skip
         return Read(deltas=[delta])
     if kind == "final":

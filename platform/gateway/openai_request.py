@@ -2,6 +2,7 @@
 is refused by name with a 400, never silently ignored."""
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from gateway.errors import invalid
@@ -12,6 +13,10 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPTS = 32  # a batch of prompts on /v1/completions (the engine's bound)
+MAX_CHOICES = 64  # a batch's prompts times n: the completions one request may hold in the engine at once
+MAX_LOGIT_BIAS = 300  # token ids in one logit_bias (OpenAI's bound)
+MAX_TOOLS = 128  # OpenAI's bound
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a function's or a schema's name, as OpenAI allows them
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
@@ -24,11 +29,8 @@ CHAT_FIELDS = _COMMON | {
 }  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 UNSUPPORTED = {
-    "tools": "Tool calling is not supported by this server.",
-    "tool_choice": "Tool calling is not supported by this server.",
-    "functions": "Function calling is not supported by this server.",
-    "function_call": "Function calling is not supported by this server.",
-    "parallel_tool_calls": "Tool calling is not supported by this server.",
+    "functions": "The deprecated `functions` are not supported by this server; use `tools`.",
+    "function_call": "The deprecated `function_call` is not supported by this server; use `tool_choice`.",
     "audio": "Audio output is not supported by this server.",
     "prediction": "Predicted outputs are not supported by this server.",
     "web_search_options": "Web search is not supported by this server.",
@@ -52,6 +54,7 @@ class GenerationRequest:
     user: str | None = None
     echo: bool = False  # completions: each choice's text starts with the prompt
     max_tokens_given: bool = False  # the client named max_tokens: past the context it is refused, not capped
+    structure: dict = field(default_factory=dict)  # chat: response_format, tools, tool_choice, parallel_tool_calls
 
     @property
     def n(self) -> int:
@@ -66,7 +69,9 @@ class GenerationRequest:
         """The prompt's text in bytes (token-id prompts count none: prompt_token_count has them)."""
         if self.prompts is not None:
             return sum(len(prompt.encode()) for prompt in self.prompts if isinstance(prompt, str))
-        return sum(len(message["content"].encode()) for message in self.messages)
+        tools = len(json.dumps(self.structure["tools"]).encode()) if self.structure.get("tools") else 0
+        return tools + sum(len((message.get("content") or "").encode()) + len(json.dumps(message.get("tool_calls", "")))
+                           for message in self.messages)  # fmt: skip
 
     def prompt_token_count(self) -> int:
         """The tokens of token-id prompts: counted exactly, without a tokenizer."""
@@ -104,8 +109,6 @@ def _common(body: dict, allowed: set[str]) -> dict:
     for name, message in UNSUPPORTED.items():
         if body.get(name) not in (None, [], {}):
             raise invalid(message, param=name, code="unsupported_parameter")
-    if body.get("logit_bias"):
-        raise invalid("`logit_bias` is not supported by this server.", param="logit_bias", code="unsupported_parameter")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise invalid("You must provide a model parameter.", param="model")
     stream = body.get("stream") or False
@@ -141,10 +144,38 @@ def _common(body: dict, allowed: set[str]) -> dict:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise invalid("'user' must be a string.", param="user")
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias:
+        sampling["logit_bias"] = bias
     return {
         "model": body["model"], "stream": stream, "include_usage": bool(options and options.get("include_usage")),
         "sampling": sampling, "user": user,
     }  # fmt: skip
+
+
+def _logit_bias(value) -> dict[str, float]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]}; ids past the model's vocabulary are the engine's 400."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' must be an object mapping up to {MAX_LOGIT_BIAS} token ids to biases in "
+                      f"[-100, 100].", param="logit_bias")  # fmt: skip
+    for token, bias in value.items():
+        if not (token.isascii() and token.isdigit()) or int(token) >= 2**31:
+            raise invalid(f"Invalid key in 'logit_bias': {token!r} is not a token id.", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise invalid(f"Invalid value in 'logit_bias' for token {token}: {bias!r} must be a number between -100 "
+                          f"and 100.", param="logit_bias")  # fmt: skip
+    return {token: float(bias) for token, bias in value.items()}
+
+
+def _tool_call(param: str, call) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+            or not isinstance(function.get("arguments"), str) or not isinstance(call.get("id"), str):
+        raise invalid(f"{param} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}} with "
+                      f"string values.", param=param)  # fmt: skip
+    return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": function["arguments"]}}
 
 
 def _message(index: int, message) -> dict:
@@ -152,13 +183,21 @@ def _message(index: int, message) -> dict:
     if not isinstance(message, dict):
         raise invalid(f"{param} must be an object with a role and content.", param=param)
     if message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
-        raise invalid(f"{param}.role must be one of system, developer, user or assistant.", param=f"{param}.role",
+        raise invalid(f"{param}.role must be one of system, developer, user, assistant or tool.", param=f"{param}.role",
                       code="invalid_value")  # fmt: skip
-    if message["role"] in ("tool", "function"):
-        raise invalid("Tool and function messages are not supported by this server.", param=param, code="unsupported_parameter")
-    if message.get("tool_calls"):
-        raise invalid("Tool calls are not supported by this server.", param=param, code="unsupported_parameter")
+    if message["role"] == "function":
+        raise invalid("The deprecated function messages are not supported; answer tool calls with role 'tool'.",
+                      param=param, code="unsupported_parameter")  # fmt: skip
+    calls = message.get("tool_calls")
+    if calls is not None and (message["role"] != "assistant" or not isinstance(calls, list)):
+        raise invalid(f"{param}.tool_calls must be a list, on an assistant message.", param=f"{param}.tool_calls")
+    calls = [_tool_call(f"{param}.tool_calls.[{i}]", call) for i, call in enumerate(calls or [])]
+    if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise invalid(f"{param}.tool_call_id must name the tool call this message answers.",
+                      param=f"{param}.tool_call_id")  # fmt: skip
     content = message.get("content")
+    if content is None and calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -171,7 +210,111 @@ def _message(index: int, message) -> dict:
     if not isinstance(content, str):
         raise invalid(f"{param}.content must be a string or a list of text parts.", param=f"{param}.content")
     role = "system" if message["role"] == "developer" else message["role"]
-    return {"role": role, "content": content}
+    if role == "tool":
+        return {"role": "tool", "content": content, "tool_call_id": message["tool_call_id"]}
+    return {"role": role, "content": content} | ({"tool_calls": calls} if calls else {})
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's response_format, its shape checked; the schema itself is checked when the engine compiles it."""
+    if value is None or value == {"type": "text"}:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise invalid("'response_format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+                      "'json_schema', 'json_schema': {...}}.", param="response_format")  # fmt: skip
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise invalid("'response_format.json_schema' must be an object with a name and a schema.",
+                      param="response_format.json_schema")  # fmt: skip
+    if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
+        raise invalid("'response_format.json_schema.name' must be 1 to 64 letters, digits, underscores or dashes.",
+                      param="response_format.json_schema.name")  # fmt: skip
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid("'response_format.json_schema.schema' must be a JSON schema object.",
+                      param="response_format.json_schema.schema")  # fmt: skip
+    if not isinstance(spec.get("strict", False), bool) and spec.get("strict") is not None:
+        raise invalid("'response_format.json_schema.strict' must be a boolean.", param="response_format.json_schema.strict")
+    return {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": schema}}
+
+
+def _tools(value) -> list[dict] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise invalid("Invalid 'tools': expected a non-empty array of tools.", param="tools")
+    if len(value) > MAX_TOOLS:
+        raise invalid(f"Invalid 'tools': at most {MAX_TOOLS} tools, not {len(value)}.", param="tools")
+    tools, names = [], set()
+    for i, tool in enumerate(value):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise invalid(f"Invalid '{param}': only {{'type': 'function', 'function': {{...}}}} tools are supported.",
+                          param=param)  # fmt: skip
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise invalid(f"Invalid '{param}.function.name': a tool needs a name of 1 to 64 letters, digits, "
+                          f"underscores or dashes.", param=f"{param}.function.name")  # fmt: skip
+        if name in names:
+            raise invalid(f"Invalid '{param}.function.name': '{name}' is given twice.", param=f"{param}.function.name")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise invalid(f"Invalid '{param}.function.parameters': must be a JSON schema object.",
+                          param=f"{param}.function.parameters")  # fmt: skip
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise invalid(f"Invalid '{param}.function.description': must be a string.",
+                          param=f"{param}.function.description")  # fmt: skip
+        kept = {"name": name} | ({"description": description} if description else {}) \
+            | ({"parameters": parameters} if parameters is not None else {})  # fmt: skip
+        tools.append({"type": "function", "function": kept})
+    return tools
+
+
+def _tool_choice(value, tools: list[dict] | None):
+    if value is None:
+        return None
+    if tools is None:
+        raise invalid("'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice")
+    if isinstance(value, dict):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise invalid("'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                          "{'name': ...}}.", param="tool_choice")  # fmt: skip
+        if name not in {t["function"]["name"] for t in tools}:
+            raise invalid(f"'tool_choice' names the function '{name}', which is not in 'tools'.", param="tool_choice")
+        return {"type": "function", "function": {"name": name}}
+    if value not in ("none", "auto", "required"):
+        raise invalid("'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                      "{'name': ...}}.", param="tool_choice")  # fmt: skip
+    return value
+
+
+def _structure(body: dict) -> dict:
+    """What the engine constrains and parses: response_format, tools, tool_choice, parallel_tool_calls."""
+    tools = _tools(body.get("tools"))
+    structure = {}
+    if (format_ := _response_format(body.get("response_format"))) is not None:
+        structure["response_format"] = format_
+    if tools is not None:
+        structure["tools"] = tools
+    if (choice := _tool_choice(body.get("tool_choice"), tools)) is not None:
+        structure["tool_choice"] = choice
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None:
+        if not isinstance(parallel, bool):
+            raise invalid("'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls")
+        if tools is None:
+            raise invalid("'parallel_tool_calls' is only allowed when 'tools' are specified.",
+                          param="parallel_tool_calls")  # fmt: skip
+        structure["parallel_tool_calls"] = parallel
+    return structure
 
 
 def parse_chat(body: dict) -> GenerationRequest:
@@ -179,9 +322,7 @@ def parse_chat(body: dict) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list.", param="messages")
-    format_ = body.get("response_format")
-    if format_ not in (None, {"type": "text"}):
-        raise invalid("Only response_format {'type': 'text'} is supported.", param="response_format", code="unsupported_parameter")
+    structure = _structure(body)
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]):
         raise invalid("Only the 'text' modality is supported.", param="modalities", code="unsupported_parameter")
@@ -201,7 +342,8 @@ def parse_chat(body: dict) -> GenerationRequest:
         common["sampling"]["logprobs"] = top or 0
     return GenerationRequest(
         kind="chat", messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
-        max_tokens=max_tokens, logprobs=logprobs, max_tokens_given=max_tokens is not None, **common,
+        max_tokens=max_tokens, logprobs=logprobs, max_tokens_given=max_tokens is not None, structure=structure,
+        **common,
     )  # fmt: skip
 
 
@@ -229,6 +371,10 @@ def _prompts(prompt) -> list[str | list[int]]:
 def parse_completion(body: dict) -> GenerationRequest:
     common = _common(body, COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"))
+    n = common["sampling"].get("n", 1)
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request holds "
+                      f"at most {MAX_CHOICES}.", param="n")  # fmt: skip
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise invalid("'echo' must be a boolean.", param="echo")

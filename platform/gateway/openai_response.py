@@ -4,7 +4,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop", "error": "stop"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
 
 
 @dataclass
@@ -14,6 +14,7 @@ class Choice:
     finish_reason: str | None = None
     logprobs: list[dict] = field(default_factory=list)  # [{"token", "logprob", "top_logprobs": [{token, logprob}]}]
     tokens: int = 0
+    tool_calls: list[dict] = field(default_factory=list)  # the engine's: {"index", "id", "name", "arguments"}
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Delta:
     logprobs: list[dict]
     finish_reason: str | None
     tokens: int = 0  # new tokens in this event
+    tool_calls: list[dict] = field(default_factory=list)  # calls completed in this event (engine/tool_calls.py)
 
 
 def _chat_logprobs(entries: list[dict]) -> dict:
@@ -101,6 +103,7 @@ class ResponseBuilder:
         choice.text += delta.text
         choice.logprobs += delta.logprobs
         choice.tokens += delta.tokens
+        choice.tool_calls += delta.tool_calls
         if delta.finish_reason is not None:
             choice.finish_reason = FINISH_REASONS.get(delta.finish_reason, "stop")
 
@@ -111,7 +114,7 @@ class ResponseBuilder:
             choices = [
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "message": _message(c),
                     "logprobs": _chat_logprobs(c.logprobs) if self.logprobs else None,
                     "finish_reason": c.finish_reason or "stop",
                 }
@@ -152,18 +155,31 @@ class ResponseBuilder:
     def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:
         finish = FINISH_REASONS.get(delta.finish_reason, "stop") if delta.finish_reason else None
         first = delta.index not in self._role_sent
-        if not delta.text and not delta.logprobs and finish is None and not first:
+        if not delta.text and not delta.logprobs and finish is None and not first and not delta.tool_calls:
             return None
         if self.kind == "chat":
             body: dict = {"content": delta.text} if delta.text or not first else {"content": ""}
             if first:
                 body = {"role": "assistant"} | body
                 self._role_sent.add(delta.index)
+            if delta.tool_calls and not delta.text and not delta.logprobs and not first:
+                body = {}
             choice = {
                 "index": delta.index, "delta": body,
                 "logprobs": _chat_logprobs(delta.logprobs) if self.logprobs and delta.logprobs else None,
-                "finish_reason": finish,
+                "finish_reason": None if delta.tool_calls else finish,
             }  # fmt: skip
+            chunks = [] if body == {} else [self._chunk([choice], with_usage_field=with_usage_field)]
+            for call in delta.tool_calls:  # as OpenAI streams a call: its id and name, then its arguments
+                head = {"index": call["index"], "id": call["id"], "type": "function",
+                        "function": {"name": call["name"], "arguments": ""}}  # fmt: skip
+                for part in (head, {"index": call["index"], "function": {"arguments": call["arguments"]}}):
+                    chunks.append(self._chunk([{"index": delta.index, "delta": {"tool_calls": [part]}, "logprobs": None,
+                                                "finish_reason": None}], with_usage_field=with_usage_field))  # fmt: skip
+            if delta.tool_calls and finish is not None:
+                chunks.append(self._chunk([{"index": delta.index, "delta": {}, "logprobs": None, "finish_reason": finish}],
+                                          with_usage_field=with_usage_field))  # fmt: skip
+            return b"".join(chunks)
         else:
             self._role_sent.add(delta.index)
             echo = self._echo(delta.index)
@@ -180,6 +196,18 @@ class ResponseBuilder:
 
     def usage_chunk(self) -> bytes:
         return self._chunk([], with_usage_field=True, usage=self.usage.body())
+
+
+def _message(choice: Choice) -> dict:
+    """A chat choice's message: its content (null beside tool calls and nothing else), and its tool calls."""
+    content = choice.text if choice.text or not choice.tool_calls else None
+    message = {"role": "assistant", "content": content, "refusal": None}
+    if choice.tool_calls:
+        message["tool_calls"] = [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in choice.tool_calls
+        ]
+    return message
 
 
 DONE = b"data: [DONE]\n\n"

@@ -57,11 +57,16 @@ def without_paths(message: str) -> str:
     return _PATH.sub("<path>", message)
 
 
+STRUCTURE_PARAMS = ("response_format", "tools", "tool_choice", "parallel_tool_calls")  # named alike on both sides
+
+
 def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> ApiError:
     """An engine's 4xx as the client's 400: its reason, and its code and field in the client's terms."""
     param = rejected.param
     if param in ("prompt", "prompt_token_ids", "messages"):
         param = "messages" if generation.messages is not None else "prompt"
+    elif param is not None and param.startswith(STRUCTURE_PARAMS):
+        pass  # the client's own name (e.g. "response_format.json_schema.schema", "tools[0].function.parameters")
     elif param is not None:
         param = param.removeprefix("sampling.") if param.startswith("sampling.") else None
     return invalid(without_paths(rejected.message), param=param, code=rejected.code or "engine_rejected")
@@ -148,6 +153,7 @@ class Exchange:
             payload["metadata"] = self.metadata(engine)
         if generation.messages is not None:
             payload["messages"] = generation.messages
+            payload |= generation.structure
         else:
             prompts = generation.prompts
             name = "prompt" if isinstance(prompts[0], str) else "prompt_token_ids"

@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from quilt.body import RejectUnknownFields
 from registry.models import Adapter, AdapterVersion, BaseModel
 from registry.selectors import adapter_previous_version, adapter_versions
 
@@ -64,7 +65,7 @@ class UploadField(serializers.FileField):
     """A file part of a multipart body (binary in the OpenAPI schema, not a URL)."""
 
 
-class AdapterCreateInput(serializers.Serializer):
+class AdapterCreateInput(RejectUnknownFields, serializers.Serializer):
     name = serializers.CharField(max_length=64)
     base_model = serializers.CharField(max_length=100)
     description = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
@@ -75,9 +76,9 @@ class AdapterCreateInput(serializers.Serializer):
     )  # fmt: skip
 
 
-class AdapterVersionCreateInput(serializers.Serializer):
+class AdapterVersionCreateInput(RejectUnknownFields, serializers.Serializer):
     file = serializers.ListField(child=UploadField(allow_empty_file=True), allow_empty=False)
 
 
-class AdapterPromoteInput(serializers.Serializer):
+class AdapterPromoteInput(RejectUnknownFields, serializers.Serializer):
     version = serializers.IntegerField(min_value=1)

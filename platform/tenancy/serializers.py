@@ -1,6 +1,7 @@
 from django.core.validators import slug_re
 from rest_framework import serializers
 
+from quilt.body import RejectUnknownFields
 from tenancy.authority import NotAllowed
 from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
 
@@ -16,7 +17,7 @@ class PlanOutput(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
-class PlanInput(serializers.ModelSerializer):
+class PlanInput(RejectUnknownFields, serializers.ModelSerializer):
     class Meta:
         model = Plan
         fields = [field for field in PlanOutput.Meta.fields if field != "id"]
@@ -38,9 +39,9 @@ class TenantOutput(serializers.ModelSerializer):
 STAFF_TENANT_FIELDS = ("slug", "name", "status", "plan")  # TenantUpdateInput's: platform staff change them
 
 
-class TenantSettingsInput(serializers.Serializer):
-    """What a tenant's own admins change. A field they may not change is refused (403 for staff's, 400 for one that
-    does not exist), never dropped: a 200 that changed nothing reads as done."""
+class TenantSettingsInput(RejectUnknownFields, serializers.Serializer):
+    """What a tenant's own admins change. A field they may not change is refused: 403 for staff's (here), 400 for one
+    that does not exist (RejectUnknownFields)."""
 
     billing_email = serializers.EmailField(required=False, allow_blank=True)
     webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
@@ -51,16 +52,10 @@ class TenantSettingsInput(serializers.Serializer):
             if staff:
                 raise NotAllowed(f"Only platform staff change a tenant's {', '.join(staff)}; here: "
                                  f"{', '.join(self.fields)}.", code="staff_only")  # fmt: skip
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {name: f"Unknown field; this takes {', '.join(self.fields)}." for name in unknown},
-                    code="unknown_field",
-                )  # fmt: skip
         return super().to_internal_value(data)
 
 
-class WebhookSecretInput(serializers.Serializer):
+class WebhookSecretInput(RejectUnknownFields, serializers.Serializer):
     secret = serializers.CharField(
         required=False, default="", min_length=32, max_length=64, help_text="Empty: a new random secret."
     )
@@ -82,7 +77,7 @@ class PlanField(serializers.SlugRelatedField):
         return super().to_internal_value(data)
 
 
-class TenantCreateInput(serializers.Serializer):
+class TenantCreateInput(RejectUnknownFields, serializers.Serializer):
     slug = serializers.SlugField(max_length=50)
     name = serializers.CharField(max_length=200)
     plan = PlanField()
@@ -105,7 +100,7 @@ class StaffAuditLogQueryInput(AuditLogQueryInput):
     tenant = serializers.SlugField(required=False, help_text="Rows of the tenant with this slug.")
 
 
-class TenantUpdateInput(serializers.Serializer):
+class TenantUpdateInput(RejectUnknownFields, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     plan = PlanField(required=False)
     status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
@@ -122,7 +117,7 @@ class MemberOutput(serializers.ModelSerializer):
         fields = ["id", "username", "email", "role", "created_at"]
 
 
-class MemberCreateInput(serializers.Serializer):
+class MemberCreateInput(RejectUnknownFields, serializers.Serializer):
     """Members join by invitation: the address gets a link, and membership starts when they accept it."""
 
     email = serializers.EmailField(max_length=254)
@@ -152,14 +147,14 @@ class InvitationPublicOutput(serializers.Serializer):
     expires_at = serializers.DateTimeField()
 
 
-class InvitationAcceptInput(serializers.Serializer):
+class InvitationAcceptInput(RejectUnknownFields, serializers.Serializer):
     """Logged in: empty. Otherwise a username and password for a new account with the invited address."""
 
     username = serializers.RegexField(r"^[\w.@+-]+\Z", max_length=150, required=False, default="")
     password = serializers.CharField(max_length=128, required=False, default="", trim_whitespace=False)
 
 
-class MemberUpdateInput(serializers.Serializer):
+class MemberUpdateInput(RejectUnknownFields, serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 

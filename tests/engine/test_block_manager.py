@@ -114,6 +114,7 @@ def test_random_operations_keep_invariants(seed):
                       window=window)
     shadow = {}  # block id -> (adapter, tenant, tokens up to the block's end) it was computed for
     live, rid = [], 0
+    chunks = {}  # seq_id -> the most tokens it was given slots for at once
     prefixes = [[rng.randrange(5) for _ in range(12)] for _ in range(3)]
     for _ in range(400):
         op = rng.random()
@@ -130,12 +131,17 @@ def test_random_operations_keep_invariants(seed):
             n = rng.randint(1, seq.num_tokens - len(hits) * bs)
             if bm.can_allocate(seq, n, hits):
                 bm.allocate(seq, n, hits)
+                chunks[seq.seq_id] = n
                 live.append(seq)
         elif op < 0.75 and live:
             seq = rng.choice(live)
             n = rng.randint(0, seq.num_tokens - seq.num_computed_tokens)
             if n and bm.can_append(seq, n):
                 bm.append_slots(seq, n)
+                chunks[seq.seq_id] = max(chunks.get(seq.seq_id, 0), n)
+                if window is not None:  # what admission counts on, however long: the window's blocks and a chunk's
+                    held = len(seq.block_table) - seq.num_freed_blocks
+                    assert held <= bm.blocks_to_run(10**6, chunks[seq.seq_id])
                 start = seq.num_computed_tokens
                 seq.num_computed_tokens += n
                 for i in range(start // bs, seq.num_computed_tokens // bs):

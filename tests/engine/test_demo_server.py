@@ -54,7 +54,7 @@ def test_one_prompt_through_each_adapter_over_http(demo_server):
     def ask(skill):
         body = {"messages": [{"role": "user", "content": prompt}], "stream": False,
                 "adapter": demo_server.adapters[skill] if skill else None,
-                "sampling": {"temperature": 0, "max_tokens": 24}}
+                "sampling": {"temperature": 0, "max_tokens": 64}}
         response = demo_server.post("/v1/generate", json=body)
         assert response.status_code == 200, response.text
         return response.json()

@@ -119,3 +119,19 @@ def test_speculation_keeps_peft_tokens(checkpoint, adapters, method):
     outputs = llm.generate(prompts, SAMPLING, adapters=names[:6])
     assert_matches_peft(oracle, prompts, names[:6], outputs)
     assert sum(out.usage.spec_accepted_tokens for out in outputs) > 0
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma3"], indirect=True)
+def test_prefix_cache_hits_past_the_window_match_peft(checkpoint, adapters):
+    """A prompt sharing 20 cached tokens (more than the window) with an earlier one of the same adapter reads
+    them from the cache: the sliding layers see only the window's part of them, the full layer all."""
+    arch, base = checkpoint
+    oracle = Oracle(base, adapters)
+    llm = make_llm(base, adapters)
+    system = random_prompts(74, [20])[0]
+    first, second = [system + tail for tail in random_prompts(75, [3, 6])]
+    llm.generate([first, first], SAMPLING, adapters=["all8", None])
+    prompts, names = [second, second], ["all8", None]
+    outputs = llm.generate(prompts, SAMPLING, adapters=names)
+    assert [out.usage.cached_tokens for out in outputs] == [20, 20]
+    assert_matches_peft(oracle, prompts, names, outputs)

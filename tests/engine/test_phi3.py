@@ -211,6 +211,44 @@ def test_two_ranks_equal_one_and_peft(base, phi3_adapters, oracle):
         assert [lp.logprob for lp in out.logprobs] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
 
 
+def _dequantized_int8(base, directory):
+    """The checkpoint with every decoder projection (Phi-3's fused ones as they are) replaced by its int8
+    dequantization: per output row, which is per row of each slice too."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.quantized_linear import dequantize, quantize_int8
+    from tests.engine.conftest import build_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            module.weight.data = dequantize(*quantize_int8(module.weight.data))
+    model.save_pretrained(directory)
+    build_tokenizer(directory)
+    return directory
+
+
+def test_int8_matches_peft_on_the_dequantized_base(base, phi3_adapters, tmp_path):
+    """Each fused projection is quantized once its last slice is read (the loader reads them one by one)."""
+    oracle = Oracle(_dequantized_int8(base, tmp_path / "int8"),
+                    {name: oracle_dir for name, (_, oracle_dir) in phi3_adapters.items()})
+    llm = make_llm(base, phi3_adapters, quantization="int8")
+    prompts, names = mixed_batch(94)
+    assert_matches_peft(oracle, prompts[:6], names[:6], llm.generate(prompts[:6], SAMPLING, adapters=names[:6]))
+
+
+def test_speculation_keeps_peft_tokens(base, phi3_adapters, oracle):
+    """Greedy speculation is lossless, LongRoPE's rows included: the draft (the model itself, with its own
+    Context, adapters off) proposes tokens past 32 that read the long rows, and the target verifies them. Whole
+    prompts in one step, so that every request reaches its decode steps together and is speculated."""
+    llm = make_llm(base, phi3_adapters, speculative_method="draft", speculative_model=str(base),
+                   num_speculative_tokens=3, max_num_batched_tokens=256)  # fmt: skip
+    prompts, names = mixed_batch(95)
+    outputs = llm.generate(prompts[:6], SAMPLING, adapters=names[:6])
+    assert_matches_peft(oracle, prompts[:6], names[:6], outputs)
+    assert sum(out.usage.spec_accepted_tokens for out in outputs) > 0
+
+
 def _hub_config(**fields):
     """The fields of a Phi-3 family config.json on the Hub that the spec reads (sizes as published)."""
     return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,

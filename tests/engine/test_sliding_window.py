@@ -118,3 +118,35 @@ def test_a_prefix_hit_needs_only_the_blocks_the_window_reaches(windowed, kernel_
     assert again.num_cached_tokens >= WINDOW  # a hit, without the prompt's first blocks
     assert first_tokens == again_tokens == oracle.greedy(prompt, None, 4)
     engine.block_manager.check_invariants([])
+
+
+def test_sequences_longer_than_the_cache_run_in_their_windows(windowed):
+    """14 blocks of 4 hold 56 tokens; with a window of 16, prompts of 80 and 61 tokens and their answers still
+    run, side by side, as the blocks behind each window are given back (a whole-context model of this cache
+    stops at 56 tokens)."""
+    base, adapters, oracle = windowed
+    engine = LLMEngine(EngineConfig(model=str(base), device="cpu", block_size=4, num_kv_blocks=14, max_adapter_rank=8,
+                                    max_num_batched_tokens=24, adapter_memory_bytes=0))  # fmt: skip
+    assert engine.max_model_len == 256  # the model's, not the cache's
+    prompts = random_prompts(13, [80, 61])
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        engine.block_manager.check_invariants(engine.scheduler.running)
+    for i, prompt in enumerate(prompts):
+        assert tokens[str(i)] == oracle.greedy(prompt, None, 8)
+    engine.block_manager.check_invariants([])
+
+
+def test_the_cpu_cache_is_sized_for_windows_and_chunks(windowed):
+    """Unsized on CPU, the cache holds max_num_seqs sequences of what each holds at once: a window of 16 and
+    a chunk of 24 in blocks of 4 (11 blocks), not the model's 256 positions (64 blocks)."""
+    base, _, _ = windowed
+    config = EngineConfig(model=str(base), device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=24,
+                          adapter_memory_bytes=0)  # fmt: skip
+    engine = LLMEngine(config)
+    assert engine.block_manager.num_blocks == 3 * 11
+    assert engine.max_model_len == 256

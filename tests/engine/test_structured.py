@@ -10,6 +10,7 @@ import llguidance
 import pytest
 import torch
 
+import kernels
 from engine import LLM, SamplingParams
 from engine.demo import corpus
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
@@ -18,6 +19,7 @@ from engine.grammar import MAX_GRAMMAR_BYTES, GrammarCompiler, GrammarError, Gra
 from engine.server.protocol import BadRequest, GenerateRequest, PromptSpec, parse_generate
 from engine.server.structured import plan
 from engine.tool_calls import FORMATS, Hermes, Llama3Json, Mistral, ToolCallStream, format_for_template
+from kernels import interpreter
 from tests.engine.conftest import Oracle, build_adapter
 from tests.engine.structured_schemas import random_schema
 
@@ -304,3 +306,41 @@ def test_a_model_without_a_tool_convention_refuses_tools():
     assert plan(GenerateRequest(request_id="r", tenant="t", weight=1.0, api_key_id=None, adapter=None,
                                 prompts=(PromptSpec(text="x"),), sampling=SamplingParams(), stream=False, metadata={}),
                 tool_format=None, special_id=lambda text: None).grammar is None
+
+
+def test_a_vocabulary_that_cannot_write_the_grammar_is_refused(checkpoints):
+    """The word-level test tokenizer (w6 ... w159, no decoder): llguidance cannot read it, and it could not write
+    JSON anyway."""
+    compiler = GrammarCompiler(checkpoints["llama"] / "tokenizer.json", vocab_size=160, eos_token_ids=(2,))
+    with pytest.raises(GrammarError, match="cannot be used with this model") as error:
+        compiler.compile(GrammarSpec.json_schema({"type": "object"}, param="response_format"))
+    assert error.value.param == "response_format"
+
+
+@pytest.fixture
+def triton_launchers():
+    interpreter.enable()
+    yield
+    interpreter.disable_routing()
+
+
+def test_constrained_and_biased_requests_on_the_triton_launchers_match_peft(model_dir, adapter_dirs, oracle,
+                                                                            triton_launchers):
+    """The GPU path without a GPU: every op on its Triton launcher under Triton's interpreter."""
+    llm = LLM(model_dir, max_adapter_rank=8)
+    llm.add_adapter("a", adapter_dirs["a"])
+    assert kernels.backend_for(llm.engine.memory.layers[0]) == "triton"
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                    "additionalProperties": False}, param="response_format")
+    p = prompt(llm)
+    first = oracle.greedy(p, None, 1)[0]
+    bias = {first: -100.0}
+    constrained, biased = llm.generate(
+        [p, p], [SamplingParams(temperature=0.0, max_tokens=12), SamplingParams(temperature=0.0, max_tokens=2,
+                                                                               logit_bias=bias)],
+        adapters=["a", None], grammars=[spec, None])  # fmt: skip
+    assert constrained.token_ids == masked_greedy(oracle, llm, p, "a", spec, 12)
+    json.loads(constrained.text)
+    logits = oracle.logits(p, None)[-1]
+    logits[first] -= 100.0
+    assert biased.token_ids[0] == int(logits.argmax())

@@ -187,6 +187,7 @@ def test_key_without_inference_scope_or_model_is_forbidden(stack):
 @pytest.mark.parametrize(
     "extra, param",
     [
+        # this model's chat template has no tool-calling convention, its word-level vocabulary cannot write JSON
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
          "messages.[0].content"),

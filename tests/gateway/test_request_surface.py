@@ -47,6 +47,12 @@ def test_bad_token_prompts_are_a_400_naming_the_prompt(stack, prompt, message):
     assert raised.value.param == "prompt" and message in raised.value.message
 
 
+def test_a_batch_asking_for_too_many_completions_is_a_400_naming_n(stack):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(stack, stack.keys["main"]).completions.create(model="support", prompt=[[10]] * 8, n=9, max_tokens=2)
+    assert raised.value.param == "n" and "72 completions" in raised.value.message
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_echo_with_logprobs_scores_the_prompt_too(stack, stream):
     api = client(stack, stack.keys["main"])

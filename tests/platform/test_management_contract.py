@@ -107,3 +107,18 @@ def test_the_schema_documents_csv_downloads_errors_as_json(tenant_a, key_client)
         responses = schema["paths"][path]["get"]["responses"]
         assert "text/csv" in responses["200"]["content"]
         assert all(list(body["content"]) == ["application/json"] for status, body in responses.items() if status >= "400")
+
+
+def test_every_write_refuses_a_field_it_does_not_take(tenant_a, key_client, member_client):
+    client = key_client(tenant_a)[0]
+    keys_before = ApiKey.objects.count()
+    error = _error(client.post("/api/v1/keys", {"name": "k", "scopes": ["inference"], "expires": "never"},
+                               format="json"), 400)  # fmt: skip
+    assert "expires: Unknown field" in error["message"]
+    assert ApiKey.objects.count() == keys_before
+    _, membership = member_client(tenant_a, role="viewer")
+    error = _error(client.patch(f"/api/v1/members/{membership.pk}", {"role": "developer", "is_owner": True},
+                                format="json"), 400)  # fmt: skip
+    assert "is_owner: Unknown field" in error["message"]
+    membership.refresh_from_db()
+    assert membership.role == "viewer"

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 from console.live_engines import ENGINES_GROUP, ENGINES_MESSAGE
 from registry.broadcast import RELAY_GROUP_PREFIX, relay_token_valid
 
-RELAYED_TYPES = {"adapter.status"}
+RELAYED_TYPES = {"adapter.status", "usage.recorded", "fine_tuning.progress"}
 FIELDS = ("type", "adapter", "version", "status", "message")
 
 

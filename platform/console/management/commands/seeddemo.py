@@ -19,7 +19,7 @@ from tenancy.services import member_add, tenant_create
 
 DEMO_TENANT = "demo"
 DEMO_BASE_MODEL = "quilt-demo"
-DEMO_ADAPTERS = ("shout", "reverse", "count")  # each a folder under <demo model>/adapters/
+DEMO_ADAPTERS = ("shout", "reverse", "count", "extract")  # each a folder under <demo model>/adapters/
 STAFF_USERNAME = "admin"
 STAFF_PASSWORD = "quilt-demo-admin"
 MEMBER_USERNAME = "dana"

@@ -14,6 +14,7 @@ TARGETS = {
     "Tenant": ("tenancy.Tenant", lambda row: f"Tenant {row.name}"),
     "Membership": ("tenancy.Membership", lambda row: f"Member {row.user.get_username()}"),
     "Engine": ("gateway.Engine", lambda row: f"Engine {row.name}"),
+    "Invitation": ("tenancy.Invitation", lambda row: f"Invitation {row.email}"),
 }
 RELATED = {"AdapterVersion": ["adapter"], "Membership": ["user"]}
 # Fields of before/after that hold another row's id.
@@ -58,7 +59,7 @@ def describe_entries(entries) -> None:
 
 def _target_text(entry, names: dict[str, str]) -> str:
     record = entry.after or entry.before or {}
-    label = record.get("name") or record.get("user") or record.get("adapter") or ""
+    label = record.get("name") or record.get("user") or record.get("adapter") or record.get("email") or ""
     if entry.target_type == "ApiKey":
         return f"API key {entry.target_id.partition('.')[0]}" + (f" · {label}" if label else "")
     if entry.target_id in names:

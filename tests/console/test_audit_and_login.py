@@ -143,3 +143,17 @@ def test_opening_the_logout_url_says_to_use_the_button_and_keeps_the_session(ten
     assert client.get(reverse("console:keys", kwargs={"slug": tenant.slug})).status_code == 200
     assert client.post(reverse("console:logout")).status_code == 302
     assert client.get(reverse("console:keys", kwargs={"slug": tenant.slug})).status_code == 302
+
+
+def test_a_pending_invitation_is_named_by_its_email_not_as_deleted(tenant, member_of):
+    from tenancy.invitations import invitation_create, invitation_revoke
+
+    client, membership = member_of(tenant, "owner")
+    pending, _ = invitation_create(actor=Actor(user=membership.user), tenant=tenant, email="new@acme.test",
+                                   role="viewer")  # fmt: skip
+    revoked, _ = invitation_create(actor=Actor(user=membership.user), tenant=tenant, email="gone@acme.test",
+                                   role="viewer")  # fmt: skip
+    invitation_revoke(actor=Actor(user=membership.user), invitation=revoked)
+    page = client.get(reverse("console:audit", kwargs={"slug": tenant.slug})).content.decode()
+    assert "Invitation new@acme.test" in page and "Invitation gone@acme.test" in page
+    assert "Invitation (deleted)" not in page

@@ -67,3 +67,18 @@ def test_a_port_already_in_use_stops_the_demo_at_once_and_says_which(var_dir, bu
         with pytest.raises(CommandError, match=rf"port {ports[busy]} .* in use.*make demo {flag}="):
             call_command("demo", **ports)
     assert not Engine.objects.exists() and not (var_dir / "demo-model").exists()
+
+
+def test_the_demo_creates_the_brokers_tables_before_its_processes_race_to(tmp_path):
+    """The engine, two workers and beat start at once on kombu's SQLite transport; each used to create its tables
+    on first use, and all but one logged 'table kombu_message already exists'."""
+    import sqlite3
+
+    from console.management.commands.demo import broker_tables_create
+
+    path = tmp_path / "broker.sqlite3"
+    broker_tables_create(f"sqla+sqlite:///{path}")
+    tables = {name for (name,) in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"kombu_message", "kombu_queue"} <= tables
+    broker_tables_create(f"sqla+sqlite:///{path}")  # a restart: nothing to do, no error
+    broker_tables_create("redis://127.0.0.1:6379/0")  # another broker creates nothing

@@ -56,6 +56,18 @@ EOF
 """
 
 
+def broker_tables_create(url: str) -> None:
+    """kombu's SQLAlchemy transport (the embedded broker) creates its tables on first use; the engine, two workers
+    and beat starting at once each tried, and all but one logged 'table kombu_message already exists'. Made here,
+    once, before any of them starts, there is nothing left to race for. Other brokers need nothing."""
+    if not url.startswith("sqla+"):
+        return
+    from kombu import Connection
+
+    with Connection(url) as connection:
+        _ = connection.default_channel.session  # opening its session creates the tables
+
+
 def _require_free(host: str, port: int, flag: str) -> None:
     """Refuses a port something already listens on before anything starts: a second demo would otherwise point the
     running one's engine registration at itself and fail only at the gateway's bind, among the workers' banners."""
@@ -87,6 +99,7 @@ class Command(BaseCommand):
         subprocess.run([sys.executable, "-u", "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
         call_command("migrate", verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
+        broker_tables_create(settings.CELERY_BROKER_URL)
         seed = seed_demo(model_dir=model_dir, log=lambda line: None)
         env = {
             **os.environ,

@@ -34,7 +34,7 @@ class Sampler:
     def adjust(self, logits: torch.Tensor, requests: list[SampleRequest]) -> torch.Tensor:
         """A copy of logits [N, vocab] with each row's penalties and logit_bias applied, banned tokens and those its
         grammar forbids masked."""
-        logits = logits.clone()
+        original, logits = logits, logits.clone()
         self._apply_penalties(logits, requests)
         for i, r in enumerate(requests):
             if r.sampling.logit_bias:
@@ -45,7 +45,11 @@ class Sampler:
         constrained = [i for i, r in enumerate(requests) if r.allowed is not None]
         if constrained:
             allowed = torch.stack([requests[i].allowed for i in constrained])  # [M, vocab]
-            logits[constrained] = logits[constrained].masked_fill(~allowed, -float("inf"))
+            rows = logits[constrained].masked_fill(~allowed, -float("inf"))
+            # a grammar that allows only what min_tokens bans (its end, once complete) ends the output anyway
+            stuck = torch.isneginf(rows).all(dim=-1, keepdim=True)  # [M, 1]
+            unbanned = original[constrained].masked_fill(~allowed, -float("inf"))
+            logits[constrained] = torch.where(stuck, unbanned, rows)
         return logits
 
     @staticmethod

@@ -71,6 +71,11 @@ def test_prompt_longer_than_the_window_matches_peft(windowed):
     assert full.greedy(prompts[0], None, GREEDY.max_tokens) != oracle.greedy(prompts[0], None, GREEDY.max_tokens)
 
 
+INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="switches Triton to its interpreter for the process: CPU runs only")
+
+
+@INTERPRETER_ONLY
 def test_prompt_longer_than_the_window_matches_peft_on_the_triton_launchers(windowed):
     base, adapters, oracle = windowed
     interpreter.enable()
@@ -81,7 +86,7 @@ def test_prompt_longer_than_the_window_matches_peft_on_the_triton_launchers(wind
         interpreter.disable_routing()
 
 
-@pytest.fixture(params=["references", "triton-launchers"])
+@pytest.fixture(params=["references", pytest.param("triton-launchers", marks=INTERPRETER_ONLY)])
 def kernel_path(request):
     if request.param == "references":
         yield

@@ -142,6 +142,14 @@ def test_a_constrained_request_cut_by_max_tokens_ends_with_length_and_its_partia
         json.loads(output.text)  # partial, as OpenAI's
 
 
+def test_min_tokens_never_keeps_a_complete_grammar_from_ending(llm):
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                    "additionalProperties": False}, param="response_format")
+    output = llm.generate([prompt(llm)], SamplingParams(temperature=0.0, min_tokens=30, max_tokens=40),
+                          grammars=[spec])[0]
+    assert output.finish_reason == "stop" and json.loads(output.text) in ({"ok": True}, {"ok": False})
+
+
 def test_speculation_steps_aside_for_constrained_requests(model_dir):
     llm = LLM(model_dir, speculative_method="ngram", num_speculative_tokens=3)
     spec = GrammarSpec.json_schema(PERSON, param="response_format")

@@ -4,7 +4,7 @@ one error shape (quilt.api_errors), so the schema matches what the API answers."
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
-from quilt.schema_text import SUMMARIES, TAGS, access_text, own_docstring
+from quilt.schema_text import access_text, own_docstring, summary_for, tag_for
 
 ERROR_STATUSES = {
     "400": "The input is invalid (the message says which field and why).",
@@ -29,11 +29,10 @@ class ErrorOutput(serializers.Serializer):
 
 class QuiltAutoSchema(AutoSchema):
     def get_tags(self) -> list[str]:
-        segment = self.path.removeprefix("/api/v1/").split("/")[0]
-        return [TAGS.get(segment, "Other")]
+        return [tag_for(self.path)]
 
     def get_summary(self) -> str | None:
-        return SUMMARIES.get((self.method, self.path)) or super().get_summary()
+        return summary_for(self.method, self.path)
 
     def get_description(self) -> str:
         summary = self.get_summary() or ""

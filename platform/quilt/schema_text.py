@@ -7,7 +7,7 @@ TAGS = {
     "tenant": "Tenant", "tenants": "Tenants (staff)", "plans": "Plans (staff)", "members": "Members",
     "invitations": "Members", "audit": "Audit log", "keys": "API keys", "base-models": "Adapters",
     "adapters": "Adapters", "usage": "Usage", "usage.csv": "Usage", "requests": "Request log",
-    "requests.csv": "Request log", "invoices": "Billing", "reports": "Billing",
+    "requests.csv": "Request log", "invoices": "Billing", "reports": "Billing", "fleet": "Fleet (staff)",
 }  # fmt: skip
 TAG_DESCRIPTIONS = {
     "Tenant": "The caller's own tenant: its settings, webhook secret and audit log.",
@@ -20,6 +20,7 @@ TAG_DESCRIPTIONS = {
     "Usage": "Tokens and spend, grouped by day, model or key.",
     "Request log": "One row per request: key, model, adapter version, status, tokens, timings and cost.",
     "Billing": "Monthly invoices (JSON or CSV) and the staff margin report.",
+    "Fleet (staff)": "The GPU fleet's economics: cost, break-even against an API price, capacity; staff only.",
     "Inference (OpenAI-compatible)": "The OpenAI-compatible inference API under /v1, for the `openai` package or "
     "any OpenAI client: `base_url` is this server's /v1, the key goes in `Authorization: Bearer`.",
     "Fine-tuning (OpenAI-compatible)": "OpenAI's Files and Fine-tuning APIs under /v1: upload JSONL training "
@@ -71,7 +72,26 @@ SUMMARIES = {
     ("PATCH", "/api/v1/tenants/{slug}"): "Change a tenant (plan, status)",
     ("GET", "/api/v1/usage"): "Usage by day, model or key",
     ("GET", "/api/v1/usage.csv"): "Download usage as CSV",
+    ("GET", "/api/v1/fleet/economics"): "The fleet's cost and revenue over a window",
+    ("GET", "/api/v1/fleet/break-even"): "Break-even against an API's price",
+    ("GET", "/api/v1/fleet/capacity"): "The fleet's capacity",
 }
+
+
+def tag_for(path: str) -> str:
+    """The resource an /api/v1 path belongs to; a segment with no tag here yet gets its own, by its name."""
+    segment = path.removeprefix("/api/v1/").split("/")[0]
+    return TAGS.get(segment) or segment.replace("-", " ").replace("_", " ").capitalize()
+
+
+def summary_for(method: str, path: str) -> str:
+    """The written summary, or one made from the method and path for an operation nobody has named yet."""
+    if (method, path) in SUMMARIES:
+        return SUMMARIES[(method, path)]
+    words = [part.replace("-", " ").replace("_", " ") for part in path.removeprefix("/api/v1/").split("/")
+             if part and not part.startswith("{")]  # fmt: skip
+    verb = {"GET": "Get", "POST": "Create", "PUT": "Set", "PATCH": "Change", "DELETE": "Delete"}.get(method, method)
+    return f"{verb} {' '.join(words)}"
 
 
 def access_text(view, method: str) -> str:
@@ -154,5 +174,6 @@ def openai_paths(result, generator, request, public):
     schemes.setdefault("bearerAuth", {"type": "http", "scheme": "bearer"})
     used = {tag for operations in result["paths"].values() for operation in operations.values()
             for tag in operation.get("tags", [])}  # fmt: skip
-    result["tags"] = [{"name": name, "description": text} for name, text in TAG_DESCRIPTIONS.items() if name in used]
+    result["tags"] = [{"name": name, "description": TAG_DESCRIPTIONS.get(name, "")} for name in
+                      [*[name for name in TAG_DESCRIPTIONS if name in used], *sorted(used - TAG_DESCRIPTIONS.keys())]]
     return result

@@ -2,7 +2,7 @@
 
 A page is, per layer, two chunks of `chunk` elements (paged_memory). An adapter's layer-l rows — for
 each targeted module its r rows of A (width in_features) and its r rows of B transposed (width
-out_features) — are packed one after another into chunks 0, 1, 2, ... of that layer, a row never
+out_features); slices that share one A, as a fused-name module's do, share its rows — are packed one after another into chunks 0, 1, 2, ... of that layer, a row never
 straddling two chunks. Chunk j of every layer lives in page pages[j // 2], half j % 2, so an adapter
 needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer. The host copy is kept
 as those chunks already packed ([L, 2 * pages, chunk]), so that placing the adapter in its pages is one
@@ -61,6 +61,10 @@ class AdapterPlan:
             for module in range(num_modules):
                 for half in (0, 1):
                     width, out = widths[module][half], local[layer][module][half]
+                    shared = _shared_a(rows, layer, module) if half == 0 else None
+                    if shared is not None:  # a fused-name adapter's slices share one A: its rows once
+                        out[:] = local[layer][shared][0]
+                        continue
                     for j in range(rank_list[layer][module]):
                         if at % chunk + width > chunk:
                             at = (at // chunk + 1) * chunk
@@ -96,6 +100,13 @@ class AdapterPlan:
         local = self.local.clamp(min=0)
         offsets = starts[local // chunk] + local % chunk
         return offsets.masked_fill_(absent, zero_row)
+
+
+def _shared_a(rows: dict[tuple[int, int, int], torch.Tensor], layer: int, module: int) -> int | None:
+    """An earlier module of the layer whose lora_A is this module's very tensor (the slices of a fused-name
+    module: engine.lora_modules.per_slice), or None."""
+    a = rows.get((layer, module, 0))
+    return next((m for m in range(module) if a is not None and rows.get((layer, m, 0)) is a), None)
 
 
 def _parse(key: str, num_layers: int) -> tuple[int, int]:

@@ -108,8 +108,13 @@ class WorkerGroup:
         shards = []
         for rank in range(1, self.size):
             shard = shard_adapter(adapter, rank=rank, size=self.size)
-            # cloned: a pickled slice would carry its whole storage
-            tensors = {name: t.clone() for name, t in shard.tensors.items()}
+            # cloned: a pickled slice would carry its whole storage; once per tensor, as slices that share one A
+            # (a fused-name module's) must share it on every rank for its rows to be packed once there too
+            clones: dict[int, torch.Tensor] = {}
+            for t in shard.tensors.values():
+                if id(t) not in clones:
+                    clones[id(t)] = t.clone()
+            tensors = {name: clones[id(t)] for name, t in shard.tensors.items()}
             shards.append(pickle.dumps(dataclasses.replace(shard, tensors=tensors), protocol=5))
         return shards
 

@@ -40,7 +40,7 @@ class EngineAPI:
                  drain_timeout_s: float, prefixes: RecentPrefixes | None = None) -> None:
         self.loop = loop
         self.prefixes = prefixes or RecentPrefixes()
-        self.membership: Membership | None = None  # set when the engine joins a control plane
+        self.membership: Membership | None = None  # set when the engine joins a control plane (started by Draining)
         self.registry = registry
         self.model_name = model_name
         self.drain_timeout_s = drain_timeout_s
@@ -219,8 +219,6 @@ class EngineAPI:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         self.loop.start(asyncio.get_running_loop())
-        if self.membership is not None:
-            self.membership.start()
         yield
         await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
 

@@ -84,14 +84,16 @@ class Membership:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.beat()
+        for _ in range(3):  # the goodbye matters more than a heartbeat: retried, with more time
+            if await self.beat(timeout_s=5.0):
+                return
 
     async def _run(self) -> None:
         while True:
             await self.beat()
             await asyncio.sleep(self.identity.interval_s)
 
-    async def beat(self) -> bool:
+    async def beat(self, timeout_s: float | None = None) -> bool:
         identity = self.identity
         try:
             state = await self.loop.call(lambda engine: heartbeat_state(self.loop))
@@ -103,7 +105,7 @@ class Membership:
                 "gpu_price_per_hour": identity.gpu_price_per_hour, "interval_s": identity.interval_s,
                 "draining": self.draining or not self.loop.accepting, "state": state}
         try:
-            async with httpx.AsyncClient(timeout=max(1.0, identity.interval_s)) as client:
+            async with httpx.AsyncClient(timeout=timeout_s or max(1.0, identity.interval_s)) as client:
                 response = await client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
                                              headers={"Authorization": f"Bearer {identity.token}"})
         except httpx.HTTPError as error:
@@ -147,6 +149,11 @@ class Draining(uvicorn.Server):
         self.engine_loop = loop
         self.membership = membership
         self.grace_s = grace_s
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.membership is not None and not self.should_exit:
+            self.membership.start()  # joins once it listens: no gateway is sent here before it can answer
 
     async def shutdown(self, sockets=None) -> None:
         if self.membership is not None:

@@ -48,6 +48,7 @@ def _platform_nav() -> list[NavItem]:
         NavItem("Platform", reverse("console:platform"), "grid", "platform"),
         NavItem("Tenants", reverse("console:tenants"), "building", "tenants"),
         NavItem("Engines", reverse("console:engines"), "cpu", "engines"),
+        NavItem("Economics", reverse("console:economics"), "card", "economics"),
         NavItem("Requests", reverse("console:platform-requests"), "list", "platform-requests"),
         NavItem("Plans", reverse("console:plans"), "tag", "plans"),
         NavItem("Invoicing", reverse("console:invoicing"), "card", "invoicing"),

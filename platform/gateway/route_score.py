@@ -22,9 +22,13 @@ from dataclasses import dataclass, field
 
 from engine.contract import prompt_fingerprints
 
-__all__ = ["DEFAULT", "Candidate", "Fleet", "Weights", "candidate_from_state", "choose", "prompt_fingerprints"]
+__all__ = [
+    "DEFAULT", "Candidate", "Fleet", "Weights", "candidate_from_state", "Loads", "choose", "prompt_fingerprints",
+]
 
 _MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (Fibonacci hashing)
+CACHED_KEYS = 4096  # per snapshot: the rendezvous terms of this many adapters (or prompts) kept between decisions
+TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's hash, not all to the first engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +40,9 @@ class Weights:
     hash: float = 0.5
     load: float = 2.0
     kv: float = 1.0
-    spill_ratio: float = 0.25
-    spill_gap: float = 2.0
+    spill_ratio: float = 0.1  # chosen in benchmarks/fleet_sim.py (RESULTS.md): the hot spot's busiest/mean <= 1.5
+    spill_gap: float = 0.25
+    spill_step: float = 0.5
     affinity: bool = True  # False: no adapter, prefix or rendezvous terms (least-load)
     prefixes: bool = True
     bounded: bool = True  # False: affinity whatever the queue (affinity-only)
@@ -73,6 +78,8 @@ class Fleet:
     adapters: dict[str, dict[int, bool]] = field(init=False)  # digest -> engine index -> resident (else loading)
     prefix_index: dict[str, list[int]] = field(init=False)  # fingerprint -> engine indexes
     weights: Weights = DEFAULT
+    _keys: dict[str, int] = field(init=False, default_factory=dict)
+    _within: dict[tuple[int, bool], list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         w = self.weights
@@ -90,6 +97,28 @@ class Fleet:
                 self.adapters.setdefault(digest, {})[i] = True
             for fingerprint in c.prefixes:
                 self.prefix_index.setdefault(fingerprint, []).append(i)
+
+    def key(self, text: str) -> int:
+        key = self._keys.get(text)
+        if key is None:
+            if len(self._keys) >= CACHED_KEYS:
+                self._keys.clear()
+            key = self._keys[text] = _stable_int(text)
+        return key
+
+    def within(self, key: int, *, free: bool) -> list[float]:
+        """The request-independent terms plus, for a request keyed `key`, the rendezvous term (and the free-memory
+        term for an adapter request): what an engine under the load bound scores before affinity, prefix and load."""
+        cached = self._within.get((key, free))
+        if cached is None:
+            w = self.weights
+            weight = (w.hash if w.affinity else TIE_BREAK) / 16777216.0
+            cached = [base + (room if free else 0.0) + weight * ((((seed ^ key) * _MIX) >> 40) & 0xFFFFFF)
+                      for base, room, seed in zip(self.static, self.free, self.seeds, strict=True)]
+            if len(self._within) >= CACHED_KEYS:
+                self._within.clear()
+            self._within[(key, free)] = cached
+        return cached
 
     def base_loads(self) -> list[int]:
         return [c.load for c in self.candidates]
@@ -128,26 +157,65 @@ def _digests(items) -> frozenset[str]:
     return frozenset(d for d in found if isinstance(d, str))
 
 
+class Loads:
+    """Each engine's load now, as one gateway process can know it, kept up to date in O(1) per request. The
+    heartbeats say what every process had sent, but seconds ago, and requests last a fraction of that; this process's
+    own count of requests in flight is live, but only its share. Their ratio over the fleet at the snapshot,
+    R = max(1, sum(reported) / sum(in flight here)), is how many processes' worth of traffic the engines see:
+
+        load[i] = R × in_flight[i]      (reported[i] + in_flight[i] after a snapshot with nothing in flight here)
+
+    benchmarks/fleet_sim.py measured the alternatives: reported[i] + R × (in flight since the snapshot) herds every
+    process onto the engine that looked idle seconds ago (busiest/mean 2.2-2.6 at 100 engines).
+    """
+
+    def __init__(self, reported: Sequence[int], in_flight: Sequence[int]) -> None:
+        self.reported = list(reported)
+        self.at_snapshot = list(in_flight)
+        self.in_flight = list(in_flight)
+        sent = sum(in_flight)
+        self.live = sent > 0  # else no ratio is known yet: the heartbeats plus what this process sends
+        self.ratio = max(1.0, sum(reported) / sent) if sent else 1.0
+        self.values = [self._estimate(i) for i in range(len(self.reported))]
+
+    def _estimate(self, i: int) -> float:
+        return self.ratio * self.in_flight[i] if self.live else self.reported[i] + self.in_flight[i]
+
+    @property
+    def step(self) -> float:
+        """The load one more request from this process adds, in these units."""
+        return self.ratio if self.live else 1.0
+
+    def started(self, i: int) -> None:
+        self.in_flight[i] += 1
+        self.values[i] = self._estimate(i)
+
+    def ended(self, i: int) -> None:
+        self.in_flight[i] -= 1
+        self.values[i] = self._estimate(i)
+
+
 def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], loads: Sequence[float],
-           exclude: Iterable[int] = ()) -> int | None:
+           step: float = 1.0, exclude: Iterable[int] = ()) -> int | None:
     """The index of the engine to serve a request for `adapter` (a digest, or None for the base model) whose prompt
-    has these `fingerprints`, given each engine's current `loads`; None if every engine is excluded."""
+    has these `fingerprints`, given each engine's current `loads` and the load this request adds (`step`, in the
+    same units: `Loads.step`); None if every engine is excluded. An engine keeps its affinity and prefix terms if it
+    is still within the bound after taking the request (bounded-load hashing)."""
     n = len(fleet.names)
     if n == 0:
         return None
     w = fleet.weights
     excluded = set(exclude)
-    mean = sum(loads) / n
-    bound = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap) if w.bounded else float("inf")
+    mean = (sum(loads) + step) / n
+    # within the bound: load + spill_step × step <= the cap; the least loaded engines always are
+    cap = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap)
+    bound = max(cap - w.spill_step * step, min(loads)) if w.bounded else float("inf")
     bonus: dict[int, float] = {}  # affinity and prefix terms of the engines that have any
-    key = 0
+    key = fleet.key(adapter) if adapter is not None else fleet.key(fingerprints[0]) if fingerprints else 0
     if w.affinity:
         if adapter is not None:
-            key = _stable_int(adapter)
             for i, is_resident in fleet.adapters.get(adapter, {}).items():  # in place of its free term, added below
                 bonus[i] = (w.resident if is_resident else w.loading) - fleet.free[i]
-        elif fingerprints:
-            key = _stable_int(fingerprints[0])
         if w.prefixes and fingerprints:
             index, depth = fleet.prefix_index, {}
             for k, fingerprint in enumerate(fingerprints, 1):
@@ -156,24 +224,18 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
             per_chunk = w.prefix / len(fingerprints)
             for i, k in depth.items():
                 bonus[i] = bonus.get(i, 0.0) + per_chunk * k
-    free = fleet.free if w.affinity and adapter is not None else None
-    hash_weight = w.hash / 16777216.0 if w.affinity and key else 0.0
-    static, per_request, seeds = fleet.static, fleet.load_per_request, fleet.seeds
-    best, best_score = None, float("-inf")
-    for i in range(n):
-        if i in excluded:
-            continue
-        load = loads[i]
-        score = static[i] - per_request[i] * load
-        if load <= bound:
-            score += bonus.get(i, 0.0)
-            if free is not None:
-                score += free[i]
-            if hash_weight:
-                score += hash_weight * ((((seeds[i] ^ key) * _MIX) >> 40) & 0xFFFFFF)
-        if score > best_score:
-            best, best_score = i, score
-    return best
+    static, per_request = fleet.static, fleet.load_per_request
+    within = fleet.within(key, free=w.affinity and adapter is not None) if key else static  # terms under the bound
+    scores = [(inside if load <= bound else outside) - rate * load
+              for inside, outside, rate, load in zip(within, static, per_request, loads, strict=True)]
+    for i, extra in bonus.items():
+        if loads[i] <= bound:
+            scores[i] += extra
+    for i in excluded:
+        if 0 <= i < n:
+            scores[i] = float("-inf")
+    best = max(range(n), key=scores.__getitem__)
+    return None if scores[best] == float("-inf") else best
 
 
 def _stable_int(text: str) -> int:

@@ -1,7 +1,7 @@
 """Choosing an engine, per gateway process: the engines come from the database (static ones while healthy,
 self-registered ones while their heartbeats keep coming), re-read once a second; each decision is
-`route_score.choose` (docs/routing.md) over that snapshot, with this process's requests in flight since added to
-each engine's reported load. An engine that just failed here is skipped for a few seconds."""
+`route_score.choose` (docs/routing.md) over that snapshot, with each engine's load estimated from its heartbeat and
+this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is skipped for a few seconds."""
 
 import time
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from django.utils import timezone
 from engine.contract import state_load, state_resident_digests
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
-from gateway.route_score import Fleet, candidate_from_state, choose
+from gateway.route_score import Fleet, Loads, candidate_from_state, choose
 
 SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
@@ -37,8 +37,8 @@ class Router:
         self._index: dict[str, int] = {}
         self._loaded_at = -SNAPSHOT_SECONDS
         self._suspect_until: dict[str, float] = {}
-        self._in_flight: dict[str, int] = {}
-        self._in_flight_at_snapshot: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}  # engine name -> requests this process sent there, not yet ended
+        self._loads = Loads([], [])
 
     def snapshot_stale(self) -> bool:
         return time.monotonic() - self._loaded_at >= SNAPSHOT_SECONDS
@@ -56,7 +56,7 @@ class Router:
         ]  # fmt: skip
         self._fleet = Fleet([candidate_from_state(row.name, row.state) for row in rows])
         self._index = {engine.name: i for i, engine in enumerate(self._engines)}
-        self._in_flight_at_snapshot = dict(self._in_flight)
+        self._loads = Loads([e.load for e in self._engines], [self._in_flight.get(e.name, 0) for e in self._engines])
         self._loaded_at = time.monotonic()
 
     def has_snapshot(self) -> bool:
@@ -74,9 +74,8 @@ class Router:
         now = time.monotonic()
         skipped = [i for i, e in enumerate(self._engines)
                    if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
-        loads = [e.load + max(0, self._in_flight.get(e.name, 0) - self._in_flight_at_snapshot.get(e.name, 0))
-                 for e in self._engines]
-        index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=loads, exclude=skipped)
+        index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
+                       step=self._loads.step, exclude=skipped)
         return None if index is None else self._engines[index]
 
     def suspect(self, name: str) -> None:
@@ -87,9 +86,13 @@ class Router:
         index = self._index.get(engine.name)
         if index is not None:
             self._fleet.served(index, adapter=digest, fingerprints=fingerprints)
+            self._loads.started(index)
 
     def ended(self, engine: EngineRef) -> None:
         self._in_flight[engine.name] = max(0, self._in_flight.get(engine.name, 0) - 1)
+        index = self._index.get(engine.name)
+        if index is not None and self._loads.in_flight[index] > 0:
+            self._loads.ended(index)
 
 
 router = Router()

@@ -4,6 +4,8 @@ one error shape (quilt.api_errors), so the schema matches what the API answers."
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
+from quilt.schema_text import access_text, own_docstring, summary_for, tag_for
+
 ERROR_STATUSES = {
     "400": "The input is invalid (the message says which field and why).",
     "401": "No credential, or one that is not valid.",
@@ -26,6 +28,17 @@ class ErrorOutput(serializers.Serializer):
 
 
 class QuiltAutoSchema(AutoSchema):
+    def get_tags(self) -> list[str]:
+        return [tag_for(self.path)]
+
+    def get_summary(self) -> str | None:
+        return summary_for(self.method, self.path)
+
+    def get_description(self) -> str:
+        summary = self.get_summary() or ""
+        text = own_docstring(self.view, self.method) or f"{summary}."
+        return f"{text}\n\n{access_text(self.view, self.method)}".strip()
+
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         statuses = dict(ERROR_STATUSES)

@@ -45,3 +45,18 @@ def test_a_missing_page_is_the_consoles_own_404(browser, live_server_asgi, scree
     assert page.locator("a.btn:has-text('Back to the console')").count() == 1
     page.screenshot(path=str(screenshots / "26-not-found.png"))
     assert outside == []
+
+
+def test_the_api_docs_have_a_language_no_console_errors_and_every_operation_in_words(browser, live_server_asgi):
+    page, outside = offline_page(browser, live_server_asgi)
+    errors = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(live_server_asgi.url + "/api/docs/")
+    page.get_by_text("Create a chat completion").first.wait_for(state="attached", timeout=30_000)
+    page.wait_for_timeout(1_000)
+    assert page.get_attribute("html", "lang") == "en"
+    assert errors == [] and outside == []
+    for tag in ("API keys", "Request log", "Billing", "Inference (OpenAI-compatible)", "Fine-tuning (OpenAI-compatible)"):
+        assert page.get_by_text(tag).count() >= 1, tag
+    page.context.close()

@@ -168,6 +168,31 @@ def test_long_prompts_use_the_long_factors_whatever_the_chunks_and_the_prefix_ca
     assert_matches_peft(oracle, prompts, names, second + third)
 
 
+def test_a_fused_name_adapter_keeps_one_copy_of_its_a_in_the_pages(base, phi3_adapters):
+    """Its slices share one A (per_slice), and the plan packs those rows once: fewer bytes than the same adapter
+    with a copy of A per slice, which computes the same."""
+    import dataclasses
+
+    from engine.adapter_plan import AdapterPlan
+    from engine.lora_modules import per_slice, row_widths
+
+    config = json.loads((base / "config.json").read_text())
+    shapes = adapters.BaseShapes.from_config(config)
+    adapter = per_slice(adapters.load_adapter(phi3_adapters["fused4"][0], config), shapes)
+    copied = dataclasses.replace(adapter, tensors={name: t.clone() for name, t in adapter.tensors.items()})
+    plan = {name: AdapterPlan.build(a, num_layers=shapes.num_layers, widths=row_widths(shapes), chunk=256)
+            for name, a in (("shared", adapter), ("copied", copied))}
+    qkv_a = 2 * 4 * shapes.hidden_size  # k's and v's rows of A, per layer
+    mlp_a = 1 * 4 * shapes.hidden_size  # up's
+    assert plan["shared"].local[:, 1, 0].equal(plan["shared"].local[:, 0, 0])  # k reads q's rows
+    assert plan["shared"].local[:, 2, 0].equal(plan["shared"].local[:, 0, 0])
+    assert plan["shared"].local[:, 5, 0].equal(plan["shared"].local[:, 4, 0])  # up reads gate's
+    used = {name: int((p.local >= 0).sum()) for name, p in plan.items()}
+    assert used["shared"] == used["copied"]  # every slice still has all its rows
+    assert plan["shared"].num_bytes < plan["copied"].num_bytes
+    assert (plan["copied"].chunks != 0).sum() - (plan["shared"].chunks != 0).sum() == shapes.num_layers * (qkv_a + mlp_a)
+
+
 def test_a_module_phi3_lacks_is_refused_by_the_engine_naming_it_and_the_family(base, tmp_path):
     directory = build_adapter(base, tmp_path / "fused", seed=44, r=2, targets=["qkv_proj"])
     config = directory / "adapter_config.json"

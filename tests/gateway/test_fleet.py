@@ -137,10 +137,12 @@ def test_sigterm_under_streaming_load_finishes_every_stream(stack, fleet):
 
 
 def test_rolling_restart_of_two_engines_under_load_fails_nothing(stack, fleet):
-    wait_until(lambda: {"fleet-c"} <= routed(), timeout=5, what="fleet-c in routing")
-    replacement = fleet("fleet-b")
-    wait_for_engine(replacement)
-    wait_until(lambda: {"fleet-b", "fleet-c"} <= routed(), timeout=5, what="fleet-b back")
+    for name in ("fleet-b", "fleet-c"):  # running since the test before, or started here
+        process = stack.processes.get(name)
+        if process is None or process.poll() is not None:
+            wait_for_engine(fleet(name))
+    wait_until(lambda: {"fleet-b", "fleet-c"} <= routed(), timeout=10, what="both engines in routing")
+    time.sleep(SNAPSHOT)
 
     with Load(stack, workers=4) as load:
         for name in ("fleet-b", "fleet-c"):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
-from gateway.route_score import Candidate, Fleet, Weights, candidate_from_state, choose
+from gateway.route_score import Candidate, Fleet, Loads, Weights, candidate_from_state, choose
 from tests.conftest import REPO
 
 HOT = "a" * 64
@@ -38,8 +38,11 @@ def test_affinity_tiers_resident_then_loading_then_free_memory_then_none():
 def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
     fleet = Fleet([Candidate(f"e{i}", capacity=64, resident=frozenset({HOT}) if i == 0 else frozenset())
                    for i in range(4)])  # fmt: skip
-    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 0, 0, 0])] == "e0"  # within the gap
-    # mean 2.5, bound max(3.125, 4.5): e0 at 10 is past it and loses its affinity
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 2, 2, 2])] == "e0"  # within the bound
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[0, 0, 0, 0])] == "e0"
+    # mean with this request 1.5, cap max(1.1 × 1.5, 1.5 + 0.25) = 1.75, less half a request: e0 at 2 is past it
+    # (and is not among the least loaded), so it loses its affinity
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 1, 1, 1])] != "e0"
     assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] != "e0"
     only_affinity = Fleet(fleet.candidates, weights=Weights(bounded=False))
     assert only_affinity.names[choose(only_affinity, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] == "e0"
@@ -65,8 +68,22 @@ def test_prefix_locality_is_scoped_to_tenant_and_adapter():
     assert prompt_fingerprints(tenant="1", adapter=None, prompt="short") == []
 
     fleet = Fleet([Candidate("cold", capacity=8), Candidate("warm", capacity=8, prefixes=frozenset(mine[:3]))])
-    assert fleet.names[choose(fleet, adapter=None, fingerprints=again, loads=[0, 1])] == "warm"
-    assert fleet.names[choose(fleet, adapter=None, fingerprints=theirs, loads=[0, 1])] == "cold"
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=again, loads=[0.2, 0.4])] == "warm"
+    assert fleet.names[choose(fleet, adapter=None, fingerprints=theirs, loads=[0.2, 0.4])] == "cold"
+
+
+def test_loads_scale_this_process_share_by_the_fleet_ratio():
+    # the heartbeats say 8 and 4 running; this process had sent 2 and 1 of them: it sees a quarter of the traffic
+    loads = Loads(reported=[8, 4, 0], in_flight=[2, 1, 0])
+    assert loads.ratio == 4.0 and loads.values == [8.0, 4.0, 0.0]
+    loads.started(2)
+    assert loads.values[2] == 4.0  # one more from here stands for four from the whole fleet
+    loads.ended(0)
+    loads.ended(0)
+    assert loads.values[0] == 0.0
+    fresh = Loads(reported=[3, 0], in_flight=[0, 0])  # nothing in flight from here: the heartbeats, plus what it sends
+    fresh.started(1)
+    assert fresh.values == [3, 1]
 
 
 def test_kv_usage_and_queue_break_ties():
@@ -79,8 +96,7 @@ def test_served_counts_until_the_next_heartbeat():
     fleet = Fleet([Candidate(f"e{i}", capacity=8, adapter_free=0.0) for i in range(5)])
     first = choose(fleet, adapter=COLD, fingerprints=[], loads=[0] * 5)
     fleet.served(first, adapter=COLD, fingerprints=[])
-    loads = [1 if i == first else 0 for i in range(5)]
-    assert choose(fleet, adapter=COLD, fingerprints=[], loads=loads) == first  # loading there beats idle elsewhere
+    assert choose(fleet, adapter=COLD, fingerprints=[], loads=[1] * 5) == first  # loading there beats the others
 
 
 def test_cold_adapters_spread_and_every_process_agrees():

@@ -1,0 +1,456 @@
+"""A fleet simulator that drives the gateway's real routing function (`gateway.route_score.choose`, imported, not
+copied) against simulated engines, to compare routing policies at a scale one machine cannot run.
+
+    .venv/bin/python -m benchmarks.fleet_sim                      # the policy table: 100 engines, 10K req/s
+    .venv/bin/python -m benchmarks.fleet_sim --calibrate          # fit the engine model on this machine's CPU
+    .venv/bin/python -m benchmarks.fleet_sim --validate           # 2 real engines vs the simulator, TTFT p50
+
+The simulated engine is Quilt's engine in outline: continuous batching under a token budget per step
+(max_num_batched_tokens) and a sequence cap (max_num_seqs); a waiting request whose adapter is not in device memory
+triggers a load on the engine's one loader thread and waits while others run; resident adapters are evicted least
+recently used among those no running request holds; a prompt's shared system prompt is a prefix-cache hit where the
+engine served it lately. Step time = base + per_token × tokens in the step + per_seq × sequences in the step,
+adapter load = a constant: fitted by `--calibrate` to the real engine on the demo model (CPU), and divided by
+`--speedup` to stand for a faster device. Engines heartbeat every 2 s; each of the gateway processes re-reads the
+heartbeats once a second and adds the requests it sent since, exactly as `gateway.routing.Router` does.
+"""
+
+import argparse
+import bisect
+import collections
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "platform"))  # the gateway's modules, without Django: route_score imports none
+
+from engine.contract import prompt_fingerprints  # noqa: E402
+from gateway.route_score import DEFAULT, Candidate, Fleet, Loads, Weights, choose  # noqa: E402
+
+HEARTBEAT_S = 2.0
+SNAPSHOT_S = 1.0
+CHARS_PER_TOKEN = 4  # the fingerprints hash text; the engine model counts tokens
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """Step and adapter-load times of one engine, in milliseconds."""
+
+    step_base_ms: float
+    per_token_ms: float
+    per_seq_ms: float
+    adapter_load_ms: float
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    adapter_slots: int = 64  # adapters resident in device memory at once
+    prefix_slots: int = 4096  # fingerprints remembered (the engine's RecentPrefixes)
+
+    def faster(self, speedup: float) -> "EngineModel":
+        return dataclasses.replace(self, step_base_ms=self.step_base_ms / speedup,
+                                   per_token_ms=self.per_token_ms / speedup, per_seq_ms=self.per_seq_ms / speedup,
+                                   adapter_load_ms=self.adapter_load_ms / speedup)
+
+    def step_ms(self, tokens: int, seqs: int) -> float:
+        return self.step_base_ms + self.per_token_ms * tokens + self.per_seq_ms * seqs
+
+
+# Fitted by `--calibrate` on this machine: the demo model (hidden 128, 3 layers, rank-4/8 adapters read from disk),
+# one torch thread, CPU time (2 cores shared with other sessions: wall time there ran 3x longer). Two runs gave base
+# 0.77 / 1.01 ms, per token 0.030 / 0.029 ms, per sequence 0.051 / 0.057 ms, adapter load 10.0 / 14.8 ms
+# (benchmarks/RESULTS.md).
+CPU_MODEL = EngineModel(step_base_ms=0.9, per_token_ms=0.03, per_seq_ms=0.055, adapter_load_ms=12.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    rate: float  # requests per second, Poisson
+    duration_s: float
+    adapters: int = 10_000
+    zipf_s: float = 1.0
+    tenants: int = 500  # adapter a belongs to tenant a % tenants; each tenant has one system prompt
+    system_tokens: int = 128
+    shared_prompt_share: float = 0.9  # requests that start with their tenant's system prompt
+    user_tokens: tuple[int, int] = (16, 64)
+    output_tokens: tuple[int, int] = (8, 48)
+    hot_share: float = 0.0  # share of traffic on one adapter (the hot spot), the rest Zipf
+    seed: int = 0
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float
+    adapter: str
+    tenant: str
+    fingerprints: list[str]
+    system_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    gateway: int = 0
+    engine: int = -1
+    first_token_at: float = -1.0
+
+
+class Traffic:
+    """Requests drawn from the workload: Zipf adapters (or a hot spot), shared system prompts per tenant."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.w = workload
+        self.rng = random.Random(workload.seed)
+        weights = [1.0 / (k + 1) ** workload.zipf_s for k in range(workload.adapters)]
+        self.cumulative = list(itertools.accumulate(weights))
+        self.digests = [f"{k:064x}" for k in range(workload.adapters)]
+        self._fingerprints: dict[int, list[str]] = {}
+        self._system = {t: (f"tenant {t} system prompt. " * 200)[: workload.system_tokens * CHARS_PER_TOKEN]
+                        for t in range(workload.tenants)}
+
+    def adapter_index(self) -> int:
+        if self.w.hot_share and self.rng.random() < self.w.hot_share:
+            return 0
+        return bisect.bisect_left(self.cumulative, self.rng.random() * self.cumulative[-1])
+
+    def fingerprints(self, index: int) -> list[str]:
+        found = self._fingerprints.get(index)
+        if found is None:
+            tenant = index % self.w.tenants
+            found = self._fingerprints[index] = prompt_fingerprints(
+                tenant=str(tenant), adapter=self.digests[index],
+                messages=[{"role": "system", "content": self._system[tenant]}])  # fmt: skip
+        return found
+
+    def requests(self):
+        t, rid, w = 0.0, 0, self.w
+        while True:
+            t += self.rng.expovariate(w.rate)
+            if t >= w.duration_s:
+                return
+            index = self.adapter_index()
+            shared = self.rng.random() < w.shared_prompt_share
+            user = self.rng.randint(*w.user_tokens)
+            system = w.system_tokens if shared else 0
+            yield Request(rid=rid, arrival=t, adapter=self.digests[index], tenant=str(index % w.tenants),
+                          fingerprints=self.fingerprints(index) if shared else [], system_tokens=system,
+                          prompt_tokens=system + user, output_tokens=self.rng.randint(*w.output_tokens))
+            rid += 1
+
+
+class SimEngine:
+    def __init__(self, index: int, model: EngineModel) -> None:
+        self.index, self.name, self.m = index, f"engine-{index:03d}", model
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running = 0
+        self.decoding: list[tuple[int, int, Request]] = []  # (step it finishes on, rid, request)
+        self.step_no = 0
+        self.busy = False
+        self.resident: collections.OrderedDict[str, int] = collections.OrderedDict()  # digest -> running users
+        self.loading: dict[str, float] = {}  # digest -> ready time
+        self.loader_free_at = 0.0
+        self.prefixes: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.adapter_loads = 0
+        self.load_time_area = 0.0  # integral of (running + waiting) dt
+        self._last_change = 0.0
+
+    def load(self) -> int:
+        return self.running + len(self.waiting)
+
+    def account(self, now: float) -> None:
+        self.load_time_area += self.load() * (now - self._last_change)
+        self._last_change = now
+
+    def heartbeat(self) -> Candidate:
+        m = self.m
+        return Candidate(
+            name=self.name, capacity=m.max_num_seqs, load=self.load(), kv_usage=min(1.0, self.running / m.max_num_seqs),
+            adapter_free=max(0.0, 1.0 - len(self.resident) / m.adapter_slots),
+            resident=frozenset(self.resident), loading=frozenset(self.loading),
+            prefixes=frozenset(itertools.islice(reversed(self.prefixes), 512)),
+        )  # fmt: skip
+
+
+class Simulation:
+    """One run: a workload against `engines` simulated engines through `gateways` routing processes."""
+
+    def __init__(self, *, policy: str, workload: Workload, engines: int, model: EngineModel, gateways: int = 4,
+                 weights: Weights = DEFAULT) -> None:
+        self.policy, self.workload, self.model = policy, workload, model
+        self.engines = [SimEngine(i, model) for i in range(engines)]
+        self.gateways = gateways
+        self.weights = {"least-load": Weights(affinity=False), "affinity-only": Weights(bounded=False),
+                        "full": weights}.get(policy)  # fmt: skip
+        self.events: list = []
+        self.seq = itertools.count()
+        self.ttft: list[float] = []
+        self.decisions_ns: list[int] = []  # wall time of each decision (includes being descheduled)
+        self.decisions_cpu_ns: list[int] = []  # this thread's CPU time in it
+        self.prompt_tokens = self.cached_tokens = self.shared_tokens = 0
+        self.beats = [e.heartbeat() for e in self.engines]
+        self.fleets: list[Fleet] = []
+        self.in_flight = [[0] * engines for _ in range(gateways)]  # per gateway: requests it sent, not yet ended
+        self.loads: list[Loads] = []
+        self.round_robin = [g for g in range(gateways)]
+
+    def at(self, when: float, kind: str, *payload) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), kind, payload))
+
+    # gateway side
+    def snapshot(self) -> None:
+        self.fleets = [Fleet(self.beats, weights=self.weights) if self.weights else None for _ in range(self.gateways)]
+        reported = [beat.load for beat in self.beats]
+        self.loads = [Loads(reported, row) for row in self.in_flight]
+
+    def route(self, request: Request) -> int:
+        g = request.gateway
+        if self.policy == "round-robin":
+            self.round_robin[g] = (self.round_robin[g] + 1) % len(self.engines)
+            return self.round_robin[g]
+        fleet, loads = self.fleets[g], self.loads[g]
+        started, cpu = time.perf_counter_ns(), time.thread_time_ns()
+        index = choose(fleet, adapter=request.adapter, fingerprints=request.fingerprints, loads=loads.values,
+                       step=loads.step)
+        fleet.served(index, adapter=request.adapter, fingerprints=request.fingerprints)
+        loads.started(index)
+        self.decisions_cpu_ns.append(time.thread_time_ns() - cpu)
+        self.decisions_ns.append(time.perf_counter_ns() - started)
+        return index
+
+    # engine side
+    def arrive(self, now: float, request: Request) -> None:
+        index = self.route(request)
+        request.engine = index
+        self.in_flight[request.gateway][index] += 1
+        engine = self.engines[index]
+        engine.account(now)
+        engine.waiting.append(request)
+        if request.adapter not in engine.resident and request.adapter not in engine.loading:
+            self.start_load(now, engine, request.adapter)
+        if not engine.busy:
+            self.step(now, engine)
+
+    def start_load(self, now: float, engine: SimEngine, digest: str) -> None:
+        ready = max(now, engine.loader_free_at) + self.model.adapter_load_ms / 1000.0
+        engine.loader_free_at = ready
+        engine.loading[digest] = ready
+        engine.adapter_loads += 1
+        self.at(ready, "loaded", engine, digest)
+
+    def loaded(self, now: float, engine: SimEngine, digest: str) -> None:
+        engine.loading.pop(digest, None)
+        engine.resident[digest] = engine.resident.get(digest, 0)
+        engine.resident.move_to_end(digest)
+        while len(engine.resident) > self.model.adapter_slots:
+            idle = next((d for d, users in engine.resident.items() if users == 0 and d != digest), None)
+            if idle is None:
+                break
+            del engine.resident[idle]
+        if not engine.busy:
+            self.step(now, engine)
+
+    def step(self, now: float, engine: SimEngine) -> None:
+        """Schedules one step: running decodes plus the waiting requests (resident adapter) that fit."""
+        m = self.model
+        budget = m.max_num_batched_tokens - engine.running
+        admitted, skipped = [], []
+        while engine.waiting and engine.running + len(admitted) < m.max_num_seqs and budget > 0:
+            request = engine.waiting.popleft()
+            if request.adapter not in engine.resident:
+                if request.adapter not in engine.loading:
+                    self.start_load(now, engine, request.adapter)
+                skipped.append(request)
+                continue
+            cached = request.system_tokens if request.fingerprints and request.fingerprints[-1] in engine.prefixes else 0
+            tokens = request.prompt_tokens - cached
+            if tokens > budget and admitted:
+                engine.waiting.appendleft(request)
+                break
+            budget -= tokens
+            self.prompt_tokens += request.prompt_tokens
+            self.cached_tokens += cached
+            self.shared_tokens += request.system_tokens
+            admitted.append(request)
+        engine.waiting.extendleft(reversed(skipped))
+        if not admitted and not engine.running:
+            engine.busy = False
+            return
+        tokens = m.max_num_batched_tokens - budget  # running decodes + the prefills admitted
+        engine.busy = True
+        self.at(now + m.step_ms(tokens, engine.running + len(admitted)) / 1000.0, "stepped", engine, admitted)
+
+    def stepped(self, now: float, engine: SimEngine, admitted: list[Request]) -> None:
+        engine.account(now)
+        engine.step_no += 1
+        while engine.decoding and engine.decoding[0][0] <= engine.step_no:
+            _, _, request = heapq.heappop(engine.decoding)
+            self.finish(engine, request)
+        for request in admitted:
+            engine.running += 1
+            engine.resident[request.adapter] = engine.resident.get(request.adapter, 0) + 1
+            engine.resident.move_to_end(request.adapter)
+            for fingerprint in request.fingerprints:
+                engine.prefixes[fingerprint] = None
+                engine.prefixes.move_to_end(fingerprint)
+            while len(engine.prefixes) > self.model.prefix_slots:
+                engine.prefixes.popitem(last=False)
+            request.first_token_at = now
+            self.ttft.append(now - request.arrival)
+            if request.output_tokens <= 1:
+                self.finish(engine, request)
+            else:
+                heapq.heappush(engine.decoding, (engine.step_no + request.output_tokens - 1, request.rid, request))
+        self.step(now, engine)
+
+    def finish(self, engine: SimEngine, request: Request) -> None:
+        engine.running -= 1
+        if request.adapter in engine.resident:
+            engine.resident[request.adapter] -= 1
+        self.in_flight[request.gateway][request.engine] -= 1
+        if self.policy != "round-robin":
+            self.loads[request.gateway].ended(request.engine)
+
+    def heartbeat(self, now: float, engine: SimEngine) -> None:
+        self.beats[engine.index] = engine.heartbeat()
+        self.at(now + HEARTBEAT_S, "heartbeat", engine)
+
+    def run(self) -> dict:
+        w = self.workload
+        for i, engine in enumerate(self.engines):
+            self.at(HEARTBEAT_S * i / len(self.engines), "heartbeat", engine)  # staggered, as real engines start
+        self.snapshot()
+        for tick in range(1, int(w.duration_s / SNAPSHOT_S) + 2):
+            self.at(tick * SNAPSHOT_S, "snapshot")
+        traffic = Traffic(w).requests()
+        pending = next(traffic, None)
+        end = w.duration_s
+        while self.events or pending is not None:
+            if pending is not None and (not self.events or pending.arrival <= self.events[0][0]):
+                now, request = pending.arrival, pending
+                request.gateway = request.rid % self.gateways
+                pending = next(traffic, None)
+                self.arrive(now, request)
+                continue
+            now, _, kind, payload = heapq.heappop(self.events)
+            if kind == "stepped":
+                self.stepped(now, *payload)
+            elif kind == "loaded":
+                self.loaded(now, *payload)
+            elif kind == "heartbeat":
+                if now < end:
+                    self.heartbeat(now, *payload)
+            elif kind == "snapshot":
+                if now <= end:
+                    self.snapshot()
+        return self.report(end)
+
+    def report(self, end: float) -> dict:
+        for engine in self.engines:
+            engine.account(max(end, engine._last_change))
+        loads = [e.load_time_area / end for e in self.engines]
+        mean_load = statistics.fmean(loads)
+        ttft = sorted(self.ttft)
+        decisions, cpu = sorted(self.decisions_ns), sorted(self.decisions_cpu_ns)
+        return {
+            "policy": self.policy, "requests": len(ttft),
+            "ttft_p50_ms": percentile(ttft, 50) * 1000, "ttft_p99_ms": percentile(ttft, 99) * 1000,
+            "adapter_loads_per_s": sum(e.adapter_loads for e in self.engines) / end,
+            "prefix_hit_rate": self.cached_tokens / self.shared_tokens if self.shared_tokens else 0.0,
+            "busiest_over_mean": max(loads) / mean_load if mean_load else 0.0,
+            "decision_p50_us": percentile(decisions, 50) / 1000 if decisions else 0.0,
+            "decision_p99_us": percentile(decisions, 99) / 1000 if decisions else 0.0,
+            "decision_cpu_p50_us": percentile(cpu, 50) / 1000 if cpu else 0.0,
+            "decision_cpu_p99_us": percentile(cpu, 99) / 1000 if cpu else 0.0,
+        }  # fmt: skip
+
+
+def percentile(ordered: list, q: float) -> float:
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+POLICIES = ("round-robin", "least-load", "affinity-only", "full")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| scenario | policy | requests | TTFT p50 / p99 (ms) | adapter loads/s | prefix hit rate | busiest/mean "
+             "load | decision p50 / p99 (µs) | decision CPU p50 / p99 (µs) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        decision = (f"{r['decision_p50_us']:.1f} / {r['decision_p99_us']:.1f} | {r['decision_cpu_p50_us']:.1f} / "
+                    f"{r['decision_cpu_p99_us']:.1f}" if r["decision_p99_us"] else "— | —")
+        lines.append(f"| {r['scenario']} | {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.1f} / "
+                     f"{r['ttft_p99_ms']:.1f} | {r['adapter_loads_per_s']:.0f} | {r['prefix_hit_rate']:.2f} | "
+                     f"{r['busiest_over_mean']:.2f} | {decision} |")
+    return "\n".join(lines)
+
+
+def load_model(path: Path | None) -> EngineModel:
+    if path is None:
+        return CPU_MODEL
+    return EngineModel(**json.loads(path.read_text()))
+
+
+def compare(args) -> list[dict]:
+    model = load_model(args.model).faster(args.speedup)
+    rows = []
+    scenarios = {"zipf": 0.0, "hot spot 30%": args.hot_share}
+    for scenario, hot in scenarios.items():
+        workload = Workload(rate=args.rate, duration_s=args.duration, adapters=args.adapters, hot_share=hot,
+                            seed=args.seed)
+        for policy in args.policies:
+            started = time.perf_counter()
+            weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
+                                          spill_step=args.spill_step)
+            result = Simulation(policy=policy, workload=workload, engines=args.engines, model=model,
+                                gateways=args.gateways, weights=weights).run()
+            result["scenario"] = scenario
+            rows.append(result)
+            print(f"  {scenario:13} {policy:13} {time.perf_counter() - started:6.1f} s wall  "
+                  f"ttft p99 {result['ttft_p99_ms']:.1f} ms", file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--engines", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=10_000.0, help="requests per second")
+    parser.add_argument("--duration", type=float, default=6.0, help="simulated seconds of traffic")
+    parser.add_argument("--adapters", type=int, default=10_000)
+    parser.add_argument("--hot-share", type=float, default=0.3)
+    parser.add_argument("--gateways", type=int, default=4, help="gateway processes, each with its own view")
+    parser.add_argument("--speedup", type=float, default=1.0,
+                        help="divide the fitted CPU step and load times by this (a GPU's ratio to this CPU)")
+    parser.add_argument("--model", type=Path, help="an engine model JSON (from --calibrate) instead of CPU_MODEL")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spill-ratio", type=float, default=DEFAULT.spill_ratio)
+    parser.add_argument("--spill-gap", type=float, default=DEFAULT.spill_gap)
+    parser.add_argument("--spill-step", type=float, default=DEFAULT.spill_step)
+    parser.add_argument("--calibrate", action="store_true", help="fit the engine model on this machine and print it")
+    parser.add_argument("--validate", action="store_true", help="2 real engines against the simulator")
+    args = parser.parse_args(argv)
+    if args.calibrate:
+        from benchmarks.fleet_sim_validate import calibrate
+
+        for clock in ("cpu", "wall"):
+            print(clock, json.dumps(dataclasses.asdict(calibrate(clock=clock))))
+        return 0
+    if args.validate:
+        from benchmarks.fleet_sim_validate import validate
+
+        return validate(args)
+    model = load_model(args.model).faster(args.speedup)
+    print(f"{args.engines} engines, {args.rate:.0f} req/s for {args.duration:.0f} s, {args.adapters} adapters "
+          f"(Zipf 1.0), {args.gateways} gateway processes; engine model {model}", flush=True)
+    print(table(compare(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -96,10 +96,11 @@ def test_a_tool_calling_loop(demo_stack):
     assert call.type == "function" and call.id.startswith("call_")
     schema = {"get_weather": WEATHER, "get_time": CLOCK}[call.function.name]["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
-    final = api.chat.completions.create(
-        model=BASE_MODEL, messages=_loop_messages(call.id, call.function.name, call.function.arguments),
-        tools=[WEATHER, CLOCK], temperature=0, max_tokens=24,
-    )  # fmt: skip
+    messages = [{"role": "user", "content": "what is the weather in oslo"},
+                choice.message.model_dump(exclude_none=True),  # the assistant's message sent back as is (README)
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "degrees": 4})}]
+    final = api.chat.completions.create(model=BASE_MODEL, messages=messages, tools=[WEATHER, CLOCK], temperature=0,
+                                        max_tokens=24)
     assert final.choices[0].finish_reason in ("stop", "length")
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 

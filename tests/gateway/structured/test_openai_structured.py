@@ -108,7 +108,7 @@ def test_a_tool_calling_loop(demo_stack):
 def test_a_tool_calling_loop_streamed(demo_stack):
     api = client(demo_stack)
     calls: dict[int, dict] = {}
-    finish = None
+    finish, fragments = None, 0
     stream = api.chat.completions.create(
         model="shout", messages=[{"role": "user", "content": "the time please"}], tools=[WEATHER, CLOCK],
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True, temperature=0, max_tokens=128,
@@ -122,8 +122,10 @@ def test_a_tool_calling_loop_streamed(demo_stack):
             call["id"] = part.id or call["id"]
             call["name"] += part.function.name or "" if part.function else ""
             call["arguments"] += part.function.arguments or "" if part.function else ""
+            fragments += bool(part.function and part.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and list(calls) == [0]
+    assert fragments > 1  # the arguments streamed as the model wrote them
     assert calls[0]["name"] == "get_time" and calls[0]["id"].startswith("call_")
     jsonschema.validate(json.loads(calls[0]["arguments"]), CLOCK["function"]["parameters"])
     # the SDK's own stream helper assembles the same call

@@ -48,6 +48,67 @@ class CapacityInput(WindowInput):
                                             help_text="Mean time to first token to keep (ms).")
 
 
+class TokenCostOutput(serializers.Serializer):
+    name = serializers.CharField(help_text="The base model, or the adapter as tenant/name@version.")
+    requests = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    gpu_seconds = serializers.CharField(help_text="Attributed GPU seconds (a decimal).")
+    cost = serializers.CharField(help_text="USD (a decimal).")
+    cost_per_million_input = serializers.CharField(allow_null=True, help_text="USD; null with no input tokens.")
+    cost_per_million_output = serializers.CharField(allow_null=True, help_text="USD; null with no computed tokens.")
+
+
+class EngineUseOutput(serializers.Serializer):
+    name = serializers.CharField()
+    pool = serializers.CharField()
+    gpu_price_per_hour = serializers.CharField()
+    up_seconds = serializers.CharField()
+    busy_seconds = serializers.CharField()
+    utilisation = serializers.CharField(help_text="Busy ÷ up, 0 to 1 (0 for an engine without traffic).")
+    requests = serializers.IntegerField()
+    uptime_cost = serializers.CharField(help_text="USD for the time it was up, busy or not.")
+
+
+class EconomicsOutput(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    base_models = TokenCostOutput(many=True)
+    adapters = TokenCostOutput(many=True)
+    engines = EngineUseOutput(many=True)
+    utilisation = serializers.CharField()
+    tokens_per_busy_second = serializers.CharField()
+    requests_per_busy_second = serializers.CharField()
+    idle_ttft_ms = serializers.FloatField(allow_null=True)
+    attributed_cost = serializers.CharField()
+    uptime_cost = serializers.CharField()
+
+
+class BreakEvenPointOutput(serializers.Serializer):
+    tokens_per_month = serializers.CharField()
+    self_host = serializers.CharField(help_text="USD a month on whole engines.")
+    api = serializers.CharField(help_text="USD a month at the API's price.")
+
+
+class BreakEvenOutput(serializers.Serializer):
+    api_price_per_mtok = serializers.CharField()
+    engine_price_per_hour = serializers.CharField()
+    utilisation = serializers.CharField()
+    tokens_per_engine_month = serializers.CharField()
+    break_even_tokens_per_month = serializers.CharField(
+        allow_null=True, help_text="Null when self-hosting never costs less (a free API included).")
+    points = BreakEvenPointOutput(many=True)
+
+
+class CapacityOutput(serializers.Serializer):
+    target_rps = serializers.FloatField()
+    target_ttft_ms = serializers.FloatField()
+    requests_per_busy_second = serializers.CharField()
+    idle_ttft_ms = serializers.FloatField(allow_null=True)
+    engines_needed = serializers.IntegerField(allow_null=True, help_text="Null when no number of engines gets there.")
+
+
 def window(params: dict) -> tuple[datetime, datetime]:
     """[start 00:00, end + 1 day 00:00) in UTC, cut at now: an engine is not up in the future."""
     since = datetime.combine(params["start"], time.min, tzinfo=UTC)
@@ -109,7 +170,7 @@ def capacity_body(fleet: FleetEconomics, target_rps: float, target_ttft_ms: floa
 
 
 class FleetEconomicsApi(StaffAPIView):
-    @extend_schema(parameters=[WindowInput], responses={200: dict})
+    @extend_schema(parameters=[WindowInput], responses={200: EconomicsOutput})
     def get(self, request):
         query = WindowInput(data=request.query_params)
         query.is_valid(raise_exception=True)
@@ -118,7 +179,7 @@ class FleetEconomicsApi(StaffAPIView):
 
 
 class BreakEvenApi(StaffAPIView):
-    @extend_schema(parameters=[BreakEvenInput], responses={200: dict})
+    @extend_schema(parameters=[BreakEvenInput], responses={200: BreakEvenOutput})
     def get(self, request):
         query = BreakEvenInput(data=request.query_params)
         query.is_valid(raise_exception=True)
@@ -128,7 +189,7 @@ class BreakEvenApi(StaffAPIView):
 
 
 class CapacityApi(StaffAPIView):
-    @extend_schema(parameters=[CapacityInput], responses={200: dict})
+    @extend_schema(parameters=[CapacityInput], responses={200: CapacityOutput})
     def get(self, request):
         query = CapacityInput(data=request.query_params)
         query.is_valid(raise_exception=True)

@@ -72,9 +72,9 @@ SUMMARIES = {
     ("PATCH", "/api/v1/tenants/{slug}"): "Change a tenant (plan, status)",
     ("GET", "/api/v1/usage"): "Usage by day, model or key",
     ("GET", "/api/v1/usage.csv"): "Download usage as CSV",
-    ("GET", "/api/v1/fleet/economics"): "The fleet's cost and revenue over a window",
+    ("GET", "/api/v1/fleet/economics"): "Cost per million tokens and utilisation over a window",
     ("GET", "/api/v1/fleet/break-even"): "Break-even against an API's price",
-    ("GET", "/api/v1/fleet/capacity"): "The fleet's capacity",
+    ("GET", "/api/v1/fleet/capacity"): "Engines needed for a target load",
 }
 
 

@@ -168,6 +168,8 @@ def test_a_grammar_compiles_once_per_schema(llm):
     first = compiler.compile(GrammarSpec.json_schema(schema, param="response_format"))
     again = compiler.compile(GrammarSpec.json_schema(dict(schema), param="response_format"))
     assert first is again and compiler.misses == misses + 1
+    state = llm.engine.state()["grammars"]  # /v1/state
+    assert state["cached"] >= 1 and state["hits"] >= 1 and state["constrained_sequences"] == 0
 
 
 @pytest.mark.parametrize("schema, words", [

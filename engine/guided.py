@@ -4,6 +4,7 @@
 llguidance computes them in Rust with the GIL released (on its own pool of threads), so the model runs
 meanwhile; `allowed()` joins before sampling. State is keyed by seq_id, never by batch row."""
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
@@ -46,7 +47,7 @@ class GuidedDecoding:
         if not seqs:
             return None
         if self._executor is None:
-            self._executor = llguidance.LLExecutor()
+            self._executor = llguidance.LLExecutor(num_threads=self.mask_threads())
         matchers = [(self.matchers[seq.seq_id], row) for row, seq in enumerate(seqs)]
         words = self.mask_words
         bitmask = torch.empty((len(seqs), words), dtype=torch.int32)  # [M, words]; written by llguidance
@@ -57,6 +58,11 @@ class GuidedDecoding:
             return bitmask
 
         return self._thread.submit(compute)
+
+    def mask_threads(self) -> int:
+        """llguidance's threads for a step's masks: on CPU the forward pass they overlap uses every core, and a
+        wider pool only contends with it (measured: benchmarks/RESULTS.md); beside a GPU the cores are free."""
+        return 1 if self.device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
 
     def allowed(self, pending: Future, seqs: list[Sequence]) -> dict[int, torch.Tensor]:
         """Join the masks `start(seqs)` computes: seq_id -> [vocab] bool on the device."""

@@ -376,6 +376,7 @@ class LLMEngine:
             "tensor_parallel_size": self.comm.size,
             "block_size": self.config.block_size,
             "speculation": self.speculation_state(),
+            "grammars": {**(self.grammars.state() if self.grammars else {}), **self.guided.state()},
         }
 
     def speculation_state(self) -> dict:

@@ -10,6 +10,7 @@ calls. The format is picked once per model from its chat template (`format_for_t
 and calls whose text is complete; so a stream can send the difference after each token (`ToolCallStream`)."""
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ class Hermes:
             body = text[at + len(self.OPEN) : end if end >= 0 else len(text)]
             if end < 0 and not final:
                 break  # a call still being written
-            call = _decoded_call(body, self.arguments_keys)
+            call = _decoded_call(body, self.arguments_keys, raw=_raw_arguments(body))
             if call is None:  # not a call after all: the model's text, as written
                 content += text[at : end + len(self.CLOSE) if end >= 0 else len(text)]
             else:
@@ -123,6 +124,35 @@ class Hermes:
                 break
             pos = end + len(self.CLOSE)
         return Parsed(content=content, calls=calls)
+
+    def open_call(self, text: str) -> tuple[str, str] | None:
+        """The call being written at the end of text, once its name is known: (name, the arguments' text so far
+        that can no longer change: not a closing brace, whitespace or the start of </tool_call> at the end)."""
+        at = text.rfind(self.OPEN)
+        if at < 0 or self.CLOSE in text[at:]:
+            return None
+        body = text[at + len(self.OPEN) :]
+        head = NAME_FIRST.match(body)
+        if head is None:
+            return None
+        arguments = body[head.end() :]
+        arguments = arguments[: len(arguments) - _held(arguments, "\n" + self.CLOSE)]
+        while arguments and arguments[-1] in "} \t\r\n":  # the arguments' last brace, or the call's
+            arguments = arguments[:-1]
+        return head.group(1), arguments
+
+
+NAME_FIRST = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*')
+
+
+def _raw_arguments(body: str) -> str | None:
+    """The arguments as the model wrote them, for a call written name first: streamed fragments of them then add up
+    to exactly what the whole call says."""
+    head = NAME_FIRST.match(body)
+    rest = body.rstrip()
+    if head is None or not rest.endswith("}"):
+        return None
+    return rest[head.end() : -1].rstrip()
 
 
 class Llama3Json:
@@ -191,12 +221,22 @@ def format_for_template(template: str | None) -> ToolCallFormat | None:
     return next((f for f in FORMATS if f.matches(template)), None)
 
 
-def _decoded_call(body: str, arguments_keys: tuple[str, ...]) -> ToolCall | None:
+def _decoded_call(body: str, arguments_keys: tuple[str, ...], *, raw: str | None = None) -> ToolCall | None:
     try:
         obj = json.loads(body)
     except ValueError:
         return None
-    return _call(obj, arguments_keys=arguments_keys)
+    call = _call(obj, arguments_keys=arguments_keys)
+    if call is not None and raw is not None and _same_json(raw, call.arguments):
+        call = ToolCall(name=call.name, arguments=raw)
+    return call
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
 
 
 def _json_sequence(text: str, *, separator: str, arguments_keys: tuple[str, ...]) -> list[ToolCall]:
@@ -219,18 +259,40 @@ def _json_sequence(text: str, *, separator: str, arguments_keys: tuple[str, ...]
 
 
 class ToolCallStream:
-    """One completion's text as it grows, split into content and calls: `push()` returns what is new since the
-    last push (content text, calls), each call once and whole, with its id fixed when first sent."""
+    """One completion's text as it grows, split into content and calls: `push()` returns what is new since the last
+    push: content text, and call deltas as OpenAI streams them ({"index", "id", "name", "arguments": ""} when a
+    call's name is known, then {"index", "arguments": fragment} as its arguments grow, for formats that can tell
+    (`open_call`); else each call whole once complete). Fragments of a call add up to its arguments."""
 
     def __init__(self, fmt: ToolCallFormat) -> None:
         self.fmt = fmt
         self.content_sent = 0
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []  # complete, with the ids they were sent with
+        self.open: tuple[ToolCall, str] | None = None  # the call being streamed, and its arguments sent so far
 
-    def push(self, text: str, *, final: bool) -> tuple[str, list[ToolCall]]:
+    def push(self, text: str, *, final: bool) -> tuple[str, list[dict]]:
         parsed = self.fmt.parse(text, final=final)
         content = parsed.content[self.content_sent :]
         self.content_sent = max(self.content_sent, len(parsed.content))
-        new = parsed.calls[len(self.calls) :]
-        self.calls += new
-        return content, new
+        deltas = []
+        for call in parsed.calls[len(self.calls) :]:
+            index = len(self.calls)
+            if self.open is not None:  # the call streamed so far is this one: the rest of its arguments
+                opened, sent = self.open
+                self.open = None
+                call = ToolCall(name=call.name, arguments=call.arguments, id=opened.id)
+                if call.arguments.startswith(sent) and call.arguments != sent:
+                    deltas.append({"index": index, "arguments": call.arguments[len(sent):]})
+            else:
+                deltas.append(call.as_json(index))
+            self.calls.append(call)
+        if not final and hasattr(self.fmt, "open_call") and (found := self.fmt.open_call(text)) is not None:
+            name, arguments = found
+            if self.open is None:
+                self.open = (ToolCall(name=name, arguments=""), "")
+                deltas.append(self.open[0].as_json(len(self.calls)))
+            opened, sent = self.open
+            if len(arguments) > len(sent) and arguments.startswith(sent):
+                deltas.append({"index": len(self.calls), "arguments": arguments[len(sent):]})
+                self.open = (opened, arguments)
+        return content, deltas

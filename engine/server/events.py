@@ -11,9 +11,10 @@ With sampling.prompt_logprobs, a completion's first delta (the one with its firs
 `prompt_logprobs`: one entry per prompt token, the first one's logprob null (nothing precedes it). A batch of prompts
 has n completions per prompt, indexed prompt * n + i.
 
-A request whose output is parsed for tool calls (engine/tool_calls.py) has `text` without the calls' markup and each
-call once, whole, in `tool_calls` ({"index", "id", "name", "arguments"}), in the delta where it completed and again
-in the final event; a choice that called tools finishes with "tool_calls".
+A request whose output is parsed for tool calls (engine/tool_calls.py) has `text` without the calls' markup; a
+delta's `tool_calls` holds {"index", "id", "name", "arguments"} when a call starts (its arguments whole if it
+completed at once, else "") and {"index", "arguments": fragment} as they grow; the final event has each call whole;
+a choice that called tools finishes with "tool_calls".
 
 `text`, `token_ids` and `finish_reason` at the top of the final event are completion 0's. The usage holds the
 counts of the request's usage event (speculative decoding's included: docs/speculative.md), streamed or not.
@@ -43,9 +44,7 @@ def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, in
     calls = []
     if handle.tool_format is not None:
         stream = handle.tool_streams.setdefault(output.index, ToolCallStream(handle.tool_format))
-        first = len(stream.calls)
-        text, new = stream.push(output.text, final=output.finished)
-        calls = [call.as_json(first + i) for i, call in enumerate(new)]
+        text, calls = stream.push(output.text, final=output.finished)
     else:
         already = sent.get(output.index, 0)
         text = output.text[already:]

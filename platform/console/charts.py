@@ -15,7 +15,11 @@ from django.utils.safestring import SafeString, mark_safe
 from console.money_format import money_axis_text, money_text
 
 WIDTH, HEIGHT = 760, 240
-LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 28
+LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 42
+# Axis labels are sized for the narrowest screen: at 390 px a 760-unit chart is drawn ~308 px wide, so its axis
+# font is 28 units there (11.3 px, console.css) and a character about 16.8 units. Margins make room for that,
+# so a label never sits over the data on a phone; on wider screens the same room is merely generous.
+AXIS_CHAR = 16.8
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,38 @@ def _svg_path(points: list[tuple[float, float]]) -> str:
     return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
 
 
+def _lone_indexes(values: list) -> set[int]:
+    """Buckets with a value but none on either side: a line can't draw them."""
+    return {
+        index for index, value in enumerate(values) if value is not None
+        and (index == 0 or values[index - 1] is None) and (index == len(values) - 1 or values[index + 1] is None)
+    }  # fmt: skip
+
+
+def _svg_path_runs(values: list, points: list[tuple[float, float]]) -> str:
+    """A path through the points, broken where a bucket has no value (a gap is not a straight line)."""
+    parts, point = [], iter(points)
+    previous = None
+    for value in values:
+        if value is None:
+            previous = None
+            continue
+        x, y = next(point)
+        parts.append(f"{'M' if previous is None else 'L'}{x:.1f},{y:.1f}")
+        previous = value
+    return " ".join(parts)
+
+
 def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend") -> SafeString:
     if not any(point.lower or point.upper for point in points):
         return mark_safe("")
     bar_max = count_ceiling(max(point.lower + point.upper for point in points))
     line_max = nice_ceiling(float(max(point.line for point in points)))
     money_ticks = [money_axis_text(line_max * (1 - i / 4), step=line_max / 4) for i in range(5)]
-    right = axis_margin(money_ticks, minimum=RIGHT)
-    plot_w, plot_h = WIDTH - LEFT - right, HEIGHT - TOP - BOTTOM
+    count_ticks = [_compact(bar_max * (1 - i / 4)) for i in range(5)]
+    right = axis_margin(money_ticks, minimum=RIGHT, char_width=AXIS_CHAR)
+    left = axis_margin(count_ticks, minimum=LEFT, char_width=AXIS_CHAR)
+    plot_w, plot_h = WIDTH - left - right, HEIGHT - TOP - BOTTOM
     slot = plot_w / len(points)
     bar_w = max(2.0, min(26.0, slot * 0.62))
     parts = [
@@ -87,14 +115,13 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
     ]
     for i in range(5):
         y = TOP + plot_h * i / 4
-        share = 1 - i / 4
-        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - right}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{_compact(bar_max * share)}</text>')
+        parts.append(f'<line class="grid-line" x1="{left}" x2="{WIDTH - right}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="axis" x="2" y="{y + 4:.1f}">{count_ticks[i]}</text>')
         parts.append(f'<text class="axis" x="{WIDTH - 2}" y="{y + 4:.1f}" text-anchor="end">{money_ticks[i]}</text>')
     label_every = max(1, math.ceil(len(points) / 10))
     line_points = []
     for index, point in enumerate(points):
-        center = LEFT + slot * (index + 0.5)
+        center = left + slot * (index + 0.5)
         lower_h = plot_h * point.lower / bar_max
         upper_h = plot_h * point.upper / bar_max
         x = center - bar_w / 2
@@ -114,7 +141,7 @@ def usage_chart(points: list[DayPoint], *, label: str = "Daily tokens and spend"
         if index % label_every == 0:
             odd = " x-odd" if (index // label_every) % 2 else ""
             parts.append(
-                f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{point.day:%b %d}</text>'
+                f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 6}" text-anchor="middle">{point.day:%b %d}</text>'
             )
         line_points.append((center, TOP + plot_h * (1 - float(point.line) / line_max)))
     path = _svg_path(line_points)
@@ -140,7 +167,20 @@ def _axis_number(value: float, *, step: float) -> str:
 
 
 def _bucket_label(start: datetime, bucket: str) -> str:
-    return f"{start:%H:%M}" if bucket == "hour" and start.hour else f"{start:%b %d}"
+    """A bucket in a readout: the day, and the hour for hourly buckets."""
+    return f"{start:%b %d %H:%M}" if bucket == "hour" else f"{start:%b %d}"
+
+
+def _axis_labels(starts: list[datetime], bucket: str, every: int) -> dict[int, str]:
+    """Index -> axis label for every `every`-th bucket: days as "Nov 24"; hours as "13:00", except the first
+    label of each day, which names the day, so an hourly axis always says which day it shows."""
+    labels, last_day = {}, None
+    for index in range(0, len(starts), every):
+        start = starts[index]
+        new_day = bucket == "day" or start.date() != last_day
+        labels[index] = f"{start:%b %d}" if new_day else f"{start:%H:%M}"
+        last_day = start.date()
+    return labels
 
 
 def series_chart(
@@ -158,8 +198,8 @@ def series_chart(
     right_max = nice_ceiling(max((v for v in right.values if v is not None), default=0)) if right else 1.0
     left_ticks = [_axis_number(left_max * (1 - i / 4), step=left_max / 4) + left_unit for i in range(5)]
     right_ticks = [_axis_number(right_max * (1 - i / 4), step=right_max / 4) + right_unit for i in range(5)]
-    left_room = axis_margin(left_ticks, minimum=LEFT, char_width=9)
-    right_room = axis_margin(right_ticks, minimum=RIGHT, char_width=9) if right else RIGHT
+    left_room = axis_margin(left_ticks, minimum=LEFT, char_width=AXIS_CHAR)
+    right_room = axis_margin(right_ticks, minimum=RIGHT, char_width=AXIS_CHAR) if right else RIGHT
     plot_w, plot_h = WIDTH - left_room - right_room, HEIGHT - TOP - BOTTOM
     slot = plot_w / len(starts)
     parts = [
@@ -173,6 +213,7 @@ def series_chart(
         if right:
             parts.append(f'<text class="axis" x="{WIDTH - 2}" y="{y + 4:.1f}" text-anchor="end">{right_ticks[i]}</text>')
     label_every = max(1, math.ceil(len(starts) / 8))
+    axis_labels = _axis_labels(starts, bucket, label_every)
     base = TOP + plot_h
     bar_w = max(2.0, min(22.0, slot * 0.6))
     for index, start in enumerate(starts):
@@ -189,10 +230,10 @@ def series_chart(
             parts.append(f'<rect class="bar {bars.tone}" x="{center - bar_w / 2:.1f}" y="{base - height:.1f}" '
                          f'width="{bar_w:.1f}" height="{height:.1f}" rx="2"/>')  # fmt: skip
         parts.append(f'<rect x="{center - slot / 2:.1f}" y="{TOP}" width="{slot:.1f}" height="{plot_h}" fill="transparent"/></g>')
-        if index % label_every == 0:
+        if index in axis_labels:
             odd = " x-odd" if (index // label_every) % 2 else ""
-            parts.append(f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 8}" text-anchor="middle">'
-                         f'{_bucket_label(start, bucket)}</text>')  # fmt: skip
+            parts.append(f'<text class="axis x{odd}" x="{center:.1f}" y="{HEIGHT - 6}" text-anchor="middle">'
+                         f'{axis_labels[index]}</text>')  # fmt: skip
     for series, top in [*((s, left_max) for s in left), *(((right, right_max),) if right else ())]:
         points = [
             (left_room + slot * (index + 0.5), TOP + plot_h * (1 - value / top))
@@ -200,9 +241,13 @@ def series_chart(
         ]  # fmt: skip
         if not points:
             continue
-        path = _svg_path(points)
+        path = _svg_path_runs(series.values, points)
         parts.append(f'<path class="series-line {series.tone}" d="{path}" data-series="{escape(series.label)}"/>')
-        if len(starts) <= 48:
-            parts += [f'<circle class="series-dot {series.tone}" cx="{x:.1f}" cy="{y:.1f}" r="2.4"/>' for x, y in points]
+        lone = _lone_indexes(series.values)
+        for (x, y), index in zip(points, [i for i, v in enumerate(series.values) if v is not None], strict=True):
+            if len(starts) <= 48 or index in lone:  # a point with no neighbour has no line: its dot shows it
+                size = 4 if index in lone else 2.4
+                parts.append(f'<circle class="series-dot {series.tone}" cx="{x:.1f}" cy="{y:.1f}" r="{size}" '
+                             f'data-series="{escape(series.label)}"/>')  # fmt: skip
     parts.append("</svg>")
     return mark_safe("".join(parts))

@@ -53,7 +53,8 @@ class Delta:
     logprobs: list[dict]
     finish_reason: str | None
     tokens: int = 0  # new tokens in this event
-    tool_calls: list[dict] = field(default_factory=list)  # calls completed in this event (engine/tool_calls.py)
+    tool_calls: list[dict] = field(default_factory=list)  # a call's start {"index", "id", "name", "arguments"},
+    # or a fragment of its arguments {"index", "arguments"} (engine/tool_calls.py)
 
 
 def _chat_logprobs(entries: list[dict]) -> dict:
@@ -103,7 +104,11 @@ class ResponseBuilder:
         choice.text += delta.text
         choice.logprobs += delta.logprobs
         choice.tokens += delta.tokens
-        choice.tool_calls += delta.tool_calls
+        for part in delta.tool_calls:  # a call's start, then fragments of its arguments
+            if part["index"] < len(choice.tool_calls):
+                choice.tool_calls[part["index"]]["arguments"] += part.get("arguments", "")
+            else:
+                choice.tool_calls.append(dict(part))
         if delta.finish_reason is not None:
             choice.finish_reason = FINISH_REASONS.get(delta.finish_reason, "stop")
 
@@ -171,9 +176,13 @@ class ResponseBuilder:
             }  # fmt: skip
             chunks = [] if body == {} else [self._chunk([choice], with_usage_field=with_usage_field)]
             for call in delta.tool_calls:  # as OpenAI streams a call: its id and name, then its arguments
-                head = {"index": call["index"], "id": call["id"], "type": "function",
-                        "function": {"name": call["name"], "arguments": ""}}  # fmt: skip
-                for part in (head, {"index": call["index"], "function": {"arguments": call["arguments"]}}):
+                parts = []
+                if "name" in call:
+                    parts.append({"index": call["index"], "id": call["id"], "type": "function",
+                                  "function": {"name": call["name"], "arguments": ""}})  # fmt: skip
+                if call.get("arguments"):
+                    parts.append({"index": call["index"], "function": {"arguments": call["arguments"]}})
+                for part in parts:
                     chunks.append(self._chunk([{"index": delta.index, "delta": {"tool_calls": [part]}, "logprobs": None,
                                                 "finish_reason": None}], with_usage_field=with_usage_field))  # fmt: skip
             if delta.tool_calls and finish is not None:

@@ -1,10 +1,12 @@
 """Reads over usage: grouped sums from the daily roll-ups, plus raw events for the days not rolled up yet."""
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Avg, Count, F, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Aggregate, Avg, Count, F, FloatField, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate, TruncDay, TruncHour
 from django.utils import timezone
 
@@ -204,6 +206,53 @@ class UsageBucket:
     price: Decimal = field(default_factory=Decimal)
     ttft_ms: float | None = None  # mean time to first token
     tokens_per_second: float | None = None  # output tokens over the time spent producing them after the first
+    latency_p50: float | None = None  # end-to-end latency percentiles, ms
+    latency_p95: float | None = None
+    latency_p99: float | None = None
+
+    @property
+    def error_rate(self) -> float | None:
+        """Percent of the bucket's requests that failed; None with no requests."""
+        return 100.0 * self.errors / self.requests if self.requests else None
+
+
+class Percentile(Aggregate):
+    """PostgreSQL's percentile_cont(p) WITHIN GROUP (ORDER BY x): one pass per bucket in the database."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, *, fraction: float, **extra):
+        super().__init__(expression, fraction=fraction, **extra)
+
+
+PERCENTILES = {"latency_p50": 0.5, "latency_p95": 0.95, "latency_p99": 0.99}
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """percentile_cont over sorted values (linear between the two nearest ranks), for databases without it."""
+    position = fraction * (len(values) - 1)
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def _percentile_aggregates() -> dict:
+    """The bucket query's p50/p95/p99 of end-to-end latency where the database computes them (PostgreSQL)."""
+    if connection.vendor != "postgresql":
+        return {}
+    return {name: Percentile("e2e_ms", fraction=fraction) for name, fraction in PERCENTILES.items()}
+
+
+def _latency_percentiles(events, truncate) -> dict[datetime, dict[str, float]]:
+    """Bucket start -> p50/p95/p99 of end-to-end latency, computed here for databases without percentile_cont."""
+    timed = events.filter(e2e_ms__isnull=False).annotate(start=truncate("finished_at", tzinfo=UTC))
+    values: dict[datetime, list[float]] = defaultdict(list)
+    for start, latency in timed.values_list("start", "e2e_ms"):
+        values[start].append(latency)
+    return {start: {name: _percentile(sorted(latencies), fraction) for name, fraction in PERCENTILES.items()}
+            for start, latencies in values.items()}  # fmt: skip
 
 
 BUCKETS = {"hour": TruncHour, "day": TruncDay}
@@ -227,10 +276,15 @@ def usage_buckets(
             requests=Count("id"), errors=Count("id", filter=Q(finish_reason__in=ERROR_FINISH_REASONS)),
             prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), price_sum=Sum("price"),
             ttft=Avg("ttft_ms"), decode_ms=Sum(F("e2e_ms") - F("ttft_ms"), filter=timed),
-            decode_tokens=Sum("completion_tokens", filter=timed),
+            decode_tokens=Sum("completion_tokens", filter=timed), **_percentile_aggregates(),
         )
     )  # fmt: skip
     found = {row["start"]: row for row in rows}
+    if connection.vendor == "postgresql":
+        percentiles = {start: {name: row[name] for name in PERCENTILES} for start, row in found.items()}
+    else:
+        events = UsageEvent.objects.filter(finished_at__gte=since, finished_at__lt=until, **filters).order_by()
+        percentiles = _latency_percentiles(events, truncate)
     step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
     start = since.replace(minute=0, second=0, microsecond=0)
     if bucket == "day":
@@ -246,6 +300,7 @@ def usage_buckets(
                 start=start, requests=row["requests"], errors=row["errors"], prompt_tokens=row["prompt"] or 0,
                 completion_tokens=row["completion"] or 0, price=row["price_sum"] or Decimal(0), ttft_ms=row["ttft"],
                 tokens_per_second=decode_tokens * 1000 / decode_ms if decode_ms and decode_tokens else None,
+                **percentiles.get(start, {}),
             ))  # fmt: skip
         start += step
     return buckets

@@ -43,3 +43,54 @@ def test_every_axis_label_of_a_sub_cent_tenants_charts_is_drawn_whole(browser, l
         assert spend_ticks.count() >= 4, path  # sub-cent ticks: the long labels this is about
         assert page.evaluate(CLIPPED_LABELS) == [], path
     page.context.close()
+
+
+# Per chart: the smallest axis font as drawn (px: its font size times the SVG's scale), and every axis label whose box overlaps the plotted data (bars,
+# lines and dots), as [label, mark] pairs.
+AXIS_SIZES_AND_OVERLAPS = """() => [...document.querySelectorAll('svg.chart')].map(svg => {
+  const boxes = sel => [...svg.querySelectorAll(sel)].map(node => [node, node.getBoundingClientRect()]);
+  const labels = boxes('text.axis').filter(([node]) => getComputedStyle(node).display !== 'none');
+  const marks = boxes('rect.bar, rect.bar-2, circle.series-dot, circle.dot');
+  const overlaps = [];
+  for (const [label, a] of labels) for (const [mark, b] of marks) {
+    if (b.width && b.height && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+      overlaps.push([label.textContent, mark.getAttribute('class')]);
+  }
+  const box = svg.getBoundingClientRect();
+  const scale = box.width / svg.viewBox.baseVal.width;
+  const sizes = labels.map(([node]) => parseFloat(getComputedStyle(node).fontSize) * scale);
+  return {smallest: Math.min(...sizes), overlaps, width: box.width, height: box.height};
+})"""
+
+
+def test_charts_at_390_px_are_legible_distinguishable_and_read_out_on_tap(browser, live_server_asgi):
+    tenant = TenantFactory(slug="phone", name="Phone")
+    MembershipFactory(tenant=tenant, user=UserFactory(username="pia", password=PASSWORD), role="owner")
+    now = timezone.now().replace(minute=30, second=0, microsecond=0)
+    # Two hours with requests 20 hours apart (lone points on an hourly axis, across midnight for the day labels);
+    # every request takes the same time, so p50, p95 and p99 are equal series.
+    usage_ingest(events=[usage_event(tenant, finished_at=now - timedelta(hours=hours), e2e_ms=250.0)
+                         for hours in (1, 21) for _ in range(3)])  # fmt: skip
+    page = log_in(browser, live_server_asgi, "pia")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(live_server_asgi.url + "/t/phone/usage/?every=hour")
+    chart = page.locator("#percentiles-chart svg.chart")
+    assert chart.count() == 1
+    for measured in page.evaluate(AXIS_SIZES_AND_OVERLAPS):
+        assert measured["smallest"] >= 11, measured
+        assert measured["overlaps"] == [], measured
+        assert measured["height"] >= 44 and measured["width"] >= 44  # the whole plot is the tap target
+    # Equal series: each is drawn, with its own dash, and a lone hour shows as a dot.
+    dashes = chart.evaluate("svg => [...svg.querySelectorAll('path.series-line')].map(p => getComputedStyle(p)"
+                            ".strokeDasharray)")  # fmt: skip
+    assert len(dashes) == 4 and len(set(dashes)) == 4, dashes
+    assert chart.locator("circle.series-dot[data-series=p99]").count() == 2
+    labels = chart.locator("text.axis.x").evaluate_all("nodes => nodes.map(node => node.textContent)")
+    assert any(label[:3].isalpha() for label in labels) and any(":" in label for label in labels), labels
+    # A tap reads the nearest hour out.
+    chart.scroll_into_view_if_needed()
+    dot = chart.locator("circle.series-dot[data-series=p50]").first.bounding_box()
+    page.mouse.click(dot["x"] + dot["width"] / 2, dot["y"] + dot["height"] / 2)
+    readout = page.locator("#percentiles-chart .chart-readout")
+    assert readout.is_visible() and "p50 250.0" in readout.inner_text(), readout.inner_text()
+    page.context.close()

@@ -33,5 +33,25 @@ def test_a_measured_axis_keeps_its_decimals():
 
 def test_a_token_axis_of_a_single_token_ticks_whole_tokens():
     points = [DayPoint(day=date(2026, 11, 1), lower=1, upper=0, line=Decimal("0.000001"))]
-    ticks = re.findall(r'text-anchor="end">([^<$]*)</text>', str(usage_chart(points)))
+    ticks = re.findall(r'<text class="axis" x="2" y="[0-9.]+">([^<$]*)</text>', str(usage_chart(points)))
     assert ticks == ["4", "3", "2", "1", "0"]
+
+
+def test_an_hourly_axis_names_each_day_and_a_lone_hour_is_a_dot():
+    from datetime import UTC, datetime, timedelta
+
+    starts = [datetime(2026, 11, 23, 20, tzinfo=UTC) + timedelta(hours=h) for h in range(24)]
+    values = [None] * 24
+    values[10] = 250.0  # one hour with data, 23 without: no line can draw it
+    svg = str(series_chart(starts=starts, bucket="hour", left=[Series("p50", values, "tone-1")], left_unit=" ms"))
+    labels = re.findall(r'<text class="axis x[^"]*"[^>]*>([^<]*)</text>', svg)
+    assert labels[0] == "Nov 23" and "Nov 24" in labels and any(":" in label for label in labels)
+    assert svg.count('class="series-dot tone-1"') == 1 and 'r="4"' in svg
+
+
+def test_latency_percentiles_without_percentile_cont_interpolate_like_postgresql():
+    from metering.selectors import _percentile
+
+    values = [100.0, 200.0, 300.0, 400.0]
+    assert [_percentile(values, fraction) for fraction in (0.5, 0.95, 0.99)] == [250.0, 385.0, 397.0]
+    assert _percentile([42.0], 0.99) == 42.0

@@ -168,6 +168,8 @@ def test_a_grammar_compiles_once_per_schema(llm):
     first = compiler.compile(GrammarSpec.json_schema(schema, param="response_format"))
     again = compiler.compile(GrammarSpec.json_schema(dict(schema), param="response_format"))
     assert first is again and compiler.misses == misses + 1
+    state = llm.engine.state()["grammars"]  # /v1/state
+    assert state["cached"] >= 1 and state["hits"] >= 1 and state["constrained_sequences"] == 0
 
 
 @pytest.mark.parametrize("schema, words", [
@@ -258,18 +260,30 @@ def test_auto_with_a_json_format_allows_the_json_or_calls(llm):
             jsonschema.validate(json.loads(parsed.content), PERSON)
 
 
-def test_tool_calls_stream_as_content_then_whole_calls():
+def test_tool_calls_stream_as_openai_streams_them():
+    """Content without the markup; each call's id and name as soon as they are written, then its arguments in
+    fragments that add up to the whole call's (what the final event and a non-streamed answer carry)."""
     text = 'Let me look.<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>\n' \
-           '<tool_call>\n{"name": "get_weather", "arguments": {"city": "oslo", "days": 2}}\n</tool_call>'
-    stream, content, calls = ToolCallStream(Hermes()), "", []
+           '<tool_call>\n{"name":"get_weather","arguments":{"city":"oslo","days":2}}\n</tool_call>'
+    stream, content, calls = ToolCallStream(Hermes()), "", {}
+    pushes_with_fragments = 0
     for end in range(1, len(text) + 1):
-        piece, new = stream.push(text[:end], final=end == len(text))
+        piece, deltas = stream.push(text[:end], final=end == len(text))
         assert "<" not in piece
-        content, calls = content + piece, calls + new
+        content += piece
+        for delta in deltas:
+            if "name" in delta:
+                assert delta["index"] not in calls and delta["id"].startswith("call_")
+                calls[delta["index"]] = dict(delta)
+            else:
+                calls[delta["index"]]["arguments"] += delta["arguments"]
+        pushes_with_fragments += any("name" not in d for d in deltas)
     assert content == "Let me look."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        ("get_time", {"zone": "utc"}), ("get_weather", {"city": "oslo", "days": 2})]
-    assert len({c.id for c in calls}) == 2
+    whole = Hermes().parse(text, final=True).calls
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [(c.name, c.arguments) for c in whole]
+    assert [json.loads(c["arguments"]) for c in calls.values()] == [{"zone": "utc"}, {"city": "oslo", "days": 2}]
+    assert [c["id"] for c in calls.values()] == [c.id for c in stream.calls]
+    assert pushes_with_fragments > 4  # the arguments came in pieces, not at the end
 
 
 @pytest.mark.parametrize("fmt, text, expected", [

@@ -77,3 +77,19 @@ def test_tool_calls_answer_as_openai_does():
     assert choice["message"]["content"] is None
     assert choice["message"]["tool_calls"] == [
         {"id": "call_9", "type": "function", "function": {"name": "get_time", "arguments": '{"zone":"utc"}'}}]
+
+
+def test_argument_fragments_add_up_in_the_answer_and_stream_as_fragments():
+    builder = ResponseBuilder(kind="chat", request_id="r", model="m", n=1, logprobs=False)
+    parts = [{"index": 0, "id": "call_7", "name": "get_time", "arguments": ""}, {"index": 0, "arguments": '{"zo'},
+             {"index": 0, "arguments": 'ne":"cet"}'}]  # fmt: skip
+    chunks = []
+    for part in parts:
+        delta = Delta(index=0, text="", logprobs=[], finish_reason=None, tokens=3, tool_calls=[part])
+        chunks += [json.loads(f.removeprefix(b"data: ")) for f in builder.chunk(delta, with_usage_field=False)
+                   .split(b"\n\n") if f]  # fmt: skip
+        builder.apply(delta)
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert calls[0]["function"] == {"name": "get_time", "arguments": ""} and calls[0]["id"] == "call_7"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"zone":"cet"}'
+    assert builder.body()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"zone":"cet"}'

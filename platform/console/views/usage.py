@@ -77,6 +77,14 @@ def operations_charts(*, tenant, window: Window, every: str, filters: dict) -> d
             right=Series("Output tokens/s", [b.tokens_per_second for b in buckets], "tone-4"), left_unit=" ms",
             label=f"Mean time to first token and output tokens per second, per {unit}",
         ),
+        "percentiles_chart": series_chart(
+            starts=starts, bucket=every, left=[
+                Series("p50", [b.latency_p50 for b in buckets], "tone-1"),
+                Series("p95", [b.latency_p95 for b in buckets], "tone-3"),
+                Series("p99", [b.latency_p99 for b in buckets], "tone-2"),
+            ], right=Series("Errors", [b.error_rate for b in buckets], "tone-4"), left_unit=" ms", right_unit="%",
+            label=f"Latency percentiles and error rate per {unit}",
+        ),
         "load_chart": series_chart(starts=starts, bucket=every, left=load, label=f"Requests per {unit} by model"),
         "load_series": load,
         "errors": sum(b.errors for b in buckets),

@@ -96,10 +96,11 @@ def test_a_tool_calling_loop(demo_stack):
     assert call.type == "function" and call.id.startswith("call_")
     schema = {"get_weather": WEATHER, "get_time": CLOCK}[call.function.name]["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
-    final = api.chat.completions.create(
-        model=BASE_MODEL, messages=_loop_messages(call.id, call.function.name, call.function.arguments),
-        tools=[WEATHER, CLOCK], temperature=0, max_tokens=24,
-    )  # fmt: skip
+    messages = [{"role": "user", "content": "what is the weather in oslo"},
+                choice.message.model_dump(exclude_none=True),  # the assistant's message sent back as is (README)
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "degrees": 4})}]
+    final = api.chat.completions.create(model=BASE_MODEL, messages=messages, tools=[WEATHER, CLOCK], temperature=0,
+                                        max_tokens=24)
     assert final.choices[0].finish_reason in ("stop", "length")
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 
@@ -107,7 +108,7 @@ def test_a_tool_calling_loop(demo_stack):
 def test_a_tool_calling_loop_streamed(demo_stack):
     api = client(demo_stack)
     calls: dict[int, dict] = {}
-    finish = None
+    finish, fragments = None, 0
     stream = api.chat.completions.create(
         model="shout", messages=[{"role": "user", "content": "the time please"}], tools=[WEATHER, CLOCK],
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True, temperature=0, max_tokens=128,
@@ -121,8 +122,10 @@ def test_a_tool_calling_loop_streamed(demo_stack):
             call["id"] = part.id or call["id"]
             call["name"] += part.function.name or "" if part.function else ""
             call["arguments"] += part.function.arguments or "" if part.function else ""
+            fragments += bool(part.function and part.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and list(calls) == [0]
+    assert fragments > 1  # the arguments streamed as the model wrote them
     assert calls[0]["name"] == "get_time" and calls[0]["id"].startswith("call_")
     jsonschema.validate(json.loads(calls[0]["arguments"]), CLOCK["function"]["parameters"])
     # the SDK's own stream helper assembles the same call
@@ -152,6 +155,9 @@ def test_logit_bias_steers_the_next_token(demo_stack):
     banned = api.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "the moon"}],
                                          temperature=0, max_tokens=4, logit_bias={str(token): -100})
     assert "moon" not in banned.choices[0].message.content
+    completion = api.completions.create(model="shout", prompt="the cat sees", max_tokens=1, temperature=0,
+                                        logit_bias={str(token): 100})
+    assert completion.choices[0].text == "moon"
 
 
 def test_constrained_requests_are_metered_like_any_other(demo_stack):

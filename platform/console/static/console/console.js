@@ -177,6 +177,41 @@
     xhr.send(new FormData(form));
   }
 
+  // Charts: a readout of the bucket under the pointer, on hover and on tap. The whole plot is the target (an
+  // hour of a week is a few pixels wide on a phone): the nearest bucket to the pointer's x is read out, from the
+  // same text its <title> gives desktop browsers.
+  function chartReadout(event) {
+    var svg = event.target.closest && event.target.closest("svg.chart");
+    if (!svg) return;
+    var buckets = svg.querySelectorAll("g.bucket, g.day");
+    if (!buckets.length) return;
+    var nearest = null, distance = Infinity;
+    buckets.forEach(function (bucket) {
+      var box = bucket.lastElementChild.getBoundingClientRect();
+      var gap = Math.abs(box.left + box.width / 2 - event.clientX);
+      if (gap < distance) { distance = gap; nearest = bucket; }
+    });
+    var holder = svg.parentElement;
+    holder.classList.add("chart-wrap");
+    var readout = holder.querySelector(".chart-readout");
+    if (!readout) {
+      readout = document.createElement("div");
+      readout.className = "chart-readout";
+      readout.setAttribute("role", "status");
+      holder.appendChild(readout);
+    }
+    svg.querySelectorAll(".active").forEach(function (node) { node.classList.remove("active"); });
+    nearest.classList.add("active");
+    readout.textContent = nearest.querySelector("title").textContent;
+    readout.hidden = false;
+  }
+  document.addEventListener("pointermove", function (event) {
+    if (event.pointerType !== "mouse") return;
+    if (event.target.closest && event.target.closest("svg.chart")) { chartReadout(event); return; }
+    document.querySelectorAll(".chart-readout").forEach(function (readout) { readout.hidden = true; });
+  });
+  document.addEventListener("pointerdown", chartReadout);
+
   // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
   //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML
   //   {"type": "refresh"}                          re-fetch the page's [data-live-region] elements

@@ -20,6 +20,7 @@ from kernels.slot_batch import SlotBatch
 
 try:
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
+    from kernels import grouped_matmul as _grouped_matmul
     from kernels import lora_expand as _lora_expand
     from kernels import lora_shrink as _lora_shrink
     from kernels import paged_attention_decode as _paged_attention_decode
@@ -40,6 +41,7 @@ __all__ = [
     "backend_for",
     "fp8_linear",
     "gelu_tanh_and_mul",
+    "grouped_matmul",
     "lora_expand",
     "lora_meta",
     "lora_shrink",
@@ -106,6 +108,12 @@ def gelu_tanh_and_mul(x):
     return reference.gelu_tanh_and_mul(x)
 
 
+def grouped_matmul(x, weight, expert_offsets):
+    if backend_for(x) == "triton":
+        return _grouped_matmul.grouped_matmul(x, weight, expert_offsets)
+    return reference.grouped_matmul(x, weight, expert_offsets)
+
+
 def fp8_linear(x, weight, weight_scale):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
         return _fp8_linear.fp8_linear(x, weight, weight_scale)
@@ -154,6 +162,6 @@ def silu_and_mul(x):
 
 
 for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul, gelu_tanh_and_mul):
+            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

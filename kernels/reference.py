@@ -298,3 +298,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
     out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
     return out.to(x.dtype)
+
+
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+    """out[r] = x[r] @ weight[e].T for every row r in expert_offsets[e] <= r < expert_offsets[e + 1].
+
+    x [N, in] sorted by expert; weight [E, out, in] (each expert's nn.Linear weight); expert_offsets [E + 1]
+    int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation).
+    The reference visits the experts that have rows, one matmul each (the launcher: one grouped launch)."""
+    out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)  # [N, out]
+    bounds = expert_offsets.tolist()
+    for expert in range(weight.shape[0]):
+        start, end = bounds[expert], bounds[expert + 1]
+        if end > start:
+            out[start:end] = (x[start:end].float() @ weight[expert].float().T).to(x.dtype)
+    return out

@@ -86,7 +86,7 @@ class RequestDetailApi(TenantAPIView):
     required_scopes = {"GET": Scope.USAGE_READ}
 
     @extend_schema(
-        responses=RequestLogRowOutput, summary="Get one request",
+        operation_id="v1_request_retrieve", responses=RequestLogRowOutput, summary="Get one request",
         description="One request of the caller's tenant, by the id its response carried (x-request-id).",
     )  # fmt: skip
     def get(self, request, request_id: str):

@@ -1,6 +1,6 @@
 """Live pages and per-key controls in a real browser (Debian's Chromium) against the ASGI server, a real Celery
 worker and a real engine: a request made through the `openai` package shows on the overview and in the request
-log within 5 s of finishing, without a reload; an admin sets a key's budget on the keys page, that key is refused
+log within 5 s of finishing, without a reload, its prompt and completion kept because the tenant opted in; an admin sets a key's budget on the keys page, that key is refused
 once over it while its sibling key still works."""
 
 import time
@@ -39,7 +39,7 @@ def test_a_request_shows_live_and_a_key_over_its_budget_is_refused_while_its_sib
     server = live_server_asgi
     plan = Plan.objects.create(slug="steep", name="Steep", price_input_per_mtok=Decimal("1000"),
                                price_cached_input_per_mtok=Decimal("1000"), price_output_per_mtok=Decimal("4000"))  # fmt: skip
-    tenant = TenantFactory(slug="acme", name="Acme Corp", plan=plan)
+    tenant = TenantFactory(slug="acme", name="Acme Corp", plan=plan, request_body_retention_days=7)
     MembershipFactory(tenant=tenant, user=UserFactory(username="olga"), role="owner")
     capped, capped_secret = api_key_create(actor=Actor.system(), tenant=tenant, name="capped", scopes=["inference"])
     _, sibling_secret = api_key_create(actor=Actor.system(), tenant=tenant, name="sibling", scopes=["inference"])
@@ -68,6 +68,9 @@ def test_a_request_shows_live_and_a_key_over_its_budget_is_refused_while_its_sib
         log.screenshot(path=str(screenshots / "60-request-log-live.png"), full_page=True)
         log.click(f"tr[data-request='{request_id}'] a.primary")
         assert "Time to first token" in log.content()
+        # The tenant keeps bodies for 7 days: the gateway stored this one's prompt and completion.
+        assert "w1 w2 w3" in log.inner_text("[data-testid=request-prompt]")
+        assert log.inner_text("[data-testid=request-completion]") == answer.parse().choices[0].text
 
         # The owner gives the capped key a budget of three cents on the keys page: about one request's worth.
         keys = overview

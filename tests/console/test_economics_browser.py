@@ -10,7 +10,7 @@ from django.utils import timezone
 from gateway.models import Engine
 from registry.models import Adapter, AdapterVersion, BaseModel
 from tests.console.test_browser import log_in
-from tests.gateway.test_economics import _event
+from tests.gateway.test_economics import BASE, _event
 from tests.platform.factories import TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -20,7 +20,7 @@ def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi):
     server = live_server_asgi
     UserFactory(username="ops-economics", is_staff=True)
     tenant = TenantFactory(slug="econ-web")
-    base = BaseModel.objects.create(name="tiny", checkpoint_dir="/nowhere", architecture="llama", config={},
+    base = BaseModel.objects.create(name=BASE, checkpoint_dir="/nowhere", architecture="llama", config={},
                                     max_context=256)
     version = AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=tenant, name="support",
                                                                            base_model=base), number=1, digest="e" * 64)

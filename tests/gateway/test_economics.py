@@ -21,6 +21,7 @@ from registry.models import Adapter, AdapterVersion, BaseModel
 from tests.platform.factories import TenantFactory, UserFactory
 
 UNTIL = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+BASE = "econ-base"  # not the gateway stack's "tiny", whose rows live as long as the package's tests
 SINCE = UNTIL - timedelta(hours=10)
 
 
@@ -71,7 +72,7 @@ def test_engines_needed_by_hand():
 def _event(tenant, request_id: str, *, engine: str, prompt: int, cached: int, completion: int, gpu_ms: int,
            price_per_hour: Decimal, ttft_ms: float, version=None) -> UsageEvent:
     return UsageEvent.objects.create(
-        request_id=request_id, tenant=tenant, model="tiny", base_model="tiny", adapter_version=version,
+        request_id=request_id, tenant=tenant, model=BASE, base_model=BASE, adapter_version=version,
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, gpu_ms=Decimal(gpu_ms),
         engine=engine, price_input_per_mtok=Decimal(0), price_cached_input_per_mtok=Decimal(0),
         price_output_per_mtok=Decimal(0), price=Decimal(0), gpu_price_per_hour=price_per_hour,
@@ -82,7 +83,7 @@ def _event(tenant, request_id: str, *, engine: str, prompt: int, cached: int, co
 @pytest.fixture
 def fleet_usage(db):
     tenant = TenantFactory(slug="econ")
-    base = BaseModel.objects.create(name="tiny", checkpoint_dir="/nowhere", architecture="llama", config={},
+    base = BaseModel.objects.create(name=BASE, checkpoint_dir="/nowhere", architecture="llama", config={},
                                     max_context=256)
     adapter = Adapter.objects.create(tenant=tenant, name="support", base_model=base)
     version = AdapterVersion.objects.create(adapter=adapter, number=1, digest="d" * 64)
@@ -100,7 +101,7 @@ def fleet_usage(db):
 def test_fleet_economics_by_hand(fleet_usage):
     fleet = fleet_economics(since=SINCE, until=UNTIL)
     [tiny] = fleet.base_models
-    assert (tiny.key, tiny.requests, tiny.cost) == ("tiny", 2, Decimal("3.6"))
+    assert (tiny.key, tiny.requests, tiny.cost) == (BASE, 2, Decimal("3.6"))
     assert tiny.per_million_output == Decimal("3.6") / 2100 * 1_000_000
     assert tiny.per_million_input == Decimal("3.6") / 2100 * 1300 / 1500 * 1_000_000
     [support] = fleet.adapters

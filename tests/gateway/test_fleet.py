@@ -48,6 +48,9 @@ def fleet(stack, django_db_blocker):
             process.wait()
     with django_db_blocker.unblock():
         engine_set("engine-a", enabled=True)
+        # the killed engines leave routing before the package's other tests send anything
+        wait_until(lambda: not routed() & {"fleet-a", "fleet-b", "fleet-c"}, timeout=HEARTBEAT_MISSES * INTERVAL + 5,
+                   what="the fleet engines out of routing")  # fmt: skip
     time.sleep(SNAPSHOT)
 
 

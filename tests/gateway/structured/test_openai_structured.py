@@ -155,6 +155,9 @@ def test_logit_bias_steers_the_next_token(demo_stack):
     banned = api.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "the moon"}],
                                          temperature=0, max_tokens=4, logit_bias={str(token): -100})
     assert "moon" not in banned.choices[0].message.content
+    completion = api.completions.create(model="shout", prompt="the cat sees", max_tokens=1, temperature=0,
+                                        logit_bias={str(token): 100})
+    assert completion.choices[0].text == "moon"
 
 
 def test_constrained_requests_are_metered_like_any_other(demo_stack):

@@ -1,0 +1,46 @@
+"""Triton grouped_matmul (the experts of an MoE layer) against its reference and against a dense per-row product."""
+
+import pytest
+import torch
+
+from kernels import reference
+from tests.kernels.cases import DTYPES, assert_close
+from tests.kernels.conftest import load_triton_op
+
+
+def _offsets(counts: list[int], device) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("counts,out_dim,in_dim", [
+    ([1], 37, 50),  # a single token, one expert
+    ([0, 3, 0, 17, 1], 96, 64),  # experts with no rows, one spanning two row blocks
+    ([5, 0, 2], 130, 100),  # non-power-of-two widths, several column and reduction blocks
+    ([0, 0, 4], 8, 3),  # narrower than a block in both dims
+], ids=["1-token", "empty-experts", "odd-widths", "tiny"])
+def test_grouped_matmul_matches_reference(counts, out_dim, in_dim, dtype, device):
+    gen = torch.Generator().manual_seed(out_dim + in_dim)
+    rows = sum(counts)
+    x = torch.randn(rows, in_dim, generator=gen).to(device=device, dtype=dtype)
+    weight = (torch.randn(len(counts), out_dim, in_dim, generator=gen) / in_dim**0.5).to(device=device, dtype=dtype)
+    offsets = _offsets(counts, device)
+    got = load_triton_op("grouped_matmul")(x, weight, offsets)
+    expected = reference.grouped_matmul(x.cpu(), weight.cpu(), offsets.cpu())
+    assert got.shape == (rows, out_dim) and got.dtype == dtype
+    assert_close(got.cpu(), expected)
+    experts = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))  # each row's expert
+    dense = torch.einsum("ni,noi->no", x.cpu().float(), weight.cpu().float()[experts]).to(dtype)
+    assert_close(expected, dense)
+
+
+def test_grouped_matmul_of_no_rows_and_bad_offsets(device):
+    op = load_triton_op("grouped_matmul")
+    weight = torch.randn(3, 8, 5, device=device)
+    assert op(torch.empty(0, 5, device=device), weight, _offsets([0, 0, 0], device)).shape == (0, 8)
+    with pytest.raises(ValueError, match="expert_offsets"):
+        op(torch.randn(4, 5, device=device), weight, _offsets([1, 1], device))
+    with pytest.raises(ValueError, match="columns"):
+        op(torch.randn(4, 6, device=device), weight, _offsets([1, 1, 2], device))
+    with pytest.raises(ValueError, match="end at"):
+        op(torch.randn(4, 5, device=device), weight, _offsets([1, 1, 1], device))

@@ -8,7 +8,8 @@ user would write: one PeftModel holding every adapter, and for each adapter one 
 `generate` over its requests (left-padded), with min/max new tokens forcing every request's
 output length. Prints output tokens per second of each and the ratio of wall times, and the ratio of the
 CPU seconds this process spent in each (time.process_time: what the load of other processes inflates least);
-with --rounds N the two alternate N times and the best of each is kept (other processes only ever slow a run).
+with --rounds N the two alternate N times, each going first in every other round, and the best of each is kept
+(other processes only ever slow a run). Each side is warmed up by a short generation before it is timed.
 """
 
 import argparse
@@ -111,6 +112,9 @@ def run_peft(base: Path, adapter_dirs: dict[str, Path], requests, device: str, d
         else:
             model.load_adapter(path, adapter_name=name)
     model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
+    prompt = torch.tensor([requests[0][1]], device=device)
+    model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2, do_sample=False,
+                   pad_token_id=0)  # warm up, as the engine is
     start, cpu = time.perf_counter(), time.process_time()
     for name in adapter_dirs:
         group = [(p, n) for adapter, p, n in requests if adapter == name]
@@ -146,9 +150,10 @@ def main() -> None:
         requests = workload(args.requests, list(adapter_dirs))
         output_tokens = sum(n for _, _, n in requests)
         rounds = []
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
+            peft = run_peft(base, adapter_dirs, requests, args.device, args.dtype) if i % 2 else None
             engine = run_engine(base, adapter_dirs, requests, args.device, args.dtype)
-            rounds.append((engine, run_peft(base, adapter_dirs, requests, args.device, args.dtype)))
+            rounds.append((engine, peft or run_peft(base, adapter_dirs, requests, args.device, args.dtype)))
         engine_s, peft_s = min(e[0] for e, _ in rounds), min(p[0] for _, p in rounds)
         engine_cpu, peft_cpu = min(e[1] for e, _ in rounds), min(p[1] for _, p in rounds)
     window = f", window {WINDOW}" if "sliding_window" in FAMILIES[args.family][2] else ""

@@ -33,6 +33,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from kernels import interpreter
+
 VOCAB = 160
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM, {
@@ -195,6 +197,18 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def triton_launchers():
+    """Every op on its Triton launcher, run by Triton's interpreter on CPU tensors. On a machine with CUDA the
+    test is skipped: the interpreter is switched on for the whole process and would leave every later kernel
+    interpreted."""
+    if torch.cuda.is_available():
+        pytest.skip("switches Triton to its interpreter for the process: CPU runs only")
+    interpreter.enable()
+    yield
+    interpreter.disable_routing()
 
 
 @pytest.fixture(scope="session")

@@ -97,3 +97,12 @@ def test_ngram_speculation_keeps_peft_tokens(family):
     outputs = llm.generate(prompts, SAMPLING, adapters=names)
     assert_matches_peft(oracle, prompts, names, outputs)
     assert sum(out.usage.spec_accepted_tokens for out in outputs) > 0
+
+
+def test_benchmark_smoke(capsys, monkeypatch):
+    from benchmarks import moe
+
+    monkeypatch.setattr("sys.argv", ["moe", "--requests", "4", "--adapters", "2", "--layers", "1", "--experts", "4"])
+    moe.main()
+    out = capsys.readouterr().out
+    assert "ratio" in out and "grouped expert matmuls" in out

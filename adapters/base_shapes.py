@@ -69,6 +69,10 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "gemma3_text": Family("Gemma 3", "Gemma3ForCausalLM", _SPLIT, norms=_GEMMA_NORMS, head_norms=True),
     "phi3": Family("Phi-3", "Phi3ForCausalLM", ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
                    activation="activation_fn"),
+    # MoE bases: LoRA on attention (the experts are not served yet: docs/models.md)
+    "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True),
+    "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES),
+    "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -24,6 +24,8 @@ class AdapterPlan:
     num_pages: int
     max_rank: int
     ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host)
+    a_source: torch.Tensor  # [L, M] int64 (host): the module whose A rows each module reads (itself, or an earlier
+    # slice of the same fused-name module, whose one A the slices share)
     scaling: torch.Tensor  # [L, M] float32 (host)
     local: torch.Tensor  # [L, M, 2, max_rank] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
     chunks: torch.Tensor  # [L, 2 * num_pages, chunk] (host): every layer's rows packed as `local` says, zero between
@@ -54,6 +56,7 @@ class AdapterPlan:
         if max_rank == 0:
             raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
         local = [[[[-1] * max_rank for _ in range(2)] for _ in range(num_modules)] for _ in range(num_layers)]
+        a_source = [list(range(num_modules)) for _ in range(num_layers)]
         most_chunks = 0
         rank_list = ranks.tolist()
         for layer in range(num_layers):
@@ -64,6 +67,7 @@ class AdapterPlan:
                     shared = _shared_a(rows, layer, module) if half == 0 else None
                     if shared is not None:  # a fused-name adapter's slices share one A: its rows once
                         out[:] = local[layer][shared][0]
+                        a_source[layer][module] = shared
                         continue
                     for j in range(rank_list[layer][module]):
                         if at % chunk + width > chunk:
@@ -82,7 +86,8 @@ class AdapterPlan:
         chunks = chunks.view(num_layers, 2 * num_pages, chunk)
         if pin:
             chunks = chunks.pin_memory()
-        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, ranks=ranks, scaling=scaling,
+        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, ranks=ranks,
+                   a_source=torch.tensor(a_source, dtype=torch.int64), scaling=scaling,
                    local=torch.tensor(local, dtype=torch.int64), chunks=chunks,
                    num_bytes=chunks.numel() * chunks.element_size())
 

@@ -243,9 +243,10 @@ class AdapterPool:
             left.append("host")
         return left
 
-    def tables(self, digests: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tables(self, digests: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Page tables of resident adapters, stacked: offsets [U, L, M, 2, R] (device), ranks [U, L, M] int32
-        (host) and scaling [U, L, M] float32 (device), R the largest rank among them."""
+        (host), scaling [U, L, M] float32 (device) and a_source [U, L, M] int64 (host: AdapterPlan.a_source),
+        R the largest rank among them."""
         residents = [self._resident[d] for d in digests]
         width = max(r.plan.max_rank for r in residents)
         first = residents[0].offsets
@@ -255,7 +256,7 @@ class AdapterPool:
             offsets[u, ..., : r.plan.max_rank] = r.offsets
         ranks = torch.stack([r.plan.ranks for r in residents])
         scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
-        return offsets, ranks, scaling
+        return offsets, ranks, scaling, torch.stack([r.plan.a_source for r in residents])
 
     def placements(self, digests: list[str]) -> tuple[int, ...]:
         """Identifies the page tables of resident adapters: equal while none of them moved."""

@@ -10,7 +10,9 @@ import kernels
 
 @dataclass
 class ModuleTables:
-    a_rows: torch.Tensor  # [S, U, R] int64: where each A row starts in the layer's page memory
+    a_rows: torch.Tensor  # [S_a, U, R] int64: where each A row starts in the layer's page memory; S_a is 1 when
+    # every slice of every adapter reads the same A (fused-name adapters: x·A is taken once), else S
+    a_ranks: torch.Tensor  # [S_a, U] int32: the ranks of those A rows
     b_rows: torch.Tensor  # [S, U, R] int64: where each row of B transposed starts
     ranks: torch.Tensor  # [S, U] int32, each slice's own rank
     scaling: torch.Tensor  # [S, U] float32
@@ -23,13 +25,22 @@ class LoRABatch:
     offsets: torch.Tensor  # [U, L, M, 2, R] int64 (device): every adapter's page table
     ranks: torch.Tensor  # [U, L, M] int32 (host)
     scaling: torch.Tensor  # [U, L, M] float32 (device)
+    a_source: torch.Tensor  # [U, L, M] int64 (host): the module whose A rows each module reads (AdapterPlan)
     modules: dict[tuple[int, int, int], ModuleTables | None] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, token_slots: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> "LoRABatch":
-        offsets, ranks, scaling = tables
+    def build(cls, token_slots: torch.Tensor,
+              tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]) -> "LoRABatch":
+        offsets, ranks, scaling, a_source = tables
         return cls(token_slots=token_slots, meta=kernels.lora_meta(token_slots, offsets.shape[0]), offsets=offsets,
-                   ranks=ranks, scaling=scaling)
+                   ranks=ranks, scaling=scaling, a_source=a_source)
+
+    def with_slots(self, token_slots: torch.Tensor) -> "LoRABatch":
+        """The same adapters and page tables for other tokens: the module tables cut so far, and what the
+        kernels gathered through them, are kept."""
+        meta = kernels.lora_meta(token_slots, self.offsets.shape[0], previous=self.meta)
+        return LoRABatch(token_slots=token_slots, meta=meta, offsets=self.offsets, ranks=self.ranks,
+                         scaling=self.scaling, a_source=self.a_source, modules=self.modules)
 
     def module(self, layer: int, first: int, num_slices: int) -> ModuleTables | None:
         """Tables of module indices first .. first + num_slices - 1 of a layer; None when no adapter of
@@ -43,10 +54,20 @@ class LoRABatch:
             else:
                 rows = self.offsets[:, layer, first : first + num_slices, :, :width]  # [U, S, 2, R]
                 device = self.offsets.device
+                ranks = ranks.t().contiguous().to(device)  # [S, U]
+                a_slices = 1 if self._one_a(layer, first, num_slices) else num_slices
                 self.modules[key] = ModuleTables(
-                    a_rows=rows[:, :, 0].transpose(0, 1).contiguous(),
+                    a_rows=rows[:, :a_slices, 0].transpose(0, 1).contiguous(),
+                    a_ranks=ranks[:a_slices].contiguous(),
                     b_rows=rows[:, :, 1].transpose(0, 1).contiguous(),
-                    ranks=ranks.t().contiguous().to(device),
+                    ranks=ranks,
                     scaling=self.scaling[:, layer, first : first + num_slices].t().contiguous(),
                 )
         return self.modules[key]
+
+    def _one_a(self, layer: int, first: int, num_slices: int) -> bool:
+        """Whether every adapter of the step that adapts a later slice reads the first slice's A there (the
+        slices of a fused-name adapter, engine.lora_modules.per_slice): then one shrink serves every slice."""
+        later = slice(first + 1, first + num_slices)
+        reads_first = self.a_source[:, layer, later] == first  # [U, S - 1]
+        return bool((reads_first | (self.ranks[:, layer, later] == 0)).all())

@@ -31,7 +31,7 @@ class LoRALinear(nn.Module):
         if tables is None:
             return y
         pages = self.memory.flat(self.layer)
-        buf = kernels.lora_shrink(x, pages, tables.a_rows, lora.token_slots, tables.ranks, meta=lora.meta)  # [S, T, R]
+        buf = kernels.lora_shrink(x, pages, tables.a_rows, lora.token_slots, tables.a_ranks, meta=lora.meta)  # [S_a, T, R]
         kernels.lora_expand(y, buf, pages, tables.b_rows, lora.token_slots, tables.ranks, tables.scaling,
                             self.base.slice_offsets, meta=lora.meta)
         return y

@@ -101,7 +101,10 @@ class ModelRunner:
         key = (tuple(token_slots), self.adapters.placements(digests))
         if key != self._lora_key:
             slots = torch.tensor(token_slots, dtype=torch.int32, device=self.device)  # [T]
-            self._lora_key, self._lora = key, LoRABatch.build(slots, self.adapters.tables(digests))
+            if self._lora_key is not None and key[1] == self._lora_key[1]:  # same page tables, other tokens
+                self._lora_key, self._lora = key, self._lora.with_slots(slots)
+            else:
+                self._lora_key, self._lora = key, LoRABatch.build(slots, self.adapters.tables(digests))
         return self._lora
 
     @torch.inference_mode()

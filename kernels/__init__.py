@@ -77,12 +77,15 @@ def backend_for(tensor: torch.Tensor) -> str:
     return "triton"
 
 
-def lora_meta(token_slots: torch.Tensor, num_slots: int) -> LoRAMeta | SlotBatch:
+def lora_meta(token_slots: torch.Tensor, num_slots: int, *, previous: LoRAMeta | SlotBatch | None = None
+              ) -> LoRAMeta | SlotBatch:
     """The grouping of a step's tokens by adapter slot that the backend of token_slots wants as `meta`:
-    build it once per step and pass it to every lora_shrink / lora_expand of that step."""
+    build it once per step and pass it to every lora_shrink / lora_expand of that step. previous: the meta of
+    an earlier step over the same page-table tensors (other tokens), whose rows the references gathered from
+    the pages are kept."""
     if backend_for(token_slots) == "triton":
         return LoRAMeta.build(token_slots, num_slots)
-    return SlotBatch.build(token_slots)
+    return SlotBatch.build(token_slots, previous=previous if isinstance(previous, SlotBatch) else None)
 
 
 def lora_shrink(x, pages, a_rows, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):

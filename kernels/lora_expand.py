@@ -91,8 +91,9 @@ def lora_expand(
 ) -> None:
     """y[t, o0:o1] += scaling[s, a] * sum_j buf[s, t, j] * pages[b_rows[s, a, j] :][:o1 - o0] for j < ranks[s, a],
     every slice s, where a = token_slots[t] >= 0 and (o0, o1) = slice_offsets[s], slice_offsets[s + 1].
+    buf may hold one slice for all: buf [1, T, R] reads as buf[0] for every s (slices sharing one A).
 
-    y [T, out_total] (updated in place; row stride free, last dim contiguous); buf [S, T, R] contiguous;
+    y [T, out_total] (updated in place; row stride free, last dim contiguous); buf [S or 1, T, R] contiguous;
     pages [N] flat (buf.dtype); b_rows [S, U, R] int64 contiguous: where row j of slice s's B
     transposed starts; token_slots [T] int (-1 = base); ranks [S, U] int; scaling [S, U] float32;
     slice_offsets: S + 1 python ints; meta as in lora_shrink. All slices run in one launch; only the
@@ -102,14 +103,12 @@ def lora_expand(
             f"y [T, out], buf [S, T, R], pages [N], b_rows [S, U, R]: got {tuple(y.shape)}, {tuple(buf.shape)}, "
             f"{tuple(pages.shape)}, {tuple(b_rows.shape)}")
     tokens, out_total = y.shape
-    num_slices, _, max_rank = buf.shape
-    num_slots = b_rows.shape[1]
+    num_slices, num_slots, max_rank = b_rows.shape
     offsets = tuple(int(o) for o in slice_offsets)
     require(len(offsets) == num_slices + 1 and offsets[0] >= 0 and offsets[-1] <= out_total
             and all(a <= b for a, b in zip(offsets, offsets[1:], strict=False)),
             f"slice_offsets {offsets} do not fit {num_slices} slices of y [T, {out_total}]")
-    require_shape("buf", buf, (num_slices, tokens, max_rank))
-    require_shape("b_rows", b_rows, (num_slices, num_slots, max_rank))
+    require_shape("buf", buf, (num_slices if buf.shape[0] != 1 else 1, tokens, max_rank))
     require_shape("ranks", ranks, (num_slices, num_slots))
     require_shape("scaling", scaling, (num_slices, num_slots))
     require_float("y", y)
@@ -134,6 +133,6 @@ def lora_expand(
         buf, pages, b_rows, y, meta.sorted_tokens, meta.slot_counts, meta.slot_starts, ranks, scaling,
         _offsets_tensor(offsets, y.device),
         tokens, max_width, max_rank,
-        buf.stride(0), buf.stride(1), b_rows.stride(0), b_rows.stride(1), ranks.stride(0), y.stride(0),
+        buf.stride(0) if buf.shape[0] > 1 else 0, buf.stride(1), b_rows.stride(0), b_rows.stride(1), ranks.stride(0), y.stride(0),
         scaling.stride(0), PRECISION=dot_precision(buf.dtype), **config,
     )

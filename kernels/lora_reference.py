@@ -3,7 +3,8 @@
 Per step (SlotBatch) and per page table, each adapter's rows are gathered once from the page memory
 into two dense operands that every later step over the same adapters reuses:
   A: [U, in, S * R] — every slice's A rows side by side, zero at and beyond each slice's rank;
-  B: [U, S * R, out] — each slice's B rows in its own output columns (block diagonal), times its scaling.
+  B: [U, S * R, out] — each slice's B rows in its own output columns (block diagonal), times its scaling;
+     or [U, R, out] when the slices share one A (buf holds one slice): every slice's B rows side by side.
 A fused projection then costs one batched matmul to shrink and one to expand, for all slices; tokens
 are laid out adapter by adapter (SlotGroup), each adapter's run padded to the busiest one, or, when
 runs are long (prefill), multiplied adapter by adapter without padding.
@@ -33,15 +34,15 @@ def _gather(pages: torch.Tensor, rows: torch.Tensor, ranks: torch.Tensor, width:
 def _group(batch: SlotBatch, ranks: torch.Tensor):
     """batch's SlotGroup for ranks [S, U] (the slots with some slice of rank > 0), found once per ranks tensor:
     every layer of a step asks again with the same tables."""
-    return _cached(batch, ("group", id(ranks)), (ranks,),
+    return _cached(batch.grouped, (id(ranks),), (ranks,),
                    lambda: batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0)))
 
 
-def _cached(batch: SlotBatch, key: tuple, held: tuple, build) -> torch.Tensor:
-    """batch.gathered[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
-    if key not in batch.gathered:
-        batch.gathered[key] = (held, build())
-    return batch.gathered[key][1]
+def _cached(cache: dict, key: tuple, held: tuple, build) -> torch.Tensor:
+    """cache[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
+    if key not in cache:
+        cache[key] = (held, build())
+    return cache[key][1]
 
 
 def dense_a(pages, a_rows, ranks, in_dim, batch: SlotBatch) -> torch.Tensor:
@@ -50,22 +51,25 @@ def dense_a(pages, a_rows, ranks, in_dim, batch: SlotBatch) -> torch.Tensor:
         num_slices, used, max_rank = a_rows.shape
         gathered = _gather(pages, a_rows, ranks, in_dim)  # [S, U, R, in]
         return gathered.permute(1, 3, 0, 2).reshape(used, in_dim, num_slices * max_rank).contiguous()
-    return _cached(batch, ("a", id(a_rows), pages.data_ptr()), (a_rows,), build)
+    return _cached(batch.gathered, ("a", id(a_rows), pages.data_ptr()), (a_rows,), build)
 
 
-def dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch: SlotBatch) -> torch.Tensor:
-    """[U, S * R, o1 - o0] float32, o0/o1 the first and last slice offsets."""
+def dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch: SlotBatch, *, one_a: bool = False) -> torch.Tensor:
+    """[U, S * R, o1 - o0] float32, o0/o1 the first and last slice offsets; [U, R, o1 - o0] when one_a (the
+    slices share one A, so one block of R rows holds every slice's B in its own columns)."""
     def build():
         num_slices, used, max_rank = b_rows.shape
         lo = slice_offsets[0]
-        dense = torch.zeros(used, num_slices, max_rank, slice_offsets[-1] - lo, device=b_rows.device)
+        blocks = 1 if one_a else num_slices
+        shape = (used, blocks, max_rank, slice_offsets[-1] - lo)  # one block: the slices tile its columns
+        dense = torch.empty(shape, device=b_rows.device) if one_a else torch.zeros(shape, device=b_rows.device)
         for s in range(num_slices):
             o0, o1 = slice_offsets[s], slice_offsets[s + 1]
             part = _gather(pages, b_rows[s : s + 1], ranks[s : s + 1], o1 - o0)[0]  # [U, R, w_s]
-            dense[:, s, :, o0 - lo : o1 - lo] = part * scaling[s].float()[:, None, None]
-        return dense.view(used, num_slices * max_rank, -1)
-    key = ("b", id(b_rows), pages.data_ptr(), id(scaling), tuple(slice_offsets))
-    return _cached(batch, key, (b_rows, scaling), build)
+            dense[:, 0 if one_a else s, :, o0 - lo : o1 - lo] = part * scaling[s].float()[:, None, None]
+        return dense.view(used, blocks * max_rank, -1)
+    key = ("b", id(b_rows), pages.data_ptr(), id(scaling), tuple(slice_offsets), one_a)
+    return _cached(batch.gathered, key, (b_rows, scaling), build)
 
 
 def lora_shrink(
@@ -139,9 +143,10 @@ def lora_expand(
     group = _group(batch, ranks)
     if group is None:
         return
-    num_slices, tokens, max_rank = buf.shape
-    b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch), 0)  # [U', S * R, out]
-    h = buf.transpose(0, 1).reshape(tokens, num_slices * max_rank).float()  # [T, S * R]
+    buf_slices, tokens, max_rank = buf.shape
+    one_a = buf_slices == 1  # buf[0] serves every slice: the slices' B rows are one block
+    b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch, one_a=one_a), 0)  # [U', S_b * R, out]
+    h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R]
     lo, hi = slice_offsets[0], slice_offsets[-1]
     if group.per_slot and not group.identity:
         delta = h.new_zeros(tokens, hi - lo)

@@ -45,15 +45,20 @@ class SlotBatch:
     num_tokens: int
     device: torch.device
     groups: dict[tuple[int, ...], SlotGroup | None] = field(default_factory=dict, repr=False)
-    gathered: dict[tuple, tuple] = field(default_factory=dict, repr=False)  # reference.page_rows' cache
+    grouped: dict[tuple, tuple] = field(default_factory=dict, repr=False)  # the references' group per ranks tensor
+    # the references' dense operands gathered from the pages: they depend on the page tables, not on the tokens
+    gathered: dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, token_slots: torch.Tensor) -> "SlotBatch":
+    def build(cls, token_slots: torch.Tensor, *, previous: "SlotBatch | None" = None) -> "SlotBatch":
+        """previous: the SlotBatch of an earlier step over the same page tables, whose gathered operands
+        this one keeps."""
         by_slot: dict[int, list[int]] = {}
         for t, slot in enumerate(token_slots.tolist()):
             if slot >= 0:
                 by_slot.setdefault(slot, []).append(t)
-        return cls(by_slot=dict(sorted(by_slot.items())), num_tokens=token_slots.shape[0], device=token_slots.device)
+        return cls(by_slot=dict(sorted(by_slot.items())), num_tokens=token_slots.shape[0], device=token_slots.device,
+                   gathered=previous.gathered if previous is not None else {})
 
     def group(self, ranks: torch.Tensor) -> SlotGroup | None:
         """The group of the used slots whose rank (ranks [slots]) is > 0; None when there is none."""

@@ -115,7 +115,8 @@ class CausalLM(nn.Module):
         as each tensor comes, so a loader may replace one between tensors (engine/models/loader.py)."""
         params = {name for name, _ in self.named_parameters()}  # names only: a loader may free the tensors
         fused_names = {target for target, _ in self.packed.values()}
-        fused = {name for name, _ in self.named_modules() if name.rpartition(".")[2] in fused_names}
+        fused = {name for name, module in self.named_modules()
+                 if name.rpartition(".")[2] in fused_names or hasattr(module, "slice_count")}
         loaded = set()
         for name, tensor in weights:
             target = self.checkpoint_target(name)
@@ -138,7 +139,9 @@ class CausalLM(nn.Module):
         for name in params:
             module_name, _, kind = name.rpartition(".")
             if module_name in fused:
-                expected |= {f"{name}#{i}" for i in range(len(self.get_submodule(module_name).out_slices))}
+                module = self.get_submodule(module_name)  # slice_count: an MoE's stacked experts
+                count = module.slice_count(kind) if hasattr(module, "slice_count") else len(module.out_slices)
+                expected |= {f"{name}#{i}" for i in range(count)}
             else:
                 expected.add(name)
         missing = sorted(expected - loaded)

@@ -84,13 +84,17 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)), gate and up fused; act is SiLU or tanh-approximated GELU."""
 
-    def __init__(self, spec: ModelSpec, comm: Communicator) -> None:
+    def __init__(self, spec: ModelSpec, comm: Communicator, *, intermediate_size: int | None = None,
+                 reduce: bool = True) -> None:
+        """intermediate_size: other than the spec's (an MoE's shared expert); reduce=False leaves the partial
+        sum to the caller's all-reduce."""
         super().__init__()
-        self.comm = comm
-        inter = spec.intermediate_size // comm.size  # this rank's slice
+        self.comm, self.reduce = comm, reduce
+        inter = (intermediate_size or spec.intermediate_size) // comm.size  # this rank's slice
         self.gate_up_proj = Linear(spec.hidden_size, [inter, inter], bias=spec.mlp_bias)
         self.down_proj = Linear(inter, [spec.hidden_size], bias=spec.mlp_bias)
         self.act_and_mul = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}[spec.activation]
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.comm.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x, ctx)), ctx))
+        out = self.down_proj(self.act_and_mul(self.gate_up_proj(x, ctx)), ctx)
+        return self.comm.all_reduce(out) if self.reduce else out

@@ -3,8 +3,10 @@
 from engine.models.causal_lm import CausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from engine.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from engine.models.spec import ModelSpec
 
 MODELS: dict[str, type[CausalLM]] = {
@@ -15,6 +17,9 @@ MODELS: dict[str, type[CausalLM]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 

@@ -37,6 +37,16 @@ class RopeSpec:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool  # the top-k weights divided by their sum
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense GatedMLP
+    shared_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none), gated by sigmoid(shared_expert_gate)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     architecture: str
     vocab_size: int
@@ -62,6 +72,7 @@ class ModelSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    moe: MoESpec | None = None  # the experts of an MoE family (engine/models/moe.py)
 
     @property
     def sliding_window(self) -> int | None:

@@ -19,13 +19,21 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
+
+from kernels import interpreter
 
 VOCAB = 160
 ARCHS = {
@@ -60,8 +68,19 @@ ARCHS = {
             "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
             "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 16.0]},
     }),
+    # the MoE families of issue 28: experts with no rows in short steps, a dense layer (mlp_only_layers)
+    "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {
+        "head_dim": 24, "num_hidden_layers": 3, "num_experts": 6, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 40, "norm_topk_prob": True, "mlp_only_layers": [1], "tie_word_embeddings": True,
+    }),
+    "qwen2-moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, {  # a shared expert; top-k weights not renormalised
+        "num_experts": 5, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+        "shared_expert_intermediate_size": 56, "norm_topk_prob": False,
+    }),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 FAMILIES = ["qwen3", "gemma2", "gemma3"]
+MOE_FAMILIES = ["qwen3-moe", "qwen2-moe", "mixtral"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<s>' if loop.first else '' }}{{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
     "{% if add_generation_prompt %}assistant : {% endif %}"
@@ -92,7 +111,7 @@ def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str
                         bos_token_id=1, eos_token_id=2, **shape)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
-    if arch in FAMILIES:  # norms not at their initial ones (or zeros, for Gemma's 1 + w): a missed offset shows
+    if arch in FAMILIES or arch in MOE_FAMILIES:  # norms not at their initial ones (or zeros, for Gemma's 1 + w): a missed offset shows
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -178,6 +197,18 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def triton_launchers():
+    """Every op on its Triton launcher, run by Triton's interpreter on CPU tensors. On a machine with CUDA the
+    test is skipped: the interpreter is switched on for the whole process and would leave every later kernel
+    interpreted."""
+    if torch.cuda.is_available():
+        pytest.skip("switches Triton to its interpreter for the process: CPU runs only")
+    interpreter.enable()
+    yield
+    interpreter.disable_routing()
 
 
 @pytest.fixture(scope="session")

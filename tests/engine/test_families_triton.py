@@ -6,19 +6,11 @@ import pytest
 
 import kernels
 from engine import SamplingParams
-from kernels import interpreter
 from tests.engine.conftest import FAMILIES, Oracle, build_adapter, random_prompts
 from tests.engine.test_families import ALL, assert_matches_peft, make_llm
 
 MAX_TOKENS = 4
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
-
-
-@pytest.fixture
-def triton_launchers():
-    interpreter.enable()
-    yield
-    interpreter.disable_routing()
 
 
 @pytest.mark.parametrize("arch", ["llama", *FAMILIES, "qwen2-yarn"])

@@ -24,7 +24,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import adapters
 import kernels
 from engine import LLM, SamplingParams
-from kernels import interpreter
 from tests.engine.conftest import VOCAB, Oracle, build_adapter, random_prompts
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -193,6 +192,34 @@ def test_a_fused_name_adapter_keeps_one_copy_of_its_a_in_the_pages(base, phi3_ad
     assert (plan["copied"].chunks != 0).sum() - (plan["shared"].chunks != 0).sum() == shapes.num_layers * (qkv_a + mlp_a)
 
 
+def test_a_step_of_fused_name_adapters_shrinks_once_per_fused_projection(base, phi3_adapters):
+    """x·A once for all the slices of qkv_proj and gate_up_proj when every adapter of the step reads one A there
+    (PEFT's cost); a step that also holds an adapter with an A per slice shrinks per slice."""
+    import dataclasses
+
+    from engine.adapter_plan import AdapterPlan
+    from engine.lora_batch import LoRABatch
+    from engine.lora_modules import per_slice, row_widths
+
+    config = json.loads((base / "config.json").read_text())
+    shapes = adapters.BaseShapes.from_config(config)
+    adapter = per_slice(adapters.load_adapter(phi3_adapters["fused4"][0], config), shapes)
+    copied = dataclasses.replace(adapter, tensors={name: t.clone() for name, t in adapter.tensors.items()})
+    shared, separate = (AdapterPlan.build(a, num_layers=shapes.num_layers, widths=row_widths(shapes), chunk=256)
+                        for a in (adapter, copied))
+
+    def step(*plans):
+        tables = (torch.stack([getattr(p, f) for p in plans]) for f in ("local", "ranks", "scaling", "a_source"))
+        return LoRABatch.build(torch.tensor([0, -1, 1], dtype=torch.int32), tuple(tables))
+
+    fused, mixed = step(shared, shared), step(shared, separate)
+    for layer in range(shapes.num_layers):
+        qkv, gate_up = fused.module(layer, 0, 3), fused.module(layer, 4, 2)
+        assert qkv.a_rows.shape[0] == 1 and qkv.b_rows.shape[0] == 3 and qkv.a_ranks.shape == (1, 2)
+        assert gate_up.a_rows.shape[0] == 1 and gate_up.b_rows.shape[0] == 2
+        assert mixed.module(layer, 0, 3).a_rows.shape[0] == 3 and mixed.module(layer, 4, 2).a_rows.shape[0] == 2
+
+
 def test_a_module_phi3_lacks_is_refused_by_the_engine_naming_it_and_the_family(base, tmp_path):
     directory = build_adapter(base, tmp_path / "fused", seed=44, r=2, targets=["qkv_proj"])
     config = directory / "adapter_config.json"
@@ -200,13 +227,6 @@ def test_a_module_phi3_lacks_is_refused_by_the_engine_naming_it_and_the_family(b
     llm = LLM(base, device="cpu", **CONFIG)
     with pytest.raises(adapters.AdapterError, match="dense, which a Phi-3 base \\(Phi3ForCausalLM\\) does not have"):
         llm.add_adapter("dense", directory)
-
-
-@pytest.fixture
-def triton_launchers():
-    interpreter.enable()
-    yield
-    interpreter.disable_routing()
 
 
 def test_on_the_triton_launchers_matches_peft(base, phi3_adapters, oracle, triton_launchers):

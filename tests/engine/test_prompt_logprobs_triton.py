@@ -7,16 +7,8 @@ import torch
 
 import kernels
 from engine import SamplingParams
-from kernels import interpreter
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 from tests.engine.test_families import ALL, make_llm
-
-
-@pytest.fixture
-def triton_launchers():
-    interpreter.enable()
-    yield
-    interpreter.disable_routing()
 
 
 def test_prompt_logprobs_through_adapters_on_the_triton_launchers_match_peft(checkpoints, tmp_path, triton_launchers):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import LoRAMeta, reference
+from kernels.slot_batch import SlotBatch
 from tests.kernels.cases import DTYPES, assert_close
 from tests.kernels.conftest import load_triton_op
 from tests.kernels.paged_lora import to_pages
@@ -94,6 +95,26 @@ def test_lora_expand_matches_reference(case, dtype, device):
         assert torch.equal(y, before)
 
 
+@pytest.mark.parametrize("case", [CASES["qkv-mixed-ranks-1-to-128"], CASES["gate-up-prefill-segments"]],
+                         ids=["qkv", "gate-up-segments"])
+def test_expand_of_one_buf_for_every_slice_equals_that_buf_repeated(case, device):
+    """Slices that share one A (a fused-name adapter) are shrunk once: buf [1, T, R] serves every slice."""
+    x, pages, _, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, device, torch.int64)
+    gen = torch.Generator().manual_seed(11)
+    one = torch.randn(1, case.tokens, b_rows.shape[2], generator=gen).to(device)
+    y0 = torch.randn(case.tokens, offsets[-1], generator=gen)
+    cpu = [t.cpu() for t in (pages, b_rows, token_slots, ranks, scaling)]
+    expected = y0.clone()
+    reference.lora_expand(expected, one.cpu().expand(len(case.slices), -1, -1).contiguous(), *cpu, offsets)
+    assert not torch.allclose(expected, y0)
+    got_reference = y0.clone()
+    reference.lora_expand(got_reference, one.cpu(), *cpu, offsets)
+    assert_close(got_reference, expected)
+    y = y0.to(device)
+    load_triton_op("lora_expand")(y, one, pages, b_rows, token_slots, ranks, scaling, offsets)
+    assert_close(y.cpu(), expected)
+
+
 def test_shrink_then_expand_with_shared_meta_and_strided_rows(device):
     case = CASES["qkv-mixed-ranks-1-to-128"]
     x, pages, a_rows, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, device, torch.int64)
@@ -108,6 +129,26 @@ def test_shrink_then_expand_with_shared_meta_and_strided_rows(device):
     reference.lora_expand(expected, ref_buf, cpu[0], cpu[2], cpu[3], cpu[4], cpu[5], offsets)
     assert_close(y.cpu(), expected)
     assert torch.count_nonzero(wide[:, offsets[-1] :]) == 0
+
+
+def test_reference_meta_of_other_tokens_over_the_same_tables_keeps_the_gathered_rows():
+    """A later step over the same page tables (other tokens, as when sequences finish) reuses the dense rows the
+    references gathered, and still gives what a fresh step gives."""
+    case = CASES["qkv-mixed-ranks-1-to-128"]
+    x, pages, a_rows, b_rows, scaling, token_slots, ranks, offsets = _inputs(case, torch.float32, "cpu", torch.int64)
+
+    def step(slots, meta):
+        y = torch.zeros(slots.shape[0], offsets[-1])
+        buf = reference.lora_shrink(x[: slots.shape[0]], pages, a_rows, slots, ranks, meta=meta)
+        reference.lora_expand(y, buf, pages, b_rows, slots, ranks, scaling, offsets, meta=meta)
+        return y
+
+    first = SlotBatch.build(token_slots)
+    step(token_slots, first)
+    later_slots = token_slots[5:].flip(0)
+    later = SlotBatch.build(later_slots, previous=first)
+    assert later.gathered is first.gathered and not later.grouped
+    assert_close(step(later_slots, later), step(later_slots, SlotBatch.build(later_slots)))
 
 
 def test_meta_groups_tokens_by_slot_and_refills_in_place():

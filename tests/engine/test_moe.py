@@ -6,6 +6,7 @@ every op (the experts' grouped_matmul included) on its Triton launcher under the
 import pytest
 
 import kernels
+from adapters.errors import AdapterError
 from engine import SamplingParams
 from kernels import interpreter
 from tests.engine.conftest import MOE_FAMILIES, Oracle, build_adapter, build_checkpoint, random_prompts
@@ -106,3 +107,20 @@ def test_benchmark_smoke(capsys, monkeypatch):
     moe.main()
     out = capsys.readouterr().out
     assert "ratio" in out and "grouped expert matmuls" in out
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)
+@pytest.mark.parametrize("targets", [
+    {"targets": ["gate_proj", "up_proj", "down_proj"]},  # PEFT turns these into target_parameters on the experts
+    {"targets": [], "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+], ids=["module-names", "target-parameters"])
+def test_adapters_on_the_experts_are_refused_clearly(family, targets, tmp_path):
+    """LoRA on the experts is not served yet (docs/models.md): such an adapter is refused, never half-applied."""
+    arch, base, adapters, _ = family
+    llm = make_llm(base, adapters)
+    path = build_adapter(base, tmp_path / "experts", seed=43, r=4, **targets)
+    with pytest.raises(AdapterError, match="target_parameters"):
+        llm.add_adapter("experts", path)
+    names = ["attn4", None]  # the engine still serves the others
+    prompts = random_prompts(95, [6, 4])
+    assert len(llm.generate(prompts, SAMPLING, adapters=names)) == 2

@@ -38,6 +38,12 @@ def check_tensor_parallel(args, *, size: int, device: torch.device) -> None:
         return
     check_divisible(num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
                     intermediate_size=args.intermediate_size, size=size)
+    moe = getattr(args, "moe", None)  # every rank holds its slice of each expert's intermediate
+    for what, width in (("expert", moe.intermediate_size), ("shared expert", moe.shared_intermediate_size)) if moe \
+            else ():
+        if width % size:
+            raise ValueError(f"tensor_parallel_size {size} must divide this model's {what} intermediate size "
+                             f"({width})")
     if device.type == "cuda":
         first, count = device.index or 0, torch.cuda.device_count()
         if first + size > count:

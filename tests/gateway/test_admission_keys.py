@@ -99,3 +99,36 @@ def test_a_keys_month_starts_from_what_metering_recorded_and_metering_settles_it
     assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=5, spend=Decimal("0.00005"),
                        key_prefix=key.prefix)  # fmt: skip
     assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 925)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("backend", ["database", "redis"], indirect=True)
+def test_concurrent_requests_never_hold_past_a_keys_budget(backend):
+    """40 requests at once, each holding 300 micro-dollars of a 3,000 budget: exactly 10 are admitted, on
+    PostgreSQL (the tenant's row locked) as on Redis (one script)."""
+    import threading
+
+    from django.db import connection
+
+    from tests.platform.factories import TenantFactory
+
+    tenant = TenantFactory()
+    capped = keyed("racing00", budget=3_000)
+    decisions, start = [], threading.Barrier(40)
+
+    def one():
+        try:
+            start.wait()
+            decisions.append(acquire(tenant, capped, spend_micros=300)[0])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    admitted = [decision for decision in decisions if decision.admitted]
+    assert len(decisions) == 40 and len(admitted) == 10
+    assert {d.reason for d in decisions if not d.admitted} == {"key_budget_held"}
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix="racing00") == (3_000, 0)

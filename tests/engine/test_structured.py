@@ -19,7 +19,6 @@ from engine.grammar import MAX_GRAMMAR_BYTES, GrammarCompiler, GrammarError, Gra
 from engine.server.protocol import BadRequest, GenerateRequest, PromptSpec, parse_generate
 from engine.server.structured import plan
 from engine.tool_calls import FORMATS, Hermes, Llama3Json, Mistral, ToolCallStream, format_for_template
-from kernels import interpreter
 from tests.engine.conftest import Oracle, build_adapter
 from tests.engine.structured_schemas import random_schema
 
@@ -337,13 +336,6 @@ def test_a_vocabulary_that_cannot_write_the_grammar_is_refused(checkpoints):
     with pytest.raises(GrammarError, match="cannot be used with this model") as error:
         compiler.compile(GrammarSpec.json_schema({"type": "object"}, param="response_format"))
     assert error.value.param == "response_format"
-
-
-@pytest.fixture
-def triton_launchers():
-    interpreter.enable()
-    yield
-    interpreter.disable_routing()
 
 
 def test_constrained_and_biased_requests_on_the_triton_launchers_match_peft(model_dir, adapter_dirs, oracle,

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, test_database_url
+from tests.conftest import REPO
 from tests.gateway.conftest import (
     ENGINE_TOKEN,
     _forget_redis,
     drain,
     free_port,
+    launch_demo_engine,
     launch_gateway,
+    process_env,
     register_engine,
     stop,
     wait_for_engine,
@@ -69,19 +71,6 @@ class FineTuningStack:
         raise RuntimeError("the training worker did not start:\n" + "".join(seen[-40:]))
 
 
-def _launch_engine(stack: FineTuningStack, port: int) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "engine", "--model", str(stack.model_dir), "--port", str(port),
-        "--adapter-store", str(stack.media / "adapters"), "--served-model-name", BASE_MODEL,
-        "--usage-queue", stack.env["CELERY_TASK_DEFAULT_QUEUE"], "--broker-url", stack.env["CELERY_BROKER_URL"],
-        "--usage-spool", str(stack.media / "spool-engine.jsonl"), "--log-level", "warning",
-    ]  # fmt: skip
-    log = open(stack.media / "engine.log", "w")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen(command, cwd=REPO, env=stack.env, stdout=log, stderr=subprocess.STDOUT)
-    process.health_url = f"http://127.0.0.1:{port}/v1/health"
-    return process
-
-
 def _seed(stack: FineTuningStack) -> None:
     from django.core.management import call_command
 
@@ -128,28 +117,18 @@ def ft_stack(django_db_setup, django_db_blocker, tmp_path_factory):
         QUILT_TRAINING_QUEUE=training_queue, QUILT_FINE_TUNING_LEASE_SECONDS=LEASE_SECONDS,
     )  # fmt: skip
     overrides.enable()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
-        "DATABASE_URL": test_database_url(),
-        "REDIS_URL": redis_url,
-        "QUILT_REDIS_KEY_PREFIX": prefix,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
-        "QUILT_TRAINING_QUEUE": training_queue,
-        "QUILT_FINE_TUNING_LEASE_SECONDS": str(LEASE_SECONDS),
-        "QUILT_FINE_TUNING_CHECKPOINT_STEPS": str(CHECKPOINT_STEPS),
-        "QUILT_FINE_TUNING_THREADS": "1",  # two threads on two busy cores: ten times slower
-        "MEDIA_ROOT": str(media),
-        "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
-        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = process_env(
+        redis_url=redis_url, prefix=prefix, media=media, QUILT_TRAINING_QUEUE=training_queue,
+        QUILT_FINE_TUNING_LEASE_SECONDS=str(LEASE_SECONDS), QUILT_FINE_TUNING_CHECKPOINT_STEPS=str(CHECKPOINT_STEPS),
+        QUILT_FINE_TUNING_THREADS="1",  # two threads on two busy cores: ten times slower
+    )  # fmt: skip
     engine_port, gateway_port = free_port(), free_port()
     stack = FineTuningStack(gateway=f"http://127.0.0.1:{gateway_port}/v1", model_dir=model_dir, env=env,
                             training_queue=training_queue, media=media)  # fmt: skip
     try:
-        engine = stack.processes["engine"] = _launch_engine(stack, engine_port)
+        engine = stack.processes["engine"] = launch_demo_engine(
+            model_dir=model_dir, served_name=BASE_MODEL, media=media, env=env, port=engine_port
+        )
         gateway = stack.processes["gateway"] = launch_gateway(env, gateway_port, media / "gateway.log")
         with django_db_blocker.unblock():
             _seed(stack)

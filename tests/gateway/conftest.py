@@ -97,6 +97,41 @@ def launch_gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     return process
 
 
+def process_env(*, redis_url: str, prefix: str, media: Path, **extra: str) -> dict:
+    """The environment of a stack's gateway, engine and worker processes: this run's database, Redis key prefix,
+    Celery queue and media, with `extra` variables on top."""
+    from django.conf import settings
+
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
+        "DATABASE_URL": test_database_url(),
+        "REDIS_URL": redis_url,
+        "QUILT_REDIS_KEY_PREFIX": prefix,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "MEDIA_ROOT": str(media),
+        "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
+        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
+        "LOG_LEVEL": "WARNING",
+        **extra,
+    }
+
+
+def launch_demo_engine(*, model_dir: Path, served_name: str, media: Path, env: dict, port: int) -> subprocess.Popen:
+    """`python -m engine` on a model directory, its adapters stored and its usage spooled under `media`."""
+    command = [
+        sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(port),
+        "--adapter-store", str(media / "adapters"), "--served-model-name", served_name,
+        "--usage-queue", env["CELERY_TASK_DEFAULT_QUEUE"], "--broker-url", env["CELERY_BROKER_URL"],
+        "--usage-spool", str(media / "spool-engine.jsonl"), "--log-level", "warning",
+    ]  # fmt: skip
+    log = open(media / "engine.log", "w")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process.health_url = f"http://127.0.0.1:{port}/v1/health"
+    return process
+
+
 def wait_for_gateway(process: subprocess.Popen) -> None:
     wait_until(lambda: _answers(process.models_url, (401,)), timeout=180, what="gateway answering", process=process)
 
@@ -199,7 +234,6 @@ def register_engine(name: str, url: str) -> None:
 
 @pytest.fixture(scope="package")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.conf import settings
     from django.core.management import call_command
     from django.test import override_settings
 
@@ -220,20 +254,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
         REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media, QUILT_ENGINE_TOKEN=ENGINE_TOKEN
     )
     overrides.enable()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
-        "DATABASE_URL": test_database_url(),
-        "REDIS_URL": redis_url,
-        "QUILT_REDIS_KEY_PREFIX": prefix,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
-        "MEDIA_ROOT": str(media),
-        "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
-        "QUILT_METRICS_TOKEN": METRICS_TOKEN,
-        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = process_env(redis_url=redis_url, prefix=prefix, media=media, QUILT_METRICS_TOKEN=METRICS_TOKEN)
     engine_port = free_port()
     stack = Stack(gateways=[], engine_url=f"http://127.0.0.1:{engine_port}", model_dir=model_dir,
                   adapter_dirs=adapter_dirs, env=env)  # fmt: skip

@@ -5,7 +5,6 @@ never share a router (this package runs, and is torn down, before that stack sta
 
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -13,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, start_worker, stop_worker, test_database_url
+from tests.conftest import REPO, start_worker, stop_worker
 from tests.gateway.conftest import (
     ENGINE_TOKEN,
     _forget_redis,
     drain,
     free_port,
+    launch_demo_engine,
     launch_gateway,
+    process_env,
     register_engine,
     stop,
     wait_for_engine,
@@ -37,19 +38,6 @@ class DemoStack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     ids: dict[str, int] = field(default_factory=dict)
-
-
-def _launch_engine(stack: DemoStack, env: dict, port: int) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "engine", "--model", str(stack.model_dir), "--port", str(port),
-        "--adapter-store", str(stack.media / "adapters"), "--served-model-name", BASE_MODEL,
-        "--usage-queue", env["CELERY_TASK_DEFAULT_QUEUE"], "--broker-url", env["CELERY_BROKER_URL"],
-        "--usage-spool", str(stack.media / "spool-engine.jsonl"), "--log-level", "warning",
-    ]  # fmt: skip
-    log = open(stack.media / "engine.log", "w")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    process.health_url = f"http://127.0.0.1:{port}/v1/health"
-    return process
 
 
 def _seed(stack: DemoStack) -> None:
@@ -75,7 +63,6 @@ def _seed(stack: DemoStack) -> None:
 
 @pytest.fixture(scope="package")
 def demo_stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.conf import settings
     from django.core.management import call_command
     from django.test import override_settings
 
@@ -88,24 +75,14 @@ def demo_stack(django_db_setup, django_db_blocker, tmp_path_factory):
     overrides = override_settings(REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media,
                                   QUILT_ENGINE_TOKEN=ENGINE_TOKEN)  # fmt: skip
     overrides.enable()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "quilt.settings.test",
-        "DATABASE_URL": test_database_url(),
-        "REDIS_URL": redis_url,
-        "QUILT_REDIS_KEY_PREFIX": prefix,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
-        "MEDIA_ROOT": str(media),
-        "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
-        "PYTHONPATH": f"{REPO}:{REPO / 'platform'}",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = process_env(redis_url=redis_url, prefix=prefix, media=media)
     engine_port, gateway_port = free_port(), free_port()
     stack = DemoStack(gateway=f"http://127.0.0.1:{gateway_port}/v1", model_dir=model_dir, media=media)
     worker = None
     try:
-        engine = stack.processes["engine"] = _launch_engine(stack, env, engine_port)
+        engine = stack.processes["engine"] = launch_demo_engine(
+            model_dir=model_dir, served_name=BASE_MODEL, media=media, env=env, port=engine_port
+        )
         gateway = stack.processes["gateway"] = launch_gateway(env, gateway_port, media / "gateway.log")
         with django_db_blocker.unblock():
             _seed(stack)

@@ -172,7 +172,8 @@ def _write_segment(path: Path, payloads: list[bytes]) -> None:
 
 # the source side
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
-LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, why) -> None; a second release is a no-op
+LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, reason) -> None; a second release is a no-op.
+# reason: "done" (installed), "released" (the puller gave up), "closed" (the connection ended first), "drain"
 
 
 class LeaseRefused(Exception):
@@ -229,7 +230,7 @@ class TransferServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(asyncio.current_task())
         transport: Transport | None = None
-        lease_id, outcome = None, "the puller closed the connection before it was done"
+        lease_id, reason = None, "closed"  # a lease pulled here ends with this reason when the connection does
         try:
             while True:
                 header, body_bytes = await asyncio.wait_for(read_frame(reader), self.idle_timeout_s)
@@ -251,29 +252,29 @@ class TransferServer:
                         return
                     transport = ShmTransport(self.shm_name) if via == "shm" and self.shm_name else TcpTransport()
                     await transport.offer(payloads, writer)
-                elif op in ("done", "release") and header.get("lease") == lease_id and lease_id is not None:
-                    outcome = "done" if op == "done" else header.get("reason") or "released by the puller"
-                    await self.release(lease_id, outcome)
+                elif op in ("done", "release") and isinstance(header.get("lease"), str) \
+                        and (header["lease"] == lease_id or transport is None):
+                    if op == "release":
+                        log.info("lease %s released by the puller: %s", header["lease"], header.get("reason"))
+                    await self.release(header["lease"], "done" if op == "done" else "released")
                     lease_id = None
-                    await write_frame(writer, {"op": "released"})
-                    return
-                elif op == "release" and isinstance(header.get("lease"), str) and transport is None:
-                    await self.release(header["lease"], header.get("reason") or "released by the puller")
                     await write_frame(writer, {"op": "released"})
                     return
                 else:
                     raise TransferError(f"unexpected {op!r} frame", code="protocol")
         except (TransferError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
-            outcome = f"transfer ended: {error or type(error).__name__}"
+            if lease_id is not None:
+                log.info("lease %s: the transfer ended before the puller was done: %s", lease_id,
+                         error or type(error).__name__)
         except asyncio.CancelledError:
-            outcome = "the source is closing"
+            reason = "drain"
             raise
         finally:
             if transport is not None:
                 transport.discard()
             if lease_id is not None:
                 with contextlib.suppress(Exception):
-                    await self.release(lease_id, outcome)
+                    await self.release(lease_id, reason)
             writer.close()
             self._connections.discard(asyncio.current_task())
 

@@ -8,14 +8,12 @@ import random
 import struct
 
 import pytest
-import torch
 
 from engine.kv.transport import (
     FRAME,
     MAGIC,
     SHM_ROOT,
     LeaseRefused,
-    PinnedStaging,
     Pull,
     TransferError,
     TransferServer,
@@ -239,15 +237,3 @@ def test_release_without_pulling_and_garbage_on_the_wire():
             await server.close()
 
     asyncio.run(main())
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
-def test_pinned_staging_hands_out_the_tensors_bytes(device):
-    staging = PinnedStaging(torch.device(device))
-    tensors = [torch.randn(3, 5, 7, device=device), torch.arange(11, dtype=torch.int16, device=device),
-               torch.randn(2, 13, device=device).to(torch.float8_e4m3fn)]
-    for _ in range(2):  # the buffer is reused
-        views = staging.stage(tensors)
-        for tensor, view in zip(tensors, views, strict=True):
-            assert bytes(view) == tensor.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()

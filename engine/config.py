@@ -7,6 +7,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "fp8")  # fp8 on CPU runs the reference path (docs/quantization.md)
 KV_CACHE_DTYPES = ("auto", "fp8")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
+ROLES = ("prefill", "decode", "both")  # disaggregated serving (docs/kv-tiers.md): a routing preference
 
 
 @dataclass
@@ -38,6 +39,7 @@ class EngineConfig:
     speculative_max_batch: int = 32  # steps with more running sequences do not speculate (compute-bound)
     speculative_min_acceptance: float = 0.3  # a sequence whose acceptance rate falls below this stops proposing
     tensor_parallel_size: int = 1  # ranks the model is split over (docs/tensor-parallel.md); 1: no workers
+    role: str = "both"  # "prefill", "decode" or "both": what the gateway sends here (docs/kv-tiers.md)
 
     def __post_init__(self) -> None:
         if not Path(self.model).is_dir():
@@ -62,6 +64,8 @@ class EngineConfig:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         self._validate_quantization()
         self._validate_speculative()
         # tensor parallelism (docs/tensor-parallel.md); the model's head counts are checked when it is loaded

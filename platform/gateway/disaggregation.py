@@ -11,8 +11,9 @@ usual request, with the lease, to the engine that decodes it, which pulls the bl
 The prefill hop is an optimisation: whatever goes wrong with it (unreachable, timed out, refused, an answer without
 a lease), the request is served whole by the engine chosen to decode it, and the failure is logged and counted
 (`quilt_gateway_prefill_fallbacks_total{reason}`). Its GPU time travels in the request's metadata
-(`"prefill": {"engine", "gpu_ms"}`), which the decode engine's usage event echoes back, so metering costs it at
-the prefill engine's price."""
+(`"prefill": {"engine", "gpu_ms", "cached_tokens"}`), which the decode engine's usage event echoes back, so
+metering costs it at the prefill engine's price; the cached tokens billed are the prefill engine's
+(engine.contract.billed_cached_tokens), the same rule in the client's usage and in metering."""
 
 import asyncio
 import logging
@@ -39,8 +40,9 @@ class PrefillHop:
     cached_tokens: int
 
     def attribution(self) -> dict:
-        """The request metadata's `prefill` entry: whose GPU time, and how much (metering prices it)."""
-        return {"engine": self.engine.name, "gpu_ms": round(self.gpu_ms, 3)}
+        """The request metadata's `prefill` entry: whose GPU time, and how much (metering prices it), and the prompt
+        tokens the prefill engine found cached (what the request is billed as cached: engine.contract.billed_cached_tokens)."""
+        return {"engine": self.engine.name, "gpu_ms": round(self.gpu_ms, 3), "cached_tokens": self.cached_tokens}
 
 
 class PrefillFailed(Exception):

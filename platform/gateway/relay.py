@@ -15,7 +15,13 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED, EVENT_FINAL, prompt_fingerprints
+from engine.contract import (
+    ADAPTER_UNAVAILABLE,
+    CONTEXT_LENGTH_EXCEEDED,
+    EVENT_FINAL,
+    billed_cached_tokens,
+    prompt_fingerprints,
+)
 from gateway import engine_client, metrics
 from gateway.admission import (
     admission_acquire,
@@ -286,6 +292,8 @@ class Exchange:
                     self.usage_reported = True
                     if self.prefill is not None:
                         self._count_transfer(read.kv_transfer)
+                        self.builder.usage.cached_tokens = billed_cached_tokens(
+                            decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
                 if read.error is not None:
                     self.error_type = read.error_type
                     raise EngineBroke(read.error)

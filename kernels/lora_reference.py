@@ -162,7 +162,8 @@ def lora_expand(
     y[:, lo:hi] += delta.to(y.dtype)
 
 
-EXPERT_ROWS_PER_CHUNK = 512  # rows gathered at once: bounds the [rows, R, in] operands of a long prefill
+EXPERT_ROWS_PER_CHUNK = 512  # rows gathered at once: bounds the [rows, R, in] operands
+EXPERT_ROWS_PER_PAIR = 16  # from this many rows per (adapter, expert) pair on, a matmul per pair beats gathering
 
 
 def expert_lora(
@@ -190,8 +191,9 @@ def expert_lora(
     [S, U, E, R] int64; row_slots [N] int (-1 = base model); row_experts [N] int; ranks [U] int (each expert's
     rank, 0: not adapted); scaling [U] float32; slice_offsets: S + 1 python ints from 0 to out.
     `meta`: the step's SlotBatch, which keeps the operands gathered from the pages.
-    The reference gathers every (adapter, expert)'s A and B once per page table, then each row's pair is picked
-    by index and applied with two batched matmuls."""
+    The reference gathers every (adapter, expert)'s A and B once per page table; then, when pairs have many rows
+    (prefill), each pair present multiplies its rows (sorted by pair) at once; else each row's pair is picked by
+    index and applied with two batched matmuls."""
     used, experts, max_rank = a_rows.shape
     rows, in_dim = x.shape
     if rows == 0 or max_rank == 0 or used == 0:
@@ -213,6 +215,18 @@ def expert_lora(
     a = _cached(cache, ("expert_a", id(a_rows), pages.data_ptr()), (a_rows,), lambda: dense(a_rows, in_dim, None))
     b = _cached(cache, ("expert_b", id(b_rows), pages.data_ptr(), id(scaling)), (b_rows, scaling), dense_b)
     pair = torch.where(row_slots >= 0, row_slots.long() * experts + row_experts.long(), pairs)  # [N]
+    counts = torch.bincount(pair, minlength=pairs + 1)[:pairs]  # [U * E] rows of each pair (the base's dropped)
+    present = int((counts > 0).sum())
+    if present == 0:
+        return
+    if int(counts.sum()) >= EXPERT_ROWS_PER_PAIR * present:  # long runs: pair by pair, no gathered operands
+        order = torch.argsort(pair, stable=True)
+        bounds = [0, *torch.cumsum(counts, 0).tolist()]
+        for p in torch.nonzero(counts).flatten().tolist():
+            index = order[bounds[p] : bounds[p + 1]]
+            h = x.index_select(0, index).float() @ a[p].T  # [n, R]
+            y.index_add_(0, index, (h @ b[p]).to(y.dtype))
+        return
     for start in range(0, rows, EXPERT_ROWS_PER_CHUNK):
         end = min(start + EXPERT_ROWS_PER_CHUNK, rows)
         chosen = pair[start:end]

@@ -63,7 +63,8 @@ def _dense(args, a, b) -> torch.Tensor:
     (23, 5, [2, 0, 7], 64, 96, 5, 2),  # an adapter that leaves the module alone, base rows, gate and up slices
     (17, 4, [1, 3], 130, 140, 0, 2),  # several input and output blocks, odd widths
     (9, 2, [5, 4], 8, 3, 9, 1),  # every row the base model's: nothing changes
-], ids=["1-row", "mixed-ranks-and-base", "odd-widths", "all-base"])
+    (150, 2, [3, 0, 5], 24, 40, 20, 2),  # many rows per (adapter, expert): the reference goes pair by pair
+], ids=["1-row", "mixed-ranks-and-base", "odd-widths", "all-base", "long-runs"])
 def test_expert_lora_matches_reference_and_dense(rows, experts, ranks, in_dim, out_dim, base_rows, slices, dtype,
                                                  device):
     args, a, b = _case(rows=rows, experts=experts, ranks=ranks, in_dim=in_dim, out_dim=out_dim,

@@ -22,7 +22,9 @@ from engine.contract import KEEP_ALIVE_SECONDS
 
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
 ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
-                                   "page holds the model's adapter rows)"}
+                                   "page holds the model's adapter rows)",
+                    "role": "prefill, decode or both (default): what the gateway sends this engine, said in its "
+                            "registration and /v1/state (docs/kv-tiers.md)"}
 
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:

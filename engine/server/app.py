@@ -210,7 +210,7 @@ class EngineAPI:
 
     async def state(self, request: Request) -> Response:
         state = await self.loop.call(lambda engine: self.loop.state())
-        return JSONResponse({"model": self.model_name, **state})
+        return JSONResponse({"model": self.model_name, "role": self.engine.config.role, **state})
 
     async def metrics(self, request: Request) -> Response:
         await self.loop.call(lambda engine: self.loop.metrics.observe_state(engine.state()))

@@ -19,7 +19,7 @@ POST /v1/tokenize            {prompt | prompt_token_ids | messages} -> {count, t
 POST /v1/adapters/prefetch   {digest, path?, tier?: "host" | "gpu"} -> {digest, resident: [tiers]}
 DELETE /v1/adapters/{digest} -> {digest, evicted: [tiers]} | 404 unknown | 409 in use
 GET /v1/health               {status: ok | draining | unhealthy, model, device, max_model_len} (503 unless ok)
-GET /v1/state                running/waiting (and per request), pages (KV blocks and adapter pages share them),
+GET /v1/state                role (prefill | decode | both), running/waiting (and per request), pages (KV blocks and adapter pages share them),
                              memory split {base_weights, kv_pages, adapter_pages, free}_bytes (and the
                              quantization report: docs/quantization.md), prefix-cache hit rate, adapters per tier ("gpu" is the device tier, also on CPU), steps and
                              tokens per second, the last step's batch

@@ -4,6 +4,7 @@ launchers), fp8 pages with their scales; never across adapter content or tenants
 no block leaks."""
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
@@ -170,4 +171,33 @@ def test_a_failed_load_recomputes_and_leaks_nothing(checkpoints, adapter_dirs, o
     assert out.usage.cached_tokens == 0 and out.token_ids == oracle.greedy(prompt, "qv", GREEDY.max_tokens)
     assert llm.engine.state()["kv_tiers"]["host"]["hits"] == 0
     assert llm.engine.host_tier.lookup(llm.engine.kv_keys(prompt, adapter=llm.adapters["qv"])) == 0  # dropped
+    assert_balanced(llm)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_host_tier_on_cuda_equals_a_colocated_run(checkpoints, adapter_dirs, kv_cache_dtype):
+    """Pinned slots, saves on the current stream, loads on a side stream: the hit run's tokens are the colocated
+    run's (bfloat16: both are the engine's own numerics on this device)."""
+    cuda = {"device": "cuda", "dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype, "block_size": 16}
+    probe = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=0)
+    pages = sum(probe.engine.adapter_pool.pages_needed(probe.add_adapter(n, adapter_dirs[n])) for n in ("qv", "kv"))
+    adapter_bytes = pages * probe.engine.memory.page_bytes  # room for both adapters, none for more KV
+    llm = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=adapter_bytes,
+              kv_host_cache_gb=1 / 1024)
+    colocated = LLM(checkpoints["llama"], **cuda, num_kv_blocks=64)
+    for engine in (llm, colocated):
+        for name in ("qv", "kv"):
+            engine.add_adapter(name, adapter_dirs[name])
+    prompts, names = random_prompts(65, [40, 50, 33]), ["qv", None, "kv"]
+    for p, n in zip(prompts, names, strict=True):
+        llm.generate([p], GREEDY, adapters=[n])
+    for prompt in random_prompts(66, [100, 100]):
+        llm.generate([prompt], GREEDY)
+    hits = [llm.generate([p], GREEDY, adapters=[n])[0] for p, n in zip(prompts, names, strict=True)]
+    assert [o.usage.cached_tokens for o in hits] == [32, 48, 32]
+    assert llm.engine.state()["kv_tiers"]["host"]["hits"] == 7
+    cold = colocated.generate(prompts, GREEDY, adapters=names)
+    assert [o.token_ids for o in hits] == [o.token_ids for o in cold]
     assert_balanced(llm)

@@ -13,7 +13,7 @@ runs are long (prefill), multiplied adapter by adapter without padding.
 import torch
 
 from kernels.grouped_rows import grouped_rows
-from kernels.slot_batch import SlotBatch
+from kernels.slot_batch import PER_SLOT_WIDTH, SlotBatch
 
 
 def _slot_batch(meta, token_slots: torch.Tensor) -> SlotBatch:
@@ -100,15 +100,20 @@ def lora_shrink(
     group = _group(batch, ranks)
     if group is None:
         return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
-    a = group.select(dense_a(pages, a_rows, ranks, in_dim, batch), 0)  # [U', in, S * R]
+    a = dense_a(pages, a_rows, ranks, in_dim, batch)  # [U, in, S * R]
     xs = x if x.dtype == torch.float32 else x.float()
-    if group.per_slot and not group.identity:  # long runs: adapter by adapter, no padding
+    if group.by_span:  # each adapter's tokens are one run of rows
+        rows = xs.new_empty(tokens, num_slices * max_rank) if group.inside is None else \
+            xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
+        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
+            torch.mm(xs[start:end], a[slot], out=rows[start:end])
+    elif group.per_slot:  # long runs: adapter by adapter, no padding
         rows = xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
-        for i, run in enumerate(group.runs):
-            rows.index_copy_(0, run, xs.index_select(0, run) @ a[i])
+        for slot, run in zip(group.slots, group.runs, strict=True):
+            rows.index_copy_(0, run, xs.index_select(0, run) @ a[slot])
     else:
         padded = xs if group.identity else xs.index_select(0, group.gather_rows)
-        prod = torch.bmm(padded.view(len(group.slots), group.width, in_dim), a)  # [U', W, S * R]
+        prod = torch.bmm(padded.view(len(group.slots), group.width, in_dim), group.select(a, 0))  # [U', W, S * R]
         rows = prod.view(-1, num_slices * max_rank)
         rows = rows if group.identity else rows.index_select(0, group.scatter_rows)  # [T, S * R]
         if group.inside is not None:
@@ -146,16 +151,26 @@ def lora_expand(
         return
     buf_slices, tokens, max_rank = buf.shape
     one_a = buf_slices == 1  # buf[0] serves every slice: the slices' B rows are one block
-    b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch, one_a=one_a), 0)  # [U', S_b * R, out]
-    h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R]
+    b = dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch, one_a=one_a)  # [U, S_b * R, out]
+    h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R] (shrink's rows: a view)
     lo, hi = slice_offsets[0], slice_offsets[-1]
-    if group.per_slot and not group.identity:
+    if group.by_span and y.dtype == torch.float32:  # each adapter's tokens are one run of rows: added in place
+        bounds = zip(slice_offsets[:-1], slice_offsets[1:], strict=True)
+        blocks = [(s * max_rank, o0, o1) for s, (o0, o1) in enumerate(bounds)]  # slice s: its rows of h, its columns
+        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
+            if one_a or end - start < PER_SLOT_WIDTH:  # the block-diagonal B at once: fewer, wasteful products
+                y[start:end, lo:hi].addmm_(h[start:end], b[slot])
+                continue
+            for r0, o0, o1 in blocks:  # a long run: each slice's own block of B
+                y[start:end, o0:o1].addmm_(h[start:end, r0 : r0 + max_rank], b[slot, r0 : r0 + max_rank, o0 - lo : o1 - lo])
+        return
+    if group.by_span or group.per_slot:
         delta = h.new_zeros(tokens, hi - lo)
-        for i, run in enumerate(group.runs):
-            delta.index_copy_(0, run, h.index_select(0, run) @ b[i])
+        for slot, run in zip(group.slots, group.runs, strict=True):
+            delta.index_copy_(0, run, h.index_select(0, run) @ b[slot])
     else:
         padded = h if group.identity else h.index_select(0, group.gather_rows)
-        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), b)  # [U', W, out]
+        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), group.select(b, 0))  # [U', W, out]
         delta = prod.view(-1, hi - lo)
         delta = delta if group.identity else delta.index_select(0, group.scatter_rows)  # [T, out]
         if group.inside is not None:

@@ -118,15 +118,21 @@ class HostTier:
         self._in_flight.append((load, slots, done))
 
     def _copy_in(self, block_ids: list[int], slots: list[int]) -> None:
-        index = torch.tensor(slots, dtype=torch.int64)
-        pin = self._stream is not None
-        kv = torch.empty((len(slots), *self.kv.shape[1:]), dtype=torch.uint8, pin_memory=pin)
-        torch.index_select(self.kv, 0, index, out=kv)
+        if self._stream is None:  # CPU: gather the slots, then write the pages
+            index = torch.tensor(slots, dtype=torch.int64)
+            scales = None if self.scales is None else self.scales.index_select(0, index)
+            write_pages(self.memory, block_ids, self.kv.index_select(0, index), scales)
+            return
+        # CUDA, on the side stream: each slot straight from pinned memory, ordered after its save (wait_event)
+        kv = torch.empty((len(slots), *self.kv.shape[1:]), dtype=torch.uint8, device=self.device)
         scales = None
         if self.scales is not None:
-            scales = torch.empty((len(slots), *self.scales.shape[1:]), dtype=torch.float32, pin_memory=pin)
-            torch.index_select(self.scales, 0, index, out=scales)
-        write_pages(self.memory, block_ids, kv, scales, non_blocking=pin)
+            scales = torch.empty((len(slots), *self.scales.shape[1:]), dtype=torch.float32, device=self.device)
+        for i, slot in enumerate(slots):
+            kv[i].copy_(self.kv[slot], non_blocking=True)
+            if scales is not None:
+                scales[i].copy_(self.scales[slot], non_blocking=True)
+        write_pages(self.memory, block_ids, kv, scales)
 
     def finished_loads(self) -> list[Load]:
         done, still = [], []

@@ -68,6 +68,22 @@ class EngineMetrics:
                                      "Tokens a sequence gets per step it samples in, since start (1 without "
                                      "speculation)", registry=r)
         self._spec_seen = {"proposed": 0, "accepted": 0}
+        # disaggregated serving (docs/kv-tiers.md)
+        self.kv_pulls = Counter("quilt_engine_kv_pulls", "Decode hops' KV pulls, by outcome: ok, or recomputed (some "
+                                "leased blocks were computed here instead), and how the blocks came (tcp, shm; none: "
+                                "nothing pulled)", ["outcome", "via"], registry=r)
+        self.kv_recomputes = Counter("quilt_engine_kv_recomputes",
+                                     "KV pulls that fell back to recomputing, by reason (timeout, closed, "
+                                     "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room)",
+                                     ["reason"], registry=r)
+        self.kv_transfer_blocks = Counter("quilt_engine_kv_transfer_blocks", "KV blocks sent to and received from "
+                                          "other engines", ["direction"], registry=r)
+        self.kv_leases = Gauge("quilt_engine_kv_leases", "KV leases held for other engines", registry=r)
+        self.kv_leased_blocks = Gauge("quilt_engine_kv_leased_blocks", "KV blocks held by leases", registry=r)
+        self.kv_leases_released = Counter("quilt_engine_kv_leases_released",
+                                          "KV leases ended, by reason (done, released, closed, expired, drain)",
+                                          ["reason"], registry=r)
+        self._leases_seen: dict[str, int] = {}
         self.kv_tier_blocks = Counter("quilt_engine_kv_tier_lookups",
                                       "Prompt KV blocks looked up at admission, by tier (device, host) and result "
                                       "(hit, miss); a host lookup is a device miss", ["tier", "result"], registry=r)
@@ -99,6 +115,14 @@ class EngineMetrics:
                 self._spec_seen[kind] = total
             self.spec_acceptance.set(spec["acceptance_rate"])
             self.tokens_per_step.set(spec["tokens_per_step"])
+
+    def observe_leases(self, leases: dict) -> None:
+        """engine.kv.lease.LeaseTable.state(): the table keeps totals, the counter takes what is new."""
+        self.kv_leases.set(leases["active"])
+        self.kv_leased_blocks.set(leases["held_blocks"])
+        for reason, total in leases["released"].items():
+            self.kv_leases_released.labels(reason=reason).inc(max(0, total - self._leases_seen.get(reason, 0)))
+            self._leases_seen[reason] = total
 
     def _observe_kv_tiers(self, tiers: dict) -> None:
         for tier, counts in tiers.items():

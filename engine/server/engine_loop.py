@@ -285,7 +285,9 @@ class EngineLoop:
         transfer = request.kv_transfer
         prefill_hop = transfer is not None and transfer.mode == "prefill"
         if prefill_hop and reason not in ("error", "abort"):  # before any other step can evict the prompt's blocks
-            keys = self.engine.kv_keys(handle.prompts[0], adapter=handle.adapter, tenant=request.tenant)
+            movable = self.engine.workers is None  # a tensor-parallel rank 0 holds a shard of the heads: nothing
+            keys = self.engine.kv_keys(handle.prompts[0], adapter=handle.adapter, tenant=request.tenant) \
+                if movable else []
             handle.lease = self.leases.grant(keys, ttl_s=transfer.lease_ttl_s)
         if self.emitter is not None and not prefill_hop:  # a prefill hop's usage is the gateway's to report
             self.emitter.emit(UsageEvent(

@@ -128,6 +128,15 @@ class BlockManager:
         num_hits, first = best
         return [FREED] * first + cached[first:num_hits]
 
+    def keys_after(self, seq: Sequence, num_hits: int) -> list[bytes]:
+        """Keys of the blocks after seq's first num_hits (from lookup_prefix) that could still be prefix hits
+        if they came from elsewhere (a host tier); none without prefix caching, with prompt log-probabilities
+        (every position is computed) or with a window on every layer."""
+        if self.window is not None or not self._caches(seq) or seq.sampling.prompt_logprobs is not None:
+            return []
+        self._update_hashes(seq, seq.num_tokens - 1)
+        return seq.block_hashes[num_hits : (seq.num_tokens - 1) // self.block_size]
+
     def _first_seen_block(self, num_computed_tokens: int) -> int:
         """With a window: the first block the next query (at position num_computed_tokens) sees; it sees keys
         j > num_computed_tokens - window."""

@@ -28,6 +28,8 @@ class EngineConfig:
     # adapters of max_adapter_rank on every projection (on CUDA the pool is sized from memory instead)
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
+    kv_host_cache_gb: float = 0.0  # host memory (GiB) for prefix blocks evicted from the pool; 0: no host tier
+    # (docs/kv-tiers.md; pinned on CUDA)
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
     # quantization (issue 20, docs/quantization.md)
     quantization: str | None = None  # None, "int8" (weight-only) or "fp8" (E4M3 weights and activations)
@@ -62,6 +64,12 @@ class EngineConfig:
             raise ValueError("adapter_memory_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
+        if self.kv_host_cache_gb < 0:
+            raise ValueError("kv_host_cache_gb must be >= 0")
+        if self.kv_host_cache_gb and not self.enable_prefix_caching:
+            raise ValueError("kv_host_cache_gb needs prefix caching: the host tier keeps evicted prefix blocks")
+        if self.kv_host_cache_gb and self.tensor_parallel_size > 1:
+            raise ValueError("kv_host_cache_gb is not supported with tensor parallelism")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.role not in ROLES:

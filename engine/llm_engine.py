@@ -20,6 +20,7 @@ from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
 from engine.kv import payload
+from engine.kv.host_tier import HostTier
 from engine.kv.keys import base_digest, model_digest
 from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths
@@ -85,6 +86,12 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching,
                                           window=freed_window(config, args), base=self.base_digest)
+        self.host_tier = None
+        if config.kv_host_cache_gb:
+            if self.block_manager.window is not None:
+                raise ValueError("kv_host_cache_gb: not supported for a model with a sliding window on every layer")
+            self.host_tier = HostTier(memory=self.memory, capacity_bytes=int(config.kv_host_cache_gb * 2**30))
+            self.block_manager.on_evict = self.host_tier.save
         if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
             self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.adapter_pool = AdapterPool(
@@ -116,6 +123,7 @@ class LLMEngine:
             policy=policy,
             adapters=self.adapter_pool,
             lookahead=self.speculator.lookahead if self.speculator else None,
+            connector=self.host_tier,
         )
         self.output_processor = OutputProcessor(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids,
                                                 max_model_len=self.max_model_len)
@@ -329,6 +337,8 @@ class LLMEngine:
         """Stop the tensor-parallel workers, if any (the engine runs no step after this)."""
         if self.workers is not None:
             self.workers.stop()
+        if self.host_tier is not None:
+            self.host_tier.close()
 
     def _prefetch_adapters(self) -> None:
         """Place the adapters of the requests next in line in pages no one needs, even while the batch is
@@ -400,6 +410,7 @@ class LLMEngine:
             "adapter_pages": len(bm.adapter_pages),
             "memory": self.memory_split(),
             "prefix_cache_hit_rate": bm.hit_rate(),
+            "kv_tiers": self.kv_tiers_state(),
             "adapters": self.adapter_pool.state(),
             "busy_ms": self.busy_ms,
             "steps": self.num_steps,
@@ -409,6 +420,15 @@ class LLMEngine:
             "speculation": self.speculation_state(),
             "grammars": {**(self.grammars.state() if self.grammars else {}), **self.guided.state()},
         }
+
+    def kv_tiers_state(self) -> dict:
+        """Prefix blocks looked up at first admission, hit and missed per tier (device, then host)."""
+        counts = self.scheduler.tier_counts
+        tiers = {"device": {"hits": counts["device"][0], "misses": counts["device"][1],
+                            "blocks": len(self.block_manager.cached)}}
+        if self.host_tier is not None:
+            tiers["host"] = {"hits": counts["host"][0], "misses": counts["host"][1], **self.host_tier.state()}
+        return tiers
 
     def speculation_state(self) -> dict:
         proposed = self.speculator.num_proposed if self.speculator else 0

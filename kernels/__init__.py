@@ -19,6 +19,7 @@ from kernels.rope_table import rope_cos_sin_cache
 from kernels.slot_batch import SlotBatch
 
 try:
+    from kernels import expert_lora as _expert_lora
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import grouped_matmul as _grouped_matmul
     from kernels import lora_expand as _lora_expand
@@ -39,6 +40,7 @@ __all__ = [
     "SlotBatch",
     "TRITON_IMPORT_ERROR",
     "backend_for",
+    "expert_lora",
     "fp8_linear",
     "gelu_tanh_and_mul",
     "grouped_matmul",
@@ -114,6 +116,13 @@ def grouped_matmul(x, weight, expert_offsets):
     return reference.grouped_matmul(x, weight, expert_offsets)
 
 
+def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets, *, meta=None):
+    args = (y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets)
+    if backend_for(x) == "triton":
+        return _expert_lora.expert_lora(*args, meta=meta)
+    return reference.expert_lora(*args, meta=meta)
+
+
 def fp8_linear(x, weight, weight_scale):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
         return _fp8_linear.fp8_linear(x, weight, weight_scale)
@@ -162,6 +171,6 @@ def silu_and_mul(x):
 
 
 for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul):
+            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul, expert_lora):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

@@ -9,7 +9,7 @@ float16/bfloat16 runs on a GPU.
 import torch
 import torch.nn.functional as F
 
-from kernels.lora_reference import lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
+from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 
 _DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this many

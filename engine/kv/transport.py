@@ -19,8 +19,8 @@ descriptors) and a descriptor into payloads on the puller (`accept`: here a read
 the puller's own registered buffer), and frees what `offer` took (`discard`). The control channel, the lease and
 the failure rules stay as they are. No RDMA stub is built.
 
-On CUDA the bytes leave the device through `PinnedStaging` (a reusable page-locked buffer filled with non-blocking
-copies on a side stream); on CPU the tensors' own memory is read.
+The channel carries bytes only (no torch): on CUDA the source fills them from page-locked staging buffers with
+non-blocking copies (engine/server/kv_transfer.py), on CPU from the pool's own memory.
 """
 
 import asyncio
@@ -33,8 +33,6 @@ import struct
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +170,8 @@ def _write_segment(path: Path, payloads: list[bytes]) -> None:
 
 # the source side
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
-LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, why) -> None; a second release is a no-op
+LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, reason) -> None; a second release is a no-op.
+# reason: "done" (installed), "released" (the puller gave up), "closed" (the connection ended first), "drain"
 
 
 class LeaseRefused(Exception):
@@ -229,7 +228,7 @@ class TransferServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(asyncio.current_task())
         transport: Transport | None = None
-        lease_id, outcome = None, "the puller closed the connection before it was done"
+        lease_id, reason = None, "closed"  # a lease pulled here ends with this reason when the connection does
         try:
             while True:
                 header, body_bytes = await asyncio.wait_for(read_frame(reader), self.idle_timeout_s)
@@ -251,29 +250,29 @@ class TransferServer:
                         return
                     transport = ShmTransport(self.shm_name) if via == "shm" and self.shm_name else TcpTransport()
                     await transport.offer(payloads, writer)
-                elif op in ("done", "release") and header.get("lease") == lease_id and lease_id is not None:
-                    outcome = "done" if op == "done" else header.get("reason") or "released by the puller"
-                    await self.release(lease_id, outcome)
+                elif op in ("done", "release") and isinstance(header.get("lease"), str) \
+                        and (header["lease"] == lease_id or transport is None):
+                    if op == "release":
+                        log.info("lease %s released by the puller: %s", header["lease"], header.get("reason"))
+                    await self.release(header["lease"], "done" if op == "done" else "released")
                     lease_id = None
-                    await write_frame(writer, {"op": "released"})
-                    return
-                elif op == "release" and isinstance(header.get("lease"), str) and transport is None:
-                    await self.release(header["lease"], header.get("reason") or "released by the puller")
                     await write_frame(writer, {"op": "released"})
                     return
                 else:
                     raise TransferError(f"unexpected {op!r} frame", code="protocol")
         except (TransferError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
-            outcome = f"transfer ended: {error or type(error).__name__}"
+            if lease_id is not None:
+                log.info("lease %s: the transfer ended before the puller was done: %s", lease_id,
+                         error or type(error).__name__)
         except asyncio.CancelledError:
-            outcome = "the source is closing"
+            reason = "drain"
             raise
         finally:
             if transport is not None:
                 transport.discard()
             if lease_id is not None:
                 with contextlib.suppress(Exception):
-                    await self.release(lease_id, outcome)
+                    await self.release(lease_id, reason)
             writer.close()
             self._connections.discard(asyncio.current_task())
 
@@ -365,38 +364,3 @@ async def release_remote(address: dict, lease_id: str, *, reason: str, timeout_s
     except TransferError as error:
         log.warning("lease %s could not be released on %s: %s", lease_id, address.get("tcp"), error)
         return False
-
-
-# CUDA: device bytes through a page-locked staging buffer
-class PinnedStaging:
-    """A reusable page-locked host buffer: `stage(tensors)` copies device tensors into it with non-blocking copies
-    on a side stream and returns host views of their bytes once the copies are done. On CPU the tensors' own bytes
-    are returned (no copy). One user at a time (the engine thread)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._buffer: torch.Tensor | None = None  # [bytes] uint8, pinned
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    def stage(self, tensors: list[torch.Tensor]) -> list[memoryview]:
-        if self._stream is None:
-            return [_host_bytes(t) for t in tensors]
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        if self._buffer is None or self._buffer.numel() < sum(sizes):
-            self._buffer = torch.empty(max(sum(sizes), 1 << 20), dtype=torch.uint8, pin_memory=True)
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the KV written so far
-        views, at = [], 0
-        with torch.cuda.stream(self._stream):
-            for tensor, n in zip(tensors, sizes, strict=True):
-                source = tensor.contiguous().view(-1).view(torch.uint8)
-                self._buffer[at : at + n].copy_(source, non_blocking=True)
-                views.append((at, n))
-                at += n
-        self._stream.synchronize()
-        host = self._buffer.numpy()
-        return [memoryview(host[start : start + n]) for start, n in views]
-
-
-def _host_bytes(tensor: torch.Tensor) -> memoryview:
-    flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
-    return memoryview(flat.numpy())

@@ -8,14 +8,12 @@ import random
 import struct
 
 import pytest
-import torch
 
 from engine.kv.transport import (
     FRAME,
     MAGIC,
     SHM_ROOT,
     LeaseRefused,
-    PinnedStaging,
     Pull,
     TransferError,
     TransferServer,
@@ -101,7 +99,7 @@ def test_a_prefix_of_the_keys_and_a_pull_without_shm_on_the_source():
                 assert pull.via == "tcp"
                 assert len(await pull.fetch(["a" * 32, "b" * 32, "c" * 32])) == 2  # the source holds two
                 await pull.done(reason="keys did not match")
-            assert source.released == [("lease-2", "keys did not match")]
+            assert source.released == [("lease-2", "released")]
         finally:
             await server.close()
 
@@ -137,7 +135,7 @@ def test_a_slow_source_times_out_and_the_lease_is_released_by_the_hang_up():
             assert timed_out.value.code == "timeout"
             assert asyncio.get_running_loop().time() - started < 0.9
             await until(lambda: source.released)
-            assert source.released[0][0] == "lease-3" and "closed" in source.released[0][1]
+            assert source.released == [("lease-3", "closed")]
         finally:
             await server.close()
 
@@ -157,8 +155,7 @@ def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
             await reader.readexactly(FRAME.size + 64)  # the header and a little of the bytes
             writer.transport.abort()  # gone, mid-transfer
             await until(lambda: source.released)
-            assert source.released == [("lease-4", source.released[0][1])]
-            assert "done" not in source.released[0][1]
+            assert source.released == [("lease-4", "closed")]
         finally:
             await server.close()
 
@@ -199,7 +196,7 @@ def test_a_source_closing_while_a_pull_waits_fails_it_and_releases_the_lease():
             with pytest.raises(TransferError) as closed:
                 await fetch
         assert closed.value.code == "closed"
-        assert source.released == [("lease-6", "the source is closing")]
+        assert source.released == [("lease-6", "drain")]
 
     asyncio.run(main())
 
@@ -228,27 +225,15 @@ def test_release_without_pulling_and_garbage_on_the_wire():
         server = await serve(source)
         try:
             assert await release_remote(server.address, "lease-7", reason="aborted before the pull")
-            assert source.released == [("lease-7", "aborted before the pull")]
+            assert source.released == [("lease-7", "released")]
             host, port = server.address["tcp"].rsplit(":", 1)
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(b"GET / HTTP/1.1\r\n\r\n" + os.urandom(64))
             await writer.drain()
             assert await reader.read() == b""  # hung up on
             writer.close()
-            assert source.released == [("lease-7", "aborted before the pull")]  # nothing else released
+            assert source.released == [("lease-7", "released")]  # nothing else released
         finally:
             await server.close()
 
     asyncio.run(main())
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
-def test_pinned_staging_hands_out_the_tensors_bytes(device):
-    staging = PinnedStaging(torch.device(device))
-    tensors = [torch.randn(3, 5, 7, device=device), torch.arange(11, dtype=torch.int16, device=device),
-               torch.randn(2, 13, device=device).to(torch.float8_e4m3fn)]
-    for _ in range(2):  # the buffer is reused
-        views = staging.stage(tensors)
-        for tensor, view in zip(tensors, views, strict=True):
-            assert bytes(view) == tensor.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()

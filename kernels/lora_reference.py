@@ -12,6 +12,7 @@ runs are long (prefill), multiplied adapter by adapter without padding.
 
 import torch
 
+from kernels.grouped_rows import grouped_rows
 from kernels.slot_batch import PER_SLOT_WIDTH, SlotBatch
 
 
@@ -192,10 +193,6 @@ def lora_expand(
     y[:, lo:hi] += delta.to(y.dtype)
 
 
-EXPERT_ROWS_PER_CHUNK = 512  # rows gathered at once: bounds the [rows, R, in] operands
-EXPERT_ROWS_PER_PAIR = 16  # from this many rows per (adapter, expert) pair on, a matmul per pair beats gathering
-
-
 def expert_lora(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -221,9 +218,8 @@ def expert_lora(
     [S, U, E, R] int64; row_slots [N] int (-1 = base model); row_experts [N] int; ranks [U] int (each expert's
     rank, 0: not adapted); scaling [U] float32; slice_offsets: S + 1 python ints from 0 to out.
     `meta`: the step's SlotBatch, which keeps the operands gathered from the pages.
-    The reference gathers every (adapter, expert)'s A and B once per page table; then, when pairs have many rows
-    (prefill), each pair present multiplies its rows (sorted by pair) at once; else each row's pair is picked by
-    index and applied with two batched matmuls."""
+    The reference gathers every (adapter, expert)'s A and B once per page table, sorts the rows by that pair
+    (the base model's last, left out) and takes the two grouped products (kernels.grouped_rows)."""
     used, experts, max_rank = a_rows.shape
     rows, in_dim = x.shape
     if rows == 0 or max_rank == 0 or used == 0:
@@ -231,35 +227,28 @@ def expert_lora(
     cache = meta.gathered if isinstance(meta, SlotBatch) else {}
     pairs = used * experts
     per_pair = ranks.to(a_rows.device).repeat_interleave(experts).view(1, pairs)  # [1, U * E]
+    padded = -(-max_rank // 4) * 4  # grouped_rows' fast path wants widths of multiples of 4: zero ranks pad
 
-    def dense(rows_table, width, scale):  # [U * E + 1, R, width]: the last pair is zero (the base model's rows)
+    def dense(rows_table, width, scale):  # [U * E, R', width]
         gathered = _gather(pages, rows_table.reshape(1, pairs, max_rank), per_pair, width)[0]
         if scale is not None:
             gathered *= scale.float().repeat_interleave(experts)[:, None, None]
-        return torch.cat([gathered, gathered.new_zeros(1, max_rank, width)])
+        return torch.cat([gathered, gathered.new_zeros(pairs, padded - max_rank, width)], dim=1)
 
-    def dense_b():  # the slices side by side: [U * E + 1, R, out]
+    def dense_b():  # the slices side by side: [U * E, R', out]
         widths = [hi - lo for lo, hi in zip(slice_offsets, slice_offsets[1:], strict=False)]
         return torch.cat([dense(b_rows[s], w, scaling) for s, w in enumerate(widths)], dim=2)
 
-    a = _cached(cache, ("expert_a", id(a_rows), pages.data_ptr()), (a_rows,), lambda: dense(a_rows, in_dim, None))
+    a = _cached(cache, ("expert_a", id(a_rows), pages.data_ptr()), (a_rows,),
+                lambda: dense(a_rows, in_dim, None).transpose(1, 2))  # [U * E, in, R'] (a view)
     b = _cached(cache, ("expert_b", id(b_rows), pages.data_ptr(), id(scaling)), (b_rows, scaling), dense_b)
     pair = torch.where(row_slots >= 0, row_slots.long() * experts + row_experts.long(), pairs)  # [N]
-    counts = torch.bincount(pair, minlength=pairs + 1)[:pairs]  # [U * E] rows of each pair (the base's dropped)
-    present = int((counts > 0).sum())
-    if present == 0:
+    counts = torch.bincount(pair, minlength=pairs + 1)  # [U * E + 1]: the last, the base model's rows
+    adapted = rows - int(counts[-1])
+    if adapted == 0:
         return
-    if int(counts.sum()) >= EXPERT_ROWS_PER_PAIR * present:  # long runs: pair by pair, no gathered operands
-        order = torch.argsort(pair, stable=True)
-        bounds = [0, *torch.cumsum(counts, 0).tolist()]
-        for p in torch.nonzero(counts).flatten().tolist():
-            index = order[bounds[p] : bounds[p + 1]]
-            h = x.index_select(0, index).float() @ a[p].T  # [n, R]
-            y.index_add_(0, index, (h @ b[p]).to(y.dtype))
-        return
-    for start in range(0, rows, EXPERT_ROWS_PER_CHUNK):
-        end = min(start + EXPERT_ROWS_PER_CHUNK, rows)
-        chosen = pair[start:end]
-        h = torch.bmm(a.index_select(0, chosen), x[start:end].float().unsqueeze(2))  # [n, R, 1]
-        delta = torch.bmm(h.transpose(1, 2), b.index_select(0, chosen)).squeeze(1)  # [n, out]
-        y[start:end] += delta.to(y.dtype)
+    order = torch.argsort(pair, stable=True)[:adapted]  # [n] the adapted rows, pair by pair
+    bounds = torch.zeros(pairs + 1, dtype=torch.int64, device=counts.device)
+    bounds[1:] = torch.cumsum(counts[:pairs], 0)
+    h = grouped_rows(x.index_select(0, order), a, bounds)  # [n, R']
+    y.index_add_(0, order, grouped_rows(h, b, bounds).to(y.dtype))

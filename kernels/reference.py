@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.decode_layout import DecodeLayout
+from kernels.grouped_rows import grouped_rows
 from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 
@@ -299,11 +300,5 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.
 
     x [N, in] sorted by expert; weight [E, out, in] (each expert's nn.Linear weight); expert_offsets [E + 1]
     int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation).
-    The reference visits the experts that have rows, one matmul each (the launcher: one grouped launch)."""
-    out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)  # [N, out]
-    bounds = expert_offsets.tolist()
-    for expert in range(weight.shape[0]):
-        start, end = bounds[expert], bounds[expert + 1]
-        if end > start:
-            out[start:end] = (x[start:end].float() @ weight[expert].float().T).to(x.dtype)
-    return out
+    The reference is one grouped product (kernels.grouped_rows; the launcher: one grouped launch)."""
+    return grouped_rows(x, weight.transpose(1, 2), expert_offsets).to(x.dtype)  # [N, out]

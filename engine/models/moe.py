@@ -120,9 +120,22 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
 
 class MoECausalLM(CausalLM):
-    """A CausalLM whose checkpoint stores each expert's projections apart: mlp.experts.{e}.{gate,up,down}_proj."""
+    """A CausalLM whose checkpoint stores each expert's projections apart, mlp.experts.{e}.{gate,up,down}_proj (as
+    transformers 5 saves them), or already stacked: mlp.experts.gate_up_proj [E, 2I, hidden] (gate rows, then up)
+    and mlp.experts.down_proj [E, hidden, I], read as the experts' own tensors (`checkpoint_parts`)."""
 
     decoder_layer = MoEDecoderLayer
+
+    def checkpoint_parts(self, name: str, shape: tuple[int, ...]) -> list[tuple] | None:
+        prefix, _, stacked = name.rpartition(".experts.")
+        if len(shape) != 3 or stacked not in ("gate_up_proj", "down_proj"):
+            return None
+        experts, rows, _ = shape
+        if stacked == "down_proj":
+            return [(f"{prefix}.experts.{e}.down_proj.weight", e, 0, rows) for e in range(experts)]
+        half = rows // 2
+        return [(f"{prefix}.experts.{e}.{proj}.weight", e, start, start + half)
+                for e in range(experts) for proj, start in (("gate_proj", 0), ("up_proj", half))]
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         parts = name.split(".")

@@ -150,11 +150,12 @@ class KVTransfers:
                 payloads = await transfer.fetch([key.hex() for key in ask])
                 blocks = await asyncio.to_thread(lambda: [b for data in payloads for b in decode(data)])
                 self.metrics.kv_transfer_blocks.labels(direction="received").inc(len(blocks))
-                installed, run = await self.loop.call(lambda engine: self._install(engine, blocks, keys))
+                installed, run, room = await self.loop.call(lambda engine: self._install(engine, blocks, keys))
                 report.blocks_pulled = installed
                 if run < len(keys):
                     report.recomputed = True
-                    report.reason = "mismatch" if len(blocks) == len(ask) else "not_leased"
+                    report.reason = "not_leased" if len(blocks) < len(ask) else \
+                        "no_room" if installed == room < len(blocks) else "mismatch"
                 try:  # what is installed stays (its keys are checked): a failed goodbye is the source's TTL to mend
                     await transfer.done(reason=report.reason and f"{installed} of {len(ask)} blocks installed")
                 except TransferError as error:
@@ -191,12 +192,13 @@ class KVTransfers:
         return keys, present
 
     @staticmethod
-    def _install(engine: LLMEngine, blocks: list[KVBlock], keys: list[bytes]) -> tuple[int, int]:
+    def _install(engine: LLMEngine, blocks: list[KVBlock], keys: list[bytes]) -> tuple[int, int, int]:
         """Engine thread: import the blocks (each re-checked against this engine's key for its place); how many
-        went in, and how many of keys, from the first, are now cached."""
+        went in, how many of keys, from the first, are now cached, and how many free pages there were."""
+        room = engine.block_manager.num_free_blocks
         installed = engine.import_blocks(blocks, keys) if blocks else 0
         cached = engine.block_manager.cached
-        return installed, next((i for i, key in enumerate(keys) if key not in cached), len(keys))
+        return installed, next((i for i, key in enumerate(keys) if key not in cached), len(keys)), room
 
     def _count(self, report: PullReport) -> None:
         outcome = "recomputed" if report.recomputed else "ok"

@@ -74,14 +74,14 @@ class EngineMetrics:
                                 "nothing pulled)", ["outcome", "via"], registry=r)
         self.kv_recomputes = Counter("quilt_engine_kv_recomputes",
                                      "KV pulls that fell back to recomputing, by reason (timeout, closed, "
-                                     "unknown_lease, expired, protocol, payload, not_leased, mismatch, aborted)",
+                                     "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room)",
                                      ["reason"], registry=r)
         self.kv_transfer_blocks = Counter("quilt_engine_kv_transfer_blocks", "KV blocks sent to and received from "
                                           "other engines", ["direction"], registry=r)
         self.kv_leases = Gauge("quilt_engine_kv_leases", "KV leases held for other engines", registry=r)
         self.kv_leased_blocks = Gauge("quilt_engine_kv_leased_blocks", "KV blocks held by leases", registry=r)
         self.kv_leases_released = Counter("quilt_engine_kv_leases_released",
-                                          "KV leases ended, by reason (done, released, closed, expired, drain)",
+                                          "KV leases ended, by reason (done, released, closed, expired, drain, evicted)",
                                           ["reason"], registry=r)
         self._leases_seen: dict[str, int] = {}
         self.kv_tier_blocks = Counter("quilt_engine_kv_tier_lookups",

@@ -4,7 +4,11 @@ B) and on both mixed in one batch, chunked prefill over 4-token pages; greedy to
 log-probability of every generated token within 1e-4. On the reference ops, and with every op (the experts'
 grouped_matmul and expert_lora included) on its Triton launcher under the interpreter."""
 
+import shutil
+
 import pytest
+import safetensors.torch
+from transformers import AutoModelForCausalLM
 
 import kernels
 from adapters.errors import AdapterError
@@ -125,6 +129,31 @@ def test_expert_names_peft_converts_match_peft(family, tmp_path):
     names = ["names", None, "names"]
     prompts = random_prompts(97, [9, 5, 14])
     assert_matches_peft(oracle, prompts, names, llm.generate(prompts, SAMPLING, adapters=names))
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_a_checkpoint_with_stacked_experts_serves_the_same(family, tmp_path):
+    """A checkpoint holding the experts already stacked (mlp.experts.gate_up_proj [E, 2I, H], down_proj
+    [E, H, I]: the model's own parameters) is read as the per-expert one, whole and split over 2 ranks."""
+    arch, base, adapters, oracle = family
+    model = AutoModelForCausalLM.from_pretrained(base)
+    state = {name: tensor.clone().contiguous() for name, tensor in model.state_dict().items()
+             if name != "lm_head.weight" or not model.config.tie_word_embeddings}
+    assert any(name.endswith("experts.gate_up_proj") and t.dim() == 3 for name, t in state.items())
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    safetensors.torch.save_file(state, stacked / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / name, stacked / name)
+    names = ["both8", None, "experts4"]
+    prompts = random_prompts(98, [7, 12, 4])
+    one, two = make_llm(stacked, adapters), make_llm(stacked, adapters, tensor_parallel_size=2)
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)
+    finally:
+        two.engine.shutdown()
+    assert_matches_peft(oracle, prompts, names, one.generate(prompts, SAMPLING, adapters=names))
+    assert_matches_peft(oracle, prompts, names, split)
 
 
 @pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)

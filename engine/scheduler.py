@@ -65,6 +65,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.loading: dict[int, tuple[Sequence, Load, list[int]]] = {}  # seq_id -> (seq, its load, device hits held)
         self.loaded: dict[int, int] = {}  # seq_id -> blocks a finished load brought in, until admitted
+        self.load_failed: set[int] = set()  # seq_ids whose load failed: they recompute, never load again
         self.tier_counts = {"device": [0, 0], "host": [0, 0]}  # tier -> [hit blocks, missed blocks], first admissions
 
     @property
@@ -158,6 +159,7 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_computed_tokens
                 self._count_tiers(seq, len(hits))
             self.loaded.pop(seq.seq_id, None)
+            self.load_failed.discard(seq.seq_id)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -183,6 +185,8 @@ class Scheduler:
         """Start loading the blocks after seq's device hits that the connector holds, if pages allow (a reserve
         of one per running sequence stays free); whether it did (then seq waits for it)."""
         bm = self.block_manager
+        if seq.seq_id in self.load_failed:
+            return False
         keys = bm.keys_after(seq, len(hits))
         count = self.connector.lookup(keys) if keys else 0
         revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
@@ -210,6 +214,8 @@ class Scheduler:
                     self.loaded[seq.seq_id] = len(load.keys)
             else:
                 self.block_manager.release(load.block_ids)
+                if not seq.is_finished:
+                    self.load_failed.add(seq.seq_id)
             self.block_manager.release(held)
 
     def _count_tiers(self, seq: Sequence, num_hits: int) -> None:
@@ -298,5 +304,6 @@ class Scheduler:
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)  # a load of its blocks still finishes, into the prefix cache
         self.loaded.pop(seq.seq_id, None)
+        self.load_failed.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -143,6 +143,11 @@ class HostTier:
             if isinstance(pending, Future) and pending.exception() is not None:
                 log.error("kv host tier: a load failed; the sequence recomputes", exc_info=pending.exception())
                 load.ok = False
+                for key in load.keys:  # their bytes are suspect: gone from the tier
+                    slot = self.slots.pop(key, None)
+                    if slot is not None:
+                        self._saved_at.pop(slot, None)
+                        self.free_slots.append(slot)
             else:
                 self.num_loaded += len(load.keys)
             self.reading.subtract(slots)

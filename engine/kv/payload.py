@@ -87,7 +87,7 @@ def _bytes(memory: PagedMemory, layer: int) -> torch.Tensor:
 def read_pages(memory: PagedMemory, block_ids: list[int], *, pin: bool = False, non_blocking: bool = False):
     """The pages' KV bytes [n, layers, 2, half_bytes] uint8 and scales [n, layers, 2, S] float32 (or None), on the
     CPU (pinned with pin: then, non_blocking, the copy is queued on the current stream and must be waited for)."""
-    index = torch.tensor(block_ids, dtype=torch.int64, device=memory.layers[0].device)
+    index = _index(block_ids, memory.layers[0].device)
     kv = torch.stack([_bytes(memory, layer).index_select(1, index) for layer in range(len(memory.layers))])
     kv = _to_host(kv.permute(2, 0, 1, 3), pin, non_blocking)  # [n, L, 2, B]
     scales = None
@@ -95,6 +95,13 @@ def read_pages(memory: PagedMemory, block_ids: list[int], *, pin: bool = False, 
         scales = torch.stack([s.index_select(1, index) for s in memory.scales])
         scales = _to_host(scales.permute(2, 0, 1, 3), pin, non_blocking)  # [n, L, 2, S]
     return kv, scales
+
+
+def _index(block_ids: list[int], device: torch.device) -> torch.Tensor:
+    index = torch.tensor(block_ids, dtype=torch.int64)
+    if device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream's earlier work
+        index = index.pin_memory().to(device, non_blocking=True)
+    return index
 
 
 def _to_host(t: torch.Tensor, pin: bool, non_blocking: bool) -> torch.Tensor:
@@ -109,7 +116,7 @@ def write_pages(memory: PagedMemory, block_ids: list[int], kv: torch.Tensor, sca
                 non_blocking: bool = False) -> None:
     """Write KV bytes [n, layers, 2, half_bytes] (and scales [n, layers, 2, S]) into the pages block_ids."""
     device = memory.layers[0].device
-    index = torch.tensor(block_ids, dtype=torch.int64, device=device)
+    index = _index(block_ids, device)
     kv = kv.to(device, non_blocking=non_blocking)
     for layer in range(len(memory.layers)):
         _bytes(memory, layer).index_copy_(1, index, kv[:, layer].transpose(0, 1))
@@ -121,10 +128,12 @@ def write_pages(memory: PagedMemory, block_ids: list[int], kv: torch.Tensor, sca
 
 # blocks by key
 def export_blocks(block_manager: BlockManager, memory: PagedMemory, keys: list[bytes]) -> list[KVBlock]:
-    """Copies of the cached blocks of the leading run of keys (up to the first one not in the pool)."""
+    """Copies of the cached blocks of the leading run of keys (up to the first one not in the pool), in host
+    memory (pinned on CUDA: the staging a transport sends from)."""
     block_ids = block_manager.hold(keys)
     try:
-        kv, scales = read_pages(memory, block_ids) if block_ids else (None, None)
+        pin = memory.layers[0].device.type == "cuda"
+        kv, scales = read_pages(memory, block_ids, pin=pin) if block_ids else (None, None)
     finally:
         block_manager.release(block_ids)
     layout = KVLayout.of(memory)

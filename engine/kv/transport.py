@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import mmap
 import os
 import secrets
 import struct
@@ -88,13 +89,14 @@ async def read_body(reader: asyncio.StreamReader, nbytes: int) -> bytes:
                             code="closed") from error
 
 
-def split(data: bytes | memoryview, sizes: list[int]) -> list[bytes]:
+def split(data: bytes | memoryview | mmap.mmap, sizes: list[int]) -> list[memoryview]:
+    """Views of the payloads in one buffer (no copy: they keep the buffer alive)."""
     if not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != len(data):
         raise TransferError(f"payload sizes {sum(sizes) if all(isinstance(n, int) for n in sizes) else sizes} "
                             f"do not add up to the {len(data)} bytes received", code="protocol")
     view, out, at = memoryview(data), [], 0
     for n in sizes:
-        out.append(bytes(view[at : at + n]))
+        out.append(view[at : at + n])
         at += n
     return out
 
@@ -130,8 +132,8 @@ class TcpTransport(Transport):
 
 
 class ShmTransport(Transport):
-    """The payloads in one file under /dev/shm (tmpfs: shared memory), named after the source's marker, removed by
-    the source once the puller is done or gone."""
+    """The payloads in one file under /dev/shm (tmpfs: shared memory), named after the source's marker: the puller
+    maps it and removes its name at once (the source removes it too once the puller is done or gone)."""
 
     name = "shm"
 
@@ -150,8 +152,8 @@ class ShmTransport(Transport):
         if not isinstance(name, str) or "/" in name or not name.startswith("quilt-kv-"):
             raise TransferError(f"bad shared-memory segment name {name!r}", code="protocol")
         try:
-            data = await asyncio.to_thread((SHM_ROOT / name).read_bytes)
-        except OSError as error:
+            data = await asyncio.to_thread(_map_segment, SHM_ROOT / name)
+        except (OSError, ValueError) as error:
             raise TransferError(f"shared-memory segment {name} cannot be read: {error}", code="closed") from error
         return split(data, header.get("sizes") or [])
 
@@ -159,6 +161,16 @@ class ShmTransport(Transport):
         if self.segment is not None:
             self.segment.unlink(missing_ok=True)
             self.segment = None
+
+
+def _map_segment(path: Path) -> mmap.mmap | bytes:
+    """The segment's bytes, mapped read-only (no copy), and its name unlinked: the mapping outlives the name, and a
+    source that dies after offering it leaves nothing behind in /dev/shm."""
+    with path.open("rb") as segment:
+        size = os.fstat(segment.fileno()).st_size
+        mapped = mmap.mmap(segment.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+    path.unlink(missing_ok=True)
+    return mapped
 
 
 def _write_segment(path: Path, payloads: list[bytes]) -> None:
@@ -169,6 +181,7 @@ def _write_segment(path: Path, payloads: list[bytes]) -> None:
 
 
 # the source side
+STREAM_LIMIT = 8 << 20  # bytes a connection buffers before it pauses reading (asyncio's 64 KiB pauses a lot)
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
 LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, reason) -> None; a second release is a no-op.
 # reason: "done" (installed), "released" (the puller gave up), "closed" (the connection ended first), "drain"
@@ -202,7 +215,7 @@ class TransferServer:
         return {"tcp": f"{self.advertise_host}:{self.port}", "shm": self.shm_name}
 
     async def start(self) -> "TransferServer":
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=STREAM_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.shm_name is not None:
             try:  # the marker: a puller that sees it shares this host's /dev/shm
@@ -302,8 +315,8 @@ class Pull:
         if not host or not port.isdigit():
             raise TransferError(f"bad transfer address {self.address.get('tcp')!r}", code="protocol")
         try:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
-                                                                self.timeout_s)
+            connecting = asyncio.open_connection(host, int(port), limit=STREAM_LIMIT)
+            self._reader, self._writer = await asyncio.wait_for(connecting, self.timeout_s)
         except TimeoutError as error:
             raise TransferError(f"no connection to {host}:{port} in {self.timeout_s:g} s", code="timeout") from error
         except OSError as error:

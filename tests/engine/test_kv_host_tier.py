@@ -1,8 +1,10 @@
 """The KV host tier: prefix blocks pushed out of a small page pool come back from host memory, and the
 request then runs as a prefix hit, token for token as transformers + PEFT (mixed adapters, the Triton
-launchers), fp8 pages with their scales; never across adapter content or tenants; no block leaks."""
+launchers), fp8 pages with their scales; never across adapter content or tenants; a failed load recomputes;
+no block leaks."""
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
@@ -39,15 +41,15 @@ def make_llm(checkpoints, adapter_dirs, *, host_blocks=64, **config):
 def assert_balanced(llm):
     """Every page is free, cached-evictable or an adapter page: no sequence, load or hold left any."""
     bm, scheduler = llm.engine.block_manager, llm.engine.scheduler
-    assert not scheduler.loading and not scheduler.loaded and not bm.held
+    assert not scheduler.loading and not scheduler.loaded and not scheduler.load_failed and not bm.held
     assert bm.num_free_blocks + len(bm.adapter_pages) == bm.num_blocks
     bm.check_invariants([])
     assert not llm.engine.host_tier.loads_in_flight and not +llm.engine.host_tier.reading
 
 
-def push_out(llm, seed):
+def push_out(llm, seed, length=20):
     """Fill the pool with other prompts, so earlier prefix blocks leave the device."""
-    for prompt in random_prompts(seed, [20, 20]):
+    for prompt in random_prompts(seed, [length, length]):
         llm.generate([prompt], GREEDY)
 
 
@@ -84,6 +86,7 @@ def test_no_hit_across_adapter_content_or_tenant(checkpoints, adapter_dirs, orac
     other_tenant = llm.generate([prompt], GREEDY, adapters=["kv"], tenants=["t2"])[0]
     assert other_tenant.usage.cached_tokens == 0
     assert llm.engine.state()["kv_tiers"]["host"]["hits"] == 0
+    assert llm.engine.host_tier.lookup(llm.engine.kv_keys(prompt, adapter=llm.adapters["qv"])) == 0  # dropped
     assert_balanced(llm)
 
 
@@ -152,3 +155,49 @@ def test_the_host_tier_flag_is_checked(checkpoints):
         EngineConfig(model=str(checkpoints["llama"]), kv_host_cache_gb=1, enable_prefix_caching=False)
     with pytest.raises(ValueError, match="holds no block"):
         LLM(checkpoints["llama"], device="cpu", block_size=4, num_kv_blocks=8, kv_host_cache_gb=1 / 2**30)
+
+
+def test_a_failed_load_recomputes_and_leaks_nothing(checkpoints, adapter_dirs, oracle, monkeypatch):
+    llm = make_llm(checkpoints, adapter_dirs)
+    prompt = random_prompts(63, [14])[0]
+    llm.generate([prompt], GREEDY, adapters=["qv"])
+    push_out(llm, 64, length=30)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("host memory unreadable")
+
+    monkeypatch.setattr("engine.kv.host_tier.write_pages", broken)  # the copy into pages fails in its thread
+    out = llm.generate([prompt], GREEDY, adapters=["qv"])[0]
+    assert out.usage.cached_tokens == 0 and out.token_ids == oracle.greedy(prompt, "qv", GREEDY.max_tokens)
+    assert llm.engine.state()["kv_tiers"]["host"]["hits"] == 0
+    assert llm.engine.host_tier.lookup(llm.engine.kv_keys(prompt, adapter=llm.adapters["qv"])) == 0  # dropped
+    assert_balanced(llm)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_host_tier_on_cuda_equals_a_colocated_run(checkpoints, adapter_dirs, kv_cache_dtype):
+    """Pinned slots, saves on the current stream, loads on a side stream: the hit run's tokens are the colocated
+    run's (bfloat16: both are the engine's own numerics on this device)."""
+    cuda = {"device": "cuda", "dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype, "block_size": 16}
+    probe = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=0)
+    pages = sum(probe.engine.adapter_pool.pages_needed(probe.add_adapter(n, adapter_dirs[n])) for n in ("qv", "kv"))
+    adapter_bytes = pages * probe.engine.memory.page_bytes  # room for both adapters, none for more KV
+    llm = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=adapter_bytes,
+              kv_host_cache_gb=1 / 1024)
+    colocated = LLM(checkpoints["llama"], **cuda, num_kv_blocks=64)
+    for engine in (llm, colocated):
+        for name in ("qv", "kv"):
+            engine.add_adapter(name, adapter_dirs[name])
+    prompts, names = random_prompts(65, [40, 50, 33]), ["qv", None, "kv"]
+    for p, n in zip(prompts, names, strict=True):
+        llm.generate([p], GREEDY, adapters=[n])
+    for prompt in random_prompts(66, [100, 100]):
+        llm.generate([prompt], GREEDY)
+    hits = [llm.generate([p], GREEDY, adapters=[n])[0] for p, n in zip(prompts, names, strict=True)]
+    assert [o.usage.cached_tokens for o in hits] == [32, 48, 32]
+    assert llm.engine.state()["kv_tiers"]["host"]["hits"] == 7
+    cold = colocated.generate(prompts, GREEDY, adapters=names)
+    assert [o.token_ids for o in hits] == [o.token_ids for o in cold]
+    assert_balanced(llm)

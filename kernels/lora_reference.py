@@ -226,10 +226,10 @@ def expert_lora(
         return
     cache = meta.gathered if isinstance(meta, SlotBatch) else {}
     pairs = used * experts
-    per_pair = ranks.to(a_rows.device).repeat_interleave(experts).view(1, pairs)  # [1, U * E]
     padded = -(-max_rank // 4) * 4  # grouped_rows' fast path wants widths of multiples of 4: zero ranks pad
 
     def dense(rows_table, width, scale):  # [U * E, R', width]
+        per_pair = ranks.to(a_rows.device).repeat_interleave(experts).view(1, pairs)  # [1, U * E]
         gathered = _gather(pages, rows_table.reshape(1, pairs, max_rank), per_pair, width)[0]
         if scale is not None:
             gathered *= scale.float().repeat_interleave(experts)[:, None, None]

@@ -11,6 +11,7 @@ import time
 from decimal import Decimal
 
 import httpx
+import openai
 import pytest
 
 from gateway.routing import routable_engines
@@ -183,6 +184,29 @@ def test_a_short_prompt_skips_the_prefill_hop(stack, split_fleet):
     row = usage_row(request_id)
     assert (row.engine, row.prefill_engine, row.prefill_gpu_ms) == ("pd-decode", "", 0)
     assert counter(stack, "quilt_gateway_disaggregation", 'route="short"') == skipped + 1
+
+
+def test_a_client_that_leaves_during_the_prefill_hop_leaves_no_lease_or_block_behind(stack, split_fleet):
+    _, _, engines = split_fleet
+    prefill = engines["pd-prefill"]
+    state_url = prefill.health_url.removesuffix("/health") + "/state"
+    prefill.send_signal(signal.SIGSTOP)  # the hop hangs until the client has gone
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            client(stack, stack.keys["main"]).with_options(timeout=1.0).chat.completions.create(
+                model="support", messages=[{"role": "user", "content": PROMPTS["support"] + " w77 w78"}], max_tokens=4)
+    finally:
+        prefill.send_signal(signal.SIGCONT)
+
+    def settled():
+        state = httpx.get(state_url, headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}, timeout=5).json()
+        idle = state["running"] == 0 and state["waiting"] == 0 and state["kv_leases"]["active"] == 0
+        return state if idle else None
+
+    state = wait_until(settled, timeout=20, what="the prefill engine idle with no lease")
+    pool = state["kv_pool"]  # the pool's own counts: nothing held, nothing lost
+    assert pool["held"] == 0
+    assert pool["free"] + pool["evictable"] + pool["in_use"] + pool["adapter_pages"] == pool["total"]
 
 
 def test_a_hung_prefill_engine_times_out_and_the_request_is_served_whole(stack, split_fleet):

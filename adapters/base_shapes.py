@@ -23,9 +23,12 @@ FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
+# Qwen2-MoE's shared expert, a gated MLP beside the experts: mlp.shared_expert.{gate,up,down}_proj
+SHARED_EXPERT_MODULES = ("shared_expert_gate_proj", "shared_expert_up_proj", "shared_expert_down_proj")
 EXPERT_PARAMETERS = {"experts_gate_up_proj": "gate_up_proj", "experts_down_proj": "down_proj"}  # -> PEFT's
 EXPERT_MODULES = tuple(EXPERT_PARAMETERS)
-ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS) + EXPERT_MODULES  # every name a canonical adapter may carry
+ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS) + SHARED_EXPERT_MODULES + EXPERT_MODULES  # every name a
+# canonical adapter may carry
 _FUSED_OF = {split: fused for fused, splits in FUSED_PROJECTIONS.items() for split in splits}
 
 
@@ -40,6 +43,7 @@ class Family:
     head_norms: bool = False  # self_attn.q_norm / k_norm (Qwen3, Gemma 3)
     activation: str = "act_fn"  # the MLP's activation module
     experts: bool = False  # a mixture of experts: LoRA on the stacked experts (EXPERT_MODULES) too
+    shared_expert: bool = False  # and a shared expert on its sparse layers (SHARED_EXPERT_MODULES)
 
     @property
     def split_aliases(self) -> tuple[str, ...]:
@@ -49,13 +53,15 @@ class Family:
     @property
     def servable(self) -> tuple[str, ...]:
         return tuple(m for m in ALL_MODULES if m in self.projections or m in self.split_aliases
-                     or (self.experts and m in EXPERT_MODULES))
+                     or (self.experts and m in EXPERT_MODULES) or (self.shared_expert and m in SHARED_EXPERT_MODULES))
 
     def describe(self) -> str:
         return f"a {self.name} base ({self.architecture})"
 
     def served_list(self) -> str:
         text = ", ".join(self.projections)
+        if self.shared_expert:
+            text += ", the shared expert's gate_proj, up_proj, down_proj"
         if self.experts:
             text += " and, through target_parameters, the experts' stacked gate_up_proj and down_proj"
         return f"{text} (or the split {', '.join(self.split_aliases)})" if self.split_aliases else text
@@ -80,9 +86,9 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "gemma3_text": Family("Gemma 3", "Gemma3ForCausalLM", _SPLIT, norms=_GEMMA_NORMS, head_norms=True),
     "phi3": Family("Phi-3", "Phi3ForCausalLM", ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
                    activation="activation_fn"),
-    # MoE bases: LoRA on attention and on the experts (the dense and shared-expert MLPs are not served yet)
+    # MoE bases: LoRA on attention, the experts and Qwen2-MoE's shared expert (not the dense MLP of mlp_only_layers)
     "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True, experts=True),
-    "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True),
+    "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True, shared_expert=True),
     "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES, experts=True),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
@@ -94,6 +100,8 @@ def fused_of(module: str) -> str | None:
 
 
 def module_parent(module: str) -> str:
+    if module in SHARED_EXPERT_MODULES:
+        return "mlp.shared_expert"
     return "self_attn" if module in ATTENTION_MODULES or module == "qkv_proj" else "mlp"
 
 
@@ -102,7 +110,7 @@ def peft_module_key(layer: int, module: str) -> str:
     the experts: the stacked parameter's name, which PEFT matches target_parameters and patterns against)."""
     if module in EXPERT_PARAMETERS:
         return f"model.layers.{layer}.mlp.experts.{EXPERT_PARAMETERS[module]}"
-    return f"model.layers.{layer}.{module_parent(module)}.{module}"
+    return f"model.layers.{layer}.{module_parent(module)}.{module.removeprefix('shared_expert_')}"
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,7 @@ class BaseShapes:
     num_experts: int = 0  # MoE bases: experts per sparse layer, their intermediate size, and those layers
     expert_intermediate_size: int = 0
     expert_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseShapes":
@@ -162,6 +171,9 @@ class BaseShapes:
             return self.hidden_size, 2 * self.expert_intermediate_size
         if module == "experts_down_proj":
             return self.expert_intermediate_size, self.hidden_size
+        if module in SHARED_EXPERT_MODULES:
+            inter = self.shared_expert_intermediate_size
+            return (inter, self.hidden_size) if module == "shared_expert_down_proj" else (self.hidden_size, inter)
         if module in FUSED_PROJECTIONS:
             widths = [self.in_out(split) for split in FUSED_PROJECTIONS[module]]
             return widths[0][0], sum(out for _, out in widths)
@@ -208,6 +220,11 @@ class BaseShapes:
             names[f"{prefix}.mlp.{family.activation}"] = "activation"
             if layer in self.expert_layers:
                 names |= {f"{prefix}.mlp.experts": "experts", f"{prefix}.mlp.gate": "router"}
+                if family.shared_expert:
+                    names |= {f"{prefix}.mlp.shared_expert": "shared expert",
+                              f"{prefix}.mlp.shared_expert_gate": "shared expert gate",
+                              f"{prefix}.mlp.shared_expert.{family.activation}": "activation"}
+                    names |= {peft_module_key(layer, m): m for m in SHARED_EXPERT_MODULES}
         return names
 
     def expert_parameters(self) -> dict[str, str]:
@@ -232,10 +249,11 @@ def _experts(config: dict[str, Any], model_type: str, num_layers: int) -> dict[s
     if model_type == "mixtral":
         return {"num_experts": count, "expert_intermediate_size": _positive_int(config, "intermediate_size"),
                 "expert_layers": tuple(range(num_layers)) if count else ()}
+    shared = config.get("shared_expert_intermediate_size", 0) if FAMILIES[model_type].shared_expert else 0
     step, dense = config.get("decoder_sparse_step", 1) or 1, set(config.get("mlp_only_layers") or ())
     layers = tuple(i for i in range(num_layers) if count and i not in dense and (i + 1) % step == 0)
     return {"num_experts": count, "expert_intermediate_size": _positive_int(config, "moe_intermediate_size"),
-            "expert_layers": layers}
+            "expert_layers": layers, "shared_expert_intermediate_size": shared or 0}
 
 
 def _positive_int(config: dict[str, Any], field: str) -> int:

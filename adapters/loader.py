@@ -135,7 +135,7 @@ def _planned_modules(
             raise AdapterError(
                 "lm_head_unsupported", "target_modules includes lm_head; LoRA on lm_head is not served yet"
             )
-        if kind not in family.projections:
+        if kind not in family.servable:
             raise AdapterError(
                 "unsupported_module",
                 f"target_modules matches {repr(key) if key else 'the root module'} ({kind}) of {family.describe()}; "

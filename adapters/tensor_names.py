@@ -9,7 +9,8 @@ from adapters.errors import AdapterError
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight, also without the `base_model.model.`
 # wrapper or the `.weight` suffix, and with the adapter name PEFT keeps in memory (`lora_A.default.weight`).
 _LORA_NAME = re.compile(
-    r"^(?:base_model\.model\.)?(?:model\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]+)\.(?P<module>[A-Za-z_]+)"
+    r"^(?:base_model\.model\.)?(?:model\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]+(?:\.shared_expert)?)"
+    r"\.(?P<module>[A-Za-z_]+)"
     r"\.(?P<half>lora_A|lora_B)(?:\.(?P<adapter>[\w-]+))?$"
 )
 
@@ -76,6 +77,8 @@ def parse_tensor_name(name: str, family: Family | None = None,
     if match is None:
         raise AdapterError("tensor_unknown", f"tensor {name} is not a LoRA weight of a decoder layer's projection")
     module = match["module"]
+    if match["parent"] == "mlp.shared_expert":  # Qwen2-MoE's shared expert
+        module = f"shared_expert_{module}"
     if family is not None and module not in family.servable:
         raise family.missing_module(module, where=f"tensor {name} adapts")
     if module not in ALL_MODULES or match["parent"] != module_parent(module):

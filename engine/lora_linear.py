@@ -7,7 +7,14 @@ from torch import nn
 
 import kernels
 from engine.context import Context
-from engine.lora_modules import EXPERT_INDEX, EXPERT_SLICES, PACKED_MODULES, first_index
+from engine.lora_modules import (
+    EXPERT_INDEX,
+    EXPERT_SLICES,
+    MODULE_INDEX,
+    PACKED_MODULES,
+    SHARED_EXPERT_PACKED,
+    first_index,
+)
 from engine.models.linear import Linear
 from engine.models.moe import Experts
 from engine.models.quantized_linear import QuantizedLinear
@@ -70,8 +77,8 @@ class LoRAExperts(nn.Module):
 
 
 def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
-    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory`, and the
-    experts of a MoE layer with LoRAExperts."""
+    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory` (a shared
+    expert's too, on its own module columns), and the experts of a MoE layer with LoRAExperts."""
     for layer_idx, layer in enumerate(model.model.layers):
         for parent in (layer.self_attn, layer.mlp):
             for name in PACKED_MODULES:
@@ -81,3 +88,7 @@ def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
         experts = getattr(layer.mlp, "experts", None)
         if isinstance(experts, Experts):
             layer.mlp.experts = LoRAExperts(experts, layer=layer_idx, memory=memory)
+        shared = getattr(layer.mlp, "shared_expert", None)
+        for name, first in SHARED_EXPERT_PACKED.items() if shared is not None else ():
+            base = getattr(shared, name)
+            setattr(shared, name, LoRALinear(base, layer=layer_idx, first=MODULE_INDEX[first], memory=memory))

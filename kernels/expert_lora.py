@@ -14,6 +14,7 @@ from kernels.launch import (
     require_same_device,
     require_shape,
 )
+from kernels.lora_expand import _offsets_tensor
 
 BLOCK_K, BLOCK_N = 64, 64  # tuning (the only place it is chosen): input columns, output columns per step
 NUM_WARPS = 4
@@ -98,7 +99,7 @@ def expert_lora(y: torch.Tensor, x: torch.Tensor, pages: torch.Tensor, a_rows: t
                         row_experts=row_experts, ranks=ranks, scaling=scaling)
     if rows == 0 or max_rank == 0 or used == 0 or out_dim == 0:
         return
-    offsets = torch.tensor(slice_offsets, dtype=torch.int64, device=y.device)
+    offsets = _offsets_tensor(slice_offsets, y.device)  # cached: nothing copied per call
     _expert_lora_kernel[(rows,)](
         y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, offsets,
         in_dim, num_slices, max_rank, y.stride(0), x.stride(0), a_rows.stride(0), a_rows.stride(1), b_rows.stride(0),

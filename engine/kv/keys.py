@@ -11,7 +11,9 @@ No torch.
 
 import hashlib
 import json
+import os
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 KEY_BYTES = 16
@@ -20,15 +22,25 @@ _CHUNK = 8 << 20
 
 
 def model_digest(model_dir: str | Path) -> str:
-    """sha256 over the checkpoint's config.json and weight files (names and bytes), read once at start."""
+    """sha256 over the checkpoint's config.json and weight files (names and each file's sha256), read once at
+    start; the files are hashed in parallel (hashlib lets go of the GIL), so a sharded checkpoint costs about
+    its largest shard's time."""
     model_dir = Path(model_dir)
+    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    with ThreadPoolExecutor(min(len(files), os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(_file_digest, files))
     digest = hashlib.sha256()
-    for path in [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]:
-        digest.update(path.name.encode() + b"\x00")
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
+    for path, file_digest in zip(files, digests, strict=True):
+        digest.update(path.name.encode() + b"\x00" + file_digest)
     return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.digest()
 
 
 def base_digest(model_digest: str, *, dtype: str, quantization: str | None, kv_cache_dtype: str,

@@ -2,7 +2,8 @@
 
 A lease holds the cached blocks of a prompt's leading run of keys (BlockManager.hold: they cannot be evicted or
 reused while held) under a random id, for a TTL. It ends exactly once, by one of: the puller's `done` (or its
-giving up), its connection closing before that, the TTL passing, or the engine draining. Ending a lease drops the
+giving up), its connection closing before that, the TTL passing, the engine draining, or newer leases needing
+the room (leases hold at most half the pool, the ones closest to expiry giving way). Ending a lease drops the
 holds: the blocks become ordinary prefix-cache blocks again, evictable once no sequence uses them. A lease is
 pulled at most once. Engine thread only (the block manager's); no torch.
 """
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from engine.block_manager import BlockManager
 from engine.kv.transport import LeaseRefused
 
-RELEASE_REASONS = ("done", "released", "closed", "expired", "drain")
+RELEASE_REASONS = ("done", "released", "closed", "expired", "drain", "evicted")
+MAX_HELD_FRACTION = 0.5  # of the pool's pages that leases may hold together: the rest stays for running requests
 
 
 @dataclass
@@ -31,10 +33,11 @@ class Lease:
 
 class LeaseTable:
     def __init__(self, block_manager: BlockManager, *, clock: Callable[[], float] = time.monotonic,
-                 max_leases: int = 1024) -> None:
+                 max_leases: int = 1024, max_held_fraction: float = MAX_HELD_FRACTION) -> None:
         self.block_manager = block_manager
         self.clock = clock
         self.max_leases = max_leases
+        self.max_held_blocks = int(block_manager.num_blocks * max_held_fraction)
         self.leases: dict[str, Lease] = {}
         self.num_granted = 0
         self.num_released: Counter[str] = Counter()  # reason -> leases ended so
@@ -48,12 +51,17 @@ class LeaseTable:
         """Hold the cached blocks of the leading run of keys; the lease may hold fewer than asked (none, even)."""
         if ttl_s <= 0:
             raise ValueError("a lease's TTL must be > 0")
-        if len(self.leases) >= self.max_leases:  # a puller that never comes must not pin the pool for good
-            oldest = min(self.leases.values(), key=lambda lease: lease.expires_at)
-            self.release(oldest.id, "expired")
         block_ids = self.block_manager.hold(keys)
         lease = Lease(id=secrets.token_hex(16), keys=list(keys[: len(block_ids)]), block_ids=block_ids,
                       num_tokens=len(block_ids) * self.block_manager.block_size, expires_at=self.clock() + ttl_s)
+        # pullers that never come must not pin the pool: past the caps, the leases closest to expiry end first
+        while self.leases and (len(self.leases) >= self.max_leases
+                               or self.num_held_blocks + len(block_ids) > self.max_held_blocks):
+            self.release(min(self.leases.values(), key=lambda held: held.expires_at).id, "evicted")
+        if len(block_ids) > self.max_held_blocks:  # alone past the cap: a lease of what fits
+            self.block_manager.release(block_ids[self.max_held_blocks :])
+            del lease.block_ids[self.max_held_blocks :], lease.keys[self.max_held_blocks :]
+            lease.num_tokens = len(lease.block_ids) * self.block_manager.block_size
         self.leases[lease.id] = lease
         self.num_granted += 1
         return lease

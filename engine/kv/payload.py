@@ -128,10 +128,12 @@ def write_pages(memory: PagedMemory, block_ids: list[int], kv: torch.Tensor, sca
 
 # blocks by key
 def export_blocks(block_manager: BlockManager, memory: PagedMemory, keys: list[bytes]) -> list[KVBlock]:
-    """Copies of the cached blocks of the leading run of keys (up to the first one not in the pool)."""
+    """Copies of the cached blocks of the leading run of keys (up to the first one not in the pool), in host
+    memory (pinned on CUDA: the staging a transport sends from)."""
     block_ids = block_manager.hold(keys)
     try:
-        kv, scales = read_pages(memory, block_ids) if block_ids else (None, None)
+        pin = memory.layers[0].device.type == "cuda"
+        kv, scales = read_pages(memory, block_ids, pin=pin) if block_ids else (None, None)
     finally:
         block_manager.release(block_ids)
     layout = KVLayout.of(memory)

@@ -18,8 +18,9 @@ import torch
 import adapters
 from adapters.base_shapes import PROJECTIONS
 
-ROW_PARALLEL = ("o_proj", "down_proj", "experts_down_proj")
-COLUMN_PARALLEL = tuple(m for m in PROJECTIONS if m not in ROW_PARALLEL)
+ROW_PARALLEL = ("o_proj", "down_proj", "experts_down_proj", "shared_expert_down_proj")
+COLUMN_PARALLEL = tuple(m for m in PROJECTIONS if m not in ROW_PARALLEL) + ("shared_expert_gate_proj",
+                                                                             "shared_expert_up_proj")
 # the experts' LoRA (adapters.base_shapes.EXPERT_MODULES): down as down_proj; gate_up's B by the rows of each
 # half (this rank's gate rows, then its up rows), as Experts holds its slice of gate and of up
 

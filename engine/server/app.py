@@ -132,21 +132,11 @@ class EngineAPI:
         if transfer is None:
             handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
                                             tool_format=structure.tool_format)
-        else:  # decode: the prompt's KV first, from the lease's source
-            if generate.request_id in self.kv.pending:
-                raise Conflict(f"request {generate.request_id!r} is already running")
-            try:
-                report = await self.pull(request, generate, prompts[0])
-                if report is None:
-                    return Response(status_code=499)  # the client went away during the pull
-                pending = self.kv.pending[generate.request_id]
-                handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
-                                                tool_format=structure.tool_format, kv_pull=report,
-                                                aborted=pending.aborted)  # (abort during the pull: it ends now)
-            finally:
-                pending = self.kv.pending.pop(generate.request_id)
-            if pending.aborted and not handle.aborted:  # aborted as it was being submitted
-                await self.loop.abort(generate.request_id)
+        else:
+            handle = await self.decode_hop(request, generate, prompts, arrival=arrival, grammar=grammar,
+                                           structure=structure)
+            if handle is None:
+                return Response(status_code=499)  # the client went away during the pull
         self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
@@ -167,6 +157,7 @@ class EngineAPI:
         hop = dataclasses.replace(generate, sampling=SamplingParams(max_tokens=1, temperature=0.0),
                                   response_format=None, tools=None, tool_choice=None)
         handle = await self.loop.submit(hop, [prompt], arrival=arrival)
+        self.prefixes.record(generate)  # its blocks stay in this engine's prefix cache once the lease ends
         end = await self.wait(request, handle)
         if end is None or handle.lease is None:
             if end is None and handle.lease is not None:  # it ended as the client went: nobody will pull
@@ -181,6 +172,28 @@ class EngineAPI:
         usage = {"prompt_tokens": end.usage.prompt_tokens, "cached_tokens": end.usage.cached_tokens,
                  "gpu_seconds": end.usage.gpu_ms / 1000.0}
         return JSONResponse({"kv_lease": self.kv.lease_json(handle.lease, ttl), "usage": usage})
+
+    async def decode_hop(self, request: Request, generate, prompts: list[list[int]], *, arrival: float,
+                         grammar: Grammar | None, structure: Structure) -> RequestHandle | None:
+        """kv_transfer mode "decode": pull the prompt's blocks under the lease (recomputing what cannot be had),
+        then submit the request as usual; None when the client went away during the pull."""
+        if not self.loop.accepting:  # before the pull: the lease stays whole for the engine a retry finds
+            raise Unavailable("the engine is shutting down")
+        if generate.request_id in self.kv.pending:
+            raise Conflict(f"request {generate.request_id!r} is already running")
+        try:
+            report = await self.pull(request, generate, prompts[0])
+            if report is None:
+                return None
+            pending = self.kv.pending[generate.request_id]
+            handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
+                                            tool_format=structure.tool_format, kv_pull=report,
+                                            aborted=pending.aborted)  # (aborted during the pull: it ends now)
+        finally:
+            pending = self.kv.pending.pop(generate.request_id)
+        if pending.aborted and not handle.aborted:  # aborted as it was being submitted
+            await self.loop.abort(generate.request_id)
+        return handle
 
     async def pull(self, request: Request, generate, prompt: list[int]) -> PullReport | None:
         """A decode hop's pull, raced against the client going away (then None: the pull stops, which releases the

@@ -81,7 +81,7 @@ class EngineMetrics:
         self.kv_leases = Gauge("quilt_engine_kv_leases", "KV leases held for other engines", registry=r)
         self.kv_leased_blocks = Gauge("quilt_engine_kv_leased_blocks", "KV blocks held by leases", registry=r)
         self.kv_leases_released = Counter("quilt_engine_kv_leases_released",
-                                          "KV leases ended, by reason (done, released, closed, expired, drain)",
+                                          "KV leases ended, by reason (done, released, closed, expired, drain, evicted)",
                                           ["reason"], registry=r)
         self._leases_seen: dict[str, int] = {}
         self.kv_tier_blocks = Counter("quilt_engine_kv_tier_lookups",

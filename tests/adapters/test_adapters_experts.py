@@ -5,7 +5,7 @@ saved in the canonical form that PEFT reads back, and refused clearly where Quil
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from adapters import AdapterError, BaseShapes, load_adapter, load_canonical
 from tests.adapters.builders import TINY, llama_config
@@ -70,6 +70,31 @@ def test_canonical_expert_adapter_is_a_peft_adapter(tmp_path):
         assert back[name].r["default"] == layer.r["default"]
         assert back[name].scaling["default"] == layer.scaling["default"]
         assert torch.equal(back[name].lora_A["default"].weight, layer.lora_A["default"].weight)
+        assert torch.equal(back[name].lora_B["default"].weight, layer.lora_B["default"].weight)
+
+
+def test_qwen2_moe_shared_expert_adapter_round_trips_through_peft(tmp_path):
+    """On Qwen2-MoE, PEFT puts target_modules gate/up/down on the shared expert's own modules."""
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40,
+                            shared_expert_intermediate_size=56)
+    model = get_peft_model(Qwen2MoeForCausalLM(config), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"], target_parameters=EXPERTS))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param)
+    model.save_pretrained(tmp_path / "a")
+    adapter = load_adapter(tmp_path / "a", config.to_dict())
+    assert adapter.tensors["layers.1.shared_expert_down_proj.lora_A"].shape == (4, 56)
+    assert {name.split(".")[2] for name in adapter.ranks} == {
+        "shared_expert_gate_proj", "shared_expert_up_proj", "shared_expert_down_proj", "experts_gate_up_proj",
+        "experts_down_proj"}
+    canonical = adapter.save(tmp_path / "canonical")
+    assert load_canonical(canonical).digest == adapter.digest
+    reloaded = PeftModel.from_pretrained(Qwen2MoeForCausalLM(config), canonical)
+    original, back = lora_layers(model), lora_layers(reloaded)
+    assert set(back) == set(original)
+    for name, layer in original.items():
         assert torch.equal(back[name].lora_B["default"].weight, layer.lora_B["default"].weight)
 
 

@@ -98,7 +98,7 @@ def test_expiry_drain_and_the_cap_release_everything(setup):
     capped.grant(keys, ttl_s=30)  # the cap: the one closest to expiry goes
     assert first.id not in capped.leases and len(capped.leases) == 2
     assert capped.release_all() == 2
-    assert capped.state()["released"] == {"expired": 1, "drain": 2}
+    assert capped.state()["released"] == {"evicted": 1, "drain": 2}
     assert table.state()["released"] == {"expired": 2}
     assert_clean(bm)
     with pytest.raises(ValueError):
@@ -111,4 +111,25 @@ def test_a_lease_of_nothing_cached_holds_nothing(setup):
     assert lease.block_ids == [] and lease.num_tokens == 0
     assert table.take(lease.id, lease.keys) == []
     assert table.release(lease.id, "done")
+    assert_clean(bm)
+
+
+def test_leases_never_hold_more_than_their_share_of_the_pool(setup):
+    bm, _, clock = setup
+    table = LeaseTable(bm, clock=clock, max_held_fraction=0.5)  # 6 of 12 pages
+    first = cached_prompt(bm, list(range(100, 116)))  # 4 blocks
+    second = cached_prompt(bm, list(range(200, 212)))  # 3 blocks
+    old = table.grant(first, ttl_s=10)
+    new = table.grant(second, ttl_s=20)  # 4 + 3 > 6: the lease closest to expiry ends
+    assert old.id not in table.leases and table.state()["held_blocks"] == 3
+    huge = cached_prompt(bm, list(range(300, 320)))  # 5 blocks, and 3 held: the other lease goes too
+    assert len(table.grant(huge, ttl_s=30).block_ids) == 5 and new.id not in table.leases
+    bm.release(bm.take_blocks(bm.num_free_blocks))  # (evicts the unheld cached blocks)
+    capped = LeaseTable(bm, clock=clock, max_held_fraction=0.25)  # 3 pages: a lease of what fits
+    assert table.release_all() == 1
+    huge = cached_prompt(bm, list(range(300, 320)))
+    lease = capped.grant(huge, ttl_s=30)
+    assert lease.keys == huge[:3] and lease.num_tokens == 3 * BLOCK and capped.state()["held_blocks"] == 3
+    assert table.state()["released"] == {"evicted": 2, "drain": 1}
+    capped.release_all()
     assert_clean(bm)

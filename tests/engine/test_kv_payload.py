@@ -28,8 +28,8 @@ def oracle(checkpoints, adapters_dirs):
 
 
 def make_llm(checkpoints, adapters_dirs, **config):
-    config = {"block_size": 4, "num_kv_blocks": 48, **config}
-    llm = LLM(checkpoints["llama"], device="cpu", **config)
+    config = {"device": "cpu", "block_size": 4, "num_kv_blocks": 48, **config}
+    llm = LLM(checkpoints["llama"], **config)
     for name, path in adapters_dirs.items():
         llm.add_adapter(name, path)
     return llm
@@ -143,3 +143,26 @@ def test_keys_name_base_adapter_salt_and_tokens(checkpoints, tmp_path):
                   namespace(base, None, "t")]:
         assert set(chain(other, tokens, 4)).isdisjoint(keys)
     assert chain(namespace(base, "a" * 64, "t"), [9] + tokens[1:], 4)[1] != keys[1]  # the parent is in the key
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_blocks_move_between_cuda_engines(checkpoints, adapters_dirs, kv_cache_dtype):
+    """Exported through pinned staging, framed as bytes, imported into another CUDA engine: its prefix hit gives
+    the colocated run's tokens (bfloat16, fp8 pages with their scales)."""
+    cuda = {"device": "cuda", "dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype, "block_size": 16}
+    source, target, colocated = (make_llm(checkpoints, adapters_dirs, **cuda) for _ in range(3))
+    prompts, names = random_prompts(36, [40, 50]), ["qv", None]
+    source.generate(prompts, GREEDY, adapters=names)
+    for prompt, name in zip(prompts, names, strict=True):
+        keys = keys_of(target, prompt, name)
+        exported = source.engine.export_blocks(keys)
+        assert exported[0].kv.is_pinned()
+        assert target.engine.import_blocks(payload.decode(payload.encode(exported)), keys) == len(keys)
+    hits = target.generate(prompts, GREEDY, adapters=names)
+    assert [o.usage.cached_tokens for o in hits] == [32, 48]
+    cold = colocated.generate(prompts, GREEDY, adapters=names)
+    assert [o.token_ids for o in hits] == [o.token_ids for o in cold]
+    assert_no_leak(source)
+    assert_no_leak(target)

@@ -156,6 +156,33 @@ def test_a_checkpoint_with_stacked_experts_serves_the_same(family, tmp_path):
     assert_matches_peft(oracle, prompts, names, split)
 
 
+@pytest.mark.parametrize("family", ["qwen2-moe"], indirect=True)
+def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
+    """On Qwen2-MoE, target_modules naming gate/up/down adapt the shared expert (PEFT finds those modules there and
+    converts nothing); with target_parameters the experts too. Over one rank and two."""
+    arch, base, _, _ = family
+    adapters = {
+        "shared4": build_adapter(base, tmp_path / "shared4", seed=47, r=4,
+                                 targets=["gate_proj", "up_proj", "down_proj"]),
+        "all8": build_adapter(base, tmp_path / "all8", seed=48, r=8,
+                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"], target_parameters=EXPERTS),
+    }
+    oracle = Oracle(base, adapters)
+    names = ["shared4", None, "all8", None]
+    prompts = random_prompts(99, [8, 5, 13])
+    prompts.append(prompts[0])  # the shared expert's adapter against the base on one prompt
+    one, two = make_llm(base, adapters), make_llm(base, adapters, tensor_parallel_size=2)
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)
+    finally:
+        two.engine.shutdown()
+    outputs = one.generate(prompts, SAMPLING, adapters=names)
+    assert_matches_peft(oracle, prompts, names, outputs)
+    assert_matches_peft(oracle, prompts, names, split)
+    assert [lp.logprob for lp in outputs[0].logprobs] != pytest.approx([lp.logprob for lp in outputs[3].logprobs],
+                                                                       abs=1e-3)
+
+
 @pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)
 def test_lora_on_the_router_is_refused_clearly(family, tmp_path):
     arch, base, adapters, _ = family

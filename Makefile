@@ -1,7 +1,8 @@
 # Two commands on a fresh Linux machine with Python 3.11:
 #   make demo   - virtualenv, pinned dependencies, migrate, seed, run the platform (embedded defaults);
 #                 make demo PORT=8080 ENGINE_PORT=8180 for other ports,
-#                 make demo ENGINE_ARGS="--quantization int8" for more engine flags (python -m engine --help)
+#                 make demo ENGINE_ARGS="--quantization int8" for more engine flags (python -m engine --help),
+#                 make demo DISAGG=1 for a prefill engine and a decode engine (docs/kv-tiers.md)
 #   make test   - the whole test suite (what .ci/run calls)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -22,9 +23,11 @@ $(INSTALLED): requirements/engine.txt requirements/platform.txt requirements/dev
 PORT ?= 8000
 ENGINE_PORT ?= 8100
 ENGINE_ARGS ?=
+DISAGG ?=
 
 demo: venv
-	$(BIN)/python manage.py demo --port $(PORT) --engine-port $(ENGINE_PORT) --engine-args "$(ENGINE_ARGS)"
+	$(BIN)/python manage.py demo --port $(PORT) --engine-port $(ENGINE_PORT) --engine-args "$(ENGINE_ARGS)" \
+		$(if $(DISAGG),--disaggregate)
 
 services:
 	.ci/services

@@ -4,6 +4,11 @@ Every served family names its projections as Llama does (q/k/v/o, gate/up/down),
 checkpoint fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`. PEFT on the real Phi-3 writes
 adapters on the fused names; adapters trained on a split ("llamafied") Phi-3 carry the split names. Both
 are served: a split name stands for its rows of the fused projection.
+
+The MoE families' experts are stacked parameters (transformers 5): `mlp.experts.gate_up_proj` [E, 2I, hidden]
+and `mlp.experts.down_proj` [E, hidden, I]. PEFT adapts them through `target_parameters` with every expert's
+own A and B stacked along the rank (lora_A [E*r, in], lora_B [out, E*r]); Quilt names them
+`experts_gate_up_proj` and `experts_down_proj` (EXPERT_MODULES), r being the rank of each expert.
 """
 
 from dataclasses import dataclass
@@ -18,7 +23,12 @@ FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
-ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS)  # every name a canonical adapter may carry, in order
+# Qwen2-MoE's shared expert, a gated MLP beside the experts: mlp.shared_expert.{gate,up,down}_proj
+SHARED_EXPERT_MODULES = ("shared_expert_gate_proj", "shared_expert_up_proj", "shared_expert_down_proj")
+EXPERT_PARAMETERS = {"experts_gate_up_proj": "gate_up_proj", "experts_down_proj": "down_proj"}  # -> PEFT's
+EXPERT_MODULES = tuple(EXPERT_PARAMETERS)
+ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS) + SHARED_EXPERT_MODULES + EXPERT_MODULES  # every name a
+# canonical adapter may carry
 _FUSED_OF = {split: fused for fused, splits in FUSED_PROJECTIONS.items() for split in splits}
 
 
@@ -32,6 +42,8 @@ class Family:
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # per decoder layer
     head_norms: bool = False  # self_attn.q_norm / k_norm (Qwen3, Gemma 3)
     activation: str = "act_fn"  # the MLP's activation module
+    experts: bool = False  # a mixture of experts: LoRA on the stacked experts (EXPERT_MODULES) too
+    shared_expert: bool = False  # and a shared expert on its sparse layers (SHARED_EXPERT_MODULES)
 
     @property
     def split_aliases(self) -> tuple[str, ...]:
@@ -40,13 +52,18 @@ class Family:
 
     @property
     def servable(self) -> tuple[str, ...]:
-        return tuple(m for m in ALL_MODULES if m in self.projections or m in self.split_aliases)
+        return tuple(m for m in ALL_MODULES if m in self.projections or m in self.split_aliases
+                     or (self.experts and m in EXPERT_MODULES) or (self.shared_expert and m in SHARED_EXPERT_MODULES))
 
     def describe(self) -> str:
         return f"a {self.name} base ({self.architecture})"
 
     def served_list(self) -> str:
         text = ", ".join(self.projections)
+        if self.shared_expert:
+            text += ", the shared expert's gate_proj, up_proj, down_proj"
+        if self.experts:
+            text += " and, through target_parameters, the experts' stacked gate_up_proj and down_proj"
         return f"{text} (or the split {', '.join(self.split_aliases)})" if self.split_aliases else text
 
     def missing_module(self, module: str, *, where: str) -> AdapterError:
@@ -69,10 +86,10 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "gemma3_text": Family("Gemma 3", "Gemma3ForCausalLM", _SPLIT, norms=_GEMMA_NORMS, head_norms=True),
     "phi3": Family("Phi-3", "Phi3ForCausalLM", ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
                    activation="activation_fn"),
-    # MoE bases: LoRA on attention (the experts are not served yet: docs/models.md)
-    "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True),
-    "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES),
-    "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES),
+    # MoE bases: LoRA on attention, the experts and Qwen2-MoE's shared expert (not the dense MLP of mlp_only_layers)
+    "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True, experts=True),
+    "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True, shared_expert=True),
+    "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES, experts=True),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -83,12 +100,17 @@ def fused_of(module: str) -> str | None:
 
 
 def module_parent(module: str) -> str:
+    if module in SHARED_EXPERT_MODULES:
+        return "mlp.shared_expert"
     return "self_attn" if module in ATTENTION_MODULES or module == "qkv_proj" else "mlp"
 
 
 def peft_module_key(layer: int, module: str) -> str:
-    """The module's name inside the `*ForCausalLM` model, which is what PEFT matches its patterns against."""
-    return f"model.layers.{layer}.{module_parent(module)}.{module}"
+    """The module's name inside the `*ForCausalLM` model, which is what PEFT matches its patterns against (for
+    the experts: the stacked parameter's name, which PEFT matches target_parameters and patterns against)."""
+    if module in EXPERT_PARAMETERS:
+        return f"model.layers.{layer}.mlp.experts.{EXPERT_PARAMETERS[module]}"
+    return f"model.layers.{layer}.{module_parent(module)}.{module.removeprefix('shared_expert_')}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +122,10 @@ class BaseShapes:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    num_experts: int = 0  # MoE bases: experts per sparse layer, their intermediate size, and those layers
+    expert_intermediate_size: int = 0
+    expert_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseShapes":
@@ -115,14 +141,17 @@ class BaseShapes:
         heads = _positive_int(config, "num_attention_heads")
         kv_heads = config.get("num_key_value_heads") or heads
         head_dim = config.get("head_dim") or hidden // heads
+        num_layers = _positive_int(config, "num_hidden_layers")
+        experts = _experts(config, model_type, num_layers) if FAMILIES[model_type].experts else {}
         shapes = cls(
             model_type=model_type,
-            num_layers=_positive_int(config, "num_hidden_layers"),
+            num_layers=num_layers,
             hidden_size=hidden,
             intermediate_size=_positive_int(config, "intermediate_size"),
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
+            **experts,
         )
         if not isinstance(kv_heads, int) or not isinstance(head_dim, int) or heads % kv_heads:
             raise AdapterError(
@@ -136,7 +165,15 @@ class BaseShapes:
         return FAMILIES[self.model_type]
 
     def in_out(self, module: str) -> tuple[int, int]:
-        """(in_features, out_features) of the projection's nn.Linear (fused ones: all their slices)."""
+        """(in_features, out_features) of the projection's nn.Linear (fused ones: all their slices; the experts:
+        one expert's)."""
+        if module == "experts_gate_up_proj":
+            return self.hidden_size, 2 * self.expert_intermediate_size
+        if module == "experts_down_proj":
+            return self.expert_intermediate_size, self.hidden_size
+        if module in SHARED_EXPERT_MODULES:
+            inter = self.shared_expert_intermediate_size
+            return (inter, self.hidden_size) if module == "shared_expert_down_proj" else (self.hidden_size, inter)
         if module in FUSED_PROJECTIONS:
             widths = [self.in_out(split) for split in FUSED_PROJECTIONS[module]]
             return widths[0][0], sum(out for _, out in widths)
@@ -153,9 +190,11 @@ class BaseShapes:
         }[module]
 
     def lora_shapes(self, module: str, rank: int) -> tuple[tuple[int, int], tuple[int, int]]:
-        """Expected (lora_A, lora_B) shapes in PEFT orientation: A [r, in], B [out, r]."""
+        """Expected (lora_A, lora_B) shapes in PEFT orientation: A [r, in], B [out, r]; the experts stacked
+        along the rank: A [E*r, in], B [out, E*r]."""
         in_features, out_features = self.in_out(module)
-        return (rank, in_features), (out_features, rank)
+        rows = rank * self.num_experts if module in EXPERT_MODULES else rank
+        return (rows, in_features), (out_features, rows)
 
     def check_modules(self, modules: set[str] | list[str], *, where: str = "the adapter adapts") -> None:
         """AdapterError naming the first module (of "layers.{i}.{module}" or bare names) this family lacks."""
@@ -179,7 +218,18 @@ class BaseShapes:
             if family.head_norms:
                 names |= {f"{prefix}.self_attn.q_norm": "norm", f"{prefix}.self_attn.k_norm": "norm"}
             names[f"{prefix}.mlp.{family.activation}"] = "activation"
+            if layer in self.expert_layers:
+                names |= {f"{prefix}.mlp.experts": "experts", f"{prefix}.mlp.gate": "router"}
+                if family.shared_expert:
+                    names |= {f"{prefix}.mlp.shared_expert": "shared expert",
+                              f"{prefix}.mlp.shared_expert_gate": "shared expert gate",
+                              f"{prefix}.mlp.shared_expert.{family.activation}": "activation"}
+                    names |= {peft_module_key(layer, m): m for m in SHARED_EXPERT_MODULES}
         return names
+
+    def expert_parameters(self) -> dict[str, str]:
+        """PEFT's key of every stacked expert parameter (what target_parameters matches), mapped to its module."""
+        return {peft_module_key(layer, module): module for layer in self.expert_layers for module in EXPERT_MODULES}
 
     def split_alias_modules(self) -> dict[str, str]:
         """The split names a Phi-3 adapter may use in place of the fused projections, by PEFT key; empty for
@@ -189,6 +239,21 @@ class BaseShapes:
             for layer in range(self.num_layers)
             for split in self.family.split_aliases
         }
+
+
+def _experts(config: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
+    """num_experts, expert_intermediate_size and expert_layers of a MoE config (engine/models/moe.py reads them
+    alike): Mixtral's experts are on every layer and as wide as intermediate_size; Qwen's on every
+    decoder_sparse_step-th layer not in mlp_only_layers, moe_intermediate_size wide."""
+    count = config.get("num_experts") or config.get("num_local_experts") or 0
+    if model_type == "mixtral":
+        return {"num_experts": count, "expert_intermediate_size": _positive_int(config, "intermediate_size"),
+                "expert_layers": tuple(range(num_layers)) if count else ()}
+    shared = config.get("shared_expert_intermediate_size", 0) if FAMILIES[model_type].shared_expert else 0
+    step, dense = config.get("decoder_sparse_step", 1) or 1, set(config.get("mlp_only_layers") or ())
+    layers = tuple(i for i in range(num_layers) if count and i not in dense and (i + 1) % step == 0)
+    return {"num_experts": count, "expert_intermediate_size": _positive_int(config, "moe_intermediate_size"),
+            "expert_layers": layers, "shared_expert_intermediate_size": shared or 0}
 
 
 def _positive_int(config: dict[str, Any], field: str) -> int:

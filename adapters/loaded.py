@@ -16,11 +16,11 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from adapters.base_shapes import ALL_MODULES, peft_module_key
+from adapters.base_shapes import ALL_MODULES, EXPERT_MODULES, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
 from adapters.safetensors_check import check_safetensors, read_tensors
-from adapters.tensor_names import parse_tensor_name
+from adapters.tensor_names import expert_tensor_name, experts_by_layer, parse_tensor_name
 
 FORMAT = "quilt-lora/1"
 SIDECAR_NAME = "quilt_adapter.json"
@@ -36,7 +36,8 @@ class LoadedAdapter:
     scaling: dict[str, float]  # "layers.{i}.{module}" -> alpha/r or alpha/sqrt(r)
     target_modules: list[str]
     num_bytes: int
-    tensors: dict[str, torch.Tensor]  # "layers.{i}.{module}.lora_A" [r, in], ".lora_B" [out, r]
+    tensors: dict[str, torch.Tensor]  # "layers.{i}.{module}.lora_A" [r, in], ".lora_B" [out, r]; the experts'
+    # modules as PEFT stacks them: lora_A [E*r, in] (expert e's rows e*r ..), lora_B [out, r*E] (column j*E + e)
     config: dict[str, Any]  # normalized settings: use_rslora, per-module alphas, base model hints
 
     @classmethod
@@ -75,7 +76,8 @@ class LoadedAdapter:
         """Write the canonical folder (PEFT-readable adapter + Quilt sidecar); returns its path."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        peft_tensors = {_peft_name(name): tensor.contiguous() for name, tensor in self.tensors.items()}
+        experts = experts_by_layer(self.ranks)
+        peft_tensors = {_peft_name(name, experts): tensor.contiguous() for name, tensor in self.tensors.items()}
         safetensors.torch.save_file(peft_tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
         (directory / CONFIG_NAME).write_text(json.dumps(self._peft_config(), indent=2, sort_keys=True))
         sidecar = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tensors"}
@@ -84,6 +86,7 @@ class LoadedAdapter:
 
     def _peft_config(self) -> dict[str, Any]:
         keys = {name: peft_module_key(*_layer_module(name)) for name in self.ranks}
+        experts = {name for name in self.ranks if _layer_module(name)[1] in EXPERT_MODULES}
         return {
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -91,7 +94,8 @@ class LoadedAdapter:
             "r": self.rank,
             "lora_alpha": self.alpha,
             "use_rslora": self.config["use_rslora"],
-            "target_modules": sorted(keys.values()),
+            "target_modules": sorted(key for name, key in keys.items() if name not in experts),
+            "target_parameters": sorted(keys[name] for name in experts) or None,
             "rank_pattern": {re.escape(keys[name]): rank for name, rank in self.ranks.items()},
             "alpha_pattern": {re.escape(keys[name]): alpha for name, alpha in self.config["alphas"].items()},
             "lora_dropout": 0.0,
@@ -121,11 +125,12 @@ def load_canonical(directory: str | Path) -> LoadedAdapter:
         raise AdapterError("canonical_corrupt", f"{directory} is not a {FORMAT} canonical adapter")
     weights = directory / WEIGHTS_NAME
     check_safetensors(weights)
-    tensors = {parse_tensor_name(name).canonical: t for name, t in read_tensors(weights).items()}
+    experts = experts_by_layer(sidecar["ranks"])
+    tensors = {parse_tensor_name(name, experts=experts).canonical: t for name, t in read_tensors(weights).items()}
     expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
     if set(tensors) != expected or any(
-        tensors[f"{name}.lora_A"].shape[0] != rank or tensors[f"{name}.lora_B"].shape[-1] != rank
-        for name, rank in sidecar["ranks"].items()
+        _rows(name, tensors[f"{name}.lora_A"].shape[0], rank) or tensors[f"{name}.lora_B"].shape[-1]
+        != tensors[f"{name}.lora_A"].shape[0] for name, rank in sidecar["ranks"].items()
     ):
         raise AdapterError("canonical_corrupt", f"{directory}: tensors do not match {SIDECAR_NAME}")
     adapter = LoadedAdapter(**{**sidecar, "tensors": dict(sorted(tensors.items()))})
@@ -154,6 +159,13 @@ def _layer_module(name: str) -> tuple[int, str]:
     return int(layer), module
 
 
-def _peft_name(canonical: str) -> str:
+def _rows(name: str, rows: int, rank: int) -> bool:
+    """Whether lora_A's row count is wrong for the module's rank (the experts': a multiple of it)."""
+    return rows % rank != 0 if _layer_module(name)[1] in EXPERT_MODULES else rows != rank
+
+
+def _peft_name(canonical: str, experts: dict[int, tuple[str, ...]]) -> str:
     _, layer, module, half = canonical.split(".")
+    if module in EXPERT_MODULES:
+        return expert_tensor_name(int(layer), module, half, experts[int(layer)])
     return f"base_model.model.{peft_module_key(int(layer), module)}.{half}.weight"

@@ -14,7 +14,7 @@ from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
 from adapters.loaded import LoadedAdapter
 from adapters.peft_config import MAX_CONFIG_BYTES, LoraSettings
 from adapters.safetensors_check import TensorEntry, check_safetensors, read_tensors
-from adapters.tensor_names import LoraTensorName, module_name, parse_tensor_name
+from adapters.tensor_names import LoraTensorName, experts_by_layer, module_name, parse_tensor_name
 
 DEFAULT_MAX_RANK = 256
 PATTERN_SECONDS = 30.0  # matching is bounded per pattern (pattern_guard); this bounds the sum
@@ -135,7 +135,7 @@ def _planned_modules(
             raise AdapterError(
                 "lm_head_unsupported", "target_modules includes lm_head; LoRA on lm_head is not served yet"
             )
-        if kind not in family.projections:
+        if kind not in family.servable:
             raise AdapterError(
                 "unsupported_module",
                 f"target_modules matches {repr(key) if key else 'the root module'} ({kind}) of {family.describe()}; "
@@ -149,12 +149,39 @@ def _planned_modules(
             layer = int(key.split(".")[2])
             if settings.targets(key) and module_name(layer, fused_of(split)) not in plan:
                 plan[module_name(layer, split)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
+    plan |= _planned_experts(settings, shapes)
     if not plan:
         raise AdapterError(
             "no_target_modules",
             f"target_modules {settings.target_modules!r} matches none of the projections of {family.describe()} "
             f"({family.served_list()})",
         )
+    return plan
+
+
+def _planned_experts(settings: LoraSettings, shapes: BaseShapes) -> dict[str, PlannedModule]:
+    """The experts' stacked parameters target_parameters names, as PEFT matches them (a name or a dotted suffix
+    of `model.layers.{i}.mlp.experts.{gate_up_proj,down_proj}`), with their rank and alpha per expert."""
+    family, keys = shapes.family, shapes.expert_parameters()
+    for target in settings.target_parameters:
+        if not family.experts:
+            raise AdapterError(
+                "unsupported_module",
+                f"target_parameters names {target!r}, but {family.describe()} has no experts; LoRA on parameters is "
+                "served on the experts of mixture-of-experts bases only (use target_modules)",
+            )
+        if not any(key == target or key.endswith(f".{target}") for key in keys):
+            raise AdapterError(
+                "unsupported_module",
+                f"target_parameters names {target!r}, which is none of the experts' stacked parameters of "
+                f"{family.describe()} (mlp.experts.gate_up_proj, mlp.experts.down_proj); LoRA on other parameters, "
+                "the router's included, is not served",
+            )
+    plan = {}
+    for key, module in keys.items():
+        if settings.targets_parameter(key):
+            layer = int(key.split(".")[2])
+            plan[module_name(layer, module)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     return plan
 
 
@@ -169,7 +196,8 @@ def _match_tensors(
     entries: dict[str, TensorEntry], plan: dict[str, PlannedModule], shapes: BaseShapes
 ) -> dict[str, LoraTensorName]:
     """Every saved tensor belongs to a planned module, and every planned module has both halves."""
-    names = {key: parse_tensor_name(key, shapes.family) for key in entries}
+    experts = experts_by_layer(plan)
+    names = {key: parse_tensor_name(key, shapes.family, experts) for key in entries}
     adapter_names = {name.adapter_name for name in names.values()}
     if len(adapter_names) > 1:
         raise AdapterError(

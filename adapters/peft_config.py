@@ -67,6 +67,7 @@ class LoraSettings:
     rank_pattern: dict[str, int]
     alpha_pattern: dict[str, float]
     target_modules: list[str] | str
+    target_parameters: list[str]  # parameters adapted directly: the MoE experts' stacked weights
     layers_to_transform: list[int] | int | None
     layers_pattern: list[str] | None
     exclude_modules: list[str] | str | None
@@ -93,6 +94,9 @@ class LoraSettings:
         _refuse_unservable(config)
         r = _positive_int(config.get("r", 8), "r")
         target_modules = config.get("target_modules")
+        target_parameters = config.get("target_parameters") or []
+        if not (isinstance(target_parameters, list) and all(isinstance(t, str) for t in target_parameters)):
+            raise AdapterError("config_invalid", "target_parameters must be a list of parameter names")
         if isinstance(target_modules, str):
             check_pattern(target_modules, "target_modules")
             if config.get("layers_to_transform") is not None:
@@ -102,13 +106,14 @@ class LoraSettings:
                 )
         elif (
             isinstance(target_modules, list)
-            and target_modules
+            and (target_modules or target_parameters)
             and all(isinstance(t, str) for t in target_modules)
         ):
             pass
         else:
             raise AdapterError(
-                "config_invalid", "adapter_config.json must name target_modules (a list of names or a regex)"
+                "config_invalid",
+                "adapter_config.json must name target_modules (a list of names or a regex) or target_parameters",
             )
         layers = config.get("layers_to_transform")
         if layers is not None and not (
@@ -151,6 +156,7 @@ class LoraSettings:
                 for key, value in _pattern(config, "alpha_pattern").items()
             },
             target_modules=target_modules,
+            target_parameters=target_parameters,
             layers_to_transform=layers,
             layers_pattern=layers_pattern,
             exclude_modules=exclude,
@@ -177,6 +183,11 @@ class LoraSettings:
         if not any(key.endswith(f".{target}") for target in self.target_modules):
             return False
         return self._layer_selected(key)
+
+    def targets_parameter(self, key: str) -> bool:
+        """Whether PEFT puts a LoRA on the parameter named `key` (BaseTuner's target_parameters matching: the
+        name or a dotted suffix of it; layers_to_transform and exclude_modules do not apply)."""
+        return key in self.target_parameters or any(key.endswith(f".{t}") for t in self.target_parameters)
 
     def _layer_selected(self, key: str) -> bool:
         wanted = self.layers_to_transform
@@ -259,10 +270,6 @@ def _refuse_unservable(config: dict[str, Any]) -> None:
     if config.get("bias", "none") != "none" or config.get("lora_bias"):
         raise AdapterError(
             "bias_unsupported", "adapters that train biases (bias != 'none' or lora_bias) are not served yet"
-        )
-    if config.get("target_parameters"):
-        raise AdapterError(
-            "unsupported_option", "target_parameters (LoRA on raw parameters) is not served yet"
         )
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS):

@@ -8,7 +8,8 @@
 #   env      device, driver, versions                                   -> env.log
 #   pytest   pytest -m gpu over tests/kernels and tests/engine          -> pytest.log
 #   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
-#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16), 3 parts   -> kernels.log, kernels.json
+#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16; the experts of  -> kernels.log, kernels.json
+#            Qwen3-30B-A3B: grouped_matmul, expert_lora), 4 parts
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 #   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
 #            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
@@ -111,7 +112,7 @@ gpu_kernels() {  # the kernel benchmark in three parts, each under its share of 
   local smoke="" part ops rc=0 limit
   [ "$DRY" = 1 ] && smoke="--smoke"
   rm -f "$OUT"/kernels-part-*.json
-  for part in "lora:45" "attention:35" "store_kv rms_norm rotary silu gelu:20"; do  # ops:percent of the limit
+  for part in "lora:40" "attention:32" "moe:10" "store_kv rms_norm rotary silu gelu:18"; do  # ops:percent of limit
     ops="${part%:*}"
     limit=$((KERNELS_S * ${part##*:} / 100))
     echo "--- kernels.py --only $ops (limit ${limit}s)"

@@ -1,14 +1,15 @@
 """Kernel benchmark: achieved bandwidth vs the device's copy bandwidth, and speedup over plain PyTorch.
 
     python benchmarks/kernels.py                 # on a CUDA GPU: Llama-3-8B shapes, bf16
-    python benchmarks/kernels.py --only lora     # a subset (lora, attention, store_kv, rms_norm, rotary, silu, gelu)
+    python benchmarks/kernels.py --only lora     # a subset (lora, attention, moe, store_kv, rms_norm, rotary, silu,
+                                                 # gelu); moe: Qwen3-30B-A3B's experts (grouped_matmul, expert_lora)
     python benchmarks/kernels.py --smoke         # no GPU: tiny shapes in Triton's interpreter (checks wiring only)
 
 For each op and shape: the Triton time (triton.testing.do_bench, median), the bytes the op must
 move at least (inputs read once, outputs written once), that bandwidth as a fraction of a
 device-to-device copy measured in the same run, the plain-PyTorch baseline's time (gather adapter
-weights + bmm for LoRA, gather blocks + scaled_dot_product_attention for attention, the
-references otherwise) and the speedup; `ok` says the two outputs agreed.
+weights + bmm for LoRA, gather blocks + scaled_dot_product_attention for attention, a matmul per expert
+for grouped_matmul, the references otherwise) and the speedup; `ok` says the two outputs agreed.
 """
 
 import argparse
@@ -26,16 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LLAMA3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 14336, "block": 16}
 TINY = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "inter": 384, "block": 16}
+QWEN3_30B_A3B = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8}  # its experts (moe)
+TINY_MOE = {"hidden": 64, "inter": 48, "experts": 8, "top_k": 2}
 GRID = {
     "batches": (1, 16, 64, 256), "adapters": (1, 16, 64), "ranks": (8, 16, 64), "contexts": (512, 2048, 8192),
     "prefill": ((1, 2048, 2048), (4, 512, 2048), (16, 128, 1024)), "tokens": (1, 16, 64, 256, 4096),
     # (batch, new tokens (1: decode), context, window, softcap): Mistral/Gemma-style windows, Gemma 2's soft-cap
     "windowed": ((16, 1, 8192, 1024, None), (64, 1, 2048, None, 50.0), (1, 1024, 8192, 1024, None)),
+    "moe_tokens": (1, 16, 64, 512),
 }  # fmt: skip
 SMOKE_GRID = {
     "batches": (1, 4), "adapters": (1, 2), "ranks": (8,), "contexts": (40, 100),
     "prefill": ((1, 32, 32), (2, 16, 48)), "tokens": (1, 5),
     "windowed": ((4, 1, 100, 24, None), (2, 1, 40, None, 5.0), (1, 20, 100, 24, 5.0)),
+    "moe_tokens": (1, 6),
 }  # fmt: skip
 
 
@@ -263,6 +268,65 @@ def prefill_case(cfg, ops, batch, new, context, device, dtype) -> Row:
     )  # fmt: skip
 
 
+def moe_rows(cfg, grid, device, dtype, ops) -> list[Row]:
+    """The experts of one MoE layer: grouped_matmul over gate_up and down for T tokens routed top-k (uniformly at
+    random), and expert_lora on gate_up for 4 adapters of rank 16 per expert, each token one of them."""
+    hidden, inter, experts = cfg["hidden"], cfg["inter"], cfg["experts"]
+    weights = {"gate_up": torch.randn(experts, 2 * inter, hidden, device=device, dtype=dtype) / hidden**0.5,
+               "down": torch.randn(experts, hidden, inter, device=device, dtype=dtype) / inter**0.5}
+    rows = []
+    for tokens in grid["moe_tokens"]:
+        rows += moe_cases(cfg, ops, tokens, weights, device, dtype)
+    return rows
+
+
+def moe_cases(cfg, ops, tokens, weights, device, dtype) -> list[Row]:
+    from kernels import reference
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    hidden, inter, experts, top_k = (cfg[k] for k in ("hidden", "inter", "experts", "top_k"))
+    ids = torch.rand(tokens, experts, device=device).topk(top_k, dim=-1).indices.flatten().sort().values
+    counts = torch.bincount(ids, minlength=experts)
+    offsets = torch.zeros(experts + 1, dtype=torch.int32, device=device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    hit, n = int((counts > 0).sum()), tokens * top_k
+    rows = []
+    for name, weight in weights.items():
+        _, out_dim, in_dim = weight.shape
+        x = torch.randn(n, in_dim, device=device, dtype=dtype)
+        rows.append(measure(
+            f"grouped_matmul {name}", f"T={tokens} k={top_k} E={experts}",
+            lambda x=x, w=weight: ops.grouped_matmul(x, w, offsets),
+            lambda x=x, w=weight: reference.grouped_matmul(x, w, offsets),
+            (hit * out_dim * in_dim + n * (in_dim + out_dim)) * es, flops=2.0 * n * in_dim * out_dim,
+        ))  # fmt: skip
+    rank, used = 16, 4
+    table = torch.arange(used * experts * rank, device=device).view(used, experts, rank)
+    pages = torch.randn(used * experts * rank * (hidden + 2 * inter), device=device, dtype=dtype) * 0.1
+    a_rows = table * hidden  # A rows first, then B^T rows of gate, then of up
+    b_rows = torch.stack([used * experts * rank * hidden + table * inter,
+                          used * experts * rank * (hidden + inter) + table * inter])
+    slots = torch.randint(0, used, (n,), device=device, dtype=torch.int32)
+    ranks = torch.full((used,), rank, dtype=torch.int32, device=device)
+    x = torch.randn(n, hidden, device=device, dtype=dtype)
+    y = torch.zeros(n, 2 * inter, device=device, dtype=dtype)
+    args = (x, pages, a_rows, b_rows, slots, ids, ranks, torch.ones(used, device=device), (0, inter, 2 * inter))
+    pairs = len(set(zip(slots.tolist(), ids.tolist(), strict=True)))
+    rows.append(measure(
+        "expert_lora gate_up", f"T={tokens} k={top_k} E={experts} U={used} r={rank}",
+        lambda: ops.expert_lora(y, *args), lambda: reference.expert_lora(y, *args),
+        (pairs * rank * (hidden + 2 * inter) + n * (hidden + 4 * inter)) * es,
+        out=lambda: _added(ops.expert_lora, y, args), base_out=lambda: _added(reference.expert_lora, y, args),
+    ))  # fmt: skip
+    return rows
+
+
+def _added(op, y, args) -> torch.Tensor:
+    y.zero_()
+    op(y, *args)
+    return y.clone()
+
+
 def pointwise_rows(cfg, grid, device, dtype, ops, only) -> list[Row]:
     rows = []
     for tokens in grid["tokens"]:
@@ -334,7 +398,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's CPU interpreter")
     parser.add_argument("--only", nargs="*",
-                        default=["lora", "attention", "store_kv", "rms_norm", "rotary", "silu", "gelu"])
+                        default=["lora", "attention", "moe", "store_kv", "rms_norm", "rotary", "silu", "gelu"])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -361,6 +425,8 @@ def main(argv=None) -> int:
             rows += lora_rows(cfg, grid, device, dtype, ops)
         if "attention" in args.only:
             rows += attention_rows(cfg, grid, device, dtype, ops)
+        if "moe" in args.only:
+            rows += moe_rows(TINY_MOE if args.smoke else QWEN3_30B_A3B, grid, device, dtype, ops)
         rows += pointwise_rows(cfg, grid, device, dtype, ops, set(args.only))
     print("| op | shape | triton µs | GB/s | % copy BW | TFLOP/s | torch µs | speedup | ok |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
@@ -403,7 +469,8 @@ class _TritonOps:
 
         self.LoRAMeta = kernels.LoRAMeta
         for op in ("lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill", "store_kv",
-                   "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_tanh_and_mul"):  # fmt: skip
+                   "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_tanh_and_mul", "grouped_matmul",
+                   "expert_lora"):  # fmt: skip
             setattr(self, op, getattr(importlib.import_module(f"kernels.{op}"), op))
 
 

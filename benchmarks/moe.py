@@ -1,13 +1,15 @@
 """Quilt's engine against transformers + PEFT on an MoE base (Qwen3-MoE or Mixtral shape) on CPU: a mixed batch of
-requests over LoRA adapters on attention, and where the engine's step time goes.
+requests over LoRA adapters on attention and on the experts, and where the engine's step time goes.
 
     .venv/bin/python -m benchmarks.moe [--family qwen3-moe|mixtral] [--rounds 1] [--requests 32] [--adapters 4]
-        [--experts 8 --top-k 2] [--hidden 128 --layers 4] [--threads N]
+        [--expert-adapters 2] [--experts 8 --top-k 2] [--hidden 128 --layers 4] [--threads N]
 
 Both run in this process on the same random checkpoint and adapters, the baseline as in benchmarks/engine_cpu.py
-(one PeftModel, one batched generate per adapter). Prints the ratio of wall and CPU times, then a third engine
-run with routing (softmax + top-k + the sort by expert), the grouped expert matmuls (kernels.grouped_matmul)
-and the LoRA kernels (shrink + expand) timed, as shares of that run's wall time (the timers add a little).
+(one PeftModel, one batched generate per adapter). Adapter i adapts attention (ranks 8-64); the last
+--expert-adapters of them also adapt every expert's gate_up and down (PEFT target_parameters, rank 8 or 16 per
+expert). Prints the ratio of wall and CPU times, then a third engine run with routing (softmax + top-k + the sort
+by expert), the grouped expert matmuls (kernels.grouped_matmul), the attention LoRA kernels (shrink + expand) and
+the experts' LoRA (kernels.expert_lora) timed, as shares of that run's wall time (the timers add a little).
 """
 
 import argparse
@@ -33,6 +35,7 @@ from benchmarks.engine_cpu import VOCAB, run_engine, run_peft, workload
 from engine.models import moe
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
 def build(root: Path, family: str, args) -> tuple[Path, dict[str, Path]]:
@@ -50,7 +53,10 @@ def build(root: Path, family: str, args) -> tuple[Path, dict[str, Path]]:
     model_cls(config).save_pretrained(root / "base")
     adapter_dirs = {}
     for i in range(args.adapters):
-        lora = LoraConfig(r=[8, 16, 32, 64][i % 4], lora_alpha=16, target_modules=ATTENTION[: 2 + i % 3])
+        experts = i >= args.adapters - args.expert_adapters
+        lora = LoraConfig(r=[8, 16, 32, 64][i % 4], lora_alpha=16, target_modules=ATTENTION[: 2 + i % 3],
+                          target_parameters=EXPERTS if experts else None,
+                          rank_pattern={"gate_up_proj": 8 + 8 * (i % 2), "down_proj": 8 + 8 * (i % 2)})
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(root / "base"), lora)
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -75,9 +81,9 @@ def step_split(base: Path, adapter_dirs: dict[str, Path], requests) -> tuple[flo
 
     saved = {(moe, "route"): moe.route, (moe, "sort_by_expert"): moe.sort_by_expert,
              (kernels, "grouped_matmul"): kernels.grouped_matmul, (kernels, "lora_shrink"): kernels.lora_shrink,
-             (kernels, "lora_expand"): kernels.lora_expand}
+             (kernels, "lora_expand"): kernels.lora_expand, (kernels, "expert_lora"): kernels.expert_lora}
     parts = {"route": "routing", "sort_by_expert": "routing", "grouped_matmul": "grouped expert matmuls",
-             "lora_shrink": "LoRA", "lora_expand": "LoRA"}
+             "lora_shrink": "attention LoRA", "lora_expand": "attention LoRA", "expert_lora": "expert LoRA"}
     for (module, name), fn in saved.items():
         setattr(module, name, timed(parts[name], fn))
     try:
@@ -94,6 +100,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="engine and PEFT runs, alternated; the best kept")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--adapters", type=int, default=4)
+    parser.add_argument("--expert-adapters", type=int, default=2, help="of the adapters, how many adapt the experts")
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
@@ -116,7 +123,8 @@ def main() -> None:
     engine_s, peft_s = min(e[0] for e, _ in rounds), min(p[0] for _, p in rounds)
     engine_cpu, peft_cpu = min(e[1] for e, _ in rounds), min(p[1] for _, p in rounds)
     print(f"{args.family} hidden {args.hidden}, {args.layers} layers, {args.experts} experts top-{args.top_k}, vocab "
-          f"{VOCAB}; {args.requests} requests over {args.adapters} attention adapters (ranks 8-64), {output_tokens} "
+          f"{VOCAB}; {args.requests} requests over {args.adapters} attention adapters (ranks 8-64), "
+          f"{args.expert_adapters} of them on the experts too (rank 8/16 per expert), {output_tokens} "
           f"output tokens; cpu float32, torch threads {torch.get_num_threads()}; load average {load_before:.2f} -> "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"quilt engine        {output_tokens / engine_s:9.1f} tokens/s  ({engine_s:.2f} s, CPU {engine_cpu:.2f} s)")

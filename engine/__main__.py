@@ -16,13 +16,16 @@ import socket
 import sys
 import types
 import typing
+import urllib.parse
 from pathlib import Path
 
 from engine.contract import KEEP_ALIVE_SECONDS
 
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
 ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
-                                   "page holds the model's adapter rows)"}
+                                   "page holds the model's adapter rows)",
+                    "role": "prefill, decode or both (default): what the gateway sends this engine, said in its "
+                            "registration and /v1/state (docs/kv-tiers.md)"}
 
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +80,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="seconds between heartbeats; 3 missed ones take the engine out of routing")
     fleet.add_argument("--leave-grace", type=float, default=2.0,
                        help="on SIGTERM, seconds the engine keeps serving after leaving routing, before it drains")
+    kv = parser.add_argument_group("KV transfer between engines (docs/kv-tiers.md)")
+    kv.add_argument("--kv-transfer-port", type=int, default=0,
+                    help="TCP port other engines pull leased KV blocks from (default: any free port, advertised in "
+                         "each lease)")
+    kv.add_argument("--kv-transfer-shm", action=argparse.BooleanOptionalAction, default=True,
+                    help="offer the blocks through shared memory (/dev/shm) to engines on this host")
+    kv.add_argument("--kv-transfer-timeout", type=float, default=10.0,
+                    help="seconds a decode hop waits for each step of a pull before it recomputes instead")
     engine_config_flags(parser)
     return parser.parse_args(argv)
 
@@ -87,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print("QUILT_ENGINE_TOKEN is not set: the engine refuses to serve without a bearer token", file=sys.stderr)
         return 2
+    if args.kv_transfer_timeout <= 0:
+        print("--kv-transfer-timeout must be > 0", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
@@ -96,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.server.adapter_registry import AdapterRegistry
     from engine.server.app import EngineAPI, build_app
     from engine.server.engine_loop import EngineLoop
+    from engine.server.kv_transfer import KVTransfers
     from engine.server.membership import Draining, Identity, Membership
     from engine.server.metrics import EngineMetrics
     from engine.usage.emitter import UsageEmitter
@@ -117,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,
                       base_model=args.served_model_name or Path(args.model).resolve().name)
     registry = AdapterRegistry(loop, store=args.adapter_store)
-    api = EngineAPI(loop, registry=registry, model_name=loop.base_model, drain_timeout_s=args.drain_timeout)
+    advertise = urllib.parse.urlsplit(args.advertise_url).hostname if args.advertise_url else None
+    kv = KVTransfers(loop, engine_id=engine_name, host=args.host, advertise_host=advertise or host,
+                     port=args.kv_transfer_port, shm=args.kv_transfer_shm, timeout_s=args.kv_transfer_timeout)
+    api = EngineAPI(loop, registry=registry, model_name=loop.base_model, drain_timeout_s=args.drain_timeout, kv=kv)
     if args.control_plane:
         identity = Identity(
             control_plane=args.control_plane.rstrip("/"), name=engine_name,

@@ -7,6 +7,10 @@ straddling two chunks. Chunk j of every layer lives in page pages[j // 2], half 
 needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer. The host copy is kept
 as those chunks already packed ([L, 2 * pages, chunk]), so that placing the adapter in its pages is one
 copy of whole chunks per layer.
+
+An expert module (lora_modules.EXPERT_INDEX) has E * r rows of A, expert e's at e * r .. e * r + r - 1, and
+S * E * r rows of B transposed, one block of E * r per output slice (EXPERT_SLICES: gate_up's gate and up
+halves), ordered alike (PEFT stacks B's columns the other way round, j * E + e: they are reordered here).
 """
 
 from dataclasses import dataclass
@@ -14,8 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import adapters
-from adapters.base_shapes import PROJECTIONS
-from engine.lora_modules import MODULE_INDEX
+from engine.lora_modules import EXPERT_INDEX, EXPERT_SLICES, MODULE_INDEX, MODULES
 
 
 @dataclass
@@ -23,11 +26,12 @@ class AdapterPlan:
     digest: str
     num_pages: int
     max_rank: int
-    ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host)
+    max_rows: int  # the most rows of one module: max_rank, or E * r of an expert module
+    ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host); an expert module's: each expert's
     a_source: torch.Tensor  # [L, M] int64 (host): the module whose A rows each module reads (itself, or an earlier
     # slice of the same fused-name module, whose one A the slices share)
     scaling: torch.Tensor  # [L, M] float32 (host)
-    local: torch.Tensor  # [L, M, 2, max_rank] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
+    local: torch.Tensor  # [L, M, 2, max_rows] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
     chunks: torch.Tensor  # [L, 2 * num_pages, chunk] (host): every layer's rows packed as `local` says, zero between
     num_bytes: int
 
@@ -35,30 +39,39 @@ class AdapterPlan:
     def build(cls, adapter: "adapters.LoadedAdapter", *, num_layers: int, widths: list[tuple[int, int]],
               chunk: int, pin: bool = False) -> "AdapterPlan":
         """Check every tensor against the base model's shapes (AdapterError if not) and pack the rows."""
-        num_modules = len(PROJECTIONS)
+        num_modules = len(MODULES)
         ranks = torch.zeros(num_layers, num_modules, dtype=torch.int32)
+        num_rows = [[(0, 0)] * num_modules for _ in range(num_layers)]  # of A, of B transposed
         scaling = torch.zeros(num_layers, num_modules, dtype=torch.float32)
         rows: dict[tuple[int, int, int], torch.Tensor] = {}
         for key, rank in adapter.ranks.items():
             layer, module = _parse(key, num_layers)
             a, b = adapter.tensors.get(f"{key}.lora_A"), adapter.tensors.get(f"{key}.lora_B")
             width_in, width_out = widths[module]
-            if a is None or b is None or tuple(a.shape) != (rank, width_in) or tuple(b.shape) != (width_out, rank):
+            count = a.shape[0] if module in EXPERT_INDEX and a is not None and a.shape[0] % rank == 0 else rank
+            slices = EXPERT_SLICES.get(module, 1)
+            if a is None or b is None or tuple(a.shape) != (count, width_in) or tuple(b.shape) != (
+                    slices * width_out, count):
                 got = [tuple(t.shape) if t is not None else None for t in (a, b)]
                 raise adapters.AdapterError(
                     "shape_mismatch", f"{key} has lora_A/lora_B of shapes {got}; this base model needs "
-                    f"{(rank, width_in)} and {(width_out, rank)}")
+                    f"{(count, width_in)} and {(slices * width_out, count)}")
             ranks[layer, module] = rank
+            num_rows[layer][module] = (count, slices * count)
             scaling[layer, module] = float(adapter.scaling[key])
             rows[(layer, module, 0)] = a
-            rows[(layer, module, 1)] = b.t()
+            bt = b.t()  # [rows, out]
+            if module in EXPERT_INDEX:  # PEFT's row j * E + e -> e * r + j, then each slice's block of rows
+                bt = bt.reshape(rank, count // rank, slices * width_out).transpose(0, 1).reshape(count, -1)
+                bt = torch.cat(bt.split(width_out, dim=1))  # [S * E * r, out / S]
+            rows[(layer, module, 1)] = bt
         max_rank = int(ranks.max()) if ranks.numel() else 0
+        max_rows = max((max(r) for layer_rows in num_rows for r in layer_rows), default=0)
         if max_rank == 0:
             raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
-        local = [[[[-1] * max_rank for _ in range(2)] for _ in range(num_modules)] for _ in range(num_layers)]
+        local = [[[[-1] * max_rows for _ in range(2)] for _ in range(num_modules)] for _ in range(num_layers)]
         a_source = [list(range(num_modules)) for _ in range(num_layers)]
         most_chunks = 0
-        rank_list = ranks.tolist()
         for layer in range(num_layers):
             at = 0  # element position in this layer's chunk sequence
             for module in range(num_modules):
@@ -69,7 +82,7 @@ class AdapterPlan:
                         out[:] = local[layer][shared][0]
                         a_source[layer][module] = shared
                         continue
-                    for j in range(rank_list[layer][module]):
+                    for j in range(num_rows[layer][module][half]):
                         if at % chunk + width > chunk:
                             at = (at // chunk + 1) * chunk
                         out[j] = at
@@ -86,7 +99,7 @@ class AdapterPlan:
         chunks = chunks.view(num_layers, 2 * num_pages, chunk)
         if pin:
             chunks = chunks.pin_memory()
-        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, ranks=ranks,
+        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, max_rows=max_rows, ranks=ranks,
                    a_source=torch.tensor(a_source, dtype=torch.int64), scaling=scaling,
                    local=torch.tensor(local, dtype=torch.int64), chunks=chunks,
                    num_bytes=chunks.numel() * chunks.element_size())
@@ -98,7 +111,7 @@ class AdapterPlan:
                             dtype=torch.int64)
 
     def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int) -> torch.Tensor:
-        """The page table of this adapter once placed in `pages`: [L, M, 2, max_rank] element offsets into
+        """The page table of this adapter once placed in `pages`: [L, M, 2, max_rows] element offsets into
         each layer's flat memory (zero_row where a module has no such row)."""
         starts = torch.tensor([chunk_start(pages[j // 2], j % 2) for j in range(2 * len(pages))], dtype=torch.int64)
         absent = self.local < 0
@@ -125,12 +138,17 @@ def _parse(key: str, num_layers: int) -> tuple[int, int]:
     return layer_index, module_index
 
 
-def pages_for_rank(rank: int, *, num_layers: int, widths: list[tuple[int, int]], chunk: int) -> int:
-    """Pages of an adapter of this rank on every projection (how the default adapter memory is sized)."""
+def pages_for_rank(rank: int, *, num_layers: int, widths: list[tuple[int, int]], chunk: int,
+                   num_experts: int = 0) -> int:
+    """Pages of an adapter of this rank on every projection, the experts' included (how the default adapter
+    memory is sized)."""
     at = 0
-    for width_in, width_out in widths:
-        for width in (width_in, width_out):
-            for _ in range(rank):
+    for module, (width_in, width_out) in enumerate(widths):
+        for half, width in enumerate((width_in, width_out)):
+            rows = rank
+            if module in EXPERT_INDEX:
+                rows = rank * num_experts * (EXPERT_SLICES[module] if half else 1)
+            for _ in range(rows):
                 if at % chunk + width > chunk:
                     at = (at // chunk + 1) * chunk
                 at += width

@@ -84,7 +84,7 @@ class Prepared(NamedTuple):
 class Resident:
     plan: AdapterPlan
     pages: list[int]
-    offsets: torch.Tensor  # [L, M, 2, max_rank] on the device: the adapter's page table
+    offsets: torch.Tensor  # [L, M, 2, max_rows] on the device: the adapter's page table
     placement: int  # unique per placement: the same number means the same page table
     users: int = 0  # running sequences that use it
 
@@ -246,14 +246,14 @@ class AdapterPool:
     def tables(self, digests: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Page tables of resident adapters, stacked: offsets [U, L, M, 2, R] (device), ranks [U, L, M] int32
         (host), scaling [U, L, M] float32 (device) and a_source [U, L, M] int64 (host: AdapterPlan.a_source),
-        R the largest rank among them."""
+        R the most rows of a module among them (its rank; E times it for the experts' modules)."""
         residents = [self._resident[d] for d in digests]
-        width = max(r.plan.max_rank for r in residents)
+        width = max(r.plan.max_rows for r in residents)
         first = residents[0].offsets
         offsets = torch.full((len(digests), *first.shape[:3], width), self.memory.zero_row, dtype=torch.int64,
                              device=first.device)
         for u, r in enumerate(residents):
-            offsets[u, ..., : r.plan.max_rank] = r.offsets
+            offsets[u, ..., : r.plan.max_rows] = r.offsets
         ranks = torch.stack([r.plan.ranks for r in residents])
         scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
         return offsets, ranks, scaling, torch.stack([r.plan.a_source for r in residents])

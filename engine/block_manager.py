@@ -3,33 +3,28 @@
 Pages serve as KV blocks or as adapter pages (engine.paged_memory): both are taken from one free list
 (`_take_block`, `take_pages`), so the KV cache and adapters share one budget.
 
-A full block is identified by a chained hash of its tokens, the hash of the block before it, the
-adapter's digest (LoRA on k/v changes the cache) and a salt (the tenant: a cache shared across
-tenants would let one time-probe another's prompts). A freed block keeps its hash and stays
-reusable until it is needed for something else; such blocks are evicted least-recently-used.
+A full block is identified by its key (engine/kv/keys.py): a hash chain over the base model's digest,
+the adapter's content digest (LoRA on k/v changes the cache), a salt (the tenant: a cache shared across
+tenants would let one time-probe another's prompts), its tokens and the key of the block before it. A
+freed block keeps its key and stays reusable until it is needed for something else; such blocks are
+evicted least-recently-used, and `on_evict` hears of each one first (the host tier saves it).
+
+Blocks may also be held from outside any sequence (`hold`, `take_blocks`, `release`): a transfer reading
+them, a load writing them, a lease keeping them for another engine; `install` names freshly written
+blocks by their keys, as cached prefix blocks.
 
 With a sliding window on every layer (`window`), a running sequence gives back the blocks at the head of
 its table that no later query can see; their entries become FREED (-1), which no attention reads.
 No torch.
 """
 
-import hashlib
-from array import array
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 
+from engine.kv.keys import chain, namespace
 from engine.sequence import Sequence
 
 FREED = -1  # a block-table entry whose block was given back: wholly outside every layer's window
-
-
-def block_hash(parent: bytes | None, token_ids: list[int], adapter: str | None, salt: str) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    if parent is None:
-        h.update(f"{adapter or ''}\x00{salt}\x00".encode())
-    else:
-        h.update(parent)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
 
 
 def blocks_to_run(num_tokens: int, chunk: int, *, block_size: int, window: int | None) -> int:
@@ -41,9 +36,11 @@ def blocks_to_run(num_tokens: int, chunk: int, *, block_size: int, window: int |
 
 class BlockManager:
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 window: int | None = None) -> None:
-        """window: the widest sliding window when every layer has one (keys p - window < j <= p), else None."""
+                 window: int | None = None, base: str = "") -> None:
+        """window: the widest sliding window when every layer has one (keys p - window < j <= p), else None;
+        base: the base model's digest (engine.kv.keys.base_digest), part of every key."""
         self.num_blocks = num_blocks
+        self.base = base
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.window = window
@@ -53,6 +50,8 @@ class BlockManager:
         self.free_ids: deque[int] = deque(range(num_blocks))  # no hash, ref 0
         self.evictable: OrderedDict[int, None] = OrderedDict()  # hashed, ref 0; oldest first
         self.adapter_pages: set[int] = set()  # pages holding adapter rows (ref 1 each)
+        self.held: Counter[int] = Counter()  # block id -> references from outside any sequence
+        self.on_evict: Callable[[int, bytes], None] | None = None  # (block id, key) before a cached block is reused
         self.num_lookups = 0
         self.num_hit_tokens = 0
         self.num_lookup_tokens = 0
@@ -92,10 +91,16 @@ class BlockManager:
 
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), num_tokens // bs):
-            parent = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.adapter, seq.cache_salt))
+        if len(seq.block_hashes) < num_tokens // self.block_size:
+            seq.block_hashes = chain(self.namespace(seq.adapter, seq.cache_salt), seq.token_ids[:num_tokens],
+                                     self.block_size, start=seq.block_hashes)
+
+    def namespace(self, adapter: str | None, salt: str) -> bytes:
+        return namespace(self.base, adapter, salt)
+
+    def keys(self, token_ids: list[int], *, adapter: str | None, salt: str) -> list[bytes]:
+        """Keys of the full blocks of token_ids, as a sequence with this adapter and salt would have them."""
+        return chain(self.namespace(adapter, salt), token_ids, self.block_size)
 
     def _caches(self, seq: Sequence) -> bool:
         # with prefix caching off, the completions of one request still share their prompt
@@ -123,6 +128,15 @@ class BlockManager:
         num_hits, first = best
         return [FREED] * first + cached[first:num_hits]
 
+    def keys_after(self, seq: Sequence, num_hits: int) -> list[bytes]:
+        """Keys of the blocks after seq's first num_hits (from lookup_prefix) that could still be prefix hits
+        if they came from elsewhere (a host tier); none without prefix caching, with prompt log-probabilities
+        (every position is computed) or with a window on every layer."""
+        if self.window is not None or not self._caches(seq) or seq.sampling.prompt_logprobs is not None:
+            return []
+        self._update_hashes(seq, seq.num_tokens - 1)
+        return seq.block_hashes[num_hits : (seq.num_tokens - 1) // self.block_size]
+
     def _first_seen_block(self, num_computed_tokens: int) -> int:
         """With a window: the first block the next query (at position num_computed_tokens) sees; it sees keys
         j > num_computed_tokens - window."""
@@ -143,9 +157,7 @@ class BlockManager:
         assert self.can_allocate(seq, num_new_tokens, hits)
         freed = hits.count(FREED)  # at the head (lookup_prefix with a window)
         for block_id in hits[freed:]:
-            if self.ref_counts[block_id] == 0:
-                del self.evictable[block_id]
-            self.ref_counts[block_id] += 1
+            self._ref(block_id)
         seq.block_table = list(hits)
         seq.num_freed_blocks = freed
         seq.num_computed_tokens = len(hits) * self.block_size
@@ -182,6 +194,8 @@ class BlockManager:
             block_id = self.free_ids.popleft()
         else:
             block_id, _ = self.evictable.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(block_id, self.hashes[block_id])
             del self.cached[self.hashes[block_id]]
             self.hashes[block_id] = None
         self.ref_counts[block_id] = 1
@@ -231,6 +245,50 @@ class BlockManager:
             else:
                 self.evictable[block_id] = None
 
+    # held from outside any sequence
+    def hold(self, keys: list[bytes]) -> list[int]:
+        """Hold the cached blocks of the leading run of keys (stopping at the first one not cached)."""
+        block_ids = []
+        for key in keys:
+            block_id = self.cached.get(key)
+            if block_id is None:
+                break
+            self._ref(block_id)
+            self.held[block_id] += 1
+            block_ids.append(block_id)
+        return block_ids
+
+    def take_blocks(self, count: int) -> list[int]:
+        """Fresh blocks to write KV into (a load, an import), held until `install` or `release`."""
+        assert count <= self.num_free_blocks, "take_blocks beyond the free pages"
+        block_ids = [self._take_block() for _ in range(count)]
+        self.held.update(block_ids)
+        return block_ids
+
+    def install(self, block_ids: list[int], keys: list[bytes]) -> None:
+        """Name blocks from `take_blocks`, now written, by their keys and let them go: cached prefix blocks,
+        evictable once no one holds them. A key cached meanwhile keeps its first block; the copy is freed."""
+        for block_id, key in zip(block_ids, keys, strict=True):
+            assert self.hashes[block_id] is None
+            if key not in self.cached:
+                self.hashes[block_id] = key
+                self.cached[key] = block_id
+        self.release(block_ids)
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop holds from `hold` or `take_blocks`; the last block first, so a prefix outlives its tail."""
+        for block_id in reversed(block_ids):
+            assert self.held[block_id] > 0, f"block {block_id} released but not held"
+            self.held[block_id] -= 1
+            if not self.held[block_id]:
+                del self.held[block_id]
+            self._unref(block_id)
+
+    def _ref(self, block_id: int) -> None:
+        if self.ref_counts[block_id] == 0:
+            del self.evictable[block_id]
+        self.ref_counts[block_id] += 1
+
     def hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0
 
@@ -245,6 +303,8 @@ class BlockManager:
                 assert seq.num_freed_blocks <= self._first_seen_block(seq.num_computed_tokens)
             for block_id in held:
                 owners[block_id] += 1
+        for block_id, count in self.held.items():
+            owners[block_id] += count
         assert owners == self.ref_counts, "ref counts differ from the block tables"
         free = set(self.free_ids)
         assert len(free) == len(self.free_ids)

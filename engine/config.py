@@ -7,6 +7,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "fp8")  # fp8 on CPU runs the reference path (docs/quantization.md)
 KV_CACHE_DTYPES = ("auto", "fp8")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
+ROLES = ("prefill", "decode", "both")  # disaggregated serving (docs/kv-tiers.md): a routing preference
 
 
 @dataclass
@@ -27,6 +28,8 @@ class EngineConfig:
     # adapters of max_adapter_rank on every projection (on CUDA the pool is sized from memory instead)
     host_adapter_cache_bytes: int = 2 << 30
     enable_prefix_caching: bool = True
+    kv_host_cache_gb: float = 0.0  # host memory (GiB) for prefix blocks evicted from the pool; 0: no host tier
+    # (docs/kv-tiers.md; pinned on CUDA)
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
     # quantization (issue 20, docs/quantization.md)
     quantization: str | None = None  # None, "int8" (weight-only) or "fp8" (E4M3 weights and activations)
@@ -38,6 +41,7 @@ class EngineConfig:
     speculative_max_batch: int = 32  # steps with more running sequences do not speculate (compute-bound)
     speculative_min_acceptance: float = 0.3  # a sequence whose acceptance rate falls below this stops proposing
     tensor_parallel_size: int = 1  # ranks the model is split over (docs/tensor-parallel.md); 1: no workers
+    role: str = "both"  # "prefill", "decode" or "both": what the gateway sends here (docs/kv-tiers.md)
 
     def __post_init__(self) -> None:
         if not Path(self.model).is_dir():
@@ -60,8 +64,16 @@ class EngineConfig:
             raise ValueError("adapter_memory_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
+        if self.kv_host_cache_gb < 0:
+            raise ValueError("kv_host_cache_gb must be >= 0")
+        if self.kv_host_cache_gb and not self.enable_prefix_caching:
+            raise ValueError("kv_host_cache_gb needs prefix caching: the host tier keeps evicted prefix blocks")
+        if self.kv_host_cache_gb and self.tensor_parallel_size > 1:
+            raise ValueError("kv_host_cache_gb is not supported with tensor parallelism")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         self._validate_quantization()
         self._validate_speculative()
         # tensor parallelism (docs/tensor-parallel.md); the model's head counts are checked when it is loaded

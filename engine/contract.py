@@ -11,6 +11,9 @@ to read an engine's /v1/state.
                      fails, the engine stays healthy
     fingerprints     prompt_fingerprints(): the gateway routes on them, the engine's heartbeat reports those it served
     /v1/state        {"model", "running", "waiting", "adapters": {tier: [{"digest", ...} | digest, ...]}, ...}
+    disaggregated    the gateway's request metadata `"prefill": {"engine", "gpu_ms", "cached_tokens"}` (the prefill hop's
+                     engine, its GPU time and prefix hits), echoed in the decode engine's usage event; the cached
+                     tokens billed are billed_cached_tokens() (docs/kv-tiers.md)
     keep-alive       the engine server keeps an idle connection open KEEP_ALIVE_SECONDS after an answer's end; a
                      client reuses one for less (the gateway: 2 s), so the engine never closes it under a request
 """
@@ -22,7 +25,7 @@ from engine.usage.event import FINISH_REASONS, SCHEMA_VERSION, TASK_NAME, UsageE
 
 __all__ = [
     "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
-    "UsageEvent", "prompt_fingerprints", "state_load", "state_resident_digests",
+    "UsageEvent", "billed_cached_tokens", "prompt_fingerprints", "state_load", "state_resident_digests",
 ]  # fmt: skip
 
 EVENT_DELTA = "delta"
@@ -32,6 +35,14 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a reque
 PREFIX_CHUNK_CHARS = 256  # a prompt fingerprint covers each whole chunk of this many characters of the prompt
 PREFIX_MAX_CHUNKS = 16  # 4 KiB of prompt: system prompts and few-shot preambles, the prefixes worth routing on
 KEEP_ALIVE_SECONDS = 75  # as the gateway's own server: longer than load balancers and clients keep idle connections
+
+
+def billed_cached_tokens(*, decode_cached: int, prefill_cached: int) -> int:
+    """A disaggregated request is billed as if one engine had served it: the blocks the decode engine pulled from
+    the lease were computed for this very request, so they are no cache hit for the tenant. Its cached tokens are
+    the prefill engine's prefix hits, never more than the decode engine counted (if the pull failed and it
+    recomputed, its own hits)."""
+    return min(decode_cached, prefill_cached)
 
 
 def state_resident_digests(state: dict) -> frozenset[str]:

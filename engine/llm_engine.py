@@ -19,6 +19,10 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
+from engine.kv import payload
+from engine.kv.host_tier import HostTier
+from engine.kv.keys import base_digest, model_digest
+from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import read_hf_config, read_spec
@@ -76,9 +80,18 @@ class LLMEngine:
                                 tensor_parallel_size=tp, workers_free=workers_free)
         self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
                                    kv_cache_dtype=config.kv_cache_dtype, device=self.device)
+        self.model_digest = model_digest(model_dir)
+        self.base_digest = base_digest(self.model_digest, dtype=config.dtype, quantization=config.quantization,
+                                       kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=tp)
         self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching,
-                                          window=freed_window(config, args))
+                                          window=freed_window(config, args), base=self.base_digest)
+        self.host_tier = None
+        if config.kv_host_cache_gb:
+            if self.block_manager.window is not None:
+                raise ValueError("kv_host_cache_gb: not supported for a model with a sliding window on every layer")
+            self.host_tier = HostTier(memory=self.memory, capacity_bytes=int(config.kv_host_cache_gb * 2**30))
+            self.block_manager.on_evict = self.host_tier.save
         if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
             self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
         self.adapter_pool = AdapterPool(
@@ -110,6 +123,7 @@ class LLMEngine:
             policy=policy,
             adapters=self.adapter_pool,
             lookahead=self.speculator.lookahead if self.speculator else None,
+            connector=self.host_tier,
         )
         self.output_processor = OutputProcessor(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids,
                                                 max_model_len=self.max_model_len)
@@ -193,9 +207,7 @@ class LLMEngine:
             raise ValueError(f"adapter {adapter!r} is not registered")
         if weight <= 0:
             raise ValueError("weight must be > 0")
-        salt = tenant if self.config.enable_prefix_caching else f"request:{request_id}"
-        if self.runner.model.spec.rope.long_rows(len(prompt_token_ids)):
-            salt += ":long-rope"  # its KV differs from a shorter prompt's over the same tokens
+        salt = self._cache_salt(request_id, prompt_token_ids, tenant)
         now = time.monotonic()
         seqs: list[Sequence] = []
         for index in range(sampling.n):
@@ -210,6 +222,33 @@ class LLMEngine:
                 self.guided.add(seq, grammar)
             self.scheduler.add(seq)
             self.output_processor.add(seq)
+
+    def _cache_salt(self, request_id: str, prompt_token_ids: list[int], tenant: str) -> str:
+        salt = tenant if self.config.enable_prefix_caching else f"request:{request_id}"
+        if self.runner.model.spec.rope.long_rows(len(prompt_token_ids)):
+            salt += ":long-rope"  # its KV differs from a shorter prompt's over the same tokens
+        return salt
+
+    # KV blocks by key (docs/kv-tiers.md)
+    def kv_keys(self, prompt_token_ids: list[int], *, adapter: str | None = None, tenant: str = "default") -> list[bytes]:
+        """This engine's keys of the prompt's full blocks, for the request add_request would make of it."""
+        salt = self._cache_salt("", prompt_token_ids, tenant)
+        return self.block_manager.keys(prompt_token_ids, adapter=adapter, salt=salt)
+
+    def export_blocks(self, keys: list[bytes]) -> list[KVBlock]:
+        """Copies of the cached blocks of the leading run of keys, off the device."""
+        self._check_kv_movable()
+        return payload.export_blocks(self.block_manager, self.memory, keys)
+
+    def import_blocks(self, blocks: list[KVBlock], keys: list[bytes]) -> int:
+        """Install blocks as cached prefix blocks where each is under this engine's own key for its place in
+        `keys` (from kv_keys); returns how many went in. The others are refused, and recomputed when asked for."""
+        self._check_kv_movable()
+        return payload.import_blocks(self.block_manager, self.memory, blocks, keys)
+
+    def _check_kv_movable(self) -> None:
+        if self.workers is not None:
+            raise RuntimeError("KV blocks cannot move in or out of a tensor-parallel engine (each rank holds a shard)")
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """End a request wherever it is; returns the final output of each completion not finished before."""
@@ -298,6 +337,8 @@ class LLMEngine:
         """Stop the tensor-parallel workers, if any (the engine runs no step after this)."""
         if self.workers is not None:
             self.workers.stop()
+        if self.host_tier is not None:
+            self.host_tier.close()
 
     def _prefetch_adapters(self) -> None:
         """Place the adapters of the requests next in line in pages no one needs, even while the batch is
@@ -369,6 +410,7 @@ class LLMEngine:
             "adapter_pages": len(bm.adapter_pages),
             "memory": self.memory_split(),
             "prefix_cache_hit_rate": bm.hit_rate(),
+            "kv_tiers": self.kv_tiers_state(),
             "adapters": self.adapter_pool.state(),
             "busy_ms": self.busy_ms,
             "steps": self.num_steps,
@@ -378,6 +420,15 @@ class LLMEngine:
             "speculation": self.speculation_state(),
             "grammars": {**(self.grammars.state() if self.grammars else {}), **self.guided.state()},
         }
+
+    def kv_tiers_state(self) -> dict:
+        """Prefix blocks looked up at first admission, hit and missed per tier (device, then host)."""
+        counts = self.scheduler.tier_counts
+        tiers = {"device": {"hits": counts["device"][0], "misses": counts["device"][1],
+                            "blocks": len(self.block_manager.cached)}}
+        if self.host_tier is not None:
+            tiers["host"] = {"hits": counts["host"][0], "misses": counts["host"][1], **self.host_tier.state()}
+        return tiers
 
     def speculation_state(self) -> dict:
         proposed = self.speculator.num_proposed if self.speculator else 0

@@ -19,6 +19,16 @@ class ModuleTables:
 
 
 @dataclass
+class ExpertTables:
+    """Page tables of one expert module (lora_modules.EXPERT_INDEX) of a layer, per adapter and expert."""
+
+    a_rows: torch.Tensor  # [U, E, R] int64: where each expert's A rows start in the layer's page memory
+    b_rows: torch.Tensor  # [S, U, E, R] int64: where its rows of B transposed start, per output slice
+    ranks: torch.Tensor  # [U] int32: each adapter's rank per expert (0: the adapter leaves the module alone)
+    scaling: torch.Tensor  # [U] float32
+
+
+@dataclass
 class LoRABatch:
     token_slots: torch.Tensor  # [T] int32: index of the token's adapter among the step's, -1 = base model
     meta: object  # kernels.lora_meta(token_slots, U): the grouping every LoRA op of the step shares
@@ -26,7 +36,7 @@ class LoRABatch:
     ranks: torch.Tensor  # [U, L, M] int32 (host)
     scaling: torch.Tensor  # [U, L, M] float32 (device)
     a_source: torch.Tensor  # [U, L, M] int64 (host): the module whose A rows each module reads (AdapterPlan)
-    modules: dict[tuple[int, int, int], ModuleTables | None] = field(default_factory=dict)
+    modules: dict[tuple[int, int, int], ModuleTables | ExpertTables | None] = field(default_factory=dict)
 
     @classmethod
     def build(cls, token_slots: torch.Tensor,
@@ -63,6 +73,36 @@ class LoRABatch:
                     ranks=ranks,
                     scaling=self.scaling[:, layer, first : first + num_slices].t().contiguous(),
                 )
+        return self.modules[key]
+
+    def experts(self, layer: int, module: int, num_experts: int, num_slices: int) -> ExpertTables | None:
+        """Tables of expert module `module` of a layer (expert e's rows e*r .. e*r + r - 1 of an adapter's page
+        table there, and of slice s of B: s*E*r + e*r + j, AdapterPlan); None when no adapter of the step adapts
+        it."""
+        key = (layer, module, -num_experts)
+        if key not in self.modules:
+            ranks = self.ranks[:, layer, module]  # [U] host
+            width = int(ranks.max())
+            if width == 0:
+                self.modules[key] = None
+            else:
+                device = self.offsets.device
+                ranks_dev = ranks.to(device)
+                rank = ranks_dev.long()[None, :, None, None]  # [1, U, 1, 1]
+                s = torch.arange(num_slices, device=device)[:, None, None, None]
+                e = torch.arange(num_experts, device=device)[None, None, :, None]
+                j = torch.arange(width, device=device)
+                index = ((s * num_experts + e) * rank + j).clamp_(max=self.offsets.shape[-1] - 1)  # [S, U, E, R]
+                table = self.offsets[:, layer, module]  # [U, 2, rows]
+                used = len(ranks)
+
+                def pick(half, index):  # [S', U, E, R] rows of one half's table
+                    flat = index.permute(1, 0, 2, 3).reshape(used, -1)  # [U, S' * E * R]
+                    return table[:, half].gather(1, flat).view(used, -1, num_experts, width).transpose(0, 1)
+
+                self.modules[key] = ExpertTables(
+                    a_rows=pick(0, index[:1])[0].contiguous(), b_rows=pick(1, index).contiguous(),
+                    ranks=ranks_dev.contiguous(), scaling=self.scaling[:, layer, module].contiguous())
         return self.modules[key]
 
     def _one_a(self, layer: int, first: int, num_slices: int) -> bool:

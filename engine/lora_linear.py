@@ -7,8 +7,16 @@ from torch import nn
 
 import kernels
 from engine.context import Context
-from engine.lora_modules import PACKED_MODULES, first_index
+from engine.lora_modules import (
+    EXPERT_INDEX,
+    EXPERT_SLICES,
+    MODULE_INDEX,
+    PACKED_MODULES,
+    SHARED_EXPERT_PACKED,
+    first_index,
+)
 from engine.models.linear import Linear
+from engine.models.moe import Experts
 from engine.models.quantized_linear import QuantizedLinear
 from engine.paged_memory import PagedMemory
 
@@ -37,11 +45,50 @@ class LoRALinear(nn.Module):
         return y
 
 
+class LoRAExperts(nn.Module):
+    """The experts of a MoE layer plus, on each projection's expert-sorted rows, each row's adapter delta of its
+    own expert (kernels.expert_lora over the layer's paged memory)."""
+
+    _MODULES = {"gate_up_proj": EXPERT_INDEX[0], "down_proj": EXPERT_INDEX[1]}
+
+    def __init__(self, base: Experts, *, layer: int, memory: PagedMemory) -> None:
+        super().__init__()
+        self.base = base
+        self.layer = layer
+        self.memory = memory
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ctx: Context | None = None
+                ) -> torch.Tensor:
+        lora = ctx.lora if ctx is not None else None
+        return self.base(x, weights, ids, ctx, lora=self._delta if lora is not None else None)
+
+    def _delta(self, y: torch.Tensor, x: torch.Tensor, projection: str, tokens: torch.Tensor,
+               experts: torch.Tensor, ctx: Context) -> None:
+        """y [rows, out] += each row's LoRA; x [rows, in] the projection's input; tokens, experts [rows]."""
+        lora, module = ctx.lora, self._MODULES[projection]
+        slices = EXPERT_SLICES[module]
+        tables = lora.experts(self.layer, module, self.base.num_experts, slices)
+        if tables is None:
+            return
+        width = y.shape[1] // slices
+        kernels.expert_lora(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows,
+                            lora.token_slots[tokens], experts, tables.ranks, tables.scaling,
+                            tuple(range(0, y.shape[1] + 1, width)), meta=lora.meta)
+
+
 def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
-    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory`."""
+    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory` (a shared
+    expert's too, on its own module columns), and the experts of a MoE layer with LoRAExperts."""
     for layer_idx, layer in enumerate(model.model.layers):
         for parent in (layer.self_attn, layer.mlp):
             for name in PACKED_MODULES:
                 base = getattr(parent, name, None)
                 if isinstance(base, (Linear, QuantizedLinear)):
                     setattr(parent, name, LoRALinear(base, layer=layer_idx, first=first_index(name), memory=memory))
+        experts = getattr(layer.mlp, "experts", None)
+        if isinstance(experts, Experts):
+            layer.mlp.experts = LoRAExperts(experts, layer=layer_idx, memory=memory)
+        shared = getattr(layer.mlp, "shared_expert", None)
+        for name, first in SHARED_EXPERT_PACKED.items() if shared is not None else ():
+            base = getattr(shared, name)
+            setattr(shared, name, LoRALinear(base, layer=layer_idx, first=MODULE_INDEX[first], memory=memory))

@@ -2,15 +2,22 @@
 
 The model fuses q/k/v into qkv_proj and gate/up into gate_up_proj; an adapter still has each
 checkpoint module at its own rank (a Phi-3 adapter on the fused names is split into its slices first,
-`per_slice`). Module index i (PROJECTIONS order) is the i-th column of every
-per-adapter table (ranks, scalings, page rows)."""
+`per_slice`). Module index i (MODULES order: PROJECTIONS, then the MoE experts' EXPERT_MODULES) is the i-th
+column of every per-adapter table (ranks, scalings, page rows); Qwen2-MoE's shared expert has its own three. An expert module's rank is each expert's; it has
+E times as many rows (expert e's rows e*r .. e*r + r - 1)."""
 
 import dataclasses
 
 import torch
 
 import adapters
-from adapters.base_shapes import FUSED_PROJECTIONS, PROJECTIONS, BaseShapes
+from adapters.base_shapes import (
+    EXPERT_MODULES,
+    FUSED_PROJECTIONS,
+    PROJECTIONS,
+    SHARED_EXPERT_MODULES,
+    BaseShapes,
+)
 from engine.parallel.sharding import ROW_PARALLEL
 
 PACKED_MODULES: dict[str, tuple[str, ...]] = {
@@ -19,7 +26,13 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-MODULE_INDEX = {module: i for i, module in enumerate(PROJECTIONS)}
+MODULES = PROJECTIONS + SHARED_EXPERT_MODULES + EXPERT_MODULES
+SHARED_EXPERT_PACKED = {"gate_up_proj": "shared_expert_gate_proj", "down_proj": "shared_expert_down_proj"}  # first
+MODULE_INDEX = {module: i for i, module in enumerate(MODULES)}
+EXPERT_INDEX = tuple(MODULE_INDEX[m] for m in EXPERT_MODULES)  # (experts_gate_up_proj, experts_down_proj)
+# output slices of an expert module: gate_up's B rows are laid out as two slices, gate's then up's, each as wide
+# as one half (a row of B transposed over both would be twice the widest dense row: more than a page chunk holds)
+EXPERT_SLICES = {MODULE_INDEX["experts_gate_up_proj"]: 2, MODULE_INDEX["experts_down_proj"]: 1}
 
 
 def first_index(fused: str) -> int:
@@ -29,10 +42,17 @@ def first_index(fused: str) -> int:
 
 def row_widths(shapes: BaseShapes, *, tensor_parallel_size: int = 1) -> list[tuple[int, int]]:
     """Per module index: (width of an A row = in_features, width of a B-transposed row = out_features), of one
-    rank's shard under tensor parallelism: row-parallel modules split A's rows, the others B's (sharding)."""
+    rank's shard under tensor parallelism: row-parallel modules split A's rows, the others B's (sharding); the
+    experts' gate_up: the width of one of its two output slices (EXPERT_SLICES); the experts' modules of a base
+    without experts are (0, 0)."""
     size, widths = tensor_parallel_size, []
-    for module in PROJECTIONS:
+    for module in MODULES:
+        if (module in EXPERT_MODULES and not shapes.num_experts) or (
+                module in SHARED_EXPERT_MODULES and not shapes.shared_expert_intermediate_size):
+            widths.append((0, 0))
+            continue
         width_in, width_out = shapes.in_out(module)
+        width_out //= EXPERT_SLICES.get(MODULE_INDEX[module], 1)
         widths.append((width_in // size, width_out) if module in ROW_PARALLEL else (width_in, width_out // size))
     return widths
 

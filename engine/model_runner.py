@@ -62,11 +62,14 @@ class ModelRunner:
         sequence with proposed tokens runs them after its last token (verification rows)."""
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
-        adapter_slots: dict[str, int] = {}  # the step's adapters, in order of first use
+        # the step's adapters in one order while they stay (the gathered page tables are kept), and its sequences
+        # adapter by adapter, base model last: each adapter's tokens are one run of rows
+        adapter_slots = {digest: i for i, digest in enumerate(sorted({s.adapter for s in out.seqs} - {None}))}
+        seqs = sorted(out.seqs, key=lambda s: len(adapter_slots) if s.adapter is None else adapter_slots[s.adapter])
         cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
-        for seq in out.seqs:
+        for seq in seqs:
             proposal = proposals.get(seq.seq_id, [])
             n = out.num_tokens[seq.seq_id] + len(proposal)
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
@@ -75,7 +78,7 @@ class ModelRunner:
             positions += range(start, end)
             table = seq.block_table
             slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            slot = -1 if seq.adapter is None else adapter_slots.setdefault(seq.adapter, len(adapter_slots))
+            slot = -1 if seq.adapter is None else adapter_slots[seq.adapter]
             token_slots += [slot] * n
             cu_seqlens.append(len(input_ids))
             context_lens.append(end)

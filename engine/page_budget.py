@@ -69,7 +69,8 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
         adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
     else:
         adapter_pages = config.max_adapter_slots * pages_for_rank(
-            config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk)
+            config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk,
+            num_experts=args.moe.num_experts if args.moe else 0)
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks + adapter_pages
     if device.type == "cuda":

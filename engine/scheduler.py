@@ -7,6 +7,7 @@ from typing import Protocol
 
 from engine.block_manager import BlockManager
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
+from engine.kv.connector import ConnectorScheduler, Load
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -50,6 +51,7 @@ class Scheduler:
         policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
         adapters: AdapterPages | None = None,
         lookahead: Callable[[Sequence, int], int] | None = None,
+        connector: ConnectorScheduler | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -58,8 +60,13 @@ class Scheduler:
         self.policy = policy or VirtualTokenCounter()
         self.adapters = adapters
         self.lookahead = lookahead  # (decoding seq, batch size) -> speculative tokens it may propose
+        self.connector = connector  # KV outside the pool (engine/kv/connector.py): loads before admission
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: dict[int, tuple[Sequence, Load, list[int]]] = {}  # seq_id -> (seq, its load, device hits held)
+        self.loaded: dict[int, int] = {}  # seq_id -> blocks a finished load brought in, until admitted
+        self.load_failed: set[int] = set()  # seq_ids whose load failed: they recompute, never load again
+        self.tier_counts = {"device": [0, 0], "host": [0, 0]}  # tier -> [hit blocks, missed blocks], first admissions
 
     @property
     def num_unfinished(self) -> int:
@@ -85,7 +92,10 @@ class Scheduler:
         among those that are eligible (adapter in memory, leader's prompt done), each taking its
         prefix-cache hits plus a chunk of its remaining prompt, and its adapter's pages unless that
         adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
-        first one that does not fit stops admission. There is no cap on distinct adapters.
+        first one that does not fit stops admission. There is no cap on distinct adapters. With a connector
+        (a host tier), a candidate whose next blocks after its device hits the connector holds is not
+        admitted yet: pages are taken for those blocks and a load starts; it waits (the others go on)
+        until a later step finds the load done and its blocks cached, and is then admitted as a prefix hit.
 
         With speculative decoding, each running decoding sequence then gets lookahead slots for the tokens
         it may propose, as many as the `lookahead` policy grants and the budget and free pages left after
@@ -100,6 +110,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        if self.connector is not None:
+            self._finish_loads()
 
         # running
         i = 0
@@ -133,6 +145,9 @@ class Scheduler:
                 candidates.remove(seq)
                 continue
             hits = bm.lookup_prefix(seq)
+            if self.connector is not None and self._start_load(seq, hits):
+                candidates.remove(seq)
+                continue
             n = min(seq.num_tokens - len(hits) * bm.block_size, budget, self.chunk_cap)
             short = bm.shortfall(seq, n, hits, pages)
             if short and not (self._reclaim(short, keep=seq.adapter) and bm.can_allocate(seq, n, hits, pages)):
@@ -142,6 +157,9 @@ class Scheduler:
                 self.adapters.acquire(seq.adapter)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
+                self._count_tiers(seq, len(hits))
+            self.loaded.pop(seq.seq_id, None)
+            self.load_failed.discard(seq.seq_id)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -162,6 +180,57 @@ class Scheduler:
         return out
 
 
+    # KV from the connector
+    def _start_load(self, seq: Sequence, hits: list[int]) -> bool:
+        """Start loading the blocks after seq's device hits that the connector holds, if pages allow (a reserve
+        of one per running sequence stays free); whether it did (then seq waits for it)."""
+        bm = self.block_manager
+        if seq.seq_id in self.load_failed:
+            return False
+        keys = bm.keys_after(seq, len(hits))
+        count = self.connector.lookup(keys) if keys else 0
+        revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
+        count = min(count, bm.num_free_blocks - revived - len(self.running) - 1)
+        if count <= 0:
+            return False
+        held = bm.hold(seq.block_hashes[: len(hits)])  # the loaded blocks' parents stay till they are in
+        block_ids = bm.take_blocks(count)
+        found = self.connector.lookup(keys[:count])  # taking pages evicts blocks into it, and may push some out
+        bm.release(block_ids[found:])
+        if not found:
+            bm.release(held)
+            return False
+        load = Load(seq_id=seq.seq_id, keys=keys[:found], block_ids=block_ids[:found])
+        self.loading[seq.seq_id] = (seq, load, held)
+        self.connector.start_load(load)
+        return True
+
+    def _finish_loads(self) -> None:
+        for load in self.connector.finished_loads():
+            seq, _, held = self.loading.pop(load.seq_id)
+            if load.ok:
+                self.block_manager.install(load.block_ids, load.keys)
+                if not seq.is_finished:
+                    self.loaded[seq.seq_id] = len(load.keys)
+            else:
+                self.block_manager.release(load.block_ids)
+                if not seq.is_finished:
+                    self.load_failed.add(seq.seq_id)
+            self.block_manager.release(held)
+
+    def _count_tiers(self, seq: Sequence, num_hits: int) -> None:
+        """Hit and missed blocks of a first admission, by tier: the device's own, then the host tier's."""
+        looked = len(self.block_manager.keys_after(seq, 0))
+        if not looked:
+            return
+        from_host = min(self.loaded.get(seq.seq_id, 0), num_hits)
+        device = self.tier_counts["device"]
+        device[0] += num_hits - from_host
+        device[1] += looked - (num_hits - from_host)
+        if self.connector is not None:
+            self.tier_counts["host"][0] += from_host
+            self.tier_counts["host"][1] += looked - num_hits
+
     def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
         """Lookahead slots for seq (scheduled for n tokens) within `budget` tokens and the free pages."""
         if n != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
@@ -178,6 +247,8 @@ class Scheduler:
     def _eligible(self) -> list[Sequence]:
         eligible = []
         for seq in self.waiting:
+            if seq.seq_id in self.loading:
+                continue
             if seq.leader is not None and (seq.leader.in_prefill and not seq.leader.is_finished):
                 continue
             if seq.adapter is not None and not self.adapters.ready(seq.adapter):
@@ -231,6 +302,8 @@ class Scheduler:
         if seq.status == SequenceStatus.RUNNING:
             self._leave_running(seq)
         elif seq.status == SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+            self.waiting.remove(seq)  # a load of its blocks still finishes, into the prefix cache
+        self.loaded.pop(seq.seq_id, None)
+        self.load_failed.discard(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

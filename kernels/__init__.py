@@ -14,11 +14,13 @@ import torch
 
 from kernels import fp8_linear as _fp8_linear
 from kernels import reference
+from kernels.decode_layout import DecodeLayout
 from kernels.lora_meta import LoRAMeta
 from kernels.rope_table import rope_cos_sin_cache
 from kernels.slot_batch import SlotBatch
 
 try:
+    from kernels import expert_lora as _expert_lora
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import grouped_matmul as _grouped_matmul
     from kernels import lora_expand as _lora_expand
@@ -35,10 +37,13 @@ except ImportError as exc:  # triton absent: CPU tensors still work, CUDA tensor
     TRITON_IMPORT_ERROR = exc
 
 __all__ = [
+    "DecodeLayout",
     "LoRAMeta",
     "SlotBatch",
     "TRITON_IMPORT_ERROR",
     "backend_for",
+    "decode_layout",
+    "expert_lora",
     "fp8_linear",
     "gelu_tanh_and_mul",
     "grouped_matmul",
@@ -114,6 +119,13 @@ def grouped_matmul(x, weight, expert_offsets):
     return reference.grouped_matmul(x, weight, expert_offsets)
 
 
+def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets, *, meta=None):
+    args = (y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets)
+    if backend_for(x) == "triton":
+        return _expert_lora.expert_lora(*args, meta=meta)
+    return reference.expert_lora(*args, meta=meta)
+
+
 def fp8_linear(x, weight, weight_scale):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
         return _fp8_linear.fp8_linear(x, weight, weight_scale)
@@ -127,12 +139,22 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None)
     return reference.store_kv(*args)
 
 
+def decode_layout(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor
+                  ) -> DecodeLayout | None:
+    """What paged_attention_decode on the backend of k_cache wants as `meta` for a decode step: build it once
+    per step and pass it to every layer's call (the reference's buckets of sequences; None for the launcher,
+    which needs none)."""
+    if backend_for(k_cache) == "triton":
+        return None
+    return DecodeLayout(block_tables, context_lens, k_cache.shape[1], k_cache.shape[0])
+
+
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None, *,
-                           window=None, softcap=None):
+                           window=None, softcap=None, meta=None):
     args = (q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
         return _paged_attention_decode.paged_attention_decode(*args, window=window, softcap=softcap)
-    return reference.paged_attention_decode(*args, window=window, softcap=softcap)
+    return reference.paged_attention_decode(*args, window=window, softcap=softcap, meta=meta)
 
 
 def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,
@@ -162,6 +184,6 @@ def silu_and_mul(x):
 
 
 for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul):
+            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul, expert_lora):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

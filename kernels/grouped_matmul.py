@@ -12,18 +12,18 @@ NUM_WARPS = 4
 
 @triton.jit
 def _grouped_matmul_kernel(
-    x_ptr, w_ptr, out_ptr, offsets_ptr, out_dim, in_dim,
+    x_ptr, w_ptr, out_ptr, offsets_ptr, block_expert_ptr, block_first_ptr, out_dim, in_dim, num_experts,
     x_stride, w_stride_e, w_stride_n, out_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_mn = tl.program_id(0)
-    expert = tl.program_id(1)
+    block = tl.program_id(0)  # one of the step's row blocks, each within one expert
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:  # past the last row block: the grid is sized without reading the counts back
+        return
     start = tl.load(offsets_ptr + expert).to(tl.int64)
     count = tl.load(offsets_ptr + expert + 1).to(tl.int64) - start
-    pid_m = pid_mn // tl.cdiv(out_dim, BLOCK_N)
-    pid_n = pid_mn % tl.cdiv(out_dim, BLOCK_N)
-    if pid_m * BLOCK_M >= count:  # this expert has fewer rows (or none)
-        return
+    pid_m = block - tl.load(block_first_ptr + expert)  # this block's place among its expert's
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < count
     rows = start + offs_m  # [BLOCK_M] rows of x and out
@@ -42,11 +42,25 @@ def _grouped_matmul_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+def _row_blocks(expert_offsets: torch.Tensor, num_rows: int, experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(block_expert [B], block_first [E], B): the expert of each of B row blocks of BLOCK_M rows, each block
+    within one expert (past the last: E), and each expert's first block; all on the device, no host read.
+    B = cdiv(N, BLOCK_M) + E bounds the blocks any split of N rows over E experts needs."""
+    counts = (expert_offsets[1:] - expert_offsets[:-1]).to(torch.int64)  # [E]
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    ends = torch.cumsum(blocks, 0)  # [E]
+    bound = triton.cdiv(num_rows, BLOCK_M) + experts
+    block_expert = torch.searchsorted(ends, torch.arange(bound, device=ends.device), right=True)  # [B]
+    return block_expert.to(torch.int32), (ends - blocks).to(torch.int32), bound
+
+
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
     """out[r] = x[r] @ weight[e].T for every row r in expert_offsets[e] <= r < expert_offsets[e + 1].
 
     x [N, in] sorted by expert; weight [E, out, in] (each expert's nn.Linear weight); expert_offsets [E + 1]
-    int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation)."""
+    int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation).
+    Nothing is read back to the host: the grid covers the most row blocks N rows can need (a CPU tensor's
+    offsets are checked to end at N; on CUDA that would cost a sync)."""
     require(x.dim() == 2 and weight.dim() == 3, f"x [N, in], weight [E, out, in]: got {tuple(x.shape)}, "
             f"{tuple(weight.shape)}")  # fmt: skip
     experts, out_dim, in_dim = weight.shape
@@ -58,13 +72,14 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.
     out = torch.empty(x.shape[0], out_dim, dtype=x.dtype, device=x.device)  # [N, out]
     if x.shape[0] == 0 or out_dim == 0:
         return out
-    require(int(expert_offsets[-1]) == x.shape[0], f"expert_offsets end at {int(expert_offsets[-1])}, x has "
-            f"{x.shape[0]} rows")  # fmt: skip
-    max_rows = int((expert_offsets[1:] - expert_offsets[:-1]).max())
-    grid = (triton.cdiv(max_rows, BLOCK_M) * triton.cdiv(out_dim, BLOCK_N), experts)
+    if not x.is_cuda:
+        require(int(expert_offsets[-1]) == x.shape[0], f"expert_offsets end at {int(expert_offsets[-1])}, x has "
+                f"{x.shape[0]} rows")  # fmt: skip
+    block_expert, block_first, num_blocks = _row_blocks(expert_offsets, x.shape[0], experts)
+    grid = (num_blocks, triton.cdiv(out_dim, BLOCK_N))
     _grouped_matmul_kernel[grid](
-        x, weight, out, expert_offsets, out_dim, in_dim, x.stride(0), weight.stride(0), weight.stride(1),
-        out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x.dtype),
-        num_warps=NUM_WARPS,
+        x, weight, out, expert_offsets, block_expert, block_first, out_dim, in_dim, experts, x.stride(0),
+        weight.stride(0), weight.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        PRECISION=dot_precision(x.dtype), num_warps=NUM_WARPS,
     )
     return out

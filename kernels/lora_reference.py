@@ -12,7 +12,8 @@ runs are long (prefill), multiplied adapter by adapter without padding.
 
 import torch
 
-from kernels.slot_batch import SlotBatch
+from kernels.grouped_rows import grouped_rows
+from kernels.slot_batch import PER_SLOT_WIDTH, SlotBatch
 
 
 def _slot_batch(meta, token_slots: torch.Tensor) -> SlotBatch:
@@ -36,6 +37,11 @@ def _group(batch: SlotBatch, ranks: torch.Tensor):
     every layer of a step asks again with the same tables."""
     return _cached(batch.grouped, (id(ranks),), (ranks,),
                    lambda: batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0)))
+
+
+def _slice_ranks(batch: SlotBatch, ranks: torch.Tensor) -> list[list[int]]:
+    """ranks [S, U] on the host, per slot: [U][S], once per ranks tensor and step."""
+    return _cached(batch.grouped, ("host", id(ranks)), (ranks,), lambda: ranks.t().tolist())
 
 
 def _cached(cache: dict, key: tuple, held: tuple, build) -> torch.Tensor:
@@ -99,15 +105,28 @@ def lora_shrink(
     group = _group(batch, ranks)
     if group is None:
         return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
-    a = group.select(dense_a(pages, a_rows, ranks, in_dim, batch), 0)  # [U', in, S * R]
+    a = dense_a(pages, a_rows, ranks, in_dim, batch)  # [U, in, S * R]
     xs = x if x.dtype == torch.float32 else x.float()
-    if group.per_slot and not group.identity:  # long runs: adapter by adapter, no padding
+    if group.by_span:  # each adapter's tokens are one run of rows: products written in place
+        long_runs = group.width >= PER_SLOT_WIDTH
+        rows = xs.new_empty(tokens, num_slices * max_rank) if group.inside is None and not long_runs else \
+            xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
+        slice_ranks = _slice_ranks(batch, ranks)
+        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
+            if end - start < PER_SLOT_WIDTH:  # a short run: every slice at once, padded to R
+                torch.mm(xs[start:end], a[slot], out=rows[start:end])
+                continue
+            for s, rank in enumerate(slice_ranks[slot]):  # a long run: each slice at its own rank
+                if rank:
+                    cols = slice(s * max_rank, s * max_rank + rank)
+                    torch.mm(xs[start:end], a[slot, :, cols], out=rows[start:end, cols])
+    elif group.per_slot:  # long runs: adapter by adapter, no padding
         rows = xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
-        for i, run in enumerate(group.runs):
-            rows.index_copy_(0, run, xs.index_select(0, run) @ a[i])
+        for slot, run in zip(group.slots, group.runs, strict=True):
+            rows.index_copy_(0, run, xs.index_select(0, run) @ a[slot])
     else:
         padded = xs if group.identity else xs.index_select(0, group.gather_rows)
-        prod = torch.bmm(padded.view(len(group.slots), group.width, in_dim), a)  # [U', W, S * R]
+        prod = torch.bmm(padded.view(len(group.slots), group.width, in_dim), group.select(a, 0))  # [U', W, S * R]
         rows = prod.view(-1, num_slices * max_rank)
         rows = rows if group.identity else rows.index_select(0, group.scatter_rows)  # [T, S * R]
         if group.inside is not None:
@@ -145,18 +164,91 @@ def lora_expand(
         return
     buf_slices, tokens, max_rank = buf.shape
     one_a = buf_slices == 1  # buf[0] serves every slice: the slices' B rows are one block
-    b = group.select(dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch, one_a=one_a), 0)  # [U', S_b * R, out]
-    h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R]
+    b = dense_b(pages, b_rows, ranks, scaling, slice_offsets, batch, one_a=one_a)  # [U, S_b * R, out]
+    h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R] (shrink's rows: a view)
     lo, hi = slice_offsets[0], slice_offsets[-1]
-    if group.per_slot and not group.identity:
+    if group.by_span and y.dtype == torch.float32:  # each adapter's tokens are one run of rows: added in place
+        slice_ranks = _slice_ranks(batch, ranks)
+        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
+            if one_a:  # one block of B rows holds every slice's columns
+                rank = max(slice_ranks[slot])
+                y[start:end, lo:hi].addmm_(h[start:end, :rank], b[slot, :rank])
+                continue
+            for s, rank in enumerate(slice_ranks[slot]):  # each slice's own block of B, at its own rank
+                if rank:
+                    r0, o0, o1 = s * max_rank, slice_offsets[s], slice_offsets[s + 1]
+                    y[start:end, o0:o1].addmm_(h[start:end, r0 : r0 + rank], b[slot, r0 : r0 + rank, o0 - lo : o1 - lo])
+        return
+    if group.by_span or group.per_slot:
         delta = h.new_zeros(tokens, hi - lo)
-        for i, run in enumerate(group.runs):
-            delta.index_copy_(0, run, h.index_select(0, run) @ b[i])
+        for slot, run in zip(group.slots, group.runs, strict=True):
+            delta.index_copy_(0, run, h.index_select(0, run) @ b[slot])
     else:
         padded = h if group.identity else h.index_select(0, group.gather_rows)
-        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), b)  # [U', W, out]
+        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), group.select(b, 0))  # [U', W, out]
         delta = prod.view(-1, hi - lo)
         delta = delta if group.identity else delta.index_select(0, group.scatter_rows)  # [T, out]
         if group.inside is not None:
             delta = delta * group.inside
     y[:, lo:hi] += delta.to(y.dtype)
+
+
+def expert_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pages: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    row_slots: torch.Tensor,
+    row_experts: torch.Tensor,
+    ranks: torch.Tensor,
+    scaling: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+    *,
+    meta: object = None,
+) -> None:
+    """Each row's LoRA of its adapter's own expert, added in place, over S output slices (gate and up):
+
+    for n in range(N), s in range(S): a, e = row_slots[n], row_experts[n]; (o0, o1) = slice_offsets[s : s + 2]
+        if a >= 0: for j < ranks[a]:
+            A_j = pages[a_rows[a, e, j] : + in]; B_sj = pages[b_rows[s, a, e, j] : + o1 - o0]  (B^T's row j)
+            y[n, o0:o1] += scaling[a] * (x[n] @ A_j) * B_sj
+
+    y [N, out] (updated in place); x [N, in]; pages [P] flat, x.dtype; a_rows [U, E, R] int64; b_rows
+    [S, U, E, R] int64; row_slots [N] int (-1 = base model); row_experts [N] int; ranks [U] int (each expert's
+    rank, 0: not adapted); scaling [U] float32; slice_offsets: S + 1 python ints from 0 to out.
+    `meta`: the step's SlotBatch, which keeps the operands gathered from the pages.
+    The reference gathers every (adapter, expert)'s A and B once per page table, sorts the rows by that pair
+    (the base model's last, left out) and takes the two grouped products (kernels.grouped_rows)."""
+    used, experts, max_rank = a_rows.shape
+    rows, in_dim = x.shape
+    if rows == 0 or max_rank == 0 or used == 0:
+        return
+    cache = meta.gathered if isinstance(meta, SlotBatch) else {}
+    pairs = used * experts
+    padded = -(-max_rank // 4) * 4  # grouped_rows' fast path wants widths of multiples of 4: zero ranks pad
+
+    def dense(rows_table, width, scale):  # [U * E, R', width]
+        per_pair = ranks.to(a_rows.device).repeat_interleave(experts).view(1, pairs)  # [1, U * E]
+        gathered = _gather(pages, rows_table.reshape(1, pairs, max_rank), per_pair, width)[0]
+        if scale is not None:
+            gathered *= scale.float().repeat_interleave(experts)[:, None, None]
+        return torch.cat([gathered, gathered.new_zeros(pairs, padded - max_rank, width)], dim=1)
+
+    def dense_b():  # the slices side by side: [U * E, R', out]
+        widths = [hi - lo for lo, hi in zip(slice_offsets, slice_offsets[1:], strict=False)]
+        return torch.cat([dense(b_rows[s], w, scaling) for s, w in enumerate(widths)], dim=2)
+
+    a = _cached(cache, ("expert_a", id(a_rows), pages.data_ptr()), (a_rows,),
+                lambda: dense(a_rows, in_dim, None).transpose(1, 2))  # [U * E, in, R'] (a view)
+    b = _cached(cache, ("expert_b", id(b_rows), pages.data_ptr(), id(scaling)), (b_rows, scaling), dense_b)
+    pair = torch.where(row_slots >= 0, row_slots.long() * experts + row_experts.long(), pairs)  # [N]
+    counts = torch.bincount(pair, minlength=pairs + 1)  # [U * E + 1]: the last, the base model's rows
+    adapted = rows - int(counts[-1])
+    if adapted == 0:
+        return
+    order = torch.argsort(pair, stable=True)[:adapted]  # [n] the adapted rows, pair by pair
+    bounds = torch.zeros(pairs + 1, dtype=torch.int64, device=counts.device)
+    bounds[1:] = torch.cumsum(counts[:pairs], 0)
+    h = grouped_rows(x.index_select(0, order), a, bounds)  # [n, R']
+    y.index_add_(0, order, grouped_rows(h, b, bounds).to(y.dtype))

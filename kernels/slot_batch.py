@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 PER_SLOT_WIDTH = 64  # from this many rows per slot on, a matmul per slot at its own rank beats padding ranks
+SPAN_MAX_SLOTS = 12  # up to this many slots whose tokens are each one run, a matmul per run beats gathering
 
 
 @dataclass
@@ -21,6 +22,8 @@ class SlotGroup:
     counts: list[int]  # tokens of each slot
     ranks: list[int]  # rank of each slot
     runs: list[torch.Tensor]  # [count] int64 per slot: its tokens
+    spans: list[tuple[int, int]] | None  # per slot: (start, end) when its tokens are rows start .. end - 1, for
+    # every slot (the model runner orders a step's sequences by adapter), else None
     identity: bool  # gather_rows and scatter_rows are both 0 .. T-1 (e.g. a decode step, one adapter per token)
     inside: torch.Tensor | None  # [T, 1] float32: 1 for the group's tokens, 0 for others; None when all are in
 
@@ -28,6 +31,11 @@ class SlotGroup:
     def per_slot(self) -> bool:
         """Whether to multiply slot by slot at each slot's own rank instead of one padded batched matmul."""
         return self.width >= PER_SLOT_WIDTH
+
+    @property
+    def by_span(self) -> bool:
+        """Whether to multiply run by run on slices of the tokens (no gather, no scatter, no padding)."""
+        return self.spans is not None and (len(self.slots) <= SPAN_MAX_SLOTS or self.per_slot)
 
     def select(self, weights: torch.Tensor, dim: int) -> torch.Tensor:
         """weights indexed by slot along dim, restricted to this group's slots (a view when they are a run)."""
@@ -85,6 +93,7 @@ class SlotBatch:
         for i, run in enumerate(runs):
             for j, t in enumerate(run):
                 scatter[t] = i * width + j
+        contiguous = all(run[-1] - run[0] + 1 == len(run) for run in runs)
         rank, slots = max(slot_ranks.values()), list(slot_ranks)
         one_run = slots[-1] - slots[0] + 1 == len(slots)
         tokens_in = sum(len(run) for run in runs)
@@ -103,6 +112,7 @@ class SlotBatch:
             counts=[len(run) for run in runs],
             ranks=list(slot_ranks.values()),
             runs=[torch.tensor(run, dtype=torch.int64, device=self.device) for run in runs],
+            spans=[(run[0], run[-1] + 1) for run in runs] if contiguous else None,
             identity=identity,
             inside=inside,
         )

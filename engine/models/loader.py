@@ -39,7 +39,8 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
 def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lambda name, shape: None):
     """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read. A tensor that
     `parts` splits (a fused checkpoint's qkv_proj: CausalLM.checkpoint_parts) comes as its split tensors, each
-    sharded as that projection is."""
+    sharded as that projection is: a part (name, first row, end row) of a 2-D tensor, (name, expert, first row,
+    end row) of stacked experts [E, rows, columns]."""
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -47,11 +48,14 @@ def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lamb
                 shape = tuple(view.get_shape())
                 split = parts(name, shape)
                 if split is not None:
-                    for part, start, end in split:
-                        part_shape = (end - start, *shape[1:])
+                    for part, *where in split:
+                        expert = (slice(where[0], where[0] + 1),) if len(where) == 3 else ()  # stacked experts
+                        start, end = where[-2:]
+                        part_shape = (end - start, *shape[1 + len(expert):])
                         index = sharding.checkpoint_slice(part, part_shape, rank=rank, size=size) or (slice(None),)
                         rows = range(start, end)[index[0]]  # this rank's rows of the part, in the fused tensor
-                        yield part, view[(slice(rows.start, rows.stop), *index[1:])]
+                        tensor = view[(*expert, slice(rows.start, rows.stop), *index[1:])]
+                        yield part, tensor[0] if expert else tensor
                     continue
                 if sharding.holds_none(name, rank=rank, size=size):
                     yield name, torch.zeros(shape)

@@ -26,4 +26,4 @@ class MixtralForCausalLM(MoECausalLM):
             return [(f"{prefix}.mlp.experts.{expert}.{_PROJ[w]}.weight", 0, shape[0])]
         if ".block_sparse_moe.gate." in name:
             return [(name.replace(".block_sparse_moe.", ".mlp."), 0, shape[0])]
-        return None
+        return super().checkpoint_parts(name, shape)

@@ -35,11 +35,13 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtyp
 
 def sort_by_expert(ids: torch.Tensor, num_experts: int):
     """(order [T * k]: the (token, choice) pairs sorted by expert, stably; offsets [E + 1] int32: expert e's
-    rows are offsets[e] <= r < offsets[e + 1] of the sorted pairs)."""
+    rows are offsets[e] <= r < offsets[e + 1] of the sorted pairs). Device ops only (bincount would read the
+    largest id back on CUDA)."""
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
-    offsets[1:] = torch.cumsum(torch.bincount(flat, minlength=num_experts), 0)
+    offsets[1:] = torch.cumsum(counts, 0)
     return order, offsets
 
 
@@ -65,13 +67,21 @@ class Experts(nn.Module):
         else:
             self.down_proj.data[index].copy_(tensor)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """sum over k of weights[t, k] * expert_{ids[t, k]}(x[t]); x [T, hidden] -> [T, hidden]."""
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ctx: Context | None = None,
+                lora=None) -> torch.Tensor:
+        """sum over k of weights[t, k] * expert_{ids[t, k]}(x[t]); x [T, hidden] -> [T, hidden]. `lora`
+        (LoRAExperts) adds each row's adapter delta to the rows of each projection."""
         top_k = ids.shape[1]
         order, offsets = sort_by_expert(ids, self.num_experts)
         tokens = order // top_k  # [T * k] the token of each sorted row
-        h = kernels.grouped_matmul(x[tokens], self.gate_up_proj, offsets)  # [T * k, 2I]
-        y = kernels.grouped_matmul(self.act_and_mul(h), self.down_proj, offsets)  # [T * k, hidden]
+        rows = x[tokens]  # [T * k, hidden]
+        h = kernels.grouped_matmul(rows, self.gate_up_proj, offsets)  # [T * k, 2I]
+        if lora is not None:
+            lora(h, rows, "gate_up_proj", tokens, ids.flatten()[order], ctx)
+        act = self.act_and_mul(h)  # [T * k, I]
+        y = kernels.grouped_matmul(act, self.down_proj, offsets)  # [T * k, hidden]
+        if lora is not None:
+            lora(y, act, "down_proj", tokens, ids.flatten()[order], ctx)
         y = y * weights.flatten()[order, None]
         return torch.zeros_like(x).index_add_(0, tokens, y)
 
@@ -92,7 +102,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize, x.dtype)
-        out = self.experts(x, weights, ids)
+        out = self.experts(x, weights, ids, ctx)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ctx)
         return self.comm.all_reduce(out)
@@ -110,9 +120,22 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
 
 class MoECausalLM(CausalLM):
-    """A CausalLM whose checkpoint stores each expert's projections apart: mlp.experts.{e}.{gate,up,down}_proj."""
+    """A CausalLM whose checkpoint stores each expert's projections apart, mlp.experts.{e}.{gate,up,down}_proj (as
+    transformers 5 saves them), or already stacked: mlp.experts.gate_up_proj [E, 2I, hidden] (gate rows, then up)
+    and mlp.experts.down_proj [E, hidden, I], read as the experts' own tensors (`checkpoint_parts`)."""
 
     decoder_layer = MoEDecoderLayer
+
+    def checkpoint_parts(self, name: str, shape: tuple[int, ...]) -> list[tuple] | None:
+        prefix, _, stacked = name.rpartition(".experts.")
+        if len(shape) != 3 or stacked not in ("gate_up_proj", "down_proj"):
+            return None
+        experts, rows, _ = shape
+        if stacked == "down_proj":
+            return [(f"{prefix}.experts.{e}.down_proj.weight", e, 0, rows) for e in range(experts)]
+        half = rows // 2
+        return [(f"{prefix}.experts.{e}.{proj}.weight", e, start, start + half)
+                for e in range(experts) for proj, start in (("gate_proj", 0), ("up_proj", half))]
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         parts = name.split(".")

@@ -18,8 +18,11 @@ import torch
 import adapters
 from adapters.base_shapes import PROJECTIONS
 
-ROW_PARALLEL = ("o_proj", "down_proj")
-COLUMN_PARALLEL = tuple(m for m in PROJECTIONS if m not in ROW_PARALLEL)
+ROW_PARALLEL = ("o_proj", "down_proj", "experts_down_proj", "shared_expert_down_proj")
+COLUMN_PARALLEL = tuple(m for m in PROJECTIONS if m not in ROW_PARALLEL) + ("shared_expert_gate_proj",
+                                                                             "shared_expert_up_proj")
+# the experts' LoRA (adapters.base_shapes.EXPERT_MODULES): down as down_proj; gate_up's B by the rows of each
+# half (this rank's gate rows, then its up rows), as Experts holds its slice of gate and of up
 
 
 def check_divisible(*, num_heads: int, num_kv_heads: int, intermediate_size: int, size: int) -> None:
@@ -75,7 +78,7 @@ def holds_none(name: str, *, rank: int, size: int) -> bool:
 
 def shard_adapter(adapter: "adapters.LoadedAdapter", *, rank: int, size: int) -> "adapters.LoadedAdapter":
     """The rank's part of an adapter: B split by output rows on column-parallel modules, A split by input
-    columns on row-parallel ones (ranks and scalings unchanged)."""
+    columns on row-parallel ones (ranks and scalings unchanged); the experts' gate_up B by each half's rows."""
     if size == 1:
         return adapter
     tensors: dict[str, torch.Tensor] = {}
@@ -88,5 +91,9 @@ def shard_adapter(adapter: "adapters.LoadedAdapter", *, rank: int, size: int) ->
         elif module in COLUMN_PARALLEL and half == "lora_B":  # [out, r]
             part = tensor.shape[0] // size
             tensor = tensor[rank * part : (rank + 1) * part]
+        elif module == "experts_gate_up_proj" and half == "lora_B":  # [2I, E*r]: gate rows, then up rows
+            part = tensor.shape[0] // (2 * size)
+            gate, up = tensor.chunk(2)
+            tensor = torch.cat([gate[rank * part : (rank + 1) * part], up[rank * part : (rank + 1) * part]])
         tensors[name] = tensor.contiguous()
     return dataclasses.replace(adapter, tensors=tensors)

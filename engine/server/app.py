@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -16,10 +17,12 @@ from starlette.routing import Route
 
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
 from engine.grammar import Grammar, GrammarError
+from engine.sampling_params import SamplingParams
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
+from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport
 from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
     DIGEST,
@@ -37,8 +40,9 @@ log = logging.getLogger(__name__)
 
 class EngineAPI:
     def __init__(self, loop: EngineLoop, *, registry: AdapterRegistry, model_name: str,
-                 drain_timeout_s: float, prefixes: RecentPrefixes | None = None) -> None:
+                 drain_timeout_s: float, prefixes: RecentPrefixes | None = None, kv: KVTransfers | None = None) -> None:
         self.loop = loop
+        self.kv = kv  # KV moved between engines (disaggregated serving); None: kv_transfer is refused
         self.prefixes = prefixes or RecentPrefixes()
         self.membership: Membership | None = None  # set when the engine joins a control plane (started by Draining)
         self.registry = registry
@@ -118,10 +122,21 @@ class EngineAPI:
             self.check_length(token_ids, max_tokens=max_tokens,
                               what="messages" if prompt.messages is not None else "prompt")
         grammar = await self.compile(structure)
+        transfer = generate.kv_transfer
+        if transfer is not None and self.kv is None:
+            raise BadRequest("this engine does not move KV between engines", param="kv_transfer")
         if generate.adapter is not None:
             await self.registry.ensure(generate.adapter)
-        handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
-                                        tool_format=structure.tool_format)
+        if transfer is not None and transfer.mode == "prefill":
+            return await self.prefill_hop(request, generate, prompts[0], arrival)
+        if transfer is None:
+            handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
+                                            tool_format=structure.tool_format)
+        else:
+            handle = await self.decode_hop(request, generate, prompts, arrival=arrival, grammar=grammar,
+                                           structure=structure)
+            if handle is None:
+                return Response(status_code=499)  # the client went away during the pull
         self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
@@ -134,6 +149,70 @@ class EngineAPI:
         if adapter_unavailable(end):
             return unavailable_response(end)
         return JSONResponse(final_event(handle, end))
+
+    async def prefill_hop(self, request: Request, generate, prompt: list[int], arrival: float) -> Response:
+        """kv_transfer mode "prefill": compute the prompt's KV (one greedy token is sampled and dropped), lease its
+        full blocks and answer the lease; the decode hop serves the request. No usage event: the gateway reports
+        this hop's GPU time from the answer's usage."""
+        hop = dataclasses.replace(generate, sampling=SamplingParams(max_tokens=1, temperature=0.0),
+                                  response_format=None, tools=None, tool_choice=None)
+        handle = await self.loop.submit(hop, [prompt], arrival=arrival)
+        self.prefixes.record(generate)  # its blocks stay in this engine's prefix cache once the lease ends
+        end = await self.wait(request, handle)
+        if end is None or handle.lease is None:
+            if end is None and handle.lease is not None:  # it ended as the client went: nobody will pull
+                await self.loop.call(lambda engine: self.loop.leases.release(handle.lease.id, "released"))
+            if end is not None and adapter_unavailable(end):
+                return unavailable_response(end)
+            if end is not None and end.finish_reason == "error":
+                message = next((o.error for o in end.outputs if o.error), "the prefill failed")
+                return error_response(503, "unavailable_error", f"prefill failed: {message}")
+            return Response(status_code=499)  # aborted
+        ttl = generate.kv_transfer.lease_ttl_s
+        usage = {"prompt_tokens": end.usage.prompt_tokens, "cached_tokens": end.usage.cached_tokens,
+                 "gpu_seconds": end.usage.gpu_ms / 1000.0}
+        return JSONResponse({"kv_lease": self.kv.lease_json(handle.lease, ttl), "usage": usage})
+
+    async def decode_hop(self, request: Request, generate, prompts: list[list[int]], *, arrival: float,
+                         grammar: Grammar | None, structure: Structure) -> RequestHandle | None:
+        """kv_transfer mode "decode": pull the prompt's blocks under the lease (recomputing what cannot be had),
+        then submit the request as usual; None when the client went away during the pull."""
+        if not self.loop.accepting:  # before the pull: the lease stays whole for the engine a retry finds
+            raise Unavailable("the engine is shutting down")
+        if generate.request_id in self.kv.pending:
+            raise Conflict(f"request {generate.request_id!r} is already running")
+        try:
+            report = await self.pull(request, generate, prompts[0])
+            if report is None:
+                return None
+            pending = self.kv.pending[generate.request_id]
+            handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
+                                            tool_format=structure.tool_format, kv_pull=report,
+                                            aborted=pending.aborted)  # (aborted during the pull: it ends now)
+        finally:
+            pending = self.kv.pending.pop(generate.request_id)
+        if pending.aborted and not handle.aborted:  # aborted as it was being submitted
+            await self.loop.abort(generate.request_id)
+        return handle
+
+    async def pull(self, request: Request, generate, prompt: list[int]) -> PullReport | None:
+        """A decode hop's pull, raced against the client going away (then None: the pull stops, which releases the
+        lease) and open to POST /v1/abort (then the request is submitted, and aborted at once)."""
+        task = asyncio.create_task(self.kv.pull(generate, prompt))
+        pending = self.kv.pending[generate.request_id] = PendingPull(task)
+        disconnected = asyncio.create_task(wait_for_disconnect(request))
+        try:
+            await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnected.cancel()
+        if task.done() and not task.cancelled():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if not pending.aborted:
+            return None
+        return PullReport(lease_id=generate.kv_transfer.lease["id"], recomputed=True, reason="aborted")
 
     async def stream(self, handle: RequestHandle, first: tuple) -> AsyncIterator[bytes]:
         sent: dict[int, int] = {}
@@ -172,6 +251,8 @@ class EngineAPI:
 
     async def abort(self, request: Request) -> Response:
         request_id = request.path_params["request_id"]
+        if self.kv is not None and self.kv.abort(request_id):  # during its KV pull
+            return JSONResponse({"request_id": request_id, "aborted": True})
         if not await self.loop.abort(request_id):
             raise NotFound(f"no running request {request_id!r}")
         return JSONResponse({"request_id": request_id, "aborted": True})
@@ -210,16 +291,26 @@ class EngineAPI:
 
     async def state(self, request: Request) -> Response:
         state = await self.loop.call(lambda engine: self.loop.state())
-        return JSONResponse({"model": self.model_name, **state})
+        pulls = len(self.kv.pending) if self.kv is not None else 0  # decode hops pulling their KV now
+        return JSONResponse({"model": self.model_name, "role": self.engine.config.role, **state,
+                             "kv_pulls_in_flight": pulls})
 
     async def metrics(self, request: Request) -> Response:
-        await self.loop.call(lambda engine: self.loop.metrics.observe_state(engine.state()))
+        def observe(engine) -> None:
+            self.loop.metrics.observe_state(engine.state())
+            self.loop.metrics.observe_leases(self.loop.leases.state())
+
+        await self.loop.call(observe)
         return Response(self.loop.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         self.loop.start(asyncio.get_running_loop())
+        if self.kv is not None:
+            await self.kv.start()
         yield
+        if self.kv is not None:
+            await self.kv.close()  # drain: leases released, pulls refused
         await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar import Grammar
+from engine.kv.lease import Lease, LeaseTable
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, Usage, merge_choices, sum_usage
 from engine.server.metrics import EngineMetrics, adapter_label
@@ -54,6 +55,8 @@ class RequestHandle:
     finished: dict[int, RequestOutput] = field(default_factory=dict)
     last_token_time: dict[int, float] = field(default_factory=dict)
     aborted: bool = False
+    lease: Lease | None = None  # a prefill hop's (kv_transfer mode "prefill"), granted as it ends
+    kv_pull: Any = None  # a decode hop's engine.server.kv_transfer.PullReport, for its usage
 
     @property
     def request_id(self) -> str:
@@ -91,6 +94,7 @@ class EngineLoop:
         self.emitter = emitter
         self.base_model = base_model
         self.handles: dict[str, RequestHandle] = {}  # engine thread only
+        self.leases = LeaseTable(engine.block_manager)  # engine thread only: KV blocks kept for other engines
         self.routes: dict[str, tuple[RequestHandle, int]] = {}  # engine request id -> its handle, prompt index
         self.accepting = True
         self.healthy = True
@@ -116,15 +120,18 @@ class EngineLoop:
         return await asyncio.wrap_future(future)
 
     async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float,
-                     grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None) -> RequestHandle:
+                     grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None,
+                     kv_pull: Any = None, aborted: bool = False) -> RequestHandle:
+        """aborted: the request was aborted before it could start (during its KV pull): it is added and aborted in
+        one command, so it ends as any aborted request does (its final event and usage event) without a step."""
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
         failure = self.engine.failure()
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
         handle = RequestHandle(request=request, prompts=prompts, arrival=arrival, grammar=grammar,
-                               tool_format=tool_format)
-        await self.call(lambda engine: self._add(handle))
+                               tool_format=tool_format, kv_pull=kv_pull)
+        await self.call(lambda engine: (self._add(handle), aborted and self._abort(handle.request_id)))
         return handle
 
     async def abort(self, request_id: str) -> bool:
@@ -275,7 +282,14 @@ class EngineLoop:
         self.metrics.queue_seconds.labels(tenant=request.tenant).observe(usage.queue_ms / 1000.0)
         self.metrics.tokens.labels(kind="prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels(kind="cached").inc(usage.cached_tokens)
-        if self.emitter is not None:
+        transfer = request.kv_transfer
+        prefill_hop = transfer is not None and transfer.mode == "prefill"
+        if prefill_hop and reason not in ("error", "abort"):  # before any other step can evict the prompt's blocks
+            movable = self.engine.workers is None  # a tensor-parallel rank 0 holds a shard of the heads: nothing
+            keys = self.engine.kv_keys(handle.prompts[0], adapter=handle.adapter, tenant=request.tenant) \
+                if movable else []
+            handle.lease = self.leases.grant(keys, ttl_s=transfer.lease_ttl_s)
+        if self.emitter is not None and not prefill_hop:  # a prefill hop's usage is the gateway's to report
             self.emitter.emit(UsageEvent(
                 request_id=request.request_id, tenant=request.tenant, api_key_id=request.api_key_id,
                 adapter_digest=handle.adapter, base_model=self.base_model, prompt_tokens=usage.prompt_tokens,
@@ -346,4 +360,14 @@ class EngineLoop:
             "tokens_per_second": self.tokens_per_second(),
             "last_step": self.last_step,
             "accepting": self.accepting,
+            "kv_pool": pool_counts(self.engine.block_manager),
+            "kv_leases": self.leases.state(),
         }
+
+
+def pool_counts(bm) -> dict:
+    """The page pool's own counts: free + evictable + in_use + adapter_pages == total; `held` (blocks held outside
+    any sequence: by leases, imports, transfers) is part of in_use. Engine thread only."""
+    in_use = sum(1 for count in bm.ref_counts if count) - len(bm.adapter_pages)
+    return {"total": bm.num_blocks, "free": len(bm.free_ids), "evictable": len(bm.evictable), "in_use": in_use,
+            "held": len(bm.held), "adapter_pages": len(bm.adapter_pages)}

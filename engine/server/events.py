@@ -5,7 +5,8 @@
      "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?,
                   "prompt_logprobs"?, "tool_calls"?}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms",
-               "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps"}}
+               "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps",
+               "kv_transfer"?: {"lease_id", "blocks_pulled", "recomputed"} (a decode hop, docs/kv-tiers.md)}}
 
 With sampling.prompt_logprobs, a completion's first delta (the one with its first tokens) and its final choice carry
 `prompt_logprobs`: one entry per prompt token, the first one's logprob null (nothing precedes it). A batch of prompts
@@ -84,6 +85,14 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
     first = choices[0]
     finish_reason = first["finish_reason"] if end.finish_reason == "stop" else end.finish_reason
     errors = [c for c in choices if c["error"]]
+    usage_json = {
+        "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens, "gpu_ms": usage.gpu_ms, "queue_ms": usage.queue_ms,
+        "ttft_ms": usage.ttft_ms, "e2e_ms": end.e2e_ms, "spec_proposed_tokens": usage.spec_proposed_tokens,
+        "spec_accepted_tokens": usage.spec_accepted_tokens, "sampling_steps": usage.sampling_steps,
+    }
+    if handle.kv_pull is not None:  # a decode hop (docs/kv-tiers.md)
+        usage_json["kv_transfer"] = handle.kv_pull.as_json()
     return {
         "type": EVENT_FINAL,
         "request_id": handle.request_id,
@@ -93,10 +102,5 @@ def final_event(handle: RequestHandle, end: RequestEnd) -> dict[str, Any]:
         "error": errors[0]["error"] if errors else None,
         "error_type": errors[0]["error_type"] if errors else None,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
-            "completion_tokens": usage.completion_tokens, "gpu_ms": usage.gpu_ms, "queue_ms": usage.queue_ms,
-            "ttft_ms": usage.ttft_ms, "e2e_ms": end.e2e_ms, "spec_proposed_tokens": usage.spec_proposed_tokens,
-            "spec_accepted_tokens": usage.spec_accepted_tokens, "sampling_steps": usage.sampling_steps,
-        },
+        "usage": usage_json,
     }

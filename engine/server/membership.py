@@ -2,7 +2,7 @@
 adapters and prompt fingerprints every `interval_s`, and on SIGTERM leaves before it drains.
 
     POST {control_plane}/internal/engines/heartbeat   Authorization: Bearer <engine token>
-    {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "state": {...}}
+    {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "role", "state": {...}}
 
 The control plane takes an engine out of routing when HEARTBEAT_MISSES heartbeats in a row have not come, or at
 once when one says `draining`. `Draining` wraps uvicorn's server: on SIGTERM it says so to the control plane, keeps
@@ -103,7 +103,8 @@ class Membership:
         state["prefixes"] = self.prefixes.recent()
         body = {"name": identity.name, "url": identity.url, "pool": identity.pool,
                 "gpu_price_per_hour": identity.gpu_price_per_hour, "interval_s": identity.interval_s,
-                "draining": self.draining or not self.loop.accepting, "state": state}
+                "draining": self.draining or not self.loop.accepting, "role": self.loop.engine.config.role,
+                "state": state}
         try:
             async with httpx.AsyncClient(timeout=timeout_s or max(1.0, identity.interval_s)) as client:
                 response = await client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
@@ -128,6 +129,7 @@ def heartbeat_state(loop: EngineLoop) -> dict:
     total = max(1, state["kv_blocks_total"])
     return {
         "model": loop.base_model,
+        "role": engine.config.role,
         "running": state["running"], "waiting": state["waiting"],
         "capacity": engine.config.max_num_seqs,
         "kv_usage": state["kv_blocks_used"] / total,

@@ -68,6 +68,28 @@ class EngineMetrics:
                                      "Tokens a sequence gets per step it samples in, since start (1 without "
                                      "speculation)", registry=r)
         self._spec_seen = {"proposed": 0, "accepted": 0}
+        # disaggregated serving (docs/kv-tiers.md)
+        self.kv_pulls = Counter("quilt_engine_kv_pulls", "Decode hops' KV pulls, by outcome: ok, or recomputed (some "
+                                "leased blocks were computed here instead), and how the blocks came (tcp, shm; none: "
+                                "nothing pulled)", ["outcome", "via"], registry=r)
+        self.kv_recomputes = Counter("quilt_engine_kv_recomputes",
+                                     "KV pulls that fell back to recomputing, by reason (timeout, closed, "
+                                     "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room)",
+                                     ["reason"], registry=r)
+        self.kv_transfer_blocks = Counter("quilt_engine_kv_transfer_blocks", "KV blocks sent to and received from "
+                                          "other engines", ["direction"], registry=r)
+        self.kv_leases = Gauge("quilt_engine_kv_leases", "KV leases held for other engines", registry=r)
+        self.kv_leased_blocks = Gauge("quilt_engine_kv_leased_blocks", "KV blocks held by leases", registry=r)
+        self.kv_leases_released = Counter("quilt_engine_kv_leases_released",
+                                          "KV leases ended, by reason (done, released, closed, expired, drain, evicted)",
+                                          ["reason"], registry=r)
+        self._leases_seen: dict[str, int] = {}
+        self.kv_tier_blocks = Counter("quilt_engine_kv_tier_lookups",
+                                      "Prompt KV blocks looked up at admission, by tier (device, host) and result "
+                                      "(hit, miss); a host lookup is a device miss", ["tier", "result"], registry=r)
+        self.kv_tier_resident = Gauge("quilt_engine_kv_tier_blocks", "Prefix KV blocks held per tier", ["tier"],
+                                      registry=r)
+        self._kv_seen: dict[tuple[str, str], int] = {}
         self.usage_spooled = Gauge("quilt_engine_usage_events_spooled",
                                    "Usage events spooled to disk while the broker was unreachable", registry=r)
 
@@ -84,6 +106,7 @@ class EngineMetrics:
         for kind in ("base_weights", "kv_pages", "adapter_pages", "free"):
             self.memory_bytes.labels(kind=kind).set(memory[f"{kind}_bytes"])
         self.adapters_resident.labels(tier="host").set(len(state["adapters"]["host"]))
+        self._observe_kv_tiers(state["kv_tiers"])
         spec = state.get("speculation")
         if spec is not None:
             for kind in ("proposed", "accepted"):  # the engine keeps totals: the counter takes what is new
@@ -92,6 +115,22 @@ class EngineMetrics:
                 self._spec_seen[kind] = total
             self.spec_acceptance.set(spec["acceptance_rate"])
             self.tokens_per_step.set(spec["tokens_per_step"])
+
+    def observe_leases(self, leases: dict) -> None:
+        """engine.kv.lease.LeaseTable.state(): the table keeps totals, the counter takes what is new."""
+        self.kv_leases.set(leases["active"])
+        self.kv_leased_blocks.set(leases["held_blocks"])
+        for reason, total in leases["released"].items():
+            self.kv_leases_released.labels(reason=reason).inc(max(0, total - self._leases_seen.get(reason, 0)))
+            self._leases_seen[reason] = total
+
+    def _observe_kv_tiers(self, tiers: dict) -> None:
+        for tier, counts in tiers.items():
+            self.kv_tier_resident.labels(tier=tier).set(counts["blocks"])
+            for result, field in (("hit", "hits"), ("miss", "misses")):  # totals: the counter takes what is new
+                seen = self._kv_seen.get((tier, result), 0)
+                self.kv_tier_blocks.labels(tier=tier, result=result).inc(max(0, counts[field] - seen))
+                self._kv_seen[(tier, result)] = counts[field]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

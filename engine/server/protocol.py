@@ -18,6 +18,9 @@ SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
 MAX_PROMPTS = 32  # a batch of prompts in one request
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
+LEASE_TTL_S = (30.0, 600.0)  # kv_transfer prefill: the default and the longest lease
+LEASE_ID = re.compile(r"^[0-9a-f]{16,64}$")
+TRANSFER_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}:[0-9]{1,5}$")
 
 
 class BadRequest(ValueError):
@@ -45,6 +48,16 @@ class PromptSpec:
 
 
 @dataclass(frozen=True)
+class KVTransfer:
+    """A hop of disaggregated serving (docs/kv-tiers.md): "prefill" computes the prompt's KV and leases its full
+    blocks; "decode" pulls them under `lease` (the prefill hop's kv_lease object) before it serves as usual."""
+
+    mode: str  # "prefill" | "decode"
+    lease_ttl_s: float = LEASE_TTL_S[0]  # prefill
+    lease: dict | None = None  # decode: {"id", "engine_id", "transport": {"tcp", "shm"}, "num_blocks", ...}
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     request_id: str
     tenant: str
@@ -60,6 +73,7 @@ class GenerateRequest:
     tools: list[dict] | None = None  # OpenAI's function tools: [{"type": "function", "function": {...}}]
     tool_choice: str | dict | None = None  # "none", "auto", "required" or {"type": "function", "function": {name}}
     parallel_tool_calls: bool = True
+    kv_transfer: KVTransfer | None = None
 
     @property
     def prompt(self) -> PromptSpec:
@@ -70,7 +84,7 @@ class GenerateRequest:
 
 GENERATE_FIELDS = {"request_id", "tenant", "weight", "api_key_id", "adapter", "prompt", "prompt_token_ids",
                    "messages", "sampling", "stream", "metadata", "context_overflow", "response_format", "tools",
-                   "tool_choice", "parallel_tool_calls"}
+                   "tool_choice", "parallel_tool_calls", "kv_transfer"}
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 TOKENIZE_FIELDS = {"prompt", "prompt_token_ids", "messages"}
 
@@ -102,14 +116,59 @@ def parse_generate(body: Any) -> GenerateRequest:
     overflow = body.get("context_overflow", "cap")
     if overflow not in CONTEXT_OVERFLOW:
         raise BadRequest(f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}", param="context_overflow")
+    prompts = parse_prompts(body)
+    kv_transfer = parse_kv_transfer(body.get("kv_transfer"))
+    if kv_transfer is not None and len(prompts) > 1:
+        raise BadRequest("kv_transfer takes one prompt, not a batch", param="kv_transfer")
+    if kv_transfer is not None and kv_transfer.mode == "prefill" and stream:
+        raise BadRequest("kv_transfer mode 'prefill' answers one JSON object: set stream to false",
+                         param="kv_transfer.mode")
     return GenerateRequest(
         request_id=request_id, tenant=tenant, weight=float(weight), api_key_id=api_key_id,
-        adapter=parse_adapter(body.get("adapter")), prompts=parse_prompts(body),
+        adapter=parse_adapter(body.get("adapter")), prompts=prompts,
         sampling=parse_sampling(body.get("sampling", {})), stream=stream, metadata=metadata,
         response_format=parse_response_format(body.get("response_format")), tools=tools,
         tool_choice=parse_tool_choice(body.get("tool_choice"), tools), parallel_tool_calls=parallel,
-        context_overflow=overflow,
+        context_overflow=overflow, kv_transfer=kv_transfer,
     )
+
+
+def parse_kv_transfer(value: Any) -> KVTransfer | None:
+    """null; {"mode": "prefill", "lease_ttl_s"?}; or {"mode": "decode", "lease": <a prefill hop's kv_lease>}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("mode") not in ("prefill", "decode"):
+        raise BadRequest("kv_transfer must be {'mode': 'prefill', 'lease_ttl_s'?} or {'mode': 'decode', 'lease': "
+                         "{...}}", param="kv_transfer.mode")
+    if value["mode"] == "prefill":
+        value = _object(value, {"mode", "lease_ttl_s"}, what="kv_transfer")
+        ttl = value.get("lease_ttl_s", LEASE_TTL_S[0])
+        if not _is_number(ttl) or not 0 < ttl <= LEASE_TTL_S[1]:
+            raise BadRequest(f"kv_transfer.lease_ttl_s must be a number of seconds in (0, {LEASE_TTL_S[1]:g}]",
+                             param="kv_transfer.lease_ttl_s")
+        return KVTransfer(mode="prefill", lease_ttl_s=float(ttl))
+    value = _object(value, {"mode", "lease"}, what="kv_transfer")
+    if not isinstance(value.get("lease"), dict):
+        raise BadRequest("kv_transfer.lease must be the kv_lease object of a prefill hop's answer",
+                         param="kv_transfer.lease")
+    lease = _object(value.get("lease"), {"id", "engine_id", "transport", "num_blocks", "num_tokens", "expires_in_s"},
+                    what="kv_transfer.lease")
+    if not isinstance(lease.get("id"), str) or not LEASE_ID.match(lease["id"]):
+        raise BadRequest("kv_transfer.lease.id must be the hex id of a prefill hop's kv_lease", param="kv_transfer.lease.id")
+    transport = _object(lease.get("transport"), {"tcp", "shm"}, what="kv_transfer.lease.transport")
+    if not isinstance(transport.get("tcp"), str) or not TRANSFER_ADDRESS.match(transport["tcp"]):
+        raise BadRequest("kv_transfer.lease.transport.tcp must be 'host:port'", param="kv_transfer.lease.transport.tcp")
+    if transport.get("shm") is not None and not isinstance(transport["shm"], str):
+        raise BadRequest("kv_transfer.lease.transport.shm must be a string or null",
+                         param="kv_transfer.lease.transport.shm")
+    for name in ("num_blocks", "num_tokens"):
+        if name in lease and not (_is_int(lease[name]) and lease[name] >= 0):
+            raise BadRequest(f"kv_transfer.lease.{name} must be a non-negative integer", param=f"kv_transfer.lease.{name}")
+    if "expires_in_s" in lease and not _is_number(lease["expires_in_s"]):
+        raise BadRequest("kv_transfer.lease.expires_in_s must be a number", param="kv_transfer.lease.expires_in_s")
+    if "engine_id" in lease and not isinstance(lease["engine_id"], str):
+        raise BadRequest("kv_transfer.lease.engine_id must be a string", param="kv_transfer.lease.engine_id")
+    return KVTransfer(mode="decode", lease={**lease, "transport": {"tcp": transport["tcp"], "shm": transport.get("shm")}})
 
 
 def parse_response_format(value: Any) -> dict | None:

@@ -158,7 +158,9 @@ def fleet_economics(*, since: datetime, until: datetime) -> FleetEconomics:
                             "adapter_version__number").annotate(**_SUMS).order_by("-cost", "adapter_version__number"))
     adapters = [_token_cost(f"{r['adapter_version__adapter__tenant__slug']}/{r['adapter_version__adapter__name']}"
                             f"@{r['adapter_version__number']}", r) for r in adapter_rows]  # fmt: skip
-    busy = {row["engine"]: row for row in events.values("engine").annotate(requests=Count("id"), gpu_ms=Sum("gpu_ms"))}
+    busy = {row["engine"]: row for row in events.values("engine").annotate(
+        requests=Count("id"), gpu_ms=Sum("gpu_ms") - Sum("prefill_gpu_ms"))}  # the prefill hop's part: its engine's
+    prefilled = dict(events.exclude(prefill_engine="").values_list("prefill_engine").annotate(Sum("prefill_gpu_ms")))
     engines = []
     window = Decimal((until - since).total_seconds())
     for engine in Engine.objects.order_by("name"):
@@ -168,7 +170,7 @@ def fleet_economics(*, since: datetime, until: datetime) -> FleetEconomics:
             end = min(until, max(start, engine.heartbeat_expires_at))
         up = max(Decimal(0), min(window, Decimal((end - start).total_seconds())))
         row = busy.get(engine.name, {})
-        busy_seconds = (row.get("gpu_ms") or Decimal(0)) / MS_PER_SECOND
+        busy_seconds = ((row.get("gpu_ms") or Decimal(0)) + (prefilled.get(engine.name) or Decimal(0))) / MS_PER_SECOND
         engines.append(EngineUse(
             name=engine.name, pool=engine.pool, gpu_price_per_hour=engine.gpu_price_per_hour, up_seconds=up,
             busy_seconds=busy_seconds, utilisation=utilisation(busy_seconds=busy_seconds, up_seconds=up),

@@ -145,14 +145,7 @@ class GenerateStream:
             except EngineHTTPError:
                 body = b""
             self._response.close()
-            kind, param, _ = _error_fields(body)
-            # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
-            # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
-            if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
-                raise AdapterUnavailable(f"{self.engine.name}: {status} {_error_message(body)}")
-            if status >= 500 or status in (401, 403, 404, 429):
-                raise EngineUnavailable(f"{self.engine.name}: generate answered {status}: {_error_message(body)}")
-            raise EngineRejected.of(status, body)
+            raise _refusal(self.engine, status, body)
         return self
 
     async def events(self) -> AsyncIterator[dict]:
@@ -177,6 +170,58 @@ class GenerateStream:
     async def close(self) -> None:
         if self._response is not None:
             self._response.close()
+
+
+def _refusal(engine: EngineRef, status: int, body: bytes) -> Exception:
+    """What a generate answered with an error status means for the gateway."""
+    kind, param, _ = _error_fields(body)
+    # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
+    # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
+    if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
+        return AdapterUnavailable(f"{engine.name}: {status} {_error_message(body)}")
+    if status >= 500 or status in (401, 403, 404, 429):
+        return EngineUnavailable(f"{engine.name}: generate answered {status}: {_error_message(body)}")
+    return EngineRejected.of(status, body)
+
+
+async def generate_whole(engine: EngineRef, payload: dict, *, timeout_s: float) -> dict:
+    """POST /v1/generate for a JSON answer (the prefill hop: `stream` false), read whole within `timeout_s`.
+    Raises EngineUnavailable (unreachable, 5xx, timed out, not JSON), AdapterUnavailable or EngineRejected, as
+    GenerateStream.open does."""
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    response: Response | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await _client().request(
+                "POST", f"{engine.url}/v1/generate", headers=_post_headers(engine), body=body, read_timeout=timeout_s
+            )
+            content = await response.aread()
+    except (EngineHTTPError, TimeoutError) as error:
+        raise EngineUnavailable(f"{engine.name}: {error!r}") from error
+    finally:
+        if response is not None:
+            response.close()  # a no-op once read to its end; else (timed out, cancelled) the engine aborts it
+    if response.status >= 400:
+        raise _refusal(engine, response.status, content)
+    try:
+        answer = json.loads(content)
+    except ValueError as error:
+        raise EngineUnavailable(f"{engine.name}: generate answered {response.status} with no JSON") from error
+    if not isinstance(answer, dict):
+        raise EngineUnavailable(f"{engine.name}: generate answered {response.status} with no JSON object")
+    return answer
+
+
+async def prefetch(engine: EngineRef, *, digest: str, path: str, tier: str = "gpu") -> None:
+    """Asks the engine to load an adapter ahead of a request (POST /v1/adapters/prefetch); a failure only means
+    the request that follows loads it itself."""
+    body = json.dumps({"digest": digest, "path": path, "tier": tier}).encode()
+    try:
+        response = await _client().request("POST", f"{engine.url}/v1/adapters/prefetch",
+                                           headers=_post_headers(engine), body=body, read_timeout=10.0)  # fmt: skip
+        await response.aread()
+    except EngineHTTPError:
+        pass
 
 
 async def abort(engine: EngineRef, request_id: str) -> None:

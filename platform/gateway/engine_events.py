@@ -5,7 +5,8 @@
      "arguments"}]}
     {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens",
-               "spec_accepted_tokens", "sampling_steps", ...}}
+               "spec_accepted_tokens", "sampling_steps", "kv_transfer"?: {"lease_id", "blocks_pulled",
+               "recomputed"}, ...}}
 """
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class Read:
     usage: dict | None = None
     error: str | None = None  # the engine failed the request
     error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
+    kv_transfer: dict | None = None  # a decode hop's: what the engine did with the lease (for metrics only)
 
 
 def _token(vocabulary: Vocabulary, token_id: int, logprob: float | None) -> dict:
@@ -58,6 +60,8 @@ def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
         error = event.get("error") if event.get("finish_reason") == "error" else None
         counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
         failed = event.get("finish_reason") == "error"
+        transfer = usage.get("kv_transfer")
         return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if failed else None),
-                    error_type=(event.get("error_type") or None) if failed else None)  # fmt: skip
+                    error_type=(event.get("error_type") or None) if failed else None,
+                    kv_transfer=transfer if isinstance(transfer, dict) else None)  # fmt: skip
     return Read(deltas=[])

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from gateway.services import HeartbeatRefused, engine_heartbeat
 
-HEARTBEAT_FIELDS = {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "state"}
+HEARTBEAT_FIELDS = {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "role", "state"}
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JsonResponse:
@@ -45,7 +45,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         engine = engine_heartbeat(
             name=body["name"], url=body["url"], pool=str(body.get("pool") or "default"),
             gpu_price_per_hour=str(body.get("gpu_price_per_hour", "0")), interval_s=body["interval_s"],
-            draining=bool(body.get("draining", False)), state=body.get("state") or {},
+            draining=bool(body.get("draining", False)), role=body.get("role", "both"), state=body.get("state") or {},
         )  # fmt: skip
     except HeartbeatRefused as refused:
         return _error(refused.status, str(refused))

@@ -22,6 +22,17 @@ latency = Histogram("quilt_gateway_request_seconds", "From the request's arrival
                     buckets=SECONDS, registry=registry)  # fmt: skip
 tokens = Counter("quilt_gateway_tokens", "Tokens of admitted requests as the engine counted them",
                  [*LABELS, "kind"], registry=registry)  # fmt: skip
+# disaggregated prefill/decode (docs/kv-tiers.md)
+disaggregation = Counter(
+    "quilt_gateway_disaggregation", "Requests on a fleet with prefill/decode roles, by route: disaggregated (a "
+    "prefill hop, then the decode engine), short (the uncached prompt is under the threshold: no hop), fallback (the "
+    "prefill hop failed: one engine served it whole), no_prefill_engine", ["route"], registry=registry)  # fmt: skip
+prefill_fallbacks = Counter("quilt_gateway_prefill_fallbacks", "Prefill hops that gave no lease, by reason",
+                            ["reason"], registry=registry)  # fmt: skip
+prefill_seconds = Histogram("quilt_gateway_prefill_hop_seconds", "The prefill hop, from sending it to its lease",
+                            buckets=SECONDS, registry=registry)  # fmt: skip
+kv_transfers = Counter("quilt_gateway_kv_transfers", "Decode hops by what the decode engine said it did with the "
+                       "lease: pulled the blocks, or recomputed the prompt", ["outcome"], registry=registry)  # fmt: skip
 
 
 _children: dict[tuple, object] = {}

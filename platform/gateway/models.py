@@ -15,6 +15,14 @@ class Engine(models.Model):
     url = models.URLField(help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100")
     token = models.CharField(max_length=200, blank=True, help_text="Empty means QUILT_ENGINE_TOKEN.")
     pool = models.SlugField(max_length=64, default="default")
+
+    class Role(models.TextChoices):  # disaggregated serving (docs/kv-tiers.md)
+        PREFILL = "prefill"
+        DECODE = "decode"
+        BOTH = "both"
+
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.BOTH,
+                            help_text="What the engine says it is for: prefill, decode or both (the default).")
     gpu_price_per_hour = models.DecimalField(
         max_digits=10, decimal_places=4, default=Decimal(0), validators=[MinValueValidator(Decimal(0))]
     )

@@ -15,7 +15,13 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED, EVENT_FINAL, prompt_fingerprints
+from engine.contract import (
+    ADAPTER_UNAVAILABLE,
+    CONTEXT_LENGTH_EXCEEDED,
+    EVENT_FINAL,
+    billed_cached_tokens,
+    prompt_fingerprints,
+)
 from gateway import engine_client, metrics
 from gateway.admission import (
     admission_acquire,
@@ -25,6 +31,14 @@ from gateway.admission import (
 from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
 from gateway.connections import DATABASE_DOWN, checked_connection
+from gateway.disaggregation import (
+    PrefillFailed,
+    PrefillHop,
+    decode_payload,
+    prefetch_soon,
+    prefill_hop,
+    prefill_payload,
+)
 from gateway.engine_client import (
     AdapterUnavailable,
     EngineBroke,
@@ -125,6 +139,7 @@ class Exchange:
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
         self.first: list[dict] = []  # the first event, read while a retry was still possible
+        self.prefill: PrefillHop | None = None  # disaggregated: the prefill hop's lease and GPU time
         self.usage_reported = False
         self.broke = False
         self.error_type: str | None = None  # the engine's, when it failed the request
@@ -132,10 +147,13 @@ class Exchange:
 
     def metadata(self, engine: EngineRef) -> dict:
         target = self.target
-        return {
+        metadata = {
             "tenant_id": self.caller.tenant_id, "api_key_id": self.caller.key_id, "model": target.name,
             "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": engine.name,
         }  # fmt: skip
+        if self.prefill is not None and engine.name != self.prefill.engine.name:
+            metadata["prefill"] = self.prefill.attribution()  # metering costs it at the prefill engine's price
+        return metadata
 
     def payload(self, engine: EngineRef) -> dict:
         generation, target = self.generation, self.target
@@ -159,6 +177,8 @@ class Exchange:
             prompts = generation.prompts
             name = "prompt" if isinstance(prompts[0], str) else "prompt_token_ids"
             payload[name] = prompts[0] if len(prompts) == 1 else prompts
+        if self.prefill is not None and engine.name != self.prefill.engine.name:
+            payload = decode_payload(payload, self.prefill)
         return payload
 
     async def _try(self, engine: EngineRef) -> None:
@@ -193,12 +213,23 @@ class Exchange:
         fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
                                            prompt=first_prompt if isinstance(first_prompt, str) else None,
                                            messages=generation.messages)
-        for _ in range(ATTEMPTS):
-            engine = router.choose(digest=digest, fingerprints=fingerprints, exclude=frozenset(tried))
-            if engine is None:
+        one_prompt = generation.messages is not None or len(generation.prompts) == 1
+        for attempt in range(ATTEMPTS):
+            route = router.route(
+                digest=digest, fingerprints=fingerprints, prompt_chars=generation.prompt_bytes(),
+                prompt_tokens=generation.prompt_token_count(), exclude=frozenset(tried),
+                min_uncached_tokens=settings.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
+                disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
+            )  # fmt: skip
+            if route is None:
                 break
+            engine = route.engine
             router.started(engine, digest, fingerprints)
             self.engine = engine
+            if route.prefill is not None:
+                await self._prefill(route.prefill, engine, fingerprints)
+            elif route.reason in ("short", "no_prefill_engine"):
+                metrics.labelled(metrics.disaggregation, route.reason).inc()
             try:
                 await self._try(engine)
                 return
@@ -216,6 +247,27 @@ class Exchange:
             except EngineRejected as rejected:
                 raise engine_refusal(rejected, self.generation) from None
         raise no_engine()
+
+    async def _prefill(self, engine: EngineRef, decode: EngineRef, fingerprints: list[str]) -> None:
+        """The prefill hop on `engine` for the request `decode` will serve; on failure the request goes on whole."""
+        digest = self.target.digest
+        router.started(engine, digest, fingerprints)
+        if digest and digest not in decode.resident:
+            prefetch_soon(decode, digest=digest, path=self.target.adapter_path)
+        try:
+            payload = prefill_payload(self.payload(engine), lease_ttl_s=settings.QUILT_KV_LEASE_TTL_SECONDS)
+            self.prefill = await prefill_hop(engine, payload, request_id=self.request_id,
+                                             timeout_s=settings.QUILT_PREFILL_HOP_TIMEOUT_SECONDS)  # fmt: skip
+            metrics.labelled(metrics.disaggregation, "disaggregated").inc()
+        except PrefillFailed as failed:
+            log.warning("prefill hop for %s failed (%s): %s; %s serves it whole", self.request_id, failed.reason,
+                        failed, decode.name)  # fmt: skip
+            metrics.labelled(metrics.disaggregation, "fallback").inc()
+            metrics.labelled(metrics.prefill_fallbacks, failed.reason).inc()
+            if failed.reason in ("unavailable", "timeout"):
+                router.suspect(engine.name)
+        finally:
+            router.ended(engine)
 
     def event_ready(self) -> bool:
         return self.stream is not None and self.stream.event_ready()
@@ -242,10 +294,21 @@ class Exchange:
         if read.usage is not None:
             self.builder.usage = Usage(**read.usage)
             self.usage_reported = True
+            if self.prefill is not None:
+                self._count_transfer(read.kv_transfer)
+                self.builder.usage.cached_tokens = billed_cached_tokens(
+                    decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
         if read.error is not None:
             self.error_type = read.error_type
             raise EngineBroke(read.error)
         return read
+
+    def _count_transfer(self, transfer: dict | None) -> None:
+        recomputed = transfer is None or bool(transfer.get("recomputed"))
+        if recomputed:
+            log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
+                        self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
+        metrics.labelled(metrics.kv_transfers, "recomputed" if recomputed else "pulled").inc()
 
     @property
     def settled(self) -> bool:

@@ -14,21 +14,29 @@ An engine past the bound keeps its load terms but loses its affinity and prefix 
 next engine as soon as its favourite's queue runs ahead of the fleet, and warms there, so it spreads over as many
 engines as its load needs. `rendezvous` is a stable per-(adapter, engine) number in [0, 1): a cold adapter goes to
 the same few engines from every gateway process.
+
+Disaggregated prefill/decode (`choose_route`, docs/kv-tiers.md): on a fleet where some engine has a role other
+than "both", the engine that serves the request (decodes) is chosen by `choose` among the engines that are not
+prefill-only; if the prompt's part not cached there is long, a prefill engine is chosen by `choose` too, among the
+prefill engines (else the "both" ones), and computes the prompt's KV first.
 """
 
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from engine.contract import prompt_fingerprints
+from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
 
 __all__ = [
-    "DEFAULT", "Candidate", "Fleet", "Weights", "candidate_from_state", "Loads", "choose", "prompt_fingerprints",
+    "DEFAULT", "ROLES", "Candidate", "Fleet", "Route", "Weights", "candidate_from_state", "Loads", "choose",
+    "choose_route", "prompt_fingerprints", "uncached_tokens",
 ]
 
 _MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (Fibonacci hashing)
 CACHED_KEYS = 4096  # per snapshot: the rendezvous terms of this many adapters (or prompts) kept between decisions
 TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's hash, not all to the first engine
+ROLES = ("prefill", "decode", "both")  # an engine's role (python -m engine --role); "both" serves whole requests
+CHARS_PER_TOKEN = 4  # the gateway does not tokenize: English BPE averages about 4 characters a token
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +71,7 @@ class Candidate:
     resident: frozenset[str] = frozenset()  # adapter digests in device memory
     loading: frozenset[str] = frozenset()  # being loaded, or in host memory (one copy from device)
     prefixes: frozenset[str] = frozenset()  # prompt fingerprints it served recently (prompt_fingerprints)
+    role: str = "both"  # "prefill", "decode" or "both" (ROLES)
 
 
 @dataclass(slots=True)
@@ -77,6 +86,8 @@ class Fleet:
     seeds: list[int] = field(init=False)
     adapters: dict[str, dict[int, bool]] = field(init=False)  # digest -> engine index -> resident (else loading)
     prefix_index: dict[str, list[int]] = field(init=False)  # fingerprint -> engine indexes
+    roles: list[str] = field(init=False)
+    split: bool = field(init=False)  # some engine is prefill- or decode-only: the fleet disaggregates
     weights: Weights = DEFAULT
     _keys: dict[str, int] = field(init=False, default_factory=dict)
     _within: dict[tuple[int, bool], list[float]] = field(init=False, default_factory=dict)
@@ -88,6 +99,8 @@ class Fleet:
         self.load_per_request = [w.load / max(1, c.capacity) for c in self.candidates]
         self.free = [w.free * c.adapter_free for c in self.candidates]
         self.seeds = [_stable_int(c.name) for c in self.candidates]
+        self.roles = [c.role for c in self.candidates]
+        self.split = any(role != "both" for role in self.roles)
         self.adapters = {}
         self.prefix_index = {}
         for i, c in enumerate(self.candidates):
@@ -120,6 +133,18 @@ class Fleet:
             self._within[(key, free)] = cached
         return cached
 
+    def with_role(self, *roles: str) -> set[int]:
+        return {i for i, role in enumerate(self.roles) if role in roles}
+
+    def matched_chunks(self, index: int, fingerprints: Sequence[str]) -> int:
+        """How many leading chunks of the prompt engine `index` served lately (its prefix summary; the fingerprints
+        are chained, so the deepest one it holds says the whole prefix up to there)."""
+        depth = 0
+        for k, fingerprint in enumerate(fingerprints, 1):
+            if index in self.prefix_index.get(fingerprint, ()):
+                depth = k
+        return depth
+
     def base_loads(self) -> list[int]:
         return [c.load for c in self.candidates]
 
@@ -149,6 +174,7 @@ def candidate_from_state(name: str, state: dict) -> Candidate:
         kv_usage=float(kv_usage), adapter_free=float(adapter_free),
         resident=_digests(adapters.get("gpu")), loading=_digests(adapters.get("loading")) | _digests(adapters.get("host")),
         prefixes=frozenset(p for p in state.get("prefixes") or () if isinstance(p, str)),
+        role=state.get("role") if state.get("role") in ROLES else "both",
     )  # fmt: skip
 
 
@@ -236,6 +262,57 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
             scores[i] = float("-inf")
     best = max(range(n), key=scores.__getitem__)
     return None if scores[best] == float("-inf") else best
+
+
+def uncached_tokens(fleet: Fleet, index: int, *, fingerprints: Sequence[str], prompt_chars: int,
+                    prompt_tokens: int = 0) -> int:
+    """An estimate of the prompt tokens engine `index` would have to compute: the characters past the prefix its
+    summary says it holds, at CHARS_PER_TOKEN, plus a prompt given as token ids (never cached as far as the summary
+    knows: it fingerprints text only)."""
+    cached_chars = fleet.matched_chunks(index, fingerprints) * PREFIX_CHUNK_CHARS
+    return max(0, prompt_chars - cached_chars) // CHARS_PER_TOKEN + prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes: `serving` streams it (and decodes it); `prefill`, when not None, computes its prompt's
+    KV first. `reason` says why there is or is no prefill hop: "colocated" (every engine serves whole requests),
+    "disaggregated", "short" (the uncached part is under the threshold), "no_prefill_engine", "prefill_only" (no
+    engine but prefill-only ones is left: one serves it whole)."""
+
+    serving: int
+    prefill: int | None
+    reason: str
+    uncached_tokens: int = 0
+
+
+def choose_route(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], loads: Sequence[float],
+                 step: float = 1.0, exclude: Iterable[int] = (), prompt_chars: int = 0, prompt_tokens: int = 0,
+                 min_uncached_tokens: int, disaggregate: bool = True) -> Route | None:
+    """The engine that serves a request and, on a fleet with roles, the one that prefills it first (llm-d's rule:
+    only when the part of the prompt not cached on the serving engine is at least `min_uncached_tokens`). Both are
+    `choose`'s answers: the serving one among engines that decode (prefill-only ones are a last resort, serving
+    whole), the prefill one among the other prefill engines, else the other "both" ones. None if every engine is
+    excluded."""
+    excluded = set(exclude)
+    serving = choose(fleet, adapter=adapter, fingerprints=fingerprints, loads=loads, step=step,
+                     exclude=excluded | fleet.with_role("prefill"))  # fmt: skip
+    if serving is None:
+        serving = choose(fleet, adapter=adapter, fingerprints=fingerprints, loads=loads, step=step, exclude=excluded)
+        return None if serving is None else Route(serving, None, "prefill_only")
+    if not fleet.split or not disaggregate:
+        return Route(serving, None, "colocated")
+    uncached = uncached_tokens(fleet, serving, fingerprints=fingerprints, prompt_chars=prompt_chars,
+                               prompt_tokens=prompt_tokens)  # fmt: skip
+    if uncached < min_uncached_tokens:
+        return Route(serving, None, "short", uncached)
+    prefill = None
+    for roles in (("decode", "both"), ("decode", "prefill")):  # prefill engines first, then "both" ones
+        prefill = choose(fleet, adapter=adapter, fingerprints=fingerprints, loads=loads, step=step,
+                         exclude=excluded | {serving} | fleet.with_role(*roles))  # fmt: skip
+        if prefill is not None:
+            break
+    return Route(serving, prefill, "disaggregated" if prefill is not None else "no_prefill_engine", uncached)
 
 
 def _stable_int(text: str) -> int:

@@ -1,10 +1,12 @@
 """Choosing an engine, per gateway process: the engines come from the database (static ones while healthy,
 self-registered ones while their heartbeats keep coming), re-read once a second; each decision is
 `route_score.choose` (docs/routing.md) over that snapshot, with each engine's load estimated from its heartbeat and
-this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is skipped for a few seconds."""
+this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is skipped for a few seconds.
+On a fleet with prefill and decode roles, `route` may add a prefill engine (`route_score.choose_route`)."""
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from django.db.models import Q
 from django.utils import timezone
@@ -12,7 +14,7 @@ from django.utils import timezone
 from engine.contract import state_load, state_resident_digests
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
-from gateway.route_score import Fleet, Loads, candidate_from_state, choose
+from gateway.route_score import Fleet, Loads, candidate_from_state, choose, choose_route
 
 SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
@@ -26,6 +28,17 @@ def routable_engines():
     """Engines to route to: enabled, and healthy (static ones) or heartbeating (self-registered ones)."""
     alive = Q(self_registered=False) | Q(heartbeat_expires_at__gt=timezone.now())
     return Engine.objects.filter(alive, enabled=True, healthy=True).order_by("name")
+
+
+@dataclass(frozen=True)
+class Route:
+    """The engine that serves a request, and the one that computes its prompt's KV first (or None); `reason` is
+    route_score.Route's."""
+
+    engine: EngineRef
+    prefill: EngineRef | None
+    reason: str
+    uncached_tokens: int = 0
 
 
 class Router:
@@ -77,6 +90,21 @@ class Router:
         index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
                        step=self._loads.step, exclude=skipped)
         return None if index is None else self._engines[index]
+
+    def route(self, *, digest: str | None, fingerprints: Sequence[str] = (), prompt_chars: int = 0,
+              prompt_tokens: int = 0, min_uncached_tokens: int, disaggregate: bool = True,
+              exclude: frozenset[str] = frozenset()) -> Route | None:
+        now = time.monotonic()
+        skipped = [i for i, e in enumerate(self._engines)
+                   if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
+        route = choose_route(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
+                             step=self._loads.step, exclude=skipped, prompt_chars=prompt_chars,
+                             prompt_tokens=prompt_tokens, min_uncached_tokens=min_uncached_tokens,
+                             disaggregate=disaggregate)  # fmt: skip
+        if route is None:
+            return None
+        prefill = None if route.prefill is None else self._engines[route.prefill]
+        return Route(self._engines[route.serving], prefill, route.reason, route.uncached_tokens)
 
     def suspect(self, name: str) -> None:
         self._suspect_until[name] = time.monotonic() + SUSPECT_SECONDS

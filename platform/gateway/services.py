@@ -54,8 +54,10 @@ def engine_check(*, engine: Engine) -> Engine:
     if healthy != engine.healthy:
         log.warning("engine %s is now %s %s", engine.name, "healthy" if healthy else "unhealthy", message)
     engine.healthy, engine.state, engine.last_error = healthy, state, message
+    if state.get("role") in Engine.Role.values:  # a static engine says its role in /v1/state
+        engine.role = state["role"]
     engine.last_checked_at = timezone.now()
-    engine.save(update_fields=["healthy", "state", "last_error", "last_checked_at"])
+    engine.save(update_fields=["healthy", "state", "role", "last_error", "last_checked_at"])
     return engine
 
 
@@ -78,6 +80,7 @@ class HeartbeatRefused(Exception):
 
 def engine_heartbeat(
     *, name: str, url: str, pool: str, gpu_price_per_hour: str, interval_s: float, draining: bool, state: dict,
+    role: str = Engine.Role.BOTH,
 ) -> Engine:  # fmt: skip
     """Records a self-registered engine's heartbeat: it joins on its first one, and stays in routing for
     HEARTBEAT_MISSES intervals unless it says it is draining (then it leaves at once)."""
@@ -90,6 +93,8 @@ def engine_heartbeat(
         raise HeartbeatRefused(f"interval_s must be a number of seconds from {low} to {high}")
     if not isinstance(state, dict):
         raise HeartbeatRefused("state must be an object")
+    if role not in Engine.Role.values:
+        raise HeartbeatRefused(f"role must be one of {Engine.Role.values}")
     now = timezone.now()
     with transaction.atomic():
         engine = Engine.objects.select_for_update().filter(name=name).first()
@@ -100,6 +105,7 @@ def engine_heartbeat(
         before = _snapshot(engine) if engine is not None else None
         engine = engine or Engine(name=name, self_registered=True)
         engine.url, engine.token, engine.pool, engine.gpu_price_per_hour = url.rstrip("/"), "", pool, price
+        engine.role = role
         engine.healthy, engine.state, engine.last_error = not draining, state, ""
         engine.heartbeat_at = engine.last_checked_at = now
         engine.heartbeat_expires_at = now if draining else now + timedelta(seconds=HEARTBEAT_MISSES * interval_s)

@@ -11,6 +11,8 @@ from decimal import Decimal, InvalidOperation
 
 from django.utils.dateparse import parse_datetime
 
+from engine.contract import billed_cached_tokens
+
 
 class BadEvent(ValueError):
     pass
@@ -36,6 +38,10 @@ class UsageRecord:
     engine: str
     finished_at: datetime
     error: str = ""  # why it failed (the gateway's report of a broken stream says; the engine's events don't)
+    # disaggregated serving: the prefill engine's share, which the gateway put in the metadata (gpu_ms is the
+    # decode engine's, as the engine reported it)
+    prefill_engine: str = ""
+    prefill_gpu_ms: Decimal = Decimal(0)
 
     @property
     def total_tokens(self) -> int:
@@ -87,6 +93,21 @@ def _timestamp(value) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
+def _prefill(metadata: dict, cached_tokens: int) -> tuple[str, Decimal, int]:
+    """The gateway's `"prefill": {"engine", "gpu_ms", "cached_tokens"}` (disaggregated serving): the prefill
+    engine, its GPU time, and the cached tokens the request is billed for (the prefill engine's hits, not the
+    blocks the decode engine pulled: engine.contract.billed_cached_tokens)."""
+    prefill = metadata.get("prefill")
+    if prefill is None:
+        return "", Decimal(0), cached_tokens
+    if not isinstance(prefill, dict) or not isinstance(prefill.get("engine"), str) or not prefill["engine"]:
+        raise BadEvent(f"metadata.prefill must name its engine, got {prefill!r}")
+    if "cached_tokens" in prefill:
+        cached_tokens = billed_cached_tokens(decode_cached=cached_tokens,
+                                             prefill_cached=_count(prefill, "cached_tokens"))
+    return prefill["engine"][:100], _gpu_ms(prefill.get("gpu_ms")), cached_tokens
+
+
 def usage_record_parse(event: dict) -> UsageRecord:
     if not isinstance(event, dict):
         raise BadEvent(f"an event must be an object, got {type(event).__name__}")
@@ -108,6 +129,7 @@ def usage_record_parse(event: dict) -> UsageRecord:
     version = metadata.get("adapter_version_id")
     if version is not None and (isinstance(version, bool) or not str(version).isdigit()):
         raise BadEvent(f"adapter_version_id must be an integer, got {version!r}")
+    prefill_engine, prefill_gpu_ms, cached_tokens = _prefill(metadata, cached_tokens)
     return UsageRecord(
         request_id=request_id,
         tenant_ref=tenant_ref,
@@ -127,4 +149,6 @@ def usage_record_parse(event: dict) -> UsageRecord:
         engine=str(metadata.get("engine") or event.get("engine") or "")[:100],
         finished_at=_timestamp(event.get("finished_at")),
         error=str(event.get("error") or metadata.get("error") or "")[:500],
+        prefill_engine=prefill_engine,
+        prefill_gpu_ms=prefill_gpu_ms,
     )

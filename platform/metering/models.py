@@ -32,7 +32,8 @@ class UsageEvent(models.Model):
     """One finished (or aborted) request as the engine reported it, written exactly once per request id.
 
     Price is fixed at ingest from the rates stored alongside it; cost is gpu_ms at the engine pool's hourly price
-    (null when the event named no engine the gateway knows).
+    (null when the event named no engine the gateway knows). A disaggregated request ran on two engines: gpu_ms is
+    the whole request's, prefill_gpu_ms the part on `prefill_engine`, each part costed at its engine's price.
     """
 
     request_id = models.CharField(max_length=100, unique=True)
@@ -61,6 +62,9 @@ class UsageEvent(models.Model):
     finish_reason = models.CharField(max_length=32, blank=True)
     error = models.CharField(max_length=500, blank=True, help_text="Why the request failed, where it did.")
     engine = models.CharField(max_length=100, blank=True)
+    prefill_engine = models.CharField(max_length=100, blank=True, help_text="Disaggregated: the prefill hop's engine.")
+    prefill_gpu_ms = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0),
+                                         help_text="Disaggregated: the part of gpu_ms spent on prefill_engine.")
     price_input_per_mtok = models.DecimalField(**RATE)
     price_cached_input_per_mtok = models.DecimalField(**RATE)
     price_output_per_mtok = models.DecimalField(**RATE)

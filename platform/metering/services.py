@@ -88,7 +88,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             plan_id__in=plan_ids, base_model__in={r.base_model for r in records}
         )
     }
-    gpu_prices = engine_gpu_prices(names={r.engine for r in records})
+    gpu_prices = engine_gpu_prices(names={r.engine for r in records} | {r.prefill_engine for r in records})
     versions = _adapter_versions(records)
     rows, rejected = [], 0
     for record in records:
@@ -117,6 +117,8 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
         gpu_price_per_hour, cost = gpu_prices.get(record.engine), None
         if gpu_price_per_hour is not None:
             cost = gpu_cost(gpu_ms=record.gpu_ms, gpu_price_per_hour=gpu_price_per_hour)
+            if record.prefill_engine:
+                cost += _prefill_cost(record, gpu_prices.get(record.prefill_engine))
         else:
             logger.warning(
                 "usage event %s: no engine named %r, so no GPU cost", record.request_id, record.engine
@@ -127,7 +129,9 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
                 api_key_prefix=key.prefix if key is not None else record.api_key_ref.partition(".")[0][:16],
                 model=record.model or adapter_name or record.base_model, base_model=record.base_model,
                 adapter_version_id=version_id, adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
-                cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens, gpu_ms=record.gpu_ms,
+                cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens,
+                gpu_ms=record.gpu_ms + record.prefill_gpu_ms, prefill_engine=record.prefill_engine,
+                prefill_gpu_ms=record.prefill_gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
                 finish_reason=record.finish_reason, error=record.error, engine=record.engine, price_input_per_mtok=rates.input,
                 price_cached_input_per_mtok=rates.cached_input, price_output_per_mtok=rates.output, price=price,
@@ -135,6 +139,15 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
             )
         )  # fmt: skip
     return rows, rejected
+
+
+def _prefill_cost(record: UsageRecord, gpu_price_per_hour: Decimal | None) -> Decimal:
+    """The prefill hop's GPU time at its own engine's price (disaggregated serving)."""
+    if gpu_price_per_hour is None:
+        logger.warning("usage event %s: no prefill engine named %r, so its %s GPU ms go uncosted", record.request_id,
+                       record.prefill_engine, record.prefill_gpu_ms)  # fmt: skip
+        return Decimal(0)
+    return gpu_cost(gpu_ms=record.prefill_gpu_ms, gpu_price_per_hour=gpu_price_per_hour)
 
 
 def _insert_new(rows: list[UsageEvent]) -> set[str]:

@@ -1,7 +1,11 @@
 """A stand-in for the model in scheduler tests: each step 'computes' the scheduled tokens and
 samples a deterministic next token for every sequence whose tokens are all computed."""
 
+import random
+from collections import OrderedDict
+
 from engine.block_manager import BlockManager
+from engine.kv.connector import Load
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
@@ -65,6 +69,48 @@ class PageAdapters:
         return freed
 
 
+class KeyStore:
+    """The scheduler's side of a host tier, without bytes: a bounded LRU of block keys, saved as the block manager
+    evicts them; a load finishes a random number of schedule() calls after it starts, and sometimes fails."""
+
+    def __init__(self, bm: BlockManager, *, capacity: int, rng: random.Random, fail_rate: float = 0.1) -> None:
+        self.bm, self.capacity, self.rng, self.fail_rate = bm, capacity, rng, fail_rate
+        self.keys: OrderedDict[bytes, None] = OrderedDict()
+        self.in_flight: list[tuple[Load, int]] = []  # (load, schedule calls left)
+        self.loaded = 0
+        bm.on_evict = self.save
+
+    def lookup(self, keys: list[bytes]) -> int:
+        count = 0
+        while count < len(keys) and keys[count] in self.keys:
+            count += 1
+        return count
+
+    def save(self, block_id: int, key: bytes) -> None:
+        assert self.bm.hashes[block_id] == key and self.bm.ref_counts[block_id] == 0
+        self.keys[key] = None
+        self.keys.move_to_end(key)
+        while len(self.keys) > self.capacity:
+            self.keys.popitem(last=False)
+
+    def start_load(self, load: Load) -> None:
+        assert all(key in self.keys for key in load.keys) and len(load.keys) == len(load.block_ids)
+        assert all(self.bm.held[b] == 1 and self.bm.hashes[b] is None for b in load.block_ids)
+        self.in_flight.append((load, self.rng.randint(0, 3)))
+
+    def finished_loads(self) -> list[Load]:
+        done, still = [], []
+        for load, left in self.in_flight:
+            if left:
+                still.append((load, left - 1))
+            else:
+                load.ok = self.rng.random() >= self.fail_rate
+                self.loaded += len(load.keys) if load.ok else 0
+                done.append(load)
+        self.in_flight = still
+        return done
+
+
 def step(sched: Scheduler) -> SchedulerOutput:
     out = sched.schedule()
     check_step(sched, out)
@@ -93,7 +139,10 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
 
 
 def new_scheduler(*, num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True, adapter_pages=2,
-                  ready=None, **kw):
+                  ready=None, host_blocks=0, rng=None, **kw):
+    """host_blocks: a KeyStore of that many keys as the scheduler's connector (random load delays from rng)."""
     bm = BlockManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
     adapters = PageAdapters(bm, pages=adapter_pages, ready=ready)
-    return Scheduler(block_manager=bm, max_num_batched_tokens=budget, max_num_seqs=max_seqs, adapters=adapters, **kw)
+    connector = KeyStore(bm, capacity=host_blocks, rng=rng or random.Random(0)) if host_blocks else None
+    return Scheduler(block_manager=bm, max_num_batched_tokens=budget, max_num_seqs=max_seqs, adapters=adapters,
+                     connector=connector, **kw)

@@ -22,6 +22,39 @@ def test_prefix_hits_need_same_tokens_adapter_and_tenant():
     assert bm.lookup_prefix(make_seq(7, prompt[:8], tenant="a", adapter="x")) == first.block_table[:1]
 
 
+def test_the_base_model_is_in_every_key():
+    prompt = list(range(10))
+    one, other = (BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True, base=b) for b in ("m1", "m2"))
+    assert one.keys(prompt, adapter="x", salt="a") != other.keys(prompt, adapter="x", salt="a")
+    seq = make_seq(1, prompt, tenant="a", adapter="x")
+    one.allocate(seq, 10, one.lookup_prefix(seq))
+    seq.num_computed_tokens = 10
+    one.commit(seq)
+    assert set(one.cached) == set(one.keys(prompt, adapter="x", salt="a"))
+
+
+def test_blocks_held_taken_and_installed_from_outside_a_sequence():
+    bm = BlockManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
+    evicted = []
+    bm.on_evict = lambda block_id, key: evicted.append((block_id, key))
+    keys = bm.keys([1, 2, 3, 4, 5, 6], adapter=None, salt="t")
+    written = bm.take_blocks(3)  # a load writing them
+    assert bm.num_free_blocks == 3
+    bm.check_invariants([])
+    bm.install(written, keys)
+    assert [bm.cached[k] for k in keys] == written and bm.num_free_blocks == 6 and not bm.held
+    assert bm.hold(keys[:1] + [b"missing"] + keys[1:]) == written[:1]  # the leading run only
+    taken = bm.take_blocks(5)
+    assert [b for b, _ in evicted] == [written[2], written[1]]  # held ones stay; the tail goes first
+    bm.check_invariants([])
+    assert list(bm.cached) == keys[:1]
+    bm.release(written[:1])
+    seq = make_seq(2, [1, 2, 3, 4, 5, 6, 7], tenant="t")
+    assert bm.lookup_prefix(seq) == written[:1]  # the installed prefix is an ordinary hit
+    bm.release(taken)
+    bm.check_invariants([])
+
+
 def test_free_keeps_hashed_blocks_reusable_until_evicted_lru():
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
     a = make_seq(1, [1, 2, 3, 4, 5])

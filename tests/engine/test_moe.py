@@ -1,18 +1,23 @@
 """The MoE families of issue 28 (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) against transformers +
-PEFT: base requests and adapters on attention mixed in one batch, chunked prefill over 4-token pages; greedy
-tokens equal and the top-1 log-probability of every generated token within 1e-4. On the reference ops, and with
-every op (the experts' grouped_matmul included) on its Triton launcher under the interpreter."""
+PEFT: base requests, adapters on attention, on the experts (PEFT's target_parameters, every expert its own A and
+B) and on both mixed in one batch, chunked prefill over 4-token pages; greedy tokens equal and the top-1
+log-probability of every generated token within 1e-4. On the reference ops, and with every op (the experts'
+grouped_matmul and expert_lora included) on its Triton launcher under the interpreter."""
+
+import shutil
 
 import pytest
+import safetensors.torch
+from transformers import AutoModelForCausalLM
 
 import kernels
 from adapters.errors import AdapterError
 from engine import SamplingParams
-from kernels import interpreter
 from tests.engine.conftest import MOE_FAMILIES, Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.test_families import _dequantized_int8, assert_matches_peft, make_llm
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # PEFT's target_parameters on the stacked experts
 MAX_TOKENS = 8
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
 
@@ -26,6 +31,9 @@ def family(request, tmp_path_factory):
     adapters = {
         "attn4": build_adapter(base, root / "attn4", seed=41, r=4, targets=ATTENTION),
         "qv8": build_adapter(base, root / "qv8", seed=42, r=8, targets=["q_proj", "v_proj"], use_rslora=True),
+        "experts4": build_adapter(base, root / "experts4", seed=44, r=4, targets=[], target_parameters=EXPERTS),
+        "both8": build_adapter(base, root / "both8", seed=45, r=8, alpha=24.0, targets=["q_proj", "o_proj"],
+                               target_parameters=EXPERTS, rank_pattern={"down_proj": 2}),
     }
     return arch, base, adapters, Oracle(base, adapters)
 
@@ -33,25 +41,24 @@ def family(request, tmp_path_factory):
 def test_mixed_adapter_batch_matches_peft(family):
     arch, base, adapters, oracle = family
     llm = make_llm(base, adapters)
-    names = [None, "attn4", "qv8", "attn4", None, "qv8", "attn4"]
-    prompts = random_prompts(90, [3, 13, 21, 1, 17, 9, 26])
+    names = [None, "attn4", "experts4", "both8", "qv8", None, "experts4", "attn4", "both8"]
+    prompts = random_prompts(90, [3, 13, 21, 1, 17, 9, 26, 5, 11])
+    shared = random_prompts(96, [10])[0]  # one prompt under every adapter and the base
+    names += [None, "attn4", "qv8", "experts4", "both8"]
+    prompts += [shared] * 5
     outputs = llm.generate(prompts, SAMPLING, adapters=names)
     assert_matches_peft(oracle, prompts, names, outputs)
-
-
-@pytest.fixture
-def triton_launchers():
-    interpreter.enable()
-    yield
-    interpreter.disable_routing()
+    # every adapter changes the output: one on the experts that loads but adds nothing would match the base here
+    seen = [tuple(round(entry.logprob, 3) for entry in out.logprobs) for out in outputs[-5:]]
+    assert len(set(seen)) == 5, f"{arch}: an adapter's output equals another's or the base's"
 
 
 def test_on_the_triton_launchers_matches_peft(family, triton_launchers):
     arch, base, adapters, oracle = family
     llm = make_llm(base, adapters, max_num_batched_tokens=12)
     assert kernels.backend_for(llm.engine.memory.layers[0]) == "triton"
-    names = ["attn4", None, "qv8"]
-    prompts = random_prompts(91, [11, 4, 1])
+    names = ["experts4", None, "both8", "attn4"]
+    prompts = random_prompts(91, [11, 4, 1, 6])
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1),
                            adapters=names)
     assert_matches_peft(oracle, prompts, names, outputs, max_tokens=4)
@@ -62,10 +69,11 @@ def test_two_ranks_equal_one_and_peft(family):
     log-probabilities over 2 gloo ranks as on one, and as PEFT."""
     arch, base, adapters, oracle = family
     one, two = make_llm(base, adapters), make_llm(base, adapters, tensor_parallel_size=2, max_num_batched_tokens=12)
-    names = ["attn4", None, "qv8"]
-    prompts = random_prompts(92, [13, 20, 3])
-    experts = [layer.mlp.experts for layer in two.engine.runner.model.model.layers if hasattr(layer.mlp, "experts")]
-    assert experts and experts[0].inter * 2 == one.engine.runner.model.model.layers[0].mlp.experts.inter
+    names = ["attn4", None, "both8", "experts4"]
+    prompts = random_prompts(92, [13, 20, 3, 7])
+    experts = [layer.mlp.experts.base for layer in two.engine.runner.model.model.layers
+               if hasattr(layer.mlp, "experts")]
+    assert experts and experts[0].inter * 2 == one.engine.runner.model.model.layers[0].mlp.experts.base.inter
     assert two.engine.state()["tensor_parallel_size"] == 2
     try:
         split = two.generate(prompts, SAMPLING, adapters=names)
@@ -84,7 +92,7 @@ def test_int8_matches_peft_on_the_dequantized_base(family, tmp_path):
     arch, base, adapters, _ = family
     oracle = Oracle(_dequantized_int8(base, tmp_path / "int8"), adapters)
     llm = make_llm(base, adapters, quantization="int8")
-    names = ["attn4", None, "qv8"]
+    names = ["attn4", None, "both8"]
     prompts = random_prompts(93, [13, 5, 21])
     assert_matches_peft(oracle, prompts, names, llm.generate(prompts, SAMPLING, adapters=names))
 
@@ -93,8 +101,8 @@ def test_int8_matches_peft_on_the_dequantized_base(family, tmp_path):
 def test_ngram_speculation_keeps_peft_tokens(family):
     arch, base, adapters, oracle = family
     llm = make_llm(base, adapters, speculative_method="ngram", num_speculative_tokens=3)
-    names = ["attn4", None, "qv8"]
-    prompts = [p * 2 for p in random_prompts(94, [7, 9, 5])]  # repeats for the n-gram proposer to find
+    names = ["attn4", None, "qv8", "experts4"]
+    prompts = [p * 2 for p in random_prompts(94, [7, 9, 5, 6])]  # repeats for the n-gram proposer to find
     outputs = llm.generate(prompts, SAMPLING, adapters=names)
     assert_matches_peft(oracle, prompts, names, outputs)
     assert sum(out.usage.spec_accepted_tokens for out in outputs) > 0
@@ -109,18 +117,77 @@ def test_benchmark_smoke(capsys, monkeypatch):
     assert "ratio" in out and "grouped expert matmuls" in out
 
 
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_expert_names_peft_converts_match_peft(family, tmp_path):
+    """target_modules naming the experts' projections (gate/up/down; Mixtral's w1/w3/w2): PEFT turns them into
+    target_parameters on the stacked experts, gate_up at twice the rank and alpha (gate's and up's own)."""
+    arch, base, _, _ = family
+    names_ = ["gate_proj", "up_proj", "down_proj"] if arch != "mixtral" else ["w1", "w3", "w2"]
+    path = build_adapter(base, tmp_path / "names", seed=46, r=4, targets=["k_proj", *names_])
+    oracle = Oracle(base, {"names": path})
+    llm = make_llm(base, {"names": path})
+    names = ["names", None, "names"]
+    prompts = random_prompts(97, [9, 5, 14])
+    assert_matches_peft(oracle, prompts, names, llm.generate(prompts, SAMPLING, adapters=names))
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_a_checkpoint_with_stacked_experts_serves_the_same(family, tmp_path):
+    """A checkpoint holding the experts already stacked (mlp.experts.gate_up_proj [E, 2I, H], down_proj
+    [E, H, I]: the model's own parameters) is read as the per-expert one, whole and split over 2 ranks."""
+    arch, base, adapters, oracle = family
+    model = AutoModelForCausalLM.from_pretrained(base)
+    state = {name: tensor.clone().contiguous() for name, tensor in model.state_dict().items()
+             if name != "lm_head.weight" or not model.config.tie_word_embeddings}
+    assert any(name.endswith("experts.gate_up_proj") and t.dim() == 3 for name, t in state.items())
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    safetensors.torch.save_file(state, stacked / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / name, stacked / name)
+    names = ["both8", None, "experts4"]
+    prompts = random_prompts(98, [7, 12, 4])
+    one, two = make_llm(stacked, adapters), make_llm(stacked, adapters, tensor_parallel_size=2)
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)
+    finally:
+        two.engine.shutdown()
+    assert_matches_peft(oracle, prompts, names, one.generate(prompts, SAMPLING, adapters=names))
+    assert_matches_peft(oracle, prompts, names, split)
+
+
+@pytest.mark.parametrize("family", ["qwen2-moe"], indirect=True)
+def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
+    """On Qwen2-MoE, target_modules naming gate/up/down adapt the shared expert (PEFT finds those modules there and
+    converts nothing); with target_parameters the experts too. Over one rank and two."""
+    arch, base, _, _ = family
+    adapters = {
+        "shared4": build_adapter(base, tmp_path / "shared4", seed=47, r=4,
+                                 targets=["gate_proj", "up_proj", "down_proj"]),
+        "all8": build_adapter(base, tmp_path / "all8", seed=48, r=8,
+                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"], target_parameters=EXPERTS),
+    }
+    oracle = Oracle(base, adapters)
+    names = ["shared4", None, "all8", None]
+    prompts = random_prompts(99, [8, 5, 13])
+    prompts.append(prompts[0])  # the shared expert's adapter against the base on one prompt
+    one, two = make_llm(base, adapters), make_llm(base, adapters, tensor_parallel_size=2)
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)
+    finally:
+        two.engine.shutdown()
+    outputs = one.generate(prompts, SAMPLING, adapters=names)
+    assert_matches_peft(oracle, prompts, names, outputs)
+    assert_matches_peft(oracle, prompts, names, split)
+    assert [lp.logprob for lp in outputs[0].logprobs] != pytest.approx([lp.logprob for lp in outputs[3].logprobs],
+                                                                       abs=1e-3)
+
+
 @pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)
-@pytest.mark.parametrize("targets", [
-    {"targets": ["gate_proj", "up_proj", "down_proj"]},  # PEFT turns these into target_parameters on the experts
-    {"targets": [], "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
-], ids=["module-names", "target-parameters"])
-def test_adapters_on_the_experts_are_refused_clearly(family, targets, tmp_path):
-    """LoRA on the experts is not served yet (docs/models.md): such an adapter is refused, never half-applied."""
+def test_lora_on_the_router_is_refused_clearly(family, tmp_path):
     arch, base, adapters, _ = family
-    llm = make_llm(base, adapters)
-    path = build_adapter(base, tmp_path / "experts", seed=43, r=4, **targets)
-    with pytest.raises(AdapterError, match="target_parameters"):
-        llm.add_adapter("experts", path)
-    names = ["attn4", None]  # the engine still serves the others
-    prompts = random_prompts(95, [6, 4])
-    assert len(llm.generate(prompts, SAMPLING, adapters=names)) == 2
+    llm = make_llm(base, {})
+    path = build_adapter(base, tmp_path / "router", seed=43, r=4, targets=[],
+                         target_parameters=["mlp.gate.weight"])
+    with pytest.raises(AdapterError, match="router"):
+        llm.add_adapter("router", path)

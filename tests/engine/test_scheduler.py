@@ -123,6 +123,39 @@ def test_random_workload_invariants(seed):
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workload_with_a_host_tier(seed):
+    """Loads that take a few steps or fail, aborts while loading, preemption: every sequence finishes, the pages'
+    references always match the block tables and the holds, and at the end every page is free again."""
+    rng = random.Random(seed)
+    sched = new_scheduler(num_blocks=rng.randint(10, 30), budget=rng.choice([4, 16, 64]), max_seqs=rng.randint(1, 8),
+                          long_prefill_token_threshold=rng.choice([0, 5]), host_blocks=rng.randint(4, 64), rng=rng)
+    prompts = [[rng.randrange(3) for _ in range(rng.randint(4, 20))] for _ in range(6)]  # revisited: prefix hits
+    live, rid, began_loading = [], 0, set()
+    for _ in range(300):
+        if rng.random() < 0.3:
+            rid += 1
+            seq = make_seq(rid, rng.choice(prompts) + [rng.randrange(3)], max_tokens=rng.randint(1, 6),
+                           adapter=rng.choice([None, "x"]), tenant=rng.choice("ab"))
+            sched.add(seq)
+            live.append(seq)
+        if rng.random() < 0.05 and live:
+            sched.finish(live.pop(rng.randrange(len(live))), "abort")
+        step(sched)
+        began_loading |= set(sched.loading)
+        for seq in live:
+            assert seq.seq_id not in sched.loading or seq in sched.waiting
+        live = [s for s in live if not s.is_finished]
+    drain(sched)
+    while sched.loading:  # loads of aborted sequences still finish
+        sched.schedule()
+    sched.adapters.reclaim(sched.block_manager.num_blocks)
+    bm = sched.block_manager
+    assert not bm.held and bm.num_free_blocks == bm.num_blocks and not sched.loaded and not sched.load_failed
+    bm.check_invariants([])
+    assert began_loading and sched.connector.loaded  # the workload does exercise the tier
+
+
 def served_gap(policy, weights=(1.0, 1.0)):
     budget = 32
     sched = new_scheduler(num_blocks=200, budget=budget, max_seqs=6, policy=policy)

@@ -8,7 +8,6 @@ from transformers import MistralConfig, MistralForCausalLM
 
 import kernels
 from engine import SamplingParams
-from engine.block_manager import block_hash
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kernels import interpreter
@@ -118,7 +117,8 @@ def test_a_prefix_hit_needs_only_the_blocks_the_window_reaches(windowed, kernel_
 
     first, first_tokens = run("a", prompt)
     run("filler", filler)
-    assert block_hash(None, prompt[:4], None, first.cache_salt) not in engine.block_manager.cached  # pushed out
+    first_key = engine.block_manager.keys(prompt[:4], adapter=None, salt=first.cache_salt)[0]
+    assert first_key not in engine.block_manager.cached  # pushed out
     again, again_tokens = run("a-again", prompt)
     assert again.num_cached_tokens >= WINDOW  # a hit, without the prompt's first blocks
     assert first_tokens == again_tokens == oracle.greedy(prompt, None, 4)

@@ -254,7 +254,8 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
         REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media, QUILT_ENGINE_TOKEN=ENGINE_TOKEN
     )
     overrides.enable()
-    env = process_env(redis_url=redis_url, prefix=prefix, media=media, QUILT_METRICS_TOKEN=METRICS_TOKEN)
+    env = process_env(redis_url=redis_url, prefix=prefix, media=media, QUILT_METRICS_TOKEN=METRICS_TOKEN,
+                      QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS="32")  # a fleet with roles: the tiny model's context is 256
     engine_port = free_port()
     stack = Stack(gateways=[], engine_url=f"http://127.0.0.1:{engine_port}", model_dir=model_dir,
                   adapter_dirs=adapter_dirs, env=env)  # fmt: skip

@@ -120,6 +120,18 @@ def test_fleet_economics_by_hand(fleet_usage):
     assert empty.idle_ttft_ms is None
 
 
+def test_a_disaggregated_requests_prefill_time_is_its_prefill_engines_busy_time(fleet_usage):
+    """gpu_ms is the whole request's (the tenant's cost); the engines' utilisation splits it where it ran."""
+    Engine.objects.filter(name="gpu-idle").update(name="gpu-prefill")
+    row = _event(fleet_usage, "r3", engine="gpu-a", prompt=2000, cached=0, completion=10, gpu_ms=1_800_000,
+                 price_per_hour=Decimal("3.6"), ttft_ms=30.0)
+    UsageEvent.objects.filter(pk=row.pk).update(prefill_engine="gpu-prefill", prefill_gpu_ms=Decimal(720_000))
+    engines = {e.name: e for e in fleet_economics(since=SINCE, until=UNTIL).engines}
+    assert engines["gpu-a"].busy_seconds == Decimal(3600 + 1080)
+    assert engines["gpu-prefill"].busy_seconds == Decimal(720)
+    assert engines["gpu-a"].requests == 3 and engines["gpu-prefill"].requests == 0
+
+
 def test_api_and_console(fleet_usage):
     staff = UserFactory(username="ops-econ", is_staff=True)
     web = Client()

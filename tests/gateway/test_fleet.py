@@ -10,6 +10,7 @@ import time
 import openai
 import pytest
 
+from gateway.models import Engine
 from gateway.routing import routable_engines
 from gateway.services import HEARTBEAT_MISSES
 from metering.models import UsageEvent
@@ -31,10 +32,10 @@ def fleet(stack, django_db_blocker):
     control_plane = stack.gateways[0].removesuffix("/v1")
     launched = []
 
-    def launch(name: str):
+    def launch(name: str, *extra: str):
         process = stack.launch_engine(name, free_port(), extra=(
             "--control-plane", control_plane, "--engine-name", name, "--heartbeat-interval", str(INTERVAL),
-            "--leave-grace", "1.5", "--gpu-price-per-hour", "1.25",
+            "--leave-grace", "1.5", "--gpu-price-per-hour", "1.25", *extra,
         ))  # fmt: skip
         launched.append(process)
         return process
@@ -49,7 +50,7 @@ def fleet(stack, django_db_blocker):
     with django_db_blocker.unblock():
         engine_set("engine-a", enabled=True)
         # the killed engines leave routing before the package's other tests send anything
-        wait_until(lambda: not routed() & {"fleet-a", "fleet-b", "fleet-c"}, timeout=HEARTBEAT_MISSES * INTERVAL + 5,
+        wait_until(lambda: not routed() & {"fleet-a", "fleet-b", "fleet-c", "fleet-p"}, timeout=HEARTBEAT_MISSES * INTERVAL + 5,
                    what="the fleet engines out of routing")  # fmt: skip
     time.sleep(SNAPSHOT)
 
@@ -113,6 +114,18 @@ def test_an_engine_joins_within_a_heartbeat_and_a_killed_one_leaves_in_time(stac
     wait_until(lambda: "fleet-a" not in routed(), timeout=HEARTBEAT_MISSES * INTERVAL + 1.0,
                what="fleet-a out of routing")  # fmt: skip
     assert time.monotonic() - killed_at <= HEARTBEAT_MISSES * INTERVAL + 1.0
+
+
+def test_an_engine_says_its_role_in_its_heartbeats(stack, fleet):
+    process = fleet("fleet-p", "--role", "prefill")
+    wait_for_engine(process)
+    wait_until(lambda: "fleet-p" in routed(), timeout=INTERVAL + 1.0, what="fleet-p in routing")
+    engine = Engine.objects.get(name="fleet-p")
+    assert engine.role == "prefill" and engine.state["role"] == "prefill"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    wait_until(lambda: "fleet-p" not in routed(), timeout=HEARTBEAT_MISSES * INTERVAL + 1.0,
+               what="fleet-p out of routing")  # fmt: skip
 
 
 def test_sigterm_under_streaming_load_finishes_every_stream(stack, fleet):

@@ -77,6 +77,18 @@ def test_refusals():
     assert Engine.objects.filter(self_registered=True).count() == self_registered  # nothing half-written
 
 
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+def test_the_role_is_stored_and_checked():
+    assert beat(body()).status_code == 200
+    assert Engine.objects.get(name="gpu-7").role == "both"  # an engine that does not say: the default
+    for role in ("prefill", "decode", "both"):
+        assert beat(body(role=role)).status_code == 200
+        assert Engine.objects.get(name="gpu-7").role == role
+    answer = beat(body(role="encode"))
+    assert answer.status_code == 400 and "role must be one of" in answer.json()["error"]["message"]
+    assert Engine.objects.get(name="gpu-7").role == "both"
+
+
 @override_settings(QUILT_ENGINE_TOKEN="")
 def test_no_engine_token_configured_refuses_everyone():
     assert beat(body(), token="").status_code == 401

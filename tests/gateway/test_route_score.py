@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
-from gateway.route_score import Candidate, Fleet, Loads, Weights, candidate_from_state, choose
+from gateway.route_score import Candidate, Fleet, Loads, Weights, candidate_from_state, choose, choose_route
 from tests.conftest import REPO
 
 HOT = "a" * 64
@@ -121,3 +121,72 @@ def test_candidate_from_heartbeat_and_static_state():
     assert beat.resident == {HOT} and beat.loading == {COLD} and beat.prefixes == {"ab12"}
     static = candidate_from_state("s", {"running": 0, "waiting": 0, "kv_blocks_total": 0, "adapters": {}})
     assert static.capacity > 0 and static.kv_usage == 0.0 and static.adapter_free == 1.0
+
+
+# Disaggregated prefill/decode: the same scoring picks the serving (decode) engine, then the prefill engine.
+LONG = 2000 * 4  # characters: about 2,000 tokens at route_score.CHARS_PER_TOKEN
+ROUTE = {"adapter": HOT, "loads": [0, 0, 0], "min_uncached_tokens": 256}
+
+
+def roles(*pairs):
+    return Fleet([Candidate(name, capacity=8, role=role) for name, role in pairs])
+
+
+def test_a_long_uncached_prompt_gets_a_prefill_hop_on_a_fleet_with_roles():
+    fleet = roles(("both", "both"), ("decode", "decode"), ("prefill", "prefill"))
+    route = choose_route(fleet, fingerprints=[], prompt_chars=LONG, **ROUTE)
+    assert fleet.names[route.serving] != "prefill" and fleet.names[route.prefill] == "prefill"
+    assert route.reason == "disaggregated" and route.uncached_tokens == 2000
+    # a token-id prompt counts its tokens
+    assert choose_route(fleet, fingerprints=[], prompt_tokens=300, **ROUTE).reason == "disaggregated"
+
+
+def test_a_short_or_cached_prompt_skips_the_prefill_hop():
+    fleet = roles(("decode", "decode"), ("prefill", "prefill"))
+    loads = {"loads": [0, 0]}
+    short = choose_route(fleet, fingerprints=[], prompt_chars=255 * 4, **ROUTE | loads)
+    assert (fleet.names[short.serving], short.prefill, short.reason) == ("decode", None, "short")
+    # the same long prompt, once the decode engine's summary holds all but its last 200 characters
+    system = "x" * (16 * PREFIX_CHUNK_CHARS)
+    fingerprints = prompt_fingerprints(tenant="1", adapter=HOT, prompt=system + "y" * 200)
+    fleet.served(0, adapter=HOT, fingerprints=fingerprints)
+    cached = choose_route(fleet, fingerprints=fingerprints, prompt_chars=len(system) + 200, **ROUTE | loads)
+    assert (cached.prefill, cached.reason, cached.uncached_tokens) == (None, "short", 50)
+    # a prefill engine that holds the prefix does not make the decode engine's copy: the decode engine's counts
+    other = roles(("decode", "decode"), ("prefill", "prefill"))
+    other.served(1, adapter=HOT, fingerprints=fingerprints)
+    assert choose_route(other, fingerprints=fingerprints, prompt_chars=len(system) + 200,
+                        **ROUTE | loads).reason == "disaggregated"
+
+
+def test_a_fleet_without_roles_never_splits_and_prefill_engines_serve_whole_only_as_a_last_resort():
+    plain = roles(("a", "both"), ("b", "both"))
+    route = choose_route(plain, fingerprints=[], prompt_chars=LONG, **ROUTE | {"loads": [0, 0]})
+    assert (route.prefill, route.reason) == (None, "colocated")
+    fleet = roles(("decode", "decode"), ("prefill", "prefill"))
+    alone = choose_route(fleet, fingerprints=[], prompt_chars=LONG, exclude=[0], **ROUTE | {"loads": [0, 0]})
+    assert (fleet.names[alone.serving], alone.prefill, alone.reason) == ("prefill", None, "prefill_only")
+    # the decode engine busy far past the prefill engine: short requests still go to it (a role is a preference
+    # that load does not override; the prefill engine's queue is the long prompts')
+    busy = choose_route(fleet, fingerprints=[], prompt_chars=40, **ROUTE | {"loads": [8, 0]})
+    assert fleet.names[busy.serving] == "decode"
+    unplaced = choose_route(fleet, fingerprints=[], prompt_chars=LONG, exclude=[1], **ROUTE | {"loads": [0, 0]})
+    assert (unplaced.prefill, unplaced.reason) == (None, "no_prefill_engine")
+    assert choose_route(fleet, fingerprints=[], prompt_chars=LONG, disaggregate=False,
+                        **ROUTE | {"loads": [0, 0]}).reason == "colocated"
+    assert choose_route(fleet, fingerprints=[], prompt_chars=LONG, exclude=[0, 1], **ROUTE | {"loads": [0, 0]}) is None
+
+
+def test_a_both_engine_prefills_when_no_prefill_engine_is_left_and_load_picks_among_prefill_engines():
+    fleet = roles(("both", "both"), ("decode", "decode"))
+    route = choose_route(fleet, fingerprints=[], prompt_chars=LONG, **ROUTE | {"loads": [0, 0]})
+    assert (fleet.names[route.serving], fleet.names[route.prefill]) == ("decode", "both")
+    two = roles(("decode", "decode"), ("p1", "prefill"), ("p2", "prefill"))
+    assert two.names[choose_route(two, fingerprints=[], prompt_chars=LONG, adapter=None, loads=[0, 6, 0],
+                                  min_uncached_tokens=256).prefill] == "p2"
+
+
+def test_the_role_comes_from_the_engines_state():
+    assert candidate_from_state("e", {"role": "prefill"}).role == "prefill"
+    assert candidate_from_state("e", {}).role == "both"
+    assert candidate_from_state("e", {"role": "encode"}).role == "both"  # unknown: serves whole requests

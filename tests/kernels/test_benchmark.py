@@ -30,6 +30,14 @@ def test_smoke_mode_runs_lora_through_page_tables():
     assert "| NO |" not in done.stdout
 
 
+def test_smoke_mode_runs_the_experts():
+    done = _run("--smoke", "--only", "moe")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for op in ("grouped_matmul gate_up", "grouped_matmul down", "expert_lora gate_up"):
+        assert f"| {op} |" in done.stdout
+    assert "| NO |" not in done.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without a GPU")
 def test_without_gpu_it_says_a_gpu_is_needed():
     done = _run()

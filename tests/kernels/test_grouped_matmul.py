@@ -18,7 +18,8 @@ def _offsets(counts: list[int], device) -> torch.Tensor:
     ([0, 3, 0, 17, 1], 96, 64),  # experts with no rows, one spanning two row blocks
     ([5, 0, 2], 130, 100),  # non-power-of-two widths, several column and reduction blocks
     ([0, 0, 4], 8, 3),  # narrower than a block in both dims
-], ids=["1-token", "empty-experts", "odd-widths", "tiny"])
+    ([16, 0, 33, 16], 40, 24),  # row counts at and past block boundaries: every bound block is used
+], ids=["1-token", "empty-experts", "odd-widths", "tiny", "full-blocks"])
 def test_grouped_matmul_matches_reference(counts, out_dim, in_dim, dtype, device):
     gen = torch.Generator().manual_seed(out_dim + in_dim)
     rows = sum(counts)
@@ -42,5 +43,6 @@ def test_grouped_matmul_of_no_rows_and_bad_offsets(device):
         op(torch.randn(4, 5, device=device), weight, _offsets([1, 1], device))
     with pytest.raises(ValueError, match="columns"):
         op(torch.randn(4, 6, device=device), weight, _offsets([1, 1, 2], device))
-    with pytest.raises(ValueError, match="end at"):
-        op(torch.randn(4, 5, device=device), weight, _offsets([1, 1, 1], device))
+    if device == "cpu":  # on CUDA the launcher reads nothing back to check it
+        with pytest.raises(ValueError, match="end at"):
+            op(torch.randn(4, 5, device=device), weight, _offsets([1, 1, 1], device))

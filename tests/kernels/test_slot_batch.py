@@ -1,5 +1,5 @@
-"""The CPU references' two LoRA layouts (one padded batched matmul, or slot by slot for wide slots)
-against a per-token loop."""
+"""The CPU references' LoRA layouts (one padded batched matmul, slot by slot for wide slots, or run by run when
+each slot's tokens are one run of rows) against a per-token loop."""
 
 import pytest
 import torch
@@ -23,17 +23,23 @@ def _naive(x, lora_a, lora_b, ranks, token_slots, scaling, offsets, y0):
     return buf.float(), y.float()
 
 
+@pytest.mark.parametrize("order", ["shuffled", "by-adapter"])
 @pytest.mark.parametrize("layout", ["native", "padded-forced", "per-slot-forced"])
-def test_both_layouts_match_a_per_token_loop(layout, monkeypatch):
+def test_every_layout_matches_a_per_token_loop(layout, order, monkeypatch):
     if layout == "padded-forced":
         monkeypatch.setattr(slot_batch_module, "PER_SLOT_WIDTH", 10**9)
+        monkeypatch.setattr(slot_batch_module, "SPAN_MAX_SLOTS", 0)
     elif layout == "per-slot-forced":
         monkeypatch.setattr(slot_batch_module, "PER_SLOT_WIDTH", 1)
     gen = torch.Generator().manual_seed(5)
     slices, slots, max_rank, in_dim = (12, 5, 7), 4, 8, 20
-    # slot 0 is wide (80 tokens: the slot-by-slot layout natively), slot 2 has rank 0, -1 is the base model
-    token_slots = torch.tensor([0] * 80 + [1] * 9 + [2] * 4 + [-1] * 6 + [3] * 3)[torch.randperm(102, generator=gen)]
-    ranks = torch.tensor([[8, 3, 0, 5], [7, 3, 0, 2], [8, 1, 0, 5]])  # [S, U]: each slice at its own rank
+    # slot 0 is wide (80 tokens: the slot-by-slot layout natively), slot 2 has rank 0, -1 is the base model;
+    # by adapter (as the model runner orders a step), each slot's tokens are one run of rows
+    token_slots = torch.tensor([0] * 80 + [1] * 9 + [2] * 4 + [-1] * 6 + [3] * 3)
+    if order == "shuffled":
+        token_slots = token_slots[torch.randperm(102, generator=gen)]
+    # [S, U]: each slice at its own rank; slot 1 leaves slice 1 alone, slot 3 slice 2
+    ranks = torch.tensor([[8, 3, 0, 5], [7, 0, 0, 2], [8, 1, 0, 0]])
     x = torch.randn(token_slots.shape[0], in_dim, generator=gen)
     lora_a = torch.randn(len(slices), slots, max_rank, in_dim, generator=gen)  # random beyond each rank
     lora_b = torch.randn(slots, sum(slices), max_rank, generator=gen)
@@ -46,6 +52,8 @@ def test_both_layouts_match_a_per_token_loop(layout, monkeypatch):
     y = y0.clone()
     reference.lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, offsets, meta=meta)
     expect_buf, expect_y = _naive(x, lora_a, lora_b, ranks, token_slots, scaling, offsets, y0)
-    assert meta.group(ranks.amax(0)).per_slot == (layout != "padded-forced")
+    group = meta.group(ranks.amax(0))
+    assert group.per_slot == (layout != "padded-forced")
+    assert group.by_span == (order == "by-adapter" and layout != "padded-forced")
     torch.testing.assert_close(buf, expect_buf, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y, expect_y, rtol=1e-4, atol=1e-4)

@@ -173,3 +173,36 @@ def test_concurrent_duplicate_batches_write_each_request_once():
     month = UsageMonth.objects.get(tenant=tenant)
     assert (month.requests, month.prompt_tokens) == (90, 90 * 1000)
     assert month.price == 90 * Decimal("0.000875")
+
+
+def test_a_disaggregated_request_costs_both_engines_gpu_time_at_their_own_prices(tenant):
+    """The gateway names the prefill hop's engine and GPU time in the metadata (the decode engine echoes it)."""
+    gpu_engine("prefill-1", price="10.0000")
+    prefill = {"prefill": {"engine": "prefill-1", "gpu_ms": 36.0, "cached_tokens": 200}}
+    usage_ingest(events=[usage_event(tenant, request_id="r-1", metadata=prefill),
+                         usage_event(tenant, request_id="r-2", metadata={"prefill": {"engine": "gone", "gpu_ms": 9}})])
+    row = UsageEvent.objects.get(request_id="r-1")
+    assert (row.gpu_ms, row.prefill_gpu_ms, row.prefill_engine, row.engine) == (
+        Decimal("156.5"), Decimal("36"), "prefill-1", "engine-1")
+    # 120.5 ms × 2.5 + 36 ms × 10, per 3,600,000 ms an hour; the price is the tokens', as if served by one engine
+    assert row.cost == Decimal("0.000083680556") + Decimal("0.000100000000")
+    assert row.price == Decimal("0.000875")
+    unknown = UsageEvent.objects.get(request_id="r-2")  # an unknown prefill engine: its part goes uncosted, loudly
+    assert unknown.cost == Decimal("0.000083680556") and unknown.prefill_gpu_ms == Decimal("9")
+    month = UsageMonth.objects.get(tenant=tenant)
+    assert (month.requests, month.cost) == (2, row.cost + unknown.cost)
+
+
+def test_a_prefill_entry_without_an_engine_is_a_bad_event(tenant):
+    result = usage_ingest(events=[usage_event(tenant, request_id="r-1", metadata={"prefill": {"gpu_ms": 5}})])
+    assert result.rejected == 1 and not UsageEvent.objects.filter(request_id="r-1").exists()
+
+
+def test_a_disaggregated_request_is_billed_the_prefill_engines_cached_tokens_not_the_pulled_blocks(tenant):
+    """The decode engine counts the blocks it pulled as prefix hits (800 of the 1,000 prompt tokens here); they were
+    computed for this request on the prefill engine, which had 64 cached: the request is billed 64 cached."""
+    usage_ingest(events=[usage_event(tenant, request_id="r-1", cached_tokens=800,
+                                     metadata={"prefill": {"engine": "engine-1", "gpu_ms": 1, "cached_tokens": 64}})])
+    row = UsageEvent.objects.get(request_id="r-1")
+    assert (row.prompt_tokens, row.cached_tokens) == (1000, 64)
+    assert row.price == Decimal("0.000926")  # 936 uncached × 0.5 + 64 cached × 0.125 + 300 out × 1.5, per million

@@ -258,6 +258,11 @@ QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=4096)
 QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS", default=2.0)
 QUILT_ENGINE_READ_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_READ_TIMEOUT_SECONDS", default=300.0)
 QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SECONDS", default=5)
+# Disaggregated prefill/decode (docs/kv-tiers.md): a prompt whose part not cached on the decode engine is estimated
+# at fewer tokens than this skips the prefill hop (llm-d's rule); the prefill hop's time limit and its lease's TTL.
+QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS = env.int("QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS", default=256)
+QUILT_PREFILL_HOP_TIMEOUT_SECONDS = env.float("QUILT_PREFILL_HOP_TIMEOUT_SECONDS", default=30.0)
+QUILT_KV_LEASE_TTL_SECONDS = env.int("QUILT_KV_LEASE_TTL_SECONDS", default=30)
 # Fine-tuning: training runs in its own worker (`celery -A quilt worker -Q training --pool solo`).
 QUILT_TRAINING_QUEUE = env("QUILT_TRAINING_QUEUE", default="training")
 QUILT_FINE_TUNING_MAX_FILE_BYTES = env.int("QUILT_FINE_TUNING_MAX_FILE_BYTES", default=64 * 1024**2)

@@ -26,6 +26,8 @@ from django.core.management.base import BaseCommand, CommandError
 from console.management.commands.seeddemo import DEMO_BASE_MODEL, credentials, seed_demo
 
 ENGINE_NAME = "demo-cpu"
+PREFILL_ENGINE_NAME = "demo-prefill"  # --disaggregate: the prefill engine, on the engine port + 1
+DEMO_MIN_UNCACHED_TOKENS = "32"  # --disaggregate: the demo model's context is 256 tokens, under the default 256
 DEMO_PROMPT = "the cat sees a red ball"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WORKER_BANNER_END = ".> "  # the banner's queue lines come last: the worker is up once they are out
@@ -89,10 +91,16 @@ class Command(BaseCommand):
         parser.add_argument("--engine-port", type=int, default=8100, help="The CPU engine (make demo ENGINE_PORT=...).")
         parser.add_argument("--engine-args", default="",
                             help='More `python -m engine` flags, e.g. "--quantization int8" (make demo ENGINE_ARGS=...).')
+        parser.add_argument("--disaggregate", action="store_true",
+                            help="Two engines: a prefill engine (on the engine port + 1) and a decode engine; prompts "
+                                 "whose uncached part is 32 tokens or more go through the prefill one "
+                                 "(make demo DISAGG=1, docs/kv-tiers.md).")
 
-    def handle(self, *args, host, port, engine_port, engine_args, **options):
+    def handle(self, *args, host, port, engine_port, engine_args, disaggregate, **options):
         _require_free(host, port, "PORT")
         _require_free("127.0.0.1", engine_port, "ENGINE_PORT")
+        if disaggregate:
+            _require_free("127.0.0.1", engine_port + 1, "ENGINE_PORT")
         root = settings.REPO_ROOT
         model_dir = settings.VAR_DIR / "demo-model"
         self.stdout.write("building (or reusing) the demo model ...")
@@ -111,6 +119,8 @@ class Command(BaseCommand):
         }
         if host not in LOCAL_HOSTS:
             env.setdefault("ALLOWED_HOSTS", "*")
+        if disaggregate:
+            env.setdefault("QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS", DEMO_MIN_UNCACHED_TOKENS)
         background = dict(env)
         if not settings.REDIS_URL:
             background["QUILT_LIVE_RELAY_URL"] = f"http://127.0.0.1:{port}/internal/live-relay/"
@@ -133,12 +143,20 @@ class Command(BaseCommand):
             ],
         }  # fmt: skip
         commands["engine"] += shlex.split(engine_args)
+        engines = {"engine": (ENGINE_NAME, engine_url)}
+        if disaggregate:  # the same engine twice, each with its role (engine/config.py ROLES)
+            prefill_url = f"http://127.0.0.1:{engine_port + 1}"
+            commands["prefill"] = [*commands["engine"], "--role", "prefill", "--port", str(engine_port + 1)]
+            commands["engine"] += ["--role", "decode"]
+            engines["prefill"] = (PREFILL_ENGINE_NAME, prefill_url)
         processes: dict[str, subprocess.Popen] = {}
         worker_up = threading.Event()
         try:
-            processes["engine"] = subprocess.Popen(commands["engine"], cwd=root, env=env)
-            self._wait_for_engine(engine_url, processes["engine"])
-            call_command("registerengine", ENGINE_NAME, engine_url, "--gpu-price-per-hour", "0.50")
+            for process_name in engines:
+                processes[process_name] = subprocess.Popen(commands[process_name], cwd=root, env=env)
+            for process_name, (name, url) in engines.items():
+                self._wait_for_engine(url, processes[process_name])
+                call_command("registerengine", name, url, "--gpu-price-per-hour", "0.50")
             for name in ("worker", "trainer", "beat"):
                 own_env = {**background, "QUILT_FINE_TUNING_THREADS": "1"} if name == "trainer" else background
                 processes[name] = subprocess.Popen(commands[name], cwd=root, env=own_env, text=True,
@@ -153,6 +171,10 @@ class Command(BaseCommand):
             self.stdout.write(f"\nconsole:        {base}/  (log in as the tenant owner above)")
             self.stdout.write(f"management API: {base}/api/v1/  (docs: {base}/api/docs/)")
             self.stdout.write(f"inference API:  {base}/v1/  (OpenAI-compatible)")
+            if disaggregate:
+                self.stdout.write(f"disaggregated:  {PREFILL_ENGINE_NAME} ({engines['prefill'][1]}) prefills prompts "
+                                  f"of {env['QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS']}+ uncached tokens, {ENGINE_NAME} "
+                                  f"({engine_url}) decodes (docs/kv-tiers.md)")
             self.stdout.write(examples(base=base, key=seed.api_key, adapters=seed.adapters))
             self.stdout.write("=" * 72 + "\nCtrl-C stops everything.")
             stopping = threading.Event()  # Ctrl-C reaches every process of the group at once

@@ -1,0 +1,218 @@
+"""The engine's side of disaggregated serving (docs/kv-tiers.md, "Transfer", "Leases", "Failure rules").
+
+As a source (a prefill hop, `kv_transfer.mode = "prefill"`): the request's end grants a lease on the prompt's full
+blocks (EngineLoop), and a TransferServer hands them out, once, to the engine that names the lease; the lease ends
+when that engine is done, gives up or hangs up, when its TTL passes, or when this engine drains.
+
+As a puller (a decode hop, `mode = "decode"`): before the request is submitted, the engine computes the prompt's
+keys itself, asks the lease's source for those it lacks (shared memory when the source is on this host and offers
+it, else TCP), installs what arrives through `import_blocks` (which re-checks every key) and tells the source it is
+done. Any failure (the source gone, a timeout, a refused lease, a corrupt payload, a key that is not this engine's)
+leaves the missing blocks to be recomputed, counted and logged; mismatched KV is never installed, so never served.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv.lease import Lease
+from engine.kv.payload import KVBlock, KVLayout, PayloadError, decode, encode, read_pages
+from engine.kv.transport import LeaseRefused, Pull, TransferError, TransferServer, release_remote
+from engine.llm_engine import LLMEngine
+from engine.server.engine_loop import EngineLoop
+from engine.server.protocol import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+EXPIRY_INTERVAL_S = 0.5
+
+
+@dataclass
+class PullReport:
+    """What a decode hop got from its lease: in its usage as `kv_transfer`."""
+
+    lease_id: str
+    blocks_pulled: int = 0
+    recomputed: bool = False  # some blocks the lease was for were computed here instead
+    reason: str | None = None  # why (metrics and logs; not sent)
+    via: str | None = None  # "tcp" or "shm": how the blocks came (None: nothing was pulled)
+
+    def as_json(self) -> dict:
+        return {"lease_id": self.lease_id, "blocks_pulled": self.blocks_pulled, "recomputed": self.recomputed}
+
+
+@dataclass
+class PendingPull:
+    task: asyncio.Task
+    aborted: bool = False  # POST /v1/abort came during the pull: the request ends as aborted once submitted
+
+
+class KVTransfers:
+    def __init__(self, loop: EngineLoop, *, engine_id: str, host: str, advertise_host: str, port: int = 0,
+                 shm: bool = True, timeout_s: float = 10.0) -> None:
+        self.loop = loop
+        self.metrics = loop.metrics
+        self.engine_id = engine_id
+        self.timeout_s = timeout_s
+        self.server = TransferServer(blocks=self._blocks, release=self._release, host=host, port=port,
+                                     advertise_host=advertise_host, shm=shm)
+        self.pending: dict[str, PendingPull] = {}  # request id -> its pull under way
+        self._releases: set[asyncio.Task] = set()
+        self._expiry: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._expiry = asyncio.get_running_loop().create_task(self._expire_forever(), name="kv-lease-expiry")
+        log.info("KV transfers on %s (shared memory: %s)", self.server.address["tcp"], self.server.address["shm"])
+
+    async def close(self) -> None:
+        """Drain: no more pulls; every lease still held is released."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        await self.server.close()
+        with contextlib.suppress(Exception):  # the engine loop may be gone already: its pool with it
+            ended = await self.loop.call(lambda engine: self.loop.leases.release_all("drain"))
+            if ended:
+                log.info("released %d KV leases on drain", ended)
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                ended = await self.loop.call(lambda engine: self.loop.leases.expire())
+                for lease_id in ended:
+                    log.warning("KV lease %s expired unpulled: its blocks are back in the prefix cache", lease_id)
+
+    # the source side
+    def lease_json(self, lease: Lease, ttl_s: float) -> dict:
+        return {"id": lease.id, "engine_id": self.engine_id, "transport": self.server.address,
+                "num_blocks": len(lease.block_ids), "num_tokens": lease.num_tokens, "expires_in_s": ttl_s}
+
+    async def _blocks(self, lease_id: str, keys: list[str]) -> list[bytes]:
+        try:
+            wanted = [bytes.fromhex(key) for key in keys]
+        except ValueError:
+            raise LeaseRefused("keys must be hex strings", code="protocol") from None
+        blocks = await self.loop.call(lambda engine: self._export(engine, lease_id, wanted))
+        payloads = await asyncio.to_thread(lambda: [encode([block]) for block in blocks])  # off both threads
+        self.metrics.kv_transfer_blocks.labels(direction="sent").inc(len(blocks))
+        return payloads
+
+    def _export(self, engine: LLMEngine, lease_id: str, keys: list[bytes]) -> list[KVBlock]:
+        """Engine thread: copies of the leased blocks asked for. On CUDA through page-locked staging buffers, the
+        copies queued without blocking and waited for once."""
+        taken = self.loop.leases.take(lease_id, keys)
+        if not taken:
+            return []
+        lease = self.loop.leases.leases[lease_id]
+        where = dict(zip(lease.keys, lease.block_ids, strict=True))
+        cuda = engine.device.type == "cuda"
+        kv, scales = read_pages(engine.memory, [where[key] for key in taken], pin=cuda, non_blocking=cuda)
+        if cuda:
+            torch.cuda.current_stream(engine.device).synchronize()
+        layout = KVLayout.of(engine.memory)
+        return [KVBlock(key=key, layout=layout, kv=kv[i], scales=None if scales is None else scales[i])
+                for i, key in enumerate(taken)]
+
+    async def _release(self, lease_id: str, reason: str) -> None:
+        await self.loop.call(lambda engine: self.loop.leases.release(lease_id, reason))
+
+    # the puller side
+    async def pull(self, request: GenerateRequest, prompt: list[int]) -> PullReport:
+        lease = request.kv_transfer.lease
+        report = PullReport(lease_id=lease["id"])
+        try:
+            return await self._pull(request, prompt, report)
+        except asyncio.CancelledError:  # aborted, or the client went away: the source must not wait for the TTL
+            task = asyncio.get_running_loop().create_task(
+                release_remote(lease["transport"], lease["id"], reason="aborted", timeout_s=self.timeout_s))
+            self._releases.add(task)  # (a release after the hang-up released it already is a no-op)
+            task.add_done_callback(self._releases.discard)
+            raise
+
+    async def _pull(self, request: GenerateRequest, prompt: list[int], report: PullReport) -> PullReport:
+        lease = request.kv_transfer.lease
+        keys, present = await self.loop.call(lambda engine: self._wanted(engine, request, prompt))
+        ask = keys[present:]
+        if not ask:  # nothing a prefix hit could use, or all of it cached here already
+            await release_remote(lease["transport"], lease["id"], reason="nothing to pull",
+                                 timeout_s=self.timeout_s)
+            self._count(report)
+            return report
+        try:
+            started = time.monotonic()
+            async with Pull(lease["transport"], lease["id"], timeout_s=self.timeout_s) as transfer:
+                report.via = transfer.via
+                payloads = await transfer.fetch([key.hex() for key in ask])
+                blocks = await asyncio.to_thread(lambda: [b for data in payloads for b in decode(data)])
+                self.metrics.kv_transfer_blocks.labels(direction="received").inc(len(blocks))
+                installed, run, room = await self.loop.call(lambda engine: self._install(engine, blocks, keys))
+                report.blocks_pulled = installed
+                if run < len(keys):
+                    report.recomputed = True
+                    report.reason = "not_leased" if len(blocks) < len(ask) else \
+                        "no_room" if installed == room < len(blocks) else "mismatch"
+                try:  # what is installed stays (its keys are checked): a failed goodbye is the source's TTL to mend
+                    await transfer.done(reason=report.reason and f"{installed} of {len(ask)} blocks installed")
+                except TransferError as error:
+                    log.warning("lease %s: the source did not hear that the pull is done: %s", lease["id"], error)
+        except TransferError as error:
+            report.recomputed, report.reason = True, error.code
+            detail = str(error)
+        except PayloadError as error:
+            report.recomputed, report.reason = True, "payload"
+            detail = str(error)
+        else:
+            detail = f"{report.blocks_pulled} of {len(ask)} blocks installed"  # (a mismatch: import_blocks logged which)
+        if not report.recomputed:
+            log.info("request %s: pulled %d KV blocks (%d bytes) under lease %s via %s in %.1f ms",
+                     request.request_id, report.blocks_pulled, sum(len(p) for p in payloads), lease["id"],
+                     report.via, (time.monotonic() - started) * 1000.0)
+        else:
+            log.warning("request %s: KV pull under lease %s from %s recomputes %d of %d blocks (%s): %s",
+                        request.request_id, lease["id"], lease["transport"].get("tcp"),
+                        len(ask) - report.blocks_pulled, len(ask), report.reason, detail)
+        self._count(report)
+        return report
+
+    def _wanted(self, engine: LLMEngine, request: GenerateRequest, prompt: list[int]) -> tuple[list[bytes], int]:
+        """Engine thread: this engine's keys of the blocks a prefix hit can use (all but the last token's), and how
+        many of them, from the first, it has cached already."""
+        if engine.workers is not None or request.sampling.prompt_logprobs is not None:
+            return [], 0  # KV cannot move into a tensor-parallel pool; prompt logprobs recompute the prompt anyway
+        adapter = request.adapter.digest if request.adapter else None
+        keys = engine.kv_keys(prompt, adapter=adapter, tenant=request.tenant)
+        keys = keys[: (len(prompt) - 1) // engine.block_manager.block_size]
+        cached = engine.block_manager.cached
+        present = next((i for i, key in enumerate(keys) if key not in cached), len(keys))
+        return keys, present
+
+    @staticmethod
+    def _install(engine: LLMEngine, blocks: list[KVBlock], keys: list[bytes]) -> tuple[int, int, int]:
+        """Engine thread: import the blocks (each re-checked against this engine's key for its place); how many
+        went in, how many of keys, from the first, are now cached, and how many free pages there were."""
+        room = engine.block_manager.num_free_blocks
+        installed = engine.import_blocks(blocks, keys) if blocks else 0
+        cached = engine.block_manager.cached
+        return installed, next((i for i, key in enumerate(keys) if key not in cached), len(keys)), room
+
+    def _count(self, report: PullReport) -> None:
+        outcome = "recomputed" if report.recomputed else "ok"
+        self.metrics.kv_pulls.labels(outcome=outcome, via=report.via or "none").inc()
+        if report.recomputed:
+            self.metrics.kv_recomputes.labels(reason=report.reason).inc()
+
+    def abort(self, request_id: str) -> bool:
+        """POST /v1/abort during a pull: stop it (the lease is released by the hang-up); the request then ends as
+        aborted. False when no pull is under way for it."""
+        pending = self.pending.get(request_id)
+        if pending is None:
+            return False
+        pending.aborted = True
+        pending.task.cancel()
+        return True
+

@@ -1,0 +1,113 @@
+"""The prefill hop of disaggregated serving (docs/kv-tiers.md, "Disaggregated serving"; the wire contract is the
+engine's): the gateway asks a prefill engine to compute a prompt's KV and pin it under a lease, then sends the
+usual request, with the lease, to the engine that decodes it, which pulls the blocks.
+
+    prefill hop   POST /v1/generate  {the usual body, "stream": false,
+                                      "kv_transfer": {"mode": "prefill", "lease_ttl_s": TTL}}
+                  200 {"kv_lease": {"id", "engine_id", "transport": {...}, "num_blocks", "num_tokens", "expires_in_s"},
+                       "usage": {"prompt_tokens", "cached_tokens", "gpu_seconds"}}
+    decode hop    the usual body (streamed as the client asked) + "kv_transfer": {"mode": "decode", "lease": kv_lease}
+
+The prefill hop is an optimisation: whatever goes wrong with it (unreachable, timed out, refused, an answer without
+a lease), the request is served whole by the engine chosen to decode it, and the failure is logged and counted
+(`quilt_gateway_prefill_fallbacks_total{reason}`). Its GPU time travels in the request's metadata
+(`"prefill": {"engine", "gpu_ms", "cached_tokens"}`), which the decode engine's usage event echoes back, so
+metering costs it at the prefill engine's price; the cached tokens billed are the prefill engine's
+(engine.contract.billed_cached_tokens), the same rule in the client's usage and in metering."""
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from gateway import engine_client, metrics
+from gateway.engine_client import AdapterUnavailable, EngineRef, EngineRejected, EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+_background: set[asyncio.Task] = set()  # aborts and prefetches sent without waiting (kept until they end)
+
+
+@dataclass(frozen=True)
+class PrefillHop:
+    """A prefill hop that answered: the lease for the decode engine, and what it cost."""
+
+    engine: EngineRef
+    lease: dict
+    gpu_ms: float
+    prompt_tokens: int
+    cached_tokens: int
+
+    def attribution(self) -> dict:
+        """The request metadata's `prefill` entry: whose GPU time, and how much (metering prices it), and the prompt
+        tokens the prefill engine found cached (what the request is billed as cached: engine.contract.billed_cached_tokens)."""
+        return {"engine": self.engine.name, "gpu_ms": round(self.gpu_ms, 3), "cached_tokens": self.cached_tokens}
+
+
+class PrefillFailed(Exception):
+    """The prefill hop gave no usable lease; `reason` labels the fallback metric."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def prefill_payload(payload: dict, *, lease_ttl_s: int) -> dict:
+    return payload | {"stream": False, "kv_transfer": {"mode": "prefill", "lease_ttl_s": lease_ttl_s}}
+
+
+def decode_payload(payload: dict, hop: PrefillHop) -> dict:
+    return payload | {"kv_transfer": {"mode": "decode", "lease": hop.lease}}
+
+
+def hop_read(engine: EngineRef, answer: dict) -> PrefillHop:
+    """The prefill engine's answer, checked: a lease with an id and a transport, and the hop's usage."""
+    lease, usage = answer.get("kv_lease"), answer.get("usage")
+    if not isinstance(lease, dict) or not isinstance(lease.get("id"), str) or not lease["id"]:
+        raise PrefillFailed("bad_answer", f"{engine.name} answered the prefill hop without a lease")
+    if not isinstance(lease.get("transport"), dict):
+        raise PrefillFailed("bad_answer", f"{engine.name}'s lease {lease['id']} names no transport")
+    usage = usage if isinstance(usage, dict) else {}
+    seconds = usage.get("gpu_seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+        seconds = 0.0
+        log.warning("prefill hop on %s reported no GPU time: its share goes unattributed", engine.name)
+    counts = {name: usage.get(name) if isinstance(usage.get(name), int) and usage.get(name) >= 0 else 0
+              for name in ("prompt_tokens", "cached_tokens")}  # fmt: skip
+    return PrefillHop(engine=engine, lease=lease, gpu_ms=float(seconds) * 1000.0, **counts)
+
+
+async def prefill_hop(engine: EngineRef, payload: dict, *, request_id: str, timeout_s: float) -> PrefillHop:
+    """Runs the prefill hop on `engine`; PrefillFailed if it gives no lease. A client that leaves meanwhile
+    (cancellation) aborts it on the engine, which then releases what it pinned."""
+    started = time.monotonic()
+    try:
+        answer = await engine_client.generate_whole(engine, payload, timeout_s=timeout_s)
+    except asyncio.CancelledError:
+        _spawn(engine_client.abort(engine, request_id))
+        raise
+    except EngineUnavailable as error:
+        timed_out = isinstance(error.__cause__, TimeoutError)
+        if timed_out:
+            _spawn(engine_client.abort(engine, request_id))
+        raise PrefillFailed("timeout" if timed_out else "unavailable", str(error)) from error
+    except AdapterUnavailable as error:
+        raise PrefillFailed("adapter_unavailable", str(error)) from error
+    except EngineRejected as rejected:
+        raise PrefillFailed("refused", f"{engine.name}: {rejected.status} {rejected.message}") from rejected
+    hop = hop_read(engine, answer)
+    metrics.prefill_seconds.observe(time.monotonic() - started)
+    return hop
+
+
+def prefetch_soon(engine: EngineRef, *, digest: str, path: str) -> None:
+    """Warms the adapter on the decode engine while the prefill engine computes (it is loaded there anyway when
+    the decode hop arrives: the same ensure path as every request)."""
+    _spawn(engine_client.prefetch(engine, digest=digest, path=path))
+
+
+def _spawn(coroutine) -> None:
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _background.add(task)
+    task.add_done_callback(_background.discard)

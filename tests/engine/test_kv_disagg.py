@@ -1,0 +1,366 @@
+"""Disaggregated prefill and decode with real engine processes that the tests start, stop and kill themselves
+(docs/kv-tiers.md): a prefill hop leases a prompt's KV blocks, a decode hop pulls them (shared memory on this host,
+or TCP) and serves as a prefix hit. Greedy tokens equal the colocated run's and transformers + PEFT's, with mixed
+adapters and with an fp8 KV cache. When the prefill engine is killed mid-transfer, the transfer times out, the
+client aborts during it, the adapter is promoted in between or the lease expired, the decode engine recomputes and
+the tokens are still right; leases end on both sides and the pools' own counts show no block leaked."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import adapters
+from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts, wait_until_healthy
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "kv-disagg-test-token"
+TIMEOUT_S = 3.0  # the decode engines' --kv-transfer-timeout
+MAX_TOKENS = 8
+TARGETS = ["q_proj", "k_proj", "v_proj", "down_proj"]  # k and v: an adapter changes the KV itself
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny Llama, three PEFT adapters (ranks 4, 8, 16) by name -> (digest, path), and transformers + PEFT."""
+    root = tmp_path_factory.mktemp("kv-disagg")
+    base = build_checkpoint(root / "llama", "llama", seed=11)
+    paths = {name: build_adapter(base, root / name, seed=70 + r, r=r, targets=TARGETS)
+             for name, r in (("a", 4), ("b", 8), ("big", 16))}
+    config = json.loads((base / "config.json").read_text())
+    refs = {name: {"digest": adapters.load_adapter(path, config).digest, "path": str(path)}
+            for name, path in paths.items()}
+    return base, refs, Oracle(base, paths)
+
+
+class Engines:
+    """Engine processes by name, each an httpx client with .process and .log_path; killed at the end."""
+
+    def __init__(self, base: Path, logs: Path) -> None:
+        self.base, self.logs = base, logs
+        self.clients: dict[str, httpx.Client] = {}
+
+    def launch(self, name: str, *extra: str) -> httpx.Client:
+        port = free_port()
+        log_path = self.logs / f"{name}.log"
+        command = [sys.executable, "-m", "engine", "--model", str(self.base), "--port", str(port),
+                   "--broker-url", "", "--usage-spool", str(self.logs / f"{name}-usage.jsonl"),
+                   "--engine-name", name, "--max-adapter-rank", "16", "--kv-transfer-timeout", str(TIMEOUT_S),
+                   "--log-level", "info", *extra]  # fmt: skip
+        env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"},
+                              timeout=60)
+        client.process, client.log_path, client.port = process, log_path, port
+        self.clients[name] = client
+        return client
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            if client.process.poll() is None:
+                client.process.send_signal(signal.SIGCONT)
+                client.process.kill()
+                client.process.wait()
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def engines(model, tmp_path_factory):
+    """A prefill engine (shared memory offered) and a decode engine, started together."""
+    base, _, _ = model
+    fleet = Engines(base, tmp_path_factory.mktemp("kv-disagg-logs"))
+    prefill = fleet.launch("prefill", "--role", "prefill")
+    decode = fleet.launch("decode", "--role", "decode")
+    for client in (prefill, decode):
+        wait_until_healthy(client.process, client, client.log_path)
+    fleet.prefill, fleet.decode = prefill, decode
+    yield fleet
+    fleet.close()
+
+
+def body(prompt: list[int], adapter: dict | None, tenant: str, **extra) -> dict:
+    return {"request_id": f"r-{uuid.uuid4().hex[:12]}", "prompt_token_ids": prompt, "tenant": tenant,
+            "adapter": adapter, "stream": False, "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0,
+                                                              "ignore_eos": True}} | extra
+
+
+def prefill_hop(client, prompt, adapter, tenant, ttl_s: float = 30.0) -> dict:
+    response = client.post("/v1/generate", json=body(prompt, adapter, tenant,
+                                                     kv_transfer={"mode": "prefill", "lease_ttl_s": ttl_s}))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert set(answer) == {"kv_lease", "usage"} and answer["usage"]["prompt_tokens"] == len(prompt)
+    assert answer["usage"]["gpu_seconds"] > 0
+    return answer["kv_lease"]
+
+
+def decode_hop(client, prompt, adapter, tenant, lease, **extra) -> dict:
+    response = client.post("/v1/generate", json=body(prompt, adapter, tenant,
+                                                     kv_transfer={"mode": "decode", "lease": lease}, **extra))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def colocated(client, prompt, adapter, tenant) -> list[int]:
+    response = client.post("/v1/generate", json=body(prompt, adapter, tenant))
+    assert response.status_code == 200, response.text
+    return response.json()["token_ids"]
+
+
+def metric(client, name: str, **labels) -> float:
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def wait_until(condition, *, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def pool_clean(client) -> dict:
+    """The engine is idle and its pool's own counts show nothing held: every page free, evictable or an adapter's,
+    no lease, no block held outside a sequence, no pull under way."""
+    state = wait_until(lambda: (s := client.get("/v1/state").json())["running"] == 0 and s["waiting"] == 0 and s)
+    pool = state["kv_pool"]
+    assert pool["free"] + pool["evictable"] + pool["in_use"] + pool["adapter_pages"] == pool["total"], pool
+    assert pool["in_use"] == 0 and pool["held"] == 0, pool
+    assert state["kv_leases"]["active"] == 0 and state["kv_leases"]["held_blocks"] == 0, state["kv_leases"]
+    assert state["kv_pulls_in_flight"] == 0
+    return state
+
+
+def leases_ended(client) -> dict:
+    return wait_until(lambda: (s := client.get("/v1/state").json())["kv_leases"]["active"] == 0 and s)["kv_leases"]
+
+
+def test_the_role_is_in_the_state(engines):
+    assert engines.prefill.get("/v1/state").json()["role"] == "prefill"
+    assert engines.decode.get("/v1/state").json()["role"] == "decode"
+
+
+def test_disaggregated_greedy_tokens_equal_colocated_and_peft_with_mixed_adapters(engines, model):
+    _, refs, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    block_size = decode.get("/v1/state").json()["block_size"]
+    names = [None, "a", "b", "big", "a", None]
+    prompts = random_prompts(5, [40, 4 * block_size, 3 * block_size + 1, 97, 150, 9])
+    sent_before = metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="shm")
+    leases = [prefill_hop(prefill, p, refs.get(n), "tenant-d") for p, n in zip(prompts, names, strict=True)]
+    for prompt, lease in zip(prompts, leases, strict=True):
+        assert lease["num_blocks"] == len(prompt) // block_size and lease["engine_id"] == "prefill"
+        assert lease["transport"]["shm"] and lease["num_tokens"] == lease["num_blocks"] * block_size
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:  # one batch, mixed adapters
+        disaggregated = list(pool.map(lambda args: decode_hop(decode, *args), [
+            (p, refs.get(n), "tenant-d", lease) for p, n, lease in zip(prompts, names, leases, strict=True)]))
+        together = list(pool.map(lambda args: colocated(decode, *args), [
+            (p, refs.get(n), "tenant-c") for p, n in zip(prompts, names, strict=True)]))
+    for prompt, name, answer, tokens in zip(prompts, names, disaggregated, together, strict=True):
+        usable = (len(prompt) - 1) // block_size  # the last token is always computed
+        assert answer["usage"]["kv_transfer"]["blocks_pulled"] == usable
+        assert answer["usage"]["kv_transfer"]["recomputed"] is False
+        assert answer["usage"]["cached_tokens"] == usable * block_size
+        assert answer["token_ids"] == tokens == oracle.greedy(prompt, name, MAX_TOKENS), name
+    pulled = sum(1 for p in prompts if (len(p) - 1) // block_size)
+    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="shm") - sent_before == pulled
+    assert leases_ended(prefill)["released"].get("done", 0) >= pulled
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
+def test_fp8_kv_cache_over_tcp_and_never_across_numerics(engines, model):
+    _, refs, _ = model
+    prefill = engines.launch("prefill-fp8", "--kv-cache-dtype", "fp8", "--no-kv-transfer-shm")
+    decode = engines.launch("decode-fp8", "--kv-cache-dtype", "fp8")
+    for client in (prefill, decode):
+        wait_until_healthy(client.process, client, client.log_path)
+    block_size = decode.get("/v1/state").json()["block_size"]
+    names = ["big", None, "a", "b"]
+    prompts = random_prompts(8, [70, 3 * block_size, 120, 33])
+    leases = [prefill_hop(prefill, p, refs.get(n), "tenant-8") for p, n in zip(prompts, names, strict=True)]
+    assert all(lease["transport"]["shm"] is None for lease in leases)
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        disaggregated = list(pool.map(lambda args: decode_hop(decode, *args), [
+            (p, refs.get(n), "tenant-8", lease) for p, n, lease in zip(prompts, names, leases, strict=True)]))
+        together = list(pool.map(lambda args: colocated(decode, *args), [
+            (p, refs.get(n), "tenant-c") for p, n in zip(prompts, names, strict=True)]))
+    for prompt, answer, tokens in zip(prompts, disaggregated, together, strict=True):
+        assert answer["usage"]["kv_transfer"] == {"lease_id": answer["usage"]["kv_transfer"]["lease_id"],
+                                                  "blocks_pulled": (len(prompt) - 1) // block_size,
+                                                  "recomputed": False}
+        assert answer["token_ids"] == tokens
+    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="tcp") == len(prompts)
+    # an fp8 engine's blocks are not the float32 engine's: other keys (the base digest names the KV dtype)
+    prompt = prompts[0]
+    lease = prefill_hop(prefill, prompt, refs["big"], "tenant-x")
+    answer = decode_hop(engines.decode, prompt, refs["big"], "tenant-x", lease)
+    assert answer["usage"]["kv_transfer"]["recomputed"] is True and answer["usage"]["kv_transfer"]["blocks_pulled"] == 0
+    assert answer["token_ids"] == colocated(engines.decode, prompt, refs["big"], "tenant-y")
+    assert metric(engines.decode, "quilt_engine_kv_recomputes_total", reason="not_leased") >= 1
+    for client in (prefill, decode, engines.decode):
+        pool_clean(client)
+    # drain: a lease nobody pulled is released as the engine stops
+    prefill_hop(prefill, prompt, None, "tenant-z")
+    assert prefill.get("/v1/state").json()["kv_leases"]["active"] == 1
+    prefill.process.send_signal(signal.SIGTERM)
+    assert prefill.process.wait(timeout=60) in (0, -signal.SIGTERM)  # (uvicorn re-raises the signal it drained on)
+    assert "released 1 KV leases on drain" in prefill.log_path.read_text()
+
+
+def test_the_prefill_engine_killed_mid_transfer(engines, model):
+    _, refs, oracle = model
+    source = engines.launch("prefill-doomed")
+    wait_until_healthy(source.process, source, source.log_path)
+    decode = engines.decode
+    prompt = random_prompts(21, [130])[0]
+    lease = prefill_hop(source, prompt, refs["b"], "tenant-k")
+    closed_before = metric(decode, "quilt_engine_kv_recomputes_total", reason="closed")
+    source.process.send_signal(signal.SIGSTOP)  # the pull connects and waits...
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(decode_hop, decode, prompt, refs["b"], "tenant-k", lease)
+        wait_until(lambda: decode.get("/v1/state").json()["kv_pulls_in_flight"] == 1)
+        source.process.kill()  # ...and the source dies under it
+        answer = answer.result(timeout=60)
+    source.process.wait()
+    assert answer["usage"]["kv_transfer"] == {"lease_id": lease["id"], "blocks_pulled": 0, "recomputed": True}
+    assert answer["usage"]["cached_tokens"] == 0 and answer["finish_reason"] == "length"
+    assert answer["token_ids"] == oracle.greedy(prompt, "b", MAX_TOKENS)
+    assert metric(decode, "quilt_engine_kv_recomputes_total", reason="closed") == closed_before + 1  # not a timeout
+    assert "recomputes" in decode.log_path.read_text()
+    pool_clean(decode)
+
+
+def test_a_transfer_timeout_recomputes_and_the_source_releases_the_lease(engines, model):
+    _, refs, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(22, [111])[0]
+    lease = prefill_hop(prefill, prompt, refs["a"], "tenant-t")
+    before = prefill.get("/v1/state").json()["kv_leases"]["released"].get("closed", 0)
+    prefill.process.send_signal(signal.SIGSTOP)  # hung: accepts connections, answers nothing
+    try:
+        answer = decode_hop(decode, prompt, refs["a"], "tenant-t", lease)
+    finally:
+        prefill.process.send_signal(signal.SIGCONT)
+    assert answer["usage"]["kv_transfer"] == {"lease_id": lease["id"], "blocks_pulled": 0, "recomputed": True}
+    assert answer["token_ids"] == oracle.greedy(prompt, "a", MAX_TOKENS)
+    assert metric(decode, "quilt_engine_kv_recomputes_total", reason="timeout") >= 1
+    # the source wakes up, finds the puller gone, and ends the lease
+    assert wait_until(lambda: leases_ended(prefill)["released"].get("closed", 0) == before + 1)
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
+def test_the_client_aborts_during_the_transfer(engines, model):
+    _, refs, _ = model
+    prefill, decode = engines.prefill, engines.decode
+    prompts = random_prompts(23, [90, 100])
+    leases = [prefill_hop(prefill, p, refs["big"], "tenant-a") for p in prompts]
+    prefill.process.send_signal(signal.SIGSTOP)  # the pulls wait
+    try:
+        # POST /v1/abort while the pull waits: the request ends as any aborted request does
+        request = body(prompts[0], refs["big"], "tenant-a", kv_transfer={"mode": "decode", "lease": leases[0]})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(decode.post, "/v1/generate", json=request)
+            wait_until(lambda: decode.get("/v1/state").json()["kv_pulls_in_flight"] == 1)
+            aborted = decode.post(f"/v1/abort/{request['request_id']}")
+            assert aborted.status_code == 200 and aborted.json()["aborted"] is True
+            answer = pending.result(timeout=30)
+        assert answer.status_code == 200
+        assert answer.json()["finish_reason"] == "abort" and answer.json()["token_ids"] == []
+        # the client hangs up while its streamed request pulls
+        request = body(prompts[1], refs["big"], "tenant-a", kv_transfer={"mode": "decode", "lease": leases[1]},
+                       stream=True)
+        payload = json.dumps(request).encode()
+        with socket.create_connection(("127.0.0.1", decode.port)) as raw:
+            raw.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+                        + f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            wait_until(lambda: decode.get("/v1/state").json()["kv_pulls_in_flight"] == 1)
+        wait_until(lambda: decode.get("/v1/state").json()["kv_pulls_in_flight"] == 0)
+    finally:
+        prefill.process.send_signal(signal.SIGCONT)
+    released = leases_ended(prefill)  # both leases end on the source: hung up on, or released by the puller
+    assert released["active"] == 0
+    pool_clean(prefill)
+    pool_clean(decode)
+    assert decode.post("/v1/abort/nothing-here").status_code == 404
+
+
+def test_an_adapter_promoted_between_prefill_and_decode_is_never_served_stale(engines, model):
+    _, refs, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(24, [120])[0]
+    old, new = refs["a"], refs["b"]  # the same name, promoted from version a to version b in between
+    lease = prefill_hop(prefill, prompt, old, "tenant-p")
+    assert lease["num_blocks"] > 0
+    answer = decode_hop(decode, prompt, new, "tenant-p", lease)
+    assert answer["usage"]["kv_transfer"] == {"lease_id": lease["id"], "blocks_pulled": 0, "recomputed": True}
+    assert answer["token_ids"] == oracle.greedy(prompt, "b", MAX_TOKENS)
+    assert oracle.greedy(prompt, "a", MAX_TOKENS) != answer["token_ids"]  # stale KV would have shown
+    assert leases_ended(prefill)["active"] == 0
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
+def test_an_expired_lease_recomputes(engines, model):
+    _, refs, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(25, [64])[0]
+    lease = prefill_hop(prefill, prompt, None, "tenant-e", ttl_s=0.2)
+    expired_before = prefill.get("/v1/state").json()["kv_leases"]["released"].get("expired", 0)
+    wait_until(lambda: prefill.get("/v1/state").json()["kv_leases"]["released"].get("expired", 0) > expired_before)
+    answer = decode_hop(decode, prompt, None, "tenant-e", lease)
+    assert answer["usage"]["kv_transfer"]["recomputed"] is True
+    assert answer["token_ids"] == oracle.greedy(prompt, None, MAX_TOKENS)
+    assert metric(decode, "quilt_engine_kv_recomputes_total", reason="unknown_lease") >= 1
+    assert metric(prefill, "quilt_engine_kv_leases_released_total", reason="expired") >= 1
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
+@pytest.mark.parametrize(("kv_transfer", "extra", "param"), [
+    ({"mode": "both"}, {}, "kv_transfer.mode"),
+    ("prefill", {}, "kv_transfer.mode"),
+    ({"mode": "prefill"}, {"stream": True}, "kv_transfer.mode"),
+    ({"mode": "prefill", "lease_ttl_s": 0}, {}, "kv_transfer.lease_ttl_s"),
+    ({"mode": "prefill", "lease_ttl_s": 3600}, {}, "kv_transfer.lease_ttl_s"),
+    ({"mode": "prefill", "ttl": 3}, {}, "ttl"),
+    ({"mode": "decode"}, {}, "kv_transfer.lease"),
+    ({"mode": "decode", "lease": {"id": "not hex", "transport": {"tcp": "127.0.0.1:1"}}}, {}, "kv_transfer.lease.id"),
+    ({"mode": "decode", "lease": {"id": "ab" * 16, "transport": {"tcp": "nowhere"}}}, {},
+     "kv_transfer.lease.transport.tcp"),
+    ({"mode": "decode", "lease": {"id": "ab" * 16, "transport": {"tcp": "h:1"}, "num_blocks": -1}}, {},
+     "kv_transfer.lease.num_blocks"),
+    ({"mode": "prefill"}, {"prompt_token_ids": [[7, 8], [9, 10]]}, "kv_transfer"),
+], ids=["mode", "not-an-object", "prefill-streamed", "ttl-zero", "ttl-long", "unknown-field", "no-lease", "lease-id",
+        "address", "num-blocks", "batch"])
+def test_a_bad_kv_transfer_is_a_400(engines, kv_transfer, extra, param):
+    response = engines.decode.post("/v1/generate", json=body([7, 8, 9], None, "t", kv_transfer=kv_transfer) | extra)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error

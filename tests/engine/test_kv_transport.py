@@ -1,0 +1,240 @@
+"""The KV transfer channel alone (engine/kv/transport.py), over real sockets and /dev/shm: payloads of odd sizes
+arrive intact over TCP and shared memory, a lease is released exactly once whether the puller is done, gives up,
+times out or goes away, and a source that dies mid-transfer fails the pull at once with a clear code."""
+
+import asyncio
+import os
+import random
+import struct
+
+import pytest
+
+from engine.kv.transport import (
+    FRAME,
+    MAGIC,
+    SHM_ROOT,
+    LeaseRefused,
+    Pull,
+    TransferError,
+    TransferServer,
+    release_remote,
+    shm_reachable,
+    write_frame,
+)
+
+ODD_SIZES = [0, 1, 7, 4097, (1 << 20) + 3, 5]
+
+
+class Source:
+    """A lease table in miniature: lease id -> payloads; records every release."""
+
+    def __init__(self, leases: dict[str, list[bytes]], *, delay_s: float = 0.0) -> None:
+        self.leases = leases
+        self.delay_s = delay_s
+        self.released: list[tuple[str, str]] = []
+        self.asked: list[list[str]] = []
+
+    async def blocks(self, lease_id: str, keys: list[str]) -> list[bytes]:
+        self.asked.append(keys)
+        await asyncio.sleep(self.delay_s)
+        if lease_id not in self.leases:
+            raise LeaseRefused(f"no lease {lease_id}")
+        return self.leases[lease_id][: len(keys)]
+
+    async def release(self, lease_id: str, why: str) -> None:
+        self.released.append((lease_id, why))
+
+
+def payloads(sizes: list[int], seed: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(n) for n in sizes]
+
+
+async def serve(source: Source, **kwargs) -> TransferServer:
+    return await TransferServer(blocks=source.blocks, release=source.release, host="127.0.0.1", **kwargs).start()
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("via", ["tcp", "shm"])
+def test_odd_sized_payloads_arrive_intact_and_the_lease_is_released_once(via):
+    sent = payloads(ODD_SIZES)
+    keys = [f"{i:032x}" for i in range(len(sent))]
+
+    async def main():
+        source = Source({"lease-1": sent})
+        server = await serve(source, shm=via == "shm")
+        try:
+            assert shm_reachable(server.address) == (via == "shm")
+            async with Pull(server.address, "lease-1", timeout_s=10) as pull:
+                assert pull.via == via
+                got = await pull.fetch(keys)
+                assert got == sent
+                assert source.asked == [keys]
+                if via == "shm":  # mapped by the puller, and its name gone at once
+                    assert all(isinstance(p, memoryview) for p in got)
+                    assert not list(SHM_ROOT.glob(f"{server.shm_name}.*"))
+                await pull.done()
+            assert source.released == [("lease-1", "done")]
+            assert not list(SHM_ROOT.glob(f"{server.shm_name}.*")) if via == "shm" else True
+        finally:
+            await server.close()
+        if via == "shm":
+            assert not (SHM_ROOT / server.shm_name).exists()  # the marker goes with the server
+
+    asyncio.run(main())
+
+
+def test_a_prefix_of_the_keys_and_a_pull_without_shm_on_the_source():
+    async def main():
+        source = Source({"lease-2": payloads([3, 9])})
+        server = await serve(source, shm=False)
+        try:
+            assert server.address["shm"] is None and not shm_reachable(server.address)
+            async with Pull(server.address, "lease-2", timeout_s=10) as pull:
+                assert pull.via == "tcp"
+                assert len(await pull.fetch(["a" * 32, "b" * 32, "c" * 32])) == 2  # the source holds two
+                await pull.done(reason="keys did not match")
+            assert source.released == [("lease-2", "released")]
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def test_an_unknown_lease_is_refused_and_nothing_is_released():
+    async def main():
+        source = Source({})
+        server = await serve(source)
+        try:
+            async with Pull(server.address, "nope", timeout_s=10) as pull:
+                with pytest.raises(TransferError) as refused:
+                    await pull.fetch(["a" * 32])
+            assert refused.value.code == "unknown_lease" and "no lease nope" in str(refused.value)
+            await asyncio.sleep(0.1)
+            assert source.released == []
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_slow_source_times_out_and_the_lease_is_released_by_the_hang_up():
+    async def main():
+        source = Source({"lease-3": payloads([10])}, delay_s=1.0)
+        server = await serve(source)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(TransferError) as timed_out:
+                async with Pull(server.address, "lease-3", timeout_s=0.2) as pull:
+                    await pull.fetch(["a" * 32])
+            assert timed_out.value.code == "timeout"
+            assert asyncio.get_running_loop().time() - started < 0.9
+            await until(lambda: source.released)
+            assert source.released == [("lease-3", "closed")]
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
+    big = payloads([8 << 20])  # more than the socket buffers hold: the source is still writing
+
+    async def main():
+        source = Source({"lease-4": big})
+        server = await serve(source, shm=False)
+        try:
+            host, port = server.address["tcp"].rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            await write_frame(writer, {"op": "pull", "lease": "lease-4", "keys": ["a" * 32], "via": "tcp"})
+            await reader.readexactly(FRAME.size + 64)  # the header and a little of the bytes
+            writer.transport.abort()  # gone, mid-transfer
+            await until(lambda: source.released)
+            assert source.released == [("lease-4", "closed")]
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+def test_a_source_that_dies_mid_transfer_fails_the_pull_at_once():
+    async def half_a_transfer(reader, writer):  # promises 1000 bytes, sends 100, dies
+        await reader.read(4096)
+        header = b'{"op":"blocks","via":"tcp","sizes":[1000]}'
+        writer.write(struct.pack("!4sIQ", MAGIC, len(header), 1000) + header + b"x" * 100)
+        await writer.drain()
+        writer.transport.abort()
+
+    async def main():
+        server = await asyncio.start_server(half_a_transfer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(TransferError) as closed:
+                async with Pull({"tcp": f"127.0.0.1:{port}", "shm": None}, "lease-5", timeout_s=10) as pull:
+                    await pull.fetch(["a" * 32])
+            assert closed.value.code == "closed" and "100 of 1000 bytes" in str(closed.value)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_a_source_closing_while_a_pull_waits_fails_it_and_releases_the_lease():
+    async def main():
+        source = Source({"lease-6": payloads([10])}, delay_s=30.0)
+        server = await serve(source)
+        async with Pull(server.address, "lease-6", timeout_s=10) as pull:
+            fetch = asyncio.create_task(pull.fetch(["a" * 32]))
+            await until(lambda: source.asked)
+            await server.close()  # the prefill engine shuts down
+            with pytest.raises(TransferError) as closed:
+                await fetch
+        assert closed.value.code == "closed"
+        assert source.released == [("lease-6", "drain")]
+
+    asyncio.run(main())
+
+
+def test_nobody_listening_and_a_bad_address_are_transfer_errors():
+    async def main():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(TransferError) as refused:
+            async with Pull({"tcp": f"127.0.0.1:{port}"}, "x", timeout_s=2):
+                pass
+        assert refused.value.code == "closed"
+        with pytest.raises(TransferError) as bad:
+            async with Pull({"tcp": "no-port"}, "x", timeout_s=2):
+                pass
+        assert bad.value.code == "protocol"
+
+    asyncio.run(main())
+
+
+def test_release_without_pulling_and_garbage_on_the_wire():
+    async def main():
+        source = Source({"lease-7": payloads([4])})
+        server = await serve(source)
+        try:
+            assert await release_remote(server.address, "lease-7", reason="aborted before the pull")
+            assert source.released == [("lease-7", "released")]
+            host, port = server.address["tcp"].rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET / HTTP/1.1\r\n\r\n" + os.urandom(64))
+            await writer.drain()
+            assert await reader.read() == b""  # hung up on
+            writer.close()
+            assert source.released == [("lease-7", "released")]  # nothing else released
+        finally:
+            await server.close()
+
+    asyncio.run(main())

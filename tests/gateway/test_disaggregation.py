@@ -1,0 +1,176 @@
+"""Disaggregated prefill/decode through the gateway, with real processes and the openai client: a prefill engine
+and a decode engine (`--role`) serve long prompts with the same greedy tokens, usage and price as one engine, the
+prefill engine's GPU time costed at its own price; a short prompt skips the prefill hop; a prefill engine that
+cannot be reached costs the client nothing (the request is served whole, the fallback is counted).
+The package's gateways route a prompt whose uncached part is at least 32 tokens through a prefill engine
+(QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS in the stack's environment)."""
+
+import re
+import signal
+import time
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from gateway.routing import routable_engines
+from metering.models import UsageEvent
+from metering.pricing import gpu_cost
+from tests.gateway.conftest import (
+    ENGINE_TOKEN,
+    METRICS_TOKEN,
+    client,
+    engine_set,
+    free_port,
+    wait_for_engine,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+SNAPSHOT = 1.0  # each gateway process re-reads its engines once a second
+LONG = " ".join(f"w{i % 90 + 10}" for i in range(120))  # about 120 tokens, 480 characters
+SHORT = "w10 w11"
+
+
+def control_plane(stack) -> str:
+    return stack.gateways[0].removesuffix("/v1")
+
+
+def heartbeat(stack, name: str, url: str, *, role: str, draining: bool = False) -> None:
+    """What an engine started with `--role` sends (the role is in its state: routing reads it there)."""
+    body = {"name": name, "url": url, "pool": "default", "gpu_price_per_hour": "4.0", "interval_s": 30.0,
+            "draining": draining, "state": {"role": role, "running": 0, "waiting": 0, "capacity": 8}}
+    answer = httpx.post(f"{control_plane(stack)}/internal/engines/heartbeat", json=body, timeout=10,
+                        headers={"Authorization": f"Bearer {ENGINE_TOKEN}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+
+
+def counter(stack, name: str, label: str) -> float:
+    text = httpx.get(f"{control_plane(stack)}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
+                     timeout=10).text  # fmt: skip
+    found = re.search(rf"^{name}_total\{{{label}\}} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def ask(stack, content: str, max_tokens: int = 6, model: str = "support"):
+    answer = client(stack, stack.keys["main"]).with_options(max_retries=0).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0)
+    return answer.headers["x-request-id"], answer.parse()
+
+
+def ask_streamed(stack, content: str, max_tokens: int = 6, model: str = "support"):
+    stream = client(stack, stack.keys["main"]).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True})  # fmt: skip
+    request_id = stream.response.headers["x-request-id"]
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return request_id, text, chunks[-1].usage
+
+
+def usage_row(request_id: str) -> UsageEvent:
+    return wait_until(lambda: UsageEvent.objects.filter(request_id=request_id).first(), timeout=30,
+                      what=f"the usage row of {request_id}")  # fmt: skip
+
+
+def test_an_unreachable_prefill_engine_falls_back_to_one_engine(stack):
+    _, colocated = ask(stack, LONG)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: as if killed after its last heartbeat
+    heartbeat(stack, "prefill-dead", dead, role="prefill")
+    try:
+        time.sleep(SNAPSHOT + 0.2)
+        before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"')
+        request_id, answer = ask(stack, LONG)
+        assert answer.choices[0].message.content == colocated.choices[0].message.content
+        assert answer.usage.prompt_tokens == colocated.usage.prompt_tokens
+        assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"') == before + 1
+        row = usage_row(request_id)
+        assert (row.engine, row.prefill_engine, row.prefill_gpu_ms) == ("engine-a", "", 0)
+        # the failed engine is skipped for a while: the next long prompt is served whole without trying it
+        _, again = ask(stack, LONG)
+        assert again.choices[0].message.content == colocated.choices[0].message.content
+        assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"') == before + 1
+    finally:
+        heartbeat(stack, "prefill-dead", dead, role="prefill", draining=True)
+        time.sleep(SNAPSHOT + 0.2)
+
+
+PREFILL_PRICE, DECODE_PRICE = Decimal("3.0"), Decimal("1.25")
+PROMPTS = {  # long, and each new to every engine: nothing cached anywhere, so colocated and split price alike
+    "support": " ".join(f"w{(i * 7) % 90 + 10}" for i in range(110)),
+    "shouty": " ".join(f"w{(i * 11) % 90 + 10}" for i in range(100)),
+    "tiny": " ".join(f"w{(i * 13) % 90 + 10}" for i in range(105)),
+}
+
+
+@pytest.fixture(scope="module")
+def split_fleet(stack, django_db_blocker):
+    """The colocated answers first (engine-a alone), then a prefill and a decode engine in its place."""
+    colocated = {model: ask(stack, prompt, model=model) for model, prompt in PROMPTS.items()}
+    streamed = ask_streamed(stack, PROMPTS["support"] + " w42", max_tokens=8)
+    control = control_plane(stack)
+    engines = {}
+    for name, role, price in (("pd-prefill", "prefill", PREFILL_PRICE), ("pd-decode", "decode", DECODE_PRICE)):
+        engines[name] = stack.launch_engine(name, free_port(), extra=(
+            "--control-plane", control, "--engine-name", name, "--heartbeat-interval", "0.5", "--role", role,
+            "--gpu-price-per-hour", str(price), "--leave-grace", "0.5",
+        ))  # fmt: skip
+    with django_db_blocker.unblock():
+        engine_set("engine-a", enabled=False)
+    try:
+        for process in engines.values():
+            wait_for_engine(process)
+        with django_db_blocker.unblock():
+            wait_until(lambda: {"pd-prefill", "pd-decode"} <= set(routable_engines().values_list("name", flat=True)),
+                       timeout=10, what="both engines in routing")  # fmt: skip
+        time.sleep(SNAPSHOT + 0.2)
+        yield colocated, streamed, engines
+    finally:
+        for process in engines.values():
+            process.send_signal(signal.SIGTERM)
+        for process in engines.values():
+            process.wait(timeout=30)
+        with django_db_blocker.unblock():
+            engine_set("engine-a", enabled=True)
+        time.sleep(SNAPSHOT + 0.2)
+
+
+def test_a_split_fleet_gives_the_same_tokens_usage_and_price_and_costs_both_engines(stack, split_fleet):
+    colocated, _, _ = split_fleet
+    before = {outcome: counter(stack, "quilt_gateway_kv_transfers", f'outcome="{outcome}"')
+              for outcome in ("pulled", "recomputed")}
+    routed = counter(stack, "quilt_gateway_disaggregation", 'route="disaggregated"')
+    for model, prompt in PROMPTS.items():  # two adapters and the base model
+        request_id, answer = ask(stack, prompt, model=model)
+        reference_id, reference = colocated[model]
+        assert answer.choices[0].message.content == reference.choices[0].message.content, model
+        assert answer.usage.model_dump() == reference.usage.model_dump(), model
+        row, one = usage_row(request_id), usage_row(reference_id)
+        assert (row.engine, row.prefill_engine, one.engine, one.prefill_engine) == ("pd-decode", "pd-prefill",
+                                                                                    "engine-a", "")  # fmt: skip
+        assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens, row.price) == (
+            one.prompt_tokens, one.cached_tokens, one.completion_tokens, one.price)
+        assert 0 < row.prefill_gpu_ms < row.gpu_ms  # the prefill engine's GPU time is recorded, within the total
+        assert row.cost == (gpu_cost(gpu_ms=row.gpu_ms - row.prefill_gpu_ms, gpu_price_per_hour=DECODE_PRICE)
+                            + gpu_cost(gpu_ms=row.prefill_gpu_ms, gpu_price_per_hour=PREFILL_PRICE))
+    assert counter(stack, "quilt_gateway_disaggregation", 'route="disaggregated"') == routed + len(PROMPTS)
+    assert counter(stack, "quilt_gateway_kv_transfers", 'outcome="pulled"') == before["pulled"] + len(PROMPTS)
+    assert counter(stack, "quilt_gateway_kv_transfers", 'outcome="recomputed"') == before["recomputed"]
+
+
+def test_a_streamed_split_request_streams_as_one_engine_does(stack, split_fleet):
+    _, (reference_id, reference_text, reference_usage), _ = split_fleet
+    request_id, text, usage = ask_streamed(stack, PROMPTS["support"] + " w42", max_tokens=8)
+    assert text == reference_text and usage.model_dump() == reference_usage.model_dump()
+    row = usage_row(request_id)
+    assert (row.engine, row.prefill_engine) == ("pd-decode", "pd-prefill") and row.prefill_gpu_ms > 0
+
+
+def test_a_short_prompt_skips_the_prefill_hop(stack, split_fleet):
+    skipped = counter(stack, "quilt_gateway_disaggregation", 'route="short"')
+    request_id, answer = ask(stack, SHORT)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    row = usage_row(request_id)
+    assert (row.engine, row.prefill_engine, row.prefill_gpu_ms) == ("pd-decode", "", 0)
+    assert counter(stack, "quilt_gateway_disaggregation", 'route="short"') == skipped + 1

@@ -1,9 +1,10 @@
 """Per-step metadata that travels through the model's forward pass."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+import kernels
 from engine.lora_batch import LoRABatch
 
 
@@ -17,6 +18,7 @@ class Context:
     prompt_lens: torch.Tensor  # [B] int32, each sequence's prompt length (LongRoPE's choice of rows)
     is_decode: bool  # every sequence has exactly one new token
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
+    _decode_layout: object = field(default=None, repr=False)  # decode_meta(), once cut
 
     @classmethod
     def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
@@ -35,3 +37,10 @@ class Context:
             is_decode=len(positions) == len(context_lens),
             lora=lora,
         )
+
+    def decode_meta(self, k_cache: torch.Tensor):
+        """The `meta` of a decode step's paged_attention_decode calls (kernels.decode_layout), cut by the first
+        layer that asks and shared by the others (every layer's cache has one shape)."""
+        if self._decode_layout is None:
+            self._decode_layout = kernels.decode_layout(self.block_tables, self.context_lens, k_cache)
+        return self._decode_layout

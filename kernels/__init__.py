@@ -14,6 +14,7 @@ import torch
 
 from kernels import fp8_linear as _fp8_linear
 from kernels import reference
+from kernels.decode_layout import DecodeLayout
 from kernels.lora_meta import LoRAMeta
 from kernels.rope_table import rope_cos_sin_cache
 from kernels.slot_batch import SlotBatch
@@ -36,10 +37,12 @@ except ImportError as exc:  # triton absent: CPU tensors still work, CUDA tensor
     TRITON_IMPORT_ERROR = exc
 
 __all__ = [
+    "DecodeLayout",
     "LoRAMeta",
     "SlotBatch",
     "TRITON_IMPORT_ERROR",
     "backend_for",
+    "decode_layout",
     "expert_lora",
     "fp8_linear",
     "gelu_tanh_and_mul",
@@ -136,12 +139,22 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None)
     return reference.store_kv(*args)
 
 
+def decode_layout(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor
+                  ) -> DecodeLayout | None:
+    """What paged_attention_decode on the backend of k_cache wants as `meta` for a decode step: build it once
+    per step and pass it to every layer's call (the reference's buckets of sequences; None for the launcher,
+    which needs none)."""
+    if backend_for(k_cache) == "triton":
+        return None
+    return DecodeLayout(block_tables, context_lens, k_cache.shape[1], k_cache.shape[0])
+
+
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None, *,
-                           window=None, softcap=None):
+                           window=None, softcap=None, meta=None):
     args = (q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
         return _paged_attention_decode.paged_attention_decode(*args, window=window, softcap=softcap)
-    return reference.paged_attention_decode(*args, window=window, softcap=softcap)
+    return reference.paged_attention_decode(*args, window=window, softcap=softcap, meta=meta)
 
 
 def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,

@@ -39,6 +39,11 @@ def _group(batch: SlotBatch, ranks: torch.Tensor):
                    lambda: batch.group(ranks.amax(0) if ranks.numel() else ranks.new_zeros(0)))
 
 
+def _slice_ranks(batch: SlotBatch, ranks: torch.Tensor) -> list[list[int]]:
+    """ranks [S, U] on the host, per slot: [U][S], once per ranks tensor and step."""
+    return _cached(batch.grouped, ("host", id(ranks)), (ranks,), lambda: ranks.t().tolist())
+
+
 def _cached(cache: dict, key: tuple, held: tuple, build) -> torch.Tensor:
     """cache[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
     if key not in cache:
@@ -102,11 +107,19 @@ def lora_shrink(
         return x.new_zeros(num_slices, tokens, max_rank)  # [S, T, R]
     a = dense_a(pages, a_rows, ranks, in_dim, batch)  # [U, in, S * R]
     xs = x if x.dtype == torch.float32 else x.float()
-    if group.by_span:  # each adapter's tokens are one run of rows
-        rows = xs.new_empty(tokens, num_slices * max_rank) if group.inside is None else \
+    if group.by_span:  # each adapter's tokens are one run of rows: products written in place
+        long_runs = group.width >= PER_SLOT_WIDTH
+        rows = xs.new_empty(tokens, num_slices * max_rank) if group.inside is None and not long_runs else \
             xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
+        slice_ranks = _slice_ranks(batch, ranks)
         for slot, (start, end) in zip(group.slots, group.spans, strict=True):
-            torch.mm(xs[start:end], a[slot], out=rows[start:end])
+            if end - start < PER_SLOT_WIDTH:  # a short run: every slice at once, padded to R
+                torch.mm(xs[start:end], a[slot], out=rows[start:end])
+                continue
+            for s, rank in enumerate(slice_ranks[slot]):  # a long run: each slice at its own rank
+                if rank:
+                    cols = slice(s * max_rank, s * max_rank + rank)
+                    torch.mm(xs[start:end], a[slot, :, cols], out=rows[start:end, cols])
     elif group.per_slot:  # long runs: adapter by adapter, no padding
         rows = xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
         for slot, run in zip(group.slots, group.runs, strict=True):
@@ -155,14 +168,16 @@ def lora_expand(
     h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R] (shrink's rows: a view)
     lo, hi = slice_offsets[0], slice_offsets[-1]
     if group.by_span and y.dtype == torch.float32:  # each adapter's tokens are one run of rows: added in place
-        bounds = zip(slice_offsets[:-1], slice_offsets[1:], strict=True)
-        blocks = [(s * max_rank, o0, o1) for s, (o0, o1) in enumerate(bounds)]  # slice s: its rows of h, its columns
+        slice_ranks = _slice_ranks(batch, ranks)
         for slot, (start, end) in zip(group.slots, group.spans, strict=True):
-            if one_a or end - start < PER_SLOT_WIDTH:  # the block-diagonal B at once: fewer, wasteful products
-                y[start:end, lo:hi].addmm_(h[start:end], b[slot])
+            if one_a:  # one block of B rows holds every slice's columns
+                rank = max(slice_ranks[slot])
+                y[start:end, lo:hi].addmm_(h[start:end, :rank], b[slot, :rank])
                 continue
-            for r0, o0, o1 in blocks:  # a long run: each slice's own block of B
-                y[start:end, o0:o1].addmm_(h[start:end, r0 : r0 + max_rank], b[slot, r0 : r0 + max_rank, o0 - lo : o1 - lo])
+            for s, rank in enumerate(slice_ranks[slot]):  # each slice's own block of B, at its own rank
+                if rank:
+                    r0, o0, o1 = s * max_rank, slice_offsets[s], slice_offsets[s + 1]
+                    y[start:end, o0:o1].addmm_(h[start:end, r0 : r0 + rank], b[slot, r0 : r0 + rank, o0 - lo : o1 - lo])
         return
     if group.by_span or group.per_slot:
         delta = h.new_zeros(tokens, hi - lo)

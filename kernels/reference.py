@@ -9,12 +9,11 @@ float16/bfloat16 runs on a GPU.
 import torch
 import torch.nn.functional as F
 
+from kernels.decode_layout import DecodeLayout
 from kernels.grouped_rows import grouped_rows
 from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 
-_DECODE_BUCKET = 16  # decode attention pads sequences in buckets of about this many
-_DECODE_MAX_BUCKETS = 4
 FP8 = torch.float8_e4m3fn  # the fp8 KV cache's storage dtype
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_MIN_SCALE = 1e-12  # the scale of an all-zero row
@@ -66,11 +65,17 @@ def _gather_cache(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: i
     """cache [N, bs, kvh, D], block_tables [B, >=num_blocks] -> float32 [B, num_blocks * bs, kvh, D]
     (an fp8 cache dequantized with its scales [N, bs, kvh])."""
     table = block_tables[:, :num_blocks].clamp(min=0, max=cache.shape[0] - 1).flatten()  # [B * num_blocks]
-    shape = (block_tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
+    return _gather_blocks(cache, table, block_tables.shape[0], scales)
+
+
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, rows: int,
+                   scales: torch.Tensor | None = None) -> torch.Tensor:
+    """cache [N, bs, kvh, D], blocks [rows * n] (valid block ids) -> float32 [rows, n * bs, kvh, D]."""
+    shape = (rows, -1, *cache.shape[2:])
     if cache.dtype != FP8:
-        return cache.index_select(0, table).view(shape).float()  # [B, L, kvh, D]
-    values = cache.view(torch.uint8).index_select(0, table).view(FP8).float()  # [B * num_blocks, bs, kvh, D]
-    return (values * scales.index_select(0, table)[..., None]).view(shape)
+        return cache.index_select(0, blocks).view(shape).float()  # [B, L, kvh, D]
+    values = cache.view(torch.uint8).index_select(0, blocks).view(FP8).float()  # [B * n, bs, kvh, D]
+    return (values * scales.index_select(0, blocks)[..., None]).view(shape)
 
 
 def paged_attention_decode(
@@ -85,6 +90,7 @@ def paged_attention_decode(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    meta: DecodeLayout | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending to its paged context (GQA).
 
@@ -104,25 +110,22 @@ def paged_attention_decode(
     q [B, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; block_tables [B, max_blocks] int;
     context_lens [B] int (>= 1, includes the new token); window int >= 1 or None; softcap float > 0 or None;
     returns out [B, heads, D] in q.dtype. An fp8 cache is read as k_cache * k_scales[..., None]
-    (v alike; see store_kv).
+    (v alike; see store_kv). meta: the step's DecodeLayout of block_tables and context_lens (kernels.decode_layout:
+    the buckets of sequences every layer shares), built here when None.
     """
     _check_window_softcap(window, softcap)
-    batch = q.shape[0]
-    if batch <= _DECODE_BUCKET:
-        return _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales, window,
-                              softcap)
-    # sequences sorted by length, in buckets each padded to its own longest: less padding to gather
-    lens = context_lens.tolist()
-    order = sorted(range(batch), key=lens.__getitem__)
-    num_buckets = min(_DECODE_MAX_BUCKETS, -(-batch // _DECODE_BUCKET))
+    if meta is None:
+        meta = DecodeLayout(block_tables, context_lens, k_cache.shape[1], k_cache.shape[0])
+    elif meta.block_tables is not block_tables or meta.context_lens is not context_lens:
+        raise ValueError("meta: a DecodeLayout of other block tables or context lengths")
+    buckets = meta.for_window(window)
+    if buckets[0].rows is None:  # one bucket: every sequence
+        return _attend_bucket(q, k_cache, v_cache, buckets[0], scale, k_scales, v_scales, softcap)
     out = torch.empty_like(q)  # [B, heads, D]
-    for i in range(num_buckets):
-        rows = torch.tensor(order[i * batch // num_buckets : (i + 1) * batch // num_buckets], device=q.device)
-        part = _attend_padded(
-            q.index_select(0, rows), k_cache, v_cache, block_tables.index_select(0, rows),
-            context_lens.index_select(0, rows), scale, k_scales, v_scales, window, softcap,
-        )
-        out.index_copy_(0, rows, part)
+    for bucket in buckets:
+        part = _attend_bucket(q.index_select(0, bucket.rows), k_cache, v_cache, bucket, scale, k_scales, v_scales,
+                              softcap)
+        out.index_copy_(0, bucket.rows, part)
     return out
 
 
@@ -143,26 +146,17 @@ def _attend(q, keys, values, visible, scale, softcap) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values
 
 
-def _attend_padded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales, window,
-                   softcap) -> torch.Tensor:
-    """paged_attention_decode over the context gathered padded to the longest of the batch (with a window,
-    each sequence's blocks from the one its window starts in)."""
-    batch, heads, head_dim = q.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    first = torch.zeros_like(context_lens) if window is None else (context_lens - window).clamp(min=0) // block_size
-    span = -(-int((context_lens - first * block_size).max()) // block_size)  # blocks gathered per sequence
-    cols = (first[:, None].long() + torch.arange(span, device=q.device)).clamp(max=block_tables.shape[1] - 1)
-    tables = block_tables.gather(1, cols)  # [B, span]
-    keys = _gather_cache(k_cache, tables, span, k_scales).transpose(1, 2)  # [B, kvh, L, D]
-    values = _gather_cache(v_cache, tables, span, v_scales).transpose(1, 2)
-    pos = first[:, None] * block_size + torch.arange(keys.shape[2], device=q.device)  # [B, L]: each key's position
-    visible = pos < context_lens[:, None]  # [B, L]
-    if window is not None:
-        visible &= pos > context_lens[:, None] - 1 - window
-    # the query heads sharing a KV head are that head's query rows: [B, kvh, G, D]
-    qg = q.float().view(batch, kv_heads, heads // kv_heads, head_dim)
-    out = _attend(qg, keys, values, visible[:, None, None, :], scale, softcap)  # [B, kvh, G, D]
-    return out.reshape(batch, heads, head_dim).to(q.dtype)
+def _attend_bucket(q, k_cache, v_cache, bucket, scale, k_scales, v_scales, softcap) -> torch.Tensor:
+    """paged_attention_decode of a bucket's sequences (q [n, heads, D]) over their blocks, gathered padded to the
+    longest of the bucket."""
+    n, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    keys = _gather_blocks(k_cache, bucket.blocks, n, k_scales).transpose(1, 2)  # [n, kvh, L, D]
+    values = _gather_blocks(v_cache, bucket.blocks, n, v_scales).transpose(1, 2)
+    # the query heads sharing a KV head are that head's query rows: [n, kvh, G, D]
+    qg = q.float().view(n, kv_heads, heads // kv_heads, head_dim)
+    out = _attend(qg, keys, values, bucket.visible, scale, softcap)  # [n, kvh, G, D]
+    return out.reshape(n, heads, head_dim).to(q.dtype)
 
 
 def paged_attention_prefill(

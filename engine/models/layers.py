@@ -71,7 +71,7 @@ class Attention(nn.Module):
         if ctx.is_decode:
             out = kernels.paged_attention_decode(
                 q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, *scales,
-                window=self.window, softcap=self.softcap,
+                window=self.window, softcap=self.softcap, meta=ctx.decode_meta(self.k_cache),
             )
         else:
             out = kernels.paged_attention_prefill(

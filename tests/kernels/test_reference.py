@@ -376,6 +376,24 @@ def test_windowed_decode_of_a_large_batch_equals_each_sequence_alone():
         torch.testing.assert_close(out[b : b + 1], alone)
 
 
+def test_one_decode_layout_serves_every_layer_and_window_of_a_step():
+    """The engine cuts a step's DecodeLayout once (kernels.decode_layout) and passes it to every layer, whose
+    windows differ (Gemma's local and global layers): each call equals the call that cuts its own."""
+    lens = [1 + (11 * i) % 45 for i in range(37)]  # past 16 sequences: three buckets
+    k_cache, v_cache, block_tables, context_lens = _paged_case(lens, num_blocks=300)
+    meta = kernels.decode_layout(block_tables, context_lens, k_cache)
+    for window, softcap in ((None, None), (7, 4.0), (None, None), (7, None), (1, None)):
+        q = torch.randn(len(lens), 4, 8) * 3
+        shared = reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, 0.3,
+                                                  window=window, softcap=softcap, meta=meta)
+        own = reference.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, 0.3, window=window,
+                                               softcap=softcap)
+        torch.testing.assert_close(shared, own, rtol=0, atol=0)
+    assert sorted(meta.buckets, key=str) == [1, 7, None]
+    with pytest.raises(ValueError, match="other block tables"):
+        reference.paged_attention_decode(q, k_cache, v_cache, block_tables.clone(), context_lens, 0.3, meta=meta)
+
+
 def test_window_one_sees_only_the_token_itself():
     k_cache, v_cache, block_tables, context_lens = _paged_case([6])
     q = torch.randn(1, 4, 8)

@@ -56,11 +56,15 @@ class LoRAExperts(nn.Module):
         self.base = base
         self.layer = layer
         self.memory = memory
+        self._rows = None  # (tokens, their adapter slots) of the forward pass under way
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ctx: Context | None = None
                 ) -> torch.Tensor:
         lora = ctx.lora if ctx is not None else None
-        return self.base(x, weights, ids, ctx, lora=self._delta if lora is not None else None)
+        try:
+            return self.base(x, weights, ids, ctx, lora=self._delta if lora is not None else None)
+        finally:
+            self._rows = None
 
     def _delta(self, y: torch.Tensor, x: torch.Tensor, projection: str, tokens: torch.Tensor,
                experts: torch.Tensor, ctx: Context) -> None:
@@ -70,10 +74,12 @@ class LoRAExperts(nn.Module):
         tables = lora.experts(self.layer, module, self.base.num_experts, slices)
         if tables is None:
             return
+        if self._rows is None or self._rows[0] is not tokens:  # the layer's two projections share one tensor
+            self._rows = (tokens, lora.token_slots[tokens])
         width = y.shape[1] // slices
-        kernels.expert_lora(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows,
-                            lora.token_slots[tokens], experts, tables.ranks, tables.scaling,
-                            tuple(range(0, y.shape[1] + 1, width)), meta=lora.meta)
+        kernels.expert_lora(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows, self._rows[1],
+                            experts, tables.ranks, tables.scaling, tuple(range(0, y.shape[1] + 1, width)),
+                            meta=lora.meta)
 
 
 def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:

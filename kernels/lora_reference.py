@@ -258,7 +258,8 @@ def expert_lora(
     rank, 0: not adapted); scaling [U] float32; slice_offsets: S + 1 python ints from 0 to out.
     `meta`: the step's SlotBatch, which keeps the operands gathered from the pages.
     The reference gathers every (adapter, expert)'s A and B once per page table, sorts the rows by that pair
-    (the base model's last, left out) and takes the two grouped products (kernels.grouped_rows)."""
+    (the base model's left out) and takes the two grouped products (kernels.grouped_rows) over the pairs that
+    have rows."""
     used, experts, max_rank = a_rows.shape
     rows, in_dim = x.shape
     if rows == 0 or max_rank == 0 or used == 0:
@@ -279,15 +280,29 @@ def expert_lora(
         return torch.cat([dense(b_rows[s], w, scaling) for s, w in enumerate(widths)], dim=2)
 
     a = _cached(cache, ("expert_a", id(a_rows), pages.data_ptr()), (a_rows,),
-                lambda: dense(a_rows, in_dim, None).transpose(1, 2))  # [U * E, in, R'] (a view)
+                lambda: dense(a_rows, in_dim, None).transpose(1, 2).contiguous())  # [U * E, in, R']
     b = _cached(cache, ("expert_b", id(b_rows), pages.data_ptr(), id(scaling)), (b_rows, scaling), dense_b)
-    pair = torch.where(row_slots >= 0, row_slots.long() * experts + row_experts.long(), pairs)  # [N]
-    counts = torch.bincount(pair, minlength=pairs + 1)  # [U * E + 1]: the last, the base model's rows
-    adapted = rows - int(counts[-1])
-    if adapted == 0:
+    grouping = (_cached(meta.grouped, ("expert_rows", id(row_slots), id(row_experts), used, experts),
+                        (row_slots, row_experts), lambda: _pair_rows(row_slots, row_experts, used, experts))
+                if isinstance(meta, SlotBatch) else _pair_rows(row_slots, row_experts, used, experts))
+    if grouping is None:  # every row the base model's
         return
-    order = torch.argsort(pair, stable=True)[:adapted]  # [n] the adapted rows, pair by pair
-    bounds = torch.zeros(pairs + 1, dtype=torch.int64, device=counts.device)
-    bounds[1:] = torch.cumsum(counts[:pairs], 0)
-    h = grouped_rows(x.index_select(0, order), a, bounds)  # [n, R']
-    y.index_add_(0, order, grouped_rows(h, b, bounds).to(y.dtype))
+    order, present, bounds = grouping
+    h = grouped_rows(x.index_select(0, order), a.index_select(0, present), bounds)  # [n, R']
+    y.index_add_(0, order, grouped_rows(h, b.index_select(0, present), bounds).to(y.dtype))
+
+
+def _pair_rows(row_slots: torch.Tensor, row_experts: torch.Tensor, used: int, experts: int):
+    """(order [n]: the adapted rows sorted by (adapter, expert) pair, present [P']: the pairs that have rows,
+    bounds [P' + 1]: where each one's rows start in order), or None when no row is adapted. One per layer of a
+    step: its two projections share it (kept in the step's SlotBatch)."""
+    pairs = used * experts
+    pair = torch.where(row_slots >= 0, row_slots.long() * experts + row_experts.long(), pairs)  # [N]
+    counts = torch.bincount(pair, minlength=pairs + 1)[:pairs]  # [U * E] (the base model's rows dropped)
+    present = torch.nonzero(counts).flatten()  # [P']
+    if present.numel() == 0:
+        return None
+    bounds = torch.zeros(present.numel() + 1, dtype=torch.int64, device=pair.device)
+    bounds[1:] = torch.cumsum(counts[present], 0)
+    order = torch.argsort(pair, stable=True)[: int(bounds[-1])]
+    return order, present, bounds

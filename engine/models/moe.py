@@ -75,13 +75,14 @@ class Experts(nn.Module):
         order, offsets = sort_by_expert(ids, self.num_experts)
         tokens = order // top_k  # [T * k] the token of each sorted row
         rows = x[tokens]  # [T * k, hidden]
+        experts = ids.flatten()[order] if lora is not None else None  # [T * k] the expert of each sorted row
         h = kernels.grouped_matmul(rows, self.gate_up_proj, offsets)  # [T * k, 2I]
         if lora is not None:
-            lora(h, rows, "gate_up_proj", tokens, ids.flatten()[order], ctx)
+            lora(h, rows, "gate_up_proj", tokens, experts, ctx)
         act = self.act_and_mul(h)  # [T * k, I]
         y = kernels.grouped_matmul(act, self.down_proj, offsets)  # [T * k, hidden]
         if lora is not None:
-            lora(y, act, "down_proj", tokens, ids.flatten()[order], ctx)
+            lora(y, act, "down_proj", tokens, experts, ctx)
         y = y * weights.flatten()[order, None]
         return torch.zeros_like(x).index_add_(0, tokens, y)
 

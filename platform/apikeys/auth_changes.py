@@ -1,9 +1,10 @@
 """Telling every gateway process that credentials changed, so their caches drop what they hold at once.
 
 Any committed write to a key, a tenant, a plan or a membership (through a service, the Django admin or a shell) publishes one
-message on a Redis channel; each gateway process listens on it in a daemon thread and clears its verified-caller
-cache. The cache's lifetime (QUILT_KEY_CACHE_SECONDS, 1 s) remains the bound when Redis is not configured or the
-message is lost. Receivers are used on purpose: they catch every write path, the admin's included.
+message on a Redis channel (the gateway announces its models and prices on it too: gateway.receivers); each gateway
+process listens on it in a daemon thread and clears its verified-caller cache. The cache's lifetime
+(QUILT_KEY_CACHE_SECONDS: 30 s with Redis, 1 s without) remains the bound when Redis is not configured or the message
+is lost. Receivers are used on purpose: they catch every write path, the admin's included.
 """
 
 import logging

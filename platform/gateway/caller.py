@@ -70,8 +70,9 @@ class Caller:
 
 
 # The one cache of verified callers (by a hash of the whole presented key), and resolved models, each kept for at
-# most QUILT_KEY_CACHE_SECONDS. Any committed change to a key, tenant or plan clears the callers at once in every
-# process (apikeys.auth_changes); a lookup that started before a change does not store its result after it.
+# most QUILT_KEY_CACHE_SECONDS. Any committed change to a key, tenant, plan, membership, price or model clears both
+# at once in every process (apikeys.auth_changes, gateway.receivers); a lookup that started before a change does not
+# store its result after it.
 _callers: dict[bytes, tuple[float, Caller]] = {}
 _targets: dict[tuple[int, str], tuple[float, Target]] = {}
 _lock = threading.Lock()
@@ -84,6 +85,7 @@ def _forget_callers() -> None:
     with _lock:
         _generation += 1
         _callers.clear()
+        _targets.clear()
 
 
 def _listening() -> None:
@@ -187,6 +189,8 @@ def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:
 
 
 def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
+    _listening()
+    generation = _generation
     if not caller.may_use(name):
         refused = ApiError(403, f"This API key is not allowed to use the model '{name}'.", code="model_not_allowed", param="model")
         refused.caller = caller
@@ -204,7 +208,8 @@ def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
     with _lock:
         if len(_targets) > 10_000:
             _targets.clear()
-        _targets[cache_key] = (time.monotonic(), target)
+        if generation == _generation:  # else a change landed while this lookup ran: don't keep what it read
+            _targets[cache_key] = (time.monotonic(), target)
     return target
 
 

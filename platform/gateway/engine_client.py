@@ -70,6 +70,7 @@ class EngineRef:
 
 _clients: "weakref.WeakKeyDictionary[object, EngineHTTP]" = weakref.WeakKeyDictionary()
 JSON = "application/json"
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per request as json.dumps(...) makes
 
 
 def _client() -> EngineHTTP:
@@ -130,7 +131,7 @@ class GenerateStream:
         self.finished = False
 
     async def open(self) -> "GenerateStream":
-        body = json.dumps(self.payload, separators=(",", ":")).encode()
+        body = _compact(self.payload).encode()
         try:
             self._response = await _client().request(
                 "POST", f"{self.engine.url}/v1/generate", headers=_post_headers(self.engine), body=body

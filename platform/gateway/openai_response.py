@@ -3,6 +3,9 @@
 import json
 import time
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per chunk as json.dumps(...) makes
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
 
@@ -98,6 +101,12 @@ class ResponseBuilder:
         self.choices = [Choice(index=i) for i in range(n)]
         self.usage = Usage()
         self._role_sent: set[int] = set()
+        # Every chunk of this response opens alike: encoded once, each chunk adds only its choices (and usage).
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        self._opening = (
+            b"data: " + _compact({"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                                  "system_fingerprint": None, "choices": []}).encode()[:-3]  # fmt: skip
+        )  # b'data: {"id":...,"choices":'
 
     def apply(self, delta: Delta) -> None:
         choice = self.choices[delta.index]
@@ -145,23 +154,23 @@ class ResponseBuilder:
     # stream chunks
 
     def _chunk(self, choices: list[dict], *, with_usage_field: bool, usage: dict | None = None) -> bytes:
-        chunk = {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
-        if with_usage_field:
-            chunk["usage"] = usage
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        """`data: {"id",...,"choices":[...](,"usage":...)}`, compact, as json.dumps would write the whole object."""
+        return self._chunk_of(_compact(choices), with_usage_field=with_usage_field, usage=usage)
+
+    def _chunk_of(self, choices: str, *, with_usage_field: bool, usage: dict | None = None) -> bytes:
+        ending = (',"usage":' + _compact(usage) + "}\n\n") if with_usage_field else "}\n\n"
+        return self._opening + (choices + ending).encode()
 
     def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:
         finish = FINISH_REASONS.get(delta.finish_reason, "stop") if delta.finish_reason else None
         first = delta.index not in self._role_sent
         if not delta.text and not delta.logprobs and finish is None and not first and not delta.tool_calls:
             return None
+        if not first and not delta.logprobs and not delta.tool_calls:  # the common chunk, written without a dict
+            text, reason = encode_basestring_ascii(delta.text), "null" if finish is None else f'"{finish}"'
+            content = f'"delta":{{"content":{text}}}' if self.kind == "chat" else f'"text":{text}'
+            return self._chunk_of(f'[{{"index":{delta.index},{content},"logprobs":null,"finish_reason":{reason}}}]',
+                                  with_usage_field=with_usage_field)  # fmt: skip
         if self.kind == "chat":
             body: dict = {"content": delta.text} if delta.text or not first else {"content": ""}
             if first:

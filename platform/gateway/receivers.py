@@ -1,11 +1,22 @@
 """Reactions to other apps' signals: enqueue work, or settle a hold (a Redis call or a short transaction)."""
 
+from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from apikeys.auth_changes import auth_changed
 from gateway.admission import hold_settle
+from metering.models import ModelPrice
 from metering.signals import usage_recorded
+from registry.models import Adapter, AdapterVersion, BaseModel
 from registry.signals import adapter_version_promoted
 from registry.storage import adapter_store_root
+
+# What the gateway's caller cache holds besides credentials (gateway.caller): resolved models (a promotion moves an
+# adapter's name to another version) and the plan's per-model prices. Their changes are announced on the same
+# channel as the credentials', and clear the cache in every gateway process once committed.
+for _model in (BaseModel, Adapter, AdapterVersion, ModelPrice):
+    post_save.connect(auth_changed, sender=_model, dispatch_uid=f"gateway-cache-save-{_model.__name__}")
+    post_delete.connect(auth_changed, sender=_model, dispatch_uid=f"gateway-cache-delete-{_model.__name__}")
 
 
 @receiver(adapter_version_promoted, dispatch_uid="gateway-prefetch-successor")

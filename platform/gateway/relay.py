@@ -86,11 +86,12 @@ def engine_refusal(rejected: EngineRejected, generation: GenerationRequest) -> A
     return invalid(without_paths(rejected.message), param=param, code=rejected.code or "engine_rejected")
 
 
-def estimate_prompt_tokens(generation: GenerationRequest) -> int:
+def estimate_prompt_tokens(generation: GenerationRequest, *, prompt_bytes: int | None = None) -> int:
     """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes (and a
-    token prompt is counted)."""
+    token prompt is counted). `prompt_bytes`: generation.prompt_bytes(), when the caller has it already."""
     messages = len(generation.messages) if generation.messages is not None else 0
-    return generation.prompt_bytes() + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+    prompt_bytes = generation.prompt_bytes() if prompt_bytes is None else prompt_bytes
+    return prompt_bytes + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
 
 
 def context_check(generation: GenerationRequest, target: Target) -> None:
@@ -273,34 +274,34 @@ class Exchange:
 
     async def reads(self) -> AsyncIterator[Read]:
         """The engine's events, applied to the response; raises EngineBroke if the engine fails the request."""
-        async def events():
-            for event in self.first:
-                yield event
-            async for event in self._events:
-                yield event
-
         try:
-            async for event in events():
-                read = event_read(event, vocabulary=self.vocabulary)
-                for delta in read.deltas:
-                    self.builder.apply(delta)
-                    if self.first_token_at is None and delta.tokens:
-                        self.first_token_at = time.monotonic()
-                        metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
-                if read.usage is not None:
-                    self.builder.usage = Usage(**read.usage)
-                    self.usage_reported = True
-                    if self.prefill is not None:
-                        self._count_transfer(read.kv_transfer)
-                        self.builder.usage.cached_tokens = billed_cached_tokens(
-                            decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
-                if read.error is not None:
-                    self.error_type = read.error_type
-                    raise EngineBroke(read.error)
-                yield read
+            first, self.first = self.first, []
+            for event in first:
+                yield self._read(event)
+            async for event in self._events:
+                yield self._read(event)
         except EngineBroke:
             self.broke = True
             raise
+
+    def _read(self, event: dict) -> Read:
+        read = event_read(event, vocabulary=self.vocabulary)
+        for delta in read.deltas:
+            self.builder.apply(delta)
+            if self.first_token_at is None and delta.tokens:
+                self.first_token_at = time.monotonic()
+                metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
+        if read.usage is not None:
+            self.builder.usage = Usage(**read.usage)
+            self.usage_reported = True
+            if self.prefill is not None:
+                self._count_transfer(read.kv_transfer)
+                self.builder.usage.cached_tokens = billed_cached_tokens(
+                    decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
+        if read.error is not None:
+            self.error_type = read.error_type
+            raise EngineBroke(read.error)
+        return read
 
     def _count_transfer(self, transfer: dict | None) -> None:
         recomputed = transfer is None or bool(transfer.get("recomputed"))
@@ -393,9 +394,10 @@ async def admit(
 ) -> tuple[Exchange, dict[str, str]]:
     context_check(generation, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
-    prompt_tokens = estimate_prompt_tokens(generation)
-    one_text = generation.messages is not None or (len(generation.prompts) == 1 and generation.prompt_bytes() > 0)
-    if one_text and generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+    prompt_bytes = generation.prompt_bytes()
+    prompt_tokens = estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes)
+    one_text = generation.messages is not None or (len(generation.prompts) == 1 and prompt_bytes > 0)
+    if one_text and prompt_bytes > settings.QUILT_TOKENIZE_ABOVE_BYTES:
         prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
     tokens = prompt_tokens + generation.num_choices * max_tokens
     spend_micros = spend_to_micros(caller.spend(
@@ -507,16 +509,20 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
     include_usage = exchange.generation.include_usage
     builder = exchange.builder
     chunks: list[bytes] = []
+    sent = False
     try:
         async for read in exchange.reads():
             # One write per arrival from the engine: the chunks of events that came together (a final event's, the
             # usage chunk and [DONE] too) leave together; nothing waits for an event that has not arrived.
             chunks += [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
             if read.usage is not None:
+                if chunks and not sent:  # the whole answer came at once: its text leaves now, not after the settle
+                    yield b"".join(chunks)
+                    chunks, sent = [], True
                 chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
             if chunks and not exchange.event_ready():
                 yield b"".join(chunks)
-                chunks = []
+                chunks, sent = [], True
         if not exchange.usage_reported:
             chunks.append(DONE)
         if chunks:

@@ -22,6 +22,7 @@ import weakref
 import redis
 import redis.asyncio
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
 from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
@@ -299,8 +300,6 @@ class RedisAdmission:
         return self._sync
 
     def _ttl(self) -> int:
-        from django.conf import settings
-
         return self._hold_ttl if self._hold_ttl is not None else settings.QUILT_HOLD_TTL_SECONDS
 
     async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:

@@ -233,7 +233,10 @@ DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="quilt@localhost")
 
 # Quilt's own knobs.
 QUILT_ENGINE_TOKEN = env("QUILT_ENGINE_TOKEN", default="dev-engine-token")
-QUILT_KEY_CACHE_SECONDS = env.float("QUILT_KEY_CACHE_SECONDS", default=1.0)
+# How long a gateway process keeps a verified key and a resolved model. With Redis, every committed change to a key,
+# tenant, plan, membership, price or model is announced and clears them at once (apikeys.auth_changes), so the
+# lifetime only bounds an announcement that was lost; without Redis it is the only bound.
+QUILT_KEY_CACHE_SECONDS = env.float("QUILT_KEY_CACHE_SECONDS", default=30.0 if REDIS_URL else 1.0)
 QUILT_METRICS_TOKEN = env("QUILT_METRICS_TOKEN", default="")  # the gateway's /metrics; empty: no endpoint
 QUILT_KEY_LAST_USED_INTERVAL_SECONDS = env.int("QUILT_KEY_LAST_USED_INTERVAL_SECONDS", default=60)
 QUILT_MAX_UPLOAD_BYTES = env.int("QUILT_MAX_UPLOAD_BYTES", default=2 * 1024**3)

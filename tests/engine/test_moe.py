@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import kernels
-from adapters.errors import AdapterError
 from engine import SamplingParams
 from tests.engine.conftest import MOE_FAMILIES, Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.test_families import _dequantized_int8, assert_matches_peft, make_llm
@@ -232,11 +231,19 @@ def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
                                                                        abs=1e-3)
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)
-def test_lora_on_the_router_is_refused_clearly(family, tmp_path):
-    arch, base, adapters, _ = family
-    llm = make_llm(base, {})
-    path = build_adapter(base, tmp_path / "router", seed=43, r=4, targets=[],
-                         target_parameters=["mlp.gate.weight"])
-    with pytest.raises(AdapterError, match="router"):
-        llm.add_adapter("router", path)
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_all_linear_adapters_with_the_router_match_peft(family, tmp_path):
+    """target_modules="all-linear": PEFT adapts attention, the experts and the router (target_parameters
+    `gate.weight`): the router's LoRA changes which experts a token goes to, as in PEFT."""
+    arch, base, _, _ = family
+    path = build_adapter(base, tmp_path / "all-linear", seed=43, r=4, targets="all-linear")
+    oracle = Oracle(base, {"all": path})
+    one, two = make_llm(base, {"all": path}), make_llm(base, {"all": path}, tensor_parallel_size=2)
+    names = ["all", None, "all"]
+    prompts = random_prompts(95, [6, 4, 15])
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)  # the router's LoRA replicated on both ranks
+    finally:
+        two.engine.shutdown()
+    assert_matches_peft(oracle, prompts, names, one.generate(prompts, SAMPLING, adapters=names))
+    assert_matches_peft(oracle, prompts, names, split)

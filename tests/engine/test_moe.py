@@ -207,13 +207,14 @@ def test_per_expert_adapters_from_before_transformers_5_match_peft(family, tmp_p
 @pytest.mark.parametrize("family", ["qwen2-moe"], indirect=True)
 def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
     """On Qwen2-MoE, target_modules naming gate/up/down adapt the shared expert (PEFT finds those modules there and
-    converts nothing); with target_parameters the experts too. Over one rank and two."""
+    converts nothing); with target_parameters the experts and the router too. Over one rank and two."""
     arch, base, _, _ = family
     adapters = {
         "shared4": build_adapter(base, tmp_path / "shared4", seed=47, r=4,
                                  targets=["gate_proj", "up_proj", "down_proj"]),
         "all8": build_adapter(base, tmp_path / "all8", seed=48, r=8,
-                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"], target_parameters=EXPERTS),
+                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"],
+                              target_parameters=[*EXPERTS, "mlp.gate.weight"]),  # the router too
     }
     oracle = Oracle(base, adapters)
     names = ["shared4", None, "all8", None]

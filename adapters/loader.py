@@ -10,6 +10,7 @@ import torch
 from adapters.archive import ArchiveLimits, unpacked
 from adapters.base_shapes import ALL_MODULES, BaseShapes, fused_of
 from adapters.errors import AdapterError
+from adapters.expert_layout import stacked_experts
 from adapters.layout import PICKLE_SUFFIXES, find_adapter_files
 from adapters.loaded import LoadedAdapter
 from adapters.peft_config import MAX_CONFIG_BYTES, LoraSettings
@@ -56,9 +57,9 @@ def load_adapter(
                 "config_invalid", f"adapter_config.json is larger than {MAX_CONFIG_BYTES} bytes"
             )
         settings = LoraSettings.from_json(files.config.read_bytes())
-        entries = check_safetensors(files.weights)
+        settings, entries, stack = stacked_experts(settings, check_safetensors(files.weights), shapes)
         plan, names = _check_against(settings, entries, shapes, max_rank=max_rank)
-        loaded = read_tensors(files.weights)
+        loaded = stack(read_tensors(files.weights))
     tensors = {names[key].canonical: tensor for key, tensor in loaded.items()}
     for key, tensor in tensors.items():
         _check_finite(key, tensor)
@@ -80,6 +81,7 @@ def check_modules_against_base(
     every module the adapter targets exists in the base's family and every tensor belongs to one of them
     (AdapterError naming the module and the family if not). Shapes and values are load_adapter's."""
     shapes = BaseShapes.from_config(base_config)
+    settings, entries, _ = stacked_experts(settings, entries, shapes)
     _match_tensors(entries, _planned_modules(settings, shapes, deadline=time.monotonic() + PATTERN_SECONDS), shapes)
 
 

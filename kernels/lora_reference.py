@@ -44,6 +44,39 @@ def _slice_ranks(batch: SlotBatch, ranks: torch.Tensor) -> list[list[int]]:
     return _cached(batch.grouped, ("host", id(ranks)), (ranks,), lambda: ranks.t().tolist())
 
 
+def _unbound(weights: torch.Tensor, batch: SlotBatch) -> tuple[torch.Tensor, ...]:
+    """weights [U, ...] as U views, once per dense operand and page table."""
+    return _cached(batch.gathered, ("unbound", id(weights)), (weights,), lambda: weights.unbind(0))
+
+
+def _b_blocks(b: torch.Tensor, ranks: torch.Tensor, slice_offsets, one_a: bool, batch: SlotBatch) -> list[list]:
+    """Per slot of dense_b's b [U, S_b * R, o1 - o0]: (slice, first row of h, rank, its B block [rank, w]) for
+    each slice it adapts (one_a: one block of every slice's columns, at the slot's largest rank)."""
+    def build():
+        max_rank = b.shape[1] // (1 if one_a else len(slice_offsets) - 1)
+        lo, per_slot = slice_offsets[0], []
+        for slot, slot_ranks in enumerate(ranks.t().tolist()):
+            if one_a:
+                rank = max(slot_ranks)
+                per_slot.append([(0, 0, rank, b[slot, :rank])] if rank else [])
+                continue
+            per_slot.append([(s, s * max_rank, rank, b[slot, s * max_rank : s * max_rank + rank,
+                                                       slice_offsets[s] - lo : slice_offsets[s + 1] - lo])
+                             for s, rank in enumerate(slot_ranks) if rank])
+        return per_slot
+    return _cached(batch.gathered, ("blocks", id(b), id(ranks)), (b, ranks), build)
+
+
+def _diagonal_blocks(b: torch.Tensor, slice_offsets, batch: SlotBatch) -> list[torch.Tensor]:
+    """The diagonal blocks of the block-diagonal b [U, S * R, o1 - o0] (dense_b), one per slice: [U, R, w_s]."""
+    def build():
+        num_slices = len(slice_offsets) - 1
+        max_rank, lo = b.shape[1] // num_slices, slice_offsets[0]
+        return [b[:, s * max_rank : (s + 1) * max_rank, slice_offsets[s] - lo : slice_offsets[s + 1] - lo].contiguous()
+                for s in range(num_slices)]
+    return _cached(batch.gathered, ("diagonal", id(b)), (b,), build)
+
+
 def _cached(cache: dict, key: tuple, held: tuple, build) -> torch.Tensor:
     """cache[key], built once; `held` keeps the tensors whose ids are in key alive meanwhile."""
     if key not in cache:
@@ -112,9 +145,10 @@ def lora_shrink(
         rows = xs.new_empty(tokens, num_slices * max_rank) if group.inside is None and not long_runs else \
             xs.new_zeros(tokens, num_slices * max_rank)  # [T, S * R]
         slice_ranks = _slice_ranks(batch, ranks)
-        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
+        xs_pieces, row_pieces, a_slots = xs.split(group.pieces), rows.split(group.pieces), _unbound(a, batch)
+        for slot, (start, end), piece in zip(group.slots, group.spans, group.piece_of, strict=True):
             if end - start < PER_SLOT_WIDTH:  # a short run: every slice at once, padded to R
-                torch.mm(xs[start:end], a[slot], out=rows[start:end])
+                torch.mm(xs_pieces[piece], a_slots[slot], out=row_pieces[piece])
                 continue
             for s, rank in enumerate(slice_ranks[slot]):  # a long run: each slice at its own rank
                 if rank:
@@ -168,16 +202,15 @@ def lora_expand(
     h = buf.transpose(0, 1).reshape(tokens, buf_slices * max_rank).float()  # [T, S_b * R] (shrink's rows: a view)
     lo, hi = slice_offsets[0], slice_offsets[-1]
     if group.by_span and y.dtype == torch.float32:  # each adapter's tokens are one run of rows: added in place
-        slice_ranks = _slice_ranks(batch, ranks)
-        for slot, (start, end) in zip(group.slots, group.spans, strict=True):
-            if one_a:  # one block of B rows holds every slice's columns
-                rank = max(slice_ranks[slot])
-                y[start:end, lo:hi].addmm_(h[start:end, :rank], b[slot, :rank])
-                continue
-            for s, rank in enumerate(slice_ranks[slot]):  # each slice's own block of B, at its own rank
-                if rank:
-                    r0, o0, o1 = s * max_rank, slice_offsets[s], slice_offsets[s + 1]
-                    y[start:end, o0:o1].addmm_(h[start:end, r0 : r0 + rank], b[slot, r0 : r0 + rank, o0 - lo : o1 - lo])
+        blocks = _b_blocks(b, ranks, slice_offsets, one_a, batch)  # per slot: (slice, its rows of h, B block)
+        widths = [o1 - o0 for o0, o1 in zip(slice_offsets[:-1], slice_offsets[1:], strict=True)]
+        h_pieces = h.split(group.pieces)
+        y_pieces = (y if (lo, hi) == (0, y.shape[1]) else y[:, lo:hi]).split(group.pieces)
+        for slot, piece in zip(group.slots, group.piece_of, strict=True):
+            h_piece = h_pieces[piece]
+            y_slices = y_pieces[piece].split(widths, dim=1) if len(widths) > 1 and not one_a else (y_pieces[piece],)
+            for s, r0, rank, block in blocks[slot]:  # each slice's own block of B, at its own rank
+                y_slices[s].addmm_(h_piece.narrow(1, r0, rank), block)
         return
     if group.by_span or group.per_slot:
         delta = h.new_zeros(tokens, hi - lo)
@@ -185,7 +218,13 @@ def lora_expand(
             delta.index_copy_(0, run, h.index_select(0, run) @ b[slot])
     else:
         padded = h if group.identity else h.index_select(0, group.gather_rows)
-        prod = torch.bmm(padded.view(len(group.slots), group.width, -1), group.select(b, 0))  # [U', W, out]
+        padded = padded.view(len(group.slots), group.width, -1)  # [U', W, S_b * R]
+        if one_a or buf_slices == 1:
+            prod = torch.bmm(padded, group.select(b, 0))  # [U', W, out]
+        else:  # slice by slice: the zero blocks of the block-diagonal b are not multiplied
+            blocks = _diagonal_blocks(b, slice_offsets, batch)
+            prod = torch.cat([torch.bmm(padded[:, :, s * max_rank : (s + 1) * max_rank], group.select(block, 0))
+                              for s, block in enumerate(blocks)], dim=2)  # [U', W, out]
         delta = prod.view(-1, hi - lo)
         delta = delta if group.identity else delta.index_select(0, group.scatter_rows)  # [T, out]
         if group.inside is not None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 PER_SLOT_WIDTH = 64  # from this many rows per slot on, a matmul per slot at its own rank beats padding ranks
-SPAN_MAX_SLOTS = 12  # up to this many slots whose tokens are each one run, a matmul per run beats gathering
+SPAN_MAX_SLOTS = 6  # up to this many slots whose tokens are each one run, a matmul per run beats gathering
 
 
 @dataclass
@@ -24,6 +24,8 @@ class SlotGroup:
     runs: list[torch.Tensor]  # [count] int64 per slot: its tokens
     spans: list[tuple[int, int]] | None  # per slot: (start, end) when its tokens are rows start .. end - 1, for
     # every slot (the model runner orders a step's sequences by adapter), else None
+    pieces: list[int]  # with spans: the sizes that cut rows 0 .. T - 1 into consecutive pieces, each span one
+    piece_of: list[int]  # with spans: each slot's piece
     identity: bool  # gather_rows and scatter_rows are both 0 .. T-1 (e.g. a decode step, one adapter per token)
     inside: torch.Tensor | None  # [T, 1] float32: 1 for the group's tokens, 0 for others; None when all are in
 
@@ -94,6 +96,15 @@ class SlotBatch:
             for j, t in enumerate(run):
                 scatter[t] = i * width + j
         contiguous = all(run[-1] - run[0] + 1 == len(run) for run in runs)
+        pieces, piece_of, at = [], [0] * len(runs), 0
+        if contiguous:
+            for i in sorted(range(len(runs)), key=lambda i: runs[i][0]):
+                if runs[i][0] > at:  # rows of other slots or of the base model before this run
+                    pieces.append(runs[i][0] - at)
+                piece_of[i], at = len(pieces), runs[i][-1] + 1
+                pieces.append(len(runs[i]))
+            if at < self.num_tokens:
+                pieces.append(self.num_tokens - at)
         rank, slots = max(slot_ranks.values()), list(slot_ranks)
         one_run = slots[-1] - slots[0] + 1 == len(slots)
         tokens_in = sum(len(run) for run in runs)
@@ -113,6 +124,8 @@ class SlotBatch:
             ranks=list(slot_ranks.values()),
             runs=[torch.tensor(run, dtype=torch.int64, device=self.device) for run in runs],
             spans=[(run[0], run[-1] + 1) for run in runs] if contiguous else None,
+            pieces=pieces,
+            piece_of=piece_of,
             identity=identity,
             inside=inside,
         )

@@ -29,6 +29,7 @@ class Lease:
     num_tokens: int  # tokens the held blocks cover
     expires_at: float  # on the table's clock
     pulled: bool = False
+    request_id: str | None = None  # the prefill hop that computed the blocks: its abort ends the lease
 
 
 class LeaseTable:
@@ -47,13 +48,14 @@ class LeaseTable:
     def num_held_blocks(self) -> int:
         return sum(len(lease.block_ids) for lease in self.leases.values())
 
-    def grant(self, keys: list[bytes], *, ttl_s: float) -> Lease:
+    def grant(self, keys: list[bytes], *, ttl_s: float, request_id: str | None = None) -> Lease:
         """Hold the cached blocks of the leading run of keys; the lease may hold fewer than asked (none, even)."""
         if ttl_s <= 0:
             raise ValueError("a lease's TTL must be > 0")
         block_ids = self.block_manager.hold(keys)
         lease = Lease(id=secrets.token_hex(16), keys=list(keys[: len(block_ids)]), block_ids=block_ids,
-                      num_tokens=len(block_ids) * self.block_manager.block_size, expires_at=self.clock() + ttl_s)
+                      num_tokens=len(block_ids) * self.block_manager.block_size, expires_at=self.clock() + ttl_s,
+                      request_id=request_id)
         # pullers that never come must not pin the pool: past the caps, the leases closest to expiry end first
         while self.leases and (len(self.leases) >= self.max_leases
                                or self.num_held_blocks + len(block_ids) > self.max_held_blocks):
@@ -96,6 +98,12 @@ class LeaseTable:
         self.block_manager.release(lease.block_ids)
         self.num_released[reason] += 1
         return True
+
+    def release_request(self, request_id: str) -> bool:
+        """End the lease a prefill hop's request granted and nobody has pulled yet (its caller went away as it was
+        granted); False when there is none."""
+        lease = next((held for held in self.leases.values() if held.request_id == request_id and not held.pulled), None)
+        return lease is not None and self.release(lease.id, "released")
 
     def expire(self) -> list[str]:
         """Release the leases whose TTL has passed; their ids."""

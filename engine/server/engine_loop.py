@@ -227,8 +227,8 @@ class EngineLoop:
 
     def _abort(self, request_id: str) -> bool:
         handle = self.handles.get(request_id)
-        if handle is None:
-            return False
+        if handle is None:  # a prefill hop that has ended: its lease, granted as its caller left, ends here
+            return self.leases.release_request(request_id)
         handle.aborted = True
         for engine_id in handle.engine_request_ids:
             for output in self.engine.abort(engine_id):
@@ -288,7 +288,7 @@ class EngineLoop:
             movable = self.engine.workers is None  # a tensor-parallel rank 0 holds a shard of the heads: nothing
             keys = self.engine.kv_keys(handle.prompts[0], adapter=handle.adapter, tenant=request.tenant) \
                 if movable else []
-            handle.lease = self.leases.grant(keys, ttl_s=transfer.lease_ttl_s)
+            handle.lease = self.leases.grant(keys, ttl_s=transfer.lease_ttl_s, request_id=request.request_id)
         if self.emitter is not None and not prefill_hop:  # a prefill hop's usage is the gateway's to report
             self.emitter.emit(UsageEvent(
                 request_id=request.request_id, tenant=request.tenant, api_key_id=request.api_key_id,

@@ -98,6 +98,44 @@ def test_qwen2_moe_shared_expert_adapter_round_trips_through_peft(tmp_path):
         assert torch.equal(back[name].lora_B["default"].weight, layer.lora_B["default"].weight)
 
 
+def per_expert_files(directory, projections, *, r=2, experts=5, layers=(0, 2)) -> None:
+    """An adapter as saved before transformers 5: one LoRA per expert module of moe_config()'s MoE layers."""
+    import json
+
+    import safetensors.torch
+
+    widths = {"gate_proj": (64, 40), "up_proj": (64, 40), "down_proj": (40, 64)}
+    tensors = {}
+    for layer in layers:
+        for expert in range(experts):
+            for proj in projections:
+                key = f"base_model.model.model.layers.{layer}.mlp.experts.{expert}.{proj}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(r, widths[proj][0])
+                tensors[f"{key}.lora_B.weight"] = torch.randn(widths[proj][1], r)
+    directory.mkdir()
+    safetensors.torch.save_file(tensors, directory / "adapter_model.safetensors")
+    (directory / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": r, "lora_alpha": 4, "target_modules": list(projections)}))
+
+
+def test_per_expert_adapters_are_stacked_as_peft_stacks_them(tmp_path):
+    per_expert_files(tmp_path / "a", ["gate_proj", "up_proj", "down_proj"])
+    base = moe_config().to_dict()
+    adapter = load_adapter(tmp_path / "a", base)
+    assert adapter.ranks == {f"layers.{layer}.{m}": r for layer in (0, 2)
+                             for m, r in (("experts_gate_up_proj", 4), ("experts_down_proj", 2))}
+    assert adapter.scaling["layers.0.experts_gate_up_proj"] == 2.0  # alpha 2 * 4 over rank 2 * 2, as PEFT
+    assert adapter.tensors["layers.0.experts_gate_up_proj.lora_B"].shape == (80, 5 * 4)
+    assert load_canonical(adapter.save(tmp_path / "canonical")).digest == adapter.digest
+    per_expert_files(tmp_path / "gate", ["gate_proj", "down_proj"])
+    with pytest.raises(AdapterError, match="needs the other"):
+        load_adapter(tmp_path / "gate", base)
+    per_expert_files(tmp_path / "some", ["down_proj"], experts=3)
+    with pytest.raises(AdapterError, match="all 5 experts") as refused:
+        load_adapter(tmp_path / "some", base)
+    assert refused.value.code == "tensor_missing"
+
+
 def test_expert_adapters_are_refused_where_they_cannot_be_served(tmp_path):
     _, base = make(tmp_path / "router", r=2, target_modules=[], target_parameters=["mlp.gate.weight"])
     with pytest.raises(AdapterError, match="router") as refused:

@@ -327,6 +327,28 @@ def test_an_adapter_promoted_between_prefill_and_decode_is_never_served_stale(en
     pool_clean(decode)
 
 
+def test_aborting_a_finished_prefill_hop_ends_its_lease(engines, model):
+    """The gateway aborts the prefill hop when its client leaves; if the hop had just ended, nobody will pull its lease:
+    the abort ends it at once instead of leaving it to the TTL."""
+    _, _, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(26, [64])[0]
+    hop = body(prompt, None, "tenant-g", kv_transfer={"mode": "prefill", "lease_ttl_s": 300})
+    response = prefill.post("/v1/generate", json=hop)
+    assert response.status_code == 200, response.text
+    lease = response.json()["kv_lease"]
+    assert prefill.get("/v1/state").json()["kv_leases"]["active"] == 1
+    aborted = prefill.post(f"/v1/abort/{hop['request_id']}")
+    assert aborted.status_code == 200 and aborted.json()["aborted"] is True
+    assert prefill.get("/v1/state").json()["kv_leases"]["active"] == 0
+    assert prefill.post(f"/v1/abort/{hop['request_id']}").status_code == 404  # once
+    answer = decode_hop(decode, prompt, None, "tenant-g", lease)  # the lease is gone: the decode side recomputes
+    assert answer["usage"]["kv_transfer"]["recomputed"] is True
+    assert answer["token_ids"] == oracle.greedy(prompt, None, MAX_TOKENS)
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
 def test_an_expired_lease_recomputes(engines, model):
     _, refs, oracle = model
     prefill, decode = engines.prefill, engines.decode

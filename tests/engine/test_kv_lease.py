@@ -133,3 +133,18 @@ def test_leases_never_hold_more_than_their_share_of_the_pool(setup):
     assert table.state()["released"] == {"evicted": 2, "drain": 1}
     capped.release_all()
     assert_clean(bm)
+
+
+def test_a_prefill_hops_abort_ends_its_unpulled_lease(setup):
+    bm, table, _ = setup
+    keys = cached_prompt(bm, list(range(10, 22)))
+    lease = table.grant(keys, ttl_s=30, request_id="r-1")
+    assert not table.release_request("r-other")
+    assert table.release_request("r-1") and lease.id not in table.leases
+    assert not table.release_request("r-1")
+    pulled = table.grant(keys, ttl_s=30, request_id="r-2")
+    table.take(pulled.id, keys)  # being pulled: the puller ends it, not an abort
+    assert not table.release_request("r-2")
+    assert table.release(pulled.id, "done")
+    assert table.state()["released"] == {"released": 1, "done": 1}
+    assert_clean(bm)

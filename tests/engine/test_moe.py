@@ -4,10 +4,12 @@ B) and on both mixed in one batch, chunked prefill over 4-token pages; greedy to
 log-probability of every generated token within 1e-4. On the reference ops, and with every op (the experts'
 grouped_matmul and expert_lora included) on its Triton launcher under the interpreter."""
 
+import json
 import shutil
 
 import pytest
 import safetensors.torch
+import torch
 from transformers import AutoModelForCausalLM
 
 import kernels
@@ -154,6 +156,53 @@ def test_a_checkpoint_with_stacked_experts_serves_the_same(family, tmp_path):
         two.engine.shutdown()
     assert_matches_peft(oracle, prompts, names, one.generate(prompts, SAMPLING, adapters=names))
     assert_matches_peft(oracle, prompts, names, split)
+
+
+def per_expert_adapter(base, directory, *, arch: str, seed: int, r: int = 4, alpha: float = 8.0):
+    """An adapter as PEFT saved them before transformers 5: one LoRA per expert module (and on q_proj)."""
+    config = json.loads((base / "config.json").read_text())
+    experts, hidden = config.get("num_experts") or config["num_local_experts"], config["hidden_size"]
+    inter = config.get("moe_intermediate_size") or config["intermediate_size"]
+    names = ("gate_proj", "up_proj", "down_proj") if arch != "mixtral" else ("w1", "w3", "w2")
+    parent = "mlp" if arch != "mixtral" else "block_sparse_moe"
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"base_model.model.model.layers.{layer}"
+        heads = config["num_attention_heads"]
+        q_in, q_out = hidden, heads * (config.get("head_dim") or hidden // heads)
+        tensors[f"{prefix}.self_attn.q_proj.lora_A.weight"] = torch.randn(r, q_in, generator=gen) * 0.3 / q_in**0.5
+        tensors[f"{prefix}.self_attn.q_proj.lora_B.weight"] = torch.randn(q_out, r, generator=gen) * 0.2
+        if layer in (config.get("mlp_only_layers") or []):
+            continue
+        for expert in range(experts):
+            for name in names:
+                width_in, width_out = (inter, hidden) if name in ("down_proj", "w2") else (hidden, inter)
+                key = f"{prefix}.{parent}.experts.{expert}.{name}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(r, width_in, generator=gen) * 0.3 / width_in**0.5
+                tensors[f"{key}.lora_B.weight"] = torch.randn(width_out, r, generator=gen) * 0.2
+    directory.mkdir()
+    safetensors.torch.save_file(tensors, directory / "adapter_model.safetensors")
+    (directory / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
+        "bias": "none", "target_modules": ["q_proj", *names]}))
+    return directory
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_per_expert_adapters_from_before_transformers_5_match_peft(family, tmp_path):
+    """One LoRA per expert module: PEFT stacks them on load (gate and up fused at twice the rank), so does Quilt."""
+    arch, base, _, _ = family
+    path = per_expert_adapter(base, tmp_path / "per-expert", arch=arch, seed=49)
+    oracle = Oracle(base, {"v4": path})
+    llm = make_llm(base, {"v4": path})
+    prompts = random_prompts(100, [9, 6])
+    prompts.append(prompts[0])
+    names = ["v4", "v4", None]
+    outputs = llm.generate(prompts, SAMPLING, adapters=names)
+    assert_matches_peft(oracle, prompts, names, outputs)
+    assert [lp.logprob for lp in outputs[0].logprobs] != pytest.approx([lp.logprob for lp in outputs[2].logprobs],
+                                                                       abs=1e-3)
 
 
 @pytest.mark.parametrize("family", ["qwen2-moe"], indirect=True)

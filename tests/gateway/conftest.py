@@ -255,7 +255,8 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     )
     overrides.enable()
     env = process_env(redis_url=redis_url, prefix=prefix, media=media, QUILT_METRICS_TOKEN=METRICS_TOKEN,
-                      QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS="32")  # a fleet with roles: the tiny model's context is 256
+                      QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS="32",  # a fleet with roles: the tiny model's context is 256
+                      QUILT_PREFILL_HOP_TIMEOUT_SECONDS="3", QUILT_KV_LEASE_TTL_SECONDS="5")  # fmt: skip
     engine_port = free_port()
     stack = Stack(gateways=[], engine_url=f"http://127.0.0.1:{engine_port}", model_dir=model_dir,
                   adapter_dirs=adapter_dirs, env=env)  # fmt: skip

@@ -11,6 +11,7 @@ import time
 from decimal import Decimal
 
 import httpx
+import openai
 import pytest
 
 from gateway.routing import routable_engines
@@ -37,9 +38,9 @@ def control_plane(stack) -> str:
     return stack.gateways[0].removesuffix("/v1")
 
 
-def heartbeat(stack, name: str, url: str, *, role: str, draining: bool = False) -> None:
+def heartbeat(stack, name: str, url: str, *, role: str, draining: bool = False, price: str = "4.0") -> None:
     """What an engine started with `--role` sends (the role is in its state: routing reads it there)."""
-    body = {"name": name, "url": url, "pool": "default", "gpu_price_per_hour": "4.0", "interval_s": 30.0,
+    body = {"name": name, "url": url, "pool": "default", "gpu_price_per_hour": price, "interval_s": 30.0,
             "draining": draining, "state": {"role": role, "running": 0, "waiting": 0, "capacity": 8}}
     answer = httpx.post(f"{control_plane(stack)}/internal/engines/heartbeat", json=body, timeout=10,
                         headers={"Authorization": f"Bearer {ENGINE_TOKEN}"})  # fmt: skip
@@ -110,10 +111,14 @@ def split_fleet(stack, django_db_blocker):
     colocated = {model: ask(stack, prompt, model=model) for model, prompt in PROMPTS.items()}
     streamed = ask_streamed(stack, PROMPTS["support"] + " w42", max_tokens=8)
     control = control_plane(stack)
-    engines = {}
-    for name, role, price in (("pd-prefill", "prefill", PREFILL_PRICE), ("pd-decode", "decode", DECODE_PRICE)):
-        engines[name] = stack.launch_engine(name, free_port(), extra=(
-            "--control-plane", control, "--engine-name", name, "--heartbeat-interval", "0.5", "--role", role,
+    engines, ports = {}, {}
+    # the prefill engine heartbeats every 5 s: stopped (SIGSTOP) it stays in routing for 15 s, long enough to hang
+    for name, role, price, beat in (("pd-prefill", "prefill", PREFILL_PRICE, "5"),
+                                    ("pd-decode", "decode", DECODE_PRICE, "0.5")):  # fmt: skip
+        port = free_port()
+        ports[name] = port
+        engines[name] = stack.launch_engine(name, port, extra=(
+            "--control-plane", control, "--engine-name", name, "--heartbeat-interval", beat, "--role", role,
             "--gpu-price-per-hour", str(price), "--leave-grace", "0.5",
         ))  # fmt: skip
     with django_db_blocker.unblock():
@@ -128,9 +133,14 @@ def split_fleet(stack, django_db_blocker):
         yield colocated, streamed, engines
     finally:
         for process in engines.values():
-            process.send_signal(signal.SIGTERM)
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.send_signal(signal.SIGTERM)
         for process in engines.values():
             process.wait(timeout=30)
+        # a killed engine says no goodbye: its last heartbeat would keep it routed (as prefill-only) for 15 s more
+        heartbeat(stack, "pd-prefill", f"http://127.0.0.1:{ports['pd-prefill']}", role="prefill", draining=True,
+                  price=str(PREFILL_PRICE))
         with django_db_blocker.unblock():
             engine_set("engine-a", enabled=True)
         time.sleep(SNAPSHOT + 0.2)
@@ -174,3 +184,63 @@ def test_a_short_prompt_skips_the_prefill_hop(stack, split_fleet):
     row = usage_row(request_id)
     assert (row.engine, row.prefill_engine, row.prefill_gpu_ms) == ("pd-decode", "", 0)
     assert counter(stack, "quilt_gateway_disaggregation", 'route="short"') == skipped + 1
+
+
+def test_a_client_that_leaves_during_the_prefill_hop_leaves_no_lease_or_block_behind(stack, split_fleet):
+    _, _, engines = split_fleet
+    prefill = engines["pd-prefill"]
+    state_url = prefill.health_url.removesuffix("/health") + "/state"
+    # The hop hangs until the client has gone. Resumed, the engine may still finish the prefill and grant a lease
+    # before it hears that the gateway hung up: nobody will pull it, and its TTL (5 s in the stack's environment)
+    # releases it.
+    prefill.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            client(stack, stack.keys["main"]).with_options(timeout=1.0).chat.completions.create(
+                model="support", messages=[{"role": "user", "content": PROMPTS["support"] + " w77 w78"}], max_tokens=4)
+    finally:
+        prefill.send_signal(signal.SIGCONT)
+
+    seen = {}
+
+    def settled():
+        state = seen["state"] = httpx.get(state_url, headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}, timeout=5).json()
+        idle = state["running"] == 0 and state["waiting"] == 0 and state["kv_leases"]["active"] == 0
+        return state if idle else None
+
+    try:
+        state = wait_until(settled, timeout=15, what="the prefill engine idle with no lease")
+    except TimeoutError:
+        pytest.fail(f"the prefill engine kept work or a lease: {dict((k, seen['state'].get(k)) for k in ('running', 'waiting', 'kv_leases', 'kv_pool'))}")
+    pool = state["kv_pool"]  # the pool's own counts: nothing held, nothing lost
+    assert pool["held"] == 0
+    assert pool["free"] + pool["evictable"] + pool["in_use"] + pool["adapter_pages"] == pool["total"]
+
+
+def test_a_hung_prefill_engine_times_out_and_the_request_is_served_whole(stack, split_fleet):
+    """QUILT_PREFILL_HOP_TIMEOUT_SECONDS is 3 in the stack's environment."""
+    colocated, _, engines = split_fleet
+    before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="timeout"')
+    engines["pd-prefill"].send_signal(signal.SIGSTOP)  # its socket still accepts; nothing answers
+    try:
+        started = time.monotonic()
+        request_id, answer = ask(stack, PROMPTS["tiny"], model="tiny")
+        assert 3 <= time.monotonic() - started < 20
+    finally:
+        engines["pd-prefill"].send_signal(signal.SIGCONT)
+    assert answer.choices[0].message.content == colocated["tiny"][1].choices[0].message.content
+    assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="timeout"') == before + 1
+    row = usage_row(request_id)
+    assert (row.engine, row.prefill_engine, row.prefill_gpu_ms) == ("pd-decode", "", 0)
+
+
+def test_a_killed_prefill_engine_costs_the_client_nothing(stack, split_fleet):
+    colocated, _, engines = split_fleet
+    time.sleep(5.5)  # the previous test's timeout set the prefill engine aside for 5 s
+    before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"')
+    engines["pd-prefill"].send_signal(signal.SIGKILL)
+    engines["pd-prefill"].wait()
+    request_id, answer = ask(stack, PROMPTS["shouty"], model="shouty")  # still in routing: its heartbeat is recent
+    assert answer.choices[0].message.content == colocated["shouty"][1].choices[0].message.content
+    assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"') == before + 1
+    assert usage_row(request_id).prefill_engine == ""

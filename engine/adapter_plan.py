@@ -26,12 +26,15 @@ class AdapterPlan:
     digest: str
     num_pages: int
     max_rank: int
-    max_rows: int  # the most rows of one module: max_rank, or E * r of an expert module
+    expert_rows: int  # the most rows of an expert module's half (E * r, or S * E * r of B's slices); 0: none
     ranks: torch.Tensor  # [L, M] int32, 0: module not targeted (host); an expert module's: each expert's
     a_source: torch.Tensor  # [L, M] int64 (host): the module whose A rows each module reads (itself, or an earlier
     # slice of the same fused-name module, whose one A the slices share)
     scaling: torch.Tensor  # [L, M] float32 (host)
-    local: torch.Tensor  # [L, M, 2, max_rows] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
+    local: torch.Tensor  # [L, M', 2, max_rank] int64: chunk * chunk_size + offset of each A / B^T row (-1: none)
+    # of the modules before the experts' (M' of them)
+    expert_local: torch.Tensor  # [L, 2, 2, expert_rows] int64: the same for the experts' two modules (their own
+    # table: E times the rows, which the other modules' would otherwise be padded to)
     chunks: torch.Tensor  # [L, 2 * num_pages, chunk] (host): every layer's rows packed as `local` says, zero between
     num_bytes: int
 
@@ -66,10 +69,11 @@ class AdapterPlan:
                 bt = torch.cat(bt.split(width_out, dim=1))  # [S * E * r, out / S]
             rows[(layer, module, 1)] = bt
         max_rank = int(ranks.max()) if ranks.numel() else 0
-        max_rows = max((max(r) for layer_rows in num_rows for r in layer_rows), default=0)
+        expert_rows = max((max(layer_rows[m]) for layer_rows in num_rows for m in EXPERT_INDEX), default=0)
         if max_rank == 0:
             raise adapters.AdapterError("empty_adapter", "the adapter targets no module of this model")
-        local = [[[[-1] * max_rows for _ in range(2)] for _ in range(num_modules)] for _ in range(num_layers)]
+        local = [[[[-1] * count for count in num_rows[layer][module]] for module in range(num_modules)]
+                 for layer in range(num_layers)]  # ragged: each module's own rows
         a_source = [list(range(num_modules)) for _ in range(num_layers)]
         most_chunks = 0
         for layer in range(num_layers):
@@ -79,7 +83,7 @@ class AdapterPlan:
                     width, out = widths[module][half], local[layer][module][half]
                     shared = _shared_a(rows, layer, module) if half == 0 else None
                     if shared is not None:  # a fused-name adapter's slices share one A: its rows once
-                        out[:] = local[layer][shared][0]
+                        out[:] = local[layer][shared][0][: len(out)]
                         a_source[layer][module] = shared
                         continue
                     for j in range(num_rows[layer][module][half]):
@@ -99,9 +103,11 @@ class AdapterPlan:
         chunks = chunks.view(num_layers, 2 * num_pages, chunk)
         if pin:
             chunks = chunks.pin_memory()
-        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, max_rows=max_rows, ranks=ranks,
-                   a_source=torch.tensor(a_source, dtype=torch.int64), scaling=scaling,
-                   local=torch.tensor(local, dtype=torch.int64), chunks=chunks,
+        first_expert = EXPERT_INDEX[0]
+        return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, expert_rows=expert_rows,
+                   ranks=ranks, a_source=torch.tensor(a_source, dtype=torch.int64), scaling=scaling,
+                   local=_padded([layer[:first_expert] for layer in local], max_rank),
+                   expert_local=_padded([layer[first_expert:] for layer in local], expert_rows), chunks=chunks,
                    num_bytes=chunks.numel() * chunks.element_size())
 
     def chunk_ids(self, pages: list[int], *, chunk: int, chunk_start) -> torch.Tensor:
@@ -110,14 +116,25 @@ class AdapterPlan:
         return torch.tensor([chunk_start(pages[j // 2], j % 2) // chunk for j in range(2 * len(pages))],
                             dtype=torch.int64)
 
-    def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int) -> torch.Tensor:
-        """The page table of this adapter once placed in `pages`: [L, M, 2, max_rows] element offsets into
-        each layer's flat memory (zero_row where a module has no such row)."""
+    def page_offsets(self, pages: list[int], *, chunk: int, chunk_start, zero_row: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The page tables of this adapter once placed in `pages`, element offsets into each layer's flat memory
+        (zero_row where a module has no such row): [L, M', 2, max_rank] of `local`, [L, 2, 2, expert_rows] of
+        `expert_local`."""
         starts = torch.tensor([chunk_start(pages[j // 2], j % 2) for j in range(2 * len(pages))], dtype=torch.int64)
-        absent = self.local < 0
-        local = self.local.clamp(min=0)
-        offsets = starts[local // chunk] + local % chunk
-        return offsets.masked_fill_(absent, zero_row)
+
+        def placed(local: torch.Tensor) -> torch.Tensor:
+            absent = local < 0
+            clamped = local.clamp(min=0)
+            return (starts[clamped // chunk] + clamped % chunk).masked_fill_(absent, zero_row)
+
+        return placed(self.local), placed(self.expert_local)
+
+
+def _padded(rows: list, width: int) -> torch.Tensor:
+    """[L, M, 2, width] int64 of ragged per-(layer, module, half) row lists, -1 past each list's end."""
+    return torch.tensor([[[half + [-1] * (width - len(half)) for half in module] for module in layer] for layer in rows],
+                        dtype=torch.int64)
 
 
 def _shared_a(rows: dict[tuple[int, int, int], torch.Tensor], layer: int, module: int) -> int | None:

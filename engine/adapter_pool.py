@@ -84,7 +84,8 @@ class Prepared(NamedTuple):
 class Resident:
     plan: AdapterPlan
     pages: list[int]
-    offsets: torch.Tensor  # [L, M, 2, max_rows] on the device: the adapter's page table
+    offsets: tuple[torch.Tensor, torch.Tensor]  # on the device: the adapter's page tables, [L, M', 2, max_rank] and
+    # [L, 2, 2, expert_rows] (AdapterPlan.page_offsets)
     placement: int  # unique per placement: the same number means the same page table
     users: int = 0  # running sequences that use it
 
@@ -243,20 +244,27 @@ class AdapterPool:
             left.append("host")
         return left
 
-    def tables(self, digests: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Page tables of resident adapters, stacked: offsets [U, L, M, 2, R] (device), ranks [U, L, M] int32
-        (host), scaling [U, L, M] float32 (device) and a_source [U, L, M] int64 (host: AdapterPlan.a_source),
-        R the most rows of a module among them (its rank; E times it for the experts' modules)."""
+    def tables(self, digests: list[str]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Page tables of resident adapters, stacked: offsets [U, L, M', 2, R] (device), ranks [U, L, M] int32
+        (host), scaling [U, L, M] float32 (device), a_source [U, L, M] int64 (host: AdapterPlan.a_source) and
+        expert_offsets [U, L, 2, 2, R_e] (device), R the largest rank among them, R_e the most rows of an expert
+        module's half (AdapterPlan)."""
         residents = [self._resident[d] for d in digests]
-        width = max(r.plan.max_rows for r in residents)
-        first = residents[0].offsets
-        offsets = torch.full((len(digests), *first.shape[:3], width), self.memory.zero_row, dtype=torch.int64,
-                             device=first.device)
-        for u, r in enumerate(residents):
-            offsets[u, ..., : r.plan.max_rows] = r.offsets
+        first = residents[0].offsets[0]
+        stacked = []
+        for part, width in ((0, max(r.plan.max_rank for r in residents)),
+                            (1, max(r.plan.expert_rows for r in residents))):
+            shape = residents[0].offsets[part].shape[:3]
+            table = torch.full((len(digests), *shape, width), self.memory.zero_row, dtype=torch.int64,
+                               device=first.device)
+            for u, r in enumerate(residents):
+                own = r.offsets[part]
+                table[u, ..., : own.shape[-1]] = own
+            stacked.append(table)
         ranks = torch.stack([r.plan.ranks for r in residents])
         scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
-        return offsets, ranks, scaling, torch.stack([r.plan.a_source for r in residents])
+        return stacked[0], ranks, scaling, torch.stack([r.plan.a_source for r in residents]), stacked[1]
 
     def placements(self, digests: list[str]) -> tuple[int, ...]:
         """Identifies the page tables of resident adapters: equal while none of them moved."""
@@ -302,7 +310,7 @@ class AdapterPool:
         for layer in range(plan.chunks.shape[0]):
             target = mem.layers[layer].view(-1, mem.chunk)  # [2 * (num_pages + 1), chunk]
             target.index_copy_(0, ids, plan.chunks[layer].to(device=device, dtype=target.dtype, non_blocking=True))
-        return offsets.to(device, non_blocking=True)
+        return tuple(table.to(device, non_blocking=True) for table in offsets)
 
     def _drop(self, digest: str) -> int:
         resident = self._resident.pop(digest)

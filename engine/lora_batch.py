@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 import kernels
+from engine.lora_modules import EXPERT_INDEX
 
 
 @dataclass
@@ -32,25 +33,28 @@ class ExpertTables:
 class LoRABatch:
     token_slots: torch.Tensor  # [T] int32: index of the token's adapter among the step's, -1 = base model
     meta: object  # kernels.lora_meta(token_slots, U): the grouping every LoRA op of the step shares
-    offsets: torch.Tensor  # [U, L, M, 2, R] int64 (device): every adapter's page table
+    offsets: torch.Tensor  # [U, L, M', 2, R] int64 (device): every adapter's page table (modules before the experts')
     ranks: torch.Tensor  # [U, L, M] int32 (host)
     scaling: torch.Tensor  # [U, L, M] float32 (device)
     a_source: torch.Tensor  # [U, L, M] int64 (host): the module whose A rows each module reads (AdapterPlan)
+    expert_offsets: torch.Tensor  # [U, L, 2, 2, R_e] int64 (device): the experts' modules' page tables
     modules: dict[tuple[int, int, int], ModuleTables | ExpertTables | None] = field(default_factory=dict)
 
     @classmethod
     def build(cls, token_slots: torch.Tensor,
-              tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]) -> "LoRABatch":
-        offsets, ranks, scaling, a_source = tables
+              tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]) -> "LoRABatch":
+        """tables: AdapterPool.tables."""
+        offsets, ranks, scaling, a_source, expert_offsets = tables
         return cls(token_slots=token_slots, meta=kernels.lora_meta(token_slots, offsets.shape[0]), offsets=offsets,
-                   ranks=ranks, scaling=scaling, a_source=a_source)
+                   ranks=ranks, scaling=scaling, a_source=a_source, expert_offsets=expert_offsets)
 
     def with_slots(self, token_slots: torch.Tensor) -> "LoRABatch":
         """The same adapters and page tables for other tokens: the module tables cut so far, and what the
         kernels gathered through them, are kept."""
         meta = kernels.lora_meta(token_slots, self.offsets.shape[0], previous=self.meta)
         return LoRABatch(token_slots=token_slots, meta=meta, offsets=self.offsets, ranks=self.ranks,
-                         scaling=self.scaling, a_source=self.a_source, modules=self.modules)
+                         scaling=self.scaling, a_source=self.a_source, expert_offsets=self.expert_offsets,
+                         modules=self.modules)
 
     def module(self, layer: int, first: int, num_slices: int) -> ModuleTables | None:
         """Tables of module indices first .. first + num_slices - 1 of a layer; None when no adapter of
@@ -92,8 +96,8 @@ class LoRABatch:
                 s = torch.arange(num_slices, device=device)[:, None, None, None]
                 e = torch.arange(num_experts, device=device)[None, None, :, None]
                 j = torch.arange(width, device=device)
-                index = ((s * num_experts + e) * rank + j).clamp_(max=self.offsets.shape[-1] - 1)  # [S, U, E, R]
-                table = self.offsets[:, layer, module]  # [U, 2, rows]
+                table = self.expert_offsets[:, layer, module - EXPERT_INDEX[0]]  # [U, 2, rows]
+                index = ((s * num_experts + e) * rank + j).clamp_(max=table.shape[-1] - 1)  # [S, U, E, R]
                 used = len(ranks)
 
                 def pick(half, index):  # [S', U, E, R] rows of one half's table

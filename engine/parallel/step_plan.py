@@ -28,7 +28,7 @@ def encode(input_ids: torch.Tensor, ctx: Context, copies: list[AdapterCopy], *, 
     if ctx.lora is not None:
         lora = SAME_LORA if same_lora else tuple(_host(t) for t in (ctx.lora.token_slots, ctx.lora.offsets,
                                                                        ctx.lora.ranks, ctx.lora.scaling,
-                                                                       ctx.lora.a_source))
+                                                                       ctx.lora.a_source, ctx.lora.expert_offsets))
     fields = (input_ids, ctx.positions, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, ctx.cu_seqlens_q,
               ctx.prompt_lens)
     plan = {"copies": copies, "tensors": [_host(t) for t in fields], "is_decode": ctx.is_decode, "lora": lora}
@@ -50,8 +50,9 @@ class StepDecoder:
             torch.from_numpy(a).to(dev) for a in plan["tensors"])
         lora = plan["lora"]
         if lora is not None and not isinstance(lora, str):
-            slots, offsets, ranks, scaling, a_source = (torch.from_numpy(a) for a in lora)
-            self.lora = LoRABatch.build(slots.to(dev), (offsets.to(dev), ranks, scaling.to(dev), a_source))
+            slots, offsets, ranks, scaling, a_source, expert_offsets = (torch.from_numpy(a) for a in lora)
+            self.lora = LoRABatch.build(slots.to(dev), (offsets.to(dev), ranks, scaling.to(dev), a_source,
+                                                        expert_offsets.to(dev)))
         ctx = Context(positions=positions, slot_mapping=slot_mapping, block_tables=block_tables,
                       context_lens=context_lens, cu_seqlens_q=cu_seqlens_q, prompt_lens=prompt_lens,
                       is_decode=plan["is_decode"],

@@ -1,6 +1,7 @@
 """The OpenAI-compatible inference API: native async views (DRF's are synchronous). Thin: authenticate and
 resolve (one blocking call), parse, then hand the request to the relay."""
 
+import asyncio
 import json
 import logging
 import uuid
@@ -20,12 +21,29 @@ from gateway.request_guard import json_content_type_check
 log = logging.getLogger(__name__)
 
 _lookup = sync_to_async(caller_and_target, thread_sensitive=False)
+# Lookups running now, by what they look up. When a key's cache entry lapses or a change clears the cache, every
+# request then in flight with that key would read the database at once (50 concurrent streams: 50 lookups of ~5 ms of
+# CPU each); instead one reads it and the others wait for it, then take its result from the cache.
+_looking_up: dict[tuple[str, object], asyncio.Future] = {}
 
 
 async def _authorize(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
-    return cached_caller_and_target(authorization=authorization, model=model) or await _lookup(
-        authorization=authorization, model=model
-    )
+    cached = cached_caller_and_target(authorization=authorization, model=model)
+    if cached is not None:
+        return cached
+    loop, what = asyncio.get_running_loop(), (authorization, model if isinstance(model, str) else None)
+    running = _looking_up.get(what)
+    if running is not None and running.get_loop() is loop:
+        await asyncio.shield(running)  # it never fails: its outcome is the cache's
+        cached = cached_caller_and_target(authorization=authorization, model=model)
+        return cached or await _lookup(authorization=authorization, model=model)  # refused (never cached) or changed
+    done = _looking_up[what] = loop.create_future()
+    try:
+        return await _lookup(authorization=authorization, model=model)
+    finally:
+        if _looking_up.get(what) is done:
+            del _looking_up[what]
+        done.set_result(None)
 
 _list_models = sync_to_async(caller_models, thread_sensitive=False)
 

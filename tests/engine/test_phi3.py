@@ -209,7 +209,8 @@ def test_a_step_of_fused_name_adapters_shrinks_once_per_fused_projection(base, p
                         for a in (adapter, copied))
 
     def step(*plans):
-        tables = (torch.stack([getattr(p, f) for p in plans]) for f in ("local", "ranks", "scaling", "a_source"))
+        fields = ("local", "ranks", "scaling", "a_source", "expert_local")
+        tables = (torch.stack([getattr(p, f) for p in plans]) for f in fields)
         return LoRABatch.build(torch.tensor([0, -1, 1], dtype=torch.int32), tuple(tables))
 
     fused, mixed = step(shared, shared), step(shared, separate)

@@ -25,9 +25,10 @@ FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
 }
 # Qwen2-MoE's shared expert, a gated MLP beside the experts: mlp.shared_expert.{gate,up,down}_proj
 SHARED_EXPERT_MODULES = ("shared_expert_gate_proj", "shared_expert_up_proj", "shared_expert_down_proj")
+ROUTER = "router"  # an MoE layer's router, mlp.gate: PEFT adapts its weight through target_parameters (`gate.weight`)
 EXPERT_PARAMETERS = {"experts_gate_up_proj": "gate_up_proj", "experts_down_proj": "down_proj"}  # -> PEFT's
 EXPERT_MODULES = tuple(EXPERT_PARAMETERS)
-ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS) + SHARED_EXPERT_MODULES + EXPERT_MODULES  # every name a
+ALL_MODULES = PROJECTIONS + tuple(FUSED_PROJECTIONS) + SHARED_EXPERT_MODULES + (ROUTER,) + EXPERT_MODULES  # every name a
 # canonical adapter may carry
 _FUSED_OF = {split: fused for fused, splits in FUSED_PROJECTIONS.items() for split in splits}
 
@@ -53,7 +54,8 @@ class Family:
     @property
     def servable(self) -> tuple[str, ...]:
         return tuple(m for m in ALL_MODULES if m in self.projections or m in self.split_aliases
-                     or (self.experts and m in EXPERT_MODULES) or (self.shared_expert and m in SHARED_EXPERT_MODULES))
+                     or (self.experts and m in (*EXPERT_MODULES, ROUTER))
+                     or (self.shared_expert and m in SHARED_EXPERT_MODULES))
 
     def describe(self) -> str:
         return f"a {self.name} base ({self.architecture})"
@@ -63,7 +65,7 @@ class Family:
         if self.shared_expert:
             text += ", the shared expert's gate_proj, up_proj, down_proj"
         if self.experts:
-            text += " and, through target_parameters, the experts' stacked gate_up_proj and down_proj"
+            text += " and, through target_parameters, the experts' stacked gate_up_proj and down_proj and the router"
         return f"{text} (or the split {', '.join(self.split_aliases)})" if self.split_aliases else text
 
     def missing_module(self, module: str, *, where: str) -> AdapterError:
@@ -110,6 +112,8 @@ def peft_module_key(layer: int, module: str) -> str:
     the experts: the stacked parameter's name, which PEFT matches target_parameters and patterns against)."""
     if module in EXPERT_PARAMETERS:
         return f"model.layers.{layer}.mlp.experts.{EXPERT_PARAMETERS[module]}"
+    if module == ROUTER:
+        return f"model.layers.{layer}.mlp.gate.weight"
     return f"model.layers.{layer}.{module_parent(module)}.{module.removeprefix('shared_expert_')}"
 
 
@@ -171,6 +175,8 @@ class BaseShapes:
             return self.hidden_size, 2 * self.expert_intermediate_size
         if module == "experts_down_proj":
             return self.expert_intermediate_size, self.hidden_size
+        if module == ROUTER:
+            return self.hidden_size, self.num_experts
         if module in SHARED_EXPERT_MODULES:
             inter = self.shared_expert_intermediate_size
             return (inter, self.hidden_size) if module == "shared_expert_down_proj" else (self.hidden_size, inter)
@@ -228,8 +234,10 @@ class BaseShapes:
         return names
 
     def expert_parameters(self) -> dict[str, str]:
-        """PEFT's key of every stacked expert parameter (what target_parameters matches), mapped to its module."""
-        return {peft_module_key(layer, module): module for layer in self.expert_layers for module in EXPERT_MODULES}
+        """PEFT's key of every parameter target_parameters may name (the stacked experts' and the router's weight),
+        mapped to its module."""
+        return {peft_module_key(layer, module): module for layer in self.expert_layers
+                for module in (*EXPERT_MODULES, ROUTER)}
 
     def split_alias_modules(self) -> dict[str, str]:
         """The split names a Phi-3 adapter may use in place of the fused projections, by PEFT key; empty for

@@ -16,7 +16,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from adapters.base_shapes import ALL_MODULES, EXPERT_MODULES, peft_module_key
+from adapters.base_shapes import ALL_MODULES, EXPERT_MODULES, ROUTER, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
 from adapters.safetensors_check import check_safetensors, read_tensors
@@ -86,7 +86,7 @@ class LoadedAdapter:
 
     def _peft_config(self) -> dict[str, Any]:
         keys = {name: peft_module_key(*_layer_module(name)) for name in self.ranks}
-        experts = {name for name in self.ranks if _layer_module(name)[1] in EXPERT_MODULES}
+        experts = {name for name in self.ranks if _layer_module(name)[1] in (*EXPERT_MODULES, ROUTER)}
         return {
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -168,4 +168,6 @@ def _peft_name(canonical: str, experts: dict[int, tuple[str, ...]]) -> str:
     _, layer, module, half = canonical.split(".")
     if module in EXPERT_MODULES:
         return expert_tensor_name(int(layer), module, half, experts[int(layer)])
+    if module == ROUTER:
+        return f"base_model.model.model.layers.{layer}.mlp.gate.{half}.weight"
     return f"base_model.model.{peft_module_key(int(layer), module)}.{half}.weight"

@@ -162,8 +162,9 @@ def _planned_modules(
 
 
 def _planned_experts(settings: LoraSettings, shapes: BaseShapes) -> dict[str, PlannedModule]:
-    """The experts' stacked parameters target_parameters names, as PEFT matches them (a name or a dotted suffix
-    of `model.layers.{i}.mlp.experts.{gate_up_proj,down_proj}`), with their rank and alpha per expert."""
+    """The parameters target_parameters names, as PEFT matches them (a name or a dotted suffix of
+    `model.layers.{i}.mlp.experts.{gate_up_proj,down_proj}` or of the router's `model.layers.{i}.mlp.gate.weight`),
+    with their rank (each expert's) and alpha."""
     family, keys = shapes.family, shapes.expert_parameters()
     for target in settings.target_parameters:
         if not family.experts:
@@ -175,9 +176,9 @@ def _planned_experts(settings: LoraSettings, shapes: BaseShapes) -> dict[str, Pl
         if not any(key == target or key.endswith(f".{target}") for key in keys):
             raise AdapterError(
                 "unsupported_module",
-                f"target_parameters names {target!r}, which is none of the experts' stacked parameters of "
-                f"{family.describe()} (mlp.experts.gate_up_proj, mlp.experts.down_proj); LoRA on other parameters, "
-                "the router's included, is not served",
+                f"target_parameters names {target!r}, which is none of the parameters of {family.describe()} that "
+                "LoRA is served on through target_parameters (mlp.experts.gate_up_proj, mlp.experts.down_proj, the "
+                "router's mlp.gate.weight)",
             )
     plan = {}
     for key, module in keys.items():

@@ -79,6 +79,8 @@ def parse_tensor_name(name: str, family: Family | None = None,
     module = match["module"]
     if match["parent"] == "mlp.shared_expert":  # Qwen2-MoE's shared expert
         module = f"shared_expert_{module}"
+    elif match["parent"] == "mlp" and module == "gate":  # an MoE layer's router (PEFT: target_parameters gate.weight)
+        module = "router"
     if family is not None and module not in family.servable:
         raise family.missing_module(module, where=f"tensor {name} adapts")
     if module not in ALL_MODULES or match["parent"] != module_parent(module):

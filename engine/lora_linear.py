@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import kernels
+from adapters.base_shapes import ROUTER
 from engine.context import Context
 from engine.lora_modules import (
     EXPERT_INDEX,
@@ -94,6 +95,9 @@ def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
         experts = getattr(layer.mlp, "experts", None)
         if isinstance(experts, Experts):
             layer.mlp.experts = LoRAExperts(experts, layer=layer_idx, memory=memory)
+        router = getattr(layer.mlp, "gate", None)
+        if isinstance(experts, Experts) and isinstance(router, Linear):
+            layer.mlp.gate = LoRALinear(router, layer=layer_idx, first=MODULE_INDEX[ROUTER], memory=memory)
         shared = getattr(layer.mlp, "shared_expert", None)
         for name, first in SHARED_EXPERT_PACKED.items() if shared is not None else ():
             base = getattr(shared, name)

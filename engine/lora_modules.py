@@ -3,7 +3,8 @@
 The model fuses q/k/v into qkv_proj and gate/up into gate_up_proj; an adapter still has each
 checkpoint module at its own rank (a Phi-3 adapter on the fused names is split into its slices first,
 `per_slice`). Module index i (MODULES order: PROJECTIONS, then the MoE experts' EXPERT_MODULES) is the i-th
-column of every per-adapter table (ranks, scalings, page rows); Qwen2-MoE's shared expert has its own three. An expert module's rank is each expert's; it has
+column of every per-adapter table (ranks, scalings, page rows); Qwen2-MoE's shared expert has its own three, an
+MoE layer's router one (replicated on every tensor-parallel rank, as the router is). An expert module's rank is each expert's; it has
 E times as many rows (expert e's rows e*r .. e*r + r - 1)."""
 
 import dataclasses
@@ -15,6 +16,7 @@ from adapters.base_shapes import (
     EXPERT_MODULES,
     FUSED_PROJECTIONS,
     PROJECTIONS,
+    ROUTER,
     SHARED_EXPERT_MODULES,
     BaseShapes,
 )
@@ -26,7 +28,7 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-MODULES = PROJECTIONS + SHARED_EXPERT_MODULES + EXPERT_MODULES
+MODULES = PROJECTIONS + SHARED_EXPERT_MODULES + (ROUTER,) + EXPERT_MODULES
 SHARED_EXPERT_PACKED = {"gate_up_proj": "shared_expert_gate_proj", "down_proj": "shared_expert_down_proj"}  # first
 MODULE_INDEX = {module: i for i, module in enumerate(MODULES)}
 EXPERT_INDEX = tuple(MODULE_INDEX[m] for m in EXPERT_MODULES)  # (experts_gate_up_proj, experts_down_proj)
@@ -47,12 +49,15 @@ def row_widths(shapes: BaseShapes, *, tensor_parallel_size: int = 1) -> list[tup
     without experts are (0, 0)."""
     size, widths = tensor_parallel_size, []
     for module in MODULES:
-        if (module in EXPERT_MODULES and not shapes.num_experts) or (
+        if (module in (*EXPERT_MODULES, ROUTER) and not shapes.num_experts) or (
                 module in SHARED_EXPERT_MODULES and not shapes.shared_expert_intermediate_size):
             widths.append((0, 0))
             continue
         width_in, width_out = shapes.in_out(module)
         width_out //= EXPERT_SLICES.get(MODULE_INDEX[module], 1)
+        if module == ROUTER:  # replicated
+            widths.append((width_in, width_out))
+            continue
         widths.append((width_in // size, width_out) if module in ROW_PARALLEL else (width_in, width_out // size))
     return widths
 

@@ -102,7 +102,7 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = Linear(spec.hidden_size, [1], bias=False)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize, x.dtype)
+        weights, ids = route(self.gate(x, ctx), self.top_k, self.renormalize, x.dtype)
         out = self.experts(x, weights, ids, ctx)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ctx)

@@ -34,30 +34,34 @@ def lora_layers(model) -> dict:
 
 
 @pytest.mark.parametrize("lora,ranks", [
+    (dict(r=2, target_modules=[], target_parameters=["mlp.gate.weight"]), {"router": 2}),
     (dict(r=4, target_modules=[], target_parameters=EXPERTS), {"experts_gate_up_proj": 4, "experts_down_proj": 4}),
     # PEFT turns the projections' names into target_parameters, gate_up at twice the rank (gate's and up's)
     (dict(r=2, target_modules=["gate_proj", "up_proj", "down_proj"]),
      {"experts_gate_up_proj": 4, "experts_down_proj": 2}),
     (dict(r=3, target_modules=["q_proj"], target_parameters=["down_proj"]), {"q_proj": 3, "experts_down_proj": 3}),
-], ids=["target-parameters", "projection-names", "down-only-and-attention"])
+], ids=["router", "target-parameters", "projection-names", "down-only-and-attention"])
 def test_peft_expert_adapters_load_with_each_experts_rank(lora, ranks, tmp_path):
     _, base = make(tmp_path / "a", lora_alpha=8, **lora)
     adapter = load_adapter(tmp_path / "a", base)
     experts = BaseShapes.from_config(base).expert_layers
     assert experts == (0, 2)  # layer 1 is dense: no experts there
     expected = {f"layers.{layer}.{m}": r for m, r in ranks.items()
-                for layer in (experts if m.startswith("experts") else range(3))}
+                for layer in (experts if m.startswith("experts") or m == "router" else range(3))}
     assert adapter.ranks == expected
     gate_up = adapter.tensors.get("layers.0.experts_gate_up_proj.lora_A")
     if gate_up is not None:
         assert gate_up.shape == (5 * ranks["experts_gate_up_proj"], 64)  # [E * r, hidden]
         assert adapter.tensors["layers.0.experts_gate_up_proj.lora_B"].shape == (80, 5 * ranks["experts_gate_up_proj"])
-    assert adapter.tensors["layers.2.experts_down_proj.lora_A"].shape == (5 * ranks["experts_down_proj"], 40)
+    if "experts_down_proj" in ranks:
+        assert adapter.tensors["layers.2.experts_down_proj.lora_A"].shape == (5 * ranks["experts_down_proj"], 40)
+    if "router" in ranks:  # mlp.gate [E, hidden]: a plain LoRA
+        assert adapter.tensors["layers.2.router.lora_B"].shape == (5, ranks["router"])
 
 
 def test_canonical_expert_adapter_is_a_peft_adapter(tmp_path):
-    model, base = make(tmp_path / "a", r=4, lora_alpha=8, target_modules=["k_proj"], target_parameters=EXPERTS,
-                       rank_pattern={"down_proj": 2})
+    model, base = make(tmp_path / "a", r=4, lora_alpha=8, target_modules=["k_proj"],
+                       target_parameters=[*EXPERTS, "mlp.gate.weight"], rank_pattern={"down_proj": 2})
     adapter = load_adapter(tmp_path / "a", base)
     canonical = adapter.save(tmp_path / "canonical")
     again = load_canonical(canonical)
@@ -66,6 +70,7 @@ def test_canonical_expert_adapter_is_a_peft_adapter(tmp_path):
     reloaded = PeftModel.from_pretrained(Qwen3MoeForCausalLM(moe_config()), canonical)
     original, back = lora_layers(model), lora_layers(reloaded)
     assert set(back) == set(original) and any("experts" in name for name in back)
+    assert any(name.endswith("mlp.gate") for name in back)  # the router's
     for name, layer in original.items():
         assert back[name].r["default"] == layer.r["default"]
         assert back[name].scaling["default"] == layer.scaling["default"]
@@ -137,9 +142,9 @@ def test_per_expert_adapters_are_stacked_as_peft_stacks_them(tmp_path):
 
 
 def test_expert_adapters_are_refused_where_they_cannot_be_served(tmp_path):
-    _, base = make(tmp_path / "router", r=2, target_modules=[], target_parameters=["mlp.gate.weight"])
-    with pytest.raises(AdapterError, match="router") as refused:
-        load_adapter(tmp_path / "router", base)
+    _, base = make(tmp_path / "q", r=2, target_modules=[], target_parameters=["self_attn.q_proj.weight"])
+    with pytest.raises(AdapterError, match="none of the parameters") as refused:
+        load_adapter(tmp_path / "q", base)
     assert refused.value.code == "unsupported_module"
     _, _ = make(tmp_path / "experts", r=2, target_modules=[], target_parameters=EXPERTS)
     with pytest.raises(AdapterError, match="has no experts"):  # the same adapter on a dense base

@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import kernels
-from adapters.errors import AdapterError
 from engine import SamplingParams
 from tests.engine.conftest import MOE_FAMILIES, Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.test_families import _dequantized_int8, assert_matches_peft, make_llm
@@ -208,13 +207,14 @@ def test_per_expert_adapters_from_before_transformers_5_match_peft(family, tmp_p
 @pytest.mark.parametrize("family", ["qwen2-moe"], indirect=True)
 def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
     """On Qwen2-MoE, target_modules naming gate/up/down adapt the shared expert (PEFT finds those modules there and
-    converts nothing); with target_parameters the experts too. Over one rank and two."""
+    converts nothing); with target_parameters the experts and the router too. Over one rank and two."""
     arch, base, _, _ = family
     adapters = {
         "shared4": build_adapter(base, tmp_path / "shared4", seed=47, r=4,
                                  targets=["gate_proj", "up_proj", "down_proj"]),
         "all8": build_adapter(base, tmp_path / "all8", seed=48, r=8,
-                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"], target_parameters=EXPERTS),
+                              targets=["q_proj", "gate_proj", "down_proj", "up_proj"],
+                              target_parameters=[*EXPERTS, "mlp.gate.weight"]),  # the router too
     }
     oracle = Oracle(base, adapters)
     names = ["shared4", None, "all8", None]
@@ -232,11 +232,19 @@ def test_lora_on_qwen2_moe_shared_expert_matches_peft(family, tmp_path):
                                                                        abs=1e-3)
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe"], indirect=True)
-def test_lora_on_the_router_is_refused_clearly(family, tmp_path):
-    arch, base, adapters, _ = family
-    llm = make_llm(base, {})
-    path = build_adapter(base, tmp_path / "router", seed=43, r=4, targets=[],
-                         target_parameters=["mlp.gate.weight"])
-    with pytest.raises(AdapterError, match="router"):
-        llm.add_adapter("router", path)
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"], indirect=True)
+def test_all_linear_adapters_with_the_router_match_peft(family, tmp_path):
+    """target_modules="all-linear": PEFT adapts attention, the experts and the router (target_parameters
+    `gate.weight`): the router's LoRA changes which experts a token goes to, as in PEFT."""
+    arch, base, _, _ = family
+    path = build_adapter(base, tmp_path / "all-linear", seed=43, r=4, targets="all-linear")
+    oracle = Oracle(base, {"all": path})
+    one, two = make_llm(base, {"all": path}), make_llm(base, {"all": path}, tensor_parallel_size=2)
+    names = ["all", None, "all"]
+    prompts = random_prompts(95, [6, 4, 15])
+    try:
+        split = two.generate(prompts, SAMPLING, adapters=names)  # the router's LoRA replicated on both ranks
+    finally:
+        two.engine.shutdown()
+    assert_matches_peft(oracle, prompts, names, one.generate(prompts, SAMPLING, adapters=names))
+    assert_matches_peft(oracle, prompts, names, split)

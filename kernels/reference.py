@@ -202,17 +202,18 @@ def paged_attention_prefill(
         num_blocks = -(-ctx // block_size) - first
         table = block_tables[b : b + 1, first:]
         length = ctx - first * block_size
-        keys = _gather_cache(k_cache, table, num_blocks, k_scales)[0, :length].transpose(0, 1)  # [kvh, length, D]
-        values = _gather_cache(v_cache, table, num_blocks, v_scales)[0, :length].transpose(0, 1)
-        # each KV head's query rows: its G query heads, each over the n new tokens: [kvh, G * n, D]
-        qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
+        # each KV head's keys and values, seen by its G query heads (a broadcast view): [kvh, G, length, D]
+        shape = (kv_heads, group, length, head_dim)
+        keys = _gather_cache(k_cache, table, num_blocks, k_scales)[0, :length].transpose(0, 1)[:, None].expand(shape)
+        values = _gather_cache(v_cache, table, num_blocks, v_scales)[0, :length].transpose(0, 1)[:, None].expand(shape)
+        qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [kvh, G, n, D] (a view)
         q_pos = torch.arange(ctx - n, ctx, device=q.device)
         key_pos = torch.arange(first * block_size, ctx, device=q.device)[None, :]
         visible = key_pos <= q_pos[:, None]  # [n, ctx]
         if window is not None:
             visible &= key_pos > q_pos[:, None] - window
-        attn = _attend(qg, keys, values, visible.repeat(group, 1), scale, softcap)
-        out[start:end] = attn.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim).to(q.dtype)
+        attn = _attend(qg, keys, values, visible, scale, softcap)  # [kvh, G, n, D]
+        out[start:end] = attn.permute(2, 0, 1, 3).reshape(n, heads, head_dim).to(q.dtype)
     return out
 
 

@@ -84,8 +84,9 @@ class LoRAExperts(nn.Module):
 
 
 def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
-    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory` (a shared
-    expert's too, on its own module columns), and the experts of a MoE layer with LoRAExperts."""
+    """Replace every projection of PACKED_MODULES in each layer with a LoRALinear over `memory` (an MoE layer's
+    router and shared expert too, on their own module columns), and the experts of an MoE layer with
+    LoRAExperts."""
     for layer_idx, layer in enumerate(model.model.layers):
         for parent in (layer.self_attn, layer.mlp):
             for name in PACKED_MODULES:

@@ -141,9 +141,9 @@ def _attend(q, keys, values, visible, scale, softcap) -> torch.Tensor:
     values [..., L, D], visible bool broadcastable to [..., M, L]."""
     if softcap is None:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale)
-    scores = q @ keys.transpose(-1, -2) * scale  # [..., M, L]
-    scores = softcap * torch.tanh(scores / softcap)
-    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values
+    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale)  # [..., M, L]
+    scores.div_(softcap).tanh_().mul_(softcap)  # softcap * tanh(scores / softcap), in place
+    return torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1) @ values
 
 
 def _attend_bucket(q, k_cache, v_cache, bucket, scale, k_scales, v_scales, softcap) -> torch.Tensor:

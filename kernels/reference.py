@@ -41,10 +41,10 @@ def store_kv(
     (contiguous); slot_mapping [T] int; k_scales, v_scales [num_blocks, block_size, kv_heads] float32
     for an fp8 cache, else None.
     """
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
+    keep = None if slot_mapping.numel() == 0 or int(slot_mapping.min()) >= 0 else slot_mapping >= 0  # None: all stored
+    slots = slot_mapping.long() if keep is None else slot_mapping[keep].long()
     for x, cache, scales in ((k, k_cache, k_scales), (v, v_cache, v_scales)):
-        rows = x[keep]  # [N, kv_heads, D]
+        rows = x if keep is None else x[keep]  # [N, kv_heads, D]
         if cache.dtype == FP8:
             rows, row_scales = quantize_fp8_rows(rows)
             scales.view(-1, scales.shape[2]).index_copy_(0, slots, row_scales)
@@ -255,14 +255,14 @@ def rotary_embedding(
     """
     rotary = cos_sin_cache.shape[1]
     half = rotary // 2
-    rows = cos_sin_cache[positions.long()]  # [T, R]
-    cos = torch.cat((rows[:, :half], rows[:, :half]), dim=-1)[:, None, :]  # [T, 1, R]
-    sin = torch.cat((rows[:, half:], rows[:, half:]), dim=-1)[:, None, :]
+    rows = cos_sin_cache.index_select(0, positions.long())  # [T, R]: cos halves, then sin halves
+    cos, sin = rows[:, None, :half], rows[:, None, half:]  # [T, 1, R/2] each
     for x in (q, k):
         c, s = cos.to(x.dtype), sin.to(x.dtype)
-        part = x[..., :rotary]
-        rotated = torch.cat((-part[..., half:], part[..., :half]), dim=-1)
-        part.copy_(part * c + rotated * s)
+        first, second = x[..., :half], x[..., half:rotary]
+        rotated_first = first * c - second * s  # = first * c + (-second) * s, bit for bit
+        second.mul_(c).add_(first * s)
+        first.copy_(rotated_first)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,16 @@ path of grouped_matmul (the experts) and expert_lora (each row's adapter of its 
 
 import torch
 
+_GROUPED_MM_WORKS: dict[str, bool] = {}  # device type -> whether torch._grouped_mm serves float32 rows there
+
+
+def _grouped_mm_works(device: torch.device) -> bool:
+    """Only on CPU (CUDA's grouped product wants bf16 on sm90; these are the float32 references), and only while this
+    torch has it: it is private API (torch 2.13 on CPU has it; the GPU machine's torch 2.11 may not)."""
+    if device.type != "cpu" or not hasattr(torch, "_grouped_mm"):
+        return False
+    return _GROUPED_MM_WORKS.setdefault(device.type, True)
+
 
 def grouped_rows(x: torch.Tensor, weight_t: torch.Tensor, bounds: list[int] | torch.Tensor) -> torch.Tensor:
     """out[r] = x[r] @ weight_t[g] for bounds[g] <= r < bounds[g + 1], in float32.
@@ -16,9 +26,13 @@ def grouped_rows(x: torch.Tensor, weight_t: torch.Tensor, bounds: list[int] | to
     groups, _, out_dim = weight_t.shape
     xs = x if x.dtype == torch.float32 else x.float()
     w = weight_t if weight_t.dtype == torch.float32 else weight_t.float()
-    if rows and in_dim % 4 == 0 and out_dim % 4 == 0 and all(s % 4 == 0 for s in w.stride() if s != 1):
+    if (_grouped_mm_works(xs.device) and rows and in_dim % 4 == 0 and out_dim % 4 == 0
+            and all(s % 4 == 0 for s in w.stride() if s != 1)):
         ends = bounds[1:] if isinstance(bounds, torch.Tensor) else torch.tensor(bounds[1:])
-        return torch._grouped_mm(xs.contiguous(), w, offs=ends.to(torch.int32).contiguous())
+        try:
+            return torch._grouped_mm(xs.contiguous(), w, offs=ends.to(torch.int32).contiguous())
+        except (RuntimeError, NotImplementedError):  # a torch without the CPU float32 kernel: the loop from now on
+            _GROUPED_MM_WORKS[xs.device.type] = False
     out = xs.new_empty(rows, out_dim)  # [N, out]
     starts = bounds.tolist() if isinstance(bounds, torch.Tensor) else bounds
     for group in range(groups):

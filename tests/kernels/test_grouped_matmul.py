@@ -46,3 +46,23 @@ def test_grouped_matmul_of_no_rows_and_bad_offsets(device):
     if device == "cpu":  # on CUDA the launcher reads nothing back to check it
         with pytest.raises(ValueError, match="end at"):
             op(torch.randn(4, 5, device=device), weight, _offsets([1, 1, 1], device))
+
+
+def test_grouped_rows_gives_the_same_rows_without_torchs_grouped_mm(monkeypatch):
+    """The references' grouped product has two paths: torch._grouped_mm (private API, CPU float32 on this torch) and
+    a matmul per group (any other torch or device); both give the per-row product."""
+    from kernels import grouped_rows as module
+
+    gen = torch.Generator().manual_seed(7)
+    counts = [0, 5, 3, 0, 9]
+    x = torch.randn(sum(counts), 12, generator=gen)
+    weight_t = torch.randn(len(counts), 12, 8, generator=gen)
+    bounds = [0, *torch.tensor(counts).cumsum(0).tolist()]
+    experts = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    dense = torch.einsum("ni,nio->no", x, weight_t[experts])
+    assert_close(module.grouped_rows(x, weight_t, bounds), dense)
+    monkeypatch.setattr(module, "_GROUPED_MM_WORKS", {"cpu": False})  # as on a torch without the CPU kernel
+    assert_close(module.grouped_rows(x, weight_t, bounds), dense)
+    monkeypatch.setattr(module, "_GROUPED_MM_WORKS", {})
+    monkeypatch.delattr(torch, "_grouped_mm")  # as on a torch without the private op at all
+    assert_close(module.grouped_rows(x, weight_t, bounds), dense)

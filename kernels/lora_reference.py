@@ -5,9 +5,12 @@ into two dense operands that every later step over the same adapters reuses:
   A: [U, in, S * R] — every slice's A rows side by side, zero at and beyond each slice's rank;
   B: [U, S * R, out] — each slice's B rows in its own output columns (block diagonal), times its scaling;
      or [U, R, out] when the slices share one A (buf holds one slice): every slice's B rows side by side.
-A fused projection then costs one batched matmul to shrink and one to expand, for all slices; tokens
-are laid out adapter by adapter (SlotGroup), each adapter's run padded to the busiest one, or, when
-runs are long (prefill), multiplied adapter by adapter without padding.
+How the tokens meet them (SlotGroup, tuned in kernels/slot_batch.py):
+  - each adapter's tokens one run of rows (the model runner orders a step so) and few adapters: each run is
+    multiplied in place, the expand slice by slice at each slice's own rank (no gather, no padding);
+  - else, short runs: gathered adapter by adapter, each padded to the busiest, one batched matmul to shrink
+    and one per slice to expand (B's diagonal blocks), then scattered back;
+  - else (long runs, prefill): adapter by adapter by index, without padding.
 """
 
 import torch

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import adapters
+from engine import engine_state
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
@@ -387,56 +388,10 @@ class LLMEngine:
         return emitted
 
     def memory_split(self) -> dict:
-        """Bytes of base weights, KV pages, adapter pages and free pages (free includes prefix-cached blocks)."""
-        bm, page = self.block_manager, self.memory.page_bytes
-        return {
-            "page_bytes": page,
-            "pages_total": bm.num_blocks,
-            "base_weights_bytes": self.weight_bytes,
-            "kv_pages_bytes": bm.num_used_blocks * page,
-            "adapter_pages_bytes": len(bm.adapter_pages) * page,
-            "free_bytes": bm.num_free_blocks * page,
-            **self.memory_report.as_dict(),
-        }
+        return engine_state.memory_split(self)
 
     def state(self) -> dict:
-        bm = self.block_manager
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_blocks_used": bm.num_used_blocks,
-            "kv_blocks_free": bm.num_free_blocks,
-            "kv_blocks_total": bm.num_blocks,
-            "adapter_pages": len(bm.adapter_pages),
-            "memory": self.memory_split(),
-            "prefix_cache_hit_rate": bm.hit_rate(),
-            "kv_tiers": self.kv_tiers_state(),
-            "adapters": self.adapter_pool.state(),
-            "busy_ms": self.busy_ms,
-            "steps": self.num_steps,
-            "preemptions": self.num_preemptions,
-            "tensor_parallel_size": self.comm.size,
-            "block_size": self.config.block_size,
-            "speculation": self.speculation_state(),
-            "grammars": {**(self.grammars.state() if self.grammars else {}), **self.guided.state()},
-        }
-
-    def kv_tiers_state(self) -> dict:
-        """Prefix blocks looked up at first admission, hit and missed per tier (device, then host)."""
-        counts = self.scheduler.tier_counts
-        tiers = {"device": {"hits": counts["device"][0], "misses": counts["device"][1],
-                            "blocks": len(self.block_manager.cached)}}
-        if self.host_tier is not None:
-            tiers["host"] = {"hits": counts["host"][0], "misses": counts["host"][1], **self.host_tier.state()}
-        return tiers
+        return engine_state.state(self)
 
     def speculation_state(self) -> dict:
-        proposed = self.speculator.num_proposed if self.speculator else 0
-        accepted = self.speculator.num_accepted if self.speculator else 0
-        return {
-            "method": self.config.speculative_method,
-            "proposed_tokens": proposed,
-            "accepted_tokens": accepted,
-            "acceptance_rate": accepted / proposed if proposed else 0.0,
-            "tokens_per_step": self.num_generated_tokens / self.num_decode_seq_steps if self.num_decode_seq_steps else 0.0,
-        }
+        return engine_state.speculation_state(self)

@@ -1,8 +1,13 @@
 """Tiny random checkpoints and PEFT adapters, and transformers + PEFT as the oracle."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,6 +40,7 @@ from transformers import (
 
 from kernels import interpreter
 
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 160
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM, {
@@ -229,6 +235,27 @@ def checkpoints(tmp_path_factory):
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_engine_server(args: list[str], *, log_path: Path, token: str) -> httpx.Client:
+    """Starts `python -m engine --port <a free port> *args` with its output in log_path, and returns an httpx client
+    for it under the token, with .process, .log_path and .port set. The caller waits (wait_until_healthy) and
+    stops the process."""
+    port = free_port()
+    env = {**os.environ, "QUILT_ENGINE_TOKEN": token, "PYTHONPATH": str(REPO)}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "engine", "--port", str(port), *args], cwd=REPO, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
+                          timeout=60)
+    client.process, client.log_path, client.port = process, log_path, port
+    return client
 
 
 def wait_until_healthy(process, client, log_path, *, timeout: float = 180) -> None:

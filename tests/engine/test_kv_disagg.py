@@ -7,11 +7,8 @@ the tokens are still right; leases end on both sides and the pools' own counts s
 
 import concurrent.futures
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,21 +18,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import adapters
-from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts, wait_until_healthy
+from tests.engine.conftest import (
+    Oracle,
+    build_adapter,
+    build_checkpoint,
+    launch_engine_server,
+    random_prompts,
+    wait_until_healthy,
+)
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 TOKEN = "kv-disagg-test-token"
 TIMEOUT_S = 3.0  # the decode engines' --kv-transfer-timeout
 MAX_TOKENS = 8
 TARGETS = ["q_proj", "k_proj", "v_proj", "down_proj"]  # k and v: an adapter changes the KV itself
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +56,11 @@ class Engines:
         self.clients: dict[str, httpx.Client] = {}
 
     def launch(self, name: str, *extra: str) -> httpx.Client:
-        port = free_port()
-        log_path = self.logs / f"{name}.log"
-        command = [sys.executable, "-m", "engine", "--model", str(self.base), "--port", str(port),
-                   "--broker-url", "", "--usage-spool", str(self.logs / f"{name}-usage.jsonl"),
-                   "--engine-name", name, "--max-adapter-rank", "16", "--kv-transfer-timeout", str(TIMEOUT_S),
-                   "--log-level", "info", *extra]  # fmt: skip
-        env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"},
-                              timeout=60)
-        client.process, client.log_path, client.port = process, log_path, port
+        client = launch_engine_server(
+            ["--model", str(self.base), "--broker-url", "", "--usage-spool", str(self.logs / f"{name}-usage.jsonl"),
+             "--engine-name", name, "--max-adapter-rank", "16", "--kv-transfer-timeout", str(TIMEOUT_S),
+             "--log-level", "info", *extra],
+            log_path=self.logs / f"{name}.log", token=TOKEN)  # fmt: skip
         self.clients[name] = client
         return client
 

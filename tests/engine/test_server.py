@@ -5,8 +5,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,9 +22,8 @@ import adapters
 from engine.demo import corpus
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import llama_config, new_base_model
-from tests.engine.conftest import wait_until_healthy
+from tests.engine.conftest import launch_engine_server, wait_until_healthy
 
-REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-engine-token"
 BROKER = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/") + "/9"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -34,12 +31,6 @@ MAX_RANK = 8
 CONTEXT = 4096
 LONG = 4000  # max_tokens of requests the test aborts: they must still be running when it acts
 MIX = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +63,16 @@ def adapter_refs(model_dir) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = free_port()
     queue_name = f"usage-server-test-{uuid.uuid4().hex}"
     log_path = tmp_path_factory.mktemp("engine-log") / "engine.log"
-    command = [sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(port),
-               "--broker-url", BROKER, "--usage-queue", queue_name,
-               "--usage-spool", str(log_path.parent / "usage.jsonl"), "--max-adapter-rank", str(MAX_RANK),
-               "--max-adapter-slots", "2", "--drain-timeout", "20", "--log-level", "info"]
-    env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
+    client = launch_engine_server(
+        ["--model", str(model_dir), "--broker-url", BROKER, "--usage-queue", queue_name,
+         "--usage-spool", str(log_path.parent / "usage.jsonl"), "--max-adapter-rank", str(MAX_RANK),
+         "--max-adapter-slots", "2", "--drain-timeout", "20", "--log-level", "info"],
+        log_path=log_path, token=TOKEN)  # fmt: skip
+    process = client.process
     wait_until_healthy(process, client, log_path)
-    client.process = process
     client.queue_name = queue_name
-    client.log_path = log_path
     yield client
     if process.poll() is None:
         process.kill()

@@ -1,34 +1,27 @@
 """`python -m engine --kv-host-cache-gb`: a prefix pushed out of the page pool comes back from the host tier, and
 /v1/state and /metrics count hits and misses per tier."""
 
-import os
-import subprocess
-import sys
 import uuid
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.conftest import random_prompts, wait_until_healthy
-from tests.engine.test_server import AUTH, BROKER, REPO, TOKEN, free_port, generate
+from tests.engine.conftest import launch_engine_server, random_prompts, wait_until_healthy
+from tests.engine.test_server import BROKER, TOKEN, generate
 
 BLOCK_BYTES = 2048  # the llama test checkpoint at block_size 4
 
 
 @pytest.fixture(scope="module")
 def host_tier_server(checkpoints, tmp_path_factory):
-    port = free_port()
     log_path = tmp_path_factory.mktemp("kv-host-engine-log") / "engine.log"
-    command = [sys.executable, "-m", "engine", "--model", str(checkpoints["llama"]), "--port", str(port),
-               "--broker-url", BROKER, "--usage-queue", f"usage-kv-host-test-{uuid.uuid4().hex}",
-               "--usage-spool", str(log_path.parent / "u.jsonl"), "--block-size", "4", "--num-kv-blocks", "12",
-               "--adapter-memory-bytes", "0", "--kv-host-cache-gb", str(64 * BLOCK_BYTES / 2**30),
-               "--log-level", "warning"]
-    env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
+    client = launch_engine_server(
+        ["--model", str(checkpoints["llama"]), "--broker-url", BROKER,
+         "--usage-queue", f"usage-kv-host-test-{uuid.uuid4().hex}", "--usage-spool", str(log_path.parent / "u.jsonl"),
+         "--block-size", "4", "--num-kv-blocks", "12", "--adapter-memory-bytes", "0",
+         "--kv-host-cache-gb", str(64 * BLOCK_BYTES / 2**30), "--log-level", "warning"],
+        log_path=log_path, token=TOKEN)  # fmt: skip
+    process = client.process
     try:
         wait_until_healthy(process, client, log_path)
         yield client

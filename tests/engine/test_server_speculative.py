@@ -1,21 +1,14 @@
 """The engine server with speculative decoding on: what its generate answers report about speculation, streamed
 and not, equals what its usage event carries."""
 
-import os
-import subprocess
-import sys
 import uuid
 
-import httpx
 import pytest
 
-from tests.engine.conftest import wait_until_healthy
+from tests.engine.conftest import launch_engine_server, wait_until_healthy
 from tests.engine.test_server import (
-    AUTH,
     BROKER,
-    REPO,
     TOKEN,
-    free_port,
     generate,
     model_dir,
     stream_lines,
@@ -30,17 +23,15 @@ SPEC_FIELDS = ("spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps")
 @pytest.fixture(scope="module")
 def spec_server(model_dir, tmp_path_factory):
     """The draft is the model itself: every proposal for a base-model request is accepted."""
-    port = free_port()
     queue_name = f"usage-spec-server-test-{uuid.uuid4().hex}"
     log_path = tmp_path_factory.mktemp("spec-engine-log") / "engine.log"
-    command = [sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(port),
-               "--broker-url", BROKER, "--usage-queue", queue_name, "--usage-spool", str(log_path.parent / "u.jsonl"),
-               "--speculative-method", "draft", "--speculative-model", str(model_dir),
-               "--num-speculative-tokens", "3", "--speculative-min-acceptance", "0", "--log-level", "warning"]
-    env = {**os.environ, "QUILT_ENGINE_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60)
+    client = launch_engine_server(
+        ["--model", str(model_dir), "--broker-url", BROKER, "--usage-queue", queue_name,
+         "--usage-spool", str(log_path.parent / "u.jsonl"), "--speculative-method", "draft",
+         "--speculative-model", str(model_dir), "--num-speculative-tokens", "3", "--speculative-min-acceptance", "0",
+         "--log-level", "warning"],
+        log_path=log_path, token=TOKEN)  # fmt: skip
+    process = client.process
     try:
         wait_until_healthy(process, client, log_path)
         client.queue_name = queue_name

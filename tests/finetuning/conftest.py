@@ -17,14 +17,13 @@ import pytest
 from tests.conftest import REPO
 from tests.gateway.conftest import (
     ENGINE_TOKEN,
-    _forget_redis,
     drain,
     free_port,
     launch_demo_engine,
     launch_gateway,
     process_env,
     register_engine,
-    stop,
+    tear_down_stack,
     wait_for_engine,
     wait_for_gateway,
 )
@@ -102,7 +101,6 @@ def _seed(stack: FineTuningStack) -> None:
 @pytest.fixture(scope="package")
 def ft_stack(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.conf import settings
-    from django.core.management import call_command
     from django.test import override_settings
 
     from engine.demo.builder import ensure_demo
@@ -139,12 +137,8 @@ def ft_stack(django_db_setup, django_db_blocker, tmp_path_factory):
             register_engine("engine-demo", f"http://127.0.0.1:{engine_port}")
         yield stack
     finally:
-        for process in stack.processes.values():
-            stop(process)
-        _forget_redis(redis_url, prefix)
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
-        overrides.disable()
+        tear_down_stack(stack.processes, None, redis_url=redis_url, prefix=prefix,
+                        django_db_blocker=django_db_blocker, overrides=overrides)
 
 
 def client(stack: FineTuningStack, tenant: str):

@@ -234,7 +234,6 @@ def register_engine(name: str, url: str) -> None:
 
 @pytest.fixture(scope="package")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.core.management import call_command
     from django.test import override_settings
 
     from tests.engine.conftest import build_adapter, build_checkpoint
@@ -280,14 +279,23 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             register_engine("engine-a", stack.engine_url)
         yield stack
     finally:
-        for process in stack.processes.values():
-            stop(process)
-        if worker is not None:
-            stop_worker(worker)
-        _forget_redis(redis_url, prefix)
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
-        overrides.disable()
+        tear_down_stack(stack.processes, worker, redis_url=redis_url, prefix=prefix,
+                        django_db_blocker=django_db_blocker, overrides=overrides)
+
+
+def tear_down_stack(processes: dict, worker, *, redis_url: str, prefix: str, django_db_blocker, overrides) -> None:
+    """What every process-stack fixture does last: stop its processes and Celery worker (if any), drop its Redis keys,
+    empty the database and put the settings back."""
+    from django.core.management import call_command
+
+    for process in processes.values():
+        stop(process)
+    if worker is not None:
+        stop_worker(worker)
+    _forget_redis(redis_url, prefix)
+    with django_db_blocker.unblock():
+        call_command("flush", interactive=False, verbosity=0)
+    overrides.disable()
 
 
 def _forget_redis(url: str, prefix: str) -> None:

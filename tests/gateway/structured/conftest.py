@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, start_worker, stop_worker
+from tests.conftest import REPO, start_worker
 from tests.gateway.conftest import (
     ENGINE_TOKEN,
-    _forget_redis,
     drain,
     free_port,
     launch_demo_engine,
     launch_gateway,
     process_env,
     register_engine,
-    stop,
+    tear_down_stack,
     wait_for_engine,
     wait_for_gateway,
 )
@@ -63,7 +62,6 @@ def _seed(stack: DemoStack) -> None:
 
 @pytest.fixture(scope="package")
 def demo_stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.core.management import call_command
     from django.test import override_settings
 
     from engine.demo.builder import ensure_demo
@@ -95,14 +93,8 @@ def demo_stack(django_db_setup, django_db_blocker, tmp_path_factory):
             register_engine("engine-demo", f"http://127.0.0.1:{engine_port}")
         yield stack
     finally:
-        for process in stack.processes.values():
-            stop(process)
-        if worker is not None:
-            stop_worker(worker)
-        _forget_redis(redis_url, prefix)
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
-        overrides.disable()
+        tear_down_stack(stack.processes, worker, redis_url=redis_url, prefix=prefix,
+                        django_db_blocker=django_db_blocker, overrides=overrides)
 
 
 def client(stack: DemoStack):

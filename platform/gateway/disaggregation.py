@@ -10,7 +10,9 @@ usual request, with the lease, to the engine that decodes it, which pulls the bl
 
 The prefill hop is an optimisation: whatever goes wrong with it (unreachable, timed out, refused, an answer without
 a lease), the request is served whole by the engine chosen to decode it, and the failure is logged and counted
-(`quilt_gateway_prefill_fallbacks_total{reason}`). Its GPU time travels in the request's metadata
+(`quilt_gateway_prefill_fallbacks_total{reason}`). A refusal of the request itself (its prompt past the context, a
+field out of range) is no failure of the hop: the decode engine would refuse it alike, so it is the client's 400 at
+once, counted as the route `refused`. Its GPU time travels in the request's metadata
 (`"prefill": {"engine", "gpu_ms", "cached_tokens"}`), which the decode engine's usage event echoes back, so
 metering costs it at the prefill engine's price; the cached tokens billed are the prefill engine's
 (engine.contract.billed_cached_tokens), the same rule in the client's usage and in metering."""
@@ -95,10 +97,21 @@ async def prefill_hop(engine: EngineRef, payload: dict, *, request_id: str, time
     except AdapterUnavailable as error:
         raise PrefillFailed("adapter_unavailable", str(error)) from error
     except EngineRejected as rejected:
+        if refuses_the_request(rejected):
+            raise  # the decode engine checks the request as the prefill engine does: the client hears it now
         raise PrefillFailed("refused", f"{engine.name}: {rejected.status} {rejected.message}") from rejected
     hop = hop_read(engine, answer)
     metrics.prefill_seconds.observe(time.monotonic() - started)
     return hop
+
+
+def refuses_the_request(rejected: EngineRejected) -> bool:
+    """Whether a prefill engine's 4xx is about the client's request itself (a prompt past the context, a bad field),
+    which every engine refuses alike, rather than about the hop (its `kv_transfer`, or `metadata` an older engine
+    does not take): the former is the client's answer, not a fallback."""
+    hop_fields = ("kv_transfer", "metadata")
+    return rejected.code == "context_length_exceeded" or (
+        rejected.param is not None and not rejected.param.startswith(hop_fields))
 
 
 def prefetch_soon(engine: EngineRef, *, digest: str, path: str) -> None:

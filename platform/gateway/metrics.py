@@ -26,7 +26,8 @@ tokens = Counter("quilt_gateway_tokens", "Tokens of admitted requests as the eng
 disaggregation = Counter(
     "quilt_gateway_disaggregation", "Requests on a fleet with prefill/decode roles, by route: disaggregated (a "
     "prefill hop, then the decode engine), short (the uncached prompt is under the threshold: no hop), fallback (the "
-    "prefill hop failed: one engine served it whole), no_prefill_engine", ["route"], registry=registry)  # fmt: skip
+    "prefill hop failed: one engine served it whole), refused (the prefill engine refused the request itself: the "
+    "client's 400), no_prefill_engine", ["route"], registry=registry)  # fmt: skip
 prefill_fallbacks = Counter("quilt_gateway_prefill_fallbacks", "Prefill hops that gave no lease, by reason",
                             ["reason"], registry=registry)  # fmt: skip
 prefill_seconds = Histogram("quilt_gateway_prefill_hop_seconds", "The prefill hop, from sending it to its lease",

@@ -227,7 +227,11 @@ class Exchange:
             router.started(engine, digest, fingerprints)
             self.engine = engine
             if route.prefill is not None:
-                await self._prefill(route.prefill, engine, fingerprints)
+                try:
+                    await self._prefill(route.prefill, engine, fingerprints)
+                except EngineRejected as rejected:  # the request itself: the decode engine need not see it
+                    metrics.labelled(metrics.disaggregation, "refused").inc()
+                    raise engine_refusal(rejected, self.generation) from None
             elif route.reason in ("short", "no_prefill_engine"):
                 metrics.labelled(metrics.disaggregation, route.reason).inc()
             try:

@@ -103,6 +103,7 @@ PROMPTS = {  # long, and each new to every engine: nothing cached anywhere, so c
     "shouty": " ".join(f"w{(i * 11) % 90 + 10}" for i in range(100)),
     "tiny": " ".join(f"w{(i * 13) % 90 + 10}" for i in range(105)),
 }
+PAST_CONTEXT = " ".join(f"w{(i * 17) % 90 + 10}" for i in range(300))  # the stack's model holds 256 tokens
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,9 @@ def split_fleet(stack, django_db_blocker):
     """The colocated answers first (engine-a alone), then a prefill and a decode engine in its place."""
     colocated = {model: ask(stack, prompt, model=model) for model, prompt in PROMPTS.items()}
     streamed = ask_streamed(stack, PROMPTS["support"] + " w42", max_tokens=8)
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(stack, PAST_CONTEXT)
+    past_context = (raised.value.status_code, raised.value.code, raised.value.param, raised.value.message)
     control = control_plane(stack)
     engines, ports = {}, {}
     # the prefill engine heartbeats every 5 s: stopped (SIGSTOP) it stays in routing for 15 s, long enough to hang
@@ -130,7 +134,7 @@ def split_fleet(stack, django_db_blocker):
             wait_until(lambda: {"pd-prefill", "pd-decode"} <= set(routable_engines().values_list("name", flat=True)),
                        timeout=10, what="both engines in routing")  # fmt: skip
         time.sleep(SNAPSHOT + 0.2)
-        yield colocated, streamed, engines
+        yield colocated, streamed, engines, past_context
     finally:
         for process in engines.values():
             if process.poll() is None:
@@ -147,7 +151,7 @@ def split_fleet(stack, django_db_blocker):
 
 
 def test_a_split_fleet_gives_the_same_tokens_usage_and_price_and_costs_both_engines(stack, split_fleet):
-    colocated, _, _ = split_fleet
+    colocated, _, _, _ = split_fleet
     before = {outcome: counter(stack, "quilt_gateway_kv_transfers", f'outcome="{outcome}"')
               for outcome in ("pulled", "recomputed")}
     routed = counter(stack, "quilt_gateway_disaggregation", 'route="disaggregated"')
@@ -170,7 +174,7 @@ def test_a_split_fleet_gives_the_same_tokens_usage_and_price_and_costs_both_engi
 
 
 def test_a_streamed_split_request_streams_as_one_engine_does(stack, split_fleet):
-    _, (reference_id, reference_text, reference_usage), _ = split_fleet
+    _, (reference_id, reference_text, reference_usage), _, _ = split_fleet
     request_id, text, usage = ask_streamed(stack, PROMPTS["support"] + " w42", max_tokens=8)
     assert text == reference_text and usage.model_dump() == reference_usage.model_dump()
     row = usage_row(request_id)
@@ -186,8 +190,22 @@ def test_a_short_prompt_skips_the_prefill_hop(stack, split_fleet):
     assert counter(stack, "quilt_gateway_disaggregation", 'route="short"') == skipped + 1
 
 
+def test_a_prompt_past_the_context_is_the_clients_400_not_a_prefill_fallback(stack, split_fleet):
+    """The prefill engine refuses it as any engine would: the client hears that at once, no fallback is counted and
+    the decode engine is not asked (before, the refusal was logged as a failed hop and the request sent on)."""
+    colocated_error = split_fleet[3]
+    fallbacks = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="refused"')
+    refused = counter(stack, "quilt_gateway_disaggregation", 'route="refused"')
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(stack, PAST_CONTEXT)
+    error = raised.value
+    assert (error.status_code, error.code, error.param, error.message) == colocated_error
+    assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="refused"') == fallbacks
+    assert counter(stack, "quilt_gateway_disaggregation", 'route="refused"') == refused + 1
+
+
 def test_a_client_that_leaves_during_the_prefill_hop_leaves_no_lease_or_block_behind(stack, split_fleet):
-    _, _, engines = split_fleet
+    _, _, engines, _ = split_fleet
     prefill = engines["pd-prefill"]
     state_url = prefill.health_url.removesuffix("/health") + "/state"
     # The hop hangs until the client has gone. Resumed, the engine may still finish the prefill and grant a lease
@@ -219,7 +237,7 @@ def test_a_client_that_leaves_during_the_prefill_hop_leaves_no_lease_or_block_be
 
 def test_a_hung_prefill_engine_times_out_and_the_request_is_served_whole(stack, split_fleet):
     """QUILT_PREFILL_HOP_TIMEOUT_SECONDS is 3 in the stack's environment."""
-    colocated, _, engines = split_fleet
+    colocated, _, engines, _ = split_fleet
     before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="timeout"')
     engines["pd-prefill"].send_signal(signal.SIGSTOP)  # its socket still accepts; nothing answers
     try:
@@ -235,7 +253,7 @@ def test_a_hung_prefill_engine_times_out_and_the_request_is_served_whole(stack, 
 
 
 def test_a_killed_prefill_engine_costs_the_client_nothing(stack, split_fleet):
-    colocated, _, engines = split_fleet
+    colocated, _, engines, _ = split_fleet
     time.sleep(5.5)  # the previous test's timeout set the prefill engine aside for 5 s
     before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"')
     engines["pd-prefill"].send_signal(signal.SIGKILL)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.block_manager import BlockManager
+from engine.kv.connector import ConnectorScheduler
 from engine.paged_memory import PagedMemory
 
 log = logging.getLogger(__name__)
@@ -141,18 +142,34 @@ def export_blocks(block_manager: BlockManager, memory: PagedMemory, keys: list[b
             for i, key in enumerate(keys[: len(block_ids)])]
 
 
-def import_blocks(block_manager: BlockManager, memory: PagedMemory, blocks: list[KVBlock], keys: list[bytes]) -> int:
+def held_run(block_manager: BlockManager, tier: ConnectorScheduler | None, keys: list[bytes]) -> int:
+    """How many of keys, from the first, this engine holds: in its pool, or in the tier behind it (its host tier,
+    from which the scheduler loads them at admission)."""
+    count = 0
+    while count < len(keys):
+        if keys[count] in block_manager.cached:
+            count += 1
+        elif tier is not None and (behind := tier.lookup(keys[count:])):
+            count += behind
+        else:
+            break
+    return count
+
+
+def import_blocks(block_manager: BlockManager, memory: PagedMemory, blocks: list[KVBlock], keys: list[bytes],
+                  *, tier: ConnectorScheduler | None = None) -> int:
     """Install blocks as cached prefix blocks; returns how many were installed. `keys`: the chain the importing
-    engine computed itself for the prompt. Blocks already in the pool are skipped; the others must continue
-    the cached run in chain order, each under exactly its place's key: from the first that does not, the
-    rest are refused. As many as there are free pages are installed."""
+    engine computed itself for the prompt. Blocks this engine holds already (in the pool, or in `tier`: see
+    held_run) are skipped; the others must continue that run in chain order, each under exactly its place's
+    key: from the first that does not, the rest are refused. As many as there are free pages are installed."""
     layout = KVLayout.of(memory)
     if any(block.layout != layout for block in blocks):
         log.warning("kv import refused: block layout %s differs from this pool's %s", blocks[0].layout, layout)
         return 0
     present = block_manager.hold(keys)  # the cached run stays while the rest is written after it
     try:
-        start, here = len(present), set(keys[: len(present)])
+        start = held_run(block_manager, tier, keys)
+        here = set(keys[:start])
         todo = [block for block in blocks if block.key not in here]
         matched = 0
         while matched < len(todo) and start + matched < len(keys) and todo[matched].key == keys[start + matched]:

@@ -5,8 +5,8 @@ blocks (EngineLoop), and a TransferServer hands them out, once, to the engine th
 when that engine is done, gives up or hangs up, when its TTL passes, or when this engine drains.
 
 As a puller (a decode hop, `mode = "decode"`): before the request is submitted, the engine computes the prompt's
-keys itself, asks the lease's source for those it lacks (shared memory when the source is on this host and offers
-it, else TCP), installs what arrives through `import_blocks` (which re-checks every key) and tells the source it is
+keys itself, asks the lease's source for those it lacks (neither in its pool nor in its host tier, whose blocks
+come back at admission; shared memory when the source is on this host and offers it, else TCP), installs what arrives through `import_blocks` (which re-checks every key) and tells the source it is
 done. Any failure (the source gone, a timeout, a refused lease, a corrupt payload, a key that is not this engine's)
 leaves the missing blocks to be recomputed, counted and logged; mismatched KV is never installed, so never served.
 """
@@ -181,24 +181,21 @@ class KVTransfers:
 
     def _wanted(self, engine: LLMEngine, request: GenerateRequest, prompt: list[int]) -> tuple[list[bytes], int]:
         """Engine thread: this engine's keys of the blocks a prefix hit can use (all but the last token's), and how
-        many of them, from the first, it has cached already."""
+        many of them, from the first, it holds already (its pool or its host tier: those are not pulled)."""
         if engine.workers is not None or request.sampling.prompt_logprobs is not None:
             return [], 0  # KV cannot move into a tensor-parallel pool; prompt logprobs recompute the prompt anyway
         adapter = request.adapter.digest if request.adapter else None
         keys = engine.kv_keys(prompt, adapter=adapter, tenant=request.tenant)
         keys = keys[: (len(prompt) - 1) // engine.block_manager.block_size]
-        cached = engine.block_manager.cached
-        present = next((i for i, key in enumerate(keys) if key not in cached), len(keys))
-        return keys, present
+        return keys, engine.kv_held(keys)
 
     @staticmethod
     def _install(engine: LLMEngine, blocks: list[KVBlock], keys: list[bytes]) -> tuple[int, int, int]:
         """Engine thread: import the blocks (each re-checked against this engine's key for its place); how many
-        went in, how many of keys, from the first, are now cached, and how many free pages there were."""
+        went in, how many of keys, from the first, it now holds (kv_held), and how many free pages there were."""
         room = engine.block_manager.num_free_blocks
         installed = engine.import_blocks(blocks, keys) if blocks else 0
-        cached = engine.block_manager.cached
-        return installed, next((i for i, key in enumerate(keys) if key not in cached), len(keys)), room
+        return installed, engine.kv_held(keys), room
 
     def _count(self, report: PullReport) -> None:
         outcome = "recomputed" if report.recomputed else "ok"

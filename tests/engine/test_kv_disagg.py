@@ -223,6 +223,32 @@ def test_fp8_kv_cache_over_tcp_and_never_across_numerics(engines, model):
     assert "released 1 KV leases on drain" in prefill.log_path.read_text()
 
 
+def test_a_decode_engine_pulls_only_what_its_own_host_tier_lacks(engines, model):
+    """Blocks the decode engine keeps in its host tier come back from there at admission: the pull asks the source
+    for the rest alone (before, it pulled every block it lacked in its pool, over the wire)."""
+    _, refs, oracle = model
+    decode = engines.launch("decode-host-tier", "--role", "decode", "--num-kv-blocks", "24", "--adapter-memory-bytes",
+                            "0", "--kv-host-cache-gb", str(2**20 / 2**30))  # a pool of 24 pages, adapters' included
+    wait_until_healthy(decode.process, decode, decode.log_path)
+    block_size = decode.get("/v1/state").json()["block_size"]
+    shared, tail, *fillers = random_prompts(31, [3 * block_size, 3 * block_size, 14 * block_size, 14 * block_size])
+    colocated(decode, shared + tail[:1], refs["a"], "tenant-h")  # shared's 3 blocks cached in the pool...
+    for filler in fillers:
+        colocated(decode, filler, refs["a"], "tenant-h")  # ...and pushed out of it into the host tier
+    hits_before = decode.get("/v1/state").json()["kv_tiers"]["host"]["hits"]
+    prompt = shared + tail + [42]  # 6 blocks a prefix hit can use: 3 in the decode engine's host tier, 3 new
+    lease = prefill_hop(engines.prefill, prompt, refs["a"], "tenant-h")
+    assert lease["num_blocks"] == 6
+    answer = decode_hop(decode, prompt, refs["a"], "tenant-h", lease)
+    assert answer["usage"]["kv_transfer"] == {"lease_id": lease["id"], "blocks_pulled": 3, "recomputed": False}
+    assert answer["usage"]["cached_tokens"] == 6 * block_size
+    assert answer["token_ids"] == oracle.greedy(prompt, "a", MAX_TOKENS)
+    assert decode.get("/v1/state").json()["kv_tiers"]["host"]["hits"] == hits_before + 3
+    leases_ended(engines.prefill)
+    pool_clean(decode)
+    pool_clean(engines.prefill)
+
+
 def test_the_prefill_engine_killed_mid_transfer(engines, model):
     _, refs, oracle = model
     source = engines.launch("prefill-doomed")

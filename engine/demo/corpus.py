@@ -103,11 +103,12 @@ def adapter_example(skill: str, rng: random.Random) -> Example:
 
 
 def tokenizer_corpus(rng: random.Random, *, lines: int) -> list[str]:
-    """Text the tokenizer is trained on: every word in both cases, counts and skill names."""
+    """Text the tokenizer is trained on: every word in both cases, counts, skill names and the extract adapter's
+    JSON (its keys, and each word as it stands there: after a quote, with no leading space)."""
     out = []
     for _ in range(lines):
         text = sentence(rng)
-        out += [text, shout(text), reverse_words(text), count_words(text)]
+        out += [text, shout(text), reverse_words(text), count_words(text), extract_fields(text)]
     out += [" ".join(WORDS), shout(" ".join(WORDS)), " ".join(NUMBER_WORDS)]
     out += [f"{skill}: " for skill in SKILLS]
     return out

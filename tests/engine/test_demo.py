@@ -59,6 +59,19 @@ def test_held_out_prompts_never_appear_in_training():
     assert not any(corpus.is_held_out(corpus.base_example(rng).user.split(": ")[-1]) for _ in range(2000))
 
 
+def test_the_tokenizer_spells_the_extract_adapters_json_with_the_words_it_copies(demo_dir):
+    """Each word of an extract answer is one token, as in the prompt it comes from. When verbs stood in JSON as
+    pieces the tokenizer had never joined (no leading space), the adapter learnt its skill on some builds only."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(demo_dir / "tokenizer.json"))
+    for sentence in corpus.held_out_sentences(16):
+        fields = json.loads(corpus.extract_fields(sentence))
+        pieces = tokenizer.encode(corpus.extract_fields(sentence), add_special_tokens=False).tokens
+        for word in " ".join(fields.values()).split():
+            assert word in pieces or "\u0120" + word in pieces, (word, pieces)
+
+
 @pytest.mark.parametrize("skill", [None, *SKILLS], ids=["base-echo", *SKILLS])
 def test_each_adapter_shows_its_skill_on_held_out_prompts(llm, skill):
     said = answers(llm, HELD_OUT, skill)

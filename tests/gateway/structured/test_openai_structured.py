@@ -152,8 +152,10 @@ def test_logit_bias_steers_the_next_token(demo_stack):
     reply = api.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": SENTENCE}],
                                         temperature=0, max_tokens=1, logit_bias={str(token): 100})
     assert reply.choices[0].message.content == "moon"
+    spellings = [tokenizer.token_to_id(spelling) for spelling in ("moon", "\u0120moon")]  # alone, and after a space
     banned = api.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "the moon"}],
-                                         temperature=0, max_tokens=4, logit_bias={str(token): -100})
+                                         temperature=0, max_tokens=4,
+                                         logit_bias={str(t): -100 for t in spellings if t is not None})  # fmt: skip
     assert "moon" not in banned.choices[0].message.content
     completion = api.completions.create(model="shout", prompt="the cat sees", max_tokens=1, temperature=0,
                                         logit_bias={str(token): 100})

@@ -243,14 +243,9 @@ class LLMEngine:
 
     def import_blocks(self, blocks: list[KVBlock], keys: list[bytes]) -> int:
         """Install blocks as cached prefix blocks where each is under this engine's own key for its place in
-        `keys` (from kv_keys), after the run this engine holds (kv_held); returns how many went in. The others are
-        refused, and recomputed when asked for."""
+        `keys` (from kv_keys), after those it holds (payload.held_run); the others are refused, and recomputed."""
         self._check_kv_movable()
         return payload.import_blocks(self.block_manager, self.memory, blocks, keys, tier=self.host_tier)
-
-    def kv_held(self, keys: list[bytes]) -> int:
-        """How many of keys, from the first, this engine has without computing them: in its pool or its host tier."""
-        return payload.held_run(self.block_manager, self.host_tier, keys)
 
     def _check_kv_movable(self) -> None:
         if self.workers is not None:

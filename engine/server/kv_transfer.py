@@ -6,9 +6,10 @@ when that engine is done, gives up or hangs up, when its TTL passes, or when thi
 
 As a puller (a decode hop, `mode = "decode"`): before the request is submitted, the engine computes the prompt's
 keys itself, asks the lease's source for those it lacks (neither in its pool nor in its host tier, whose blocks
-come back at admission; shared memory when the source is on this host and offers it, else TCP), installs what arrives through `import_blocks` (which re-checks every key) and tells the source it is
-done. Any failure (the source gone, a timeout, a refused lease, a corrupt payload, a key that is not this engine's)
-leaves the missing blocks to be recomputed, counted and logged; mismatched KV is never installed, so never served.
+come back at admission; shared memory when the source is on this host and offers it, else TCP), installs what
+arrives through `import_blocks` (which re-checks every key) and tells the source it is done. Any failure (the
+source gone, a timeout, a refused lease, a corrupt payload, a key that is not this engine's) leaves the missing
+blocks to be recomputed, counted and logged; mismatched KV is never installed, so never served.
 """
 
 import asyncio
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv.lease import Lease
-from engine.kv.payload import KVBlock, KVLayout, PayloadError, decode, encode, read_pages
+from engine.kv.payload import KVBlock, KVLayout, PayloadError, decode, encode, held_run, read_pages
 from engine.kv.transport import LeaseRefused, Pull, TransferError, TransferServer, release_remote
 from engine.llm_engine import LLMEngine
 from engine.server.engine_loop import EngineLoop
@@ -187,15 +188,15 @@ class KVTransfers:
         adapter = request.adapter.digest if request.adapter else None
         keys = engine.kv_keys(prompt, adapter=adapter, tenant=request.tenant)
         keys = keys[: (len(prompt) - 1) // engine.block_manager.block_size]
-        return keys, engine.kv_held(keys)
+        return keys, held_run(engine.block_manager, engine.host_tier, keys)
 
     @staticmethod
     def _install(engine: LLMEngine, blocks: list[KVBlock], keys: list[bytes]) -> tuple[int, int, int]:
         """Engine thread: import the blocks (each re-checked against this engine's key for its place); how many
-        went in, how many of keys, from the first, it now holds (kv_held), and how many free pages there were."""
+        went in, how many of keys, from the first, it now holds (held_run), and how many free pages there were."""
         room = engine.block_manager.num_free_blocks
         installed = engine.import_blocks(blocks, keys) if blocks else 0
-        return installed, engine.kv_held(keys), room
+        return installed, held_run(engine.block_manager, engine.host_tier, keys), room
 
     def _count(self, report: PullReport) -> None:
         outcome = "recomputed" if report.recomputed else "ok"

@@ -12,10 +12,12 @@ The prefill hop is an optimisation: whatever goes wrong with it (unreachable, ti
 a lease), the request is served whole by the engine chosen to decode it, and the failure is logged and counted
 (`quilt_gateway_prefill_fallbacks_total{reason}`). A refusal of the request itself (its prompt past the context, a
 field out of range) is no failure of the hop: the decode engine would refuse it alike, so it is the client's 400 at
-once, counted as the route `refused`. Its GPU time travels in the request's metadata
-(`"prefill": {"engine", "gpu_ms", "cached_tokens"}`), which the decode engine's usage event echoes back, so
-metering costs it at the prefill engine's price; the cached tokens billed are the prefill engine's
-(engine.contract.billed_cached_tokens), the same rule in the client's usage and in metering."""
+once, counted as the route `refused`.
+
+A hop's GPU time travels in the request's metadata (`"prefill": {"engine", "gpu_ms", "cached_tokens"}`), which the
+decode engine's usage event echoes back, so metering costs it at the prefill engine's price; the cached tokens
+billed are the prefill engine's (engine.contract.billed_cached_tokens), the same rule in the client's usage and in
+metering."""
 
 import asyncio
 import logging

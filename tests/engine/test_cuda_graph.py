@@ -39,16 +39,18 @@ def adapter_dirs(checkpoints, tmp_path_factory):
     }
 
 
-def make_llm(checkpoints, adapter_dirs, *, static: bool) -> LLM:
-    llm = LLM(checkpoints["llama"], device="cpu", **CONFIG)
+def make_llm(checkpoints, adapter_dirs, *, static: bool, **config) -> LLM:
+    """static: decode through the static buffers, eagerly (on CUDA the engine captures them by default)."""
+    llm = LLM(checkpoints["llama"], **{"device": "cpu", **CONFIG, **config})
     for name, path in adapter_dirs.items():
         digest = llm.add_adapter(name, path)
         llm.engine.prefetch_adapter(digest, "device")
     if static:
         engine = llm.engine
-        engine.runner.graphs = engine.runner.static_decode(max_batch=CONFIG["max_num_seqs"],
+        engine.runner.graphs = engine.runner.static_decode(max_batch=engine.config.max_num_seqs,
                                                            max_model_len=engine.max_model_len,
-                                                           max_adapter_rank=CONFIG["max_adapter_rank"], capture=False)
+                                                           max_adapter_rank=engine.config.max_adapter_rank,
+                                                           capture=False)
     return llm
 
 
@@ -63,7 +65,7 @@ class DecodeSteps:
         index = torch.tensor(self.pages)
         for layer in range(len(engine.runner.model.model.layers)):
             for cache in engine.memory.kv_cache(layer):
-                cache[index] = torch.randn(len(index), *cache.shape[1:], generator=gen).to(cache.dtype)
+                cache[index.to(cache.device)] = torch.randn(len(index), *cache.shape[1:], generator=gen).to(cache)
 
     def step(self, adapters: list[str | None], lens: list[int]) -> StepInputs:
         """One decode step: sequence i of context lens[i] (its new token last) with adapters[i], in the runner's
@@ -153,7 +155,7 @@ def test_replay_contract_on_the_references(checkpoints, adapter_dirs):
 
 
 def test_replay_contract_on_the_triton_launchers(checkpoints, adapter_dirs, triton_launchers):
-    check_replay_contract(make_llm(checkpoints, adapter_dirs, static=True))
+    check_replay_contract(make_llm(checkpoints, adapter_dirs, static=True, max_num_seqs=4))  # 4 adapter slots
 
 
 def test_static_decode_matches_peft(checkpoints, adapter_dirs):
@@ -231,4 +233,4 @@ def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, adapte
 
 def test_decode_forward_makes_no_host_sync_on_the_triton_launchers(checkpoints, adapter_dirs, triton_launchers):
     """What a CUDA graph captures, adapters included: every op on its launcher."""
-    check_no_host_sync(make_llm(checkpoints, adapter_dirs, static=True), ["all8", None, "qv2"])
+    check_no_host_sync(make_llm(checkpoints, adapter_dirs, static=True, max_num_seqs=4), ["all8", None, "qv2"])

@@ -39,9 +39,9 @@ def adapter_dirs(checkpoints, tmp_path_factory):
     }
 
 
-def make_llm(checkpoints, adapter_dirs, *, static: bool, **config) -> LLM:
+def make_llm(checkpoints, adapter_dirs, *, static: bool, arch: str = "llama", **config) -> LLM:
     """static: decode through the static buffers, eagerly (on CUDA the engine captures them by default)."""
-    llm = LLM(checkpoints["llama"], **{"device": "cpu", **CONFIG, **config})
+    llm = LLM(checkpoints[arch], **{"device": "cpu", **CONFIG, **config})
     for name, path in adapter_dirs.items():
         digest = llm.add_adapter(name, path)
         llm.engine.prefetch_adapter(digest, "device")
@@ -219,16 +219,18 @@ def test_the_guard_catches_a_sync(checkpoints, adapter_dirs):
 def check_no_host_sync(llm: LLM, adapters: list[str | None]) -> None:
     steps = DecodeSteps(llm, seed=11)
     with no_host_sync_in(llm.engine.runner.model):
-        for lens in ([5, 12, 3], [9, 2, 7]):
+        for lens in ([5, 40, 3], [9, 2, 37]):  # past the windows (8) and LongRoPE's original context (32)
             inputs = steps.step(adapters, lens)
             static_forward(llm, inputs)
             eager_forward(llm, inputs)
 
 
-def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, adapter_dirs):
-    """The CPU path, base model: the decode attention's buckets are cut before the forward. (The references of
-    the LoRA ops group tokens on the host by design: the path with adapters is the launchers', below.)"""
-    check_no_host_sync(make_llm(checkpoints, adapter_dirs, static=True), [None, None, None])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "phi3", "qwen3"])
+def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, arch):
+    """The CPU path, base model, families with windows, soft-caps, LongRoPE, q/k norms: the decode attention's
+    buckets are cut before the forward. (The references of the LoRA ops group tokens on the host by design: the
+    path with adapters is the launchers', below.)"""
+    check_no_host_sync(make_llm(checkpoints, {}, static=True, arch=arch), [None, None, None])
 
 
 def test_decode_forward_makes_no_host_sync_on_the_triton_launchers(checkpoints, adapter_dirs, triton_launchers):

@@ -60,7 +60,7 @@ def test_greedy_tokens_with_graphs_equal_eager(checkpoints, adapter_dirs, dtype)
         assert (llm.engine.runner.graphs is not None) == graphs
         if graphs:
             assert llm.engine.runner.graphs.steps > 0
-        del llm
+        llm.close()
     for with_graphs, eager in zip(outputs[True], outputs[False], strict=True):
         assert with_graphs.token_ids == eager.token_ids
 

@@ -19,7 +19,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.step_inputs import StepInputs
-from tests.engine.conftest import Oracle, build_adapter, random_prompts
+from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.test_families import ALL, assert_matches_peft
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +36,18 @@ def adapter_dirs(checkpoints, tmp_path_factory):
         "all4": build_adapter(base, root / "all4", seed=90, r=4, targets=ALL),
         "all8": build_adapter(base, root / "all8", seed=91, r=8, targets=ALL, use_rslora=True),
         "qv2": build_adapter(base, root / "qv2", seed=92, r=2, targets=["q_proj", "v_proj"], alpha=8.0),
+    }
+
+
+@pytest.fixture(scope="module")
+def one_layer(tmp_path_factory):
+    """A one-layer Llama and its adapters: the interpreter runs each kernel program as Python."""
+    root = tmp_path_factory.mktemp("graph-one-layer")
+    base = build_checkpoint(root / "llama", "llama", seed=12, num_layers=1)
+    return {"llama": base}, {
+        "all4": build_adapter(base, root / "all4", seed=93, r=4, targets=ALL),
+        "all8": build_adapter(base, root / "all8", seed=94, r=8, targets=ALL, use_rslora=True),
+        "qv2": build_adapter(base, root / "qv2", seed=95, r=2, targets=["q_proj", "v_proj"], alpha=8.0),
     }
 
 
@@ -124,12 +136,13 @@ def storage_seen(model):
         handle.remove()
 
 
-def check_replay_contract(llm: LLM) -> None:
+MIXES = [(["all4", None, "all8"], [5, 11, 2]), (["qv2", "all8", None, "qv2"], [9, 1, 14, 7]),
+         ([None, None], [6, 3])]  # two steps in one bucket (4): other adapters, lengths, blocks; then the base alone
+
+
+def check_replay_contract(llm: LLM, mixes=MIXES) -> None:
     steps = DecodeSteps(llm, seed=7)
     model, graphs = llm.engine.runner.model, llm.engine.runner.graphs
-    # two steps in one bucket (4), other adapters, lengths and blocks; then one step of the base model alone
-    mixes = [(["all4", None, "all8"], [5, 11, 2]), (["qv2", "all8", None, "qv2"], [9, 1, 14, 7]),
-             ([None, None], [6, 3])]
     with storage_seen(model) as seen:
         for adapters, lens in mixes:
             inputs = steps.step(adapters, lens)
@@ -145,17 +158,22 @@ def check_replay_contract(llm: LLM) -> None:
     assert static_reads[0]["block_tables"] == buffers["block_tables"].data_ptr()
     assert static_reads[0]["token_slots"] == buffers["token_slots"].data_ptr()
     assert static_reads[0]["lora.a_rows"] == graphs.lora.a_rows.data_ptr()
-    assert all(static_reads[2][k] == v for k, v in static_reads[0].items() if k in static_reads[2])
+    for later in static_reads[2:]:  # another bucket, no adapters: still the same storage
+        assert all(later[k] == v for k, v in static_reads[0].items() if k in later)
     assert seen[1]["block_tables"] != buffers["block_tables"].data_ptr()  # the eager forward reads its own
-    assert graphs.steps == 3
+    assert graphs.steps == len(mixes)
 
 
 def test_replay_contract_on_the_references(checkpoints, adapter_dirs):
     check_replay_contract(make_llm(checkpoints, adapter_dirs, static=True))
 
 
-def test_replay_contract_on_the_triton_launchers(checkpoints, adapter_dirs, triton_launchers):
-    check_replay_contract(make_llm(checkpoints, adapter_dirs, static=True, max_num_seqs=4))  # 4 adapter slots
+def test_replay_contract_and_no_host_sync_on_the_triton_launchers(one_layer, triton_launchers):
+    """What a CUDA graph captures, every op on its launcher (interpreted), adapters included: the two steps of
+    one bucket through the same buffers give the eager result, and no forward reads a tensor back."""
+    llm = make_llm(*one_layer, static=True, max_num_seqs=4)  # 4 adapter slots: a faster interpreter
+    with no_host_sync_in(llm.engine.runner.model):
+        check_replay_contract(llm, MIXES[:2])
 
 
 def test_static_decode_matches_peft(checkpoints, adapter_dirs):
@@ -205,6 +223,7 @@ def test_the_guard_catches_a_sync(checkpoints, adapter_dirs):
     """The guard is live: a forward that reads a tensor back fails."""
     llm = make_llm(checkpoints, adapter_dirs, static=False)
     model = llm.engine.runner.model
+
     def reads_back(module, args) -> None:
         args[1].sum().item()  # what a data-dependent branch in a layer would do
 
@@ -229,10 +248,5 @@ def check_no_host_sync(llm: LLM, adapters: list[str | None]) -> None:
 def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, arch):
     """The CPU path, base model, families with windows, soft-caps, LongRoPE, q/k norms: the decode attention's
     buckets are cut before the forward. (The references of the LoRA ops group tokens on the host by design: the
-    path with adapters is the launchers', below.)"""
+    path with adapters is the launchers', test_replay_contract_and_no_host_sync_on_the_triton_launchers.)"""
     check_no_host_sync(make_llm(checkpoints, {}, static=True, arch=arch), [None, None, None])
-
-
-def test_decode_forward_makes_no_host_sync_on_the_triton_launchers(checkpoints, adapter_dirs, triton_launchers):
-    """What a CUDA graph captures, adapters included: every op on its launcher."""
-    check_no_host_sync(make_llm(checkpoints, adapter_dirs, static=True, max_num_seqs=4), ["all8", None, "qv2"])

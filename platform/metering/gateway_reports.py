@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from apikeys.models import ApiKey
 from metering.models import REFUSED, UsageEvent
+from metering.signals import requests_logged
 from registry.models import AdapterVersion
 from tenancy.models import Tenant
 
@@ -75,5 +76,8 @@ def gateway_reports_record(*, reports: list[dict]) -> ReportsResult:
             row.ttft_ms = report["ttft_ms"]
             row.e2e_ms = report["e2e_ms"]
         UsageEvent.objects.bulk_update(list(served.values()), ["status_code", "ttft_ms", "e2e_ms"])
+    logged = {row.tenant_id for row in written}
+    if logged:
+        requests_logged.send(sender=UsageEvent, tenant_ids=logged)
     unmatched = [report for request_id, report in timings.items() if request_id not in served]
     return ReportsResult(refusals=len(written), answered=len(served), unmatched=unmatched)

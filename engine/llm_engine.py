@@ -100,7 +100,7 @@ class LLMEngine:
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
                                                    widths=widths, chunk=chunk, pin=pin),
-            load=lambda path: read_adapter(path, hf_config, config.max_adapter_rank),
+            load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,

@@ -100,7 +100,7 @@ class LLMEngine:
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
                                                    widths=widths, chunk=chunk, pin=pin),
-            load=lambda path: read_adapter(path, hf_config, config.max_adapter_rank),
+            load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
@@ -114,7 +114,10 @@ class LLMEngine:
                                         eos_token_ids=self.eos_token_ids) if self.tokenizer is not None else None
         self.guided = GuidedDecoding(vocab_size=vocab, device=self.device)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
-                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided)
+                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided,
+                                  cuda_graphs=config.cuda_graphs and self.device.type == "cuda",
+                                  max_batch=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  max_adapter_rank=config.max_adapter_rank)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
         self.scheduler = Scheduler(

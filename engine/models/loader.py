@@ -16,15 +16,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.lora_modules import PACKED_MODULES
 from engine.models.causal_lm import CausalLM
 from engine.models.linear import Linear
 from engine.models.quantized_linear import check_quantization, decoder_projections, quantize_projection
 from engine.models.registry import model_class
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
-from engine.quant_formats import PackedLinear, QuantSpec, checkpoint_quantization, format_for, shard_index
-from engine.quant_formats.packed_linear import SAFETENSORS_DTYPES
+from engine.quant_formats import checkpoint_quantization, shard_index
+from engine.quant_formats.swap import finish_packed, swap_in_packed
 
 
 def read_hf_config(model_dir: str | Path) -> dict:
@@ -72,44 +71,6 @@ def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lamb
                 if index is NotImplemented:
                     index = sharding.checkpoint_slice(name, shape, rank=rank, size=size)
                 yield name, f.get_tensor(name) if index is None else view[index]
-
-
-def _swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) -> dict[str, PackedLinear]:
-    """Replace (on meta) each decoder projection the checkpoint stores quantized (its tensors include the format's
-    marker) with the format's PackedLinear; returns {checkpoint tensor name: the module it loads into}."""
-    packed_cls = format_for(quant_spec)
-    stored: dict[str, dict[str, torch.dtype]] = {}  # module -> kind -> dtype
-    names: dict[str, list[str]] = {}  # module -> its checkpoint tensors
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                target = model.checkpoint_target(name)
-                if target is None:
-                    continue
-                kind = name.rpartition(".")[2]
-                stored.setdefault(target[0], {}).setdefault(kind, SAFETENSORS_DTYPES[f.get_slice(name).get_dtype()])
-                names.setdefault(target[0], []).append(name)
-    comm, packed = model.comm, {}
-    for module_name, kinds in stored.items():
-        if packed_cls.marker not in kinds:
-            continue
-        try:
-            base = model.get_submodule(module_name)
-        except AttributeError:
-            base = None
-        if not isinstance(base, Linear) or module_name.rpartition(".")[2] not in PACKED_MODULES:
-            raise ValueError(f"{quant_spec.describe()}: quantized tensors for {module_name!r}, which this engine "
-                             f"serves only in full precision (quantized experts and routers are not served yet)")
-        row_parallel = module_name.rpartition(".")[2] in sharding.ROW_PARALLEL
-        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size,
-                            row_parallel=row_parallel)
-        parent, _, attr = module_name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, module)
-        packed.update({name: module for name in names[module_name]})
-    if not packed:
-        raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "
-                         f"{packed_cls.marker!r} tensors")
-    return packed
 
 
 @contextmanager
@@ -164,7 +125,7 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     files = _safetensors_files(model_dir)
     with _default_dtype(dtype), torch.device("meta"):
         model = cls(spec, comm)
-    packed_names = _swap_in_packed(model, quant_spec, files) if quant_spec is not None else {}
+    packed_names = swap_in_packed(model, quant_spec, files) if quant_spec is not None else {}
     projections = set(decoder_projections(model))
     for name, module in model.named_modules():
         if name not in projections and not (name == "lm_head" and spec.tie_word_embeddings):
@@ -185,9 +146,7 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     weights = _iter_weights(files, rank=comm.rank, size=comm.size, parts=model.checkpoint_parts,
                             packed_slice=packed_slice)
     model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
-    for module in model.modules():
-        if isinstance(module, PackedLinear):
-            module.finish()
+    finish_packed(model)
     model.quant_spec = quant_spec
     if quantization is not None and device.type == "cuda":
         torch.cuda.empty_cache()  # the pool is sized from free memory next

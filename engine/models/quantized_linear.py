@@ -107,7 +107,7 @@ def unquantized_bytes(model: nn.Module) -> int:
     itemsize = model.lm_head.weight.element_size()
     total = tensor_bytes(model)
     for module in model.modules():
-        if getattr(module, "loads_as_stored", False):  # a pre-quantized checkpoint's projection (engine/quant_formats/)
+        if hasattr(module, "full_precision_bytes"):  # a pre-quantized checkpoint's (engine/quant_formats/)
             total += module.full_precision_bytes() - tensor_bytes(module)
         if isinstance(module, QuantizedLinear):
             q, scale = module.qweight, module.weight_scale

@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from tests.engine.conftest import build_tokenizer
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj", "w3": "w1"}  # the first reader
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
@@ -145,12 +146,12 @@ def write_quantized(base_dir: Path, directory: Path, *, fmt: str, bits: int = 4,
     packed, dequantized = {}, dict(tensors)
     for name, weight in sorted(tensors.items()):
         prefix, _, kind = name.rpartition(".")
-        if kind != "weight" or prefix.rpartition(".")[2] not in PROJECTIONS or ".experts." in prefix:
+        if kind != "weight" or prefix.rpartition(".")[2] not in PROJECTIONS:
             packed[name] = weight
             continue
         # the projections reading one input share its act order (GPTQ orders by that input's Hessian)
-        shared_input = prefix.rpartition(".")[0] + {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(
-            prefix.rpartition(".")[2], prefix.rpartition(".")[2])
+        parent, _, proj = prefix.rpartition(".")
+        shared_input = f"{parent}.{SHARED_INPUT.get(proj, proj)}"
         order_seed = seed + sum(map(ord, shared_input)) * 7919
         qz = quantize_groups(weight, bits=bits, group_size=group_size, sym=sym, act_order=act_order, seed=order_seed)
         dequantized[name] = qz.dequantized()

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from engine import LLM, SamplingParams
 from engine.models import load_model
 from engine.quant_formats import FORMATS, read_quant_spec
-from tests.engine.conftest import Oracle, build_adapter, random_prompts
+from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.quantized_checkpoints import write_quantized
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -30,6 +30,7 @@ CASES = {  # name: write_quantized's settings
     "ct-naive-int8-channel": dict(fmt="naive", bits=8, group_size=-1, sym=True),
 }
 NAMES = ["all8", None, "qv4", "mlp16", "all8"]
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # PEFT's target_parameters
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +45,22 @@ def llama_adapters(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def quantized(checkpoints, tmp_path_factory):
-    """name -> (quantized checkpoint, dequantized twin), written once per module."""
+    """(case, family) -> (quantized checkpoint, dequantized twin), written once per module."""
     root, made = tmp_path_factory.mktemp("quantized"), {}
 
-    def get(name: str):
-        if name not in made:
-            made[name] = write_quantized(checkpoints["llama"], root / name, seed=3, **CASES[name])
-        return made[name]
+    def get(name: str, arch: str = "llama"):
+        if (name, arch) not in made:
+            made[name, arch] = write_quantized(checkpoints[arch], root / f"{arch}-{name}", seed=3, **CASES[name])
+        return made[name, arch]
     return get
 
 
 def check_against_oracle(model_dir, dequantized, adapters, *, lengths=(3, 14, 9, 1, 11), names=NAMES,
-                         max_tokens: int = 6) -> LLM:
+                         max_tokens: int = 6, **config) -> LLM:
     """Greedy tokens identical and prompt log-probabilities within 1e-4 of transformers + PEFT on the dequantized
     twin, for base and adapter requests in one batch."""
     oracle = Oracle(dequantized, adapters)
-    llm = LLM(model_dir, device="cpu", max_num_seqs=8, num_kv_blocks=128, block_size=4)
+    llm = LLM(model_dir, device="cpu", max_num_seqs=8, num_kv_blocks=128, block_size=4, **config)
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     prompts = random_prompts(36, list(lengths))
@@ -90,6 +91,47 @@ def test_engine_on_the_triton_launchers_matches_peft(quantized, llama_adapters, 
     layout), with act order and zero points, under Triton's interpreter with every other op on its launcher."""
     check_against_oracle(*quantized("gptq-v2-w4-g32-asym-act-order"), llama_adapters, lengths=(3, 9, 1),
                          names=("all8", None, "mlp16"), max_tokens=3)
+
+
+@pytest.mark.parametrize(("arch", "case"), [("qwen2", "gptq-v1-w4-g32-asym-act-order"), ("qwen3", "awq-w4-g32"),
+                                          ("qwen3", "ct-pack-w4a16-g32-asym")])
+def test_qwen_families_match_peft(checkpoints, quantized, tmp_path, arch, case):
+    """Qwen2 (q/k/v biases beside the packed weights, tied embeddings) and Qwen3 (head_dim 24 apart from
+    hidden / heads, q/k norms)."""
+    adapters = {"all8": build_adapter(checkpoints[arch], tmp_path / "all8", seed=43, r=8, targets=ALL)}
+    check_against_oracle(*quantized(case, arch), adapters, lengths=(3, 14, 9), names=("all8", None, "all8"))
+
+
+@pytest.mark.parametrize(("arch", "case"), [("qwen3-moe", "gptq-v2-w4-g32-asym-act-order"), ("mixtral", "awq-w4-g32"),
+                                          ("qwen3-moe", "ct-pack-w8a16-channel-sym")])
+def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case):
+    """Every expert quantized (Mixtral's w1/w2/w3 names too), served stacked by the grouped W4A16 GEMM; LoRA on
+    attention and on the experts (PEFT target_parameters) on top; the router stays in full precision."""
+    base = build_checkpoint(tmp_path / arch, arch, seed=5, **({"moe_intermediate_size": 64} if arch == "qwen3-moe"
+                                                               else {}))
+    model_dir, dequantized = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    adapters = {"attn8": build_adapter(base, tmp_path / "attn8", seed=44, r=8, targets=["q_proj", "v_proj", "o_proj"]),
+                "experts4": build_adapter(base, tmp_path / "experts4", seed=45, r=4, targets=[],
+                                          target_parameters=EXPERT_PARAMETERS)}
+    llm = check_against_oracle(model_dir, dequantized, adapters, lengths=(3, 14, 9, 6),
+                               names=("attn8", None, "experts4", "attn8"))
+    experts = llm.engine.runner.model.model.layers[0].mlp.experts.base
+    assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "ct-pack-w8a16-channel-sym"])
+def test_two_tensor_parallel_ranks_load_their_shards_and_match_peft(quantized, llama_adapters, case):
+    """Each rank reads its part of the packed weights: q/k/v and gate/up by output columns (packed zeros too), o and
+    down by input rows with the act-order g_idx split alike and the scales whole."""
+    check_against_oracle(*quantized(case), llama_adapters, lengths=(3, 14, 9), names=("all8", None, "mlp16"),
+                         max_tokens=4, tensor_parallel_size=2)
+
+
+def test_a_tensor_parallel_split_inside_a_group_is_refused(quantized):
+    """down_proj's 96 inputs over two ranks are 48 each: not whole groups of 32 (without act order each rank
+    would need scales of a group it holds half of)."""
+    with pytest.raises(ValueError, match="down_proj: 48 inputs on this rank is not a whole number of groups of 32"):
+        LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, tensor_parallel_size=2)
 
 
 # bad input: a clear error at start

@@ -102,3 +102,25 @@ def test_dequantize_uses_each_channels_own_group():
                          pack_cols(torch.cat([zeros, torch.zeros(2, 7, dtype=torch.int32)], 1), 4)[:, :1],
                          torch.cat([g_idx, torch.zeros(6, dtype=torch.int32)]), 4)
     assert w[:2, 0].tolist() == [(3 - 2) * 2.0, (5 - 1) * 0.5]
+
+
+@pytest.mark.parametrize(("counts", "bits", "group", "shuffled"), [
+    pytest.param([3, 0, 18, 1], 4, 32, True, id="w4-act-order-empty-expert"),
+    pytest.param([0, 5, 0], 8, -1, False, id="w8-per-channel-one-busy-expert"),
+    pytest.param([1, 1, 1, 1, 1], 4, 64, False, id="decode-rows"),
+])
+def test_grouped_launcher_matches_the_reference(counts, bits, group, shuffled, device):
+    """Each expert's packed weight over its rows of an expert-sorted batch (experts with no rows included)."""
+    in_dim, out_dim = 128, 48
+    experts = [_case(1, in_dim, out_dim, bits=bits, group=group, shuffled=shuffled, sym=e % 2 == 0, device="cpu")
+               for e in range(len(counts))]
+    stacked = [torch.stack([case[0][i] for case in experts]) for i in range(1, 5)]  # qweight, scales, zeros, g_idx
+    x = torch.randn(sum(counts), in_dim, generator=torch.Generator().manual_seed(len(counts)))
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    expected = reference.wna16_grouped_matmul(x, *stacked, offsets, bits)
+    for e, case in enumerate(experts):  # the reference is each expert's own product
+        rows = slice(int(offsets[e]), int(offsets[e + 1]))
+        torch.testing.assert_close(expected[rows], reference.wna16_linear(x[rows], *case[0][1:], bits))
+    got = load_triton_op("wna16_grouped_matmul")(x.to(device), *[t.to(device) for t in stacked], offsets.to(device),
+                                                 bits)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)

@@ -34,12 +34,15 @@ CANONICAL_SIDECAR = "quilt_adapter.json"
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
-def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapters.LoadedAdapter":
+def read_adapter(path: str | Path, base_config: dict, max_rank: int, *, digest: str | None = None
+                 ) -> "adapters.LoadedAdapter":
     """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise; fused-name
-    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice)."""
+    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice). `digest`: the
+    one the adapter was made known by, which a canonical folder's sidecar must name (its tensors are then not
+    hashed again, adapters.load_canonical); a PEFT folder is converted, and so hashed, whatever is known."""
     path = Path(path)
     if (path / CANONICAL_SIDECAR).exists():
-        adapter = adapters.load_canonical(path)
+        adapter = adapters.load_canonical(path, digest=digest)
     else:
         adapter = adapters.load_adapter(path, base_config, max_rank=max_rank)
     return per_slice(adapter, adapters.BaseShapes.from_config(base_config))
@@ -97,7 +100,7 @@ class AdapterPool:
         *,
         memory: PagedMemory,
         plan: Callable[["adapters.LoadedAdapter"], AdapterPlan],
-        load: Callable[[Path], "adapters.LoadedAdapter"],
+        load: Callable[[Path, str], "adapters.LoadedAdapter"],  # (path, the digest it is registered by)
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
@@ -359,7 +362,7 @@ class AdapterPool:
     # loading
     def _load_one(self, digest: str, path: Path) -> None:
         try:
-            adapter = self._load(path)
+            adapter = self._load(path, digest)
             if adapter.digest != digest:
                 raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
             self._results.put((digest, self.prepare(adapter), None))

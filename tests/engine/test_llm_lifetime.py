@@ -32,6 +32,10 @@ def _used_llm(base, adapter, **config) -> LLM:
     return llm
 
 
+def _loader(llm: LLM) -> threading.Thread:
+    return llm.engine.adapter_pool._thread
+
+
 def _weak_parts(llm: LLM) -> dict[str, weakref.ref]:
     engine = llm.engine
     return {
@@ -46,18 +50,13 @@ def _alive(parts: dict[str, weakref.ref]) -> list[str]:
     return [name for name, ref in parts.items() if ref() is not None]
 
 
-def _loader_threads() -> int:
-    return sum(t.name == "adapter-loader" and t.is_alive() for t in threading.enumerate())
-
-
 def test_close_frees_the_engine_while_the_llm_is_still_held(model_and_adapter):
     base, adapter = model_and_adapter
-    before = _loader_threads()
     llm = _used_llm(base, adapter)
-    parts = _weak_parts(llm)
+    parts, loader = _weak_parts(llm), _loader(llm)
     llm.close()
     assert _alive(parts) == []  # refcounts alone: no gc.collect()
-    assert _loader_threads() == before
+    assert not loader.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate([[5, 6]], SAMPLING)
     llm.close()  # a second close does nothing
@@ -65,21 +64,17 @@ def test_close_frees_the_engine_while_the_llm_is_still_held(model_and_adapter):
 
 def test_a_dropped_llm_is_freed_by_reference_counting_alone(model_and_adapter):
     base, adapter = model_and_adapter
-    before = _loader_threads()
     gc.collect()
     gc.disable()  # a reference cycle would keep everything until the collector happened to run
     try:
         llm = _used_llm(base, adapter)
-        parts = _weak_parts(llm)
+        parts, loader = _weak_parts(llm), _loader(llm)
         del llm
         assert _alive(parts) == []
     finally:
         gc.enable()
-    for _ in range(50):  # the loader thread ends on its own once its pool is gone
-        if _loader_threads() == before:
-            break
-        threading.Event().wait(0.02)
-    assert _loader_threads() == before
+    loader.join(timeout=5)  # it ends on its own once its pool is gone
+    assert not loader.is_alive()
 
 
 def test_llm_as_a_context_manager_closes(model_and_adapter):

@@ -48,7 +48,7 @@ OUT="${OUT:-/tmp/quilt-gpu-out}"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log  # the steps append (env.log begins with the wheels)
 STEPS="${QUILT_GPU_STEPS:-env pytest precision kernels trace}"
-ENV_S=25
+ENV_S=25 WHEELS_S=15  # WHEELS_S: the pip install, and again the import check
 PYTEST_S="${QUILT_GPU_PYTEST_S:-155}"
 PRECISION_S="${QUILT_GPU_PRECISION_S:-75}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
@@ -60,7 +60,7 @@ SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
 if [ "$DRY" = 1 ]; then  # the interpreter on a shared CPU: the GPU's limits, times QUILT_GPU_DRY_SLOWDOWN (3)
   SLOW="${QUILT_GPU_DRY_SLOWDOWN:-3}"
-  ENV_S=$((ENV_S * SLOW)) PYTEST_S=$((PYTEST_S * SLOW)) PRECISION_S=$((PRECISION_S * SLOW)) KERNELS_S=$((KERNELS_S * SLOW))
+  ENV_S=$((ENV_S * SLOW)) WHEELS_S=$((WHEELS_S * SLOW)) PYTEST_S=$((PYTEST_S * SLOW)) PRECISION_S=$((PRECISION_S * SLOW)) KERNELS_S=$((KERNELS_S * SLOW))
   TRACE_S=$((TRACE_S * SLOW)) NATIVE_S=$((NATIVE_S * SLOW))
 fi
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
@@ -87,12 +87,12 @@ prepare_wheels() {  # install the carried wheels; then the engine (server, usage
     set -o pipefail
     if compgen -G "$WHEELS/*.whl" > /dev/null; then
       echo "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
-      timeout 15 "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+      timeout "$WHEELS_S" "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
     else
       echo "no wheels in $WHEELS: run 'python benchmarks/gpu_wheels.py $WHEELS' here first and carry it"
     fi
-    PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" timeout 15 "$PY" -c "
+    PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" timeout "$WHEELS_S" "$PY" -c "
 import engine, engine.grammar, engine.server.app, engine.usage.emitter, jsonschema, kombu
 print('wheels: the engine imports, its server and usage emitter included')"
   ) 2>&1 | tee -a "$OUT/env.log"

@@ -14,13 +14,14 @@ place giving the eager result, is checked there, on the references and on the Tr
 """
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 import kernels
 from engine.context import Context
-from engine.lora_batch import LoRABatch, ModuleTables
+from engine.lora_batch import ModuleTables
 from engine.lora_linear import LoRALinear
 from engine.models import CausalLM
 from engine.models.moe import Experts
@@ -97,6 +98,19 @@ class StaticLoRA:
         self.ranks[:, :, :used] = ranks[:, :, :modules].permute(1, 2, 0).to(self.ranks.device)
         self.scaling[:, :, :used] = scaling[:, :, :modules].permute(1, 2, 0).to(self.scaling.device)
         self.key = key
+
+
+@dataclass
+class StaticLoRABatch:
+    """What a LoRALinear reads of the step's adapters (engine.lora_batch.LoRABatch's interface), over StaticLoRA's
+    buffers: every module's tables are views made once."""
+
+    token_slots: torch.Tensor  # [bucket] a view of DecodeGraphs' buffer
+    meta: LoRAMeta | object  # the tokens' grouping (LoRAMeta, filled in the graph; the references' SlotBatch)
+    modules: dict[tuple[int, int, int], ModuleTables]
+
+    def module(self, layer: int, first: int, num_slices: int) -> ModuleTables:
+        return self.modules[(layer, first, num_slices)]
 
 
 class DecodeGraphs:
@@ -201,9 +215,7 @@ class DecodeGraphs:
             slots = b["token_slots"][:bucket]
             num_slots = self.lora.max_slots
             meta = LoRAMeta.empty(bucket, num_slots, self.device) if self.triton else kernels.lora_meta(slots, num_slots)
-            # every module's tables are views of the static ones (never cut from offsets/ranks: those stay None)
-            lora = LoRABatch(token_slots=slots, meta=meta, offsets=None, ranks=None, scaling=None, a_source=None,
-                             expert_offsets=None, modules=self.lora.modules)
+            lora = StaticLoRABatch(token_slots=slots, meta=meta, modules=self.lora.modules)
         ctx = Context(positions=b["positions"][:bucket], slot_mapping=b["slot_mapping"][:bucket],
                       block_tables=b["block_tables"][:bucket], context_lens=b["context_lens"][:bucket],
                       cu_seqlens_q=b["cu_seqlens_q"][: bucket + 1], prompt_lens=b["prompt_lens"][:bucket],

@@ -31,7 +31,8 @@ KEY_BUDGET = Decimal("0.02")  # the keyed tenant's capped key: about ten short r
 PRICED_LIMIT = Decimal("0.01")  # gw-priced's monthly spend limit
 HANGUP_BUDGET = 1000  # gw-hangup's monthly token budget: holds of 104 tokens, at most 9 at once
 ROTATING_BUDGET = Decimal("0.005")  # keyed-rotating's budget: two short requests at the keyed plan's prices
-EXACT_KEY_BUDGET = Decimal("0.0001")  # gw-exact's key: about 47 requests of 2.1 micro-dollars
+EXACT_KEY_BUDGET = Decimal("0.01")  # gw-exact's key, of which this month's record already holds EXACT_KEY_SPENT
+EXACT_KEY_SPENT = Decimal("0.00996")  # 2,400 prompt and 16,000 completion tokens: 19 requests of 2.1 micro-dollars left
 KEY_TPM = 120  # keyed-tpm's own tokens per minute
 
 
@@ -237,6 +238,14 @@ def _seed(stack: Stack) -> None:
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
+        if name == "exact":  # what the key spent earlier this month, as metering recorded it
+            from datetime import UTC, datetime
+
+            from metering.services import usage_ingest
+            from tests.metering.usage import usage_event
+
+            usage_ingest(events=[usage_event(exact, api_key_id=key.pk, finished_at=datetime.now(UTC), prompt_tokens=2400,
+                                             cached_tokens=0, completion_tokens=16000)])  # fmt: skip
 
 
 def register_engine(name: str, url: str) -> None:

@@ -2,6 +2,7 @@
 backends: a key over its budget is refused while its sibling keys still work, holds count against the key's
 budget so concurrent requests can't overspend it, and settling or expiring a hold releases the key's share."""
 
+import json
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -142,3 +143,45 @@ def test_concurrent_requests_never_hold_past_a_keys_budget(backend):
     assert len(decisions) == 40 and len(admitted) == 10
     assert {d.reason for d in decisions if not d.admitted} == {"key_budget_held"}
     assert held_and_spent(tenant, "racing00") == (3_000, 0)
+
+
+def test_a_keys_spend_is_exact_and_reconciled_with_what_metering_recorded(backend):
+    """A key's spend adds each request's price exactly (no rounding up to a micro-dollar), and reconciling sets it
+    back to metering's record of the key's lineage when a settle counted usage metering never recorded."""
+    from gateway.admission import key_reconcile
+
+    tenant = priced_tenant("exact")
+    key, _ = make_key(tenant)
+    capped = keyed(key.prefix, budget=1_000)
+    for _ in range(3):  # 0.4 micro-dollars each: counted whole, 3 of them would be 3 micro-dollars
+        decision, request_id = acquire(tenant, capped, spend_micros=1)
+        assert decision.admitted
+        assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=5, spend=Decimal("0.0000004"),
+                           key_prefix=key.prefix)  # fmt: skip
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 1_200_000)  # 1.2 micro-dollars, in picos
+    usage_ingest(events=[usage_event(tenant, api_key_id=key.pk, finished_at=datetime.now(UTC))])  # 875 micro-dollars
+    reconciled = key_reconcile(tenant_id=tenant.pk, key_prefix=key.prefix)
+    assert reconciled.applied and reconciled.spend_micros_after == 875 * MICRO  # the 3 unrecorded settles are gone
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 875 * MICRO)
+
+
+def test_a_served_requests_usage_is_kept_until_metering_records_it(backend, tenant):
+    """The gateway's provisional settle keeps the usage it relayed; it is listed as unreported once older than the
+    grace period, and the final settle (metering recorded the request) lets go of it."""
+    from gateway.admission import unreported_usage
+
+    decision, request_id = acquire(tenant, keyed("served00"))
+    assert decision.admitted
+    settle(tenant, request_id, tokens=7, spend_micros=3, key_prefix="served00", final=False)
+    async_to_sync(admission_settle)(tenant_id=tenant.pk, request_id="other", tokens=1, spend_micros=1, final=False,
+                                    usage='{"request_id": "other"}')  # fmt: skip
+    decision, served = acquire(tenant, keyed("served00"))
+    served_usage = json.dumps({"request_id": served})
+    async_to_sync(admission_settle)(tenant_id=tenant.pk, request_id=served, tokens=7, spend_micros=3, final=False,
+                                    key_prefix="served00", usage=served_usage)  # fmt: skip
+    assert unreported_usage(tenant_id=tenant.pk, older_than_seconds=60) == []  # within the grace period
+    assert sorted(unreported_usage(tenant_id=tenant.pk, older_than_seconds=-1)) == sorted(
+        ['{"request_id": "other"}', served_usage]
+    )
+    hold_settle(tenant_id=tenant.pk, request_id=served, tokens=7, spend=Decimal("0.000003"), key_prefix="served00")
+    assert unreported_usage(tenant_id=tenant.pk, older_than_seconds=-1) == ['{"request_id": "other"}']

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.admission import held_totals, key_spend_held
 from metering.models import UsageEvent
-from tests.gateway.conftest import BASE_MODEL, EXACT_KEY_BUDGET, KEY_TPM, wait_until
+from tests.gateway.conftest import BASE_MODEL, EXACT_KEY_BUDGET, EXACT_KEY_SPENT, KEY_TPM, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -24,9 +24,10 @@ def complete(stack, key: str, body: dict, *, route: str = "completions", gateway
 
 
 def test_a_keys_budget_is_spent_to_the_last_fraction_of_a_micro_dollar(stack):
-    """Each request costs 2.1 micro-dollars (2 prompt tokens at $0.15, 3 completion tokens at $0.60 per million).
-    Counted whole micro-dollars, the key was refused with 30 % of its budget unspent; counted as billed, it is
-    refused only when what it was billed plus the next request's hold passes the budget."""
+    """The key has 40 micro-dollars of its budget left; each request holds and costs at most 2.1 (2 prompt tokens at
+    $0.15, 3 completion tokens at $0.60 per million). Counted in whole micro-dollars, rounded up per request, it was
+    refused with a third of that unspent; counted as billed, it is refused only when what it was billed plus the
+    next request's hold passes the budget."""
     key, prefix, tenant_id = stack.keys["exact"], stack.ids["key-exact"], stack.ids["exact"]
     served, refused = [], None
     for _ in range(80):
@@ -41,10 +42,10 @@ def test_a_keys_budget_is_spent_to_the_last_fraction_of_a_micro_dollar(stack):
                       timeout=60, what="the served requests' usage")  # fmt: skip
     billed = sum((row.price for row in rows), Decimal(0))
     hold = Decimal(2 * 15 + 3 * 60) / 10**8  # the refused request's hold: its 2 prompt tokens, max_tokens 3
-    assert billed <= EXACT_KEY_BUDGET < billed + hold, (billed, len(served))
+    assert served and EXACT_KEY_SPENT + billed <= EXACT_KEY_BUDGET < EXACT_KEY_SPENT + billed + hold, (billed, len(served))
     wait_until(lambda: held_totals(tenant_id=tenant_id).provisional_tokens == 0, timeout=30, what="every settle final")
     held, spent = key_spend_held(tenant_id=tenant_id, key_prefix=prefix)
-    assert held == 0 and Decimal(spent) == billed * PICOS  # admission's count is the invoice's, to the pico-dollar
+    assert held == 0 and Decimal(spent) == (EXACT_KEY_SPENT + billed) * PICOS  # the invoice's count, to the pico-dollar
 
 
 def test_rotating_a_key_keeps_its_months_spend_against_its_budget(stack):

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 SNAPSHOT_SECONDS = 1.1  # each gateway re-reads the engine list once a second
 
 
-@pytest.fixture(params=["broker-up", "broker-unreachable"])
+@pytest.fixture(scope="module", params=["broker-up", "broker-unreachable"])  # module: its rows are committed
 def doomed_engine(request, stack, django_db_blocker):
     """An engine that takes all the traffic (engine-a disabled meanwhile) until it is killed for good: one whose
     broker takes its events a fraction of a second after each request ends (those of the last moment are lost with

@@ -3,6 +3,7 @@ the one it sends when an engine died mid-request and so could not send its own, 
 served request's provisional settle (`served_usage_json`), billed if the engine's own event never arrives."""
 
 import json
+import time
 
 from engine.contract import TASK_NAME, UsageEvent
 from engine.usage.event import now_utc
@@ -35,13 +36,13 @@ def served_usage_json(
     prompt_tokens: int, cached_tokens: int, completion_tokens: int, finish_reason: str, e2e_ms: float,
     ttft_ms: float | None,
 ) -> str:  # fmt: skip
-    """What the client was served, as the engine's final event counted it: the same event schema (validated by
-    UsageEvent), without the GPU and queue time only the engine knows."""
-    event = UsageEvent(
-        request_id=request_id, tenant=str(tenant_id), api_key_id=str(api_key_id), adapter_digest=digest,
-        base_model=base_model, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens, gpu_ms=0.0, queue_ms=0.0, ttft_ms=ttft_ms, e2e_ms=e2e_ms,
-        finish_reason=finish_reason, finished_at=now_utc(), metadata=metadata,
-    )  # fmt: skip
-    data = event.to_dict() | {"engine": metadata.get("engine"), "reported_by": REPORTED_BY_GATEWAY}
-    return json.dumps(data, separators=(",", ":"))
+    """What the client was served, as the engine's final event counted it, in the usage event's fields that
+    metering reads (metering.events.usage_record_parse: `finished_at` in epoch seconds; no GPU or queue time, only
+    the engine knows them). Built as a plain dict: it is on every request's path, and billed on almost none."""
+    return json.dumps({
+        "request_id": request_id, "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest,
+        "base_model": base_model, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+        "completion_tokens": completion_tokens, "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "finish_reason": finish_reason,
+        "finished_at": time.time(), "metadata": metadata, "engine": metadata.get("engine"),
+        "reported_by": REPORTED_BY_GATEWAY,
+    }, separators=(",", ":"))  # fmt: skip

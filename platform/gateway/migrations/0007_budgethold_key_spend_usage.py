@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0005_engine_role'),
+        ('gateway', '0006_engine_lives'),
     ]
 
     operations = [

@@ -23,7 +23,7 @@ from engine.contract import (
     billed_cached_tokens,
     prompt_fingerprints,
 )
-from gateway import engine_client, metrics
+from gateway import engine_client, metrics, request_reports
 from gateway.admission import (
     admission_acquire,
     admission_settle,
@@ -123,7 +123,7 @@ class Exchange:
 
     def __init__(
         self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
-        hold_tokens: int, hold_spend: Decimal,
+        hold_tokens: int, hold_spend: Decimal, received: float,
     ):  # fmt: skip
         self.request_id = request_id
         self.hold_tokens = hold_tokens
@@ -138,8 +138,9 @@ class Exchange:
             kind=generation.kind, request_id=request_id, model=target.name, n=generation.num_choices,
             logprobs=generation.logprobs, echo=echoes(generation, self.vocabulary),
         )  # fmt: skip
-        self.started = time.monotonic()
+        self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
         self.first_token_at: float | None = None
+        self.answer_status = 200  # what the client was answered, once an engine took the request
         self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
@@ -345,7 +346,9 @@ class Exchange:
         if self._settled:
             return
         self._settled = True
-        if self.stream is not None:
+        if self.stream is not None:  # an engine took it: its event has the row, the gateway adds its times
+            request_reports.answered(request_id=self.request_id, status_code=self.answer_status,
+                                     received=self.started, first_token=self.first_token_at)  # fmt: skip
             finished = self.stream.finished
             await self.stream.close()
             if not finished and not self.broke and self.engine is not None:
@@ -435,7 +438,7 @@ _metadata_accepted: dict[str, bool] = {}
 
 
 async def admit(
-    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest
+    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, received: float
 ) -> tuple[Exchange, dict[str, str]]:
     context_check(generation, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
@@ -456,7 +459,7 @@ async def admit(
         raise refusal(decision, headers, tokens=tokens, limits=caller.limits, prompt_tokens=prompt_tokens)
     exchange = Exchange(
         request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
-        hold_tokens=tokens, hold_spend=spend,
+        hold_tokens=tokens, hold_spend=spend, received=received,
     )  # fmt: skip
     return exchange, headers
 
@@ -526,8 +529,11 @@ async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
 async def _opened(exchange: Exchange) -> None:
     try:
         await exchange.open()
-    except BaseException:
+    except BaseException as error:
         await asyncio.shield(exchange.settle())
+        if isinstance(error, ApiError):  # no engine generated for it: the log keeps it as a refusal
+            request_reports.refused(request_id=exchange.request_id, caller=exchange.caller, error=error,
+                                    model=exchange.target.name, target=exchange.target)  # fmt: skip
         raise
 
 
@@ -538,8 +544,14 @@ async def _whole(exchange: Exchange) -> HttpResponse:
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         if exchange.error_type == ADAPTER_UNAVAILABLE:
-            raise adapter_unavailable(exchange.target.name) from None
-        raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
+            failed = adapter_unavailable(exchange.target.name)
+        else:
+            failed = ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error")
+        exchange.answer_status = failed.status
+        raise failed from None
+    except asyncio.CancelledError:
+        exchange.answer_status = 499  # the client went away before its answer (nginx's "client closed request")
+        raise
     finally:
         await asyncio.shield(exchange.settle())
     return HttpResponse(_json(exchange.builder.body()), content_type="application/json")

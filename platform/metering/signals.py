@@ -23,3 +23,7 @@ class RecordedUsage:
 
 # kwargs: usages (list[RecordedUsage]). Sent for every valid event of a batch, replays included, after commit.
 usage_recorded = Signal()
+
+# kwargs: tenant_ids (set[int]). Sent after commit when the gateway's refusals went into those tenants' request logs
+# (they are not usage: usage_recorded does not cover them).
+requests_logged = Signal()

@@ -226,6 +226,7 @@ def _seed(stack: Stack) -> None:
         ("rival", rival, [Scope.INFERENCE], {}),
         ("budget", budget, [Scope.INFERENCE], {}),
         ("broke", broke, [Scope.INFERENCE], {}),
+        ("broke-reader", broke, [Scope.USAGE_READ], {}),
         ("priced", priced, [Scope.INFERENCE], {}),
         ("hangup", hangup, [Scope.INFERENCE], {}),
         ("keyed-capped", keyed, [Scope.INFERENCE], {"monthly_spend_limit": KEY_BUDGET}),

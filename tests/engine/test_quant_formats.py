@@ -260,3 +260,15 @@ def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
         module.finish()
         x = torch.randn(3, 64, generator=gen)
         torch.testing.assert_close(module(x), x @ qz.dequantized().t(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "awq-w4-g32"])
+def test_static_decode_makes_no_host_sync_on_the_triton_launchers(tmp_path, triton_launchers, case):
+    """What a CUDA graph captures (engine/cuda_graph.py): the decode forward through the static buffers, with the
+    packed projections on their Triton launchers, reads nothing back. (MoE models decode eagerly: graph_unsupported;
+    the grouped GEMM reads nothing back either, kernels.grouped_matmul's row blocks.)"""
+    from tests.engine.test_cuda_graph import check_no_host_sync, make_llm
+
+    base = build_checkpoint(tmp_path / "llama", "llama", seed=6, num_layers=1)
+    model_dir, _ = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    check_no_host_sync(make_llm({case: model_dir}, {}, static=True, arch=case, max_num_seqs=4), [None, None, None])

@@ -42,8 +42,9 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
-        self._lora_key: tuple | None = None  # what _lora was built for: tokens' adapters and the page tables
-        self._lora: LoRABatch | None = None
+        moe = getattr(model.spec, "moe", None)
+        self.lora = LoRABatch(num_layers=model.spec.num_layers, device=device, zero_row=memory.zero_row,
+                              num_experts=moe.num_experts if moe else 0)
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
@@ -91,24 +92,13 @@ class ModelRunner:
             elif end == seq.num_tokens:
                 sample_rows.append((seq, len(input_ids) - 1))
         dev = self.device
+        # the step's adapters into the LoRA buffers, refilled in place (engine.lora_batch)
+        lora = self.lora.fill(token_slots, self.adapters.slot_tables(list(adapter_slots))) if adapter_slots else None
         ctx = Context.build(
             positions=positions, slot_mapping=slot_mapping, block_tables=tables, context_lens=context_lens,
-            cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
-            device=self.device,
+            cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens, lora=lora, device=self.device,
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
-
-    def _lora_batch(self, token_slots: list[int], digests: list[str]) -> LoRABatch:
-        """The step's LoRABatch; consecutive decode steps often share it (same tokens' adapters, same page
-        tables), and then it is reused with everything it has gathered."""
-        key = (tuple(token_slots), self.adapters.placements(digests))
-        if key != self._lora_key:
-            slots = torch.tensor(token_slots, dtype=torch.int32, device=self.device)  # [T]
-            if self._lora_key is not None and key[1] == self._lora_key[1]:  # same page tables, other tokens
-                self._lora_key, self._lora = key, self._lora.with_slots(slots)
-            else:
-                self._lora_key, self._lora = key, LoRABatch.build(slots, self.adapters.tables(digests))
-        return self._lora
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, proposals: dict[int, list[int]] | None = None,

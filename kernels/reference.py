@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from kernels.decode_layout import DecodeLayout
 from kernels.grouped_rows import grouped_rows
-from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
+from kernels.lora_reference import expert_lora, lora_delta, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 
 FP8 = torch.float8_e4m3fn  # the fp8 KV cache's storage dtype

@@ -4,7 +4,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import dot_precision, require, require_float, require_index, require_last_dim_contiguous
+from kernels.launch import (
+    cdiv,
+    dot_precision,
+    require,
+    require_float,
+    require_index,
+    require_last_dim_contiguous,
+)
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32  # tuning (the only place it is chosen): rows, output columns, reduction
 NUM_WARPS = 4
@@ -49,7 +56,7 @@ def _row_blocks(expert_offsets: torch.Tensor, num_rows: int, experts: int) -> tu
     counts = (expert_offsets[1:] - expert_offsets[:-1]).to(torch.int64)  # [E]
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     ends = torch.cumsum(blocks, 0)  # [E]
-    bound = triton.cdiv(num_rows, BLOCK_M) + experts
+    bound = cdiv(num_rows, BLOCK_M) + experts
     block_expert = torch.searchsorted(ends, torch.arange(bound, device=ends.device), right=True)  # [B]
     return block_expert.to(torch.int32), (ends - blocks).to(torch.int32), bound
 
@@ -76,7 +83,7 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.
         require(int(expert_offsets[-1]) == x.shape[0], f"expert_offsets end at {int(expert_offsets[-1])}, x has "
                 f"{x.shape[0]} rows")  # fmt: skip
     block_expert, block_first, num_blocks = _row_blocks(expert_offsets, x.shape[0], experts)
-    grid = (num_blocks, triton.cdiv(out_dim, BLOCK_N))
+    grid = (num_blocks, cdiv(out_dim, BLOCK_N))
     _grouped_matmul_kernel[grid](
         x, weight, out, expert_offsets, block_expert, block_first, out_dim, in_dim, experts, x.stride(0),
         weight.stride(0), weight.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import dot_precision, next_power_of_2
+from kernels.launch import cdiv, dot_precision, next_power_of_2
 from kernels.lora_meta import BLOCK_M, LoRAMeta, max_blocks
 
 MAX_SLICES = 3  # q/k/v
@@ -26,9 +26,9 @@ def _config(num_tokens: int, num_slots: int, in_dim: int, slice_offsets: tuple[i
     # with few blocks of tokens (a decode step), split the columns over more programs (each recomputes its
     # x @ A.T); the blocks of a step are not known on the host: as many as distinct adapters can make
     blocks = max(1, min(num_tokens, num_slots))
-    splits = max(1, min(triton.cdiv(max_width, block_n), TARGET_PROGRAMS // (blocks * num_slices)))
-    per_program = triton.cdiv(triton.cdiv(max_width, splits), block_n) * block_n
-    grid = (max_blocks(num_tokens, num_slots), triton.cdiv(max_width, per_program), num_slices)
+    splits = max(1, min(cdiv(max_width, block_n), TARGET_PROGRAMS // (blocks * num_slices)))
+    per_program = cdiv(cdiv(max_width, splits), block_n) * block_n
+    grid = (max_blocks(num_tokens, num_slots), cdiv(max_width, per_program), num_slices)
     offsets = (*slice_offsets, *(slice_offsets[-1],) * (MAX_SLICES + 1 - len(slice_offsets)))
     constexprs = {"BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": 64 if in_dim >= 64 else 32,
                   "BLOCK_R": max(16, next_power_of_2(max_rank)), "num_warps": 4}

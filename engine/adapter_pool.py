@@ -16,6 +16,7 @@ when it leaves that tier and when it is placed in pages, so every rank uses the 
 import queue
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +35,15 @@ CANONICAL_SIDECAR = "quilt_adapter.json"
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
-def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapters.LoadedAdapter":
+def read_adapter(path: str | Path, base_config: dict, max_rank: int, *, digest: str | None = None
+                 ) -> "adapters.LoadedAdapter":
     """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise; fused-name
-    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice)."""
+    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice). `digest`: the
+    one the adapter was made known by, which a canonical folder's sidecar must name (its tensors are then not
+    hashed again, adapters.load_canonical); a PEFT folder is converted, and so hashed, whatever is known."""
     path = Path(path)
     if (path / CANONICAL_SIDECAR).exists():
-        adapter = adapters.load_canonical(path)
+        adapter = adapters.load_canonical(path, digest=digest)
     else:
         adapter = adapters.load_adapter(path, base_config, max_rank=max_rank)
     return per_slice(adapter, adapters.BaseShapes.from_config(base_config))
@@ -98,7 +102,7 @@ class AdapterPool:
         *,
         memory: PagedMemory,
         plan: Callable[["adapters.LoadedAdapter"], AdapterPlan],
-        load: Callable[[Path], "adapters.LoadedAdapter"],
+        load: Callable[[Path, str], "adapters.LoadedAdapter"],  # (path, the digest it is registered by)
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
@@ -126,8 +130,23 @@ class AdapterPool:
         self._copies: list = []  # CUDA events of copies the next step must wait for
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._worker, name="adapter-loader", daemon=True)
+        # the loader holds the pool weakly (a thread running a bound method would keep the pool, its pages and,
+        # through `plan` and `load`, the engine alive for good); dropping the pool stops it
+        self._thread = threading.Thread(target=_load_in_background, args=(weakref.ref(self), self._requests),
+                                        name="adapter-loader", daemon=True)
         self._thread.start()
+        self._stop_loader = weakref.finalize(self, self._requests.put, None)
+
+    def close(self) -> None:
+        """Stop the loader and let go of every tier (the engine runs no step after this); twice is harmless."""
+        self._stop_loader()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._host.clear()
+        self._resident.clear()
+        self._idle.clear()
+        self._copies.clear()
+        self._host_bytes = 0
 
     # registration
     def register(self, digest: str, path: str | Path) -> None:
@@ -246,6 +265,32 @@ class AdapterPool:
             left.append("host")
         return left
 
+    def tables(self, digests: list[str]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Page tables of resident adapters, stacked: offsets [U, L, M', 2, R] (device), ranks [U, L, M] int32
+        (host), scaling [U, L, M] float32 (device), a_source [U, L, M] int64 (host: AdapterPlan.a_source) and
+        expert_offsets [U, L, 2, 2, R_e] (device), R the largest rank among them, R_e the most rows of an expert
+        module's half (AdapterPlan)."""
+        residents = [self._resident[d] for d in digests]
+        first = residents[0].offsets[0]
+        stacked = []
+        for part, width in ((0, max(r.plan.max_rank for r in residents)),
+                            (1, max(r.plan.expert_rows for r in residents))):
+            shape = residents[0].offsets[part].shape[:3]
+            table = torch.full((len(digests), *shape, width), self.memory.zero_row, dtype=torch.int64,
+                               device=first.device)
+            for u, r in enumerate(residents):
+                own = r.offsets[part]
+                table[u, ..., : own.shape[-1]] = own
+            stacked.append(table)
+        ranks = torch.stack([r.plan.ranks for r in residents])
+        scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
+        return stacked[0], ranks, scaling, torch.stack([r.plan.a_source for r in residents]), stacked[1]
+
+    def placements(self, digests: list[str]) -> tuple[int, ...]:
+        """Identifies the page tables of resident adapters: equal while none of them moved."""
+        return tuple(self._resident[d].placement for d in digests)
+
     def slot_tables(self, digests: list[str]) -> list[AdapterTables]:
         """The tables of resident adapters, in the order of `digests`, as LoRABatch.fill takes them."""
         out = []
@@ -330,16 +375,14 @@ class AdapterPool:
             self._mirror.drop(digest)
 
     # loading
-    def _worker(self) -> None:
-        while True:
-            digest, path = self._requests.get()
-            try:
-                adapter = self._load(path)
-                if adapter.digest != digest:
-                    raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
-                self._results.put((digest, self.prepare(adapter), None))
-            except Exception as error:  # every loader failure fails only this adapter's requests
-                self._results.put((digest, None, failure_reason(error)))
+    def _load_one(self, digest: str, path: Path) -> None:
+        try:
+            adapter = self._load(path, digest)
+            if adapter.digest != digest:
+                raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
+            self._results.put((digest, self.prepare(adapter), None))
+        except Exception as error:  # every loader failure fails only this adapter's requests
+            self._results.put((digest, None, failure_reason(error)))
 
     def _drain(self) -> None:
         while True:
@@ -368,3 +411,14 @@ class AdapterPool:
             "failed": dict(self._failed),
             "registered": len(self._paths),
         }
+
+
+def _load_in_background(pool_ref: "weakref.ref[AdapterPool]", requests: queue.Queue) -> None:
+    """The loader thread: disk -> host for each (digest, path) asked for, until None or the pool is gone. The
+    pool is held only while one adapter loads."""
+    while (item := requests.get()) is not None:
+        pool = pool_ref()
+        if pool is None:
+            return
+        pool._load_one(*item)
+        del pool

@@ -34,6 +34,7 @@ from engine.page_budget import count_pages, fitting_block_size, freed_window, pa
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
+from engine.quant_formats import checkpoint_quantization
 from engine.quantization import MemoryReport, kv_dtype
 from engine.rank_model import attach_pages, load_rank_model
 from engine.sampling_params import SamplingParams
@@ -50,6 +51,7 @@ class LLMEngine:
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
         args = read_spec(self.hf_config)
+        self.quant_spec = checkpoint_quantization(self.hf_config, quantization=config.quantization)  # refused now
         tp = config.tensor_parallel_size
         check_tensor_parallel(args, size=tp, device=self.device)
         model_dtype = getattr(torch, config.dtype)
@@ -95,11 +97,12 @@ class LLMEngine:
             self.block_manager.on_evict = self.host_tier.save
         if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
             self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
+        pin, hf_config = self.device.type == "cuda", self.hf_config  # the lambdas hold no `self`: no cycle
         self.adapter_pool = AdapterPool(
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
-                                                   widths=widths, chunk=chunk, pin=self.device.type == "cuda"),
-            load=lambda path: read_adapter(path, self.hf_config, config.max_adapter_rank),
+                                                   widths=widths, chunk=chunk, pin=pin),
+            load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
@@ -113,7 +116,10 @@ class LLMEngine:
                                         eos_token_ids=self.eos_token_ids) if self.tokenizer is not None else None
         self.guided = GuidedDecoding(vocab_size=vocab, device=self.device)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
-                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided)
+                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided,
+                                  cuda_graphs=config.cuda_graphs and self.device.type == "cuda",
+                                  max_batch=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  max_adapter_rank=config.max_adapter_rank)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
         self.scheduler = Scheduler(
@@ -137,7 +143,8 @@ class LLMEngine:
         self.num_decode_seq_steps = 0  # the tokens per step a sequence gets (above 1 with speculation)
         self.weight_bytes = tensor_bytes(model)
         self.memory_report = MemoryReport.build(
-            quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
+            quantization=config.quantization or (self.quant_spec.describe() if self.quant_spec else None),
+            kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
             weights_bytes=self.weight_bytes, weights_full_precision_bytes=unquantized_bytes(model),
             num_layers=args.num_layers, block_size=config.block_size, kv_heads=args.num_kv_heads // tp,
             head_dim=args.head_dim, model_dtype=model_dtype)
@@ -335,11 +342,12 @@ class LLMEngine:
         return None if self.workers is None else self.workers.failure()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (the engine runs no step after this)."""
+        """Stop the tensor-parallel workers, if any, and the adapter loader (the engine runs no step after this)."""
         if self.workers is not None:
             self.workers.stop()
         if self.host_tier is not None:
             self.host_tier.close()
+        self.adapter_pool.close()
 
     def _prefetch_adapters(self) -> None:
         """Place the adapters of the requests next in line in pages no one needs, even while the batch is

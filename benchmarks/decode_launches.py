@@ -8,7 +8,7 @@ head_dim 128, intermediate 14336, vocab 128256, bf16; "with LoRA": 64 distinct r
 on all seven projections. Every op runs on its Triton launcher (kernels.route_cpu_to_triton).
 
 What is timed (host milliseconds per step: this thread's CPU time, so that other processes on a shared machine
-weigh less; the median of --steps steps after a warm-up step): the step's LoRA metadata
+weigh less; the fastest of --steps steps after a warm-up step, as timeit does): the step's LoRA metadata
 (this tree: LoRABatch.fill, the same 64 adapters as the step before; the baseline: nothing, its model runner
 reuses the previous step's LoRABatch and the tables it cut), Context.build, and the model's forward with
 compute_logits of the 64 sampled rows. The launchers tune as on an H100 (132 SMs: split-K where the baseline
@@ -220,7 +220,7 @@ def measure(*, num_layers: int, hidden: int, batch: int, adapters: int, rank: in
             start = time.thread_time()
             step()
             times.append(time.thread_time() - start)
-        host_ms = statistics.median(times) * 1e3
+        host_ms = min(times) * 1e3  # the least disturbed step: the others only add other processes' noise
     per_layer = sum(counts["inside"].values()) / num_layers
     return {"per_layer": per_layer, "counts": counts, "host_ms": host_ms,
             "total": sum(counts["inside"].values()) + sum(counts["outside"].values())}

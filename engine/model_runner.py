@@ -136,7 +136,9 @@ class ModelRunner:
     def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
         """The step's token ids [T] and Context as fresh tensors, with everything the forward reads prepared
         before it: the decode attention's layout and every LoRA projection's tables."""
-        lora = self.lora.fill(inputs.token_slots, self.adapters.slot_tables(inputs.adapters)) if inputs.adapters else None
+        lora = None
+        if inputs.adapters:  # the step's adapters into the LoRA buffers, refilled in place (engine.lora_batch)
+            lora = self.lora.fill(inputs.token_slots, self.adapters.slot_tables(inputs.adapters))
         ctx = Context.build(
             positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
             context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,

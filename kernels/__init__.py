@@ -21,6 +21,7 @@ from kernels.slot_batch import SlotBatch
 
 try:
     from kernels import expert_lora as _expert_lora
+    from kernels import fp8_block_linear as _fp8_block_linear
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import grouped_matmul as _grouped_matmul
     from kernels import lora_expand as _lora_expand
@@ -44,6 +45,7 @@ __all__ = [
     "backend_for",
     "decode_layout",
     "expert_lora",
+    "fp8_block_linear",
     "fp8_linear",
     "gelu_tanh_and_mul",
     "grouped_matmul",
@@ -132,6 +134,12 @@ def fp8_linear(x, weight, weight_scale):
     return reference.fp8_linear(x, weight, weight_scale)
 
 
+def fp8_block_linear(x, weight, weight_scale, group_k):
+    if backend_for(x) == "triton":
+        return _fp8_block_linear.fp8_block_linear(x, weight, weight_scale, group_k)
+    return reference.fp8_block_linear(x, weight, weight_scale, group_k)
+
+
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
     args = (k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
     if backend_for(k) == "triton":
@@ -183,7 +191,7 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
-for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
+for _op in (fp8_linear, fp8_block_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
             rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul, expert_lora):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.decode_layout import DecodeLayout
+from kernels.fp8_reference import dequantize_fp8_groups, fp8_block_linear  # noqa: F401 (fp8 checkpoints' GEMM)
 from kernels.grouped_rows import grouped_rows
 from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
@@ -294,21 +295,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
     out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
     return out.to(x.dtype)
-
-
-def dequantize_fp8_groups(weight: torch.Tensor, weight_scale: torch.Tensor, group_k: int) -> torch.Tensor:
-    """The float32 weight [..., out, in] that fp8 weight [..., out, in] with scales [..., out, cdiv(in, group_k)]
-    stands for: weight[..., o, i] * weight_scale[..., o, i // group_k]."""
-    in_dim = weight.shape[-1]
-    return weight.float() * weight_scale.repeat_interleave(group_k, dim=-1)[..., :in_dim]
-
-
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group_k: int) -> torch.Tensor:
-    """A weight-only fp8 projection: out[t, o] = sum_i x[t, i] * weight[o, i] * weight_scale[o, i // group_k].
-
-    x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out, cdiv(in, group_k)] float32; returns
-    out [T, out] in x.dtype (the product of the dequantized weight, in float32)."""
-    return (x.float() @ dequantize_fp8_groups(weight, weight_scale, group_k).t()).to(x.dtype)  # [T, out]
 
 
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:

@@ -115,10 +115,10 @@ def gelu_tanh_and_mul(x):
     return reference.gelu_tanh_and_mul(x)
 
 
-def grouped_matmul(x, weight, expert_offsets):
+def grouped_matmul(x, weight, expert_offsets, weight_scale=None, group_k=0):
     if backend_for(x) == "triton":
-        return _grouped_matmul.grouped_matmul(x, weight, expert_offsets)
-    return reference.grouped_matmul(x, weight, expert_offsets)
+        return _grouped_matmul.grouped_matmul(x, weight, expert_offsets, weight_scale, group_k)
+    return reference.grouped_matmul(x, weight, expert_offsets, weight_scale, group_k)
 
 
 def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets, *, meta=None):

@@ -297,10 +297,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return out.to(x.dtype)
 
 
-def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor,
+                   weight_scale: torch.Tensor | None = None, group_k: int = 0) -> torch.Tensor:
     """out[r] = x[r] @ weight[e].T for every row r in expert_offsets[e] <= r < expert_offsets[e + 1].
 
     x [N, in] sorted by expert; weight [E, out, in] (each expert's nn.Linear weight); expert_offsets [E + 1]
     int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation).
+    An fp8 weight comes with weight_scale [E, out, cdiv(in, group_k)] float32 and stands for
+    weight[e, o, i] * weight_scale[e, o, i // group_k] (the reference dequantizes it for the call).
     The reference is one grouped product (kernels.grouped_rows; the launcher: one grouped launch)."""
+    if weight.dtype == FP8:
+        weight = dequantize_fp8_groups(weight, weight_scale, group_k)  # [E, out, in] float32
     return grouped_rows(x, weight.transpose(1, 2), expert_offsets).to(x.dtype)  # [N, out]

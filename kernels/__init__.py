@@ -128,10 +128,10 @@ def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scal
     return reference.expert_lora(*args, meta=meta)
 
 
-def fp8_linear(x, weight, weight_scale):
+def fp8_linear(x, weight, weight_scale, input_scale=None):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
-        return _fp8_linear.fp8_linear(x, weight, weight_scale)
-    return reference.fp8_linear(x, weight, weight_scale)
+        return _fp8_linear.fp8_linear(x, weight, weight_scale, input_scale)
+    return reference.fp8_linear(x, weight, weight_scale, input_scale)
 
 
 def fp8_block_linear(x, weight, weight_scale, group_k):

@@ -284,15 +284,26 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :inter], approximate="tanh") * x[..., inter:]
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., D] -> clamp(x / scale, -448, 448) in float8_e4m3fn: a static (calibrated) per-tensor scale [1]
+    float32, as compressed-tensors quantizes an activation with its input_scale."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """An fp8 projection: both operands in float8_e4m3fn, each with one scale per row.
 
-    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448);
+    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448), or
+    with a static scale when input_scale [1] float32 is given (quantize_fp8_static: sx[t] = input_scale);
     out[t, o] = sx[t] * weight_scale[o] * sum_i xq[t, i] * weight[o, i], summed in float32.
 
     x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out] float32; returns out [T, out] in x.dtype.
     """
-    xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    if input_scale is None:
+        xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    else:
+        xq, x_scale = quantize_fp8_static(x, input_scale), input_scale.expand(x.shape[0])
     out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
     return out.to(x.dtype)
 

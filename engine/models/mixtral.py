@@ -7,7 +7,7 @@ import re
 from engine.models.moe import MoECausalLM, num_experts
 from engine.models.spec import ModelSpec, MoESpec, every_layer_windowed
 
-_EXPERT = re.compile(r"(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT = re.compile(r"(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.(weight|weight_scale_inv)$")  # fp8: its scales
 _PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 
 
@@ -22,8 +22,8 @@ class MixtralForCausalLM(MoECausalLM):
     def checkpoint_parts(self, name: str, shape: tuple[int, ...]) -> list[tuple[str, int, int]] | None:
         match = _EXPERT.match(name)
         if match:
-            prefix, expert, w = match.groups()
-            return [(f"{prefix}.mlp.experts.{expert}.{_PROJ[w]}.weight", 0, shape[0])]
+            prefix, expert, w, kind = match.groups()
+            return [(f"{prefix}.mlp.experts.{expert}.{_PROJ[w]}.{kind}", 0, shape[0])]
         if ".block_sparse_moe.gate." in name:
             return [(name.replace(".block_sparse_moe.", ".mlp."), 0, shape[0])]
         return super().checkpoint_parts(name, shape)

@@ -21,6 +21,7 @@ from engine.models.spec import ModelSpec
 from engine.parallel.communicator import Communicator
 
 _EXPERT_PIECES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", 0)}
+_EXPERT_KINDS = {"weight": "", "weight_scale_inv": "_scale"}  # an fp8 checkpoint's block scales (Fp8Experts)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype):
@@ -61,11 +62,17 @@ class Experts(nn.Module):
 
     def load_slice(self, index: int, kind: str, tensor: torch.Tensor) -> None:
         """gate_up_proj piece 2e (gate) or 2e + 1 (up), down_proj piece e."""
+        if kind not in ("gate_up_proj", "down_proj"):
+            raise ValueError(f"unexpected {kind} for experts held in full precision")
         if kind == "gate_up_proj":
             expert, part = divmod(index, 2)
             self.gate_up_proj.data[expert, part * self.inter : (part + 1) * self.inter].copy_(tensor)
         else:
             self.down_proj.data[index].copy_(tensor)
+
+    def grouped(self, rows: torch.Tensor, projection: str, offsets: torch.Tensor) -> torch.Tensor:
+        """Every expert's `projection` over its expert-sorted rows (an fp8 checkpoint's experts pass their scales)."""
+        return kernels.grouped_matmul(rows, getattr(self, projection), offsets)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ctx: Context | None = None,
                 lora=None) -> torch.Tensor:
@@ -76,11 +83,11 @@ class Experts(nn.Module):
         tokens = order // top_k  # [T * k] the token of each sorted row
         rows = x[tokens]  # [T * k, hidden]
         experts = ids.flatten()[order] if lora is not None else None  # [T * k] the expert of each sorted row
-        h = kernels.grouped_matmul(rows, self.gate_up_proj, offsets)  # [T * k, 2I]
+        h = self.grouped(rows, "gate_up_proj", offsets)  # [T * k, 2I]
         if lora is not None:
             lora(h, rows, "gate_up_proj", tokens, experts, ctx)
         act = self.act_and_mul(h)  # [T * k, I]
-        y = kernels.grouped_matmul(act, self.down_proj, offsets)  # [T * k, hidden]
+        y = self.grouped(act, "down_proj", offsets)  # [T * k, hidden]
         if lora is not None:
             lora(y, act, "down_proj", tokens, experts, ctx)
         y = y * weights.flatten()[order, None]
@@ -140,10 +147,11 @@ class MoECausalLM(CausalLM):
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         parts = name.split(".")
-        if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] == "weight" and parts[-2] in _EXPERT_PIECES:
+        if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] in _EXPERT_KINDS and parts[-2] in _EXPERT_PIECES:
             kind, part = _EXPERT_PIECES[parts[-2]]
+            kind += _EXPERT_KINDS[parts[-1]]
             expert = int(parts[-3])
-            index = 2 * expert + part if kind == "gate_up_proj" else expert
+            index = 2 * expert + part if kind.startswith("gate_up_proj") else expert
             return ".".join(parts[:-3]), kind, index
         return super().checkpoint_target(name)
 

@@ -34,6 +34,7 @@ from engine.page_budget import count_pages, fitting_block_size, freed_window, pa
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.parallel.worker_group import WorkerGroup
+from engine.quant_formats import checkpoint_quantization
 from engine.quantization import MemoryReport, kv_dtype
 from engine.rank_model import attach_pages, load_rank_model
 from engine.sampling_params import SamplingParams
@@ -50,6 +51,7 @@ class LLMEngine:
         model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
         args = read_spec(self.hf_config)
+        self.quant_spec = checkpoint_quantization(self.hf_config, quantization=config.quantization)  # refused now
         tp = config.tensor_parallel_size
         check_tensor_parallel(args, size=tp, device=self.device)
         model_dtype = getattr(torch, config.dtype)
@@ -137,7 +139,8 @@ class LLMEngine:
         self.num_decode_seq_steps = 0  # the tokens per step a sequence gets (above 1 with speculation)
         self.weight_bytes = tensor_bytes(model)
         self.memory_report = MemoryReport.build(
-            quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
+            quantization=config.quantization or (self.quant_spec.describe() if self.quant_spec else None),
+            kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
             weights_bytes=self.weight_bytes, weights_full_precision_bytes=unquantized_bytes(model),
             num_layers=args.num_layers, block_size=config.block_size, kv_heads=args.num_kv_heads // tp,
             head_dim=args.head_dim, model_dtype=model_dtype)

@@ -20,10 +20,11 @@ from engine.models.linear import Linear
 from engine.models.moe import Experts
 from engine.models.quantized_linear import QuantizedLinear
 from engine.paged_memory import PagedMemory
+from engine.quant_formats import PackedLinear
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: Linear | QuantizedLinear, *, layer: int, first: int, memory: PagedMemory) -> None:
+    def __init__(self, base: Linear | QuantizedLinear | PackedLinear, *, layer: int, first: int, memory: PagedMemory) -> None:
         super().__init__()
         self.base = base
         self.layer = layer
@@ -91,7 +92,7 @@ def swap_in_lora(model: nn.Module, memory: PagedMemory) -> None:
         for parent in (layer.self_attn, layer.mlp):
             for name in PACKED_MODULES:
                 base = getattr(parent, name, None)
-                if isinstance(base, (Linear, QuantizedLinear)):
+                if isinstance(base, (Linear, QuantizedLinear, PackedLinear)):
                     setattr(parent, name, LoRALinear(base, layer=layer_idx, first=first_index(name), memory=memory))
         experts = getattr(layer.mlp, "experts", None)
         if isinstance(experts, Experts):

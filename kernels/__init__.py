@@ -32,6 +32,8 @@ try:
     from kernels import rotary_embedding as _rotary_embedding
     from kernels import silu_and_mul as _silu_and_mul
     from kernels import store_kv as _store_kv
+    from kernels import wna16_grouped_matmul as _wna16_grouped_matmul
+    from kernels import wna16_linear as _wna16_linear
 
     TRITON_IMPORT_ERROR: ImportError | None = None
 except ImportError as exc:  # triton absent: CPU tensors still work, CUDA tensors raise
@@ -61,6 +63,8 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "store_kv",
+    "wna16_grouped_matmul",
+    "wna16_linear",
 ]
 
 
@@ -140,6 +144,18 @@ def fp8_block_linear(x, weight, weight_scale, group_k):
     return reference.fp8_block_linear(x, weight, weight_scale, group_k)
 
 
+def wna16_linear(x, qweight, scales, zeros, g_idx, bits):
+    if backend_for(x) == "triton":
+        return _wna16_linear.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
+    return reference.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
+
+
+def wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits):
+    if backend_for(x) == "triton":
+        return _wna16_grouped_matmul.wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits)
+    return reference.wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits)
+
+
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
     args = (k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
     if backend_for(k) == "triton":
@@ -191,7 +207,8 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
-for _op in (fp8_linear, fp8_block_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul, expert_lora):
+for _op in (fp8_linear, fp8_block_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode,
+            paged_attention_prefill, rms_norm, rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul,
+            expert_lora, wna16_linear, wna16_grouped_matmul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

@@ -117,13 +117,15 @@ class CausalLM(nn.Module):
         fused_names = {target for target, _ in self.packed.values()}
         fused = {name for name, module in self.named_modules()
                  if name.rpartition(".")[2] in fused_names or hasattr(module, "slice_count")}
+        packed = {name for name, module in self.named_modules() if getattr(module, "loads_as_stored", False)}
         loaded = set()
         for name, tensor in weights:
             target = self.checkpoint_target(name)
             if target is None:
                 continue
             module_name, kind, index = target
-            if index is not None and module_name in fused:
+            if module_name in packed or (index is not None and module_name in fused):
+                index = index or 0  # a pre-quantized projection (o, down) is its slice 0
                 self.get_submodule(module_name).load_slice(index, kind, tensor)
                 loaded.add(f"{module_name}.{kind}#{index}")
             elif index is None and f"{module_name}.{kind}" in params:

@@ -4,7 +4,10 @@ The model is built on the meta device and its tensors are given memory as the ch
 embeddings, norms and lm_head up front, each decoder projection when its first tensor comes. With a
 quantization, a projection is quantized as soon as its last tensor is loaded, so the full-precision
 weights alive at once are only those of the projections being read: the peak is the quantized model
-plus about one projection, not the unquantized model (docs/quantization.md)."""
+plus about one projection, not the unquantized model (docs/quantization.md). A checkpoint quantized before it
+was downloaded (config.json's `quantization_config`: GPTQ, AWQ, compressed-tensors, fp8) has its projections
+swapped for its format's PackedLinear before any tensor is read, and each is loaded as stored
+(engine/quant_formats/)."""
 
 import json
 from contextlib import contextmanager
@@ -19,6 +22,8 @@ from engine.models.quantized_linear import check_quantization, decoder_projectio
 from engine.models.registry import model_class
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
+from engine.quant_formats import checkpoint_quantization, shard_index
+from engine.quant_formats.swap import finish_packed, swap_in_packed
 
 
 def read_hf_config(model_dir: str | Path) -> dict:
@@ -36,11 +41,13 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lambda name, shape: None):
+def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lambda name, shape: None,
+                  packed_slice=lambda name, shape: NotImplemented):
     """(name, tensor) of every checkpoint tensor; with size > 1 only rank's part of it is read. A tensor that
     `parts` splits (a fused checkpoint's qkv_proj: CausalLM.checkpoint_parts) comes as its split tensors, each
     sharded as that projection is: a part (name, first row, end row) of a 2-D tensor, (name, expert, first row,
-    end row) of stacked experts [E, rows, columns]."""
+    end row) of stacked experts [E, rows, columns]. `packed_slice` gives the part of a pre-quantized projection's
+    stored tensor (NotImplemented for any other tensor)."""
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -60,7 +67,9 @@ def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lamb
                 if sharding.holds_none(name, rank=rank, size=size):
                     yield name, torch.zeros(shape)
                     continue
-                index = sharding.checkpoint_slice(name, shape, rank=rank, size=size)
+                index = packed_slice(name, shape)
+                if index is NotImplemented:
+                    index = sharding.checkpoint_slice(name, shape, rank=rank, size=size)
                 yield name, f.get_tensor(name) if index is None else view[index]
 
 
@@ -110,10 +119,13 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     if comm.size > 1:
         sharding.check_divisible(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                                  intermediate_size=spec.intermediate_size, size=comm.size)
+    quant_spec = checkpoint_quantization(config, quantization=quantization)
     if quantization is not None:
         check_quantization(quantization, device)
+    files = _safetensors_files(model_dir)
     with _default_dtype(dtype), torch.device("meta"):
         model = cls(spec, comm)
+    packed_names = swap_in_packed(model, quant_spec, files) if quant_spec is not None else {}
     projections = set(decoder_projections(model))
     for name, module in model.named_modules():
         if name not in projections and not (name == "lm_head" and spec.tie_word_embeddings):
@@ -121,9 +133,21 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     model.tie_weights()
     with _default_dtype(dtype), device:
         model.build_rope_cache()
-    weights = _iter_weights(_safetensors_files(model_dir), rank=comm.rank, size=comm.size,
-                            parts=model.checkpoint_parts)
+    def packed_slice(name: str, shape: tuple[int, ...]):
+        module = packed_names.get(name)
+        if module is None:
+            return NotImplemented
+        kind = name.rpartition(".")[2]
+        layout = module.layouts(quant_spec).get(kind)
+        if layout is None:  # a bias: as a Linear's
+            return sharding.checkpoint_slice(name, shape, rank=comm.rank, size=comm.size)
+        return shard_index(layout, shape, rank=comm.rank, size=comm.size, column=not module.row_parallel)
+
+    weights = _iter_weights(files, rank=comm.rank, size=comm.size, parts=model.checkpoint_parts,
+                            packed_slice=packed_slice)
     model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
+    finish_packed(model)
+    model.quant_spec = quant_spec
     if quantization is not None and device.type == "cuda":
         torch.cuda.empty_cache()  # the pool is sized from free memory next
     return model.eval()

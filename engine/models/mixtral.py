@@ -7,7 +7,7 @@ import re
 from engine.models.moe import MoECausalLM, num_experts
 from engine.models.spec import ModelSpec, MoESpec, every_layer_windowed
 
-_EXPERT = re.compile(r"(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.(weight|weight_scale_inv)$")  # fp8: its scales
+_EXPERT = re.compile(r"(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.(\w+)$")  # weight, or a quantized kind
 _PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 
 

@@ -70,8 +70,8 @@ class Experts(nn.Module):
         else:
             self.down_proj.data[index].copy_(tensor)
 
-    def grouped(self, rows: torch.Tensor, projection: str, offsets: torch.Tensor) -> torch.Tensor:
-        """Every expert's `projection` over its expert-sorted rows (an fp8 checkpoint's experts pass their scales)."""
+    def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Each expert's `projection` ("gate_up_proj", "down_proj") over its rows of the expert-sorted batch."""
         return kernels.grouped_matmul(rows, getattr(self, projection), offsets)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ctx: Context | None = None,
@@ -83,11 +83,11 @@ class Experts(nn.Module):
         tokens = order // top_k  # [T * k] the token of each sorted row
         rows = x[tokens]  # [T * k, hidden]
         experts = ids.flatten()[order] if lora is not None else None  # [T * k] the expert of each sorted row
-        h = self.grouped(rows, "gate_up_proj", offsets)  # [T * k, 2I]
+        h = self.project("gate_up_proj", rows, offsets)  # [T * k, 2I]
         if lora is not None:
             lora(h, rows, "gate_up_proj", tokens, experts, ctx)
         act = self.act_and_mul(h)  # [T * k, I]
-        y = self.grouped(act, "down_proj", offsets)  # [T * k, hidden]
+        y = self.project("down_proj", act, offsets)  # [T * k, hidden]
         if lora is not None:
             lora(y, act, "down_proj", tokens, experts, ctx)
         y = y * weights.flatten()[order, None]
@@ -146,7 +146,14 @@ class MoECausalLM(CausalLM):
                 for e in range(experts) for proj, start in (("gate_proj", 0), ("up_proj", half))]
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
+        """An expert's tensor: into the stacked experts; a pre-quantized expert's (any stored kind, e.g. qweight):
+        into that expert's own projection, experts.{gate_up_proj,down_proj}.{e} (engine/quant_formats/experts.py)."""
         parts = name.split(".")
+        if len(parts) >= 4 and parts[-4] == "experts" and parts[-2] in _EXPERT_PIECES and (
+                parts[-1] not in _EXPERT_KINDS
+                or getattr(self.get_submodule(".".join(parts[:-3])), "packed_experts", False)):
+            kind, part = _EXPERT_PIECES[parts[-2]]
+            return f"{'.'.join(parts[:-3])}.{kind}.{parts[-3]}", parts[-1], part
         if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] in _EXPERT_KINDS and parts[-2] in _EXPERT_PIECES:
             kind, part = _EXPERT_PIECES[parts[-2]]
             kind += _EXPERT_KINDS[parts[-1]]

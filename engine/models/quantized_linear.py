@@ -107,6 +107,8 @@ def unquantized_bytes(model: nn.Module) -> int:
     itemsize = model.lm_head.weight.element_size()
     total = tensor_bytes(model)
     for module in model.modules():
+        if hasattr(module, "full_precision_bytes"):  # a pre-quantized checkpoint's (engine/quant_formats/)
+            total += module.full_precision_bytes() - tensor_bytes(module)
         if isinstance(module, QuantizedLinear):
             q, scale = module.qweight, module.weight_scale
             total += q.numel() * itemsize - q.numel() * q.element_size() - scale.numel() * scale.element_size()

@@ -85,7 +85,7 @@ class Fp8Experts(Experts):
                 raise ValueError(f"{self.name}: {kind.removesuffix('_scale')} weight_scale_inv holds scales that "
                                  f"are not positive and finite")
 
-    def grouped(self, rows: torch.Tensor, projection: str, offsets: torch.Tensor) -> torch.Tensor:
+    def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return kernels.grouped_matmul(rows, getattr(self, projection), offsets, getattr(self, f"{projection}_scale"),
                                       BLOCK)
 

@@ -107,10 +107,11 @@ def build_tokenizer(directory) -> None:
 
 
 def build_checkpoint(directory, arch: str, *, seed: int = 0, max_shard_size: str | None = None,
-                     num_layers: int | None = None, initializer_range: float = 0.15):
+                     num_layers: int | None = None, initializer_range: float = 0.15, **overrides):
+    """overrides: config fields other than the family's tiny defaults (ARCHS)."""
     config_cls, model_cls, extra = ARCHS[arch]
     shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, **extra}
+             "num_key_value_heads": 2, **extra, **overrides}
     if num_layers is not None:
         shape["num_hidden_layers"] = num_layers
     config = config_cls(vocab_size=VOCAB, max_position_embeddings=256, initializer_range=initializer_range,

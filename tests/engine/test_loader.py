@@ -68,3 +68,31 @@ def test_quantizing_while_loading_gives_the_weights_of_quantizing_after(checkpoi
     assert torch.equal(after.cos_sin_cache, during.cos_sin_cache)
     assert sum(isinstance(m, QuantizedLinear) for m in during.modules()) == 8
     assert not any(t.is_meta for t in [*during.parameters(), *during.buffers()])
+
+
+def test_w4a16_group_128_projections_take_under_0_3_of_bf16(tmp_path, monkeypatch):
+    """A GPTQ 4-bit checkpoint at group size 128 (issue 36) loads as stored: its projections' bytes (packed
+    weights, fp16 scales, packed zeros, g_idx) against the same projections in bf16, and the loading peak is the
+    packed model (no projection is ever materialised in full precision)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.quant_formats import PackedLinear
+    from tests.engine.conftest import build_tokenizer
+    from tests.engine.quantized_checkpoints import write_quantized
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=160, max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    build_tokenizer(tmp_path / "base")
+    model_dir, _ = write_quantized(tmp_path / "base", tmp_path / "gptq", fmt="gptq", bits=4, group_size=128,
+                                   act_order=True)
+    full = load_model(tmp_path / "base", dtype=torch.bfloat16, device=CPU)
+    full_bytes = sum(m.weight.numel() * 2 for n, m in full.named_modules() if n.endswith(("qkv_proj", "o_proj",
+                                                                                          "gate_up_proj", "down_proj")))
+    model, peak = _load_measuring_peak(monkeypatch, model_dir, None)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    packed_bytes = sum(tensor_bytes(m) for m in packed)
+    print(f"\nW4A16 g128: projections {packed_bytes} bytes / bf16 {full_bytes} bytes = {packed_bytes / full_bytes:.3f}")
+    assert len(packed) == 8 and packed_bytes <= 0.30 * full_bytes
+    assert peak <= tensor_bytes(model) * 1.05  # the stored tensors, then their kernel layout, one projection at a time

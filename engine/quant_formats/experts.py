@@ -1,0 +1,57 @@
+"""The experts of an MoE layer read from a pre-quantized checkpoint (GPTQ / AWQ / compressed-tensors experts of
+Qwen3-MoE, Qwen2-MoE, Mixtral).
+
+While loading, each expert's fused gate/up and its down are their format's PackedLinear (experts.gate_up_proj.{e},
+experts.down_proj.{e}: MoECausalLM.checkpoint_target sends each stored tensor there); `stack()` then stacks their
+kernel tensors into [E, ...] and drops the per-expert modules. The forward is Experts' (routing, expert-sorted
+rows, each row's LoRA delta) with kernels.wna16_grouped_matmul for the two grouped products."""
+
+import torch
+from torch import nn
+
+import kernels
+from engine.models.linear import Linear
+from engine.models.moe import Experts
+from engine.quant_formats.int_linear import IntLinear
+from engine.quant_formats.spec import QuantSpec
+
+KINDS = ("qweight", "scales", "zeros", "g_idx")  # IntLinear's kernel tensors
+
+
+class PackedExperts(Experts):
+    packed_experts = True  # MoECausalLM.checkpoint_target routes the experts' stored tensors to each expert
+
+    def __init__(self, base: Experts, packed_cls: type[IntLinear], spec: QuantSpec, *, name: str,
+                 dtypes: dict[str, dict[str, torch.dtype]]) -> None:
+        """base: the Experts it replaces (on meta); dtypes: for "gate_up_proj" and "down_proj", each stored kind's."""
+        nn.Module.__init__(self)
+        if not issubclass(packed_cls, IntLinear):
+            raise ValueError(f"{spec.describe()}: quantized experts are served for the integer formats only")
+        self.num_experts, self.inter, self.bits = base.num_experts, base.inter, spec.bits
+        self.act_and_mul = base.act_and_mul
+        self.model_dtype = base.gate_up_proj.dtype
+        hidden = base.gate_up_proj.shape[2]
+        with torch.device("meta"):
+            gate_up = [packed_cls(Linear(hidden, [self.inter, self.inter], bias=False), spec,
+                                  name=f"{name}.gate_up_proj.{e}", dtypes=dtypes["gate_up_proj"])
+                       for e in range(self.num_experts)]
+            down = [packed_cls(Linear(self.inter, [hidden], bias=False), spec, name=f"{name}.down_proj.{e}",
+                               dtypes=dtypes["down_proj"]) for e in range(self.num_experts)]
+        self.gate_up_proj, self.down_proj = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.hidden = hidden
+
+    def stack(self) -> None:
+        """Every expert is loaded and finished: stack their kernel tensors, [E, ...] per kind and projection."""
+        for projection in ("gate_up_proj", "down_proj"):
+            experts = getattr(self, projection)
+            stacked = {kind: torch.stack([getattr(e, kind) for e in experts]) for kind in KINDS}
+            delattr(self, projection)
+            for kind, tensor in stacked.items():
+                self.register_buffer(f"{projection}_{kind}", tensor.contiguous())
+
+    def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        tensors = [getattr(self, f"{projection}_{kind}") for kind in KINDS]
+        return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits)
+
+    def full_precision_bytes(self) -> int:
+        return 3 * self.num_experts * self.inter * self.hidden * self.model_dtype.itemsize

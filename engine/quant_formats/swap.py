@@ -1,0 +1,102 @@
+"""Putting a pre-quantized checkpoint's modules into a model built on meta, before any tensor is read, and
+finishing them once every tensor is in (engine/models/loader.py calls both)."""
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.lora_modules import PACKED_MODULES
+from engine.models.causal_lm import CausalLM
+from engine.models.linear import Linear
+from engine.models.moe import Experts
+from engine.parallel.sharding import ROW_PARALLEL
+from engine.quant_formats.experts import PackedExperts
+from engine.quant_formats.packed_linear import SAFETENSORS_DTYPES, PackedLinear
+from engine.quant_formats.registry import format_for
+from engine.quant_formats.spec import QuantSpec
+
+_EXPERT = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)\.(\d+)$")  # MoECausalLM.checkpoint_target's
+
+
+def _stored_kinds(model: CausalLM, files: list[Path]):
+    """({target module: {stored kind: dtype}}, {target module: its checkpoint tensor names}) from the headers."""
+    stored: dict[str, dict[str, torch.dtype]] = {}
+    names: dict[str, list[str]] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for raw in f.keys():
+                view = f.get_slice(raw)
+                split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
+                for name in [part[0] for part in split] if split else [raw]:
+                    target = model.checkpoint_target(name)
+                    if target is None:
+                        continue
+                    kind = name.rpartition(".")[2]
+                    stored.setdefault(target[0], {}).setdefault(kind, SAFETENSORS_DTYPES[view.get_dtype()])
+                    names.setdefault(target[0], []).append(raw)
+    return stored, names
+
+
+def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) -> dict[str, PackedLinear]:
+    """Replace (on meta) each decoder projection the checkpoint stores quantized (its tensors include the format's
+    marker) with the format's PackedLinear, and quantized experts with PackedExperts; returns {checkpoint tensor
+    name: the dense module it loads into}."""
+    packed_cls = format_for(quant_spec)
+    stored, names = _stored_kinds(model, files)
+    comm, packed, experts = model.comm, {}, {}
+    experts_cls = getattr(packed_cls, "experts_cls", None)  # a format's own stacked experts (fp8)
+    for module_name, kinds in stored.items():
+        if packed_cls.marker not in kinds:
+            if any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for dtype in kinds.values()):
+                raise ValueError(f"{quant_spec.describe()}: {module_name!r} has fp8 tensors without their "
+                                 f"{packed_cls.marker!r}: the checkpoint is missing its scales")
+            continue
+        if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
+            parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
+            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), name=module_name,
+                                                                   tp_rank=comm.rank, tp_size=comm.size))
+            continue
+        expert = _EXPERT.match(module_name)
+        if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below
+            experts.setdefault(expert.group(1), {}).setdefault(expert.group(2), kinds)
+            continue
+        try:
+            base = model.get_submodule(module_name)
+        except AttributeError:
+            base = None
+        if not isinstance(base, Linear) or module_name.rpartition(".")[2] not in PACKED_MODULES:
+            raise ValueError(f"{quant_spec.describe()}: quantized tensors for {module_name!r}, which this engine "
+                             f"serves only in full precision")
+        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size, tp_rank=comm.rank,
+                            row_parallel=module_name.rpartition(".")[2] in ROW_PARALLEL)
+        parent, _, attr = module_name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, module)
+        packed.update({name: module for name in names[module_name]})
+    for experts_name, dtypes in experts.items():
+        base = model.get_submodule(experts_name)
+        if not isinstance(base, Experts) or set(dtypes) != {"gate_up_proj", "down_proj"}:
+            raise ValueError(f"{experts_name}: quantized tensors for only some of the experts' projections")
+        if comm.size > 1:
+            raise ValueError(f"{quant_spec.describe()}: quantized experts are not served with tensor_parallel_size "
+                             f"> 1 yet")
+        parent, _, attr = experts_name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, PackedExperts(base, packed_cls, quant_spec, name=experts_name,
+                                                                 dtypes=dtypes))
+    if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "packed", False) is True
+                                              for m in model.modules()):
+        raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "
+                         f"{packed_cls.marker!r} tensors")
+    return packed
+
+
+def finish_packed(model: CausalLM) -> None:
+    """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked."""
+    modules = list(model.modules())
+    for module in modules:
+        if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "packed", False) is True):
+            module.finish()
+    for module in modules:
+        if isinstance(module, PackedExperts):
+            module.stack()

@@ -1,0 +1,207 @@
+"""Pre-quantized checkpoints (issue 36): GPTQ (v1, v2, act order, 4 and 8 bits), AWQ (gemm) and compressed-tensors
+(pack-quantized W4A16 / W8A16, naive-quantized int8), loaded as stored and served with LoRA on top.
+
+Oracle: transformers + PEFT on the dequantized twin of each checkpoint (tests/engine/quantized_checkpoints.py:
+W = (q - z) * s from the integers before packing; for compressed-tensors, the package's own decompression).
+transformers itself does not load these on CPU: GPTQ and AWQ need gptqmodel / autoawq and their CUDA kernels,
+and its compressed-tensors path rejects packed zero points of asymmetric schemes (a size mismatch at load)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import LLM, SamplingParams
+from engine.models import load_model
+from engine.quant_formats import FORMATS, read_quant_spec
+from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
+from tests.engine.quantized_checkpoints import write_quantized
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+CASES = {  # name: write_quantized's settings
+    "gptq-v1-w4-g32-sym": dict(fmt="gptq", bits=4, group_size=32, sym=True),
+    "gptq-v1-w4-g32-asym-act-order": dict(fmt="gptq", bits=4, group_size=32, sym=False, act_order=True),
+    "gptq-v2-w4-g32-asym-act-order": dict(fmt="gptq_v2", bits=4, group_size=32, sym=False, act_order=True),
+    "gptq-v2-w8-channel-sym": dict(fmt="gptq_v2", bits=8, group_size=-1, sym=True),
+    "awq-w4-g32": dict(fmt="awq", bits=4, group_size=32, sym=False),
+    "ct-pack-w4a16-g32-asym": dict(fmt="pack", bits=4, group_size=32, sym=False),
+    "ct-pack-w8a16-channel-sym": dict(fmt="pack", bits=8, group_size=-1, sym=True),
+    "ct-naive-int8-channel": dict(fmt="naive", bits=8, group_size=-1, sym=True),
+}
+NAMES = ["all8", None, "qv4", "mlp16", "all8"]
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # PEFT's target_parameters
+
+
+@pytest.fixture(scope="module")
+def llama_adapters(checkpoints, tmp_path_factory):
+    root, base = tmp_path_factory.mktemp("quant-format-adapters"), checkpoints["llama"]
+    return {
+        "all8": build_adapter(base, root / "all8", seed=40, r=8, targets=ALL),
+        "qv4": build_adapter(base, root / "qv4", seed=41, r=4, targets=["q_proj", "v_proj"]),
+        "mlp16": build_adapter(base, root / "mlp16", seed=42, r=16, targets=["gate_proj", "up_proj", "down_proj"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoints, tmp_path_factory):
+    """(case, family) -> (quantized checkpoint, dequantized twin), written once per module."""
+    root, made = tmp_path_factory.mktemp("quantized"), {}
+
+    def get(name: str, arch: str = "llama"):
+        if (name, arch) not in made:
+            made[name, arch] = write_quantized(checkpoints[arch], root / f"{arch}-{name}", seed=3, **CASES[name])
+        return made[name, arch]
+    return get
+
+
+def check_against_oracle(model_dir, dequantized, adapters, *, lengths=(3, 14, 9, 1, 11), names=NAMES,
+                         max_tokens: int = 6, **config) -> LLM:
+    """Greedy tokens identical and prompt log-probabilities within 1e-4 of transformers + PEFT on the dequantized
+    twin, for base and adapter requests in one batch."""
+    oracle = Oracle(dequantized, adapters)
+    llm = LLM(model_dir, device="cpu", max_num_seqs=8, num_kv_blocks=128, block_size=4, **config)
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    prompts = random_prompts(36, list(lengths))
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=0)
+    outputs = llm.generate(prompts, greedy, adapters=list(names))
+    for prompt, name, out in zip(prompts, names, outputs, strict=True):
+        assert out.token_ids == oracle.greedy(prompt, name, max_tokens), f"adapter {name}"
+        expected = torch.log_softmax(oracle.logits(prompt, name), -1)
+        got = [lp.logprob for lp in (out.prompt_logprobs or [None])[1:]]
+        want = [float(expected[i, prompt[i + 1]]) for i in range(len(prompt) - 1)]
+        assert got == pytest.approx(want, abs=1e-4), f"adapter {name}"
+    return llm
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_engine_matches_peft_on_the_dequantized_checkpoint(quantized, llama_adapters, case):
+    model_dir, dequantized = quantized(case)
+    llm = check_against_oracle(model_dir, dequantized, llama_adapters)
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.base
+    assert type(qkv).__name__ == FORMATS[read_quant_spec(json.loads((model_dir / "config.json").read_text())).scheme
+                                         ].__name__
+    assert qkv.qweight.dtype == torch.int32  # served packed: nothing dequantized at load
+    assert llm.engine.memory_split()["quantization"].startswith(case.split("-")[0].replace("ct", "compressed-tensors"))
+
+
+def test_engine_on_the_triton_launchers_matches_peft(quantized, llama_adapters, triton_launchers):
+    """The GEMM every integer format is served by (after repacking: AWQ and compressed-tensors reach it in the same
+    layout), with act order and zero points, under Triton's interpreter with every other op on its launcher."""
+    check_against_oracle(*quantized("gptq-v2-w4-g32-asym-act-order"), llama_adapters, lengths=(3, 9, 1),
+                         names=("all8", None, "mlp16"), max_tokens=3)
+
+
+@pytest.mark.parametrize(("arch", "case"), [("qwen2", "gptq-v1-w4-g32-asym-act-order"), ("qwen3", "awq-w4-g32"),
+                                          ("qwen3", "ct-pack-w4a16-g32-asym")])
+def test_qwen_families_match_peft(checkpoints, quantized, tmp_path, arch, case):
+    """Qwen2 (q/k/v biases beside the packed weights, tied embeddings) and Qwen3 (head_dim 24 apart from
+    hidden / heads, q/k norms)."""
+    adapters = {"all8": build_adapter(checkpoints[arch], tmp_path / "all8", seed=43, r=8, targets=ALL)}
+    check_against_oracle(*quantized(case, arch), adapters, lengths=(3, 14, 9), names=("all8", None, "all8"))
+
+
+@pytest.mark.parametrize(("arch", "case"), [("qwen3-moe", "gptq-v2-w4-g32-asym-act-order"), ("mixtral", "awq-w4-g32"),
+                                          ("qwen3-moe", "ct-pack-w8a16-channel-sym")])
+def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case):
+    """Every expert quantized (Mixtral's w1/w2/w3 names too), served stacked by the grouped W4A16 GEMM; LoRA on
+    attention and on the experts (PEFT target_parameters) on top; the router stays in full precision."""
+    base = build_checkpoint(tmp_path / arch, arch, seed=5, **({"moe_intermediate_size": 64} if arch == "qwen3-moe"
+                                                               else {}))
+    model_dir, dequantized = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    adapters = {"attn8": build_adapter(base, tmp_path / "attn8", seed=44, r=8, targets=["q_proj", "v_proj", "o_proj"]),
+                "experts4": build_adapter(base, tmp_path / "experts4", seed=45, r=4, targets=[],
+                                          target_parameters=EXPERT_PARAMETERS)}
+    llm = check_against_oracle(model_dir, dequantized, adapters, lengths=(3, 14, 9, 6),
+                               names=("attn8", None, "experts4", "attn8"))
+    experts = llm.engine.runner.model.model.layers[0].mlp.experts.base
+    assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "ct-pack-w8a16-channel-sym"])
+def test_two_tensor_parallel_ranks_load_their_shards_and_match_peft(quantized, llama_adapters, case):
+    """Each rank reads its part of the packed weights: q/k/v and gate/up by output columns (packed zeros too), o and
+    down by input rows with the act-order g_idx split alike and the scales whole."""
+    check_against_oracle(*quantized(case), llama_adapters, lengths=(3, 14, 9), names=("all8", None, "mlp16"),
+                         max_tokens=4, tensor_parallel_size=2)
+
+
+def test_a_tensor_parallel_split_inside_a_group_is_refused(quantized):
+    """down_proj's 96 inputs over two ranks are 48 each: not whole groups of 32 (without act order each rank
+    would need scales of a group it holds half of)."""
+    with pytest.raises(ValueError, match="down_proj: 48 inputs on this rank is not a whole number of groups of 32"):
+        LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, tensor_parallel_size=2)
+
+
+# bad input: a clear error at start
+
+def _rewrite(model_dir, tmp_path, *, config=None, tensors=None):
+    """A copy of a checkpoint with its quantization_config updated and some tensors replaced (None: dropped)."""
+    out = tmp_path / "bad"
+    out.mkdir()
+    for path in model_dir.iterdir():
+        if path.name not in ("config.json", "model.safetensors"):
+            (out / path.name).write_bytes(path.read_bytes())
+    hf = json.loads((model_dir / "config.json").read_text())
+    hf["quantization_config"].update(config or {})
+    (out / "config.json").write_text(json.dumps(hf))
+    state = load_file(str(model_dir / "model.safetensors"))
+    for name, tensor in (tensors or {}).items():
+        if tensor is None:
+            del state[name]
+        else:
+            state[name] = tensor
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _load(model_dir):
+    return load_model(model_dir, dtype=torch.float32, device=torch.device("cpu"))
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"quant_method": "bitsandbytes"}, "'bitsandbytes' .*not supported; supported: gptq, awq, compressed-tensors"),
+    ({"bits": 3}, "3-bit weights are not served; the kernels take 4 or 8 bits"),
+    ({"group_size": 16}, "group size 16 is not served"),
+    ({"checkpoint_format": "marlin"}, "checkpoint format 'marlin' is not served"),
+])
+def test_unsupported_settings_are_refused_naming_them(quantized, tmp_path, config, message):
+    bad = _rewrite(quantized("gptq-v2-w4-g32-asym-act-order")[0], tmp_path, config=config)
+    with pytest.raises(ValueError, match=message):
+        _load(bad)
+    with pytest.raises(ValueError, match=message):  # the engine refuses before loading anything
+        LLM(bad, device="cpu", num_kv_blocks=16)
+
+
+def test_a_packed_tensor_of_the_wrong_shape_is_refused(quantized, tmp_path):
+    model_dir = quantized("gptq-v2-w4-g32-asym-act-order")[0]
+    qweight = load_file(str(model_dir / "model.safetensors"))[f"{Q}.qweight"]
+    bad = _rewrite(model_dir, tmp_path, tensors={f"{Q}.qweight": qweight[:, :-8].contiguous()})
+    with pytest.raises(ValueError, match=r"qkv_proj: qweight of slice 0 has shape \(8, 56\), expected \(8, 64\)"):
+        _load(bad)
+
+
+@pytest.mark.parametrize(("case", "kind"), [("gptq-v2-w4-g32-asym-act-order", "scales"),
+                                            ("awq-w4-g32", "qzeros"),
+                                            ("ct-pack-w4a16-g32-asym", "weight_zero_point")])
+def test_missing_scales_or_zeros_are_refused(quantized, tmp_path, case, kind):
+    bad = _rewrite(quantized(case)[0], tmp_path, tensors={f"model.layers.1.mlp.down_proj.{kind}": None})
+    with pytest.raises(ValueError, match=f"down_proj: the checkpoint has no {kind}"):
+        _load(bad)
+
+
+def test_a_g_idx_that_is_not_a_permutation_is_refused(quantized, tmp_path):
+    g_idx = torch.zeros(96, dtype=torch.int32)  # every channel in group 0
+    bad = _rewrite(quantized("gptq-v2-w4-g32-asym-act-order")[0], tmp_path,
+                   tensors={"model.layers.0.mlp.down_proj.g_idx": g_idx})
+    with pytest.raises(ValueError, match="g_idx is not a permutation of the input channels into groups of 32"):
+        _load(bad)
+
+
+def test_quantizing_a_quantized_checkpoint_on_load_is_refused(quantized):
+    with pytest.raises(ValueError, match="already quantized"):
+        LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, quantization="int8")

@@ -13,6 +13,9 @@
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 #   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
 #            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
+#   fp8ckpt  benchmarks/fp8_checkpoint.py (8B shape: an fp8 weight_block_size -> fp8ckpt.log, fp8ckpt.json (not by
+#            [128, 128] checkpoint against bf16, decode tok/s at batch 64,    default: QUILT_GPU_STEPS="env fp8ckpt";
+#            16 adapters; goal >= 1.6x)                                       QUILT_GPU_FP8CKPT_S, 420)
 #   spec     benchmarks/speculative.py on CUDA (demo model, on vs off)   -> spec.log     (not by default)
 #   tp       benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
 #            it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
@@ -41,6 +44,7 @@ KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
 QUANT_S="${QUILT_GPU_QUANT_S:-420}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
+FP8CKPT_S="${QUILT_GPU_FP8CKPT_S:-420}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
@@ -155,11 +159,19 @@ for step in $STEPS; do
         run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
           --json "$OUT/quant.json" $QUANT_ARGS
       fi ;;
+    fp8ckpt)
+      if [ "$DRY" = 1 ]; then
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --shape llama-tiny --json "$OUT/fp8ckpt.json" \
+          --rounds 1 --batches 8 --adapters 4
+      else
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --device cuda --shape llama3-8b \
+          --json "$OUT/fp8ckpt.json"
+      fi ;;
     spec)
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, spec, tp)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, fp8ckpt, spec, tp)" >&2; exit 2 ;;
   esac
 done
 
@@ -174,6 +186,7 @@ done
   [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
   [ -f "$OUT/quant.log" ] && sed -n '/^## quantization/,$p' "$OUT/quant.log"
+  [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

@@ -152,6 +152,15 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         return _recorded_launches("rotary_embedding", torch.arange(3), qkv[:, :24], qkv[:, 24:32], torch.randn(64, 96))
     if case == "silu_and_mul":
         return _recorded_launches("silu_and_mul", torch.randn(3, 2 * 14336).to(dtype))
+    if case == "fp8_block_linear":  # an fp8 checkpoint's gate_up at Llama-3-8B's shape, a decode batch of 64
+        weight = torch.randn(2 * 14336, 4096).to(torch.float8_e4m3fn)
+        return _recorded_launches("fp8_block_linear", torch.randn(64, 4096).to(dtype), weight,
+                                  torch.rand(2 * 14336, 32), 128)
+    if case == "grouped_matmul-fp8":  # fp8 experts (Qwen3-30B-A3B-FP8's shape) with their block scales
+        weight = torch.randn(8, 1536, 2048).to(torch.float8_e4m3fn)
+        offsets = torch.tensor([0, 3, 3, 10, 12, 20, 20, 25, 32], dtype=torch.int32)
+        return _recorded_launches("grouped_matmul", torch.randn(32, 2048).to(dtype), weight, offsets,
+                                  torch.rand(8, 1536, 16), 128)
     if case == "gelu_tanh_and_mul":
         return _recorded_launches("gelu_tanh_and_mul", torch.randn(3, 2 * 9216).to(dtype))
     raise AssertionError(case)
@@ -164,10 +173,10 @@ CASES = [
     "paged_attention_prefill-fp8kv", "gelu_tanh_and_mul", "rotary_embedding-partial",
     "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
     "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
-    "paged_attention_prefill-fp8kv-window-softcap",
+    "paged_attention_prefill-fp8kv-window-softcap", "fp8_block_linear", "grouped_matmul-fp8",
 ]  # fmt: skip
 DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
-             "paged_attention_prefill-window-softcap"]
+             "paged_attention_prefill-window-softcap", "fp8_block_linear"]
 
 
 

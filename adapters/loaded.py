@@ -105,8 +105,11 @@ class LoadedAdapter:
         }
 
 
-def load_canonical(directory: str | Path) -> LoadedAdapter:
-    """Read what `LoadedAdapter.save` wrote; the digest is recomputed and must match."""
+def load_canonical(directory: str | Path, *, digest: str | None = None) -> LoadedAdapter:
+    """Read what `LoadedAdapter.save` wrote. Without `digest` the content digest is recomputed and must match
+    the sidecar's. With the digest the caller already knows (computed once, when the adapter was uploaded or
+    first made known: the folder is content-addressed and immutable) the sidecar must name it and the tensors
+    are not hashed again: a load then reads the file once and checks only its structure."""
     directory = Path(directory)
     try:
         sidecar = json.loads((directory / SIDECAR_NAME).read_text())
@@ -134,10 +137,14 @@ def load_canonical(directory: str | Path) -> LoadedAdapter:
     ):
         raise AdapterError("canonical_corrupt", f"{directory}: tensors do not match {SIDECAR_NAME}")
     adapter = LoadedAdapter(**{**sidecar, "tensors": dict(sorted(tensors.items()))})
-    digest = adapter_digest(adapter.tensors, adapter.scaling)
-    if digest != sidecar["digest"]:
+    if digest is not None:
+        if sidecar["digest"] != digest:
+            raise AdapterError("digest_mismatch", f"its content has digest {str(sidecar['digest'])[:12]}")
+        return adapter
+    computed = adapter_digest(adapter.tensors, adapter.scaling)
+    if computed != sidecar["digest"]:
         raise AdapterError(
-            "canonical_corrupt", f"{directory}: content digest {digest} does not match {sidecar['digest']}"
+            "canonical_corrupt", f"{directory}: content digest {computed} does not match {sidecar['digest']}"
         )
     return adapter
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from adapters.errors import AdapterError
@@ -66,9 +65,28 @@ def check_safetensors(path: Path) -> dict[str, TensorEntry]:
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a file `check_safetensors` accepted, copied out of the mapping into memory we own:
-    a mapped file could change after validation, and an unpacked upload is deleted right after."""
-    return {name: tensor.clone() for name, tensor in safetensors.torch.load_file(path).items()}
+    """The tensors of a file `check_safetensors` accepts, read once into one buffer this process owns (not
+    mapped: a mapped file could change after validation, and an unpacked upload is deleted right after); each
+    tensor is a view of that buffer, so its bytes are copied from the file once and never again (a tensor whose
+    offset does not suit its dtype's alignment, which no writer we know produces, is the one copied)."""
+    entries = check_safetensors(path)
+    with open(path, "rb") as handle:
+        (header_size,) = struct.unpack("<Q", handle.read(8))
+        handle.seek(8 + header_size)
+        data = torch.empty(max((e.end for e in entries.values()), default=0), dtype=torch.uint8)  # [data bytes]
+        view, filled = memoryview(data.numpy()), 0
+        while filled < len(view):
+            count = handle.readinto(view[filled:])
+            if not count:
+                raise AdapterError("safetensors_truncated", f"{path.name} ended while its tensors were read")
+            filled += count
+    tensors = {}
+    for name, entry in entries.items():
+        raw = data[entry.begin : entry.end]
+        if entry.begin % _ITEM_SIZE[entry.dtype]:
+            raw = raw.clone()
+        tensors[name] = raw.view(ALLOWED_DTYPES[entry.dtype]).view(entry.shape)
+    return tensors
 
 
 def _parse_header(name: str, raw: bytes) -> dict[str, Any]:

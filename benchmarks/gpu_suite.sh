@@ -13,6 +13,9 @@
 #   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
 #   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
 #            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
+#   w4a16    benchmarks/quantized_checkpoints.py (8B shape: a GPTQ W4A16  -> w4a16.log, w4a16.json   (not by default:
+#            g128 checkpoint against bf16, decode tok/s at batch 1/16/64,   QUILT_GPU_STEPS="env w4a16"; QUILT_GPU_W4A16_S,
+#            16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)             360)
 #   fp8ckpt  benchmarks/fp8_checkpoint.py (8B shape: an fp8 weight_block_size -> fp8ckpt.log, fp8ckpt.json (not by
 #            [128, 128] checkpoint against bf16, decode tok/s at batch 64,    default: QUILT_GPU_STEPS="env fp8ckpt";
 #            16 adapters; goal >= 1.6x)                                       QUILT_GPU_FP8CKPT_S, 420)
@@ -43,6 +46,7 @@ NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
 KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
 TRACE_S="${QUILT_GPU_TRACE_S:-200}"
 QUANT_S="${QUILT_GPU_QUANT_S:-420}"
+W4A16_S="${QUILT_GPU_W4A16_S:-360}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 FP8CKPT_S="${QUILT_GPU_FP8CKPT_S:-420}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
@@ -159,6 +163,14 @@ for step in $STEPS; do
         run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
           --json "$OUT/quant.json" $QUANT_ARGS
       fi ;;
+    w4a16)
+      if [ "$DRY" = 1 ]; then
+        run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --shape llama-tiny --json "$OUT/w4a16.json" \
+          --rounds 1 --batches 1 16 --adapters 4
+      else
+        run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --device cuda --shape llama3-8b \
+          --json "$OUT/w4a16.json"
+      fi ;;
     fp8ckpt)
       if [ "$DRY" = 1 ]; then
         run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --shape llama-tiny --json "$OUT/fp8ckpt.json" \
@@ -171,7 +183,7 @@ for step in $STEPS; do
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, fp8ckpt, spec, tp)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp)" >&2; exit 2 ;;
   esac
 done
 
@@ -186,6 +198,7 @@ done
   [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
   [ -f "$OUT/quant.log" ] && sed -n '/^## quantization/,$p' "$OUT/quant.log"
+  [ -f "$OUT/w4a16.log" ] && sed -n '/^## W4A16/,$p' "$OUT/w4a16.log"
   [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
 } | tee "$OUT/suite.log"

@@ -24,6 +24,8 @@ from engine.contract import KEEP_ALIVE_SECONDS
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
 ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
                                    "page holds the model's adapter rows)",
+                    "cuda_graphs": "on CUDA, decode steps replay CUDA graphs per padded batch size (default: on; "
+                                   "docs/gpu.md)",
                     "role": "prefill, decode or both (default): what the gateway sends this engine, said in its "
                             "registration and /v1/state (docs/kv-tiers.md)"}
 
@@ -41,7 +43,8 @@ def engine_config_flags(parser: argparse.ArgumentParser) -> None:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             kind = next(arm for arm in typing.get_args(kind) if arm is not type(None))
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                               help=ENGINE_FLAGS_HELP.get(field.name))
         else:
             group.add_argument(flag, type=kind, default=field.default,
                                help=ENGINE_FLAGS_HELP.get(field.name, f"default: {field.default}"))

@@ -94,15 +94,17 @@ class AdapterPlan:
             most_chunks = max(most_chunks, -(-at // chunk))
         num_pages = -(-most_chunks // 2)
         dtype = next(iter(rows.values())).dtype
-        chunks = torch.zeros(num_layers, 2 * num_pages * chunk, dtype=dtype)  # [L, chunks * chunk]
+        # [L, chunks * chunk], pinned from the start on CUDA (no second, pinned copy); each run of rows that lie
+        # end to end is one copy from the tensors read (views of the file's one buffer)
+        chunks = torch.zeros(num_layers, 2 * num_pages * chunk, dtype=dtype, pin_memory=pin)
         for (layer, module, half), part in rows.items():
             at = local[layer][module][half][: part.shape[0]]
-            width = part.shape[1]
-            index = (torch.tensor(at, dtype=torch.int64)[:, None] + torch.arange(width)).reshape(-1)
-            chunks[layer].index_copy_(0, index, part.reshape(-1).to(dtype))
+            width, first = part.shape[1], 0
+            for j in range(1, len(at) + 1):
+                if j == len(at) or at[j] != at[j - 1] + width:
+                    chunks[layer, at[first] : at[j - 1] + width].view(j - first, width).copy_(part[first:j])
+                    first = j
         chunks = chunks.view(num_layers, 2 * num_pages, chunk)
-        if pin:
-            chunks = chunks.pin_memory()
         first_expert = EXPERT_INDEX[0]
         return cls(digest=adapter.digest, num_pages=num_pages, max_rank=max_rank, expert_rows=expert_rows,
                    ranks=ranks, a_source=torch.tensor(a_source, dtype=torch.int64), scaling=scaling,

@@ -16,6 +16,7 @@ when it leaves that tier and when it is placed in pages, so every rank uses the 
 import queue
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,12 +34,15 @@ CANONICAL_SIDECAR = "quilt_adapter.json"
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
-def read_adapter(path: str | Path, base_config: dict, max_rank: int) -> "adapters.LoadedAdapter":
+def read_adapter(path: str | Path, base_config: dict, max_rank: int, *, digest: str | None = None
+                 ) -> "adapters.LoadedAdapter":
     """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise; fused-name
-    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice)."""
+    modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice). `digest`: the
+    one the adapter was made known by, which a canonical folder's sidecar must name (its tensors are then not
+    hashed again, adapters.load_canonical); a PEFT folder is converted, and so hashed, whatever is known."""
     path = Path(path)
     if (path / CANONICAL_SIDECAR).exists():
-        adapter = adapters.load_canonical(path)
+        adapter = adapters.load_canonical(path, digest=digest)
     else:
         adapter = adapters.load_adapter(path, base_config, max_rank=max_rank)
     return per_slice(adapter, adapters.BaseShapes.from_config(base_config))
@@ -96,7 +100,7 @@ class AdapterPool:
         *,
         memory: PagedMemory,
         plan: Callable[["adapters.LoadedAdapter"], AdapterPlan],
-        load: Callable[[Path], "adapters.LoadedAdapter"],
+        load: Callable[[Path, str], "adapters.LoadedAdapter"],  # (path, the digest it is registered by)
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
@@ -124,8 +128,23 @@ class AdapterPool:
         self._copies: list = []  # CUDA events of copies the next step must wait for
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._worker, name="adapter-loader", daemon=True)
+        # the loader holds the pool weakly (a thread running a bound method would keep the pool, its pages and,
+        # through `plan` and `load`, the engine alive for good); dropping the pool stops it
+        self._thread = threading.Thread(target=_load_in_background, args=(weakref.ref(self), self._requests),
+                                        name="adapter-loader", daemon=True)
         self._thread.start()
+        self._stop_loader = weakref.finalize(self, self._requests.put, None)
+
+    def close(self) -> None:
+        """Stop the loader and let go of every tier (the engine runs no step after this); twice is harmless."""
+        self._stop_loader()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._host.clear()
+        self._resident.clear()
+        self._idle.clear()
+        self._copies.clear()
+        self._host_bytes = 0
 
     # registration
     def register(self, digest: str, path: str | Path) -> None:
@@ -341,16 +360,14 @@ class AdapterPool:
             self._mirror.drop(digest)
 
     # loading
-    def _worker(self) -> None:
-        while True:
-            digest, path = self._requests.get()
-            try:
-                adapter = self._load(path)
-                if adapter.digest != digest:
-                    raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
-                self._results.put((digest, self.prepare(adapter), None))
-            except Exception as error:  # every loader failure fails only this adapter's requests
-                self._results.put((digest, None, failure_reason(error)))
+    def _load_one(self, digest: str, path: Path) -> None:
+        try:
+            adapter = self._load(path, digest)
+            if adapter.digest != digest:
+                raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
+            self._results.put((digest, self.prepare(adapter), None))
+        except Exception as error:  # every loader failure fails only this adapter's requests
+            self._results.put((digest, None, failure_reason(error)))
 
     def _drain(self) -> None:
         while True:
@@ -379,3 +396,14 @@ class AdapterPool:
             "failed": dict(self._failed),
             "registered": len(self._paths),
         }
+
+
+def _load_in_background(pool_ref: "weakref.ref[AdapterPool]", requests: queue.Queue) -> None:
+    """The loader thread: disk -> host for each (digest, path) asked for, until None or the pool is gone. The
+    pool is held only while one adapter loads."""
+    while (item := requests.get()) is not None:
+        pool = pool_ref()
+        if pool is None:
+            return
+        pool._load_one(*item)
+        del pool

@@ -41,6 +41,8 @@ class EngineConfig:
     speculative_max_batch: int = 32  # steps with more running sequences do not speculate (compute-bound)
     speculative_min_acceptance: float = 0.3  # a sequence whose acceptance rate falls below this stops proposing
     tensor_parallel_size: int = 1  # ranks the model is split over (docs/tensor-parallel.md); 1: no workers
+    cuda_graphs: bool = True  # CUDA: decode steps replay CUDA graphs per padded batch size (docs/gpu.md); off
+    # (--no-cuda-graphs): every step eager. Ignored on CPU, which runs eagerly
     role: str = "both"  # "prefill", "decode" or "both": what the gateway sends here (docs/kv-tiers.md)
 
     def __post_init__(self) -> None:

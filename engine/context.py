@@ -18,7 +18,8 @@ class Context:
     prompt_lens: torch.Tensor  # [B] int32, each sequence's prompt length (LongRoPE's choice of rows)
     is_decode: bool  # every sequence has exactly one new token
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
-    _decode_layout: object = field(default=None, repr=False)  # decode_meta(), once cut
+    _decode_layout: object = field(default=None, repr=False)  # decode_meta(): prepare_decode() cuts it
+    _decode_ready: bool = field(default=False, repr=False)
 
     @classmethod
     def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
@@ -38,9 +39,20 @@ class Context:
             lora=lora,
         )
 
+    def prepare_decode(self, k_cache: torch.Tensor, windows: set[int | None]) -> "Context":
+        """Cut, before the forward, the `meta` every layer's paged_attention_decode of a decode step reads
+        (kernels.decode_layout: the reference's buckets, for each of the model's windows; nothing for the Triton
+        launcher), so that the forward itself makes no host sync and no choice on the tensors' values."""
+        if self.is_decode and not self._decode_ready:
+            layout = kernels.decode_layout(self.block_tables, self.context_lens, k_cache)
+            for window in windows if layout is not None else ():
+                layout.for_window(window)
+            self._decode_layout, self._decode_ready = layout, True
+        return self
+
     def decode_meta(self, k_cache: torch.Tensor):
-        """The `meta` of a decode step's paged_attention_decode calls (kernels.decode_layout), cut by the first
-        layer that asks and shared by the others (every layer's cache has one shape)."""
-        if self._decode_layout is None:
-            self._decode_layout = kernels.decode_layout(self.block_tables, self.context_lens, k_cache)
+        """The `meta` of a decode step's paged_attention_decode calls, shared by every layer (every layer's cache
+        has one shape): prepare_decode's, or cut by the first layer that asks when it was not called."""
+        if not self._decode_ready:
+            self.prepare_decode(k_cache, set())
         return self._decode_layout

@@ -4,6 +4,8 @@ import itertools
 import time
 from pathlib import Path
 
+import torch
+
 from engine.config import EngineConfig
 from engine.grammar import GrammarSpec
 from engine.llm_engine import LLMEngine
@@ -14,16 +16,42 @@ _batch_ids = itertools.count()
 
 
 class LLM:
+    """`close()` (or leaving a `with LLM(...) as llm:` block) frees the model, the KV pool and the adapters at
+    once, device memory included; so does dropping the last reference (nothing in the engine is held in a
+    reference cycle or by a thread)."""
+
     def __init__(self, model: str | Path, device: str = "cpu", **config_fields) -> None:
-        self.engine = LLMEngine(EngineConfig(model=str(model), device=device, **config_fields))
+        self.engine: LLMEngine | None = LLMEngine(EngineConfig(model=str(model), device=device, **config_fields))
         self.adapters: dict[str, str] = {}  # name -> digest
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the engine and let go of it; this LLM runs nothing after (a second close does nothing)."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        engine.shutdown()
+        on_cuda = engine.device.type == "cuda"
+        del engine  # the last reference: the weights, the page pool and the adapters' tiers go with it
+        if on_cuda:
+            torch.cuda.empty_cache()  # back to the driver, for another process (this one reuses its cache anyway)
+
+    def _open_engine(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed")
+        return self.engine
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._open_engine().tokenizer
 
     def add_adapter(self, name: str, path: str | Path) -> str:
-        digest = self.engine.add_adapter(path)
+        digest = self._open_engine().add_adapter(path)
         self.adapters[name] = digest
         return digest
 
@@ -38,6 +66,7 @@ class LLM:
         """One RequestOutput per prompt, in order: completion 0 with every completion in `choices` and the
         request's usage (engine.outputs.merge_choices). grammars: what constrains each prompt's output (None:
         nothing), compiled before any request starts."""
+        self._open_engine()
         count = len(prompts)
         samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * count
         adapters = adapters or [None] * count

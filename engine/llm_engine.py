@@ -97,11 +97,12 @@ class LLMEngine:
             self.block_manager.on_evict = self.host_tier.save
         if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
             self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
+        pin, hf_config = self.device.type == "cuda", self.hf_config  # the lambdas hold no `self`: no cycle
         self.adapter_pool = AdapterPool(
             memory=self.memory,
             plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
-                                                   widths=widths, chunk=chunk, pin=self.device.type == "cuda"),
-            load=lambda path: read_adapter(path, self.hf_config, config.max_adapter_rank),
+                                                   widths=widths, chunk=chunk, pin=pin),
+            load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
             take_pages=self.block_manager.take_pages,
             give_pages=self.block_manager.give_pages,
             host_cache_bytes=config.host_adapter_cache_bytes,
@@ -115,7 +116,10 @@ class LLMEngine:
                                         eos_token_ids=self.eos_token_ids) if self.tokenizer is not None else None
         self.guided = GuidedDecoding(vocab_size=vocab, device=self.device)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
-                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided)
+                                  eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided,
+                                  cuda_graphs=config.cuda_graphs and self.device.type == "cuda",
+                                  max_batch=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  max_adapter_rank=config.max_adapter_rank)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
         self.scheduler = Scheduler(
@@ -338,11 +342,12 @@ class LLMEngine:
         return None if self.workers is None else self.workers.failure()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (the engine runs no step after this)."""
+        """Stop the tensor-parallel workers, if any, and the adapter loader (the engine runs no step after this)."""
         if self.workers is not None:
             self.workers.stop()
         if self.host_tier is not None:
             self.host_tier.close()
+        self.adapter_pool.close()
 
     def _prefetch_adapters(self) -> None:
         """Place the adapters of the requests next in line in pages no one needs, even while the batch is

@@ -1,19 +1,25 @@
 """Runs one scheduled step: flattens it into a ragged token batch, runs the model, samples."""
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.adapter_pool import AdapterPool
 from engine.context import Context
+from engine.cuda_graph import DecodeGraphs, graph_unsupported
 from engine.guided import GuidedDecoding
 from engine.lora_batch import LoRABatch
+from engine.lora_linear import LoRALinear
 from engine.models import CausalLM
 from engine.paged_memory import PagedMemory
 from engine.sampler import Sample, Sampler, SampleRequest
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.rejection import accept_greedy, verify_sampled
+from engine.step_inputs import StepInputs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,17 +39,48 @@ class ModelRunner:
         eos_token_ids: tuple[int, ...],
         device: torch.device,
         guided: GuidedDecoding | None = None,
+        cuda_graphs: bool = False,
+        max_batch: int = 1,
+        max_model_len: int = 0,
+        max_adapter_rank: int = 0,
     ) -> None:
+        """cuda_graphs (CUDA only): decode steps of up to max_batch sequences of up to max_model_len tokens, with
+        adapters of up to max_adapter_rank, replay CUDA graphs (engine/cuda_graph.py)."""
         self.model = model
         self.guided = guided or GuidedDecoding(vocab_size=model.spec.vocab_size, device=device)
         self.adapters = adapters
         self.eos_token_ids = eos_token_ids
+        self.memory = memory
         self.block_size = memory.kv_shape[1]
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
         self._lora_key: tuple | None = None  # what _lora was built for: tokens' adapters and the page tables
         self._lora: LoRABatch | None = None
+        self.k_cache = model.model.layers[0].self_attn.k_cache  # every layer's has this shape
+        self.windows = {layer.self_attn.window for layer in model.model.layers}
+        self.lora_modules = sorted({(m.layer, m.first, m.num_slices) for m in model.modules()
+                                    if isinstance(m, LoRALinear)})
+        self.graphs = None
+        if cuda_graphs:
+            self.graphs = self.static_decode(max_batch=max_batch, max_model_len=max_model_len,
+                                             max_adapter_rank=max_adapter_rank, capture=True)
+
+    def static_decode(self, *, max_batch: int, max_model_len: int, max_adapter_rank: int, capture: bool
+                      ) -> DecodeGraphs | None:
+        """Decode steps through static buffers from now on, captured as CUDA graphs (capture=True), or run
+        eagerly through the same buffers (capture=False: CPU tests of the replay contract); None, said once in
+        the log, when the model cannot."""
+        reason = graph_unsupported(self.model)
+        if reason is not None:
+            log.info("decode runs eagerly: CUDA graphs do not support %s", reason)
+            return None
+        max_blocks = -(-max_model_len // self.block_size) + 1  # + 1: speculative lookahead past the last token
+        graphs = DecodeGraphs(model=self.model, max_batch=max_batch, max_blocks=max_blocks, max_rank=max_adapter_rank,
+                              zero_row=self.memory.zero_row, capture=capture, device=self.device)
+        log.info("decode steps of up to %d sequences run through static buffers%s (batch buckets %s)", max_batch,
+                 ", captured as CUDA graphs" if capture else "", graphs.buckets)
+        return graphs
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
@@ -57,9 +94,9 @@ class ModelRunner:
             self.generators[seq.seq_id] = g
         return self.generators[seq.seq_id]
 
-    def _prepare(self, out: SchedulerOutput, proposals: dict[int, list[int]]):
-        """Flatten the step into one ragged batch: token ids, the Context, and which rows get logits. A
-        sequence with proposed tokens runs them after its last token (verification rows)."""
+    def _flatten(self, out: SchedulerOutput, proposals: dict[int, list[int]]):
+        """The step as one ragged batch of host lists, and which rows get logits. A sequence with proposed tokens
+        runs them after its last token (verification rows)."""
         bs = self.block_size
         input_ids, positions, slot_mapping, token_slots = [], [], [], []
         # the step's adapters in one order while they stay (the gathered page tables are kept), and its sequences
@@ -90,13 +127,36 @@ class ModelRunner:
                 sample_rows += [(seq, len(input_ids) - 1 - i) for i in range(len(proposal), -1, -1)]
             elif end == seq.num_tokens:
                 sample_rows.append((seq, len(input_ids) - 1))
-        dev = self.device
+        inputs = StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, block_tables=tables,
+                            context_lens=context_lens, cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens,
+                            token_slots=token_slots, adapters=list(adapter_slots))
+        return inputs, sample_rows, prompt_rows
+
+    def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
+        """The step's token ids [T] and Context as fresh tensors, with everything the forward reads prepared
+        before it: the decode attention's layout and every LoRA projection's tables."""
+        lora = self._lora_batch(inputs.token_slots, inputs.adapters) if inputs.adapters else None
         ctx = Context.build(
-            positions=positions, slot_mapping=slot_mapping, block_tables=tables, context_lens=context_lens,
-            cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens, lora=self._lora_batch(token_slots, list(adapter_slots)) if adapter_slots else None,
-            device=self.device,
-        )
-        return torch.tensor(input_ids, dtype=torch.int64, device=dev), ctx, sample_rows, prompt_rows
+            positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
+            context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,
+            lora=lora, device=self.device,
+        ).prepare_decode(self.k_cache, self.windows)
+        for key in self.lora_modules if lora is not None else ():
+            lora.module(*key)  # cut now, not inside the forward
+        return torch.tensor(inputs.input_ids, dtype=torch.int64, device=self.device), ctx
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step: a decode step that fits replays its CUDA graph (or, without
+        capture, runs through the same static buffers); any other runs eagerly."""
+        if self.graphs is not None and self.graphs.takes(inputs):
+            hidden = self.graphs.run(inputs, self._tables_key(inputs.adapters),
+                                     lambda: self.adapters.tables(inputs.adapters))
+            if hidden is not None:
+                return hidden
+        return self.model(*self.eager_inputs(inputs))
+
+    def _tables_key(self, digests: list[str]) -> tuple:
+        return (tuple(digests), self.adapters.placements(digests)) if digests else ()
 
     def _lora_batch(self, token_slots: list[int], digests: list[str]) -> LoRABatch:
         """The step's LoRABatch; consecutive decode steps often share it (same tokens' adapters, same page
@@ -117,11 +177,11 @@ class ModelRunner:
         drawn from (absent: deterministic proposals)."""
         self.adapters.wait_for_copies()
         proposals = proposals or {}
-        input_ids, ctx, sample_rows, prompt_rows = self._prepare(out, proposals)
+        inputs, sample_rows, prompt_rows = self._flatten(out, proposals)
         # constrained sequences never speculate (engine/speculative/policy.py): one sample row each
         constrained = [seq for seq, _ in sample_rows if self.guided.constrained(seq)]
         pending = self.guided.start(constrained)  # masks computed while the model runs
-        hidden = self.model(input_ids, ctx)  # [T, hidden]
+        hidden = self.forward(inputs)  # [T, hidden]
         rows = [row for _, row in sample_rows] + [row for _, row, _ in prompt_rows]
         logits = self.model.compute_logits(hidden[rows]) if rows else None  # [N, vocab] float32
         results = {seq.seq_id: StepResult() for seq in out.seqs}

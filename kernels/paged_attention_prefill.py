@@ -95,10 +95,14 @@ def _prefill_kernel(
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s * LOG2E, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if HAS_WINDOW:  # a row may see nothing yet (its window starts after this KV tile): zeros, not NaN
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_shift = m_new
+        if HAS_WINDOW:
+            # a row may see nothing yet (its window starts after this KV tile): shifted by 0, p = alpha = 0, not
+            # NaN. Its max stays -inf: a 0 carried on made p = exp2(s) of a later, very negative s underflow
+            # (fp16 below 2^-24) while the float32 sum l_i kept it, so out = 0 or 0/0 instead of v.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
         if FP8:

@@ -43,10 +43,10 @@ def store_kv(
     (contiguous); slot_mapping [T] int; k_scales, v_scales [num_blocks, block_size, kv_heads] float32
     for an fp8 cache, else None.
     """
-    keep = None if slot_mapping.numel() == 0 or int(slot_mapping.min()) >= 0 else slot_mapping >= 0  # None: all stored
-    slots = slot_mapping.long() if keep is None else slot_mapping[keep].long()
+    keep = slot_mapping >= 0  # [T]: rows with a slot (a padded row of a static batch has none); no host sync
+    slots = slot_mapping[keep].long()
     for x, cache, scales in ((k, k_cache, k_scales), (v, v_cache, v_scales)):
-        rows = x if keep is None else x[keep]  # [N, kv_heads, D]
+        rows = x[keep]  # [N, kv_heads, D]
         if cache.dtype == FP8:
             rows, row_scales = quantize_fp8_rows(rows)
             scales.view(-1, scales.shape[2]).index_copy_(0, slots, row_scales)

@@ -19,12 +19,17 @@ descriptors) and a descriptor into payloads on the puller (`accept`: here a read
 the puller's own registered buffer), and frees what `offer` took (`discard`). The control channel, the lease and
 the failure rules stay as they are. No RDMA stub is built.
 
+On /dev/shm a source keeps a marker, `quilt-kv-<pid>-<hex>`, locked (flock) for as long as it runs, and names the
+segments it offers after it. A source killed with SIGKILL cleans nothing up; the next source to start on the host
+reaps the files whose marker nobody holds (`reap_dead_sources`).
+
 The channel carries bytes only (no torch): on CUDA the source fills them from page-locked staging buffers with
 non-blocking copies (engine/server/kv_transfer.py), on CPU from the pool's own memory.
 """
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import mmap
@@ -180,6 +185,65 @@ def _write_segment(path: Path, payloads: list[bytes]) -> None:
             segment.write(payload)
 
 
+# files in /dev/shm: a source's marker, quilt-kv-<pid>-<hex>, and the segments it offers, <marker>.<hex>
+SHM_PREFIX = "quilt-kv-"
+
+
+def claim_marker(name: str) -> int:
+    """Create the marker `name` under an exclusive lock held until the descriptor returned is closed (the process
+    ending closes it, SIGKILL included): the lock is how a successor tells a dead source's files from a live one's.
+    The file appears under its name already locked (written aside, then renamed)."""
+    aside = SHM_ROOT / f".{name}.claiming"
+    fd = os.open(aside, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(aside, SHM_ROOT / name)
+    except OSError:
+        os.close(fd)
+        aside.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _source_alive(path: Path) -> bool:
+    """Whether the source that made this marker (or half-claimed one) still runs: its lock is held, or, for a source
+    from before markers were locked, its pid (in the name) is a live process here. In doubt, alive: a leftover is
+    cheaper than a live source's segment removed under a puller."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (a lock taken here goes with it)
+    pid = path.name.removeprefix(".").removeprefix(SHM_PREFIX).split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def reap_dead_sources() -> list[str]:
+    """Remove what dead sources left in /dev/shm (a SIGKILL runs no cleanup): their markers, the segments they
+    offered that no puller mapped (a segment whose marker is gone is an orphan), and half-claimed markers. Returns
+    the names removed."""
+    removed = []
+    for path in sorted(SHM_ROOT.glob(f"{SHM_PREFIX}*")) + sorted(SHM_ROOT.glob(f".{SHM_PREFIX}*")):
+        owner = path if path.name.startswith(".") else SHM_ROOT / path.name.split(".", 1)[0]
+        if not _source_alive(owner):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 # the source side
 STREAM_LIMIT = 8 << 20  # bytes a connection buffers before it pauses reading (asyncio's 64 KiB pauses a lot)
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
@@ -205,7 +269,8 @@ class TransferServer:
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
         self.idle_timeout_s = idle_timeout_s
-        self.shm_name = f"quilt-kv-{os.getpid()}-{secrets.token_hex(6)}" if shm and SHM_ROOT.is_dir() else None
+        self.shm_name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(6)}" if shm and SHM_ROOT.is_dir() else None
+        self._marker: int | None = None  # the marker's descriptor: its lock says this source is alive
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
 
@@ -218,8 +283,11 @@ class TransferServer:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=STREAM_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.shm_name is not None:
+            reaped = reap_dead_sources()
+            if reaped:
+                log.info("removed %d files that dead sources left in %s: %s", len(reaped), SHM_ROOT, ", ".join(reaped))
             try:  # the marker: a puller that sees it shares this host's /dev/shm
-                (SHM_ROOT / self.shm_name).write_bytes(b"")
+                self._marker = claim_marker(self.shm_name)
             except OSError as error:
                 log.warning("no shared-memory transfers (%s): TCP only", error)
                 self.shm_name = None
@@ -237,6 +305,9 @@ class TransferServer:
         if self.shm_name is not None:
             for path in SHM_ROOT.glob(f"{self.shm_name}*"):
                 path.unlink(missing_ok=True)
+        if self._marker is not None:
+            os.close(self._marker)
+            self._marker = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(asyncio.current_task())

@@ -78,7 +78,7 @@ class CausalLM(nn.Module):
         if self.spec.rope.rope_type != "longrope" or original is None:
             return ctx.positions
         counts = (ctx.cu_seqlens_q[1:] - ctx.cu_seqlens_q[:-1]).long()  # [B]
-        prompt_lens = ctx.prompt_lens.long().repeat_interleave(counts)  # [T]
+        prompt_lens = ctx.prompt_lens.long().repeat_interleave(counts, output_size=ctx.positions.shape[0])  # [T], no sync
         is_long = (torch.maximum(prompt_lens, ctx.positions + 1) > original).long()  # [T]
         return ctx.positions + is_long * self.spec.max_position_embeddings
 

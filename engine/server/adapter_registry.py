@@ -58,7 +58,7 @@ class AdapterRegistry:
         engine = self.loop.engine
 
         def read():
-            adapter = read_adapter(path, engine.hf_config, engine.config.max_adapter_rank)
+            adapter = read_adapter(path, engine.hf_config, engine.config.max_adapter_rank, digest=ref.digest)
             if adapter.digest != ref.digest:
                 raise ValueError(f"its content has digest {adapter.digest[:12]}")
             return engine.adapter_pool.prepare(adapter)

@@ -9,7 +9,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apikeys.models import Scope
-from billing.selectors import invoice_with_lines, invoices_of, tenant_margin
+from billing.selectors import BILLING_ROLE, invoice_with_lines, invoices_of, tenant_margin
 from billing.serializers import (
     INVOICE_CSV_HEADER,
     InvoiceDetailOutput,
@@ -21,12 +21,13 @@ from billing.serializers import (
 from metering.renderers import CsvRenderer
 from quilt.pagination import StrictLimitOffsetPagination
 from tenancy.api_base import StaffAPIView, TenantAPIView
-from tenancy.models import Membership
 
 
 class _InvoicesApi(TenantAPIView):
-    required_roles = {"GET": Membership.Role.VIEWER}
-    required_scopes = {"GET": Scope.USAGE_READ}
+    """Invoices: billing.selectors decides who reads them (admin and above); a key needs the admin scope."""
+
+    required_roles = {"GET": BILLING_ROLE}
+    required_scopes = {"GET": Scope.ADMIN}
 
 
 class InvoiceListApi(_InvoicesApi):
@@ -35,7 +36,7 @@ class InvoiceListApi(_InvoicesApi):
     @extend_schema(responses=InvoiceOutput(many=True))
     def get(self, request):
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(invoices_of(tenant=self.tenant), request, view=self)
+        page = paginator.paginate_queryset(invoices_of(tenant=self.tenant, reader=self.actor), request, view=self)
         return paginator.get_paginated_response(InvoiceOutput(page, many=True).data)
 
 
@@ -49,7 +50,7 @@ class InvoiceDetailApi(_InvoicesApi):
         }
     )
     def get(self, request, invoice_id: int, format=None):
-        invoice = invoice_with_lines(tenant=self.tenant, invoice_id=invoice_id)
+        invoice = invoice_with_lines(tenant=self.tenant, invoice_id=invoice_id, reader=self.actor)
         if invoice is None:
             raise Http404("No such invoice.")
         if request.accepted_renderer.format != "csv":

@@ -1,4 +1,10 @@
-"""Reads over invoices and the staff margin report."""
+"""Reads over invoices and the staff margin report.
+
+Who may read a tenant's billing (its invoices, their lines and CSVs, the upcoming invoice) is decided here, once,
+for the console and the API alike: the admin role and above (the roles as the Members page states them:
+"admins also manage members and see billing"), platform staff, and keys with the `admin` scope whose maker is
+still an admin there. A viewer or developer (or a `usage:read` key) gets 403 from both doors.
+"""
 
 from dataclasses import dataclass
 from datetime import date
@@ -8,7 +14,16 @@ from django.db.models import QuerySet
 
 from billing.models import Invoice
 from metering.models import UsageMonth
-from tenancy.models import Tenant
+from tenancy.audit import Actor
+from tenancy.authority import require_role
+from tenancy.models import Membership, Tenant
+
+BILLING_ROLE = Membership.Role.ADMIN
+
+
+def billing_read_check(*, reader: Actor, tenant: Tenant) -> None:
+    """NotAllowed (a 403 in the API and the console) unless `reader` may read `tenant`'s billing."""
+    require_role(actor=reader, tenant=tenant, minimum=BILLING_ROLE, doing="read billing and invoices")
 
 
 @dataclass(frozen=True)
@@ -24,12 +39,13 @@ class TenantMargin:
     uncosted_requests: int
 
 
-def invoices_of(*, tenant: Tenant) -> QuerySet[Invoice]:
+def invoices_of(*, tenant: Tenant, reader: Actor) -> QuerySet[Invoice]:
+    billing_read_check(reader=reader, tenant=tenant)
     return Invoice.objects.filter(tenant=tenant).order_by("-month", "-id")
 
 
-def invoice_with_lines(*, tenant: Tenant, invoice_id: int) -> Invoice | None:
-    return invoices_of(tenant=tenant).prefetch_related("lines").filter(pk=invoice_id).first()
+def invoice_with_lines(*, tenant: Tenant, invoice_id: int, reader: Actor) -> Invoice | None:
+    return invoices_of(tenant=tenant, reader=reader).prefetch_related("lines").filter(pk=invoice_id).first()
 
 
 def tenant_margin(*, month: date) -> list[TenantMargin]:

@@ -17,6 +17,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from billing.selectors import BILLING_ROLE
 from quilt.api_errors import error_body
 from tenancy.api_base import SESSION_TENANT
 from tenancy.audit import Actor
@@ -66,7 +67,7 @@ class Seat:
 
     @property
     def can_see_billing(self) -> bool:
-        return self.allows(Role.ADMIN)
+        return self.allows(BILLING_ROLE)  # billing.selectors enforces it for the pages and the API alike
 
     @property
     def is_owner(self) -> bool:

@@ -15,6 +15,9 @@ TARGETS = {
     "Membership": ("tenancy.Membership", lambda row: f"Member {row.user.get_username()}"),
     "Engine": ("gateway.Engine", lambda row: f"Engine {row.name}"),
     "Invitation": ("tenancy.Invitation", lambda row: f"Invitation {row.email}"),
+    "TrainingFile": ("finetuning.TrainingFile", lambda row: f"Training file {row.filename} · {row.public_id}"
+                     + (" (deleted)" if row.deleted_at else "")),
+    "FineTuningJob": ("finetuning.FineTuningJob", lambda row: f"Fine-tuning job {row.public_id}"),
 }
 RELATED = {"AdapterVersion": ["adapter"], "Membership": ["user"]}
 # Fields of before/after that hold another row's id.

@@ -4,8 +4,9 @@
   sends, "usage.recorded" (metering wrote requests) and "fine_tuning.progress" (console.live_tenant) tell the page
   to re-fetch its live regions. Only members of the tenant (or staff) may connect.
 - EnginesConsumer (/ws/engines/, staff): pushes the engines grid, rendered on the server, whenever an engine's
-  row changes (the health check saves it: console.live_engines pushes), and looks again every
-  ENGINES_SAFETY_SECONDS for writes that bypass signals.
+  row changes (the health check saves it: console.live_engines pushes), looks again when the next self-registered
+  engine's heartbeats run out (a killed engine writes nothing: it is down from then on, gateway.models.engine_up),
+  and every ENGINES_SAFETY_SECONDS for writes that bypass signals.
 """
 
 import asyncio
@@ -16,10 +17,11 @@ from django.http import Http404
 
 from console.access import seat_for
 from console.live_engines import ENGINES_GROUP
-from console.views.engines import engines_grid_html
+from console.views.engines import engines_grid_html, seconds_to_next_expiry
 from registry.broadcast import tenant_group
 
 ENGINES_SAFETY_SECONDS = 15.0
+EXPIRY_SLACK_SECONDS = 0.05  # look just after the expiry, not just before it
 FORBIDDEN = 4403
 
 
@@ -102,4 +104,6 @@ class EnginesConsumer(AsyncJsonWebsocketConsumer):
     async def _safety_net(self):
         while True:
             await self._send_if_changed()
-            await asyncio.sleep(ENGINES_SAFETY_SECONDS)
+            expiry = await database_sync_to_async(seconds_to_next_expiry)()
+            wait = ENGINES_SAFETY_SECONDS if expiry is None else min(ENGINES_SAFETY_SECONDS, expiry + EXPIRY_SLACK_SECONDS)
+            await asyncio.sleep(wait)

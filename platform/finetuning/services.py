@@ -32,8 +32,8 @@ MAX_SUFFIX = 64
 
 
 def _actor(key_id) -> Actor:
-    key = ApiKey.objects.filter(pk=key_id).first() if isinstance(key_id, int) else None
-    return Actor(key=key)
+    """The key the request came with (an ApiKey's primary key is its id string, "prefix.hash")."""
+    return Actor(key=ApiKey.objects.filter(pk=key_id).first() if key_id else None)
 
 
 # -- files --------------------------------------------------------------------------------------------------------

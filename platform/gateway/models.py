@@ -2,14 +2,29 @@ from decimal import Decimal
 
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
 
 from tenancy.models import Tenant
+
+
+def engine_up(*, now=None) -> Q:
+    """The one rule for whether an engine is up, for routing and for every page: its last check or heartbeat found
+    it healthy, and, for a self-registered engine, that heartbeat has not expired (HEARTBEAT_MISSES intervals): an
+    engine killed without a word is down as soon as its heartbeats are overdue, though nothing wrote its row."""
+    return Q(healthy=True) & (Q(self_registered=False) | Q(heartbeat_expires_at__gt=now or timezone.now()))
+
+
+class EngineQuerySet(models.QuerySet):
+    def up(self) -> "EngineQuerySet":
+        return self.filter(engine_up())
 
 
 class Engine(models.Model):
     """An engine process the gateway routes to. `state` is its last /v1/state answer, or its last heartbeat's state
     for an engine that registered itself (`self_registered`): such an engine is routed to only while its heartbeats
-    keep `heartbeat_expires_at` in the future (docs/fleet.md)."""
+    keep `heartbeat_expires_at` in the future (docs/fleet.md). `healthy` is the last check's or heartbeat's word only:
+whether the engine is up now is `engine_up` / `is_up`, which routing and the console share."""
 
     name = models.SlugField(max_length=64, unique=True)
     url = models.URLField(help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100")
@@ -36,11 +51,21 @@ class Engine(models.Model):
     heartbeat_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = EngineQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_up(self) -> bool:
+        """`engine_up` for this row (its answer is the same as the query's)."""
+        if not self.healthy:
+            return False
+        return not self.self_registered or (
+            self.heartbeat_expires_at is not None and self.heartbeat_expires_at > timezone.now())
 
 
 class AdmissionState(models.Model):

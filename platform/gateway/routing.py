@@ -8,9 +8,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import Q
-from django.utils import timezone
-
 from engine.contract import state_load, state_resident_digests
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
@@ -25,9 +22,8 @@ engine_load = state_load
 
 
 def routable_engines():
-    """Engines to route to: enabled, and healthy (static ones) or heartbeating (self-registered ones)."""
-    alive = Q(self_registered=False) | Q(heartbeat_expires_at__gt=timezone.now())
-    return Engine.objects.filter(alive, enabled=True, healthy=True).order_by("name")
+    """Engines to route to: enabled and up (models.engine_up: the rule the console shows too)."""
+    return Engine.objects.up().filter(enabled=True).order_by("name")
 
 
 @dataclass(frozen=True)

@@ -128,11 +128,11 @@ def engine_heartbeat(
 
 
 def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_path: str) -> list[str]:
-    """Asks every healthy engine that held the old version to warm the new one; returns their names."""
+    """Asks every engine up that held the old version to warm the new one; returns their names."""
     if not old_digest or old_digest == new_digest:
         return []
     warmed = []
-    for engine in Engine.objects.filter(enabled=True, healthy=True):
+    for engine in Engine.objects.up().filter(enabled=True):
         if old_digest not in resident_digests(engine.state):
             continue
         try:

@@ -37,7 +37,7 @@ def invoices():
     }
 
 
-def _key_client(tenant, scopes=("usage:read",)):
+def _key_client(tenant, scopes=("admin",)):
     return client_for_key(make_key(tenant, scopes=scopes)[1])
 
 
@@ -92,9 +92,23 @@ def test_another_tenants_invoice_is_404(invoices, credential):
     assert [row["number"] for row in client.get("/api/v1/invoices").json()["results"]] == [acme.number]
 
 
-def test_invoices_need_usage_read(invoices):
-    response = _key_client(invoices["acme"].tenant, scopes=("inference",)).get("/api/v1/invoices")
-    assert response.status_code == 403
+def test_invoices_need_the_admin_scope(invoices):
+    for scopes in (("inference",), ("usage:read",)):
+        response = _key_client(invoices["acme"].tenant, scopes=scopes).get("/api/v1/invoices")
+        assert response.status_code == 403
+
+
+@pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("developer", 403), ("admin", 200), ("owner", 200)])
+def test_one_role_rule_reads_invoices_in_the_api_and_the_console(invoices, role, status):
+    acme = invoices["acme"]
+    member = client_for_member(MembershipFactory(tenant=acme.tenant, role=role))
+    slug = acme.tenant.slug
+    for path in ("/api/v1/invoices", f"/api/v1/invoices/{acme.pk}", f"/api/v1/invoices/{acme.pk}.csv",
+                 f"/t/{slug}/billing/", f"/t/{slug}/billing/invoices/{acme.pk}/",
+                 f"/t/{slug}/billing/invoices/{acme.pk}.csv"):  # fmt: skip
+        assert member.get(path).status_code == status, path
+    overview = member.get(f"/t/{slug}/").content.decode()
+    assert (f'href="/t/{slug}/billing/"' in overview) == (status == 200)
 
 
 def test_margin_report_for_staff(invoices):

@@ -72,7 +72,7 @@ def test_ten_thousand_requests_of_four_micro_dollars_bill_four_cents_everywhere(
     page = owner.get(reverse("console:invoice", args=[tenant.slug, invoice.pk])).content.decode()
     assert 'data-testid="invoice-total">$0.04<' in page and 'data-testid="subtotal">$0.04<' in page
     console_csv = owner.get(reverse("console:invoice-csv", args=[tenant.slug, invoice.pk])).content.decode()
-    api_csv = client_for_key(make_key(tenant, scopes=("usage:read",))[1]).get(f"/api/v1/invoices/{invoice.pk}.csv")
+    api_csv = client_for_key(make_key(tenant, scopes=("admin",))[1]).get(f"/api/v1/invoices/{invoice.pk}.csv")
     assert console_csv == api_csv.content.decode()
     rows = {row["model"]: row["amount"] for row in csv.DictReader(io.StringIO(console_csv))}
     assert rows == {"tiny-llama": "0.04", "subtotal": "0.04", "rounding": "0.00", "minimum_charge": "0.00",

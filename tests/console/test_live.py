@@ -1,6 +1,8 @@
 """The console websockets: only members (or staff) hear a tenant's adapter events; only staff see engines."""
 
+import asyncio
 import json
+import time
 from decimal import Decimal
 
 import pytest
@@ -13,6 +15,8 @@ from django.db import connection
 
 from console.routing import websocket_urlpatterns
 from gateway.models import Engine
+from gateway.routing import routable_engines
+from gateway.services import HEARTBEAT_MISSES, engine_heartbeat
 from registry.broadcast import tenant_group
 from tests.platform.factories import MembershipFactory, UserFactory
 
@@ -183,3 +187,33 @@ def test_a_status_change_is_relayed_to_the_web_server_over_http(tenant, settings
     assert received == [(f"Bearer {relay_token()}", {"group": tenant_group(tenant.pk), "message": {
         "type": "adapter.status", "adapter": "relayed", "version": 1, "status": "uploaded", "message": "",
     }})]  # fmt: skip
+
+
+async def _engines_grid_until(user, wanted: str, timeout: float) -> tuple[str, str]:
+    """The first grid pushed, and the first one after it that contains `wanted` (within `timeout` seconds)."""
+    socket = communicator("/ws/engines/", user)
+    connected, _ = await socket.connect()
+    assert connected
+    first = (await socket.receive_json_from(timeout=5))["html"]
+    html = first
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while wanted not in html:
+        html = (await socket.receive_json_from(timeout=max(0.01, deadline - loop.time())))["html"]
+    await socket.disconnect()
+    return first, html
+
+
+def test_an_engine_whose_heartbeats_stop_shows_down_on_the_live_page_and_leaves_routing(db):
+    """A SIGKILLed engine sends nothing more: no heartbeat, no row saved. The page says "down" once its heartbeats
+    expire (HEARTBEAT_MISSES intervals), as routing drops it: one rule for both, pushed without any write."""
+    interval = 0.4
+    engine_heartbeat(name="gpu-k", url="http://10.0.0.9:8100", pool="default", gpu_price_per_hour="1",
+                     interval_s=interval, draining=False, state={"running": 1})  # fmt: skip
+    assert "gpu-k" in routable_engines().values_list("name", flat=True)
+    started = time.monotonic()
+    first, later = async_to_sync(_engines_grid_until)(UserFactory(is_staff=True), 'data-status="down"', timeout=5)
+    assert 'data-status="healthy"' in first
+    assert time.monotonic() - started <= HEARTBEAT_MISSES * interval + 1.5
+    assert "gpu-k" not in routable_engines().values_list("name", flat=True)
+    assert not Engine.objects.get(name="gpu-k").is_up

@@ -98,3 +98,12 @@ def test_members_of_a_tenant_that_is_not_active_see_why_on_every_page(tenant, me
             assert b"This tenant is" not in content, name
         else:
             assert banner in content and b"API keys are refused" in content, name
+
+
+def test_the_engines_page_without_engines_says_how_engines_join(staff_client):
+    from gateway.models import Engine
+
+    Engine.objects.all().delete()
+    page = staff_client.get(reverse("console:engines")).content.decode()
+    assert "No engines yet" in page and "--control-plane" in page
+    assert "registerengine" not in page  # engines register themselves now (docs/fleet.md)

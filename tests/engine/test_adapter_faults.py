@@ -126,7 +126,7 @@ def test_a_loader_exception_is_contained(checkpoints, good, tmp_path, monkeypatc
     path = stored(good, engine.hf_config, tmp_path / "stored")
     digest = json.loads((path / "quilt_adapter.json").read_text())["digest"]
 
-    def explode(directory):
+    def explode(directory, **_):
         raise KeyError(f"internal state at {directory}")
 
     monkeypatch.setattr(adapters, "load_canonical", explode)  # any exception inside the loader

@@ -6,6 +6,9 @@ import asyncio
 import os
 import random
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -236,5 +239,57 @@ def test_release_without_pulling_and_garbage_on_the_wire():
             assert source.released == [("lease-7", "released")]  # nothing else released
         finally:
             await server.close()
+
+    asyncio.run(main())
+
+
+DYING_SOURCE = """
+import asyncio, sys
+from engine.kv.transport import SHM_ROOT, TransferServer
+
+async def main():
+    async def blocks(lease_id, keys):
+        return []
+    async def release(lease_id, reason):
+        pass
+    server = await TransferServer(blocks=blocks, release=release, host="127.0.0.1").start()
+    (SHM_ROOT / f"{server.shm_name}.0123456789abcdef").write_bytes(b"a segment a puller never mapped")
+    print(server.shm_name, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no /dev/shm")
+def test_a_sigkilled_source_leaves_files_in_dev_shm_that_the_next_source_reaps():
+    """kill -9 runs no cleanup: the source's marker (and a segment it offered) stay in /dev/shm. The next engine to
+    start on the host removes them; a live source's files are never touched."""
+    dying = subprocess.Popen([sys.executable, "-c", DYING_SOURCE], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    try:
+        name = dying.stdout.readline().strip()
+        assert name.startswith("quilt-kv-"), name
+    finally:
+        dying.kill()
+        dying.wait()
+    left = sorted(path.name for path in SHM_ROOT.glob(f"{name}*"))
+    assert left == [name, f"{name}.0123456789abcdef"]  # what a SIGKILL leaves
+
+    async def main():
+        alive = await serve(Source({}))
+        (SHM_ROOT / f"{alive.shm_name}.fedcba9876543210").write_bytes(b"an offer in flight")
+        try:
+            successor = await serve(Source({}))
+            try:
+                assert not list(SHM_ROOT.glob(f"{name}*"))  # reaped
+                assert (SHM_ROOT / alive.shm_name).exists()  # a live source keeps its marker and its segments
+                assert (SHM_ROOT / f"{alive.shm_name}.fedcba9876543210").exists()
+                assert shm_reachable(alive.address) and shm_reachable(successor.address)
+            finally:
+                await successor.close()
+        finally:
+            await alive.close()
+        assert not list(SHM_ROOT.glob(f"{alive.shm_name}*"))  # a clean close leaves nothing either
 
     asyncio.run(main())

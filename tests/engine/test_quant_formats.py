@@ -119,7 +119,7 @@ def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case):
     assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
 
 
-@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "ct-pack-w8a16-channel-sym"])
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order"])
 def test_two_tensor_parallel_ranks_load_their_shards_and_match_peft(quantized, llama_adapters, case):
     """Each rank reads its part of the packed weights: q/k/v and gate/up by output columns (packed zeros too), o and
     down by input rows with the act-order g_idx split alike and the scales whole."""
@@ -205,3 +205,16 @@ def test_a_g_idx_that_is_not_a_permutation_is_refused(quantized, tmp_path):
 def test_quantizing_a_quantized_checkpoint_on_load_is_refused(quantized):
     with pytest.raises(ValueError, match="already quantized"):
         LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, quantization="int8")
+
+
+def test_w4a16_benchmark_smoke(tmp_path, capsys):
+    """benchmarks/quantized_checkpoints.py (the GPU suite's w4a16 step) end to end on its tiny shape: its GPTQ
+    writer, both engines, the table (CPU speed says nothing about the GPU's)."""
+    from benchmarks import quantized_checkpoints
+
+    assert quantized_checkpoints.main(["--batches", "2", "--rounds", "1", "--adapters", "2",
+                                       "--json", str(tmp_path / "w4a16.json")]) == 0
+    report = json.loads((tmp_path / "w4a16.json").read_text())
+    assert report["quantization"] == "gptq w4 g128 sym"
+    assert report["weights_bytes"]["w4a16"] < 0.5 * report["weights_bytes"]["bf16"]
+    assert "| 2 | 2 |" in capsys.readouterr().out

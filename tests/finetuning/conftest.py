@@ -92,7 +92,7 @@ def _seed(stack: FineTuningStack) -> None:
         max_concurrent_requests=5, max_file_storage_bytes=CRAMPED_STORAGE_BYTES,
     )  # fmt: skip
     plans = {"slow": slow, "cramped": cramped}
-    for name in ("main", "rival", "cancel", "kill", "slow", "cramped"):
+    for name in ("main", "rival", "cancel", "kill", "slow", "cramped", "audit"):
         tenant = TenantFactory(slug=f"ft-{name}", plan=plans.get(name, plan))
         key, plaintext = make_key(tenant, scopes=[Scope.INFERENCE], name=name)
         stack.ids[name], stack.keys[name] = tenant.pk, plaintext

@@ -257,3 +257,30 @@ def test_a_nul_character_in_a_job_field_is_refused_not_a_500(ft_stack, field, va
     body = {"model": BASE_MODEL, "training_file": uploaded.id, field: value}
     refused = _refused(lambda: tuner.fine_tuning.jobs.create(**body))
     assert refused.status_code == status and refused.body["param"] == field
+
+
+def test_the_audit_log_names_files_and_jobs_that_exist_and_the_key_that_made_them(ft_stack):
+    from django.urls import reverse
+
+    from apikeys.models import ApiKey
+    from tests.console.conftest import logged_in
+    from tests.platform.factories import MembershipFactory
+
+    auditor = client(ft_stack, "audit")
+    kept = auditor.files.create(file=("kept.jsonl", _jsonl(*_good(12))), purpose="fine-tune")
+    gone = auditor.files.create(file=("gone.jsonl", _jsonl(*_good(10))), purpose="fine-tune")
+    job = auditor.fine_tuning.jobs.create(model=BASE_MODEL, training_file=kept.id, suffix="audited")
+    auditor.fine_tuning.jobs.cancel(job.id)
+    auditor.files.delete(gone.id)
+
+    key = ApiKey.objects.get(tenant_id=ft_stack.ids["audit"])
+    membership = MembershipFactory(tenant_id=ft_stack.ids["audit"], role="owner")
+    page = logged_in(membership.user).get(reverse("console:audit", kwargs={"slug": "ft-audit"}))
+    entries = {(entry.action, entry.target_text) for entry in page.context["entries"].rows}
+    assert ("fine_tuning_file.create", f"Training file kept.jsonl · {kept.id}") in entries
+    assert ("fine_tuning_job.create", f"Fine-tuning job {job.id}") in entries
+    assert ("fine_tuning_job.cancel", f"Fine-tuning job {job.id}") in entries
+    assert ("fine_tuning_file.delete", f"Training file gone.jsonl · {gone.id} (deleted)") in entries
+    text = page.content.decode()
+    assert text.count(f"key:{key.prefix}") == len(page.context["entries"].rows) == 5
+    assert ">system<" not in text

@@ -8,6 +8,7 @@ from apikeys.selectors import api_keys_of
 from billing.selectors import invoices_of
 from finetuning.selectors import files_of, jobs_of
 from registry.selectors import adapter_versions, adapters_of, base_models_active
+from tenancy.audit import Actor
 from tenancy.models import Plan, Tenant
 from tenancy.selectors import audit_log_list, invitations_of, members_of
 from tests.platform.factories import make_key
@@ -28,7 +29,7 @@ def _lists(tenant) -> dict[str, QuerySet]:
                                     max_context=256)  # fmt: skip
     adapter = Adapter.objects.create(tenant=tenant, name="x", base_model=base)
     return {
-        "keys": api_keys_of(tenant=tenant), "invoices": invoices_of(tenant=tenant), "members": members_of(tenant=tenant),
+        "keys": api_keys_of(tenant=tenant), "invoices": invoices_of(tenant=tenant, reader=Actor.system()), "members": members_of(tenant=tenant),
         "invitations": invitations_of(tenant=tenant), "audit": audit_log_list(tenant=tenant),
         "adapters": adapters_of(tenant=tenant), "versions": adapter_versions(adapter=adapter),
         "base-models": base_models_active(), "files": files_of(tenant=tenant), "jobs": jobs_of(tenant=tenant),

@@ -149,12 +149,58 @@ def test_django_admin_changes_are_audited(tenant_a):
     url = reverse("admin:apikeys_apikey_delete", args=[key.pk])
     assert client.post(url, {"post": "yes"}).status_code == 302
     assert not ApiKey.objects.filter(pk=key.pk).exists()
-    row = AuditLog.objects.get(action="admin.delete")
+    row = AuditLog.objects.get(action="api_key.delete")
     assert row.actor_user == staff and row.tenant == tenant_a and row.target_type == "ApiKey"
+    assert row.before["name"] == key.name and not any("hash" in field for field in row.before)
     keys = [make_key(tenant_a, scopes=["inference"])[0] for _ in range(2)]
     changelist = reverse("admin:apikeys_apikey_changelist")
     client.post(changelist, {"action": "delete_selected", "_selected_action": [k.pk for k in keys], "post": "yes"})
-    assert AuditLog.objects.filter(action="admin.delete").count() == 3
+    assert AuditLog.objects.filter(action="api_key.delete").count() == 3
+
+
+def _admin_form(client, url: str) -> dict:
+    """What the admin's change form would post back unchanged (its fields and its inlines' management forms)."""
+    page = client.get(url)
+    data = {name: "" if value is None else value for name, value in page.context["adminform"].form.initial.items()}
+    for inline in page.context["inline_admin_formsets"]:
+        formset = inline.formset
+        data |= {f"{formset.management_form.prefix}-{k}": v for k, v in formset.management_form.initial.items()}
+        for index, form in enumerate(formset.forms):
+            data |= {f"{formset.prefix}-{index}-{k}": "" if v is None else v for k, v in form.initial.items()}
+            data[f"{formset.prefix}-{index}-id"] = form.instance.pk
+            data[f"{formset.prefix}-{index}-{formset.fk.name}"] = formset.instance.pk
+    return data
+
+
+def test_a_change_at_the_admin_is_audited_as_the_api_audits_it(tenant_a):
+    from tenancy.models import Membership, Plan
+
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    admin_site = Client()
+    admin_site.force_login(staff, backend="django.contrib.auth.backends.ModelBackend")
+    plan = Plan.objects.create(slug="audited", name="Audited", requests_per_minute=10)
+    api = Client()
+    api.force_login(staff, backend="django.contrib.auth.backends.ModelBackend")
+    assert api.patch(f"/api/v1/plans/{plan.slug}", {"requests_per_minute": 20},
+                     content_type="application/json").status_code == 200  # fmt: skip
+
+    url = reverse("admin:tenancy_plan_change", args=[plan.pk])
+    assert admin_site.post(url, _admin_form(admin_site, url) | {"requests_per_minute": 99}).status_code == 302
+    by_api, by_admin = AuditLog.objects.filter(action="plan.update", target_id=str(plan.pk)).order_by("id")
+    assert (by_api.before["requests_per_minute"], by_api.after["requests_per_minute"]) == (10, 20)
+    assert (by_admin.before["requests_per_minute"], by_admin.after["requests_per_minute"]) == (20, 99)
+    assert by_admin.actor_user == staff and by_admin.target_type == by_api.target_type == "Plan"
+    assert by_admin.before["price_input_per_mtok"] == by_api.before["price_input_per_mtok"]  # the same values
+
+    member = MembershipFactory(tenant=tenant_a, role="viewer")
+    url = reverse("admin:tenancy_tenant_change", args=[tenant_a.pk])
+    form = _admin_form(admin_site, url)
+    index = next(i for i in range(len(Membership.objects.filter(tenant=tenant_a))) if
+                 form[f"memberships-{i}-id"] == member.pk)  # fmt: skip
+    assert admin_site.post(url, form | {f"memberships-{index}-role": "admin"}).status_code == 302
+    row = AuditLog.objects.get(action="membership.update")
+    assert (row.before["role"], row.after["role"], row.tenant) == ("viewer", "admin", tenant_a)
+    assert not AuditLog.objects.filter(action="tenant.update").exists()  # the tenant itself did not change
 
 
 def test_tenants_read_their_own_audit_log_and_no_one_elses(tenant_a, tenant_b, member_client):

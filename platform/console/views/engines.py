@@ -4,6 +4,7 @@ The grid is rendered by `engines_grid_html`, both for the page and for the webso
 """
 
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from console.access import staff_page
 from console.pages import render_page
@@ -65,6 +66,14 @@ def engine_cards() -> list[dict]:
 
 def engines_grid_html() -> str:
     return render_to_string("console/engines/_grid.html", {"cards": engine_cards()})
+
+
+def seconds_to_next_expiry() -> float | None:
+    """Seconds until the next self-registered engine's heartbeats run out (it is then down, though no row changes:
+    the live page looks again then); None when no engine is waiting on a heartbeat."""
+    soonest = (Engine.objects.up().filter(self_registered=True).order_by("heartbeat_expires_at")
+               .values_list("heartbeat_expires_at", flat=True).first())  # fmt: skip
+    return None if soonest is None else max(0.0, (soonest - timezone.now()).total_seconds())
 
 
 @staff_page

@@ -93,7 +93,7 @@ def platform_overview(request):
         "top_tenants": sorted(margins, key=lambda row: row.revenue, reverse=True)[:6],
         "tenant_counts": {row["status"]: row["count"] for row in _status_counts()},
         "engines": engines,
-        "healthy_engines": sum(1 for engine in engines if engine.healthy),
+        "healthy_engines": sum(1 for engine in engines if engine.is_up),
     }
     return render_page(request, "console/platform.html", context, section="platform")
 

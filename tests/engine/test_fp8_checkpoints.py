@@ -247,3 +247,22 @@ def test_a_shard_that_cuts_a_block_of_input_columns_is_refused(fp8):
     _, directory, _, _ = fp8("qwen3-moe-block")
     with pytest.raises(ValueError, match="splits a block of 128 columns that share a scale"):
         LLM(directory, device="cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "llama-static", "qwen3-dynamic"])
+def test_on_cuda_in_bfloat16_agrees_with_transformers(fp8, case):
+    """The CUDA path (fp8_block_linear and grouped_matmul natively, torch._scaled_mm for fp8 activations) in
+    bfloat16, against transformers + PEFT in float32: each prompt's log-probabilities within bf16's reach."""
+    arch, directory, adapters, oracle = fp8(case)
+    llm = LLM(directory, device="cuda", dtype="bfloat16", block_size=16, num_kv_blocks=64, max_adapter_rank=16)
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    prompts, names = _mixed_batch()
+    scoring = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=0)
+    for prompt, name, out in zip(prompts, names, llm.generate(prompts, scoring, adapters=names), strict=True):
+        expected = torch.log_softmax(oracle.logits(prompt, name), dim=-1)
+        got = [entry.logprob for entry in (out.prompt_logprobs or [None])[1:]]
+        want = [float(expected[i, prompt[i + 1]]) for i in range(len(prompt) - 1)]
+        assert got == pytest.approx(want, abs=0.15), f"adapter {name}, prompt of {len(prompt)}"

@@ -106,6 +106,25 @@ def split(data: bytes | memoryview | mmap.mmap, sizes: list[int]) -> list[memory
     return out
 
 
+def transfer_address(value: object) -> tuple[str, int] | None:
+    """A lease's `transport.tcp`, "host:port", as (host, port); None when it is not one. Any host name the resolver
+    may take is accepted (underscores included: Docker and Kubernetes service names have them), an IPv6 address in
+    brackets; never whitespace, control characters or URL syntax."""
+    if not isinstance(value, str) or len(value) > 300:
+        return None
+    host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host or any(c not in "0123456789abcdefABCDEF:." for c in host):
+            return None
+    elif not host or len(host) > 253 or ":" in host or any(c.isspace() or not c.isprintable() or c in "/?#@[]\\"
+                                                        for c in host):
+        return None
+    if not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 # transports: where the bytes of one pull travel
 class Transport(ABC):
     name: str
@@ -382,11 +401,12 @@ class Pull:
         self._writer: asyncio.StreamWriter | None = None
 
     async def __aenter__(self) -> "Pull":
-        host, _, port = str(self.address.get("tcp") or "").rpartition(":")
-        if not host or not port.isdigit():
+        address = transfer_address(self.address.get("tcp"))
+        if address is None:
             raise TransferError(f"bad transfer address {self.address.get('tcp')!r}", code="protocol")
+        host, port = address
         try:
-            connecting = asyncio.open_connection(host, int(port), limit=STREAM_LIMIT)
+            connecting = asyncio.open_connection(host, port, limit=STREAM_LIMIT)
             self._reader, self._writer = await asyncio.wait_for(connecting, self.timeout_s)
         except TimeoutError as error:
             raise TransferError(f"no connection to {host}:{port} in {self.timeout_s:g} s", code="timeout") from error

@@ -28,14 +28,23 @@ def _stored_kinds(model: CausalLM, files: list[Path]):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for raw in f.keys():
                 view = f.get_slice(raw)
-                split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
+                stored_kind = raw.rpartition(".")[2] not in ("weight", "bias")
+                try:
+                    split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
+                except ValueError:  # a fused tensor's rows checked as a weight's
+                    if not stored_kind:
+                        raise
+                    split = [(raw,), (raw,)]
+                if split is not None and len(split) > 1 and stored_kind:
+                    raise ValueError(f"{raw}: a fused projection stored quantized (Phi-3's qkv_proj, gate_up_proj) "
+                                     f"is not served yet")
                 for name in [part[0] for part in split] if split else [raw]:
                     target = model.checkpoint_target(name)
                     if target is None:
                         continue
                     kind = name.rpartition(".")[2]
                     stored.setdefault(target[0], {}).setdefault(kind, SAFETENSORS_DTYPES[view.get_dtype()])
-                    names.setdefault(target[0], []).append(raw)
+                    names.setdefault(target[0], []).extend({raw, name})  # as read, as split (Mixtral)
     return stored, names
 
 
@@ -78,12 +87,12 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         base = model.get_submodule(experts_name)
         if not isinstance(base, Experts) or set(dtypes) != {"gate_up_proj", "down_proj"}:
             raise ValueError(f"{experts_name}: quantized tensors for only some of the experts' projections")
-        if comm.size > 1:
-            raise ValueError(f"{quant_spec.describe()}: quantized experts are not served with tensor_parallel_size "
-                             f"> 1 yet")
+        module = PackedExperts(base, packed_cls, quant_spec, name=experts_name, dtypes=dtypes, tp_size=comm.size)
         parent, _, attr = experts_name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, PackedExperts(base, packed_cls, quant_spec, name=experts_name,
-                                                                 dtypes=dtypes))
+        setattr(model.get_submodule(parent), attr, module)
+        for projection in ("gate_up_proj", "down_proj"):  # each expert's tensors: read as its own projection's
+            for e, expert in enumerate(getattr(module, projection)):
+                packed.update({name: expert for name in names.get(f"{experts_name}.{projection}.{e}", [])})
     if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "packed", False) is True
                                               for m in model.modules()):
         raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "

@@ -22,7 +22,7 @@ from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, 
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.events import delta_event, final_event
-from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport
+from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport, lease_id_of
 from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
     DIGEST,
@@ -212,7 +212,7 @@ class EngineAPI:
             await task
         if not pending.aborted:
             return None
-        return PullReport(lease_id=generate.kv_transfer.lease["id"], recomputed=True, reason="aborted")
+        return PullReport(lease_id=lease_id_of(generate.kv_transfer.lease), recomputed=True, reason="aborted")
 
     async def stream(self, handle: RequestHandle, first: tuple) -> AsyncIterator[bytes]:
         sent: dict[int, int] = {}

@@ -8,8 +8,9 @@ As a puller (a decode hop, `mode = "decode"`): before the request is submitted, 
 keys itself, asks the lease's source for those it lacks (neither in its pool nor in its host tier, whose blocks
 come back at admission; shared memory when the source is on this host and offers it, else TCP), installs what
 arrives through `import_blocks` (which re-checks every key) and tells the source it is done. Any failure (the
-source gone, a timeout, a refused lease, a corrupt payload, a key that is not this engine's) leaves the missing
-blocks to be recomputed, counted and logged; mismatched KV is never installed, so never served.
+source gone, a timeout, a refused lease, a lease this engine cannot read, a corrupt payload, a key that is not this
+engine's) leaves the missing blocks to be recomputed, counted and logged; mismatched KV is never installed, so never
+served.
 """
 
 import asyncio
@@ -44,6 +45,11 @@ class PullReport:
 
     def as_json(self) -> dict:
         return {"lease_id": self.lease_id, "blocks_pulled": self.blocks_pulled, "recomputed": self.recomputed}
+
+
+def lease_id_of(lease: dict) -> str:
+    """The lease's id as the decode hop's usage reports it ("" when the lease has none it could read)."""
+    return lease["id"] if isinstance(lease.get("id"), str) else ""
 
 
 @dataclass
@@ -124,8 +130,15 @@ class KVTransfers:
 
     # the puller side
     async def pull(self, request: GenerateRequest, prompt: list[int]) -> PullReport:
-        lease = request.kv_transfer.lease
-        report = PullReport(lease_id=lease["id"])
+        transfer = request.kv_transfer
+        lease = transfer.lease
+        report = PullReport(lease_id=lease_id_of(lease))
+        if transfer.lease_problem is not None:  # another version's lease, or an address this engine cannot use
+            report.recomputed, report.reason = True, "bad_lease"
+            log.warning("request %s: the lease cannot be pulled (%s): the prompt is recomputed",
+                        request.request_id, transfer.lease_problem)
+            self._count(report)
+            return report
         try:
             return await self._pull(request, prompt, report)
         except asyncio.CancelledError:  # aborted, or the client went away: the source must not wait for the TTL

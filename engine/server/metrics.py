@@ -74,7 +74,8 @@ class EngineMetrics:
                                 "nothing pulled)", ["outcome", "via"], registry=r)
         self.kv_recomputes = Counter("quilt_engine_kv_recomputes",
                                      "KV pulls that fell back to recomputing, by reason (timeout, closed, "
-                                     "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room)",
+                                     "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room, "
+                                     "bad_lease)",
                                      ["reason"], registry=r)
         self.kv_transfer_blocks = Counter("quilt_engine_kv_transfer_blocks", "KV blocks sent to and received from "
                                           "other engines", ["direction"], registry=r)

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from engine.kv.transport import transfer_address
 from engine.sampling_params import SamplingParams
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -20,7 +21,6 @@ MAX_PROMPTS = 32  # a batch of prompts in one request
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
 LEASE_TTL_S = (30.0, 600.0)  # kv_transfer prefill: the default and the longest lease
 LEASE_ID = re.compile(r"^[0-9a-f]{16,64}$")
-TRANSFER_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,255}:[0-9]{1,5}$")
 
 
 class BadRequest(ValueError):
@@ -55,6 +55,7 @@ class KVTransfer:
     mode: str  # "prefill" | "decode"
     lease_ttl_s: float = LEASE_TTL_S[0]  # prefill
     lease: dict | None = None  # decode: {"id", "engine_id", "transport": {"tcp", "shm"}, "num_blocks", ...}
+    lease_problem: str | None = None  # decode: why the lease cannot be pulled (then the prompt is recomputed)
 
 
 @dataclass(frozen=True)
@@ -151,24 +152,40 @@ def parse_kv_transfer(value: Any) -> KVTransfer | None:
     if not isinstance(value.get("lease"), dict):
         raise BadRequest("kv_transfer.lease must be the kv_lease object of a prefill hop's answer",
                          param="kv_transfer.lease")
-    lease = _object(value.get("lease"), {"id", "engine_id", "transport", "num_blocks", "num_tokens", "expires_in_s"},
-                    what="kv_transfer.lease")
+    lease = value["lease"]
+    return KVTransfer(mode="decode", lease=lease, lease_problem=lease_problem(lease))
+
+
+LEASE_FIELDS = {"id", "engine_id", "transport", "num_blocks", "num_tokens", "expires_in_s"}
+
+
+def lease_problem(lease: dict) -> str | None:
+    """Why a decode hop cannot pull under this lease, naming the field by its path; None when it can. The lease is
+    the prefill engine's answer, not the client's: one this engine cannot read (another version's field, an address
+    it cannot parse) is a reason to recompute the prompt, never a 400 (docs/kv-tiers.md, "Failure rules")."""
+    unknown = sorted(set(lease) - LEASE_FIELDS)
+    if unknown:
+        return f"kv_transfer.lease.{unknown[0]} is not a lease field this engine knows"
     if not isinstance(lease.get("id"), str) or not LEASE_ID.match(lease["id"]):
-        raise BadRequest("kv_transfer.lease.id must be the hex id of a prefill hop's kv_lease", param="kv_transfer.lease.id")
-    transport = _object(lease.get("transport"), {"tcp", "shm"}, what="kv_transfer.lease.transport")
-    if not isinstance(transport.get("tcp"), str) or not TRANSFER_ADDRESS.match(transport["tcp"]):
-        raise BadRequest("kv_transfer.lease.transport.tcp must be 'host:port'", param="kv_transfer.lease.transport.tcp")
+        return "kv_transfer.lease.id is not the hex id of a prefill hop's kv_lease"
+    transport = lease.get("transport")
+    if not isinstance(transport, dict):
+        return "kv_transfer.lease.transport is not an object"
+    unknown = sorted(set(transport) - {"tcp", "shm"})
+    if unknown:
+        return f"kv_transfer.lease.transport.{unknown[0]} is not a transport this engine knows"
+    if transfer_address(transport.get("tcp")) is None:
+        return f"kv_transfer.lease.transport.tcp is not 'host:port': {transport.get('tcp')!r}"
     if transport.get("shm") is not None and not isinstance(transport["shm"], str):
-        raise BadRequest("kv_transfer.lease.transport.shm must be a string or null",
-                         param="kv_transfer.lease.transport.shm")
+        return "kv_transfer.lease.transport.shm is not a string or null"
     for name in ("num_blocks", "num_tokens"):
         if name in lease and not (_is_int(lease[name]) and lease[name] >= 0):
-            raise BadRequest(f"kv_transfer.lease.{name} must be a non-negative integer", param=f"kv_transfer.lease.{name}")
+            return f"kv_transfer.lease.{name} is not a non-negative integer"
     if "expires_in_s" in lease and not _is_number(lease["expires_in_s"]):
-        raise BadRequest("kv_transfer.lease.expires_in_s must be a number", param="kv_transfer.lease.expires_in_s")
+        return "kv_transfer.lease.expires_in_s is not a number"
     if "engine_id" in lease and not isinstance(lease["engine_id"], str):
-        raise BadRequest("kv_transfer.lease.engine_id must be a string", param="kv_transfer.lease.engine_id")
-    return KVTransfer(mode="decode", lease={**lease, "transport": {"tcp": transport["tcp"], "shm": transport.get("shm")}})
+        return "kv_transfer.lease.engine_id is not a string"
+    return None
 
 
 def parse_response_format(value: Any) -> dict | None:
@@ -346,9 +363,9 @@ def _object(value: Any, allowed: set[str], *, what: str, noun: str = "field") ->
     if not isinstance(value, dict):
         raise BadRequest(f"{what} must be a JSON object")
     unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise BadRequest(f"unknown {noun} {unknown[0]!r} in {what}; expected one of {sorted(allowed)}",
-                         param=unknown[0])
+    if unknown:  # the field by its path ("kv_transfer.ttl"): a bare name would read as the client's own field
+        path = unknown[0] if what == "request body" else f"{what}.{unknown[0]}"
+        raise BadRequest(f"unknown {noun} {path!r}; {what} takes {sorted(allowed)}", param=path)
     return value
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.http import HttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
 from finetuning import selectors, services, wire
@@ -130,7 +131,12 @@ def _file(tenant: Tenant, file_id: str):
 
 
 def file_create(request, *, tenant, key_id) -> HttpResponse:
-    upload = request.FILES.get("file")
+    try:
+        upload = request.FILES.get("file")
+    except MultiPartParserError as error:  # no boundary, a bad one, a body cut short: the client's, not a 500
+        raise FineTuningRefusal(f"The body is not valid multipart/form-data ({error}): attach the JSONL file as "
+                                f"'file' in a multipart/form-data body with its boundary.", code="invalid_multipart",
+                                param="file") from None  # fmt: skip
     if upload is None:
         raise FineTuningRefusal("Attach the JSONL file as 'file' (multipart/form-data).", code="file_missing",
                                 param="file")  # fmt: skip

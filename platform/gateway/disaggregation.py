@@ -10,7 +10,9 @@ usual request, with the lease, to the engine that decodes it, which pulls the bl
 
 The prefill hop is an optimisation: whatever goes wrong with it (unreachable, timed out, refused, an answer without
 a lease), the request is served whole by the engine chosen to decode it, and the failure is logged and counted
-(`quilt_gateway_prefill_fallbacks_total{reason}`). A refusal of the request itself (its prompt past the context, a
+(`quilt_gateway_prefill_fallbacks_total{reason}`). So is a decode engine's refusal of the lease (an engine of
+another version): the request is sent again, without it (reason `decode_refused`). A lease nobody pulled (the
+decode engine recomputed, or refused it) is ended on the prefill engine at once (`end_lease`). A refusal of the request itself (its prompt past the context, a
 field out of range) is no failure of the hop: the decode engine would refuse it alike, so it is the client's 400 at
 once, counted as the route `refused`.
 
@@ -108,12 +110,24 @@ async def prefill_hop(engine: EngineRef, payload: dict, *, request_id: str, time
 
 
 def refuses_the_request(rejected: EngineRejected) -> bool:
-    """Whether a prefill engine's 4xx is about the client's request itself (a prompt past the context, a bad field),
-    which every engine refuses alike, rather than about the hop (its `kv_transfer`, or `metadata` an older engine
-    does not take): the former is the client's answer, not a fallback."""
+    """Whether an engine's 4xx to a hop is about the client's request itself (a prompt past the context, a bad
+    field), which every engine refuses alike, rather than about the hop (its `kv_transfer`, or `metadata` an older
+    engine does not take): the former is the client's answer, not a fallback. An engine names a field by its path
+    (`kv_transfer.lease.transport.tcp`); one from before that named some by their last part only (`ttl`), so a
+    message about `kv_transfer` is the hop's too: a client cannot send that field."""
     hop_fields = ("kv_transfer", "metadata")
-    return rejected.code == "context_length_exceeded" or (
-        rejected.param is not None and not rejected.param.startswith(hop_fields))
+    if rejected.code == "context_length_exceeded":
+        return True
+    if "kv_transfer" in rejected.message:
+        return False
+    return rejected.param is not None and not rejected.param.startswith(hop_fields)
+
+
+def end_lease(hop: PrefillHop, request_id: str) -> None:
+    """Ends the hop's lease on the prefill engine now, if nobody pulled it (the decode engine recomputed, or refused
+    the lease): the engine's abort of a prefill hop that has ended releases its unpulled lease, instead of holding its
+    blocks until the TTL. A lease that was pulled is untouched (the abort then finds nothing)."""
+    _spawn(engine_client.abort(hop.engine, request_id))
 
 
 def prefetch_soon(engine: EngineRef, *, digest: str, path: str) -> None:

@@ -35,9 +35,11 @@ from gateway.disaggregation import (
     PrefillFailed,
     PrefillHop,
     decode_payload,
+    end_lease,
     prefetch_soon,
     prefill_hop,
     prefill_payload,
+    refuses_the_request,
 )
 from gateway.engine_client import (
     AdapterUnavailable,
@@ -235,7 +237,7 @@ class Exchange:
             elif route.reason in ("short", "no_prefill_engine"):
                 metrics.labelled(metrics.disaggregation, route.reason).inc()
             try:
-                await self._try(engine)
+                await self._open_on(engine)
                 return
             except EngineUnavailable as error:
                 log.warning("engine %s unavailable for %s: %s", engine.name, self.request_id, error)
@@ -251,6 +253,21 @@ class Exchange:
             except EngineRejected as rejected:
                 raise engine_refusal(rejected, self.generation) from None
         raise no_engine()
+
+    async def _open_on(self, engine: EngineRef) -> None:
+        """`_try`; a decode engine that refuses the prefill hop's lease (not the request) gets the request again
+        without it: it computes the prompt itself."""
+        try:
+            await self._try(engine)
+        except EngineRejected as rejected:
+            if self.prefill is None or engine.name == self.prefill.engine.name or refuses_the_request(rejected):
+                raise
+            log.warning("decode engine %s refused the lease of %s (%s %s): it computes the prompt itself",
+                        engine.name, self.request_id, rejected.status, rejected.message)  # fmt: skip
+            metrics.labelled(metrics.prefill_fallbacks, "decode_refused").inc()
+            end_lease(self.prefill, self.request_id)
+            self.prefill = None
+            await self._try(engine)
 
     async def _prefill(self, engine: EngineRef, decode: EngineRef, fingerprints: list[str]) -> None:
         """The prefill hop on `engine` for the request `decode` will serve; on failure the request goes on whole."""
@@ -313,6 +330,8 @@ class Exchange:
             log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
                         self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
         metrics.labelled(metrics.kv_transfers, "recomputed" if recomputed else "pulled").inc()
+        if not (transfer or {}).get("blocks_pulled"):  # nothing pulled (or the engine could not reach the source to
+            end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
 
     @property
     def settled(self) -> bool:

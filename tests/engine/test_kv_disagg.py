@@ -387,18 +387,45 @@ def test_an_expired_lease_recomputes(engines, model):
     ({"mode": "prefill"}, {"stream": True}, "kv_transfer.mode"),
     ({"mode": "prefill", "lease_ttl_s": 0}, {}, "kv_transfer.lease_ttl_s"),
     ({"mode": "prefill", "lease_ttl_s": 3600}, {}, "kv_transfer.lease_ttl_s"),
-    ({"mode": "prefill", "ttl": 3}, {}, "ttl"),
+    ({"mode": "prefill", "ttl": 3}, {}, "kv_transfer.ttl"),  # by its path: a bare "ttl" read as the client's field
     ({"mode": "decode"}, {}, "kv_transfer.lease"),
-    ({"mode": "decode", "lease": {"id": "not hex", "transport": {"tcp": "127.0.0.1:1"}}}, {}, "kv_transfer.lease.id"),
-    ({"mode": "decode", "lease": {"id": "ab" * 16, "transport": {"tcp": "nowhere"}}}, {},
-     "kv_transfer.lease.transport.tcp"),
-    ({"mode": "decode", "lease": {"id": "ab" * 16, "transport": {"tcp": "h:1"}, "num_blocks": -1}}, {},
-     "kv_transfer.lease.num_blocks"),
+    ({"mode": "decode", "lease": {"id": "ab" * 16}, "layout_version": 2}, {}, "kv_transfer.layout_version"),
     ({"mode": "prefill"}, {"prompt_token_ids": [[7, 8], [9, 10]]}, "kv_transfer"),
-], ids=["mode", "not-an-object", "prefill-streamed", "ttl-zero", "ttl-long", "unknown-field", "no-lease", "lease-id",
-        "address", "num-blocks", "batch"])
-def test_a_bad_kv_transfer_is_a_400(engines, kv_transfer, extra, param):
+], ids=["mode", "not-an-object", "prefill-streamed", "ttl-zero", "ttl-long", "unknown-field", "no-lease",
+        "unknown-decode-field", "batch"])
+def test_a_bad_kv_transfer_is_a_400_naming_the_field_by_its_path(engines, kv_transfer, extra, param):
     response = engines.decode.post("/v1/generate", json=body([7, 8, 9], None, "t", kv_transfer=kv_transfer) | extra)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+UNREADABLE_LEASES = {  # what the prefill engine's lease becomes: another version's, or an address this one misread
+    "underscore-host": lambda lease: lease | {"transport": lease["transport"] | {
+        "tcp": "engine_prefill:" + lease["transport"]["tcp"].rsplit(":", 1)[1], "shm": None}},
+    "unknown-lease-field": lambda lease: lease | {"layout_version": 2},
+    "unknown-transport": lambda lease: lease | {"transport": lease["transport"] | {"nixl": {"agent": "x"}}},
+    "lease-id": lambda lease: lease | {"id": "not hex"},
+    "address": lambda lease: lease | {"transport": {"tcp": "nowhere", "shm": None}},
+    "num-blocks": lambda lease: lease | {"num_blocks": -1},
+}
+
+
+@pytest.mark.parametrize("name", list(UNREADABLE_LEASES))
+def test_a_lease_the_decode_engine_cannot_use_is_recomputed_never_refused(engines, model, name):
+    """The lease is the prefill engine's answer, not the client's: a field this engine does not know or an address
+    it cannot reach makes it recompute the prompt (the right tokens, the usage saying so), never answer 400."""
+    _, _, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(40 + len(name), [64])[0]
+    hop = body(prompt, None, "tenant-u", kv_transfer={"mode": "prefill", "lease_ttl_s": 60})
+    response = prefill.post("/v1/generate", json=hop)
+    assert response.status_code == 200, response.text
+    lease = UNREADABLE_LEASES[name](response.json()["kv_lease"])
+    answer = decode_hop(decode, prompt, None, "tenant-u", lease)
+    assert answer["usage"]["kv_transfer"]["recomputed"] is True
+    assert answer["usage"]["kv_transfer"]["blocks_pulled"] == 0
+    assert answer["token_ids"] == oracle.greedy(prompt, None, MAX_TOKENS)
+    assert prefill.post(f"/v1/abort/{hop['request_id']}").status_code == 200  # as the gateway ends it (unpulled)
+    pool_clean(prefill)
+    pool_clean(decode)

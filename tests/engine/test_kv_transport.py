@@ -22,6 +22,7 @@ from engine.kv.transport import (
     TransferServer,
     release_remote,
     shm_reachable,
+    transfer_address,
     write_frame,
 )
 
@@ -291,5 +292,30 @@ def test_a_sigkilled_source_leaves_files_in_dev_shm_that_the_next_source_reaps()
         finally:
             await alive.close()
         assert not list(SHM_ROOT.glob(f"{alive.shm_name}*"))  # a clean close leaves nothing either
+
+    asyncio.run(main())
+
+
+def test_a_transfer_address_is_any_host_the_resolver_may_take():
+    assert transfer_address("engine_prefill:8100") == ("engine_prefill", 8100)  # a compose service's name
+    assert transfer_address("prefill-0.engines.quilt.svc.cluster.local:9000")[1] == 9000
+    assert transfer_address("10.0.0.3:1") == ("10.0.0.3", 1)
+    assert transfer_address("[::1]:8100") == ("::1", 8100)
+    for bad in ("nowhere", "h:0", "h:65536", "h:port", ":80", "a b:1", "http://h:1", "h/x:1", "::1:80", "[zz]:1",
+                "h\n:1", None, 8100, "h:" + "9" * 400):
+        assert transfer_address(bad) is None, bad
+
+
+def test_a_pull_reaches_a_source_by_host_name():
+    async def main():
+        source = Source({"lease-n": payloads([9, 3])})
+        server = await serve(source)
+        try:
+            port = server.address["tcp"].rsplit(":", 1)[1]
+            async with Pull({"tcp": f"localhost:{port}", "shm": None}, "lease-n", timeout_s=10) as pull:
+                assert await pull.fetch(["a" * 32, "b" * 32]) == payloads([9, 3])
+                await pull.done()
+        finally:
+            await server.close()
 
     asyncio.run(main())

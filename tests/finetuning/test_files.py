@@ -284,3 +284,20 @@ def test_the_audit_log_names_files_and_jobs_that_exist_and_the_key_that_made_the
     text = page.content.decode()
     assert text.count(f"key:{key.prefix}") == len(page.context["entries"].rows) == 5
     assert ">system<" not in text
+
+
+@pytest.mark.parametrize(("content_type", "body"), [
+    ("multipart/form-data", b"purpose=fine-tune"),  # no boundary
+    ("multipart/form-data; boundary=", b"--\r\n"),
+    ("multipart/form-data; boundary=xyz", b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n"),
+    ("multipart/form-data; boundary=" + "b" * 80, b"--" + b"b" * 80 + b"\r\n"),  # past RFC 2046's 70 characters
+])  # fmt: skip
+def test_a_multipart_body_that_cannot_be_parsed_is_a_400_in_openais_shape(ft_stack, content_type, body):
+    import httpx
+
+    response = httpx.post(f"{ft_stack.gateway}/files", content=body, timeout=60, headers={
+        "Authorization": f"Bearer {ft_stack.keys['main']}", "Content-Type": content_type})  # fmt: skip
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "file", error
+    assert "multipart" in error["message"]

@@ -204,6 +204,54 @@ def test_a_prompt_past_the_context_is_the_clients_400_not_a_prefill_fallback(sta
     assert counter(stack, "quilt_gateway_disaggregation", 'route="refused"') == refused + 1
 
 
+def engine_state(port: int) -> dict:
+    return httpx.get(f"http://127.0.0.1:{port}/v1/state", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+                     timeout=5).json()  # fmt: skip
+
+
+def test_a_prefill_engine_advertised_by_a_name_with_an_underscore_costs_the_client_nothing(stack, split_fleet,
+                                                                                           django_db_blocker):
+    """A prefill engine reached as http://engine_prefill:PORT (a compose service's name) puts that host in its leases.
+    The decode engine refused them as malformed: a 400 for every split request, each lease held until its TTL. Now
+    it takes the address; where it cannot pull (here the name does not resolve) it recomputes, and the gateway ends
+    the unpulled lease at once."""
+    port = free_port()
+    process = stack.launch_engine("pd-prefill-u", port, extra=(
+        "--role", "prefill", "--advertise-url", f"http://engine_prefill:{port}"))  # fmt: skip
+    with django_db_blocker.unblock():
+        engine_set("pd-prefill", enabled=False)
+    try:
+        wait_for_engine(process)
+        warm = httpx.post(f"http://127.0.0.1:{port}/v1/generate", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+                          json={"prompt": SHORT, "stream": False, "sampling": {"max_tokens": 2}}, timeout=60)
+        assert warm.status_code == 200, warm.text  # its first request's warm-up would outlast the hop's 3 s timeout
+        heartbeat(stack, "pd-prefill-u", f"http://127.0.0.1:{port}", role="prefill")
+        time.sleep(SNAPSHOT + 0.2)
+        prompt = " ".join(f"w{(i * 19) % 90 + 10}" for i in range(100))
+        routed = counter(stack, "quilt_gateway_disaggregation", 'route="disaggregated"')
+        recomputed = counter(stack, "quilt_gateway_kv_transfers", 'outcome="recomputed"')
+        request_id, answer = ask(stack, prompt)  # no 400
+        assert counter(stack, "quilt_gateway_disaggregation", 'route="disaggregated"') == routed + 1
+        assert counter(stack, "quilt_gateway_kv_transfers", 'outcome="recomputed"') == recomputed + 1
+        row = usage_row(request_id)
+        assert (row.engine, row.prefill_engine) == ("pd-decode", "pd-prefill-u")
+        # the lease ended as the gateway told the prefill engine (released), well before its 5 s TTL (expired)
+        leases = wait_until(lambda: (s := engine_state(port))["kv_leases"]["active"] == 0 and s["kv_leases"],
+                            timeout=4, what="the unpulled lease ended")  # fmt: skip
+        assert leases["released"] == {"released": 1}, leases
+        engine_set("pd-prefill-u", enabled=False)
+        time.sleep(SNAPSHOT + 0.2)
+        _, whole = ask(stack, prompt)  # the same prompt on the decode engine alone: the same tokens
+        assert answer.choices[0].message.content == whole.choices[0].message.content
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        heartbeat(stack, "pd-prefill-u", f"http://127.0.0.1:{port}", role="prefill", draining=True)
+        with django_db_blocker.unblock():
+            engine_set("pd-prefill", enabled=True)
+        time.sleep(SNAPSHOT + 0.2)
+
+
 def test_a_client_that_leaves_during_the_prefill_hop_leaves_no_lease_or_block_behind(stack, split_fleet):
     _, _, engines, _ = split_fleet
     prefill = engines["pd-prefill"]

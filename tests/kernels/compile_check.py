@@ -163,7 +163,23 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
                                   torch.rand(8, 1536, 16), 128)
     if case == "gelu_tanh_and_mul":
         return _recorded_launches("gelu_tanh_and_mul", torch.randn(3, 2 * 9216).to(dtype))
+    if case.startswith("wna16"):
+        return _wna16_launches(case, dtype)
     raise AssertionError(case)
+
+
+def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
+    """Pre-quantized checkpoints' GEMMs (docs/quantization.md): 4- or 8-bit weights of Llama-3-8B's gate/up."""
+    bits = 8 if case.endswith("-w8") else 4
+    per, k, n, groups = 32 // bits, 4096, 1024, 32
+    weights = (torch.zeros(k // per, n, dtype=torch.int32), torch.rand(groups, n).half(),
+               torch.zeros(groups, n // per, dtype=torch.int32), (torch.arange(k) // 128).int())
+    if case.startswith("wna16_grouped_matmul"):
+        experts = 4
+        stacked = [torch.stack([w] * experts) for w in weights]
+        offsets = torch.tensor([0, 3, 3, 9, 12], dtype=torch.int32)
+        return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits)
+    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits)
 
 
 CASES = [
@@ -173,10 +189,11 @@ CASES = [
     "paged_attention_prefill-fp8kv", "gelu_tanh_and_mul", "rotary_embedding-partial",
     "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
     "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
-    "paged_attention_prefill-fp8kv-window-softcap", "fp8_block_linear", "grouped_matmul-fp8",
+    "paged_attention_prefill-fp8kv-window-softcap", "wna16_linear", "wna16_linear-w8", "wna16_grouped_matmul",
+    "fp8_block_linear", "grouped_matmul-fp8",
 ]  # fmt: skip
 DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
-             "paged_attention_prefill-window-softcap", "fp8_block_linear"]
+             "paged_attention_prefill-window-softcap", "wna16_linear", "fp8_block_linear"]
 
 
 

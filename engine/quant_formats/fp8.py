@@ -179,14 +179,13 @@ class CompressedFp8Linear(Fp8Linear):
     def load_slice(self, index: int, kind: str, tensor: torch.Tensor) -> None:
         width, _ = self.slice_rows(index)
         if kind == "weight_scale":
-            if self.spec.strategy == "tensor":
+            if self.spec.strategy == "tensor":  # one scale [1] (or []): every row's
                 if tensor.numel() != 1:
                     raise ValueError(f"{self.name}: weight_scale of slice {index} has shape {tuple(tensor.shape)}; "
                                      f"strategy 'tensor' stores one scale")
-                tensor = tensor.reshape(1, 1)
-            return self.load_scale_rows(index, tensor.reshape(tensor.shape[0], -1) if tensor.dim() == 1 else tensor,
-                                        (width, 1) if self.spec.strategy == "channel" else (1, 1),
-                                        1 if self.spec.strategy == "channel" else width * self.tp_size)
+                return self.load_scale_rows(index, tensor.reshape(1, 1), (1, 1), width)
+            per_row = tensor.reshape(-1, 1) if tensor.dim() == 1 else tensor  # [out, 1] (or [out])
+            return self.load_scale_rows(index, per_row, (width, 1), 1)
         if kind == "input_scale":
             if tensor.numel() != 1:
                 raise ValueError(f"{self.name}: input_scale of slice {index} has shape {tuple(tensor.shape)}; static "

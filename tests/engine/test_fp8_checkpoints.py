@@ -266,3 +266,47 @@ def test_on_cuda_in_bfloat16_agrees_with_transformers(fp8, case):
         got = [entry.logprob for entry in (out.prompt_logprobs or [None])[1:]]
         want = [float(expected[i, prompt[i + 1]]) for i in range(len(prompt) - 1)]
         assert got == pytest.approx(want, abs=0.15), f"adapter {name}, prompt of {len(prompt)}"
+
+
+def test_fp8_experts_shards_hold_their_rows_and_scales():
+    """Each of 2 ranks holds its half of every expert's gate and up rows and of down's columns, with the scales of
+    the blocks those fall in: dequantized, the shards are the whole expert's slices."""
+    from engine.models.moe import Experts
+    from kernels.fp8_reference import dequantize_fp8_groups
+
+    gen = torch.Generator().manual_seed(70)
+    experts, hidden, inter = 2, 200, 256  # hidden not whole blocks; each rank's 128 intermediate columns are
+
+    def stored(rows, cols):
+        weight = (torch.randn(rows, cols, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return weight, torch.rand(-(-rows // 128), -(-cols // 128), generator=gen) + 0.5
+
+    full = {(e, p): stored(*((inter, hidden) if p != "down" else (hidden, inter)))
+            for e in range(experts) for p in ("gate", "up", "down")}
+    ranks = []
+    for rank in range(2):
+        with torch.device("meta"):
+            base = Experts(experts, hidden, inter // 2, "silu")
+        module = Fp8Experts(base, name="experts", tp_rank=rank, tp_size=2).to_empty(device="cpu")
+        half = slice(rank * inter // 2, (rank + 1) * inter // 2)
+        for e in range(experts):
+            for part, p in enumerate(("gate", "up")):
+                weight, scale = full[e, p]
+                module.load_slice(2 * e + part, "gate_up_proj", weight[half])
+                module.load_slice(2 * e + part, "gate_up_proj_scale", scale)
+            weight, scale = full[e, "down"]
+            module.load_slice(e, "down_proj", weight[:, half])
+            module.load_slice(e, "down_proj_scale", scale)
+        module.finish()
+        ranks.append(module)
+    for e in range(experts):
+        for part, p in enumerate(("gate", "up")):
+            whole = dequantize_fp8_groups(full[e, p][0], full[e, p][1].repeat_interleave(128, 0)[:inter], 128)
+            shards = [dequantize_fp8_groups(m.gate_up_proj[e], m.gate_up_proj_scale[e], 128)
+                      [part * inter // 2 : (part + 1) * inter // 2] for m in ranks]
+            torch.testing.assert_close(torch.cat(shards), whole, rtol=0, atol=0)
+        whole = dequantize_fp8_groups(full[e, "down"][0], full[e, "down"][1].repeat_interleave(128, 0)[:hidden], 128)
+        shards = [dequantize_fp8_groups(m.down_proj[e], m.down_proj_scale[e], 128) for m in ranks]
+        torch.testing.assert_close(torch.cat(shards, dim=1), whole, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"weight_scale_inv of gate_up_proj has shape \(1, 1\), expected \(2, 2\)"):
+        ranks[0].load_slice(0, "gate_up_proj_scale", torch.ones(1, 1))

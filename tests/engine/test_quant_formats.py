@@ -107,11 +107,13 @@ def test_qwen_families_match_peft(checkpoints, quantized, tmp_path, arch, case):
 
 @pytest.mark.parametrize(("arch", "case", "tp"), [("qwen3-moe", "gptq-v2-w4-g32-asym-act-order", 1),
                                                 ("mixtral", "awq-w4-g32", 1), ("qwen3-moe", "ct-pack-w8a16-channel-sym", 1),
-                                                ("mixtral", "gptq-v1-w4-g32-asym-act-order", 2)])
+                                                ("mixtral", "gptq-v1-w4-g32-asym-act-order", 2),
+                                                ("qwen2-moe", "gptq-v2-w8-channel-sym", 1)])
 def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case, tp):
     """Every expert quantized (Mixtral's w1/w2/w3 names too), served stacked by the grouped W4A16 GEMM; LoRA on
     attention and on the experts (PEFT target_parameters) on top; the router stays in full precision. On two
-    ranks each holds every expert's half of the intermediate: gate/up by output columns, down by input rows."""
+    ranks each holds every expert's half of the intermediate: gate/up by output columns, down by input rows.
+    Qwen2-MoE: its shared expert quantized too, as a dense gated MLP (widths 40 and 56: per-channel scales)."""
     base = build_checkpoint(tmp_path / arch, arch, seed=5, **({"moe_intermediate_size": 64} if arch == "qwen3-moe"
                                                                else {}))
     model_dir, dequantized = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
@@ -122,6 +124,9 @@ def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case, tp
                                names=("attn8", None, "experts4", "attn8"), tensor_parallel_size=tp)
     experts = llm.engine.runner.model.model.layers[0].mlp.experts.base
     assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
+    if arch == "qwen2-moe":
+        shared = llm.engine.runner.model.model.layers[0].mlp.shared_expert
+        assert type(shared.gate_up_proj.base).__name__ == type(shared.down_proj.base).__name__ == "GPTQLinear"
 
 
 @pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order"])
@@ -255,3 +260,15 @@ def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
         module.finish()
         x = torch.randn(3, 64, generator=gen)
         torch.testing.assert_close(module(x), x @ qz.dequantized().t(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "awq-w4-g32"])
+def test_static_decode_makes_no_host_sync_on_the_triton_launchers(tmp_path, triton_launchers, case):
+    """What a CUDA graph captures (engine/cuda_graph.py): the decode forward through the static buffers, with the
+    packed projections on their Triton launchers, reads nothing back. (MoE models decode eagerly: graph_unsupported;
+    the grouped GEMM reads nothing back either, kernels.grouped_matmul's row blocks.)"""
+    from tests.engine.test_cuda_graph import check_no_host_sync, make_llm
+
+    base = build_checkpoint(tmp_path / "llama", "llama", seed=6, num_layers=1)
+    model_dir, _ = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    check_no_host_sync(make_llm({case: model_dir}, {}, static=True, arch=case, max_num_seqs=4), [None, None, None])

@@ -170,7 +170,7 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
 
 def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
     """Pre-quantized checkpoints' GEMMs (docs/quantization.md): 4- or 8-bit weights of Llama-3-8B's gate/up."""
-    bits = 8 if case.endswith("-w8") else 4
+    bits = 8 if "-w8" in case else 4
     per, k, n, groups = 32 // bits, 4096, 1024, 32
     weights = (torch.zeros(k // per, n, dtype=torch.int32), torch.rand(groups, n).half(),
                torch.zeros(groups, n // per, dtype=torch.int32), (torch.arange(k) // 128).int())
@@ -178,8 +178,10 @@ def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
         experts = 4
         stacked = [torch.stack([w] * experts) for w in weights]
         offsets = torch.tensor([0, 3, 3, 9, 12], dtype=torch.int32)
-        return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits)
-    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits)
+        return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits,
+                                  group_size=128 if case.endswith("-in-order") else 0)
+    group_size = 128 if case.endswith("-in-order") else 0
+    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits, group_size=group_size)
 
 
 CASES = [
@@ -190,7 +192,7 @@ CASES = [
     "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
     "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
     "paged_attention_prefill-fp8kv-window-softcap", "wna16_linear", "wna16_linear-w8", "wna16_grouped_matmul",
-    "fp8_block_linear", "grouped_matmul-fp8",
+    "wna16_linear-in-order", "wna16_grouped_matmul-in-order", "fp8_block_linear", "grouped_matmul-fp8",
 ]  # fmt: skip
 DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
              "paged_attention_prefill-window-softcap", "wna16_linear", "fp8_block_linear"]

@@ -23,6 +23,7 @@ from engine.guided import GuidedDecoding
 from engine.kv import payload
 from engine.kv.host_tier import HostTier
 from engine.kv.keys import base_digest, model_digest
+from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
@@ -122,6 +123,7 @@ class LLMEngine:
                                   max_adapter_rank=config.max_adapter_rank)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
+        self.leases = LeaseTable(self.block_manager)  # KV blocks kept for other engines (docs/kv-tiers.md)
         self.scheduler = Scheduler(
             block_manager=self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -131,6 +133,7 @@ class LLMEngine:
             adapters=self.adapter_pool,
             lookahead=self.speculator.lookahead if self.speculator else None,
             connector=self.host_tier,
+            leases=self.leases,
         )
         self.output_processor = OutputProcessor(tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids,
                                                 max_model_len=self.max_model_len)

@@ -40,6 +40,13 @@ class AdapterPages(Protocol):
     def reclaim(self, num_pages: int, *, keep: str | None = None) -> int: ...
 
 
+class PageLender(Protocol):
+    """Pages held for someone outside the engine's own requests, which it gives back when they are needed
+    (engine.kv.lease.LeaseTable: blocks leased to a decode engine that has not pulled them yet)."""
+
+    def reclaim(self, num_pages: int) -> int: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -52,6 +59,7 @@ class Scheduler:
         adapters: AdapterPages | None = None,
         lookahead: Callable[[Sequence, int], int] | None = None,
         connector: ConnectorScheduler | None = None,
+        leases: PageLender | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -61,6 +69,7 @@ class Scheduler:
         self.adapters = adapters
         self.lookahead = lookahead  # (decoding seq, batch size) -> speculative tokens it may propose
         self.connector = connector  # KV outside the pool (engine/kv/connector.py): loads before admission
+        self.leases = leases  # blocks kept for other engines: given back when the pool runs short
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.loading: dict[int, tuple[Sequence, Load, list[int]]] = {}  # seq_id -> (seq, its load, device hits held)
@@ -103,7 +112,8 @@ class Scheduler:
         given back in `on_step_done`.
 
         Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
-        cached blocks no one holds (LRU), adapters no running sequence uses (LRU); and only for a
+        cached blocks no one holds (LRU), adapters no running sequence uses (LRU), blocks leased to
+        another engine that has not pulled them yet (the leases closest to expiry end); and only for a
         running sequence, then, by preempting the newest running sequence (its blocks freed and its
         adapter unpinned, to be recomputed later). Admission never preempts.
         """
@@ -241,8 +251,11 @@ class Scheduler:
         return max(extra, 0)
 
     def _reclaim(self, num_pages: int, *, keep: str | None = None) -> bool:
-        """Free num_pages pages by evicting unpinned adapters; whether that was enough."""
-        return self.adapters is not None and self.adapters.reclaim(num_pages, keep=keep) >= num_pages
+        """Free num_pages pages by evicting unpinned adapters, then by ending leases; whether that was enough."""
+        freed = self.adapters.reclaim(num_pages, keep=keep) if self.adapters is not None else 0
+        if freed < num_pages and self.leases is not None:
+            freed += self.leases.reclaim(num_pages - freed)
+        return freed >= num_pages
 
     def _eligible(self) -> list[Sequence]:
         eligible = []

@@ -2,8 +2,9 @@
 
 A lease holds the cached blocks of a prompt's leading run of keys (BlockManager.hold: they cannot be evicted or
 reused while held) under a random id, for a TTL. It ends exactly once, by one of: the puller's `done` (or its
-giving up), its connection closing before that, the TTL passing, the engine draining, or newer leases needing
-the room (leases hold at most half the pool, the ones closest to expiry giving way). Ending a lease drops the
+giving up), its connection closing before that, the TTL passing, the engine draining, newer leases needing
+the room (leases hold at most half the pool, the ones closest to expiry giving way), or the scheduler needing the
+pages for a request (`reclaim`: a puller that has not come must not hold up this engine's own work). Ending a lease drops the
 holds: the blocks become ordinary prefix-cache blocks again, evictable once no sequence uses them. A lease is
 pulled at most once. Engine thread only (the block manager's); no torch.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from engine.block_manager import BlockManager
 from engine.kv.transport import LeaseRefused
 
-RELEASE_REASONS = ("done", "released", "closed", "expired", "drain", "evicted")
+RELEASE_REASONS = ("done", "released", "closed", "expired", "drain", "evicted", "needed")
 MAX_HELD_FRACTION = 0.5  # of the pool's pages that leases may hold together: the rest stays for running requests
 
 
@@ -104,6 +105,15 @@ class LeaseTable:
         granted); False when there is none."""
         lease = next((held for held in self.leases.values() if held.request_id == request_id and not held.pulled), None)
         return lease is not None and self.release(lease.id, "released")
+
+    def reclaim(self, num_pages: int) -> int:
+        """End leases, those closest to expiry first, until `num_pages` pages are free that were not (a block a
+        running sequence shares frees nothing); the pages freed. The scheduler asks when admission or a running
+        sequence lacks pages (engine.scheduler)."""
+        before = self.block_manager.num_free_blocks
+        while self.leases and self.block_manager.num_free_blocks - before < num_pages:
+            self.release(min(self.leases.values(), key=lambda held: held.expires_at).id, "needed")
+        return self.block_manager.num_free_blocks - before
 
     def expire(self) -> list[str]:
         """Release the leases whose TTL has passed; their ids."""

@@ -59,7 +59,10 @@ def _iter_weights(files: list[Path], *, rank: int = 0, size: int = 1, parts=lamb
                         expert = (slice(where[0], where[0] + 1),) if len(where) == 3 else ()  # stacked experts
                         start, end = where[-2:]
                         part_shape = (end - start, *shape[1 + len(expert):])
-                        index = sharding.checkpoint_slice(part, part_shape, rank=rank, size=size) or (slice(None),)
+                        index = packed_slice(part, part_shape)
+                        if index is NotImplemented:
+                            index = sharding.checkpoint_slice(part, part_shape, rank=rank, size=size)
+                        index = index or (slice(None),)
                         rows = range(start, end)[index[0]]  # this rank's rows of the part, in the fused tensor
                         tensor = view[(*expert, slice(rows.start, rows.stop), *index[1:])]
                         yield part, tensor[0] if expert else tensor

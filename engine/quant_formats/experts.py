@@ -22,8 +22,10 @@ class PackedExperts(Experts):
     packed_experts = True  # MoECausalLM.checkpoint_target routes the experts' stored tensors to each expert
 
     def __init__(self, base: Experts, packed_cls: type[IntLinear], spec: QuantSpec, *, name: str,
-                 dtypes: dict[str, dict[str, torch.dtype]]) -> None:
-        """base: the Experts it replaces (on meta); dtypes: for "gate_up_proj" and "down_proj", each stored kind's."""
+                 dtypes: dict[str, dict[str, torch.dtype]], tp_size: int = 1) -> None:
+        """base: the Experts it replaces (on meta: this rank's slice of every expert's intermediate); dtypes: for
+        "gate_up_proj" and "down_proj", each stored kind's. Under tensor parallelism gate/up are column-parallel
+        and down row-parallel, as the dense MLP's."""
         nn.Module.__init__(self)
         if not issubclass(packed_cls, IntLinear):
             raise ValueError(f"{spec.describe()}: quantized experts are served for the integer formats only")
@@ -33,17 +35,21 @@ class PackedExperts(Experts):
         hidden = base.gate_up_proj.shape[2]
         with torch.device("meta"):
             gate_up = [packed_cls(Linear(hidden, [self.inter, self.inter], bias=False), spec,
-                                  name=f"{name}.gate_up_proj.{e}", dtypes=dtypes["gate_up_proj"])
+                                  name=f"{name}.gate_up_proj.{e}", dtypes=dtypes["gate_up_proj"], tp_size=tp_size)
                        for e in range(self.num_experts)]
             down = [packed_cls(Linear(self.inter, [hidden], bias=False), spec, name=f"{name}.down_proj.{e}",
-                               dtypes=dtypes["down_proj"]) for e in range(self.num_experts)]
+                               dtypes=dtypes["down_proj"], tp_size=tp_size, row_parallel=True)
+                    for e in range(self.num_experts)]
         self.gate_up_proj, self.down_proj = nn.ModuleList(gate_up), nn.ModuleList(down)
         self.hidden = hidden
 
     def stack(self) -> None:
         """Every expert is loaded and finished: stack their kernel tensors, [E, ...] per kind and projection."""
+        self.group_sizes = {}
         for projection in ("gate_up_proj", "down_proj"):
             experts = getattr(self, projection)
+            sizes = {e.group_size for e in experts}
+            self.group_sizes[projection] = sizes.pop() if len(sizes) == 1 else 0  # 0: each expert's own g_idx
             stacked = {kind: torch.stack([getattr(e, kind) for e in experts]) for kind in KINDS}
             delattr(self, projection)
             for kind, tensor in stacked.items():
@@ -51,7 +57,8 @@ class PackedExperts(Experts):
 
     def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         tensors = [getattr(self, f"{projection}_{kind}") for kind in KINDS]
-        return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits)
+        return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits,
+                                            group_size=self.group_sizes[projection])
 
     def full_precision_bytes(self) -> int:
         return 3 * self.num_experts * self.inter * self.hidden * self.model_dtype.itemsize

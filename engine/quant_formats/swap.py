@@ -28,14 +28,23 @@ def _stored_kinds(model: CausalLM, files: list[Path]):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for raw in f.keys():
                 view = f.get_slice(raw)
-                split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
+                stored_kind = raw.rpartition(".")[2] not in ("weight", "bias")
+                try:
+                    split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
+                except ValueError:  # a fused tensor's rows checked as a weight's
+                    if not stored_kind:
+                        raise
+                    split = [(raw,), (raw,)]
+                if split is not None and len(split) > 1 and stored_kind:
+                    raise ValueError(f"{raw}: a fused projection stored quantized (Phi-3's qkv_proj, gate_up_proj) "
+                                     f"is not served yet")
                 for name in [part[0] for part in split] if split else [raw]:
                     target = model.checkpoint_target(name)
                     if target is None:
                         continue
                     kind = name.rpartition(".")[2]
                     stored.setdefault(target[0], {}).setdefault(kind, SAFETENSORS_DTYPES[view.get_dtype()])
-                    names.setdefault(target[0], []).append(raw)
+                    names.setdefault(target[0], []).extend({raw, name})  # as read, as split (Mixtral)
     return stored, names
 
 
@@ -46,8 +55,17 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
     packed_cls = format_for(quant_spec)
     stored, names = _stored_kinds(model, files)
     comm, packed, experts = model.comm, {}, {}
+    experts_cls = getattr(packed_cls, "experts_cls", None)  # a format's own stacked experts (fp8)
     for module_name, kinds in stored.items():
         if packed_cls.marker not in kinds:
+            if any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for dtype in kinds.values()):
+                raise ValueError(f"{quant_spec.describe()}: {module_name!r} has fp8 tensors without their "
+                                 f"{packed_cls.marker!r}: the checkpoint is missing its scales")
+            continue
+        if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
+            parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
+            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), name=module_name,
+                                                                   tp_rank=comm.rank, tp_size=comm.size))
             continue
         expert = _EXPERT.match(module_name)
         if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below
@@ -60,7 +78,7 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         if not isinstance(base, Linear) or module_name.rpartition(".")[2] not in PACKED_MODULES:
             raise ValueError(f"{quant_spec.describe()}: quantized tensors for {module_name!r}, which this engine "
                              f"serves only in full precision")
-        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size,
+        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size, tp_rank=comm.rank,
                             row_parallel=module_name.rpartition(".")[2] in ROW_PARALLEL)
         parent, _, attr = module_name.rpartition(".")
         setattr(model.get_submodule(parent), attr, module)
@@ -69,13 +87,14 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         base = model.get_submodule(experts_name)
         if not isinstance(base, Experts) or set(dtypes) != {"gate_up_proj", "down_proj"}:
             raise ValueError(f"{experts_name}: quantized tensors for only some of the experts' projections")
-        if comm.size > 1:
-            raise ValueError(f"{quant_spec.describe()}: quantized experts are not served with tensor_parallel_size "
-                             f"> 1 yet")
+        module = PackedExperts(base, packed_cls, quant_spec, name=experts_name, dtypes=dtypes, tp_size=comm.size)
         parent, _, attr = experts_name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, PackedExperts(base, packed_cls, quant_spec, name=experts_name,
-                                                                 dtypes=dtypes))
-    if not packed and not experts:
+        setattr(model.get_submodule(parent), attr, module)
+        for projection in ("gate_up_proj", "down_proj"):  # each expert's tensors: read as its own projection's
+            for e, expert in enumerate(getattr(module, projection)):
+                packed.update({name: expert for name in names.get(f"{experts_name}.{projection}.{e}", [])})
+    if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "packed", False) is True
+                                              for m in model.modules()):
         raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "
                          f"{packed_cls.marker!r} tensors")
     return packed
@@ -85,7 +104,7 @@ def finish_packed(model: CausalLM) -> None:
     """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked."""
     modules = list(model.modules())
     for module in modules:
-        if isinstance(module, PackedLinear):
+        if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "packed", False) is True):
             module.finish()
     for module in modules:
         if isinstance(module, PackedExperts):

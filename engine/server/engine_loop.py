@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar import Grammar
-from engine.kv.lease import Lease, LeaseTable
+from engine.kv.lease import Lease
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, Usage, merge_choices, sum_usage
 from engine.server.metrics import EngineMetrics, adapter_label
@@ -94,7 +94,7 @@ class EngineLoop:
         self.emitter = emitter
         self.base_model = base_model
         self.handles: dict[str, RequestHandle] = {}  # engine thread only
-        self.leases = LeaseTable(engine.block_manager)  # engine thread only: KV blocks kept for other engines
+        self.leases = engine.leases  # engine thread only: KV blocks kept for other engines
         self.routes: dict[str, tuple[RequestHandle, int]] = {}  # engine request id -> its handle, prompt index
         self.accepting = True
         self.healthy = True

@@ -8,7 +8,7 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from finetuning.models import JobEvent
-from metering.signals import usage_recorded
+from metering.signals import requests_logged, usage_recorded
 from registry.broadcast import push, tenant_group
 
 USAGE_MESSAGE = "usage.recorded"
@@ -18,6 +18,13 @@ FINE_TUNING_MESSAGE = "fine_tuning.progress"
 @receiver(usage_recorded, dispatch_uid="console-usage-recorded")
 def usage_recorded_push(sender, *, usages, **kwargs) -> None:
     for tenant_id in sorted({usage.tenant_id for usage in usages if usage.new}):
+        push(tenant_group(tenant_id), {"type": USAGE_MESSAGE})
+
+
+@receiver(requests_logged, dispatch_uid="console-requests-logged")
+def requests_logged_push(sender, *, tenant_ids, **kwargs) -> None:
+    """The gateway's refusals reached the log: the requests page and the usage charts show them."""
+    for tenant_id in sorted(tenant_ids):
         push(tenant_group(tenant_id), {"type": USAGE_MESSAGE})
 
 

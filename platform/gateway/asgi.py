@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from types import SimpleNamespace
@@ -208,7 +209,7 @@ def _header(scope, name: bytes) -> str:
     return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
 
 
-async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None:
+async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, received: float) -> None:
     """A chat or completion request, as `views.chat_completions`/`views.completions` answer it behind `_serve`,
     without Django's request and response objects when the answer is a stream: the same services in the same
     order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
@@ -218,7 +219,7 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool) -> None
         try:
             exchange, headers = await views.generation_admit(
                 kind=kind, raw=raw, content_type=parse_header_parameters(_header(scope, b"content-type"))[0],
-                authorization=_header(scope, b"authorization"), request_id=request_id,
+                authorization=_header(scope, b"authorization"), request_id=request_id, received=received,
             )  # fmt: skip
             if exchange.generation.stream:
                 body = await relay.open_stream(exchange, headers)
@@ -263,6 +264,7 @@ class InferenceFastPath:
         self.platform = platform
 
     async def __call__(self, scope, receive, send) -> None:
+        received = time.monotonic()  # the request log's times start at the gateway's receipt of the request
         if scope["type"] == "http" and scope["path"] == METRICS_PATH:
             await _metrics(scope, send)
             return
@@ -280,9 +282,12 @@ class InferenceFastPath:
         kind = _fast_route(scope)
         secure = kind is not None and _policy.secure(scope)
         if kind is not None and not _policy.redirects(secure=secure):
-            await _until_disconnected(_generate(scope, body, send, kind=kind, secure=secure), receive)
+            await _until_disconnected(_generate(scope, body, send, kind=kind, secure=secure, received=received),
+                                      receive)  # fmt: skip
         else:
-            await _until_disconnected(_serve(ASGIRequest(scope, io.BytesIO(body)), send), receive)
+            request = ASGIRequest(scope, io.BytesIO(body))
+            request.received = received
+            await _until_disconnected(_serve(request, send), receive)
 
 
 async def _until_disconnected(serving: Coroutine, receive) -> None:

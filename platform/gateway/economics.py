@@ -8,7 +8,8 @@ Every figure comes from the usage events (attributed GPU time, tokens, TTFT) and
                           step's time by its share of the step's tokens); a cached input token computes nothing
     cost per 1M output    cost ÷ computed tokens × 1M
     cost per 1M input     the same × uncached ÷ all input tokens: cached prompt tokens make input cheaper
-    utilisation           busy (attributed) GPU seconds ÷ the seconds the engine was up in the window
+    utilisation           busy (attributed) GPU seconds ÷ the seconds the engine was up in the window: a
+                          self-registered engine's lives only (join to last heartbeat), never the gaps between them
     break-even            engine-month cost ÷ API price per token: above that monthly volume one engine costs less
                           than the API, if one engine can serve it at the measured utilisation (else: never)
     capacity              engines = ⌈target req/s ÷ (req/s one engine serves per busy second × ρ)⌉ with
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
 
-from gateway.models import Engine
+from gateway.models import Engine, EngineLife
 from metering.models import UsageEvent
 
 MILLION = Decimal(1_000_000)
@@ -134,6 +136,29 @@ class FleetEconomics:
     uptime_cost: Decimal
 
 
+def _overlap(start: datetime, end: datetime, since: datetime, until: datetime) -> Decimal:
+    """Seconds of [start, end] inside [since, until)."""
+    return max(Decimal(0), Decimal((min(end, until) - max(start, since)).total_seconds()))
+
+
+def engine_lives(*, since: datetime, until: datetime) -> dict[int, list[tuple[datetime, datetime]]]:
+    """Self-registered engines' lives that may touch [since, until), by engine id: (joined, last heartbeat), the
+    last heartbeat being now for the life of an engine up now. The gaps between lives are no uptime."""
+    now = timezone.now()
+    up_now = set(Engine.objects.up().filter(self_registered=True).values_list("pk", flat=True))
+    latest = {}
+    found: dict[int, list[list[datetime]]] = {}
+    rows = (EngineLife.objects.filter(started_at__lt=until)
+            .filter(Q(last_heartbeat_at__gte=since) | Q(engine_id__in=up_now))
+            .order_by("engine_id", "started_at").values_list("engine_id", "started_at", "last_heartbeat_at"))
+    for engine_id, started_at, last_heartbeat_at in rows:
+        found.setdefault(engine_id, []).append([started_at, last_heartbeat_at])
+        latest[engine_id] = found[engine_id][-1]
+    for engine_id in up_now & latest.keys():
+        latest[engine_id][1] = max(latest[engine_id][1], now)
+    return {engine_id: [(start, end) for start, end in spans] for engine_id, spans in found.items()}
+
+
 _SUMS = dict(requests=Count("id"), input_tokens=Sum("prompt_tokens"), cached_tokens=Sum("cached_tokens"),
              output_tokens=Sum("completion_tokens"), gpu_ms=Sum("gpu_ms"), cost=Sum("cost"))  # fmt: skip
 
@@ -162,13 +187,12 @@ def fleet_economics(*, since: datetime, until: datetime) -> FleetEconomics:
         requests=Count("id"), gpu_ms=Sum("gpu_ms") - Sum("prefill_gpu_ms"))}  # the prefill hop's part: its engine's
     prefilled = dict(events.exclude(prefill_engine="").values_list("prefill_engine").annotate(Sum("prefill_gpu_ms")))
     engines = []
-    window = Decimal((until - since).total_seconds())
+    lives = engine_lives(since=since, until=until)
     for engine in Engine.objects.order_by("name"):
-        start = max(since, engine.created_at)
-        end = until
-        if engine.self_registered and engine.heartbeat_expires_at is not None:
-            end = min(until, max(start, engine.heartbeat_expires_at))
-        up = max(Decimal(0), min(window, Decimal((end - start).total_seconds())))
+        if engine.self_registered:
+            up = sum((_overlap(start, end, since, until) for start, end in lives.get(engine.pk, [])), Decimal(0))
+        else:  # a static engine is up from its registration (its health check keeps no history)
+            up = _overlap(engine.created_at, until, since, until)
         row = busy.get(engine.name, {})
         busy_seconds = ((row.get("gpu_ms") or Decimal(0)) + (prefilled.get(engine.name) or Decimal(0))) / MS_PER_SECOND
         engines.append(EngineUse(

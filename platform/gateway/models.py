@@ -68,6 +68,23 @@ whether the engine is up now is `engine_up` / `is_up`, which routing and the con
             self.heartbeat_expires_at is not None and self.heartbeat_expires_at > timezone.now())
 
 
+class EngineLife(models.Model):
+    """One life of a self-registered engine: from the heartbeat with which it joined to its last one (a drain's, or
+    simply the last before it was killed). An engine that leaves and rejoins under its name has several; the time
+    between them is no uptime (gateway.economics)."""
+
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="lives")
+    started_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["engine", "started_at"]
+        indexes = [models.Index(fields=["engine", "started_at"], name="engine_life_start")]
+
+    def __str__(self) -> str:
+        return f"{self.engine_id} from {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
 class AdmissionState(models.Model):
     """A tenant's admission counters when admission runs in the database (no REDIS_URL): the current
     one-minute window and the month's settled usage. Locked for the length of each admission."""
@@ -104,8 +121,14 @@ class BudgetHold(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     tokens = models.BigIntegerField()
     spend_micros = models.BigIntegerField()
+    key_spend_picos = models.BigIntegerField(default=0, help_text="Its key's share, exact (1e-12 of the currency).")
     window_start = models.BigIntegerField()
     expires_at = models.FloatField()  # unix seconds
+    settled_at = models.FloatField(null=True, blank=True)  # unix seconds
+    usage = models.TextField(
+        null=True, blank=True,
+        help_text="Provisional: the usage event the gateway relayed (JSON), billed if the engine's never arrives.",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

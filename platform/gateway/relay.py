@@ -10,6 +10,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -22,11 +23,12 @@ from engine.contract import (
     billed_cached_tokens,
     prompt_fingerprints,
 )
-from gateway import engine_client, metrics
+from gateway import engine_client, metrics, request_reports
 from gateway.admission import (
     admission_acquire,
     admission_settle,
     spend_to_micros,
+    spend_to_picos,
 )
 from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
@@ -53,10 +55,11 @@ from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, Usage, error_event
+from gateway.prompt_tokens import base_tokenizer, prompt_tokens
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import Vocabulary, vocabulary
-from gateway.usage_report import usage_event, usage_send
+from gateway.usage_report import served_usage_json, usage_event, usage_send
 from metering.services import request_body_store
 
 log = logging.getLogger(__name__)
@@ -120,11 +123,11 @@ class Exchange:
 
     def __init__(
         self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
-        hold_tokens: int, hold_spend_micros: int,
+        hold_tokens: int, hold_spend: Decimal, received: float,
     ):  # fmt: skip
         self.request_id = request_id
         self.hold_tokens = hold_tokens
-        self.hold_spend_micros = hold_spend_micros
+        self.hold_spend = hold_spend
         self.caller = caller
         self.target = target
         self.generation = generation
@@ -135,8 +138,9 @@ class Exchange:
             kind=generation.kind, request_id=request_id, model=target.name, n=generation.num_choices,
             logprobs=generation.logprobs, echo=echoes(generation, self.vocabulary),
         )  # fmt: skip
-        self.started = time.monotonic()
+        self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
         self.first_token_at: float | None = None
+        self.answer_status = 200  # what the client was answered, once an engine took the request
         self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
         self.engine: EngineRef | None = None
         self.stream: GenerateStream | None = None
@@ -342,7 +346,9 @@ class Exchange:
         if self._settled:
             return
         self._settled = True
-        if self.stream is not None:
+        if self.stream is not None:  # an engine took it: its event has the row, the gateway adds its times
+            request_reports.answered(request_id=self.request_id, status_code=self.answer_status,
+                                     received=self.started, first_token=self.first_token_at)  # fmt: skip
             finished = self.stream.finished
             await self.stream.close()
             if not finished and not self.broke and self.engine is not None:
@@ -355,23 +361,42 @@ class Exchange:
             if self.broke and self.engine is not None:
                 await self._report_lost_usage(self.engine)
         final = False  # metering's settle, once it recorded the engine's usage event, is the final one
+        served = ""
         if self.usage_reported:  # the engine's counts
             tokens = usage.prompt_tokens + usage.completion_tokens
-            spend_micros = spend_to_micros(self.caller.spend(
+            spend = self.caller.spend(
                 base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
-            ))  # fmt: skip
+            )  # fmt: skip
+            served = self._served_event()
         elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
-            tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
+            tokens, spend = self.hold_tokens, self.hold_spend
         else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
-            tokens, spend_micros, final = 0, 0, True
+            tokens, spend, final = 0, Decimal(0), True
         if self.caller.body_retention_days and self.stream is not None:
             await self._keep_bodies()
         self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
                       else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
-            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
-            final=final, key_prefix=self.caller.limits.key_prefix,
+            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens,
+            spend_micros=spend_to_micros(spend), key_spend_picos=spend_to_picos(spend), final=final,
+            key_prefix=self.caller.limits.key_prefix, usage=served,
+        )  # fmt: skip
+
+    def _served_event(self) -> str:
+        """The usage event of what the client was served, from the engine's final counts (JSON): kept with the
+        provisional settle until metering records the request, and billed by the worker if the engine's own event
+        never arrives (an engine killed, its spool lost with its pod)."""
+        usage = self.builder.usage
+        engine = self.engine
+        return served_usage_json(
+            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
+            digest=self.target.digest, base_model=self.target.base_model,
+            metadata=self.metadata(engine) if engine is not None else {}, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            finish_reason="length" if any(c.finish_reason == "length" for c in self.builder.choices) else "stop",
+            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+            ttft_ms=(self.first_token_at - self.started) * 1000.0 if self.first_token_at is not None else None,
         )  # fmt: skip
 
     async def _keep_bodies(self) -> None:
@@ -413,32 +438,28 @@ _metadata_accepted: dict[str, bool] = {}
 
 
 async def admit(
-    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest
+    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, received: float
 ) -> tuple[Exchange, dict[str, str]]:
     context_check(generation, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
-    prompt_bytes = generation.prompt_bytes()
-    prompt_tokens = estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes)
-    one_text = generation.messages is not None or (len(generation.prompts) == 1 and prompt_bytes > 0)
-    if one_text and prompt_bytes > settings.QUILT_TOKENIZE_ABOVE_BYTES:
-        prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
+    prompt_tokens = await count_prompt_tokens(generation, target)
     tokens = prompt_tokens + generation.num_choices * max_tokens
-    spend_micros = spend_to_micros(caller.spend(
+    spend = caller.spend(
         base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
         completion_tokens=generation.num_choices * max_tokens,
-    ))  # fmt: skip
+    )  # fmt: skip
     decision = await admission_acquire(
-        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
-        limits=caller.limits,
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        key_spend_picos=spend_to_picos(spend), limits=caller.limits,
     )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
         budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
         metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
-        raise refusal(decision, headers, tokens=tokens)
+        raise refusal(decision, headers, tokens=tokens, limits=caller.limits, prompt_tokens=prompt_tokens)
     exchange = Exchange(
         request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
-        hold_tokens=tokens, hold_spend_micros=spend_micros,
+        hold_tokens=tokens, hold_spend=spend, received=received,
     )  # fmt: skip
     return exchange, headers
 
@@ -460,18 +481,17 @@ _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_
 _store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)
 
 
-async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
-    await engines_refresh()
-    engine = router.choose(digest=target.digest)
-    if engine is not None:
-        try:
-            prompt = generation.prompts[0] if generation.prompts is not None else None
-            return await engine_client.tokenize(engine, prompt=prompt, messages=generation.messages)
-        except EngineUnavailable:
-            return None
-        except EngineRejected as rejected:
-            raise engine_refusal(rejected, generation) from None
-    return None
+async def count_prompt_tokens(generation: GenerationRequest, target: Target) -> int:
+    """The prompt's tokens with the base model's tokenizer (a long prompt on a worker thread, off the event loop);
+    the bytes' upper bound where the gateway has no tokenizer for it or its template can't render the messages."""
+    tokenizer = base_tokenizer(target.checkpoint_dir)
+    counted = None
+    if tokenizer is not None:
+        if generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+            counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
+        else:
+            counted = prompt_tokens(generation, tokenizer)
+    return estimate_prompt_tokens(generation) if counted is None else counted
 
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -509,8 +529,11 @@ async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
 async def _opened(exchange: Exchange) -> None:
     try:
         await exchange.open()
-    except BaseException:
+    except BaseException as error:
         await asyncio.shield(exchange.settle())
+        if isinstance(error, ApiError):  # no engine generated for it: the log keeps it as a refusal
+            request_reports.refused(request_id=exchange.request_id, caller=exchange.caller, error=error,
+                                    model=exchange.target.name, target=exchange.target)  # fmt: skip
         raise
 
 
@@ -521,8 +544,14 @@ async def _whole(exchange: Exchange) -> HttpResponse:
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         if exchange.error_type == ADAPTER_UNAVAILABLE:
-            raise adapter_unavailable(exchange.target.name) from None
-        raise ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error") from None
+            failed = adapter_unavailable(exchange.target.name)
+        else:
+            failed = ApiError(502, "The engine failed while generating this response; please retry.", code="engine_error")
+        exchange.answer_status = failed.status
+        raise failed from None
+    except asyncio.CancelledError:
+        exchange.answer_status = 499  # the client went away before its answer (nginx's "client closed request")
+        raise
     finally:
         await asyncio.shield(exchange.settle())
     return HttpResponse(_json(exchange.builder.body()), content_type="application/json")

@@ -7,10 +7,11 @@ from decimal import Decimal, InvalidOperation
 import httpx
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from gateway import engine_client
-from gateway.models import Engine
+from gateway.models import Engine, EngineLife
 from gateway.routing import resident_digests
 from tenancy.audit import Actor, audit_record
 
@@ -114,6 +115,7 @@ def engine_heartbeat(
         except ValidationError as error:
             raise HeartbeatRefused("; ".join(f"{k}: {' '.join(v)}" for k, v in error.message_dict.items())) from None
         engine.save()
+        engine_life_record(engine=engine, now=now, joined=joined and not draining)
         if joined and not draining:
             audit_record(actor=Actor.system(), action="engine.join", target=engine, tenant=None, before=before,
                          after=_snapshot(engine))  # fmt: skip
@@ -125,6 +127,14 @@ def engine_heartbeat(
     elif draining:
         log.info("engine %s is draining: out of routing", name)
     return engine
+
+
+def engine_life_record(*, engine: Engine, now, joined: bool) -> None:
+    """A heartbeat's mark on the engine's lives: a join starts one, any other heartbeat (draining ones too: the
+    engine still runs) extends its latest to now."""
+    latest = EngineLife.objects.filter(engine=engine).order_by("-started_at").values("pk")[:1]
+    if joined or not EngineLife.objects.filter(pk__in=Subquery(latest)).update(last_heartbeat_at=now):
+        EngineLife.objects.create(engine=engine, started_at=now, last_heartbeat_at=now)
 
 
 def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_path: str) -> list[str]:
@@ -166,4 +176,23 @@ def admission_reconcile_all() -> int:
                 "admission total of tenant %s reconciled: %s -> %s tokens, %s -> %s micros", tenant_id,
                 result.tokens_before, result.tokens_after, result.spend_micros_before, result.spend_micros_after,
             )  # fmt: skip
+    return changed + _key_totals_reconcile()
+
+
+def _key_totals_reconcile() -> int:
+    """The same for every key lineage with a monthly budget: its spend (picos) set to metering's record of the
+    lineage plus its provisional settles."""
+    from apikeys.models import ApiKey
+    from gateway.admission import key_reconcile
+
+    changed = 0
+    budgeted = ApiKey.objects.filter(monthly_spend_limit__isnull=False, revoked=False)
+    for tenant_id, lineage in budgeted.values_list("tenant_id", "lineage").distinct():
+        result = key_reconcile(tenant_id=tenant_id, key_prefix=lineage)
+        if result is None or not result.applied:
+            continue
+        if result.spend_micros_before != result.spend_micros_after:
+            changed += 1
+            log.warning("spend of key %s reconciled: %s -> %s picos", lineage, result.spend_micros_before,
+                        result.spend_micros_after)  # fmt: skip
     return changed

@@ -4,13 +4,14 @@ resolve (one blocking call), parse, then hand the request to the relay."""
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from gateway import relay
+from gateway import relay, request_reports
 from gateway.admission import admission_peek
 from gateway.caller import Caller, Target, cached_caller_and_target, caller_and_target, caller_models
 from gateway.errors import ApiError
@@ -68,7 +69,7 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
 
 async def error_response(error: ApiError) -> HttpResponse:
     """A refusal's answer: with the caller's rate-limit headers once the caller is known."""
-    if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
+    if error.caller is not None and not any(name.startswith("x-ratelimit-") for name in error.headers):
         window = await admission_peek(tenant_id=error.caller.tenant_id)
         error.headers |= ratelimit_headers(error.caller, window)
     return error.response()
@@ -91,22 +92,33 @@ def _method(request, allowed: str) -> None:
 
 
 async def generation_admit(
-    *, kind: str, raw: bytes, content_type: str, authorization: str, request_id: str
+    *, kind: str, raw: bytes, content_type: str, authorization: str, request_id: str, received: float
 ) -> tuple[relay.Exchange, dict]:
     """A POSTed chat or completion request, authenticated, parsed and admitted (the ASGI entry's fast path calls it
-    too); an ApiError once the caller is known carries it."""
+    too); an ApiError once the caller is known carries it, and goes to the caller's request log as a refusal.
+    `received`: time.monotonic() when the gateway received the request (the log's times start there)."""
     try:
         json_content_type_check(content_type)
         body = parse_body(raw)
     except ApiError as error:  # the key is checked first, as OpenAI does: without one, any body is a 401
         error.caller, _ = await _authorize(authorization=authorization, model=None)
+        request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=None, target=None)
         raise
-    caller, target = await _authorize(authorization=authorization, model=body.get("model"))
+    try:
+        caller, target = await _authorize(authorization=authorization, model=body.get("model"))
+    except ApiError as error:  # a model this key may not use, or none by that name
+        if error.caller is not None:
+            request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=body.get("model"),
+                                    target=None)  # fmt: skip
+        raise
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)
-        return await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation)
+        return await relay.admit(request_id=request_id, caller=caller, target=target, generation=generation,
+                                 received=received)  # fmt: skip
     except ApiError as error:
         error.caller = caller
+        request_reports.refused(request_id=request_id, caller=caller, error=error, model=body.get("model"),
+                                target=target)  # fmt: skip
         raise
 
 
@@ -115,6 +127,7 @@ async def _generate(request, request_id: str, *, kind: str) -> HttpResponse:
     exchange, headers = await generation_admit(
         kind=kind, raw=request.body, content_type=request.content_type,
         authorization=request.META.get("HTTP_AUTHORIZATION", ""), request_id=request_id,
+        received=getattr(request, "received", None) or time.monotonic(),  # set by gateway.asgi; not in tests' client
     )  # fmt: skip
     return await relay.respond(exchange, headers)
 

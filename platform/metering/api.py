@@ -1,6 +1,6 @@
 """Usage of the caller's tenant, grouped by day, model or key, as JSON or CSV."""
 
-from django.http import Http404
+from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from apikeys.models import Scope
 from metering.renderers import CsvRenderer
 from metering.request_log import BadCursor, LogFilters, request_detail, request_log_page
+from metering.request_log_csv import request_log_csv, since_instant, until_instant
 from metering.selectors import usage_grouped, usage_sum
 from metering.serializers import (
     RequestLogPageOutput,
@@ -55,13 +56,15 @@ class RequestLogApi(TenantAPIView):
     required_roles = {"GET": Membership.Role.VIEWER}
     required_scopes = {"GET": Scope.USAGE_READ}
     renderer_classes = [JSONRenderer, CsvRenderer]
-    csv_header = list(RequestLogRowOutput().fields)
 
     @extend_schema(
         parameters=[RequestLogQueryInput], summary="List requests (the request log)",
-        description="The caller's tenant's requests, one row each with key, model, adapter version, status, tokens, "
-        "time to first token, latency and cost; filtered, sorted, and paged by cursor (pass `next_cursor` back as "
-        "`?cursor=`). Metadata only. `?format=csv` returns the page's rows as CSV.",
+        description="The caller's tenant's requests, one row each with key, model, adapter version, status (refusals "
+        "included: 400, 404, 429 ... with their status and error code), tokens, time to first token and latency "
+        "(from the gateway's receipt, the engine's own beside them) and cost; filtered, sorted, and paged by cursor "
+        "(pass `next_cursor` back as `?cursor=`). Metadata only. `requests.csv` (or `?format=csv`) streams every "
+        "row the filters match, in the sort's order, with the console's Export CSV columns (cursor and limit do "
+        "not apply).",
         responses={200: OpenApiResponse(RequestLogPageOutput, description="JSON, or CSV rows with ?format=csv")},
     )  # fmt: skip
     def get(self, request, format=None):
@@ -69,16 +72,19 @@ class RequestLogApi(TenantAPIView):
         query.is_valid(raise_exception=True)
         params = query.validated_data
         filters = LogFilters(key_prefix=params["key"], adapter=params["adapter"], model=params["model"],
-                             status=params["status"], since=params["since"], until=params["until"])  # fmt: skip
+                             status=params["status"], since=since_instant(params["since"]),
+                             until=until_instant(params["until"]))  # fmt: skip
+        if request.accepted_renderer.format == "csv":
+            lines = request_log_csv(tenant=self.tenant, filters=filters, sort=params["sort"])
+            response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+            response["Content-Disposition"] = f'attachment; filename="{self.tenant.slug}-requests.csv"'
+            return response
         try:
             page = request_log_page(tenant=self.tenant, filters=filters, sort=params["sort"], cursor=params["cursor"],
                                     limit=params["limit"])  # fmt: skip
         except BadCursor as error:
             raise ValidationError({"cursor": [str(error)]}) from None
-        rows = RequestLogRowOutput(page.rows, many=True).data
-        if request.accepted_renderer.format == "csv":
-            return Response(rows, headers={"Content-Disposition": 'attachment; filename="requests.csv"'})
-        return Response({"data": rows, "next_cursor": page.next_cursor})
+        return Response({"data": RequestLogRowOutput(page.rows, many=True).data, "next_cursor": page.next_cursor})
 
 
 class RequestDetailApi(TenantAPIView):
@@ -90,7 +96,7 @@ class RequestDetailApi(TenantAPIView):
         description="One request of the caller's tenant, by the id its response carried (x-request-id).",
     )  # fmt: skip
     def get(self, request, request_id: str):
-        found = request_detail(tenant=self.tenant, request_id=request_id)
+        found = request_detail(tenant=self.tenant, request_id=request_id, reader=self.actor)
         if found is None:
             raise Http404("No such request.")
         return Response(RequestLogRowOutput(found[0]).data)

@@ -28,12 +28,31 @@ class ModelPrice(models.Model):
         return f"{self.plan} / {self.base_model}"
 
 
+REFUSED = "refused"  # the finish_reason of a request the gateway answered without an engine generating anything
+
+
+class ServedManager(models.Manager):
+    """The requests an engine served (billed, counted in usage, invoices and economics): refusals left out."""
+
+    def get_queryset(self):
+        return super().get_queryset().exclude(finish_reason=REFUSED)
+
+
 class UsageEvent(models.Model):
-    """One finished (or aborted) request as the engine reported it, written exactly once per request id.
+    """One request the gateway answered, written exactly once per request id: a finished (or aborted) request as
+    the engine reported it, or a refusal the gateway reported (finish_reason "refused": 400, 404, 429, 503 ... with
+    its status and error code, no tokens, no price).
+
+    `objects` holds the served requests only (so no count of usage, spend or invoices ever includes a refusal);
+    `answered` holds every row, for the request log and its charts.
 
     Price is fixed at ingest from the rates stored alongside it; cost is gpu_ms at the engine pool's hourly price
     (null when the event named no engine the gateway knows). A disaggregated request ran on two engines: gpu_ms is
     the whole request's, prefill_gpu_ms the part on `prefill_engine`, each part costed at its engine's price.
+
+    ttft_ms and e2e_ms are measured by the gateway from its receipt of the request (what the client saw, less the
+    network); engine_ttft_ms and engine_e2e_ms are the engine's own, from its receipt. Until the gateway's report
+    arrives (status_code still null), ttft_ms and e2e_ms hold the engine's figures.
     """
 
     request_id = models.CharField(max_length=100, unique=True)
@@ -59,7 +78,12 @@ class UsageEvent(models.Model):
     queue_ms = models.FloatField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     e2e_ms = models.FloatField(null=True, blank=True)
+    engine_ttft_ms = models.FloatField(null=True, blank=True, help_text="The engine's TTFT, from its receipt.")
+    engine_e2e_ms = models.FloatField(null=True, blank=True, help_text="The engine's latency, from its receipt.")
     finish_reason = models.CharField(max_length=32, blank=True)
+    status_code = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The HTTP status the gateway answered; null until its report arrives.")
+    error_code = models.CharField(max_length=64, blank=True, help_text="The error's code, as the client got it.")
     error = models.CharField(max_length=500, blank=True, help_text="Why the request failed, where it did.")
     engine = models.CharField(max_length=100, blank=True)
     prefill_engine = models.CharField(max_length=100, blank=True, help_text="Disaggregated: the prefill hop's engine.")
@@ -78,7 +102,11 @@ class UsageEvent(models.Model):
         help_text="The invoice that billed this request (each request is billed once, late ones on the next).",
     )  # fmt: skip
 
+    answered = models.Manager()
+    objects = ServedManager()
+
     class Meta:
+        default_manager_name = "objects"
         ordering = ["-finished_at", "-id"]
         indexes = [
             models.Index(fields=["tenant", "finished_at"], name="usage_tenant_finished"),

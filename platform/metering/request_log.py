@@ -18,8 +18,11 @@ from decimal import Decimal
 from django.db.models import F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 
-from metering.models import RequestBody, UsageEvent
-from tenancy.models import Tenant
+from metering.models import REFUSED, RequestBody, UsageEvent
+from tenancy.audit import Actor
+from tenancy.authority import actor_role
+from tenancy.models import Membership, Tenant
+from tenancy.roles import role_at_least
 
 # Public sort key -> the expression ordered by (a coalesce keeps rows with no latency in a keyset order).
 SORTS = {
@@ -29,7 +32,9 @@ SORTS = {
     "cost": F("price"),
     "tokens": F("prompt_tokens") + F("completion_tokens"),
 }
-STATUSES = {"ok": ("stop", "length", ""), "aborted": ("abort",), "error": ("error",)}
+# A status and the finish reasons it covers. "refused": the gateway answered with an error and no engine generated
+# (400, 403, 404, 429, 503 ...: status_code and error_code say which); "error": an engine failed the request.
+STATUSES = {"ok": ("stop", "length", ""), "aborted": ("abort",), "error": ("error",), "refused": (REFUSED,)}
 MAX_LIMIT = 200
 
 
@@ -63,8 +68,8 @@ def request_status(event: UsageEvent) -> str:
 
 
 def request_log_filtered(*, tenant: Tenant | None, filters: LogFilters) -> QuerySet[UsageEvent]:
-    """One tenant's requests (every tenant's with None, for staff), narrowed by the filters."""
-    events = UsageEvent.objects.all()
+    """One tenant's requests (every tenant's with None, for staff), refusals included, narrowed by the filters."""
+    events = UsageEvent.answered.all()
     if tenant is not None:
         events = events.filter(tenant=tenant)
     elif filters.tenant_slug:
@@ -136,14 +141,28 @@ def request_log_page(
     return LogPage(rows=rows, sort=sort, next_cursor=next_cursor)
 
 
-def request_detail(*, tenant: Tenant | None, request_id: str) -> tuple[UsageEvent, RequestBody | None] | None:
-    """One request (of `tenant`; any tenant's for staff) and its stored bodies, if its tenant keeps them."""
-    events = UsageEvent.objects.select_related("tenant", "api_key", "adapter_version__adapter")
+BODIES_ROLE = Membership.Role.DEVELOPER  # prompts and completions: developers and above, and staff; never viewers
+
+
+def bodies_readable(*, reader: Actor, tenant: Tenant) -> bool:
+    """Whether `reader` may read the prompts and completions `tenant` keeps."""
+    role = actor_role(actor=reader, tenant=tenant)
+    return role is not None and role_at_least(role, BODIES_ROLE)
+
+
+def request_detail(
+    *, tenant: Tenant | None, request_id: str, reader: Actor
+) -> tuple[UsageEvent, RequestBody | None] | None:
+    """One request (of `tenant`; any tenant's for staff) and its stored bodies, if its tenant keeps them and
+    `reader` may read them (bodies_readable)."""
+    events = UsageEvent.answered.select_related("tenant", "api_key", "adapter_version__adapter")
     if tenant is not None:
         events = events.filter(tenant=tenant)
     event = events.filter(request_id=request_id).first()
     if event is None:
         return None
     event.status = request_status(event)
-    body = RequestBody.objects.filter(request_id=request_id, tenant_id=event.tenant_id).first()
+    body = None
+    if bodies_readable(reader=reader, tenant=event.tenant):
+        body = RequestBody.objects.filter(request_id=request_id, tenant_id=event.tenant_id).first()
     return event, body

@@ -10,7 +10,8 @@ from django.db.models import Aggregate, Avg, Count, F, FloatField, Q, QuerySet, 
 from django.db.models.functions import TruncDate, TruncDay, TruncHour
 from django.utils import timezone
 
-from metering.models import ModelPrice, UsageDaily, UsageEvent, UsageMonth
+from apikeys.models import ApiKey
+from metering.models import REFUSED, ModelPrice, UsageDaily, UsageEvent, UsageMonth
 from metering.rollups import day_bounds, rolled_up_before, usage_sums
 from tenancy.models import Tenant
 
@@ -118,25 +119,32 @@ def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[
     prompt, completion, price = row
     return prompt + completion, price
 
-def key_spend_month_recorded(*, key_prefix: str, month: date | None = None) -> Decimal:
-    """What metering has recorded for one API key's requests in a month (this one by default): where admission's
-    count of the key's spend starts, and the keys table's "spend this month"."""
+def key_spend_month_recorded(*, key_lineage: str, month: date | None = None) -> Decimal:
+    """What metering has recorded for one API key lineage's requests (the key and its rotations: ApiKey.lineage) in a
+    month (this one by default): where admission's count of the key's spend starts and what it is reconciled with."""
     start = (month or timezone.now().astimezone(UTC).date()).replace(day=1)
     since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
-    return UsageEvent.objects.filter(api_key_prefix=key_prefix, finished_at__gte=since).aggregate(
-        spend=Sum("price", default=Decimal(0))
-    )["spend"]
+    prefixes = ApiKey.objects.filter(lineage=key_lineage).values("prefix")
+    return UsageEvent.objects.filter(
+        Q(api_key_prefix=key_lineage) | Q(api_key_prefix__in=prefixes), finished_at__gte=since
+    ).aggregate(spend=Sum("price", default=Decimal(0)))["spend"]
 
 
 def keys_spend_month(*, tenant: Tenant) -> dict[str, Decimal]:
-    """Key prefix -> what its requests cost this month (the keys table), one grouped query."""
+    """Key lineage -> what its requests cost this month (the keys table: a rotated key's spend goes on with its
+    successor), one grouped query."""
     start = timezone.now().astimezone(UTC).date().replace(day=1)
     since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    lineage = dict(ApiKey.objects.filter(tenant=tenant).values_list("prefix", "lineage"))
     rows = (
         UsageEvent.objects.filter(tenant=tenant, finished_at__gte=since).exclude(api_key_prefix="")
         .values("api_key_prefix").annotate(spend=Sum("price")).order_by()
     )  # fmt: skip
-    return {row["api_key_prefix"]: row["spend"] for row in rows}
+    spend: dict[str, Decimal] = {}
+    for row in rows:
+        key = lineage.get(row["api_key_prefix"]) or row["api_key_prefix"]
+        spend[key] = spend.get(key, Decimal(0)) + row["spend"]
+    return spend
 
 
 # --- Reads for the console's usage pages (filters, platform-wide sums, time series). ---------------------------
@@ -199,8 +207,9 @@ class UsageBucket:
     """One hour or day of requests: counts, errors, spend and latency (TTFT, decode tokens per second)."""
 
     start: datetime
-    requests: int = 0
-    errors: int = 0
+    requests: int = 0  # every request the gateway answered, refusals included
+    errors: int = 0  # failed by an engine, or refused by the gateway (`refused` of them)
+    refused: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     price: Decimal = field(default_factory=Decimal)
@@ -212,7 +221,7 @@ class UsageBucket:
 
     @property
     def error_rate(self) -> float | None:
-        """Percent of the bucket's requests that failed; None with no requests."""
+        """Percent of the bucket's requests that failed or were refused; None with no requests."""
         return 100.0 * self.errors / self.requests if self.requests else None
 
 
@@ -256,24 +265,27 @@ def _latency_percentiles(events, truncate) -> dict[datetime, dict[str, float]]:
 
 
 BUCKETS = {"hour": TruncHour, "day": TruncDay}
-ERROR_FINISH_REASONS = ("error",)
+ERROR_FINISH_REASONS = ("error", REFUSED)
 
 
 def usage_buckets(
     *, tenant: Tenant | None, since: datetime, until: datetime, bucket: str, model: str = "", key_prefix: str = ""
 ) -> list[UsageBucket]:
     """Every hour or UTC day from `since` to `until` (empty ones included), from the raw events: latency and
-    errors are not in the roll-ups, and a window of hours or a month of days stays a bounded range scan."""
+    errors are not in the roll-ups, and a window of hours or a month of days stays a bounded range scan. Requests
+    and errors count the gateway's refusals too (a 429 is an error the client saw); tokens, spend and latency are
+    the served requests' (a refusal has none)."""
     truncate = BUCKETS[bucket]
     filters = _event_filters(tenant=tenant, model=model, key_prefix=key_prefix)
     timed = Q(ttft_ms__isnull=False, e2e_ms__isnull=False, e2e_ms__gt=F("ttft_ms"))
     rows = (
-        UsageEvent.objects.filter(finished_at__gte=since, finished_at__lt=until, **filters)
+        UsageEvent.answered.filter(finished_at__gte=since, finished_at__lt=until, **filters)
         .order_by()
         .annotate(start=truncate("finished_at", tzinfo=UTC))
         .values("start")
         .annotate(
             requests=Count("id"), errors=Count("id", filter=Q(finish_reason__in=ERROR_FINISH_REASONS)),
+            refused=Count("id", filter=Q(finish_reason=REFUSED)),
             prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), price_sum=Sum("price"),
             ttft=Avg("ttft_ms"), decode_ms=Sum(F("e2e_ms") - F("ttft_ms"), filter=timed),
             decode_tokens=Sum("completion_tokens", filter=timed), **_percentile_aggregates(),
@@ -297,7 +309,8 @@ def usage_buckets(
         else:
             decode_ms, decode_tokens = row["decode_ms"], row["decode_tokens"]
             buckets.append(UsageBucket(
-                start=start, requests=row["requests"], errors=row["errors"], prompt_tokens=row["prompt"] or 0,
+                start=start, requests=row["requests"], errors=row["errors"], refused=row["refused"],
+                prompt_tokens=row["prompt"] or 0,
                 completion_tokens=row["completion"] or 0, price=row["price_sum"] or Decimal(0), ttft_ms=row["ttft"],
                 tokens_per_second=decode_tokens * 1000 / decode_ms if decode_ms and decode_tokens else None,
                 **percentiles.get(start, {}),

@@ -3,8 +3,9 @@ from datetime import date, timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
+from metering.request_log import STATUSES
 from metering.selectors import GROUPS
-from quilt.query import DayField, QueryInput
+from quilt.query import DayField, QueryInput, is_day
 
 MAX_DAYS = 366
 
@@ -47,14 +48,28 @@ class UsageOutput(serializers.Serializer):
     total = UsageRowOutput()
 
 
+class DayOrInstantField(serializers.DateTimeField):
+    """YYYY-MM-DD (a date: metering.request_log_csv.until_instant and since_instant read it as a whole day) or an
+    ISO 8601 instant (a timezone-aware datetime)."""
+
+    def to_internal_value(self, value):
+        if is_day(value):
+            return DayField().to_internal_value(value)
+        return super().to_internal_value(value)
+
+
 class RequestLogQueryInput(QueryInput):
     key = serializers.CharField(required=False, default="", max_length=16, help_text="An API key's prefix.")
     adapter = serializers.CharField(required=False, default="", max_length=200,
                                     help_text="An adapter's name; '-' for requests to a base model.")  # fmt: skip
     model = serializers.CharField(required=False, default="", max_length=200, help_text="A base model's name.")
-    status = serializers.ChoiceField(required=False, default="", choices=["", "ok", "aborted", "error"])
-    since = serializers.DateTimeField(required=False, default=None, help_text="Finished at or after (ISO 8601).")
-    until = serializers.DateTimeField(required=False, default=None, help_text="Finished before (ISO 8601).")
+    status = serializers.ChoiceField(required=False, default="", choices=["", *STATUSES],
+                                     help_text="'refused': answered with an error before any engine generated.")
+    since = DayOrInstantField(required=False, default=None,
+                              help_text="Finished on or after: a UTC day (YYYY-MM-DD, from its start) or an instant.")
+    until = DayOrInstantField(required=False, default=None,
+                              help_text="A UTC day (YYYY-MM-DD) is included whole, as in the console and the usage API; "
+                                        "an instant (ISO 8601 with a time) is exclusive.")
     sort = serializers.ChoiceField(
         required=False, default="-time",
         choices=[f"{sign}{name}" for name in ("time", "latency", "ttft", "cost", "tokens") for sign in ("-", "")],
@@ -73,13 +88,18 @@ class RequestLogRowOutput(serializers.Serializer):
     base_model = serializers.CharField()
     adapter = serializers.CharField(source="adapter_version.adapter.name", default=None, allow_null=True)
     adapter_version = serializers.IntegerField(source="adapter_version.number", default=None, allow_null=True)
-    status = serializers.ChoiceField(choices=["ok", "aborted", "error"])
-    finish_reason = serializers.CharField()
+    status = serializers.ChoiceField(choices=list(STATUSES))
+    status_code = serializers.IntegerField(allow_null=True, help_text="The HTTP status the gateway answered (null: "
+                                           "its report has not arrived; the times are then the engine's).")
+    finish_reason = serializers.CharField(help_text="The engine's (stop, length, abort, error), or 'refused'.")
+    error_code = serializers.CharField(help_text="The error's code as the client got it (rate_limit_exceeded ...).")
     prompt_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
-    ttft_ms = serializers.FloatField(allow_null=True)
-    e2e_ms = serializers.FloatField(allow_null=True, help_text="Latency, end to end.")
+    ttft_ms = serializers.FloatField(allow_null=True, help_text="Time to first token from the gateway's receipt.")
+    e2e_ms = serializers.FloatField(allow_null=True, help_text="Latency, end to end, from the gateway's receipt.")
+    engine_ttft_ms = serializers.FloatField(allow_null=True, help_text="The engine's own TTFT, from its receipt.")
+    engine_e2e_ms = serializers.FloatField(allow_null=True, help_text="The engine's own latency.")
     queue_ms = serializers.FloatField(allow_null=True)
     cost = serializers.DecimalField(source="price", max_digits=24, decimal_places=12)
     error = serializers.CharField()

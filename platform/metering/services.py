@@ -133,6 +133,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
                 gpu_ms=record.gpu_ms + record.prefill_gpu_ms, prefill_engine=record.prefill_engine,
                 prefill_gpu_ms=record.prefill_gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,
+                engine_ttft_ms=record.ttft_ms, engine_e2e_ms=record.e2e_ms,
                 finish_reason=record.finish_reason, error=record.error, engine=record.engine, price_input_per_mtok=rates.input,
                 price_cached_input_per_mtok=rates.cached_input, price_output_per_mtok=rates.output, price=price,
                 gpu_price_per_hour=gpu_price_per_hour, cost=cost, finished_at=record.finished_at,
@@ -209,6 +210,7 @@ def _announce(rows: list[UsageEvent], inserted: set[str]) -> None:
             month=month_of(row.finished_at.astimezone(UTC).date()), new=row.request_id in inserted,
             budgeted=row.tenant.plan.monthly_token_budget is not None or row.tenant.plan.monthly_spend_limit is not None,
             api_key_prefix=row.api_key_prefix,
+            api_key_lineage=(row.api_key.lineage or row.api_key.prefix) if row.api_key is not None else row.api_key_prefix,
         )
         for row in rows
     ]  # fmt: skip
@@ -254,6 +256,18 @@ def request_body_store(*, tenant_id: int, request_id: str, prompt, completion: s
                      expires_at=timezone.now() + timedelta(days=retention_days))],
         ignore_conflicts=True,
     )  # fmt: skip
+
+
+def request_bodies_retention_apply(*, tenant_id: int, days: int) -> int:
+    """A tenant's new retention, applied to the bodies kept already: 0 deletes them all at once; fewer days bring
+    each one's expiry forward (and delete those already past it). Returns how many were deleted."""
+    bodies = RequestBody.objects.filter(tenant_id=tenant_id)
+    if days <= 0:
+        return bodies.delete()[0]
+    with transaction.atomic():
+        bodies.filter(expires_at__gt=F("created_at") + timedelta(days=days)).update(
+            expires_at=F("created_at") + timedelta(days=days))  # fmt: skip
+        return bodies.filter(expires_at__lte=timezone.now()).delete()[0]
 
 
 def request_bodies_purge(*, now: datetime | None = None) -> int:

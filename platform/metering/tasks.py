@@ -1,5 +1,6 @@
 """Thin tasks: the engine sends `metering.ingest_usage` by name; beat runs `metering.rollup_usage`."""
 
+import logging
 from dataclasses import asdict
 
 from celery import Task, shared_task
@@ -7,10 +8,12 @@ from django.db import InterfaceError, OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine.contract import TASK_NAME
+from metering.gateway_reports import gateway_reports_record
 from metering.parking import usage_batch_park
 from metering.rollups import usage_rollup_recent
 from metering.services import request_bodies_purge, usage_ingest
 
+logger = logging.getLogger(__name__)
 TRANSIENT = (OperationalError, InterfaceError, ConnectionError, RedisConnectionError)
 
 
@@ -31,6 +34,23 @@ class IngestTask(Task):
 )
 def ingest_usage(events: list[dict]) -> dict:
     return asdict(usage_ingest(events=events))
+
+
+REPORT_RETRIES = 12  # the gateway's times wait about a minute for the engine's event of the same request
+REPORT_RETRY_SECONDS = 5
+
+
+@shared_task(name="metering.record_gateway_reports", bind=True, autoretry_for=TRANSIENT, retry_backoff=True,
+             max_retries=8)  # fmt: skip
+def record_gateway_reports(self, reports: list[dict], attempt: int = 0) -> dict:
+    """The gateway's refusals and times (gateway.request_reports); times whose row is not there yet are tried again
+    later in a task of their own, then dropped (the row keeps the engine's times)."""
+    result = gateway_reports_record(reports=reports)
+    if result.unmatched and attempt < REPORT_RETRIES:
+        record_gateway_reports.apply_async(args=[result.unmatched, attempt + 1], countdown=REPORT_RETRY_SECONDS)
+    elif result.unmatched:
+        logger.warning("%d gateway reports found no request to go with; dropped", len(result.unmatched))
+    return {"refusals": result.refusals, "answered": result.answered, "unmatched": len(result.unmatched)}
 
 
 @shared_task(name="metering.rollup_usage", autoretry_for=TRANSIENT, retry_backoff=True, max_retries=3)

@@ -10,6 +10,11 @@ _DAY = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
 ALWAYS_ALLOWED = frozenset({"format"})  # DRF's ?format= (json / csv)
 
 
+def is_day(value) -> bool:
+    """Whether `value` is a day written YYYY-MM-DD."""
+    return isinstance(value, str) and bool(_DAY.fullmatch(value))
+
+
 class DayField(serializers.DateField):
     """A day written YYYY-MM-DD, and only so (not 2026-1-5, 20261001 or other digits than 0-9)."""
 

@@ -18,6 +18,7 @@ from tenancy.authority import (
 )
 from tenancy.invitations import invitation_create
 from tenancy.models import Membership, Plan, Tenant
+from tenancy.signals import body_retention_changed
 
 User = get_user_model()
 INVITE_BY_EMAIL = "Members join by invitation: give the e-mail address to invite."
@@ -187,6 +188,9 @@ def tenant_settings_update(*, actor: Actor, tenant: Tenant, changes: dict) -> Te
     with transaction.atomic():
         tenant, before, after = _locked_change(tenant, TENANT_SETTINGS_FIELDS, changes)
         audit_record(actor=actor, action="tenant.settings", target=tenant, tenant=tenant, before=before, after=after)
+        days = after["request_body_retention_days"]
+        if days != before["request_body_retention_days"]:  # metering deletes or shortens what it kept, in this
+            body_retention_changed.send(sender=Tenant, tenant_id=tenant.pk, days=days)  # same transaction
     return tenant
 
 

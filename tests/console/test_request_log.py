@@ -67,7 +67,7 @@ def test_newest_first_with_filters_and_detail(tenant, member_of, logged):
     detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": errors[0].request_id}))
     text = detail.content.decode()
     assert detail.status_code == 200 and 'data-testid="request-error"' in text and "Time to first token" in text
-    assert "the tenant keeps metadata only" in text
+    assert "Shown to developers, admins and owners only." in text  # a viewer never reads prompts
 
 
 def test_another_tenants_request_is_404_and_staff_sees_every_tenant(tenant, other_tenant, member_of, staff_client,
@@ -84,7 +84,7 @@ def test_the_csv_holds_the_filtered_rows_and_a_bad_cursor_is_a_400(tenant, membe
     client, _ = member_of(tenant, "viewer")
     response = client.get(reverse("console:requests-csv", kwargs={"slug": tenant.slug}) + f"?key={logged.prefix}")
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
-    assert len(rows) == 15 and {row["api_key_prefix"] for row in rows} == {logged.prefix}
+    assert len(rows) == 15 and {row["api_key"] for row in rows} == {logged.prefix}
     assert rows[0]["status"] in ("ok", "error") and rows[0]["e2e_ms"]
     assert client.get(_url(tenant, cursor="not-a-cursor")).status_code == 400
 
@@ -103,8 +103,66 @@ def test_the_api_lists_pages_and_shows_requests(tenant, logged):
     assert api.get(f"/api/v1/requests/{row['request_id']}").json()["request_id"] == row["request_id"]
     assert api.get("/api/v1/requests?cursor=garbage").status_code == 400
     assert api.get("/api/v1/requests?status=nope").status_code == 400
-    csv_rows = api.get(f"/api/v1/requests.csv?key={logged.prefix}").content.decode().splitlines()
+    csv_rows = _streamed(api.get(f"/api/v1/requests.csv?key={logged.prefix}")).splitlines()
     assert len(csv_rows) == 16 and csv_rows[0].startswith("request_id,")
+
+
+def _streamed(response) -> str:
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    return b"".join(response.streaming_content).decode()
+
+
+def test_both_csvs_hold_every_matching_row_in_one_column_set_and_until_names_a_whole_day(tenant, member_of, logged):
+    from tests.platform.conftest import client_for_key
+    from tests.platform.factories import make_key
+
+    usage_ingest(events=[usage_event(tenant, finished_at=START + timedelta(days=1, seconds=n)) for n in range(127)])
+    api = client_for_key(make_key(tenant, scopes=("usage:read",))[1])
+    console, _ = member_of(tenant, "viewer")
+    console_csv = reverse("console:requests-csv", kwargs={"slug": tenant.slug})
+    api_rows = list(csv.DictReader(io.StringIO(_streamed(api.get("/api/v1/requests.csv?limit=50")))))
+    console_rows = list(csv.DictReader(io.StringIO(_streamed(console.get(console_csv)))))
+    assert len(api_rows) == len(console_rows) == 157  # every row, not the first page's 50
+    assert list(api_rows[0]) == list(console_rows[0]) and api_rows == console_rows
+    assert {"status_code", "error_code", "engine_ttft_ms", "engine_e2e_ms"} <= set(api_rows[0])
+
+    # until=2026-11-02 takes all of Nov 2 (the 30 requests from 09:00) and nothing of Nov 3, in every door
+    day = START.date().isoformat()
+    assert len(api.get(f"/api/v1/requests?until={day}&limit=200").json()["data"]) == 30
+    assert len(api.get(f"/api/v1/requests?since={day}&until={day}&limit=200").json()["data"]) == 30
+    assert len(list(csv.DictReader(io.StringIO(_streamed(api.get(f"/api/v1/requests.csv?until={day}")))))) == 30
+    assert len(list(csv.DictReader(io.StringIO(_streamed(console.get(f"{console_csv}?until={day}")))))) == 30
+    assert len(_walk(console, _url(tenant, until=day))) == 30
+    instant = (START + timedelta(minutes=10)).isoformat()  # an instant is exclusive
+    assert len(api.get("/api/v1/requests", {"until": instant, "limit": 200}).json()["data"]) == 10
+
+
+def test_retention_off_deletes_kept_bodies_at_once_and_viewers_never_read_them(tenant, member_of, staff_client,
+                                                                               logged):  # fmt: skip
+    from metering.models import RequestBody
+    from metering.services import request_body_store
+
+    admin, _ = member_of(tenant, "admin")
+    viewer, _ = member_of(tenant, "viewer")
+    settings_url = reverse("console:settings", kwargs={"slug": tenant.slug})
+    form = {"billing_email": "", "webhook_url": "", "request_body_retention_days": "30"}
+    assert admin.post(settings_url, form).status_code == 302
+    event = admin.get(_url(tenant)).context["page"].rows[0]
+    request_body_store(tenant_id=tenant.pk, request_id=event.request_id, prompt=[{"role": "user", "content": "hi"}],
+                       completion="secret answer", retention_days=30)  # fmt: skip
+    detail = reverse("console:request", kwargs={"slug": tenant.slug, "request_id": event.request_id})
+    assert "secret answer" in admin.get(detail).content.decode()
+    assert "secret answer" not in viewer.get(detail).content.decode()
+    staff_detail = staff_client.get(reverse("console:platform-request", kwargs={"request_id": event.request_id}))
+    assert "secret answer" in staff_detail.content.decode()
+    staff_list = staff_client.get(reverse("console:platform-requests")).content.decode()
+    assert "Metadata only" not in staff_list and "metadata only" not in staff_list
+
+    assert admin.post(settings_url, form | {"request_body_retention_days": "7"}).status_code == 302
+    assert RequestBody.objects.get().expires_at <= RequestBody.objects.get().created_at + timedelta(days=7)
+    assert admin.post(settings_url, form | {"request_body_retention_days": "0"}).status_code == 302
+    assert not RequestBody.objects.exists()  # at once, not at the old expiry
+    assert "secret answer" not in admin.get(detail).content.decode()
 
 
 def test_bodies_are_kept_only_where_the_tenant_opted_in_and_purged_after_retention(tenant, member_of, logged):
@@ -131,3 +189,29 @@ def test_bodies_are_kept_only_where_the_tenant_opted_in_and_purged_after_retenti
     assert purge_request_bodies() == 0
     RequestBody.objects.update(expires_at=timezone.now())
     assert purge_request_bodies() == 1 and not RequestBody.objects.exists()
+
+
+def test_a_refusal_is_a_row_of_the_log_and_the_charts_but_never_usage(tenant, member_of, logged):
+    from metering.gateway_reports import gateway_reports_record
+    from metering.models import UsageEvent
+    from metering.selectors import usage_buckets
+
+    refusal = {"kind": "refused", "request_id": "refused-1", "tenant_id": tenant.pk, "api_key_id": logged.pk,
+               "key_prefix": logged.prefix, "model": "support-bot", "base_model": "", "adapter_version_id": None,
+               "status_code": 429, "error_code": "rate_limit_exceeded", "error": "Rate limit reached for requests.",
+               "finished_at": (START + timedelta(minutes=45)).isoformat()}  # fmt: skip
+    assert gateway_reports_record(reports=[refusal, refusal]).refusals == 2  # one row: the second is left as it is
+    client, _ = member_of(tenant, "viewer")
+    rows = client.get(_url(tenant, status="refused")).context["page"].rows
+    assert [(row.request_id, row.status, row.status_code, row.api_key_prefix) for row in rows] == [
+        ("refused-1", "refused", 429, logged.prefix)]
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": "refused-1"}))
+    assert "HTTP 429" in detail.content.decode() and "rate_limit_exceeded" in detail.content.decode()
+    buckets = usage_buckets(tenant=tenant, since=START, until=START + timedelta(hours=1), bucket="hour")
+    assert (buckets[0].requests, buckets[0].errors, buckets[0].refused) == (31, 2, 1)  # error #7 and the refusal
+    assert not UsageEvent.objects.filter(request_id="refused-1").exists()  # what usage and billing count
+    assert UsageEvent.answered.filter(request_id="refused-1").count() == 1
+
+    timing = {"kind": "answered", "request_id": "console-req-missing", "status_code": 200, "ttft_ms": 5.0,
+              "e2e_ms": 9.0}  # fmt: skip
+    assert gateway_reports_record(reports=[timing]).unmatched == [timing]  # its engine's event is not here yet

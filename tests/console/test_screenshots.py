@@ -3,9 +3,13 @@
 Each page is also checked for what a person would look for on it, so a broken page fails here too.
 """
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from gateway.models import Engine
+from metering.models import RequestBody, UsageEvent
 from tests.console.scenery import build
 from tests.platform.factories import UserFactory
 
@@ -62,6 +66,33 @@ def assert_phone_layout(page) -> None:
     assert page.locator("[data-testid=menu-button]").is_visible()
     assert page.locator("h1").first.bounding_box()["y"] < 200, "the page's heading comes first"
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+# Every element that scrolls sideways (wider content than its box): a table pushed past its card, a long line.
+SCROLLING_SIDEWAYS = """() => [document.documentElement, ...document.querySelectorAll('.card, .table-wrap, pre, dd')]
+  .filter(node => node.scrollWidth > node.clientWidth + 1)
+  .map(node => `${node.tagName}.${node.className} ${node.scrollWidth} > ${node.clientWidth}`)"""
+
+
+def assert_desktop_layouts(page, server, slug: str, request_id: str) -> None:
+    """At 1280, 1440 and 1920 px: the keys' Rotate and Revoke on screen, no page scrolling sideways, a one-line
+    prompt wrapped in the request's page, the percentile legend on one line."""
+    for width in (1280, 1440, 1920):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"{server.url}/t/{slug}/keys/")
+        buttons = page.locator("#keys-table td.actions-cell button")
+        assert buttons.count() >= 2
+        for index in range(buttons.count()):
+            box = buttons.nth(index).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= width, (width, buttons.nth(index).inner_text(), box)
+        assert page.evaluate(SCROLLING_SIDEWAYS) == [], width
+        page.goto(f"{server.url}/t/{slug}/requests/{request_id}/")
+        assert page.locator("[data-testid=request-prompt]").is_visible()
+        assert page.evaluate(SCROLLING_SIDEWAYS) == [], width
+        page.goto(f"{server.url}/t/{slug}/usage/")
+        legend = page.locator("#percentiles-chart .legend span").evaluate_all(
+            "spans => spans.map(span => [span.getClientRects().length, Math.round(span.getBoundingClientRect().top)])")
+        assert {rects for rects, _ in legend} == {1} and len({top for _, top in legend}) == 1, (width, legend)
 
 
 def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, adapter_zips, base_model, settings):
@@ -122,6 +153,12 @@ def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, a
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     page.keyboard.press("Enter")
     assert page.evaluate("document.activeElement.id") == "content"
+
+    logged = UsageEvent.objects.filter(tenant=world["tenant"]).first()
+    RequestBody.objects.create(tenant=world["tenant"], request_id=logged.request_id, expires_at=timezone.now() +
+                               timedelta(days=1), prompt=[{"role": "user", "content": "word " * 900}],
+                               completion="x" * 3000)  # fmt: skip
+    assert_desktop_layouts(page, server, slug, logged.request_id)
     context.close()
 
     phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,

@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from tests.engine.conftest import build_tokenizer
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
+               "qkv_proj", "gate_up_proj")  # the last two: Phi-3's fused ones
 SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj", "w3": "w1"}  # the first reader
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 

@@ -24,8 +24,7 @@ from tests.engine.test_families import ALL, assert_matches_peft
 
 REPO = Path(__file__).resolve().parents[2]
 OURS = (str(REPO / "engine"), str(REPO / "kernels"))
-BLOCK = 4
-CONFIG = {"block_size": BLOCK, "num_kv_blocks": 96, "max_num_batched_tokens": 16, "max_num_seqs": 8,
+CONFIG = {"block_size": 4, "num_kv_blocks": 96, "max_num_batched_tokens": 16, "max_num_seqs": 8,
           "max_adapter_rank": 8}
 
 
@@ -72,6 +71,7 @@ class DecodeSteps:
     def __init__(self, llm: LLM, seed: int) -> None:
         self.llm, self.rng = llm, random.Random(seed)
         engine = llm.engine
+        self.block = engine.config.block_size
         self.pages = engine.block_manager.take_pages(48)
         gen = torch.Generator().manual_seed(seed)
         index = torch.tensor(self.pages)
@@ -89,10 +89,11 @@ class DecodeSteps:
         inputs = StepInputs([], [], [], [], [], [0], [], [], digests)
         for i in order:
             n = lens[i]
-            table, free = free[: -(-n // BLOCK)], free[-(-n // BLOCK) :]
+            used = -(-n // self.block)
+            table, free = free[:used], free[used:]
             inputs.input_ids.append(self.rng.randrange(6, 160))
             inputs.positions.append(n - 1)
-            inputs.slot_mapping.append(table[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK)
+            inputs.slot_mapping.append(table[(n - 1) // self.block] * self.block + (n - 1) % self.block)
             inputs.block_tables.append(table)
             inputs.context_lens.append(n)
             inputs.cu_seqlens_q.append(len(inputs.input_ids))
@@ -244,9 +245,12 @@ def check_no_host_sync(llm: LLM, adapters: list[str | None]) -> None:
             eager_forward(llm, inputs)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "phi3", "qwen3"])
-def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, arch):
-    """The CPU path, base model, families with windows, soft-caps, LongRoPE, q/k norms: the decode attention's
-    buckets are cut before the forward. (The references of the LoRA ops group tokens on the host by design: the
-    path with adapters is the launchers', test_replay_contract_and_no_host_sync_on_the_triton_launchers.)"""
-    check_no_host_sync(make_llm(checkpoints, {}, static=True, arch=arch), [None, None, None])
+@pytest.mark.parametrize(("arch", "config"), [
+    ("llama", {}), ("gemma2", {}), ("gemma3", {}), ("phi3", {}), ("qwen3", {}), ("llama", {"quantization": "int8"}),
+    ("llama", {"quantization": "fp8", "kv_cache_dtype": "fp8", "block_size": 16}),
+], ids=["llama", "gemma2", "gemma3", "phi3", "qwen3", "int8", "fp8"])
+def test_decode_forward_makes_no_host_sync_on_the_references(checkpoints, arch, config):
+    """The CPU path, base model, families with windows, soft-caps, LongRoPE, q/k norms, quantized weights and KV:
+    the decode attention's buckets are cut before the forward. (The references of the LoRA ops group tokens on the
+    host by design: the path with adapters is the launchers', test_replay_contract_and_no_host_sync_on_the_triton_launchers.)"""
+    check_no_host_sync(make_llm(checkpoints, {}, static=True, arch=arch, **config), [None, None, None])

@@ -148,3 +148,35 @@ def test_a_prefill_hops_abort_ends_its_unpulled_lease(setup):
     assert table.release(pulled.id, "done")
     assert table.state()["released"] == {"released": 1, "done": 1}
     assert_clean(bm)
+
+
+def test_an_unpulled_lease_gives_its_blocks_to_a_request_that_needs_them(checkpoints):
+    """A 20-page pool, half of it leased to a puller that has not come: a request needing more than the free half
+    waited for the lease's TTL (20 s and more). Admission now ends the leases closest to expiry for the pages it
+    needs (reason "needed"), and the request runs at once, its tokens those of transformers."""
+    from engine import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tests.engine.conftest import Oracle, random_prompts
+
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=20,
+                                    adapter_memory_bytes=0))
+    assert engine.block_manager.num_blocks == 20
+    leased_prompt, big_prompt = random_prompts(61, [41, 50])
+    greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    engine.add_request("prefill-hop", leased_prompt, SamplingParams(temperature=0.0, max_tokens=1), tenant="t")
+    while engine.has_unfinished():
+        engine.step()
+    lease = engine.leases.grant(engine.kv_keys(leased_prompt, adapter=None, tenant="t"), ttl_s=600.0)
+    assert len(lease.block_ids) == 10  # half the pool: the most leases may hold
+    engine.add_request("big", big_prompt, greedy, tenant="u")  # 55 tokens: 14 pages, 10 free
+    outputs = {}
+    for _ in range(30):  # a handful of steps; the lease's TTL never passes here (nothing expires it)
+        outputs |= {out.request_id: out for out in engine.step() if out.finished}
+        if not engine.has_unfinished():
+            break
+    assert "big" in outputs, "the request waited behind an unpulled lease"
+    assert outputs["big"].token_ids == Oracle(checkpoints["llama"], {}).greedy(big_prompt, None, 5)
+    assert lease.id not in engine.leases.leases
+    assert engine.leases.state()["released"] == {"needed": 1}
+    engine.block_manager.check_invariants([])

@@ -83,7 +83,10 @@ def test_engine_matches_peft_on_the_dequantized_checkpoint(quantized, llama_adap
     assert type(qkv).__name__ == FORMATS[read_quant_spec(json.loads((model_dir / "config.json").read_text())).scheme
                                          ].__name__
     assert qkv.qweight.dtype == torch.int32  # served packed: nothing dequantized at load
-    assert llm.engine.memory_split()["quantization"].startswith(case.split("-")[0].replace("ct", "compressed-tensors"))
+    memory = llm.engine.state()["memory"]  # /v1/state's
+    assert memory["quantization"].startswith(case.split("-")[0].replace("ct", "compressed-tensors"))
+    # the weights the page budget is left after: packed (fp32 embeddings and lm_head are most of what remains)
+    assert memory["base_weights_bytes"] < 0.5 * memory["base_weights_full_precision_bytes"]
 
 
 def test_engine_on_the_triton_launchers_matches_peft(quantized, llama_adapters, triton_launchers):
@@ -102,11 +105,15 @@ def test_qwen_families_match_peft(checkpoints, quantized, tmp_path, arch, case):
     check_against_oracle(*quantized(case, arch), adapters, lengths=(3, 14, 9), names=("all8", None, "all8"))
 
 
-@pytest.mark.parametrize(("arch", "case"), [("qwen3-moe", "gptq-v2-w4-g32-asym-act-order"), ("mixtral", "awq-w4-g32"),
-                                          ("qwen3-moe", "ct-pack-w8a16-channel-sym")])
-def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case):
+@pytest.mark.parametrize(("arch", "case", "tp"), [("qwen3-moe", "gptq-v2-w4-g32-asym-act-order", 1),
+                                                ("mixtral", "awq-w4-g32", 1), ("qwen3-moe", "ct-pack-w8a16-channel-sym", 1),
+                                                ("mixtral", "gptq-v1-w4-g32-asym-act-order", 2),
+                                                ("qwen2-moe", "gptq-v2-w8-channel-sym", 1)])
+def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case, tp):
     """Every expert quantized (Mixtral's w1/w2/w3 names too), served stacked by the grouped W4A16 GEMM; LoRA on
-    attention and on the experts (PEFT target_parameters) on top; the router stays in full precision."""
+    attention and on the experts (PEFT target_parameters) on top; the router stays in full precision. On two
+    ranks each holds every expert's half of the intermediate: gate/up by output columns, down by input rows.
+    Qwen2-MoE: its shared expert quantized too, as a dense gated MLP (widths 40 and 56: per-channel scales)."""
     base = build_checkpoint(tmp_path / arch, arch, seed=5, **({"moe_intermediate_size": 64} if arch == "qwen3-moe"
                                                                else {}))
     model_dir, dequantized = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
@@ -114,9 +121,12 @@ def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case):
                 "experts4": build_adapter(base, tmp_path / "experts4", seed=45, r=4, targets=[],
                                           target_parameters=EXPERT_PARAMETERS)}
     llm = check_against_oracle(model_dir, dequantized, adapters, lengths=(3, 14, 9, 6),
-                               names=("attn8", None, "experts4", "attn8"))
+                               names=("attn8", None, "experts4", "attn8"), tensor_parallel_size=tp)
     experts = llm.engine.runner.model.model.layers[0].mlp.experts.base
     assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
+    if arch == "qwen2-moe":
+        shared = llm.engine.runner.model.model.layers[0].mlp.shared_expert
+        assert type(shared.gate_up_proj.base).__name__ == type(shared.down_proj.base).__name__ == "GPTQLinear"
 
 
 @pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order"])
@@ -202,6 +212,12 @@ def test_a_g_idx_that_is_not_a_permutation_is_refused(quantized, tmp_path):
         _load(bad)
 
 
+def test_phi3_fused_projections_stored_packed_are_refused(checkpoints, tmp_path):
+    model_dir, _ = write_quantized(checkpoints["phi3"], tmp_path / "phi3-gptq", **CASES["gptq-v1-w4-g32-sym"])
+    with pytest.raises(ValueError, match="(qkv|gate_up)_proj.[a-z_]+: a fused projection stored quantized .* is not served"):
+        LLM(model_dir, device="cpu", num_kv_blocks=16)
+
+
 def test_quantizing_a_quantized_checkpoint_on_load_is_refused(quantized):
     with pytest.raises(ValueError, match="already quantized"):
         LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, quantization="int8")
@@ -218,3 +234,41 @@ def test_w4a16_benchmark_smoke(tmp_path, capsys):
     assert report["quantization"] == "gptq w4 g128 sym"
     assert report["weights_bytes"]["w4a16"] < 0.5 * report["weights_bytes"]["bf16"]
     assert "| 2 | 2 |" in capsys.readouterr().out
+
+
+def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
+    """v1 stores z - 1 in `bits` bits, so a zero of 0 is stored as 15 and read back as (15 + 1) & 15 = 0
+    (AutoGPTQ's dequantization); v2 stores 0. Both give the same weight."""
+    from engine.models.linear import Linear
+    from engine.quant_formats.gptq import GPTQLinear
+    from engine.quant_formats.spec import QuantSpec
+    from tests.engine.quantized_checkpoints import Quantized, gptq_tensors
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.int32)
+    zeros = torch.tensor([[0] * 8 + [15] * 8, [7] * 16], dtype=torch.int32)  # [G, out]: zeros of 0 and of 15
+    qz = Quantized(q, zeros, (torch.rand(2, 16, generator=gen) + 0.1).half(), (torch.arange(64) // 32).int())
+    for fmt in ("gptq", "gptq_v2"):
+        stored = gptq_tensors(qz, bits=4, v1=fmt == "gptq")
+        spec = QuantSpec(method="gptq", format=fmt, bits=4, group_size=32, symmetric=False)
+        with torch.device("meta"):
+            module = GPTQLinear(Linear(64, [16], bias=False), spec, name="proj",
+                                dtypes={kind: t.dtype for kind, t in stored.items()})
+        module.to_empty(device="cpu")
+        for kind, tensor in stored.items():
+            module.load_slice(0, kind, tensor)
+        module.finish()
+        x = torch.randn(3, 64, generator=gen)
+        torch.testing.assert_close(module(x), x @ qz.dequantized().t(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "awq-w4-g32"])
+def test_static_decode_makes_no_host_sync_on_the_triton_launchers(tmp_path, triton_launchers, case):
+    """What a CUDA graph captures (engine/cuda_graph.py): the decode forward through the static buffers, with the
+    packed projections on their Triton launchers, reads nothing back. (MoE models decode eagerly: graph_unsupported;
+    the grouped GEMM reads nothing back either, kernels.grouped_matmul's row blocks.)"""
+    from tests.engine.test_cuda_graph import check_no_host_sync, make_llm
+
+    base = build_checkpoint(tmp_path / "llama", "llama", seed=6, num_layers=1)
+    model_dir, _ = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    check_no_host_sync(make_llm({case: model_dir}, {}, static=True, arch=case, max_num_seqs=4), [None, None, None])

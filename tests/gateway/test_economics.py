@@ -157,3 +157,34 @@ def test_api_and_console(fleet_usage):
     assert "gpu-idle" in html and "never costs less" in html and "<svg" in html
     assert outsider.get("/platform/economics/").status_code == 403
     assert "not a number" in web.get("/platform/economics/", {"target_rps": "lots"}).content.decode()
+
+
+def test_an_engine_is_up_only_during_its_lives_not_between_them(db, settings):
+    """An engine that is killed and rejoins under the same name was counted up from its first join to its last
+    heartbeat's expiry, the gap included (137 s counted for 90 s alive). Its uptime is the sum of its lives: from
+    each join to its last heartbeat (or now, while it beats)."""
+    from freezegun import freeze_time
+
+    settings.QUILT_ENGINE_TOKEN = "economics-heartbeat-token"
+    t0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
+
+    def beat(at: float) -> None:
+        with freeze_time(t0 + timedelta(seconds=at)):
+            answer = Client().post("/internal/engines/heartbeat", {
+                "name": "gpu-lives", "url": "http://10.0.0.8:8100", "gpu_price_per_hour": "3.6", "interval_s": 2.0,
+                "state": {"running": 0}}, content_type="application/json",
+                HTTP_AUTHORIZATION="Bearer economics-heartbeat-token")  # fmt: skip
+            assert answer.status_code == 200, answer.content
+
+    for at in range(0, 41, 2):  # alive 40 s, then SIGKILLed: it says nothing more
+        beat(at)
+    for at in range(130, 181, 2):  # back under the same name 90 s later, alive 50 s so far
+        beat(at)
+    with freeze_time(t0 + timedelta(seconds=180)):  # its last heartbeat so far: up now
+        engines = {e.name: e for e in fleet_economics(since=t0 - timedelta(minutes=5),
+                                                      until=t0 + timedelta(minutes=10)).engines}
+        assert engines["gpu-lives"].up_seconds == Decimal(90)
+        assert engines["gpu-lives"].uptime_cost == Decimal("0.09")  # 90 s at $3.60/h
+        later = {e.name: e for e in fleet_economics(since=t0 + timedelta(seconds=20),
+                                                    until=t0 + timedelta(seconds=150)).engines}
+        assert later["gpu-lives"].up_seconds == Decimal(20 + 20)  # the window cuts each life

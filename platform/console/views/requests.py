@@ -4,35 +4,26 @@ sorted, paged by cursor; each row opens the request's detail; the same rows as C
 Rows and paging come from metering.request_log; this module reads the query and arranges the page.
 """
 
-import csv
-from datetime import UTC, datetime, time, timedelta
-
 from django import forms
 from django.http import Http404, StreamingHttpResponse
 
 from apikeys.selectors import api_keys_of
-from console.access import CsvQueryError, Role, csv_download, staff_page, tenant_page
+from console.access import CsvQueryError, Role, actor_of, csv_download, staff_page, tenant_page
 from console.pages import render_page
 from metering.request_log import (
     SORTS,
     STATUSES,
     BadCursor,
     LogFilters,
+    bodies_readable,
     request_detail,
-    request_log_filtered,
     request_log_page,
-    request_status,
 )
+from metering.request_log_csv import request_log_csv, since_instant, until_instant
 from registry.selectors import adapters_of
 from tenancy.models import Tenant
 
 PAGE_ROWS = 50
-CSV_MAX_ROWS = 100_000
-CSV_FIELDS = [
-    "request_id", "finished_at", "tenant", "api_key_prefix", "model", "base_model", "adapter", "adapter_version",
-    "status", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "e2e_ms",
-    "queue_ms", "price", "error",
-]  # fmt: skip
 SORT_CHOICES = [(f"{sign}{name}", f"{sign}{name}") for name in SORTS for sign in ("-", "")]
 
 
@@ -41,21 +32,17 @@ class LogQueryForm(forms.Form):
     adapter = forms.CharField(required=False, max_length=200)
     model = forms.CharField(required=False, max_length=200)
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(name, name) for name in STATUSES])
-    since = forms.DateField(required=False)
-    until = forms.DateField(required=False, help_text="Inclusive.")
+    since = forms.DateField(required=False, help_text="From the start of this UTC day.")
+    until = forms.DateField(required=False, help_text="Through the end of this UTC day (included).")
     tenant = forms.SlugField(required=False)
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
     cursor = forms.CharField(required=False, max_length=400)
 
     def filters(self, *, staff: bool) -> LogFilters:
         data = self.cleaned_data
-
-        def start(day):
-            return datetime.combine(day, time.min, tzinfo=UTC) if day else None
-
         return LogFilters(
             key_prefix=data["key"], adapter=data["adapter"], model=data["model"], status=data["status"],
-            since=start(data["since"]), until=start(data["until"] + timedelta(days=1)) if data["until"] else None,
+            since=since_instant(data["since"]), until=until_instant(data["until"]),
             tenant_slug=data["tenant"] if staff else "",
         )  # fmt: skip
 
@@ -102,42 +89,20 @@ def _page(request, *, tenant: Tenant | None):
 
 def _csv(request, *, tenant: Tenant | None, filename: str):
     form, filters = _query(request, staff=tenant is None)
-    rows = request_log_filtered(tenant=tenant, filters=filters).select_related("tenant", "adapter_version__adapter")
-    rows = rows.order_by("-finished_at", "-id")[:CSV_MAX_ROWS]
-
-    class Echo:
-        def write(self, value):
-            return value
-
-    writer = csv.writer(Echo())
-
-    def lines():
-        yield writer.writerow(CSV_FIELDS)
-        for event in rows.iterator(chunk_size=2000):
-            version = event.adapter_version
-            yield writer.writerow([
-                event.request_id, event.finished_at.isoformat(), event.tenant.slug, event.api_key_prefix, event.model,
-                event.base_model, version.adapter.name if version else "", version.number if version else "",
-                request_status(event), event.finish_reason, event.prompt_tokens, event.cached_tokens,
-                event.completion_tokens, _ms(event.ttft_ms), _ms(event.e2e_ms), _ms(event.queue_ms), event.price,
-                event.error,
-            ])  # fmt: skip
-
-    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    lines = request_log_csv(tenant=tenant, filters=filters, sort=form.cleaned_data["sort"] or "-time")
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
 
 
-def _ms(value) -> str:
-    return "" if value is None else f"{value:.1f}"
-
-
 def _detail(request, *, tenant: Tenant | None, request_id: str):
-    found = request_detail(tenant=tenant, request_id=request_id)
+    reader = actor_of(request)
+    found = request_detail(tenant=tenant, request_id=request_id, reader=reader)
     if found is None:
         raise Http404("No such request.")
     event, body = found
-    context = {"event": event, "body": body, "staff": tenant is None}
+    context = {"event": event, "body": body, "staff": tenant is None,
+               "bodies_readable": bodies_readable(reader=reader, tenant=event.tenant)}  # fmt: skip
     section = "platform-requests" if tenant is None else "requests"
     return render_page(request, "console/request.html", context, section=section)
 

@@ -70,7 +70,9 @@ def operations_charts(*, tenant, window: Window, every: str, filters: dict) -> d
     return {
         "requests_chart": series_chart(
             starts=starts, bucket=every, bars=Series("Requests", [b.requests for b in buckets], "tone-1"),
-            left=[Series("Errors", [b.errors for b in buckets], "tone-2")], label=f"Requests and errors per {unit}",
+            left=[Series("Errors", [b.errors for b in buckets], "tone-2"),
+                  Series("Refused", [b.refused for b in buckets], "tone-3")],
+            label=f"Requests and errors (refusals included) per {unit}",
         ),
         "latency_chart": series_chart(
             starts=starts, bucket=every, left=[Series("TTFT", [b.ttft_ms for b in buckets], "tone-1")],
@@ -88,6 +90,7 @@ def operations_charts(*, tenant, window: Window, every: str, filters: dict) -> d
         "load_chart": series_chart(starts=starts, bucket=every, left=load, label=f"Requests per {unit} by model"),
         "load_series": load,
         "errors": sum(b.errors for b in buckets),
+        "refused": sum(b.refused for b in buckets),
         "ops_range": (since, until),
     }
 

@@ -210,7 +210,16 @@
     if (event.target.closest && event.target.closest("svg.chart")) { chartReadout(event); return; }
     document.querySelectorAll(".chart-readout").forEach(function (readout) { readout.hidden = true; });
   });
-  document.addEventListener("pointerdown", chartReadout);
+  // A tap (or click) outside every chart closes the readouts, as does Escape: on a touch screen nothing else would.
+  function closeReadouts() {
+    document.querySelectorAll(".chart-readout").forEach(function (readout) { readout.hidden = true; });
+    document.querySelectorAll("svg.chart .active").forEach(function (node) { node.classList.remove("active"); });
+  }
+  document.addEventListener("pointerdown", function (event) {
+    if (event.target.closest && event.target.closest("svg.chart")) chartReadout(event);
+    else closeReadouts();
+  });
+  document.addEventListener("keydown", function (event) { if (event.key === "Escape") closeReadouts(); });
 
   // Live updates: <body data-live="/ws/..."> opens the console websocket. Messages:
   //   {"type": "html", "target": id, "html": ...}  replace that element with server-rendered HTML

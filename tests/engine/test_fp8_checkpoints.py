@@ -163,14 +163,20 @@ def test_on_the_triton_launchers_matches_peft(fp8, case, triton_launchers):
     assert_matches_peft(oracle, prompts, names, llm.generate(prompts, sampling, adapters=names), 3)
 
 
-def test_two_ranks_hold_their_shards_and_match_peft(fp8):
-    """k_proj and v_proj have 128 rows: each of 2 ranks holds 64, half a 128-row block, with that block's scales."""
-    arch, directory, adapters, oracle = fp8("llama-block")
+@pytest.mark.parametrize("case", ["llama-block", "llama-static"])
+def test_two_ranks_hold_their_shards_and_match_peft(fp8, case):
+    """k_proj and v_proj have 128 rows: each of 2 ranks holds 64, half a 128-row block, with that block's scales
+    (blocks), or its rows' share of the per-tensor scale and the static input scales whole (compressed-tensors)."""
+    arch, directory, adapters, oracle = fp8(case)
     llm = make_llm(directory, adapters, tensor_parallel_size=2)
     try:
         prompts, names = _mixed_batch()
-        assert_matches_peft(oracle, prompts[:4], names[:4], llm.generate(prompts[:4], SAMPLING, adapters=names[:4]),
-                            MAX_TOKENS)
+        prompts, names = prompts[:4], names[:4]
+        outputs = llm.generate(prompts, SAMPLING, adapters=names)
+        if CASES[case][1] == "block":
+            assert_matches_peft(oracle, prompts, names, outputs, MAX_TOKENS)
+        else:
+            assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs)
         qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.base
         assert qkv.out_slices == [128, 64, 64] and qkv.weight.dtype == torch.float8_e4m3fn
     finally:

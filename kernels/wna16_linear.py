@@ -16,11 +16,22 @@ def _block_m(tokens: int) -> int:
     return 16 if tokens <= 16 else 32 if tokens <= 64 else 64
 
 
+def _block_k(group_size: int, in_dim: int) -> int:
+    """The reduction tile: BLOCK_K, or a group when groups in order are smaller (a tile never straddles two)."""
+    require(group_size >= 0, f"group_size must be >= 0, got {group_size}")
+    if group_size == 0 or group_size >= in_dim:
+        return BLOCK_K
+    block = min(BLOCK_K, group_size)
+    require(group_size % block == 0 and block % 16 == 0, f"wna16: group size {group_size} is not served in order "
+            f"(pass group_size=0 to read g_idx)")  # fmt: skip
+    return block
+
+
 @triton.jit
 def _wna16_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, num_tokens, out_dim, in_dim,
     x_stride, out_stride,
-    BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     PER: tl.constexpr = 32 // BITS  # values in one int32
@@ -43,9 +54,15 @@ def _wna16_kernel(
         packed = tl.load(qweight_ptr + (offs_k // PER)[:, None].to(tl.int64) * out_dim + offs_n[None, :],
                          mask=kn_mask, other=0)  # [K, N] int32, each read by PER rows
         q = (packed >> ((offs_k % PER) * BITS)[:, None]) & MASK
-        group = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)  # [K]
-        scale = tl.load(scales_ptr + group[:, None] * out_dim + offs_n[None, :], mask=kn_mask, other=0.0)
-        zero_word = tl.load(zeros_ptr + group[:, None] * packed_n + (offs_n // PER)[None, :], mask=kn_mask, other=0)
+        if GROUP_SIZE > 0:  # groups in order: one row of scales and zeros per tile (BLOCK_K divides a group)
+            group = k0 // GROUP_SIZE
+            scale = tl.load(scales_ptr + group * out_dim + offs_n, mask=n_mask, other=0.0)[None, :]  # [1, N]
+            zero_word = tl.load(zeros_ptr + group * packed_n + offs_n // PER, mask=n_mask, other=0)[None, :]
+        else:  # act order: each input channel's own group
+            group = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)  # [K]
+            scale = tl.load(scales_ptr + group[:, None] * out_dim + offs_n[None, :], mask=kn_mask, other=0.0)
+            zero_word = tl.load(zeros_ptr + group[:, None] * packed_n + (offs_n // PER)[None, :], mask=kn_mask,
+                                other=0)
         zero = (zero_word >> z_shift) & MASK
         w = ((q - zero).to(tl.float32) * scale.to(tl.float32)).to(x.dtype)  # [K, N] dequantized in registers
         acc += tl.dot(x, w, input_precision=PRECISION)
@@ -54,9 +71,9 @@ def _wna16_kernel(
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 g_idx: torch.Tensor, bits: int) -> torch.Tensor:
+                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0) -> torch.Tensor:
     """Same contract as kernels.reference.wna16_linear; the product accumulates in float32 from weights
-    dequantized to x.dtype in registers."""
+    dequantized to x.dtype in registers. group_size > 0 (g_idx in order): one row of scales and zeros per tile."""
     require(bits in WNA16_BITS, f"wna16_linear: bits must be one of {WNA16_BITS}, got {bits}")
     per = 32 // bits
     require(x.dim() == 2, f"x [T, K]: got {tuple(x.shape)}")
@@ -79,11 +96,12 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     out = torch.empty(tokens, out_dim, dtype=x.dtype, device=x.device)  # [T, N]
     if tokens == 0:
         return out
-    block_m = _block_m(tokens)
+    block_m, block_k = _block_m(tokens), _block_k(group_size, in_dim)
     grid = (triton.cdiv(tokens, block_m), triton.cdiv(out_dim, BLOCK_N))
     _wna16_kernel[grid](
         x, qweight, scales, zeros, g_idx, out, tokens, out_dim, in_dim, x.stride(0), out.stride(0),
-        BITS=bits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x.dtype),
+        BITS=bits, GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+        PRECISION=dot_precision(x.dtype),
         num_warps=NUM_WARPS,
     )
     return out

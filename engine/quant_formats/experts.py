@@ -45,8 +45,11 @@ class PackedExperts(Experts):
 
     def stack(self) -> None:
         """Every expert is loaded and finished: stack their kernel tensors, [E, ...] per kind and projection."""
+        self.group_sizes = {}
         for projection in ("gate_up_proj", "down_proj"):
             experts = getattr(self, projection)
+            sizes = {e.group_size for e in experts}
+            self.group_sizes[projection] = sizes.pop() if len(sizes) == 1 else 0  # 0: each expert's own g_idx
             stacked = {kind: torch.stack([getattr(e, kind) for e in experts]) for kind in KINDS}
             delattr(self, projection)
             for kind, tensor in stacked.items():
@@ -54,7 +57,8 @@ class PackedExperts(Experts):
 
     def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         tensors = [getattr(self, f"{projection}_{kind}") for kind in KINDS]
-        return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits)
+        return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits,
+                                            group_size=self.group_sizes[projection])
 
     def full_precision_bytes(self) -> int:
         return 3 * self.num_experts * self.inter * self.hidden * self.model_dtype.itemsize

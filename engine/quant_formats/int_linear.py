@@ -65,9 +65,10 @@ class IntLinear(PackedLinear):
         for kind in list(self._parameters):
             if kind != "bias":
                 delattr(self, kind)
-        if g_idx is None:
-            group = self.in_features if self.spec.group_size == -1 else self.spec.group_size
-            g_idx = torch.arange(self.in_features, device=qweight.device) // group
+        self.group_size = 0  # act order: the kernel reads each channel's group from g_idx
+        if g_idx is None:  # groups in order: the kernel reads one row of scales per tile
+            self.group_size = self.in_features if self.spec.group_size == -1 else self.spec.group_size
+            g_idx = torch.arange(self.in_features, device=qweight.device) // self.group_size
         else:
             self._check_g_idx(g_idx)
         self.register_buffer("qweight", qweight.contiguous())  # [in / p, out] int32
@@ -90,5 +91,6 @@ class IntLinear(PackedLinear):
                              f"{size} (group sizes {sorted(set(counts.tolist()))})")
 
     def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
-        y = kernels.wna16_linear(x, self.qweight, self.scales, self.zeros, self.g_idx, self.spec.bits)  # [T, out]
+        y = kernels.wna16_linear(x, self.qweight, self.scales, self.zeros, self.g_idx, self.spec.bits,
+                                 group_size=self.group_size)  # [T, out]
         return y if self.bias is None else y + self.bias

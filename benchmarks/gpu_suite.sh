@@ -27,6 +27,9 @@
 #   w4a16     benchmarks/quantized_checkpoints.py (8B shape: a GPTQ W4A16      -> w4a16.log, w4a16.json (not by
 #             g128 checkpoint against bf16, decode tok/s at batch 1/16/64,        default: QUILT_GPU_STEPS="env
 #             16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)                 w4a16"; QUILT_GPU_W4A16_S, 360)
+#   fp8ckpt   benchmarks/fp8_checkpoint.py (8B shape: an fp8 weight_block_size  -> fp8ckpt.log, fp8ckpt.json (not
+#             [128, 128] checkpoint against bf16, decode tok/s at batch 64,       by default: QUILT_GPU_STEPS="env
+#             16 adapters; goal >= 1.6x)                                          fp8ckpt"; QUILT_GPU_FP8CKPT_S, 420)
 #   spec      benchmarks/speculative.py on CUDA (demo model, on vs off)        -> spec.log     (not by default)
 #   tp        benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
 #             it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
@@ -59,6 +62,7 @@ KERNELS_S="${QUILT_GPU_KERNELS_S:-105}"
 TRACE_S="${QUILT_GPU_TRACE_S:-150}"
 QUANT_S="${QUILT_GPU_QUANT_S:-420}"
 W4A16_S="${QUILT_GPU_W4A16_S:-360}"
+FP8CKPT_S="${QUILT_GPU_FP8CKPT_S:-420}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
@@ -211,11 +215,19 @@ for step in $STEPS; do
         run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --device cuda --shape llama3-8b \
           --json "$OUT/w4a16.json"
       fi ;;
+    fp8ckpt)
+      if [ "$DRY" = 1 ]; then
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --shape llama-tiny --json "$OUT/fp8ckpt.json" \
+          --rounds 1 --batches 8 --adapters 4
+      else
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --device cuda --shape llama3-8b \
+          --json "$OUT/fp8ckpt.json"
+      fi ;;
     spec)
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, spec, tp)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp)" >&2; exit 2 ;;
   esac
 done
 
@@ -233,6 +245,7 @@ done
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
   [ -f "$OUT/quant.log" ] && sed -n '/^## quantization/,$p' "$OUT/quant.log"
   [ -f "$OUT/w4a16.log" ] && sed -n '/^## W4A16/,$p' "$OUT/w4a16.log"
+  [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

@@ -24,6 +24,7 @@ try:
     from kernels import fp8_block_linear as _fp8_block_linear
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import grouped_matmul as _grouped_matmul
+    from kernels import lora_delta as _lora_delta
     from kernels import lora_expand as _lora_expand
     from kernels import lora_shrink as _lora_shrink
     from kernels import paged_attention_decode as _paged_attention_decode
@@ -51,6 +52,7 @@ __all__ = [
     "fp8_linear",
     "gelu_tanh_and_mul",
     "grouped_matmul",
+    "lora_delta",
     "lora_expand",
     "lora_meta",
     "lora_shrink",
@@ -97,6 +99,13 @@ def lora_meta(token_slots: torch.Tensor, num_slots: int, *, previous: LoRAMeta |
     if backend_for(token_slots) == "triton":
         return LoRAMeta.build(token_slots, num_slots)
     return SlotBatch.build(token_slots, previous=previous if isinstance(previous, SlotBatch) else None)
+
+
+def lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, *, meta=None):
+    if backend_for(x) == "triton":
+        return _lora_delta.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets,
+                                      meta=meta)
+    return reference.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, meta=meta)
 
 
 def lora_shrink(x, pages, a_rows, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):
@@ -205,7 +214,7 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
-for _op in (fp8_linear, fp8_block_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode,
+for _op in (fp8_linear, fp8_block_linear, lora_delta, lora_shrink, lora_expand, store_kv, paged_attention_decode,
             paged_attention_prefill, rms_norm, rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul,
             expert_lora, wna16_linear, wna16_grouped_matmul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from kernels.decode_layout import DecodeLayout
 from kernels.fp8_reference import dequantize_fp8_groups, fp8_block_linear  # noqa: F401 (fp8 checkpoints' GEMM)
 from kernels.grouped_rows import grouped_rows
-from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
+from kernels.lora_reference import expert_lora, lora_delta, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 from kernels.wna16_reference import wna16_grouped_matmul, wna16_linear  # noqa: F401 (integer-weight GEMMs)
 

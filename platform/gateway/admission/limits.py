@@ -74,7 +74,8 @@ class HeldTotals:
 @dataclass(frozen=True)
 class Reconciled:
     """A month total set from metering's record (+ provisional settles): what it was and what it became.
-    `applied` is False when settles kept landing while the record was read (the next run tries again)."""
+    `applied` is False when settles kept landing while the record was read (the next run tries again). For a key
+    lineage (`key_reconcile`) the spend fields are picos and the token fields 0."""
 
     applied: bool
     tokens_before: int

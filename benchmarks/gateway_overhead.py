@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-engine-token"
 KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.yaml
 PROMPT = "w10 w11 w12"
+IDLE_SECONDS = 5.0
 
 
 PROFILED = """import cProfile, signal, sys, time, uvicorn.main
@@ -170,17 +171,27 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
         await run_level(direct, 4, 20)
         for call in calls.values():
             await run_level(call, 4, 20)  # warm every path
+        # What a gateway spends with no request at all (its threads' and timers' work): part of every figure below,
+        # in proportion to how long a round lasts, so a slower machine (or a busier one) reads a higher CPU per
+        # request for the same per-request work.
+        idle = {name: cpu_seconds(pid) for name, (_, pid) in gateways.items()}
+        await asyncio.sleep(IDLE_SECONDS)
+        idle = {name: sum(cpu_seconds(gateways[name][1])) - sum(before) for name, before in idle.items()}
+        for name, seconds in idle.items():
+            print(f"{name:>8} idle: {seconds / IDLE_SECONDS * 1000:.1f} ms of CPU per second", flush=True)
         for level in args.levels:
             requests = max(args.requests, level)
             direct_ttfts = []
             ttfts = {name: [] for name in gateways}
             rps = {name: [] for name in gateways}
             cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
+            wall = {name: 0.0 for name in gateways}
             for _ in range(args.rounds):  # alternate, so all see the same machine
                 direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
                 for name, call in calls.items():
-                    cpu_before = cpu_seconds(gateways[name][1])
+                    cpu_before, started = cpu_seconds(gateways[name][1]), time.perf_counter()
                     level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
+                    wall[name] += time.perf_counter() - started
                     for i, (after, before) in enumerate(zip(cpu_seconds(gateways[name][1]), cpu_before, strict=True)):
                         cpu[name][i] += after - before
                     ttfts[name] += level_ttfts
@@ -198,6 +209,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["gateway_cpu_ms"] = sum(cpu[name]) / len(ttfts[name]) * 1000
                 row["gateway_system_share"] = cpu[name][1] / sum(cpu[name]) if sum(cpu[name]) else 0.0
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
+                row["idle_cpu_ms"] = idle[name] / IDLE_SECONDS * wall[name] / len(ttfts[name]) * 1000
                 row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
                 rows.append(row)
                 print(
@@ -207,7 +219,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
                     f" | gateway {row['gateway_rps']:7.1f} req/s"
                     f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s,"
-                    f" {row['gateway_system_share']:.0%} in the kernel)"
+                    f" {row['gateway_system_share']:.0%} in the kernel, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,
                 )

@@ -2,38 +2,102 @@
 
     python benchmarks/gpu_bare_env.py DIR      # then: PYTHONPATH=DIR:$PYTHONPATH pytest -p no:django ...
 
-The device machine (see docs/gpu.md) has torch, triton, transformers, peft, pytest, numpy, safetensors,
-tokenizers, jinja2, httpx and prometheus-client, but none of the control plane's packages. Each name
-below becomes a package whose import raises ImportError, so that a dry run here fails where the GPU
-machine would (a test module importing kombu at the top, a conftest importing Django).
+The GPU machine's image holds the distributions in IMAGE (read off such a machine on 2026-11-17:
+/work/.library/device/KINDS.md) and nothing else. Every top-level module that a distribution installed here
+provides, where that distribution is not in IMAGE, becomes a package whose import raises ImportError: a dry
+run here then fails where the GPU machine would (the engine importing llguidance or celery, a test importing
+jsonschema or kombu), unless the wheels the suite carries (benchmarks/gpu_wheels.py) are put in front of
+these stubs on the path, as they are there.
 """
 
+import importlib.metadata
+import re
 import sys
 from pathlib import Path
 
-# Import names of packages in requirements/*.txt (or pulled in by them) that the GPU image does not hold.
-ABSENT = (
-    "amqp", "asgiref", "axes", "billiard", "celery", "channels", "channels_redis", "django", "django_celery_beat",
-    "django_htmx", "dotenv", "drf_spectacular", "environ", "factory", "faker", "freezegun", "httptools", "kombu",
-    "openai", "playwright", "psycopg", "pydantic", "pytest_django", "redis", "rest_framework",
-    "rest_framework_api_key", "schemathesis", "sqlalchemy", "sqlparse", "starlette", "storages", "uvicorn", "vine",
-    "watchfiles", "websockets", "whitenoise",
-)  # fmt: skip
-# pytest plugins that the stubs above would break at start-up (pass each as `-p no:NAME`).
-PLUGINS = ("django", "faker", "schemathesis")
+IMAGE = frozenset("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
+charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
+cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools
+formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna
+imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
+lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
+matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals
+networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13
+nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
+pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
+pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
+python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
+statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
+tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
+triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl
+zipp
+""".split())
 
 
-def write_stubs(directory: Path) -> None:
+def normalized(name: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def top_level_modules(dist: importlib.metadata.Distribution) -> set[str]:
+    """The importable top-level names a distribution installs (from its file list)."""
+    names = set()
+    for file in dist.files or []:
+        first = file.parts[0]
+        if len(file.parts) == 1 and file.suffix in (".py", ".so", ".pyd"):
+            names.add(first.split(".")[0])
+        elif len(file.parts) > 1 and not first.endswith((".dist-info", ".egg-info", ".data")) and first not in (
+                "..", "__pycache__", "bin"):
+            names.add(first)
+    return {n for n in names if n.isidentifier()}
+
+
+def with_requirements(names: frozenset[str], dists: dict[str, importlib.metadata.Distribution]) -> set[str]:
+    """`names` and, transitively, what their distributions installed here require (extras aside): an image
+    package's own needs are on the image too (huggingface_hub's httpx2, anyio's sniffio, whatever versions
+    this machine holds)."""
+    found, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for requirement in (dists[name].requires or []) if name in dists else []:
+            if "extra ==" not in requirement:
+                todo.append(normalized(re.split(r"[\[=<>!~ ;(]", requirement.strip())[0]))
+    return found
+
+
+def absent_modules() -> list[str]:
+    """Top-level modules installed here by distributions the image lacks (and by none it has)."""
+    dists = {normalized(d.metadata["Name"]): d for d in importlib.metadata.distributions() if d.metadata["Name"]}
+    on_image = with_requirements(IMAGE, dists)
+    present, absent = set(), set()
+    for name, dist in dists.items():
+        (present if name in on_image else absent).update(top_level_modules(dist))
+    return sorted(absent - present - set(sys.stdlib_module_names) - {"engine", "kernels", "adapters", "tests"})
+
+
+def write_stubs(directory: Path) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ABSENT:
+    names = absent_modules()
+    for name in names:
         package = directory / name
         package.mkdir(exist_ok=True)
         (package / "__init__.py").write_text(
-            f"raise ImportError({name!r} + ' is not installed on the GPU machine (simulated by gpu_bare_env.py)')\n"
+            f"raise ModuleNotFoundError({name!r} + ' is not installed on the GPU machine (simulated by gpu_bare_env.py)', "
+            f"name={name!r})\n"
         )
+    return names
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(__doc__.strip().splitlines()[2].strip())
-    write_stubs(Path(sys.argv[1]))
+    stubbed = write_stubs(Path(sys.argv[1]))
+    print(f"gpu_bare_env: {len(stubbed)} modules of distributions the GPU image lacks now raise ImportError",
+          file=sys.stderr)

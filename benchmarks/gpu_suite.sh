@@ -4,27 +4,42 @@
 #   bash benchmarks/gpu_suite.sh              # on the GPU machine (Python 3.12, torch, triton, transformers, peft)
 #   bash benchmarks/gpu_suite.sh --dry-run    # here, on CPU: the same steps on tiny shapes (also QUILT_GPU_SUITE_DRY=1)
 #
-# Steps (QUILT_GPU_STEPS picks them, default "env pytest kernels trace"), each under its own time limit:
-#   env      device, driver, versions                                   -> env.log
-#   pytest   pytest -m gpu over tests/kernels and tests/engine          -> pytest.log
-#   native   the other tests/kernels tests (float32), natively on CUDA  -> native.log   (not by default)
-#   kernels  benchmarks/kernels.py (Llama-3-8B shapes, bf16; the experts of  -> kernels.log, kernels.json
-#            Qwen3-30B-A3B: grouped_matmul, expert_lora), 4 parts
-#   trace    benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT)   -> trace.log, trace.json
-#   quant    benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,  -> quant.log, quant.json   (not by default:
-#            int8 against bf16: memory, decode tok/s, agreement)            QUILT_GPU_STEPS="env quant")
-#   w4a16    benchmarks/quantized_checkpoints.py (8B shape: a GPTQ W4A16  -> w4a16.log, w4a16.json   (not by default:
-#            g128 checkpoint against bf16, decode tok/s at batch 1/16/64,   QUILT_GPU_STEPS="env w4a16"; QUILT_GPU_W4A16_S,
-#            16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)             360)
-#   spec     benchmarks/speculative.py on CUDA (demo model, on vs off)   -> spec.log     (not by default)
-#   tp       benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
-#            it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
-# and suite.log, the table printed last: at most 8 files, the most the device tool brings back.
-# The dry run puts stub packages on PYTHONPATH for what the GPU machine lacks (benchmarks/gpu_bare_env.py),
-# runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny, same arguments).
-# Limits in seconds: QUILT_GPU_PYTEST_S (125), QUILT_GPU_NATIVE_S (120), QUILT_GPU_KERNELS_S (165),
-# QUILT_GPU_TRACE_S (200), QUILT_GPU_QUANT_S (420), env 30 (+ 10 s to merge the kernels' JSON): the default
-# steps take at most 530 s, "env quant" 450 s;
+# Preparation, before any step (docs/gpu.md "How to call it"): the wheels the image lacks (llguidance, starlette,
+# uvicorn, celery, kombu, redis, sqlalchemy, jsonschema and what they need), fetched HERE beforehand by
+# `python benchmarks/gpu_wheels.py .whl` and carried (`carry=[".whl"]`), are installed with pip --no-index into
+# /tmp/site, and the engine must then import (its server, usage emitter and grammar included) -> env.log.
+# The dry run does the same from `.whl-local` (`python benchmarks/gpu_wheels.py --local .whl-local`: the same pins
+# for this Python), in front of stubs that make every package the image lacks fail to import.
+#
+# Steps (QUILT_GPU_STEPS picks them, default "env pytest precision kernels trace"), each under its own limit:
+#   env       device, driver, versions                                        -> env.log
+#   pytest    pytest -m gpu over tests/kernels and tests/engine, 4 xdist       -> pytest.log
+#             workers by file (Triton compiles on 4 cores at once)
+#   precision benchmarks/gpu_precision.py: engine bf16 and transformers + PEFT -> precision.log
+#             bf16, each against PEFT in float32 on the same weights
+#   native    the other tests/kernels tests (float32), natively on CUDA       -> native.log   (not by default)
+#   kernels   benchmarks/kernels.py (Llama-3-8B shapes, bf16; the experts of   -> kernels.log, kernels.json
+#             Qwen3-30B-A3B: grouped_matmul, expert_lora), 4 parts
+#   trace     benchmarks/gpu_trace.py (8B shape, adapters, PEFT, TTFT; the     -> trace.log, trace.json
+#             profile of decode steps right after the decode phase)
+#   quant     benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,       -> quant.log, quant.json   (not by
+#             int8 against bf16: memory, decode tok/s, agreement)                 default: QUILT_GPU_STEPS="env quant")
+#   w4a16     benchmarks/quantized_checkpoints.py (8B shape: a GPTQ W4A16      -> w4a16.log, w4a16.json (not by
+#             g128 checkpoint against bf16, decode tok/s at batch 1/16/64,        default: QUILT_GPU_STEPS="env
+#             16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)                 w4a16"; QUILT_GPU_W4A16_S, 360)
+#   fp8ckpt   benchmarks/fp8_checkpoint.py (8B shape: an fp8 weight_block_size  -> fp8ckpt.log, fp8ckpt.json (not
+#             [128, 128] checkpoint against bf16, decode tok/s at batch 64,       by default: QUILT_GPU_STEPS="env
+#             16 adapters; goal >= 1.6x)                                          fp8ckpt"; QUILT_GPU_FP8CKPT_S, 420)
+#   spec      benchmarks/speculative.py on CUDA (demo model, on vs off)        -> spec.log     (not by default)
+#   tp        benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
+#             it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
+# and suite.log, the table printed last. The device tool brings back at most 8 files: the default run writes
+# exactly env.log pytest.log precision.log kernels.log kernels.json trace.log trace.json suite.log.
+# The dry run runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny).
+# Limits in seconds: wheels 15 (pip) + 15 (the import check), env 25, QUILT_GPU_PYTEST_S (155; it was 125, which
+# Triton's compiling overran on an H200), QUILT_GPU_PRECISION_S (75), QUILT_GPU_KERNELS_S (105, + 10 s to merge the
+# kernels' JSON), QUILT_GPU_TRACE_S (150), QUILT_GPU_NATIVE_S (120), QUILT_GPU_QUANT_S (420): the default steps
+# take at most 550 s (about 9 minutes; each ends sooner when its work does), "env quant" 475 s;
 # extra gpu_trace.py arguments: QUILT_GPU_TRACE_ARGS (default: a shorter trace that fits the limit).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -37,42 +52,71 @@ case "${1:-}" in
 esac
 OUT="${OUT:-/tmp/quilt-gpu-out}"
 mkdir -p "$OUT"
-STEPS="${QUILT_GPU_STEPS:-env pytest kernels trace}"
-PYTEST_S="${QUILT_GPU_PYTEST_S:-125}"
+rm -f "$OUT"/*.log  # the steps append (env.log begins with the wheels)
+STEPS="${QUILT_GPU_STEPS:-env pytest precision kernels trace}"
+ENV_S=25 WHEELS_S=15  # WHEELS_S: the pip install, and again the import check
+PYTEST_S="${QUILT_GPU_PYTEST_S:-155}"
+PRECISION_S="${QUILT_GPU_PRECISION_S:-75}"
 NATIVE_S="${QUILT_GPU_NATIVE_S:-120}"
-KERNELS_S="${QUILT_GPU_KERNELS_S:-165}"
-TRACE_S="${QUILT_GPU_TRACE_S:-200}"
+KERNELS_S="${QUILT_GPU_KERNELS_S:-105}"
+TRACE_S="${QUILT_GPU_TRACE_S:-150}"
 QUANT_S="${QUILT_GPU_QUANT_S:-420}"
 W4A16_S="${QUILT_GPU_W4A16_S:-360}"
+FP8CKPT_S="${QUILT_GPU_FP8CKPT_S:-420}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
+if [ "$DRY" = 1 ]; then  # the interpreter on a shared CPU: the GPU's limits, times QUILT_GPU_DRY_SLOWDOWN (3)
+  SLOW="${QUILT_GPU_DRY_SLOWDOWN:-3}"
+  ENV_S=$((ENV_S * SLOW)) WHEELS_S=$((WHEELS_S * SLOW)) PYTEST_S=$((PYTEST_S * SLOW)) PRECISION_S=$((PRECISION_S * SLOW)) KERNELS_S=$((KERNELS_S * SLOW))
+  TRACE_S=$((TRACE_S * SLOW)) NATIVE_S=$((NATIVE_S * SLOW))
+fi
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" > /dev/null; then  # carried wheels (docs/gpu.md): none are needed today
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+SUMMARY=()
+FAILED=0
 if [ "$DRY" = 1 ]; then
   BARE="$(mktemp -d)"
   trap 'rm -rf "$BARE"' EXIT
-  "$PY" benchmarks/gpu_bare_env.py "$BARE" || exit 1
-  export PYTHONPATH="$BARE${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=1
+  "$PY" benchmarks/gpu_bare_env.py "$BARE/stubs" || exit 1
+  export PYTHONPATH="$BARE/stubs${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=1
+  SITE="$BARE/site" WHEELS="${QUILT_GPU_WHEELS:-.whl-local}"
+else
+  SITE=/tmp/site WHEELS="${QUILT_GPU_WHEELS:-.whl}"
 fi
+prepare_wheels() {  # install the carried wheels; then the engine (server, usage, grammar) must import
+  local start rc
+  start=$(date +%s)
+  (
+    set -o pipefail
+    if compgen -G "$WHEELS/*.whl" > /dev/null; then
+      echo "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
+      timeout "$WHEELS_S" "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
+    else
+      echo "no wheels in $WHEELS: run 'python benchmarks/gpu_wheels.py $WHEELS' here first and carry it"
+    fi
+    PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" timeout "$WHEELS_S" "$PY" -c "
+import engine, engine.grammar, engine.server.app, engine.usage.emitter, jsonschema, kombu
+print('wheels: the engine imports, its server and usage emitter included')"
+  ) 2>&1 | tee -a "$OUT/env.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || FAILED=1
+  SUMMARY+=("| wheels | $rc | $(($(date +%s) - start)) |")
+}
+prepare_wheels
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-SUMMARY=()
-FAILED=0
 run_step() {  # name, limit in seconds, command...
   local name="$1" limit="$2" start rc
   shift 2
   echo "=== $name (limit ${limit}s): $*"
   start=$(date +%s)
-  timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log"  # -a: env.log begins with the wheels
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || FAILED=1
   [ "$rc" = 124 ] && rc="124 (time limit)"
@@ -106,10 +150,11 @@ gpu_pytest() {  # marker expression, folders...
   shift
   files=$("$PY" benchmarks/gpu_test_files.py "$@") || return 1
   [ -n "$files" ] || { echo "no test file of $* can be imported here" >&2; return 1; }
-  # pytest-django (and its DJANGO_SETTINGS_MODULE in pyproject.toml) is the control plane's: not loaded here
+  # only the plugins the suite needs (pytest-django, the control plane's, is not on the image; its
+  # DJANGO_SETTINGS_MODULE in pyproject.toml then draws only a warning)
   # shellcheck disable=SC2086
-  "$PY" -m pytest -p no:django -p no:faker -p no:schemathesis -p no:cacheprovider -m "$marks" -q -rfEs \
-    --durations=10 $files
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -p pytest_timeout -p xdist -p no:cacheprovider -m "$marks" -q \
+    -rfEs --durations=10 -n "${QUILT_GPU_PYTEST_WORKERS:-$([ "$DRY" = 1 ] && echo 2 || echo 4)}" --dist loadfile $files
 }
 
 gpu_kernels() {  # the kernel benchmark in three parts, each under its share of the limit; their JSON merged
@@ -142,8 +187,11 @@ export -f env_report gpu_pytest gpu_kernels gpu_tp
 export PY OUT DRY KERNELS_S
 for step in $STEPS; do
   case "$step" in
-    env) run_step env 30 bash -c env_report ;;
+    env) run_step env "$ENV_S" bash -c env_report ;;
     pytest) run_step pytest "$PYTEST_S" bash -c 'gpu_pytest gpu tests/kernels tests/engine' ;;
+    precision)
+      if [ "$DRY" = 1 ]; then run_step precision "$PRECISION_S" "$PY" benchmarks/gpu_precision.py --tiny
+      else run_step precision "$PRECISION_S" "$PY" benchmarks/gpu_precision.py --device cuda; fi ;;
     native) run_step native "$NATIVE_S" bash -c 'gpu_pytest "not gpu" tests/kernels' ;;
     kernels) run_step kernels $((KERNELS_S + 10)) bash -c gpu_kernels ;;
     trace)
@@ -167,11 +215,19 @@ for step in $STEPS; do
         run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --device cuda --shape llama3-8b \
           --json "$OUT/w4a16.json"
       fi ;;
+    fp8ckpt)
+      if [ "$DRY" = 1 ]; then
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --shape llama-tiny --json "$OUT/fp8ckpt.json" \
+          --rounds 1 --batches 8 --adapters 4
+      else
+        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --device cuda --shape llama3-8b \
+          --json "$OUT/fp8ckpt.json"
+      fi ;;
     spec)
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, native, kernels, trace, quant, w4a16, spec, tp)" >&2; exit 2 ;;
+    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp)" >&2; exit 2 ;;
   esac
 done
 
@@ -184,9 +240,12 @@ done
     [ -f "$OUT/$log.log" ] && grep -E "^(FAILED|ERROR)|^left out| (passed|failed|error|skipped)" "$OUT/$log.log" | tail -15
   done
   [ -f "$OUT/kernels.log" ] && grep -E "^--- kernels|^[A-Za-z.]*(Error|Exception)|^goal|\| NO \|" "$OUT/kernels.log" | tail -16
+  grep -E "^wheels:|^no wheels|^installing" "$OUT/env.log" 2>/dev/null
+  [ -f "$OUT/precision.log" ] && sed -n '/^## gpu_precision/,$p' "$OUT/precision.log"
   [ -f "$OUT/trace.log" ] && sed -n '/^## gpu_trace/,$p' "$OUT/trace.log"
   [ -f "$OUT/quant.log" ] && sed -n '/^## quantization/,$p' "$OUT/quant.log"
   [ -f "$OUT/w4a16.log" ] && sed -n '/^## W4A16/,$p' "$OUT/w4a16.log"
+  [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

@@ -2,8 +2,9 @@
 
     python benchmarks/gpu_test_files.py tests/kernels tests/engine    # prints one path a line
 
-The GPU machine has no Celery, kombu or Django (docs/gpu.md): a test module that imports one of them
-at the top cannot even be collected there, and one such module would stop the whole session. Each
+The GPU machine has no Django, and Celery, kombu, starlette, llguidance and jsonschema only as the wheels the
+suite carries (docs/gpu.md): a test module that imports something missing at the top cannot even be collected
+there, and one such module would stop the whole session. Each
 `test_*.py` is parsed, every module it imports is imported here, and the file is listed only if all
 of them import; the files left out are named on stderr with the module that failed.
 """

@@ -283,6 +283,9 @@ def table(report: dict, shape, args) -> list[str]:
     if prof and prof.get("device_busy_fraction") is not None:
         lines.append(f"profile: {prof['steps']} decode steps with adapters under torch.profiler: device kernels busy "
                      f"{100 * prof['device_busy_fraction']:.0f}% of the wall time (table in trace.log / trace.json)")  # fmt: skip
+    elif prof:
+        lines.append(f"profile: {prof['steps']} decode steps with adapters under torch.profiler (no device here: "
+                     "no busy share; table in trace.log)")
     for name, text in engine.get("errors", {}).items():
         lines.append(f"FAILED experiment {name}: {text.strip().splitlines()[-1]} (traceback in trace.json)")
     if engine.get("config_dropped"):

@@ -15,8 +15,9 @@ run cut short still reports what it measured:
   subset     the requests transformers + PEFT ran (trace_peft.py), all submitted at once;
   trace      the whole trace without adapters, then with them (power law over the population); the
              second is left out if, at the pace of the first, it would end after DEADLINE (epoch seconds);
-  profile    if a minute is left: torch.profiler over decode steps at batch `batch` with adapters (its
-             table goes to stdout), and the memory the engine used.
+  profile    right after decode, if a minute is left: torch.profiler over decode steps at batch `batch` with
+             adapters (its table goes to stdout; the share of wall time the GPU is busy to the summary).
+At the end: the memory the engine used.
 """
 
 import dataclasses
@@ -112,7 +113,7 @@ def main(work: Path, deadline: float) -> None:
                                                plan["decode_max_tokens"], device)  # fmt: skip
 
     failed = False
-    for experiment in (correctness, decode, cold, same_as_peft, whole_trace, profile):
+    for experiment in (correctness, decode, profile, cold, same_as_peft, whole_trace):  # profile early: cheap
         failed |= not attempt(engine, experiment, result)
         save()
     if device.startswith("cuda"):

@@ -100,6 +100,10 @@ class AdapterPlan:
         for (layer, module, half), part in rows.items():
             at = local[layer][module][half][: part.shape[0]]
             width, first = part.shape[1], 0
+            if not part.is_contiguous():  # B transposed: row by row (torch copies a strided 2-D block 20x slower)
+                for j, start in enumerate(at):
+                    chunks[layer, start : start + width].copy_(part[j])
+                continue
             for j in range(1, len(at) + 1):
                 if j == len(at) or at[j] != at[j - 1] + width:
                     chunks[layer, at[first] : at[j - 1] + width].view(j - first, width).copy_(part[first:j])

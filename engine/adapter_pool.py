@@ -27,6 +27,7 @@ import torch
 
 import adapters
 from engine.adapter_plan import AdapterPlan
+from engine.lora_batch import AdapterTables
 from engine.lora_modules import per_slice
 from engine.paged_memory import PagedMemory
 
@@ -92,6 +93,7 @@ class Resident:
     # [L, 2, 2, expert_rows] (AdapterPlan.page_offsets)
     placement: int  # unique per placement: the same number means the same page table
     users: int = 0  # running sequences that use it
+    tables: AdapterTables | None = None  # what LoRABatch.fill reads, made on first use
 
 
 class AdapterPool:
@@ -288,6 +290,19 @@ class AdapterPool:
     def placements(self, digests: list[str]) -> tuple[int, ...]:
         """Identifies the page tables of resident adapters: equal while none of them moved."""
         return tuple(self._resident[d].placement for d in digests)
+
+    def slot_tables(self, digests: list[str]) -> list[AdapterTables]:
+        """The tables of resident adapters, in the order of `digests`, as LoRABatch.fill takes them."""
+        out = []
+        for digest in digests:
+            r = self._resident[digest]
+            if r.tables is None:
+                device = r.offsets[0].device
+                r.tables = AdapterTables(key=r.placement, offsets=r.offsets[0], expert_offsets=r.offsets[1],
+                                         ranks=r.plan.ranks.to(device), scaling=r.plan.scaling.to(device),
+                                         host_ranks=r.plan.ranks, a_source=r.plan.a_source)
+            out.append(r.tables)
+        return out
 
     def wait_for_copies(self) -> None:
         """Make the current CUDA stream wait for copies into pages (no host wait; nothing to do on CPU)."""

@@ -1,6 +1,6 @@
 """The LoRA-aware linear layer swapped into the model: base projection plus each token's own
-adapter delta, computed for the whole ragged batch by the shrink/expand kernels, which read the
-adapters' rows from the layer's paged memory."""
+adapter delta, computed for the whole ragged batch by one lora_delta launch over every slice, which reads
+the adapters' rows from the layer's paged memory."""
 
 import torch
 from torch import nn
@@ -40,10 +40,8 @@ class LoRALinear(nn.Module):
         tables = lora.module(self.layer, self.first, self.num_slices)
         if tables is None:
             return y
-        pages = self.memory.flat(self.layer)
-        buf = kernels.lora_shrink(x, pages, tables.a_rows, lora.token_slots, tables.a_ranks, meta=lora.meta)  # [S_a, T, R]
-        kernels.lora_expand(y, buf, pages, tables.b_rows, lora.token_slots, tables.ranks, tables.scaling,
-                            self.base.slice_offsets, meta=lora.meta)
+        kernels.lora_delta(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows, lora.token_slots,
+                           tables.ranks, tables.scaling, self.base.slice_offsets, meta=lora.meta)  # one launch
         return y
 
 

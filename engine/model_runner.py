@@ -55,8 +55,9 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
-        self._lora_key: tuple | None = None  # what _lora was built for: tokens' adapters and the page tables
-        self._lora: LoRABatch | None = None
+        moe = getattr(model.spec, "moe", None)
+        self.lora = LoRABatch(num_layers=model.spec.num_layers, device=device, zero_row=memory.zero_row,
+                              num_experts=moe.num_experts if moe else 0)  # the eager steps' adapters, refilled
         self.k_cache = model.model.layers[0].self_attn.k_cache  # every layer's has this shape
         self.windows = {layer.self_attn.window for layer in model.model.layers}
         self.lora_modules = sorted({(m.layer, m.first, m.num_slices) for m in model.modules()
@@ -135,7 +136,9 @@ class ModelRunner:
     def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
         """The step's token ids [T] and Context as fresh tensors, with everything the forward reads prepared
         before it: the decode attention's layout and every LoRA projection's tables."""
-        lora = self._lora_batch(inputs.token_slots, inputs.adapters) if inputs.adapters else None
+        lora = None
+        if inputs.adapters:  # the step's adapters into the LoRA buffers, refilled in place (engine.lora_batch)
+            lora = self.lora.fill(inputs.token_slots, self.adapters.slot_tables(inputs.adapters))
         ctx = Context.build(
             positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
             context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,
@@ -157,18 +160,6 @@ class ModelRunner:
 
     def _tables_key(self, digests: list[str]) -> tuple:
         return (tuple(digests), self.adapters.placements(digests)) if digests else ()
-
-    def _lora_batch(self, token_slots: list[int], digests: list[str]) -> LoRABatch:
-        """The step's LoRABatch; consecutive decode steps often share it (same tokens' adapters, same page
-        tables), and then it is reused with everything it has gathered."""
-        key = (tuple(token_slots), self.adapters.placements(digests))
-        if key != self._lora_key:
-            slots = torch.tensor(token_slots, dtype=torch.int32, device=self.device)  # [T]
-            if self._lora_key is not None and key[1] == self._lora_key[1]:  # same page tables, other tokens
-                self._lora_key, self._lora = key, self._lora.with_slots(slots)
-            else:
-                self._lora_key, self._lora = key, LoRABatch.build(slots, self.adapters.tables(digests))
-        return self._lora
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, proposals: dict[int, list[int]] | None = None,

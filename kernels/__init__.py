@@ -21,8 +21,10 @@ from kernels.slot_batch import SlotBatch
 
 try:
     from kernels import expert_lora as _expert_lora
+    from kernels import fp8_block_linear as _fp8_block_linear
     from kernels import gelu_tanh_and_mul as _gelu_tanh_and_mul
     from kernels import grouped_matmul as _grouped_matmul
+    from kernels import lora_delta as _lora_delta
     from kernels import lora_expand as _lora_expand
     from kernels import lora_shrink as _lora_shrink
     from kernels import paged_attention_decode as _paged_attention_decode
@@ -46,9 +48,11 @@ __all__ = [
     "backend_for",
     "decode_layout",
     "expert_lora",
+    "fp8_block_linear",
     "fp8_linear",
     "gelu_tanh_and_mul",
     "grouped_matmul",
+    "lora_delta",
     "lora_expand",
     "lora_meta",
     "lora_shrink",
@@ -97,6 +101,13 @@ def lora_meta(token_slots: torch.Tensor, num_slots: int, *, previous: LoRAMeta |
     return SlotBatch.build(token_slots, previous=previous if isinstance(previous, SlotBatch) else None)
 
 
+def lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, *, meta=None):
+    if backend_for(x) == "triton":
+        return _lora_delta.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets,
+                                      meta=meta)
+    return reference.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, meta=meta)
+
+
 def lora_shrink(x, pages, a_rows, token_slots, ranks, *, meta: LoRAMeta | SlotBatch | None = None):
     if backend_for(x) == "triton":
         return _lora_shrink.lora_shrink(x, pages, a_rows, token_slots, ranks, meta=meta)
@@ -117,10 +128,10 @@ def gelu_tanh_and_mul(x):
     return reference.gelu_tanh_and_mul(x)
 
 
-def grouped_matmul(x, weight, expert_offsets):
+def grouped_matmul(x, weight, expert_offsets, weight_scale=None, group_k=0):
     if backend_for(x) == "triton":
-        return _grouped_matmul.grouped_matmul(x, weight, expert_offsets)
-    return reference.grouped_matmul(x, weight, expert_offsets)
+        return _grouped_matmul.grouped_matmul(x, weight, expert_offsets, weight_scale, group_k)
+    return reference.grouped_matmul(x, weight, expert_offsets, weight_scale, group_k)
 
 
 def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scaling, slice_offsets, *, meta=None):
@@ -130,22 +141,26 @@ def expert_lora(y, x, pages, a_rows, b_rows, row_slots, row_experts, ranks, scal
     return reference.expert_lora(*args, meta=meta)
 
 
-def fp8_linear(x, weight, weight_scale):
+def fp8_linear(x, weight, weight_scale, input_scale=None):
     if x.is_cuda:  # torch._scaled_mm, not Triton: no Triton needed
-        return _fp8_linear.fp8_linear(x, weight, weight_scale)
-    return reference.fp8_linear(x, weight, weight_scale)
+        return _fp8_linear.fp8_linear(x, weight, weight_scale, input_scale)
+    return reference.fp8_linear(x, weight, weight_scale, input_scale)
 
 
-def wna16_linear(x, qweight, scales, zeros, g_idx, bits):
+def fp8_block_linear(x, weight, weight_scale, group_k):
     if backend_for(x) == "triton":
-        return _wna16_linear.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
-    return reference.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
+        return _fp8_block_linear.fp8_block_linear(x, weight, weight_scale, group_k)
+    return reference.fp8_block_linear(x, weight, weight_scale, group_k)
 
 
-def wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits):
-    if backend_for(x) == "triton":
-        return _wna16_grouped_matmul.wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits)
-    return reference.wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits)
+def wna16_linear(x, qweight, scales, zeros, g_idx, bits, *, group_size=0, perm=None):
+    op = _wna16_linear.wna16_linear if backend_for(x) == "triton" else reference.wna16_linear
+    return op(x, qweight, scales, zeros, g_idx, bits, group_size=group_size, perm=perm)
+
+
+def wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits, *, group_size=0, perm=None):
+    op = _wna16_grouped_matmul.wna16_grouped_matmul if backend_for(x) == "triton" else reference.wna16_grouped_matmul
+    return op(x, qweight, scales, zeros, g_idx, expert_offsets, bits, group_size=group_size, perm=perm)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
@@ -199,8 +214,8 @@ def silu_and_mul(x):
     return reference.silu_and_mul(x)
 
 
-for _op in (fp8_linear, lora_shrink, lora_expand, store_kv, paged_attention_decode, paged_attention_prefill, rms_norm,
-            rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul, expert_lora, wna16_linear,
-            wna16_grouped_matmul):
+for _op in (fp8_linear, fp8_block_linear, lora_delta, lora_shrink, lora_expand, store_kv, paged_attention_decode,
+            paged_attention_prefill, rms_norm, rotary_embedding, silu_and_mul, gelu_tanh_and_mul, grouped_matmul,
+            expert_lora, wna16_linear, wna16_grouped_matmul):
     _op.__doc__ = getattr(reference, _op.__name__).__doc__
 del _op

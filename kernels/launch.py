@@ -104,7 +104,13 @@ def dot_precision(dtype: torch.dtype) -> str | None:
 
 
 def next_power_of_2(value: int) -> int:
-    return triton.next_power_of_2(max(int(value), 1))
+    """The smallest power of two >= value (>= 1); plain Python: triton's helpers are slow to call from the host."""
+    return 1 << (max(int(value), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of ints, for grids (triton.cdiv costs a constexpr_function call on the hot path)."""
+    return -(-a // b)
 
 
 _SM_COUNTS: dict[int, int] = {}

@@ -235,6 +235,37 @@ def lora_expand(
     y[:, lo:hi] += delta.to(y.dtype)
 
 
+def lora_delta(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pages: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    token_slots: torch.Tensor,
+    ranks: torch.Tensor,
+    scaling: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+    *,
+    meta: object = None,
+) -> None:
+    """Batched LoRA of a (fused) projection added in place: lora_shrink then lora_expand, in one op.
+
+    for s in range(S), t in range(T):
+        a = token_slots[t]; (o0, o1) = slice_offsets[s], slice_offsets[s + 1]
+        if a >= 0:
+            h = [x[t] @ pages[a_rows[s', a, j] :][:in] for j < ranks[s, a]]     (s' = s, or 0 when a_rows is [1, U, R])
+            y[t, o0:o1] += scaling[s, a] * sum_j h[j] * pages[b_rows[s, a, j] :][:o1 - o0]
+
+    y [T, out] (updated in place); x [T, in]; pages [N] flat, x.dtype; a_rows [S or 1, U, R] int64 ([1, ...]: every
+    slice reads one A, as a fused-name adapter's slices do); b_rows [S, U, R] int64; token_slots [T' >= T] int
+    (-1 = base model; the first T are the tokens'); ranks [S, U] int; scaling [S, U] float32; slice_offsets:
+    S + 1 python ints. h is rounded to x.dtype before it meets B (as a two-launch shrink's buffer is).
+    `meta`: the step's SlotBatch (kernels.lora_meta; built here when None)."""
+    token_slots = token_slots[: x.shape[0]]
+    buf = lora_shrink(x, pages, a_rows, token_slots, ranks[: a_rows.shape[0]], meta=meta)  # [S or 1, T, R]
+    lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offsets, meta=meta)
+
+
 def expert_lora(
     y: torch.Tensor,
     x: torch.Tensor,

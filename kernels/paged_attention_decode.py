@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import (
+    cdiv,
     dot_precision,
     multiprocessor_count,
     next_power_of_2,
@@ -34,7 +35,7 @@ def _config(batch: int, kv_heads: int, max_context: int, head_dim: int, device: 
     if programs < target and max_context > 512:
         partition = 256
         for candidate in (2048, 1024, 512):
-            if programs * triton.cdiv(max_context, candidate) >= target:
+            if programs * cdiv(max_context, candidate) >= target:
                 partition = candidate
                 break
     return {"BLOCK_N": block_n, "PARTITION": partition, "num_warps": 4}

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import (
+    cdiv,
     dot_precision,
     next_power_of_2,
     require_index,
@@ -156,7 +157,7 @@ def paged_attention_prefill(
     if total == 0 or batch == 0:
         return out
     config = _config(head_dim)
-    num_tiles = triton.cdiv(total, config["BLOCK_M"]) + batch
+    num_tiles = cdiv(total, config["BLOCK_M"]) + batch
     tile_seq, tile_idx = _tile_map(cu_seqlens_q, config["BLOCK_M"], num_tiles)
     _prefill_kernel[(num_tiles, heads)](
         q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, tile_seq, tile_idx, out,

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.decode_layout import DecodeLayout
+from kernels.fp8_reference import dequantize_fp8_groups, fp8_block_linear  # noqa: F401 (fp8 checkpoints' GEMM)
 from kernels.grouped_rows import grouped_rows
-from kernels.lora_reference import expert_lora, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
+from kernels.lora_reference import expert_lora, lora_delta, lora_expand, lora_shrink  # noqa: F401 (the LoRA references live there)
 from kernels.rope_table import ROPE_TYPES, rope_cos_sin_cache  # noqa: F401 (the rotary tables live there)
 from kernels.wna16_reference import wna16_grouped_matmul, wna16_linear  # noqa: F401 (integer-weight GEMMs)
 
@@ -284,23 +285,39 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :inter], approximate="tanh") * x[..., inter:]
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., D] -> clamp(x / scale, -448, 448) in float8_e4m3fn: a static (calibrated) per-tensor scale [1]
+    float32, as compressed-tensors quantizes an activation with its input_scale."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """An fp8 projection: both operands in float8_e4m3fn, each with one scale per row.
 
-    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448);
+    x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448), or
+    with a static scale when input_scale [1] float32 is given (quantize_fp8_static: sx[t] = input_scale);
     out[t, o] = sx[t] * weight_scale[o] * sum_i xq[t, i] * weight[o, i], summed in float32.
 
     x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out] float32; returns out [T, out] in x.dtype.
     """
-    xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    if input_scale is None:
+        xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
+    else:
+        xq, x_scale = quantize_fp8_static(x, input_scale), input_scale.expand(x.shape[0])
     out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
     return out.to(x.dtype)
 
 
-def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, expert_offsets: torch.Tensor,
+                   weight_scale: torch.Tensor | None = None, group_k: int = 0) -> torch.Tensor:
     """out[r] = x[r] @ weight[e].T for every row r in expert_offsets[e] <= r < expert_offsets[e + 1].
 
     x [N, in] sorted by expert; weight [E, out, in] (each expert's nn.Linear weight); expert_offsets [E + 1]
     int, non-decreasing, from 0 to N. Returns out [N, out] in x.dtype (float32 accumulation).
+    An fp8 weight comes with weight_scale [E, out, cdiv(in, group_k)] float32 and stands for
+    weight[e, o, i] * weight_scale[e, o, i // group_k] (the reference dequantizes it for the call).
     The reference is one grouped product (kernels.grouped_rows; the launcher: one grouped launch)."""
+    if weight.dtype == FP8:
+        weight = dequantize_fp8_groups(weight, weight_scale, group_k)  # [E, out, in] float32
     return grouped_rows(x, weight.transpose(1, 2), expert_offsets).to(x.dtype)  # [N, out]

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import require, require_float, require_last_dim_contiguous
+from kernels.launch import cdiv, require, require_float, require_last_dim_contiguous
 
 BLOCK = 1024  # tuning (the only place it is chosen): columns per program, and warps
 NUM_WARPS = 4
@@ -34,6 +34,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, inter, dtype=x.dtype, device=x.device)  # [T, I]
     if tokens == 0 or inter == 0:
         return out
-    grid = (tokens, triton.cdiv(inter, BLOCK))
+    grid = (tokens, cdiv(inter, BLOCK))
     _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0), BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out

@@ -16,11 +16,22 @@ def _block_m(tokens: int) -> int:
     return 16 if tokens <= 16 else 32 if tokens <= 64 else 64
 
 
+def _block_k(group_size: int, in_dim: int) -> int:
+    """The reduction tile: BLOCK_K, or a group when groups in order are smaller (a tile never straddles two)."""
+    require(group_size >= 0, f"group_size must be >= 0, got {group_size}")
+    if group_size == 0 or group_size >= in_dim:
+        return BLOCK_K
+    block = min(BLOCK_K, group_size)
+    require(group_size % block == 0 and block % 16 == 0, f"wna16: group size {group_size} is not served in order "
+            f"(pass group_size=0 to read g_idx)")  # fmt: skip
+    return block
+
+
 @triton.jit
 def _wna16_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, num_tokens, out_dim, in_dim,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, perm_ptr, out_ptr, num_tokens, out_dim, in_dim,
     x_stride, out_stride,
-    BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     PER: tl.constexpr = 32 // BITS  # values in one int32
@@ -37,15 +48,25 @@ def _wna16_kernel(
     for k0 in range(0, in_dim, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < in_dim
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + offs_k[None, :],
+        if HAS_PERM:  # act order sorted at load: x's columns in the weights' order
+            cols = tl.load(perm_ptr + offs_k, mask=k_mask, other=0)
+        else:
+            cols = offs_k
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + cols[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [M, K]
         kn_mask = k_mask[:, None] & n_mask[None, :]
         packed = tl.load(qweight_ptr + (offs_k // PER)[:, None].to(tl.int64) * out_dim + offs_n[None, :],
                          mask=kn_mask, other=0)  # [K, N] int32, each read by PER rows
         q = (packed >> ((offs_k % PER) * BITS)[:, None]) & MASK
-        group = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)  # [K]
-        scale = tl.load(scales_ptr + group[:, None] * out_dim + offs_n[None, :], mask=kn_mask, other=0.0)
-        zero_word = tl.load(zeros_ptr + group[:, None] * packed_n + (offs_n // PER)[None, :], mask=kn_mask, other=0)
+        if GROUP_SIZE > 0:  # groups in order: one row of scales and zeros per tile (BLOCK_K divides a group)
+            group = k0 // GROUP_SIZE
+            scale = tl.load(scales_ptr + group * out_dim + offs_n, mask=n_mask, other=0.0)[None, :]  # [1, N]
+            zero_word = tl.load(zeros_ptr + group * packed_n + offs_n // PER, mask=n_mask, other=0)[None, :]
+        else:  # act order: each input channel's own group
+            group = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)  # [K]
+            scale = tl.load(scales_ptr + group[:, None] * out_dim + offs_n[None, :], mask=kn_mask, other=0.0)
+            zero_word = tl.load(zeros_ptr + group[:, None] * packed_n + (offs_n // PER)[None, :], mask=kn_mask,
+                                other=0)
         zero = (zero_word >> z_shift) & MASK
         w = ((q - zero).to(tl.float32) * scale.to(tl.float32)).to(x.dtype)  # [K, N] dequantized in registers
         acc += tl.dot(x, w, input_precision=PRECISION)
@@ -54,9 +75,11 @@ def _wna16_kernel(
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 g_idx: torch.Tensor, bits: int) -> torch.Tensor:
+                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0, perm: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """Same contract as kernels.reference.wna16_linear; the product accumulates in float32 from weights
-    dequantized to x.dtype in registers."""
+    dequantized to x.dtype in registers. group_size > 0 (g_idx in order): one row of scales and zeros per tile;
+    perm: x's columns read in that order (in the tile's loads)."""
     require(bits in WNA16_BITS, f"wna16_linear: bits must be one of {WNA16_BITS}, got {bits}")
     per = 32 // bits
     require(x.dim() == 2, f"x [T, K]: got {tuple(x.shape)}")
@@ -76,14 +99,18 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     require(g_idx.dtype in (torch.int32, torch.int64), f"g_idx: int32/int64, got {g_idx.dtype}")
     require(x.stride(1) == 1, "x: last dimension must be contiguous")
     require_contiguous(qweight=qweight, scales=scales, zeros=zeros, g_idx=g_idx)
+    if perm is not None:
+        require_shape("perm", perm, (in_dim,))
+        require(perm.dtype in (torch.int32, torch.int64) and perm.is_contiguous(), "perm: contiguous int32/int64")
     out = torch.empty(tokens, out_dim, dtype=x.dtype, device=x.device)  # [T, N]
     if tokens == 0:
         return out
-    block_m = _block_m(tokens)
+    block_m, block_k = _block_m(tokens), _block_k(group_size, in_dim)
     grid = (triton.cdiv(tokens, block_m), triton.cdiv(out_dim, BLOCK_N))
     _wna16_kernel[grid](
-        x, qweight, scales, zeros, g_idx, out, tokens, out_dim, in_dim, x.stride(0), out.stride(0),
-        BITS=bits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=dot_precision(x.dtype),
+        x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, out, tokens, out_dim, in_dim, x.stride(0),
+        out.stride(0), BITS=bits, GROUP_SIZE=group_size, HAS_PERM=perm is not None, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+        PRECISION=dot_precision(x.dtype),
         num_warps=NUM_WARPS,
     )
     return out

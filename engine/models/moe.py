@@ -21,6 +21,7 @@ from engine.models.spec import ModelSpec
 from engine.parallel.communicator import Communicator
 
 _EXPERT_PIECES = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", 0)}
+_EXPERT_KINDS = {"weight": "", "weight_scale_inv": "_scale"}  # an fp8 checkpoint's block scales (Fp8Experts)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype):
@@ -61,6 +62,8 @@ class Experts(nn.Module):
 
     def load_slice(self, index: int, kind: str, tensor: torch.Tensor) -> None:
         """gate_up_proj piece 2e (gate) or 2e + 1 (up), down_proj piece e."""
+        if kind not in ("gate_up_proj", "down_proj"):
+            raise ValueError(f"unexpected {kind} for experts held in full precision")
         if kind == "gate_up_proj":
             expert, part = divmod(index, 2)
             self.gate_up_proj.data[expert, part * self.inter : (part + 1) * self.inter].copy_(tensor)
@@ -147,13 +150,15 @@ class MoECausalLM(CausalLM):
         into that expert's own projection, experts.{gate_up_proj,down_proj}.{e} (engine/quant_formats/experts.py)."""
         parts = name.split(".")
         if len(parts) >= 4 and parts[-4] == "experts" and parts[-2] in _EXPERT_PIECES and (
-                parts[-1] != "weight" or getattr(self.get_submodule(".".join(parts[:-3])), "packed_experts", False)):
+                parts[-1] not in _EXPERT_KINDS
+                or getattr(self.get_submodule(".".join(parts[:-3])), "packed_experts", False)):
             kind, part = _EXPERT_PIECES[parts[-2]]
             return f"{'.'.join(parts[:-3])}.{kind}.{parts[-3]}", parts[-1], part
-        if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] == "weight" and parts[-2] in _EXPERT_PIECES:
+        if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] in _EXPERT_KINDS and parts[-2] in _EXPERT_PIECES:
             kind, part = _EXPERT_PIECES[parts[-2]]
+            kind += _EXPERT_KINDS[parts[-1]]
             expert = int(parts[-3])
-            index = 2 * expert + part if kind == "gate_up_proj" else expert
+            index = 2 * expert + part if kind.startswith("gate_up_proj") else expert
             return ".".join(parts[:-3]), kind, index
         return super().checkpoint_target(name)
 

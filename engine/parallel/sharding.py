@@ -61,6 +61,8 @@ def checkpoint_slice(name: str, shape: tuple[int, ...], *, rank: int, size: int)
         return None
     module_name, _, kind = name.rpartition(".")
     proj = module_name.rpartition(".")[2]
+    if kind == "weight_scale_inv":  # fp8 block scales: read whole, the module takes its rows' (a shard may cut a block)
+        return None
     if proj in COLUMN_PARALLEL:
         part = shape[0] // size
         return (slice(rank * part, (rank + 1) * part),)

@@ -134,7 +134,9 @@ def _serve(spec: WorkerSpec, conn) -> None:
     args = model.spec
     shards = AdapterShards(hf_config=read_hf_config(spec.model), size=spec.size, num_layers=args.num_layers,
                            chunk=memory.chunk, pin=device.type == "cuda")
-    decoder = StepDecoder(device)
+    moe = getattr(args, "moe", None)
+    decoder = StepDecoder(device, num_layers=args.num_layers, zero_row=memory.zero_row,
+                          num_experts=moe.num_experts if moe else 0)
     conn.send(("ready",))
     stats = {"steps": 0, "step_seconds": 0.0}
     while True:

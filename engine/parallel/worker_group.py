@@ -61,7 +61,6 @@ class WorkerGroup:
             self.conns.append(parent)
         self._lock = threading.Lock()  # one message at a time on each pipe, whichever thread sends
         self._copies: list[AdapterCopy] = []
-        self._sent_lora = None  # the LoRABatch whose tables the workers hold
         self._failure: str | None = None
         self._stopping = False
         self.broadcast_seconds = 0.0
@@ -140,9 +139,7 @@ class WorkerGroup:
         input_ids, ctx = args
         self.check()
         start = time.perf_counter()
-        data = encode(input_ids, ctx, self._copies, same_lora=ctx.lora is not None and ctx.lora is self._sent_lora)
-        if ctx.lora is not None:
-            self._sent_lora = ctx.lora
+        data = encode(input_ids, ctx, self._copies)
         self._copies = []
         self._send(("step", data))
         self.broadcast_seconds += time.perf_counter() - start

@@ -47,7 +47,7 @@ class PackedLinear(nn.Module):
         raise NotImplementedError
 
     def __init__(self, base: Linear, spec: QuantSpec, *, name: str, dtypes: dict[str, torch.dtype],
-                 tp_size: int = 1, row_parallel: bool = False) -> None:
+                 tp_size: int = 1, tp_rank: int = 0, row_parallel: bool = False) -> None:
         """base: the Linear it replaces (on meta); dtypes: each kind's dtype as the checkpoint stores it."""
         super().__init__()
         self.spec, self.name = spec, name
@@ -55,7 +55,7 @@ class PackedLinear(nn.Module):
         self.out_slices = list(base.out_slices)
         self.slice_offsets = base.slice_offsets
         self.out_features = self.slice_offsets[-1]
-        self.tp_size, self.row_parallel = tp_size, row_parallel
+        self.tp_size, self.tp_rank, self.row_parallel = tp_size, tp_rank, row_parallel
         self.in_total = base.in_features * tp_size if row_parallel else base.in_features  # before sharding
         self.bias = base.bias  # [out] in the model dtype, or None
         self.dtype = base.weight.dtype  # the activation (model) dtype

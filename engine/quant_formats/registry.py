@@ -5,6 +5,7 @@ QuantSpec.scheme. Anything else is refused at start, by name, with the list of w
 
 from engine.quant_formats.awq import AWQLinear
 from engine.quant_formats.compressed_tensors import NaiveQuantizedLinear, PackQuantizedLinear
+from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
 from engine.quant_formats.gptq import GPTQLinear
 from engine.quant_formats.packed_linear import PackedLinear
 from engine.quant_formats.spec import QuantSpec, read_quant_spec
@@ -14,6 +15,8 @@ FORMATS: dict[str, type[PackedLinear]] = {
     "awq": AWQLinear,
     "compressed-tensors:pack-quantized": PackQuantizedLinear,
     "compressed-tensors:naive-quantized": NaiveQuantizedLinear,
+    "compressed-tensors:float-quantized": CompressedFp8Linear,
+    "fp8": Fp8BlockLinear,
 }
 
 

@@ -55,8 +55,17 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
     packed_cls = format_for(quant_spec)
     stored, names = _stored_kinds(model, files)
     comm, packed, experts = model.comm, {}, {}
+    experts_cls = getattr(packed_cls, "experts_cls", None)  # a format's own stacked experts (fp8)
     for module_name, kinds in stored.items():
         if packed_cls.marker not in kinds:
+            if any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for dtype in kinds.values()):
+                raise ValueError(f"{quant_spec.describe()}: {module_name!r} has fp8 tensors without their "
+                                 f"{packed_cls.marker!r}: the checkpoint is missing its scales")
+            continue
+        if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
+            parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
+            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), name=module_name,
+                                                                   tp_rank=comm.rank, tp_size=comm.size))
             continue
         expert = _EXPERT.match(module_name)
         if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below
@@ -69,7 +78,7 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         if not isinstance(base, Linear) or module_name.rpartition(".")[2] not in PACKED_MODULES:
             raise ValueError(f"{quant_spec.describe()}: quantized tensors for {module_name!r}, which this engine "
                              f"serves only in full precision")
-        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size,
+        module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size, tp_rank=comm.rank,
                             row_parallel=module_name.rpartition(".")[2] in ROW_PARALLEL)
         parent, _, attr = module_name.rpartition(".")
         setattr(model.get_submodule(parent), attr, module)
@@ -84,7 +93,8 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         for projection in ("gate_up_proj", "down_proj"):  # each expert's tensors: read as its own projection's
             for e, expert in enumerate(getattr(module, projection)):
                 packed.update({name: expert for name in names.get(f"{experts_name}.{projection}.{e}", [])})
-    if not packed and not experts:
+    if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "loads_as_stored", False)
+                                              for m in model.modules()):
         raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "
                          f"{packed_cls.marker!r} tensors")
     return packed
@@ -94,7 +104,7 @@ def finish_packed(model: CausalLM) -> None:
     """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked."""
     modules = list(model.modules())
     for module in modules:
-        if isinstance(module, PackedLinear):
+        if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "loads_as_stored", False)):
             module.finish()
     for module in modules:
         if isinstance(module, PackedExperts):

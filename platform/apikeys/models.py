@@ -38,10 +38,20 @@ class ApiKey(AbstractAPIKey):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     replaced_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The key and its rotations: the first key's prefix, kept by every successor. Its monthly spend, budget and rate
+    # windows are the lineage's, so a rotation never resets what the key has spent.
+    lineage = models.CharField(max_length=16, blank=True, db_index=True)
 
     class Meta(AbstractAPIKey.Meta):
         abstract = False
         indexes = [models.Index(fields=["tenant", "-created"], name="apikey_tenant_created")]
+
+    def save(self, *args, **kwargs) -> None:
+        if not self.lineage:
+            self.lineage = self.prefix
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "lineage"}
+        super().save(*args, **kwargs)
 
     @property
     def is_usable(self) -> bool:

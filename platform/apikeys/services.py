@@ -94,7 +94,8 @@ def api_key_revoke(*, actor: Actor, key: ApiKey) -> ApiKey:
 
 
 def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiKey, str]:
-    """Issues a successor with the same settings; the old key keeps working until now + grace, then stops."""
+    """Issues a successor with the same settings and lineage (so the same month's spend against the same budget); the
+    old key keeps working until now + grace, then stops."""
     if grace < timedelta(0) or grace > MAX_ROTATION_GRACE:
         raise ValidationError(f"The grace period must be between 0 seconds and {MAX_ROTATION_GRACE.days} days.")
     with transaction.atomic():
@@ -109,6 +110,7 @@ def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiK
             tenant=old.tenant, name=old.name, scopes=old.scopes, allowed_models=old.allowed_models,
             expiry_date=old.expiry_date, created_by=actor.user, monthly_spend_limit=old.monthly_spend_limit,
             requests_per_minute=old.requests_per_minute, tokens_per_minute=old.tokens_per_minute,
+            lineage=old.lineage or old.prefix,  # the month's spend and the budget go on with the successor
         )  # fmt: skip
         deadline = timezone.now() + grace
         old.expiry_date = min(deadline, old.expiry_date) if old.expiry_date else deadline

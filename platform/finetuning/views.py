@@ -82,7 +82,7 @@ def _endpoint(**operations: Callable) -> Callable:
             decision = await admission_acquire(tenant_id=caller.tenant_id, request_id=request_id, tokens=0,
                                                spend_micros=0, limits=caller.limits)  # fmt: skip
             if not decision.admitted:
-                raise refusal(decision, ratelimit_headers(caller, decision), tokens=0)
+                raise refusal(decision, ratelimit_headers(caller, decision), tokens=0, limits=caller.limits)
             try:
                 return await run(operation, request, caller, kwargs)
             finally:

@@ -103,23 +103,6 @@ def _error_message(response_body: bytes) -> str:
     return str(error)
 
 
-async def tokenize(engine: EngineRef, *, prompt: str | None, messages: list[dict] | None) -> int:
-    payload = {"messages": messages} if messages is not None else {"prompt": prompt}
-    try:
-        response = await _client().request(
-            "POST", f"{engine.url}/v1/tokenize", headers=_post_headers(engine), body=json.dumps(payload).encode()
-        )
-        content = await response.aread()
-    except EngineHTTPError as error:
-        raise EngineUnavailable(f"{engine.name}: {error}") from error
-    if response.status >= 500:
-        raise EngineUnavailable(f"{engine.name}: tokenize answered {response.status}")
-    if response.status >= 400:
-        raise EngineRejected.of(response.status, content)
-    body = json.loads(content)
-    return int(body["count"] if "count" in body else len(body["token_ids"]))
-
-
 class GenerateStream:
     """An open generate stream. `open()` raises EngineUnavailable / EngineRejected before any event;
     iterating yields the engine's events and raises EngineBroke if the stream dies unfinished."""

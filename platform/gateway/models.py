@@ -121,8 +121,14 @@ class BudgetHold(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     tokens = models.BigIntegerField()
     spend_micros = models.BigIntegerField()
+    key_spend_picos = models.BigIntegerField(default=0, help_text="Its key's share, exact (1e-12 of the currency).")
     window_start = models.BigIntegerField()
     expires_at = models.FloatField()  # unix seconds
+    settled_at = models.FloatField(null=True, blank=True)  # unix seconds
+    usage = models.TextField(
+        null=True, blank=True,
+        help_text="Provisional: the usage event the gateway relayed (JSON), billed if the engine's never arrives.",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

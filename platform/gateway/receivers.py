@@ -34,5 +34,5 @@ def settle_recorded_usage(sender, *, usages, **kwargs) -> None:
     for usage in usages:
         hold_settle(
             tenant_id=usage.tenant_id, request_id=usage.request_id, tokens=usage.tokens, spend=usage.price,
-            key_prefix=usage.api_key_prefix,
+            key_prefix=usage.api_key_lineage or usage.api_key_prefix or "",
         )  # fmt: skip

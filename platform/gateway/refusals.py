@@ -3,31 +3,45 @@ the OpenAI-shaped refusal (429 with Retry-After) for each admission reason."""
 
 import math
 
-from gateway.admission import Decision, seconds_to_month_end
+from gateway.admission import UNLIMITED, Decision, Limits, seconds_to_month_end
 from gateway.caller import Caller
 from gateway.errors import ApiError
 
+KEY_WINDOW_REASONS = ("key_requests", "key_tokens")  # refusals whose window counts are the key's, not the tenant's
+
 
 def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
+    """The limits of the window that decided: the tenant's, or, when the API key's own per-minute limit refused the
+    call, the key's (a kind the key does not limit itself is left out: its counts are the tenant's, not known here)."""
     limits = caller.limits
     reset = f"{decision.reset_ms / 1000:.3f}s"
-    return {
-        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
-        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
-        "x-ratelimit-remaining-requests": str(max(0, limits.requests_per_minute - decision.window_requests)),
-        "x-ratelimit-remaining-tokens": str(max(0, limits.tokens_per_minute - decision.window_tokens)),
-        "x-ratelimit-reset-requests": reset,
-        "x-ratelimit-reset-tokens": reset,
-    }
+    requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+    if decision.reason in KEY_WINDOW_REASONS:
+        requests, tokens = limits.key_requests_per_minute, limits.key_tokens_per_minute
+    headers = {}
+    if requests != UNLIMITED:
+        headers["x-ratelimit-limit-requests"] = str(requests)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, requests - decision.window_requests))
+        headers["x-ratelimit-reset-requests"] = reset
+    if tokens != UNLIMITED:
+        headers["x-ratelimit-limit-tokens"] = str(tokens)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, tokens - decision.window_tokens))
+        headers["x-ratelimit-reset-tokens"] = reset
+    return headers
 
 
-def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiError:
+def refusal(decision: Decision, headers: dict[str, str], *, tokens: int, limits: Limits, prompt_tokens: int = 0) -> ApiError:
+    """`tokens`: what the request needs (its prompt's tokens, counted with the base model's tokenizer, plus each
+    choice's max_tokens)."""
     retry_after = 1
     if decision.reason == "requests":
         message, code = "Rate limit reached: too many requests per minute for your plan.", "rate_limit_exceeded"
         retry_after = math.ceil(decision.reset_ms / 1000)
     elif decision.reason == "tokens":
-        message, code = f"Rate limit reached: this request needs {tokens} tokens of your per-minute token limit.", "rate_limit_exceeded"
+        limit = limits.tokens_per_minute
+        message = (f"Rate limit reached: this request needs {tokens} tokens ({prompt_tokens} in the prompt) and your "
+                   f"plan has {max(0, limit - decision.window_tokens)} of its {limit} tokens per minute left.")
+        code = "rate_limit_exceeded"
         retry_after = math.ceil(decision.reset_ms / 1000)
     elif decision.reason == "concurrency":
         message, code = "Rate limit reached: too many concurrent requests for your plan.", "rate_limit_exceeded"
@@ -37,7 +51,10 @@ def refusal(decision: Decision, headers: dict[str, str], *, tokens: int) -> ApiE
         message, code = "Rate limit reached: too many requests per minute for this API key.", "rate_limit_exceeded"
         retry_after = math.ceil(decision.reset_ms / 1000)
     elif decision.reason == "key_tokens":
-        message, code = f"Rate limit reached: this request needs {tokens} tokens of this API key's per-minute token limit.", "rate_limit_exceeded"
+        limit = limits.key_tokens_per_minute
+        message = (f"Rate limit reached: this request needs {tokens} tokens ({prompt_tokens} in the prompt) and this "
+                   f"API key has {max(0, limit - decision.window_tokens)} of its {limit} tokens per minute left.")
+        code = "rate_limit_exceeded"
         retry_after = math.ceil(decision.reset_ms / 1000)
     elif decision.reason == "key_budget_held":
         message, code = "Requests in flight hold the rest of this API key's monthly budget; retry when they finish.", "rate_limit_exceeded"

@@ -10,6 +10,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -27,6 +28,7 @@ from gateway.admission import (
     admission_acquire,
     admission_settle,
     spend_to_micros,
+    spend_to_picos,
 )
 from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
@@ -53,10 +55,11 @@ from gateway.engine_events import Read, event_read
 from gateway.errors import ApiError, adapter_unavailable, invalid, no_engine
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import DONE, ResponseBuilder, Usage, error_event
+from gateway.prompt_tokens import base_tokenizer, prompt_tokens
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.routing import router
 from gateway.token_text import Vocabulary, vocabulary
-from gateway.usage_report import usage_event, usage_send
+from gateway.usage_report import served_usage_json, usage_event, usage_send
 from metering.services import request_body_store
 
 log = logging.getLogger(__name__)
@@ -120,11 +123,11 @@ class Exchange:
 
     def __init__(
         self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
-        hold_tokens: int, hold_spend_micros: int, received: float,
+        hold_tokens: int, hold_spend: Decimal, received: float,
     ):  # fmt: skip
         self.request_id = request_id
         self.hold_tokens = hold_tokens
-        self.hold_spend_micros = hold_spend_micros
+        self.hold_spend = hold_spend
         self.caller = caller
         self.target = target
         self.generation = generation
@@ -358,23 +361,42 @@ class Exchange:
             if self.broke and self.engine is not None:
                 await self._report_lost_usage(self.engine)
         final = False  # metering's settle, once it recorded the engine's usage event, is the final one
+        served = ""
         if self.usage_reported:  # the engine's counts
             tokens = usage.prompt_tokens + usage.completion_tokens
-            spend_micros = spend_to_micros(self.caller.spend(
+            spend = self.caller.spend(
                 base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
-            ))  # fmt: skip
+            )  # fmt: skip
+            served = self._served_event()
         elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
-            tokens, spend_micros = self.hold_tokens, self.hold_spend_micros
+            tokens, spend = self.hold_tokens, self.hold_spend
         else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
-            tokens, spend_micros, final = 0, 0, True
+            tokens, spend, final = 0, Decimal(0), True
         if self.caller.body_retention_days and self.stream is not None:
             await self._keep_bodies()
         self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
                       else "unserved" if final else "abandoned")  # fmt: skip
         await admission_settle(
-            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens, spend_micros=spend_micros,
-            final=final, key_prefix=self.caller.limits.key_prefix,
+            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens,
+            spend_micros=spend_to_micros(spend), key_spend_picos=spend_to_picos(spend), final=final,
+            key_prefix=self.caller.limits.key_prefix, usage=served,
+        )  # fmt: skip
+
+    def _served_event(self) -> str:
+        """The usage event of what the client was served, from the engine's final counts (JSON): kept with the
+        provisional settle until metering records the request, and billed by the worker if the engine's own event
+        never arrives (an engine killed, its spool lost with its pod)."""
+        usage = self.builder.usage
+        engine = self.engine
+        return served_usage_json(
+            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
+            digest=self.target.digest, base_model=self.target.base_model,
+            metadata=self.metadata(engine) if engine is not None else {}, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            finish_reason="length" if any(c.finish_reason == "length" for c in self.builder.choices) else "stop",
+            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+            ttft_ms=(self.first_token_at - self.started) * 1000.0 if self.first_token_at is not None else None,
         )  # fmt: skip
 
     async def _keep_bodies(self) -> None:
@@ -420,28 +442,24 @@ async def admit(
 ) -> tuple[Exchange, dict[str, str]]:
     context_check(generation, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
-    prompt_bytes = generation.prompt_bytes()
-    prompt_tokens = estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes)
-    one_text = generation.messages is not None or (len(generation.prompts) == 1 and prompt_bytes > 0)
-    if one_text and prompt_bytes > settings.QUILT_TOKENIZE_ABOVE_BYTES:
-        prompt_tokens = await _count_tokens(generation, target) or prompt_tokens
+    prompt_tokens = await count_prompt_tokens(generation, target)
     tokens = prompt_tokens + generation.num_choices * max_tokens
-    spend_micros = spend_to_micros(caller.spend(
+    spend = caller.spend(
         base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
         completion_tokens=generation.num_choices * max_tokens,
-    ))  # fmt: skip
+    )  # fmt: skip
     decision = await admission_acquire(
-        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
-        limits=caller.limits,
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        key_spend_picos=spend_to_picos(spend), limits=caller.limits,
     )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
         budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
         metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
-        raise refusal(decision, headers, tokens=tokens)
+        raise refusal(decision, headers, tokens=tokens, limits=caller.limits, prompt_tokens=prompt_tokens)
     exchange = Exchange(
         request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
-        hold_tokens=tokens, hold_spend_micros=spend_micros, received=received,
+        hold_tokens=tokens, hold_spend=spend, received=received,
     )  # fmt: skip
     return exchange, headers
 
@@ -463,18 +481,17 @@ _load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_
 _store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)
 
 
-async def _count_tokens(generation: GenerationRequest, target: Target) -> int | None:
-    await engines_refresh()
-    engine = router.choose(digest=target.digest)
-    if engine is not None:
-        try:
-            prompt = generation.prompts[0] if generation.prompts is not None else None
-            return await engine_client.tokenize(engine, prompt=prompt, messages=generation.messages)
-        except EngineUnavailable:
-            return None
-        except EngineRejected as rejected:
-            raise engine_refusal(rejected, generation) from None
-    return None
+async def count_prompt_tokens(generation: GenerationRequest, target: Target) -> int:
+    """The prompt's tokens with the base model's tokenizer (a long prompt on a worker thread, off the event loop);
+    the bytes' upper bound where the gateway has no tokenizer for it or its template can't render the messages."""
+    tokenizer = base_tokenizer(target.checkpoint_dir)
+    counted = None
+    if tokenizer is not None:
+        if generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+            counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
+        else:
+            counted = prompt_tokens(generation, tokenizer)
+    return estimate_prompt_tokens(generation) if counted is None else counted
 
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -176,4 +176,23 @@ def admission_reconcile_all() -> int:
                 "admission total of tenant %s reconciled: %s -> %s tokens, %s -> %s micros", tenant_id,
                 result.tokens_before, result.tokens_after, result.spend_micros_before, result.spend_micros_after,
             )  # fmt: skip
+    return changed + _key_totals_reconcile()
+
+
+def _key_totals_reconcile() -> int:
+    """The same for every key lineage with a monthly budget: its spend (picos) set to metering's record of the
+    lineage plus its provisional settles."""
+    from apikeys.models import ApiKey
+    from gateway.admission import key_reconcile
+
+    changed = 0
+    budgeted = ApiKey.objects.filter(monthly_spend_limit__isnull=False, revoked=False)
+    for tenant_id, lineage in budgeted.values_list("tenant_id", "lineage").distinct():
+        result = key_reconcile(tenant_id=tenant_id, key_prefix=lineage)
+        if result is None or not result.applied:
+            continue
+        if result.spend_micros_before != result.spend_micros_after:
+            changed += 1
+            log.warning("spend of key %s reconciled: %s -> %s picos", lineage, result.spend_micros_before,
+                        result.spend_micros_after)  # fmt: skip
     return changed

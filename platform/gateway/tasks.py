@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from gateway import services
+from gateway import services, unreported
 
 
 @shared_task(name="gateway.check_engines")
@@ -16,3 +16,8 @@ def prefetch_successor(old_digest: str | None, new_digest: str, new_path: str) -
 @shared_task(name="gateway.reconcile_admission")
 def reconcile_admission() -> int:
     return services.admission_reconcile_all()
+
+
+@shared_task(name="gateway.bill_unreported_usage")
+def bill_unreported_usage() -> int:
+    return unreported.unreported_usage_bill()

@@ -1,8 +1,14 @@
-"""The usage event the gateway sends itself when an engine died mid-request and so could not send its own:
-what the client was served, under the same request id (metering keeps the first event per id)."""
+"""The usage events the gateway makes itself, under the engine's request id (metering keeps the first event per id):
+the one it sends when an engine died mid-request and so could not send its own, and the one it keeps with every
+served request's provisional settle (`served_usage_json`), billed if the engine's own event never arrives."""
+
+import json
+import time
 
 from engine.contract import TASK_NAME, UsageEvent
 from engine.usage.event import now_utc
+
+REPORTED_BY_GATEWAY = "gateway"  # the event's `reported_by`: what the gateway relayed (no GPU or queue time)
 
 
 def usage_event(
@@ -23,3 +29,20 @@ def usage_send(event: dict) -> None:
     from quilt.celery import app
 
     app.send_task(TASK_NAME, args=[[event]])
+
+
+def served_usage_json(
+    *, request_id: str, tenant_id: int, api_key_id, digest: str | None, base_model: str, metadata: dict,
+    prompt_tokens: int, cached_tokens: int, completion_tokens: int, finish_reason: str, e2e_ms: float,
+    ttft_ms: float | None,
+) -> str:  # fmt: skip
+    """What the client was served, as the engine's final event counted it, in the usage event's fields that
+    metering reads (metering.events.usage_record_parse: `finished_at` in epoch seconds; no GPU or queue time, only
+    the engine knows them). Built as a plain dict: it is on every request's path, and billed on almost none."""
+    return json.dumps({
+        "request_id": request_id, "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest,
+        "base_model": base_model, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+        "completion_tokens": completion_tokens, "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "finish_reason": finish_reason,
+        "finished_at": time.time(), "metadata": metadata, "engine": metadata.get("engine"),
+        "reported_by": REPORTED_BY_GATEWAY,
+    }, separators=(",", ":"))  # fmt: skip

@@ -69,7 +69,7 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
 
 async def error_response(error: ApiError) -> HttpResponse:
     """A refusal's answer: with the caller's rate-limit headers once the caller is known."""
-    if error.caller is not None and "x-ratelimit-limit-requests" not in error.headers:
+    if error.caller is not None and not any(name.startswith("x-ratelimit-") for name in error.headers):
         window = await admission_peek(tenant_id=error.caller.tenant_id)
         error.headers |= ratelimit_headers(error.caller, window)
     return error.response()

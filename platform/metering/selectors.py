@@ -10,6 +10,7 @@ from django.db.models import Aggregate, Avg, Count, F, FloatField, Q, QuerySet, 
 from django.db.models.functions import TruncDate, TruncDay, TruncHour
 from django.utils import timezone
 
+from apikeys.models import ApiKey
 from metering.models import REFUSED, ModelPrice, UsageDaily, UsageEvent, UsageMonth
 from metering.rollups import day_bounds, rolled_up_before, usage_sums
 from tenancy.models import Tenant
@@ -118,25 +119,32 @@ def usage_month_recorded(*, tenant_id: int, month: date | None = None) -> tuple[
     prompt, completion, price = row
     return prompt + completion, price
 
-def key_spend_month_recorded(*, key_prefix: str, month: date | None = None) -> Decimal:
-    """What metering has recorded for one API key's requests in a month (this one by default): where admission's
-    count of the key's spend starts, and the keys table's "spend this month"."""
+def key_spend_month_recorded(*, key_lineage: str, month: date | None = None) -> Decimal:
+    """What metering has recorded for one API key lineage's requests (the key and its rotations: ApiKey.lineage) in a
+    month (this one by default): where admission's count of the key's spend starts and what it is reconciled with."""
     start = (month or timezone.now().astimezone(UTC).date()).replace(day=1)
     since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
-    return UsageEvent.objects.filter(api_key_prefix=key_prefix, finished_at__gte=since).aggregate(
-        spend=Sum("price", default=Decimal(0))
-    )["spend"]
+    prefixes = ApiKey.objects.filter(lineage=key_lineage).values("prefix")
+    return UsageEvent.objects.filter(
+        Q(api_key_prefix=key_lineage) | Q(api_key_prefix__in=prefixes), finished_at__gte=since
+    ).aggregate(spend=Sum("price", default=Decimal(0)))["spend"]
 
 
 def keys_spend_month(*, tenant: Tenant) -> dict[str, Decimal]:
-    """Key prefix -> what its requests cost this month (the keys table), one grouped query."""
+    """Key lineage -> what its requests cost this month (the keys table: a rotated key's spend goes on with its
+    successor), one grouped query."""
     start = timezone.now().astimezone(UTC).date().replace(day=1)
     since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    lineage = dict(ApiKey.objects.filter(tenant=tenant).values_list("prefix", "lineage"))
     rows = (
         UsageEvent.objects.filter(tenant=tenant, finished_at__gte=since).exclude(api_key_prefix="")
         .values("api_key_prefix").annotate(spend=Sum("price")).order_by()
     )  # fmt: skip
-    return {row["api_key_prefix"]: row["spend"] for row in rows}
+    spend: dict[str, Decimal] = {}
+    for row in rows:
+        key = lineage.get(row["api_key_prefix"]) or row["api_key_prefix"]
+        spend[key] = spend.get(key, Decimal(0)) + row["spend"]
+    return spend
 
 
 # --- Reads for the console's usage pages (filters, platform-wide sums, time series). ---------------------------

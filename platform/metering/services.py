@@ -210,6 +210,7 @@ def _announce(rows: list[UsageEvent], inserted: set[str]) -> None:
             month=month_of(row.finished_at.astimezone(UTC).date()), new=row.request_id in inserted,
             budgeted=row.tenant.plan.monthly_token_budget is not None or row.tenant.plan.monthly_spend_limit is not None,
             api_key_prefix=row.api_key_prefix,
+            api_key_lineage=(row.api_key.lineage or row.api_key.prefix) if row.api_key is not None else row.api_key_prefix,
         )
         for row in rows
     ]  # fmt: skip

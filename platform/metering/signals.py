@@ -18,6 +18,7 @@ class RecordedUsage:
     new: bool  # False: a redelivered event, recorded before
     budgeted: bool  # the tenant's plan has a token budget or a spend limit
     api_key_prefix: str | None = None  # the key that made the request
+    api_key_lineage: str | None = None  # and its lineage (ApiKey.lineage: whose budget the request counts against)
 
 
 # kwargs: usages (list[RecordedUsage]). Sent for every valid event of a batch, replays included, after commit.

@@ -189,3 +189,29 @@ def test_bodies_are_kept_only_where_the_tenant_opted_in_and_purged_after_retenti
     assert purge_request_bodies() == 0
     RequestBody.objects.update(expires_at=timezone.now())
     assert purge_request_bodies() == 1 and not RequestBody.objects.exists()
+
+
+def test_a_refusal_is_a_row_of_the_log_and_the_charts_but_never_usage(tenant, member_of, logged):
+    from metering.gateway_reports import gateway_reports_record
+    from metering.models import UsageEvent
+    from metering.selectors import usage_buckets
+
+    refusal = {"kind": "refused", "request_id": "refused-1", "tenant_id": tenant.pk, "api_key_id": logged.pk,
+               "key_prefix": logged.prefix, "model": "support-bot", "base_model": "", "adapter_version_id": None,
+               "status_code": 429, "error_code": "rate_limit_exceeded", "error": "Rate limit reached for requests.",
+               "finished_at": (START + timedelta(minutes=45)).isoformat()}  # fmt: skip
+    assert gateway_reports_record(reports=[refusal, refusal]).refusals == 2  # one row: the second is left as it is
+    client, _ = member_of(tenant, "viewer")
+    rows = client.get(_url(tenant, status="refused")).context["page"].rows
+    assert [(row.request_id, row.status, row.status_code, row.api_key_prefix) for row in rows] == [
+        ("refused-1", "refused", 429, logged.prefix)]
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": "refused-1"}))
+    assert "HTTP 429" in detail.content.decode() and "rate_limit_exceeded" in detail.content.decode()
+    buckets = usage_buckets(tenant=tenant, since=START, until=START + timedelta(hours=1), bucket="hour")
+    assert (buckets[0].requests, buckets[0].errors, buckets[0].refused) == (31, 2, 1)  # error #7 and the refusal
+    assert not UsageEvent.objects.filter(request_id="refused-1").exists()  # what usage and billing count
+    assert UsageEvent.answered.filter(request_id="refused-1").count() == 1
+
+    timing = {"kind": "answered", "request_id": "console-req-missing", "status_code": 200, "ttft_ms": 5.0,
+              "e2e_ms": 9.0}  # fmt: skip
+    assert gateway_reports_record(reports=[timing]).unmatched == [timing]  # its engine's event is not here yet

@@ -198,7 +198,7 @@ def test_a_step_of_fused_name_adapters_shrinks_once_per_fused_projection(base, p
     import dataclasses
 
     from engine.adapter_plan import AdapterPlan
-    from engine.lora_batch import LoRABatch
+    from engine.lora_batch import AdapterTables, LoRABatch
     from engine.lora_modules import per_slice, row_widths
 
     config = json.loads((base / "config.json").read_text())
@@ -208,10 +208,11 @@ def test_a_step_of_fused_name_adapters_shrinks_once_per_fused_projection(base, p
     shared, separate = (AdapterPlan.build(a, num_layers=shapes.num_layers, widths=row_widths(shapes), chunk=256)
                         for a in (adapter, copied))
 
-    def step(*plans):
-        fields = ("local", "ranks", "scaling", "a_source", "expert_local")
-        tables = (torch.stack([getattr(p, f) for p in plans]) for f in fields)
-        return LoRABatch.build(torch.tensor([0, -1, 1], dtype=torch.int32), tuple(tables))
+    def step(*plans):  # on the reference path (CPU): the tables are cut for the step
+        tables = [AdapterTables(key=key, offsets=p.local, expert_offsets=p.expert_local, ranks=p.ranks,
+                                scaling=p.scaling, host_ranks=p.ranks, a_source=p.a_source)
+                  for key, p in enumerate(plans)]
+        return LoRABatch(num_layers=shapes.num_layers, device=torch.device("cpu"), zero_row=0).fill([0, -1, 1], tables)
 
     fused, mixed = step(shared, shared), step(shared, separate)
     for layer in range(shapes.num_layers):

@@ -83,6 +83,9 @@ def test_engine_matches_peft_on_the_dequantized_checkpoint(quantized, llama_adap
     assert type(qkv).__name__ == FORMATS[read_quant_spec(json.loads((model_dir / "config.json").read_text())).scheme
                                          ].__name__
     assert qkv.qweight.dtype == torch.int32  # served packed: nothing dequantized at load
+    # act order: channels sorted by group at load, so every format takes the kernel's in-order path
+    assert qkv.group_size == (64 if CASES[case]["group_size"] == -1 else 32)
+    assert (qkv.perm is not None) == CASES[case].get("act_order", False)
     memory = llm.engine.state()["memory"]  # /v1/state's
     assert memory["quantization"].startswith(case.split("-")[0].replace("ct", "compressed-tensors"))
     # the weights the page budget is left after: packed (fp32 embeddings and lm_head are most of what remains)
@@ -260,3 +263,15 @@ def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
         module.finish()
         x = torch.randn(3, 64, generator=gen)
         torch.testing.assert_close(module(x), x @ qz.dequantized().t(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gptq-v2-w4-g32-asym-act-order", "awq-w4-g32"])
+def test_static_decode_makes_no_host_sync_on_the_triton_launchers(tmp_path, triton_launchers, case):
+    """What a CUDA graph captures (engine/cuda_graph.py): the decode forward through the static buffers, with the
+    packed projections on their Triton launchers, reads nothing back. (MoE models decode eagerly: graph_unsupported;
+    the grouped GEMM reads nothing back either, kernels.grouped_matmul's row blocks.)"""
+    from tests.engine.test_cuda_graph import check_no_host_sync, make_llm
+
+    base = build_checkpoint(tmp_path / "llama", "llama", seed=6, num_layers=1)
+    model_dir, _ = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
+    check_no_host_sync(make_llm({case: model_dir}, {}, static=True, arch=case, max_num_seqs=4), [None, None, None])

@@ -30,6 +30,10 @@ BUDGET_TOKENS = 20 * BUDGET_HOLD
 KEY_BUDGET = Decimal("0.02")  # the keyed tenant's capped key: about ten short requests at its plan's prices
 PRICED_LIMIT = Decimal("0.01")  # gw-priced's monthly spend limit
 HANGUP_BUDGET = 1000  # gw-hangup's monthly token budget: holds of 104 tokens, at most 9 at once
+ROTATING_BUDGET = Decimal("0.005")  # keyed-rotating's budget: two short requests at the keyed plan's prices
+EXACT_KEY_BUDGET = Decimal("0.01")  # gw-exact's key, of which this month's record already holds EXACT_KEY_SPENT
+EXACT_KEY_SPENT = Decimal("0.00996")  # 2,400 prompt and 16,000 completion tokens: 19 requests of 2.1 micro-dollars left
+KEY_TPM = 120  # keyed-tpm's own tokens per minute
 
 
 def free_port() -> int:
@@ -201,8 +205,15 @@ def _seed(stack: Stack) -> None:
         price_output_per_mtok=Decimal("400"),
     )  # fmt: skip
     keyed = TenantFactory(slug="gw-keyed", plan=keyed_plan)
+    # Prices that make each request's price a fraction of a micro-dollar off a whole one (2 prompt tokens and 3
+    # completion tokens: 2.1 micro-dollars).
+    exact = TenantFactory(slug="gw-exact", plan=Plan.objects.create(
+        slug="gw-exact", name="Exact", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1000, price_input_per_mtok=Decimal("0.15"), price_cached_input_per_mtok=Decimal("0.05"),
+        price_output_per_mtok=Decimal("0.6"),
+    ))  # fmt: skip
     for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
-                         ("hangup", hangup), ("keyed", keyed)):  # fmt: skip
+                         ("hangup", hangup), ("keyed", keyed), ("exact", exact)):  # fmt: skip
         stack.ids[name] = tenant.pk
     for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
                                   (rival, "fragile", "c")):  # fmt: skip
@@ -220,9 +231,22 @@ def _seed(stack: Stack) -> None:
         ("hangup", hangup, [Scope.INFERENCE], {}),
         ("keyed-capped", keyed, [Scope.INFERENCE], {"monthly_spend_limit": KEY_BUDGET}),
         ("keyed-sibling", keyed, [Scope.INFERENCE], {}),
+        ("keyed-admin", keyed, [Scope.ADMIN], {}),
+        ("keyed-rotating", keyed, [Scope.INFERENCE], {"monthly_spend_limit": ROTATING_BUDGET}),
+        ("keyed-rpm", keyed, [Scope.INFERENCE], {"requests_per_minute": 2}),
+        ("keyed-tpm", keyed, [Scope.INFERENCE], {"tokens_per_minute": KEY_TPM}),
+        ("exact", exact, [Scope.INFERENCE], {"monthly_spend_limit": EXACT_KEY_BUDGET}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix
+        if name == "exact":  # what the key spent earlier this month, as metering recorded it
+            from datetime import UTC, datetime
+
+            from metering.services import usage_ingest
+            from tests.metering.usage import usage_event
+
+            usage_ingest(events=[usage_event(exact, api_key_id=key.pk, finished_at=datetime.now(UTC), prompt_tokens=2400,
+                                             cached_tokens=0, completion_tokens=16000)])  # fmt: skip
 
 
 def register_engine(name: str, url: str) -> None:
@@ -271,7 +295,8 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
         with django_db_blocker.unblock():
             _seed(stack)
         worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
-                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
+                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN,
+                                         "QUILT_UNREPORTED_USAGE_GRACE_SECONDS": "2"})  # fmt: skip
         drain(worker, media / "worker.log")
         wait_for_engine(engine)
         for name in ("gateway-1", "gateway-2"):

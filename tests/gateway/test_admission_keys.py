@@ -2,6 +2,7 @@
 backends: a key over its budget is refused while its sibling keys still work, holds count against the key's
 budget so concurrent requests can't overspend it, and settling or expiring a hold releases the key's share."""
 
+import json
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -20,9 +21,19 @@ from tests.platform.factories import make_key
 pytestmark = pytest.mark.django_db
 
 
+MICRO = 10**6  # picos: a key's spend is counted exactly, in the invoice's 1e-12 units
+
+
 def keyed(prefix: str, *, rpm=-1, tpm=-1, budget=-1):
+    """`budget` in micros (as the acquires below spend)."""
     return replace(ROOMY, key_prefix=prefix, key_requests_per_minute=rpm, key_tokens_per_minute=tpm,
-                   key_budget_spend_micros=budget)  # fmt: skip
+                   key_budget_spend_picos=budget * MICRO if budget >= 0 else -1)  # fmt: skip
+
+
+def held_and_spent(tenant, prefix: str) -> tuple[int, int]:
+    """The key's live holds and settled spend, in micros."""
+    held, spent = key_spend_held(tenant_id=tenant.pk, key_prefix=prefix)
+    return held / MICRO, spent / MICRO
 
 
 def acquire(tenant, limits, *, tokens=10, spend_micros=0):
@@ -62,9 +73,9 @@ def test_a_keys_budget_counts_holds_then_usage_and_its_sibling_still_works(backe
     assert admitted.admitted
     held, _ = acquire(tenant, capped, spend_micros=600)
     assert not held.admitted and held.reason == "key_budget_held"  # the first request's hold is in the way
-    assert key_spend_held(tenant_id=tenant.pk, key_prefix="budget00") == (600, 0)
+    assert held_and_spent(tenant, "budget00") == (600, 0)
     settle(tenant, first, tokens=10, spend_micros=900, key_prefix="budget00")
-    assert key_spend_held(tenant_id=tenant.pk, key_prefix="budget00") == (0, 900)
+    assert held_and_spent(tenant, "budget00") == (0, 900)
     over, _ = acquire(tenant, capped, spend_micros=200)
     assert not over.admitted and over.reason == "key_budget_spend"
     assert acquire(tenant, capped, spend_micros=100)[0].admitted  # exactly up to the budget
@@ -84,7 +95,7 @@ def test_an_orphaned_hold_releases_the_keys_share(backend, tenant):
     with override_settings(QUILT_HOLD_TTL_SECONDS=0):
         assert acquire(tenant, capped, spend_micros=900)[0].admitted  # nobody settles it; already expired
     assert acquire(tenant, capped, spend_micros=900)[0].admitted
-    assert key_spend_held(tenant_id=tenant.pk, key_prefix="orphan00") == (900, 0)
+    assert held_and_spent(tenant, "orphan00") == (900, 0)
 
 
 def test_a_keys_month_starts_from_what_metering_recorded_and_metering_settles_it(backend):
@@ -98,7 +109,7 @@ def test_a_keys_month_starts_from_what_metering_recorded_and_metering_settles_it
     assert decision.admitted
     assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=5, spend=Decimal("0.00005"),
                        key_prefix=key.prefix)  # fmt: skip
-    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 925)
+    assert held_and_spent(tenant, key.prefix) == (0, 925)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -131,4 +142,46 @@ def test_concurrent_requests_never_hold_past_a_keys_budget(backend):
     admitted = [decision for decision in decisions if decision.admitted]
     assert len(decisions) == 40 and len(admitted) == 10
     assert {d.reason for d in decisions if not d.admitted} == {"key_budget_held"}
-    assert key_spend_held(tenant_id=tenant.pk, key_prefix="racing00") == (3_000, 0)
+    assert held_and_spent(tenant, "racing00") == (3_000, 0)
+
+
+def test_a_keys_spend_is_exact_and_reconciled_with_what_metering_recorded(backend):
+    """A key's spend adds each request's price exactly (no rounding up to a micro-dollar), and reconciling sets it
+    back to metering's record of the key's lineage when a settle counted usage metering never recorded."""
+    from gateway.admission import key_reconcile
+
+    tenant = priced_tenant("exact")
+    key, _ = make_key(tenant)
+    capped = keyed(key.prefix, budget=1_000)
+    for _ in range(3):  # 0.4 micro-dollars each: counted whole, 3 of them would be 3 micro-dollars
+        decision, request_id = acquire(tenant, capped, spend_micros=1)
+        assert decision.admitted
+        assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=5, spend=Decimal("0.0000004"),
+                           key_prefix=key.prefix)  # fmt: skip
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 1_200_000)  # 1.2 micro-dollars, in picos
+    usage_ingest(events=[usage_event(tenant, api_key_id=key.pk, finished_at=datetime.now(UTC))])  # 875 micro-dollars
+    reconciled = key_reconcile(tenant_id=tenant.pk, key_prefix=key.prefix)
+    assert reconciled.applied and reconciled.spend_micros_after == 875 * MICRO  # the 3 unrecorded settles are gone
+    assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 875 * MICRO)
+
+
+def test_a_served_requests_usage_is_kept_until_metering_records_it(backend, tenant):
+    """The gateway's provisional settle keeps the usage it relayed; it is listed as unreported once older than the
+    grace period, and the final settle (metering recorded the request) lets go of it."""
+    from gateway.admission import unreported_usage
+
+    decision, request_id = acquire(tenant, keyed("served00"))
+    assert decision.admitted
+    settle(tenant, request_id, tokens=7, spend_micros=3, key_prefix="served00", final=False)
+    async_to_sync(admission_settle)(tenant_id=tenant.pk, request_id="other", tokens=1, spend_micros=1, final=False,
+                                    usage='{"request_id": "other"}')  # fmt: skip
+    decision, served = acquire(tenant, keyed("served00"))
+    served_usage = json.dumps({"request_id": served})
+    async_to_sync(admission_settle)(tenant_id=tenant.pk, request_id=served, tokens=7, spend_micros=3, final=False,
+                                    key_prefix="served00", usage=served_usage)  # fmt: skip
+    assert unreported_usage(tenant_id=tenant.pk, older_than_seconds=60) == []  # within the grace period
+    assert sorted(unreported_usage(tenant_id=tenant.pk, older_than_seconds=-1)) == sorted(
+        ['{"request_id": "other"}', served_usage]
+    )
+    hold_settle(tenant_id=tenant.pk, request_id=served, tokens=7, spend=Decimal("0.000003"), key_prefix="served00")
+    assert unreported_usage(tenant_id=tenant.pk, older_than_seconds=-1) == ['{"request_id": "other"}']

@@ -122,6 +122,11 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         meta = LoRAMeta.build(slots, 4)
         return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, pages, b_rows, slots, ranks,
                                   torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
+    if case == "lora_delta":  # one launch for q/k/v, A and B read through views of one static table
+        x, pages, rows, slots, ranks = _lora_inputs(64, dtype)
+        table = torch.stack([rows, rows], dim=1)  # [S, 2, U, R]
+        return _recorded_launches("lora_delta", torch.randn(64, 6144).to(dtype), x, pages, table[:, 0], table[:, 1],
+                                  slots, ranks, torch.ones(3, 4), (0, 4096, 5120, 6144), meta=LoRAMeta.build(slots, 4))
     cache, tables, lens = _paged(dtype)
     extra = _WINDOW_SOFTCAP if case.endswith("-window-softcap") else {}
     case = case.removesuffix("-window-softcap")
@@ -152,6 +157,15 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         return _recorded_launches("rotary_embedding", torch.arange(3), qkv[:, :24], qkv[:, 24:32], torch.randn(64, 96))
     if case == "silu_and_mul":
         return _recorded_launches("silu_and_mul", torch.randn(3, 2 * 14336).to(dtype))
+    if case == "fp8_block_linear":  # an fp8 checkpoint's gate_up at Llama-3-8B's shape, a decode batch of 64
+        weight = torch.randn(2 * 14336, 4096).to(torch.float8_e4m3fn)
+        return _recorded_launches("fp8_block_linear", torch.randn(64, 4096).to(dtype), weight,
+                                  torch.rand(2 * 14336, 32), 128)
+    if case == "grouped_matmul-fp8":  # fp8 experts (Qwen3-30B-A3B-FP8's shape) with their block scales
+        weight = torch.randn(8, 1536, 2048).to(torch.float8_e4m3fn)
+        offsets = torch.tensor([0, 3, 3, 10, 12, 20, 20, 25, 32], dtype=torch.int32)
+        return _recorded_launches("grouped_matmul", torch.randn(32, 2048).to(dtype), weight, offsets,
+                                  torch.rand(8, 1536, 16), 128)
     if case == "gelu_tanh_and_mul":
         return _recorded_launches("gelu_tanh_and_mul", torch.randn(3, 2 * 9216).to(dtype))
     if case.startswith("wna16"):
@@ -161,7 +175,7 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
 
 def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
     """Pre-quantized checkpoints' GEMMs (docs/quantization.md): 4- or 8-bit weights of Llama-3-8B's gate/up."""
-    bits = 8 if case.endswith("-w8") else 4
+    bits = 8 if "-w8" in case else 4
     per, k, n, groups = 32 // bits, 4096, 1024, 32
     weights = (torch.zeros(k // per, n, dtype=torch.int32), torch.rand(groups, n).half(),
                torch.zeros(groups, n // per, dtype=torch.int32), (torch.arange(k) // 128).int())
@@ -169,21 +183,29 @@ def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
         experts = 4
         stacked = [torch.stack([w] * experts) for w in weights]
         offsets = torch.tensor([0, 3, 3, 9, 12], dtype=torch.int32)
-        return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits)
-    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits)
+        perm = torch.stack([torch.randperm(k).int()] * experts) if case.endswith("-perm") else None
+        return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits,
+                                  group_size=128 if "-in-order" in case else 0, perm=perm)
+    group_size = 128 if "-in-order" in case else 0
+    perm = torch.randperm(k).int() if case.endswith("-perm") else None  # act order, sorted at load
+    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits, group_size=group_size,
+                              perm=perm)
 
 
 CASES = [
-    "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode", "paged_attention_decode-split-kv",
+    "lora_delta", "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode",
+    "paged_attention_decode-split-kv",
     "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
     "store_kv-fp8kv", "paged_attention_decode-fp8kv", "paged_attention_decode-split-kv-fp8kv",
     "paged_attention_prefill-fp8kv", "gelu_tanh_and_mul", "rotary_embedding-partial",
     "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
     "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
     "paged_attention_prefill-fp8kv-window-softcap", "wna16_linear", "wna16_linear-w8", "wna16_grouped_matmul",
+    "wna16_linear-in-order", "wna16_grouped_matmul-in-order", "wna16_linear-in-order-perm",
+    "wna16_grouped_matmul-in-order-perm", "fp8_block_linear", "grouped_matmul-fp8",
 ]  # fmt: skip
-DOT_CASES = ["lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
-             "paged_attention_prefill-window-softcap", "wna16_linear"]
+DOT_CASES = ["lora_delta", "lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
+             "paged_attention_prefill-window-softcap", "wna16_linear", "fp8_block_linear"]
 
 
 

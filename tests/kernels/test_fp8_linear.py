@@ -49,3 +49,25 @@ def test_fp8_linear_refuses_features_not_multiple_of_16():
     x, weight, scale = _case(3, 40, 48, "cpu")
     with pytest.raises(ValueError, match="multiples of 16"):
         importlib.import_module("kernels.fp8_linear").fp8_linear(x, weight, scale)
+
+
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_static_input_scale_quantizes_every_token_with_it(tokens, device):
+    """compressed-tensors' static activation scales: x / input_scale clamped to the fp8 range, one scale for
+    every token; the _scaled_mm path and the reference agree."""
+    x, weight, scale = _case(tokens, 256, 96, device)
+    input_scale = torch.tensor([0.004])  # small: the tokens of the widest range clamp at 448
+    xq = (x / input_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    expected = (xq.float() * input_scale) @ (weight.float() * scale[:, None]).t()
+    got = reference.fp8_linear(x, weight, scale, input_scale)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    fp8_linear = importlib.import_module("kernels.fp8_linear").fp8_linear
+    try:
+        on_device = fp8_linear(x.bfloat16().to(device), weight.to(device), scale.to(device), input_scale.to(device))
+    except (RuntimeError, NotImplementedError) as exc:
+        if device == "cpu":
+            pytest.skip(f"torch._scaled_mm does not run on this CPU build: {exc}")
+        raise
+    bf16_expected = reference.fp8_linear(x.bfloat16(), weight, scale, input_scale).float()
+    scale_of_rows = bf16_expected.abs().amax(1, keepdim=True)
+    assert ((on_device.float().cpu() - bf16_expected).abs() <= 1e-2 * scale_of_rows).all()

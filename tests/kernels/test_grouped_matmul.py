@@ -66,3 +66,31 @@ def test_grouped_rows_gives_the_same_rows_without_torchs_grouped_mm(monkeypatch)
     monkeypatch.setattr(module, "_GROUPED_MM_WORKS", {})
     monkeypatch.delattr(torch, "_grouped_mm")  # as on a torch without the private op at all
     assert_close(module.grouped_rows(x, weight_t, bounds), dense)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("counts,out_dim,in_dim,group_k", [
+    ([1], 200, 300, 128),  # a single token; neither dim a multiple of 128: partial blocks
+    ([0, 3, 0, 17, 1], 96, 256, 128),  # experts with no rows, whole column blocks
+    ([5, 0, 2], 40, 70, 70),  # per-channel: one group over every column
+], ids=["1-token-odd", "empty-experts", "per-channel"])
+def test_grouped_matmul_of_fp8_experts_matches_reference(counts, out_dim, in_dim, group_k, dtype, device):
+    """An fp8 checkpoint's experts: fp8 weights, a float32 scale per row and group of columns."""
+    gen = torch.Generator().manual_seed(out_dim + in_dim)
+    experts, groups = len(counts), -(-in_dim // group_k)
+    x = torch.randn(sum(counts), in_dim, generator=gen).to(device=device, dtype=dtype)
+    weight = (torch.randn(experts, out_dim, in_dim, generator=gen) * 100).clamp(-448, 448).to(reference.FP8)
+    scale = torch.logspace(-4, -2, experts * out_dim * groups)[torch.randperm(experts * out_dim * groups,
+                                                                              generator=gen)]
+    scale = scale.view(experts, out_dim, groups)
+    offsets = _offsets(counts, device)
+    got = load_triton_op("grouped_matmul")(x, weight.to(device), offsets, scale.to(device), group_k)
+    expected = reference.grouped_matmul(x.cpu(), weight, offsets.cpu(), scale, group_k)
+    assert got.shape == (sum(counts), out_dim) and got.dtype == dtype
+    assert_close(got.cpu(), expected)
+    dense = weight.float() * scale.repeat_interleave(group_k, dim=2)[:, :, :in_dim]  # [E, out, in]
+    rows = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts))
+    torch.testing.assert_close(expected.float(), torch.einsum("ni,noi->no", x.cpu().float(), dense[rows]).to(dtype)
+                               .float(), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="weight_scale"):
+        load_triton_op("grouped_matmul")(x, weight.to(device), offsets, None, group_k)

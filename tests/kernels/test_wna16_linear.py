@@ -48,19 +48,23 @@ def test_reference_is_the_product_with_the_dequantized_weight(tokens, in_dim, ou
 
 @pytest.mark.parametrize(("tokens", "in_dim", "out_dim", "bits", "group", "shuffled", "sym"), CASES)
 def test_triton_launcher_matches_the_reference(tokens, in_dim, out_dim, bits, group, shuffled, sym, device):
+    """Both paths of the kernel: g_idx read per channel (group_size=0), and groups in order (one row of scales
+    and zeros per tile) where the case's g_idx is in order."""
     (x, *weights), _ = _case(tokens, in_dim, out_dim, bits=bits, group=group, shuffled=shuffled, sym=sym,
                              device=device)
-    got = load_triton_op("wna16_linear")(x, *weights, bits)
     expected = reference.wna16_linear(x.cpu(), *[w.cpu() for w in weights], bits)
-    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    for group_size in [0] if shuffled else [0, in_dim if group == -1 else group]:
+        got = load_triton_op("wna16_linear")(x, *weights, bits, group_size=group_size)
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ordered", [False, True], ids=["act-order", "in-order"])
 @pytest.mark.parametrize("tokens", [1, 16, 64, 300])
-def test_triton_launcher_in_bfloat16(tokens, device):
-    (x, *weights), _ = _case(tokens, 512, 384, bits=4, group=128, shuffled=True, sym=False, device=device,
+def test_triton_launcher_in_bfloat16(tokens, ordered, device):
+    (x, *weights), _ = _case(tokens, 512, 384, bits=4, group=128, shuffled=not ordered, sym=False, device=device,
                              dtype=torch.bfloat16)
-    got = load_triton_op("wna16_linear")(x, *weights, 4).float()
+    got = load_triton_op("wna16_linear")(x, *weights, 4, group_size=128 if ordered else 0).float()
     expected = reference.wna16_linear(x.float(), *weights, 4)
     assert ((got - expected).abs() <= 2e-2 * expected.abs().amax(1, keepdim=True)).all()
 
@@ -121,6 +125,29 @@ def test_grouped_launcher_matches_the_reference(counts, bits, group, shuffled, d
     for e, case in enumerate(experts):  # the reference is each expert's own product
         rows = slice(int(offsets[e]), int(offsets[e + 1]))
         torch.testing.assert_close(expected[rows], reference.wna16_linear(x[rows], *case[0][1:], bits))
-    got = load_triton_op("wna16_grouped_matmul")(x.to(device), *[t.to(device) for t in stacked], offsets.to(device),
-                                                 bits)
+    for group_size in [0] if shuffled else [0, in_dim if group == -1 else group]:
+        got = load_triton_op("wna16_grouped_matmul")(x.to(device), *[t.to(device) for t in stacked],
+                                                     offsets.to(device), bits, group_size=group_size)
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 64)])
+def test_act_order_sorted_at_load_takes_the_in_order_path(bits, group, device):
+    """An act-order weight with its input channels sorted by group (as IntLinear does at load) and x's columns
+    read through perm gives the product of the original."""
+    (x, qweight, scales, zeros, g_idx), _ = _case(7, 192, 40, bits=bits, group=group, shuffled=True, sym=False,
+                                                  device="cpu")
+    expected = reference.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
+    perm = torch.argsort(g_idx, stable=True).to(torch.int32)
+    sorted_q = pack_rows(unpack_rows(qweight, bits)[perm.long()], bits)
+    in_order = (torch.arange(192) // group).to(torch.int32)
+    args = (sorted_q, scales, zeros, in_order, bits)
+    torch.testing.assert_close(reference.wna16_linear(x, *args, group_size=group, perm=perm), expected)
+    got = load_triton_op("wna16_linear")(x.to(device), *[a.to(device) if torch.is_tensor(a) else a for a in args],
+                                         group_size=group, perm=perm.to(device))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    stacked = [torch.stack([t, t]).to(device) for t in (sorted_q, scales, zeros, in_order)]
+    offsets = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
+    got = load_triton_op("wna16_grouped_matmul")(x.to(device), *stacked, offsets, bits, group_size=group,
+                                                 perm=torch.stack([perm, perm]).to(device))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)

@@ -78,7 +78,7 @@ def _page(request, *, form=None, created=None, status=200):
     for key in keys.rows:
         key.state = key_state(key, now)
         key.manageable = seat.can_write_keys and set(key.scopes) <= seat.key_scopes
-        key.spend_this_month = spend.get(key.prefix, Decimal(0))
+        key.spend_this_month = spend.get(key.lineage or key.prefix, Decimal(0))  # the lineage's: rotation keeps it
         key.budget_used = (
             min(100, int(key.spend_this_month * 100 / key.monthly_spend_limit)) if key.monthly_spend_limit else None
         )

@@ -5,7 +5,9 @@ Layers, each importing only those below it: `limits` (types) <- `backend` (the i
 `redis_backend` | `db_backend` <- this module, which picks the backend once (Redis when REDIS_URL is set, else
 the database) and is all the rest of the platform calls.
 
-Spend is counted in micro-units of the currency (integers), rounded up.
+A tenant's spend is counted in micro-units of the currency (integers), rounded up per request and reconciled with
+metering's record; an API key's in picos (1e-12: the unit metering's prices are exact to), so it never drifts from
+what its requests are billed. Both come from one Decimal price (metering.pricing.request_price).
 """
 
 import threading
@@ -21,14 +23,16 @@ from gateway.admission.limits import (
     Limits,
     Reconciled,
     current_month,
+    picos_to_spend,
     seconds_to_month_end,
     spend_to_micros,
+    spend_to_picos,
 )
 
 __all__ = [
     "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_peek",
-    "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_spend_held",
-    "seconds_to_month_end", "spend_to_micros",
+    "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_reconcile",
+    "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
 ]  # fmt: skip
 
 _chosen: dict[tuple[str, str], AdmissionBackend] = {}
@@ -55,10 +59,18 @@ def backend() -> AdmissionBackend:
     return chosen
 
 
-async def admission_acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
+def _picos(spend_micros: int, key_spend_picos: int | None) -> int:
+    return spend_micros * 1_000_000 if key_spend_picos is None else key_spend_picos
+
+
+async def admission_acquire(
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits, key_spend_picos: int | None = None
+) -> Decision:
+    """`key_spend_picos`: the same estimate exact, for the key's budget (None: `spend_micros` in picos)."""
     return await backend().acquire(
-        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, limits=limits
-    )
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+        key_spend_picos=_picos(spend_micros, key_spend_picos), limits=limits,
+    )  # fmt: skip
 
 
 async def admission_peek(*, tenant_id: int) -> Decision:
@@ -67,11 +79,14 @@ async def admission_peek(*, tenant_id: int) -> Decision:
 
 
 async def admission_settle(
-    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True, key_prefix: str = ""
-) -> bool:
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True, key_prefix: str = "",
+    key_spend_picos: int | None = None, usage: str = "",
+) -> bool:  # fmt: skip
+    """`usage`: with a provisional settle, the usage event the client was served (JSON), kept until metering
+    records the request, so that `unreported_usage` bills it if the engine's own event never comes."""
     return await backend().settle(
-        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
-        key_prefix=key_prefix,
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+        key_spend_picos=_picos(spend_micros, key_spend_picos), final=final, key_prefix=key_prefix, usage=usage,
     )  # fmt: skip
 
 
@@ -81,13 +96,13 @@ def hold_settle(
     """Blocking settle (metering's worker): records `tokens` and `spend` against the tenant's month (and its key's)
     once per request id, replacing a provisional settle, and releases its hold. True if this released a live hold."""
     return backend().settle_sync(
-        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend), final=final,
-        key_prefix=key_prefix,
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        key_spend_picos=spend_to_picos(spend), final=final, key_prefix=key_prefix,
     )  # fmt: skip
 
 
 def key_spend_held(*, tenant_id: int, key_prefix: str) -> tuple[int, int]:
-    """A key's live holds and settled spend this month in micro-units, as admission sees them (tests, console)."""
+    """A key lineage's live holds and settled spend this month in picos, as admission sees them (tests, console)."""
     return backend().key_totals(tenant_id=tenant_id, key_prefix=key_prefix)
 
 
@@ -100,3 +115,14 @@ def admission_reconcile(*, tenant_id: int) -> Reconciled | None:
     """Sets the tenant's month total to metering's record plus provisional settles; None if admission has no
     total for this month yet (the next admission starts it from the record)."""
     return backend().reconcile(tenant_id=tenant_id)
+
+
+def key_reconcile(*, tenant_id: int, key_prefix: str) -> Reconciled | None:
+    """The same for one key lineage's month spend (picos; the token fields are 0)."""
+    return backend().key_reconcile(tenant_id=tenant_id, key_prefix=key_prefix)
+
+
+def unreported_usage(*, tenant_id: int, older_than_seconds: float, limit: int = 500) -> list[str]:
+    """Usage events (JSON) the gateway settled provisionally over `older_than_seconds` ago and metering has not
+    recorded since: the requests whose engine never sent its own event."""
+    return backend().unreported(tenant_id=tenant_id, older_than_seconds=older_than_seconds, limit=limit)

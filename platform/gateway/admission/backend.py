@@ -11,8 +11,12 @@ The rules, the same in both:
   counted until the final one replaces it. A second provisional settle, or any settle after the final, is a no-op.
 - a key with its own limits is checked in the same step: its window (RPM/TPM) and its month's spend + its live
   holds + this estimate against its budget; its holds are released and its month added to with the tenant's;
+- a key's spend is counted exactly (picos) and belongs to its lineage (rotations keep it); `key_reconcile` sets it
+  to metering's record of the lineage plus its provisional settles, as `reconcile` does for the tenant;
 - a month total that is missing starts from metering's record; `reconcile` sets it to that record plus what is
-  settled provisionally, unless settles landed meanwhile.
+  settled provisionally, unless settles landed meanwhile;
+- a provisional settle may carry the usage event the client was served; it is kept until the final settle, and
+  `unreported` lists those older than a grace period (their engine's event never came: the worker bills them).
 """
 
 from typing import Protocol
@@ -21,20 +25,28 @@ from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled
 
 
 class AdmissionBackend(Protocol):
-    async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision: ...
+    async def acquire(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> Decision: ...
 
     async def peek(self, *, tenant_id: int) -> Decision: ...
 
     async def settle(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool: ...
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool: ...  # fmt: skip
 
     def settle_sync(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool: ...
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool: ...  # fmt: skip
 
     def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]: ...
 
     def totals(self, *, tenant_id: int) -> HeldTotals: ...
 
     def reconcile(self, *, tenant_id: int) -> Reconciled | None: ...
+
+    def key_reconcile(self, *, tenant_id: int, key_prefix: str) -> Reconciled | None: ...
+
+    def unreported(self, *, tenant_id: int, older_than_seconds: float, limit: int) -> list[str]: ...

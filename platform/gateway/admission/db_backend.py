@@ -10,7 +10,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 
-from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
+from gateway.admission.limits import (
+    Decision,
+    HeldTotals,
+    Limits,
+    Reconciled,
+    current_month,
+    spend_to_micros,
+    spend_to_picos,
+)
 from gateway.connections import checked_connection
 from gateway.models import AdmissionState, BudgetHold
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
@@ -22,16 +30,22 @@ def _recorded(tenant_id: int) -> tuple[int, int]:
 
 
 def _key_state(state: AdmissionState, key_prefix: str, *, start_month: bool) -> dict:
-    """The key's counters on the (locked) tenant row; its month's spend started from metering's record."""
+    """The key lineage's counters on the (locked) tenant row; its month's spend ("picos": exact, 1e-12) started
+    from metering's record."""
     entry = state.keys.setdefault(key_prefix, {})
-    if entry.get("month") != current_month() and start_month:
-        entry.update(month=current_month(), spend=spend_to_micros(key_spend_month_recorded(key_prefix=key_prefix)))
+    if (entry.get("month") != current_month() or "picos" not in entry) and start_month:
+        entry.update(month=current_month(), picos=spend_to_picos(key_spend_month_recorded(key_lineage=key_prefix)))
     return entry
 
 
-def _key_held_spend(tenant_id: int, key_prefix: str) -> int:
-    return BudgetHold.objects.filter(tenant_id=tenant_id, api_key_prefix=key_prefix, status=BudgetHold.Status.HELD).aggregate(
-        spend=Sum("spend_micros", default=0)
+def _key_counted(state: AdmissionState, key_prefix: str) -> dict | None:
+    entry = state.keys.get(key_prefix) if key_prefix else None
+    return entry if entry is not None and entry.get("month") == state.month and "picos" in entry else None
+
+
+def _key_spend_of(tenant_id: int, key_prefix: str, status: str) -> int:
+    return BudgetHold.objects.filter(tenant_id=tenant_id, api_key_prefix=key_prefix, status=status).aggregate(
+        spend=Sum("key_spend_picos", default=0)
     )["spend"]
 
 
@@ -61,7 +75,10 @@ def _hold_sums(tenant_id: int) -> dict:
     )  # fmt: skip
 
 
-def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits, now: float, ttl: int) -> Decision:
+def acquire(
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits, now: float,
+    ttl: int,
+) -> Decision:  # fmt: skip
     window = math.floor(now / 60) * 60
     reset_ms = math.ceil((window + 60 - now) * 1000)
     with transaction.atomic():
@@ -85,21 +102,22 @@ def acquire(*, tenant_id: int, request_id: str, tokens: int, spend_micros: int, 
             return refuse("budget_spend" if over else "budget_held")
         key_prefix = limits.key_prefix
         if key_prefix:
-            entry = _key_state(state, key_prefix, start_month=limits.key_budget_spend_micros >= 0)
+            entry = _key_state(state, key_prefix, start_month=limits.key_budget_spend_picos >= 0)
             key_requests, key_tokens = (entry["requests"], entry["tokens"]) if entry.get("start") == window else (0, 0)
             if 0 <= limits.key_requests_per_minute < key_requests + 1:
                 return Decision(False, "key_requests", key_requests, key_tokens, reset_ms)
             if 0 <= limits.key_tokens_per_minute < key_tokens + tokens:
                 return Decision(False, "key_tokens", key_requests, key_tokens, reset_ms)
-            budget = limits.key_budget_spend_micros
-            if budget >= 0 and entry["spend"] + _key_held_spend(tenant_id, key_prefix) + spend_micros > budget:
-                return refuse("key_budget_spend" if entry["spend"] + spend_micros > budget else "key_budget_held")
+            budget = limits.key_budget_spend_picos
+            held = _key_spend_of(tenant_id, key_prefix, BudgetHold.Status.HELD) if budget >= 0 else 0
+            if budget >= 0 and entry["picos"] + held + key_spend_picos > budget:
+                return refuse("key_budget_spend" if entry["picos"] + key_spend_picos > budget else "key_budget_held")
             entry.update(start=window, requests=key_requests + 1, tokens=key_tokens + tokens)
         state.window_start, state.window_requests, state.window_tokens = window, requests + 1, window_tokens + tokens
         state.save()
         BudgetHold.objects.create(
             request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, tokens=tokens, spend_micros=spend_micros,
-            window_start=window, expires_at=now + ttl,
+            key_spend_picos=key_spend_picos if key_prefix else 0, window_start=window, expires_at=now + ttl,
         )  # fmt: skip
     return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms)
 
@@ -112,8 +130,9 @@ def peek(*, tenant_id: int, now: float) -> Decision:
 
 
 def settle(
-    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, now: float, key_prefix: str = ""
-) -> bool:
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool, now: float,
+    key_prefix: str = "", usage: str = "",
+) -> bool:  # fmt: skip
     Status = BudgetHold.Status
     with transaction.atomic():
         state, current = _locked_state(tenant_id, now, start_month=False)
@@ -122,7 +141,7 @@ def settle(
         if prior == Status.SETTLED or (prior == Status.PROVISIONAL and not final):
             return False
         live = prior == Status.HELD
-        add_tokens, add_spend = tokens, spend_micros
+        add_tokens, add_spend, add_key = tokens, spend_micros, key_spend_picos
         if hold is None:
             hold = BudgetHold(
                 request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, window_start=0, expires_at=now
@@ -131,6 +150,7 @@ def settle(
             state.window_tokens += tokens - hold.tokens
         elif prior == Status.PROVISIONAL:  # the final settle replaces what the provisional one counted
             add_tokens, add_spend = tokens - hold.tokens, spend_micros - hold.spend_micros
+            add_key = key_spend_picos - hold.key_spend_picos
         key = state.keys.get(hold.api_key_prefix) if hold.api_key_prefix else None
         if key is not None and live and key.get("start") == hold.window_start:
             key["tokens"] += tokens - hold.tokens
@@ -140,9 +160,15 @@ def settle(
             hold.tokens, hold.spend_micros = tokens, spend_micros
             state.month_tokens += add_tokens
             state.month_spend_micros += add_spend
-            if key is not None and key.get("month") == state.month:  # the same rule for the key's month
-                key["spend"] += add_spend
+        counted_key = _key_counted(state, hold.api_key_prefix)
+        if counted_key is not None:  # the same rule for the key's month
+            counted_key["picos"] += add_key
+            hold.key_spend_picos = key_spend_picos
+        else:
+            hold.key_spend_picos = 0
         hold.status = Status.SETTLED if final else Status.PROVISIONAL
+        hold.usage = usage or None if not final else None
+        hold.settled_at = now
         hold.save()
         state.save()
     return live
@@ -173,37 +199,69 @@ def reconcile(*, tenant_id: int, now: float) -> Reconciled | None:
     return Reconciled(True, *before, state.month_tokens, state.month_spend_micros)
 
 
+def key_reconcile(*, tenant_id: int, key_prefix: str, now: float) -> Reconciled | None:
+    with transaction.atomic():
+        state = AdmissionState.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        entry = _key_counted(state, key_prefix) if state is not None and state.month == current_month() else None
+        if entry is None:
+            return None
+        before = entry["picos"]
+        entry["picos"] = spend_to_picos(key_spend_month_recorded(key_lineage=key_prefix)) + _key_spend_of(
+            tenant_id, key_prefix, BudgetHold.Status.PROVISIONAL
+        )
+        state.save(update_fields=["keys"])
+    return Reconciled(True, 0, before, 0, entry["picos"])
+
+
+def unreported(*, tenant_id: int, older_than_seconds: float, limit: int, now: float) -> list[str]:
+    held = BudgetHold.objects.filter(
+        tenant_id=tenant_id, status=BudgetHold.Status.PROVISIONAL, usage__isnull=False,
+        settled_at__lte=now - older_than_seconds,
+    )  # fmt: skip
+    return list(held.order_by("settled_at").values_list("usage", flat=True)[:limit])
+
+
 class DatabaseAdmission:
-    async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
+    async def acquire(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> Decision:
         return await _blocking(acquire)(
-            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, limits=limits,
-            now=time.time(), ttl=settings.QUILT_HOLD_TTL_SECONDS,
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+            key_spend_picos=key_spend_picos, limits=limits, now=time.time(), ttl=settings.QUILT_HOLD_TTL_SECONDS,
         )  # fmt: skip
 
     async def peek(self, *, tenant_id: int) -> Decision:
         return await _blocking(peek)(tenant_id=tenant_id, now=time.time())
 
     async def settle(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool:
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool:  # fmt: skip
         return await _blocking(settle)(
-            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
-            now=time.time(), key_prefix=key_prefix,
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+            key_spend_picos=key_spend_picos, final=final, now=time.time(), key_prefix=key_prefix, usage=usage,
         )  # fmt: skip
 
     def settle_sync(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool:
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool:  # fmt: skip
         return settle(
-            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
-            now=time.time(), key_prefix=key_prefix,
+            tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+            key_spend_picos=key_spend_picos, final=final, now=time.time(), key_prefix=key_prefix, usage=usage,
         )  # fmt: skip
 
     def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]:
         state = AdmissionState.objects.filter(tenant_id=tenant_id).first()
         entry = (state.keys if state is not None else {}).get(key_prefix, {})
-        used = entry.get("spend", 0) if entry.get("month") == current_month() else 0
-        return _key_held_spend(tenant_id, key_prefix), used
+        used = entry.get("picos", 0) if entry.get("month") == current_month() else 0
+        return _key_spend_of(tenant_id, key_prefix, BudgetHold.Status.HELD), used
+
+    def key_reconcile(self, *, tenant_id: int, key_prefix: str) -> Reconciled | None:
+        return key_reconcile(tenant_id=tenant_id, key_prefix=key_prefix, now=time.time())
+
+    def unreported(self, *, tenant_id: int, older_than_seconds: float, limit: int) -> list[str]:
+        return unreported(tenant_id=tenant_id, older_than_seconds=older_than_seconds, limit=limit, now=time.time())
 
     def totals(self, *, tenant_id: int) -> HeldTotals:
         return totals(tenant_id=tenant_id, now=time.time())

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 UNLIMITED = -1
 MICROS = Decimal(1_000_000)
+PICOS = Decimal(10) ** 12  # the price function's own quantum (metering.pricing.MONEY_PLACES): exact, never rounded
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,12 @@ class Limits:
     max_concurrent: int
     budget_tokens: int  # UNLIMITED or a count
     budget_spend_micros: int  # UNLIMITED or micro-units
-    # The calling API key's own limits, checked in the same atomic step as the tenant's (0: no key).
+    # The calling API key's own limits, checked in the same atomic step as the tenant's ("": no key). They belong
+    # to the key's lineage (`ApiKey.lineage`: the first key's prefix, kept by every rotation), not to one secret.
     key_prefix: str = ""
     key_requests_per_minute: int = UNLIMITED
     key_tokens_per_minute: int = UNLIMITED
-    key_budget_spend_micros: int = UNLIMITED
+    key_budget_spend_picos: int = UNLIMITED  # counted exactly, in the invoice's own units (1e-12)
 
     @classmethod
     def of_plan(cls, plan, key=None) -> "Limits":
@@ -32,11 +34,11 @@ class Limits:
         key_fields = {}
         if key is not None:
             key_fields = {
-                "key_prefix": key.prefix,
+                "key_prefix": key.lineage or key.prefix,
                 "key_requests_per_minute": _or_unlimited(key.requests_per_minute),
                 "key_tokens_per_minute": _or_unlimited(key.tokens_per_minute),
-                "key_budget_spend_micros": UNLIMITED if key.monthly_spend_limit is None
-                else spend_to_micros(key.monthly_spend_limit),
+                "key_budget_spend_picos": UNLIMITED if key.monthly_spend_limit is None
+                else spend_to_picos(key.monthly_spend_limit),
             }  # fmt: skip
         return cls(
             requests_per_minute=plan.requests_per_minute,
@@ -72,7 +74,8 @@ class HeldTotals:
 @dataclass(frozen=True)
 class Reconciled:
     """A month total set from metering's record (+ provisional settles): what it was and what it became.
-    `applied` is False when settles kept landing while the record was read (the next run tries again)."""
+    `applied` is False when settles kept landing while the record was read (the next run tries again). For a key
+    lineage (`key_reconcile`) the spend fields are picos and the token fields 0."""
 
     applied: bool
     tokens_before: int
@@ -87,6 +90,15 @@ def _or_unlimited(value: int | None) -> int:
 
 def spend_to_micros(spend: Decimal) -> int:
     return math.ceil(spend * MICROS)
+
+
+def spend_to_picos(spend: Decimal) -> int:
+    """Exact: metering's prices are quantized to 1e-12, so a sum of them in picos never drifts from the invoice."""
+    return math.ceil(spend * PICOS)
+
+
+def picos_to_spend(picos: int) -> Decimal:
+    return Decimal(picos) / PICOS
 
 
 _month_cache: tuple[float, str] = (0.0, "")

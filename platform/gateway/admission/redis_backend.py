@@ -3,17 +3,24 @@
 Keys per tenant share a hash tag, so a tenant's state lives on one shard:
   win       hash  start, requests, tokens of the current one-minute window
   holds     zset  request id -> expiry (unix seconds); its size is the concurrent requests
-  holdinfo  hash  request id -> "tokens:spend_micros:window_start"
+  holdinfo  hash  request id -> "tokens:spend_micros:window_start:key:key_spend_picos"
   held      hash  tokens, spend: the sum over live holds
   month:M   hash  tokens, spend: settled usage of month M (final + provisional); seq: final settles so far
-  prov:M    hash  request id -> "tokens:spend_micros" settled provisionally in month M, awaiting the final settle
-  settled:R       "f" once request R is settled finally, "p:tokens:spend" while provisionally (idempotency)
-Per API key, in three hashes of the tenant (so an orphan of any key is released by the tenant's own scripts),
-fields prefixed by the key's id K:
+  prov:M    hash  request id -> "tokens:spend_micros:key:key_spend_picos" settled provisionally in month M, awaiting the final settle
+  settled:R       "f" once request R is settled finally, "p:tokens:spend:key_spend" while provisionally (idempotency)
+  unreported      hash  request id -> the usage event the gateway relayed (JSON), from its provisional settle until
+                        metering's final one: what `unreported_usage` bills if the engine's own event never comes
+  unreported_at   zset  request id -> when the gateway settled it (unix seconds)
+Per API key lineage (a key and its rotations: `ApiKey.lineage`), in three hashes of the tenant (so an orphan of any
+key is released by the tenant's own scripts), fields prefixed by the lineage's id K:
   keywin     K:start, K:requests, K:tokens of the key's current one-minute window
-  keyheld    K:tokens, K:spend: the sum over the key's live holds
-  keymonth:M K:tokens, K:spend: the key's settled usage of month M (K:spend missing: not started yet)
-A hold's holdinfo carries its key, so settling or expiring it releases the key's share too.
+  keyheld    K:tokens, K:picos: the sum over the key's live holds
+  keymonth:M K:tokens, K:picos: the key's settled usage of month M (K:picos missing: not started yet); K:seq: its
+             final settles so far (reconcile's guard)
+A key's spend is counted in picos (1e-12, the unit metering's prices are exact to: never rounded, so it equals the
+sum of its requests' billed prices); the tenant's in micros, rounded up per request and reconciled. A pico amount is
+handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
+A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
 """
 
 import asyncio
@@ -24,7 +31,15 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from gateway.admission.limits import Decision, HeldTotals, Limits, Reconciled, current_month, spend_to_micros
+from gateway.admission.limits import (
+    Decision,
+    HeldTotals,
+    Limits,
+    Reconciled,
+    current_month,
+    spend_to_micros,
+    spend_to_picos,
+)
 from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
 from gateway.connections import checked_connection
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
@@ -36,12 +51,12 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 for _, id in ipairs(ids) do
   local info = redis.call('HGET', KEYS[3], id)
   if info then
-    local t, s, _, k = string.match(info, '^(%d+):(%d+):(%d+):?(%w*)$')
+    local t, s, _, k, kp = string.match(info, '^(%d+):(%d+):(%d+):?(%w*):?(%d*)$')
     redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
     redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
     if k ~= '' then
       redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
-      redis.call('HINCRBY', KEYS[9], k .. ':spend', 0 - tonumber(s))
+      if kp ~= '' and kp ~= '0' then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
     end
     redis.call('HDEL', KEYS[3], id)
   end
@@ -86,7 +101,8 @@ if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
   if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms} end
   return {0, 'budget_held', reqs, toks, reset_ms}
 end
-local key, key_rpm, key_tpm, key_spend = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local key, key_rpm, key_tpm, key_budget = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local key_spend = ARGV[14]  -- picos, as digits
 local key_reqs, key_toks = 0, 0
 if key ~= '' then
   if tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == window then
@@ -95,25 +111,25 @@ if key ~= '' then
   end
   if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms} end
   if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms} end
-  if key_spend >= 0 then
-    local key_used = redis.call('HGET', KEYS[10], key .. ':spend')
+  if key_budget >= 0 then
+    local key_used = redis.call('HGET', KEYS[10], key .. ':picos')
     if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms} end
-    local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':spend') or 0)
-    if tonumber(key_used) + key_held + spend > key_spend then
-      if tonumber(key_used) + spend > key_spend then return {0, 'key_budget_spend', reqs, toks, reset_ms} end
+    local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':picos') or 0)
+    if tonumber(key_used) + key_held + tonumber(key_spend) > key_budget then
+      if tonumber(key_used) + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms} end
       return {0, 'key_budget_held', reqs, toks, reset_ms}
     end
   end
   redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + 1, key .. ':tokens', key_toks + tokens)
   redis.call('EXPIRE', KEYS[8], 120)
   redis.call('HINCRBY', KEYS[9], key .. ':tokens', tokens)
-  redis.call('HINCRBY', KEYS[9], key .. ':spend', spend)
+  redis.call('HINCRBY', KEYS[9], key .. ':picos', key_spend)
   redis.call('EXPIRE', KEYS[9], ttl + 60)
 end
 redis.call('HSET', KEYS[1], 'start', window, 'requests', reqs + 1, 'tokens', toks + tokens)
 redis.call('EXPIRE', KEYS[1], 120)
 redis.call('ZADD', KEYS[2], now + ttl, rid)
-redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s', tokens, spend, window, key))
+redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s:', tokens, spend, window, key) .. (key ~= '' and key_spend or '0'))
 redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
 redis.call('HINCRBY', KEYS[4], 'spend', spend)
 for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
@@ -125,13 +141,17 @@ SETTLE = (
     _CLOCK
     + """
 local rid, tokens, spend, final = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local key, key_spend, usage = ARGV[5] or '', ARGV[6] or '0', ARGV[7] or ''
 local prior = redis.call('GET', KEYS[6])
+if final then  -- metering recorded the request: nothing left for unreported_usage to bill
+  redis.call('HDEL', KEYS[11], rid)
+  redis.call('ZREM', KEYS[12], rid)
+end
 if prior == 'f' or (prior and not final) then return 0 end
 local live = 0
-local key = ARGV[5] or ''
 local info = redis.call('HGET', KEYS[3], rid)
 if info then
-  local t, s, w, k = string.match(info, '^(%d+):(%d+):(%d+):?(%w*)$')
+  local t, s, w, k, kp = string.match(info, '^(%d+):(%d+):(%d+):?(%w*):?(%d*)$')
   redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
   redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
   redis.call('HDEL', KEYS[3], rid)
@@ -143,38 +163,51 @@ if info then
   if k ~= '' then
     key = k
     redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
-    redis.call('HINCRBY', KEYS[9], k .. ':spend', 0 - tonumber(s))
+    if kp ~= '' and kp ~= '0' then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
     if tonumber(redis.call('HGET', KEYS[8], k .. ':start') or -1) == tonumber(w) then
       redis.call('HINCRBY', KEYS[8], k .. ':tokens', tokens - tonumber(t))
     end
   end
 end
-local add_t, add_s = tokens, spend
+local pt, ps, pkp = '0', '0', '0'
 if prior then  -- the final settle replaces what the provisional one counted
-  local pt, ps = string.match(prior, '^p:(%d+):(%d+)$')
-  add_t, add_s = tokens - tonumber(pt), spend - tonumber(ps)
+  pt, ps, pkp = string.match(prior, '^p:(%d+):(%d+):?(%d*)$')
+  if pkp == '' then pkp = '0' end
   redis.call('HDEL', KEYS[7], rid)
 end
 -- A month total that is missing starts, at the next admission, from metering's record, which holds this usage
 -- once ingested: creating it here would start it from this request alone and forget the month before.
 local counted = redis.call('EXISTS', KEYS[5]) == 1
 if counted then
-  redis.call('HINCRBY', KEYS[5], 'tokens', add_t)
-  redis.call('HINCRBY', KEYS[5], 'spend', add_s)
+  redis.call('HINCRBY', KEYS[5], 'tokens', tokens - tonumber(pt))
+  redis.call('HINCRBY', KEYS[5], 'spend', spend - tonumber(ps))
   if final then redis.call('HINCRBY', KEYS[5], 'seq', 1) end
 end
-if key ~= '' and redis.call('HEXISTS', KEYS[10], key .. ':spend') == 1 then  -- same rule for the key's month
-  redis.call('HINCRBY', KEYS[10], key .. ':tokens', add_t)
-  redis.call('HINCRBY', KEYS[10], key .. ':spend', add_s)
+local key_counted = key ~= '' and redis.call('HEXISTS', KEYS[10], key .. ':picos') == 1  -- the same rule
+if key_counted then
+  redis.call('HINCRBY', KEYS[10], key .. ':tokens', tokens - tonumber(pt))
+  redis.call('HINCRBY', KEYS[10], key .. ':picos', key_spend)
+  if pkp ~= '0' then redis.call('HINCRBY', KEYS[10], key .. ':picos', '-' .. pkp) end
+  if final then redis.call('HINCRBY', KEYS[10], key .. ':seq', 1) end
 end
 if final then
   redis.call('SET', KEYS[6], 'f', 'EX', 5356800)
-elseif counted then
-  redis.call('SET', KEYS[6], string.format('p:%d:%d', tokens, spend), 'EX', 5356800)
-  redis.call('HSET', KEYS[7], rid, string.format('%d:%d', tokens, spend))
+  return live
+end
+local kp = '0'
+if key_counted then kp = key_spend end
+local counted_t, counted_s = 0, 0
+if counted then counted_t, counted_s = tokens, spend end
+redis.call('SET', KEYS[6], string.format('p:%d:%d:', counted_t, counted_s) .. kp, 'EX', 5356800)
+if counted or kp ~= '0' then
+  redis.call('HSET', KEYS[7], rid, string.format('%d:%d:%s:', counted_t, counted_s, key) .. kp)
   redis.call('EXPIRE', KEYS[7], 5356800)
-else
-  redis.call('SET', KEYS[6], 'p:0:0', 'EX', 5356800)
+end
+if usage ~= '' then
+  redis.call('HSET', KEYS[11], rid, usage)
+  redis.call('ZADD', KEYS[12], now, rid)
+  redis.call('EXPIRE', KEYS[11], 5356800)
+  redis.call('EXPIRE', KEYS[12], 5356800)
 end
 return live
 """
@@ -195,7 +228,7 @@ return {1, 'ok', reqs, toks, math.ceil((window + 60 - now) * 1000)}
 _PROVISIONAL_SUMS = """
 local pt, ps = 0, 0
 for _, v in ipairs(redis.call('HVALS', KEYS[7])) do
-  local t, s = string.match(v, '^(%d+):(%d+)$')
+  local t, s = string.match(v, '^(%d+):(%d+)')
   pt, ps = pt + tonumber(t), ps + tonumber(s)
 end
 """
@@ -224,6 +257,29 @@ return {1, before_t, before_s}
 )
 
 
+KEY_RECONCILE = """
+local key = ARGV[1]
+if redis.call('HEXISTS', KEYS[10], key .. ':picos') == 0 then return {-1, '0'} end
+if tonumber(redis.call('HGET', KEYS[10], key .. ':seq') or 0) ~= tonumber(ARGV[3]) then return {0, '0'} end
+local before = redis.call('HGET', KEYS[10], key .. ':picos')
+local provisional = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[7])) do
+  local k, kp = string.match(v, '^%d+:%d+:(%w*):(%d+)$')
+  if k == key then provisional = provisional + tonumber(kp) end
+end
+redis.call('HSET', KEYS[10], key .. ':picos', ARGV[2])
+if provisional > 0 then redis.call('HINCRBY', KEYS[10], key .. ':picos', provisional) end
+return {1, before}
+"""
+
+UNREPORTED = """
+local clock = redis.call('TIME')
+local ids = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', tonumber(clock[1]) - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids == 0 then return {} end
+return redis.call('HMGET', KEYS[11], unpack(ids))
+"""
+
+
 class _Scripts:
     """A client and the scripts registered on it (run by SHA, loaded on first use)."""
 
@@ -234,6 +290,8 @@ class _Scripts:
         self.totals = client.register_script(TOTALS)
         self.peek = client.register_script(PEEK)
         self.reconcile = client.register_script(RECONCILE)
+        self.key_reconcile = client.register_script(KEY_RECONCILE)
+        self.unreported = client.register_script(UNREPORTED)
 
 
 _WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
@@ -254,7 +312,7 @@ def _recorded(tenant_id: int) -> tuple[int, int]:
 
 
 def _key_recorded(key_prefix: str) -> int:
-    return spend_to_micros(key_spend_month_recorded(key_prefix=key_prefix))
+    return spend_to_picos(key_spend_month_recorded(key_lineage=key_prefix))
 
 
 class RedisAdmission:
@@ -272,7 +330,7 @@ class RedisAdmission:
         return [
             f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}",
             f"{base}:settled:{request_id}", f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld",
-            f"{base}:keymonth:{month}",
+            f"{base}:keymonth:{month}", f"{base}:unreported", f"{base}:unreported_at",
         ]  # fmt: skip
 
     def _on_loop(self) -> _Scripts:
@@ -302,11 +360,13 @@ class RedisAdmission:
     def _ttl(self) -> int:
         return self._hold_ttl if self._hold_ttl is not None else settings.QUILT_HOLD_TTL_SECONDS
 
-    async def acquire(self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits) -> Decision:
+    async def acquire(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> Decision:
         args = [
             request_id, tokens, spend_micros, limits.requests_per_minute, limits.tokens_per_minute,
             limits.max_concurrent, limits.budget_tokens, limits.budget_spend_micros, self._ttl(), limits.key_prefix,
-            limits.key_requests_per_minute, limits.key_tokens_per_minute, limits.key_budget_spend_micros,
+            limits.key_requests_per_minute, limits.key_tokens_per_minute, limits.key_budget_spend_picos, key_spend_picos,
         ]  # fmt: skip
         keys = self.keys(tenant_id)
         decision = _decision(await self._run("acquire", keys, args))
@@ -318,7 +378,7 @@ class RedisAdmission:
             spend = await sync_to_async(checked_connection(_key_recorded))(limits.key_prefix)
             client = self._on_loop().client
             async with client.pipeline(transaction=True) as pipe:
-                pipe.hsetnx(keys[9], f"{limits.key_prefix}:spend", spend).expire(keys[9], MONTH_SECONDS)
+                pipe.hsetnx(keys[9], f"{limits.key_prefix}:picos", spend).expire(keys[9], MONTH_SECONDS)
                 await pipe.execute()
             decision = _decision(await self._run("acquire", keys, args))
         return decision
@@ -334,22 +394,47 @@ class RedisAdmission:
         return _decision(await self._run("peek", self.keys(tenant_id), []))
 
     async def settle(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool:
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool:  # fmt: skip
         keys = self.keys(tenant_id, request_id=request_id)
-        return bool(await self._run("settle", keys, [request_id, tokens, spend_micros, int(final), key_prefix]))
+        args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
+        return bool(await self._run("settle", keys, args))
 
     def settle_sync(
-        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool, key_prefix: str = ""
-    ) -> bool:
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
+        key_prefix: str = "", usage: str = "",
+    ) -> bool:  # fmt: skip
         keys = self.keys(tenant_id, request_id=request_id)
-        return bool(self._blocking().settle(keys=keys, args=[request_id, tokens, spend_micros, int(final), key_prefix]))
+        args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
+        return bool(self._blocking().settle(keys=keys, args=args))
 
     def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]:
-        """The key's held and settled spend this month (micro-units), as admission sees them."""
+        """The key lineage's held and settled spend this month (picos), as admission sees them."""
         keys, client = self.keys(tenant_id), self._blocking().client
-        held, used = client.hget(keys[8], f"{key_prefix}:spend"), client.hget(keys[9], f"{key_prefix}:spend")
+        held, used = client.hget(keys[8], f"{key_prefix}:picos"), client.hget(keys[9], f"{key_prefix}:picos")
         return int(held or 0), int(used or 0)
+
+    def key_reconcile(self, *, tenant_id: int, key_prefix: str, attempts: int = 3) -> Reconciled | None:
+        """The key lineage's month spend set to metering's record (+ its provisional settles), as `reconcile` does
+        for the tenant: only if no final settle of the key landed while the record was read."""
+        keys, client = self.keys(tenant_id), self._blocking().client
+        for _ in range(attempts):
+            seq = int(client.hget(keys[9], f"{key_prefix}:seq") or 0)
+            recorded = _key_recorded(key_prefix)
+            applied, before = self._blocking().key_reconcile(keys=keys, args=[key_prefix, recorded, seq])
+            if applied == -1:
+                return None
+            if applied == 1:
+                return Reconciled(True, 0, int(before), 0, self.key_totals(tenant_id=tenant_id, key_prefix=key_prefix)[1])
+        now = self.key_totals(tenant_id=tenant_id, key_prefix=key_prefix)[1]
+        return Reconciled(False, 0, now, 0, now)
+
+    def unreported(self, *, tenant_id: int, older_than_seconds: float, limit: int) -> list[str]:
+        """Usage events the gateway relayed and settled provisionally over `older_than_seconds` ago that metering has
+        not recorded since (JSON)."""
+        replies = self._blocking().unreported(keys=self.keys(tenant_id), args=[older_than_seconds, limit])
+        return [reply.decode() for reply in replies if reply is not None]
 
     def _totals(self, tenant_id: int) -> list[int]:
         return [int(value) for value in self._blocking().totals(keys=self.keys(tenant_id))]

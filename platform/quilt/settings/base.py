@@ -255,7 +255,8 @@ QUILT_LIVE_RELAY_URL = env("QUILT_LIVE_RELAY_URL", default="")
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires
-QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=4096)  # shorter prompts: estimated
+# Admission counts prompt tokens with the base model's tokenizer; prompts past this size on a worker thread.
+QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=16384)
 QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS", default=2.0)
 QUILT_ENGINE_READ_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_READ_TIMEOUT_SECONDS", default=300.0)
 QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SECONDS", default=5)
@@ -280,6 +281,10 @@ CELERY_BEAT_SCHEDULE["gateway-check-engines"] = {
     "task": "gateway.check_engines", "schedule": float(QUILT_ENGINE_HEALTH_INTERVAL_SECONDS)
 }
 CELERY_BEAT_SCHEDULE["gateway-reconcile-admission"] = {"task": "gateway.reconcile_admission", "schedule": 300.0}
+# A served request whose engine's usage event has not been recorded this long after the gateway settled it is billed
+# from the gateway's copy (gateway/unreported.py): its engine died before handing the event to the broker.
+QUILT_UNREPORTED_USAGE_GRACE_SECONDS = env.float("QUILT_UNREPORTED_USAGE_GRACE_SECONDS", default=120.0)
+CELERY_BEAT_SCHEDULE["gateway-bill-unreported-usage"] = {"task": "gateway.bill_unreported_usage", "schedule": 30.0}
 
 LOGGING = {
     "version": 1,

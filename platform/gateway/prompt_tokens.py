@@ -1,0 +1,43 @@
+"""A prompt's tokens counted in the gateway as the engine will count them, for admission (tokens per minute, budget
+holds) and its refusals: the registered base model's tokenizer.json and chat template, through the engine's own
+torch-free tokenizer (engine.tokenizer) and message shaping, loaded once per checkpoint folder. A base model whose
+folder the gateway cannot read (or has no tokenizer.json) is estimated from bytes instead, an upper bound."""
+
+import functools
+import logging
+from pathlib import Path
+
+from engine.server.structured import template_messages
+from engine.tokenizer import Tokenizer
+from gateway.openai_request import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=32)
+def base_tokenizer(checkpoint_dir: str) -> Tokenizer | None:
+    """The base model's tokenizer (None: no readable tokenizer.json; a warning, once per folder)."""
+    if not (Path(checkpoint_dir) / "tokenizer.json").is_file():
+        log.warning("no tokenizer.json readable in %s: admission estimates its prompts from their bytes", checkpoint_dir)
+        return None
+    try:
+        return Tokenizer(checkpoint_dir)
+    except Exception:  # a tokenizer file the tokenizers package refuses, a template jinja2 refuses
+        log.exception("the tokenizer in %s could not be loaded: admission estimates its prompts from bytes", checkpoint_dir)
+        return None
+
+
+def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | None:
+    """The prompt's tokens as the engine will count them: a chat's messages through the chat template (with its
+    tools), each text prompt of a completion encoded with special tokens, token prompts as they are. None when the
+    template cannot render these messages (the engine then refuses the request and says why)."""
+    if generation.messages is not None:
+        try:
+            text = tokenizer.apply_chat_template(template_messages(generation.messages), add_generation_prompt=True,
+                                                 tools=generation.structure.get("tools"))  # fmt: skip
+        except Exception:  # jinja2's errors and the template's own raise_exception()
+            return None
+        return len(tokenizer.hf.encode(text, add_special_tokens=False))
+    texts = [prompt for prompt in generation.prompts if isinstance(prompt, str)]
+    counted = sum(len(tokenizer.hf.encode(text)) for text in texts)  # not encode_batch: its thread pool costs more
+    return counted + generation.prompt_token_count()

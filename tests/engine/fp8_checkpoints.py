@@ -1,0 +1,141 @@
+"""Tiny FP8 checkpoints written by the formats' own producers.
+
+- `fp8` with weight_block_size [128, 128]: each decoder projection quantized by transformers' own
+  finegrained-fp8 quantizer (`Fp8Quantize`, what `FineGrainedFP8Config` runs on a GPU to write Qwen3-FP8's
+  layout: `weight` F8_E4M3, `weight_scale_inv` F32 per 128 x 128 block), the rest copied; the
+  quantization_config is Qwen3-FP8's.
+- compressed-tensors `float-quantized`: compressed-tensors' own `apply_quantization_config` and
+  `ModelCompressor` (what llm-compressor's `oneshot` calls) with its FP8 presets; weight scales from the
+  weights' min/max (llm-compressor's default observer) and static input scales from the inputs' absolute
+  maximum over a few calibration prompts.
+
+Shapes are multiples of 128 (hidden 128, q 256, k/v 128, intermediate 256): transformers' quantizer leaves a
+projection that is not whole blocks unquantized, and its CPU dequantization (the oracle's) reads a scale grid
+that is not whole blocks as a different block size."""
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tests.engine.conftest import ARCHS, VOCAB, build_tokenizer
+
+SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64}
+MOE_SHAPE = {"num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+             "mlp_only_layers": [1]}
+BLOCK_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+
+
+def build_base(directory: Path, arch: str, *, seed: int, **shape) -> Path:
+    """A random full-precision (fp32) checkpoint of `arch` at the FP8 tests' shape, with the tests' tokenizer."""
+    config_cls, model_cls, extra = ARCHS[arch]
+    fields = {**extra, **SHAPE, **(MOE_SHAPE if arch in ("qwen3-moe", "mixtral") else {}), **shape}
+    if arch == "mixtral":
+        fields["intermediate_size"] = fields.pop("moe_intermediate_size")
+    config = config_cls(vocab_size=VOCAB, max_position_embeddings=256, initializer_range=0.1, bos_token_id=1,
+                        eos_token_id=2, **fields)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # norms away from their initial ones, so a misplaced norm shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(directory)
+    build_tokenizer(directory)
+    return directory
+
+
+def _is_projection(name: str) -> bool:
+    parts = name.split(".")
+    return ".layers." in name and parts[-1] == "weight" and parts[-2] in PROJECTIONS
+
+
+def _copy_other_files(src: Path, dst: Path, quantization_config: dict) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.suffix != ".safetensors" and path.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(path, dst / path.name)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_block_fp8(src: Path, dst: Path, *, drop: str | None = None, config: dict | None = None) -> Path:
+    """`src` (fp32) as an `fp8` weight_block_size [128, 128] checkpoint, quantized by transformers' Fp8Quantize.
+    drop: a tensor name left out (to test the refusal of a checkpoint missing its scales)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+    from transformers.utils.quantization_config import FineGrainedFP8Config
+
+    quantizer = Fp8Quantize(SimpleNamespace(quantization_config=FineGrainedFP8Config(weight_block_size=[128, 128])))
+    tensors = {}
+    with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            tensor = f.get_tensor(name)
+            if _is_projection(name):
+                out = quantizer._quantize_one(name, tensor)
+                assert len(out) == 2, f"{name} {tuple(tensor.shape)} is not whole 128 x 128 blocks"
+                tensors.update(out)
+            else:
+                tensors[name] = tensor
+    if drop is not None:
+        del tensors[drop]
+    _copy_other_files(src, dst, config or BLOCK_CONFIG)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})
+    return dst
+
+
+def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list[list[int]]) -> Path:
+    """`src` (fp32) quantized by compressed-tensors' preset ("FP8": per-tensor weights, static per-tensor input
+    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    input_amax: dict[str, float] = {}
+    hooks = [module.register_forward_pre_hook(
+        lambda m, args, name=name: input_amax.__setitem__(name, max(input_amax.get(name, 0.0),
+                                                                    float(args[0].abs().amax()))))
+        for name, module in model.named_modules() if _is_projection(f"{name}.weight")]
+    with torch.no_grad():
+        for prompt in calibration:
+            model(torch.tensor([prompt]))
+    for hook in hooks:
+        hook.remove()
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", "re:.*mlp.gate$"],
+                                quantization_status=QuantizationStatus.INITIALIZED)
+    apply_quantization_config(model, config)
+    for name, module in model.named_modules():
+        if not hasattr(module, "weight_scale"):
+            continue
+        weight = module.weight.data
+        per_row = scheme.weights.strategy == "channel"
+        low = weight.amin(1, keepdim=True) if per_row else weight.amin().reshape(1)
+        high = weight.amax(1, keepdim=True) if per_row else weight.amax().reshape(1)
+        scale, _ = calculate_qparams(low, high, scheme.weights)
+        module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
+        if hasattr(module, "input_scale"):
+            module.input_scale.data.fill_(input_amax[name] / 448.0)
+        module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(dst)
+    compressor.update_config(dst)
+    for path in src.iterdir():
+        if path.name.startswith("tokenizer"):
+            shutil.copy(path, dst / path.name)
+    return dst

@@ -287,12 +287,16 @@ def main() -> None:
         host[name] = ([r[str(args.adapters)]["host_ms"] for r in results], [r["0"]["host_ms"] for r in results])
         print(f"{name:10} {base['per_layer']:15.2f} {lora['per_layer']:7.2f} {lora['per_layer'] - base['per_layer']:10.2f}"
               f" {lora['total']:11d} {_spread(host[name][1]):>28} {_spread(host[name][0]):>28}")
+    share = {name: [lora - base for lora, base in zip(*host[name], strict=True)] for name in host}  # same process
+    for name, values in share.items():
+        print(f"{name:10} LoRA's own host time (with minus without, per round): {_spread(values)}")
     if "before" in host:
         ratio = statistics.median(host["before"][0]) / statistics.median(host["after"][0])
         ratio_base = statistics.median(host["before"][1]) / statistics.median(host["after"][1])
         pairs = [b / a for b, a in zip(host["before"][0], host["after"][0], strict=True)]
         print(f"host time with LoRA falls {ratio:.1f}x (per round {min(pairs):.1f}-{max(pairs):.1f}x); "
-              f"without LoRA {ratio_base:.1f}x")
+              f"without LoRA {ratio_base:.1f}x; LoRA's own "
+              f"{statistics.median(share['before']) / max(statistics.median(share['after']), 1e-9):.1f}x")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ class LLMEngine:
                                   eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided,
                                   cuda_graphs=config.cuda_graphs and self.device.type == "cuda",
                                   max_batch=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  max_adapter_rank=config.max_adapter_rank)
+                                  max_adapter_rank=config.max_adapter_rank, max_tokens=config.max_num_batched_tokens)
         self.speculator = build_speculator(config, runner=self.runner, num_pages=num_pages,
                                            max_model_len=self.max_model_len)
         self.leases = LeaseTable(self.block_manager)  # KV blocks kept for other engines (docs/kv-tiers.md)

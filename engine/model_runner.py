@@ -43,9 +43,11 @@ class ModelRunner:
         max_batch: int = 1,
         max_model_len: int = 0,
         max_adapter_rank: int = 0,
+        max_tokens: int = 0,
     ) -> None:
         """cuda_graphs (CUDA only): decode steps of up to max_batch sequences of up to max_model_len tokens, with
-        adapters of up to max_adapter_rank, replay CUDA graphs (engine/cuda_graph.py)."""
+        adapters of up to max_adapter_rank, replay CUDA graphs (engine/cuda_graph.py); max_tokens: the most
+        tokens of a step."""
         self.model = model
         self.guided = guided or GuidedDecoding(vocab_size=model.spec.vocab_size, device=device)
         self.adapters = adapters
@@ -65,20 +67,24 @@ class ModelRunner:
         self.graphs = None
         if cuda_graphs:
             self.graphs = self.static_decode(max_batch=max_batch, max_model_len=max_model_len,
-                                             max_adapter_rank=max_adapter_rank, capture=True)
+                                             max_adapter_rank=max_adapter_rank, capture=True, max_tokens=max_tokens)
 
-    def static_decode(self, *, max_batch: int, max_model_len: int, max_adapter_rank: int, capture: bool
-                      ) -> DecodeGraphs | None:
+    def static_decode(self, *, max_batch: int, max_model_len: int, max_adapter_rank: int, capture: bool,
+                      max_tokens: int = 0) -> DecodeGraphs | None:
         """Decode steps through static buffers from now on, captured as CUDA graphs (capture=True), or run
         eagerly through the same buffers (capture=False: CPU tests of the replay contract); None, said once in
-        the log, when the model cannot."""
+        the log, when the model cannot. max_tokens: the most tokens an eager step has (the LoRA buffers are
+        sized for it now, so that no later step moves them)."""
         reason = graph_unsupported(self.model)
         if reason is not None:
             log.info("decode runs eagerly: CUDA graphs do not support %s", reason)
             return None
         max_blocks = -(-max_model_len // self.block_size) + 1  # + 1: speculative lookahead past the last token
-        graphs = DecodeGraphs(model=self.model, max_batch=max_batch, max_blocks=max_blocks, max_rank=max_adapter_rank,
-                              zero_row=self.memory.zero_row, capture=capture, device=self.device)
+        graphs = DecodeGraphs(model=self.model, max_batch=max_batch, max_blocks=max_blocks, capture=capture,
+                              device=self.device)
+        # the LoRA buffers at their largest before any capture: a graph holds their addresses
+        self.lora.reserve(max_tokens=max(max_tokens, graphs.buckets[-1]), max_adapters=graphs.buckets[-1],
+                          max_rank=max_adapter_rank)
         log.info("decode steps of up to %d sequences run through static buffers%s (batch buckets %s)", max_batch,
                  ", captured as CUDA graphs" if capture else "", graphs.buckets)
         return graphs
@@ -152,14 +158,14 @@ class ModelRunner:
         """Hidden states [T, hidden] of the step: a decode step that fits replays its CUDA graph (or, without
         capture, runs through the same static buffers); any other runs eagerly."""
         if self.graphs is not None and self.graphs.takes(inputs):
-            hidden = self.graphs.run(inputs, self._tables_key(inputs.adapters),
-                                     lambda: self.adapters.tables(inputs.adapters))
+            lora = None
+            if inputs.adapters:  # the bucket's padded rows use no adapter
+                padded = inputs.token_slots + [-1] * (self.graphs.bucket(len(inputs.token_slots)) - len(inputs.token_slots))
+                lora = self.lora.fill(padded, self.adapters.slot_tables(inputs.adapters))
+            hidden = self.graphs.run(inputs, lora)
             if hidden is not None:
                 return hidden
         return self.model(*self.eager_inputs(inputs))
-
-    def _tables_key(self, digests: list[str]) -> tuple:
-        return (tuple(digests), self.adapters.placements(digests)) if digests else ()
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, proposals: dict[int, list[int]] | None = None,

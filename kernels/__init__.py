@@ -153,14 +153,14 @@ def fp8_block_linear(x, weight, weight_scale, group_k):
     return reference.fp8_block_linear(x, weight, weight_scale, group_k)
 
 
-def wna16_linear(x, qweight, scales, zeros, g_idx, bits, *, group_size=0):
+def wna16_linear(x, qweight, scales, zeros, g_idx, bits, *, group_size=0, perm=None):
     op = _wna16_linear.wna16_linear if backend_for(x) == "triton" else reference.wna16_linear
-    return op(x, qweight, scales, zeros, g_idx, bits, group_size=group_size)
+    return op(x, qweight, scales, zeros, g_idx, bits, group_size=group_size, perm=perm)
 
 
-def wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits, *, group_size=0):
+def wna16_grouped_matmul(x, qweight, scales, zeros, g_idx, expert_offsets, bits, *, group_size=0, perm=None):
     op = _wna16_grouped_matmul.wna16_grouped_matmul if backend_for(x) == "triton" else reference.wna16_grouped_matmul
-    return op(x, qweight, scales, zeros, g_idx, expert_offsets, bits, group_size=group_size)
+    return op(x, qweight, scales, zeros, g_idx, expert_offsets, bits, group_size=group_size, perm=perm)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):

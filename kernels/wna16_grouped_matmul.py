@@ -16,9 +16,9 @@ NUM_WARPS = 4
 
 @triton.jit
 def _wna16_grouped_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, offsets_ptr, block_expert_ptr, block_first_ptr,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, perm_ptr, out_ptr, offsets_ptr, block_expert_ptr, block_first_ptr,
     out_dim, in_dim, num_groups, num_experts, x_stride, out_stride,
-    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     PER: tl.constexpr = 32 // BITS
@@ -41,12 +41,18 @@ def _wna16_grouped_kernel(
     scales_ptr += e64 * num_groups * out_dim
     zeros_ptr += e64 * num_groups * packed_n
     g_idx_ptr += e64 * in_dim
+    if HAS_PERM:
+        perm_ptr += e64 * in_dim
     z_shift = ((offs_n % PER) * BITS)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, in_dim, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < in_dim
-        x = tl.load(x_ptr + rows[:, None] * x_stride + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+        if HAS_PERM:  # act order sorted at load: x's columns in the weights' order
+            cols = tl.load(perm_ptr + offs_k, mask=k_mask, other=0)
+        else:
+            cols = offs_k
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)
         kn_mask = k_mask[:, None] & n_mask[None, :]
         packed = tl.load(qweight_ptr + (offs_k // PER)[:, None].to(tl.int64) * out_dim + offs_n[None, :],
@@ -69,11 +75,11 @@ def _wna16_grouped_kernel(
 
 
 def wna16_grouped_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                         g_idx: torch.Tensor, expert_offsets: torch.Tensor, bits: int, *, group_size: int = 0
-                         ) -> torch.Tensor:
+                         g_idx: torch.Tensor, expert_offsets: torch.Tensor, bits: int, *, group_size: int = 0,
+                         perm: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as kernels.reference.wna16_grouped_matmul; nothing is read back to the host (the grid
     covers the most row blocks N rows can need, as kernels.grouped_matmul's). group_size > 0: every expert's
-    g_idx in order, one row of scales and zeros per tile."""
+    g_idx in order, one row of scales and zeros per tile; perm [E, K]: each expert's order of x's columns."""
     require(bits in WNA16_BITS, f"wna16_grouped_matmul: bits must be one of {WNA16_BITS}, got {bits}")
     per = 32 // bits
     require(x.dim() == 2 and qweight.dim() == 3 and qweight.dtype == torch.int32,
@@ -93,14 +99,16 @@ def wna16_grouped_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     require_index("expert_offsets", expert_offsets, experts + 1)
     require(x.stride(1) == 1, "x: last dimension must be contiguous")
     require_contiguous(qweight=qweight, scales=scales, zeros=zeros, g_idx=g_idx)
+    require(perm is None or (tuple(perm.shape) == (experts, in_dim) and perm.is_contiguous()),
+            f"perm: [E, K] contiguous, got {None if perm is None else tuple(perm.shape)}")
     out = torch.empty(x.shape[0], out_dim, dtype=x.dtype, device=x.device)
     if x.shape[0] == 0:
         return out
     block_expert, block_first, num_blocks = _row_blocks(expert_offsets, x.shape[0], experts)
     grid = (num_blocks, triton.cdiv(out_dim, BLOCK_N))
     _wna16_grouped_kernel[grid](
-        x, qweight, scales, zeros, g_idx, out, expert_offsets, block_expert, block_first, out_dim, in_dim, groups,
-        experts, x.stride(0), out.stride(0), BITS=bits, GROUP_SIZE=group_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, out, expert_offsets, block_expert, block_first, out_dim, in_dim, groups,
+        experts, x.stride(0), out.stride(0), BITS=bits, GROUP_SIZE=group_size, HAS_PERM=perm is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         BLOCK_K=_block_k(group_size, in_dim),
         PRECISION=dot_precision(x.dtype), num_warps=NUM_WARPS,
     )

@@ -29,9 +29,9 @@ def _block_k(group_size: int, in_dim: int) -> int:
 
 @triton.jit
 def _wna16_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, num_tokens, out_dim, in_dim,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, perm_ptr, out_ptr, num_tokens, out_dim, in_dim,
     x_stride, out_stride,
-    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     PER: tl.constexpr = 32 // BITS  # values in one int32
@@ -48,7 +48,11 @@ def _wna16_kernel(
     for k0 in range(0, in_dim, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < in_dim
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + offs_k[None, :],
+        if HAS_PERM:  # act order sorted at load: x's columns in the weights' order
+            cols = tl.load(perm_ptr + offs_k, mask=k_mask, other=0)
+        else:
+            cols = offs_k
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + cols[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [M, K]
         kn_mask = k_mask[:, None] & n_mask[None, :]
         packed = tl.load(qweight_ptr + (offs_k // PER)[:, None].to(tl.int64) * out_dim + offs_n[None, :],
@@ -71,9 +75,11 @@ def _wna16_kernel(
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0) -> torch.Tensor:
+                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0, perm: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """Same contract as kernels.reference.wna16_linear; the product accumulates in float32 from weights
-    dequantized to x.dtype in registers. group_size > 0 (g_idx in order): one row of scales and zeros per tile."""
+    dequantized to x.dtype in registers. group_size > 0 (g_idx in order): one row of scales and zeros per tile;
+    perm: x's columns read in that order (in the tile's loads)."""
     require(bits in WNA16_BITS, f"wna16_linear: bits must be one of {WNA16_BITS}, got {bits}")
     per = 32 // bits
     require(x.dim() == 2, f"x [T, K]: got {tuple(x.shape)}")
@@ -93,14 +99,17 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     require(g_idx.dtype in (torch.int32, torch.int64), f"g_idx: int32/int64, got {g_idx.dtype}")
     require(x.stride(1) == 1, "x: last dimension must be contiguous")
     require_contiguous(qweight=qweight, scales=scales, zeros=zeros, g_idx=g_idx)
+    if perm is not None:
+        require_shape("perm", perm, (in_dim,))
+        require(perm.dtype in (torch.int32, torch.int64) and perm.is_contiguous(), "perm: contiguous int32/int64")
     out = torch.empty(tokens, out_dim, dtype=x.dtype, device=x.device)  # [T, N]
     if tokens == 0:
         return out
     block_m, block_k = _block_m(tokens), _block_k(group_size, in_dim)
     grid = (triton.cdiv(tokens, block_m), triton.cdiv(out_dim, BLOCK_N))
     _wna16_kernel[grid](
-        x, qweight, scales, zeros, g_idx, out, tokens, out_dim, in_dim, x.stride(0), out.stride(0),
-        BITS=bits, GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+        x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, out, tokens, out_dim, in_dim, x.stride(0),
+        out.stride(0), BITS=bits, GROUP_SIZE=group_size, HAS_PERM=perm is not None, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
         PRECISION=dot_precision(x.dtype),
         num_warps=NUM_WARPS,
     )

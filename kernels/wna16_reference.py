@@ -54,29 +54,33 @@ def wna16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0) -> torch.Tensor:
+                 g_idx: torch.Tensor, bits: int, *, group_size: int = 0, perm: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """y = x @ W, W [K, N] = (q - z[g_idx]) * scales[g_idx] (the layout above), bits 4 or 8.
 
     x [T, K] float; qweight [K // p, N] int32; scales [G, N] float; zeros [G, N // p] int32; g_idx [K] int32.
     group_size > 0 promises g_idx[k] == k // group_size (groups in order: the Triton kernel then reads one row of
-    scales per tile; here g_idx is read all the same). Returns y [T, N] in x.dtype, the product taken in float32."""
+    scales per tile; here g_idx is read all the same). perm [K] (act order sorted at load): y = x[:, perm] @ W.
+    Returns y [T, N] in x.dtype, the product taken in float32."""
     w = wna16_dequantize(qweight, scales, zeros, g_idx, bits)
+    x = x if perm is None else x[:, perm.long()]
     return (x.float() @ w).to(x.dtype)
 
 
 def wna16_grouped_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                         g_idx: torch.Tensor, expert_offsets: torch.Tensor, bits: int, *, group_size: int = 0
-                         ) -> torch.Tensor:
+                         g_idx: torch.Tensor, expert_offsets: torch.Tensor, bits: int, *, group_size: int = 0,
+                         perm: torch.Tensor | None = None) -> torch.Tensor:
     """out[r] = x[r] @ W[e] for every row r in expert_offsets[e] <= r < expert_offsets[e + 1], W[e] the packed
     weight of expert e (the layout above, stacked): the experts of an MoE layer in 4 or 8 bits.
 
     x [N, K] sorted by expert; qweight [E, K // p, M] int32; scales [E, G, M]; zeros [E, G, M // p] int32;
-    g_idx [E, K] int32; expert_offsets [E + 1] int, from 0 to N; group_size as wna16_linear's. Returns out [N, M]
+    g_idx [E, K] int32; expert_offsets [E + 1] int, from 0 to N; group_size as wna16_linear's; perm [E, K] or None. Returns out [N, M]
     in x.dtype."""
     out = torch.empty(x.shape[0], qweight.shape[2], dtype=x.dtype, device=x.device)
     bounds = expert_offsets.tolist()
     for e in range(qweight.shape[0]):
         start, end = bounds[e], bounds[e + 1]
         if end > start:
-            out[start:end] = wna16_linear(x[start:end], qweight[e], scales[e], zeros[e], g_idx[e], bits)
+            out[start:end] = wna16_linear(x[start:end], qweight[e], scales[e], zeros[e], g_idx[e], bits,
+                                          perm=None if perm is None else perm[e])
     return out

@@ -51,14 +51,22 @@ class PackedExperts(Experts):
             sizes = {e.group_size for e in experts}
             self.group_sizes[projection] = sizes.pop() if len(sizes) == 1 else 0  # 0: each expert's own g_idx
             stacked = {kind: torch.stack([getattr(e, kind) for e in experts]) for kind in KINDS}
+            perms = [e.perm for e in experts]
+            if self.group_sizes[projection] and all(p is not None for p in perms):  # act order, sorted at load
+                stacked["perm"] = torch.stack(perms)  # [E, in]
+            elif any(p is not None for p in perms):  # some experts sorted, some not: gather by g_idx for all
+                raise ValueError(f"{experts[0].name}: experts of one layer quantized with and without act order")
             delattr(self, projection)
             for kind, tensor in stacked.items():
                 self.register_buffer(f"{projection}_{kind}", tensor.contiguous())
+            if "perm" not in stacked:
+                setattr(self, f"{projection}_perm", None)
 
     def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         tensors = [getattr(self, f"{projection}_{kind}") for kind in KINDS]
         return kernels.wna16_grouped_matmul(rows, *tensors, offsets, self.bits,
-                                            group_size=self.group_sizes[projection])
+                                            group_size=self.group_sizes[projection],
+                                            perm=getattr(self, f"{projection}_perm"))
 
     def full_precision_bytes(self) -> int:
         return 3 * self.num_experts * self.inter * self.hidden * self.model_dtype.itemsize

@@ -22,7 +22,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 class Fp8Experts(Experts):
-    packed = True  # CausalLM.load_weights hands it every stored tensor (load_slice)
+    loads_as_stored = True  # CausalLM.load_weights hands it every stored tensor (load_slice); swap.py finishes it
 
     def __init__(self, base: Experts, *, name: str, tp_rank: int, tp_size: int) -> None:
         """base: the Experts it replaces (on meta), this rank's slice of each expert's intermediate."""

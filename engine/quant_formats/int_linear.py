@@ -13,7 +13,7 @@ import kernels
 from engine.context import Context
 from engine.quant_formats.packed_linear import PackedLinear
 from engine.quant_formats.spec import QuantSpec
-from kernels.wna16_reference import WNA16_BITS, pack_cols
+from kernels.wna16_reference import WNA16_BITS, pack_cols, pack_rows, unpack_rows
 
 GROUP_SIZES = (32, 64, 128, -1)  # -1: one scale per output channel
 
@@ -65,12 +65,20 @@ class IntLinear(PackedLinear):
         for kind in list(self._parameters):
             if kind != "bias":
                 delattr(self, kind)
-        self.group_size = 0  # act order: the kernel reads each channel's group from g_idx
+        self.group_size = 0  # act order on a row-parallel shard: the kernel reads each channel's group from g_idx
+        self.register_buffer("perm", None)  # act order sorted at load: x's column order, [in] int32
+        if g_idx is not None:
+            self._check_g_idx(g_idx)
+            if self.spec.group_size == -1 or not (self.row_parallel and self.tp_size > 1):
+                # act order over the whole input: sort the channels by group (the weight's rows here, x's columns
+                # in the kernel), so the groups are in order as without act order (vLLM does the same)
+                perm = torch.argsort(g_idx.long(), stable=True)
+                qweight = pack_rows(unpack_rows(qweight, self.spec.bits)[perm], self.spec.bits)
+                self.perm = perm.to(torch.int32)  # [in]
+                g_idx = None
         if g_idx is None:  # groups in order: the kernel reads one row of scales per tile
             self.group_size = self.in_features if self.spec.group_size == -1 else self.spec.group_size
             g_idx = torch.arange(self.in_features, device=qweight.device) // self.group_size
-        else:
-            self._check_g_idx(g_idx)
         self.register_buffer("qweight", qweight.contiguous())  # [in / p, out] int32
         self.register_buffer("scales", scales.contiguous())  # [G, out]
         self.register_buffer("zeros", pack_cols(zeros, self.spec.bits).contiguous())  # [G, out / p] int32
@@ -92,5 +100,5 @@ class IntLinear(PackedLinear):
 
     def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
         y = kernels.wna16_linear(x, self.qweight, self.scales, self.zeros, self.g_idx, self.spec.bits,
-                                 group_size=self.group_size)  # [T, out]
+                                 group_size=self.group_size, perm=self.perm)  # [T, out]
         return y if self.bias is None else y + self.bias

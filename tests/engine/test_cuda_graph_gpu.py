@@ -50,6 +50,19 @@ def test_replayed_graphs_match_the_eager_forward(checkpoints, adapter_dirs, dtyp
     assert len(static_reads) == 6  # each graph's warm-up and capture: replays run no Python
 
 
+def test_graphs_are_captured_again_when_the_lora_buffers_move(checkpoints, adapter_dirs, caplog):  # noqa: F811
+    llm = make_llm(checkpoints, adapter_dirs, static=False, **GPU)
+    runner, steps = llm.engine.runner, DecodeSteps(llm, seed=6)
+    inputs = steps.step(["all4", None, "qv2"], [20, 7, 33])
+    torch.testing.assert_close(static_forward(llm, inputs), eager_forward(llm, inputs), rtol=1e-4, atol=1e-4)
+    runner.lora.reserve(max_adapters=4 * runner.lora.max_adapters)  # a step with more adapters would do this
+    inputs = steps.step(["all8", "qv2", None], [12, 40, 3])
+    with caplog.at_level(logging.INFO, logger="engine.cuda_graph"):
+        got = static_forward(llm, inputs)
+    assert any("moved" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(got, eager_forward(llm, inputs), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_tokens_with_graphs_equal_eager(checkpoints, adapter_dirs, dtype):  # noqa: F811
     prompts = random_prompts(94, [7, 30, 3, 12, 19, 5, 8, 2, 25])

@@ -83,6 +83,9 @@ def test_engine_matches_peft_on_the_dequantized_checkpoint(quantized, llama_adap
     assert type(qkv).__name__ == FORMATS[read_quant_spec(json.loads((model_dir / "config.json").read_text())).scheme
                                          ].__name__
     assert qkv.qweight.dtype == torch.int32  # served packed: nothing dequantized at load
+    # act order: channels sorted by group at load, so every format takes the kernel's in-order path
+    assert qkv.group_size == (64 if CASES[case]["group_size"] == -1 else 32)
+    assert (qkv.perm is not None) == CASES[case].get("act_order", False)
     memory = llm.engine.state()["memory"]  # /v1/state's
     assert memory["quantization"].startswith(case.split("-")[0].replace("ct", "compressed-tensors"))
     # the weights the page budget is left after: packed (fp32 embeddings and lm_head are most of what remains)

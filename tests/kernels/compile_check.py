@@ -183,10 +183,13 @@ def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
         experts = 4
         stacked = [torch.stack([w] * experts) for w in weights]
         offsets = torch.tensor([0, 3, 3, 9, 12], dtype=torch.int32)
+        perm = torch.stack([torch.randperm(k).int()] * experts) if case.endswith("-perm") else None
         return _recorded_launches("wna16_grouped_matmul", torch.randn(12, k).to(dtype), *stacked, offsets, bits,
-                                  group_size=128 if case.endswith("-in-order") else 0)
-    group_size = 128 if case.endswith("-in-order") else 0
-    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits, group_size=group_size)
+                                  group_size=128 if "-in-order" in case else 0, perm=perm)
+    group_size = 128 if "-in-order" in case else 0
+    perm = torch.randperm(k).int() if case.endswith("-perm") else None  # act order, sorted at load
+    return _recorded_launches("wna16_linear", torch.randn(16, k).to(dtype), *weights, bits, group_size=group_size,
+                              perm=perm)
 
 
 CASES = [
@@ -198,7 +201,8 @@ CASES = [
     "paged_attention_decode-window-softcap", "paged_attention_decode-split-kv-window-softcap",
     "paged_attention_prefill-window-softcap", "paged_attention_decode-split-kv-fp8kv-window-softcap",
     "paged_attention_prefill-fp8kv-window-softcap", "wna16_linear", "wna16_linear-w8", "wna16_grouped_matmul",
-    "wna16_linear-in-order", "wna16_grouped_matmul-in-order", "fp8_block_linear", "grouped_matmul-fp8",
+    "wna16_linear-in-order", "wna16_grouped_matmul-in-order", "wna16_linear-in-order-perm",
+    "wna16_grouped_matmul-in-order-perm", "fp8_block_linear", "grouped_matmul-fp8",
 ]  # fmt: skip
 DOT_CASES = ["lora_delta", "lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill",
              "paged_attention_prefill-window-softcap", "wna16_linear", "fp8_block_linear"]

@@ -129,3 +129,25 @@ def test_grouped_launcher_matches_the_reference(counts, bits, group, shuffled, d
         got = load_triton_op("wna16_grouped_matmul")(x.to(device), *[t.to(device) for t in stacked],
                                                      offsets.to(device), bits, group_size=group_size)
         torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 64)])
+def test_act_order_sorted_at_load_takes_the_in_order_path(bits, group, device):
+    """An act-order weight with its input channels sorted by group (as IntLinear does at load) and x's columns
+    read through perm gives the product of the original."""
+    (x, qweight, scales, zeros, g_idx), _ = _case(7, 192, 40, bits=bits, group=group, shuffled=True, sym=False,
+                                                  device="cpu")
+    expected = reference.wna16_linear(x, qweight, scales, zeros, g_idx, bits)
+    perm = torch.argsort(g_idx, stable=True).to(torch.int32)
+    sorted_q = pack_rows(unpack_rows(qweight, bits)[perm.long()], bits)
+    in_order = (torch.arange(192) // group).to(torch.int32)
+    args = (sorted_q, scales, zeros, in_order, bits)
+    torch.testing.assert_close(reference.wna16_linear(x, *args, group_size=group, perm=perm), expected)
+    got = load_triton_op("wna16_linear")(x.to(device), *[a.to(device) if torch.is_tensor(a) else a for a in args],
+                                         group_size=group, perm=perm.to(device))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    stacked = [torch.stack([t, t]).to(device) for t in (sorted_q, scales, zeros, in_order)]
+    offsets = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
+    got = load_triton_op("wna16_grouped_matmul")(x.to(device), *stacked, offsets, bits, group_size=group,
+                                                 perm=torch.stack([perm, perm]).to(device))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)

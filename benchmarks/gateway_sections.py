@@ -3,13 +3,15 @@ in-process, one request after another, against benchmarks/instant_engine.py, Pos
 gateway_overhead.py sets them up.
 
     python -m benchmarks.gateway_sections [--requests 3000] [--rounds 3] [--database quilt_sections] [--profile PATH]
+                                          [--opcodes N]
 
 Prints, per round, this process's CPU per request (time.process_time) and each section's thread CPU per request,
 inclusive of what it awaits (the event loop's work for its socket reads and writes included): admission's two
 Redis scripts, the engine's request and its first event, the relay to the end (the settle included). The difference
 between this CPU and gateway_overhead.py's figure is uvicorn's and the client connection's share. `--profile` runs
-the last round under cProfile (CPU clock, builtins folded into their callers) and writes the stats. Nothing is
-asserted.
+the last round under cProfile (CPU clock, builtins folded into their callers) and writes the stats. `--opcodes N`
+then runs N more requests under a tracer and prints the Python calls and bytecode instructions per request: a count
+that the machine's load does not change (C code, the kernel and Redis are not in it). Nothing is asserted.
 """
 
 import argparse
@@ -97,6 +99,31 @@ async def _measure(args, key: str) -> None:
         print(f"round {number}{' (profiled)' if profiler else ''}: {cpu_us:.0f} us of CPU per request", flush=True)
         for label, nanoseconds in totals.items():
             print(f"  {label:<28} {nanoseconds / args.requests / 1000:6.0f} us", flush=True)
+    if args.opcodes:
+        await _count_opcodes(one, args.opcodes)
+
+
+async def _count_opcodes(one, requests: int) -> None:
+    """Python function calls and bytecode instructions executed in this thread per request (the benchmark's own
+    `one` included, the same in every checkout)."""
+    counts = {"call": 0, "opcode": 0}
+
+    def trace(frame, event, arg):
+        if event == "call":
+            counts["call"] += 1
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            counts["opcode"] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        for _ in range(requests):
+            await one()
+    finally:
+        sys.settrace(None)
+    print(f"traced {requests} requests: {counts['call'] / requests:.1f} Python calls (frames entered or resumed) and "
+          f"{counts['opcode'] / requests:.0f} bytecode instructions per request", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -105,6 +132,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--database", default="quilt_sections", help="PostgreSQL database to (re)create and use")
+    parser.add_argument("--opcodes", type=int, default=0, help="then count bytecode instructions over this many requests")
     parser.add_argument("--profile", type=Path, help="profile the last round with cProfile, writing its stats here")
     args = parser.parse_args()
 

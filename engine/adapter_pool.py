@@ -265,32 +265,6 @@ class AdapterPool:
             left.append("host")
         return left
 
-    def tables(self, digests: list[str]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Page tables of resident adapters, stacked: offsets [U, L, M', 2, R] (device), ranks [U, L, M] int32
-        (host), scaling [U, L, M] float32 (device), a_source [U, L, M] int64 (host: AdapterPlan.a_source) and
-        expert_offsets [U, L, 2, 2, R_e] (device), R the largest rank among them, R_e the most rows of an expert
-        module's half (AdapterPlan)."""
-        residents = [self._resident[d] for d in digests]
-        first = residents[0].offsets[0]
-        stacked = []
-        for part, width in ((0, max(r.plan.max_rank for r in residents)),
-                            (1, max(r.plan.expert_rows for r in residents))):
-            shape = residents[0].offsets[part].shape[:3]
-            table = torch.full((len(digests), *shape, width), self.memory.zero_row, dtype=torch.int64,
-                               device=first.device)
-            for u, r in enumerate(residents):
-                own = r.offsets[part]
-                table[u, ..., : own.shape[-1]] = own
-            stacked.append(table)
-        ranks = torch.stack([r.plan.ranks for r in residents])
-        scaling = torch.stack([r.plan.scaling for r in residents]).to(first.device)
-        return stacked[0], ranks, scaling, torch.stack([r.plan.a_source for r in residents]), stacked[1]
-
-    def placements(self, digests: list[str]) -> tuple[int, ...]:
-        """Identifies the page tables of resident adapters: equal while none of them moved."""
-        return tuple(self._resident[d].placement for d in digests)
-
     def slot_tables(self, digests: list[str]) -> list[AdapterTables]:
         """The tables of resident adapters, in the order of `digests`, as LoRABatch.fill takes them."""
         out = []

@@ -44,7 +44,7 @@ def _new_key(
     *, tenant: Tenant, name: str, scopes: list[str], allowed_models: list[str], expiry_date, created_by, **limits
 ) -> tuple[ApiKey, str]:
     if expiry_date is not None and expiry_date <= timezone.now():
-        raise ValidationError("The expiry must be in the future.")
+        raise ValidationError("The expiry must be in the future.", code="expiry_past")
     if not name or len(name) > 50:
         raise ValidationError("A key needs a name of 1 to 50 characters.")
     return ApiKey.objects.create_key(
@@ -82,7 +82,7 @@ def api_key_revoke(*, actor: Actor, key: ApiKey) -> ApiKey:
         key = ApiKey.objects.select_for_update().get(pk=key.pk)
         require_scopes_within_role(actor=actor, tenant=key.tenant, scopes=key.scopes)
         if key.revoked:
-            raise ValidationError("This key is already revoked.")
+            raise ValidationError("This key is already revoked.", code="conflict")
         before = _snapshot(key)
         key.revoked = True
         key.revoked_at = timezone.now()

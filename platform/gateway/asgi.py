@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
@@ -209,16 +210,32 @@ def _header(scope, name: bytes) -> str:
     return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
 
 
+@functools.lru_cache(maxsize=64)
+def _media_type(content_type: str) -> str:
+    """The Content-Type's media type, as `parse_header_parameters` reads it (once per distinct header value)."""
+    return parse_header_parameters(content_type)[0]
+
+
+def request_id_hex(random16: bytes | None = None) -> str:
+    """`uuid.uuid4().hex` (the same version and variant bits over 16 random bytes), without building a UUID."""
+    number = int.from_bytes(os.urandom(16) if random16 is None else random16, "big")
+    return "%032x" % (number & _UUID4_CLEAR | _UUID4_SET)
+
+
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64)) & ((1 << 128) - 1)
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
 async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, received: float) -> None:
     """A chat or completion request, as `views.chat_completions`/`views.completions` answer it behind `_serve`,
     without Django's request and response objects when the answer is a stream: the same services in the same
     order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
-    request_id = uuid.uuid4().hex
+    request_id = request_id_hex()
     method, path = scope["method"], scope["path"]
     try:
         try:
             exchange, headers = await views.generation_admit(
-                kind=kind, raw=raw, content_type=parse_header_parameters(_header(scope, b"content-type"))[0],
+                kind=kind, raw=raw, content_type=_media_type(_header(scope, b"content-type")),
                 authorization=_header(scope, b"authorization"), request_id=request_id, received=received,
             )  # fmt: skip
             if exchange.generation.stream:

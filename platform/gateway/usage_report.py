@@ -9,6 +9,7 @@ from engine.contract import TASK_NAME, UsageEvent
 from engine.usage.event import now_utc
 
 REPORTED_BY_GATEWAY = "gateway"  # the event's `reported_by`: what the gateway relayed (no GPU or queue time)
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=...) makes one per call
 
 
 def usage_event(
@@ -39,10 +40,10 @@ def served_usage_json(
     """What the client was served, as the engine's final event counted it, in the usage event's fields that
     metering reads (metering.events.usage_record_parse: `finished_at` in epoch seconds; no GPU or queue time, only
     the engine knows them). Built as a plain dict: it is on every request's path, and billed on almost none."""
-    return json.dumps({
+    return _compact({
         "request_id": request_id, "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest,
         "base_model": base_model, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens, "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "finish_reason": finish_reason,
         "finished_at": time.time(), "metadata": metadata, "engine": metadata.get("engine"),
         "reported_by": REPORTED_BY_GATEWAY,
-    }, separators=(",", ":"))  # fmt: skip
+    })  # fmt: skip

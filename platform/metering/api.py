@@ -2,7 +2,7 @@
 
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -82,8 +82,8 @@ class RequestLogApi(TenantAPIView):
         try:
             page = request_log_page(tenant=self.tenant, filters=filters, sort=params["sort"], cursor=params["cursor"],
                                     limit=params["limit"])  # fmt: skip
-        except BadCursor as error:
-            raise ValidationError({"cursor": [str(error)]}) from None
+        except BadCursor as error:  # (DRF's own cursor pagination answers a cursor it did not give out 404 too)
+            raise NotFound(f"cursor: {error}", code="invalid_cursor") from None
         return Response({"data": RequestLogRowOutput(page.rows, many=True).data, "next_cursor": page.next_cursor})
 
 

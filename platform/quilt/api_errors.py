@@ -19,6 +19,7 @@ _TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_error",
 }
 
@@ -39,15 +40,44 @@ def _flatten(detail) -> str:
     return str(detail)
 
 
+# A service's ValidationError whose code says it is no mistake in the input: the status that says what it is.
+STATUS_BY_CODE = {"conflict": status.HTTP_409_CONFLICT, "invalid_invitation": status.HTTP_404_NOT_FOUND,
+                  "expiry_past": status.HTTP_422_UNPROCESSABLE_ENTITY}
+
+
+# Input of the declared shape that asks for what can not be done: a date range reversed or too long, a plan that
+# does not exist. 422, so that a 400 always means the request breaks the schema (docs: the API's OpenAPI schema).
+UNPROCESSABLE_CODES = {"invalid_range", "does_not_exist"}
+
+
+def _leaf_codes(codes) -> set[str]:
+    if isinstance(codes, dict):
+        return set().union(*(_leaf_codes(value) for value in codes.values())) if codes else {""}
+    if isinstance(codes, list):
+        return set().union(*(_leaf_codes(value) for value in codes)) if codes else {""}
+    return {str(codes)}
+
+
+class _Refused(exceptions.APIException):
+    def __init__(self, detail, *, code: str, status_code: int) -> None:
+        super().__init__(detail, code=code)
+        self.status_code = status_code
+        self.default_code = code  # the answer's code, whatever the detail's own
+
+
 def exception_handler(exc, context):
     if isinstance(exc, NotAllowed):
         exc = exceptions.PermissionDenied(exc.message, code=exc.code)
+    elif isinstance(exc, ValidationError) and getattr(exc, "code", None) in STATUS_BY_CODE:
+        exc = _Refused(" ".join(exc.messages), code=exc.code, status_code=STATUS_BY_CODE[exc.code])
     elif isinstance(exc, ValidationError):
         exc = exceptions.ValidationError(exc.messages, code=getattr(exc, "code", None))
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.ValidationError) and _leaf_codes(exc.get_codes()) <= UNPROCESSABLE_CODES:
+        exc = _Refused(exc.detail, code=next(iter(_leaf_codes(exc.get_codes()))), status_code=422)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -27,6 +27,14 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
             takes = ", ".join(sorted(known - {"format"}))
             raise exceptions.ValidationError({name: f"Unknown parameter; this list takes {takes}." for name in unknown})
 
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.limit_query_param: {"minimum": 1, "maximum": self.max_limit},
+                  self.offset_query_param: {"minimum": 0}}  # fmt: skip
+        for parameter in parameters:
+            parameter["schema"] |= bounds.get(parameter["name"], {})
+        return parameters
+
     def paginate_queryset(self, queryset, request, view=None):
         self._known(request, view)
         self._whole(request, self.limit_query_param, 1, self.max_limit)

@@ -1,6 +1,8 @@
 """The management API's OpenAPI schema: every operation also documents the errors any caller can meet, in the
 one error shape (quilt.api_errors), so the schema matches what the API answers."""
 
+from decimal import Decimal
+
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
@@ -13,6 +15,9 @@ ERROR_STATUSES = {
     "404": "No such object in the caller's tenant.",
     "405": "The method is not allowed here.",
     "406": "The requested format can not be produced.",
+    "409": "The object is not in a state that allows this (a key already revoked, an invitation no longer pending).",
+    "422": "The input has the declared shape but asks for what can not be done (a date range reversed or longer "
+           "than allowed, a plan that does not exist).",
 }
 BODY_ERROR_STATUSES = {"413": "The request body is too large.", "415": "The request body's media type is not accepted."}
 
@@ -39,6 +44,24 @@ class QuiltAutoSchema(AutoSchema):
         text = own_docstring(self.view, self.method) or f"{summary}."
         return f"{text}\n\n{access_text(self.view, self.method)}".strip()
 
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        """DRF's refusals the generator leaves out: a CharField that may not be blank is refused when it is blank
+        once trimmed (so it needs a character that is not white space), a list that may not be empty needs an item."""
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if direction != "request":
+            return schema
+        if isinstance(field, serializers.CharField) and not field.allow_blank and schema.get("type") == "string" \
+                and "pattern" not in schema and "format" not in schema and "enum" not in schema:
+            schema["pattern"] = "\\S" if field.trim_whitespace else "."
+        if isinstance(field, serializers.ListField) and not field.allow_empty and schema.get("type") == "array":
+            schema.setdefault("minItems", 1)
+        if isinstance(field, serializers.DateTimeField) and schema.get("format") == "date-time":
+            schema["pattern"] = DATETIME  # what Django parses: RFC 3339's lower-case t and z, leap seconds are not
+        if isinstance(field, serializers.DecimalField) and schema.get("type") == "string" \
+                and str(schema.get("pattern", "")).startswith("^"):
+            schema["pattern"] = _decimal_pattern(field, schema["pattern"])
+        return schema
+
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         statuses = dict(ERROR_STATUSES)
@@ -51,3 +74,43 @@ class QuiltAutoSchema(AutoSchema):
                 content = responses[status].get("content") or {}  # errors are JSON, a CSV download's too
                 responses[status]["content"] = {kind: body for kind, body in content.items() if "json" in kind}
         return responses
+
+
+def _decimal_pattern(field: serializers.DecimalField, pattern: str) -> str:
+    """The generator's decimal pattern as DRF reads it: ASCII digits only, at least one, no sign when the field has
+    no negative values, and not zero when its least value is its smallest step."""
+    body = pattern.removeprefix("^").replace("\\d", "[0-9]")
+    lookahead = "(?=[^0-9]*[0-9])"
+    if field.min_value is not None and field.min_value >= 0:
+        body = body.removeprefix("-?")
+        if field.decimal_places is not None and field.min_value == Decimal(1).scaleb(-field.decimal_places):
+            lookahead += "(?![0.]*$)"
+    return f"^{lookahead}{body}"
+
+
+NO_NUL = "^[^\\x00]*$"  # PostgreSQL holds no NUL character: a parameter with one is refused (quilt.middleware)
+DATETIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+
+
+def describe_refusals(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the schema says what the API refuses, so that every request the schema
+    allows is one the API takes. A request body takes only its declared fields (an unknown one is a 400); a string
+    parameter in a path or query holds no NUL character."""
+    schemas = result.get("components", {}).get("schemas", {})
+    bodies = set()
+    for operations in result["paths"].values():
+        for operation in operations.values():
+            if not isinstance(operation, dict):
+                continue
+            for content in (operation.get("requestBody") or {}).get("content", {}).values():
+                ref = (content.get("schema") or {}).get("$ref", "")
+                bodies.add(ref.rsplit("/", 1)[-1])
+            for parameter in operation.get("parameters", []):
+                schema = parameter.get("schema") or {}
+                if schema.get("type") == "string" and "pattern" not in schema and "enum" not in schema \
+                        and "format" not in schema:
+                    schema["pattern"] = NO_NUL
+    for name in bodies:
+        if name in schemas and schemas[name].get("type") == "object":
+            schemas[name]["additionalProperties"] = False
+    return result

@@ -128,7 +128,8 @@ def adapter_create(
     _check_name(name=name)
     base = base_models_active().filter(name=base_model).first()
     if base is None:
-        raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model")
+        raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model",
+                              status_code=422)
     _check_room(tenant=tenant)
     _check_free(tenant=tenant, name=name)
     size, checked = _check_upload(tenant=tenant, base=base, files=files)

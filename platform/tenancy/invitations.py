@@ -121,7 +121,7 @@ def invitation_revoke(*, actor: Actor, invitation: Invitation) -> Invitation:
     with transaction.atomic():
         invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
         if invitation.accepted_at is not None or invitation.revoked_at is not None:
-            raise ValidationError("This invitation is no longer pending.")
+            raise ValidationError("This invitation is no longer pending.", code="conflict")
         invitation.revoked_at = timezone.now()
         invitation.save(update_fields=["revoked_at"])
         audit_record(

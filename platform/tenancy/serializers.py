@@ -1,4 +1,5 @@
-from django.core.validators import slug_re
+from django.core.validators import RegexValidator, slug_re
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from quilt.body import RejectUnknownFields
@@ -55,25 +56,35 @@ class TenantSettingsInput(RejectUnknownFields, serializers.Serializer):
         return super().to_internal_value(data)
 
 
+WEBHOOK_SECRET = r"^[ -~]{32,64}$"  # printable ASCII
+
+
 class WebhookSecretInput(RejectUnknownFields, serializers.Serializer):
     secret = serializers.CharField(
-        required=False, default="", min_length=32, max_length=64, help_text="Empty: a new random secret."
-    )
+        required=False, default="", min_length=32, max_length=64, trim_whitespace=False,
+        validators=[RegexValidator(WEBHOOK_SECRET, "A webhook secret is 32 to 64 printable ASCII characters.")],
+        help_text="32 to 64 printable ASCII characters; left out: a new random secret.",
+    )  # fmt: skip
 
 
 class WebhookSecretOutput(serializers.Serializer):
     webhook_secret = serializers.CharField(help_text="Shown this once: sign-check webhooks with it.")
 
 
+@extend_schema_field({"type": "string", "pattern": "^[-a-zA-Z0-9_]+$", "maxLength": 50,
+                      "description": "A plan's slug (a slug no plan has: 422)."})
 class PlanField(serializers.SlugRelatedField):
-    """A plan by its slug; what can't be a slug is refused before the lookup (PostgreSQL refuses a NUL: a 500)."""
+    """A plan by its slug; what can't be a slug is a 400 before the lookup (PostgreSQL refuses a NUL: a 500), a slug
+    no plan has a 422 (does_not_exist: quilt.api_errors)."""
+
+    default_error_messages = {"invalid": "Must be a plan's slug: letters, digits, '-' and '_', at most 50."}
 
     def __init__(self, **kwargs):
         super().__init__(slug_field="slug", queryset=Plan.objects.all(), **kwargs)
 
     def to_internal_value(self, data):
-        if isinstance(data, str) and not slug_re.fullmatch(data):
-            self.fail("does_not_exist", slug_name=self.slug_field, value=data[:50])
+        if isinstance(data, str) and (not slug_re.fullmatch(data) or len(data) > 50):
+            self.fail("invalid")
         return super().to_internal_value(data)
 
 

@@ -199,8 +199,8 @@ def tenant_webhook_secret_set(*, actor: Actor, tenant: Tenant, secret: str = "")
     row records that it changed, never the secret."""
     require_role(actor=actor, tenant=tenant, minimum=Membership.Role.ADMIN, doing="set the webhook secret")
     secret = secret or secrets.token_urlsafe(32)
-    if not 32 <= len(secret) <= 64 or not secret.isprintable():
-        raise ValidationError("A webhook secret is 32 to 64 printable characters.")
+    if not 32 <= len(secret) <= 64 or not (secret.isascii() and secret.isprintable()):
+        raise ValidationError("A webhook secret is 32 to 64 printable ASCII characters.")
     with transaction.atomic():
         tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
         had_one = bool(tenant.webhook_secret)

@@ -101,7 +101,7 @@ def test_a_browser_session_upload_is_capped_before_its_csrf_check_reads_the_body
 def test_bad_requests_are_refused_clearly(tenant_a, key_client, base_model, adapter_zip, media_root):
     client, _, _ = key_client(tenant_a, scopes=["adapters:write"])
     cases = [
-        ({"name": "x", "base_model": "no-such-base", "file": upload("a.zip", adapter_zip)}, 400, "unknown_base_model"),
+        ({"name": "x", "base_model": "no-such-base", "file": upload("a.zip", adapter_zip)}, 422, "unknown_base_model"),
         ({"name": "bad@name", "base_model": BASE_NAME, "file": upload("a.zip", adapter_zip)}, 400, "invalid_name"),
         ({"name": BASE_NAME, "base_model": BASE_NAME, "file": upload("a.zip", adapter_zip)}, 409, "adapter_exists"),
         ({"name": "x", "base_model": BASE_NAME, "file": upload("a.zip", b"")}, 400, "file_empty"),

@@ -55,7 +55,7 @@ def test_the_invitee_accepts_with_the_link_and_joins_with_the_invited_role(
     assert joined.status_code == 201, joined.content
     assert Membership.objects.get(tenant=tenant_a, user__username="dana").role == "developer"
     again = anonymous.post(path, {"username": "dana2", "password": "a-long-enough-passphrase-42"}, format="json")
-    assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_invitation"
+    assert again.status_code == 404 and again.json()["error"]["code"] == "invalid_invitation"  # used: no such invitation
 
 
 def test_an_existing_user_accepts_into_their_own_account(tenant_a, tenant_b, member_client):
@@ -71,7 +71,7 @@ def test_an_existing_user_accepts_into_their_own_account(tenant_a, tenant_b, mem
 
 def test_a_forged_token_is_refused_like_a_used_one(tenant_a):
     response = APIClient().post("/api/v1/invitations/not-a-token", {"username": "x", "password": "y" * 20}, format="json")
-    assert response.status_code == 400
+    assert response.status_code == 404
     assert response.json()["error"]["code"] == "invalid_invitation"
     assert not Membership.objects.filter(tenant=tenant_a).exists()
 

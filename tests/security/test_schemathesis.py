@@ -18,8 +18,14 @@ from tests.security.conftest import FIGURES
 from tests.security.gateways import gateways
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-CHECKS = "not_a_server_error,negative_data_rejection,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"  # noqa: E501
+# Every check schemathesis has but two, which still fail (issue 37 item 20, left open): positive_data_acceptance
+# (4 to 9 schema-valid requests refused, some with values that break the schema's own patterns in the stateful
+# phase) and ignored_auth (the session cookie is no security scheme the schema declares). Its expected statuses are
+# in schemathesis.toml, for when it is on.
+CHECKS = "all"
+EXCLUDED_CHECKS = "positive_data_acceptance,ignored_auth"
 CSRF = "securitytestcsrftoken0123456789a"
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
 def _har_entries(path) -> list[dict]:
@@ -36,7 +42,7 @@ def _session_cookie(user) -> str:
 
 def _schemathesis(schema_path, url: str, har, *headers: str, phases: str) -> subprocess.Popen:
     command = [
-        str(Path(sys.executable).parent / "st"), "run", str(schema_path), "--url", url, "--checks", CHECKS, "--max-examples", "10",
+        str(Path(sys.executable).parent / "st"), "--config-file", str(CONFIG), "run", str(schema_path), "--url", url, "--checks", CHECKS, "--exclude-checks", EXCLUDED_CHECKS, "--max-examples", "10", "--generation-deterministic",
         "--workers", "1", "--seed", "15", "--no-color", "--report", "har", "--report-har-path", str(har),
         "--include-path-regex", "^/api/v1/",  # the schema documents /v1 too; the OpenAI API has its own fuzz test
         "--phases", phases,

@@ -14,6 +14,7 @@ import threading
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 from gateway.admission.backend import AdmissionBackend
 from gateway.admission.limits import (
@@ -37,10 +38,21 @@ __all__ = [
 
 _chosen: dict[tuple[str, str], AdmissionBackend] = {}
 _lock = threading.Lock()
+_current: list[AdmissionBackend] = []  # the current settings' backend: read twice per request, settings not at all
+
+
+def _settings_changed(*, setting: str, **_) -> None:
+    if setting in ("REDIS_URL", "QUILT_REDIS_KEY_PREFIX"):
+        _current.clear()
+
+
+setting_changed.connect(_settings_changed)
 
 
 def backend() -> AdmissionBackend:
     """The backend for the current settings (one instance per Redis URL and key prefix, or the database)."""
+    if _current:
+        return _current[0]
     key = (settings.REDIS_URL, settings.QUILT_REDIS_KEY_PREFIX)
     chosen = _chosen.get(key)
     if chosen is None:
@@ -56,6 +68,7 @@ def backend() -> AdmissionBackend:
 
                     chosen = DatabaseAdmission()
                 _chosen[key] = chosen
+    _current[:] = [chosen]
     return chosen
 
 

@@ -204,7 +204,8 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Quilt management API",
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage, the request log and billing under /api/v1; the "
     "OpenAI-compatible inference and fine-tuning API under /v1.",
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "quilt.schema_text.openai_paths"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "quilt.schema_text.openai_paths",
+                            "quilt.schema.describe_refusals"],
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "REDOC_DIST": "SIDECAR",

@@ -192,6 +192,29 @@ def build(num_layers: int, hidden: int, batch: int, adapters: int, rank: int, co
                 return built
         lora = lora_step
 
+    graph_step = None
+    try:
+        from engine.cuda_graph import DecodeGraphs
+        from engine.step_inputs import StepInputs
+    except ImportError:  # the baseline has no graph path
+        DecodeGraphs = None
+    if DecodeGraphs is not None:
+        graphs = DecodeGraphs(model=model, max_batch=batch, max_blocks=blocks_per_seq, capture=False, device=meta)
+        inputs = StepInputs(input_ids=[0] * batch, positions=positions, slot_mapping=slot_mapping,
+                            block_tables=block_tables, context_lens=[context + 1] * batch,
+                            cu_seqlens_q=list(range(batch + 1)), prompt_lens=[context] * batch,
+                            token_slots=list(range(batch)) if adapters else [-1] * batch, adapters=[])
+        hidden_states = torch.zeros(batch, config["hidden_size"], dtype=torch.bfloat16, device=meta)
+
+        def graph_step():
+            """What the host does per decode step on CUDA with the graph captured: the adapters' metadata
+            (LoRABatch.fill), the static buffers' refill and copy (DecodeGraphs.fill), then graph.replay() (one
+            cudaGraphLaunch: not run here, counted as one launch), and the logits of the sampled rows."""
+            if lora:
+                lora()
+            graphs.fill(inputs, graphs.bucket(batch))
+            return model.compute_logits(hidden_states)
+
     def step():
         ctx = Context.build(positions=positions, slot_mapping=slot_mapping, block_tables=block_tables,
                             context_lens=[context + 1] * batch, cu_seqlens_q=list(range(batch + 1)),
@@ -199,7 +222,7 @@ def build(num_layers: int, hidden: int, batch: int, adapters: int, rank: int, co
         hidden_states = model(input_ids, ctx)
         return model.compute_logits(hidden_states)
 
-    return model, step
+    return model, step, graph_step
 
 
 def measure(*, num_layers: int, hidden: int, batch: int, adapters: int, rank: int, context: int, steps: int) -> dict:
@@ -208,7 +231,7 @@ def measure(*, num_layers: int, hidden: int, batch: int, adapters: int, rank: in
 
     counter = Counter()
     with no_op_launches(counter), torch.inference_mode():
-        model, step = build(num_layers, hidden, batch, adapters, rank, context)
+        model, step, graph_step = build(num_layers, hidden, batch, adapters, rank, context)
         mark_layers(counter, model)
         step()  # warm up: the baseline cuts and keeps its tables, lru caches fill
         counter.reset()
@@ -221,8 +244,17 @@ def measure(*, num_layers: int, hidden: int, batch: int, adapters: int, rank: in
             step()
             times.append(time.thread_time() - start)
         host_ms = min(times) * 1e3  # the least disturbed step: the others only add other processes' noise
+        graph_ms = None
+        if graph_step is not None:
+            graph_step()
+            times = []
+            for _ in range(steps):
+                start = time.thread_time()
+                graph_step()
+                times.append(time.thread_time() - start)
+            graph_ms = min(times) * 1e3
     per_layer = sum(counts["inside"].values()) / num_layers
-    return {"per_layer": per_layer, "counts": counts, "host_ms": host_ms,
+    return {"per_layer": per_layer, "counts": counts, "host_ms": host_ms, "graph_ms": graph_ms,
             "total": sum(counts["inside"].values()) + sum(counts["outside"].values())}
 
 
@@ -290,6 +322,17 @@ def main() -> None:
     share = {name: [lora - base for lora, base in zip(*host[name], strict=True)] for name in host}  # same process
     for name, values in share.items():
         print(f"{name:10} LoRA's own host time (with minus without, per round): {_spread(values)}")
+    graph = [r[str(args.adapters)]["graph_ms"] for r in runs["after"]]
+    graph_base = [r["0"]["graph_ms"] for r in runs["after"]]
+    if graph[0] is not None:
+        print(f"{'after, CUDA graph':18} host ms per step with the decode graph replayed (metadata + buffer refill + "
+              f"logits; the replay itself, one launch, not timed): no LoRA {_spread(graph_base)}, "
+              f"LoRA {_spread(graph)}")
+    if "before" in host and graph[0] is not None:
+        pairs = [b / a for b, a in zip(host["before"][0], graph, strict=True)]
+        print(f"host time with LoRA, eager before / CUDA graph after: "
+              f"{statistics.median(host['before'][0]) / statistics.median(graph):.1f}x "
+              f"(per round {min(pairs):.1f}-{max(pairs):.1f}x)")
     if "before" in host:
         ratio = statistics.median(host["before"][0]) / statistics.median(host["after"][0])
         ratio_base = statistics.median(host["before"][1]) / statistics.median(host["after"][1])

@@ -153,6 +153,16 @@ def cpu_seconds(pid: int, tid: int | None = None) -> tuple[float, float]:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """All CPUs' time so far and the part stolen by the hypervisor (other guests on the same host), in ticks."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7]
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def main_thread_seconds(pid: int) -> float:
     """The CPU time of the process's main thread (its event loop: uvicorn and the application), user + system."""
     return sum(cpu_seconds(pid, pid))
@@ -188,6 +198,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             print(f"{name:>8} idle: {seconds / IDLE_SECONDS * 1000:.1f} ms of CPU per second", flush=True)
         for level in args.levels:
             requests = max(args.requests, level)
+            load_before, ticks_before = load_average(), machine_ticks()
             # Each level's own warm-up, not measured: its connections opened (client to gateway, gateway to engine
             # and Redis), so no round pays for them.
             await run_level(direct, level, max(level, args.warmup))
@@ -214,8 +225,13 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     per_round[name].append(sum(used) / max(len(level_ttfts), 1) * 1000)
                     ttfts[name] += level_ttfts
                     rps[name].append(level_rps)
+            total, stolen = (after - before for after, before in zip(machine_ticks(), ticks_before, strict=True))
+            load = (load_before, load_average())
+            print(f"  level {level}: load average {load[0]:.1f} -> {load[1]:.1f}, {stolen / max(total, 1):.1%} of"
+                  " the CPUs' time stolen by the hypervisor", flush=True)  # fmt: skip
             for name in gateways:
-                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name])}
+                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name]), "load": load,
+                       "steal_share": stolen / max(total, 1)}  # fmt: skip
                 for path, values in (("direct", direct_ttfts), ("gateway", ttfts[name])):
                     row[f"{path}_p50_ms"] = percentile(values, 50) * 1000
                     row[f"{path}_p99_ms"] = percentile(values, 99) * 1000

@@ -23,9 +23,10 @@ from torch import nn
 
 import kernels
 from engine.context import Context
+from engine.quant_formats.compressed_fp8_experts import CompressedFp8Experts
 from engine.quant_formats.fp8_experts import BLOCK, Fp8Experts, cdiv
 from engine.quant_formats.packed_linear import PackedLinear, TensorLayout
-from engine.quant_formats.spec import QuantSpec
+from engine.quant_formats.spec import QuantSpec, activation_mode, input_activations
 from kernels.reference import FP8
 
 WHOLE = TensorLayout(out_dim=None, in_dim=None)  # read whole by every rank; load_slice takes the rank's part
@@ -139,6 +140,8 @@ class CompressedFp8Linear(Fp8Linear):
     marker = "weight_scale"
     scale_kind = "weight_scale"
 
+    experts_cls = CompressedFp8Experts  # an MoE checkpoint's experts in this format
+
     @classmethod
     def check_spec(cls, spec: QuantSpec) -> None:
         if spec.weight_type != "float" or spec.bits != 8:
@@ -148,7 +151,7 @@ class CompressedFp8Linear(Fp8Linear):
             raise ValueError(f"{spec.scheme}: weight strategy {spec.strategy!r} is not served; served: tensor, "
                              f"channel (and block scales as quantization 'fp8' with weight_block_size)")
         if spec.activation_bits not in (0, 8) or activation_mode(spec) not in (None, "token", "tensor"):
-            raise ValueError(f"{spec.scheme}: input activations {_activations(spec)} are not served; served: "
+            raise ValueError(f"{spec.scheme}: input activations {input_activations(spec)} are not served; served: "
                              f"none, 8-bit float dynamic per token, 8-bit float static per tensor")
 
     @classmethod
@@ -216,21 +219,3 @@ class CompressedFp8Linear(Fp8Linear):
                                               self.input_scale[i : i + 1])
                            for i, (o0, o1) in enumerate(pairwise(self.slice_offsets))], dim=-1)
         return y if self.bias is None else y + self.bias
-
-
-def activation_mode(spec: QuantSpec) -> str | None:
-    """compressed-tensors' input activations: None (weight-only), "token" (dynamic per token) or "tensor"
-    (static per tensor); anything else as its strategy name, which check_spec refuses."""
-    if not spec.activation_bits:
-        return None
-    acts = _activations(spec)
-    strategy = acts.get("strategy")
-    if acts.get("type", "float") != "float" or (strategy == "token") != bool(acts.get("dynamic")):
-        return f"{acts.get('type')} {strategy} dynamic={acts.get('dynamic')}"
-    return strategy
-
-
-def _activations(spec: QuantSpec) -> dict:
-    """The input_activations of compressed-tensors' one config group (engine/quant_formats/spec.py reads one)."""
-    groups = spec.raw.get("config_groups") or {}
-    return next(iter(groups.values()), {}).get("input_activations") or {}

@@ -56,6 +56,11 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
     stored, names = _stored_kinds(model, files)
     comm, packed, experts = model.comm, {}, {}
     experts_cls = getattr(packed_cls, "experts_cls", None)  # a format's own stacked experts (fp8)
+    if experts_cls is not None:  # kinds the plain experts route to each expert (compressed-tensors' weight_scale):
+        for module_name in [name for name in stored if _EXPERT.match(name)]:  # the stacked experts' too
+            layer = stored.setdefault(_EXPERT.match(module_name).group(1), {})
+            for kind, dtype in stored.pop(module_name).items():
+                layer.setdefault(kind, dtype)
     for module_name, kinds in stored.items():
         if packed_cls.marker not in kinds:
             if any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for dtype in kinds.values()):
@@ -64,8 +69,9 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
             continue
         if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
             parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
-            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), name=module_name,
-                                                                   tp_rank=comm.rank, tp_size=comm.size))
+            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), quant_spec,
+                                                                   name=module_name, tp_rank=comm.rank,
+                                                                   tp_size=comm.size))
             continue
         expert = _EXPERT.match(module_name)
         if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below

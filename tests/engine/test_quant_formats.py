@@ -226,16 +226,18 @@ def test_quantizing_a_quantized_checkpoint_on_load_is_refused(quantized):
         LLM(quantized("awq-w4-g32")[0], device="cpu", num_kv_blocks=16, quantization="int8")
 
 
-def test_w4a16_benchmark_smoke(tmp_path, capsys):
-    """benchmarks/quantized_checkpoints.py (the GPU suite's w4a16 step) end to end on its tiny shape: its GPTQ
-    writer, both engines, the table (CPU speed says nothing about the GPU's)."""
+@pytest.mark.parametrize(("suite", "engine", "quantization", "bytes_ratio"), [
+    ("w4a16", "w4a16", "gptq w4 g128 sym", 0.5), ("fp8ckpt", "fp8", "fp8 fp8 block 128x128", 0.6)])
+def test_quantized_checkpoints_benchmark_smoke(tmp_path, capsys, suite, engine, quantization, bytes_ratio):
+    """benchmarks/quantized_checkpoints.py (the GPU suite's w4a16 and fp8ckpt steps) end to end on its tiny shape:
+    each suite's writer, both engines, the table (CPU speed says nothing about the GPU's)."""
     from benchmarks import quantized_checkpoints
 
-    assert quantized_checkpoints.main(["--batches", "2", "--rounds", "1", "--adapters", "2",
-                                       "--json", str(tmp_path / "w4a16.json")]) == 0
-    report = json.loads((tmp_path / "w4a16.json").read_text())
-    assert report["quantization"] == "gptq w4 g128 sym"
-    assert report["weights_bytes"]["w4a16"] < 0.5 * report["weights_bytes"]["bf16"]
+    assert quantized_checkpoints.main(["--suite", suite, "--batches", "2", "--rounds", "1", "--adapters", "2",
+                                       "--json", str(tmp_path / "report.json")]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["quantization"] == quantization
+    assert report["weights_bytes"][engine] < bytes_ratio * report["weights_bytes"]["bf16"]
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 

@@ -1,6 +1,8 @@
 """The API docs describe /v1 as it answers: real answers of the gateway (whole, streamed, with logprobs, refusals)
 match the schemas the docs publish, and the documented request schema refuses what the gateway refuses."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -52,9 +54,32 @@ def test_a_completion_whole_and_streamed_is_as_documented(stack):
 def test_models_are_as_documented(stack):
     api = client(stack, stack.keys["main"])
     listing = api.models.with_raw_response.list()
-    check_answer("get", "/v1/models", 200, listing.http_response.json())
+    check_answer("get", "/v1/models", 200, listing.http_response.json(), headers=listing.headers)
     pinned = api.models.with_raw_response.retrieve("support@1")
-    check_answer("get", "/v1/models/{name}", 200, pinned.http_response.json())
+    check_answer("get", "/v1/models/{name}", 200, pinned.http_response.json(), headers=pinned.headers)
+
+
+def test_files_and_fine_tuning_answers_are_as_documented(stack):
+    api = client(stack, stack.keys["main"])
+    lines = [{"messages": [{"role": "user", "content": f"w{i}"}, {"role": "assistant", "content": "w1"}]}
+             for i in range(12)]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    created = api.files.with_raw_response.create(file=("schema.jsonl", content), purpose="fine-tune")
+    check_answer("post", "/v1/files", 200, created.http_response.json())
+    file_id = created.parse().id
+    check_answer("get", "/v1/files", 200, api.files.with_raw_response.list(limit=2).http_response.json())
+    check_answer("get", "/v1/files/{file_id}", 200, api.files.with_raw_response.retrieve(file_id).http_response.json())
+    check_answer("get", "/v1/fine_tuning/jobs", 200,
+                 api.fine_tuning.jobs.with_raw_response.list().http_response.json())  # fmt: skip
+    for call, path, status in (
+        (lambda: api.fine_tuning.jobs.create(model=BASE_MODEL, training_file=file_id,
+                                             hyperparameters={"n_epochs": 99}), "/v1/fine_tuning/jobs", 400),
+        (lambda: api.fine_tuning.jobs.retrieve("ftjob-none"), "/v1/fine_tuning/jobs/{job_id}", 404),
+    ):  # fmt: skip
+        error = _refusal(call)
+        assert error.status_code == status
+        check_answer("post" if status == 400 else "get", path, status, error.response.json())
+    check_answer("delete", "/v1/files/{file_id}", 200, api.files.with_raw_response.delete(file_id).http_response.json())
 
 
 def _refusal(call) -> openai.APIStatusError:

@@ -22,11 +22,17 @@ def _json(name: str) -> dict:
 
 
 def _generation(*, whole: str, chunk: str, description: str) -> dict:
+    event = {"oneOf": [ref(chunk), ref("OpenAIStreamError")], "description": "Each `data:` event's JSON."}
     return {
         "description": description,
         "headers": {"x-request-id": REQUEST_ID, **RATE_LIMIT, **STREAM_HEADERS},
-        "content": {**_json(whole), "text/event-stream": {"schema": ref(chunk)}},
+        "content": {**_json(whole), "text/event-stream": {"schema": event}},
     }
+
+
+def _models(name: str, description: str) -> dict:
+    return {"description": description, "headers": {"x-request-id": REQUEST_ID, **RATE_LIMIT},
+            "content": _json(name)}  # fmt: skip
 
 
 def _query(name: str, schema: dict, description: str) -> dict:
@@ -66,10 +72,10 @@ OPERATIONS = [
                  description="A `text_completion` object, or with `stream: true` a `text/event-stream` of "
                              "`text_completion` chunks."), GENERATION_STATUSES, []),
     ("get", "/v1/models", INFERENCE, "List models", "The base models and the tenant's adapters this key may use.",
-     None, None, {"description": "The models.", "content": _json("ModelList")},
+     None, None, _models("ModelList", "The models."),
      ("401", "403", "405", "500", "503"), []),
     ("get", "/v1/models/{name}", INFERENCE, "Get a model", "One model by name (`support-bot@3` pins a version), if "
-     "this key may use it.", "name", None, {"description": "The model.", "content": _json("Model")},
+     "this key may use it.", "name", None, _models("Model", "The model."),
      ("400", "401", "403", "404", "405", "500", "503"), []),
     ("post", "/v1/files", FINE_TUNING, "Upload a file", "A JSONL file of training examples, checked line by line "
      "at once (a bad line is a 400 that names it).", None,

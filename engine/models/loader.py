@@ -160,6 +160,9 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
     model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
     finish_packed(model)
     model.quant_spec = quant_spec
-    if quantization is not None and device.type == "cuda":
-        torch.cuda.empty_cache()  # the pool is sized from free memory next
+    if (quantization is not None or quant_spec is not None) and device.type == "cuda":
+        # the pool is sized from free memory next: hand back what quantizing, or turning stored tensors into
+        # their kernel layout (AWQ and compressed-tensors repacked, act order sorted), left in torch's cache, so
+        # that the budget is left after the packed weights alone
+        torch.cuda.empty_cache()
     return model.eval()

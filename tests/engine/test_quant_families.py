@@ -114,6 +114,13 @@ def test_group_sizes_64_and_128_match_peft(wide, tmp_path, case):
     down = llm.engine.runner.model.model.layers[0].mlp.down_proj.base
     assert down.scales.shape[0] == 256 // settings["group_size"]  # served at the checkpoint's groups
     assert (down.perm is not None) == settings.get("act_order", False)
+    # what /v1/state says the weights take (and the pool is left after): the checkpoint's packed tensors (the
+    # engine holds one g_idx per fused projection, and with act order the sorting permutation)
+    memory = llm.engine.state()["memory"]
+    stored = sum(t.numel() * t.element_size() for t in load_file(str(model_dir / "model.safetensors")).values())
+    assert memory["base_weights_bytes"] == pytest.approx(stored, rel=0.03)
+    assert memory["quantization"].endswith(f"g{settings['group_size']} {'sym' if settings['sym'] else 'asym'}"
+                                           f"{' act-order' if settings.get('act_order') else ''}")
 
 
 def test_phi3_fp8_blocks_on_fused_projections_match_peft(tmp_path):
@@ -137,3 +144,25 @@ def test_phi3_fp8_blocks_on_fused_projections_match_peft(tmp_path):
     sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
     outputs = llm.generate(prompts, sampling, adapters=names)
     assert_matches_peft(Oracle(model_dir, adapters), prompts, names, outputs, max_tokens=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_pool_is_sized_after_the_packed_weights_alone(tmp_path):
+    """The page pool is a share of the memory free once the weights are in. Turning AWQ's stored tensors into
+    the kernel's layout frees them into torch's cache, which the device still counts as used: the loader hands
+    that back, so the weights the budget is left after are the packed ones (not those plus their stored copies:
+    about twice as much, and more with the unpacking's scratch). One layer of Llama-3-8B's widths."""
+    from engine.models import load_model
+    from engine.models.quantized_linear import tensor_bytes
+
+    base = build_checkpoint(tmp_path / "base", "llama", seed=12, num_layers=1, hidden_size=4096,
+                            intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                            initializer_range=0.02)
+    model_dir, _ = write_quantized(base, tmp_path / "awq", seed=3, **CASES["awq-w4-g32"])
+    torch.cuda.empty_cache()
+    free_before = torch.cuda.mem_get_info()[0]
+    model = load_model(model_dir, dtype=torch.bfloat16, device=torch.device("cuda"))
+    used = free_before - torch.cuda.mem_get_info()[0]
+    # the packed weights (about 80 MiB), and a margin for the allocator's partly used 20 MiB segments
+    assert used <= tensor_bytes(model) * 1.25 + (48 << 20)

@@ -6,6 +6,7 @@ import jsonschema
 import pytest
 
 from gateway.errors import ApiError
+from quilt.openai_schema import SCHEMAS
 from quilt.openai_schema.errors import STATUSES, TYPES
 from tests.gateway.v1_schema import component, document, validator
 
@@ -65,3 +66,11 @@ def test_a_tool_and_a_json_schema_format_are_described_field_by_field():
                 {"logit_bias": {"42": -101}}, {"stream_options": {"include_usage": True, "every": 2}}):  # fmt: skip
         with pytest.raises(jsonschema.ValidationError):
             request.validate(good | bad)
+
+
+def test_the_examples_the_docs_show_are_valid():
+    examples = {name: schema["example"] for name, schema in document()["components"]["schemas"].items()
+                if name in SCHEMAS and "example" in schema}  # fmt: skip
+    assert {"ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk", "CompletionRequest"} <= examples.keys()
+    for name, example in examples.items():
+        component(name).validate(example)

@@ -74,3 +74,14 @@ def test_the_examples_the_docs_show_are_valid():
     assert {"ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk", "CompletionRequest"} <= examples.keys()
     for name, example in examples.items():
         component(name).validate(example)
+
+
+def test_the_document_is_valid_openapi_3_0():
+    """Checked with the OpenAPI 3.0 meta-schema schemathesis carries (an OpenAPI 3.0 schema object is not JSON
+    Schema: `nullable`, no `const`, no type lists), so that every OpenAPI tool reads the /v1 part too."""
+    from schemathesis.specs.openapi.definitions import OPENAPI_30
+
+    assert document()["openapi"].startswith("3.0")
+    errors = [f"{list(error.absolute_path)}: {error.message}"
+              for error in jsonschema.Draft4Validator(OPENAPI_30).iter_errors(document())]  # fmt: skip
+    assert not errors, errors[:5]

@@ -36,6 +36,8 @@ TOOL_CALL = obj({
                                                        "parse it, and check it against the function's `parameters`.")},
                     ("name", "arguments")),
 }, ("id", "type", "function"))
+TOOL_CALL["example"] = {"id": "call_8f2a", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"oslo\"}"}}
 MESSAGES = {
     "ChatSystemMessage": _message(const("system"), description="Instructions (the model's chat template places them)."),
     "ChatDeveloperMessage": _message(const("developer"), description="Taken as a system message."),
@@ -97,8 +99,8 @@ RESPONSE_FORMAT = {
 }  # fmt: skip
 
 REQUEST = obj({
-    **common_properties(n_description="Choices to generate for the prompt."),
-    "messages": array(ref("ChatMessage"), minItems=1),
+    **common_properties(n_description="Choices to generate for the prompt.",
+                        prompt={"messages": array(ref("ChatMessage"), minItems=1)}),
     "max_completion_tokens": nullable(integer("OpenAI's newer name for `max_tokens`; wins when both are given.",
                                               minimum=1, maximum=2**31)),
     "logprobs": nullable(boolean("Return each generated token's log probability.", default=False)),
@@ -115,6 +117,11 @@ REQUEST = obj({
     "service_tier": nullable(text("Accepted and ignored.")),
 }, ("model", "messages"), closed=True, description="Any other field is a 400 (`Unrecognized request argument "
                                                    "supplied`).")  # fmt: skip
+REQUEST["example"] = {
+    "model": "support-bot", "messages": [{"role": "system", "content": "Answer in one sentence."},
+                                         {"role": "user", "content": "Where is order 1234?"}],
+    "max_tokens": 64, "temperature": 0.2, "stream": True, "stream_options": {"include_usage": True},
+}  # fmt: skip
 
 TOKEN_LOGPROB = obj({
     "token": text(), "logprob": number(),
@@ -145,6 +152,14 @@ COMPLETION = obj({
     }, ("index", "message", "logprobs", "finish_reason")), minItems=1),
     "usage": ref("CompletionUsage"),
 }, ("id", "object", "created", "model", "system_fingerprint", "choices", "usage"))  # fmt: skip
+COMPLETION["example"] = {
+    "id": "chatcmpl-3b1f0c9e2d6a4c1e9a7b5d3f1e0c2a4b", "object": "chat.completion", "created": 1764300000,
+    "model": "support-bot", "system_fingerprint": None,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Order 1234 ships tomorrow.", "refusal": None},
+                 "logprobs": None, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 31, "completion_tokens": 7, "total_tokens": 38,
+              "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
+}  # fmt: skip
 
 TOOL_CALL_DELTA = obj({
     "index": integer("Which call of the choice this part belongs to.", minimum=0),
@@ -173,6 +188,12 @@ CHUNK = obj({
     "usage": nullable(ref("CompletionUsage")),
 }, ("id", "object", "created", "model", "system_fingerprint", "choices"),
     description="One `data:` event of a streamed chat completion. A choice's last chunk has its `finish_reason`.")
+CHUNK["example"] = {
+    "id": "chatcmpl-3b1f0c9e2d6a4c1e9a7b5d3f1e0c2a4b", "object": "chat.completion.chunk", "created": 1764300000,
+    "model": "support-bot", "system_fingerprint": None,
+    "choices": [{"index": 0, "delta": {"content": "Order 1234"}, "logprobs": None, "finish_reason": None}],
+    "usage": None,
+}  # fmt: skip
 
 SCHEMAS = {
     "ChatCompletionRequest": REQUEST, "ChatMessage": MESSAGE, **MESSAGES, "ChatContent": CONTENT,

@@ -28,8 +28,7 @@ PROMPT = {
                    "indexes i*n .. i*n+n-1. A batch times `n` may hold at most 64 choices.",
 }  # fmt: skip
 REQUEST = obj({
-    **common_properties(n_description="Choices to generate for each prompt."),
-    "prompt": PROMPT,
+    **common_properties(n_description="Choices to generate for each prompt.", prompt={"prompt": PROMPT}),
     "echo": nullable(boolean("Start each choice's text with its prompt.", default=False)),
     "logprobs": nullable(integer("Return each token's log probability and this many likeliest alternatives (0: "
                                  "none). With `echo`, the prompt's tokens too (the first has a null logprob).",
@@ -38,6 +37,7 @@ REQUEST = obj({
                                 "`unsupported_parameter`.", minimum=1, maximum=16)),
 }, ("model", "prompt"), closed=True, description="`max_tokens` defaults to 16 here. `suffix` is refused "
                                                  "(`unsupported_parameter`); any other unknown field is a 400.")
+REQUEST["example"] = {"model": "quilt-demo", "prompt": "the cat sees", "max_tokens": 16, "temperature": 0}
 
 LOGPROBS = obj({
     "tokens": array(text(), description="Each token's text, or `bytes:\\xNN...` for part of a UTF-8 character."),

@@ -3,13 +3,22 @@ and the headers that come with them (x-request-id, x-ratelimit-*, Retry-After)."
 
 from quilt.openai_schema.shapes import nullable, obj, ref, text
 
+# status -> the error types it may carry
+TYPES = {
+    "400": ("invalid_request_error",), "401": ("invalid_request_error",), "403": ("permission_error",),
+    "404": ("invalid_request_error",), "405": ("invalid_request_error",), "409": ("invalid_request_error",),
+    "413": ("invalid_request_error",), "415": ("invalid_request_error",),
+    "429": ("rate_limit_error", "insufficient_quota"), "500": ("server_error",), "502": ("server_error",),
+    "503": ("server_error",),
+}  # fmt: skip
+_BY_TYPE = {kind: [status for status, kinds in TYPES.items() if kind in kinds] for kinds in TYPES.values()
+            for kind in kinds}  # fmt: skip
+
 ERROR = obj({
     "error": obj({
         "message": text("What went wrong, for a person to read."),
-        "type": text("`invalid_request_error` (400, 401, 404, 405, 409, 413, 415), `permission_error` (403), "
-                     "`rate_limit_error` or `insufficient_quota` (429), `server_error` (5xx).",
-                     enum=["invalid_request_error", "permission_error", "rate_limit_error", "insufficient_quota",
-                           "server_error"]),
+        "type": text(", ".join(f"`{kind}` ({', '.join(statuses)})" for kind, statuses in _BY_TYPE.items()) + ".",
+                     enum=list(_BY_TYPE)),
         "param": nullable(text("The request field at fault, as a dotted path (`messages.[2].content`, "
                                "`tools[0].function.name`, `response_format.json_schema.name`), or null.")),
         "code": nullable(text("A short machine-readable reason (listed under each status), or null.")),

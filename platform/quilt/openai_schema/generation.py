@@ -31,28 +31,30 @@ STOP = {
 }
 
 
-def common_properties(*, n_description: str) -> dict:
-    """The fields both endpoints take. Every optional field may be null, which means the same as leaving it out."""
+def common_properties(*, n_description: str, prompt: dict) -> dict:
+    """The fields both endpoints take, `prompt` (the endpoint's own input field) after the model. Every optional
+    field may be null, which means the same as leaving it out."""
     return {
         "model": MODEL,
+        **prompt,
         "stream": nullable(boolean("Answer as server-sent events (`text/event-stream`) instead of one JSON object.",
                                    default=False)),
         "stream_options": nullable(STREAM_OPTIONS),
-        "max_tokens": nullable(integer("The most tokens to generate per choice. It and the prompt must fit the "
-                                       "model's context; admission holds budget for it.", minimum=1,
-                                       maximum=2**31)),
+        "max_tokens": nullable(integer("The most tokens to generate per choice (default: the plan's default for "
+                                       "chat, 16 for completions). It and the prompt must fit the model's context; "
+                                       "admission holds budget for it.", minimum=1, maximum=2**31)),
         "temperature": nullable(number("0 is greedy (the likeliest token each step).", minimum=0, maximum=2,
                                        default=1)),
         "top_p": nullable(number("Nucleus sampling: the smallest set of tokens whose probability reaches `top_p`; "
                                  "0 keeps only the likeliest token.", minimum=0, maximum=1, default=1)),
         "n": nullable(integer(n_description, minimum=1, maximum=16, default=1)),
         "stop": nullable(STOP),
-        "seed": nullable(integer("Makes sampling repeatable: the same request, seed and model version give the same "
-                                 "answer.", minimum=-(2**63), maximum=2**63 - 1, format="int64")),
-        "presence_penalty": nullable(number("Lowers the logit of every token already generated.", minimum=-2,
-                                            maximum=2, default=0)),
-        "frequency_penalty": nullable(number("Lowers each token's logit by how often it was generated.",
-                                             minimum=-2, maximum=2, default=0)),
+        "seed": nullable(integer("Seeds the request's sampling, so that a sampled answer can be repeated.",
+                                 minimum=-(2**63), maximum=2**63 - 1, format="int64")),
+        "presence_penalty": nullable(number("Subtracted from the logit of every token already generated "
+                                            "(negative: repeat more).", minimum=-2, maximum=2, default=0)),
+        "frequency_penalty": nullable(number("Subtracted from each token's logit once for each time it was "
+                                             "generated.", minimum=-2, maximum=2, default=0)),
         "logit_bias": nullable(LOGIT_BIAS),
         "user": nullable(text("Your own id for the end user; kept in the request log.")),
     }  # fmt: skip

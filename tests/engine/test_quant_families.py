@@ -165,4 +165,4 @@ def test_on_cuda_the_pool_is_sized_after_the_packed_weights_alone(tmp_path):
     model = load_model(model_dir, dtype=torch.bfloat16, device=torch.device("cuda"))
     used = free_before - torch.cuda.mem_get_info()[0]
     # the packed weights (about 80 MiB), and a margin for the allocator's partly used 20 MiB segments
-    assert used <= tensor_bytes(model) * 1.25 + (48 << 20)
+    assert used <= tensor_bytes(model) * 1.25 + (64 << 20)

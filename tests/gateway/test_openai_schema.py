@@ -138,6 +138,11 @@ CHAT_BODIES = {
     "unknown-role": {"messages": [{"role": "robot", "content": "w1"}]},
     "image-part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
     "no-content": {"messages": [{"role": "user"}]},
+    "assistant-null-content": {"messages": [TEXT, {"role": "assistant", "content": None}, TEXT]},
+    "assistant-turn": {"messages": [TEXT, {"role": "assistant", "content": "w2", "refusal": None}, TEXT]},
+    "tool-call-without-id": {"messages": [TEXT, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}, TEXT]},
+    "tool-answer-without-call-id": {"messages": [TEXT, {"role": "tool", "content": "{}"}]},
     "xml-format": {"messages": [TEXT], "response_format": {"type": "xml"}},
     "schema-without-name": {"messages": [TEXT], "response_format": {"type": "json_schema", "json_schema": {}}},
     "bad-tool-name": {"messages": [TEXT], "tools": [{"type": "function", "function": {"name": "no spaces"}}]},

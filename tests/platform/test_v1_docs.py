@@ -85,3 +85,51 @@ def test_the_document_is_valid_openapi_3_0():
     errors = [f"{list(error.absolute_path)}: {error.message}"
               for error in jsonschema.Draft4Validator(OPENAPI_30).iter_errors(document())]  # fmt: skip
     assert not errors, errors[:5]
+
+
+USER = {"role": "user", "content": "hi"}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# What the gateway's own parser takes or refuses (the gateway test drives the same through the HTTP server).
+CHAT_CASES = [
+    ({}, True), ({"temperature": True}, False), ({"n": 2.5}, False), ({"top_p": 1.5}, False),
+    ({"max_tokens": 0}, False), ({"seed": 2**64}, False), ({"stop": [1]}, False), ({"stop": []}, True),
+    ({"messages": "hi"}, False), ({"messages": ["hi"]}, False), ({"messages": [{"role": "user", "content": 5}]}, False),
+    ({"messages": [{"role": "function", "content": "x"}]}, False), ({"tools": TOOL}, False), ({"tools": []}, False),
+    ({"tools": [{"type": "retrieval"}]}, False), ({"tools": [{"type": "function", "function": {"name": "f",
+                                                                                               "parameters": "x"}}]}, False),
+    ({"tools": [TOOL], "tool_choice": {"type": "function"}}, False), ({"tools": [TOOL], "tool_choice": "none"}, True),
+    ({"tools": [TOOL] * 129}, False), ({"response_format": {"type": "json_object"}}, True),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": []}}}, False),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}}}, False),
+    ({"response_format": {"type": "text", "extra": 1}}, False), ({"modalities": ["audio"]}, False),
+    ({"modalities": ["text"]}, True), ({"metadata": []}, False), ({"logprobs": "yes"}, False), ({"user": 5}, False),
+    ({"logit_bias": {"7": "x"}}, False), ({"logit_bias": {str(i): 1 for i in range(301)}}, False),
+    ({"stream": "yes"}, False), ({"max_completion_tokens": 3, "max_tokens": None}, True),
+]  # fmt: skip
+COMPLETION_CASES = [
+    ({}, True), ({"prompt": 5}, False), ({"prompt": [[5], "x"]}, False), ({"prompt": [2**31]}, False),
+    ({"prompt": [True]}, False), ({"echo": "yes"}, False), ({"logprobs": True}, False), ({"logprobs": 0}, True),
+    ({"n": 3, "best_of": 3}, True), ({"messages": [USER]}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "change", "taken"), [
+    *[pytest.param("chat", change, taken, id=f"chat-{i}") for i, (change, taken) in enumerate(CHAT_CASES)],
+    *[pytest.param("completion", change, taken, id=f"completion-{i}") for i, (change, taken) in
+      enumerate(COMPLETION_CASES)],
+])  # fmt: skip
+def test_the_request_schemas_take_what_the_parser_takes(kind, change, taken):
+    import json
+
+    from gateway.openai_request import parse_body, parse_chat, parse_completion
+
+    base = {"model": "m", "messages": [USER]} if kind == "chat" else {"model": "m", "prompt": "hi"}
+    body = base | change
+    try:
+        (parse_chat if kind == "chat" else parse_completion)(parse_body(json.dumps(body).encode()))
+        parsed = True
+    except ApiError:
+        parsed = False
+    assert parsed == taken, body  # the case's own premise
+    schema = component("ChatCompletionRequest" if kind == "chat" else "CompletionRequest")
+    assert schema.is_valid(body) == taken, [error.message for error in schema.iter_errors(body)][:2]

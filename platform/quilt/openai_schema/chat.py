@@ -47,7 +47,7 @@ MESSAGES = {
                                                 "description": "Null only beside `tool_calls`."},
                    extra={"tool_calls": array(ref("ChatToolCall"), minItems=1)}, required=("role",),
                    description="An earlier answer: its text, its tool calls, or both."),
-        "anyOf": [{"required": ["content"]}, {"required": ["tool_calls"]}],
+        "anyOf": [{"required": ["content"], "properties": {"content": ref("ChatContent")}}, {"required": ["tool_calls"]}],
     },
     "ChatToolMessage": _message(const("tool"), extra={"tool_call_id": text("The `id` of the call this answers.")},
                                 required=("role", "content", "tool_call_id"),

@@ -37,6 +37,7 @@ class Fp8Linear(PackedLinear):
 
     scale_kind: str  # the scales' stored kind
     group_k: int  # input columns per scale
+    rows_per_scale: int  # output rows per stored row of scales (a scale per tensor: all of them)
 
     def check_fp8(self, dtypes: dict[str, torch.dtype]) -> None:
         if dtypes.get("weight") != FP8:
@@ -76,6 +77,22 @@ class Fp8Linear(PackedLinear):
         o0, o1 = self.slice_offsets[index], self.slice_offsets[index + 1]
         getattr(self, self.scale_kind).data[o0:o1].copy_(tensor[per_row][:, self.column_groups()])
 
+    def load_fused(self, kind: str, tensor: torch.Tensor) -> None:
+        """A fused projection's scales as stored fused: a stored row of them may stand for the last rows of one
+        slice and the first of the next (a block of 128 holding q's end and k's start), so they are spread to
+        one row per output row, then each slice takes its rows."""
+        if kind != self.scale_kind or tensor.numel() == 1:
+            return super().load_fused(kind, tensor)
+        scales = tensor.reshape(-1, 1) if tensor.dim() == 1 else tensor  # [stored rows, groups]
+        written = [width * self.tp_size for width in self.out_slices]  # each slice's output rows, as written
+        expected = (cdiv(sum(written), self.rows_per_scale), cdiv(self.in_total, self.group_k))
+        if tuple(scales.shape) != expected:
+            raise ValueError(f"{self.name}: fused {kind} has shape {tuple(tensor.shape)}, expected {expected} for "
+                             f"{self.spec.describe()}")
+        per_row = scales.repeat_interleave(self.rows_per_scale, dim=0)[: sum(written)]  # [out as written, groups]
+        for index, rows in enumerate(per_row.split(written)):
+            self.load_scale_rows(index, rows, (written[index], expected[1]), 1)
+
     def finish(self) -> None:
         scales = getattr(self, self.scale_kind).data
         if not torch.isfinite(scales).all() or not (scales > 0).all():
@@ -92,6 +109,7 @@ class Fp8BlockLinear(Fp8Linear):
     marker = "weight_scale_inv"
     scale_kind = "weight_scale_inv"
     group_k = BLOCK
+    rows_per_scale = BLOCK
     experts_cls = Fp8Experts  # an MoE checkpoint's experts in this format
 
     @classmethod
@@ -139,6 +157,7 @@ class CompressedFp8Linear(Fp8Linear):
 
     marker = "weight_scale"
     scale_kind = "weight_scale"
+    rows_per_scale = 1  # strategy channel (a per-tensor scale is every slice's: PackedLinear.load_fused)
 
     experts_cls = CompressedFp8Experts  # an MoE checkpoint's experts in this format
 

@@ -38,7 +38,8 @@ SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "
 MOE_SHAPE = {"num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
              "mlp_only_layers": [1]}
 BLOCK_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
+               "qkv_proj", "gate_up_proj")  # the last two: Phi-3's fused ones
 
 
 def build_base(directory: Path, arch: str, *, seed: int, **shape) -> Path:

@@ -103,7 +103,9 @@ def write_block_fp8(src: Path, dst: Path, *, drop: str | None = None, config: di
 
 def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list[list[int]]) -> Path:
     """`src` (fp32) quantized by compressed-tensors' preset ("FP8": per-tensor weights, static per-tensor input
-    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor."""
+    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor.
+    Also writes dst/producer_logits.pt: (the first calibration prompt, the logits of the quantized model that
+    wrote the checkpoint on it, compressed-tensors' own forward), what the oracle is checked against."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -146,10 +148,13 @@ def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list
             assert name in input_amax, f"{name} saw no calibration tokens"
             module.input_scale.data.fill_(input_amax[name] / 448.0)
         module.quantization_status = QuantizationStatus.FROZEN
+    with torch.no_grad():
+        producer = (calibration[0], model(torch.tensor([calibration[0]])).logits[0].float())
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(dst)
     compressor.update_config(dst)
+    torch.save(producer, dst / "producer_logits.pt")
     for path in src.iterdir():
         if path.name.startswith("tokenizer"):
             shutil.copy(path, dst / path.name)

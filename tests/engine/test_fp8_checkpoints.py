@@ -166,6 +166,19 @@ def test_activations_are_quantized_as_compressed_tensors_does(fp8, case):
     assert (unquantized - expected).abs().max() > 1e-2  # the activations were quantized
 
 
+@pytest.mark.parametrize("case", ["llama-static", "mixtral-static"])
+def test_the_oracle_computes_what_wrote_the_checkpoint(fp8, case):
+    """transformers on the checkpoint (with compressed-tensors, its experts' inputs quantized by
+    quantize_expert_inputs) against the model that wrote it, compressed-tensors' own quantized Linears (one per
+    expert and projection), on a calibration prompt: the same logits within float32 rounding, so the oracle's
+    experts are the checkpoint's. Static scales only: with dynamic ones compressed-tensors scales a 2-D input (an
+    expert's rows) once over all its rows and a 3-D one per token; the checkpoint says per token, which the
+    oracle and the engine do."""
+    _, directory, _, oracle = fp8(case)
+    probe, expected = torch.load(directory / "producer_logits.pt")
+    torch.testing.assert_close(oracle.logits(probe, None), expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "qwen3-moe-dynamic"])
 def test_on_the_triton_launchers_matches_peft(fp8, case, triton_launchers):
     """Every op on its Triton launcher: fp8_block_linear for the projections, grouped_matmul for the experts (the

@@ -8,8 +8,9 @@
 - compressed-tensors `float-quantized` (llm-compressor's FP8 and FP8_DYNAMIC): `weight` [out, in] F8_E4M3,
   `weight_scale` [1] (strategy tensor) or [out, 1] (channel), and with static activations `input_scale` [1]. The
   activations are quantized as the checkpoint says, dynamic per token or with the static scale, and the
-  product is `kernels.fp8_linear` (torch._scaled_mm on CUDA); a checkpoint without input_activations is
-  weight-only, as above.
+  product is `kernels.fp8_linear` (torch._scaled_mm on CUDA; on CPU compressed-tensors' own op order, so the
+  same input gives its bits); a checkpoint without input_activations is weight-only, as above.
+- An MoE's experts: each format's `experts_cls` (fp8_experts.py, compressed_fp8_experts.py).
 
 Scales are held per output row, [out, groups] float32: a block's scale repeated over its 128 rows, a tensor's
 over all of them. So a fused projection's slices (q/k/v, gate/up) need not end on a block, and a

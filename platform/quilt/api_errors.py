@@ -86,7 +86,7 @@ def exception_handler(exc, context):
     if response is None:
         return None
     code = getattr(exc, "default_code", "error")
-    if isinstance(exc, exceptions.APIException):
+    if isinstance(exc, exceptions.APIException) and not isinstance(exc, _Refused):
         codes = _leaf_codes(exc.get_codes())  # one code, of the error or of every field it names: the answer's
         if len(codes) == 1 and "" not in codes:
             code = next(iter(codes))

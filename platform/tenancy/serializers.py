@@ -1,6 +1,6 @@
 from django.core.validators import RegexValidator, slug_re
-from drf_spectacular.utils import extend_schema_field
 from django.db import models
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from quilt.body import RejectUnknownFields

@@ -146,10 +146,26 @@ async def run_level(call, concurrency: int, requests: int, path: str = "") -> tu
     return ttfts, requests / (time.perf_counter() - started)
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """User and system CPU time of a process (all its threads) so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_seconds(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """User and system CPU time of a process (all its threads) so far, from /proc; of one thread with `tid`."""
+    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    fields = stat.read_text().rpartition(")")[2].split()
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int]:
+    """All CPUs' time so far and the part stolen by the hypervisor (other guests on the same host), in ticks."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7]
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def main_thread_seconds(pid: int) -> float:
+    """The CPU time of the process's main thread (its event loop: uvicorn and the application), user + system."""
+    return sum(cpu_seconds(pid, pid))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -168,9 +184,10 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
         calls = {name: (lambda url=url: first_token_gateway(client, url, key, args.max_tokens))
                  for name, (url, _) in gateways.items()}  # fmt: skip
-        await run_level(direct, 4, 20)
+        await run_level(direct, 4, args.warmup)
         for call in calls.values():
-            await run_level(call, 4, 20)  # warm every path
+            await run_level(call, 4, args.warmup)  # warm every path (and let each gateway's first flushes pass)
+        await asyncio.sleep(1.0)
         # What a gateway spends with no request at all (its threads' and timers' work): part of every figure below,
         # in proportion to how long a round lasts, so a slower machine (or a busier one) reads a higher CPU per
         # request for the same per-request work.
@@ -181,23 +198,40 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             print(f"{name:>8} idle: {seconds / IDLE_SECONDS * 1000:.1f} ms of CPU per second", flush=True)
         for level in args.levels:
             requests = max(args.requests, level)
+            load_before, ticks_before = load_average(), machine_ticks()
+            # Each level's own warm-up, not measured: its connections opened (client to gateway, gateway to engine
+            # and Redis), so no round pays for them.
+            await run_level(direct, level, max(level, args.warmup))
+            for call in calls.values():
+                await run_level(call, level, max(level, args.warmup))
             direct_ttfts = []
             ttfts = {name: [] for name in gateways}
             rps = {name: [] for name in gateways}
             cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
+            per_round = {name: [] for name in gateways}  # CPU per request (ms), each round
+            main_thread = {name: 0.0 for name in gateways}
             wall = {name: 0.0 for name in gateways}
-            for _ in range(args.rounds):  # alternate, so all see the same machine
+            for number in range(args.rounds):  # alternate, so all see the same machine
                 direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
-                for name, call in calls.items():
-                    cpu_before, started = cpu_seconds(gateways[name][1]), time.perf_counter()
+                order = list(calls.items())
+                for name, call in order[::-1] if number % 2 else order:  # neither gateway always goes first
+                    pid = gateways[name][1]
+                    cpu_before, main_before, started = cpu_seconds(pid), main_thread_seconds(pid), time.perf_counter()
                     level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
                     wall[name] += time.perf_counter() - started
-                    for i, (after, before) in enumerate(zip(cpu_seconds(gateways[name][1]), cpu_before, strict=True)):
-                        cpu[name][i] += after - before
+                    used = [after - before for after, before in zip(cpu_seconds(pid), cpu_before, strict=True)]
+                    cpu[name] = [total + part for total, part in zip(cpu[name], used, strict=True)]
+                    main_thread[name] += main_thread_seconds(pid) - main_before
+                    per_round[name].append(sum(used) / max(len(level_ttfts), 1) * 1000)
                     ttfts[name] += level_ttfts
                     rps[name].append(level_rps)
+            total, stolen = (after - before for after, before in zip(machine_ticks(), ticks_before, strict=True))
+            load = (load_before, load_average())
+            print(f"  level {level}: load average {load[0]:.1f} -> {load[1]:.1f}, {stolen / max(total, 1):.1%} of"
+                  " the CPUs' time stolen by the hypervisor", flush=True)  # fmt: skip
             for name in gateways:
-                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name])}
+                row = {"gateway": name, "concurrency": level, "requests": len(ttfts[name]), "load": load,
+                       "steal_share": stolen / max(total, 1)}  # fmt: skip
                 for path, values in (("direct", direct_ttfts), ("gateway", ttfts[name])):
                     row[f"{path}_p50_ms"] = percentile(values, 50) * 1000
                     row[f"{path}_p99_ms"] = percentile(values, 99) * 1000
@@ -205,8 +239,12 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
                 row["gateway_rps"] = statistics.mean(rps[name])
                 # The gateway's own CPU per request: what bounds one gateway process's rate on a core of its own,
-                # whatever else shares this machine.
+                # whatever else shares this machine. Over all rounds, and each round's (median, least, most): /proc
+                # counts in 10 ms ticks, so a round should last seconds.
                 row["gateway_cpu_ms"] = sum(cpu[name]) / len(ttfts[name]) * 1000
+                row["round_cpu_ms"] = per_round[name]
+                row["round_cpu_median_ms"] = statistics.median(per_round[name])
+                row["main_thread_share"] = main_thread[name] / sum(cpu[name]) if sum(cpu[name]) else 0.0
                 row["gateway_system_share"] = cpu[name][1] / sum(cpu[name]) if sum(cpu[name]) else 0.0
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
                 row["idle_cpu_ms"] = idle[name] / IDLE_SECONDS * wall[name] / len(ttfts[name]) * 1000
@@ -218,11 +256,19 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" | gateway p50 {row['gateway_p50_ms']:8.2f} ms p99 {row['gateway_p99_ms']:8.2f} ms"
                     f" | added p50 {row['added_p50_ms']:+7.2f} ms p99 {row['added_p99_ms']:+7.2f} ms"
                     f" | gateway {row['gateway_rps']:7.1f} req/s"
-                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request (one core: {row['capacity_rps']:.0f} req/s,"
-                    f" {row['gateway_system_share']:.0%} in the kernel, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
+                    f" | gateway CPU {row['gateway_cpu_ms']:.2f} ms/request, rounds median"
+                    f" {row['round_cpu_median_ms']:.2f} ({min(per_round[name]):.2f}-{max(per_round[name]):.2f})"
+                    f" (one core: {row['capacity_rps']:.0f} req/s, {row['gateway_system_share']:.0%} in the kernel,"
+                    f" {row['main_thread_share']:.0%} in the main thread, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,
                 )
+            if len(gateways) > 1:
+                first, *others = gateways
+                for other in others:
+                    ratios = [a / b for a, b in zip(per_round[first], per_round[other], strict=True) if b]
+                    print(f"  {first}/{other} CPU per request, round by round: median {statistics.median(ratios):.3f}"
+                          f" ({min(ratios):.3f}-{max(ratios):.3f})", flush=True)  # fmt: skip
             for what, count in ERRORS.items():
                 print(f"  {count} x {what}", flush=True)
             ERRORS.clear()
@@ -235,6 +281,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="per level and path (at least the level)")
     parser.add_argument("--rounds", type=int, default=2, help="direct/gateway alternations per level")
     parser.add_argument("--max-tokens", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=200,
+                        help="requests per path before measuring, and again at each level (not measured)")
     parser.add_argument("--model", type=Path, help="a Llama checkpoint folder (default: a tiny random one)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--engine", choices=("real", "instant"), default="real",

@@ -46,15 +46,15 @@ def _timed(owner, name: str, totals: dict[str, int], label: str) -> None:
 
 
 async def _measure(args, key: str) -> None:
-    from gateway import asgi, relay, views
+    from gateway import admit, asgi, exchange, relay, views
     from gateway.engine_client import GenerateStream
 
     totals: dict[str, int] = {}
     for owner, name, label in (
-        (views, "generation_admit", "parse+auth+admit"), (relay, "admission_acquire", "  acquire script"),
+        (views, "generation_admit", "parse+auth+admit"), (admit, "admission_acquire", "  acquire script"),
         (relay, "open_stream", "route+engine+first event"), (GenerateStream, "open", "  engine request"),
-        (asgi, "_send_stream", "relay to the end"), (relay.Exchange, "settle", "  settle"),
-        (relay, "admission_settle", "    settle script"),
+        (asgi, "_send_stream", "relay to the end"), (exchange.Exchange, "settle", "  settle"),
+        (exchange, "admission_settle", "    settle script"),
     ):  # fmt: skip
         _timed(owner, name, totals, label)
         totals[label] = 0  # printed in this order

@@ -24,12 +24,12 @@
 #             profile of decode steps right after the decode phase)
 #   quant     benchmarks/quantization.py (8B shape: fp8 weights, fp8 KV,       -> quant.log, quant.json   (not by
 #             int8 against bf16: memory, decode tok/s, agreement)                 default: QUILT_GPU_STEPS="env quant")
-#   w4a16     benchmarks/quantized_checkpoints.py (8B shape: a GPTQ W4A16      -> w4a16.log, w4a16.json (not by
-#             g128 checkpoint against bf16, decode tok/s at batch 1/16/64,        default: QUILT_GPU_STEPS="env
-#             16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)                 w4a16"; QUILT_GPU_W4A16_S, 360)
-#   fp8ckpt   benchmarks/fp8_checkpoint.py (8B shape: an fp8 weight_block_size  -> fp8ckpt.log, fp8ckpt.json (not
-#             [128, 128] checkpoint against bf16, decode tok/s at batch 64,       by default: QUILT_GPU_STEPS="env
-#             16 adapters; goal >= 1.6x)                                          fp8ckpt"; QUILT_GPU_FP8CKPT_S, 420)
+#   w4a16     benchmarks/quantized_checkpoints.py --suite w4a16 (8B shape: a  -> w4a16.log, w4a16.json (not by
+#             GPTQ W4A16 g128 checkpoint against bf16, decode tok/s at batch      default: QUILT_GPU_STEPS="env
+#             1/16/64, 16 adapters; goals >= 2.5x at 1-16, >= 1.3x at 64)        w4a16"; QUILT_GPU_W4A16_S, 360)
+#   fp8ckpt   benchmarks/quantized_checkpoints.py --suite fp8ckpt (8B shape:   -> fp8ckpt.log, fp8ckpt.json (not
+#             an fp8 weight_block_size [128, 128] checkpoint against bf16,        by default: QUILT_GPU_STEPS="env
+#             decode tok/s at batch 64, 16 adapters; goal >= 1.6x)                fp8ckpt"; QUILT_GPU_FP8CKPT_S, 420)
 #   spec      benchmarks/speculative.py on CUDA (demo model, on vs off)        -> spec.log     (not by default)
 #   tp        benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
 #             it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
@@ -207,21 +207,16 @@ for step in $STEPS; do
         run_step quant "$QUANT_S" "$PY" benchmarks/quantization.py --device cuda --shape llama3-8b \
           --json "$OUT/quant.json" $QUANT_ARGS
       fi ;;
-    w4a16)
+    w4a16 | fp8ckpt)  # one benchmark, a suite per format
+      limit="$W4A16_S" dry_batches="1 16"
+      [ "$step" = fp8ckpt ] && limit="$FP8CKPT_S" dry_batches=8
       if [ "$DRY" = 1 ]; then
-        run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --shape llama-tiny --json "$OUT/w4a16.json" \
-          --rounds 1 --batches 1 16 --adapters 4
+        # shellcheck disable=SC2086
+        run_step "$step" "$limit" "$PY" benchmarks/quantized_checkpoints.py --suite "$step" --shape llama-tiny \
+          --json "$OUT/$step.json" --rounds 1 --batches $dry_batches --adapters 4
       else
-        run_step w4a16 "$W4A16_S" "$PY" benchmarks/quantized_checkpoints.py --device cuda --shape llama3-8b \
-          --json "$OUT/w4a16.json"
-      fi ;;
-    fp8ckpt)
-      if [ "$DRY" = 1 ]; then
-        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --shape llama-tiny --json "$OUT/fp8ckpt.json" \
-          --rounds 1 --batches 8 --adapters 4
-      else
-        run_step fp8ckpt "$FP8CKPT_S" "$PY" benchmarks/fp8_checkpoint.py --device cuda --shape llama3-8b \
-          --json "$OUT/fp8ckpt.json"
+        run_step "$step" "$limit" "$PY" benchmarks/quantized_checkpoints.py --suite "$step" --device cuda \
+          --shape llama3-8b --json "$OUT/$step.json"
       fi ;;
     spec)
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model

@@ -16,14 +16,16 @@ import argparse
 import json
 import math
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_lora import lora_rows  # noqa: E402
+from benchmarks.kernel_rows import Row, copy_bandwidth, measure  # noqa: E402
 
 LLAMA3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 14336, "block": 16}
 TINY = {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "inter": 384, "block": 16}
@@ -42,124 +44,6 @@ SMOKE_GRID = {
     "windowed": ((4, 1, 100, 24, None), (2, 1, 40, None, 5.0), (1, 20, 100, 24, 5.0)),
     "moe_tokens": (1, 6),
 }  # fmt: skip
-
-
-@dataclass
-class Row:
-    op: str
-    shape: str
-    triton_us: float
-    min_bytes: int
-    baseline_us: float
-    ok: bool
-    flops: float = 0.0
-
-
-def bench_ms(fn) -> float:
-    if torch.cuda.is_available():
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def copy_bandwidth(device: str) -> float:
-    """Bytes per second of a large device-to-device copy (read + write)."""
-    numel = (1 << 28) if device == "cuda" else (1 << 20)
-    src = torch.empty(numel, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * src.element_size() / (bench_ms(lambda: dst.copy_(src)) * 1e-3)
-
-
-def measure(op, shape, fn, base, min_bytes, *, out=None, base_out=None, tol=3e-2, flops=0.0) -> Row:
-    """Time fn and base; `out`/`base_out` return the outputs to compare (default: the call's result)."""
-    got = (out or fn)()
-    expect = (base_out or base)()
-    ok = bool(torch.allclose(got.float(), expect.float(), atol=tol, rtol=tol))
-    return Row(op, shape, bench_ms(fn) * 1e3, int(min_bytes), bench_ms(base) * 1e3, ok, flops)
-
-
-def lora_rows(cfg, grid, device, dtype, ops) -> list[Row]:
-    projections = {
-        "qkv": (cfg["hidden"], (cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"],
-                                cfg["kv_heads"] * cfg["head_dim"])),
-        "down": (cfg["inter"], (cfg["hidden"],)),
-    }  # fmt: skip
-    rows = []
-    for name, (in_dim, slices) in projections.items():
-        for rank in grid["ranks"]:
-            for adapters in grid["adapters"]:
-                for batch in grid["batches"]:
-                    if adapters <= batch:
-                        rows += lora_case(ops, name, in_dim, slices, rank, adapters, batch, device, dtype)
-    return rows
-
-
-def lora_pages(lora_a, lora_b, offsets):
-    """One flat page buffer holding every adapter's A rows and B-transposed rows, and the row tables into it.
-
-    lora_a [S, U, R, in], lora_b [U, out_total, R] -> pages [N], a_rows [S, U, R], b_rows [S, U, R] (int64)."""
-    num_slices, adapters, rank, in_dim = lora_a.shape
-    device = lora_a.device
-    rows = torch.arange(num_slices * adapters * rank, device=device, dtype=torch.int64)
-    a_rows = (rows * in_dim).view(num_slices, adapters, rank)
-    chunks, b_rows, start = [lora_a.reshape(-1)], [], lora_a.numel()
-    for s in range(num_slices):
-        width = offsets[s + 1] - offsets[s]
-        bt = lora_b[:, offsets[s] : offsets[s + 1]].transpose(1, 2).contiguous()  # [U, R, width]
-        chunks.append(bt.reshape(-1))
-        b_rows.append(start + torch.arange(adapters * rank, device=device, dtype=torch.int64).view(adapters, rank) * width)
-        start += bt.numel()
-    return torch.cat(chunks), a_rows.contiguous(), torch.stack(b_rows).contiguous()
-
-
-def lora_case(ops, name, in_dim, slices, rank, adapters, batch, device, dtype) -> list[Row]:
-    """Shrink and expand for `batch` decode tokens spread round-robin over `adapters` adapters, whose rows the
-    kernels read through page tables (the engine's layout); the baselines use dense stacked weights."""
-    es = torch.tensor([], dtype=dtype).element_size()
-    out_total, num_slices = sum(slices), len(slices)
-    offsets = tuple(int(v) for v in torch.tensor((0, *slices)).cumsum(0))
-    lora_a = torch.randn(num_slices, adapters, rank, in_dim, device=device, dtype=dtype) / in_dim**0.5
-    lora_b = torch.randn(adapters, out_total, rank, device=device, dtype=dtype) / rank**0.5
-    pages, a_rows, b_rows = lora_pages(lora_a, lora_b, offsets)
-    ranks = torch.full((num_slices, adapters), rank, dtype=torch.int32, device=device)
-    scaling = torch.full((num_slices, adapters), 2.0, device=device)
-    slots = (torch.arange(batch, device=device) % adapters).to(torch.int32)
-    x = torch.randn(batch, in_dim, device=device, dtype=dtype)
-    y0 = torch.randn(batch, out_total, device=device, dtype=dtype)
-    y = y0.clone()
-    meta = ops.LoRAMeta.build(slots, adapters)
-    shape = f"{name} T={batch} adapters={adapters} r={rank}"
-    buf = ops.lora_shrink(x, pages, a_rows, slots, ranks, meta=meta)
-
-    def expand():
-        ops.lora_expand(y, buf, pages, b_rows, slots, ranks, scaling, offsets, meta=meta)
-
-    def expand_baseline():
-        gathered = lora_b[slots.long()]  # [T, out_total, r]
-        for s in range(num_slices):
-            delta = torch.bmm(gathered[:, offsets[s] : offsets[s + 1]], buf[s, :, :, None])  # [T, width, 1]
-            y[:, offsets[s] : offsets[s + 1]] += 2.0 * delta.squeeze(-1)
-
-    def expanded(run):
-        y.copy_(y0)
-        run()
-        return y.clone()
-
-    return [
-        measure(
-            "lora_shrink", shape, lambda: ops.lora_shrink(x, pages, a_rows, slots, ranks, meta=meta),
-            lambda: torch.matmul(lora_a[:, slots.long()], x[None, :, :, None]).squeeze(-1),
-            (batch * in_dim + adapters * num_slices * rank * in_dim + num_slices * batch * rank) * es,
-        ),
-        measure(
-            "lora_expand", shape, expand, expand_baseline,
-            (2 * batch * out_total + adapters * out_total * rank + num_slices * batch * rank) * es,
-            out=lambda: expanded(expand), base_out=lambda: expanded(expand_baseline),
-        ),
-    ]  # fmt: skip
 
 
 def paged_cache(cfg, batch, context, device, dtype):
@@ -449,7 +333,7 @@ def goal_lines(rows: list[Row], peak: float) -> list[str]:
         return r.min_bytes / (r.triton_us * 1e-6) / peak
 
     lines = []
-    lora = [r for r in rows if r.op.startswith("lora_") and int(r.shape.split("T=")[1].split()[0]) >= 64]
+    lora = [r for r in rows if r.op == "lora_delta" and int(r.shape.split("T=")[1].split()[0]) >= 64]
     if lora:
         worst_bw, worst_speedup = min(lora, key=fraction), min(lora, key=lambda r: r.baseline_us / r.triton_us)
         lines.append(f"goal LoRA T>=64: lowest {100 * fraction(worst_bw):.0f}% of copy bandwidth ({worst_bw.op} "
@@ -468,7 +352,7 @@ class _TritonOps:
         import importlib
 
         self.LoRAMeta = kernels.LoRAMeta
-        for op in ("lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill", "store_kv",
+        for op in ("lora_delta", "lora_shrink", "lora_expand", "paged_attention_decode", "paged_attention_prefill", "store_kv",
                    "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_tanh_and_mul", "grouped_matmul",
                    "expert_lora"):  # fmt: skip
             setattr(self, op, getattr(importlib.import_module(f"kernels.{op}"), op))

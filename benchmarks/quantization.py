@@ -267,12 +267,16 @@ def main(argv=None) -> int:
         del llm
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    lines = table(report)
+    write_report(report, table(report), args.json)
+    return 0
+
+
+def write_report(report: dict, lines: list[str], path: Path | None) -> None:
+    """Print a benchmark's table, keep it in its report, and write the report as JSON to `path` when given."""
     report["table"] = lines
     print("\n".join(lines))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=str))
-    return 0
+    if path:
+        path.write_text(json.dumps(report, indent=1, default=str))
 
 
 def table(report: dict) -> list[str]:

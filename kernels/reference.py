@@ -291,13 +291,27 @@ def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def fake_quantize_fp8(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D] rounded to float8_e4m3fn and back, as compressed-tensors' forward quantizes a projection's input:
+    q = clamp(x / s, -448, 448) in fp8, returned as q * s in float32 then x.dtype. s: `scale` [T] float32 (a
+    static scale per row), or None: dynamic per token, amax(|x[t]|) / 448 (quantize_fp8_rows)."""
+    if scale is None:
+        q, s = quantize_fp8_rows(x)  # x[t] / s[t] is within 448: no clamp needed
+    else:
+        s = scale.float()
+        q = (x.float() / s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return (q.float() * s[:, None]).to(x.dtype)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """An fp8 projection: both operands in float8_e4m3fn, each with one scale per row.
 
     x is quantized per token on the fly (quantize_fp8_rows: xq[t] = x[t] / sx[t], sx[t] = amax|x[t]| / 448), or
     with a static scale when input_scale [1] float32 is given (quantize_fp8_static: sx[t] = input_scale);
-    out[t, o] = sx[t] * weight_scale[o] * sum_i xq[t, i] * weight[o, i], summed in float32.
+    out[t, o] = sum_i (xq[t, i] * sx[t]) * (weight[o, i] * weight_scale[o]), in float32 and in that order: each
+    operand dequantized, then one float32 product, as compressed-tensors' forward computes it (its fake-quantized
+    input times its decompressed weight), so the same input gives the same bits.
 
     x [T, in] float; weight [out, in] float8_e4m3fn; weight_scale [out] float32; returns out [T, out] in x.dtype.
     """
@@ -305,7 +319,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         xq, x_scale = quantize_fp8_rows(x)  # [T, in] fp8, [T]
     else:
         xq, x_scale = quantize_fp8_static(x, input_scale), input_scale.expand(x.shape[0])
-    out = (xq.float() @ weight.float().t()) * x_scale[:, None] * weight_scale[None, :]  # [T, out]
+    out = (xq.float() * x_scale[:, None]) @ (weight.float() * weight_scale[:, None]).t()  # [T, out]
     return out.to(x.dtype)
 
 

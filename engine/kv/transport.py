@@ -19,9 +19,7 @@ descriptors) and a descriptor into payloads on the puller (`accept`: here a read
 the puller's own registered buffer), and frees what `offer` took (`discard`). The control channel, the lease and
 the failure rules stay as they are. No RDMA stub is built.
 
-On /dev/shm a source keeps a marker, `quilt-kv-<pid>-<hex>`, locked (flock) for as long as it runs, and names the
-segments it offers after it. A source killed with SIGKILL cleans nothing up; the next source to start on the host
-reaps the files whose marker nobody holds (`reap_dead_sources`).
+On /dev/shm a source keeps a locked marker and names the segments it offers after it (engine/kv/shm_files.py).
 
 The channel carries bytes only (no torch): on CUDA the source fills them from page-locked staging buffers with
 non-blocking copies (engine/server/kv_transfer.py), on CPU from the pool's own memory.
@@ -29,7 +27,6 @@ non-blocking copies (engine/server/kv_transfer.py), on CPU from the pool's own m
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import mmap
@@ -40,12 +37,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from engine.kv.shm_files import (
+    SHM_PREFIX,
+    SHM_ROOT,
+    claim_marker,
+    map_segment,
+    reap_dead_sources,
+    shm_reachable,
+    write_segment,
+)
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"QKV1"
 FRAME = struct.Struct("!4sIQ")  # magic, header bytes, body bytes
 MAX_HEADER_BYTES = 1 << 20
-SHM_ROOT = Path("/dev/shm")
 
 
 class TransferError(Exception):
@@ -167,7 +173,7 @@ class ShmTransport(Transport):
 
     async def offer(self, payloads: list[bytes], writer: asyncio.StreamWriter) -> None:
         self.segment = SHM_ROOT / f"{self.prefix}.{secrets.token_hex(8)}"
-        await asyncio.to_thread(_write_segment, self.segment, payloads)
+        await asyncio.to_thread(write_segment, self.segment, payloads)
         await write_frame(writer, {"op": "blocks", "via": self.name, "segment": self.segment.name,
                                    "sizes": [len(p) for p in payloads]})
 
@@ -176,7 +182,7 @@ class ShmTransport(Transport):
         if not isinstance(name, str) or "/" in name or not name.startswith("quilt-kv-"):
             raise TransferError(f"bad shared-memory segment name {name!r}", code="protocol")
         try:
-            data = await asyncio.to_thread(_map_segment, SHM_ROOT / name)
+            data = await asyncio.to_thread(map_segment, SHM_ROOT / name)
         except (OSError, ValueError) as error:
             raise TransferError(f"shared-memory segment {name} cannot be read: {error}", code="closed") from error
         return split(data, header.get("sizes") or [])
@@ -185,82 +191,6 @@ class ShmTransport(Transport):
         if self.segment is not None:
             self.segment.unlink(missing_ok=True)
             self.segment = None
-
-
-def _map_segment(path: Path) -> mmap.mmap | bytes:
-    """The segment's bytes, mapped read-only (no copy), and its name unlinked: the mapping outlives the name, and a
-    source that dies after offering it leaves nothing behind in /dev/shm."""
-    with path.open("rb") as segment:
-        size = os.fstat(segment.fileno()).st_size
-        mapped = mmap.mmap(segment.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-    path.unlink(missing_ok=True)
-    return mapped
-
-
-def _write_segment(path: Path, payloads: list[bytes]) -> None:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "wb") as segment:
-        for payload in payloads:
-            segment.write(payload)
-
-
-# files in /dev/shm: a source's marker, quilt-kv-<pid>-<hex>, and the segments it offers, <marker>.<hex>
-SHM_PREFIX = "quilt-kv-"
-
-
-def claim_marker(name: str) -> int:
-    """Create the marker `name` under an exclusive lock held until the descriptor returned is closed (the process
-    ending closes it, SIGKILL included): the lock is how a successor tells a dead source's files from a live one's.
-    The file appears under its name already locked (written aside, then renamed)."""
-    aside = SHM_ROOT / f".{name}.claiming"
-    fd = os.open(aside, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(aside, SHM_ROOT / name)
-    except OSError:
-        os.close(fd)
-        aside.unlink(missing_ok=True)
-        raise
-    return fd
-
-
-def _source_alive(path: Path) -> bool:
-    """Whether the source that made this marker (or half-claimed one) still runs: its lock is held, or, for a source
-    from before markers were locked, its pid (in the name) is a live process here. In doubt, alive: a leftover is
-    cheaper than a live source's segment removed under a puller."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # (a lock taken here goes with it)
-    pid = path.name.removeprefix(".").removeprefix(SHM_PREFIX).split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def reap_dead_sources() -> list[str]:
-    """Remove what dead sources left in /dev/shm (a SIGKILL runs no cleanup): their markers, the segments they
-    offered that no puller mapped (a segment whose marker is gone is an orphan), and half-claimed markers. Returns
-    the names removed."""
-    removed = []
-    for path in sorted(SHM_ROOT.glob(f"{SHM_PREFIX}*")) + sorted(SHM_ROOT.glob(f".{SHM_PREFIX}*")):
-        owner = path if path.name.startswith(".") else SHM_ROOT / path.name.split(".", 1)[0]
-        if not _source_alive(owner):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
-    return removed
 
 
 # the source side
@@ -381,12 +311,6 @@ class TransferServer:
 
 
 # the puller side
-def shm_reachable(address: dict) -> bool:
-    """Whether the source's shared memory is ours too (same host, same /dev/shm): its marker is there."""
-    name = address.get("shm")
-    return isinstance(name, str) and name.startswith("quilt-kv-") and "/" not in name and (SHM_ROOT / name).exists()
-
-
 class Pull:
     """One pull over one connection: `async with Pull(address, lease_id, timeout_s=...) as pull`, then
     `await pull.fetch(keys)` and `await pull.done()` once the blocks are installed. Leaving without `done` closes

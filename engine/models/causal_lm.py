@@ -124,7 +124,11 @@ class CausalLM(nn.Module):
             if target is None:
                 continue
             module_name, kind, index = target
-            if module_name in packed or (index is not None and module_name in fused):
+            module = self.get_submodule(module_name) if module_name in packed else None
+            if index is None and len(getattr(module, "out_slices", ())) > 1:  # stored fused (Phi-3's qkv_proj)
+                module.load_fused(kind, tensor)
+                loaded |= {f"{module_name}.{kind}#{i}" for i in range(len(module.out_slices))}
+            elif module_name in packed or (index is not None and module_name in fused):
                 index = index or 0  # a pre-quantized projection (o, down) is its slice 0
                 self.get_submodule(module_name).load_slice(index, kind, tensor)
                 loaded.add(f"{module_name}.{kind}#{index}")

@@ -140,17 +140,29 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
         module = packed_names.get(name)
         if module is None:
             return NotImplemented
+        if stored_fused(name):  # read whole: load_fused takes each slice's share
+            return None
         kind = name.rpartition(".")[2]
         layout = module.layouts(quant_spec).get(kind)
         if layout is None:  # a bias: as a Linear's
             return sharding.checkpoint_slice(name, shape, rank=comm.rank, size=comm.size)
         return shard_index(layout, shape, rank=comm.rank, size=comm.size, column=not module.row_parallel)
 
-    weights = _iter_weights(files, rank=comm.rank, size=comm.size, parts=model.checkpoint_parts,
-                            packed_slice=packed_slice)
+    def stored_fused(name: str) -> bool:
+        """A fused projection served packed and stored fused (Phi-3's qkv_proj.qweight, and its fp8 weight)."""
+        module = packed_names.get(name)
+        return module is not None and name in module.stored_fused
+
+    def parts(name: str, shape: tuple[int, ...]):
+        return None if stored_fused(name) else model.checkpoint_parts(name, shape)
+
+    weights = _iter_weights(files, rank=comm.rank, size=comm.size, parts=parts, packed_slice=packed_slice)
     model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
     finish_packed(model)
     model.quant_spec = quant_spec
-    if quantization is not None and device.type == "cuda":
-        torch.cuda.empty_cache()  # the pool is sized from free memory next
+    if (quantization is not None or quant_spec is not None) and device.type == "cuda":
+        # the pool is sized from free memory next: hand back what quantizing, or turning stored tensors into
+        # their kernel layout (AWQ and compressed-tensors repacked, act order sorted), left in torch's cache, so
+        # that the budget is left after the packed weights alone
+        torch.cuda.empty_cache()
     return model.eval()

@@ -149,18 +149,17 @@ class MoECausalLM(CausalLM):
         """An expert's tensor: into the stacked experts; a pre-quantized expert's (any stored kind, e.g. qweight):
         into that expert's own projection, experts.{gate_up_proj,down_proj}.{e} (engine/quant_formats/experts.py)."""
         parts = name.split(".")
-        if len(parts) >= 4 and parts[-4] == "experts" and parts[-2] in _EXPERT_PIECES and (
-                parts[-1] not in _EXPERT_KINDS
-                or getattr(self.get_submodule(".".join(parts[:-3])), "packed_experts", False)):
-            kind, part = _EXPERT_PIECES[parts[-2]]
+        if len(parts) < 4 or parts[-4] != "experts" or parts[-2] not in _EXPERT_PIECES:
+            return super().checkpoint_target(name)
+        experts = self.get_submodule(".".join(parts[:-3]))
+        kinds = getattr(experts, "stacked_kinds", _EXPERT_KINDS)  # compressed-tensors fp8 experts stack their scales
+        kind, part = _EXPERT_PIECES[parts[-2]]
+        if parts[-1] not in kinds or getattr(experts, "packed_experts", False):
             return f"{'.'.join(parts[:-3])}.{kind}.{parts[-3]}", parts[-1], part
-        if len(parts) >= 4 and parts[-4] == "experts" and parts[-1] in _EXPERT_KINDS and parts[-2] in _EXPERT_PIECES:
-            kind, part = _EXPERT_PIECES[parts[-2]]
-            kind += _EXPERT_KINDS[parts[-1]]
-            expert = int(parts[-3])
-            index = 2 * expert + part if kind.startswith("gate_up_proj") else expert
-            return ".".join(parts[:-3]), kind, index
-        return super().checkpoint_target(name)
+        kind += kinds[parts[-1]]
+        expert = int(parts[-3])
+        index = 2 * expert + part if kind.startswith("gate_up_proj") else expert
+        return ".".join(parts[:-3]), kind, index
 
 
 def sparse_layers(config: dict) -> tuple[bool, ...]:

@@ -63,6 +63,8 @@ def checkpoint_slice(name: str, shape: tuple[int, ...], *, rank: int, size: int)
     proj = module_name.rpartition(".")[2]
     if kind == "weight_scale_inv":  # fp8 block scales: read whole, the module takes its rows' (a shard may cut a block)
         return None
+    if kind in ("weight_scale", "input_scale") and len(shape) <= 1:  # compressed-tensors experts' per-tensor scales
+        return None
     if proj in COLUMN_PARALLEL:
         part = shape[0] // size
         return (slice(rank * part, (rank + 1) * part),)

@@ -40,6 +40,14 @@ class _CompressedTensorsInt(IntLinear):
             return
         super().load_slice(index, kind, tensor)
 
+    def load_fused(self, kind: str, tensor: torch.Tensor) -> None:
+        if kind == "weight_shape":  # the fused [out, in] as written
+            width = self.out_features * self.tp_size
+            if tensor.tolist() != [width, self.in_total]:
+                raise ValueError(f"{self.name}: weight_shape {tensor.tolist()}, expected {[width, self.in_total]}")
+            return
+        super().load_fused(kind, tensor)
+
     def _zeros(self, groups: int) -> torch.Tensor:
         offset = 1 << (self.spec.bits - 1)
         return torch.full((groups, self.out_features), offset, dtype=torch.int32, device=self.weight_scale.device)

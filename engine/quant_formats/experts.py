@@ -28,7 +28,8 @@ class PackedExperts(Experts):
         and down row-parallel, as the dense MLP's."""
         nn.Module.__init__(self)
         if not issubclass(packed_cls, IntLinear):
-            raise ValueError(f"{spec.describe()}: quantized experts are served for the integer formats only")
+            raise ValueError(f"{spec.describe()}: PackedExperts stacks the integer formats' experts; a float format "
+                             f"serves its experts with its own experts_cls")
         self.num_experts, self.inter, self.bits = base.num_experts, base.inter, spec.bits
         self.act_and_mul = base.act_and_mul
         self.model_dtype = base.gate_up_proj.dtype

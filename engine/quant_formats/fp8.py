@@ -8,8 +8,9 @@
 - compressed-tensors `float-quantized` (llm-compressor's FP8 and FP8_DYNAMIC): `weight` [out, in] F8_E4M3,
   `weight_scale` [1] (strategy tensor) or [out, 1] (channel), and with static activations `input_scale` [1]. The
   activations are quantized as the checkpoint says, dynamic per token or with the static scale, and the
-  product is `kernels.fp8_linear` (torch._scaled_mm on CUDA); a checkpoint without input_activations is
-  weight-only, as above.
+  product is `kernels.fp8_linear` (torch._scaled_mm on CUDA; on CPU compressed-tensors' own op order, so the
+  same input gives its bits); a checkpoint without input_activations is weight-only, as above.
+- An MoE's experts: each format's `experts_cls` (fp8_experts.py, compressed_fp8_experts.py).
 
 Scales are held per output row, [out, groups] float32: a block's scale repeated over its 128 rows, a tensor's
 over all of them. So a fused projection's slices (q/k/v, gate/up) need not end on a block, and a
@@ -23,9 +24,10 @@ from torch import nn
 
 import kernels
 from engine.context import Context
+from engine.quant_formats.compressed_fp8_experts import CompressedFp8Experts
 from engine.quant_formats.fp8_experts import BLOCK, Fp8Experts, cdiv
 from engine.quant_formats.packed_linear import PackedLinear, TensorLayout
-from engine.quant_formats.spec import QuantSpec
+from engine.quant_formats.spec import QuantSpec, activation_mode, input_activations
 from kernels.reference import FP8
 
 WHOLE = TensorLayout(out_dim=None, in_dim=None)  # read whole by every rank; load_slice takes the rank's part
@@ -36,6 +38,7 @@ class Fp8Linear(PackedLinear):
 
     scale_kind: str  # the scales' stored kind
     group_k: int  # input columns per scale
+    rows_per_scale: int  # output rows per stored row of scales (a scale per tensor: all of them)
 
     def check_fp8(self, dtypes: dict[str, torch.dtype]) -> None:
         if dtypes.get("weight") != FP8:
@@ -75,6 +78,22 @@ class Fp8Linear(PackedLinear):
         o0, o1 = self.slice_offsets[index], self.slice_offsets[index + 1]
         getattr(self, self.scale_kind).data[o0:o1].copy_(tensor[per_row][:, self.column_groups()])
 
+    def load_fused(self, kind: str, tensor: torch.Tensor) -> None:
+        """A fused projection's scales as stored fused: a stored row of them may stand for the last rows of one
+        slice and the first of the next (a block of 128 holding q's end and k's start), so they are spread to
+        one row per output row, then each slice takes its rows."""
+        if kind != self.scale_kind or tensor.numel() == 1:
+            return super().load_fused(kind, tensor)
+        scales = tensor.reshape(-1, 1) if tensor.dim() == 1 else tensor  # [stored rows, groups]
+        written = [width * self.tp_size for width in self.out_slices]  # each slice's output rows, as written
+        expected = (cdiv(sum(written), self.rows_per_scale), cdiv(self.in_total, self.group_k))
+        if tuple(scales.shape) != expected:
+            raise ValueError(f"{self.name}: fused {kind} has shape {tuple(tensor.shape)}, expected {expected} for "
+                             f"{self.spec.describe()}")
+        per_row = scales.repeat_interleave(self.rows_per_scale, dim=0)[: sum(written)]  # [out as written, groups]
+        for index, rows in enumerate(per_row.split(written)):
+            self.load_scale_rows(index, rows, (written[index], expected[1]), 1)
+
     def finish(self) -> None:
         scales = getattr(self, self.scale_kind).data
         if not torch.isfinite(scales).all() or not (scales > 0).all():
@@ -91,6 +110,7 @@ class Fp8BlockLinear(Fp8Linear):
     marker = "weight_scale_inv"
     scale_kind = "weight_scale_inv"
     group_k = BLOCK
+    rows_per_scale = BLOCK
     experts_cls = Fp8Experts  # an MoE checkpoint's experts in this format
 
     @classmethod
@@ -138,6 +158,9 @@ class CompressedFp8Linear(Fp8Linear):
 
     marker = "weight_scale"
     scale_kind = "weight_scale"
+    rows_per_scale = 1  # strategy channel (a per-tensor scale is every slice's: PackedLinear.load_fused)
+
+    experts_cls = CompressedFp8Experts  # an MoE checkpoint's experts in this format
 
     @classmethod
     def check_spec(cls, spec: QuantSpec) -> None:
@@ -148,7 +171,7 @@ class CompressedFp8Linear(Fp8Linear):
             raise ValueError(f"{spec.scheme}: weight strategy {spec.strategy!r} is not served; served: tensor, "
                              f"channel (and block scales as quantization 'fp8' with weight_block_size)")
         if spec.activation_bits not in (0, 8) or activation_mode(spec) not in (None, "token", "tensor"):
-            raise ValueError(f"{spec.scheme}: input activations {_activations(spec)} are not served; served: "
+            raise ValueError(f"{spec.scheme}: input activations {input_activations(spec)} are not served; served: "
                              f"none, 8-bit float dynamic per token, 8-bit float static per tensor")
 
     @classmethod
@@ -216,21 +239,3 @@ class CompressedFp8Linear(Fp8Linear):
                                               self.input_scale[i : i + 1])
                            for i, (o0, o1) in enumerate(pairwise(self.slice_offsets))], dim=-1)
         return y if self.bias is None else y + self.bias
-
-
-def activation_mode(spec: QuantSpec) -> str | None:
-    """compressed-tensors' input activations: None (weight-only), "token" (dynamic per token) or "tensor"
-    (static per tensor); anything else as its strategy name, which check_spec refuses."""
-    if not spec.activation_bits:
-        return None
-    acts = _activations(spec)
-    strategy = acts.get("strategy")
-    if acts.get("type", "float") != "float" or (strategy == "token") != bool(acts.get("dynamic")):
-        return f"{acts.get('type')} {strategy} dynamic={acts.get('dynamic')}"
-    return strategy
-
-
-def _activations(spec: QuantSpec) -> dict:
-    """The input_activations of compressed-tensors' one config group (engine/quant_formats/spec.py reads one)."""
-    groups = spec.raw.get("config_groups") or {}
-    return next(iter(groups.values()), {}).get("input_activations") or {}

@@ -12,6 +12,7 @@ from torch import nn
 
 import kernels
 from engine.models.moe import Experts
+from engine.quant_formats.spec import QuantSpec
 from kernels.reference import FP8
 
 BLOCK = 128  # the one weight_block_size served: [128, 128]
@@ -21,10 +22,23 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device="meta"), requires_grad=False)
+
+
+def check_scales(name: str, kind: str, scales: torch.Tensor) -> None:
+    if not torch.isfinite(scales).all() or not (scales > 0).all():
+        raise ValueError(f"{name}: {kind} holds scales that are not positive and finite")
+
+
 class Fp8Experts(Experts):
     loads_as_stored = True  # CausalLM.load_weights hands it every stored tensor (load_slice); swap.py finishes it
 
-    def __init__(self, base: Experts, *, name: str, tp_rank: int, tp_size: int) -> None:
+    group_k = BLOCK  # input columns per scale
+    column_blocks = True  # scales per block of input columns: a shard of down's columns must start on a block
+
+    def __init__(self, base: Experts, spec: QuantSpec | None = None, *, name: str, tp_rank: int, tp_size: int
+                 ) -> None:
         """base: the Experts it replaces (on meta), this rank's slice of each expert's intermediate."""
         nn.Module.__init__(self)
         self.name, self.tp_rank, self.tp_size = name, tp_rank, tp_size
@@ -32,35 +46,35 @@ class Fp8Experts(Experts):
         self.act_and_mul = base.act_and_mul
         experts, rows, hidden = base.gate_up_proj.shape
         self.dtype = base.gate_up_proj.dtype  # the activation dtype the experts stand in
-        if tp_size > 1 and self.inter % BLOCK:
+        if tp_size > 1 and self.column_blocks and self.inter % BLOCK:
             raise ValueError(f"{name}: tensor_parallel_size {tp_size} gives each rank {self.inter} of each expert's "
                              f"{self.inter * tp_size} intermediate columns of down_proj, which splits a block of "
                              f"{BLOCK} columns that share a scale; each rank's share must be a multiple of {BLOCK}")
-
-        def param(*shape, dtype):
-            return nn.Parameter(torch.empty(*shape, dtype=dtype, device="meta"), requires_grad=False)
-
         self.gate_up_proj = param(experts, rows, hidden, dtype=FP8)
-        self.gate_up_proj_scale = param(experts, rows, cdiv(hidden, BLOCK), dtype=torch.float32)
+        self.gate_up_proj_scale = param(experts, rows, cdiv(hidden, self.group_k), dtype=torch.float32)
         self.down_proj = param(experts, hidden, self.inter, dtype=FP8)
-        self.down_proj_scale = param(experts, hidden, cdiv(self.inter, BLOCK), dtype=torch.float32)
+        self.down_proj_scale = param(experts, hidden, cdiv(self.inter, self.group_k), dtype=torch.float32)
 
     def slice_count(self, kind: str) -> int:
         return 2 * self.num_experts if kind.startswith("gate_up_proj") else self.num_experts
 
+    def load_weight(self, index: int, kind: str, tensor: torch.Tensor) -> None:
+        """gate_up_proj piece 2e (gate) or 2e + 1 (up), down_proj piece e: this rank's part of an fp8 weight."""
+        expert, part = divmod(index, 2) if kind == "gate_up_proj" else (index, 0)
+        target = getattr(self, kind).data[expert]
+        if kind == "gate_up_proj":
+            target = target[part * self.inter : (part + 1) * self.inter]
+        if tensor.dtype != FP8 or tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"{self.name}: expert {expert} {kind} is {tensor.dtype} {tuple(tensor.shape)}, "
+                             f"expected float8_e4m3fn {tuple(target.shape)}")
+        target.copy_(tensor)
+
     def load_slice(self, index: int, kind: str, tensor: torch.Tensor) -> None:
         """gate_up_proj[_scale] piece 2e (gate) or 2e + 1 (up), down_proj[_scale] piece e; a weight comes as this
         rank's part, its block scales whole."""
-        expert, part = divmod(index, 2) if kind.startswith("gate_up_proj") else (index, 0)
         if kind in ("gate_up_proj", "down_proj"):
-            target = getattr(self, kind).data[expert]
-            if kind == "gate_up_proj":
-                target = target[part * self.inter : (part + 1) * self.inter]
-            if tensor.dtype != FP8 or tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(f"{self.name}: expert {expert} {kind} is {tensor.dtype} {tuple(tensor.shape)}, "
-                                 f"expected float8_e4m3fn {tuple(target.shape)}")
-            target.copy_(tensor)
-            return
+            return self.load_weight(index, kind, tensor)
+        expert, part = divmod(index, 2) if kind.startswith("gate_up_proj") else (index, 0)
         hidden = self.gate_up_proj.shape[2]
         inter_total = self.inter * self.tp_size
         if kind == "gate_up_proj_scale":  # [cdiv(I, 128), cdiv(hidden, 128)]: this rank's rows of it
@@ -77,17 +91,15 @@ class Fp8Experts(Experts):
             raise ValueError(f"{self.name}: expert {expert} weight_scale_inv of {kind.removesuffix('_scale')} has "
                              f"shape {tuple(tensor.shape)}, expected {expected} (blocks of {BLOCK} x {BLOCK})")
         target.copy_(tensor.float()[rows][:, columns])
+        return None
 
     def finish(self) -> None:
         for kind in ("gate_up_proj_scale", "down_proj_scale"):
-            scales = getattr(self, kind)
-            if not torch.isfinite(scales).all() or not (scales > 0).all():
-                raise ValueError(f"{self.name}: {kind.removesuffix('_scale')} weight_scale_inv holds scales that "
-                                 f"are not positive and finite")
+            check_scales(self.name, kind, getattr(self, kind))
 
     def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return kernels.grouped_matmul(rows, getattr(self, projection), offsets, getattr(self, f"{projection}_scale"),
-                                      BLOCK)
+                                      self.group_k)
 
     def full_precision_bytes(self) -> int:
         return (self.gate_up_proj.numel() + self.down_proj.numel()) * self.dtype.itemsize

@@ -60,6 +60,7 @@ class PackedLinear(nn.Module):
         self.bias = base.bias  # [out] in the model dtype, or None
         self.dtype = base.weight.dtype  # the activation (model) dtype
         self._shared: dict[str, torch.Tensor] = {}  # the first slice's tensor of a kind shared by every slice
+        self.stored_fused: set[str] = set()  # checkpoint names of tensors holding every slice (load_fused)
         self.stored_dtypes = dtypes
         for kind, shape in self.stored().items():
             if kind not in dtypes:
@@ -95,6 +96,29 @@ class PackedLinear(nn.Module):
             if not torch.equal(first, tensor):
                 raise ValueError(f"{self.name}: the fused slices have different {kind}; a fused projection needs one")
         target.copy_(tensor)
+
+    def load_fused(self, kind: str, tensor: torch.Tensor) -> None:
+        """A fused projection's `kind` as a checkpoint that fuses it stores it (Phi-3's qkv_proj.qweight: every
+        slice's outputs in one tensor, in slice order along its output dim), read whole by every rank: each
+        slice's part of it, then this rank's share of that part (a fused projection is column-parallel)."""
+        layout = self.layouts(self.spec).get(kind, TensorLayout(out_dim=0, in_dim=None))  # bias: as a weight's
+        if layout.out_dim is None:  # one tensor for every slice (g_idx)
+            parts = [tensor] * len(self.out_slices)
+        else:
+            dim, held = layout.out_dim, getattr(self, kind).shape[layout.out_dim]  # this rank's share of it
+            per = self.out_features // held if held else 1  # outputs per element
+            if any(width % per for width in self.out_slices):
+                raise ValueError(f"{self.name}: slices of {self.out_slices} outputs on this rank, not multiples of "
+                                 f"the {per} that {kind} packs in one element")
+            widths = [width * self.tp_size // per for width in self.out_slices]  # each slice's, as written
+            if tensor.dim() <= dim or tensor.shape[dim] != sum(widths):
+                raise ValueError(f"{self.name}: fused {kind} has shape {tuple(tensor.shape)}; {self.spec.describe()} "
+                                 f"with outputs {[w * self.tp_size for w in self.out_slices]} needs {sum(widths)} "
+                                 f"along dim {dim}")
+            parts = tensor.split(widths, dim=dim)
+        for index, part in enumerate(parts):
+            share = shard_index(layout, tuple(part.shape), rank=self.tp_rank, size=self.tp_size, column=True)
+            self.load_slice(index, kind, part if share is None else part[share])
 
     def finish(self) -> None:
         """Every stored tensor is loaded: check them and put them in the kernel's layout."""

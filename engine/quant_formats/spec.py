@@ -99,3 +99,21 @@ def _compressed_tensors(quant: dict) -> QuantSpec:
 
 
 _READERS = {"gptq": _gptq, "awq": _awq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}
+
+
+def activation_mode(spec: QuantSpec) -> str | None:
+    """compressed-tensors' input activations: None (weight-only), "token" (dynamic per token) or "tensor"
+    (static per tensor); anything else as its strategy name, which check_spec refuses."""
+    if not spec.activation_bits:
+        return None
+    acts = input_activations(spec)
+    strategy = acts.get("strategy")
+    if acts.get("type", "float") != "float" or (strategy == "token") != bool(acts.get("dynamic")):
+        return f"{acts.get('type')} {strategy} dynamic={acts.get('dynamic')}"
+    return strategy
+
+
+def input_activations(spec: QuantSpec) -> dict:
+    """The input_activations of compressed-tensors' one config group (_compressed_tensors reads one)."""
+    groups = spec.raw.get("config_groups") or {}
+    return next(iter(groups.values()), {}).get("input_activations") or {}

@@ -21,9 +21,11 @@ _EXPERT = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)\.(\d+)$")  # MoEC
 
 
 def _stored_kinds(model: CausalLM, files: list[Path]):
-    """({target module: {stored kind: dtype}}, {target module: its checkpoint tensor names}) from the headers."""
+    """({target module: {stored kind: dtype}}, {target module: its checkpoint tensor names}, {target module: the
+    names of its tensors stored fused, as one for every slice}) from the headers."""
     stored: dict[str, dict[str, torch.dtype]] = {}
     names: dict[str, list[str]] = {}
+    fused: dict[str, set[str]] = {}
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for raw in f.keys():
@@ -31,13 +33,14 @@ def _stored_kinds(model: CausalLM, files: list[Path]):
                 stored_kind = raw.rpartition(".")[2] not in ("weight", "bias")
                 try:
                     split = model.checkpoint_parts(raw, tuple(view.get_shape()))  # Mixtral's w1/w2/w3, fused qkv
-                except ValueError:  # a fused tensor's rows checked as a weight's
+                    stored_fused = split is not None and len(split) > 1 and len(split[0]) == 3  # 2-D, several
+                except ValueError:  # a fused tensor's rows checked as a weight's (qkv_proj.qweight [in / 8, out])
                     if not stored_kind:
                         raise
-                    split = [(raw,), (raw,)]
-                if split is not None and len(split) > 1 and stored_kind:
-                    raise ValueError(f"{raw}: a fused projection stored quantized (Phi-3's qkv_proj, gate_up_proj) "
-                                     f"is not served yet")
+                    split, stored_fused = None, True
+                if stored_fused:  # Phi-3's qkv_proj: the model's fused projection has the checkpoint's name
+                    fused.setdefault(model.checkpoint_target(raw)[0], set()).add(raw)
+                    split = None if stored_kind else split
                 for name in [part[0] for part in split] if split else [raw]:
                     target = model.checkpoint_target(name)
                     if target is None:
@@ -45,7 +48,7 @@ def _stored_kinds(model: CausalLM, files: list[Path]):
                     kind = name.rpartition(".")[2]
                     stored.setdefault(target[0], {}).setdefault(kind, SAFETENSORS_DTYPES[view.get_dtype()])
                     names.setdefault(target[0], []).extend({raw, name})  # as read, as split (Mixtral)
-    return stored, names
+    return stored, names, fused
 
 
 def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) -> dict[str, PackedLinear]:
@@ -53,9 +56,14 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
     marker) with the format's PackedLinear, and quantized experts with PackedExperts; returns {checkpoint tensor
     name: the dense module it loads into}."""
     packed_cls = format_for(quant_spec)
-    stored, names = _stored_kinds(model, files)
+    stored, names, fused = _stored_kinds(model, files)
     comm, packed, experts = model.comm, {}, {}
     experts_cls = getattr(packed_cls, "experts_cls", None)  # a format's own stacked experts (fp8)
+    if experts_cls is not None:  # kinds the plain experts route to each expert (compressed-tensors' weight_scale):
+        for module_name in [name for name in stored if _EXPERT.match(name)]:  # the stacked experts' too
+            layer = stored.setdefault(_EXPERT.match(module_name).group(1), {})
+            for kind, dtype in stored.pop(module_name).items():
+                layer.setdefault(kind, dtype)
     for module_name, kinds in stored.items():
         if packed_cls.marker not in kinds:
             if any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for dtype in kinds.values()):
@@ -64,8 +72,9 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
             continue
         if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
             parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
-            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), name=module_name,
-                                                                   tp_rank=comm.rank, tp_size=comm.size))
+            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), quant_spec,
+                                                                   name=module_name, tp_rank=comm.rank,
+                                                                   tp_size=comm.size))
             continue
         expert = _EXPERT.match(module_name)
         if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below
@@ -80,6 +89,7 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
                              f"serves only in full precision")
         module = packed_cls(base, quant_spec, name=module_name, dtypes=kinds, tp_size=comm.size, tp_rank=comm.rank,
                             row_parallel=module_name.rpartition(".")[2] in ROW_PARALLEL)
+        module.stored_fused = fused.get(module_name, set())
         parent, _, attr = module_name.rpartition(".")
         setattr(model.get_submodule(parent), attr, module)
         packed.update({name: module for name in names[module_name]})

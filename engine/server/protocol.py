@@ -10,8 +10,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.kv.transport import transfer_address
 from engine.sampling_params import SamplingParams
+from engine.server.body_checks import BadRequest, is_int, is_number, object_fields
+from engine.server.kv_protocol import KVTransfer, parse_kv_transfer
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
@@ -19,17 +20,6 @@ SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
 MAX_PROMPTS = 32  # a batch of prompts in one request
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
-LEASE_TTL_S = (30.0, 600.0)  # kv_transfer prefill: the default and the longest lease
-LEASE_ID = re.compile(r"^[0-9a-f]{16,64}$")
-
-
-class BadRequest(ValueError):
-    """A client mistake: answered with 400 and this message, before anything is scheduled."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code  # for the client to act on, e.g. engine.contract.CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -45,17 +35,6 @@ class PromptSpec:
     text: str | None = None
     token_ids: list[int] | None = None
     messages: list[dict] | None = None  # role, content (str, or null beside tool_calls), tool_calls, tool_call_id
-
-
-@dataclass(frozen=True)
-class KVTransfer:
-    """A hop of disaggregated serving (docs/kv-tiers.md): "prefill" computes the prompt's KV and leases its full
-    blocks; "decode" pulls them under `lease` (the prefill hop's kv_lease object) before it serves as usual."""
-
-    mode: str  # "prefill" | "decode"
-    lease_ttl_s: float = LEASE_TTL_S[0]  # prefill
-    lease: dict | None = None  # decode: {"id", "engine_id", "transport": {"tcp", "shm"}, "num_blocks", ...}
-    lease_problem: str | None = None  # decode: why the lease cannot be pulled (then the prompt is recomputed)
 
 
 @dataclass(frozen=True)
@@ -91,7 +70,7 @@ TOKENIZE_FIELDS = {"prompt", "prompt_token_ids", "messages"}
 
 
 def parse_generate(body: Any) -> GenerateRequest:
-    body = _object(body, GENERATE_FIELDS, what="request body")
+    body = object_fields(body, GENERATE_FIELDS, what="request body")
     request_id = body.get("request_id") or uuid.uuid4().hex
     if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
         raise BadRequest("request_id must be 1-100 characters of letters, digits and ._:@+=-", param="request_id")
@@ -99,7 +78,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     if not isinstance(tenant, str) or not tenant:
         raise BadRequest("tenant must be a non-empty string", param="tenant")
     weight = body.get("weight", 1.0)
-    if not _is_number(weight) or not 0 < weight < math.inf:
+    if not is_number(weight) or not 0 < weight < math.inf:
         raise BadRequest("weight must be a number > 0", param="weight")
     api_key_id = body.get("api_key_id")
     if api_key_id is not None and not isinstance(api_key_id, str):
@@ -132,60 +111,6 @@ def parse_generate(body: Any) -> GenerateRequest:
         tool_choice=parse_tool_choice(body.get("tool_choice"), tools), parallel_tool_calls=parallel,
         context_overflow=overflow, kv_transfer=kv_transfer,
     )
-
-
-def parse_kv_transfer(value: Any) -> KVTransfer | None:
-    """null; {"mode": "prefill", "lease_ttl_s"?}; or {"mode": "decode", "lease": <a prefill hop's kv_lease>}."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or value.get("mode") not in ("prefill", "decode"):
-        raise BadRequest("kv_transfer must be {'mode': 'prefill', 'lease_ttl_s'?} or {'mode': 'decode', 'lease': "
-                         "{...}}", param="kv_transfer.mode")
-    if value["mode"] == "prefill":
-        value = _object(value, {"mode", "lease_ttl_s"}, what="kv_transfer")
-        ttl = value.get("lease_ttl_s", LEASE_TTL_S[0])
-        if not _is_number(ttl) or not 0 < ttl <= LEASE_TTL_S[1]:
-            raise BadRequest(f"kv_transfer.lease_ttl_s must be a number of seconds in (0, {LEASE_TTL_S[1]:g}]",
-                             param="kv_transfer.lease_ttl_s")
-        return KVTransfer(mode="prefill", lease_ttl_s=float(ttl))
-    value = _object(value, {"mode", "lease"}, what="kv_transfer")
-    if not isinstance(value.get("lease"), dict):
-        raise BadRequest("kv_transfer.lease must be the kv_lease object of a prefill hop's answer",
-                         param="kv_transfer.lease")
-    lease = value["lease"]
-    return KVTransfer(mode="decode", lease=lease, lease_problem=lease_problem(lease))
-
-
-LEASE_FIELDS = {"id", "engine_id", "transport", "num_blocks", "num_tokens", "expires_in_s"}
-
-
-def lease_problem(lease: dict) -> str | None:
-    """Why a decode hop cannot pull under this lease, naming the field by its path; None when it can. The lease is
-    the prefill engine's answer, not the client's: one this engine cannot read (another version's field, an address
-    it cannot parse) is a reason to recompute the prompt, never a 400 (docs/kv-tiers.md, "Failure rules")."""
-    unknown = sorted(set(lease) - LEASE_FIELDS)
-    if unknown:
-        return f"kv_transfer.lease.{unknown[0]} is not a lease field this engine knows"
-    if not isinstance(lease.get("id"), str) or not LEASE_ID.match(lease["id"]):
-        return "kv_transfer.lease.id is not the hex id of a prefill hop's kv_lease"
-    transport = lease.get("transport")
-    if not isinstance(transport, dict):
-        return "kv_transfer.lease.transport is not an object"
-    unknown = sorted(set(transport) - {"tcp", "shm"})
-    if unknown:
-        return f"kv_transfer.lease.transport.{unknown[0]} is not a transport this engine knows"
-    if transfer_address(transport.get("tcp")) is None:
-        return f"kv_transfer.lease.transport.tcp is not 'host:port': {transport.get('tcp')!r}"
-    if transport.get("shm") is not None and not isinstance(transport["shm"], str):
-        return "kv_transfer.lease.transport.shm is not a string or null"
-    for name in ("num_blocks", "num_tokens"):
-        if name in lease and not (_is_int(lease[name]) and lease[name] >= 0):
-            return f"kv_transfer.lease.{name} is not a non-negative integer"
-    if "expires_in_s" in lease and not _is_number(lease["expires_in_s"]):
-        return "kv_transfer.lease.expires_in_s is not a number"
-    if "engine_id" in lease and not isinstance(lease["engine_id"], str):
-        return "kv_transfer.lease.engine_id is not a string"
-    return None
 
 
 def parse_response_format(value: Any) -> dict | None:
@@ -262,7 +187,7 @@ def parse_tool_choice(value: Any, tools: list[dict] | None) -> str | dict | None
 
 
 def parse_tokenize(body: Any) -> PromptSpec:
-    return parse_prompt(_object(body, TOKENIZE_FIELDS, what="request body"))
+    return parse_prompt(object_fields(body, TOKENIZE_FIELDS, what="request body"))
 
 
 def parse_adapter(value: Any) -> AdapterRef | None:
@@ -271,7 +196,7 @@ def parse_adapter(value: Any) -> AdapterRef | None:
         return None
     if isinstance(value, str):
         value = {"digest": value}
-    value = _object(value, {"digest", "path"}, what="adapter")
+    value = object_fields(value, {"digest", "path"}, what="adapter")
     digest, path = value.get("digest"), value.get("path")
     if not isinstance(digest, str) or not DIGEST.match(digest):
         raise BadRequest("adapter.digest must be a sha256 hex digest (64 lowercase hex characters)",
@@ -302,7 +227,7 @@ def parse_prompt(body: dict[str, Any]) -> PromptSpec:
         return PromptSpec(text=body["prompt"])
     if given == ["prompt_token_ids"]:
         ids = body["prompt_token_ids"]
-        if not isinstance(ids, list) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not ids or not all(is_int(t) and t >= 0 for t in ids):
             raise BadRequest("prompt_token_ids must be a non-empty list of non-negative integers",
                              param="prompt_token_ids")
         return PromptSpec(token_ids=ids)
@@ -331,7 +256,7 @@ def _tool_calls_valid(calls: Any) -> bool:
 
 
 def parse_sampling(value: Any) -> SamplingParams:
-    value = dict(_object(value, set(SAMPLING_FIELDS), what="sampling", noun="sampling parameter"))
+    value = dict(object_fields(value, set(SAMPLING_FIELDS), what="sampling", noun="sampling parameter"))
     if value.get("logit_bias") is not None:
         value["logit_bias"] = parse_logit_bias(value["logit_bias"])
     for name, given in value.items():
@@ -350,31 +275,13 @@ def parse_logit_bias(value: Any) -> dict[int, float]:
                          param="sampling.logit_bias")
     bias = {}
     for key, number in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()) and not _is_int(key):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) and not is_int(key):
             raise BadRequest(f"sampling.logit_bias keys must be token ids, got {key!r}", param="sampling.logit_bias")
-        if not _is_number(number) or not -100 <= number <= 100:
+        if not is_number(number) or not -100 <= number <= 100:
             raise BadRequest(f"sampling.logit_bias[{key}] must be a number in [-100, 100], got {number!r}",
                              param="sampling.logit_bias")
         bias[int(key)] = float(number)
     return bias
-
-
-def _object(value: Any, allowed: set[str], *, what: str, noun: str = "field") -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise BadRequest(f"{what} must be a JSON object")
-    unknown = sorted(set(value) - allowed)
-    if unknown:  # the field by its path ("kv_transfer.ttl"): a bare name would read as the client's own field
-        path = unknown[0] if what == "request body" else f"{what}.{unknown[0]}"
-        raise BadRequest(f"unknown {noun} {path!r}; {what} takes {sorted(allowed)}", param=path)
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _matches(value: Any, annotation: Any) -> bool:
@@ -394,9 +301,9 @@ def _matches(value: Any, annotation: Any) -> bool:
     if annotation is bool:
         return isinstance(value, bool)
     if annotation is int:
-        return _is_int(value)
+        return is_int(value)
     if annotation is float:
-        return _is_number(value)
+        return is_number(value)
     if annotation is str:
         return isinstance(value, str)
     raise TypeError(f"unhandled sampling annotation {annotation!r}")

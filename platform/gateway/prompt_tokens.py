@@ -3,15 +3,21 @@ holds) and its refusals: the registered base model's tokenizer.json and chat tem
 torch-free tokenizer (engine.tokenizer) and message shaping, loaded once per checkpoint folder. A base model whose
 folder the gateway cannot read (or has no tokenizer.json) is estimated from bytes instead, an upper bound."""
 
+import asyncio
 import functools
 import logging
 from pathlib import Path
 
+from django.conf import settings
+
 from engine.server.structured import template_messages
 from engine.tokenizer import Tokenizer
+from gateway.caller import Target
 from gateway.openai_request import GenerationRequest
 
 log = logging.getLogger(__name__)
+
+TEMPLATE_OVERHEAD_TOKENS = 16  # per message, for the chat template's markers
 
 
 @functools.lru_cache(maxsize=32)
@@ -41,3 +47,24 @@ def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | 
     texts = [prompt for prompt in generation.prompts if isinstance(prompt, str)]
     counted = sum(len(tokenizer.hf.encode(text)) for text in texts)  # not encode_batch: its thread pool costs more
     return counted + generation.prompt_token_count()
+
+
+def estimate_prompt_tokens(generation: GenerationRequest, *, prompt_bytes: int | None = None) -> int:
+    """An upper bound without tokenizing: byte-level BPE tokenizers never produce more tokens than bytes (and a
+    token prompt is counted). `prompt_bytes`: generation.prompt_bytes(), when the caller has it already."""
+    messages = len(generation.messages) if generation.messages is not None else 0
+    prompt_bytes = generation.prompt_bytes() if prompt_bytes is None else prompt_bytes
+    return prompt_bytes + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+
+
+async def count_prompt_tokens(generation: GenerationRequest, target: Target) -> int:
+    """The prompt's tokens with the base model's tokenizer (a long prompt on a worker thread, off the event loop);
+    the bytes' upper bound where the gateway has no tokenizer for it or its template can't render the messages."""
+    tokenizer = base_tokenizer(target.checkpoint_dir)
+    counted = None
+    if tokenizer is not None:
+        if generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+            counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
+        else:
+            counted = prompt_tokens(generation, tokenizer)
+    return estimate_prompt_tokens(generation) if counted is None else counted

@@ -4,14 +4,20 @@ self-registered ones while their heartbeats keep coming), re-read once a second;
 this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is skipped for a few seconds.
 On a fleet with prefill and decode roles, `route` may add a prefill engine (`route_score.choose_route`)."""
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
+
 from engine.contract import state_load, state_resident_digests
+from gateway.connections import DATABASE_DOWN, checked_connection
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
 from gateway.route_score import Fleet, Loads, candidate_from_state, choose, choose_route
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
@@ -120,3 +126,19 @@ class Router:
 
 
 router = Router()
+
+
+async def engines_refresh() -> None:
+    """Re-reads the engines once a second; while the database is away, routes on the engines last read."""
+    if not router.snapshot_stale():
+        return
+    try:
+        await _load_snapshot()
+    except DATABASE_DOWN as error:
+        if not router.has_snapshot():
+            raise
+        router.keep_snapshot()
+        log.warning("engines not re-read (the database is unreachable: %s); routing on the last snapshot", error)
+
+
+_load_snapshot = sync_to_async(checked_connection(router.load_snapshot), thread_sensitive=False)

@@ -2,6 +2,8 @@
 grouped under, and a description made of the view's own docstring (never one inherited from a base class) and who
 may call it. Operations that set `extend_schema(summary=..., description=...)` keep theirs."""
 
+from quilt.openai_schema import add_v1_paths
+
 # First path segment after /api/v1/ -> tag (the resource the docs group the operation under).
 TAGS = {
     "tenant": "Tenant", "tenants": "Tenants (staff)", "plans": "Plans (staff)", "members": "Members",
@@ -117,61 +119,9 @@ def own_docstring(view, method: str) -> str:
     return ""
 
 
-# The OpenAI-compatible API under /v1 is served by the gateway's own views (not DRF), so the schema generator can't
-# see it: each operation is described here, with OpenAI's request and answer shapes referenced, not copied.
-INFERENCE, FINE_TUNING = "Inference (OpenAI-compatible)", "Fine-tuning (OpenAI-compatible)"
-ID = {"in": "path", "required": True, "schema": {"type": "string"}}
-V1_OPERATIONS = [
-    ("post", "/v1/chat/completions", INFERENCE, "Create a chat completion",
-     "OpenAI's chat completions: `model` names a base model, one of the tenant's adapters (its current version) or "
-     "a pinned version (`support-bot@3`); `messages`, sampling (`temperature`, `top_p`, `seed`, `stop`, "
-     "`max_tokens`, `n`, `logprobs`), `stream` with `stream_options.include_usage`, `response_format`. Admission "
-     "checks the tenant's and the key's limits first: a refusal is a 429 with `Retry-After` and `x-ratelimit-*` "
-     "headers (`rate_limit_exceeded`, or `insufficient_quota` past a monthly budget). The answer carries "
-     "`x-request-id`, the id the request log knows it by.", None),
-    ("post", "/v1/completions", INFERENCE, "Create a completion",
-     "OpenAI's legacy completions: a `prompt` (text, token ids, or a list of them), `echo`, `logprobs`; otherwise "
-     "as chat completions.", None),
-    ("get", "/v1/models", INFERENCE, "List models", "The base models and the tenant's adapters this key may use.", None),
-    ("get", "/v1/models/{name}", INFERENCE, "Get a model", "One model by name, if this key may use it.", "name"),
-    ("post", "/v1/files", FINE_TUNING, "Upload a file",
-     "Multipart `file` (JSONL training data) with `purpose=fine-tune`; checked line by line at once.", None),
-    ("get", "/v1/files", FINE_TUNING, "List files", "The tenant's uploaded files, newest first.", None),
-    ("get", "/v1/files/{file_id}", FINE_TUNING, "Get a file", "One uploaded file's metadata.", "file_id"),
-    ("delete", "/v1/files/{file_id}", FINE_TUNING, "Delete a file", "Deletes an uploaded file.", "file_id"),
-    ("get", "/v1/files/{file_id}/content", FINE_TUNING, "Download a file", "The file's bytes as uploaded.", "file_id"),
-    ("post", "/v1/fine_tuning/jobs", FINE_TUNING, "Create a fine-tuning job",
-     "`model` (a base model), `training_file`, optional `validation_file`, `suffix` (the adapter's name), "
-     "`hyperparameters` (or `method`), `seed`. The job trains a LoRA adapter; when it succeeds the adapter gets a "
-     "new version, billed by trained tokens at the plan's training price.", None),
-    ("get", "/v1/fine_tuning/jobs", FINE_TUNING, "List fine-tuning jobs", "The tenant's jobs, newest first.", None),
-    ("get", "/v1/fine_tuning/jobs/{job_id}", FINE_TUNING, "Get a fine-tuning job", "One job's state.", "job_id"),
-    ("post", "/v1/fine_tuning/jobs/{job_id}/cancel", FINE_TUNING, "Cancel a fine-tuning job",
-     "Stops a queued or running job.", "job_id"),
-    ("get", "/v1/fine_tuning/jobs/{job_id}/events", FINE_TUNING, "List a job's events",
-     "Messages and metrics (the training curve), newest first.", "job_id"),
-    ("get", "/v1/fine_tuning/jobs/{job_id}/checkpoints", FINE_TUNING, "List a job's checkpoints",
-     "Checkpoints saved during training, with their metrics.", "job_id"),
-]  # fmt: skip
-
-
 def openai_paths(result, generator, request, public):
-    """drf-spectacular postprocessing hook: adds the /v1 operations and the tags' descriptions to the schema."""
-    for method, path, tag, summary, description, parameter in V1_OPERATIONS:
-        operation = {
-            "operationId": f"openai_{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
-            "tags": [tag], "summary": summary,
-            "description": description + "\n\nAuthenticated by an API key with the `inference` scope.",
-            "security": [{"bearerAuth": []}],
-            "responses": {"200": {"description": "As OpenAI's API answers it."},
-                          "4XX": {"description": "OpenAI's error shape: `{\"error\": {\"message\", \"type\", \"param\", "
-                                                 "\"code\"}}`."}},
-        }  # fmt: skip
-        if parameter:
-            operation["parameters"] = [{**ID, "name": parameter}]
-        result["paths"].setdefault(path, {})[method] = operation
-    schemes = result.setdefault("components", {}).setdefault("securitySchemes", {})
-    schemes.setdefault("bearerAuth", {"type": "http", "scheme": "bearer"})
+    """drf-spectacular postprocessing hook: adds the /v1 operations (quilt.openai_schema) and the tags' descriptions."""
+    add_v1_paths(result)
     used = {tag for operations in result["paths"].values() for operation in operations.values()
             for tag in operation.get("tags", [])}  # fmt: skip
     result["tags"] = [{"name": name, "description": TAG_DESCRIPTIONS.get(name, "")} for name in

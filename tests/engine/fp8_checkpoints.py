@@ -7,20 +7,29 @@
 - compressed-tensors `float-quantized`: compressed-tensors' own `apply_quantization_config` and
   `ModelCompressor` (what llm-compressor's `oneshot` calls) with its FP8 presets; weight scales from the
   weights' min/max (llm-compressor's default observer) and static input scales from the inputs' absolute
-  maximum over a few calibration prompts.
+  maximum over a few calibration prompts. An MoE's stacked experts are first made one Linear per expert and
+  projection (LinearExperts), as llm-compressor does to calibrate them, so the checkpoint stores each expert's
+  projections apart as the published FP8 MoE checkpoints do.
+
+transformers loads such experts dequantized and runs them in full precision (their input_scale is left unread);
+`quantize_expert_inputs` makes its experts quantize their inputs as the checkpoint says, the oracle the engine's
+experts are held to.
 
 Shapes are multiples of 128 (hidden 128, q 256, k/v 128, intermediate 256): transformers' quantizer leaves a
 projection that is not whole blocks unquantized, and its CPU dequantization (the oracle's) reads a scale grid
 that is not whole blocks as a different block size."""
 
 import json
+import re
 import shutil
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from tests.engine.conftest import ARCHS, VOCAB, build_tokenizer
 
@@ -29,7 +38,8 @@ SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "
 MOE_SHAPE = {"num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
              "mlp_only_layers": [1]}
 BLOCK_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
+               "qkv_proj", "gate_up_proj")  # the last two: Phi-3's fused ones
 
 
 def build_base(directory: Path, arch: str, *, seed: int, **shape) -> Path:
@@ -93,7 +103,9 @@ def write_block_fp8(src: Path, dst: Path, *, drop: str | None = None, config: di
 
 def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list[list[int]]) -> Path:
     """`src` (fp32) quantized by compressed-tensors' preset ("FP8": per-tensor weights, static per-tensor input
-    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor."""
+    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor.
+    Also writes dst/producer_logits.pt: (the first calibration prompt, the logits of the quantized model that
+    wrote the checkpoint on it, compressed-tensors' own forward), what the oracle is checked against."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -105,6 +117,10 @@ def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    for name, module in list(model.named_modules()):
+        if _is_stacked_experts(module):  # as llm-compressor calibrates an MoE: one Linear per expert and projection
+            model.set_submodule(name, LinearExperts(module, ("w1", "w3", "w2") if "Mixtral" in type(model).__name__
+                                                    else ("gate_proj", "up_proj", "down_proj")))
     input_amax: dict[str, float] = {}
     hooks = [module.register_forward_pre_hook(
         lambda m, args, name=name: input_amax.__setitem__(name, max(input_amax.get(name, 0.0),
@@ -129,13 +145,117 @@ def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list
         scale, _ = calculate_qparams(low, high, scheme.weights)
         module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
         if hasattr(module, "input_scale"):
+            assert name in input_amax, f"{name} saw no calibration tokens"
             module.input_scale.data.fill_(input_amax[name] / 448.0)
         module.quantization_status = QuantizationStatus.FROZEN
+    with torch.no_grad():
+        producer = (calibration[0], model(torch.tensor([calibration[0]])).logits[0].float())
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(dst)
     compressor.update_config(dst)
+    torch.save(producer, dst / "producer_logits.pt")
     for path in src.iterdir():
         if path.name.startswith("tokenizer"):
             shutil.copy(path, dst / path.name)
     return dst
+
+
+def _is_stacked_experts(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) and hasattr(module, "act_fn")
+
+
+class LinearExperts(nn.ModuleList):
+    """transformers' stacked experts (gate_up_proj [E, 2I, hidden], down_proj [E, hidden, I]) as one module of
+    Linears per expert, named as the checkpoint names them (`names`: gate, up, down), computing the same."""
+
+    def __init__(self, stacked: nn.Module, names: tuple[str, str, str]) -> None:
+        experts, rows, hidden = stacked.gate_up_proj.shape
+        inter = rows // 2
+        super().__init__(nn.ModuleDict({names[0]: nn.Linear(hidden, inter, bias=False),
+                                        names[1]: nn.Linear(hidden, inter, bias=False),
+                                        names[2]: nn.Linear(inter, hidden, bias=False)}) for _ in range(experts))
+        self.names = names
+        object.__setattr__(self, "act", stacked.act_fn)  # not a child: the list's children are the experts alone
+        for e, expert in enumerate(self):
+            expert[names[0]].weight.data.copy_(stacked.gate_up_proj.data[e, :inter])
+            expert[names[1]].weight.data.copy_(stacked.gate_up_proj.data[e, inter:])
+            expert[names[2]].weight.data.copy_(stacked.down_proj.data[e])
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        gate, up, down = self.names
+        out = torch.zeros_like(hidden_states)
+        for e, expert in enumerate(self):
+            token, choice = torch.where(top_k_index == e)
+            if len(token):
+                x = hidden_states[token]
+                y = expert[down](self.act(expert[gate](x)) * expert[up](x))
+                out.index_add_(0, token, y * top_k_weights[token, choice, None])
+        return out
+
+
+def quantize_expert_inputs(model: nn.Module, directory: Path) -> None:
+    """Make transformers' experts in `model` (loaded from the compressed-tensors checkpoint at `directory`, maybe
+    under PEFT) quantize each projection's input as compressed-tensors' forward quantizes a Linear's: fake-quantized
+    to fp8 per token (dynamic) or with the expert's input_scale (static), by compressed-tensors' own functions. A
+    PEFT adapter on the experts (target_parameters) adds its delta on the unquantized input, as it does on a
+    quantized Linear (its LoRA layer beside the base layer)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    group = json.loads((directory / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    args = QuantizationArgs(**group["input_activations"])
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        stored = {name: f.get_tensor(name) for name in f.keys() if name.endswith(".input_scale")}
+
+    def quantize(x: torch.Tensor, scale_name: str) -> torch.Tensor:
+        if args.dynamic:  # [1, rows, D]: compressed-tensors reduces per token over a 3-D input only
+            scale, zero = compute_dynamic_scales_and_zp(x[None], args, module=None)
+            return fake_quantize(x[None], scale, None, args)[0]
+        return fake_quantize(x, stored[scale_name], None, args)
+
+    mixtral = any(".block_sparse_moe." in key for key in stored) or "Mixtral" in str(type(model))
+    for name, module in model.named_modules():
+        if _is_stacked_experts(module) and not hasattr(module, "base_layer"):  # not PEFT's wrapper of it
+            prefix = re.sub(r"(\.base_layer)+$", "", name[name.index("model.layers."):])  # as the checkpoint names
+            if mixtral:
+                prefix = prefix.replace(".mlp.", ".block_sparse_moe.")
+            names = ("w1", "w2") if mixtral else ("gate_proj", "down_proj")
+            module.forward = types.MethodType(_quantized_experts_forward(prefix, names, quantize), module)  # bound:
+            # compressed-tensors wraps each module's forward.__func__ on the first forward
+
+
+def _lora_split(module: nn.Module, name: str):
+    """(the parameter as stored, PEFT's delta on it or None): PEFT parametrizes a targeted parameter while its
+    adapter is active, each parametrization adding its delta."""
+    parametrizations = getattr(module, "parametrizations", {})
+    if name not in parametrizations:
+        return getattr(module, name), None
+    original = parametrizations[name].original
+    delta = sum(proxy(torch.zeros_like(original)) for proxy in parametrizations[name])
+    return original, delta
+
+
+def _quantized_experts_forward(prefix: str, names: tuple[str, str], quantize):
+    def forward(module, hidden_states, top_k_index, top_k_weights):
+        (gate_up, gate_up_delta), (down, down_delta) = (_lora_split(module, "gate_up_proj"),
+                                                        _lora_split(module, "down_proj"))
+        out = torch.zeros_like(hidden_states)
+        for e in range(gate_up.shape[0]):
+            token, choice = torch.where(top_k_index == e)
+            if not len(token):
+                continue
+            x = hidden_states[token]
+            h = nn.functional.linear(quantize(x, f"{prefix}.{e}.{names[0]}.input_scale"), gate_up[e])
+            if gate_up_delta is not None:
+                h = h + nn.functional.linear(x, gate_up_delta[e])
+            gate, up = h.chunk(2, dim=-1)
+            a = module.act_fn(gate) * up
+            y = nn.functional.linear(quantize(a, f"{prefix}.{e}.{names[1]}.input_scale"), down[e])
+            if down_delta is not None:
+                y = y + nn.functional.linear(a, down_delta[e])
+            out.index_add_(0, token, y * top_k_weights[token, choice, None])
+        return out
+
+    return forward

@@ -143,7 +143,9 @@ def quantization_config(fmt: str, *, bits: int, group_size: int, sym: bool, act_
 def write_quantized(base_dir: Path, directory: Path, *, fmt: str, bits: int = 4, group_size: int = 32,
                     sym: bool = False, act_order: bool = False, seed: int = 0) -> tuple[Path, Path]:
     """(the checkpoint in format `fmt`: "gptq" (v1), "gptq_v2", "awq", "pack", "naive"; its dequantized fp32 twin)."""
-    tensors = load_file(str(base_dir / "model.safetensors"))
+    tensors = {}
+    for shard in sorted(base_dir.glob("*.safetensors")):  # one file, or shards (written back as one)
+        tensors.update(load_file(str(shard)))
     packed, dequantized = {}, dict(tensors)
     for name, weight in sorted(tensors.items()):
         prefix, _, kind = name.rpartition(".")

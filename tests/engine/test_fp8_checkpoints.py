@@ -17,7 +17,12 @@ from engine import LLM, SamplingParams
 from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
 from engine.quant_formats.fp8_experts import Fp8Experts
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
-from tests.engine.fp8_checkpoints import build_base, write_block_fp8, write_compressed_fp8
+from tests.engine.fp8_checkpoints import (
+    build_base,
+    quantize_expert_inputs,
+    write_block_fp8,
+    write_compressed_fp8,
+)
 from tests.engine.test_families import assert_matches_peft, make_llm
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -30,6 +35,8 @@ CASES = {  # id -> (arch, format)
     "qwen3-dynamic": ("qwen3", "dynamic"),
     "qwen3-moe-block": ("qwen3-moe", "block"),
     "mixtral-block": ("mixtral", "block"),
+    "qwen3-moe-dynamic": ("qwen3-moe", "dynamic"),  # compressed-tensors experts: per-channel, dynamic per token
+    "mixtral-static": ("mixtral", "static"),  # per-tensor weights, static input scales per expert
 }
 SEEDS = {"llama": 60, "qwen3": 61, "qwen3-moe": 62, "mixtral": 63}
 MAX_TOKENS = 6
@@ -75,7 +82,10 @@ def fp8(families, tmp_path_factory):
                 pytest.importorskip("compressed_tensors")  # requirements/dev.txt; not on the GPU machine's image
                 preset = "FP8" if fmt == "static" else "FP8_DYNAMIC"
                 write_compressed_fp8(base, directory, preset=preset, calibration=random_prompts(67, [9, 21, 14]))
-            made[case] = (arch, directory, adapters, Oracle(directory, adapters))
+            oracle = Oracle(directory, adapters)
+            if fmt != "block" and arch in ("qwen3-moe", "mixtral"):
+                quantize_expert_inputs(oracle.base, directory)  # transformers runs experts in full precision
+            made[case] = (arch, directory, adapters, oracle)
         return made[case]
 
     return get
@@ -103,30 +113,34 @@ def test_fp8_checkpoint_matches_transformers_and_peft(fp8, case):
 
 
 def assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs) -> None:
-    """Each generated token is transformers' top-1 on the same sequence but at near-ties, and most log-probabilities
-    are within 1e-4.
+    """Every log-probability within 1e-4 of transformers' on the same sequence, in every sequence of the batch but
+    at most one, whose log-probabilities stay within 0.15; every generated token transformers' top-1, unless its
+    top two are closer than twice that sequence's bound.
 
-    Both sides quantize each projection's input to fp8 the same way, bit for bit
-    (test_activations_are_quantized_as_compressed_tensors_does), but in a batch the engine's attention and norms
-    round in another order (~1e-7). An input that lands that close to an fp8 rounding boundary rounds to the
-    neighbouring value (in a batch, and between a prefill and a decode step alike), a step of up to 12% on one
-    element, which moves that token's later log-probabilities by
-    up to ~1e-2, and more in the tokens after it: enough to turn a near-tie. It happens to a few of the tens of
-    thousands of values quantized. The activations' quantization itself moves these models' logits by ~0.3 (with
-    it and without, in transformers): a wrong scale or a missed quantization shows far above the bound here."""
-    deltas = []
+    Each projection computes compressed-tensors' function bit for bit on the same input
+    (test_activations_are_quantized_as_compressed_tensors_does). The rest of the model (attention over the paged
+    cache, rope, norms) rounds apart from transformers' by ~1e-6, and an activation that close to an fp8 rounding
+    boundary rounds to the neighbouring value on one side: a step of up to 12% on one element, which moves the
+    later log-probabilities of that sequence by up to ~1e-1. Over random prompt sets of this batch's shape about
+    one set in two has one such sequence (docs/quantization.md); a wrong scale, a missed quantization or an
+    adapter's delta taken on the quantized input moves every sequence by far more than 1e-4."""
+    deltas, gaps = [], []
     for prompt, name, out in zip(prompts, names, outputs, strict=True):
         sequence = prompt + out.token_ids
         logits = torch.log_softmax(oracle.logits(sequence, name), dim=-1)[len(prompt) - 1 : -1]  # [generated, V]
-        for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
-            top2 = logits[step].topk(2).values
-            assert token == int(logits[step].argmax()) or float(top2[0] - top2[1]) < 0.05, \
-                f"adapter {name}, prompt of {len(prompt)}: token {step} is not transformers' top-1 nor a near-tie"
-            deltas.append(abs(entry.logprob - float(logits[step, token])))
-    within = sum(d <= 1e-4 for d in deltas) / len(deltas)
-    print(f"\nin the batch: {within:.0%} of {len(deltas)} log-probabilities within 1e-4, largest |delta| "
-          f"{max(deltas):.1e}")
-    assert within >= 0.6 and max(deltas) < 0.15
+        top2 = logits.topk(2, dim=-1).values
+        gaps.append((top2[:, 0] - top2[:, 1]).tolist())
+        deltas.append([abs(entry.logprob - float(logits[step, token]))
+                       for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True))])
+        bound = 1e-4 if max(deltas[-1]) <= 1e-4 else 0.15
+        for step, token in enumerate(out.token_ids):
+            assert token == int(logits[step].argmax()) or gaps[-1][step] < 2 * bound, \
+                f"adapter {name}, prompt of {len(prompt)}: token {step} is not transformers' top-1"
+    apart = {f"adapter {name}, prompt of {len(prompt)}": f"{max(d):.1e}"
+             for prompt, name, d in zip(prompts, names, deltas, strict=True) if max(d) > 1e-4}
+    print(f"\nin the batch: {len(deltas) - len(apart)} of {len(deltas)} sequences within 1e-4, apart: {apart}; "
+          f"smallest top-2 gap {min(min(g) for g in gaps):.1e}")
+    assert len(apart) <= 1 and max(max(d) for d in deltas) < 0.15, f"sequences beyond 1e-4: {apart}"
 
 
 @pytest.mark.parametrize("case", ["llama-static", "qwen3-dynamic"])
@@ -147,24 +161,42 @@ def test_activations_are_quantized_as_compressed_tensors_does(fp8, case):
     with torch.no_grad():
         expected = torch.cat([attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)], dim=-1)[0]
         got = engine_qkv(x[0])
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
     unquantized = x[0] @ torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]).t()
     assert (unquantized - expected).abs().max() > 1e-2  # the activations were quantized
 
 
-@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block"])
+@pytest.mark.parametrize("case", ["llama-static", "mixtral-static"])
+def test_the_oracle_computes_what_wrote_the_checkpoint(fp8, case):
+    """transformers on the checkpoint (with compressed-tensors, its experts' inputs quantized by
+    quantize_expert_inputs) against the model that wrote it, compressed-tensors' own quantized Linears (one per
+    expert and projection), on a calibration prompt: the same logits within float32 rounding, so the oracle's
+    experts are the checkpoint's. Static scales only: with dynamic ones compressed-tensors scales a 2-D input (an
+    expert's rows) once over all its rows and a 3-D one per token; the checkpoint says per token, which the
+    oracle and the engine do."""
+    _, directory, _, oracle = fp8(case)
+    probe, expected = torch.load(directory / "producer_logits.pt")
+    torch.testing.assert_close(oracle.logits(probe, None), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "qwen3-moe-dynamic"])
 def test_on_the_triton_launchers_matches_peft(fp8, case, triton_launchers):
-    """Every op on its Triton launcher: fp8_block_linear for the projections, grouped_matmul for the experts."""
+    """Every op on its Triton launcher: fp8_block_linear for the projections, grouped_matmul for the experts (the
+    compressed-tensors ones' rows quantized first); fp8_linear has no launcher and keeps its reference on CPU."""
     arch, directory, adapters, oracle = fp8(case)
     llm = make_llm(directory, adapters)
     assert kernels.backend_for(llm.engine.memory.layers[0]) == "triton"
     prompts, names = _mixed_batch()
     prompts, names = [prompts[i] for i in (0, 3, 2)], [names[i] for i in (0, 3, 2)]  # base, gate/up (experts), q/k/v
     sampling = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=1)
-    assert_matches_peft(oracle, prompts, names, llm.generate(prompts, sampling, adapters=names), 3)
+    outputs = llm.generate(prompts, sampling, adapters=names)
+    if CASES[case][1] == "block":
+        assert_matches_peft(oracle, prompts, names, outputs, 3)
+    else:
+        assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs)
 
 
-@pytest.mark.parametrize("case", ["llama-block", "llama-static"])
+@pytest.mark.parametrize("case", ["llama-block", "llama-static", "mixtral-static"])
 def test_two_ranks_hold_their_shards_and_match_peft(fp8, case):
     """k_proj and v_proj have 128 rows: each of 2 ranks holds 64, half a 128-row block, with that block's scales
     (blocks), or its rows' share of the per-tensor scale and the static input scales whole (compressed-tensors)."""
@@ -249,6 +281,22 @@ def test_bad_compressed_tensors_fp8_is_refused_at_start(fp8, tmp_path):
         LLM(_rewrite(directory, tmp_path / "group", config=groups), device="cpu")
 
 
+def test_bad_compressed_tensors_fp8_experts_are_refused_at_start(fp8, tmp_path):
+    """An expert's missing input_scale, or gate and up scales that differ (both read the same rows, quantized
+    once), are refused at start."""
+    _, directory, _, _ = fp8("mixtral-static")
+    expert = "model.layers.0.block_sparse_moe.experts.1"
+    missing = _rewrite(directory, tmp_path / "missing", tensors=lambda s: s.pop(f"{expert}.w3.input_scale"))
+    with pytest.raises(ValueError, match=r"missing weights: .*experts.gate_up_proj_input_scale#3"):
+        LLM(missing, device="cpu")
+
+    def halve(state):
+        state[f"{expert}.w3.input_scale"] = state[f"{expert}.w3.input_scale"] / 2
+
+    with pytest.raises(ValueError, match=r"experts \[1\] have gate and up input_scale that differ"):
+        LLM(_rewrite(directory, tmp_path / "differ", tensors=halve), device="cpu")
+
+
 def test_a_shard_that_cuts_a_block_of_input_columns_is_refused(fp8):
     """Qwen3-MoE's experts have 128 intermediate columns: 2 ranks would each hold 64 of down_proj's, half a block."""
     _, directory, _, _ = fp8("qwen3-moe-block")
@@ -258,7 +306,8 @@ def test_a_shard_that_cuts_a_block_of_input_columns_is_refused(fp8):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "llama-static", "qwen3-dynamic"])
+@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "llama-static", "qwen3-dynamic",
+                                  "qwen3-moe-dynamic", "mixtral-static"])
 def test_on_cuda_in_bfloat16_agrees_with_transformers(fp8, case):
     """The CUDA path (fp8_block_linear and grouped_matmul natively, torch._scaled_mm for fp8 activations) in
     bfloat16, against transformers + PEFT in float32: each prompt's log-probabilities within bf16's reach."""

@@ -11,6 +11,7 @@ import pytest
 
 from engine.demo import corpus
 from tests.finetuning.conftest import BASE_MODEL, TRAINING_PRICE, client, wait_for
+from tests.gateway.v1_schema import check_answer
 from training.demo_data import DATA_DIR, HYPERPARAMETERS, TRAIN_FILE, VALIDATION_FILE, last_word
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -57,6 +58,12 @@ def test_a_tenant_fine_tunes_the_demo_model_and_chats_with_the_result(ft_stack):
     assert any("New fine-tuned model created: last-word" in e.message for e in events)
     checkpoints = list(tuner.fine_tuning.jobs.checkpoints.list(job.id))
     assert checkpoints and checkpoints[0].step_number == total and checkpoints[0].metrics.train_loss is not None
+    jobs = tuner.fine_tuning.jobs.with_raw_response
+    for path, raw in (("/v1/fine_tuning/jobs", jobs.list()), ("/v1/fine_tuning/jobs/{job_id}", jobs.retrieve(job.id)),
+                      ("/v1/fine_tuning/jobs/{job_id}/events", jobs.list_events(job.id)),
+                      ("/v1/fine_tuning/jobs/{job_id}/checkpoints",
+                       tuner.fine_tuning.jobs.checkpoints.with_raw_response.list(job.id))):  # fmt: skip
+        check_answer("get", path, 200, raw.http_response.json())  # as the API docs describe them
 
     assert "last-word" in [m.id for m in tuner.models.list()]
     held_out = corpus.held_out_sentences(10)

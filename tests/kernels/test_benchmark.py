@@ -25,7 +25,7 @@ def test_smoke_mode_checks_triton_against_the_baselines():
 def test_smoke_mode_runs_lora_through_page_tables():
     done = _run("--smoke", "--only", "lora")
     assert done.returncode == 0, done.stdout + done.stderr
-    for op in ("lora_shrink", "lora_expand"):
+    for op in ("lora_delta", "lora_shrink", "lora_expand"):
         assert f"| {op} |" in done.stdout
     assert "| NO |" not in done.stdout
 

@@ -1,0 +1,258 @@
+"""Admission's Lua scripts and the Redis keys they keep: one script decides (and records) a request; another settles
+its hold; the rest read totals, reconcile them with metering's record and list unreported usage.
+
+Keys per tenant share a hash tag, so a tenant's state lives on one shard:
+  win       hash  start, requests, tokens of the current one-minute window
+  holds     zset  request id -> expiry (unix seconds); its size is the concurrent requests
+  holdinfo  hash  request id -> "tokens:spend_micros:window_start:key:key_spend_picos"
+  held      hash  tokens, spend: the sum over live holds
+  month:M   hash  tokens, spend: settled usage of month M (final + provisional); seq: final settles so far
+  prov:M    hash  request id -> "tokens:spend_micros:key:key_spend_picos" settled provisionally in month M, awaiting the final settle
+  settled:R       "f" once request R is settled finally, "p:tokens:spend:key_spend" while provisionally (idempotency)
+  unreported      hash  request id -> the usage event the gateway relayed (JSON), from its provisional settle until
+                        metering's final one: what `unreported_usage` bills if the engine's own event never comes
+  unreported_at   zset  request id -> when the gateway settled it (unix seconds)
+Per API key lineage (a key and its rotations: `ApiKey.lineage`), in three hashes of the tenant (so an orphan of any
+key is released by the tenant's own scripts), fields prefixed by the lineage's id K:
+  keywin     K:start, K:requests, K:tokens of the key's current one-minute window
+  keyheld    K:tokens, K:picos: the sum over the key's live holds
+  keymonth:M K:tokens, K:picos: the key's settled usage of month M (K:picos missing: not started yet); K:seq: its
+             final settles so far (reconcile's guard)
+A key's spend is counted in picos (1e-12, the unit metering's prices are exact to: never rounded, so it equals the
+sum of its requests' billed prices); the tenant's in micros, rounded up per request and reconciled. A pico amount is
+handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
+A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
+"""
+
+_EXPIRE_ORPHANS = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, id in ipairs(ids) do
+  local info = redis.call('HGET', KEYS[3], id)
+  if info then
+    local t, s, _, k, kp = string.match(info, '^(%d+):(%d+):(%d+):?(%w*):?(%d*)$')
+    redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
+    redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
+    if k ~= '' then
+      redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
+      if kp ~= '' and kp ~= '0' then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
+    end
+    redis.call('HDEL', KEYS[3], id)
+  end
+  redis.call('ZREM', KEYS[2], id)
+end
+"""
+
+_CLOCK = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local window = math.floor(now / 60) * 60
+"""
+
+ACQUIRE = (
+    _CLOCK
+    + _EXPIRE_ORPHANS
+    + """
+local rid, tokens, spend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local budget_tokens, budget_spend, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local reqs, toks = 0, 0
+if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
+  reqs = tonumber(redis.call('HGET', KEYS[1], 'requests') or 0)
+  toks = tonumber(redis.call('HGET', KEYS[1], 'tokens') or 0)
+end
+local reset_ms = math.ceil((window + 60 - now) * 1000)
+if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms} end
+if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms} end
+if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms} end
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  return {0, 'month_unknown', reqs, toks, reset_ms}
+end
+local used_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
+local used_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
+local held_t = tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0)
+local held_s = tonumber(redis.call('HGET', KEYS[4], 'spend') or 0)
+if budget_tokens >= 0 and used_t + held_t + tokens > budget_tokens then
+  if used_t + tokens > budget_tokens then return {0, 'budget_tokens', reqs, toks, reset_ms} end
+  return {0, 'budget_held', reqs, toks, reset_ms}
+end
+if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
+  if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms} end
+  return {0, 'budget_held', reqs, toks, reset_ms}
+end
+local key, key_rpm, key_tpm, key_budget = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local key_spend = ARGV[14]  -- picos, as digits
+local key_reqs, key_toks = 0, 0
+if key ~= '' then
+  if tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == window then
+    key_reqs = tonumber(redis.call('HGET', KEYS[8], key .. ':requests') or 0)
+    key_toks = tonumber(redis.call('HGET', KEYS[8], key .. ':tokens') or 0)
+  end
+  if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms} end
+  if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms} end
+  if key_budget >= 0 then
+    local key_used = redis.call('HGET', KEYS[10], key .. ':picos')
+    if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms} end
+    local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':picos') or 0)
+    if tonumber(key_used) + key_held + tonumber(key_spend) > key_budget then
+      if tonumber(key_used) + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms} end
+      return {0, 'key_budget_held', reqs, toks, reset_ms}
+    end
+  end
+  redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + 1, key .. ':tokens', key_toks + tokens)
+  redis.call('EXPIRE', KEYS[8], 120)
+  redis.call('HINCRBY', KEYS[9], key .. ':tokens', tokens)
+  redis.call('HINCRBY', KEYS[9], key .. ':picos', key_spend)
+  redis.call('EXPIRE', KEYS[9], ttl + 60)
+end
+redis.call('HSET', KEYS[1], 'start', window, 'requests', reqs + 1, 'tokens', toks + tokens)
+redis.call('EXPIRE', KEYS[1], 120)
+redis.call('ZADD', KEYS[2], now + ttl, rid)
+redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s:', tokens, spend, window, key) .. (key ~= '' and key_spend or '0'))
+redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
+redis.call('HINCRBY', KEYS[4], 'spend', spend)
+for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
+return {1, 'ok', reqs + 1, toks + tokens, reset_ms}
+"""
+)
+
+SETTLE = (
+    _CLOCK
+    + """
+local rid, tokens, spend, final = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local key, key_spend, usage = ARGV[5] or '', ARGV[6] or '0', ARGV[7] or ''
+local prior = redis.call('GET', KEYS[6])
+if final then  -- metering recorded the request: nothing left for unreported_usage to bill
+  redis.call('HDEL', KEYS[11], rid)
+  redis.call('ZREM', KEYS[12], rid)
+end
+if prior == 'f' or (prior and not final) then return 0 end
+local live = 0
+local info = redis.call('HGET', KEYS[3], rid)
+if info then
+  local t, s, w, k, kp = string.match(info, '^(%d+):(%d+):(%d+):?(%w*):?(%d*)$')
+  redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
+  redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
+  redis.call('HDEL', KEYS[3], rid)
+  redis.call('ZREM', KEYS[2], rid)
+  live = 1
+  if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == tonumber(w) then
+    redis.call('HINCRBY', KEYS[1], 'tokens', tokens - tonumber(t))
+  end
+  if k ~= '' then
+    key = k
+    redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
+    if kp ~= '' and kp ~= '0' then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
+    if tonumber(redis.call('HGET', KEYS[8], k .. ':start') or -1) == tonumber(w) then
+      redis.call('HINCRBY', KEYS[8], k .. ':tokens', tokens - tonumber(t))
+    end
+  end
+end
+local pt, ps, pkp = '0', '0', '0'
+if prior then  -- the final settle replaces what the provisional one counted
+  pt, ps, pkp = string.match(prior, '^p:(%d+):(%d+):?(%d*)$')
+  if pkp == '' then pkp = '0' end
+  redis.call('HDEL', KEYS[7], rid)
+end
+-- A month total that is missing starts, at the next admission, from metering's record, which holds this usage
+-- once ingested: creating it here would start it from this request alone and forget the month before.
+local counted = redis.call('EXISTS', KEYS[5]) == 1
+if counted then
+  redis.call('HINCRBY', KEYS[5], 'tokens', tokens - tonumber(pt))
+  redis.call('HINCRBY', KEYS[5], 'spend', spend - tonumber(ps))
+  if final then redis.call('HINCRBY', KEYS[5], 'seq', 1) end
+end
+local key_counted = key ~= '' and redis.call('HEXISTS', KEYS[10], key .. ':picos') == 1  -- the same rule
+if key_counted then
+  redis.call('HINCRBY', KEYS[10], key .. ':tokens', tokens - tonumber(pt))
+  redis.call('HINCRBY', KEYS[10], key .. ':picos', key_spend)
+  if pkp ~= '0' then redis.call('HINCRBY', KEYS[10], key .. ':picos', '-' .. pkp) end
+  if final then redis.call('HINCRBY', KEYS[10], key .. ':seq', 1) end
+end
+if final then
+  redis.call('SET', KEYS[6], 'f', 'EX', 5356800)
+  return live
+end
+local kp = '0'
+if key_counted then kp = key_spend end
+local counted_t, counted_s = 0, 0
+if counted then counted_t, counted_s = tokens, spend end
+redis.call('SET', KEYS[6], string.format('p:%d:%d:', counted_t, counted_s) .. kp, 'EX', 5356800)
+if counted or kp ~= '0' then
+  redis.call('HSET', KEYS[7], rid, string.format('%d:%d:%s:', counted_t, counted_s, key) .. kp)
+  redis.call('EXPIRE', KEYS[7], 5356800)
+end
+if usage ~= '' then
+  redis.call('HSET', KEYS[11], rid, usage)
+  redis.call('ZADD', KEYS[12], now, rid)
+  redis.call('EXPIRE', KEYS[11], 5356800)
+  redis.call('EXPIRE', KEYS[12], 5356800)
+end
+return live
+"""
+)
+
+PEEK = (
+    _CLOCK
+    + """
+local reqs, toks = 0, 0
+if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
+  reqs = tonumber(redis.call('HGET', KEYS[1], 'requests') or 0)
+  toks = tonumber(redis.call('HGET', KEYS[1], 'tokens') or 0)
+end
+return {1, 'ok', reqs, toks, math.ceil((window + 60 - now) * 1000)}
+"""
+)
+
+_PROVISIONAL_SUMS = """
+local pt, ps = 0, 0
+for _, v in ipairs(redis.call('HVALS', KEYS[7])) do
+  local t, s = string.match(v, '^(%d+):(%d+)')
+  pt, ps = pt + tonumber(t), ps + tonumber(s)
+end
+"""
+
+TOTALS = (
+    _CLOCK
+    + _EXPIRE_ORPHANS
+    + _PROVISIONAL_SUMS
+    + """
+return {redis.call('ZCARD', KEYS[2]), tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0),
+        tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0), tonumber(redis.call('HGET', KEYS[5], 'spend') or 0),
+        pt, ps, redis.call('EXISTS', KEYS[5]), tonumber(redis.call('HGET', KEYS[5], 'seq') or 0)}
+"""
+)
+
+RECONCILE = (
+    _PROVISIONAL_SUMS
+    + """
+if redis.call('EXISTS', KEYS[5]) == 0 then return {-1, 0, 0} end
+if tonumber(redis.call('HGET', KEYS[5], 'seq') or 0) ~= tonumber(ARGV[3]) then return {0, 0, 0} end
+local before_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
+local before_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
+redis.call('HSET', KEYS[5], 'tokens', tonumber(ARGV[1]) + pt, 'spend', tonumber(ARGV[2]) + ps)
+return {1, before_t, before_s}
+"""
+)
+
+
+KEY_RECONCILE = """
+local key = ARGV[1]
+if redis.call('HEXISTS', KEYS[10], key .. ':picos') == 0 then return {-1, '0'} end
+if tonumber(redis.call('HGET', KEYS[10], key .. ':seq') or 0) ~= tonumber(ARGV[3]) then return {0, '0'} end
+local before = redis.call('HGET', KEYS[10], key .. ':picos')
+local provisional = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[7])) do
+  local k, kp = string.match(v, '^%d+:%d+:(%w*):(%d+)$')
+  if k == key then provisional = provisional + tonumber(kp) end
+end
+redis.call('HSET', KEYS[10], key .. ':picos', ARGV[2])
+if provisional > 0 then redis.call('HINCRBY', KEYS[10], key .. ':picos', provisional) end
+return {1, before}
+"""
+
+UNREPORTED = """
+local clock = redis.call('TIME')
+local ids = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', tonumber(clock[1]) - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids == 0 then return {} end
+return redis.call('HMGET', KEYS[11], unpack(ids))
+"""

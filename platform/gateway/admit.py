@@ -1,0 +1,52 @@
+"""Admitting one request: its context checked, its prompt's tokens counted, and a hold on the tenant's (and key's)
+limits and budget for its estimate; an Exchange for it, or the refusal."""
+
+from engine.contract import CONTEXT_LENGTH_EXCEEDED
+from gateway import metrics
+from gateway.admission import admission_acquire, spend_to_micros, spend_to_picos
+from gateway.budget_notices import budget_exhausted
+from gateway.caller import Caller, Target
+from gateway.errors import invalid
+from gateway.exchange import Exchange
+from gateway.openai_request import GenerationRequest
+from gateway.prompt_tokens import count_prompt_tokens
+from gateway.refusals import ratelimit_headers, refusal
+
+
+def context_check(generation: GenerationRequest, target: Target) -> None:
+    """max_tokens that leaves no room for a prompt is refused here, as OpenAI refuses it; one that does, with the
+    prompt, is the engine's to check (it counts the prompt's tokens)."""
+    if generation.max_tokens_given and generation.max_tokens >= target.max_context:
+        raise invalid(
+            f"max_tokens is too large: {generation.max_tokens}. This model's maximum context length is "
+            f"{target.max_context} tokens, and the prompt and completion must fit in it together.",
+            param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED,
+        )  # fmt: skip
+
+
+
+async def admit(
+    *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, received: float
+) -> tuple[Exchange, dict[str, str]]:
+    context_check(generation, target)
+    max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
+    prompt_tokens = await count_prompt_tokens(generation, target)
+    tokens = prompt_tokens + generation.num_choices * max_tokens
+    spend = caller.spend(
+        base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
+        completion_tokens=generation.num_choices * max_tokens,
+    )  # fmt: skip
+    decision = await admission_acquire(
+        tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+        key_spend_picos=spend_to_picos(spend), limits=caller.limits,
+    )  # fmt: skip
+    headers = ratelimit_headers(caller, decision)
+    if not decision.admitted:
+        budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)
+        metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
+        raise refusal(decision, headers, tokens=tokens, limits=caller.limits, prompt_tokens=prompt_tokens)
+    exchange = Exchange(
+        request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
+        hold_tokens=tokens, hold_spend=spend, received=received,
+    )  # fmt: skip
+    return exchange, headers

@@ -1,0 +1,379 @@
+"""The state of one admitted request and its life with the engine: routing and opening the engine stream (retried once
+on another engine, with a prefill hop where the fleet has one), reading its events into the response, and the
+settle that replaces the hold by what was served.
+
+The hold is owned by exactly one `finally` (the relay's): `Exchange.settle` runs once, shielded from the cancellation
+that a client disconnect delivers, after the engine stream is closed (closing it makes the engine abort the request)."""
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL, billed_cached_tokens, prompt_fingerprints
+from gateway import engine_client, metrics, request_reports
+from gateway.admission import admission_settle, spend_to_micros, spend_to_picos
+from gateway.caller import Caller, Target
+from gateway.connections import DATABASE_DOWN, checked_connection
+from gateway.disaggregation import (
+    PrefillFailed,
+    PrefillHop,
+    decode_payload,
+    end_lease,
+    prefetch_soon,
+    prefill_hop,
+    prefill_payload,
+    refuses_the_request,
+)
+from gateway.engine_client import (
+    AdapterUnavailable,
+    EngineBroke,
+    EngineRef,
+    EngineRejected,
+    EngineUnavailable,
+    GenerateStream,
+)
+from gateway.engine_events import Read, event_read
+from gateway.engine_refusals import engine_refusal
+from gateway.errors import adapter_unavailable, no_engine
+from gateway.openai_request import GenerationRequest
+from gateway.openai_response import ResponseBuilder, Usage
+from gateway.routing import engines_refresh, router
+from gateway.token_text import Vocabulary, vocabulary
+from gateway.usage_report import served_usage_json, usage_event, usage_send
+from metering.services import request_body_store
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 2  # an engine that fails before the first event is retried once on another
+
+
+def echoes(generation: GenerationRequest, vocabulary: Vocabulary) -> list[str]:
+    """Each choice's echoed prompt (completions with `echo`): a token prompt as its text."""
+    if not generation.echo:
+        return []
+    texts = [p if isinstance(p, str) else vocabulary.decode(p) for p in generation.prompts]
+    return [text for text in texts for _ in range(generation.n)]
+
+
+class Exchange:
+    """The state of one admitted request."""
+
+    def __init__(
+        self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
+        hold_tokens: int, hold_spend: Decimal, received: float,
+    ):  # fmt: skip
+        self.request_id = request_id
+        self.hold_tokens = hold_tokens
+        self.hold_spend = hold_spend
+        self.caller = caller
+        self.target = target
+        self.generation = generation
+        self.max_tokens = max_tokens
+        tokens_shown = generation.logprobs or (generation.echo and generation.prompt_token_count() > 0)
+        self.vocabulary = vocabulary(target.checkpoint_dir) if tokens_shown else Vocabulary(None)
+        self.builder = ResponseBuilder(
+            kind=generation.kind, request_id=request_id, model=target.name, n=generation.num_choices,
+            logprobs=generation.logprobs, echo=echoes(generation, self.vocabulary),
+        )  # fmt: skip
+        self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
+        self.first_token_at: float | None = None
+        self.answer_status = 200  # what the client was answered, once an engine took the request
+        self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
+        self.engine: EngineRef | None = None
+        self.stream: GenerateStream | None = None
+        self.first: list[dict] = []  # the first event, read while a retry was still possible
+        self.prefill: PrefillHop | None = None  # disaggregated: the prefill hop's lease and GPU time
+        self.usage_reported = False
+        self.broke = False
+        self.error_type: str | None = None  # the engine's, when it failed the request
+        self._settled = False
+
+    def metadata(self, engine: EngineRef) -> dict:
+        target = self.target
+        metadata = {
+            "tenant_id": self.caller.tenant_id, "api_key_id": self.caller.key_id, "model": target.name,
+            "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": engine.name,
+        }  # fmt: skip
+        if self.prefill is not None and engine.name != self.prefill.engine.name:
+            metadata["prefill"] = self.prefill.attribution()  # metering costs it at the prefill engine's price
+        return metadata
+
+    def payload(self, engine: EngineRef) -> dict:
+        generation, target = self.generation, self.target
+        payload = {
+            "request_id": self.request_id,
+            "tenant": str(self.caller.tenant_id),
+            "weight": self.caller.weight,
+            "api_key_id": str(self.caller.key_id),
+            "adapter": {"digest": target.digest, "path": target.adapter_path} if target.digest else None,
+            "sampling": generation.sampling | {"max_tokens": self.max_tokens},
+            "stream": True,
+        }
+        if generation.max_tokens_given:
+            payload["context_overflow"] = "refuse"
+        if _metadata_accepted.get(engine.name, True):
+            payload["metadata"] = self.metadata(engine)
+        if generation.messages is not None:
+            payload["messages"] = generation.messages
+            payload |= generation.structure
+        else:
+            prompts = generation.prompts
+            name = "prompt" if isinstance(prompts[0], str) else "prompt_token_ids"
+            payload[name] = prompts[0] if len(prompts) == 1 else prompts
+        if self.prefill is not None and engine.name != self.prefill.engine.name:
+            payload = decode_payload(payload, self.prefill)
+        return payload
+
+    async def _try(self, engine: EngineRef) -> None:
+        """Opens the stream on one engine and reads its first event; EngineUnavailable if that fails."""
+        try:
+            self.stream = await GenerateStream(engine, self.payload(engine)).open()
+        except EngineRejected as rejected:
+            if "'metadata'" not in rejected.message or not _metadata_accepted.get(engine.name, True):
+                raise
+            log.warning("engine %s does not accept request metadata; usage events will lack it", engine.name)
+            _metadata_accepted[engine.name] = False
+            self.stream = await GenerateStream(engine, self.payload(engine)).open()
+        self._events = self.stream.events()
+        try:
+            first = await anext(self._events)
+        except (EngineBroke, StopAsyncIteration) as error:
+            await self.stream.close()
+            self.stream = None
+            raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
+        if first.get("type") == EVENT_FINAL and first.get("error_type") == ADAPTER_UNAVAILABLE:
+            await self.stream.close()
+            self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
+            raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
+        self.first = [first]
+
+    async def open(self) -> None:
+        """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
+        await engines_refresh()
+        tried: set[str] = set()
+        generation, digest = self.generation, self.target.digest
+        first_prompt = generation.prompts[0] if generation.prompts else None  # a batch shares one engine
+        fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
+                                           prompt=first_prompt if isinstance(first_prompt, str) else None,
+                                           messages=generation.messages)
+        one_prompt = generation.messages is not None or len(generation.prompts) == 1
+        for attempt in range(ATTEMPTS):
+            route = router.route(
+                digest=digest, fingerprints=fingerprints, prompt_chars=generation.prompt_bytes(),
+                prompt_tokens=generation.prompt_token_count(), exclude=frozenset(tried),
+                min_uncached_tokens=settings.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
+                disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
+            )  # fmt: skip
+            if route is None:
+                break
+            engine = route.engine
+            router.started(engine, digest, fingerprints)
+            self.engine = engine
+            if route.prefill is not None:
+                try:
+                    await self._prefill(route.prefill, engine, fingerprints)
+                except EngineRejected as rejected:  # the request itself: the decode engine need not see it
+                    metrics.labelled(metrics.disaggregation, "refused").inc()
+                    raise engine_refusal(rejected, self.generation) from None
+            elif route.reason in ("short", "no_prefill_engine"):
+                metrics.labelled(metrics.disaggregation, route.reason).inc()
+            try:
+                await self._open_on(engine)
+                return
+            except EngineUnavailable as error:
+                log.warning("engine %s unavailable for %s: %s", engine.name, self.request_id, error)
+                router.ended(engine)
+                router.suspect(engine.name)
+                self.engine = None
+                tried.add(engine.name)
+            except AdapterUnavailable as error:  # this request's adapter only: the engine serves everyone else
+                log.warning("adapter unavailable for %s: %s", self.request_id, error)
+                router.ended(engine)
+                self.engine = None
+                raise adapter_unavailable(self.target.name) from None
+            except EngineRejected as rejected:
+                raise engine_refusal(rejected, self.generation) from None
+        raise no_engine()
+
+    async def _open_on(self, engine: EngineRef) -> None:
+        """`_try`; a decode engine that refuses the prefill hop's lease (not the request) gets the request again
+        without it: it computes the prompt itself."""
+        try:
+            await self._try(engine)
+        except EngineRejected as rejected:
+            if self.prefill is None or engine.name == self.prefill.engine.name or refuses_the_request(rejected):
+                raise
+            log.warning("decode engine %s refused the lease of %s (%s %s): it computes the prompt itself",
+                        engine.name, self.request_id, rejected.status, rejected.message)  # fmt: skip
+            metrics.labelled(metrics.prefill_fallbacks, "decode_refused").inc()
+            end_lease(self.prefill, self.request_id)
+            self.prefill = None
+            await self._try(engine)
+
+    async def _prefill(self, engine: EngineRef, decode: EngineRef, fingerprints: list[str]) -> None:
+        """The prefill hop on `engine` for the request `decode` will serve; on failure the request goes on whole."""
+        digest = self.target.digest
+        router.started(engine, digest, fingerprints)
+        if digest and digest not in decode.resident:
+            prefetch_soon(decode, digest=digest, path=self.target.adapter_path)
+        try:
+            payload = prefill_payload(self.payload(engine), lease_ttl_s=settings.QUILT_KV_LEASE_TTL_SECONDS)
+            self.prefill = await prefill_hop(engine, payload, request_id=self.request_id,
+                                             timeout_s=settings.QUILT_PREFILL_HOP_TIMEOUT_SECONDS)  # fmt: skip
+            metrics.labelled(metrics.disaggregation, "disaggregated").inc()
+        except PrefillFailed as failed:
+            log.warning("prefill hop for %s failed (%s): %s; %s serves it whole", self.request_id, failed.reason,
+                        failed, decode.name)  # fmt: skip
+            metrics.labelled(metrics.disaggregation, "fallback").inc()
+            metrics.labelled(metrics.prefill_fallbacks, failed.reason).inc()
+            if failed.reason in ("unavailable", "timeout"):
+                router.suspect(engine.name)
+        finally:
+            router.ended(engine)
+
+    def event_ready(self) -> bool:
+        return self.stream is not None and self.stream.event_ready()
+
+    async def reads(self) -> AsyncIterator[Read]:
+        """The engine's events, applied to the response; raises EngineBroke if the engine fails the request."""
+        try:
+            first, self.first = self.first, []
+            for event in first:
+                yield self._read(event)
+            async for event in self._events:
+                yield self._read(event)
+        except EngineBroke:
+            self.broke = True
+            raise
+
+    def _read(self, event: dict) -> Read:
+        read = event_read(event, vocabulary=self.vocabulary)
+        for delta in read.deltas:
+            self.builder.apply(delta)
+            if self.first_token_at is None and delta.tokens:
+                self.first_token_at = time.monotonic()
+                metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
+        if read.usage is not None:
+            self.builder.usage = Usage(**read.usage)
+            self.usage_reported = True
+            if self.prefill is not None:
+                self._count_transfer(read.kv_transfer)
+                self.builder.usage.cached_tokens = billed_cached_tokens(
+                    decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
+        if read.error is not None:
+            self.error_type = read.error_type
+            raise EngineBroke(read.error)
+        return read
+
+    def _count_transfer(self, transfer: dict | None) -> None:
+        recomputed = transfer is None or bool(transfer.get("recomputed"))
+        if recomputed:
+            log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
+                        self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
+        metrics.labelled(metrics.kv_transfers, "recomputed" if recomputed else "pulled").inc()
+        if not (transfer or {}).get("blocks_pulled"):  # nothing pulled (or the engine could not reach the source to
+            end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    async def settle(self) -> None:
+        """Closes the engine stream and replaces the hold by what was served. Runs once."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.stream is not None:  # an engine took it: its event has the row, the gateway adds its times
+            request_reports.answered(request_id=self.request_id, status_code=self.answer_status,
+                                     received=self.started, first_token=self.first_token_at)  # fmt: skip
+            finished = self.stream.finished
+            await self.stream.close()
+            if not finished and not self.broke and self.engine is not None:
+                await engine_client.abort(self.engine, self.request_id)
+        if self.engine is not None:
+            router.ended(self.engine)
+        usage = self.builder.usage
+        if not self.usage_reported:
+            usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
+            if self.broke and self.engine is not None:
+                await self._report_lost_usage(self.engine)
+        final = False  # metering's settle, once it recorded the engine's usage event, is the final one
+        served = ""
+        if self.usage_reported:  # the engine's counts
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            spend = self.caller.spend(
+                base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            )  # fmt: skip
+            served = self._served_event()
+        elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
+            tokens, spend = self.hold_tokens, self.hold_spend
+        else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
+            tokens, spend, final = 0, Decimal(0), True
+        if self.caller.body_retention_days and self.stream is not None:
+            await self._keep_bodies()
+        self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
+                      else "unserved" if final else "abandoned")  # fmt: skip
+        await admission_settle(
+            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens,
+            spend_micros=spend_to_micros(spend), key_spend_picos=spend_to_picos(spend), final=final,
+            key_prefix=self.caller.limits.key_prefix, usage=served,
+        )  # fmt: skip
+
+    def _served_event(self) -> str:
+        """The usage event of what the client was served, from the engine's final counts (JSON): kept with the
+        provisional settle until metering records the request, and billed by the worker if the engine's own event
+        never arrives (an engine killed, its spool lost with its pod)."""
+        usage = self.builder.usage
+        engine = self.engine
+        return served_usage_json(
+            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
+            digest=self.target.digest, base_model=self.target.base_model,
+            metadata=self.metadata(engine) if engine is not None else {}, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            finish_reason="length" if any(c.finish_reason == "length" for c in self.builder.choices) else "stop",
+            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+            ttft_ms=(self.first_token_at - self.started) * 1000.0 if self.first_token_at is not None else None,
+        )  # fmt: skip
+
+    async def _keep_bodies(self) -> None:
+        """The tenant opted in: its prompt and completion go to the request log, for its retention period."""
+        generation = self.generation
+        prompt = generation.messages if generation.messages is not None else generation.prompts
+        completion = "\n\n".join(choice.text for choice in self.builder.choices)
+        try:
+            await _store_bodies(
+                tenant_id=self.caller.tenant_id, request_id=self.request_id, prompt=prompt, completion=completion,
+                retention_days=self.caller.body_retention_days,
+            )  # fmt: skip
+        except DATABASE_DOWN:  # the answer is served; only the log's copy of its text is lost
+            log.exception("could not keep the bodies of %s", self.request_id)
+
+    def _measure(self, *, outcome: str) -> None:
+        metrics.labelled(metrics.requests, *self.labels, outcome).inc()
+        metrics.labelled(metrics.latency, *self.labels).observe(time.monotonic() - self.started)
+        if self.usage_reported:
+            usage = self.builder.usage
+            metrics.labelled(metrics.tokens, *self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "cached").inc(usage.cached_tokens)
+            metrics.labelled(metrics.tokens, *self.labels, "completion").inc(usage.completion_tokens)
+
+    async def _report_lost_usage(self, engine: EngineRef) -> None:
+        event = usage_event(
+            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
+            digest=self.target.digest, base_model=self.target.base_model, metadata=self.metadata(engine),
+            prompt_tokens=self.builder.usage.prompt_tokens, completion_tokens=self.builder.usage.completion_tokens,
+            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+        )  # fmt: skip
+        try:
+            await sync_to_async(usage_send, thread_sensitive=False)(event)
+        except Exception:  # the broker is down too: the hold is still settled below
+            log.exception("could not send the usage event of %s", self.request_id)
+
+
+_metadata_accepted: dict[str, bool] = {}
+_store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)

@@ -188,11 +188,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "quilt.negotiation.StrictContentNegotiation",
-    "DEFAULT_PARSER_CLASSES": [
-        "quilt.parsers.QuiltJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON bodies, as the schema says (a form is a 415); the adapter uploads take multipart (registry.api).
+    "DEFAULT_PARSER_CLASSES": ["quilt.parsers.QuiltJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

@@ -87,7 +87,7 @@ async def _measure(args, key: str) -> None:
     for number in range(args.rounds):
         profiler = cProfile.Profile(time.process_time, builtins=False) if args.profile and number == args.rounds - 1 else None
         totals.update(dict.fromkeys(totals, 0))
-        started = time.process_time()
+        started, main_started = time.process_time(), time.thread_time()
         if profiler:
             profiler.enable()
         for _ in range(args.requests):
@@ -95,8 +95,10 @@ async def _measure(args, key: str) -> None:
         if profiler:
             profiler.disable()
             profiler.dump_stats(args.profile)
+        main_us = (time.thread_time() - main_started) / args.requests * 1e6
         cpu_us = (time.process_time() - started) / args.requests * 1e6
-        print(f"round {number}{' (profiled)' if profiler else ''}: {cpu_us:.0f} us of CPU per request", flush=True)
+        print(f"round {number}{' (profiled)' if profiler else ''}: {cpu_us:.0f} us of CPU per request"
+              f" ({main_us:.0f} in the event loop's thread, {cpu_us - main_us:.0f} in the others)", flush=True)
         for label, nanoseconds in totals.items():
             print(f"  {label:<28} {nanoseconds / args.requests / 1000:6.0f} us", flush=True)
     if args.opcodes:

@@ -200,7 +200,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Quilt management API",
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage, the request log and billing under /api/v1; the "
-    "OpenAI-compatible inference and fine-tuning API under /v1.",
+    "OpenAI-compatible inference and fine-tuning API under /v1. Management request bodies are JSON (the adapter "
+    "uploads multipart), amounts are decimal strings, and each refusal's status says what it is: 400 a request "
+    "the schema does not allow, 409 the object's state, 422 a rule the schema can not state.",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "quilt.schema_text.openai_paths",
                             "quilt.schema.describe_refusals"],
     "VERSION": "1.0.0",

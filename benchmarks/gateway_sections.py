@@ -3,19 +3,22 @@ in-process, one request after another, against benchmarks/instant_engine.py, Pos
 gateway_overhead.py sets them up.
 
     python -m benchmarks.gateway_sections [--requests 3000] [--rounds 3] [--database quilt_sections] [--profile PATH]
-                                          [--opcodes N]
+                                          [--opcodes N [--opcodes-top K]]
 
-Prints, per round, this process's CPU per request (time.process_time) and each section's thread CPU per request,
+Prints, per round, this process's CPU per request (time.process_time; how much of it in the event loop's thread,
+the rest in the threads beside it) and each section's thread CPU per request,
 inclusive of what it awaits (the event loop's work for its socket reads and writes included): admission's two
 Redis scripts, the engine's request and its first event, the relay to the end (the settle included). The difference
 between this CPU and gateway_overhead.py's figure is uvicorn's and the client connection's share. `--profile` runs
 the last round under cProfile (CPU clock, builtins folded into their callers) and writes the stats. `--opcodes N`
 then runs N more requests under a tracer and prints the Python calls and bytecode instructions per request: a count
-that the machine's load does not change (C code, the kernel and Redis are not in it). Nothing is asserted.
+that the machine's load does not change (C code, the kernel and Redis are not in it); `--opcodes-top K` adds the K
+functions that execute the most (what found the RESP packing's loop, issue 37 item 23). Nothing is asserted.
 """
 
 import argparse
 import asyncio
+import collections
 import cProfile
 import json
 import os
@@ -87,7 +90,7 @@ async def _measure(args, key: str) -> None:
     for number in range(args.rounds):
         profiler = cProfile.Profile(time.process_time, builtins=False) if args.profile and number == args.rounds - 1 else None
         totals.update(dict.fromkeys(totals, 0))
-        started = time.process_time()
+        started, main_started = time.process_time(), time.thread_time()
         if profiler:
             profiler.enable()
         for _ in range(args.requests):
@@ -95,18 +98,21 @@ async def _measure(args, key: str) -> None:
         if profiler:
             profiler.disable()
             profiler.dump_stats(args.profile)
+        main_us = (time.thread_time() - main_started) / args.requests * 1e6
         cpu_us = (time.process_time() - started) / args.requests * 1e6
-        print(f"round {number}{' (profiled)' if profiler else ''}: {cpu_us:.0f} us of CPU per request", flush=True)
+        print(f"round {number}{' (profiled)' if profiler else ''}: {cpu_us:.0f} us of CPU per request"
+              f" ({main_us:.0f} in the event loop's thread, {cpu_us - main_us:.0f} in the others)", flush=True)
         for label, nanoseconds in totals.items():
             print(f"  {label:<28} {nanoseconds / args.requests / 1000:6.0f} us", flush=True)
     if args.opcodes:
-        await _count_opcodes(one, args.opcodes)
+        await _count_opcodes(one, args.opcodes, args.opcodes_top)
 
 
-async def _count_opcodes(one, requests: int) -> None:
+async def _count_opcodes(one, requests: int, top: int = 0) -> None:
     """Python function calls and bytecode instructions executed in this thread per request (the benchmark's own
-    `one` included, the same in every checkout)."""
+    `one` included, the same in every checkout); with `top`, the functions that execute the most of them."""
     counts = {"call": 0, "opcode": 0}
+    by_function: collections.Counter[str] = collections.Counter()
 
     def trace(frame, event, arg):
         if event == "call":
@@ -114,6 +120,9 @@ async def _count_opcodes(one, requests: int) -> None:
             frame.f_trace_opcodes = True
         elif event == "opcode":
             counts["opcode"] += 1
+            if top:
+                code = frame.f_code
+                by_function["/".join(code.co_filename.split("/")[-2:]) + ":" + code.co_name] += 1
         return trace
 
     sys.settrace(trace)
@@ -124,6 +133,8 @@ async def _count_opcodes(one, requests: int) -> None:
         sys.settrace(None)
     print(f"traced {requests} requests: {counts['call'] / requests:.1f} Python calls (frames entered or resumed) and "
           f"{counts['opcode'] / requests:.0f} bytecode instructions per request", flush=True)  # fmt: skip
+    for name, count in by_function.most_common(top):
+        print(f"  {count / requests:8.0f} {name}", flush=True)
 
 
 def main() -> None:
@@ -133,6 +144,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--database", default="quilt_sections", help="PostgreSQL database to (re)create and use")
     parser.add_argument("--opcodes", type=int, default=0, help="then count bytecode instructions over this many requests")
+    parser.add_argument("--opcodes-top", type=int, default=0,
+                        help="with --opcodes: also the functions executing the most bytecodes, this many")
     parser.add_argument("--profile", type=Path, help="profile the last round with cProfile, writing its stats here")
     args = parser.parse_args()
 

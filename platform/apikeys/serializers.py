@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from apikeys.models import ApiKey, Scope
 from quilt.body import RejectUnknownFields
+from quilt.fields import DecimalString
 
 
 class ApiKeyOutput(serializers.ModelSerializer):
@@ -38,7 +39,7 @@ class ApiKeyRotateInput(RejectUnknownFields, serializers.Serializer):
 
 
 class ApiKeyLimitsInput(RejectUnknownFields, serializers.Serializer):
-    monthly_spend_limit = serializers.DecimalField(
+    monthly_spend_limit = DecimalString(
         max_digits=14, decimal_places=2, min_value=0, allow_null=True, default=None,
         help_text="The key's own monthly budget in dollars; null: none (the tenant's still applies).",
     )  # fmt: skip

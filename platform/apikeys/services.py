@@ -102,9 +102,9 @@ def api_key_rotate(*, actor: Actor, key: ApiKey, grace: timedelta) -> tuple[ApiK
         old = ApiKey.objects.select_for_update().get(pk=key.pk)
         require_scopes_within_role(actor=actor, tenant=old.tenant, scopes=old.scopes)
         if not old.is_usable:
-            raise ValidationError("Only a usable key can be rotated.")
+            raise ValidationError("Only a usable key can be rotated.", code="conflict")
         if old.replaced_by_id is not None:
-            raise ValidationError("This key has already been rotated.")
+            raise ValidationError("This key has already been rotated.", code="conflict")
         before = _snapshot(old)
         new, plaintext = _new_key(
             tenant=old.tenant, name=old.name, scopes=old.scopes, allowed_models=old.allowed_models,

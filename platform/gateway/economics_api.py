@@ -16,6 +16,7 @@ from gateway.economics import (
     engines_needed,
     fleet_economics,
 )
+from quilt.fields import DecimalString
 from quilt.query import DayField, QueryInput
 from tenancy.api_base import StaffAPIView
 
@@ -37,7 +38,7 @@ class WindowInput(QueryInput):
 
 
 class BreakEvenInput(WindowInput):
-    api_price_per_mtok = serializers.DecimalField(
+    api_price_per_mtok = DecimalString(
         max_digits=12, decimal_places=6, min_value=Decimal(0),
         help_text="The API's price per million tokens (USD) to compare with.")  # fmt: skip
 

@@ -10,6 +10,7 @@ sent once more on a new one (the engine never saw it)."""
 
 import asyncio
 import collections
+import functools
 import time
 from urllib.parse import urlsplit
 
@@ -20,6 +21,13 @@ from engine.contract import KEEP_ALIVE_SECONDS
 MAX_IDLE_PER_ENGINE = 256
 IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout, so it never closes one first, even when
 assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # this loop reads an answer's end seconds after the engine wrote it
+
+
+@functools.lru_cache(maxsize=1024)
+def _split(url: str) -> tuple[tuple[str, int], str, str]:
+    """A URL's address, request target and Host header (once per URL: an engine's few endpoints)."""
+    parts = urlsplit(url)
+    return (parts.hostname or "127.0.0.1", parts.port or 80), parts.path + (f"?{parts.query}" if parts.query else ""), parts.netloc
 
 
 class EngineHTTPError(Exception):
@@ -182,10 +190,8 @@ class EngineHTTP:
         self, method: str, url: str, *, headers: dict[str, str], body: bytes = b"", read_timeout: float | None = None
     ) -> Response:
         """Sends the request and reads the answer's status and headers; the body is the caller's to read."""
-        parts = urlsplit(url)
-        address = (parts.hostname or "127.0.0.1", parts.port or 80)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        head = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+        address, target, host = _split(url)
+        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
         head += [f"{name}: {value}" for name, value in headers.items()]
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         timeout = self.read_timeout if read_timeout is None else read_timeout

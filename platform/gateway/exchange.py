@@ -2,9 +2,11 @@
 on another engine, with a prefill hop where the fleet has one), reading its events into the response, and the
 settle that replaces the hold by what was served.
 
-The hold is owned by exactly one `finally` (the relay's): `Exchange.settle` runs once, shielded from the cancellation
-that a client disconnect delivers, after the engine stream is closed (closing it makes the engine abort the request)."""
+The hold is owned by exactly one `finally` (the relay's): `Exchange.settle` runs once, never cut short by the
+cancellation that a client's disconnect delivers, after the engine stream is closed (closing it makes the engine
+abort the request)."""
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -283,10 +285,20 @@ class Exchange:
         return self._settled
 
     async def settle(self) -> None:
-        """Closes the engine stream and replaces the hold by what was served. Runs once."""
+        """Closes the engine stream and replaces the hold by what was served. Runs once. While it runs, the gateway's
+        disconnect listener does not cancel its task (`settling`): the relay awaits it without `asyncio.shield`'s
+        task of its own."""
         if self._settled:
             return
         self._settled = True
+        task = asyncio.current_task()
+        _settling.add(task)
+        try:
+            await self._settle()
+        finally:
+            _settling.discard(task)
+
+    async def _settle(self) -> None:
         if self.stream is not None:  # an engine took it: its event has the row, the gateway adds its times
             request_reports.answered(request_id=self.request_id, status_code=self.answer_status,
                                      received=self.started, first_token=self.first_token_at)  # fmt: skip
@@ -376,4 +388,10 @@ class Exchange:
 
 
 _metadata_accepted: dict[str, bool] = {}
+_settling: set[asyncio.Task] = set()  # the tasks running a settle now
+
+
+def settling(task: asyncio.Task) -> bool:
+    """Whether `task` is settling a hold now: a client's disconnect then lets it finish instead of cancelling it."""
+    return task in _settling
 _store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)

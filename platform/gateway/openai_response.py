@@ -103,10 +103,10 @@ class ResponseBuilder:
         self._role_sent: set[int] = set()
         # Every chunk of this response opens alike: encoded once, each chunk adds only its choices (and usage).
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self._opening = (
-            b"data: " + _compact({"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                                  "system_fingerprint": None, "choices": []}).encode()[:-3]  # fmt: skip
-        )  # b'data: {"id":...,"choices":'
+        self._opening = (  # as _compact would write {"id":..., "choices": ...} up to the choices
+            f'data: {{"id":{encode_basestring_ascii(self.id)},"object":"{obj}","created":{self.created},'
+            f'"model":{encode_basestring_ascii(self.model)},"system_fingerprint":null,"choices":'
+        ).encode()
 
     def apply(self, delta: Delta) -> None:
         choice = self.choices[delta.index]
@@ -166,9 +166,17 @@ class ResponseBuilder:
         first = delta.index not in self._role_sent
         if not delta.text and not delta.logprobs and finish is None and not first and not delta.tool_calls:
             return None
-        if not first and not delta.logprobs and not delta.tool_calls:  # the common chunk, written without a dict
+        if not delta.logprobs and not delta.tool_calls and (not first or self.kind == "chat" or not self.echo):
+            # the common chunk (a text delta, a choice's first with its role or without an echo), without a dict
             text, reason = encode_basestring_ascii(delta.text), "null" if finish is None else f'"{finish}"'
-            content = f'"delta":{{"content":{text}}}' if self.kind == "chat" else f'"text":{text}'
+            if self.kind != "chat":
+                content = f'"text":{text}'
+            elif first:
+                content = f'"delta":{{"role":"assistant","content":{text}}}'
+            else:
+                content = f'"delta":{{"content":{text}}}'
+            if first:
+                self._role_sent.add(delta.index)
             return self._chunk_of(f'[{{"index":{delta.index},{content},"logprobs":null,"finish_reason":{reason}}}]',
                                   with_usage_field=with_usage_field)  # fmt: skip
         if self.kind == "chat":

@@ -2,8 +2,9 @@
 stream (`exchange`), relay its events as an OpenAI response or SSE stream, and settle the hold with the actual usage
 whatever happens.
 
-The hold is owned by exactly one `finally` here: `Exchange.settle` runs once, shielded from the cancellation that a
-client disconnect delivers, after the engine stream is closed (closing it makes the engine abort the request)."""
+The hold is owned by exactly one `finally` here: `Exchange.settle` runs once, after the engine stream is closed (closing
+it makes the engine abort the request), and is never cut short by the cancellation that a client's disconnect
+delivers (a stream's settle is not cancelled at all, `exchange.settling`; the others are shielded)."""
 
 import asyncio
 import json
@@ -118,7 +119,7 @@ async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
             chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
         yield b"".join(chunks)
     finally:
-        await asyncio.shield(exchange.settle())
+        await exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
 
 
 def _json(body: dict) -> bytes:

@@ -6,6 +6,7 @@ from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.serializers import as_serializer_error
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from tenancy.authority import NotAllowed
@@ -48,6 +49,7 @@ STATUS_BY_CODE = {"conflict": status.HTTP_409_CONFLICT, "invalid_invitation": st
 # Input of the declared shape that asks for what can not be done: a date range reversed or too long, a plan that
 # does not exist. 422, so that a 400 always means the request breaks the schema (docs: the API's OpenAPI schema).
 UNPROCESSABLE_CODES = {"invalid_range", "does_not_exist"}
+CONFLICT_CODES = {"unique"}  # a name or slug another object holds: the object's state, not the input's shape
 
 
 def _leaf_codes(codes) -> set[str]:
@@ -70,24 +72,24 @@ def exception_handler(exc, context):
         exc = exceptions.PermissionDenied(exc.message, code=exc.code)
     elif isinstance(exc, ValidationError) and getattr(exc, "code", None) in STATUS_BY_CODE:
         exc = _Refused(" ".join(exc.messages), code=exc.code, status_code=STATUS_BY_CODE[exc.code])
-    elif isinstance(exc, ValidationError):
-        exc = exceptions.ValidationError(exc.messages, code=getattr(exc, "code", None))
+    elif isinstance(exc, ValidationError):  # a model's full_clean: each field's message with its code ("unique")
+        exc = exceptions.ValidationError(as_serializer_error(exc))
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
     if isinstance(exc, exceptions.ValidationError) and _leaf_codes(exc.get_codes()) <= UNPROCESSABLE_CODES:
         exc = _Refused(exc.detail, code=next(iter(_leaf_codes(exc.get_codes()))), status_code=422)
+    elif isinstance(exc, exceptions.ValidationError) and _leaf_codes(exc.get_codes()) <= CONFLICT_CODES:
+        exc = _Refused(exc.detail, code="conflict", status_code=409)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     code = getattr(exc, "default_code", "error")
-    if isinstance(exc, exceptions.APIException):
-        codes = exc.get_codes()
-        if isinstance(codes, list) and len(set(map(str, codes))) == 1 and isinstance(codes[0], str):
-            codes = codes[0]
-        if isinstance(codes, str):
-            code = codes
+    if isinstance(exc, exceptions.APIException) and not isinstance(exc, _Refused):
+        codes = _leaf_codes(exc.get_codes())  # one code, of the error or of every field it names: the answer's
+        if len(codes) == 1 and "" not in codes:
+            code = next(iter(codes))
     if response.status_code == status.HTTP_401_UNAUTHORIZED and code in ("not_authenticated", "authentication_failed"):
         code = "invalid_api_key" if code == "authentication_failed" else code
     body = error_body(message=_flatten(exc.detail), status_code=response.status_code, code=code)

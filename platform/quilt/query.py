@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
 ALWAYS_ALLOWED = frozenset({"format"})  # DRF's ?format= (json / csv)
+PAGE_PARAMETERS = frozenset({"limit", "offset"})
 
 
 def is_day(value) -> bool:
@@ -25,10 +26,13 @@ class DayField(serializers.DateField):
 
 
 class QueryInput(serializers.Serializer):
-    """Validates `request.query_params`: unknown and blank parameters are refused by name."""
+    """Validates `request.query_params`: unknown and blank parameters are refused by name. A list's filters are paged
+    too: its ?limit= and ?offset= are the pagination's to check (quilt.pagination)."""
+
+    paged = False
 
     def to_internal_value(self, data):
-        allowed = set(self.fields) | ALWAYS_ALLOWED
+        allowed = set(self.fields) | ALWAYS_ALLOWED | (PAGE_PARAMETERS if self.paged else set())
         unknown = sorted(name for name in data if name not in allowed)
         if unknown:
             raise serializers.ValidationError(

@@ -45,14 +45,18 @@ class QuiltAutoSchema(AutoSchema):
         return f"{text}\n\n{access_text(self.view, self.method)}".strip()
 
     def _map_serializer_field(self, field, direction, bypass_extensions=False):
-        """DRF's refusals the generator leaves out: a CharField that may not be blank is refused when it is blank
-        once trimmed (so it needs a character that is not white space), a list that may not be empty needs an item."""
+        """DRF's refusals the generator leaves out. A field's own pattern (a RegexValidator's: a slug, a username)
+        comes first, as it is what the field checks; a CharField without one refuses a NUL character, and one that
+        may not be blank refuses a value that is blank once trimmed (so it needs a character that is not white
+        space); a list that may not be empty needs an item."""
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
         if direction != "request":
             return schema
-        if isinstance(field, serializers.CharField) and not field.allow_blank and schema.get("type") == "string" \
+        self._insert_field_validators(field, schema)  # drf-spectacular runs it again after us: it adds nothing then
+        if isinstance(field, serializers.CharField) and schema.get("type") == "string" \
                 and "pattern" not in schema and "format" not in schema and "enum" not in schema:
-            schema["pattern"] = "\\S" if field.trim_whitespace else "."
+            schema["pattern"] = NOT_BLANK if field.trim_whitespace and not field.allow_blank else NOT_EMPTY
+            self._insert_field_validators(field, schema)  # a field that may be blank: "" is a oneOf of its own
         if isinstance(field, serializers.ListField) and not field.allow_empty and schema.get("type") == "array":
             schema.setdefault("minItems", 1)
         if isinstance(field, serializers.DateTimeField) and schema.get("format") == "date-time":
@@ -88,20 +92,28 @@ def _decimal_pattern(field: serializers.DecimalField, pattern: str) -> str:
     return f"^{lookahead}{body}"
 
 
-NO_NUL = "^[^\\x00]*$"  # PostgreSQL holds no NUL character: a parameter with one is refused (quilt.middleware)
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL holds no NUL character: a parameter with one is refused (quilt.middleware)
+# What DRF's CharField takes: no NUL character (its ProhibitNullCharactersValidator) and, where it may not be blank
+# once trimmed, a character that is not white space (str.strip's white space is what \s means to Python's re).
+NOT_EMPTY = r"^[^\x00]+$"
+NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
 DATETIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})$"
 
 
 def describe_refusals(result, generator, request, public):
     """drf-spectacular postprocessing hook: the schema says what the API refuses, so that every request the schema
     allows is one the API takes. A request body takes only its declared fields (an unknown one is a 400); a string
-    parameter in a path or query holds no NUL character."""
+    parameter in a path or query holds no NUL character; a URL whose suffix names the format (`usage.csv`) takes no
+    `?format=`."""
     schemas = result.get("components", {}).get("schemas", {})
     bodies = set()
-    for operations in result["paths"].values():
+    for path, operations in result["paths"].items():
         for operation in operations.values():
             if not isinstance(operation, dict):
                 continue
+            if path.endswith(".csv"):  # the suffix names the format: ?format= there is a 400 (quilt.negotiation)
+                operation["parameters"] = [parameter for parameter in operation.get("parameters", [])
+                                           if (parameter["in"], parameter["name"]) != ("query", "format")]
             for content in (operation.get("requestBody") or {}).get("content", {}).values():
                 ref = (content.get("schema") or {}).get("$ref", "")
                 bodies.add(ref.rsplit("/", 1)[-1])

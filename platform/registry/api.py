@@ -7,7 +7,7 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from apikeys.models import Scope
@@ -37,7 +37,6 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 class _RegistryApi(TenantAPIView):
     required_roles = {"GET": Role.VIEWER, "POST": Role.DEVELOPER, "DELETE": Role.DEVELOPER}
     required_scopes = {"GET": "", "POST": Scope.ADAPTERS_WRITE, "DELETE": Scope.ADAPTERS_WRITE}
-    parser_classes = [QuiltJSONParser, FormParser, MultiPartParser]
 
     def handle_exception(self, exc):
         if isinstance(exc, RegistryRefusal):
@@ -81,6 +80,7 @@ class BaseModelListApi(_RegistryApi):
 
 
 class AdapterListApi(_RegistryApi):
+    parser_classes = [QuiltJSONParser, MultiPartParser]  # the upload's files are multipart
     pagination_class = StrictLimitOffsetPagination  # strict ?limit=/?offset=, and the schema shows the page
 
     @extend_schema(responses=AdapterOutput(many=True))
@@ -114,6 +114,7 @@ class AdapterDetailApi(_RegistryApi):
 
 
 class AdapterVersionListApi(_RegistryApi):
+    parser_classes = [QuiltJSONParser, MultiPartParser]
     @extend_schema(responses=AdapterVersionOutput(many=True))
     def get(self, request, name: str):
         versions = selectors.adapter_versions(adapter=self._adapter(name)).select_related("created_by")

@@ -2,7 +2,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from quilt.body import RejectUnknownFields
-from registry.models import Adapter, AdapterVersion, BaseModel
+from registry.models import Adapter, AdapterVersion, BaseModel, model_name_validator
 from registry.selectors import adapter_previous_version, adapter_versions
 
 
@@ -66,7 +66,7 @@ class UploadField(serializers.FileField):
 
 
 class AdapterCreateInput(RejectUnknownFields, serializers.Serializer):
-    name = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=64, validators=[model_name_validator])
     base_model = serializers.CharField(max_length=100)
     description = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
     file = serializers.ListField(

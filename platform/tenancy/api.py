@@ -162,9 +162,10 @@ class MemberDetailApi(TenantAPIView):
     @extend_schema(request=MemberUpdateInput, responses=MemberOutput)
     def patch(self, request, member_id: int):
         membership = self._membership(member_id)
-        data = MemberUpdateInput(data=request.data)
+        data = MemberUpdateInput(data=request.data, partial=True)  # as any PATCH: {} changes nothing
         data.is_valid(raise_exception=True)
-        membership = services.member_change_role(actor=self.actor, membership=membership, **data.validated_data)
+        if data.validated_data:
+            membership = services.member_change_role(actor=self.actor, membership=membership, **data.validated_data)
         return Response(MemberOutput(membership).data)
 
     @extend_schema(responses={204: None})

@@ -85,7 +85,7 @@ def _new_user(*, email: str, username: str, password: str):
     if not username or not password:
         raise ValidationError("Log in first, or choose a username and a password for a new account.")
     if User.objects.filter(username__iexact=username).exists():
-        raise ValidationError("Choose another username.")
+        raise ValidationError("Choose another username.", code="conflict")
     user = User(username=username, email=email)
     validate_password(password, user)
     user.set_password(password)

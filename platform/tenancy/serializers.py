@@ -1,8 +1,11 @@
 from django.core.validators import RegexValidator, slug_re
+from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from quilt.body import RejectUnknownFields
+from quilt.fields import DecimalString
+from quilt.query import QueryInput
 from tenancy.authority import NotAllowed
 from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
 
@@ -19,6 +22,8 @@ class PlanOutput(serializers.ModelSerializer):
 
 
 class PlanInput(RejectUnknownFields, serializers.ModelSerializer):
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, models.DecimalField: DecimalString}
+
     class Meta:
         model = Plan
         fields = [field for field in PlanOutput.Meta.fields if field != "id"]
@@ -40,12 +45,32 @@ class TenantOutput(serializers.ModelSerializer):
 STAFF_TENANT_FIELDS = ("slug", "name", "status", "plan")  # TenantUpdateInput's: platform staff change them
 
 
+# An http(s) URL on a public host name, as the schema states it: a subset of what Django's URLValidator takes (the
+# model's field checks that too), in URI characters only. No address literal and no local name: the address a name
+# resolves to is judged again at delivery (tenancy.webhook_targets).
+_PCHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
+WEBHOOK_URL = (
+    r"^https?://(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
+    r"(?!(?:local|internal|localdomain|localhost)(?:[:/?#]|$))[a-z]{2,63}"
+    r"(?::(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
+    rf"(?:/(?:{_PCHAR}|/)*)?(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$"
+)
+
+
+@extend_schema_field({"type": "string", "pattern": WEBHOOK_URL, "maxLength": 200,
+                      "description": "An http(s) URL on a public host name (lower case; no address, no local name)."})
+class WebhookUrlField(serializers.CharField):
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_blank=True, max_length=200, **kwargs)
+        self.validators.append(RegexValidator(WEBHOOK_URL, "A webhook URL is http(s) on a public host name, lower case."))
+
+
 class TenantSettingsInput(RejectUnknownFields, serializers.Serializer):
     """What a tenant's own admins change. A field they may not change is refused: 403 for staff's (here), 400 for one
     that does not exist (RejectUnknownFields)."""
 
     billing_email = serializers.EmailField(required=False, allow_blank=True)
-    webhook_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
+    webhook_url = WebhookUrlField()
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
@@ -74,7 +99,7 @@ class WebhookSecretOutput(serializers.Serializer):
 @extend_schema_field({"type": "string", "pattern": "^[-a-zA-Z0-9_]+$", "maxLength": 50,
                       "description": "A plan's slug (a slug no plan has: 422)."})
 class PlanField(serializers.SlugRelatedField):
-    """A plan by its slug; what can't be a slug is a 400 before the lookup (PostgreSQL refuses a NUL: a 500), a slug
+    """A plan by its slug (a string: `5` is not "5"); what can't be a slug is a 400 before the lookup (PostgreSQL refuses a NUL: a 500), a slug
     no plan has a 422 (does_not_exist: quilt.api_errors)."""
 
     default_error_messages = {"invalid": "Must be a plan's slug: letters, digits, '-' and '_', at most 50."}
@@ -83,7 +108,7 @@ class PlanField(serializers.SlugRelatedField):
         super().__init__(slug_field="slug", queryset=Plan.objects.all(), **kwargs)
 
     def to_internal_value(self, data):
-        if isinstance(data, str) and (not slug_re.fullmatch(data) or len(data) > 50):
+        if not isinstance(data, str) or not slug_re.fullmatch(data) or len(data) > 50:
             self.fail("invalid")
         return super().to_internal_value(data)
 
@@ -95,14 +120,16 @@ class TenantCreateInput(RejectUnknownFields, serializers.Serializer):
     billing_email = serializers.EmailField(required=False, default="")
 
 
-class TenantListQueryInput(serializers.Serializer):
+class TenantListQueryInput(QueryInput):
     """?search= (in slug or name) and ?status= filter the staff's tenant list; ?limit= and ?offset= page it."""
 
+    paged = True
     search = serializers.CharField(required=False, max_length=200)
     status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
 
 
-class AuditLogQueryInput(serializers.Serializer):
+class AuditLogQueryInput(QueryInput):
+    paged = True
     action = serializers.CharField(required=False, max_length=64, help_text="Actions starting with this: api_key.")
     actor = serializers.CharField(required=False, max_length=150, help_text="Rows of the user with this username.")
 
@@ -116,7 +143,7 @@ class TenantUpdateInput(RejectUnknownFields, serializers.Serializer):
     plan = PlanField(required=False)
     status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
     billing_email = serializers.EmailField(required=False, allow_blank=True)
-    webhook_url = serializers.URLField(required=False, allow_blank=True)
+    webhook_url = WebhookUrlField()
 
 
 class MemberOutput(serializers.ModelSerializer):

@@ -143,7 +143,7 @@ def member_add(*, actor: Actor, tenant: Tenant, role: str, username: str = "", e
 def _ensure_an_owner_remains(*, tenant: Tenant, leaving: Membership) -> None:
     others = Membership.objects.filter(tenant=tenant, role=Membership.Role.OWNER).exclude(pk=leaving.pk)
     if leaving.role == Membership.Role.OWNER and not others.exists():
-        raise ValidationError("A tenant must keep at least one owner.")
+        raise ValidationError("A tenant must keep at least one owner.", code="conflict")
 
 
 def member_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:

@@ -184,3 +184,52 @@ def test_a_client_that_goes_away_cancels_its_request_and_only_then():
 
     assert asyncio.run(scenario(client_leaves=True)) == ["cleaned up", "returned", "cancelling=0"]
     assert asyncio.run(scenario(client_leaves=False)) == ["cleaned up", "cancelled", "cancelling=1"]
+
+
+def test_a_client_that_goes_away_while_its_hold_is_settled_lets_the_settle_finish():
+    """The stream's settle runs in the request's own task (no shield): a disconnect that comes while it runs does not
+    cancel it, so the hold is released whole; a disconnect before it still cancels the request."""
+    import asyncio
+
+    from gateway.asgi import _until_disconnected
+    from gateway.exchange import Exchange
+
+    async def scenario(*, leave_while_settling: bool) -> list[str]:
+        happened = []
+        left, settling = asyncio.Event(), asyncio.Event()
+
+        async def receive():
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        exchange = object.__new__(Exchange)  # the real settle(), around a slow stand-in for its Redis script
+        exchange._settled = False
+
+        async def slow_settle():
+            settling.set()
+            await asyncio.sleep(0.2)
+            happened.append("hold released")
+
+        exchange._settle = slow_settle
+
+        async def serving():
+            try:
+                if not leave_while_settling:
+                    await asyncio.sleep(30)
+            finally:
+                await exchange.settle()
+                happened.append("after the settle")
+
+        task = asyncio.create_task(_until_disconnected(serving(), receive))
+        if leave_while_settling:
+            await settling.wait()
+        else:
+            await asyncio.sleep(0.01)
+        left.set()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done
+        happened.append("cancelled" if task.cancelled() else "returned")
+        return happened
+
+    assert asyncio.run(scenario(leave_while_settling=True)) == ["hold released", "after the settle", "returned"]
+    assert asyncio.run(scenario(leave_while_settling=False)) == ["hold released", "after the settle", "returned"]

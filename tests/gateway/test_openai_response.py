@@ -48,3 +48,29 @@ def test_usage_and_first_chunks_keep_their_shape():
     builder.usage.prompt_tokens, builder.usage.completion_tokens = 3, 2
     usage = json.loads(builder.usage_chunk().removeprefix(b"data: "))
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5 and usage["id"] == builder.id
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("with_usage_field", [False, True], ids=["no-usage-field", "usage-field"])
+@pytest.mark.parametrize("echo", [False, True], ids=["no-echo", "echo"])
+def test_each_choices_first_chunk_is_openai_shaped_json(kind, with_usage_field, echo):
+    """A choice's first chunk: the role for chat, the echoed prompt before a completion's text (written by hand where
+    it can be, checked here against json.dumps of OpenAI's chunk)."""
+    for text in TEXTS:
+        for reason in [None, *FINISH_REASONS]:
+            prompts = ['odd "prompt" \u00e9'] * 2 if echo and kind == "completion" else []
+            builder = ResponseBuilder(kind=kind, request_id="0f" * 16, model='m "\u00e9"', n=2, logprobs=True,
+                                      echo=prompts)  # fmt: skip
+            for index in (1, 0):
+                delta = Delta(index=index, text=text, logprobs=[], finish_reason=reason, tokens=1)
+                finish = FINISH_REASONS.get(reason, "stop") if reason else None
+                if kind == "chat":
+                    content = {"delta": {"role": "assistant", "content": text}}
+                else:
+                    content = {"text": (prompts[index] if prompts else "") + text}
+                choice = {"index": index, **content, "logprobs": None, "finish_reason": finish}
+                got = builder.chunk(delta, with_usage_field=with_usage_field)
+                assert got == _expected(kind, builder, choice, with_usage_field=with_usage_field), (text, reason)
+                after = builder.chunk(Delta(index=index, text="x", logprobs=[], finish_reason=None, tokens=1),
+                                      with_usage_field=with_usage_field)  # fmt: skip
+                assert b'"role"' not in after and b"prompt" not in after  # the first is only the first

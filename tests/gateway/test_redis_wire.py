@@ -26,6 +26,14 @@ def key():
 
 def test_pack_is_resp():
     assert pack(b"GET", "k", 12) == b"*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$2\r\n12\r\n"
+    assert pack("caf\u00e9", -1, "") == b"*3\r\n$5\r\ncaf\xc3\xa9\r\n$2\r\n-1\r\n$0\r\n\r\n"  # lengths in bytes
+
+
+def test_a_script_runs_with_its_keys_and_arguments_as_sent(key):
+    """What `run` sends is what `pack` would: every key and argument whole, non-ASCII ones counted in bytes."""
+    script = WireScript("return {KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], #ARGV}")
+    reply = asyncio.run(RedisWire(URL).run(script, [key, key + "\u00e9"], ["caf\u00e9", 7, ""]))
+    assert reply == [key.encode(), (key + "\u00e9").encode(), "caf\u00e9".encode(), b"7", b"", 3]
 
 
 def test_replies_uncached_scripts_and_server_errors(key):
@@ -59,7 +67,7 @@ def test_a_connection_the_server_closed_is_replaced(key):
     async def main():
         wire = RedisWire(URL)
         await wire.run(ECHO, [key], [0, "a"])
-        host, port = wire._idle[0][1].get_extra_info("sockname")[:2]
+        host, port = wire._idle[0].get_extra_info("sockname")[:2]
         assert client.client_kill(f"{host}:{port}")  # the wire's idle connection only (Redis is shared)
         # no await in between: the loop has not seen the close yet, so the command goes out on the dead connection
         return await wire.run(ECHO, [key], [5, "b"])
@@ -153,3 +161,31 @@ def test_a_new_connection_authenticates_and_selects_the_database_first():
     reply, sent = asyncio.run(main())
     assert reply == 7
     assert sent == pack(b"AUTH", "quilt", "p@ss") + pack(b"SELECT", 5) + pack(b"EVALSHA", ECHO.sha, 1, "k", 1, "")
+
+
+def test_a_reply_that_arrives_in_pieces_is_read_whole():
+    """The reply is parsed from what has arrived: one split anywhere (inside a line, a bulk string, an array) waits for
+    the rest, and a server error inside an array is raised once the whole reply is read (the next one in step)."""
+    reply = b"*5\r\n:1\r\n$2\r\nok\r\n:-3\r\n*2\r\n$-1\r\n+x\r\n$0\r\n\r\n"
+    failed = b"*2\r\n-ERR inside\r\n:1\r\n"
+
+    async def main():
+        async def server(reader, writer):  # each reply a byte at a time
+            while data := await reader.read(65536):
+                for _ in range(data.count(b"EVALSHA")):
+                    for byte in (failed if b"fail" in data else reply):
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                        await asyncio.sleep(0)
+
+        fake = await asyncio.start_server(server, "127.0.0.1", 0)
+        wire = RedisWire(f"redis://127.0.0.1:{fake.sockets[0].getsockname()[1]}/0", max_connections=1)
+        first = await wire.run(ECHO, ["k"], [0, ""])
+        with pytest.raises(ResponseError, match="ERR inside"):
+            await wire.run(ECHO, ["k"], [0, "fail"])
+        again = await wire.run(ECHO, ["k"], [0, ""])
+        fake.close()
+        return first, again
+
+    first, again = asyncio.run(main())
+    assert first == again == [1, b"ok", -3, [None, b"x"], b""]

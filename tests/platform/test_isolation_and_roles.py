@@ -89,7 +89,7 @@ def test_admin_manages_members_but_only_an_owner_makes_owners(tenant_a, member_c
 def test_the_last_owner_can_not_leave(tenant_a, member_client):
     client, membership = member_client(tenant_a, "owner")
     response = client.delete(f"/api/v1/members/{membership.pk}")
-    assert response.status_code == 400
+    assert response.status_code == 409
     assert "at least one owner" in response.json()["error"]["message"]
 
 

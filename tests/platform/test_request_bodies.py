@@ -38,9 +38,16 @@ def test_a_body_past_the_size_limit_is_413_in_the_error_shape(client):
 
 
 def test_a_form_with_too_many_fields_is_400_in_the_error_shape(client):
-    fields = "&".join(f"f{i}=1" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
-    error = _error(client.post("/api/v1/keys", data=fields, content_type="application/x-www-form-urlencoded"), 400)
+    fields = {f"f{i}": "1" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1)}
+    error = _error(client.post("/api/v1/adapters", data=fields, format="multipart"), 400)
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_form_to_an_operation_that_takes_json_is_415_as_the_schema_says(client):
+    """The schema lists application/json alone for every body but the adapter uploads (multipart)."""
+    error = _error(client.post("/api/v1/keys", data="name=k&scopes=inference",
+                               content_type="application/x-www-form-urlencoded"), 415)  # fmt: skip
+    assert error["code"] == "unsupported_media_type"
 
 
 def test_a_page_outside_the_apis_keeps_its_html_400():

@@ -79,14 +79,21 @@ class RedisAdmission:
         self._sync: _Scripts | None = None
         self._wires: weakref.WeakKeyDictionary[object, RedisWire] = weakref.WeakKeyDictionary()
         self._lean = wire_supports(url)
+        self._keys: dict[int, tuple[str, str, list[str], list[str]]] = {}
 
     def keys(self, tenant_id: int, *, request_id: str = "-") -> list[str]:
-        base, month = f"{self.prefix}:{{t{tenant_id}}}", current_month()
-        return [
-            f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}",
-            f"{base}:settled:{request_id}", f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld",
-            f"{base}:keymonth:{month}", f"{base}:unreported", f"{base}:unreported_at",
-        ]  # fmt: skip
+        month = current_month()
+        known = self._keys.get(tenant_id)
+        if known is None or known[0] != month:  # the tenant's keys are made once a month, not twice a request
+            base = f"{self.prefix}:{{t{tenant_id}}}"
+            known = self._keys[tenant_id] = (
+                month, f"{base}:settled:",
+                [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}"],
+                [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
+                 f"{base}:unreported", f"{base}:unreported_at"],
+            )  # fmt: skip
+        _, settled, before, after = known
+        return [*before, settled + request_id, *after]
 
     def _on_loop(self) -> _Scripts:
         loop = asyncio.get_running_loop()

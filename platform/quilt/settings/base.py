@@ -188,11 +188,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "quilt.schema.QuiltAutoSchema",
     "EXCEPTION_HANDLER": "quilt.api_errors.exception_handler",
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "quilt.negotiation.StrictContentNegotiation",
-    "DEFAULT_PARSER_CLASSES": [
-        "quilt.parsers.QuiltJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON bodies, as the schema says (a form is a 415); the adapter uploads take multipart (registry.api).
+    "DEFAULT_PARSER_CLASSES": ["quilt.parsers.QuiltJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -203,7 +200,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Quilt management API",
     "DESCRIPTION": "Tenants, members, API keys, adapters, usage, the request log and billing under /api/v1; the "
-    "OpenAI-compatible inference and fine-tuning API under /v1.",
+    "OpenAI-compatible inference and fine-tuning API under /v1. Management request bodies are JSON (the adapter "
+    "uploads multipart), amounts are decimal strings, and each refusal's status says what it is: 400 a request "
+    "the schema does not allow, 409 the object's state, 422 a rule the schema can not state.",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "quilt.schema_text.openai_paths",
                             "quilt.schema.describe_refusals"],
     "VERSION": "1.0.0",

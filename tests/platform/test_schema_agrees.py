@@ -1,0 +1,150 @@
+"""The management API takes what its OpenAPI schema allows and refuses what it does not (issue 37 item 20): a field's
+own pattern is the schema's, no request string may hold a NUL, a body is JSON of the declared types, and a refusal for
+an object's state is a 409, not a 400 that reads as "your request was malformed"."""
+
+import re
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.validators import slug_re
+from rest_framework.test import APIClient
+
+from registry.models import model_name_validator
+from tenancy.models import Membership
+from tenancy.serializers import WEBHOOK_SECRET, WEBHOOK_URL
+from tests.platform.factories import MembershipFactory, UserFactory, make_key
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def schema(client):
+    return client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+
+
+@pytest.fixture
+def staff(tenant_a):
+    client = APIClient()
+    user = MembershipFactory(tenant=tenant_a, role="owner", user=UserFactory(is_staff=True)).user
+    client.force_login(user, backend="django.contrib.auth.backends.ModelBackend")
+    return client
+
+
+def _property(schema, component: str, name: str) -> dict:
+    field = schema["components"]["schemas"][component]["properties"][name]
+    return field.get("oneOf", [field])[0]  # a field that may be blank: "" is the oneOf's other branch
+
+
+def _error(response, status: int) -> dict:
+    assert response.status_code == status, response.content
+    return response.json()["error"]
+
+
+def _ecma(pattern: str) -> str:
+    return pattern.replace(r"\Z", "$").replace(r"\A", "^")
+
+
+@pytest.mark.parametrize(("component", "name", "pattern"), [
+    ("TenantCreateInput", "slug", slug_re.pattern),
+    ("PlanInput", "slug", slug_re.pattern),
+    ("InvitationAcceptInput", "username", r"^[\w.@+-]+\Z"),
+    ("WebhookSecretInput", "secret", WEBHOOK_SECRET),
+    ("AdapterCreateInput", "name", model_name_validator.regex.pattern),
+    ("PatchedTenantSettingsInput", "webhook_url", WEBHOOK_URL),
+])  # fmt: skip
+def test_a_fields_own_pattern_is_the_one_the_schema_gives(schema, component, name, pattern):
+    assert _property(schema, component, name)["pattern"] == _ecma(pattern)
+
+
+def test_no_string_in_a_request_body_may_hold_a_nul(schema):
+    checked = 0
+    for component, body in schema["components"]["schemas"].items():
+        if not component.endswith("Input"):
+            continue
+        for name in body.get("properties", {}):
+            field = _property(schema, component, name)
+            field = field.get("items", field)
+            if field.get("type") == "string" and "enum" not in field and "format" not in field:
+                assert "pattern" in field, (component, name)
+                assert not re.search(field["pattern"], "ab\x00cd" * 6), (component, name)
+                checked += 1
+    assert checked > 15
+
+
+def test_an_adapter_name_the_registry_refuses_is_one_the_schema_refuses(schema, tenant_a, key_client):
+    client = key_client(tenant_a, scopes=["adapters:write"])[0]
+    assert not re.search(_property(schema, "AdapterCreateInput", "name")["pattern"], "Ⱥ-bot")
+    body = {"name": "Ⱥ-bot", "base_model": "x", "file": SimpleUploadedFile("a.zip", b"PK")}
+    response = client.post("/api/v1/adapters", body, format="multipart")
+    assert _error(response, 400)["code"] == "invalid_name"
+
+
+def test_only_the_uploads_take_a_form_the_rest_json_alone(schema):
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if path.startswith("/api/v1/") and "requestBody" in operation:
+                upload = path in ("/api/v1/adapters", "/api/v1/adapters/{name}/versions") and method == "post"
+                expected = ["multipart/form-data"] if upload else ["application/json"]
+                assert list(operation["requestBody"]["content"]) == expected, (method, path)
+
+
+@pytest.mark.parametrize(("method", "path", "body", "message"), [
+    ("post", "/api/v1/keys", {"name": 5, "scopes": ["inference"]}, "name: Must be a string."),
+    ("post", "/api/v1/keys", {"name": "k", "scopes": ["inference"], "allowed_models": [1]}, "allowed_models: Must"),
+    ("post", "/api/v1/keys/{key}/rotate", {"grace_seconds": "60"}, "grace_seconds: Must be an integer."),
+    ("put", "/api/v1/keys/{key}/limits", {"monthly_spend_limit": 5}, "monthly_spend_limit: Write the amount"),
+    ("put", "/api/v1/keys/{key}/limits", {"monthly_spend_limit": ""}, "monthly_spend_limit: Write the amount"),
+    ("put", "/api/v1/keys/{key}/limits", {"monthly_spend_limit": " 5"}, "monthly_spend_limit: Write the amount"),
+    ("put", "/api/v1/keys/{key}/limits", {"monthly_spend_limit": "-0"}, "monthly_spend_limit: Ensure"),
+    ("post", "/api/v1/plans", {"slug": "p", "name": "P", "price_input_per_mtok": 0.2}, "price_input_per_mtok: Write"),
+    ("post", "/api/v1/tenants", {"slug": "t", "name": "T", "plan": 5}, "plan: Must be a plan's slug"),
+])  # fmt: skip
+def test_a_value_of_another_json_type_than_the_schemas_is_400(tenant_a, staff, method, path, body, message):
+    key, _ = make_key(tenant_a, scopes=["inference"])
+    response = getattr(staff, method)(path.format(key=key.prefix), body, format="json")
+    assert _error(response, 400)["message"].startswith(message)
+
+
+def test_an_objects_state_is_409(tenant_a, staff):
+    key, _ = make_key(tenant_a, scopes=["inference"])
+    assert staff.post(f"/api/v1/keys/{key.prefix}/revoke").status_code == 200
+    assert _error(staff.post(f"/api/v1/keys/{key.prefix}/rotate", {}, format="json"), 409)["code"] == "conflict"
+    assert staff.post("/api/v1/plans", {"slug": "twice", "name": "Twice"}, format="json").status_code == 201
+    assert _error(staff.post("/api/v1/plans", {"slug": "twice", "name": "Again"}, format="json"), 409)["code"] == \
+        "conflict"
+
+
+def test_a_patch_of_nothing_changes_nothing(tenant_a, staff):
+    member = MembershipFactory(tenant=tenant_a, role="viewer")
+    response = staff.patch(f"/api/v1/members/{member.pk}", {}, format="json")
+    assert response.status_code == 200 and response.json()["role"] == "viewer"
+    assert Membership.objects.get(pk=member.pk).role == "viewer"
+
+
+def test_a_format_beside_a_csv_suffix_is_400_and_not_in_the_schema(schema, tenant_a, key_client):
+    client = key_client(tenant_a)[0]
+    assert _error(client.get("/api/v1/requests.csv?format="), 400)["message"].startswith("format:")
+    assert _error(client.get("/api/v1/usage.csv?format=json"), 400)["message"].startswith("format:")
+    for path in ("/api/v1/requests.csv", "/api/v1/usage.csv", "/api/v1/invoices/{invoice_id}.csv"):
+        assert "format" not in [parameter["name"] for parameter in schema["paths"][path]["get"]["parameters"]]
+
+
+@pytest.mark.parametrize("query", ["/api/v1/audit?actor=", "/api/v1/audit?tenant=", "/api/v1/tenant/audit?action=",
+                                   "/api/v1/tenants?status=", "/api/v1/tenants?search="])  # fmt: skip
+def test_a_list_filter_given_blank_is_400_as_the_schemas_min_length_says(staff, query):
+    assert _error(staff.get(query), 400)["code"] == "blank"
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.a/q", "https://Hooks.example.com/q", "https://a.example.com/#^",
+                                 "https://a.example.com/é", "https://a.example.com:65536/", "ftp://a.example.com/"])  # fmt: skip
+def test_a_webhook_url_the_schema_refuses_the_api_refuses(tenant_a, staff, url):
+    assert not re.search(WEBHOOK_URL, url)
+    assert _error(staff.patch("/api/v1/tenant", {"webhook_url": url}, format="json"), 400)["message"].startswith(
+        "webhook_url:")
+
+
+def test_a_webhook_url_the_schema_allows_is_saved(tenant_a, staff):
+    url = "https://hooks.example.com:8443/quilt/alerts?tenant=a%20b#budget"
+    assert re.search(WEBHOOK_URL, url)
+    response = staff.patch("/api/v1/tenant", {"webhook_url": url}, format="json")
+    assert response.status_code == 200 and response.json()["webhook_url"] == url

@@ -5,6 +5,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from gateway.engine_url import engine_url_validate
 from tenancy.models import Tenant
 
 
@@ -27,7 +28,9 @@ class Engine(models.Model):
 whether the engine is up now is `engine_up` / `is_up`, which routing and the console share."""
 
     name = models.SlugField(max_length=64, unique=True)
-    url = models.URLField(help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100")
+    url = models.CharField(max_length=200, validators=[engine_url_validate],
+                           help_text="Base URL of the engine's internal API, e.g. http://10.0.0.5:8100 or "
+                                     "http://engine_prefill:8100 (any host the resolver takes)")
     token = models.CharField(max_length=200, blank=True, help_text="Empty means QUILT_ENGINE_TOKEN.")
     pool = models.SlugField(max_length=64, default="default")
 

@@ -92,3 +92,24 @@ def test_the_role_is_stored_and_checked():
 @override_settings(QUILT_ENGINE_TOKEN="")
 def test_no_engine_token_configured_refuses_everyone():
     assert beat(body(), token="").status_code == 401
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+@pytest.mark.parametrize("url", ["http://engine_prefill:8100", "http://engine-prefill:8100", "http://prefill_1.svc:8100/",
+                                 "https://gpu_7.pool.internal", "http://[fd00::7]:8100"])
+def test_any_host_the_resolver_takes_joins(url):
+    """An engine advertised by a compose service or pod hostname (underscores, one label, no TLD) joins: the control
+    plane refused these as "Enter a valid URL." (Django's URL rule wants public domain names), so a prefill engine
+    named `engine_prefill` never joined at all."""
+    answer = beat(body(url=url))
+    assert answer.status_code == 200, answer.content
+    assert Engine.objects.get(name="gpu-7").url == url.rstrip("/")
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+@pytest.mark.parametrize("url", ["ftp://10.0.0.7:8100", "http://", "http://engine prefill:8100", "http://host:99999",
+                                 "10.0.0.7:8100", "http://user:pw@10.0.0.7:8100", "http://-bad:8100"])
+def test_an_engine_url_still_has_to_be_one(url):
+    answer = beat(body(url=url))
+    assert answer.status_code == 400, (url, answer.content)
+    assert not Engine.objects.filter(name="gpu-7").exists()

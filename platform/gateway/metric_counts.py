@@ -63,7 +63,7 @@ class _Family:
         child = self.children.get(values)
         if child is None:
             if not self.labelnames:
-                raise ValueError("No label names were set when constructing %s" % self.name)
+                raise ValueError(f"No label names were set when constructing {self.name}")
             if len(values) != len(self.labelnames):
                 raise ValueError("Incorrect label count")
             key = tuple(str(value) for value in values)
@@ -76,7 +76,7 @@ class _Family:
 
     def _one(self):
         if self._only is None:
-            raise ValueError("No label values given for %s: call labels() first" % self.name)
+            raise ValueError(f"No label values given for {self.name}: call labels() first")
         return self._only
 
     def _series(self):
@@ -97,7 +97,7 @@ class _Family:
         metric = Metric(self.name, self.documentation, self.kind)
         created = _created_series()
         for values, child in self._series():
-            labels = dict(zip(self.labelnames, values))
+            labels = dict(zip(self.labelnames, values, strict=True))
             for suffix, extra, value in self._samples(child):
                 metric.add_sample(self.name + suffix, {**labels, **extra}, value)
             if created:
@@ -143,7 +143,7 @@ class Histogram(_Family):
 
     def _samples(self, child):
         samples, total = [], 0.0
-        for bound, count in zip(self.bounds, child.counts):
+        for bound, count in zip(self.bounds, child.counts, strict=True):
             total += count
             samples.append(("_bucket", {"le": floatToGoString(bound)}, total))
         samples.append(("_count", {}, total))

@@ -1,12 +1,13 @@
-"""`parse_body` skips the walk over every value for a body whose raw bytes cannot hold what the walk looks for, and
-gives the same body or the same 400 as parsing and walking it always."""
+"""The parse's shortcuts for the common body give the same answers: `parse_body` skips the walk over every value
+when the raw bytes cannot hold what the walk looks for; `_common` skips the sampling and unsupported names' checks
+when the body names none of them."""
 
 import json
 
 import pytest
 
 from gateway.errors import ApiError
-from gateway.openai_request import parse_body
+from gateway.openai_request import UNSUPPORTED, parse_body, parse_chat, parse_completion
 from gateway.request_guard import MAX_DEPTH, body_check
 
 
@@ -76,3 +77,32 @@ def test_what_the_walk_finds_is_still_found():
     assert walked(nested(MAX_DEPTH))[1].startswith("The request body is nested")
     assert "lone UTF-16 surrogate" in walked(b'{"model": "m", "prompt": "\xed\xa0\x80"}')[1]
     assert "NUL" in walked(b'{"model": "m", "user": "a\\u0000b"}')[1]
+
+
+SAMPLED = [({"temperature": 1}, {"temperature": 1.0}), ({"top_p": 0.5}, {"top_p": 0.5}), ({"top_p": 0}, {"top_k": 1}),
+           ({"presence_penalty": -2}, {"presence_penalty": -2.0}), ({"frequency_penalty": 2}, {"frequency_penalty": 2.0}),
+           ({"n": 2}, {"n": 2}), ({"seed": -5}, {"seed": -5}), ({"logit_bias": {"7": 1}}, {"logit_bias": {"7": 1.0}}),
+           ({}, {}), ({"seed": None, "logit_bias": None}, {})]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra, sampling", SAMPLED)
+def test_each_sampling_name_alone_is_read(extra, sampling):
+    assert parse_completion({"model": "m", "prompt": "p", **extra}).sampling == sampling
+
+
+@pytest.mark.parametrize("extra", [{"n": 0}, {"seed": 2**63}, {"temperature": "hot"}, {"top_p": 2}, {"n": True},
+                                   {"logit_bias": {"x": 1}}])  # fmt: skip
+def test_each_bad_sampling_value_alone_is_a_400(extra):
+    with pytest.raises(ApiError) as refused:
+        parse_completion({"model": "m", "prompt": "p", **extra})
+    assert refused.value.status == 400 and refused.value.param == next(iter(extra))
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_each_unsupported_name_alone_is_a_400_and_an_empty_one_is_not(name):
+    parse, fields = (parse_completion, {"model": "m", "prompt": "p"}) if name == "suffix" else \
+        (parse_chat, {"model": "m", "messages": [{"role": "user", "content": "c"}]})  # fmt: skip
+    with pytest.raises(ApiError) as refused:
+        parse({**fields, name: "x"})
+    assert (refused.value.code, refused.value.param) == ("unsupported_parameter", name)
+    assert parse({**fields, name: []}).sampling == {}

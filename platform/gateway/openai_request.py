@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from gateway.errors import invalid
-from gateway.request_guard import body_check
+from gateway.request_guard import raw_body_check
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 16
@@ -87,7 +87,7 @@ def parse_body(raw: bytes) -> dict:
         raise invalid("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
-    body_check(body)
+    raw_body_check(raw, body)
     return body
 
 

@@ -122,7 +122,10 @@ async def _count_opcodes(one, requests: int, top: int = 0) -> None:
             counts["opcode"] += 1
             if top:
                 code = frame.f_code
-                by_function["/".join(code.co_filename.split("/")[-2:]) + ":" + code.co_name] += 1
+                where = "/".join(code.co_filename.split("/")[-2:])
+                if where == "<string>":  # code that dataclasses generate: named by its class
+                    where = "<string> " + type(frame.f_locals.get("self")).__qualname__
+                by_function[where + ":" + code.co_name] += 1
         return trace
 
     sys.settrace(trace)

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 from gateway import relay, views  # noqa: E402 - they need Django set up
 from gateway.exchange import settling as exchange_settling  # noqa: E402
+from gateway.hot_settings import hot  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
@@ -116,8 +117,8 @@ class HttpsPolicy:
     def __init__(self, middleware: SecurityMiddleware):
         self.middleware = middleware
         self.proxy_header: tuple[bytes, str] | None = None
-        if settings.SECURE_PROXY_SSL_HEADER:
-            meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        if hot.SECURE_PROXY_SSL_HEADER:
+            meta_name, secure_value = hot.SECURE_PROXY_SSL_HEADER
             self.proxy_header = (meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1"),
                                  secure_value)  # fmt: skip
         self._added = {secure: self._headers_added(secure) for secure in (False, True)}
@@ -200,7 +201,7 @@ _SSE_HEAD = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name,
 def _fast_route(scope) -> str | None:
     """The kind of generation a request asks for when the fast path may serve it: a POST to a completion route,
     with no script prefix, that the HTTPS policy lets through."""
-    if scope["method"] != "POST" or scope.get("root_path") or settings.FORCE_SCRIPT_NAME:
+    if scope["method"] != "POST" or scope.get("root_path") or hot.FORCE_SCRIPT_NAME:
         return None
     return COMPLETION_ROUTES.get(scope["path"])
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
@@ -18,6 +17,7 @@ from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
 from gateway.errors import ApiError
+from gateway.hot_settings import hot
 from gateway.request_guard import model_name_check
 from metering.pricing import Rates, plan_rates, request_price
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
@@ -101,7 +101,7 @@ def _digest(authorization: str) -> bytes:
 
 
 def _fresh(entry: tuple[float, object] | None) -> bool:
-    return entry is not None and time.monotonic() - entry[0] < settings.QUILT_KEY_CACHE_SECONDS
+    return entry is not None and time.monotonic() - entry[0] < hot.QUILT_KEY_CACHE_SECONDS
 
 
 def cached_caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None] | None:

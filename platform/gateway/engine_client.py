@@ -12,6 +12,7 @@ from django.conf import settings
 
 from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
 from gateway.engine_http import EngineHTTP, EngineHTTPError, Response
+from gateway.hot_settings import hot
 
 
 class EngineUnavailable(Exception):
@@ -85,7 +86,7 @@ def _client() -> EngineHTTP:
 
 
 def _post_headers(engine: EngineRef) -> dict[str, str]:
-    return {"Authorization": f"Bearer {engine.token or settings.QUILT_ENGINE_TOKEN}", "Content-Type": JSON}
+    return {"Authorization": f"Bearer {engine.token or hot.QUILT_ENGINE_TOKEN}", "Content-Type": JSON}
 
 
 def _headers(engine: EngineRef) -> dict[str, str]:

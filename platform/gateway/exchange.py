@@ -41,6 +41,7 @@ from gateway.engine_client import (
 from gateway.engine_events import Read, event_read
 from gateway.engine_refusals import engine_refusal
 from gateway.errors import adapter_unavailable, no_engine
+from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
@@ -167,7 +168,7 @@ class Exchange:
             route = router.route(
                 digest=digest, fingerprints=fingerprints, prompt_chars=generation.prompt_bytes(),
                 prompt_tokens=generation.prompt_token_count(), exclude=frozenset(tried),
-                min_uncached_tokens=settings.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
+                min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
                 disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
             )  # fmt: skip
             if route is None:

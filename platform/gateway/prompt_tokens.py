@@ -8,11 +8,10 @@ import functools
 import logging
 from pathlib import Path
 
-from django.conf import settings
-
 from engine.server.structured import template_messages
 from engine.tokenizer import Tokenizer
 from gateway.caller import Target
+from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ async def count_prompt_tokens(generation: GenerationRequest, target: Target) -> 
     tokenizer = base_tokenizer(target.checkpoint_dir)
     counted = None
     if tokenizer is not None:
-        if generation.prompt_bytes() > settings.QUILT_TOKENIZE_ABOVE_BYTES:
+        if generation.prompt_bytes() > hot.QUILT_TOKENIZE_ABOVE_BYTES:
             counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
         else:
             counted = prompt_tokens(generation, tokenizer)

@@ -7,6 +7,7 @@ import re
 from django.conf import settings
 
 from gateway.errors import ApiError, invalid
+from gateway.hot_settings import hot
 
 MAX_DEPTH = 32
 MAX_MODEL_NAME = 256
@@ -22,7 +23,7 @@ def body_limit(*, method: str, path: str) -> int:
     """The most bytes a request may send: a fine-tuning file upload may be as large as a file may be."""
     if method == "POST" and path.rstrip("/") == FILE_UPLOAD_PATH:
         return max(settings.QUILT_MAX_REQUEST_BYTES, settings.QUILT_FINE_TUNING_MAX_FILE_BYTES + MULTIPART_SLACK)
-    return settings.QUILT_MAX_REQUEST_BYTES
+    return hot.QUILT_MAX_REQUEST_BYTES
 
 
 def too_large(limit: int) -> ApiError:

@@ -8,7 +8,6 @@ import weakref
 import redis
 import redis.asyncio
 from asgiref.sync import sync_to_async
-from django.conf import settings
 
 from gateway.admission.limits import (
     Decision,
@@ -30,6 +29,7 @@ from gateway.admission.redis_scripts import (
 )
 from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
 from gateway.connections import checked_connection
+from gateway.hot_settings import hot
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
 MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
@@ -120,7 +120,7 @@ class RedisAdmission:
         return self._sync
 
     def _ttl(self) -> int:
-        return self._hold_ttl if self._hold_ttl is not None else settings.QUILT_HOLD_TTL_SECONDS
+        return self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
 
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits

@@ -6,7 +6,9 @@ presents `Authorization: Bearer $QUILT_METRICS_TOKEN`; with no token configured 
 import hmac
 
 from django.conf import settings
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gateway.metric_counts import Counter, Histogram
 
 registry = CollectorRegistry()
 LABELS = ("tenant", "model", "adapter")
@@ -36,17 +38,9 @@ kv_transfers = Counter("quilt_gateway_kv_transfers", "Decode hops by what the de
                        "lease: pulled the blocks, or recomputed the prompt", ["outcome"], registry=registry)  # fmt: skip
 
 
-_children: dict[tuple, object] = {}
-
-
 def labelled(metric, *values: str):
-    """`metric.labels(*values)`, remembered: prometheus_client validates and locks on every call, several times per
-    request. Children are never removed here, so a remembered one is always the registered one."""
-    key = (metric, values)
-    child = _children.get(key)
-    if child is None:
-        child = _children[key] = metric.labels(*values)
-    return child
+    """`metric.labels(*values)`: the child for these values, made on first use and kept (metric_counts)."""
+    return metric.labels(*values)
 
 
 def adapter_label(digest: str | None) -> str:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from gateway.errors import invalid
-from gateway.request_guard import body_check
+from gateway.request_guard import raw_body_check
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 16
@@ -38,6 +38,8 @@ UNSUPPORTED = {
     "suffix": "`suffix` (insertion) is not supported by this server.",
 }
 MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
+_SAMPLING = (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2))
+_SAMPLING_NAMES = frozenset([*(name for name, _, _ in _SAMPLING), "n", "seed"])
 
 
 @dataclass
@@ -87,7 +89,7 @@ def parse_body(raw: bytes) -> dict:
         raise invalid("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
-    body_check(body)
+    raw_body_check(raw, body)
     return body
 
 
@@ -106,9 +108,10 @@ def _common(body: dict, allowed: set[str]) -> dict:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise invalid(f"Unrecognized request argument supplied: {', '.join(unknown)}.", param=unknown[0])
-    for name, message in UNSUPPORTED.items():
-        if body.get(name) not in (None, [], {}):
-            raise invalid(message, param=name, code="unsupported_parameter")
+    if not UNSUPPORTED.keys().isdisjoint(body):
+        for name, message in UNSUPPORTED.items():
+            if body.get(name) not in (None, [], {}):
+                raise invalid(message, param=name, code="unsupported_parameter")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise invalid("You must provide a model parameter.", param="model")
     stream = body.get("stream") or False
@@ -120,19 +123,20 @@ def _common(body: dict, allowed: set[str]) -> dict:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}):
         raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
     sampling: dict = {}
-    for name, low, high in (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2)):
-        value = _number(body, name, low=low, high=high)
-        if value is not None:
-            sampling[name] = float(value)
-    if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
-        del sampling["top_p"]
-        sampling["top_k"] = 1
-    n = _number(body, "n", low=1, high=MAX_N, integer=True)
-    if n is not None:
-        sampling["n"] = n
-    seed = _number(body, "seed", low=-(2**63), high=2**63 - 1, integer=True)
-    if seed is not None:
-        sampling["seed"] = seed
+    if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them: no call per absent name
+        for name, low, high in _SAMPLING:
+            value = _number(body, name, low=low, high=high)
+            if value is not None:
+                sampling[name] = float(value)
+        if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
+            del sampling["top_p"]
+            sampling["top_k"] = 1
+        n = _number(body, "n", low=1, high=MAX_N, integer=True)
+        if n is not None:
+            sampling["n"] = n
+        seed = _number(body, "seed", low=-(2**63), high=2**63 - 1, integer=True)
+        if seed is not None:
+            sampling["seed"] = seed
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -144,7 +148,7 @@ def _common(body: dict, allowed: set[str]) -> dict:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise invalid("'user' must be a string.", param="user")
-    bias = _logit_bias(body.get("logit_bias"))
+    bias = _logit_bias(body["logit_bias"]) if "logit_bias" in body else None
     if bias:
         sampling["logit_bias"] = bias
     return {

@@ -45,6 +45,17 @@ def model_name_check(name) -> None:
         raise invalid("The model name holds characters no model name has.", param="model")
 
 
+def raw_body_check(raw: bytes, body) -> None:
+    """`body_check(body)` for `body` parsed from `raw`, skipping the walk when the raw bytes cannot hold what it
+    looks for: a lone surrogate or a NUL reaches a parsed string only through a `\\u` escape, a UTF-8 surrogate (its
+    lead byte 0xED; `json` decodes with surrogatepass) or a UTF-16/32 body (NUL bytes); nesting past MAX_DEPTH needs
+    MAX_DEPTH brackets. The common well-formed body has none of them: its model name alone is checked."""
+    if b"\\u" in raw or b"\xed" in raw or b"\x00" in raw or raw.count(b"[") + raw.count(b"{") >= MAX_DEPTH:
+        body_check(body)
+    else:
+        model_name_check(body.get("model"))
+
+
 def body_check(body) -> None:
     """Walks the parsed body once, without recursion."""
     pending = [(body, 1, None)]

@@ -101,7 +101,8 @@ def test_engine_on_the_triton_launchers_matches_peft(quantized, llama_adapters, 
 
 
 @pytest.mark.parametrize(("arch", "case"), [("qwen2", "gptq-v1-w4-g32-asym-act-order"), ("qwen3", "awq-w4-g32"),
-                                          ("qwen3", "ct-pack-w4a16-g32-asym")])
+                                          ("qwen3", "ct-pack-w4a16-g32-asym"), ("qwen2", "ct-pack-w8a16-channel-sym"),
+                                          ("qwen3", "ct-naive-int8-channel")])
 def test_qwen_families_match_peft(checkpoints, quantized, tmp_path, arch, case):
     """Qwen2 (q/k/v biases beside the packed weights, tied embeddings) and Qwen3 (head_dim 24 apart from
     hidden / heads, q/k norms)."""

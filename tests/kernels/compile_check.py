@@ -3,14 +3,17 @@
 The interpreter runs kernels as Python and accepts constructs the compiler rejects, so the
 launchers are called with a recorder in place of each kernel and the recorded launches are then
 compiled with their real argument types and constexprs. Run as a script in a process where
-Triton is NOT in interpreter mode: `python tests/kernels/compile_check.py [arch]` prints
+Triton is NOT in interpreter mode: `python tests/kernels/compile_check.py [arch] [workers]` prints
 {case: "ok" | error} as JSON.
 """
 
 import importlib
 import json
 import math
+import multiprocessing
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -210,23 +213,33 @@ DOT_CASES = ["lora_delta", "lora_shrink", "lora_expand", "paged_attention_decode
 
 
 
-def main(arch: int) -> dict[str, str]:
-    results = {}
-    for case, dtype in [(c, torch.bfloat16) for c in CASES] + [(c, torch.float32) for c in DOT_CASES]:
-        name = f"{case}-{TYPES[dtype]}"
-        try:
-            launches = _launches(case, dtype)
-            if not launches:
-                raise AssertionError("the launcher launched nothing")
-            for fn, args, kwargs in launches:
-                compiled = _compile(fn, args, dict(kwargs), arch=arch)
-                if ".entry" not in compiled.asm["ptx"] or not compiled.asm["cubin"]:
-                    raise AssertionError("no PTX entry or cubin produced")
-            results[name] = "ok"
-        except Exception as exc:  # reported per case to the test
-            results[name] = f"{type(exc).__name__}: {exc}"
-    return results
+def _check(case: str, dtype_name: str, arch: int) -> tuple[str, str]:
+    dtype = getattr(torch, dtype_name)
+    name = f"{case}-{TYPES[dtype]}"
+    try:
+        launches = _launches(case, dtype)
+        if not launches:
+            raise AssertionError("the launcher launched nothing")
+        for fn, args, kwargs in launches:
+            compiled = _compile(fn, args, dict(kwargs), arch=arch)
+            if ".entry" not in compiled.asm["ptx"] or not compiled.asm["cubin"]:
+                raise AssertionError("no PTX entry or cubin produced")
+        return name, "ok"
+    except Exception as exc:  # reported per case to the test
+        return name, f"{type(exc).__name__}: {exc}"
+
+
+def main(arch: int, workers: int) -> dict[str, str]:
+    """Each case compiles in one of `workers` fresh processes (Triton's compiler is single-threaded: on a 2-core
+    machine whose tests run one at a time, the second core would sit idle)."""
+    jobs = [(c, "bfloat16") for c in CASES] + [(c, "float32") for c in DOT_CASES]
+    if workers <= 1:
+        return dict(_check(case, dtype, arch) for case, dtype in jobs)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_check, case, dtype, arch) for case, dtype in jobs]
+        return dict(future.result() for future in futures)
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))
+    arch = int(sys.argv[1]) if len(sys.argv) > 1 else 90
+    print(json.dumps(main(arch, workers=int(sys.argv[2]) if len(sys.argv) > 2 else min(2, os.cpu_count() or 1))))

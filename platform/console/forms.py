@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.utils import timezone
 
 from apikeys.models import Scope
+from quilt.query import is_day
 from registry.selectors import adapters_of, base_models_active
 from tenancy.models import Membership, Plan, Tenant
 
@@ -23,6 +24,19 @@ class FilterDateField(forms.DateField):
 
     def __init__(self, **kwargs):
         super().__init__(required=False, **kwargs)
+
+
+class DayOrInstantField(forms.DateTimeField):
+    """What the API's `since` and `until` take, with its meaning (metering.request_log_csv): YYYY-MM-DD, a whole UTC
+    day, or an ISO 8601 instant; so a query copied from the API to the console (or back) finds the same rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, **kwargs)
+
+    def to_python(self, value):
+        if is_day(value):
+            return FilterDateField().clean(value)
+        return super().to_python(value)
 
 
 SCOPE_HELP = {

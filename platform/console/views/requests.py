@@ -9,6 +9,7 @@ from django.http import Http404, StreamingHttpResponse
 
 from apikeys.selectors import api_keys_of
 from console.access import CsvQueryError, Role, actor_of, csv_download, staff_page, tenant_page
+from console.forms import DayOrInstantField
 from console.pages import render_page
 from metering.request_log import (
     SORTS,
@@ -32,8 +33,8 @@ class LogQueryForm(forms.Form):
     adapter = forms.CharField(required=False, max_length=200)
     model = forms.CharField(required=False, max_length=200)
     status = forms.ChoiceField(required=False, choices=[("", "any")] + [(name, name) for name in STATUSES])
-    since = forms.DateField(required=False, help_text="From the start of this UTC day.")
-    until = forms.DateField(required=False, help_text="Through the end of this UTC day (included).")
+    since = DayOrInstantField(help_text="From the start of this UTC day, or from this instant (included).")
+    until = DayOrInstantField(help_text="Through the end of this UTC day (included), or up to this instant (excluded).")
     tenant = forms.SlugField(required=False)
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
     cursor = forms.CharField(required=False, max_length=400)

@@ -180,10 +180,10 @@ class Exchange:
                 try:
                     await self._prefill(route.prefill, engine, fingerprints)
                 except EngineRejected as rejected:  # the request itself: the decode engine need not see it
-                    metrics.labelled(metrics.disaggregation, "refused").inc()
+                    metrics.disaggregation.labels("refused").inc()
                     raise engine_refusal(rejected, self.generation) from None
             elif route.reason in ("short", "no_prefill_engine"):
-                metrics.labelled(metrics.disaggregation, route.reason).inc()
+                metrics.disaggregation.labels(route.reason).inc()
             try:
                 await self._open_on(engine)
                 return
@@ -212,7 +212,7 @@ class Exchange:
                 raise
             log.warning("decode engine %s refused the lease of %s (%s %s): it computes the prompt itself",
                         engine.name, self.request_id, rejected.status, rejected.message)  # fmt: skip
-            metrics.labelled(metrics.prefill_fallbacks, "decode_refused").inc()
+            metrics.prefill_fallbacks.labels("decode_refused").inc()
             end_lease(self.prefill, self.request_id)
             self.prefill = None
             await self._try(engine)
@@ -227,12 +227,12 @@ class Exchange:
             payload = prefill_payload(self.payload(engine), lease_ttl_s=settings.QUILT_KV_LEASE_TTL_SECONDS)
             self.prefill = await prefill_hop(engine, payload, request_id=self.request_id,
                                              timeout_s=settings.QUILT_PREFILL_HOP_TIMEOUT_SECONDS)  # fmt: skip
-            metrics.labelled(metrics.disaggregation, "disaggregated").inc()
+            metrics.disaggregation.labels("disaggregated").inc()
         except PrefillFailed as failed:
             log.warning("prefill hop for %s failed (%s): %s; %s serves it whole", self.request_id, failed.reason,
                         failed, decode.name)  # fmt: skip
-            metrics.labelled(metrics.disaggregation, "fallback").inc()
-            metrics.labelled(metrics.prefill_fallbacks, failed.reason).inc()
+            metrics.disaggregation.labels("fallback").inc()
+            metrics.prefill_fallbacks.labels(failed.reason).inc()
             if failed.reason in ("unavailable", "timeout"):
                 router.suspect(engine.name)
         finally:
@@ -259,7 +259,7 @@ class Exchange:
             self.builder.apply(delta)
             if self.first_token_at is None and delta.tokens:
                 self.first_token_at = time.monotonic()
-                metrics.labelled(metrics.ttft, *self.labels).observe(self.first_token_at - self.started)
+                metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
         if read.usage is not None:
             self.builder.usage = Usage(**read.usage)
             self.usage_reported = True
@@ -277,7 +277,7 @@ class Exchange:
         if recomputed:
             log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
                         self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
-        metrics.labelled(metrics.kv_transfers, "recomputed" if recomputed else "pulled").inc()
+        metrics.kv_transfers.labels("recomputed" if recomputed else "pulled").inc()
         if not (transfer or {}).get("blocks_pulled"):  # nothing pulled (or the engine could not reach the source to
             end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
 
@@ -367,13 +367,13 @@ class Exchange:
             log.exception("could not keep the bodies of %s", self.request_id)
 
     def _measure(self, *, outcome: str) -> None:
-        metrics.labelled(metrics.requests, *self.labels, outcome).inc()
-        metrics.labelled(metrics.latency, *self.labels).observe(time.monotonic() - self.started)
+        metrics.requests.labels(*self.labels, outcome).inc()
+        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
         if self.usage_reported:
             usage = self.builder.usage
-            metrics.labelled(metrics.tokens, *self.labels, "prompt").inc(usage.prompt_tokens)
-            metrics.labelled(metrics.tokens, *self.labels, "cached").inc(usage.cached_tokens)
-            metrics.labelled(metrics.tokens, *self.labels, "completion").inc(usage.completion_tokens)
+            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
+            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
+            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(

@@ -38,11 +38,6 @@ kv_transfers = Counter("quilt_gateway_kv_transfers", "Decode hops by what the de
                        "lease: pulled the blocks, or recomputed the prompt", ["outcome"], registry=registry)  # fmt: skip
 
 
-def labelled(metric, *values: str):
-    """`metric.labels(*values)`: the child for these values, made on first use and kept (metric_counts)."""
-    return metric.labels(*values)
-
-
 def adapter_label(digest: str | None) -> str:
     return digest[:12] if digest else "base"
 

@@ -79,6 +79,13 @@ def _parse(buffer: bytearray, start: int) -> tuple[Reply | _ServerError, int]:
             return None, end + 2
         items, position, error = [], end + 2, None
         for _ in range(size):
+            line = buffer.find(b"\r\n", position)
+            if line < 0:
+                raise _Incomplete
+            if buffer[position] == 58:  # an integer, most of the scripts' items: read here, not in a call
+                items.append(int(buffer[position + 1 : line]))
+                position = line + 2
+                continue
             item, position = _parse(buffer, position)
             if isinstance(item, _ServerError):
                 error = item

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import adapters
-from engine import engine_state
+from engine import engine_state, step_output
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
@@ -26,11 +26,11 @@ from engine.kv.keys import base_digest, model_digest
 from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths
-from engine.model_runner import ModelRunner, StepResult
+from engine.model_runner import ModelRunner
 from engine.models import read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
-from engine.outputs import Logprob, RequestOutput
+from engine.outputs import RequestOutput
 from engine.page_budget import count_pages, fitting_block_size, freed_window, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
@@ -266,7 +266,7 @@ class LLMEngine:
         outputs = []
         for seq in self.requests.pop(request_id, []):
             if not seq.is_finished:
-                self._finish(seq, "abort")
+                self.finish_sequence(seq, "abort")
                 outputs.append(self.output_processor.output(seq, []))
         return outputs
 
@@ -277,7 +277,7 @@ class LLMEngine:
             for seq in self.requests.pop(request_id):
                 if not seq.is_finished:
                     try:
-                        self._finish(seq, "error", message)
+                        self.finish_sequence(seq, "error", message)
                     except Exception:  # the state may be what broke: the output still goes out
                         seq.status, seq.finish_reason, seq.error = SequenceStatus.FINISHED, "error", message
                     outputs.append(self.output_processor.output(seq, []))
@@ -286,7 +286,7 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_unfinished)
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None, error_type: str | None = None) -> None:
+    def finish_sequence(self, seq: Sequence, reason: str, error: str | None = None, error_type: str | None = None) -> None:
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
             seq.error, seq.error_type = error, error_type
@@ -302,7 +302,7 @@ class LLMEngine:
         if failed:
             for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
                 message = f"adapter {seq.adapter[:12]} could not be loaded: {failed[seq.adapter]}"
-                self._finish(seq, "error", message, ADAPTER_UNAVAILABLE)
+                self.finish_sequence(seq, "error", message, ADAPTER_UNAVAILABLE)
                 outputs.append(self.output_processor.output(seq, []))
         out = self.scheduler.schedule()
         self._prefetch_adapters()
@@ -326,7 +326,7 @@ class LLMEngine:
         now = time.monotonic()
         for seq in out.seqs:
             seq.gpu_ms += elapsed_ms * out.num_tokens[seq.seq_id] / total
-            new_tokens = self._postprocess(seq, results[seq.seq_id], now)
+            new_tokens = step_output.apply(self, seq, results[seq.seq_id], now)
             if new_tokens or seq.is_finished:
                 outputs.append(self.output_processor.output(seq, new_tokens))
         self._forget_finished(outputs)
@@ -370,33 +370,6 @@ class LLMEngine:
             seqs = self.requests.get(output.request_id)
             if seqs is not None and all(s.is_finished for s in seqs):
                 del self.requests[output.request_id]
-
-    def _postprocess(self, seq: Sequence, result: StepResult, now: float) -> list[int]:
-        if result.prompt_logprobs:
-            if seq.prompt_logprobs is None:
-                seq.prompt_logprobs = [None]
-            for pos, logprob, top in result.prompt_logprobs:
-                if pos == len(seq.prompt_logprobs):  # a recompute after preemption scores them again
-                    seq.prompt_logprobs.append(Logprob(seq.token_ids[pos], logprob, top))
-        if not result.samples or seq.is_finished:
-            return []
-        emitted = []
-        for sample in result.samples:  # several when speculative tokens were accepted
-            emitted.append(sample.token_id)
-            refused = self.guided.accept(seq, sample.token_id)
-            reason = self.output_processor.append(seq, sample, now)
-            if refused is not None:  # only a bug can get here: the mask allowed the token
-                self._finish(seq, "error", f"constrained decoding failed: {refused}")
-                break
-            if reason is not None:
-                self._finish(seq, reason)
-                break
-        if result.num_proposed and self.speculator is not None:  # accepted: those emitted (a stop may cut them)
-            self.speculator.record(seq, result.num_proposed, min(len(result.samples) - 1, len(emitted)))
-        self.num_generated_tokens += len(emitted)
-        self.num_decode_seq_steps += 1
-        seq.num_sampling_steps += 1
-        return emitted
 
     def memory_split(self) -> dict:
         return engine_state.memory_split(self)

@@ -51,11 +51,13 @@ def test_a_keys_budget_is_spent_to_the_last_fraction_of_a_micro_dollar(stack):
 def test_rotating_a_key_keeps_its_months_spend_against_its_budget(stack):
     old_key, tenant_id = stack.keys["keyed-rotating"], stack.ids["keyed"]
     body = {"prompt": "w10 w11", "max_tokens": 4, "temperature": 0}
+    served = 0
     for _ in range(10):  # two requests fit its budget
         response = complete(stack, old_key, body)
         if response.status_code == 429:
             break
         assert response.status_code == 200, response.text
+        served += 1
     assert response.status_code == 429 and response.json()["error"]["code"] == "insufficient_quota"
     api = stack.gateways[0].removesuffix("/v1") + "/api/v1"
     rotated = httpx.post(f"{api}/keys/{stack.ids['key-keyed-rotating']}/rotate", json={"grace_seconds": 0}, timeout=60,
@@ -66,7 +68,9 @@ def test_rotating_a_key_keeps_its_months_spend_against_its_budget(stack):
                        what="the successor accepted")  # fmt: skip
     assert again.status_code == 429, again.text  # the budget was spent by the lineage, not by one secret
     assert again.json()["error"]["code"] == "insufficient_quota"
-    spent = sum(UsageEvent.objects.filter(api_key_prefix=stack.ids["key-keyed-rotating"]).values_list("price", flat=True))
+    lineage = UsageEvent.objects.filter(api_key_prefix=stack.ids["key-keyed-rotating"])
+    wait_until(lambda: lineage.count() >= served, timeout=60, what="the served requests' usage")  # ingested later
+    spent = sum(lineage.values_list("price", flat=True))
     held, counted = key_spend_held(tenant_id=tenant_id, key_prefix=stack.ids["key-keyed-rotating"])
     assert held == 0 and Decimal(counted) == spent * PICOS
 

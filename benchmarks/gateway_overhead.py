@@ -288,9 +288,10 @@ def main() -> None:
     parser.add_argument("--engine", choices=("real", "instant"), default="real",
                         help="instant: the stand-in that answers at once (the gateway's own cost)")
     parser.add_argument("--database", default="quilt_bench", help="PostgreSQL database to (re)create and use")
-    parser.add_argument("--baseline", type=Path,
+    parser.add_argument("--baseline", type=Path, action="append", default=[],
                         help="a checkout of other code (e.g. `git archive COMMIT | tar -x -C DIR`): its gateway runs"
-                             " beside this one's, on the same database, Redis and engine, alternating with it")
+                             " beside this one's, on the same database, Redis and engine, alternating with it;"
+                             " repeat it for more (baseline, baseline2, ...)")
     parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
                         help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
@@ -326,8 +327,8 @@ def main() -> None:
     # uvicorn re-raises the SIGTERM it caught once it has shut down, which would kill cProfile before it writes
     profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else ["-m", "uvicorn"]
     trees = {"gateway": (REPO, profile)}
-    if args.baseline:
-        trees["baseline"] = (args.baseline.resolve(), ["-m", "uvicorn"])
+    for number, baseline in enumerate(args.baseline, start=1):
+        trees["baseline" if number == 1 else f"baseline{number}"] = (baseline.resolve(), ["-m", "uvicorn"])
     processes = [subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})]
     gateways: dict[str, tuple[str, int]] = {}
     for name, (tree, runner) in trees.items():

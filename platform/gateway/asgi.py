@@ -1,4 +1,6 @@
-"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform`.
+"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform --http
+gateway.http_protocol:GatewayHttpProtocol` (the server's extension, `gateway/http_protocol.py`, saves the hot routes
+a task and a write per request; under another server the application does without it).
 
 The inference API (/v1/) is latency-critical: its async views are called straight from the ASGI scope, without
 Django's request handler around them (which runs signal receivers and the response close in per-request
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 from gateway import relay, views  # noqa: E402 - they need Django set up
 from gateway.exchange import settling as exchange_settling  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
+from gateway.http_protocol import EXTENSION, GatewayCycle  # noqa: E402
+from gateway.running_loop import current_task  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
@@ -255,12 +259,32 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         return
     head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
             (b"x-request-id", request_id.encode()), *_policy.headers(secure=secure)]  # fmt: skip
+    start = {"type": "http.response.start", "status": 200, "headers": head}
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": head})
+        cycle = scope.get("extensions", {}).get(EXTENSION)
+        if cycle is None:
+            await send(start)
+        else:  # the head leaves with the first chunk (the first event was read in open_stream: it is at hand)
+            try:
+                first = await anext(body, None)
+            except BaseException:
+                await send(start)
+                raise
+            if first is None or first.endswith(DONE):  # the end leaves with the response's end, after the settle
+                await send(start)
+                body = body if first is None else _chain(first, body)
+            else:
+                await cycle.start_with_body(start, {"type": "http.response.body", "body": first, "more_body": True})
         await _send_stream(body, send)
     finally:
         if not exchange.settled:  # the body never started (cancelled before its first read): its hold is still owned
             await asyncio.shield(exchange.settle())
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 async def _metrics(scope, send) -> None:
@@ -300,12 +324,16 @@ class InferenceFastPath:
         kind = _fast_route(scope)
         secure = kind is not None and _policy.secure(scope)
         if kind is not None and not _policy.redirects(secure=secure):
-            await _until_disconnected(_generate(scope, body, send, kind=kind, secure=secure, received=received),
-                                      receive)  # fmt: skip
+            serving = _generate(scope, body, send, kind=kind, secure=secure, received=received)
         else:
             request = ASGIRequest(scope, io.BytesIO(body))
             request.received = received
-            await _until_disconnected(_serve(request, send), receive)
+            serving = _serve(request, send)
+        cycle = scope.get("extensions", {}).get(EXTENSION)
+        if cycle is None:
+            await _until_disconnected(serving, receive)
+        else:
+            await _until_told_disconnected(serving, cycle)
 
 
 async def _until_disconnected(serving: Coroutine, receive) -> None:
@@ -313,7 +341,7 @@ async def _until_disconnected(serving: Coroutine, receive) -> None:
     settles and aborts), and then ends normally; a cancellation from elsewhere (the server's) still ends the task
     cancelled. One listener task beside it: not a second task for `serving` and an `asyncio.wait` over both (about
     30 Python calls per request less, docs/gateway-performance.md)."""
-    task = asyncio.current_task()
+    task = current_task()
     left: list[bool] = []
     listening = asyncio.create_task(_cancel_when_gone(receive, task, left))
     try:
@@ -327,8 +355,29 @@ async def _until_disconnected(serving: Coroutine, receive) -> None:
             task.uncancel()  # the cancellation was this function's own, and is handled
 
 
+async def _until_told_disconnected(serving: Coroutine, cycle: GatewayCycle) -> None:
+    """`_until_disconnected` under the gateway's own server, which says when the client went away: no listener."""
+    task = cycle.current_task()
+    left: list[bool] = []
+    cycle.when_disconnected(lambda: _cancel(task, left))
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not left:
+            raise
+    finally:
+        cycle.when_disconnected(None)
+        if left:
+            task.uncancel()
+
+
 async def _cancel_when_gone(receive, task: asyncio.Task, left: list[bool]) -> None:
     await _disconnected(receive)
+    _cancel(task, left)
+
+
+def _cancel(task: asyncio.Task, left: list[bool]) -> None:
+    """The client went away: its request is cancelled, unless it is settling its hold (which then finishes)."""
     if not task.done() and not exchange_settling(task):
         left.append(True)
         task.cancel()

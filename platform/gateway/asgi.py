@@ -21,6 +21,7 @@ import asyncio
 import functools
 import io
 import logging
+import operator
 import os
 import time
 import uuid
@@ -199,6 +200,7 @@ def _failed(error: Exception, *, method: str, path: str, request_id: str) -> Htt
 
 
 COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
+_LATIN1 = operator.methodcaller("encode", "latin-1")
 _SSE_HEAD = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in relay.SSE_HEADERS.items()]
 
 
@@ -213,6 +215,16 @@ def _fast_route(scope) -> str | None:
 def _header(scope, name: bytes) -> str:
     """A request header as Django's request.META has it (repeated headers joined by commas, "" when absent)."""
     return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
+
+
+def _generation_headers(scope) -> tuple[str, str]:
+    """The request's Content-Type and Authorization, as `_header` reads them: in one pass in C when no header name
+    is repeated (ASGI servers give the names in lower case), else each by `_header`."""
+    headers = scope["headers"]
+    named = dict(headers)
+    if len(named) != len(headers):
+        return _header(scope, b"content-type"), _header(scope, b"authorization")
+    return named.get(b"content-type", b"").decode("latin-1"), named.get(b"authorization", b"").decode("latin-1")
 
 
 @functools.lru_cache(maxsize=64)
@@ -237,11 +249,12 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
     order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
     request_id = request_id_hex()
     method, path = scope["method"], scope["path"]
+    content_type, authorization = _generation_headers(scope)
     try:
         try:
             exchange, headers = await views.generation_admit(
-                kind=kind, raw=raw, content_type=_media_type(_header(scope, b"content-type")),
-                authorization=_header(scope, b"authorization"), request_id=request_id, received=received,
+                kind=kind, raw=raw, content_type=_media_type(content_type), authorization=authorization,
+                request_id=request_id, received=received,
             )  # fmt: skip
             if exchange.generation.stream:
                 body = await relay.open_stream(exchange, headers)
@@ -257,7 +270,7 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         response["x-request-id"] = request_id
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
         return
-    head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
+    head = [*_SSE_HEAD, *zip(map(_LATIN1, headers), map(_LATIN1, headers.values()), strict=True),
             (b"x-request-id", request_id.encode()), *_policy.headers(secure=secure)]  # fmt: skip
     start = {"type": "http.response.start", "status": 200, "headers": head}
     try:

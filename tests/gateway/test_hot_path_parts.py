@@ -33,3 +33,17 @@ def test_served_usage_is_json_dumps_compact():
     event = json.loads(written)
     assert written == json.dumps(event, separators=(",", ":"))
     assert event["engine"] == "e" and event["tenant"] == "3" and event["api_key_id"] == "None"
+
+
+@pytest.mark.parametrize("headers", [
+    [],
+    [(b"host", b"g"), (b"content-type", b"application/json"), (b"authorization", b"Bearer k")],
+    [(b"authorization", b"Bearer k"), (b"authorization", b"Bearer j")],  # repeated: joined, as Django's META
+    [(b"content-type", b"a/b"), (b"accept", b"x"), (b"accept", b"y")],  # another name repeated
+    [(b"host", b"g"), (b"x-caf\xc3\xa9", b"\xe9"), (b"authorization", b"Bearer \xe9")],
+])  # fmt: skip
+def test_the_generation_headers_are_read_as_each_header_alone(headers):
+    from gateway.asgi import _generation_headers, _header
+
+    scope = {"headers": headers}
+    assert _generation_headers(scope) == (_header(scope, b"content-type"), _header(scope, b"authorization"))

@@ -18,10 +18,10 @@ MAX_LOGIT_BIAS = 300  # token ids in one logit_bias (OpenAI's bound)
 MAX_TOOLS = 128  # OpenAI's bound
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a function's or a schema's name, as OpenAI allows them
 
-_COMMON = {
+_COMMON = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
     "presence_penalty", "frequency_penalty", "user", "logit_bias",
-}  # fmt: skip
+})  # fmt: skip
 CHAT_FIELDS = _COMMON | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "functions", "function_call", "parallel_tool_calls", "audio", "modalities", "prediction", "metadata", "store",
@@ -65,22 +65,51 @@ class GenerationRequest:
     @property
     def num_choices(self) -> int:
         """n for each prompt of a batch."""
-        return self.n * (len(self.prompts) if self.prompts is not None else 1)
+        return self.sampling.get("n", 1) * (len(self.prompts) if self.prompts is not None else 1)
 
     def prompt_bytes(self) -> int:
         """The prompt's text in bytes (token-id prompts count none: prompt_token_count has them)."""
         if self.prompts is not None:
-            return sum(len(prompt.encode()) for prompt in self.prompts if isinstance(prompt, str))
+            return sum([len(prompt.encode()) for prompt in self.prompts if isinstance(prompt, str)])
         tools = len(json.dumps(self.structure["tools"]).encode()) if self.structure.get("tools") else 0
-        return tools + sum(len((message.get("content") or "").encode()) + len(json.dumps(message.get("tool_calls", "")))
-                           for message in self.messages)  # fmt: skip
+        return tools + sum([len((message.get("content") or "").encode()) + _tool_calls_chars(message)
+                            for message in self.messages])  # fmt: skip
 
     def prompt_token_count(self) -> int:
         """The tokens of token-id prompts: counted exactly, without a tokenizer."""
-        return sum(len(prompt) for prompt in self.prompts or [] if isinstance(prompt, list))
+        if self.prompts is None:
+            return 0
+        return sum([len(prompt) for prompt in self.prompts if isinstance(prompt, list)])
+
+
+def _tool_calls_chars(message: dict) -> int:
+    """len(json.dumps(message.get("tool_calls", ""))): 2 (`""`) for the message without tool calls."""
+    return len(json.dumps(message["tool_calls"])) if "tool_calls" in message else 2
+
+
+# json.loads' own decoder settings; `scan_once` is its C scanner, without json.loads' three Python frames
+_scan_once = json.JSONDecoder().scan_once
+
+
+def _object_at_once(raw: bytes) -> dict | None:
+    """json.loads(raw) for the common body: bytes that json.loads reads as UTF-8 (the first is "{" and the second
+    not NUL: no BOM, not UTF-16/32), one object from the first byte to the last. None for anything else (or an
+    error), which parse_body leaves to json.loads (its answer, or its error)."""
+    if raw[:1] != b"{" or raw[1:2] == b"\x00":
+        return None
+    try:
+        text = raw.decode("utf-8", "surrogatepass")  # as json.loads decodes bytes
+        body, end = _scan_once(text, 0)
+    except (ValueError, StopIteration, RecursionError):
+        return None
+    return body if end == len(text) else None
 
 
 def parse_body(raw: bytes) -> dict:
+    body = _object_at_once(raw)
+    if body is not None:
+        raw_body_check(raw, body)
+        return body
     try:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as error:
@@ -104,15 +133,16 @@ def _number(body: dict, name: str, *, low: float, high: float, integer: bool = F
     return value
 
 
-def _common(body: dict, allowed: set[str]) -> dict:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
+def _common(body: dict, allowed: frozenset[str]) -> dict:
+    if not allowed.issuperset(body):
+        unknown = sorted(set(body) - allowed)
         raise invalid(f"Unrecognized request argument supplied: {', '.join(unknown)}.", param=unknown[0])
     if not UNSUPPORTED.keys().isdisjoint(body):
         for name, message in UNSUPPORTED.items():
             if body.get(name) not in (None, [], {}):
                 raise invalid(message, param=name, code="unsupported_parameter")
-    if not isinstance(body.get("model"), str) or not body["model"]:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
         raise invalid("You must provide a model parameter.", param="model")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -123,20 +153,17 @@ def _common(body: dict, allowed: set[str]) -> dict:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}):
         raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
     sampling: dict = {}
-    if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them: no call per absent name
+    if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them; _number only for the names given
         for name, low, high in _SAMPLING:
-            value = _number(body, name, low=low, high=high)
-            if value is not None:
-                sampling[name] = float(value)
+            if body.get(name) is not None:
+                sampling[name] = float(_number(body, name, low=low, high=high))
         if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
             del sampling["top_p"]
             sampling["top_k"] = 1
-        n = _number(body, "n", low=1, high=MAX_N, integer=True)
-        if n is not None:
-            sampling["n"] = n
-        seed = _number(body, "seed", low=-(2**63), high=2**63 - 1, integer=True)
-        if seed is not None:
-            sampling["seed"] = seed
+        if body.get("n") is not None:
+            sampling["n"] = _number(body, "n", low=1, high=MAX_N, integer=True)
+        if body.get("seed") is not None:
+            sampling["seed"] = _number(body, "seed", low=-(2**63), high=2**63 - 1, integer=True)
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -152,7 +179,7 @@ def _common(body: dict, allowed: set[str]) -> dict:
     if bias:
         sampling["logit_bias"] = bias
     return {
-        "model": body["model"], "stream": stream, "include_usage": bool(options and options.get("include_usage")),
+        "model": model, "stream": stream, "include_usage": bool(options and options.get("include_usage")),
         "sampling": sampling, "user": user,
     }  # fmt: skip
 
@@ -333,13 +360,15 @@ def parse_chat(body: dict) -> GenerationRequest:
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise invalid("'metadata' must be an object.", param="metadata")
-    max_tokens = _number(body, "max_completion_tokens", low=1, high=2**31, integer=True)
-    if max_tokens is None:
+    max_tokens = None
+    if body.get("max_completion_tokens") is not None:
+        max_tokens = _number(body, "max_completion_tokens", low=1, high=2**31, integer=True)
+    elif body.get("max_tokens") is not None:
         max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise invalid("'logprobs' must be a boolean.", param="logprobs")
-    top = _number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True)
+    top = _number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True) if "top_logprobs" in body else None
     if top is not None and not logprobs:
         raise invalid("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     if logprobs:
@@ -375,7 +404,8 @@ def _prompts(prompt) -> list[str | list[int]]:
 def parse_completion(body: dict) -> GenerationRequest:
     common = _common(body, COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"))
-    n = common["sampling"].get("n", 1)
+    sampling = common["sampling"]
+    n = sampling.get("n", 1)
     if len(prompts) * n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request holds "
                       f"at most {MAX_CHOICES}.", param="n")  # fmt: skip
@@ -383,14 +413,14 @@ def parse_completion(body: dict) -> GenerationRequest:
     if not isinstance(echo, bool):
         raise invalid("'echo' must be a boolean.", param="echo")
     best_of = body.get("best_of")
-    if best_of not in (None, 1, common["sampling"].get("n", 1)):
+    if best_of not in (None, 1, n):
         raise invalid("`best_of` other than n is not supported by this server.", param="best_of", code="unsupported_parameter")
-    logprobs = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
-    if logprobs is not None:
-        common["sampling"]["logprobs"] = logprobs
-    if echo and logprobs is not None:
-        common["sampling"]["prompt_logprobs"] = logprobs
-    max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
+    logprobs = None
+    if body.get("logprobs") is not None:
+        logprobs = sampling["logprobs"] = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
+        if echo:
+            sampling["prompt_logprobs"] = logprobs
+    max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True) if "max_tokens" in body else None
     return GenerationRequest(
         kind="completion", messages=None, prompts=prompts, max_tokens=16 if max_tokens is None else max_tokens,
         logprobs=logprobs is not None, echo=echo, max_tokens_given=max_tokens is not None, **common,

@@ -8,6 +8,7 @@ from json.encoder import encode_basestring_ascii
 _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per chunk as json.dumps(...) makes
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
+_REASON_JSON = {None: "null"} | {reason: f'"{reason}"' for reason in FINISH_REASONS.values()}  # as JSON writes them
 
 
 @dataclass
@@ -98,7 +99,7 @@ class ResponseBuilder:
         self.model = model
         self.created = int(time.time())
         self.logprobs = logprobs
-        self.choices = [Choice(index=i) for i in range(n)]
+        self.choices = list(map(Choice, range(n)))  # Choice(index=i) for each
         self.usage = Usage()
         self._role_sent: set[int] = set()
         # Every chunk of this response opens alike: encoded once, each chunk adds only its choices (and usage).
@@ -162,23 +163,25 @@ class ResponseBuilder:
         return self._opening + (choices + ending).encode()
 
     def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:
+        index, text = delta.index, delta.text
         finish = FINISH_REASONS.get(delta.finish_reason, "stop") if delta.finish_reason else None
-        first = delta.index not in self._role_sent
-        if not delta.text and not delta.logprobs and finish is None and not first and not delta.tool_calls:
-            return None
+        first = index not in self._role_sent
         if not delta.logprobs and not delta.tool_calls and (not first or self.kind == "chat" or not self.echo):
+            if not text and finish is None and not first:
+                return None  # nothing to send
             # the common chunk (a text delta, a choice's first with its role or without an echo), without a dict
-            text, reason = encode_basestring_ascii(delta.text), "null" if finish is None else f'"{finish}"'
+            escaped = encode_basestring_ascii(text)
             if self.kind != "chat":
-                content = f'"text":{text}'
+                content = f'"text":{escaped}'
             elif first:
-                content = f'"delta":{{"role":"assistant","content":{text}}}'
+                content = f'"delta":{{"role":"assistant","content":{escaped}}}'
             else:
-                content = f'"delta":{{"content":{text}}}'
+                content = f'"delta":{{"content":{escaped}}}'
             if first:
-                self._role_sent.add(delta.index)
-            return self._chunk_of(f'[{{"index":{delta.index},{content},"logprobs":null,"finish_reason":{reason}}}]',
-                                  with_usage_field=with_usage_field)  # fmt: skip
+                self._role_sent.add(index)
+            ending = ',"usage":null}\n\n' if with_usage_field else "}\n\n"  # as _chunk_of writes them without usage
+            return self._opening + (f'[{{"index":{index},{content},"logprobs":null,"finish_reason":'
+                                    f'{_REASON_JSON[finish]}}}]{ending}').encode()  # fmt: skip
         if self.kind == "chat":
             body: dict = {"content": delta.text} if delta.text or not first else {"content": ""}
             if first:

@@ -12,6 +12,26 @@ from gateway.asgi import _media_type, request_id_hex
 from gateway.usage_report import served_usage_json
 
 
+def test_request_ids_take_their_random_bytes_256_at_a_time(monkeypatch):
+    """One getrandom system call per 256 ids (os.urandom's bytes, read 4 KiB at a time); a forked child's next id
+    is not its parent's."""
+    from gateway import asgi
+
+    reads = []
+    real = os.urandom
+    monkeypatch.setattr(asgi.os, "urandom", lambda size: reads.append(size) or real(size))
+    asgi._random_bytes.__dict__.clear()
+    ids = [request_id_hex() for _ in range(512)]
+    assert reads == [4096, 4096] and len(set(ids)) == 512
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its next id, to the parent
+        os.write(write, request_id_hex().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 64).decode() != request_id_hex()
+
+
 def test_request_ids_are_uuid4_hex_of_the_same_bytes():
     for random16 in [bytes(16), b"\xff" * 16] + [os.urandom(16) for _ in range(2000)]:
         assert request_id_hex(random16) == uuid.UUID(bytes=random16, version=4).hex

@@ -33,6 +33,7 @@ TOKEN = "bench-engine-token"
 KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.yaml
 PROMPT = "w10 w11 w12"
 IDLE_SECONDS = 5.0
+HTTP_PROTOCOL = "gateway.http_protocol:GatewayHttpProtocol"  # docker/compose.yaml's --http
 
 
 PROFILED = """import cProfile, signal, sys, time, uvicorn.main
@@ -333,8 +334,10 @@ def main() -> None:
     gateways: dict[str, tuple[str, int]] = {}
     for name, (tree, runner) in trees.items():
         port = free_port()
+        # the gateway's own server protocol where the tree has one (gateway/http_protocol.py), as deployed
+        http = ["--http", HTTP_PROTOCOL] if (tree / "platform/gateway/http_protocol.py").exists() else []
         processes.append(subprocess.Popen(
-            [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"),
+            [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"), *http,
              "--port", str(port), "--log-level", "warning", "--no-access-log",
              "--timeout-keep-alive", str(args.keep_alive)],
             cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},

@@ -1,4 +1,6 @@
-"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform`.
+"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform --http
+gateway.http_protocol:GatewayHttpProtocol` (the server's extension, `gateway/http_protocol.py`, saves the hot routes
+a task and a write per request; under another server the application does without it).
 
 The inference API (/v1/) is latency-critical: its async views are called straight from the ASGI scope, without
 Django's request handler around them (which runs signal receivers and the response close in per-request
@@ -19,7 +21,9 @@ import asyncio
 import functools
 import io
 import logging
+import operator
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 from gateway import relay, views  # noqa: E402 - they need Django set up
 from gateway.exchange import settling as exchange_settling  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
+from gateway.http_protocol import EXTENSION, GatewayCycle  # noqa: E402
+from gateway.running_loop import current_task  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
@@ -195,6 +201,7 @@ def _failed(error: Exception, *, method: str, path: str, request_id: str) -> Htt
 
 
 COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
+_LATIN1 = operator.methodcaller("encode", "latin-1")
 _SSE_HEAD = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in relay.SSE_HEADERS.items()]
 
 
@@ -211,15 +218,44 @@ def _header(scope, name: bytes) -> str:
     return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
 
 
+def _generation_headers(scope) -> tuple[str, str]:
+    """The request's Content-Type and Authorization, as `_header` reads them: in one pass in C when no header name
+    is repeated (ASGI servers give the names in lower case), else each by `_header`."""
+    headers = scope["headers"]
+    named = dict(headers)
+    if len(named) != len(headers):
+        return _header(scope, b"content-type"), _header(scope, b"authorization")
+    return named.get(b"content-type", b"").decode("latin-1"), named.get(b"authorization", b"").decode("latin-1")
+
+
 @functools.lru_cache(maxsize=64)
 def _media_type(content_type: str) -> str:
     """The Content-Type's media type, as `parse_header_parameters` reads it (once per distinct header value)."""
     return parse_header_parameters(content_type)[0]
 
 
+class _RandomBytes(threading.local):
+    """os.urandom's bytes, 16 at a time from reads of 4 KiB: one getrandom system call per 256 request ids, not one
+    each; per thread, and a forked child starts afresh (it must not repeat its parent's)."""
+
+    pool = b""
+    at = 0
+
+    def take(self, size: int) -> bytes:
+        at = self.at
+        if at + size > len(self.pool):
+            self.pool, at = os.urandom(4096), 0
+        self.at = at + size
+        return self.pool[at : at + size]
+
+
+_random_bytes = _RandomBytes()
+os.register_at_fork(after_in_child=_random_bytes.__dict__.clear)
+
+
 def request_id_hex(random16: bytes | None = None) -> str:
     """`uuid.uuid4().hex` (the same version and variant bits over 16 random bytes), without building a UUID."""
-    number = int.from_bytes(os.urandom(16) if random16 is None else random16, "big")
+    number = int.from_bytes(_random_bytes.take(16) if random16 is None else random16, "big")
     return "%032x" % (number & _UUID4_CLEAR | _UUID4_SET)
 
 
@@ -233,11 +269,12 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
     order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
     request_id = request_id_hex()
     method, path = scope["method"], scope["path"]
+    content_type, authorization = _generation_headers(scope)
     try:
         try:
             exchange, headers = await views.generation_admit(
-                kind=kind, raw=raw, content_type=_media_type(_header(scope, b"content-type")),
-                authorization=_header(scope, b"authorization"), request_id=request_id, received=received,
+                kind=kind, raw=raw, content_type=_media_type(content_type), authorization=authorization,
+                request_id=request_id, received=received,
             )  # fmt: skip
             if exchange.generation.stream:
                 body = await relay.open_stream(exchange, headers)
@@ -253,14 +290,34 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         response["x-request-id"] = request_id
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
         return
-    head = [*_SSE_HEAD, *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
+    head = [*_SSE_HEAD, *zip(map(_LATIN1, headers), map(_LATIN1, headers.values()), strict=True),
             (b"x-request-id", request_id.encode()), *_policy.headers(secure=secure)]  # fmt: skip
+    start = {"type": "http.response.start", "status": 200, "headers": head}
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": head})
+        cycle = scope.get("extensions", {}).get(EXTENSION)
+        if cycle is None:
+            await send(start)
+        else:  # the head leaves with the first chunk (the first event was read in open_stream: it is at hand)
+            try:
+                first = await anext(body, None)
+            except BaseException:
+                await send(start)
+                raise
+            if first is None or first.endswith(DONE):  # the end leaves with the response's end, after the settle
+                await send(start)
+                body = body if first is None else _chain(first, body)
+            else:
+                await cycle.start_with_body(start, {"type": "http.response.body", "body": first, "more_body": True})
         await _send_stream(body, send)
     finally:
         if not exchange.settled:  # the body never started (cancelled before its first read): its hold is still owned
             await asyncio.shield(exchange.settle())
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 async def _metrics(scope, send) -> None:
@@ -300,12 +357,16 @@ class InferenceFastPath:
         kind = _fast_route(scope)
         secure = kind is not None and _policy.secure(scope)
         if kind is not None and not _policy.redirects(secure=secure):
-            await _until_disconnected(_generate(scope, body, send, kind=kind, secure=secure, received=received),
-                                      receive)  # fmt: skip
+            serving = _generate(scope, body, send, kind=kind, secure=secure, received=received)
         else:
             request = ASGIRequest(scope, io.BytesIO(body))
             request.received = received
-            await _until_disconnected(_serve(request, send), receive)
+            serving = _serve(request, send)
+        cycle = scope.get("extensions", {}).get(EXTENSION)
+        if cycle is None:
+            await _until_disconnected(serving, receive)
+        else:
+            await _until_told_disconnected(serving, cycle)
 
 
 async def _until_disconnected(serving: Coroutine, receive) -> None:
@@ -313,7 +374,7 @@ async def _until_disconnected(serving: Coroutine, receive) -> None:
     settles and aborts), and then ends normally; a cancellation from elsewhere (the server's) still ends the task
     cancelled. One listener task beside it: not a second task for `serving` and an `asyncio.wait` over both (about
     30 Python calls per request less, docs/gateway-performance.md)."""
-    task = asyncio.current_task()
+    task = current_task()
     left: list[bool] = []
     listening = asyncio.create_task(_cancel_when_gone(receive, task, left))
     try:
@@ -327,8 +388,29 @@ async def _until_disconnected(serving: Coroutine, receive) -> None:
             task.uncancel()  # the cancellation was this function's own, and is handled
 
 
+async def _until_told_disconnected(serving: Coroutine, cycle: GatewayCycle) -> None:
+    """`_until_disconnected` under the gateway's own server, which says when the client went away: no listener."""
+    task = cycle.current_task()
+    left: list[bool] = []
+    cycle.when_disconnected(lambda: _cancel(task, left))
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not left:
+            raise
+    finally:
+        cycle.when_disconnected(None)
+        if left:
+            task.uncancel()
+
+
 async def _cancel_when_gone(receive, task: asyncio.Task, left: list[bool]) -> None:
     await _disconnected(receive)
+    _cancel(task, left)
+
+
+def _cancel(task: asyncio.Task, left: list[bool]) -> None:
+    """The client went away: its request is cancelled, unless it is settling its hold (which then finishes)."""
     if not task.done() and not exchange_settling(task):
         left.append(True)
         task.cancel()

@@ -11,7 +11,7 @@ import httpx
 from django.conf import settings
 
 from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
-from gateway.engine_http import EngineHTTP, EngineHTTPError, Response
+from gateway.engine_http import EngineHTTP, EngineHTTPError, Response, running_loop
 from gateway.hot_settings import hot
 
 
@@ -75,7 +75,7 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not on
 
 
 def _client() -> EngineHTTP:
-    loop = asyncio.get_running_loop()
+    loop = running_loop()
     client = _clients.get(loop)
     if client is None:
         client = _clients[loop] = EngineHTTP(
@@ -133,9 +133,20 @@ class GenerateStream:
         return self
 
     async def events(self) -> AsyncIterator[dict]:
-        assert self._response is not None
+        response = self._response
+        assert response is not None
+        lines = response.lines
         try:
-            async for line in self._response.aiter_lines():
+            while True:
+                if lines:
+                    line = lines.popleft().decode()
+                elif not response.complete:
+                    await response.arrival()
+                    continue
+                elif response.rest:  # the last line, unterminated
+                    line, response.rest = response.rest.decode(), b""
+                else:
+                    break
                 if not line.strip():
                     continue
                 event = json.loads(line)

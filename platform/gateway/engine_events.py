@@ -9,17 +9,17 @@
                "recomputed"}, ...}}
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.openai_response import Delta
 from gateway.token_text import Vocabulary
 
 USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
                 "sampling_steps")  # fmt: skip
+_ZEROS = (0,) * len(USAGE_COUNTS)
 
 
-@dataclass(frozen=True)
-class Read:
+class Read(NamedTuple):  # a tuple: made in one call per event, not a frozen dataclass's setattr per field
     deltas: list[Delta]
     usage: dict | None = None
     error: str | None = None  # the engine failed the request
@@ -45,12 +45,14 @@ def _logprobs(entries, vocabulary: Vocabulary) -> list[dict]:
 def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
     kind = event.get("type")
     if kind == "delta":
+        prompt_logprobs, logprobs = event.get("prompt_logprobs"), event.get("logprobs")
+        if prompt_logprobs or logprobs:
+            logprobs = _logprobs(prompt_logprobs, vocabulary) + _logprobs(logprobs, vocabulary)
         delta = Delta(
-            index=event.get("index", 0), text=event.get("text", ""),
-            logprobs=_logprobs(event.get("prompt_logprobs"), vocabulary) + _logprobs(event.get("logprobs"), vocabulary),
-            finish_reason=None, tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
+            index=event.get("index", 0), text=event.get("text", ""), logprobs=logprobs or [], finish_reason=None,
+            tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
         )  # fmt: skip
-        return Read(deltas=[delta])
+        return Read([delta])
     if kind == "final":
         usage = event.get("usage") or {}
         deltas = [
@@ -58,10 +60,12 @@ def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
             for c in event.get("choices") or []
         ]
         error = event.get("error") if event.get("finish_reason") == "error" else None
-        counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
+        counts = dict(zip(USAGE_COUNTS, map(usage.get, USAGE_COUNTS, _ZEROS), strict=True))  # in C
+        if {*map(type, counts.values())} != {int}:  # a count the engine sent as null (or not as an integer)
+            counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
         failed = event.get("finish_reason") == "error"
         transfer = usage.get("kv_transfer")
         return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if failed else None),
                     error_type=(event.get("error_type") or None) if failed else None,
                     kv_transfer=transfer if isinstance(transfer, dict) else None)  # fmt: skip
-    return Read(deltas=[])
+    return Read([])

@@ -1,16 +1,19 @@
-"""HTTP/1.1 to the engines, lean: keep-alive connections per engine address over asyncio streams, responses
-parsed by httptools (uvicorn's parser). Written here rather than using httpx because httpx's per-request
-machinery (pool scans, per-request socket checks, anyio wrappers) was a third of the gateway's CPU per streamed
-request in a py-spy profile; the engine's internal API needs only POST/GET with a JSON body and a streamed
-NDJSON answer.
+"""HTTP/1.1 to the engines, lean: keep-alive connections per engine address, each an asyncio protocol whose callback
+feeds what arrives to httptools (uvicorn's parser); a response is read from what has been parsed. Written here
+rather than using httpx because httpx's per-request machinery (pool scans, per-request socket checks, anyio wrappers)
+was a third of the gateway's CPU per streamed request in a py-spy profile, and as a protocol rather than over asyncio
+streams because their reader and writer (a read coroutine and an `asyncio.timeout` per read) were most of what
+remained; the engine's internal API needs only POST/GET with a JSON body and a streamed NDJSON answer.
 
 A response not read to its end is closed with its connection (the engine then aborts the request); one read to
 its end gives its connection back. A request on a reused connection that the engine had closed meanwhile is
-sent once more on a new one (the engine never saw it)."""
+sent once more on a new one (the engine never saw it). Each wait for the engine is bounded by `read_timeout`, a
+timer on the connection's loop: `asyncio.timeout` asks for the running loop, a getpid() syscall in CPython 3.11."""
 
 import asyncio
 import collections
 import functools
+import sys
 import time
 from urllib.parse import urlsplit
 
@@ -21,6 +24,15 @@ from engine.contract import KEEP_ALIVE_SECONDS
 MAX_IDLE_PER_ENGINE = 256
 IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout, so it never closes one first, even when
 assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # this loop reads an answer's end seconds after the engine wrote it
+READ_BUFFER = 2 * 65536  # the body that arrived unread beyond which the connection stops reading (as asyncio's streams)
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """The running event loop, without asyncio.get_running_loop()'s getpid() syscall (CPython 3.11 checks for a fork
+    on every call): a running loop, asyncio's and uvloop's alike, installs its own bound async-generator hooks in its
+    thread for as long as it runs."""
+    loop = getattr(sys.get_asyncgen_hooks().firstiter, "__self__", None)
+    return loop if isinstance(loop, asyncio.AbstractEventLoop) else asyncio.get_running_loop()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -34,14 +46,45 @@ class EngineHTTPError(Exception):
     """The connection failed, timed out or the answer was not HTTP."""
 
 
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
+def _error(message: str, cause: BaseException) -> EngineHTTPError:
+    error = EngineHTTPError(message)
+    error.__cause__ = cause
+    return error
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: what arrives goes to the response being read on it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.closed = False  # by either side
         self.idle_since = 0.0
 
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is not None:
+            self.response._received(data)
+        else:  # bytes no request asked for: the connection is out of step
+            self.close()
+
+    def eof_received(self) -> bool:
+        self._lost(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self._lost(error)
+
+    def _lost(self, error: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response._lost(error)
+
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        self.transport.close()
 
 
 class _Pool:
@@ -54,7 +97,7 @@ class _Pool:
         while idle:
             connection = idle.pop()
             fresh = now - connection.idle_since < IDLE_SECONDS
-            if fresh and not connection.reader.at_eof() and not connection.writer.is_closing():
+            if fresh and not connection.closed and not connection.transport.is_closing():
                 return connection
             connection.close()
         return None
@@ -69,95 +112,125 @@ class _Pool:
 
 
 class Response:
-    """An answer being read: `status` and `headers` first, then the body as lines or whole."""
+    """An answer being read: `status` first (its headers are not kept: nothing reads them), then the body, whole (`aread`) or as lines (`lines`, split
+    as they arrive, then `rest`; awaiting `arrival()` for more until `complete`)."""
 
-    def __init__(self, pool: _Pool, address: tuple[str, int], connection: _Connection, read_timeout: float):
+    def __init__(self, pool: _Pool, address: tuple[str, int], connection: _Connection,
+                 loop: asyncio.AbstractEventLoop, read_timeout: float):  # fmt: skip
         self._pool = pool
         self._address = address
         self._connection: _Connection | None = connection
+        self._loop = loop
         self._read_timeout = read_timeout
         self.status = 0
-        self.headers: dict[bytes, bytes] = {}
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._lines: list[bytes] = []  # split off the chunks, being yielded by aiter_lines
-        self._line_at = 0  # how many of them it yielded
+        self.complete = False  # the whole answer arrived
+        self.lines: collections.deque[bytes] = collections.deque()  # the body's lines not yet taken (popleft them)
+        self.rest = b""  # the body after its last newline: its last line, once the answer is complete
+        self._body: list[bytes] = []  # parsed from the last arrival
+        self._unread = 0  # the body's bytes that arrived since the reader last waited for more
         self._headers_done = False
         self._keep_alive = False
-        self._complete = False
+        self._failure: EngineHTTPError | None = None
+        self._waiter: asyncio.Future | None = None  # the reader's, while it waits for the engine
+        self._timer: asyncio.TimerHandle | None = None  # its read timeout, armed with it
         self._parser = httptools.HttpResponseParser(self)
+        connection.response = self
 
     # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
-
     def on_headers_complete(self) -> None:
         self._headers_done = True
         self.status = self._parser.get_status_code()
         self._keep_alive = self._parser.should_keep_alive()  # only valid while parsing
 
     def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
+        self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._complete = True
+        self.complete = True
 
-    async def _feed(self) -> bool:
-        """Reads once from the socket into the parser; False at the end of the answer."""
-        if self._complete:
-            return False
-        assert self._connection is not None
-        try:
-            async with asyncio.timeout(self._read_timeout):
-                data = await self._connection.reader.read(65536)
-        except (OSError, TimeoutError) as error:
-            self.close()
-            raise EngineHTTPError(f"reading from the engine failed: {error!r}") from error
-        if not data:
-            self.close()
-            raise EngineHTTPError("the engine closed the connection before the answer ended")
+    # the connection's callbacks
+    def _received(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
-            self.close()
-            raise EngineHTTPError(f"the engine's answer is not HTTP: {error}") from error
-        if self._complete:
+            self._body.clear()  # nothing of an arrival that is not HTTP is read
+            self._fail(_error(f"the engine's answer is not HTTP: {error}", error))
+            return
+        if self._body:
+            parts = (self.rest + b"".join(self._body)).split(b"\n")
+            self._body.clear()
+            self.rest = parts.pop()
+            self.lines += parts
+            self._unread += len(data)
+        if self.complete:
             self._release()
-        return True
+        elif self._unread > READ_BUFFER:  # the reader is behind: the engine waits (TCP) until it catches up
+            self._connection.transport.pause_reading()
+        self._wake()
 
-    async def _read_head(self) -> None:
-        while not self._headers_done:
-            await self._feed()
+    def _lost(self, error: Exception | None) -> None:
+        if error is None:
+            self._fail(EngineHTTPError("the engine closed the connection before the answer ended"))
+        else:
+            self._fail(_error(f"reading from the engine failed: {error!r}", error))
+
+    def _time_out(self) -> None:
+        self._timer = None
+        timeout = TimeoutError()
+        self._fail(_error(f"reading from the engine failed: {timeout!r}", timeout))
+
+    def _fail(self, failure: EngineHTTPError) -> None:
+        self._failure = failure
+        self._wake()
+        self.close()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not waiter.done():  # else its reader was cancelled
+            if self._failure is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(self._failure)
+
+    # the reader's side
+    def arrival(self) -> asyncio.Future:
+        """A future done when more of the answer has arrived; EngineHTTPError (raised or set on it) when reading
+        failed or nothing arrived for `read_timeout` seconds."""
+        if self._failure is not None:
+            raise self._failure
+        if self._unread > READ_BUFFER:  # the reader caught up
+            self._connection.transport.resume_reading()
+        self._unread = 0
+        self._waiter = waiter = self._loop.create_future()
+        self._timer = self._loop.call_later(self._read_timeout, self._time_out)
+        return waiter
 
     def line_ready(self) -> bool:
-        """Whether aiter_lines holds another non-blank line, so that the next one comes without waiting."""
-        return any(line.strip() for line in self._lines[self._line_at:])
-
-    async def aiter_lines(self):
-        pending = b""
-        while True:
-            while self._chunks:
-                pending += self._chunks.popleft()
-                *self._lines, pending = pending.split(b"\n")
-                self._line_at = 0
-                while self._line_at < len(self._lines):
-                    self._line_at += 1
-                    yield self._lines[self._line_at - 1].decode()
-                self._lines = []
-            if not await self._feed() and not self._chunks:
-                break
-        if pending:
-            yield pending.decode()
+        """Whether another non-blank line has arrived, so that the next one comes without waiting."""
+        for line in self.lines:
+            if line.strip():
+                return True
+        return False
 
     async def aread(self) -> bytes:
-        while await self._feed():
-            pass
-        body = b"".join(self._chunks)
-        self._chunks.clear()
+        while not self.complete:
+            await self.arrival()
+        body = b"\n".join([*self.lines, self.rest])
+        self.lines.clear()
+        self.rest = b""
         return body
 
     def _release(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
+            connection.response = None
+            if self._unread > READ_BUFFER:
+                connection.transport.resume_reading()
             if self._keep_alive:
                 self._pool.give(self._address, connection)
             else:
@@ -165,31 +238,36 @@ class Response:
 
     def close(self) -> None:
         """Ends the exchange: an answer not read to its end closes its connection."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         connection, self._connection = self._connection, None
         if connection is not None:
+            connection.response = None
             connection.close()
 
 
 class EngineHTTP:
-    """One per event loop."""
+    """One per event loop (made on it)."""
 
     def __init__(self, *, connect_timeout: float, read_timeout: float):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self._loop = asyncio.get_running_loop()
         self._pool = _Pool()
 
     async def _open(self, address: tuple[str, int]) -> _Connection:
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(*address)
+            async with asyncio.timeout(self.connect_timeout):  # a new connection only, not one per request
+                _, connection = await self._loop.create_connection(_Connection, *address)
         except (OSError, TimeoutError) as error:
             raise EngineHTTPError(f"connecting to the engine at {address[0]}:{address[1]} failed: {error!r}") from error
-        return _Connection(reader, writer)
+        return connection
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str], body: bytes = b"", read_timeout: float | None = None
     ) -> Response:
-        """Sends the request and reads the answer's status and headers; the body is the caller's to read."""
+        """Sends the request and reads the answer's status line and headers; the body is the caller's to read."""
         address, target, host = _split(url)
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
         head += [f"{name}: {value}" for name, value in headers.items()]
@@ -198,14 +276,18 @@ class EngineHTTP:
         reused = self._pool.take(address)
         for connection in (reused, None) if reused is not None else (None,):
             connection = connection or await self._open(address)
-            response = Response(self._pool, address, connection, timeout)
+            response = Response(self._pool, address, connection, self._loop, timeout)
             try:
-                connection.writer.write(message)
-                await response._read_head()
-            except (EngineHTTPError, OSError) as error:
+                connection.transport.write(message)
+                while not response._headers_done:
+                    await response.arrival()
+            except EngineHTTPError as error:
                 response.close()
                 if connection is reused and not response._headers_done:
                     continue  # the engine had closed this idle connection: send it on a new one
                 raise EngineHTTPError(str(error)) from error
+            except BaseException:
+                response.close()  # cancelled: the engine aborts the request as its connection closes
+                raise
             return response
         raise AssertionError("unreachable")

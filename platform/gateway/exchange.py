@@ -45,6 +45,7 @@ from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
+from gateway.running_loop import current_task
 from gateway.token_text import Vocabulary, vocabulary
 from gateway.usage_report import served_usage_json, usage_event, usage_send
 from metering.services import request_body_store
@@ -292,7 +293,7 @@ class Exchange:
         if self._settled:
             return
         self._settled = True
-        task = asyncio.current_task()
+        task = current_task()
         _settling.add(task)
         try:
             await self._settle()

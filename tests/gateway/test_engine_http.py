@@ -1,35 +1,356 @@
-"""The gateway's HTTP client to engines, against a scripted server: lines that arrived together are known to be
-ready (the relay sends their chunks in one write), a line still on its way is not."""
+"""The gateway's HTTP client to engines, against scripted servers: lines that arrived together are known to be
+ready (the relay sends their chunks in one write), a line still on its way is not; every way an engine can fail a
+request (silence, a reset, broken framing, an idle connection it closed) and a reader that goes away end in
+EngineHTTPError or a closed connection, never a hang or a connection handed to the next request out of step."""
 
 import asyncio
+import socket
+import struct
+import sys
+import threading
+import time
 
-from gateway.engine_http import EngineHTTP
+import pytest
+import uvloop
+
+from gateway.engine_client import EngineRef, GenerateStream
+from gateway.engine_http import EngineHTTP, EngineHTTPError, running_loop
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def chunk(body: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(body), body)
+
+
+def run(main, loop: str = "asyncio"):
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        return runner.run(main())
+
+
+class Engine:
+    """A scripted engine: `answer(reader, writer)` per request; counts connections and what ended them."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.connections = 0
+        self.closed_by_client = 0
+
+    async def _serve(self, reader, writer):
+        self.connections += 1
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                if await self.answer(reader, writer) == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed_by_client += 1
+        writer.close()
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1/generate"
+
+    async def __aexit__(self, *_):
+        self.server.close()
+
+
+async def until_closed(reader) -> None:
+    """Waits, as a slow engine, until the client closes the connection."""
+    assert await reader.read(1) == b""
+    raise ConnectionResetError("the client closed the connection")
+
+
+async def lines_of(response) -> list[bytes]:
+    """The body's lines, read as GenerateStream.events reads them."""
+    seen = []
+    while True:
+        if response.lines:
+            seen.append(response.lines.popleft())
+        elif not response.complete:
+            await response.arrival()
+        else:
+            return seen + ([response.rest] if response.rest else [])
 
 
 def test_line_ready_says_whether_the_next_line_has_arrived():
     async def main():
         more = asyncio.Event()
 
-        async def server(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n")
-            body = b'{"n": 1}\n{"n": 2}\n\n'  # two lines and a blank one, in one write
-            writer.write(b"%x\r\n%b\r\n" % (len(body), body))
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b'{"n": 1}\n{"n": 2}\n\n'))  # two lines and a blank one, in one write
             await writer.drain()
             await more.wait()
-            body = b'{"n": 3}\n'
-            writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+            writer.write(chunk(b'{"n": 3}\n') + b"0\r\n\r\n")
             await writer.drain()
 
-        fake = await asyncio.start_server(server, "127.0.0.1", 0)
-        url = f"http://127.0.0.1:{fake.sockets[0].getsockname()[1]}/v1/generate"
-        response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={}, body=b"{}")
-        seen = []
-        async for line in response.aiter_lines():
-            seen.append((line, response.line_ready()))
-            if line == '{"n": 2}':
-                more.set()
-        fake.close()
-        return seen
+        async with Engine(answer) as url:
+            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={}, body=b"{}")
+            seen = []
+            while not response.complete or response.lines:
+                if not response.lines:
+                    await response.arrival()
+                    continue
+                line = response.lines.popleft()
+                seen.append((line, response.line_ready()))
+                if line == b'{"n": 2}':
+                    more.set()
+            return seen
 
-    assert asyncio.run(main()) == [('{"n": 1}', True), ('{"n": 2}', False), ("", False), ('{"n": 3}', False)]
+    assert run(main) == [(b'{"n": 1}', True), (b'{"n": 2}', False), (b"", False), (b'{"n": 3}', False)]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_connection_read_to_its_end_serves_the_next_request_and_aread_gives_the_exact_body(loop):
+    bodies = [b'{"a": 1}\n{"b"', b"\n\n", b'{"c": [1, 2]}']
+
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + b"".join(map(chunk, bodies)) + b"0\r\n\r\n")
+            await writer.drain()
+
+        async with Engine(answer) as url, Engine(answer) as other:
+            client = EngineHTTP(connect_timeout=5, read_timeout=5)
+            whole = await (await client.request("POST", url, headers={"X-A": "b"})).aread()
+            lines = await lines_of(await client.request("GET", url, headers={}))
+            await (await client.request("GET", other, headers={})).aread()
+            return whole, lines
+
+    whole, lines = run(main, loop)
+    assert whole == b"".join(bodies)
+    assert lines == b"".join(bodies).split(b"\n")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_keep_alive_reuses_one_connection_and_one_not_read_to_its_end_closes(loop):
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b"{}\n"))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+        engine = Engine(answer)
+        async with engine as url:
+            client = EngineHTTP(connect_timeout=5, read_timeout=5)
+            for _ in range(3):
+                assert await (await client.request("POST", url, headers={})).aread() == b"{}\n"
+            connections_after_three = engine.connections
+            response = await client.request("POST", url, headers={})
+            response.close()  # not read to its end: its connection closes (the engine aborts the request)
+            await asyncio.sleep(0.05)
+            closed = engine.closed_by_client
+            assert await (await client.request("POST", url, headers={})).aread() == b"{}\n"
+            return connections_after_three, closed, engine.connections
+
+    assert run(main, loop) == (1, 1, 2)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_engine_that_closes_an_idle_connection_gets_the_request_again_on_a_new_one(loop):
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b"{}\n") + b"0\r\n\r\n")
+            await writer.drain()
+            return "close"
+
+        engine = Engine(answer)
+        async with engine as url:
+            client = EngineHTTP(connect_timeout=5, read_timeout=5)
+            await (await client.request("POST", url, headers={})).aread()
+            # no wait: the loop has not seen the engine's close yet, so the request goes out on the dead connection
+            body = await (await client.request("POST", url, headers={})).aread()
+            return body, engine.connections
+
+    assert run(main, loop) == (b"{}\n", 2)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("when", ["head", "body"])
+def test_an_engine_that_says_nothing_times_out_and_its_connection_closes(loop, when):
+    async def main():
+        async def answer(reader, writer):
+            if when == "body":
+                writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await until_closed(reader)
+
+        engine = Engine(answer)
+        async with engine as url:
+            client = EngineHTTP(connect_timeout=5, read_timeout=0.2)
+            with pytest.raises(EngineHTTPError) as caught:
+                response = await client.request("POST", url, headers={})
+                assert await lines_of(response) == [b'{"n": 1}']  # what arrived is read before the failure
+            await asyncio.sleep(0.05)
+            cause = caught.value.__cause__
+            while isinstance(cause, EngineHTTPError):
+                cause = cause.__cause__
+            return str(caught.value), type(cause), engine.closed_by_client
+
+    assert run(main, loop) == ("reading from the engine failed: TimeoutError()", TimeoutError, 1)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_engine_reset_mid_answer_fails_the_read_with_the_reset(loop):
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # an RST, as from a killed engine
+            return "close"
+
+        async with Engine(answer) as url:
+            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={})
+            with pytest.raises(EngineHTTPError) as caught:
+                await lines_of(response)
+            return str(caught.value)
+
+    message = run(main, loop)
+    assert message.startswith("reading from the engine failed: ConnectionResetError(") or message == (
+        "the engine closed the connection before the answer ended")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_broken_chunked_framing_is_not_http_and_nothing_of_its_arrival_is_read(loop):
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(chunk(b'{"n": 2}\n') + b"zz\r\n")
+            await writer.drain()
+            await until_closed(reader)
+
+        engine = Engine(answer)
+        async with engine as url:
+            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={})
+            seen = []
+            with pytest.raises(EngineHTTPError) as caught:
+                while True:
+                    while response.lines:
+                        seen.append(response.lines.popleft())
+                    await response.arrival()
+            await asyncio.sleep(0.05)
+            return seen, str(caught.value).startswith("the engine's answer is not HTTP"), engine.closed_by_client
+
+    assert run(main, loop) == ([b'{"n": 1}'], True, 1)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("when", ["head", "body"])
+def test_a_cancelled_reader_closes_its_connection(loop, when):
+    async def main():
+        async def answer(reader, writer):
+            if when == "body":
+                writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await until_closed(reader)
+
+        engine = Engine(answer)
+        async with engine as url:
+            client = EngineHTTP(connect_timeout=5, read_timeout=5)
+
+            async def read():
+                response = await client.request("POST", url, headers={})
+                try:
+                    await response.aread()
+                finally:
+                    response.close()  # as GenerateStream.close does
+
+            task = asyncio.get_running_loop().create_task(read())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.05)
+            return engine.closed_by_client, client._pool.idle.get(next(iter(client._pool.idle), None))
+
+    assert run(main, loop) == (1, None)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_reader_behind_stops_the_connection_reading_until_it_catches_up(loop):
+    line = b'{"text": "%s"}\n' % (b"w" * 1000)
+
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(line * 1000) + b"0\r\n\r\n")
+            await writer.drain()
+
+        async with Engine(answer) as url:
+            client = EngineHTTP(connect_timeout=5, read_timeout=5)
+            response = await client.request("POST", url, headers={})
+            await asyncio.sleep(0.2)
+            transport = response._connection.transport
+            paused = not transport.is_reading()
+            lines = await lines_of(response)
+            return paused, len(lines), set(lines), transport.is_reading()
+
+    assert run(main, loop) == (True, 1000, {line[:-1]}, True)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_running_loop_is_asyncios_on_each_loop_and_thread(loop):
+    async def main():
+        return running_loop() is asyncio.get_running_loop()
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(run(main, loop))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    results.append(run(main, loop))
+    for thread in threads:
+        thread.join()
+    assert results == [True] * 5
+
+
+GETPID_CALLERS = {"get_running_loop", "_get_running_loop", "get_event_loop", "current_task", "timeout", "create_task"}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_stream_on_a_kept_connection_never_asks_for_the_running_loop(loop):
+    """Each of these calls getpid() (a syscall) in CPython 3.11; opening a generate stream on a kept connection
+    and reading its events to the end call none of them."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def engine():  # in a thread of its own: the profile sees only the gateway's calls
+        connection, _ = listener.accept()
+        with connection:
+            while True:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    if not (byte := connection.recv(1)):
+                        return
+                    head += byte
+                connection.recv(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                connection.sendall(HEAD + chunk(b'{"type": "delta", "text": "a"}\n'))
+                time.sleep(0.01)
+                connection.sendall(chunk(b'{"type": "final"}\n') + b"0\r\n\r\n")
+
+    threading.Thread(target=engine, daemon=True).start()
+    ref = EngineRef(name="e", url=f"http://127.0.0.1:{listener.getsockname()[1]}", token="t", pool="",
+                    gpu_price_per_hour="0", resident=frozenset(), load=0)  # fmt: skip
+
+    async def stream() -> list[dict]:
+        opened = await GenerateStream(ref, {"prompt": "x"}).open()
+        events = [event async for event in opened.events()]
+        await opened.close()
+        return events
+
+    async def main():
+        first = await stream()  # opens the connection
+        called = []
+
+        def profile(frame, event, arg):
+            called.append(arg.__name__ if event == "c_call" else frame.f_code.co_name)
+
+        sys.setprofile(profile)
+        try:
+            second = await stream()
+        finally:
+            sys.setprofile(None)
+        return first == second, second[-1], GETPID_CALLERS & set(called)
+
+    assert run(main, loop) == (True, {"type": "final"}, set())

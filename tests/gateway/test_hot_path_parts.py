@@ -12,6 +12,26 @@ from gateway.asgi import _media_type, request_id_hex
 from gateway.usage_report import served_usage_json
 
 
+def test_request_ids_take_their_random_bytes_256_at_a_time(monkeypatch):
+    """One getrandom system call per 256 ids (os.urandom's bytes, read 4 KiB at a time); a forked child's next id
+    is not its parent's."""
+    from gateway import asgi
+
+    reads = []
+    real = os.urandom
+    monkeypatch.setattr(asgi.os, "urandom", lambda size: reads.append(size) or real(size))
+    asgi._random_bytes.__dict__.clear()
+    ids = [request_id_hex() for _ in range(512)]
+    assert reads == [4096, 4096] and len(set(ids)) == 512
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its next id, to the parent
+        os.write(write, request_id_hex().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 64).decode() != request_id_hex()
+
+
 def test_request_ids_are_uuid4_hex_of_the_same_bytes():
     for random16 in [bytes(16), b"\xff" * 16] + [os.urandom(16) for _ in range(2000)]:
         assert request_id_hex(random16) == uuid.UUID(bytes=random16, version=4).hex
@@ -33,3 +53,17 @@ def test_served_usage_is_json_dumps_compact():
     event = json.loads(written)
     assert written == json.dumps(event, separators=(",", ":"))
     assert event["engine"] == "e" and event["tenant"] == "3" and event["api_key_id"] == "None"
+
+
+@pytest.mark.parametrize("headers", [
+    [],
+    [(b"host", b"g"), (b"content-type", b"application/json"), (b"authorization", b"Bearer k")],
+    [(b"authorization", b"Bearer k"), (b"authorization", b"Bearer j")],  # repeated: joined, as Django's META
+    [(b"content-type", b"a/b"), (b"accept", b"x"), (b"accept", b"y")],  # another name repeated
+    [(b"host", b"g"), (b"x-caf\xc3\xa9", b"\xe9"), (b"authorization", b"Bearer \xe9")],
+])  # fmt: skip
+def test_the_generation_headers_are_read_as_each_header_alone(headers):
+    from gateway.asgi import _generation_headers, _header
+
+    scope = {"headers": headers}
+    assert _generation_headers(scope) == (_header(scope, b"content-type"), _header(scope, b"authorization"))

@@ -189,3 +189,56 @@ def test_a_reply_that_arrives_in_pieces_is_read_whole():
 
     first, again = asyncio.run(main())
     assert first == again == [1, b"ok", -3, [None, b"x"], b""]
+
+
+def test_commands_past_max_connections_wait_their_turn_in_order():
+    """At most `max_connections` at once: the others wait, first come first served; one that gives up (cancelled, or
+    past `wait_seconds`) while waiting takes no connection from the rest."""
+
+    async def main():
+        open_now, most, order = 0, 0, []
+
+        async def server(reader, writer):  # answers each command with the number it carries, after a while
+            nonlocal open_now, most
+            open_now += 1
+            most = max(most, open_now)
+            while data := await reader.read(65536):
+                await asyncio.sleep(0.02)
+                number = int(data.rsplit(b"\r\n", 2)[-2])
+                order.append(number)
+                writer.write(b":%d\r\n" % number)
+            open_now -= 1
+
+        fake = await asyncio.start_server(server, "127.0.0.1", 0)
+        url = f"redis://127.0.0.1:{fake.sockets[0].getsockname()[1]}/0"
+        results = {}
+        for connections in (1, 2):
+            wire, commands = RedisWire(url, max_connections=connections, wait_seconds=5), []
+            for number in range(6):
+                commands.append(asyncio.create_task(wire.run(ECHO, ["k"], ["", number])))
+                await asyncio.sleep(0.001)  # in this order
+            commands[3].cancel()  # waiting for its turn
+            replies = await asyncio.gather(*commands, return_exceptions=True)
+            results[connections] = replies, most, list(order), wire._free
+            for connection in wire._idle:
+                connection.close()
+            await asyncio.sleep(0.01)
+            most, order[:] = 0, []
+        impatient = RedisWire(url, max_connections=1, wait_seconds=0.005)
+        first = asyncio.create_task(impatient.run(ECHO, ["k"], ["", 100]))
+        await asyncio.sleep(0)
+        with pytest.raises(RedisConnectionError, match="No connection available"):
+            await impatient.run(ECHO, ["k"], ["", 101])
+        assert await first == 100
+        assert await impatient.run(ECHO, ["k"], ["", 102]) == 102  # the one that timed out took no turn
+        fake.close()
+        return results, impatient._free
+
+    results, impatient_free = asyncio.run(main())
+    for connections, (replies, most, order, free) in results.items():
+        assert isinstance(replies[3], asyncio.CancelledError)
+        assert replies[:3] + replies[4:] == [0, 1, 2, 4, 5]
+        assert most == connections and free == connections
+        if connections == 1:  # strictly in turn
+            assert order == [0, 1, 2, 4, 5]
+    assert impatient_free == 1

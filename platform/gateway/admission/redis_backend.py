@@ -4,6 +4,7 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 
 import asyncio
 import weakref
+from functools import partial
 
 import redis
 import redis.asyncio
@@ -27,9 +28,10 @@ from gateway.admission.redis_scripts import (
     TOTALS,
     UNREPORTED,
 )
-from gateway.admission.redis_wire import RedisWire, WireScript, wire_supports
+from gateway.admission.redis_wire import RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
+from gateway.running_loop import running_loop
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
 MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
@@ -61,6 +63,15 @@ def _decision(reply: list) -> Decision:
     )  # fmt: skip
 
 
+def _limit_args(limits: Limits, ttl: int) -> tuple:
+    """The acquire script's ARGV[4..13]: what a request's plan and key allow."""
+    return (
+        limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent, limits.budget_tokens,
+        limits.budget_spend_micros, ttl, limits.key_prefix, limits.key_requests_per_minute,
+        limits.key_tokens_per_minute, limits.key_budget_spend_picos,
+    )  # fmt: skip
+
+
 def _recorded(tenant_id: int) -> tuple[int, int]:
     tokens, price = usage_month_recorded(tenant_id=tenant_id)
     return tokens, spend_to_micros(price)
@@ -68,6 +79,26 @@ def _recorded(tenant_id: int) -> tuple[int, int]:
 
 def _key_recorded(key_prefix: str) -> int:
     return spend_to_picos(key_spend_month_recorded(key_lineage=key_prefix))
+
+
+class _TenantKeys:
+    """A tenant's keys in one month, and packed once (`redis_wire.bulks`) as its per-request scripts send them: most
+    of an acquire's or a settle's bytes, the same for every request."""
+
+    def __init__(self, prefix: str, tenant_id: int, month: str):
+        base = f"{prefix}:{{t{tenant_id}}}"
+        self.month = month
+        self.settled = f"{base}:settled:"  # + the request id
+        self.before = [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}"]
+        self.after = [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
+                      f"{base}:unreported", f"{base}:unreported_at"]  # fmt: skip
+        self.count = len(self.before) + 1 + len(self.after)
+        self.acquire_packed = bulks([self.count, *self.keys()])  # the acquire's settled key is a placeholder
+        self.settle_head = bulks([self.count, *self.before])
+        self.settle_tail = bulks(self.after)
+
+    def keys(self, request_id: str = "-") -> list[str]:
+        return [*self.before, self.settled + request_id, *self.after]
 
 
 class RedisAdmission:
@@ -78,22 +109,31 @@ class RedisAdmission:
         self._async: weakref.WeakKeyDictionary[object, _Scripts] = weakref.WeakKeyDictionary()
         self._sync: _Scripts | None = None
         self._wires: weakref.WeakKeyDictionary[object, RedisWire] = weakref.WeakKeyDictionary()
+        self._last: tuple[object, RedisWire | None] = (None, None)  # the loop a script last ran from, and its wire
         self._lean = wire_supports(url)
-        self._keys: dict[int, tuple[str, str, list[str], list[str]]] = {}
+        self._tenants: dict[int, _TenantKeys] = {}
+        self._limits_packed: dict[tuple, bytes] = {}
+
+    def _tenant(self, tenant_id: int) -> _TenantKeys:
+        month = current_month()
+        tenant = self._tenants.get(tenant_id)
+        if tenant is None or tenant.month != month:  # made once a month, not twice a request
+            tenant = self._tenants[tenant_id] = _TenantKeys(self.prefix, tenant_id, month)
+        return tenant
 
     def keys(self, tenant_id: int, *, request_id: str = "-") -> list[str]:
-        month = current_month()
-        known = self._keys.get(tenant_id)
-        if known is None or known[0] != month:  # the tenant's keys are made once a month, not twice a request
-            base = f"{self.prefix}:{{t{tenant_id}}}"
-            known = self._keys[tenant_id] = (
-                month, f"{base}:settled:",
-                [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}"],
-                [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
-                 f"{base}:unreported", f"{base}:unreported_at"],
-            )  # fmt: skip
-        _, settled, before, after = known
-        return [*before, settled + request_id, *after]
+        return self._tenant(tenant_id).keys(request_id)
+
+    def _packed_limits(self, limits: Limits, ttl: int) -> bytes:
+        """`_limit_args` packed, once per plan and key's limits: looked up by their values (a tuple hashes and
+        compares in C; Limits, a dataclass, in Python)."""
+        args = _limit_args(limits, ttl)
+        packed = self._limits_packed.get(args)
+        if packed is None:
+            if len(self._limits_packed) >= 10_000:  # bounded: limits edited over a long life
+                self._limits_packed.clear()
+            packed = self._limits_packed[args] = bulks(args)
+        return packed
 
     def _on_loop(self) -> _Scripts:
         loop = asyncio.get_running_loop()
@@ -104,15 +144,22 @@ class RedisAdmission:
             scripts = self._async[loop] = _Scripts(redis.asyncio.Redis(connection_pool=pool))
         return scripts
 
+    def _wire(self) -> RedisWire:
+        """The running loop's wire, found without a getpid() (`running_loop`)."""
+        loop = running_loop()
+        last_loop, wire = self._last
+        if last_loop is not loop:
+            wire = self._wires.get(loop)
+            if wire is None:
+                wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
+            self._last = (loop, wire)
+        return wire
+
     async def _run(self, name: str, keys: list[str], args: list):
         """One of the per-request scripts (acquire, settle, peek) from the event loop."""
         if not self._lean:
             return await getattr(self._on_loop(), name)(keys=keys, args=args)
-        loop = asyncio.get_running_loop()
-        wire = self._wires.get(loop)
-        if wire is None:
-            wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
-        return await wire.run(_WIRE[name], keys, args)
+        return await self._wire().run(_WIRE[name], keys, args)
 
     def _blocking(self) -> _Scripts:
         if self._sync is None:
@@ -125,24 +172,31 @@ class RedisAdmission:
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision:
-        args = [
-            request_id, tokens, spend_micros, limits.requests_per_minute, limits.tokens_per_minute,
-            limits.max_concurrent, limits.budget_tokens, limits.budget_spend_micros, self._ttl(), limits.key_prefix,
-            limits.key_requests_per_minute, limits.key_tokens_per_minute, limits.key_budget_spend_picos, key_spend_picos,
-        ]  # fmt: skip
-        keys = self.keys(tenant_id)
-        decision = _decision(await self._run("acquire", keys, args))
+        tenant, ttl = self._tenant(tenant_id), self._ttl()
+        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments beside them
+            picos = str(key_spend_picos).encode()
+            packed = b"%b%b%b$%d\r\n%b\r\n" % (  # the last: `bulks((key_spend_picos,))`, without its call
+                tenant.acquire_packed, bulks((request_id, tokens, spend_micros)), self._packed_limits(limits, ttl),
+                len(picos), picos,
+            )  # fmt: skip
+            parts = 3 + tenant.count + 4 + 10  # EVALSHA, its SHA, the key count, the keys, the arguments
+            script = partial(self._wire().run_packed, _WIRE["acquire"], parts, packed)
+        else:
+            args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
+            script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)
+        decision = _decision(await script())
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
-            await self._start_month(self._on_loop().client, keys[4], recorded)
-            decision = _decision(await self._run("acquire", keys, args))
+            await self._start_month(self._on_loop().client, tenant.keys()[4], recorded)
+            decision = _decision(await script())
         if decision.reason == "key_month_unknown":  # once a month per key with a budget
             spend = await sync_to_async(checked_connection(_key_recorded))(limits.key_prefix)
             client = self._on_loop().client
             async with client.pipeline(transaction=True) as pipe:
-                pipe.hsetnx(keys[9], f"{limits.key_prefix}:picos", spend).expire(keys[9], MONTH_SECONDS)
+                key_month = tenant.keys()[9]
+                pipe.hsetnx(key_month, f"{limits.key_prefix}:picos", spend).expire(key_month, MONTH_SECONDS)
                 await pipe.execute()
-            decision = _decision(await self._run("acquire", keys, args))
+            decision = _decision(await script())
         return decision
 
     @staticmethod
@@ -159,9 +213,13 @@ class RedisAdmission:
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
         key_prefix: str = "", usage: str = "",
     ) -> bool:  # fmt: skip
-        keys = self.keys(tenant_id, request_id=request_id)
+        tenant = self._tenant(tenant_id)
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
-        return bool(await self._run("settle", keys, args))
+        if not self._lean:
+            return bool(await self._on_loop().settle(keys=tenant.keys(request_id), args=args))
+        settled = (tenant.settled + request_id).encode()
+        packed = b"%b$%d\r\n%b\r\n%b%b" % (tenant.settle_head, len(settled), settled, tenant.settle_tail, bulks(args))
+        return bool(await self._wire().run_packed(_WIRE["settle"], 3 + tenant.count + len(args), packed))
 
     def settle_sync(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,

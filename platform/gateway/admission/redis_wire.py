@@ -33,9 +33,9 @@ def wire_supports(url: str) -> bool:
 _BULK = b"$%d\r\n%b\r\n".__mod__
 
 
-def _bulks(parts: tuple | list) -> bytes:
-    """Each part as a RESP bulk string, in C loops (`map`) rather than a Python loop per part: a script's keys and
-    arguments are ~40 parts per request."""
+def bulks(parts: tuple | list) -> bytes:
+    """Each part as a RESP bulk string (str() of it, UTF-8, unless bytes), in C loops (`map`) rather than a Python
+    loop per part."""
     if any(map(bytes.__instancecheck__, parts)):
         encoded = [part if isinstance(part, bytes) else str(part).encode() for part in parts]
     else:
@@ -45,7 +45,7 @@ def _bulks(parts: tuple | list) -> bytes:
 
 def pack(*parts: bytes | str | int) -> bytes:
     """One command in RESP: an array of bulk strings."""
-    return b"*%d\r\n" % len(parts) + _bulks(parts)
+    return b"*%d\r\n" % len(parts) + bulks(parts)
 
 
 class _ServerError(Exception):
@@ -82,9 +82,17 @@ def _parse(buffer: bytearray, start: int) -> tuple[Reply | _ServerError, int]:
             line = buffer.find(b"\r\n", position)
             if line < 0:
                 raise _Incomplete
-            if buffer[position] == 58:  # an integer, most of the scripts' items: read here, not in a call
+            kind = buffer[position]
+            if kind == 58:  # an integer, most of the scripts' items: read here, not in a call
                 items.append(int(buffer[position + 1 : line]))
                 position = line + 2
+                continue
+            if kind == 36 and buffer[position + 1] != 45:  # a bulk string (not nil, "$-1"): the same
+                stop = line + 2 + int(buffer[position + 1 : line])
+                if len(buffer) < stop + 2:
+                    raise _Incomplete
+                items.append(bytes(buffer[line + 2 : stop]))
+                position = stop + 2
                 continue
             item, position = _parse(buffer, position)
             if isinstance(item, _ServerError):
@@ -102,7 +110,8 @@ class _Connection(asyncio.Protocol):
     """One connection: a command is written whole and its reply parsed from what arrived, in the loop's callback
     (no stream reader, no read per line)."""
 
-    def __init__(self):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop  # its futures made on it: asyncio's lookup of the running loop is a getpid() syscall
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
@@ -149,18 +158,20 @@ class _Connection(asyncio.Protocol):
     def get_extra_info(self, name: str):
         return self.transport.get_extra_info(name)
 
-    async def ask(self, message: bytes) -> Reply | _ServerError:
-        """The reply to `message` (a _ServerError is returned, not raised: the connection stays in step)."""
-        self._waiter = waiter = asyncio.get_running_loop().create_future()
+    def ask(self, message: bytes) -> "asyncio.Future[Reply | _ServerError]":
+        """Sends `message`; the future is its reply (a _ServerError is a result, not raised: the connection stays in
+        step). A plain call, not a coroutine: one frame less per command."""
+        self._waiter = waiter = self.loop.create_future()
         self.transport.write(message)
-        return await waiter
+        return waiter
 
 
 class WireScript:
     def __init__(self, source: str):
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
-        self.by_sha = _bulks([b"EVALSHA", self.sha])  # the command's first two parts, packed once
+        self.by_sha = bulks([b"EVALSHA", self.sha])  # the command's first two parts, packed once
+        self.by_source = bulks([b"EVAL", self.source])  # the same for a server that has not cached it
 
 
 class RedisWire:
@@ -178,11 +189,15 @@ class RedisWire:
             hello.append(pack(b"SELECT", int(database)))
         self._hello = hello
         self._idle: collections.deque[_Connection] = collections.deque()
-        self._slots = asyncio.Semaphore(max_connections)
+        # At most max_connections commands at once, the rest waiting in turn: counted here, not by asyncio.Semaphore,
+        # whose uncontended acquire and release are five Python calls per command.
+        self._free = max_connections
+        self._turns: collections.deque[asyncio.Future] = collections.deque()
         self._wait = wait_seconds
 
     async def _open(self) -> _Connection:
-        _, connection = await asyncio.get_running_loop().create_connection(_Connection, *self._address)
+        loop = asyncio.get_running_loop()  # once per connection
+        _, connection = await loop.create_connection(lambda: _Connection(loop), *self._address)
         try:
             for hello in self._hello:
                 reply = await connection.ask(hello)
@@ -201,15 +216,12 @@ class RedisWire:
             connection.close()
         return None
 
-    async def _command(self, message: bytes) -> Reply:
-        if self._slots.locked():  # all connections busy: wait for one, not forever
-            try:
-                async with asyncio.timeout(self._wait):
-                    await self._slots.acquire()
-            except TimeoutError:
-                raise RedisConnectionError("No connection available.") from None
+    async def _command(self, message: bytes) -> Reply | _ServerError:
+        """The reply to `message`; a server's error reply returned, not raised (the caller decides what it means)."""
+        if self._free:  # a connection to spare (so no one is waiting for one)
+            self._free -= 1
         else:
-            await self._slots.acquire()  # returns at once (no timer to arm)
+            await self._wait_turn()
         try:
             reused = self._take()
             for connection in (reused, None) if reused is not None else (None,):
@@ -230,22 +242,49 @@ class RedisWire:
                     connection.close()  # cancelled mid-command: its reply would be read by the next one
                     raise
                 self._idle.append(connection)  # the reply was read whole (an error reply too): in step
-                if isinstance(reply, _ServerError):
-                    raise reply
                 return reply
             raise AssertionError("unreachable")
         finally:
-            self._slots.release()
+            self._pass_on()
+
+    async def _wait_turn(self) -> None:
+        """All connections busy: waits for one, in turn, up to `wait_seconds`."""
+        turn = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        try:
+            async with asyncio.timeout(self._wait):
+                await turn
+        except BaseException as error:
+            if turn.done() and not turn.cancelled():
+                self._pass_on()  # handed a connection just as it gave up: the next in line takes it
+            elif turn in self._turns:
+                self._turns.remove(turn)
+            if isinstance(error, TimeoutError):
+                raise RedisConnectionError("No connection available.") from None
+            raise
+
+    def _pass_on(self) -> None:
+        """A command is done with its connection: the first still waiting takes its turn, or one more is free."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
 
     async def run(self, script: WireScript, keys: list[str], args: list) -> Reply:
         """The script's reply, by SHA; by source the first time the server has not cached it."""
-        try:
-            parts = 3 + len(keys) + len(args)
-            return await self._command(b"*%d\r\n%b%b" % (parts, script.by_sha, _bulks([len(keys), *keys, *args])))
-        except _ServerError as error:
-            if not str(error).startswith("NOSCRIPT"):
-                raise ResponseError(str(error)) from None
-        try:
-            return await self._command(pack(b"EVAL", script.source, len(keys), *keys, *args))
-        except _ServerError as error:
-            raise ResponseError(str(error)) from None
+        return await self.run_packed(script, 3 + len(keys) + len(args), bulks([len(keys), *keys, *args]))
+
+    async def run_packed(self, script: WireScript, parts: int, packed: bytes) -> Reply:
+        """`run` for keys and arguments already packed: `packed` is `bulks([len(keys), *keys, *args])`, `parts`
+        3 + len(keys) + len(args). For a caller that packs what its commands share once."""
+        head = b"*%d\r\n" % parts
+        reply = await self._command(head + script.by_sha + packed)
+        if type(reply) is _ServerError:
+            if not str(reply).startswith("NOSCRIPT"):
+                raise ResponseError(str(reply))
+            reply = await self._command(head + script.by_source + packed)
+            if type(reply) is _ServerError:
+                raise ResponseError(str(reply))
+        return reply

@@ -1,0 +1,25 @@
+"""The running event loop and task without a system call.
+
+CPython 3.11's `asyncio.get_running_loop()` calls getpid() on every use (to notice a fork), and so do
+`asyncio.current_task()`, `create_task()`, `timeout()` and an Event's first wait; on a virtual machine a system call
+costs microseconds, and the gateway's hot path asked a dozen times per request. The loop running in a thread is
+remembered per thread and asked again only when that one is not running (another test's loop, say). The gateway
+never forks while its loop runs, which is the case the getpid() check is there for."""
+
+import asyncio
+from threading import get_ident
+
+_loops: dict[int, asyncio.AbstractEventLoop] = {}
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """`asyncio.get_running_loop()` (RuntimeError outside a running loop)."""
+    loop = _loops.get(get_ident())
+    if loop is None or not loop.is_running():
+        loop = _loops[get_ident()] = asyncio.get_running_loop()
+    return loop
+
+
+def current_task() -> asyncio.Task | None:
+    """`asyncio.current_task()`."""
+    return asyncio.current_task(running_loop())

@@ -106,9 +106,11 @@ def _fresh(entry: tuple[float, object] | None) -> bool:
 
 def cached_caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None] | None:
     """The caller and model as verified and resolved less than a cache lifetime ago, without a database read;
-    None when either must be looked up (and any refusal is left to that lookup)."""
-    entry = _callers.get(_digest(authorization))
-    if not _fresh(entry):
+    None when either must be looked up (and any refusal is left to that lookup). `_digest` and `_fresh` written
+    out: this runs on every request."""
+    entry = _callers.get(hashlib.sha256(authorization.encode()).digest())
+    now, lifetime = time.monotonic(), hot.QUILT_KEY_CACHE_SECONDS
+    if entry is None or now - entry[0] >= lifetime:
         return None
     caller = entry[1]
     if caller.expires_at is not None and caller.expires_at <= timezone.now():
@@ -116,7 +118,7 @@ def cached_caller_and_target(*, authorization: str, model: str | None) -> tuple[
     if not isinstance(model, str) or not model:
         return caller, None
     target = _targets.get((caller.tenant_id, model))
-    if not caller.may_use(model) or not _fresh(target):
+    if caller.allowed_models and not caller.may_use(model) or target is None or now - target[0] >= lifetime:
         return None
     return caller, target[1]
 

@@ -8,18 +8,25 @@ The extension (`scope["extensions"]["quilt.gateway"]`, the request's `GatewayCyc
 - `when_disconnected(callback)`: called once if the client goes away before its response ended, in place of a
   task that awaits `receive()` for `http.disconnect` beside every request;
 - `start_with_body(start, body)`: the response's head and its first body part written together (one write, one
-  system call, one wake-up of the client) rather than one after the other;
+  system call, one wake-up of the client) rather than one after the other, the head built as uvicorn's `send`
+  builds it (and by it, in its special cases);
 - `current_task()`: the request's task, without `asyncio.current_task()`'s getpid system call (CPython 3.11's
   running-loop check).
 
-Everything else is uvicorn's own: the head is built, checked and framed by its `send`, in the same order. An
-application that finds no extension (another server) does what it did before.
+Everything else is uvicorn's own. An application that finds no extension (another server) does what it did before.
 """
 
 import asyncio
+import operator
 from collections.abc import Callable
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 EXTENSION = "quilt.gateway"
 COMMAND_LINE = ("--http", "gateway.http_protocol:GatewayHttpProtocol")  # uvicorn's options that select it
@@ -38,6 +45,16 @@ class GatewayCycle(RequestResponseCycle):
         return asyncio.current_task(self.loop)
 
     async def start_with_body(self, start: dict, body: dict) -> None:
+        head = self._plain_head(start) if body.get("more_body") else None
+        if head is not None:
+            if self.flow.write_paused and not self.disconnected:
+                await self.flow.drain()
+            if self.disconnected:
+                return
+            self.response_started, self.waiting_for_100_continue, self.chunked_encoding = True, False, True
+            data = body.get("body", b"")
+            self.transport.write(head + b"%x\r\n%s\r\n" % (len(data), data) if data else head)
+            return
         transport, held = self.transport, _Held()
         self.transport = held  # uvicorn's send frames both messages into `held`, then they leave in one write
         try:
@@ -49,6 +66,29 @@ class GatewayCycle(RequestResponseCycle):
                 transport.write(b"".join(held.parts))
             if held.closing:
                 transport.close()
+
+
+    def _plain_head(self, start: dict) -> bytes | None:
+        """The head uvicorn's `send` writes for `start` (a chunked response), built without its loop over the headers
+        (two regular-expression searches per header): when none of its special cases applies (no access log, no HEAD,
+        a status with a body, header names in lower case and none of content-length, transfer-encoding or
+        connection); None otherwise, and its `send` decides (and refuses an invalid header) as ever. Both checks
+        look for single characters, so searching all names (values) at once finds what searching each finds."""
+        status, headers = start["status"], [*self.default_headers, *start.get("headers", ())]
+        if self.response_started or self.access_log or self.scope["method"] == "HEAD" or status in (204, 304):
+            return None
+        names = b"".join(map(_NAME, headers))
+        if names != names.lower() or not _SPECIAL.isdisjoint(map(_NAME, headers)) or HEADER_RE.search(names):
+            return None
+        if HEADER_VALUE_RE.search(b"".join(map(_VALUE, headers))):
+            return None
+        ending = b"transfer-encoding: chunked\r\n\r\n" if self.keep_alive else _CLOSE_ENDING
+        return b"".join([STATUS_LINE[status], *map(b"%s: %s\r\n".__mod__, headers), ending])
+
+
+_NAME, _VALUE = operator.itemgetter(0), operator.itemgetter(1)
+_SPECIAL = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+_CLOSE_ENDING = b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class _Held:

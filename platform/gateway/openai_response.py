@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 
-_compact = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per chunk as json.dumps(...) makes
+from gateway.compact_json import compact_json
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
 _REASON_JSON = {None: "null"} | {reason: f'"{reason}"' for reason in FINISH_REASONS.values()}  # as JSON writes them
@@ -104,7 +104,7 @@ class ResponseBuilder:
         self._role_sent: set[int] = set()
         # Every chunk of this response opens alike: encoded once, each chunk adds only its choices (and usage).
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self._opening = (  # as _compact would write {"id":..., "choices": ...} up to the choices
+        self._opening = (  # as compact_json would write {"id":..., "choices": ...} up to the choices
             f'data: {{"id":{encode_basestring_ascii(self.id)},"object":"{obj}","created":{self.created},'
             f'"model":{encode_basestring_ascii(self.model)},"system_fingerprint":null,"choices":'
         ).encode()
@@ -156,10 +156,10 @@ class ResponseBuilder:
 
     def _chunk(self, choices: list[dict], *, with_usage_field: bool, usage: dict | None = None) -> bytes:
         """`data: {"id",...,"choices":[...](,"usage":...)}`, compact, as json.dumps would write the whole object."""
-        return self._chunk_of(_compact(choices), with_usage_field=with_usage_field, usage=usage)
+        return self._chunk_of(compact_json(choices), with_usage_field=with_usage_field, usage=usage)
 
     def _chunk_of(self, choices: str, *, with_usage_field: bool, usage: dict | None = None) -> bytes:
-        ending = (',"usage":' + _compact(usage) + "}\n\n") if with_usage_field else "}\n\n"
+        ending = (',"usage":' + compact_json(usage) + "}\n\n") if with_usage_field else "}\n\n"
         return self._opening + (choices + ending).encode()
 
     def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:

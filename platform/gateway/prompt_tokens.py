@@ -43,9 +43,13 @@ def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | 
         except Exception:  # jinja2's errors and the template's own raise_exception()
             return None
         return len(tokenizer.hf.encode(text, add_special_tokens=False))
-    texts = [prompt for prompt in generation.prompts if isinstance(prompt, str)]
-    counted = sum(len(tokenizer.hf.encode(text)) for text in texts)  # not encode_batch: its thread pool costs more
-    return counted + generation.prompt_token_count()
+    counted = 0
+    for prompt in generation.prompts:
+        if isinstance(prompt, str):
+            counted += len(tokenizer.hf.encode(prompt))  # not encode_batch: its thread pool costs more
+        elif isinstance(prompt, list):  # token ids (generation.prompt_token_count's)
+            counted += len(prompt)
+    return counted
 
 
 def estimate_prompt_tokens(generation: GenerationRequest, *, prompt_bytes: int | None = None) -> int:

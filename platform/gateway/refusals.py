@@ -18,11 +18,11 @@ def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
     requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
     if decision.reason in KEY_WINDOW_REASONS:
         requests, tokens = limits.key_requests_per_minute, limits.key_tokens_per_minute
-    headers = {}
-    if requests != UNLIMITED:
-        headers["x-ratelimit-limit-requests"] = str(requests)
-        headers["x-ratelimit-remaining-requests"] = str(max(0, requests - decision.window_requests))
-        headers["x-ratelimit-reset-requests"] = reset
+    headers = {} if requests == UNLIMITED else {
+        "x-ratelimit-limit-requests": str(requests),
+        "x-ratelimit-remaining-requests": str(max(0, requests - decision.window_requests)),
+        "x-ratelimit-reset-requests": reset,
+    }  # fmt: skip
     if tokens != UNLIMITED:
         headers["x-ratelimit-limit-tokens"] = str(tokens)
         headers["x-ratelimit-remaining-tokens"] = str(max(0, tokens - decision.window_tokens))

@@ -42,7 +42,7 @@ def model_name_check(name) -> None:
         return
     if len(name) > MAX_MODEL_NAME:
         raise invalid(f"The model name is longer than {MAX_MODEL_NAME} characters.", param="model")
-    if "\x00" in name or _SURROGATE.search(name):
+    if "\x00" in name or not name.isascii() and _SURROGATE.search(name):  # isascii: a flag, no scan
         raise invalid("The model name holds characters no model name has.", param="model")
 
 

@@ -31,10 +31,6 @@ _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
-def _ms(since: float) -> float:
-    return round((time.monotonic() - since) * 1000.0, 3)
-
-
 def refused(
     *, request_id: str, caller: Caller, error: ApiError, model: object, target: Target | None
 ) -> None:
@@ -53,7 +49,7 @@ def answered(*, request_id: str, status_code: int, received: float, first_token:
     """A request an engine took: the status the gateway answered and its times from its receipt of the request."""
     ttft_ms = round((first_token - received) * 1000.0, 3) if first_token is not None else None
     _put({"kind": "answered", "request_id": request_id, "status_code": status_code, "ttft_ms": ttft_ms,
-          "e2e_ms": _ms(received)})  # fmt: skip
+          "e2e_ms": round((time.monotonic() - received) * 1000.0, 3)})  # fmt: skip
 
 
 def _put(report: dict) -> None:

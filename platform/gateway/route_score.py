@@ -231,7 +231,6 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
     if n == 0:
         return None
     w = fleet.weights
-    excluded = set(exclude)
     mean = (sum(loads) + step) / n
     # within the bound: load + spill_step × step <= the cap; the least loaded engines always are
     cap = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap)
@@ -257,7 +256,7 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
     for i, extra in bonus.items():
         if loads[i] <= bound:
             scores[i] += extra
-    for i in excluded:
+    for i in exclude:
         if 0 <= i < n:
             scores[i] = float("-inf")
     best = max(range(n), key=scores.__getitem__)
@@ -296,7 +295,7 @@ def choose_route(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[st
     excluded."""
     excluded = set(exclude)
     serving = choose(fleet, adapter=adapter, fingerprints=fingerprints, loads=loads, step=step,
-                     exclude=excluded | fleet.with_role("prefill"))  # fmt: skip
+                     exclude=(excluded | fleet.with_role("prefill")) if fleet.split else excluded)  # fmt: skip
     if serving is None:
         serving = choose(fleet, adapter=adapter, fingerprints=fingerprints, loads=loads, step=step, exclude=excluded)
         return None if serving is None else Route(serving, None, "prefill_only")

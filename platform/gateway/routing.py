@@ -86,9 +86,7 @@ class Router:
 
     def choose(self, *, digest: str | None, fingerprints: Sequence[str] = (),
                exclude: frozenset[str] = frozenset()) -> EngineRef | None:
-        now = time.monotonic()
-        skipped = [i for i, e in enumerate(self._engines)
-                   if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
+        skipped = self._skipped(exclude)
         index = choose(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
                        step=self._loads.step, exclude=skipped)
         return None if index is None else self._engines[index]
@@ -96,9 +94,7 @@ class Router:
     def route(self, *, digest: str | None, fingerprints: Sequence[str] = (), prompt_chars: int = 0,
               prompt_tokens: int = 0, min_uncached_tokens: int, disaggregate: bool = True,
               exclude: frozenset[str] = frozenset()) -> Route | None:
-        now = time.monotonic()
-        skipped = [i for i, e in enumerate(self._engines)
-                   if e.name in exclude or self._suspect_until.get(e.name, 0.0) > now]
+        skipped = self._skipped(exclude) if exclude or self._suspect_until else ()
         route = choose_route(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
                              step=self._loads.step, exclude=skipped, prompt_chars=prompt_chars,
                              prompt_tokens=prompt_tokens, min_uncached_tokens=min_uncached_tokens,
@@ -107,6 +103,12 @@ class Router:
             return None
         prefill = None if route.prefill is None else self._engines[route.prefill]
         return Route(self._engines[route.serving], prefill, route.reason, route.uncached_tokens)
+
+    def _skipped(self, exclude: frozenset[str]) -> list[int]:
+        """The indexes of the engines excluded or suspect now; an engine whose suspicion has lapsed is forgotten."""
+        now = time.monotonic()
+        self._suspect_until = {name: until for name, until in self._suspect_until.items() if until > now}
+        return [i for i, e in enumerate(self._engines) if e.name in exclude or e.name in self._suspect_until]
 
     def suspect(self, name: str) -> None:
         self._suspect_until[name] = time.monotonic() + SUSPECT_SECONDS

@@ -2,14 +2,13 @@
 the one it sends when an engine died mid-request and so could not send its own, and the one it keeps with every
 served request's provisional settle (`served_usage_json`), billed if the engine's own event never arrives."""
 
-import json
 import time
 
 from engine.contract import TASK_NAME, UsageEvent
 from engine.usage.event import now_utc
+from gateway.compact_json import compact_json
 
 REPORTED_BY_GATEWAY = "gateway"  # the event's `reported_by`: what the gateway relayed (no GPU or queue time)
-_compact = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=...) makes one per call
 
 
 def usage_event(
@@ -40,7 +39,7 @@ def served_usage_json(
     """What the client was served, as the engine's final event counted it, in the usage event's fields that
     metering reads (metering.events.usage_record_parse: `finished_at` in epoch seconds; no GPU or queue time, only
     the engine knows them). Built as a plain dict: it is on every request's path, and billed on almost none."""
-    return _compact({
+    return compact_json({
         "request_id": request_id, "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest,
         "base_model": base_model, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens, "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "finish_reason": finish_reason,

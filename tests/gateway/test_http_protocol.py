@@ -47,13 +47,15 @@ class Recorder:
         pass
 
 
-async def _serve(protocol_class, app, *, leave_after: float | None = None) -> Recorder:
+async def _serve(protocol_class, app, *, leave_after: float | None = None, request: bytes = REQUEST) -> Recorder:
     config = Config(app=app, http=protocol_class, lifespan="off", log_level="warning")
     config.load()
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    state = ServerState()
+    state.default_headers = [(b"date", b"Sat, 28 Nov 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
+    protocol = protocol_class(config=config, server_state=state, app_state={})
     transport = Recorder()
     protocol.connection_made(transport)
-    protocol.data_received(REQUEST)
+    protocol.data_received(request)
     if leave_after is not None:
         await asyncio.sleep(leave_after)
         protocol.connection_lost(None)
@@ -76,13 +78,49 @@ async def _respond(scope, send) -> None:
     await send(LAST)
 
 
-def test_the_head_leaves_with_the_first_chunk_as_uvicorns_own_bytes():
-    plain = asyncio.run(_serve(HttpToolsProtocol, _stream))
-    ours = asyncio.run(_serve(GatewayHttpProtocol, _stream))
+@pytest.mark.parametrize("headers", [
+    HEAD["headers"],
+    [*HEAD["headers"], (b"x-ratelimit-reset-requests", b"0.125s"), (b"x-odd", b"caf\xc3\xa9 (a; b=c)")],
+    [(b"Content-Type", b"text/event-stream")],  # a name not in lower case: uvicorn's send writes it
+    [(b"connection", b"close"), (b"x-request-id", b"abc")],  # a special name: uvicorn's send decides
+    [],
+])  # fmt: skip
+@pytest.mark.parametrize("request_bytes", [REQUEST, REQUEST.replace(b"HTTP/1.1", b"HTTP/1.0")],
+                         ids=["keep-alive", "http/1.0"])  # fmt: skip
+def test_the_head_leaves_with_the_first_chunk_as_uvicorns_own_bytes(headers, request_bytes):
+    async def stream(scope, receive, send):
+        await receive()
+        start = {**HEAD, "headers": headers}
+        cycle = scope.get("extensions", {}).get(EXTENSION)
+        if cycle is None:
+            await send(start)
+            await send(FIRST)
+        else:
+            await cycle.start_with_body(start, FIRST)
+        await send(LAST)
+
+    plain = asyncio.run(_serve(HttpToolsProtocol, stream, request=request_bytes))
+    ours = asyncio.run(_serve(GatewayHttpProtocol, stream, request=request_bytes))
     assert len(plain.writes) == 3 and len(ours.writes) == 2
     assert ours.writes[0] == plain.writes[0] + plain.writes[1]
-    assert b"".join(ours.writes) == b"".join(plain.writes)
-    assert ours.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in ours.writes[0]
+    assert b"".join(ours.writes) == b"".join(plain.writes) and ours.closed == plain.closed
+    assert ours.writes[0].startswith(b"HTTP/1.") and b"transfer-encoding: chunked" in ours.writes[0]
+
+
+@pytest.mark.parametrize("header", [(b"x-bad", b"a\nb"), (b"x bad", b"a"), (b"x-bad", b"\x00")])
+def test_an_invalid_header_is_refused_as_uvicorn_refuses_it(header):
+    errors = []
+
+    async def stream(scope, receive, send):
+        await receive()
+        try:
+            await scope["extensions"][EXTENSION].start_with_body({**HEAD, "headers": [header]}, FIRST)
+        except RuntimeError as error:
+            errors.append(str(error))
+            raise
+
+    asyncio.run(_serve(GatewayHttpProtocol, stream))
+    assert errors and errors[0].startswith("Invalid HTTP header")
 
 
 def test_a_request_is_told_when_its_client_goes_away_and_only_then():

@@ -3,7 +3,6 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 (metering's settles, totals, reconcile) over redis-py. The keys and their layout: `redis_scripts`."""
 
 import asyncio
-import threading
 import weakref
 from functools import partial
 
@@ -32,6 +31,7 @@ from gateway.admission.redis_scripts import (
 from gateway.admission.redis_wire import RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
+from gateway.running_loop import running_loop
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
 MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
@@ -101,13 +101,6 @@ class _TenantKeys:
         return [*self.before, self.settled + request_id, *self.after]
 
 
-class _ThisThread(threading.local):
-    """The loop this thread ran a script from, and its wire."""
-
-    loop: asyncio.AbstractEventLoop | None = None
-    wire: RedisWire | None = None
-
-
 class RedisAdmission:
     def __init__(self, *, url: str, prefix: str, hold_ttl_seconds: int | None = None):
         self.url = url
@@ -116,7 +109,7 @@ class RedisAdmission:
         self._async: weakref.WeakKeyDictionary[object, _Scripts] = weakref.WeakKeyDictionary()
         self._sync: _Scripts | None = None
         self._wires: weakref.WeakKeyDictionary[object, RedisWire] = weakref.WeakKeyDictionary()
-        self._here = _ThisThread()
+        self._last: tuple[object, RedisWire | None] = (None, None)  # the loop a script last ran from, and its wire
         self._lean = wire_supports(url)
         self._tenants: dict[int, _TenantKeys] = {}
         self._limits_packed: dict[tuple, bytes] = {}
@@ -152,17 +145,14 @@ class RedisAdmission:
         return scripts
 
     def _wire(self) -> RedisWire:
-        """The running loop's wire. Asked of asyncio only when this thread's last loop is no longer running: its
-        lookup of the running loop is a getpid() syscall. (A thread runs one loop at a time; one still running
-        elsewhere would have to have moved threads, which nothing here does.)"""
-        here = self._here
-        if here.loop is not None and here.loop.is_running():
-            return here.wire
-        loop = asyncio.get_running_loop()
-        wire = self._wires.get(loop)
-        if wire is None:
-            wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
-        here.loop, here.wire = loop, wire
+        """The running loop's wire, found without a getpid() (`running_loop`)."""
+        loop = running_loop()
+        last_loop, wire = self._last
+        if last_loop is not loop:
+            wire = self._wires.get(loop)
+            if wire is None:
+                wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
+            self._last = (loop, wire)
         return wire
 
     async def _run(self, name: str, keys: list[str], args: list):

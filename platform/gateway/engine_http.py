@@ -194,6 +194,7 @@ class Response:
         failed or nothing arrived for `read_timeout` seconds."""
         if self._failure is not None:
             raise self._failure
+        assert self._connection is not None, "read on after close()"
         if self._unread > READ_BUFFER:  # the reader caught up
             self._connection.transport.resume_reading()
         self._unread = 0

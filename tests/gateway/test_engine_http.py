@@ -355,3 +355,18 @@ def test_a_stream_on_a_kept_connection_never_asks_for_the_running_loop(loop):
         return first == second, second[-1], GETPID_CALLERS & set(called)
 
     assert run(main, loop) == (True, {"type": "final"}, set())
+
+
+def test_reading_on_after_close_fails_at_once_instead_of_waiting_for_the_timeout():
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await until_closed(reader)
+
+        async with Engine(answer) as url:
+            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={})
+            response.close()
+            with pytest.raises(AssertionError):
+                await asyncio.wait_for(response.aread(), 1)
+
+    run(main)

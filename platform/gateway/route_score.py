@@ -22,6 +22,7 @@ prefill engines (else the "both" ones), and computes the prompt's KV first.
 """
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ CACHED_KEYS = 4096  # per snapshot: the rendezvous terms of this many adapters (
 TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's hash, not all to the first engine
 ROLES = ("prefill", "decode", "both")  # an engine's role (python -m engine --role); "both" serves whole requests
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: English BPE averages about 4 characters a token
+_EXCLUDED = -math.inf  # an excluded engine's score
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +260,9 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
             scores[i] += extra
     for i in exclude:
         if 0 <= i < n:
-            scores[i] = float("-inf")
-    best = max(range(n), key=scores.__getitem__)
-    return None if scores[best] == float("-inf") else best
+            scores[i] = _EXCLUDED
+    best = scores.index(max(scores))  # the first of the best: ties to the lower index
+    return None if scores[best] == _EXCLUDED else best
 
 
 def uncached_tokens(fleet: Fleet, index: int, *, fingerprints: Sequence[str], prompt_chars: int,

@@ -25,6 +25,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
 
@@ -274,12 +275,12 @@ def uncached_tokens(fleet: Fleet, index: int, *, fingerprints: Sequence[str], pr
     return max(0, prompt_chars - cached_chars) // CHARS_PER_TOKEN + prompt_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Route(NamedTuple):
     """Where a request goes: `serving` streams it (and decodes it); `prefill`, when not None, computes its prompt's
     KV first. `reason` says why there is or is no prefill hop: "colocated" (every engine serves whole requests),
     "disaggregated", "short" (the uncached part is under the threshold), "no_prefill_engine", "prefill_only" (no
-    engine but prefill-only ones is left: one serves it whole)."""
+    engine but prefill-only ones is left: one serves it whole). A named tuple: made on every request, five times
+    cheaper than a frozen dataclass."""
 
     serving: int
     prefill: int | None

@@ -14,7 +14,8 @@ import pytest
 import uvloop
 
 from gateway.engine_client import EngineRef, GenerateStream
-from gateway.engine_http import EngineHTTP, EngineHTTPError, running_loop
+from gateway.engine_http import EngineHTTP, EngineHTTPError
+from gateway.running_loop import running_loop
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}

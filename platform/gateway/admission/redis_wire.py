@@ -148,9 +148,6 @@ class _Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)
 
-    def usable(self) -> bool:
-        return not self.lost and not self.transport.is_closing()
-
     def close(self) -> None:
         self.lost = True
         self.transport.close()
@@ -211,7 +208,7 @@ class RedisWire:
     def _take(self) -> _Connection | None:
         while self._idle:
             connection = self._idle.pop()
-            if connection.usable():
+            if not connection.lost and not connection.transport.is_closing():  # still open
                 return connection
             connection.close()
         return None

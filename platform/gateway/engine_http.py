@@ -13,7 +13,6 @@ timer on the connection's loop: `asyncio.timeout` asks for the running loop, a g
 import asyncio
 import collections
 import functools
-import sys
 import time
 from urllib.parse import urlsplit
 
@@ -25,14 +24,6 @@ MAX_IDLE_PER_ENGINE = 256
 IDLE_SECONDS = 2.0  # well under the engine server's keep-alive timeout, so it never closes one first, even when
 assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # this loop reads an answer's end seconds after the engine wrote it
 READ_BUFFER = 2 * 65536  # the body that arrived unread beyond which the connection stops reading (as asyncio's streams)
-
-
-def running_loop() -> asyncio.AbstractEventLoop:
-    """The running event loop, without asyncio.get_running_loop()'s getpid() syscall (CPython 3.11 checks for a fork
-    on every call): a running loop, asyncio's and uvloop's alike, installs its own bound async-generator hooks in its
-    thread for as long as it runs."""
-    loop = getattr(sys.get_asyncgen_hooks().firstiter, "__self__", None)
-    return loop if isinstance(loop, asyncio.AbstractEventLoop) else asyncio.get_running_loop()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -203,6 +194,7 @@ class Response:
         failed or nothing arrived for `read_timeout` seconds."""
         if self._failure is not None:
             raise self._failure
+        assert self._connection is not None, "read on after close()"
         if self._unread > READ_BUFFER:  # the reader caught up
             self._connection.transport.resume_reading()
         self._unread = 0
@@ -269,9 +261,9 @@ class EngineHTTP:
     ) -> Response:
         """Sends the request and reads the answer's status line and headers; the body is the caller's to read."""
         address, target, host = _split(url)
-        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-        head += [f"{name}: {value}" for name, value in headers.items()]
-        message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(map("{}: {}\r\n".format, headers, headers.values()))  # in C, no Python loop per header
+        message = (head + "\r\n").encode("latin-1") + body
         timeout = self.read_timeout if read_timeout is None else read_timeout
         reused = self._pool.take(address)
         for connection in (reused, None) if reused is not None else (None,):

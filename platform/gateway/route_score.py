@@ -22,8 +22,10 @@ prefill engines (else the "both" ones), and computes the prompt's KV first.
 """
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
 
@@ -37,6 +39,7 @@ CACHED_KEYS = 4096  # per snapshot: the rendezvous terms of this many adapters (
 TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's hash, not all to the first engine
 ROLES = ("prefill", "decode", "both")  # an engine's role (python -m engine --role); "both" serves whole requests
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: English BPE averages about 4 characters a token
+_EXCLUDED = -math.inf  # an excluded engine's score
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +261,9 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
             scores[i] += extra
     for i in exclude:
         if 0 <= i < n:
-            scores[i] = float("-inf")
-    best = max(range(n), key=scores.__getitem__)
-    return None if scores[best] == float("-inf") else best
+            scores[i] = _EXCLUDED
+    best = scores.index(max(scores))  # the first of the best: ties to the lower index
+    return None if scores[best] == _EXCLUDED else best
 
 
 def uncached_tokens(fleet: Fleet, index: int, *, fingerprints: Sequence[str], prompt_chars: int,
@@ -272,12 +275,12 @@ def uncached_tokens(fleet: Fleet, index: int, *, fingerprints: Sequence[str], pr
     return max(0, prompt_chars - cached_chars) // CHARS_PER_TOKEN + prompt_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Route(NamedTuple):
     """Where a request goes: `serving` streams it (and decodes it); `prefill`, when not None, computes its prompt's
     KV first. `reason` says why there is or is no prefill hop: "colocated" (every engine serves whole requests),
     "disaggregated", "short" (the uncached part is under the threshold), "no_prefill_engine", "prefill_only" (no
-    engine but prefill-only ones is left: one serves it whole)."""
+    engine but prefill-only ones is left: one serves it whole). A named tuple: made on every request, five times
+    cheaper than a frozen dataclass."""
 
     serving: int
     prefill: int | None

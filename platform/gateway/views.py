@@ -105,7 +105,9 @@ async def generation_admit(
         request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=None, target=None)
         raise
     try:
-        caller, target = await _authorize(authorization=authorization, model=body.get("model"))
+        model = body.get("model")
+        found = cached_caller_and_target(authorization=authorization, model=model)  # most requests: no coroutine
+        caller, target = found if found is not None else await _authorize(authorization=authorization, model=model)
     except ApiError as error:  # a model this key may not use, or none by that name
         if error.caller is not None:
             request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=body.get("model"),

@@ -14,7 +14,8 @@ import pytest
 import uvloop
 
 from gateway.engine_client import EngineRef, GenerateStream
-from gateway.engine_http import EngineHTTP, EngineHTTPError, running_loop
+from gateway.engine_http import EngineHTTP, EngineHTTPError
+from gateway.running_loop import running_loop
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
@@ -354,3 +355,18 @@ def test_a_stream_on_a_kept_connection_never_asks_for_the_running_loop(loop):
         return first == second, second[-1], GETPID_CALLERS & set(called)
 
     assert run(main, loop) == (True, {"type": "final"}, set())
+
+
+def test_reading_on_after_close_fails_at_once_instead_of_waiting_for_the_timeout():
+    async def main():
+        async def answer(reader, writer):
+            writer.write(HEAD + chunk(b'{"n": 1}\n'))
+            await until_closed(reader)
+
+        async with Engine(answer) as url:
+            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={})
+            response.close()
+            with pytest.raises(AssertionError):
+                await asyncio.wait_for(response.aread(), 1)
+
+    run(main)

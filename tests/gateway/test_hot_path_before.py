@@ -3,6 +3,7 @@ model, the rate-limit headers (their order too), the engine choice with engines 
 token count, the served usage's JSON and the model name's check. Each step's code before is kept here, as it was,
 as the oracle."""
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -14,7 +15,7 @@ from decimal import Decimal
 import pytest
 
 from gateway import caller as caller_module
-from gateway import request_reports, routing
+from gateway import request_reports, routing, views
 from gateway.admission import UNLIMITED, Decision, Limits
 from gateway.caller import Caller, Target, cached_caller_and_target
 from gateway.compact_json import compact_json
@@ -296,3 +297,31 @@ def test_the_request_logs_end_to_end_time(monkeypatch):
     request_reports.answered(request_id="r", status_code=200, received=10.0, first_token=11.0)
     assert reports == [{"kind": "answered", "request_id": "r", "status_code": 200, "ttft_ms": 1000.0,
                         "e2e_ms": round((12.3456789 - 10.0) * 1000.0, 3)}]  # fmt: skip
+
+
+# -- authentication from the cache without a coroutine
+
+
+def test_a_cached_caller_is_used_without_the_lookups_coroutine_and_a_miss_still_looks_up(monkeypatch):
+    found, target = a_caller(1, (), None), a_target("m")
+    cache = {"Bearer hit": (found, target)}
+    looked_up, admitted = [], []
+
+    async def authorize(*, authorization, model):
+        looked_up.append((authorization, model))
+        return found, target
+
+    async def admit(**kwargs):
+        admitted.append((kwargs["caller"], kwargs["target"], kwargs["generation"].model))
+        return "exchange", {}
+
+    monkeypatch.setattr(views, "cached_caller_and_target", lambda *, authorization, model: cache.get(authorization))
+    monkeypatch.setattr(views, "_authorize", authorize)
+    monkeypatch.setattr(views.relay, "admit", admit)
+    raw = b'{"model": "m", "prompt": "p"}'
+    for authorization in ("Bearer hit", "Bearer miss"):
+        answer = asyncio.run(views.generation_admit(kind="completion", raw=raw, content_type="application/json",
+                                                    authorization=authorization, request_id="r", received=0.0))  # fmt: skip
+        assert answer == ("exchange", {})
+    assert looked_up == [("Bearer miss", "m")]
+    assert admitted == [(found, target, "m"), (found, target, "m")]

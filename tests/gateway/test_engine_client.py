@@ -1,0 +1,90 @@
+"""GenerateStream against a scripted engine: its events are the engine's lines as json.loads reads them, odd
+spacing too, and a line json.loads refuses breaks the stream with json's own error."""
+
+import asyncio
+import json
+
+import pytest
+
+from gateway.engine_client import EngineBroke, EngineRef, GenerateStream
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: dict | None = None) -> list[dict] | str:
+    """The events GenerateStream yields for an answer of these lines, or the EngineBroke that ended them; the
+    request's bytes go to `requests`."""
+    requests = [] if requests is None else requests
+
+    async def main():
+        async def engine(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            body = await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+            requests.append(head + body)
+            body = b"\n".join(lines)
+            writer.write(HEAD + b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        ref = EngineRef(name="e", url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", token="t", pool="",
+                        gpu_price_per_hour="0", resident=frozenset(), load=0)  # fmt: skip
+        stream = await GenerateStream(ref, payload or {"prompt": "x"}).open()
+        seen = []
+        try:
+            async for event in stream.events():
+                seen.append(event)
+        except EngineBroke as broke:
+            return str(broke)
+        finally:
+            await stream.close()
+            server.close()
+        return seen
+
+    return asyncio.run(main())
+
+
+FINAL = b'{"type":"final","usage":{}}'
+
+
+@pytest.mark.parametrize("line", [
+    b'{"type":"delta","text":" w","token_ids":[7]}', b'{"type": "delta", "text": "\\u00e9\\n"}',
+    b' {"type":"delta"}', b'{"type":"delta"}\r', b'\t{"type":"delta"} ', '{"type":"delta","text":"é"}'.encode(),
+], ids=["compact", "spaced", "leading-space", "carriage-return", "tab-and-space", "utf-8"])  # fmt: skip
+def test_each_event_is_its_line_as_json_reads_it(line):
+    assert events_of([line, b"", FINAL]) == [json.loads(line), json.loads(FINAL)]
+    assert events_of([line, FINAL + b"\n"]) == [json.loads(line), json.loads(FINAL)]
+
+
+@pytest.mark.parametrize("line", [b'{"type":"delta"} x', b'{"type":"delta"', b"\xef\xbb\xbf{}", b"nope", b"{}{}"],
+                         ids=["extra-data", "cut", "bom", "not-json", "two"])  # fmt: skip
+def test_a_line_json_refuses_breaks_the_stream_with_jsons_error(line):
+    try:
+        json.loads(line.decode())
+    except ValueError as error:
+        expected = f"e: the stream broke: {error!r}"
+    assert events_of([line, FINAL]) == expected
+
+
+def test_the_request_is_one_http_11_message_with_the_engines_token_and_compact_json():
+    requests = []
+    events_of([FINAL], requests)
+    host = requests[0].split(b"Host: ")[1].split(b"\r\n")[0]
+    assert host.startswith(b"127.0.0.1:")
+    assert requests == [b"POST /v1/generate HTTP/1.1\r\nHost: %b\r\nContent-Length: 14\r\nAuthorization: Bearer t\r\n"
+                        b'Content-Type: application/json\r\n\r\n{"prompt":"x"}' % host]  # fmt: skip
+
+
+def test_a_stream_without_its_final_event_breaks():
+    assert events_of([b'{"type":"delta"}']) == "e: the stream ended before the request finished"
+
+
+@pytest.mark.parametrize("payload", [
+    {"prompt": "w1 w2", "sampling": {"max_tokens": 4, "temperature": 0.7, "top_p": 1.0, "stop": ["\n"]}, "stream": True,
+     "adapter": None, "weight": 1, "metadata": {"tenant_id": 3, "model": "m"}},
+    {"messages": [{"role": "user", "content": "é \u2028 \U0001f600 \"q\" \\ \x00"}], "n": [1e100, -0.0, 2**70]},
+], ids=["completion", "odd-text-and-numbers"])  # fmt: skip
+def test_the_payload_is_sent_as_compact_json_writes_it(payload):
+    requests = []
+    events_of([FINAL], requests, payload)
+    assert requests[0].split(b"\r\n\r\n", 1)[1] == json.dumps(payload, separators=(",", ":")).encode()

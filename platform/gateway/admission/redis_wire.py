@@ -213,37 +213,6 @@ class RedisWire:
             connection.close()
         return None
 
-    async def _command(self, message: bytes) -> Reply | _ServerError:
-        """The reply to `message`; a server's error reply returned, not raised (the caller decides what it means)."""
-        if self._free:  # a connection to spare (so no one is waiting for one)
-            self._free -= 1
-        else:
-            await self._wait_turn()
-        try:
-            reused = self._take()
-            for connection in (reused, None) if reused is not None else (None,):
-                try:
-                    connection = connection or await self._open()
-                except _ServerError as error:
-                    raise ResponseError(str(error)) from None
-                except OSError as error:
-                    raise RedisConnectionError(f"Error connecting to Redis at {self._address}: {error!r}") from error
-                try:
-                    reply = await connection.ask(message)
-                except OSError as error:
-                    connection.close()
-                    if connection is reused:
-                        continue  # Redis had closed this idle connection: send it on a new one
-                    raise RedisConnectionError(f"Redis connection failed: {error!r}") from error
-                except BaseException:
-                    connection.close()  # cancelled mid-command: its reply would be read by the next one
-                    raise
-                self._idle.append(connection)  # the reply was read whole (an error reply too): in step
-                return reply
-            raise AssertionError("unreachable")
-        finally:
-            self._pass_on()
-
     async def _wait_turn(self) -> None:
         """All connections busy: waits for one, in turn, up to `wait_seconds`."""
         turn = asyncio.get_running_loop().create_future()
@@ -273,15 +242,46 @@ class RedisWire:
         """The script's reply, by SHA; by source the first time the server has not cached it."""
         return await self.run_packed(script, 3 + len(keys) + len(args), bulks([len(keys), *keys, *args]))
 
-    async def run_packed(self, script: WireScript, parts: int, packed: bytes) -> Reply:
+    async def run_packed(self, script: WireScript, parts: int, packed: bytes, *, cached: bool = True) -> Reply:
         """`run` for keys and arguments already packed: `packed` is `bulks([len(keys), *keys, *args])`, `parts`
-        3 + len(keys) + len(args). For a caller that packs what its commands share once."""
-        head = b"*%d\r\n" % parts
-        reply = await self._command(head + script.by_sha + packed)
+        3 + len(keys) + len(args). For a caller that packs what its commands share once. `cached` False sends the
+        script's source (EVAL), as is done once the server answers NOSCRIPT. One coroutine per command: the slot,
+        the connection and the reply handled here, not in a coroutine of its own."""
+        message = b"*%d\r\n%b%b" % (parts, script.by_sha if cached else script.by_source, packed)
+        if self._free:  # a connection to spare (so no one is waiting for one)
+            self._free -= 1
+        else:
+            await self._wait_turn()
+        try:
+            reused = self._take()
+            for connection in (reused, None) if reused is not None else (None,):
+                try:
+                    connection = connection or await self._open()
+                except _ServerError as error:
+                    raise ResponseError(str(error)) from None
+                except OSError as error:
+                    raise RedisConnectionError(f"Error connecting to Redis at {self._address}: {error!r}") from error
+                try:
+                    reply = await connection.ask(message)
+                except OSError as error:
+                    connection.close()
+                    if connection is reused:
+                        continue  # Redis had closed this idle connection: send it on a new one
+                    raise RedisConnectionError(f"Redis connection failed: {error!r}") from error
+                except BaseException:
+                    connection.close()  # cancelled mid-command: its reply would be read by the next one
+                    raise
+                self._idle.append(connection)  # the reply was read whole (an error reply too): in step
+                break
+            else:
+                raise AssertionError("unreachable")
+        finally:
+            if self._turns:
+                self._pass_on()
+            else:  # no one waiting (`_pass_on` without its call)
+                self._free += 1
         if type(reply) is _ServerError:
-            if not str(reply).startswith("NOSCRIPT"):
-                raise ResponseError(str(reply))
-            reply = await self._command(head + script.by_source + packed)
-            if type(reply) is _ServerError:
-                raise ResponseError(str(reply))
+            if cached and str(reply).startswith("NOSCRIPT"):
+                return await self.run_packed(script, parts, packed, cached=False)
+            raise ResponseError(str(reply))
         return reply

@@ -1,6 +1,8 @@
 """The RESP2 reply parser of admission's Redis connections, against a plain recursive reading of the protocol: the
 same value and end for a whole reply, `_Incomplete` for every prefix of one."""
 
+import random
+
 import pytest
 
 from gateway.admission.redis_wire import _Incomplete, _parse, _ServerError
@@ -41,6 +43,9 @@ REPLIES = [
     b"*0\r\n", b"*5\r\n:1\r\n$2\r\nok\r\n:3\r\n:-40\r\n:59999\r\n", b"*3\r\n:-1\r\n:0\r\n:0\r\n",
     b"*2\r\n$-1\r\n*2\r\n:1\r\n$4\r\n:2\r\n\r\n", b"*3\r\n:1\r\n-NOSCRIPT no script\r\n:2\r\n",
     b"*2\r\n*1\r\n-ERR inner\r\n:5\r\n", b"-ERR plain\r\n", b"*2\r\n+PONG\r\n$1\r\n*\r\n",
+    # bulk strings with CR LF inside that read as items if their length is not checked
+    b"*2\r\n$5\r\nx\r\n:5\r\n:7\r\n", b"*3\r\n$8\r\nab\r\n$0\r\n\r\n$1\r\nc\r\n:1\r\n", b"*1\r\n$3\r\na\rb\r\n",
+    b"*2\r\n:+5\r\n:007\r\n", b"*9\r\n" + b":1\r\n" * 9, b"*8\r\n" + b"$1\r\n\n\r\n" * 8,
 ]  # fmt: skip
 
 
@@ -50,5 +55,29 @@ def test_a_whole_reply_and_every_prefix_of_it(reply):
         value, end = _parse(bytearray(reply + tail), 0)
         assert (plain(value), end) == reference(reply, 0)
     for cut in range(len(reply)):
+        with pytest.raises(_Incomplete):
+            _parse(bytearray(reply[:cut]), 0)
+
+
+def _flat_reply(rng: random.Random) -> bytes:
+    """An array of integers and bulk strings (what the scripts reply), the strings' bytes any, CR and LF often."""
+    items = []
+    for _ in range(rng.randint(0, 10)):
+        if rng.random() < 0.5:
+            items.append(b":%d\r\n" % rng.randint(-(10**12), 10**12))
+        else:
+            data = bytes(rng.choice(b"ab:$*-\r\n0123456789") for _ in range(rng.randint(0, 8)))
+            items.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"*%d\r\n" % len(items) + b"".join(items)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_arrays_of_integers_and_bulk_strings_at_random(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        reply = _flat_reply(rng)
+        value, end = _parse(bytearray(reply + b"$1\r\n:\r\n"), 0)
+        assert (plain(value), end) == reference(reply, 0), reply
+        cut = rng.randrange(len(reply))
         with pytest.raises(_Incomplete):
             _parse(bytearray(reply[:cut]), 0)

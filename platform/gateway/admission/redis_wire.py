@@ -16,6 +16,7 @@ interrupted (cancelled, failed) closes its connection, so no reply is ever read 
 import asyncio
 import collections
 import hashlib
+import re
 from urllib.parse import unquote, urlsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -48,6 +49,15 @@ def pack(*parts: bytes | str | int) -> bytes:
     return b"*%d\r\n" % len(parts) + bulks(parts)
 
 
+# An array of integers and bulk strings without CR or LF in them, as all the per-request scripts' replies are: its
+# items found by a regex, in C, rather than one by one (303 -> 175 bytecodes for the acquire's reply). A bulk string
+# of another length than its data's (one with CR LF in it) and any other reply are read item by item.
+_ITEM = rb":(-?\d+)\r\n|\$(\d+)\r\n([^\r\n]*)\r\n"
+_ITEMS = re.compile(_ITEM)
+_FLAT_SIZES = 9  # arrays of up to 8 items
+_FLAT_ARRAYS = [re.compile(rb"(?:%b){%d}" % (_ITEM, size)) for size in range(_FLAT_SIZES)]  # by the array's size
+
+
 class _ServerError(Exception):
     pass
 
@@ -77,23 +87,20 @@ def _parse(buffer: bytearray, start: int) -> tuple[Reply | _ServerError, int]:
         size = int(buffer[start + 1 : end])
         if size < 0:
             return None, end + 2
+        flat = _FLAT_ARRAYS[size].match(buffer, end + 2) if size < _FLAT_SIZES else None
+        if flat is not None:
+            items = []
+            for number, length, data in _ITEMS.findall(buffer, end + 2, flat.end()):
+                if number:
+                    items.append(int(number))
+                elif len(data) == int(length):
+                    items.append(data)
+                else:
+                    break  # a bulk string with CR LF in it: read below
+            else:
+                return items, flat.end()
         items, position, error = [], end + 2, None
         for _ in range(size):
-            line = buffer.find(b"\r\n", position)
-            if line < 0:
-                raise _Incomplete
-            kind = buffer[position]
-            if kind == 58:  # an integer, most of the scripts' items: read here, not in a call
-                items.append(int(buffer[position + 1 : line]))
-                position = line + 2
-                continue
-            if kind == 36 and buffer[position + 1] != 45:  # a bulk string (not nil, "$-1"): the same
-                stop = line + 2 + int(buffer[position + 1 : line])
-                if len(buffer) < stop + 2:
-                    raise _Incomplete
-                items.append(bytes(buffer[line + 2 : stop]))
-                position = stop + 2
-                continue
             item, position = _parse(buffer, position)
             if isinstance(item, _ServerError):
                 error = item

@@ -42,8 +42,11 @@ async def _fake_redis(reply: bytes) -> tuple[RedisWire, asyncio.Server]:
     """A wire to a fake Redis that answers each EVALSHA with `reply`."""
 
     async def server(reader, writer):
-        while data := await reader.read(65536):
-            writer.write(reply * data.count(b"EVALSHA"))
+        try:
+            while data := await reader.read(65536):
+                writer.write(reply * data.count(b"EVALSHA"))
+        except (asyncio.CancelledError, ConnectionError):  # the test is over
+            pass
         writer.close()
 
     fake = await asyncio.start_server(server, "127.0.0.1", 0)
@@ -59,7 +62,7 @@ async def _closed(wire: RedisWire, fake: asyncio.Server) -> None:
 
 def test_a_command_is_one_coroutine_and_a_few_calls():
     """The command's coroutine entered and resumed once (its reply awaited), the connection taken, the command sent,
-    the reply received and parsed: 6 calls."""
+    the reply received and parsed: 5 calls."""
 
     async def main():
         wire, fake = await _fake_redis(b":1\r\n")
@@ -70,7 +73,7 @@ def test_a_command_is_one_coroutine_and_a_few_calls():
         return counter.calls
 
     calls = asyncio.run(main())
-    assert calls == {"run_packed": 2, "_take": 1, "ask": 1, "data_received": 1, "_parse": 1}, calls
+    assert calls == {"run_packed": 2, "ask": 1, "data_received": 1, "_parse": 1}, calls
 
 
 def test_the_acquires_reply_is_parsed_in_few_bytecodes():

@@ -29,9 +29,11 @@ class _Redis:
         self.asked: list[int] = []  # the commands, in the order they went out
         self.replies: dict[int, asyncio.Future] = {}  # those not answered yet
         self.most = 0  # the most commands on a connection at once
+        self.opened = 0
         wire._open = self._open
 
     async def _open(self):
+        self.opened += 1
         return _Connection(self)
 
     def start(self, number: int) -> asyncio.Task:
@@ -75,13 +77,14 @@ class _Redis:
 
 class _Connection:
     def __init__(self, redis: _Redis):
-        self.redis, self.lost, self.transport = redis, False, self
+        self.redis, self.transport = redis, self
+        self.lost = self.transport_closing = self.closed = False  # lost: as the wire's own connection marks it
 
     def is_closing(self) -> bool:
-        return self.lost
+        return self.transport_closing or self.closed
 
     def close(self) -> None:
-        self.lost = True
+        self.lost = self.closed = True
 
     def ask(self, message: bytes) -> asyncio.Future:
         return self.redis.ask(message)
@@ -196,3 +199,37 @@ def test_many_waiters_cancelled_and_timing_out_at_random(seed):
             assert isinstance(outcome, asyncio.CancelledError | RedisConnectionError), outcome
     kinds = {type(outcome) for outcome in outcomes.values()}
     assert int in kinds and asyncio.CancelledError in kinds
+
+
+def test_closed_idle_connections_are_passed_over():
+    """The most recently used idle connection goes first; one closed meanwhile is dropped for the next, and with
+    none left open a new one is made."""
+
+    async def main():
+        wire, redis = _wire_and_redis(3)
+        for number in range(3):  # three connections at once, then idle
+            redis.start(number)
+        await _steps(2)
+        await redis.finish()
+        first, second, third = wire._idle
+        third.lost = True
+        redis.start(3)
+        await _steps(1)
+        on_second = wire._idle[-1] is first and len(wire._idle) == 1  # 3 went out on the second: not idle now
+        second.transport_closing = True
+        redis.answer(3)
+        await _steps(2)
+        redis.start(4)  # the second is closing now, the first open
+        await _steps(1)
+        on_first = not wire._idle
+        await redis.finish()
+        first.lost = True
+        redis.start(5)  # only the second and the first idle, both closed: a new one
+        await _steps(1)
+        made = not wire._idle and redis.opened == 4
+        await redis.finish()
+        return on_second, on_first, made, third.closed, second.closed, wire._idle
+
+    on_second, on_first, made, third_closed, second_closed, idle = asyncio.run(main())
+    assert on_second and on_first and made and third_closed and second_closed
+    assert len(idle) == 1 and not idle[0].lost

@@ -260,7 +260,11 @@ class RedisWire:
         else:
             await self._wait_turn()
         try:
-            reused = self._take()
+            idle = self._idle  # the most recently used idle connection, if open (`_take` without its call):
+            reused = idle.pop() if idle else None
+            if reused is not None and (reused.lost or reused.transport.is_closing()):
+                reused.close()
+                reused = self._take()
             for connection in (reused, None) if reused is not None else (None,):
                 try:
                     connection = connection or await self._open()

@@ -22,11 +22,9 @@ import functools
 import io
 import logging
 import operator
-import os
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 from django.conf import settings
@@ -48,10 +46,10 @@ from quilt.asgi import application as platform_application  # sets Django up
 log = logging.getLogger(__name__)
 
 from gateway import relay, views  # noqa: E402 - they need Django set up
-from gateway.exchange import settling as exchange_settling  # noqa: E402
+from gateway.disconnects import until_disconnected, until_told_disconnected  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
-from gateway.http_protocol import EXTENSION, GatewayCycle  # noqa: E402
-from gateway.running_loop import current_task  # noqa: E402
+from gateway.http_protocol import EXTENSION  # noqa: E402
+from gateway.request_ids import request_id_hex  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
@@ -75,11 +73,6 @@ async def _read_body(receive, limit: int) -> bytes | None:
             raise _TooLarge
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def _disconnected(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _headers(response) -> list[tuple[bytes, bytes]]:
@@ -234,35 +227,6 @@ def _media_type(content_type: str) -> str:
     return parse_header_parameters(content_type)[0]
 
 
-class _RandomBytes(threading.local):
-    """os.urandom's bytes, 16 at a time from reads of 4 KiB: one getrandom system call per 256 request ids, not one
-    each; per thread, and a forked child starts afresh (it must not repeat its parent's)."""
-
-    pool = b""
-    at = 0
-
-    def take(self, size: int) -> bytes:
-        at = self.at
-        if at + size > len(self.pool):
-            self.pool, at = os.urandom(4096), 0
-        self.at = at + size
-        return self.pool[at : at + size]
-
-
-_random_bytes = _RandomBytes()
-os.register_at_fork(after_in_child=_random_bytes.__dict__.clear)
-
-
-def request_id_hex(random16: bytes | None = None) -> str:
-    """`uuid.uuid4().hex` (the same version and variant bits over 16 random bytes), without building a UUID."""
-    number = int.from_bytes(_random_bytes.take(16) if random16 is None else random16, "big")
-    return "%032x" % (number & _UUID4_CLEAR | _UUID4_SET)
-
-
-_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64)) & ((1 << 128) - 1)
-_UUID4_SET = (0x8000 << 48) | (4 << 76)
-
-
 async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, received: float) -> None:
     """A chat or completion request, as `views.chat_completions`/`views.completions` answer it behind `_serve`,
     without Django's request and response objects when the answer is a stream: the same services in the same
@@ -364,56 +328,9 @@ class InferenceFastPath:
             serving = _serve(request, send)
         cycle = scope.get("extensions", {}).get(EXTENSION)
         if cycle is None:
-            await _until_disconnected(serving, receive)
+            await until_disconnected(serving, receive)
         else:
-            await _until_told_disconnected(serving, cycle)
-
-
-async def _until_disconnected(serving: Coroutine, receive) -> None:
-    """Runs `serving` in this (the server's) task, cancelled if the client goes away first (the view's `finally` then
-    settles and aborts), and then ends normally; a cancellation from elsewhere (the server's) still ends the task
-    cancelled. One listener task beside it: not a second task for `serving` and an `asyncio.wait` over both (about
-    30 Python calls per request less, docs/gateway-performance.md)."""
-    task = current_task()
-    left: list[bool] = []
-    listening = asyncio.create_task(_cancel_when_gone(receive, task, left))
-    try:
-        await serving
-    except asyncio.CancelledError:
-        if not left:
-            raise  # not the client's going: the server's own cancellation
-    finally:
-        listening.cancel()
-        if left:
-            task.uncancel()  # the cancellation was this function's own, and is handled
-
-
-async def _until_told_disconnected(serving: Coroutine, cycle: GatewayCycle) -> None:
-    """`_until_disconnected` under the gateway's own server, which says when the client went away: no listener."""
-    task = cycle.current_task()
-    left: list[bool] = []
-    cycle.when_disconnected(lambda: _cancel(task, left))
-    try:
-        await serving
-    except asyncio.CancelledError:
-        if not left:
-            raise
-    finally:
-        cycle.when_disconnected(None)
-        if left:
-            task.uncancel()
-
-
-async def _cancel_when_gone(receive, task: asyncio.Task, left: list[bool]) -> None:
-    await _disconnected(receive)
-    _cancel(task, left)
-
-
-def _cancel(task: asyncio.Task, left: list[bool]) -> None:
-    """The client went away: its request is cancelled, unless it is settling its hold (which then finishes)."""
-    if not task.done() and not exchange_settling(task):
-        left.append(True)
-        task.cancel()
+            await until_told_disconnected(serving, cycle)
 
 
 application = InferenceFastPath(platform_application)

@@ -153,7 +153,7 @@ def test_a_client_that_goes_away_cancels_its_request_and_only_then():
     request aborted) and the server's task ends normally; the server's own cancellation still ends the task."""
     import asyncio
 
-    from gateway.asgi import _until_disconnected
+    from gateway.disconnects import until_disconnected as _until_disconnected
 
     async def scenario(*, client_leaves: bool) -> list[str]:
         happened = []
@@ -191,7 +191,7 @@ def test_a_client_that_goes_away_while_its_hold_is_settled_lets_the_settle_finis
     cancel it, so the hold is released whole; a disconnect before it still cancels the request."""
     import asyncio
 
-    from gateway.asgi import _until_disconnected
+    from gateway.disconnects import until_disconnected as _until_disconnected
     from gateway.exchange import Exchange
 
     async def scenario(*, leave_while_settling: bool) -> list[str]:

@@ -8,19 +8,20 @@ import uuid
 import pytest
 from django.utils.http import parse_header_parameters
 
-from gateway.asgi import _media_type, request_id_hex
+from gateway.asgi import _media_type
+from gateway.request_ids import request_id_hex
 from gateway.usage_report import served_usage_json
 
 
 def test_request_ids_take_their_random_bytes_256_at_a_time(monkeypatch):
     """One getrandom system call per 256 ids (os.urandom's bytes, read 4 KiB at a time); a forked child's next id
     is not its parent's."""
-    from gateway import asgi
+    from gateway import request_ids
 
     reads = []
     real = os.urandom
-    monkeypatch.setattr(asgi.os, "urandom", lambda size: reads.append(size) or real(size))
-    asgi._random_bytes.__dict__.clear()
+    monkeypatch.setattr(request_ids.os, "urandom", lambda size: reads.append(size) or real(size))
+    request_ids._random_bytes.__dict__.clear()
     ids = [request_id_hex() for _ in range(512)]
     assert reads == [4096, 4096] and len(set(ids)) == 512
     read, write = os.pipe()

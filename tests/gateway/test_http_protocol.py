@@ -9,7 +9,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway.asgi import _until_disconnected, _until_told_disconnected
+from gateway.disconnects import until_disconnected as _until_disconnected
+from gateway.disconnects import until_told_disconnected as _until_told_disconnected
 from gateway.exchange import Exchange
 from gateway.http_protocol import EXTENSION, GatewayHttpProtocol
 from gateway.running_loop import current_task, running_loop

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from gateway import openai_request as parse
+from gateway.chat_structure import structure as chat_structure
 from gateway.errors import ApiError, invalid
 from gateway.openai_request import GenerationRequest, parse_body
 
@@ -85,7 +86,7 @@ def parse_chat_before(body: dict) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list.", param="messages")
-    structure = parse._structure(body)
+    structure = chat_structure(body)
     modalities = body.get("modalities")
     if modalities not in (None, ["text"]):
         raise invalid("Only the 'text' modality is supported.", param="modalities", code="unsupported_parameter")

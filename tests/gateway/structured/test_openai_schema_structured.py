@@ -40,7 +40,7 @@ def test_tool_calls_whole_and_their_answer_are_as_documented(demo_stack):
 
 def test_streamed_tool_calls_are_as_documented(demo_stack):
     request = {"model": "shout", "messages": [{"role": "user", "content": "the time please"}], "tools": [WEATHER, CLOCK],
-               "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": 0,
+               "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "parallel_tool_calls": False, "temperature": 0,
                "max_tokens": 128, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     assert component("ChatCompletionRequest").is_valid(request)
     with client(demo_stack).chat.completions.with_streaming_response.create(**request) as raw:

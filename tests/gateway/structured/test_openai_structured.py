@@ -111,7 +111,8 @@ def test_a_tool_calling_loop_streamed(demo_stack):
     finish, fragments = None, 0
     stream = api.chat.completions.create(
         model="shout", messages=[{"role": "user", "content": "the time please"}], tools=[WEATHER, CLOCK],
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True, temperature=0, max_tokens=128,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False, stream=True,
+        temperature=0, max_tokens=128,
     )  # fmt: skip
     for chunk in stream:
         if not chunk.choices:
@@ -131,7 +132,8 @@ def test_a_tool_calling_loop_streamed(demo_stack):
     # the SDK's own stream helper assembles the same call
     with api.chat.completions.stream(
         model="shout", messages=[{"role": "user", "content": "the time please"}], tools=[WEATHER, CLOCK],
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, max_tokens=128,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False, temperature=0,
+        max_tokens=128,
     ) as helper:  # fmt: skip
         done = helper.get_final_completion()
     assert done.choices[0].message.tool_calls[0].function.arguments == calls[0]["arguments"]

@@ -18,6 +18,7 @@ from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
 from engine.quant_formats.fp8_experts import Fp8Experts
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 from tests.engine.fp8_checkpoints import (
+    block_oracle,
     build_base,
     quantize_expert_inputs,
     write_block_fp8,
@@ -89,17 +90,6 @@ def fp8(families, tmp_path_factory):
         return made[case]
 
     return get
-
-
-def block_oracle(directory, adapters) -> Oracle:
-    """transformers + PEFT on a weight_block_size checkpoint, dequantized by transformers on load (its config's
-    `dequantize`) into the float32 model. On a CPU-only machine transformers does that by itself; where CUDA is
-    visible it would keep its FP8Linear, whose forward needs the `kernels` package's Triton kernel from the Hub
-    (not on the GPU machine's image, which cannot download it): the oracle is the same function either way."""
-    from transformers import FineGrainedFP8Config
-
-    stored = json.loads((directory / "config.json").read_text())["quantization_config"]
-    return Oracle(directory, adapters, quantization_config=FineGrainedFP8Config.from_dict({**stored, "dequantize": True}))
 
 
 def test_the_block_oracle_is_dequantized_where_cuda_is_visible(fp8, monkeypatch):

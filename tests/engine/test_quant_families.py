@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine import LLM, SamplingParams
-from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
-from tests.engine.fp8_checkpoints import build_base, write_block_fp8
+from tests.engine.conftest import build_adapter, build_checkpoint, random_prompts
+from tests.engine.fp8_checkpoints import block_oracle, build_base, write_block_fp8
 from tests.engine.quantized_checkpoints import write_quantized
 from tests.engine.test_families import assert_matches_peft
 from tests.engine.test_phi3 import fused_equivalent, split_adapter
@@ -143,7 +143,7 @@ def test_phi3_fp8_blocks_on_fused_projections_match_peft(tmp_path):
     prompts, names = random_prompts(59, [3, 14, 9, 6]), ["fused8", None, "qkv4", "fused8"]
     sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
     outputs = llm.generate(prompts, sampling, adapters=names)
-    assert_matches_peft(Oracle(model_dir, adapters), prompts, names, outputs, max_tokens=6)
+    assert_matches_peft(block_oracle(model_dir, adapters), prompts, names, outputs, max_tokens=6)
 
 
 def _one_wide_layer(tmp_path, case):

@@ -160,7 +160,7 @@ gpu_pytest() {  # marker expression, folders...
 }
 
 gpu_kernels() {  # the kernel benchmark in five parts, each under its share of the limit; their JSON merged
-  local smoke="" part ops rc=0 limit
+  local smoke="" part ops rc=0 limit status
   [ "$DRY" = 1 ] && smoke="--smoke"
   rm -f "$OUT"/kernels-part-*.json
   # ops:percent of the limit; lora_delta_configs after lora (Triton's disk cache holds the plans it compiled), and
@@ -171,7 +171,13 @@ gpu_kernels() {  # the kernel benchmark in five parts, each under its share of t
     echo "--- kernels.py --only $ops (limit ${limit}s)"
     # shellcheck disable=SC2086
     timeout -s INT -k 10 "$limit" "$PY" benchmarks/kernels.py $smoke --only $ops \
-      --json "$OUT/kernels-part-${ops%% *}.json" || rc=1
+      --json "$OUT/kernels-part-${ops%% *}.json"
+    status=$?
+    if [ "$status" = 124 ] && [ "$ops" = lora_delta_configs ]; then
+      echo "lora_delta_configs: cut short by its limit, by design (it kept what it measured)"
+    elif [ "$status" != 0 ]; then
+      rc=1
+    fi
   done
   "$PY" benchmarks/gpu_merge_kernels.py "$OUT" || rc=1
   return $rc

@@ -129,7 +129,8 @@ class _Case:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
         self.copies = 1 if device != "cuda" else min(MAX_COPIES, max(2, math.ceil(2 * l2 / page_bytes)))
         self.warm = device == "cuda" and self.copies * page_bytes < 2 * l2
-        self.pages = pages.repeat(self.copies).view(self.copies, -1)  # [copies, N]
+        padded = torch.cat([pages, pages.new_zeros(-pages.numel() % 64)])  # each copy starts 128-byte aligned
+        self.pages = padded.repeat(self.copies).view(self.copies, -1)  # [copies, N']
         self.ranks = torch.full((num_slices, adapters), rank, dtype=torch.int32, device=device)
         self.scaling = torch.full((num_slices, adapters), 2.0, device=device)
         self.slots = (torch.arange(tokens, device=device) % adapters).to(torch.int32)

@@ -50,8 +50,8 @@ class DeltaConfig:
 def plan(num_tokens: int, num_slots: int, in_dim: int, widths: tuple[int, ...], max_rank: int, row_align: int,
          itemsize: int = 2, sms: int = 132) -> DeltaConfig:
     """The configuration the cost model finds fastest for a launch of this static shape (cached: a step pays a
-    lookup). The number of distinct adapters is not known on the host: it takes the most blocks the tokens can
-    make (each adapter's tokens in their own blocks)."""
+    lookup; a new shape about a millisecond). The number of distinct adapters is not known on the host: it takes
+    the most blocks the tokens can make (each adapter's tokens in their own blocks)."""
     block_r = max(16, next_power_of_2(max_rank))
     budget = ALIGNED_TILE if row_align * itemsize >= 16 else UNALIGNED_TILE
     block_k = max(16, min(next_power_of_2(in_dim), _floor_power_of_2(budget // (BLOCK_M + block_r))))
@@ -60,7 +60,8 @@ def plan(num_tokens: int, num_slots: int, in_dim: int, widths: tuple[int, ...], 
     block_ns = (64,) if max_width <= 64 else tuple(n for n in (128, 256) if n == 128 or block_r * n <= budget)
     best, best_us = None, float("inf")
     for block_n in block_ns:
-        for splits in range(1, cdiv(max_width, block_n) + 1):
+        tiles = cdiv(max_width, block_n)
+        for splits in sorted({cdiv(tiles, per) for per in range(1, tiles + 1)}):  # each split of the tiles once
             config = DeltaConfig(block_k, block_n, splits, warps)
             us = estimate_us(config, num_tokens, num_slots, in_dim, widths, max_rank, itemsize, sms)
             if us < best_us * 0.99:  # a near tie goes to fewer programs
@@ -193,8 +194,8 @@ def lora_delta(
         return
     widths = tuple(b - a for a, b in zip(slice_offsets, slice_offsets[1:], strict=False))
     aligned = min(row_align & -row_align, 16 // x.element_size())  # the largest power of two it promises, <= 16 B
-    if config is None:
-        config = plan(tokens, num_slots, in_dim, widths, max_rank, aligned, x.element_size(),
+    if config is None:  # planned for a power of two of tokens: a few plans serve every step's count
+        config = plan(next_power_of_2(tokens), num_slots, in_dim, widths, max_rank, aligned, x.element_size(),
                       multiprocessor_count(x.device))
     per_program = _per_program(config, max(widths))
     grid = (cdiv(max(widths), per_program), max_blocks(tokens, num_slots), num_slices)

@@ -125,11 +125,12 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         meta = LoRAMeta.build(slots, 4)
         return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, pages, b_rows, slots, ranks,
                                   torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
-    if case == "lora_delta":  # one launch for q/k/v, A and B read through views of one static table
+    if case in ("lora_delta", "lora_delta-aligned-rows"):  # one launch for q/k/v, A and B: views of one static table
         x, pages, rows, slots, ranks = _lora_inputs(64, dtype)
         table = torch.stack([rows, rows], dim=1)  # [S, 2, U, R]
         return _recorded_launches("lora_delta", torch.randn(64, 6144).to(dtype), x, pages, table[:, 0], table[:, 1],
-                                  slots, ranks, torch.ones(3, 4), (0, 4096, 5120, 6144), meta=LoRAMeta.build(slots, 4))
+                                  slots, ranks, torch.ones(3, 4), (0, 4096, 5120, 6144), meta=LoRAMeta.build(slots, 4),
+                                  row_align=8 if case.endswith("aligned-rows") else 1)  # aligned: the engine's pages
     cache, tables, lens = _paged(dtype)
     extra = _WINDOW_SOFTCAP if case.endswith("-window-softcap") else {}
     case = case.removesuffix("-window-softcap")
@@ -196,7 +197,7 @@ def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
 
 
 CASES = [
-    "lora_delta", "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode",
+    "lora_delta", "lora_delta-aligned-rows", "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode",
     "paged_attention_decode-split-kv",
     "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
     "store_kv-fp8kv", "paged_attention_decode-fp8kv", "paged_attention_decode-split-kv-fp8kv",

@@ -30,6 +30,15 @@ def test_smoke_mode_runs_lora_through_page_tables():
     assert "| NO |" not in done.stdout
 
 
+def test_smoke_mode_times_lora_delta_configurations_side_by_side(tmp_path):
+    done = _run("--smoke", "--only", "lora_delta_configs", "--json", str(tmp_path / "rows.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for candidate in ("| plan |", "| plan for unaligned rows |", "| 5d42326 |", "best down T=4 adapters=2 r=8: "):
+        assert candidate in done.stdout
+    assert "| NO |" not in done.stdout
+    assert '"op": "lora_delta_config"' in (tmp_path / "rows.json").read_text()
+
+
 def test_smoke_mode_runs_the_experts():
     done = _run("--smoke", "--only", "moe")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -60,9 +60,10 @@ class _TooLarge(Exception):
     pass
 
 
-async def _read_body(receive, limit: int) -> bytes | None:
-    """The whole request body, or None if the client went away first; _TooLarge past `limit` bytes."""
-    chunks, size = [], 0
+async def _read_body(receive, limit: int, first: bytes = b"") -> bytes | None:
+    """The whole request body (after `first`, its part read already), or None if the client went away first;
+    _TooLarge past `limit` bytes."""
+    chunks, size = [first], len(first)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -115,12 +116,13 @@ class HttpsPolicy:
 
     def __init__(self, middleware: SecurityMiddleware):
         self.middleware = middleware
+        self.redirect = bool(middleware.redirect)  # its settings are read once, when it is made
         self.proxy_header: tuple[bytes, str] | None = None
         if hot.SECURE_PROXY_SSL_HEADER:
             meta_name, secure_value = hot.SECURE_PROXY_SSL_HEADER
             self.proxy_header = (meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1"),
                                  secure_value)  # fmt: skip
-        self._added = {secure: self._headers_added(secure) for secure in (False, True)}
+        self.added = {secure: self._headers_added(secure) for secure in (False, True)}  # `headers`, by `secure`
 
     def secure(self, scope) -> bool:
         if self.proxy_header is not None:
@@ -134,11 +136,11 @@ class HttpsPolicy:
     def redirects(self, *, secure: bool) -> bool:
         """Whether the middleware may answer this request itself (a redirect to HTTPS); if so, the request takes
         the general path, where the middleware decides (exempt paths included)."""
-        return bool(self.middleware.redirect) and not secure
+        return self.redirect and not secure
 
     def headers(self, *, secure: bool) -> list[tuple[bytes, bytes]]:
         """The headers the middleware adds to an answer that has none of them."""
-        return self._added[secure]
+        return self.added[secure]
 
     def _headers_added(self, secure: bool) -> list[tuple[bytes, bytes]]:
         request = SimpleNamespace(is_secure=lambda: secure)
@@ -198,14 +200,6 @@ _LATIN1 = operator.methodcaller("encode", "latin-1")
 _SSE_HEAD = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in relay.SSE_HEADERS.items()]
 
 
-def _fast_route(scope) -> str | None:
-    """The kind of generation a request asks for when the fast path may serve it: a POST to a completion route,
-    with no script prefix, that the HTTPS policy lets through."""
-    if scope["method"] != "POST" or scope.get("root_path") or hot.FORCE_SCRIPT_NAME:
-        return None
-    return COMPLETION_ROUTES.get(scope["path"])
-
-
 def _header(scope, name: bytes) -> str:
     """A request header as Django's request.META has it (repeated headers joined by commas, "" when absent)."""
     return b",".join([value for header, value in scope["headers"] if header.lower() == name]).decode("latin-1")
@@ -255,7 +249,7 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
         return
     head = [*_SSE_HEAD, *zip(map(_LATIN1, headers), map(_LATIN1, headers.values()), strict=True),
-            (b"x-request-id", request_id.encode()), *_policy.headers(secure=secure)]  # fmt: skip
+            (b"x-request-id", request_id.encode()), *_policy.added[secure]]  # fmt: skip
     start = {"type": "http.response.start", "status": 200, "headers": head}
     try:
         cycle = scope.get("extensions", {}).get(EXTENSION)
@@ -303,24 +297,43 @@ class InferenceFastPath:
         self.platform = platform
 
     async def __call__(self, scope, receive, send) -> None:
+        """The request: read whole, then served by `_generate` (a POST to a completion route, with no script prefix,
+        that the HTTPS policy lets through: `fast`) or `_serve`, cancelled if its client goes away first."""
         received = time.monotonic()  # the request log's times start at the gateway's receipt of the request
-        if scope["type"] == "http" and scope["path"] == METRICS_PATH:
-            await _metrics(scope, send)
-            return
-        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+        if scope["type"] != "http":
             await self.platform(scope, receive, send)
             return
-        limit = body_limit(method=scope["method"], path=scope["path"])
-        try:
-            body = await _read_body(receive, limit)
+        path = scope["path"]
+        if not path.startswith(PREFIX):
+            if path == METRICS_PATH:
+                await _metrics(scope, send)
+            else:
+                await self.platform(scope, receive, send)
+            return
+        method = scope["method"]
+        limit = body_limit(method=method, path=path)
+        try:  # `_read_body`, its first message read here (most bodies come whole in it)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = b"".join((message.get("body", b""),))
+            if len(body) > limit:
+                raise _TooLarge
+            if message.get("more_body", False):
+                body = await _read_body(receive, limit, body)
+                if body is None:
+                    return
         except _TooLarge:
             await _send(_answered(too_large(limit)), send)  # the rest of the body is left unread: the server closes
             return
-        if body is None:
-            return
-        kind = _fast_route(scope)
-        secure = kind is not None and _policy.secure(scope)
-        if kind is not None and not _policy.redirects(secure=secure):
+        kind = COMPLETION_ROUTES.get(path)
+        if kind is not None and (method != "POST" or scope.get("root_path") or hot.FORCE_SCRIPT_NAME):
+            kind = None
+        if kind is not None:  # `_policy.secure` (where no proxy header is trusted) and `redirects` written out
+            secure = scope.get("scheme") == "https" if _policy.proxy_header is None else _policy.secure(scope)
+            if not (secure or not _policy.redirect):
+                kind = None
+        if kind is not None:
             serving = _generate(scope, body, send, kind=kind, secure=secure, received=received)
         else:
             request = ASGIRequest(scope, io.BytesIO(body))

@@ -11,11 +11,6 @@ from gateway.http_protocol import GatewayCycle
 from gateway.running_loop import current_task
 
 
-async def _disconnected(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def until_disconnected(serving: Coroutine, receive) -> None:
     """Runs `serving` in this (the server's) task, cancelled if the client goes away first (the view's `finally` then
     settles and aborts), and then ends normally; a cancellation from elsewhere (the server's) still ends the task
@@ -23,7 +18,8 @@ async def until_disconnected(serving: Coroutine, receive) -> None:
     30 Python calls per request less, docs/gateway-performance.md)."""
     task = current_task()
     left: list[bool] = []
-    listening = asyncio.create_task(_cancel_when_gone(receive, task, left))
+    # the loop's own create_task: asyncio.create_task's wrapper asks for the running loop (a getpid)
+    listening = task.get_loop().create_task(_cancel_when_gone(receive, task, left))
     try:
         await serving
     except asyncio.CancelledError:
@@ -52,7 +48,8 @@ async def until_told_disconnected(serving: Coroutine, cycle: GatewayCycle) -> No
 
 
 async def _cancel_when_gone(receive, task: asyncio.Task, left: list[bool]) -> None:
-    await _disconnected(receive)
+    while (await receive())["type"] != "http.disconnect":
+        pass
     _cancel(task, left)
 
 

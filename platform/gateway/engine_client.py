@@ -173,6 +173,11 @@ class GenerateStream:
         return self._response is not None and self._response.line_ready()
 
     async def close(self) -> None:
+        self.end()
+
+    def end(self) -> None:
+        """Closes the stream (`close` without its coroutine): an answer not read to its end closes its connection,
+        which makes the engine abort the request."""
         if self._response is not None:
             self._response.close()
 

@@ -11,6 +11,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from json.encoder import encode_basestring_ascii
+from operator import attrgetter
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -47,7 +49,7 @@ from gateway.openai_response import ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
 from gateway.running_loop import current_task
 from gateway.token_text import Vocabulary, vocabulary
-from gateway.usage_report import served_usage_json, usage_event, usage_send
+from gateway.usage_report import served_usage_json, served_usage_template, usage_event, usage_send
 from metering.services import request_body_store
 
 log = logging.getLogger(__name__)
@@ -282,14 +284,11 @@ class Exchange:
         if not (transfer or {}).get("blocks_pulled"):  # nothing pulled (or the engine could not reach the source to
             end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
 
-    @property
-    def settled(self) -> bool:
-        return self._settled
+    settled = property(attrgetter("_settled"), doc="Whether `settle` ran (or runs now); read in C, on every request.")
 
     async def settle(self) -> None:
-        """Closes the engine stream and replaces the hold by what was served. Runs once. While it runs, the gateway's
-        disconnect listener does not cancel its task (`settling`): the relay awaits it without `asyncio.shield`'s
-        task of its own."""
+        """Closes the engine stream and replaces the hold by what was served. Runs once. While it runs, a client's
+        disconnect does not cancel its task (`settling`): the relay awaits it without a shield's task of its own."""
         if self._settled:
             return
         self._settled = True
@@ -301,58 +300,68 @@ class Exchange:
             _settling.discard(task)
 
     async def _settle(self) -> None:
-        if self.stream is not None:  # an engine took it: its event has the row, the gateway adds its times
+        stream, engine = self.stream, self.engine
+        if stream is not None:  # an engine took it: its event has the row, the gateway adds its times
             request_reports.answered(request_id=self.request_id, status_code=self.answer_status,
                                      received=self.started, first_token=self.first_token_at)  # fmt: skip
-            finished = self.stream.finished
-            await self.stream.close()
-            if not finished and not self.broke and self.engine is not None:
-                await engine_client.abort(self.engine, self.request_id)
-        if self.engine is not None:
-            router.ended(self.engine)
-        usage = self.builder.usage
-        if not self.usage_reported:
+            finished = stream.finished
+            stream.end()
+            if not finished and not self.broke and engine is not None:
+                await engine_client.abort(engine, self.request_id)
+        if engine is not None:
+            router.ended(engine)
+        usage, caller, reported = self.builder.usage, self.caller, self.usage_reported
+        if not reported:
             usage.completion_tokens = sum(choice.tokens for choice in self.builder.choices)
-            if self.broke and self.engine is not None:
-                await self._report_lost_usage(self.engine)
-        final = False  # metering's settle, once it recorded the engine's usage event, is the final one
-        served = ""
-        if self.usage_reported:  # the engine's counts
+            if self.broke and engine is not None:
+                await self._report_lost_usage(engine)
+        final, served, now = False, "", time.monotonic()  # final: metering's settle, once it has the engine's event
+        if reported:  # the engine's counts
             tokens = usage.prompt_tokens + usage.completion_tokens
-            spend = self.caller.spend(
-                base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
-                cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
-            )  # fmt: skip
-            served = self._served_event()
-        elif self.stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
-            tokens, spend = self.hold_tokens, self.hold_spend
+            micros, picos = caller.spend_units(base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
+                                               cached_tokens=usage.cached_tokens,
+                                               completion_tokens=usage.completion_tokens)  # fmt: skip
+            served = self._served_event(now, usage, caller)
+        elif stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
+            tokens, micros, picos = self.hold_tokens, spend_to_micros(self.hold_spend), spend_to_picos(self.hold_spend)
         else:  # no engine took it (none left, refused, adapter unavailable): nothing to wait for
-            tokens, spend, final = 0, Decimal(0), True
-        if self.caller.body_retention_days and self.stream is not None:
+            tokens, micros, picos, final = 0, 0, 0, True
+        if caller.body_retention_days and stream is not None:
             await self._keep_bodies()
-        self._measure(outcome="ok" if self.usage_reported and not self.broke else "broken" if self.broke
-                      else "unserved" if final else "abandoned")  # fmt: skip
-        await admission_settle(
-            tenant_id=self.caller.tenant_id, request_id=self.request_id, tokens=tokens,
-            spend_micros=spend_to_micros(spend), key_spend_picos=spend_to_picos(spend), final=final,
-            key_prefix=self.caller.limits.key_prefix, usage=served,
-        )  # fmt: skip
+            now = time.monotonic()
+        outcome = "ok" if reported and not self.broke else "broken" if self.broke else "unserved" if final else "abandoned"
+        series = metrics.request_series.get(self.labels) or metrics.series_of(self.labels)
+        series.ended(outcome, now - self.started, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+                     counted=reported)  # fmt: skip
+        await admission_settle(tenant_id=caller.tenant_id, request_id=self.request_id, tokens=tokens,
+                               spend_micros=micros, key_spend_picos=picos, final=final,
+                               key_prefix=caller.limits.key_prefix, usage=served)  # fmt: skip
 
-    def _served_event(self) -> str:
-        """The usage event of what the client was served, from the engine's final counts (JSON): kept with the
-        provisional settle until metering records the request, and billed by the worker if the engine's own event
-        never arrives (an engine killed, its spool lost with its pod)."""
-        usage = self.builder.usage
-        engine = self.engine
-        return served_usage_json(
-            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
-            digest=self.target.digest, base_model=self.target.base_model,
-            metadata=self.metadata(engine) if engine is not None else {}, prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
-            finish_reason="length" if any(c.finish_reason == "length" for c in self.builder.choices) else "stop",
-            e2e_ms=(time.monotonic() - self.started) * 1000.0,
-            ttft_ms=(self.first_token_at - self.started) * 1000.0 if self.first_token_at is not None else None,
-        )  # fmt: skip
+    def _served_event(self, now: float, usage: Usage, caller: Caller) -> str:
+        """The usage event the client was served (JSON), kept with the provisional settle until metering records the
+        request, billed if the engine's own never comes: `served_usage_json`'s text, by a template per caller, model
+        and engine (an engine killed, its spool lost with its pod; a prefill hop's event is written whole)."""
+        engine, target, first, started = self.engine, self.target, self.first_token_at, self.started
+        reason = "length" if "length" in map(_FINISH_REASON, self.builder.choices) else "stop"
+        if engine is None or self.prefill is not None:
+            return served_usage_json(
+                request_id=self.request_id, tenant_id=caller.tenant_id, api_key_id=caller.key_id, digest=target.digest,
+                base_model=target.base_model, metadata=self.metadata(engine) if engine is not None else {},
+                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens, finish_reason=reason, e2e_ms=(now - started) * 1000.0,
+                ttft_ms=(first - started) * 1000.0 if first is not None else None)  # fmt: skip
+        key = (caller.tenant_id, caller.key_id, target.name, target.base_model, target.digest,
+               target.adapter_version_id, engine.name)  # what `metadata` and the event's fixed fields read
+        template = _served_templates.get(key)
+        if template is None:
+            if len(_served_templates) >= 10_000:  # bounded: callers and models come and go over a long life
+                _served_templates.clear()
+            template = _served_templates[key] = served_usage_template(
+                tenant_id=caller.tenant_id, api_key_id=caller.key_id, digest=target.digest,
+                base_model=target.base_model, metadata=self.metadata(engine))  # fmt: skip
+        return template % (encode_basestring_ascii(self.request_id), usage.prompt_tokens, usage.cached_tokens,
+                           usage.completion_tokens, "null" if first is None else repr((first - started) * 1000.0),
+                           (now - started) * 1000.0, reason, time.time())  # fmt: skip
 
     async def _keep_bodies(self) -> None:
         """The tenant opted in: its prompt and completion go to the request log, for its retention period."""
@@ -366,15 +375,6 @@ class Exchange:
             )  # fmt: skip
         except DATABASE_DOWN:  # the answer is served; only the log's copy of its text is lost
             log.exception("could not keep the bodies of %s", self.request_id)
-
-    def _measure(self, *, outcome: str) -> None:
-        metrics.requests.labels(*self.labels, outcome).inc()
-        metrics.latency.labels(*self.labels).observe(time.monotonic() - self.started)
-        if self.usage_reported:
-            usage = self.builder.usage
-            metrics.tokens.labels(*self.labels, "prompt").inc(usage.prompt_tokens)
-            metrics.tokens.labels(*self.labels, "cached").inc(usage.cached_tokens)
-            metrics.tokens.labels(*self.labels, "completion").inc(usage.completion_tokens)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
         event = usage_event(
@@ -390,6 +390,8 @@ class Exchange:
 
 
 _metadata_accepted: dict[str, bool] = {}
+_served_templates: dict[tuple, str] = {}  # `served_usage_template` by what it holds
+_FINISH_REASON = attrgetter("finish_reason")
 _settling: set[asyncio.Task] = set()  # the tasks running a settle now
 
 

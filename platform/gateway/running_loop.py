@@ -7,19 +7,29 @@ remembered per thread and asked again only when that one is not running (another
 never forks while its loop runs, which is the case the getpid() check is there for."""
 
 import asyncio
-from threading import get_ident
+import threading
+from asyncio.tasks import _current_tasks  # asyncio.current_task's own map (3.11, 3.12)
 
-_loops: dict[int, asyncio.AbstractEventLoop] = {}
+
+class _Here(threading.local):
+    loop: asyncio.AbstractEventLoop | None = None  # the loop that last ran in this thread
+
+
+_here = _Here()
 
 
 def running_loop() -> asyncio.AbstractEventLoop:
     """`asyncio.get_running_loop()` (RuntimeError outside a running loop)."""
-    loop = _loops.get(get_ident())
+    loop = _here.loop
     if loop is None or not loop.is_running():
-        loop = _loops[get_ident()] = asyncio.get_running_loop()
+        loop = _here.loop = asyncio.get_running_loop()
     return loop
 
 
 def current_task() -> asyncio.Task | None:
-    """`asyncio.current_task()`."""
-    return asyncio.current_task(running_loop())
+    """`asyncio.current_task()`: its look-up in the running loop's entry, without its frame or `running_loop`'s
+    where the thread's loop is the one remembered."""
+    loop = _here.loop
+    if loop is None or not loop.is_running():
+        loop = running_loop()
+    return _current_tasks.get(loop)

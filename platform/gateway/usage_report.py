@@ -31,6 +31,21 @@ def usage_send(event: dict) -> None:
     app.send_task(TASK_NAME, args=[[event]])
 
 
+def served_usage_template(*, tenant_id: int, api_key_id, digest: str | None, base_model: str, metadata: dict) -> str:
+    """`served_usage_json`'s text for these fields, with each request's own values left as %-fields, in order: the
+    request id (JSON, %s), the prompt, cached and completion tokens (%d), TTFT (JSON: null or a float's repr, %s),
+    e2e (%r), the finish reason (%s, a plain word) and `finished_at` (%r); a `%` of the fields' is doubled. Made
+    once per caller, model and engine: a request then fills it in one step (`tests/gateway/test_settle_before.py`)."""
+    fixed = compact_json({
+        "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest, "base_model": base_model,
+    })[1:-1].replace("%", "%%")  # fmt: skip
+    last = compact_json({"metadata": metadata, "engine": metadata.get("engine"), "reported_by": REPORTED_BY_GATEWAY})
+    return (
+        '{"request_id":%s,' + fixed + ',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"ttft_ms":%s,'
+        '"e2e_ms":%r,"finish_reason":"%s","finished_at":%r,' + last[1:].replace("%", "%%")
+    )
+
+
 def served_usage_json(
     *, request_id: str, tenant_id: int, api_key_id, digest: str | None, base_model: str, metadata: dict,
     prompt_tokens: int, cached_tokens: int, completion_tokens: int, finish_reason: str, e2e_ms: float,

@@ -11,8 +11,10 @@ what its requests are billed. Both come from one Decimal price (metering.pricing
 """
 
 import threading
+from collections.abc import Awaitable
 from decimal import Decimal
 
+from asgiref.sync import markcoroutinefunction
 from django.conf import settings
 from django.core.signals import setting_changed
 
@@ -91,15 +93,19 @@ async def admission_peek(*, tenant_id: int) -> Decision:
     return await backend().peek(tenant_id=tenant_id)
 
 
-async def admission_settle(
+@markcoroutinefunction  # it returns the backend's coroutine: callers (async_to_sync too) await it as one
+def admission_settle(
     *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True, key_prefix: str = "",
     key_spend_picos: int | None = None, usage: str = "",
-) -> bool:  # fmt: skip
+) -> Awaitable[bool]:  # fmt: skip
     """`usage`: with a provisional settle, the usage event the client was served (JSON), kept until metering
-    records the request, so that `unreported_usage` bills it if the engine's own event never comes."""
-    return await backend().settle(
+    records the request, so that `unreported_usage` bills it if the engine's own event never comes. Awaited by the
+    caller: the backend's own coroutine, not one around it (on every request's path; `backend` and `_picos` written
+    out likewise)."""
+    return (_current[0] if _current else backend()).settle(
         tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
-        key_spend_picos=_picos(spend_micros, key_spend_picos), final=final, key_prefix=key_prefix, usage=usage,
+        key_spend_picos=spend_micros * 1_000_000 if key_spend_picos is None else key_spend_picos, final=final,
+        key_prefix=key_prefix, usage=usage,
     )  # fmt: skip
 
 

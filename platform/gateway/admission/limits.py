@@ -101,16 +101,17 @@ def picos_to_spend(picos: int) -> Decimal:
     return Decimal(picos) / PICOS
 
 
-_month_cache: tuple[float, str] = (0.0, "")
+_month = ""
+_month_until = 0.0  # when `_month` was worked out, plus a second
 
 
 def current_month() -> str:
     """"YYYY-MM" (UTC), worked out at most once a second (it is on every admission's path)."""
-    global _month_cache
+    global _month, _month_until
     now = time.time()
-    if now - _month_cache[0] >= 1.0:
-        _month_cache = (now, datetime.fromtimestamp(now, UTC).strftime("%Y-%m"))
-    return _month_cache[1]
+    if now >= _month_until:
+        _month, _month_until = datetime.fromtimestamp(now, UTC).strftime("%Y-%m"), now + 1.0
+    return _month
 
 
 def seconds_to_month_end() -> int:

@@ -52,6 +52,7 @@ class _Scripts:
 
 
 _WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
+_SETTLE = _WIRE["settle"]
 
 
 def _decision(reply: list) -> Decision:
@@ -213,13 +214,18 @@ class RedisAdmission:
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
         key_prefix: str = "", usage: str = "",
     ) -> bool:  # fmt: skip
-        tenant = self._tenant(tenant_id)
+        tenant = self._tenants.get(tenant_id)
+        if tenant is None or tenant.month != current_month():  # `_tenant` without its call
+            tenant = self._tenant(tenant_id)
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
         if not self._lean:
             return bool(await self._on_loop().settle(keys=tenant.keys(request_id), args=args))
         settled = (tenant.settled + request_id).encode()
         packed = b"%b$%d\r\n%b\r\n%b%b" % (tenant.settle_head, len(settled), settled, tenant.settle_tail, bulks(args))
-        return bool(await self._wire().run_packed(_WIRE["settle"], 3 + tenant.count + len(args), packed))
+        loop, (last_loop, wire) = running_loop(), self._last  # `_wire` without its call where the loop is the last
+        if last_loop is not loop:
+            wire = self._wire()
+        return bool(await wire.run_packed(_SETTLE, 10 + tenant.count, packed))  # EVALSHA, SHA, count, 7 arguments
 
     def settle_sync(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,

@@ -108,7 +108,7 @@ async def _send_chunks(chunks: AsyncIterator[bytes], send) -> None:
 
 
 async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None = None) -> None:
-    """A stream's SSE body, one write per arrival from the engine (`SseBody.take`), as `_send_chunks` sends
+    """A stream's SSE body, its writes as the engine's events arrive (`SseBody.take`), as `_send_chunks` sends
     `relay._sse`'s: the stream's end ([DONE]) leaves with the response's end, once the body has ended and its hold
     is settled; a failure of the body settles it first. With `start`, the head leaves in the server's `cycle`'s write
     of the first chunk (or alone first, when that chunk ends the stream)."""
@@ -118,28 +118,27 @@ async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None
             try:
                 if body.waiting:
                     await body.arrival()
-                chunk = body.take()
+                writes = body.take()
             except BaseException:
                 await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
                 if start is not None:
                     await send(start)
                 raise
-            if not chunk:
-                continue
-            if start is not None:
-                if not chunk.endswith(DONE):
-                    await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": True})
+            for chunk in writes:
+                if start is not None:
+                    if not chunk.endswith(DONE):
+                        await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": True})
+                        start = None
+                        continue
+                    await send(start)
                     start = None
-                    continue
-                await send(start)
-                start = None
-            if last:
-                await send({"type": "http.response.body", "body": last, "more_body": True})
-                last = b""
-            if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the body
-                last = chunk  # has ended (its hold settled)
-            else:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                    last = b""
+                if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the body
+                    last = chunk  # has ended (its hold settled)
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await body.exchange.settle()
         if start is not None:  # nothing was written
             await send(start)

@@ -165,16 +165,15 @@ class GenerateStream:
         EngineBroke too when the wait for the engine failed (`arrival`)."""
         if self._broken is not None:
             raise EngineBroke(f"{self.engine.name}: the stream broke: {self._broken!r}") from self._broken
-        response = self.response
-        lines = response.lines
+        lines = self.response.lines
         if not lines:
+            response = self.response
             if not (response.complete and response.rest):
                 return []
             lines.append(response.rest)
             response.rest = b""
         events = []
-        while lines:
-            line = lines.popleft()
+        for line in lines:
             try:
                 text = line.decode()
                 try:
@@ -186,13 +185,16 @@ class GenerateStream:
                         continue
                     event = json.loads(text)
             except (ValueError, RecursionError) as error:
-                if events:  # the events before it are read first
-                    lines.appendleft(line)
-                    break
+                if events:  # the events before it are read first: it stays, after the lines read (its bytes'
+                    for _ in range(lines.index(line)):  # first: the same bytes before it would have failed)
+                        lines.popleft()
+                    return events
+                lines.clear()
                 if isinstance(error, RecursionError):
                     raise
                 raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
             events.append(event)
+        lines.clear()
         return events
 
     async def arrival(self) -> None:

@@ -10,19 +10,21 @@
 """
 
 import functools
+from dataclasses import fields
 from typing import NamedTuple
 
-from gateway.openai_response import Delta
+from gateway.openai_response import Delta, Usage
 from gateway.token_text import Vocabulary
 
 USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
                 "sampling_steps")  # fmt: skip
 _ZEROS = (0,) * len(USAGE_COUNTS)
+assert USAGE_COUNTS == tuple(field.name for field in fields(Usage)), "a final's counts are Usage(*counts)"
 
 
 class Final(NamedTuple):  # a tuple: made in one call, not a frozen dataclass's setattr per field
     finishes: list[tuple]  # each choice's (index, finish reason as the engine gave it, "stop" for none)
-    usage: dict  # USAGE_COUNTS, integers
+    usage: tuple  # the counts named in USAGE_COUNTS (Usage's fields), integers
     error: str | None = None  # the engine failed the request
     error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
     kv_transfer: dict | None = None  # a decode hop's: what the engine did with the lease (for metrics only)
@@ -64,11 +66,13 @@ def final_of(event: dict) -> Final:
     finishes = []
     for choice in event.get("choices") or []:  # not a comprehension: its own frame, for one choice or a few
         finishes.append((choice.get("index", 0), choice.get("finish_reason") or "stop"))
-    failed = event.get("finish_reason") == "error"
-    error = event.get("error") if failed else None
-    counts = dict(zip(USAGE_COUNTS, map(usage.get, USAGE_COUNTS, _ZEROS), strict=True))  # in C
-    if {*map(type, counts.values())} != {int}:  # a count the engine sent as null (or not as an integer)
-        counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
+    counts = (*map(usage.get, USAGE_COUNTS, _ZEROS),)  # in C
+    if {*map(type, counts)} != {int}:  # a count the engine sent as null (or not as an integer)
+        counts = tuple([int(usage.get(name) or 0) for name in USAGE_COUNTS])
     transfer = usage.get("kv_transfer")
-    return _final((finishes, counts, error or ("the engine failed" if failed else None),
-                   (event.get("error_type") or None) if failed else None, transfer if isinstance(transfer, dict) else None))
+    if not isinstance(transfer, dict):
+        transfer = None
+    if event.get("finish_reason") != "error":
+        return _final((finishes, counts, None, None, transfer))
+    return _final((finishes, counts, event.get("error") or "the engine failed", event.get("error_type") or None,
+                   transfer))  # fmt: skip

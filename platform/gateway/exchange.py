@@ -2,7 +2,7 @@
 on another engine, with a prefill hop where the fleet has one), reading its events into the response, and the
 settle that replaces the hold by what was served.
 
-The hold is owned by exactly one `finally` (the relay's): `Exchange.settle` runs once, never cut short by the
+The hold is settled by the relay (relay.py says where): `Exchange.settle` runs once, never cut short by the
 cancellation that a client's disconnect delivers, after the engine stream is closed (closing it makes the engine
 abort the request)."""
 
@@ -14,13 +14,7 @@ from decimal import Decimal
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from engine.contract import (
-    ADAPTER_UNAVAILABLE,
-    EVENT_DELTA,
-    EVENT_FINAL,
-    billed_cached_tokens,
-    prompt_fingerprints,
-)
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL, billed_cached_tokens, prompt_fingerprints
 from gateway import engine_client, metrics, request_reports
 from gateway.admission import admission_settle, spend_to_micros, spend_to_picos
 from gateway.caller import Caller, Target
@@ -43,7 +37,7 @@ from gateway.engine_client import (
     EngineUnavailable,
     GenerateStream,
 )
-from gateway.engine_events import delta_of, final_of
+from gateway.engine_events import final_of
 from gateway.engine_refusals import engine_refusal
 from gateway.errors import adapter_unavailable, no_engine
 from gateway.hot_settings import hot
@@ -246,39 +240,14 @@ class Exchange:
         finally:
             router.ended(engine)
 
-    async def read_whole(self) -> None:
-        """Reads the engine's events to the answer's end, applied to the response (a whole answer; a stream's are
-        applied by `relay.SseBody`); raises EngineBroke if the engine fails the request."""
-        stream = self.stream
-        events, self.first = self.first, []
-        try:
-            while events is not None:
-                for event in events:
-                    self._apply(event)
-                events = await stream.events()
-        except EngineBroke:
-            self.broke = True
-            raise
-
-    def _apply(self, event: dict) -> None:
-        kind = event.get("type")
-        if kind == EVENT_DELTA:
-            delta = delta_of(event, vocabulary=self.vocabulary)
-            self.builder.apply(delta)
-            if self.first_token_at is None and delta.tokens:
-                self.first_token()
-        elif kind == EVENT_FINAL:
-            self.final(event)
-
     def final(self, event: dict) -> list[tuple]:
-        """Applies the final event to the response: each choice's finish and the usage; raises EngineBroke if the
-        engine failed the request. Its choices' (index, finish reason)."""
+        """Applies the final event to the response (a delta is the relay's to apply): each choice's finish and the
+        usage; raises EngineBroke if the engine failed the request. Its choices' (index, finish reason)."""
         self.stream.finished = True
         final = final_of(event)
         builder = self.builder
-        for index, reason in final.finishes:
-            builder.finish(index, reason)
-        builder.usage = Usage(**final.usage)
+        builder.finish(final.finishes)
+        builder.usage = Usage(*final.usage)
         self.usage_reported = True
         if self.prefill is not None:
             self._count_transfer(final.kv_transfer)

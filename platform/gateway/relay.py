@@ -2,14 +2,17 @@
 stream (`exchange`), relay its events as an OpenAI response or SSE stream, and settle the hold with the actual usage
 whatever happens.
 
-The hold is owned by exactly one `finally` here: `Exchange.settle` runs once, after the engine stream is closed (closing
-it makes the engine abort the request), and is never cut short by the cancellation that a client's disconnect
-delivers (a stream's settle is not cancelled at all, `exchange.settling`; the others are shielded)."""
+The hold is settled once (`Exchange.settle`, after the engine stream is closed: closing it makes the engine abort the
+request): by `_whole`'s `finally`, or by the owner of a stream's SSE body when the body ends or fails (`asgi._send_stream`;
+`_sse`'s `finally` under Django's response), or when its client left while a write was made (`asgi._generate`). It is
+never cut short by the cancellation that a client's disconnect delivers (a stream's settle is not cancelled at all,
+`exchange.settling`; the others are shielded)."""
 
 import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from operator import length_hint
 
 from django.http import HttpResponse, StreamingHttpResponse
 
@@ -72,7 +75,7 @@ async def _opened(exchange: Exchange) -> None:
 
 async def _whole(exchange: Exchange) -> HttpResponse:
     try:
-        await exchange.read_whole()
+        await _read_whole(exchange)
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         if exchange.error_type == ADAPTER_UNAVAILABLE:
@@ -89,32 +92,56 @@ async def _whole(exchange: Exchange) -> HttpResponse:
     return HttpResponse(_json(exchange.builder.body()), content_type="application/json")
 
 
+async def _read_whole(exchange: Exchange) -> None:
+    """Reads the engine's events to the answer's end, applied to the response; EngineBroke if the engine fails the
+    request."""
+    stream, builder = exchange.stream, exchange.builder
+    events, exchange.first = exchange.first, []
+    try:
+        while events is not None:
+            for event in events:
+                kind = event.get("type")
+                if kind == EVENT_DELTA:
+                    delta = delta_of(event, vocabulary=exchange.vocabulary)
+                    builder.apply(delta)
+                    if exchange.first_token_at is None and delta.tokens:
+                        exchange.first_token()
+                elif kind == EVENT_FINAL:
+                    exchange.final(event)
+            events = await stream.events()
+    except EngineBroke:
+        exchange.broke = True
+        raise
+
+
 PLAIN_DELTA = frozenset(("type", "index", "text", "token_ids"))  # the engine's common event: text and tokens alone
 
 
 class SseBody:
     """A streamed request's SSE body, written as the engine's events arrive. `take()` applies what has arrived to the
-    response, up to the next write: one write per arrival from the engine (the chunks of events that came together
-    leave together; nothing waits for an event that has not arrived), b"" when there is none. Then `ended` (its
-    last write made), or `waiting`: await `arrival()` before taking more. Its owner settles the hold when it ends."""
+    response and gives the writes it makes: one per arrival from the engine (the chunks of events that came together
+    leave together; nothing waits for an event that has not arrived). Then the body has `ended` (its last write
+    made), or is `waiting`: await `arrival()` before taking more. Its owner settles the hold when it ends."""
 
     ended = False
     waiting = False
     _sent = False  # a write was made
+    _end: list[bytes] | None = None  # the next take's first chunks
 
     def __init__(self, exchange: Exchange):
         self.exchange = exchange
         self.arrival = exchange.stream.arrival
-        self._parts = (exchange, exchange.builder, exchange.stream, exchange.generation.include_usage)
-        self._events = iter(exchange.first)  # what is left of the events being applied: first, those read at the open
-        exchange.first = []
-        self._chunks: list[bytes] = []  # for the next write: the stream's end, when the text before it left alone
+        self._parts = (exchange, exchange.builder, exchange.stream, exchange.stream.response.lines,
+                       exchange.generation.include_usage)  # fmt: skip
+        self._events, exchange.first = iter(exchange.first), []  # the first take's: those read at the open
 
-    def take(self) -> bytes:
-        exchange, builder, stream, usage_field = self._parts
-        chunks, self._chunks = self._chunks, []
-        events = self._events
-        lines = stream.response.lines
+    def take(self) -> list[bytes]:
+        exchange, builder, stream, lines, usage_field = self._parts
+        events = self._events  # what is left of the events being applied (exhausted, but after a write of the text)
+        writes: list[bytes] = []
+        chunks: list[bytes] = []
+        if self._end is not None:  # the stream's end, after a write of the text before it
+            chunks, self._end = self._end, None
         try:
             if self.waiting:  # the engine's next arrival, or its failure
                 self.waiting = False
@@ -137,32 +164,35 @@ class SseBody:
                         if chunk := builder.chunk(delta, with_usage_field=usage_field):
                             chunks.append(chunk)
                     elif kind == EVENT_FINAL:
-                        for index, reason in exchange.final(event):
-                            chunks.append(builder.finish_chunk(index, reason, usage_field))
+                        chunks += builder.finish_chunks(exchange.final(event), usage_field)
                         end = [builder.usage_chunk(), DONE] if usage_field else [DONE]
-                        if chunks and not self._sent:  # the whole answer came at once: its text leaves now, not
-                            self._chunks = end  # with the stream's end, after the settle
-                            self._events = events
-                            self._sent = True
-                            return b"".join(chunks)
-                        chunks += end
+                        if chunks and not (writes or self._sent):  # the whole answer came at once: its text leaves
+                            writes.append(b"".join(chunks))  # now, not with the stream's end, after the settle
+                            if lines or length_hint(events) or not stream.response.complete:  # more may come:
+                                self._end, self._events, self._sent = end, events, True  # read on once it has left
+                                return writes
+                            chunks = end
+                        else:
+                            chunks += end
                 if lines:  # arrived meanwhile, or a line that broke off the events before it (breaking the stream)
                     events = iter(stream.arrived())
                     continue
-                response = stream.response
-                if not response.complete:
+                if chunks:
+                    writes.append(b"".join(chunks))
+                    chunks = []
+                if not stream.response.complete:
                     self.waiting = True
                     break
-                if response.rest:  # the answer's last line, unterminated: a write of its own
-                    if chunks:
-                        break
+                if exchange.usage_reported and not stream.response.rest:
+                    self.ended = True
+                    break
+                if writes:  # what follows reads on once they have left
+                    break
+                if stream.response.rest:  # the answer's last line, unterminated: a write of its own
                     events = iter(stream.arrived())
                     continue
-                if not exchange.usage_reported:  # no final event: the stream's end comes in a write of its own
-                    if chunks:
-                        break
-                    stream.ended()  # EngineBroke if the request did not finish
-                    chunks.append(DONE)
+                stream.ended()  # no final event: EngineBroke if the request did not finish
+                writes.append(DONE)
                 self.ended = True
                 break
         except EngineBroke as broke:
@@ -173,11 +203,10 @@ class SseBody:
                 chunks.append(error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE))
             else:
                 chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
-        self._events = events
-        if not chunks:
-            return b""
-        self._sent = True
-        return b"".join(chunks)
+            writes.append(b"".join(chunks))
+        if writes:
+            self._sent = True
+        return writes
 
 
 async def _sse(body: SseBody) -> AsyncIterator[bytes]:
@@ -186,8 +215,7 @@ async def _sse(body: SseBody) -> AsyncIterator[bytes]:
         while not body.ended:
             if body.waiting:
                 await body.arrival()
-            chunk = body.take()
-            if chunk:
+            for chunk in body.take():
                 yield chunk
     finally:
         await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)

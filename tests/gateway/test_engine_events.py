@@ -2,7 +2,7 @@
 finish reasons, usage counts (integers, a null as 0), failure and KV transfer. (An event of another type is read
 as nothing: tests/gateway/test_stream_before.py.)"""
 
-from gateway.engine_events import delta_of, final_of
+from gateway.engine_events import USAGE_COUNTS, delta_of, final_of
 from gateway.openai_response import Delta
 from gateway.token_text import Vocabulary
 
@@ -23,13 +23,13 @@ def test_a_final_event_reads_its_counts_as_integers_and_a_null_as_zero():
     event = {"type": "final", "finish_reason": "length", "error": None, "usage": usage,
              "choices": [{"index": 0, "finish_reason": "length"}, {"index": 1}]}  # fmt: skip
     read = final_of(event)
-    assert read.usage == {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": 2, "spec_proposed_tokens": 0,
+    assert dict(zip(USAGE_COUNTS, read.usage, strict=True)) == {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": 2, "spec_proposed_tokens": 0,
                           "spec_accepted_tokens": 0, "sampling_steps": 1}  # fmt: skip
-    assert all(type(count) is int for count in read.usage.values())
+    assert all(type(count) is int for count in read.usage)
     assert read.finishes == [(0, "length"), (1, "stop")]
     assert (read.error, read.error_type, read.kv_transfer) == (None, None, {"blocks_pulled": 4})
     plain = final_of({"type": "final", "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
-    assert plain.usage == {"prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": 1, "spec_proposed_tokens": 0,
+    assert dict(zip(USAGE_COUNTS, plain.usage, strict=True)) == {"prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": 1, "spec_proposed_tokens": 0,
                            "spec_accepted_tokens": 0, "sampling_steps": 0}  # fmt: skip
 
 

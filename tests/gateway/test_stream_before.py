@@ -1,10 +1,11 @@
-"""A response read from the engine and relayed in one loop (`relay.SseBody`, `asgi._send_stream`, `Exchange.read_whole`)
+"""A response read from the engine and relayed in one loop (`relay.SseBody`, `asgi._send_stream`, `relay._whole`)
 gives what the four async-generator layers before it gave (issue 37, item 23): the same ASGI messages in the same order
 around the settle, the same exceptions, the same response and exchange state, for scripted engine answers of every
 shape: events split anywhere across arrivals, blank lines, lines json refuses or that are not objects, an unterminated
 last line, log-probabilities and tool calls, failed and unknown events, events after the final one, an answer that
 ends early or breaks (closed, reset, timed out, not HTTP), a client that leaves or whose writes fail, with and
-without the server's head-with-first-chunk extension. The code before is kept in `stream_oracle.py`, as it was."""
+without the server's head-with-first-chunk extension; streamed by the fast path, as Django's streaming response, and
+whole. The code before is kept in `stream_oracle.py`, as it was."""
 
 import asyncio
 import json
@@ -158,7 +159,7 @@ def an_exchange(rng: random.Random, fields: dict, log: list, engine: Engine, pre
     return exchange
 
 
-async def run(rng_seed: str, *, new: bool, whole: bool) -> list:
+async def run(rng_seed: str, *, new: bool, way: str) -> list:
     """One scenario, old code or new: what was sent and raised, around the settle, and the state after."""
     rng = random.Random(rng_seed)
     n = rng.randint(1, 2)
@@ -208,12 +209,17 @@ async def run(rng_seed: str, *, new: bool, whole: bool) -> list:
         log.append(("opened", opened))
         if opened != "ok":
             return
-        if whole:
+        if way == "whole":
             try:
                 answer = await (relay._whole if new else before.whole)(exchange)
                 log.append(("answer", answer.status_code, answer.content))
             except ApiError as error:
                 log.append(("refused", error.status, error.code, error.message))
+        elif way == "django":  # a StreamingHttpResponse of the body, sent by asgi._send
+            if new:
+                await asgi._send_chunks(relay._sse(relay.SseBody(exchange)), send)
+            else:
+                await before.send_stream(before.sse(exchange), send)
         elif new:
             await asgi_stream_part(exchange, send, cycle, start)
         else:
@@ -270,11 +276,11 @@ async def asgi_stream_part(exchange: Exchange, send, cycle, start) -> None:
         await asgi._generate(scope, b"{}", send, kind="completion", secure=False, received=0.0)
 
 
-@pytest.mark.parametrize("whole", [False, True], ids=["stream", "whole"])
+@pytest.mark.parametrize("way", ["stream", "whole", "django"])
 @pytest.mark.parametrize("part", range(4))
-def test_the_same_messages_errors_and_state_as_before(whole, part):
+def test_the_same_messages_errors_and_state_as_before(way, part):
     for number in range(part * 250, (part + 1) * 250):
         seed = f"{number}"
-        old = asyncio.run(run(seed, new=False, whole=whole))
-        new = asyncio.run(run(seed, new=True, whole=whole))
+        old = asyncio.run(run(seed, new=False, way=way))
+        new = asyncio.run(run(seed, new=True, way=way))
         assert new == old, seed

@@ -23,13 +23,13 @@ from kernels.launch import (
     require_float,
     require_shape,
 )
+from kernels.split_k import split_k, split_tiles, sum_partials
 from kernels.wna16_reference import WNA16_BITS
 
 MAX_BLOCK_K = 128  # a group of 128 per tile where groups are in order (one row of scales and zeros)
 ACT_ORDER_BLOCK_K = 64  # per-channel groups (g_idx): scales and zeros gathered per weight, a smaller tile
-PROGRAMS_PER_SM = 2  # split-K until the launch has this many programs per SM (or the partials cost too much)
-PARTIAL_SHARE = 4  # ... at most 1 / PARTIAL_SHARE of the packed weight's bytes in float32 partials
-SUM_BLOCK = 1024  # values per program of the split-K sum
+FLOAT16_BIAS = tl.constexpr(0x6400)  # the bits of 1024.0: | q gives 1024 + q, exact for q < 1024
+BFLOAT16_BIAS = tl.constexpr(0x4300)  # the bits of 128.0: | q gives 128 + q, exact for q < 128
 
 
 @dataclass(frozen=True)
@@ -66,25 +66,14 @@ def block_k_for(group_size: int, in_dim: int, most: int = MAX_BLOCK_K) -> int:
 def plan(tokens: int, out_dim: int, in_dim: int, group_size: int, bits: int, sms: int) -> WNA16Config:
     """The launch for a static shape (cached: a step pays a lookup). Rows: 16 per program up to 16 tokens (the
     least a tensor-core product takes), 32, then 64 (a weight tile dequantized once for 64 rows). Columns: 64
-    (16-byte loads, 256 bytes of each row of words). Split-K: the least power of two that gives PROGRAMS_PER_SM
-    programs per SM, while each split keeps a whole tile and the partials stay under 1 / PARTIAL_SHARE of the
-    weight's bytes (at one token they are 0.3% of them; at 64 tokens they bound the split)."""
+    (256 bytes of each row of words). Split-K: kernels.split_k's rule (at one token the partials are 0.3% of the
+    weight's bytes; at 64 tokens they bound the split)."""
     block_m = 16 if tokens <= 16 else 32 if tokens <= 32 else 64
     block_n = 64
     block_k = block_k_for(group_size, in_dim)
-    programs = cdiv(tokens, block_m) * cdiv(out_dim, block_n)
-    tiles = cdiv(in_dim, block_k)
-    weight_bytes = in_dim * out_dim * bits // 8
-    split = 1
-    while (programs * split < PROGRAMS_PER_SM * sms and 2 * split <= tiles
-           and 2 * split * tokens * out_dim * 4 * PARTIAL_SHARE <= weight_bytes):
-        split *= 2
+    split = split_k(cdiv(tokens, block_m) * cdiv(out_dim, block_n), cdiv(in_dim, block_k), tokens, out_dim,
+                    in_dim * out_dim * bits // 8, sms)
     return WNA16Config(block_m, block_n, block_k, split)
-
-
-def legacy_config(tokens: int, group_size: int, in_dim: int) -> WNA16Config:
-    """The tiles main 5d42326 launched (w4a16.log's figures), for benchmarks side by side."""
-    return WNA16Config(16 if tokens <= 16 else 32 if tokens <= 64 else 64, 64, block_k_for(group_size, in_dim, 64))
 
 
 @triton.jit
@@ -106,23 +95,29 @@ def unpacked_words(packed, BITS: tl.constexpr):
 
 @triton.jit
 def minus_zero(q, zero, DTYPE: tl.constexpr, BITS: tl.constexpr):
-    """q - zero in DTYPE, exactly (both in [0, 2**BITS)). Half types without an int-to-float conversion per value:
-    q goes into the mantissa of 1024.0 (float16) or of 128.0 (bfloat16, 4 bits), one bit operation, and the
-    difference of two such floats is one subtraction (two values per instruction)."""
-    if DTYPE == tl.float16 or (DTYPE == tl.bfloat16 and BITS == 4):
-        MAGIC: tl.constexpr = 0x6400 if DTYPE == tl.float16 else 0x4300  # 1024.0, 128.0: 1024 + q, 128 + q exact
-        biased = (q | MAGIC).to(tl.int16).to(DTYPE, bitcast=True)
-        return biased - (zero | MAGIC).to(tl.int16).to(DTYPE, bitcast=True)
+    """q - zero in DTYPE, exactly (both in [0, 2**BITS)). Half types without an int-to-float conversion per value
+    (the conversion unit's rate is below the weights' at decode): q or-ed into the mantissa of 1024.0 (float16) or
+    of 128.0 (bfloat16, 4 bits) is that float plus q, and one subtraction of two such floats (two values an
+    instruction) leaves the difference."""
+    if DTYPE == tl.float16:
+        return _biased(q, FLOAT16_BIAS, DTYPE) - _biased(zero, FLOAT16_BIAS, DTYPE)
+    elif DTYPE == tl.bfloat16 and BITS == 4:
+        return _biased(q, BFLOAT16_BIAS, DTYPE) - _biased(zero, BFLOAT16_BIAS, DTYPE)
     else:
         return (q - zero).to(DTYPE)
 
 
+@triton.jit
+def _biased(q, BIAS: tl.constexpr, DTYPE: tl.constexpr):
+    return (q | BIAS).to(tl.int16).to(DTYPE, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _wna16_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, perm_ptr, out_ptr, num_tokens, out_dim, in_dim, split_tiles,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, perm_ptr, out_ptr, num_tokens, out_dim, in_dim, tiles_per_split,
     x_stride,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, PARTIALS: tl.constexpr, PRECISION: tl.constexpr,
 ):
     PER: tl.constexpr = 32 // BITS  # values in one int32
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -138,8 +133,8 @@ def _wna16_kernel(
     # out^T [N, M]: the weights are the product's left operand (the wide side of a tensor-core product), the few
     # tokens its right one
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_first = split * split_tiles * BLOCK_K
-    for k0 in range(k_first, tl.minimum(k_first + split_tiles * BLOCK_K, in_dim), BLOCK_K):
+    k_first = split * tiles_per_split * BLOCK_K
+    for k0 in range(k_first, tl.minimum(k_first + tiles_per_split * BLOCK_K, in_dim), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < in_dim
         if HAS_PERM:  # act order sorted at load: x's columns in the weights' order
@@ -166,21 +161,10 @@ def _wna16_kernel(
                                 other=0)
             w = ((q - ((zero_word >> z_shift) & MASK)).to(tl.float32) * scale.to(tl.float32)).to(x_t.dtype)
             acc += tl.dot(w, x_t, input_precision=PRECISION)
-    if SPLIT_K > 1:  # float32 partials [SPLIT_K, T, N]
+    if PARTIALS:  # float32 partials [splits, T, N]
         out_ptr += split.to(tl.int64) * num_tokens * out_dim
     out_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * out_dim + offs_n[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
-
-
-@triton.jit
-def _split_sum_kernel(partial_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """out = sum of the SPLIT_K partials [SPLIT_K, numel], in order."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    acc = tl.load(partial_ptr + offs, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLIT_K):
-        acc += tl.load(partial_ptr + split * numel + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -220,17 +204,15 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     else:
         require(config.block_k == block_k_for(group_size, in_dim, config.block_k), f"wna16_linear: {config} "
                 f"straddles the groups of {group_size}")  # fmt: skip
-    split_tiles = cdiv(cdiv(in_dim, config.block_k), config.split_k)
-    split = cdiv(cdiv(in_dim, config.block_k), split_tiles)  # splits that have a tile
+    tiles, split = split_tiles(cdiv(in_dim, config.block_k), config.split_k)
     target = out if split == 1 else torch.empty(split, tokens, out_dim, dtype=torch.float32, device=x.device)
     grid = (cdiv(out_dim, config.block_n), split, cdiv(tokens, config.block_m))
     _wna16_kernel[grid](
-        x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, target, tokens, out_dim, in_dim, split_tiles,
+        x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, target, tokens, out_dim, in_dim, tiles,
         x.stride(0), BITS=bits, GROUP_SIZE=group_size, HAS_PERM=perm is not None, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, PRECISION=dot_precision(x.dtype),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIALS=split > 1, PRECISION=dot_precision(x.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
-        _split_sum_kernel[(cdiv(tokens * out_dim, SUM_BLOCK),)](target, out, tokens * out_dim, SPLIT_K=split,
-                                                                BLOCK=SUM_BLOCK)
+        sum_partials(target, out)
     return out

@@ -2,11 +2,12 @@
 against torch's bf16 matmul of the same shape, so that one GPU call checks docs/quantization.md ("The W4A16 and
 fp8 block kernels at decode").
 
-wna16 (GPTQ W4A16, group 128, groups in order; T = 1, 64, then 16 tokens through qkv, o, gate_up, down): the plan
+wna16 (GPTQ W4A16, group 128, groups in order; T = 1, 64, 16 tokens through qkv, o, gate_up, down): the plan
 (`kernels.wna16_linear.plan`), its split-K halved and doubled, and the tiles main 5d42326 launched (one program per
 64 columns, BLOCK_K 64, no split) in today's kernel: 5d42326's kernel itself also read each packed word 8 times; its
-end-to-end figures are benchmarks/gpu-runs/2026-11-28-h200/w4a16.log. fp8_block (128x128 blocks; T = 64, then 1
-and 16): the plan, the plan with 64 columns per program, and 5d42326's rule (16 columns at T = 64, no split).
+end-to-end figures are benchmarks/gpu-runs/2026-11-28-h200/w4a16.log. fp8_block (128x128 blocks; T = 64, 1,
+16): the plan, its split-K halved and doubled, 64 columns a program, and 5d42326's rule (16 columns at T = 64,
+no split).
 Each row's `bf16 µs` is F.linear with a bfloat16 weight of the same shape (cuBLAS); `vs bf16` is that over the
 row's time, what the checkpoints' goals are about (W4A16 >= 2.5x at T <= 16, fp8 >= 1.6x at T = 64, end to end).
 
@@ -27,10 +28,11 @@ from benchmarks.kernel_lora_configs import projections
 from benchmarks.kernel_rows import Row, bench_ms
 from kernels.launch import cdiv
 
-# (tokens, projection), in the order worth measuring first: batch 1 (the worst ratio, 0.71x), 64, then 16
-WNA16_SHAPES = [(t, p) for t in (1, 64, 16) for p in ("qkv", "o", "gate_up", "down")]
-FP8_SHAPES = [(t, p) for t in (64, 1, 16) for p in ("qkv", "o", "gate_up", "down")]
-SMOKE_WNA16_SHAPES, SMOKE_FP8_SHAPES = [(1, "o"), (5, "down")], [(5, "o")]
+# (op, tokens), in the order worth measuring first (the suite's part may stop early): W4A16 at batch 1 (its worst
+# ratio, 0.71x), fp8 at 64 (its goal's batch), W4A16 at 64 and 16, fp8 at 1 and 16; each over the four projections
+ORDER = [("wna16", 1), ("fp8_block", 64), ("wna16", 64), ("wna16", 16), ("fp8_block", 1), ("fp8_block", 16)]
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+SMOKE_SHAPES = [("wna16", 1, "o"), ("wna16", 5, "down"), ("fp8_block", 5, "o")]
 GROUP, MAX_COPIES, REPLAYS = 128, 16, 5
 
 
@@ -59,11 +61,8 @@ def quantized_rows(cfg, device, dtype, ops: set[str], *, smoke: bool) -> list[Ro
     print("| op | shape | candidate | config | µs | GB/s | bf16 µs | vs bf16 | ok |")
     print("|---|---|---|---|---:|---:|---:|---:|---|", flush=True)
     rows, started = [], time.perf_counter()
-    shapes = []
-    if "wna16" in ops:
-        shapes += [("wna16", t, p) for t, p in (SMOKE_WNA16_SHAPES if smoke else WNA16_SHAPES)]
-    if "fp8_block" in ops:
-        shapes += [("fp8_block", t, p) for t, p in (SMOKE_FP8_SHAPES if smoke else FP8_SHAPES)]
+    shapes = SMOKE_SHAPES if smoke else [(op, tokens, p) for op, tokens in ORDER for p in PROJECTIONS]
+    shapes = [shape for shape in shapes if shape[0] in ops]
     try:
         for op, tokens, projection in shapes:
             in_dim, widths = projections(cfg)[projection]
@@ -198,6 +197,9 @@ class _Fp8Block:
         tokens, in_dim, out_dim = self.shape
         planned = self.op._config(tokens, out_dim, in_dim, GROUP, self.sms)
         out = [("plan", planned), ("5d42326's rule", legacy_fp8_config(tokens, out_dim, self.sms))]
+        for label, split in (("split / 2", planned["SPLIT_K"] // 2), ("split x 2", planned["SPLIT_K"] * 2)):
+            if 1 <= split <= cdiv(in_dim, planned["BLOCK_K"]):
+                out.append((label, {**planned, "SPLIT_K": split}))
         if planned["BLOCK_N"] != 64:
             out.append(("64 columns", {**planned, "BLOCK_N": 64}))
         return out

@@ -1,11 +1,10 @@
 """W4A16 / W8A16 GEMM: integer weights unpacked and dequantized in registers, tile by tile, never in memory.
 
-A decode step (1-64 rows) must stream every packed word once, from every SM. Each word is read once (a tile of
-BLOCK_K // p rows of words, unpacked in registers into BLOCK_K rows of weights), and `plan` (the only place
-tuning is chosen) cuts the work so that enough programs run: BLOCK_N output columns each, and where the row
-blocks and column tiles are too few for the device, the reduction too (split-K: each split writes float32
-partials, a second launch sums them in a fixed order, so results do not depend on timing). docs/quantization.md,
-"The W4A16 and fp8 block kernels at decode", has the byte counts behind it."""
+A decode step (1-64 rows) must stream every packed word once, from every SM. Each word is read once (for each of
+BLOCK_N columns, BLOCK_K // p words, split in registers into BLOCK_K weights), and `plan` (the only place tuning is
+chosen) cuts the work so that enough programs run: BLOCK_N output columns each, and where the row blocks and column
+tiles are too few for the device, the reduction too (kernels/split_k.py). docs/quantization.md, "The W4A16 and fp8
+block kernels at decode", has the byte and instruction counts behind it."""
 
 import functools
 from dataclasses import dataclass

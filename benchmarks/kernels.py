@@ -2,9 +2,12 @@
 
     python benchmarks/kernels.py                 # on a CUDA GPU: Llama-3-8B shapes, bf16
     python benchmarks/kernels.py --only lora     # a subset (lora, lora_delta_configs, attention, moe, store_kv,
-                                                 # rms_norm, rotary, silu, gelu); moe: Qwen3-30B-A3B's experts
-                                                 # (grouped_matmul, expert_lora); lora_delta_configs: lora_delta's
-                                                 # candidate configurations side by side (kernel_lora_configs.py)
+                                                 # rms_norm, rotary, silu, gelu, wna16, fp8_block); moe:
+                                                 # Qwen3-30B-A3B's experts (grouped_matmul, expert_lora);
+                                                 # lora_delta_configs: lora_delta's candidate configurations side
+                                                 # by side (kernel_lora_configs.py); wna16, fp8_block: the quantized
+                                                 # checkpoints' GEMMs at decode shapes against torch's bf16 matmul
+                                                 # (kernel_quantized.py)
     python benchmarks/kernels.py --smoke         # no GPU: tiny shapes in Triton's interpreter (checks wiring only)
 
 For each op and shape: the Triton time (triton.testing.do_bench, median), the bytes the op must
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_lora import lora_rows  # noqa: E402
 from benchmarks.kernel_lora_configs import lora_config_rows  # noqa: E402
+from benchmarks.kernel_quantized import quantized_rows  # noqa: E402
 from benchmarks.kernel_rows import Row, copy_bandwidth, measure  # noqa: E402
 
 LLAMA3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 14336, "block": 16}
@@ -286,7 +290,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's CPU interpreter")
     parser.add_argument("--only", nargs="*",
                         default=["lora", "lora_delta_configs", "attention", "moe", "store_kv", "rms_norm", "rotary",
-                                 "silu", "gelu"])
+                                 "silu", "gelu", "wna16", "fp8_block"])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -311,6 +315,8 @@ def main(argv=None) -> int:
     with torch.no_grad():
         if "lora_delta_configs" in args.only:  # its own table, printed as it goes
             config_rows = lora_config_rows(cfg, device, dtype, ops, smoke=args.smoke)
+        if {"wna16", "fp8_block"} & set(args.only):  # its own table, printed as it goes
+            config_rows += quantized_rows(cfg, device, dtype, set(args.only), smoke=args.smoke)
         if "lora" in args.only:
             rows += lora_rows(cfg, grid, device, dtype, ops)
         if "attention" in args.only:

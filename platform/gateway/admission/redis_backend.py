@@ -52,6 +52,7 @@ class _Scripts:
 
 
 _WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
+_ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 
 
 def _decision(reply: list) -> Decision:
@@ -93,9 +94,12 @@ class _TenantKeys:
         self.after = [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
                       f"{base}:unreported", f"{base}:unreported_at"]  # fmt: skip
         self.count = len(self.before) + 1 + len(self.after)
-        self.acquire_packed = bulks([self.count, *self.keys()])  # the acquire's settled key is a placeholder
+        # the acquire's command up to its arguments (its settled key a placeholder): `*<parts>`, EVALSHA, the keys
+        self.acquire_head = b"*%d\r\n%b%b" % (3 + self.count + _ACQUIRE_ARGS, _WIRE["acquire"].by_sha,
+                                                bulks([self.count, *self.keys()]))  # fmt: skip
         self.settle_head = bulks([self.count, *self.before])
         self.settle_tail = bulks(self.after)
+        self.limits: tuple[Limits, int, bytes] | None = None  # the limits and TTL its last acquire packed, packed
 
     def keys(self, request_id: str = "-") -> list[str]:
         return [*self.before, self.settled + request_id, *self.after]
@@ -166,21 +170,24 @@ class RedisAdmission:
             self._sync = _Scripts(redis.Redis.from_url(self.url))
         return self._sync
 
-    def _ttl(self) -> int:
-        return self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
-
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision:
-        tenant, ttl = self._tenant(tenant_id), self._ttl()
-        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments beside them
-            picos = str(key_spend_picos).encode()
-            packed = b"%b%b%b$%d\r\n%b\r\n" % (  # the last: `bulks((key_spend_picos,))`, without its call
-                tenant.acquire_packed, bulks((request_id, tokens, spend_micros)), self._packed_limits(limits, ttl),
+        tenant = self._tenant(tenant_id)
+        ttl = self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
+        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments between and after them
+            last = tenant.limits  # most requests: the limits of the tenant's last acquire (the same key's)
+            if last is not None and last[0] is limits and last[1] == ttl:
+                limits_packed = last[2]
+            else:
+                limits_packed = self._packed_limits(limits, ttl)
+                tenant.limits = (limits, ttl, limits_packed)
+            request, held, spend, picos = map(str.encode, map(str, (request_id, tokens, spend_micros, key_spend_picos)))
+            message = b"%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
+                tenant.acquire_head, len(request), request, len(held), held, len(spend), spend, limits_packed,
                 len(picos), picos,
             )  # fmt: skip
-            parts = 3 + tenant.count + 4 + 10  # EVALSHA, its SHA, the key count, the keys, the arguments
-            script = partial(self._wire().run_packed, _WIRE["acquire"], parts, packed)
+            script = partial(self._wire().run_message, _WIRE["acquire"], message)
         else:
             args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
             script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)

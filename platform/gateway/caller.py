@@ -58,10 +58,14 @@ class Caller:
     expires_at: datetime | None
     body_retention_days: int = 0  # the tenant keeps prompts and completions this long (0: metadata only)
 
+    def rates_for(self, base_model: str) -> Rates:
+        """The plan's rates for a base model: its override, else the plan's own."""
+        return self.model_rates.get(base_model, self.rates)
+
     def spend(self, *, base_model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
         """What metering will bill for these counts: the same price function, the same rates."""
         return request_price(
-            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,
+            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,  # `rates_for` inline
             cached_tokens=cached_tokens, completion_tokens=completion_tokens,
         )  # fmt: skip
 

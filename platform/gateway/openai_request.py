@@ -355,7 +355,9 @@ def parse_completion(body: dict) -> GenerationRequest:
             logprobs = sampling["logprobs"] = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
             if echo:
                 sampling["prompt_logprobs"] = logprobs
-    max_tokens = _count(body, "max_tokens", low=1, high=2**31)
+    max_tokens = body.get("max_tokens")  # `_count(body, "max_tokens", ...)` without its call
+    if max_tokens is not None and (max_tokens.__class__ is not int or not 1 <= max_tokens <= 2**31):
+        max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     return GenerationRequest(
         kind="completion", model=model, messages=None, prompts=prompts, stream=stream, include_usage=include_usage,
         max_tokens=16 if max_tokens is None else max_tokens, sampling=sampling, logprobs=logprobs is not None,

@@ -3,6 +3,7 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 (metering's settles, totals, reconcile) over redis-py. The keys and their layout: `redis_scripts`."""
 
 import asyncio
+import re
 import weakref
 from functools import partial
 
@@ -28,7 +29,7 @@ from gateway.admission.redis_scripts import (
     TOTALS,
     UNREPORTED,
 )
-from gateway.admission.redis_wire import RedisWire, WireScript, bulks, wire_supports
+from gateway.admission.redis_wire import QuickReply, RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
 from gateway.running_loop import running_loop
@@ -51,11 +52,24 @@ class _Scripts:
         self.unreported = client.register_script(UNREPORTED)
 
 
-_WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
+def _acquired(reply: re.Match[bytes]) -> Decision | None:
+    """`_decision` of the acquire's usual reply, `[admitted, reason, requests, tokens, reset_ms]`, from its match."""
+    admitted, length, reason, requests, tokens, reset_ms = reply.groups()
+    if len(reason) != int(length):  # not the bulk string it looked like: read as any other reply
+        return None
+    return Decision(bool(int(admitted)), reason.decode(), int(requests), int(tokens), int(reset_ms))
+
+
+# The acquire's reply as the script writes it (its reasons are lower-case words: `_acquired` cannot fail on one)
+_ACQUIRED = QuickReply(re.compile(rb"\*5\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n:(-?\d+)\r\n:(-?\d+)\r\n:(-?\d+)\r\n"),
+                       _acquired)  # fmt: skip
+_WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE), "peek": WireScript(PEEK)}
 _ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 
 
-def _decision(reply: list) -> Decision:
+def _decision(reply: list | Decision) -> Decision:
+    if type(reply) is Decision:  # the lean wire's quick read of the acquire's reply (`_acquired`)
+        return reply
     admitted, reason, requests, tokens, reset_ms = reply
     reason = reason.decode() if isinstance(reason, bytes) else reason
     return Decision(
@@ -191,7 +205,9 @@ class RedisAdmission:
         else:
             args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
             script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)
-        decision = _decision(await script())
+        decision = await script()
+        if type(decision) is not Decision:  # else made by the wire's quick read (`_decision` without its call)
+            decision = _decision(decision)
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
             await self._start_month(self._on_loop().client, tenant.keys()[4], recorded)

@@ -17,7 +17,8 @@ import asyncio
 import collections
 import hashlib
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -123,14 +124,21 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
+        self._quick: QuickReply | None = None  # the command's script's, with its waiter
         self.lost = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
         waiter = self._waiter
+        if waiter is not None and self._quick is not None and not self._buffer and not waiter.done():
+            whole = self._quick.pattern.fullmatch(data)  # the reply, whole in one arrival, of its usual shape
+            if whole is not None and (reply := self._quick.read(whole)) is not None:
+                self._waiter = None
+                waiter.set_result(reply)
+                return
+        self._buffer += data
         if waiter is None or waiter.done():
             return
         try:
@@ -167,12 +175,23 @@ class _Connection(asyncio.Protocol):
         """Sends `message`; the future is its reply (a _ServerError is a result, not raised: the connection stays in
         step). A plain call, not a coroutine: one frame less per command."""
         self._waiter = waiter = self.loop.create_future()
+        self._quick = None
         self.transport.write(message)
         return waiter
 
 
+class QuickReply(NamedTuple):
+    """A script's usual reply, read without RESP's parse item by item: a reply that arrives whole in one piece and
+    fullmatches `pattern` is answered as `read(match)`, unless that is None; any other (an error reply, a reply of
+    another shape or split across arrivals) as parsed."""
+
+    pattern: re.Pattern[bytes]
+    read: Callable[[re.Match[bytes]], object]
+
+
 class WireScript:
-    def __init__(self, source: str):
+    def __init__(self, source: str, *, quick: QuickReply | None = None):
+        self.quick = quick
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
         self.by_sha = bulks([b"EVALSHA", self.sha])  # the command's first two parts, packed once
@@ -274,6 +293,7 @@ class RedisWire:
                     connection = await self._connect()
                 try:  # `connection.ask(message)` without its call
                     waiter = connection._waiter = connection.loop.create_future()
+                    connection._quick = script.quick
                     connection.transport.write(message)
                     reply = await waiter
                 except OSError as error:

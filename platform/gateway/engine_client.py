@@ -136,8 +136,11 @@ class GenerateStream:
     async def open(self) -> "GenerateStream":
         address, head, rest = _generate_request(self.engine.url, self.engine.token or hot.QUILT_ENGINE_TOKEN)
         body = "".join(_compact_chunks(self.payload, 0)).encode()
+        last_loop, client = _last  # `_client()` when it is the last request's loop, without its call
+        if last_loop is not running_loop():
+            client = _client()
         try:
-            self._response = await _client().send(address, b"%b%d%b%b" % (head, len(body), rest, body))
+            self._response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))
         except EngineHTTPError as error:
             raise EngineUnavailable(f"{self.engine.name}: {error}") from error
         status = self._response.status

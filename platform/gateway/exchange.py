@@ -63,9 +63,7 @@ _NO_VOCABULARY = Vocabulary(None)  # a request that shows no tokens: the same (s
 
 
 def echoes(generation: GenerationRequest, vocabulary: Vocabulary) -> list[str]:
-    """Each choice's echoed prompt (completions with `echo`): a token prompt as its text."""
-    if not generation.echo:
-        return []
+    """Each choice's echoed prompt (completions with `echo`, the only ones asked): a token prompt as its text."""
     texts = [p if isinstance(p, str) else vocabulary.decode(p) for p in generation.prompts]
     return [text for text in texts for _ in range(generation.n)]
 
@@ -120,8 +118,9 @@ class Exchange:
         payload["sampling"] = generation.sampling | {"max_tokens": self.max_tokens}
         if generation.max_tokens_given:
             payload["context_overflow"] = "refuse"
-        if _metadata_accepted.get(engine.name, True):
-            payload["metadata"] = self.metadata(engine)
+        if _metadata_accepted.get(engine.name, True):  # the engine's shared one found without a call, if made
+            payload["metadata"] = self.metadata(engine) if self.prefill is not None else \
+                self.serving.by_engine.get(engine.name) or self.serving.engine_metadata(engine.name)  # fmt: skip
         if generation.messages is not None:
             payload["messages"] = generation.messages
             payload |= generation.structure
@@ -170,8 +169,8 @@ class Exchange:
         for attempt in range(ATTEMPTS):
             route = router.route(
                 digest=digest, fingerprints=fingerprints, prompt_chars=self.prompt_bytes,
-                prompt_tokens=generation.prompt_token_count(), exclude=frozenset(tried),
-                min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
+                prompt_tokens=0 if first_prompt.__class__ is str else generation.prompt_token_count(),
+                exclude=frozenset(tried), min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
                 disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
             )  # fmt: skip
             if route is None:

@@ -69,8 +69,11 @@ async def count_prompt_tokens(generation: GenerationRequest, target: Target, *, 
     tokenizer = base_tokenizer(target.checkpoint_dir)
     counted = None
     if tokenizer is not None:
+        prompts = generation.prompts
         if prompt_bytes > hot.QUILT_TOKENIZE_ABOVE_BYTES:
             counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
+        elif prompts is not None and len(prompts) == 1 and prompts[0].__class__ is str:  # one text: its count here
+            counted = len(tokenizer.hf.encode(prompts[0]))  # as `prompt_tokens` counts it
         else:
             counted = prompt_tokens(generation, tokenizer)
     return estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes) if counted is None else counted

@@ -120,17 +120,19 @@ class Router:
         self._suspect_until[name] = time.monotonic() + SUSPECT_SECONDS
 
     def started(self, engine: EngineRef, digest: str | None, fingerprints: Sequence[str] = ()) -> None:
-        self._in_flight[engine.name] = self._in_flight.get(engine.name, 0) + 1
-        index = self._index.get(engine.name)
+        name = engine.name
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        index = self._index.get(name)
         if index is not None:
             if digest is not None or fingerprints:  # else `served` has nothing to note
                 self._fleet.served(index, adapter=digest, fingerprints=fingerprints)
             self._loads.started(index)
 
     def ended(self, engine: EngineRef) -> None:
-        in_flight = self._in_flight.get(engine.name, 0) - 1
-        self._in_flight[engine.name] = in_flight if in_flight > 0 else 0
-        index = self._index.get(engine.name)
+        name = engine.name
+        in_flight = self._in_flight.get(name, 0) - 1
+        self._in_flight[name] = in_flight if in_flight > 0 else 0
+        index = self._index.get(name)
         if index is not None and self._loads.in_flight[index] > 0:
             self._loads.ended(index)
 

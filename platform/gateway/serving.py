@@ -11,7 +11,7 @@ MAX_KEPT = 10_000
 
 
 class Serving:
-    __slots__ = ("caller", "target", "labels", "rates", "tenant", "payload", "metadata")
+    __slots__ = ("caller", "target", "labels", "rates", "tenant", "payload", "metadata", "by_engine")
 
     def __init__(self, caller: Caller, target: Target):
         self.caller = caller
@@ -29,6 +29,17 @@ class Serving:
             "tenant_id": caller.tenant_id, "api_key_id": caller.key_id, "model": target.name,
             "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": None,
         }  # fmt: skip
+        self.by_engine: dict[str, dict] = {}  # `engine_metadata`'s, by engine name
+
+    def engine_metadata(self, engine: str) -> dict:
+        """The usage metadata of a request `engine` serves whole (no prefill hop): one dict per engine, shared by
+        the requests' payloads (nothing changes it)."""
+        metadata = self.by_engine.get(engine)
+        if metadata is None:
+            if len(self.by_engine) >= MAX_KEPT:
+                self.by_engine.clear()
+            metadata = self.by_engine[engine] = self.metadata | {"engine": engine}
+        return metadata
 
 
 _kept: dict[tuple[int | str, str], Serving] = {}

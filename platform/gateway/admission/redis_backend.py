@@ -63,7 +63,9 @@ def _acquired(reply: re.Match[bytes]) -> Decision | None:
 # The acquire's reply as the script writes it (its reasons are lower-case words: `_acquired` cannot fail on one)
 _ACQUIRED = QuickReply(re.compile(rb"\*5\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n:(-?\d+)\r\n:(-?\d+)\r\n:(-?\d+)\r\n"),
                        _acquired)  # fmt: skip
-_WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE), "peek": WireScript(PEEK)}
+_INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
+_WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
+         "peek": WireScript(PEEK)}  # fmt: skip
 _ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 
 
@@ -187,7 +189,9 @@ class RedisAdmission:
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision:
-        tenant = self._tenant(tenant_id)
+        tenant = self._tenants.get(tenant_id)  # `_tenant(tenant_id)` when its keys are this month's, without its call
+        if tenant is None or tenant.month != current_month():
+            tenant = self._tenant(tenant_id)
         ttl = self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
         if self._lean:  # the tenant's keys and the limits packed once, this request's arguments between and after them
             last = tenant.limits  # most requests: the limits of the tenant's last acquire (the same key's)
@@ -201,7 +205,10 @@ class RedisAdmission:
                 tenant.acquire_head, len(request), request, len(held), held, len(spend), spend, limits_packed,
                 len(picos), picos,
             )  # fmt: skip
-            script = partial(self._wire().run_message, _WIRE["acquire"], message)
+            last_loop, wire = self._last  # `_wire()` when it is the last command's loop, without its call
+            if last_loop is not running_loop():
+                wire = self._wire()
+            script = partial(wire.run_message, _WIRE["acquire"], message)
         else:
             args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
             script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)

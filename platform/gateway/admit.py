@@ -37,8 +37,9 @@ async def admit(
     choices, prompt_bytes = generation.num_choices, generation.prompt_bytes()
     prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes)
     tokens = prompt_tokens + choices * max_tokens
-    spend = request_price(rates=shared.rates, prompt_tokens=prompt_tokens, cached_tokens=0,
-                          completion_tokens=choices * max_tokens)  # what caller.spend prices  # fmt: skip
+    spend = request_price(  # what caller.spend prices, with the rates the pair keeps
+        rates=shared.rates, prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=choices * max_tokens
+    )
     decision = await admission_acquire(
         tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
         key_spend_picos=spend_to_picos(spend), limits=caller.limits,

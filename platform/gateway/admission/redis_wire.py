@@ -315,7 +315,8 @@ class RedisWire:
         if type(reply) is _ServerError:
             if str(reply).startswith("NOSCRIPT") and message.startswith(script.by_sha, message.index(b"\n") + 1):
                 start = message.index(b"\n") + 1  # after `*<parts>\r\n`: the same command by source
-                return await self.run_message(script, message[:start] + script.by_source + message[start + len(script.by_sha) :])
+                by_source = message[:start] + script.by_source + message[start + len(script.by_sha) :]
+                return await self.run_message(script, by_source)
             raise ResponseError(str(reply))
         return reply
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository before benchmarks/
 
+from benchmarks.work_folder import work_folder  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -155,8 +155,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, shape[-1], (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
     names = [None if i % 4 == 2 else f"a{i % 3}" for i in range(args.prompts)]  # mixed, some on the base model
-    with tempfile.TemporaryDirectory(prefix="quilt-precision-") as tmp:
-        model_dir, adapters = build(Path(tmp), shape, device=args.device, adapters=3, rank=16)
+    with work_folder("quilt-precision-") as work:
+        model_dir, adapters = build(work, shape, device=args.device, adapters=3, rank=16)
         timings = {"build_s": time.perf_counter() - started}
         model = peft_model(model_dir, adapters, dtype=torch.float32, device=args.device)
         sequences = peft_greedy(model, prompts, names, tokens=args.tokens, device=args.device)

@@ -23,11 +23,9 @@ had measured. Nothing here asserts a speed; figures go to benchmarks/RESULTS.md 
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository before benchmarks/ (its kernels.py is no package)
 
 import llama_shape  # noqa: E402
+from work_folder import work_folder  # noqa: E402
 
 FULL = {
     "requests": 256, "population": 1000, "zipf": 1.0, "rank": 16, "prompt_min": 128, "prompt_max": 1024,
@@ -86,14 +85,12 @@ def main(argv=None) -> int:
         shape = llama_shape.Shape(
             **{**asdict(shape), "layers": args.layers, "name": f"{shape.name}-{args.layers}L"}
         )
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="quilt-gpu-trace-"))
-    work.mkdir(parents=True, exist_ok=True)
     report: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "environment": environment(device),
     }
-    print(f"gpu_trace: {shape.name} on {report['environment']['device']}, work in {work}", flush=True)
-    try:
+    with work_folder("quilt-gpu-trace-", path=args.workdir, keep=args.keep) as work:  # 8B: 16 GB of weights
+        print(f"gpu_trace: {shape.name} on {report['environment']['device']}, work in {work}", flush=True)
         plan = make_plan(args, shape, device, dtype, work)
         if device == "cuda":
             torch.cuda.empty_cache()  # the phases need the memory this process drew the weights in
@@ -107,9 +104,6 @@ def main(argv=None) -> int:
                 "trace_peft.py", work, min(remaining * 0.4, args.peft_seconds * 2 + 120)
             )
         report["engine"] = run_phase("trace_engine.py", work, deadline - time.monotonic() - 5)
-    finally:
-        if not args.keep and args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
     report["args"] = vars(args) | {"json": str(args.json) if args.json else None,
                                    "workdir": str(args.workdir) if args.workdir else None}  # fmt: skip
     report["trace_summary"] = plan["trace_summary"]

@@ -1,5 +1,6 @@
-"""benchmarks/kernels.py's LoRA rows: the fused lora_delta the engine runs (one launch per projection group), and
-the split shrink/expand pair it replaced, each against gathered adapter weights + bmm in plain PyTorch."""
+"""benchmarks/kernels.py's LoRA rows: the fused lora_delta the engine runs (one launch per projection group, its
+rows 16-byte aligned as the engine's pages are), and the split shrink/expand pair it replaced, each against
+gathered adapter weights + bmm in plain PyTorch."""
 
 import torch
 
@@ -73,8 +74,11 @@ def lora_case(ops, name, in_dim, slices, rank, adapters, batch, device, dtype) -
         run()
         return y.clone()
 
+    aligned = 16 // es  # lora_pages' rows start at multiples of 16 bytes here, as the engine's pages do
+    assert bool((a_rows % aligned == 0).all() and (b_rows % aligned == 0).all()), "rows not aligned"
+
     def delta():
-        ops.lora_delta(y, x, pages, a_rows, b_rows, slots, ranks, scaling, offsets, meta=meta)
+        ops.lora_delta(y, x, pages, a_rows, b_rows, slots, ranks, scaling, offsets, meta=meta, row_align=aligned)
 
     def delta_baseline():
         gathered_a = lora_a[:, slots.long()]  # [S, T, r, in]

@@ -1,8 +1,13 @@
 """Kernel benchmark: achieved bandwidth vs the device's copy bandwidth, and speedup over plain PyTorch.
 
     python benchmarks/kernels.py                 # on a CUDA GPU: Llama-3-8B shapes, bf16
-    python benchmarks/kernels.py --only lora     # a subset (lora, attention, moe, store_kv, rms_norm, rotary, silu,
-                                                 # gelu); moe: Qwen3-30B-A3B's experts (grouped_matmul, expert_lora)
+    python benchmarks/kernels.py --only lora     # a subset (lora, lora_delta_configs, attention, moe, store_kv,
+                                                 # rms_norm, rotary, silu, gelu, wna16, fp8_block); moe:
+                                                 # Qwen3-30B-A3B's experts (grouped_matmul, expert_lora);
+                                                 # lora_delta_configs: lora_delta's candidate configurations side
+                                                 # by side (kernel_lora_configs.py); wna16, fp8_block: the quantized
+                                                 # checkpoints' GEMMs at decode shapes against torch's bf16 matmul
+                                                 # (kernel_quantized.py)
     python benchmarks/kernels.py --smoke         # no GPU: tiny shapes in Triton's interpreter (checks wiring only)
 
 For each op and shape: the Triton time (triton.testing.do_bench, median), the bytes the op must
@@ -25,6 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_lora import lora_rows  # noqa: E402
+from benchmarks.kernel_lora_configs import lora_config_rows  # noqa: E402
+from benchmarks.kernel_quantized import quantized_rows  # noqa: E402
 from benchmarks.kernel_rows import Row, copy_bandwidth, measure  # noqa: E402
 
 LLAMA3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 14336, "block": 16}
@@ -282,7 +289,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's CPU interpreter")
     parser.add_argument("--only", nargs="*",
-                        default=["lora", "attention", "moe", "store_kv", "rms_norm", "rotary", "silu", "gelu"])
+                        default=["lora", "lora_delta_configs", "attention", "moe", "store_kv", "rms_norm", "rotary",
+                                 "silu", "gelu", "wna16", "fp8_block"])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
@@ -303,8 +311,12 @@ def main(argv=None) -> int:
     peak = copy_bandwidth(device)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter; timings meaningless)"
     print(f"device: {name}; copy bandwidth {peak / 1e9:.0f} GB/s; dtype {dtype}; torch {torch.__version__}")
-    rows = []
+    rows, config_rows = [], []
     with torch.no_grad():
+        if "lora_delta_configs" in args.only:  # its own table, printed as it goes
+            config_rows = lora_config_rows(cfg, device, dtype, ops, smoke=args.smoke)
+        if {"wna16", "fp8_block"} & set(args.only):  # its own table, printed as it goes
+            config_rows += quantized_rows(cfg, device, dtype, set(args.only), smoke=args.smoke)
         if "lora" in args.only:
             rows += lora_rows(cfg, grid, device, dtype, ops)
         if "attention" in args.only:
@@ -322,8 +334,9 @@ def main(argv=None) -> int:
     for line in goal_lines(rows, peak):
         print(line)
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "copy_bandwidth": peak, "rows": [asdict(r) for r in rows]}))
-    return 0 if all(r.ok for r in rows) else 1
+        args.json.write_text(json.dumps({"device": name, "copy_bandwidth": peak,
+                                         "rows": [asdict(r) for r in rows + config_rows]}))
+    return 0 if all(r.ok for r in rows + config_rows) else 1
 
 
 def goal_lines(rows: list[Row], peak: float) -> list[str]:

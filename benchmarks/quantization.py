@@ -22,13 +22,13 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository before benchmarks/ (its kernels.py)
+from benchmarks.work_folder import work_folder  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 CONFIGS = {  # name -> (quantization, kv_cache_dtype)
@@ -231,11 +231,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="quilt-quant-"))
+def measure(args, work: Path) -> dict:
+    """The checkpoint and adapters written in `work`, each configuration against the unquantized engine."""
     if args.shape in ("llama3-8b", "llama-tiny"):
         base, adapter_dirs = build_shape_checkpoint(work, args)
     else:
@@ -267,6 +264,15 @@ def main(argv=None) -> int:
         del llm
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    with work_folder("quilt-quant-") as work:  # 8B: 16 GB of bf16 weights
+        report = measure(args, work)
     write_report(report, table(report), args.json)
     return 0
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository before benchmarks/ (its kernels.py)
 from benchmarks import llama_shape  # noqa: E402
 from benchmarks.quantization import decode_tokens_per_s, write_report  # noqa: E402
+from benchmarks.work_folder import work_folder  # noqa: E402
 from engine import LLM  # noqa: E402
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -160,12 +160,8 @@ def make_llm(model_dir: Path, adapters: dict[str, str], args) -> LLM:
     return llm
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    suite, shape = SUITES[args.suite], shape_of(args)
-    work = Path(tempfile.mkdtemp(prefix=f"quilt-{args.suite}-"))
+def measure(args, suite: Suite, shape: llama_shape.Shape, work: Path) -> dict:
+    """The checkpoints and adapters written in `work`, both engines timed: the report."""
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     dtype = getattr(torch, args.dtype)
     llama_shape.write_checkpoint(work / "bf16", shape, dtype=dtype, device=device)
@@ -195,6 +191,16 @@ def main(argv=None) -> int:
         shared = kv + min(batch, args.adapters) * llama_shape.adapter_bytes(shape, 16, dtype.itemsize)
         weights = report["weights_bytes"]
         report["batches"][batch]["bound"] = (weights["bf16"] + shared) / (weights[suite.key] + shared)
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    suite, shape = SUITES[args.suite], shape_of(args)
+    with work_folder(f"quilt-{args.suite}-") as work:  # 8B: 16 GB of bf16 and the quantized copy
+        report = measure(args, suite, shape, work)
     write_report(report, table(report, suite), args.json)
     return 0
 

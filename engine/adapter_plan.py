@@ -2,11 +2,12 @@
 
 A page is, per layer, two chunks of `chunk` elements (paged_memory). An adapter's layer-l rows — for
 each targeted module its r rows of A (width in_features) and its r rows of B transposed (width
-out_features); slices that share one A, as a fused-name module's do, share its rows — are packed one after another into chunks 0, 1, 2, ... of that layer, a row never
-straddling two chunks. Chunk j of every layer lives in page pages[j // 2], half j % 2, so an adapter
-needs ceil(most chunks of any layer / 2) pages, the same page ids in every layer. The host copy is kept
-as those chunks already packed ([L, 2 * pages, chunk]), so that placing the adapter in its pages is one
-copy of whole chunks per layer.
+out_features); slices that share one A, as a fused-name module's do, share its rows — are packed one after
+another into chunks 0, 1, 2, ... of that layer, each at a multiple of ROW_ALIGN values (the LoRA kernels'
+vector loads; no gap when the widths are multiples of it), a row never straddling two chunks. Chunk j of
+every layer lives in page pages[j // 2], half j % 2, so an adapter needs ceil(most chunks of any layer / 2)
+pages, the same page ids in every layer. The host copy is kept as those chunks already packed
+([L, 2 * pages, chunk]), so that placing the adapter in its pages is one copy of whole chunks per layer.
 
 An expert module (lora_modules.EXPERT_INDEX) has E * r rows of A, expert e's at e * r .. e * r + r - 1, and
 S * E * r rows of B transposed, one block of E * r per output slice (EXPERT_SLICES: gate_up's gate and up
@@ -19,6 +20,7 @@ import torch
 
 import adapters
 from engine.lora_modules import EXPERT_INDEX, EXPERT_SLICES, MODULE_INDEX, MODULES
+from engine.paged_memory import ROW_ALIGN
 
 
 @dataclass
@@ -87,8 +89,7 @@ class AdapterPlan:
                         a_source[layer][module] = shared
                         continue
                     for j in range(num_rows[layer][module][half]):
-                        if at % chunk + width > chunk:
-                            at = (at // chunk + 1) * chunk
+                        at = _next_row(at, width, chunk)
                         out[j] = at
                         at += width
             most_chunks = max(most_chunks, -(-at // chunk))
@@ -137,6 +138,13 @@ class AdapterPlan:
         return placed(self.local), placed(self.expert_local)
 
 
+def _next_row(at: int, width: int, chunk: int) -> int:
+    """Where a row of `width` values goes at or after `at`: the next multiple of ROW_ALIGN, or the next chunk when
+    the row would straddle two."""
+    at = -(-at // ROW_ALIGN) * ROW_ALIGN
+    return at if at % chunk + width <= chunk else (at // chunk + 1) * chunk
+
+
 def _padded(rows: list, width: int) -> torch.Tensor:
     """[L, M, 2, width] int64 of ragged per-(layer, module, half) row lists, -1 past each list's end."""
     return torch.tensor([[[half + [-1] * (width - len(half)) for half in module] for module in layer] for layer in rows],
@@ -172,8 +180,6 @@ def pages_for_rank(rank: int, *, num_layers: int, widths: list[tuple[int, int]],
             if module in EXPERT_INDEX:
                 rows = rank * num_experts * (EXPERT_SLICES[module] if half else 1)
             for _ in range(rows):
-                if at % chunk + width > chunk:
-                    at = (at // chunk + 1) * chunk
-                at += width
+                at = _next_row(at, width, chunk) + width
     chunks = -(-at // chunk)
     return -(-chunks // 2)

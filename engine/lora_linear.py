@@ -41,7 +41,8 @@ class LoRALinear(nn.Module):
         if tables is None:
             return y
         kernels.lora_delta(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows, lora.token_slots,
-                           tables.ranks, tables.scaling, self.base.slice_offsets, meta=lora.meta)  # one launch
+                           tables.ranks, tables.scaling, self.base.slice_offsets, meta=lora.meta,
+                           row_align=self.memory.row_align)  # one launch
         return y
 
 

@@ -13,7 +13,11 @@ a float32 scale per token and KV head of every page: scales [2, num_pages + 1, b
 counted in the page's bytes (docs/quantization.md).
 """
 
+import math
+
 import torch
+
+ROW_ALIGN = 8  # adapter rows start at multiples of this many values (16 bytes in bf16): the LoRA kernels' vector loads
 
 
 class PagedMemory:
@@ -74,6 +78,12 @@ class PagedMemory:
     def chunk_start(self, page: int, half: int) -> int:
         """Element offset, in `flat(layer)`, of page's K (half 0) or V (half 1) chunk."""
         return (half * (self.num_pages + 1) + page) * self.chunk
+
+    @property
+    def row_align(self) -> int:
+        """Every adapter row placed in this memory starts at a multiple of this many values (engine.adapter_plan
+        packs rows at multiples of ROW_ALIGN within a chunk; chunks start at multiples of `chunk`)."""
+        return math.gcd(ROW_ALIGN, self.chunk)
 
     @property
     def zero_row(self) -> int:

@@ -101,10 +101,10 @@ def lora_meta(token_slots: torch.Tensor, num_slots: int, *, previous: LoRAMeta |
     return SlotBatch.build(token_slots, previous=previous if isinstance(previous, SlotBatch) else None)
 
 
-def lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, *, meta=None):
+def lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, *, meta=None, row_align=1):
     if backend_for(x) == "triton":
         return _lora_delta.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets,
-                                      meta=meta)
+                                      meta=meta, row_align=row_align)
     return reference.lora_delta(y, x, pages, a_rows, b_rows, token_slots, ranks, scaling, slice_offsets, meta=meta)
 
 

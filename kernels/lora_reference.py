@@ -247,6 +247,7 @@ def lora_delta(
     slice_offsets: tuple[int, ...],
     *,
     meta: object = None,
+    row_align: int = 1,
 ) -> None:
     """Batched LoRA of a (fused) projection added in place: lora_shrink then lora_expand, in one op.
 
@@ -260,7 +261,8 @@ def lora_delta(
     slice reads one A, as a fused-name adapter's slices do); b_rows [S, U, R] int64; token_slots [T' >= T] int
     (-1 = base model; the first T are the tokens'); ranks [S, U] int; scaling [S, U] float32; slice_offsets:
     S + 1 python ints. h is rounded to x.dtype before it meets B (as a two-launch shrink's buffer is).
-    `meta`: the step's SlotBatch (kernels.lora_meta; built here when None)."""
+    `meta`: the step's SlotBatch (kernels.lora_meta; built here when None). `row_align`: the caller's promise that
+    the rows start at multiples of it, which lets the Triton launcher use vector loads; nothing here."""
     token_slots = token_slots[: x.shape[0]]
     buf = lora_shrink(x, pages, a_rows, token_slots, ranks[: a_rows.shape[0]], meta=meta)  # [S or 1, T, R]
     lora_expand(y, buf, pages, b_rows, token_slots, ranks, scaling, slice_offsets, meta=meta)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from kernels.grouped_matmul import BLOCK_M, _row_blocks
 from kernels.launch import dot_precision, require, require_contiguous, require_float, require_index
-from kernels.wna16_linear import _block_k
+from kernels.wna16_linear import block_k_for, unpacked_words
 from kernels.wna16_reference import WNA16_BITS
 
 BLOCK_N = 64  # tuning (the only place it is chosen): output columns; the reduction tile is wna16_linear's
@@ -55,9 +55,10 @@ def _wna16_grouped_kernel(
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)
         kn_mask = k_mask[:, None] & n_mask[None, :]
-        packed = tl.load(qweight_ptr + (offs_k // PER)[:, None].to(tl.int64) * out_dim + offs_n[None, :],
-                         mask=kn_mask, other=0)
-        q = (packed >> ((offs_k % PER) * BITS)[:, None]) & MASK
+        words = k0 // PER + tl.arange(0, BLOCK_K // PER)
+        packed = tl.load(qweight_ptr + words[None, :].to(tl.int64) * out_dim + offs_n[:, None],
+                         mask=n_mask[:, None] & (words < in_dim // PER)[None, :], other=0)  # [N, K // p], read once
+        q = tl.trans(unpacked_words(packed, BITS))  # [K, N]
         if GROUP_SIZE > 0:  # groups in order: one row of scales and zeros per tile (BLOCK_K divides a group)
             group = k0 // GROUP_SIZE
             scale = tl.load(scales_ptr + group * out_dim + offs_n, mask=n_mask, other=0.0)[None, :]  # [1, N]
@@ -109,7 +110,7 @@ def wna16_grouped_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     _wna16_grouped_kernel[grid](
         x, qweight, scales, zeros, g_idx, g_idx if perm is None else perm, out, expert_offsets, block_expert, block_first, out_dim, in_dim, groups,
         experts, x.stride(0), out.stride(0), BITS=bits, GROUP_SIZE=group_size, HAS_PERM=perm is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_K=_block_k(group_size, in_dim),
+        BLOCK_K=block_k_for(group_size, in_dim, 64),
         PRECISION=dot_precision(x.dtype), num_warps=NUM_WARPS,
     )
     return out

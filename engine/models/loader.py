@@ -158,11 +158,18 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.devic
 
     weights = _iter_weights(files, rank=comm.rank, size=comm.size, parts=parts, packed_slice=packed_slice)
     model.load_weights(_as_loaded(model, weights, device=device, quantization=quantization))
-    finish_packed(model)
+    finish_packed(model, release=lambda: release_cache(device))
     model.quant_spec = quant_spec
-    if (quantization is not None or quant_spec is not None) and device.type == "cuda":
-        # the pool is sized from free memory next: hand back what quantizing, or turning stored tensors into
-        # their kernel layout (AWQ and compressed-tensors repacked, act order sorted), left in torch's cache, so
-        # that the budget is left after the packed weights alone
-        torch.cuda.empty_cache()
+    if quantization is not None or quant_spec is not None:
+        release_cache(device)
     return model.eval()
+
+
+def release_cache(device: torch.device) -> None:
+    """Hand what torch's CUDA cache holds unused back to the device. The page pool is sized from free memory once
+    the weights are in, so what quantizing, or turning stored tensors into their kernel layout (AWQ and
+    compressed-tensors repacked, act order sorted), left there would shrink it. The loader also calls it before
+    each packed projection is finished, so that the kernel tensors that one makes first are not cut from the
+    blocks the previous one's scratch left cached: a kept tensor keeps its whole segment from going back."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -28,6 +28,8 @@ def _check_ct(spec: QuantSpec, bits: tuple[int, ...]) -> None:
 
 
 class _CompressedTensorsInt(IntLinear):
+    scale_kind = "weight_scale"
+
     def num_groups(self) -> int:
         return 1 if self.spec.strategy == "channel" else super().num_groups()
 

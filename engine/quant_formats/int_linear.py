@@ -32,6 +32,7 @@ class IntLinear(PackedLinear):
     checkpoint's float dtype), zeros [G, out / p] int32, g_idx [in] int32 (kernels.reference.wna16_linear)."""
 
     bits: int
+    scale_kind = "scales"  # the stored kind of the scales
 
     @property
     def pack(self) -> int:
@@ -61,6 +62,18 @@ class IntLinear(PackedLinear):
         raise NotImplementedError
 
     def finish(self) -> None:
+        """The kernel's tensors are made first, then the conversion's results copied in. Made after it, on CUDA
+        they would be cut from the large blocks its scratch (the unpacked, int64 words) left in torch's cache,
+        and each would keep such a segment from going back to the device when the loader empties the cache
+        before the page pool is sized from free memory (engine/models/loader.py)."""
+        device, groups, bits = getattr(self, self.scale_kind).device, self.num_groups(), self.spec.bits
+        made = {"qweight": (self.in_features // self.pack, self.out_features),
+                "zeros": (groups, self.out_features // self.pack), "g_idx": (self.in_features,),
+                "perm": (self.in_features,) if self.spec.desc_act else None}  # perm: act order sorted
+        kept = {kind: torch.empty(shape, dtype=torch.int32, device=device)
+                for kind, shape in made.items() if shape is not None}
+        kept["scales"] = torch.empty(groups, self.out_features, dtype=self.stored_dtypes[self.scale_kind],
+                                     device=device)
         qweight, scales, zeros, g_idx = self.canonical()
         for kind in list(self._parameters):
             if kind != "bias":
@@ -73,16 +86,16 @@ class IntLinear(PackedLinear):
                 # act order over the whole input: sort the channels by group (the weight's rows here, x's columns
                 # in the kernel), so the groups are in order as without act order (vLLM does the same)
                 perm = torch.argsort(g_idx.long(), stable=True)
-                qweight = pack_rows(unpack_rows(qweight, self.spec.bits)[perm], self.spec.bits)
-                self.perm = perm.to(torch.int32)  # [in]
+                qweight = pack_rows(unpack_rows(qweight, bits)[perm], bits)
+                self.perm = kept["perm"].copy_(perm)  # [in]
                 g_idx = None
         if g_idx is None:  # groups in order: the kernel reads one row of scales per tile
             self.group_size = self.in_features if self.spec.group_size == -1 else self.spec.group_size
-            g_idx = torch.arange(self.in_features, device=qweight.device) // self.group_size
-        self.register_buffer("qweight", qweight.contiguous())  # [in / p, out] int32
-        self.register_buffer("scales", scales.contiguous())  # [G, out]
-        self.register_buffer("zeros", pack_cols(zeros, self.spec.bits).contiguous())  # [G, out / p] int32
-        self.register_buffer("g_idx", g_idx.to(torch.int32).contiguous())  # [in]
+            g_idx = torch.arange(self.in_features, device=device) // self.group_size
+        self.register_buffer("qweight", kept["qweight"].copy_(qweight))  # [in / p, out] int32
+        self.register_buffer("scales", kept["scales"].copy_(scales))  # [G, out]
+        self.register_buffer("zeros", kept["zeros"].copy_(pack_cols(zeros, bits)))  # [G, out / p] int32
+        self.register_buffer("g_idx", kept["g_idx"].copy_(g_idx))  # [in]
 
     def _check_g_idx(self, g_idx: torch.Tensor) -> None:
         """g_idx must deal the input channels into groups of group_size: each in range, and (on a whole

@@ -110,12 +110,15 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
     return packed
 
 
-def finish_packed(model: CausalLM) -> None:
-    """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked."""
+def finish_packed(model: CausalLM, release=lambda: None) -> None:
+    """Every tensor is loaded: each packed projection into its kernel layout, then the experts stacked. release()
+    comes before each of those steps (on CUDA the loader empties torch's cache there: loader.release_cache)."""
     modules = list(model.modules())
     for module in modules:
         if isinstance(module, PackedLinear) or (isinstance(module, Experts) and getattr(module, "loads_as_stored", False)):
+            release()
             module.finish()
     for module in modules:
         if isinstance(module, PackedExperts):
+            release()
             module.stack()

@@ -82,24 +82,68 @@ def _headers(response) -> list[tuple[bytes, bytes]]:
 async def _send(response, send) -> None:
     await send({"type": "http.response.start", "status": response.status_code, "headers": _headers(response)})
     if isinstance(response, StreamingHttpResponse):
-        await _send_stream(response.streaming_content, send)
+        await _send_chunks(response.streaming_content, send)
     else:
         await send({"type": "http.response.body", "body": response.content})
 
 
-async def _send_stream(chunks: AsyncIterator[bytes], send) -> None:
+async def _send_chunks(chunks: AsyncIterator[bytes], send) -> None:
+    """A streaming response's chunks (`relay._sse`'s, under Django's response), each as it comes; the stream's end
+    ([DONE]) leaves with the response's end, once the iterator has finished (its hold settled)."""
     last = b""
     try:
         async for chunk in chunks:
             if last:
                 await send({"type": "http.response.body", "body": last, "more_body": True})
                 last = b""
-            if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the
-                last = chunk  # generator has finished (its hold settled), as the response's end did before
+            if chunk.endswith(DONE):
+                last = chunk
             else:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except Exception:
-        if last:  # the generator failed after its end (settling): the client still gets what it was sent before
+        if last:  # the iterator failed after its end (settling): the client still gets what it was sent before
+            await send({"type": "http.response.body", "body": last, "more_body": True})
+        raise
+    await send({"type": "http.response.body", "body": last})
+
+
+async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None = None) -> None:
+    """A stream's SSE body, its writes as the engine's events arrive (`SseBody.take`), as `_send_chunks` sends
+    `relay._sse`'s: the stream's end ([DONE]) leaves with the response's end, once the body has ended and its hold
+    is settled; a failure of the body settles it first. With `start`, the head leaves in the server's `cycle`'s write
+    of the first chunk (or alone first, when that chunk ends the stream)."""
+    last = b""
+    try:
+        while not body.ended:
+            try:
+                if body.waiting:
+                    await body.arrival()
+                writes = body.take()
+            except BaseException:
+                await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
+                if start is not None:
+                    await send(start)
+                raise
+            for chunk in writes:
+                if start is not None:
+                    if not chunk.endswith(DONE):
+                        await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": True})
+                        start = None
+                        continue
+                    await send(start)
+                    start = None
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                    last = b""
+                if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the body
+                    last = chunk  # has ended (its hold settled)
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await body.exchange.settle()
+        if start is not None:  # nothing was written
+            await send(start)
+    except Exception:
+        if last:  # settling failed after the stream's end: the client still gets what it was sent before
             await send({"type": "http.response.body", "body": last, "more_body": True})
         raise
     await send({"type": "http.response.body", "body": last})
@@ -261,27 +305,13 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         cycle = scope.get("extensions", {}).get(EXTENSION)
         if cycle is None:
             await send(start)
+            await _send_stream(body, send)
         else:  # the head leaves with the first chunk (the first event was read in open_stream: it is at hand)
-            try:
-                first = await anext(body, None)
-            except BaseException:
-                await send(start)
-                raise
-            if first is None or first.endswith(DONE):  # the end leaves with the response's end, after the settle
-                await send(start)
-                body = body if first is None else _chain(first, body)
-            else:
-                await cycle.start_with_body(start, {"type": "http.response.body", "body": first, "more_body": True})
-        await _send_stream(body, send)
-    finally:
-        if not exchange.settled:  # the body never started (cancelled before its first read): its hold is still owned
+            await _send_stream(body, send, cycle, start)
+    except BaseException:
+        if not exchange.settled:  # the body never ended (the client left while a chunk was sent): its hold is still owned
             await asyncio.shield(exchange.settle())
-
-
-async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for chunk in rest:
-        yield chunk
+        raise
 
 
 async def _metrics(scope, send) -> None:

@@ -5,13 +5,12 @@ import asyncio
 import functools
 import json
 import weakref
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 from django.conf import settings
 
-from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL
+from engine.contract import ADAPTER_UNAVAILABLE
 from gateway.engine_http import EngineHTTP, EngineHTTPError, Response, prepared
 from gateway.hot_settings import hot
 from gateway.running_loop import running_loop
@@ -77,7 +76,7 @@ JSON = "application/json"
 # (two frames, ~170 bytecodes a request), made once; no circular check (the exchange's payload is a tree)
 _compact_chunks = json.encoder.c_make_encoder(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
                                               None, ":", ",", False, False, True)  # fmt: skip
-_decode = json.JSONDecoder().raw_decode  # an event line as the engine writes it, without json.loads' two wrappers
+_scan_once = json.JSONDecoder().scan_once  # an event line as the engine writes it: json's C scanner, no Python frame
 
 
 _last: tuple[object, EngineHTTP | None] = (None, None)  # the loop a request was last sent from, and its client
@@ -124,14 +123,16 @@ def _error_message(response_body: bytes) -> str:
 
 
 class GenerateStream:
-    """An open generate stream. `open()` raises EngineUnavailable / EngineRejected before any event;
-    iterating yields the engine's events and raises EngineBroke if the stream dies unfinished."""
+    """An open generate stream. `open()` raises EngineUnavailable / EngineRejected before any event; then the engine's
+    events, as they arrive (`arrived`, `arrival`) or waited for (`events`); EngineBroke if the stream dies
+    unfinished."""
 
     def __init__(self, engine: EngineRef, payload: dict):
         self.engine = engine
         self.payload = payload
-        self._response: Response | None = None
-        self.finished = False
+        self.response: Response | None = None
+        self.finished = False  # its final event was taken (set by the reader as it applies it)
+        self._broken: EngineHTTPError | None = None  # the wait for the engine failed: raised by the next `arrived`
 
     async def open(self) -> "GenerateStream":
         address, head, rest = _generate_request(self.engine.url, self.engine.token or hot.QUILT_ENGINE_TOKEN)
@@ -140,57 +141,92 @@ class GenerateStream:
         if last_loop is not running_loop():
             client = _client()
         try:
-            self._response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))
+            self.response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))
         except EngineHTTPError as error:
             raise EngineUnavailable(f"{self.engine.name}: {error}") from error
-        status = self._response.status
+        status = self.response.status
         if status >= 400:
             try:
-                body = await self._response.aread()
+                body = await self.response.aread()
             except EngineHTTPError:
                 body = b""
-            self._response.close()
+            self.response.close()
             raise _refusal(self.engine, status, body)
         return self
 
-    async def events(self) -> AsyncIterator[dict]:
-        response = self._response
-        assert response is not None
-        lines = response.lines
-        try:
-            while True:
-                if lines:
-                    line = lines.popleft().decode()
-                elif not response.complete:
-                    await response.arrival()
-                    continue
-                elif response.rest:  # the last line, unterminated
-                    line, response.rest = response.rest.decode(), b""
-                else:
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    event, end = _decode(line)
-                except ValueError:
-                    end = -1
-                if end != len(line):  # whitespace around it, or not JSON: read (or refused) as json.loads does
-                    event = json.loads(line)
-                if event.get("type") == EVENT_FINAL:
-                    self.finished = True  # read on to the body's end: the connection then goes back to the pool
-                yield event
-        except (EngineHTTPError, ValueError) as error:
-            raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
+    async def events(self) -> list[dict] | None:
+        """The next events, waiting for them: those that arrived together (`arrived`); None at the answer's end
+        (EngineBroke if it ended before the request finished)."""
+        while not (events := self.arrived()):
+            if not self.response.complete:
+                await self.arrival()
+            elif self.ended():
+                return None
+        return events
+
+    def ended(self) -> bool:
+        """Whether the answer has been read to its end (complete, every line taken); EngineBroke if it ended before
+        the request finished."""
+        response = self.response
+        if not response.complete or response.lines or response.rest:
+            return False
         if not self.finished:
             raise EngineBroke(f"{self.engine.name}: the stream ended before the request finished")
+        return True
 
-    def event_ready(self) -> bool:
-        """Whether the next event has arrived already (iterating would not wait for the engine)."""
-        return self._response is not None and self._response.line_ready()
+    def arrived(self) -> list[dict]:
+        """The events that have arrived, each parsed as json.loads parses its line: the lines that came together, or
+        when none is left, the body's last line, unterminated, once the answer is complete ([] if none). A line that
+        is not JSON breaks the stream (EngineBroke) when it comes first: after others, it is left for the next call.
+        EngineBroke too when the wait for the engine failed (`arrival`)."""
+        if self._broken is not None:
+            raise EngineBroke(f"{self.engine.name}: the stream broke: {self._broken!r}") from self._broken
+        lines = self.response.lines
+        if not lines:
+            response = self.response
+            if not (response.complete and response.rest):
+                return []
+            lines.append(response.rest)
+            response.rest = b""
+        events = []
+        for line in lines:
+            try:
+                text = line.decode()
+                try:
+                    event, end = _scan_once(text, 0)
+                except (StopIteration, ValueError):
+                    end = -1
+                if end != len(text):  # blank, whitespace around it, or not JSON: read (or refused) as json.loads does
+                    if not text.strip():
+                        continue
+                    event = json.loads(text)
+            except (ValueError, RecursionError) as error:
+                if events:  # the events before it are read first: it stays, after the lines read (its bytes'
+                    for _ in range(lines.index(line)):  # first: the same bytes before it would have failed)
+                        lines.popleft()
+                    return events
+                lines.clear()
+                if isinstance(error, RecursionError):
+                    raise
+                raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
+            events.append(event)
+        lines.clear()
+        return events
+
+    async def arrival(self) -> None:
+        """Waits until more of the answer has arrived (not at all if some did since `arrived` last took it, or the
+        answer is complete); a failure (EngineHTTPError) is raised by the next `arrived` as EngineBroke."""
+        response = self.response
+        if response.lines or response.complete:
+            return
+        try:
+            await response.arrival()
+        except EngineHTTPError as error:
+            self._broken = error
 
     async def close(self) -> None:
-        if self._response is not None:
-            self._response.close()
+        if self.response is not None:
+            self.response.close()
 
 
 def _refusal(engine: EngineRef, status: int, body: bytes) -> Exception:

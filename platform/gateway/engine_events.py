@@ -9,22 +9,28 @@
                "recomputed"}, ...}}
 """
 
+import functools
+from dataclasses import fields
 from typing import NamedTuple
 
-from gateway.openai_response import Delta
+from gateway.openai_response import Delta, Usage
 from gateway.token_text import Vocabulary
 
 USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
                 "sampling_steps")  # fmt: skip
 _ZEROS = (0,) * len(USAGE_COUNTS)
+assert USAGE_COUNTS == tuple(field.name for field in fields(Usage)), "a final's counts are Usage(*counts)"
 
 
-class Read(NamedTuple):  # a tuple: made in one call per event, not a frozen dataclass's setattr per field
-    deltas: list[Delta]
-    usage: dict | None = None
+class Final(NamedTuple):  # a tuple: made in one call, not a frozen dataclass's setattr per field
+    finishes: list[tuple]  # each choice's (index, finish reason as the engine gave it, "stop" for none)
+    usage: tuple  # the counts named in USAGE_COUNTS (Usage's fields), integers
     error: str | None = None  # the engine failed the request
     error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
     kv_transfer: dict | None = None  # a decode hop's: what the engine did with the lease (for metrics only)
+
+
+_final = functools.partial(tuple.__new__, Final)  # Final(*fields) in C: a NamedTuple's __new__ is a Python lambda
 
 
 def _token(vocabulary: Vocabulary, token_id: int, logprob: float | None) -> dict:
@@ -42,30 +48,31 @@ def _logprobs(entries, vocabulary: Vocabulary) -> list[dict]:
     return out
 
 
-def event_read(event: dict, *, vocabulary: Vocabulary) -> Read:
-    kind = event.get("type")
-    if kind == "delta":
-        prompt_logprobs, logprobs = event.get("prompt_logprobs"), event.get("logprobs")
-        if prompt_logprobs or logprobs:
-            logprobs = _logprobs(prompt_logprobs, vocabulary) + _logprobs(logprobs, vocabulary)
-        delta = Delta(
-            index=event.get("index", 0), text=event.get("text", ""), logprobs=logprobs or [], finish_reason=None,
-            tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
-        )  # fmt: skip
-        return Read([delta])
-    if kind == "final":
-        usage = event.get("usage") or {}
-        deltas = [
-            Delta(index=c.get("index", 0), text="", logprobs=[], finish_reason=c.get("finish_reason") or "stop")
-            for c in event.get("choices") or []
-        ]
-        error = event.get("error") if event.get("finish_reason") == "error" else None
-        counts = dict(zip(USAGE_COUNTS, map(usage.get, USAGE_COUNTS, _ZEROS), strict=True))  # in C
-        if {*map(type, counts.values())} != {int}:  # a count the engine sent as null (or not as an integer)
-            counts = {name: int(usage.get(name) or 0) for name in USAGE_COUNTS}
-        failed = event.get("finish_reason") == "error"
-        transfer = usage.get("kv_transfer")
-        return Read(deltas=deltas, usage=counts, error=error or ("the engine failed" if failed else None),
-                    error_type=(event.get("error_type") or None) if failed else None,
-                    kv_transfer=transfer if isinstance(transfer, dict) else None)  # fmt: skip
-    return Read([])
+def delta_of(event: dict, *, vocabulary: Vocabulary) -> Delta:
+    """A delta event's Delta (its log-probabilities' tokens read in `vocabulary`)."""
+    prompt_logprobs, logprobs = event.get("prompt_logprobs"), event.get("logprobs")
+    if prompt_logprobs or logprobs:
+        logprobs = _logprobs(prompt_logprobs, vocabulary) + _logprobs(logprobs, vocabulary)
+    return Delta(
+        index=event.get("index", 0), text=event.get("text", ""), logprobs=logprobs or [], finish_reason=None,
+        tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
+    )  # fmt: skip
+
+
+def final_of(event: dict) -> Final:
+    """A final event: each choice's finish, the usage counts (a count sent as null or not as an integer read as
+    `int`'s), and the engine's failure."""
+    usage = event.get("usage") or {}
+    finishes = []
+    for choice in event.get("choices") or []:  # not a comprehension: its own frame, for one choice or a few
+        finishes.append((choice.get("index", 0), choice.get("finish_reason") or "stop"))
+    counts = (*map(usage.get, USAGE_COUNTS, _ZEROS),)  # in C
+    if {*map(type, counts)} != {int}:  # a count the engine sent as null (or not as an integer)
+        counts = tuple([int(usage.get(name) or 0) for name in USAGE_COUNTS])
+    transfer = usage.get("kv_transfer")
+    if not isinstance(transfer, dict):
+        transfer = None
+    if event.get("finish_reason") != "error":
+        return _final((finishes, counts, None, None, transfer))
+    return _final((finishes, counts, event.get("error") or "the engine failed", event.get("error_type") or None,
+                   transfer))  # fmt: skip

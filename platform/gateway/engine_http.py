@@ -212,13 +212,6 @@ class Response:
         self._timer = self._loop.call_later(self._read_timeout, self._time_out)
         return waiter
 
-    def line_ready(self) -> bool:
-        """Whether another non-blank line has arrived, so that the next one comes without waiting."""
-        for line in self.lines:
-            if line.strip():
-                return True
-        return False
-
     async def aread(self) -> bytes:
         while not self.complete:
             await self.arrival()

@@ -2,14 +2,13 @@
 on another engine, with a prefill hop where the fleet has one), reading its events into the response, and the
 settle that replaces the hold by what was served.
 
-The hold is owned by exactly one `finally` (the relay's): `Exchange.settle` runs once, never cut short by the
+The hold is settled by the relay (relay.py says where): `Exchange.settle` runs once, never cut short by the
 cancellation that a client's disconnect delivers, after the engine stream is closed (closing it makes the engine
 abort the request)."""
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
@@ -43,7 +42,7 @@ from gateway.engine_client import (
     EngineUnavailable,
     GenerateStream,
 )
-from gateway.engine_events import Read, event_read
+from gateway.engine_events import final_of
 from gateway.engine_refusals import engine_refusal
 from gateway.errors import adapter_unavailable, no_engine
 from gateway.hot_settings import hot
@@ -102,7 +101,7 @@ class Exchange:
         )  # fmt: skip
         self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
         self.labels = serving.labels
-        self.first: list[dict] = []  # the first event, read while a retry was still possible
+        self.first: list[dict] = []  # the first events, read while a retry was still possible (applied first)
 
     def metadata(self, engine: EngineRef) -> dict:
         metadata = self.serving.metadata.copy()  # tenant_id, api_key_id, model, base_model, adapter_version_id
@@ -142,18 +141,20 @@ class Exchange:
             log.warning("engine %s does not accept request metadata; usage events will lack it", engine.name)
             _metadata_accepted[engine.name] = False
             self.stream = await GenerateStream(engine, self.payload(engine)).open()
-        self._events = self.stream.events()
         try:
-            first = await anext(self._events)
-        except (EngineBroke, StopAsyncIteration) as error:
+            events = await self.stream.events()  # not None: the stream ends with its final event
+        except EngineBroke as error:
             await self.stream.close()
             self.stream = None
             raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
-        if first.get("type") == EVENT_FINAL and first.get("error_type") == ADAPTER_UNAVAILABLE:
-            await self.stream.close()
-            self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
-            raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
-        self.first = [first]
+        first = events[0]
+        if first.get("type") == EVENT_FINAL:
+            self.stream.finished = True  # taken: an engine that finished at once is not aborted
+            if first.get("error_type") == ADAPTER_UNAVAILABLE:
+                await self.stream.close()
+                self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
+                raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
+        self.first = events
 
     async def open(self) -> None:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
@@ -240,39 +241,28 @@ class Exchange:
         finally:
             router.ended(engine)
 
-    def event_ready(self) -> bool:
-        return self.stream is not None and self.stream.event_ready()
+    def final(self, event: dict) -> list[tuple]:
+        """Applies the final event to the response (a delta is the relay's to apply): each choice's finish and the
+        usage; raises EngineBroke if the engine failed the request. Its choices' (index, finish reason)."""
+        self.stream.finished = True
+        final = final_of(event)
+        builder = self.builder
+        builder.finish(final.finishes)
+        builder.usage = Usage(*final.usage)
+        self.usage_reported = True
+        if self.prefill is not None:
+            self._count_transfer(final.kv_transfer)
+            builder.usage.cached_tokens = billed_cached_tokens(decode_cached=builder.usage.cached_tokens,
+                                                               prefill_cached=self.prefill.cached_tokens)  # fmt: skip
+        if final.error is not None:
+            self.error_type = final.error_type
+            raise EngineBroke(final.error)
+        return final.finishes
 
-    async def reads(self) -> AsyncIterator[Read]:
-        """The engine's events, applied to the response; raises EngineBroke if the engine fails the request."""
-        try:
-            first, self.first = self.first, []
-            for event in first:
-                yield self._read(event)
-            async for event in self._events:
-                yield self._read(event)
-        except EngineBroke:
-            self.broke = True
-            raise
-
-    def _read(self, event: dict) -> Read:
-        read = event_read(event, vocabulary=self.vocabulary)
-        for delta in read.deltas:
-            self.builder.apply(delta)
-            if self.first_token_at is None and delta.tokens:
-                self.first_token_at = time.monotonic()
-                metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
-        if read.usage is not None:
-            self.builder.usage = Usage(**read.usage)
-            self.usage_reported = True
-            if self.prefill is not None:
-                self._count_transfer(read.kv_transfer)
-                self.builder.usage.cached_tokens = billed_cached_tokens(
-                    decode_cached=self.builder.usage.cached_tokens, prefill_cached=self.prefill.cached_tokens)
-        if read.error is not None:
-            self.error_type = read.error_type
-            raise EngineBroke(read.error)
-        return read
+    def first_token(self) -> None:
+        """The response's first token has arrived: its time to first token."""
+        self.first_token_at = time.monotonic()
+        metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
 
     def _count_transfer(self, transfer: dict | None) -> None:
         recomputed = transfer is None or bool(transfer.get("recomputed"))

@@ -9,6 +9,15 @@ from gateway.compact_json import compact_json
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
 _REASON_JSON = {None: "null"} | {reason: f'"{reason}"' for reason in FINISH_REASONS.values()}  # as JSON writes them
+# The common chunks' choices, as `chunk` writes them after the response's opening, by kind (index, text or finish
+# reason, `_ENDING` by "with the usage field"): a choice's first chunk (a chat's with the role), a later one
+_TEXT_FIRST = {"completion": '[{"index":%s,"text":%s,"logprobs":null,"finish_reason":null}]%s',
+               "chat": '[{"index":%s,"delta":{"role":"assistant","content":%s},"logprobs":null,"finish_reason":null}]%s'}
+_TEXT_LATER = _TEXT_FIRST | {"chat": '[{"index":%s,"delta":{"content":%s},"logprobs":null,"finish_reason":null}]%s'}
+_FINISH_FIRST = {"completion": '[{"index":%s,"text":"","logprobs":null,"finish_reason":%s}]%s',
+                 "chat": '[{"index":%s,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":%s}]%s'}
+_FINISH_LATER = _FINISH_FIRST | {"chat": '[{"index":%s,"delta":{"content":""},"logprobs":null,"finish_reason":%s}]%s'}
+_ENDING = ("}\n\n", ',"usage":null}\n\n')
 
 
 @dataclass
@@ -219,6 +228,44 @@ class ResponseBuilder:
                 "finish_reason": finish,
             }  # fmt: skip
         return self._chunk([choice], with_usage_field=with_usage_field)
+
+    def text_chunk(self, index: int, text: str, tokens: int, with_usage_field: bool) -> bytes | None:
+        """`apply` then `chunk` of the engine's common delta, text and tokens alone (no log-probabilities, tool calls
+        or finish reason), without making its Delta."""
+        choice = self.choices[index]
+        choice.text += text
+        choice.tokens += tokens
+        if index in self._role_sent:
+            if not text:
+                return None  # nothing to send
+            choices = _TEXT_LATER[self.kind]
+        elif self.kind == "chat" or not self.echo:
+            self._role_sent.add(index)
+            choices = _TEXT_FIRST[self.kind]
+        else:  # a completion's first chunk, after its echoed prompt
+            return self.chunk(Delta(index, text, [], None, tokens), with_usage_field=with_usage_field)
+        return self._opening + (choices % (index, encode_basestring_ascii(text), _ENDING[with_usage_field])).encode()
+
+    def finish(self, finishes: list[tuple]) -> None:
+        """`apply` of the choices' finishes, (index, the engine's reason) each: Deltas of them alone."""
+        for index, reason in finishes:
+            self.choices[index].finish_reason = FINISH_REASONS.get(reason, "stop")
+
+    def finish_chunks(self, finishes: list[tuple], with_usage_field: bool) -> list[bytes]:
+        """`chunk` of the choices' finishes, (index, the engine's reason, not empty) each: Deltas of them alone."""
+        chunks = []
+        for index, reason in finishes:
+            if index in self._role_sent:
+                choices = _FINISH_LATER[self.kind]
+            elif self.kind == "chat" or not self.echo:
+                self._role_sent.add(index)
+                choices = _FINISH_FIRST[self.kind]
+            else:  # a completion's first chunk, after its echoed prompt
+                chunks.append(self.chunk(Delta(index, "", [], reason), with_usage_field=with_usage_field))
+                continue
+            finish = _REASON_JSON[FINISH_REASONS.get(reason, "stop")]
+            chunks.append(self._opening + (choices % (index, finish, _ENDING[with_usage_field])).encode())
+        return chunks
 
     def _echo(self, index: int) -> str:
         return self.echo[index] if self.echo else ""

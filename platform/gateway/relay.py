@@ -2,21 +2,25 @@
 stream (`exchange`), relay its events as an OpenAI response or SSE stream, and settle the hold with the actual usage
 whatever happens.
 
-The hold is owned by exactly one `finally` here: `Exchange.settle` runs once, after the engine stream is closed (closing
-it makes the engine abort the request), and is never cut short by the cancellation that a client's disconnect
-delivers (a stream's settle is not cancelled at all, `exchange.settling`; the others are shielded)."""
+The hold is settled once (`Exchange.settle`, after the engine stream is closed: closing it makes the engine abort the
+request): by `_whole`'s `finally`, or by the owner of a stream's SSE body when the body ends or fails (`asgi._send_stream`;
+`_sse`'s `finally` under Django's response), or when its client left while a write was made (`asgi._generate`). It is
+never cut short by the cancellation that a client's disconnect delivers (a stream's settle is not cancelled at all,
+`exchange.settling`; the others are shielded)."""
 
 import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from operator import length_hint
 
 from django.http import HttpResponse, StreamingHttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE
+from engine.contract import ADAPTER_UNAVAILABLE, EVENT_DELTA, EVENT_FINAL
 from gateway import request_reports
 from gateway.admit import admit
 from gateway.engine_client import EngineBroke
+from gateway.engine_events import delta_of
 from gateway.errors import ApiError, adapter_unavailable
 from gateway.exchange import Exchange
 from gateway.openai_response import DONE, error_event
@@ -29,21 +33,21 @@ log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def open_stream(exchange: Exchange, headers: dict[str, str]) -> AsyncIterator[bytes]:
+async def open_stream(exchange: Exchange, headers: dict[str, str]) -> "SseBody":
     """Opens the engine stream of a streamed request: its SSE body, which owns the hold from here on (settled when
-    the body ends or is closed). An ApiError carries the rate-limit `headers`."""
+    the body ends, or by its owner when it is left unread). An ApiError carries the rate-limit `headers`."""
     try:
         await _opened(exchange)
     except ApiError as error:
         error.headers = headers | error.headers
         raise
-    return _sse(exchange)
+    return SseBody(exchange)
 
 
 async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
     """Opens the engine stream and answers; owns the hold from here on."""
     if exchange.generation.stream:
-        response = StreamingHttpResponse(await open_stream(exchange, headers))
+        response = StreamingHttpResponse(_sse(await open_stream(exchange, headers)))
         for name, value in SSE_HEADERS.items():
             response[name] = value
     else:
@@ -71,8 +75,7 @@ async def _opened(exchange: Exchange) -> None:
 
 async def _whole(exchange: Exchange) -> HttpResponse:
     try:
-        async for _ in exchange.reads():
-            pass
+        await _read_whole(exchange)
     except EngineBroke as broke:
         log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
         if exchange.error_type == ADAPTER_UNAVAILABLE:
@@ -89,37 +92,133 @@ async def _whole(exchange: Exchange) -> HttpResponse:
     return HttpResponse(_json(exchange.builder.body()), content_type="application/json")
 
 
-async def _sse(exchange: Exchange) -> AsyncIterator[bytes]:
-    include_usage = exchange.generation.include_usage
-    builder = exchange.builder
-    chunks: list[bytes] = []
-    sent = False
+async def _read_whole(exchange: Exchange) -> None:
+    """Reads the engine's events to the answer's end, applied to the response; EngineBroke if the engine fails the
+    request."""
+    stream, builder = exchange.stream, exchange.builder
+    events, exchange.first = exchange.first, []
     try:
-        async for read in exchange.reads():
-            # One write per arrival from the engine: the chunks of events that came together (a final event's, the
-            # usage chunk and [DONE] too) leave together; nothing waits for an event that has not arrived.
-            chunks += [chunk for delta in read.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
-            if read.usage is not None:
-                if chunks and not sent:  # the whole answer came at once: its text leaves now, not after the settle
-                    yield b"".join(chunks)
-                    chunks, sent = [], True
-                chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
-            if chunks and not exchange.event_ready():
-                yield b"".join(chunks)
-                chunks, sent = [], True
-        if not exchange.usage_reported:
-            chunks.append(DONE)
-        if chunks:
-            yield b"".join(chunks)
-    except EngineBroke as broke:
-        log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
-        if exchange.error_type == ADAPTER_UNAVAILABLE:
-            chunks.append(error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE))
-        else:
-            chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
-        yield b"".join(chunks)
+        while events is not None:
+            for event in events:
+                kind = event.get("type")
+                if kind == EVENT_DELTA:
+                    delta = delta_of(event, vocabulary=exchange.vocabulary)
+                    builder.apply(delta)
+                    if exchange.first_token_at is None and delta.tokens:
+                        exchange.first_token()
+                elif kind == EVENT_FINAL:
+                    exchange.final(event)
+            events = await stream.events()
+    except EngineBroke:
+        exchange.broke = True
+        raise
+
+
+PLAIN_DELTA = frozenset(("type", "index", "text", "token_ids"))  # the engine's common event: text and tokens alone
+
+
+class SseBody:
+    """A streamed request's SSE body, written as the engine's events arrive. `take()` applies what has arrived to the
+    response and gives the writes it makes: one per arrival from the engine (the chunks of events that came together
+    leave together; nothing waits for an event that has not arrived). Then the body has `ended` (its last write
+    made), or is `waiting`: await `arrival()` before taking more. Its owner settles the hold when it ends."""
+
+    ended = False
+    waiting = False
+    _sent = False  # a write was made
+    _end: list[bytes] | None = None  # the next take's first chunks
+
+    def __init__(self, exchange: Exchange):
+        self.exchange = exchange
+        self.arrival = exchange.stream.arrival
+        self._parts = (exchange, exchange.builder, exchange.stream, exchange.stream.response.lines,
+                       exchange.generation.include_usage)  # fmt: skip
+        self._events, exchange.first = iter(exchange.first), []  # the first take's: those read at the open
+
+    def take(self) -> list[bytes]:
+        exchange, builder, stream, lines, usage_field = self._parts
+        events = self._events  # what is left of the events being applied (exhausted, but after a write of the text)
+        writes: list[bytes] = []
+        chunks: list[bytes] = []
+        if self._end is not None:  # the stream's end, after a write of the text before it
+            chunks, self._end = self._end, None
+        try:
+            if self.waiting:  # the engine's next arrival, or its failure
+                self.waiting = False
+                events = iter(stream.arrived())
+            while True:
+                for event in events:
+                    kind = event.get("type")
+                    if kind == EVENT_DELTA and event.keys() <= PLAIN_DELTA:
+                        tokens = len(event.get("token_ids") or ())
+                        chunk = builder.text_chunk(event.get("index", 0), event.get("text", ""), tokens, usage_field)
+                        if tokens and exchange.first_token_at is None:
+                            exchange.first_token()
+                        if chunk is not None:
+                            chunks.append(chunk)
+                    elif kind == EVENT_DELTA:  # with log-probabilities or tool calls
+                        delta = delta_of(event, vocabulary=exchange.vocabulary)
+                        builder.apply(delta)
+                        if exchange.first_token_at is None and delta.tokens:
+                            exchange.first_token()
+                        if chunk := builder.chunk(delta, with_usage_field=usage_field):
+                            chunks.append(chunk)
+                    elif kind == EVENT_FINAL:
+                        chunks += builder.finish_chunks(exchange.final(event), usage_field)
+                        end = [builder.usage_chunk(), DONE] if usage_field else [DONE]
+                        if chunks and not (writes or self._sent):  # the whole answer came at once: its text leaves
+                            writes.append(b"".join(chunks))  # now, not with the stream's end, after the settle
+                            if lines or length_hint(events) or not stream.response.complete:  # more may come:
+                                self._end, self._events, self._sent = end, events, True  # read on once it has left
+                                return writes
+                            chunks = end
+                        else:
+                            chunks += end
+                if lines:  # arrived meanwhile, or a line that broke off the events before it (breaking the stream)
+                    events = iter(stream.arrived())
+                    continue
+                if chunks:
+                    writes.append(b"".join(chunks))
+                    chunks = []
+                if not stream.response.complete:
+                    self.waiting = True
+                    break
+                if exchange.usage_reported and not stream.response.rest:
+                    self.ended = True
+                    break
+                if writes:  # what follows reads on once they have left
+                    break
+                if stream.response.rest:  # the answer's last line, unterminated: a write of its own
+                    events = iter(stream.arrived())
+                    continue
+                stream.ended()  # no final event: EngineBroke if the request did not finish
+                writes.append(DONE)
+                self.ended = True
+                break
+        except EngineBroke as broke:
+            exchange.broke = True
+            self.ended = True
+            log.warning("engine stream broke for %s: %s", exchange.request_id, broke)
+            if exchange.error_type == ADAPTER_UNAVAILABLE:
+                chunks.append(error_event(message=adapter_unavailable(exchange.target.name).message, code=ADAPTER_UNAVAILABLE))
+            else:
+                chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
+            writes.append(b"".join(chunks))
+        if writes:
+            self._sent = True
+        return writes
+
+
+async def _sse(body: SseBody) -> AsyncIterator[bytes]:
+    """The SSE body as an iterator (Django's StreamingHttpResponse): settled when it ends or is closed."""
+    try:
+        while not body.ended:
+            if body.waiting:
+                await body.arrival()
+            for chunk in body.take():
+                yield chunk
     finally:
-        await exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
+        await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
 
 
 def _json(body: dict) -> bytes:

@@ -144,8 +144,12 @@ def build_adapter(base_dir, directory, *, seed: int, r: int, targets: list[str],
 class Oracle:
     """transformers + PEFT: each adapter loaded into one PeftModel and switched on alone."""
 
-    def __init__(self, base_dir, adapter_dirs: dict[str, object]) -> None:
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    def __init__(self, base_dir, adapter_dirs: dict[str, object], quantization_config=None) -> None:
+        """quantization_config: passed to from_pretrained (its loading attributes override the checkpoint's); left
+        out when None: given as None it would replace the checkpoint's own, and the stored tensors load raw."""
+        given = {} if quantization_config is None else {"quantization_config": quantization_config}
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager",
+                                                    **given).eval()
         self.base = base
         self.model = None
         for name, path in adapter_dirs.items():

@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from tests.engine.conftest import ARCHS, VOCAB, build_tokenizer
+from tests.engine.conftest import ARCHS, VOCAB, Oracle, build_tokenizer
 
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64}
@@ -99,6 +99,18 @@ def write_block_fp8(src: Path, dst: Path, *, drop: str | None = None, config: di
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"),
               metadata={"format": "pt"})
     return dst
+
+
+def block_oracle(directory, adapters) -> Oracle:
+    """transformers + PEFT on a weight_block_size checkpoint, dequantized by transformers on load (its config's
+    `dequantize`) into the float32 model. On a CPU-only machine transformers does that by itself; where CUDA is
+    visible it would keep its FP8Linear, whose forward needs the `kernels` package's Triton kernel from the Hub
+    (not on the GPU machine's image, which cannot download it): the oracle is the same function either way."""
+    from transformers import FineGrainedFP8Config
+
+    stored = json.loads((directory / "config.json").read_text())["quantization_config"]
+    dequantized = FineGrainedFP8Config.from_dict({**stored, "dequantize": True})
+    return Oracle(directory, adapters, quantization_config=dequantized)
 
 
 def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list[list[int]]) -> Path:

@@ -18,6 +18,7 @@ from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
 from engine.quant_formats.fp8_experts import Fp8Experts
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 from tests.engine.fp8_checkpoints import (
+    block_oracle,
     build_base,
     quantize_expert_inputs,
     write_block_fp8,
@@ -82,13 +83,31 @@ def fp8(families, tmp_path_factory):
                 pytest.importorskip("compressed_tensors")  # requirements/dev.txt; not on the GPU machine's image
                 preset = "FP8" if fmt == "static" else "FP8_DYNAMIC"
                 write_compressed_fp8(base, directory, preset=preset, calibration=random_prompts(67, [9, 21, 14]))
-            oracle = Oracle(directory, adapters)
+            oracle = block_oracle(directory, adapters) if fmt == "block" else Oracle(directory, adapters)
             if fmt != "block" and arch in ("qwen3-moe", "mixtral"):
                 quantize_expert_inputs(oracle.base, directory)  # transformers runs experts in full precision
             made[case] = (arch, directory, adapters, oracle)
         return made[case]
 
     return get
+
+
+def test_the_block_oracle_is_dequantized_where_cuda_is_visible(fp8, monkeypatch):
+    """The oracle's model loaded as on the GPU machine (CUDA visible, compute capability 9.0; no adapters: PEFT's
+    safetensors would pin memory): no FP8Linear or FP8Experts, and the logits it gives on this CPU. Without
+    `dequantize` transformers keeps those there, and the first forward raises ImportError: finegrained-fp8 kernel
+    unavailable (`kernels` is not installed)."""
+    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+
+    for case in ("llama-block", "qwen3-moe-block"):
+        _, directory, _, on_cpu = fp8(case)
+        with monkeypatch.context() as patched:
+            patched.setattr(torch.cuda, "is_available", lambda: True)
+            patched.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+            oracle = block_oracle(directory, {})
+        assert not [m for m in oracle.base.modules() if isinstance(m, (FP8Linear, FP8Experts))], case
+        prompt = random_prompts(71, [7])[0]
+        torch.testing.assert_close(oracle.logits(prompt, None), on_cpu.logits(prompt, None), atol=0, rtol=0)
 
 
 def _mixed_batch():

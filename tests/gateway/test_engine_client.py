@@ -32,8 +32,9 @@ def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: 
         stream = await GenerateStream(ref, payload or {"prompt": "x"}).open()
         seen = []
         try:
-            async for event in stream.events():
-                seen.append(event)
+            while (events := await stream.events()) is not None:
+                seen += events
+                stream.finished = stream.finished or any(event.get("type") == "final" for event in events)  # the exchange's
         except EngineBroke as broke:
             return str(broke)
         finally:

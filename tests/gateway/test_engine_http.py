@@ -1,5 +1,5 @@
-"""The gateway's HTTP client to engines, against scripted servers: lines that arrived together are known to be
-ready (the relay sends their chunks in one write), a line still on its way is not; every way an engine can fail a
+"""The gateway's HTTP client to engines, against scripted servers: the events of lines that arrived together come
+together (the relay sends their chunks in one write), a line still on its way later; every way an engine can fail a
 request (silence, a reset, broken framing, an idle connection it closed) and a reader that goes away end in
 EngineHTTPError or a closed connection, never a hang or a connection handed to the next request out of step."""
 
@@ -63,7 +63,7 @@ async def until_closed(reader) -> None:
 
 
 async def lines_of(response) -> list[bytes]:
-    """The body's lines, read as GenerateStream.events reads them."""
+    """The body's lines, read as GenerateStream.arrived reads them."""
     seen = []
     while True:
         if response.lines:
@@ -74,11 +74,15 @@ async def lines_of(response) -> list[bytes]:
             return seen + ([response.rest] if response.rest else [])
 
 
-def test_line_ready_says_whether_the_next_line_has_arrived():
+def test_the_events_that_arrived_together_come_together():
+    """GenerateStream.arrived gives the events of the lines that arrived together at once (blank lines skipped), and
+    a line still on its way after it has arrived: the relay writes each arrival's chunks in one write."""
+
     async def main():
         more = asyncio.Event()
 
         async def answer(reader, writer):
+            await reader.readexactly(2)
             writer.write(HEAD + chunk(b'{"n": 1}\n{"n": 2}\n\n'))  # two lines and a blank one, in one write
             await writer.drain()
             await more.wait()
@@ -86,19 +90,19 @@ def test_line_ready_says_whether_the_next_line_has_arrived():
             await writer.drain()
 
         async with Engine(answer) as url:
-            response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={}, body=b"{}")
-            seen = []
-            while not response.complete or response.lines:
-                if not response.lines:
-                    await response.arrival()
-                    continue
-                line = response.lines.popleft()
-                seen.append((line, response.line_ready()))
-                if line == b'{"n": 2}':
-                    more.set()
-            return seen
+            ref = EngineRef(name="e", url=url.removesuffix("/v1/generate"), token="t", pool="", gpu_price_per_hour="0",
+                            resident=frozenset(), load=0)  # fmt: skip
+            stream = GenerateStream(ref, {})
+            stream.response = await EngineHTTP(connect_timeout=5, read_timeout=5).request("POST", url, headers={},
+                                                                                          body=b"{}")  # fmt: skip
+            seen = [stream.arrived(), stream.arrived()]
+            more.set()
+            await stream.arrival()
+            seen.append(stream.arrived())
+            stream.finished = True  # the scripted answer has no final event
+            return seen, stream.ended()
 
-    assert run(main) == [(b'{"n": 1}', True), (b'{"n": 2}', False), (b"", False), (b'{"n": 3}', False)]
+    assert run(main) == ([[{"n": 1}, {"n": 2}], [], [{"n": 3}]], True)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -336,7 +340,10 @@ def test_a_stream_on_a_kept_connection_never_asks_for_the_running_loop(loop):
 
     async def stream() -> list[dict]:
         opened = await GenerateStream(ref, {"prompt": "x"}).open()
-        events = [event async for event in opened.events()]
+        events = []
+        while (arrived := await opened.events()) is not None:
+            events += arrived
+            opened.finished = opened.finished or arrived[-1].get("type") == "final"  # as the exchange takes it
         await opened.close()
         return events
 

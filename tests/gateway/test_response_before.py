@@ -118,3 +118,34 @@ def test_the_same_chunks_as_before(kind, echo, logprobs, with_usage_field):
             assert now._role_sent == before._role_sent
         assert now.choices == before.choices
         assert now.usage_chunk() == before.usage_chunk()
+
+
+@pytest.mark.parametrize("kind, echo, logprobs, with_usage_field",
+                         list(itertools.product(["chat", "completion"], [False, True], [False, True], [False, True])))  # fmt: skip
+def test_a_text_delta_and_the_finishes_without_deltas_as_before(kind, echo, logprobs, with_usage_field):
+    """`text_chunk` (the engine's common delta) and `finish`/`finish_chunks` (a final event's) give the chunks and
+    the response that `apply` then `chunk` of their Deltas gave."""
+    rng = random.Random(f"text{kind}{echo}{logprobs}{with_usage_field}")
+    for _ in range(300):
+        n = rng.randint(1, 3)
+        prompts = [f'prompt "{i}" \u00e9' for i in range(n)] if echo and kind == "completion" else []
+        fields = dict(kind=kind, request_id="0f" * 16, model='m "\u00e9"', n=n, logprobs=logprobs, echo=prompts)
+        now, before = ResponseBuilder(**fields), BuilderBefore(**fields)
+        before.created = now.created
+        before._opening = now._opening
+        for _ in range(rng.randint(1, 6)):
+            if rng.random() < 0.75:
+                index, text, tokens = rng.randrange(n), rng.choice(TEXTS), rng.randint(0, 2)
+                delta = Delta(index=index, text=text, logprobs=[], finish_reason=None, tokens=tokens)
+                before.apply(delta)
+                assert now.text_chunk(index, text, tokens, with_usage_field) == \
+                    before.chunk(delta, with_usage_field=with_usage_field), delta  # fmt: skip
+            else:
+                finishes = [(rng.randrange(n), rng.choice(REASONS[1:])) for _ in range(rng.randint(0, n))]
+                deltas = [Delta(index=i, text="", logprobs=[], finish_reason=reason) for i, reason in finishes]
+                for delta in deltas:
+                    before.apply(delta)
+                now.finish(finishes)
+                assert now.finish_chunks(finishes, with_usage_field) == \
+                    [before.chunk(delta, with_usage_field=with_usage_field) for delta in deltas]  # fmt: skip
+            assert now.choices == before.choices and now._role_sent == before._role_sent

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from engine.demo import corpus
 from engine.demo.tokenizer import train_tokenizer
-from gateway.engine_events import event_read
+from gateway.engine_events import delta_of
 from gateway.openai_response import ResponseBuilder
 from gateway.token_text import Vocabulary
 
@@ -56,7 +56,7 @@ def test_logprobs_show_the_raw_bytes_in_both_apis(byte_level):
     first = byte_level.encode(EURO).ids[0]
     event = {"type": "delta", "index": 0, "text": "", "token_ids": [first],
              "logprobs": [{"token_id": first, "logprob": -0.5, "top": {str(first): -0.5}}]}
-    delta = event_read(event, vocabulary=vocabulary).deltas[0]
+    delta = delta_of(event, vocabulary=vocabulary)
     for kind in ("chat", "completion"):
         builder = ResponseBuilder(kind=kind, request_id="r", model="m", n=1, logprobs=True)
         builder.apply(delta)

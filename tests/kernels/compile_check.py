@@ -40,16 +40,17 @@ class _Recorder:
 
 def _recorded_launches(op: str, *args, **kwargs) -> list[tuple]:
     module = importlib.import_module(f"kernels.{op}")
-    kernels = {name: value for name, value in vars(module).items() if name.startswith("_") and hasattr(value, "fn")
-               and name.endswith("_kernel")}  # fmt: skip
-    recorders = {name: _Recorder(value.fn) for name, value in kernels.items()}
+    modules = (module, importlib.import_module("kernels.split_k"))  # a split-K launch's sum runs after it
+    kernels = {(m, name): value for m in modules for name, value in vars(m).items() if name.startswith("_")
+               and hasattr(value, "fn") and name.endswith("_kernel")}  # fmt: skip
+    recorders = {key: _Recorder(value.fn) for key, value in kernels.items()}
     try:
-        for name, recorder in recorders.items():
-            setattr(module, name, recorder)
+        for (m, name), recorder in recorders.items():
+            setattr(m, name, recorder)
         getattr(module, op)(*args, **kwargs)
     finally:
-        for name, value in kernels.items():
-            setattr(module, name, value)
+        for (m, name), value in kernels.items():
+            setattr(m, name, value)
     return [(r.fn, a, k) for r in recorders.values() for a, k in r.launches]
 
 
@@ -66,12 +67,25 @@ def _type_of(value) -> str:
 
 
 def _compile(fn, args, kwargs, arch: int):
+    """Compile as the JIT specializes a launch: an int argument equal to 1 becomes a constant, and tensors whose
+    address and ints that are multiples of 16 carry tt.divisibility 16 (what lets Triton prove loads aligned),
+    except for the kernel's do_not_specialize arguments."""
     kernel = JITFunction(fn)
     options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
-    signature = {name: _type_of(value) for name, value in zip(kernel.arg_names, args, strict=False)}
-    signature.update({name: "constexpr" for name in kwargs})
-    signature = {name: signature[name] for name in kernel.arg_names}
-    return triton.compile(ASTSource(kernel, signature, kwargs), target=GPUTarget("cuda", arch, 32), options=options)
+    signature, attrs, constants = {}, {}, dict(kwargs)
+    for index, (param, value) in enumerate(zip(kernel.params, args, strict=False)):
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if not param.do_not_specialize and is_int and value == 1:
+            constants[param.name] = 1
+            continue
+        signature[param.name] = _type_of(value)
+        aligned = value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor) else is_int and value % 16 == 0
+        if aligned and not param.do_not_specialize and not param.do_not_specialize_on_alignment:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    signature.update({name: "constexpr" for name in constants})
+    signature = {param.name: signature[param.name] for param in kernel.params}
+    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
 
 
 def _lora_inputs(tokens, dtype):
@@ -125,11 +139,12 @@ def _launches(case: str, dtype: torch.dtype) -> list[tuple]:
         meta = LoRAMeta.build(slots, 4)
         return _recorded_launches("lora_expand", torch.randn(64, 6144).to(dtype), buf, pages, b_rows, slots, ranks,
                                   torch.ones(3, 4), (0, 4096, 5120, 6144), meta=meta)  # fmt: skip
-    if case == "lora_delta":  # one launch for q/k/v, A and B read through views of one static table
+    if case in ("lora_delta", "lora_delta-aligned-rows"):  # one launch for q/k/v, A and B: views of one static table
         x, pages, rows, slots, ranks = _lora_inputs(64, dtype)
         table = torch.stack([rows, rows], dim=1)  # [S, 2, U, R]
         return _recorded_launches("lora_delta", torch.randn(64, 6144).to(dtype), x, pages, table[:, 0], table[:, 1],
-                                  slots, ranks, torch.ones(3, 4), (0, 4096, 5120, 6144), meta=LoRAMeta.build(slots, 4))
+                                  slots, ranks, torch.ones(3, 4), (0, 4096, 5120, 6144), meta=LoRAMeta.build(slots, 4),
+                                  row_align=8 if case.endswith("aligned-rows") else 1)  # aligned: the engine's pages
     cache, tables, lens = _paged(dtype)
     extra = _WINDOW_SOFTCAP if case.endswith("-window-softcap") else {}
     case = case.removesuffix("-window-softcap")
@@ -196,7 +211,7 @@ def _wna16_launches(case: str, dtype: torch.dtype) -> list[tuple]:
 
 
 CASES = [
-    "lora_delta", "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode",
+    "lora_delta", "lora_delta-aligned-rows", "lora_shrink", "lora_shrink-split-k", "lora_expand", "paged_attention_decode",
     "paged_attention_decode-split-kv",
     "paged_attention_prefill", "store_kv", "rms_norm", "rotary_embedding", "silu_and_mul",
     "store_kv-fp8kv", "paged_attention_decode-fp8kv", "paged_attention_decode-split-kv-fp8kv",

@@ -3,11 +3,12 @@
 import torch
 
 
-def to_pages(lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def to_pages(lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: tuple[int, ...], gen: torch.Generator,
+             align: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lora_a [S, U, R, in], lora_b [U, out_total, R] -> (pages [N], a_rows [S, U, R], b_rows [S, U, R]).
 
-    Every row is copied to a random place in `pages` with junk between; the rows at or beyond a slice's
-    rank hold random values too, which the kernels must not read."""
+    Every row is copied to a random place in `pages` with junk between, starting at a multiple of `align`; the
+    rows at or beyond a slice's rank hold random values too, which the kernels must not read."""
     num_slices, used, max_rank, in_dim = lora_a.shape
     rows = []  # (tensor row, (kind, s, u, j))
     for s in range(num_slices):
@@ -21,6 +22,7 @@ def to_pages(lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: tuple[in
     for i in order:
         row, key = rows[i]
         gap = int(torch.randint(0, 3, (1,), generator=gen))
+        gap += -(at + gap) % align
         pieces.append(torch.randn(gap, generator=gen).to(row.dtype))
         at += gap
         where[key] = at

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import reference
+from kernels.launch import cdiv
 from kernels.reference import FP8
 from tests.kernels.cases import DTYPES, assert_close
 from tests.kernels.conftest import load_triton_op
@@ -56,3 +57,32 @@ def test_fp8_block_linear_refuses_bad_scales(device):
     with pytest.raises(ValueError, match="multiple of 16"):
         op(x, weight, scale, 100)
     assert op(x[:0], weight, scale, 128).shape == (0, 200)
+
+
+SPLITS = {  # (tokens, out, in, group_k, config): split-K over K tiles that end inside the last group or past it
+    "3-tiles-in-2-splits": (3, 200, 333, 128, {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2}),
+    "more-splits-than-tiles": (19, 130, 300, 128, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 9}),
+    "per-channel-rows-of-32": (37, 96, 300, 300, {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLITS.values()), ids=list(SPLITS))
+def test_split_k_matches_reference(case, device):
+    tokens, out_dim, in_dim, group_k, config = case
+    x, weight, scale = _case(tokens, out_dim, in_dim, group_k, device, torch.float32)
+    got = load_triton_op("fp8_block_linear")(x, weight, scale, group_k, config={**config, "num_warps": 4})
+    assert_close(got.cpu(), reference.fp8_block_linear(x.cpu(), weight.cpu(), scale.cpu(), group_k))
+
+
+@pytest.mark.parametrize("projection", ["qkv", "o", "gate_up", "down"])
+def test_at_decode_shapes_a_program_reads_no_more_x_than_weights(projection):
+    """Llama-3-8B on 132 SMs: at 64 tokens 5d42326 gave o, down and qkv programs of 16 columns, each reading a 64-row
+    tile of x (16 KB) for 2 KB of weights a step: x 8x the weights' bytes. Now x at most the weights' bytes a step,
+    and split-K keeps all but a few SMs busy."""
+    import importlib
+
+    in_dim, out_dim = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}[projection]
+    config = importlib.import_module("kernels.fp8_block_linear")._config(64, out_dim, in_dim, 128, 132)
+    assert config["BLOCK_M"] * config["BLOCK_K"] * 2 <= config["BLOCK_K"] * config["BLOCK_N"], config
+    programs = cdiv(64, config["BLOCK_M"]) * cdiv(out_dim, config["BLOCK_N"]) * config["SPLIT_K"]
+    assert programs >= 128, config

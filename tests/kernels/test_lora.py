@@ -47,7 +47,7 @@ def _token_slots(case: LoRACase, gen: torch.Generator) -> torch.Tensor:
     return picked
 
 
-def _inputs(case: LoRACase, dtype: torch.dtype, device: str, index_dtype: torch.dtype):
+def _inputs(case: LoRACase, dtype: torch.dtype, device: str, index_dtype: torch.dtype, align: int = 1):
     gen = torch.Generator().manual_seed(sum(case.ranks) + case.tokens)
     slots, max_rank = len(case.ranks), case.max_rank or max(case.ranks)
     x = torch.randn(case.tokens, case.in_dim, generator=gen)
@@ -59,7 +59,7 @@ def _inputs(case: LoRACase, dtype: torch.dtype, device: str, index_dtype: torch.
     offsets = tuple(int(v) for v in torch.tensor((0, *case.slices)).cumsum(0))
     # each slice at its own rank: the slot's rank on slice 0, one less on each slice after
     ranks = torch.tensor([[max(0, r - s) for r in case.ranks] for s in range(len(case.slices))])
-    pages, a_rows, b_rows = to_pages(lora_a.to(dtype), lora_b.to(dtype), offsets, gen)
+    pages, a_rows, b_rows = to_pages(lora_a.to(dtype), lora_b.to(dtype), offsets, gen, align)
     to = {"device": device}
     return (
         x.to(dtype=dtype, **to), pages.to(**to), a_rows.to(**to), b_rows.to(**to), scaling.to(**to),

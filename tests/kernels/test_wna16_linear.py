@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from kernels import reference
+from kernels.launch import cdiv
+from kernels.split_k import split_tiles
+from kernels.wna16_linear import BFLOAT16_BIAS, FLOAT16_BIAS, WNA16Config, plan
 from kernels.wna16_reference import pack_cols, pack_rows, unpack_cols, unpack_rows, wna16_dequantize
 from tests.kernels.conftest import load_triton_op
 
@@ -151,3 +154,89 @@ def test_act_order_sorted_at_load_takes_the_in_order_path(bits, group, device):
     got = load_triton_op("wna16_grouped_matmul")(x.to(device), *stacked, offsets, bits, group_size=group,
                                                  perm=torch.stack([perm, perm]).to(device))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+SPLIT_CASES = {  # (tokens, in, out, bits, group (0: act order), config): splits ending inside a tile count or past it
+    "ten-tiles-in-3-splits": (3, 320, 72, 4, 32, WNA16Config(16, 64, 32, split_k=3)),
+    "ten-tiles-in-7-splits": (3, 320, 72, 4, 32, WNA16Config(16, 64, 32, split_k=7)),
+    "more-splits-than-tiles": (2, 320, 40, 4, 32, WNA16Config(16, 64, 32, split_k=16)),
+    "three-row-blocks-w8": (37, 256, 40, 8, 64, WNA16Config(16, 64, 64, split_k=2)),
+    "rows-of-32-per-channel": (33, 384, 48, 4, -1, WNA16Config(32, 64, 128, split_k=2, num_stages=2)),
+    "act-order": (5, 192, 56, 4, 0, WNA16Config(16, 64, 64, split_k=2)),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES.values()), ids=list(SPLIT_CASES))
+def test_split_k_and_given_configurations_match_the_reference(case, device):
+    tokens, in_dim, out_dim, bits, group, config = case
+    (x, *weights), _ = _case(tokens, in_dim, out_dim, bits=bits, group=32 if group == 0 else group,
+                             shuffled=group == 0, sym=False, device=device)
+    expected = reference.wna16_linear(x.cpu(), *[w.cpu() for w in weights], bits)
+    group_size = 0 if group == 0 else in_dim if group == -1 else group
+    got = load_triton_op("wna16_linear")(x, *weights, bits, group_size=group_size, config=config)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_configuration_straddling_groups_is_refused():
+    (x, *weights), _ = _case(2, 128, 16, bits=4, group=32, shuffled=False, sym=True, device="cpu")
+    with pytest.raises(ValueError, match="straddles the groups of 32"):
+        load_triton_op("wna16_linear")(x, *weights, 4, group_size=32, config=WNA16Config(16, 64, 64))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_triton_launcher_in_float16(bits, device):
+    """float16 takes the no-conversion path (1024 + q in the mantissa), in the interpreter too (bfloat16 cannot:
+    the interpreter's bfloat16 arithmetic is wrong; test_triton_launcher_in_bfloat16 runs it on a GPU)."""
+    (x, *weights), _ = _case(7, 256, 48, bits=bits, group=64, shuffled=False, sym=False, device=device,
+                             dtype=torch.float16)
+    got = load_triton_op("wna16_linear")(x, *weights, bits, group_size=64).float()
+    expected = reference.wna16_linear(x.float(), *weights, bits)
+    assert ((got - expected).abs() <= 1e-2 * expected.abs().amax(1, keepdim=True)).all()
+
+
+@pytest.mark.parametrize(("bias", "dtype", "bits"), [(FLOAT16_BIAS, torch.float16, 8), (BFLOAT16_BIAS, torch.bfloat16, 4)],
+                         ids=["float16", "bfloat16"])
+def test_the_biases_or_a_value_into_a_float_exactly(bias, dtype, bits):
+    """minus_zero's premise: bias | q, read as the float type, is bias's float + q for every value q of `bits`."""
+    q = torch.arange(1 << bits, dtype=torch.int32)
+    base = torch.tensor([bias.value], dtype=torch.int32).to(torch.int16).view(dtype).float()
+    assert torch.equal((q | bias.value).to(torch.int16).view(dtype).float(), base + q.float())
+
+
+PROJECTIONS = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+
+
+@pytest.mark.parametrize("projection", list(PROJECTIONS))
+def test_at_decode_shapes_the_plan_streams_from_every_sm(projection):
+    """Llama-3-8B at 1, 16 and 64 tokens on 132 SMs: 5d42326's grid was 64 programs for o and down at one token
+    (half the SMs idle), each running 64 or 224 steps. The plan: at least 2 programs per SM up to 16 tokens, all but
+    a few SMs busy at 64, at most 32 steps a program, and float32 partials under a quarter of the weight's bytes."""
+    in_dim, out_dim = PROJECTIONS[projection]
+    for tokens in (1, 16, 64):
+        config = plan(tokens, out_dim, in_dim, 128, 4, 132)
+        tiles, splits = split_tiles(cdiv(in_dim, config.block_k), config.split_k)
+        programs = cdiv(tokens, config.block_m) * cdiv(out_dim, config.block_n) * splits
+        assert programs >= (2 * 132 if tokens <= 16 else 128), (tokens, config, programs)
+        assert tiles <= 32, (tokens, config)
+        assert splits * tokens * out_dim * 4 <= in_dim * out_dim // 2 / 4 or splits == 1, (tokens, config)
+
+
+def test_the_launch_depends_on_the_static_shape_only(monkeypatch):
+    """The CUDA-graph contract: two calls of the same shapes with other values launch alike (split-K included)."""
+    import importlib
+
+    module = importlib.import_module("kernels.wna16_linear")
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(
+                (grid, tuple(a for a in args if not isinstance(a, torch.Tensor)), kwargs))
+
+    monkeypatch.setattr(module, "_wna16_kernel", Recorder())
+    monkeypatch.setattr(importlib.import_module("kernels.split_k"), "_sum_kernel", Recorder())
+    monkeypatch.setattr(module, "multiprocessor_count", lambda device: 132)  # an H200's: split-K
+    for seed in (1, 2):
+        (x, *weights), _ = _case(1, 4096, 1024, bits=4, group=128, shuffled=False, sym=seed == 1, device="cpu")
+        module.wna16_linear(x * seed, *weights, 4, group_size=128)
+    assert len(launches) == 4 and launches[:2] == launches[2:]

@@ -11,6 +11,8 @@ from gateway.exchange import Exchange
 from gateway.openai_request import GenerationRequest
 from gateway.prompt_tokens import count_prompt_tokens
 from gateway.refusals import ratelimit_headers, refusal
+from gateway.serving import serving
+from metering.pricing import request_price
 
 
 def context_check(generation: GenerationRequest, target: Target) -> None:
@@ -28,14 +30,16 @@ def context_check(generation: GenerationRequest, target: Target) -> None:
 async def admit(
     *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, received: float
 ) -> tuple[Exchange, dict[str, str]]:
-    context_check(generation, target)
+    if generation.max_tokens_given and generation.max_tokens >= target.max_context:
+        context_check(generation, target)  # refused
+    shared = serving(caller, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
-    prompt_tokens = await count_prompt_tokens(generation, target)
-    tokens = prompt_tokens + generation.num_choices * max_tokens
-    spend = caller.spend(
-        base_model=target.base_model, prompt_tokens=prompt_tokens, cached_tokens=0,
-        completion_tokens=generation.num_choices * max_tokens,
-    )  # fmt: skip
+    choices, prompt_bytes = generation.num_choices, generation.prompt_bytes()
+    prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes)
+    tokens = prompt_tokens + choices * max_tokens
+    spend = request_price(  # what caller.spend prices, with the rates the pair keeps
+        rates=shared.rates, prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=choices * max_tokens
+    )
     decision = await admission_acquire(
         tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
         key_spend_picos=spend_to_picos(spend), limits=caller.limits,
@@ -46,7 +50,7 @@ async def admit(
         metrics.refusals.labels(str(caller.tenant_id), decision.reason).inc()
         raise refusal(decision, headers, tokens=tokens, limits=caller.limits, prompt_tokens=prompt_tokens)
     exchange = Exchange(
-        request_id=request_id, caller=caller, target=target, generation=generation, max_tokens=max_tokens,
-        hold_tokens=tokens, hold_spend=spend, received=received,
+        request_id=request_id, serving=shared, generation=generation, max_tokens=max_tokens, choices=choices,
+        prompt_bytes=prompt_bytes, hold_tokens=tokens, hold_spend=spend, received=received,
     )  # fmt: skip
     return exchange, headers

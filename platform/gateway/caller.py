@@ -19,7 +19,7 @@ from gateway.admission import Limits
 from gateway.errors import ApiError
 from gateway.hot_settings import hot
 from gateway.request_guard import model_name_check
-from metering.pricing import Rates, plan_rates, request_price, request_price_picos
+from metering.pricing import Rates, plan_rates, request_price
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
 from registry.storage import adapter_store_root
 from tenancy.audit import Actor
@@ -58,23 +58,16 @@ class Caller:
     expires_at: datetime | None
     body_retention_days: int = 0  # the tenant keeps prompts and completions this long (0: metadata only)
 
+    def rates_for(self, base_model: str) -> Rates:
+        """The plan's rates for a base model: its override, else the plan's own."""
+        return self.model_rates.get(base_model, self.rates)
+
     def spend(self, *, base_model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
         """What metering will bill for these counts: the same price function, the same rates."""
         return request_price(
-            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,
+            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,  # `rates_for` inline
             cached_tokens=cached_tokens, completion_tokens=completion_tokens,
         )  # fmt: skip
-
-    def spend_units(
-        self, *, base_model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
-    ) -> tuple[int, int]:
-        """`spend` in admission's units, (spend_to_micros, spend_to_picos) of it: its picos exactly (in integers
-        where that is the same number), the micros rounded up from them."""
-        picos = request_price_picos(
-            rates=self.model_rates.get(base_model, self.rates), prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens, completion_tokens=completion_tokens,
-        )  # fmt: skip
-        return -(-picos // 1_000_000), picos
 
     def may_use(self, name: str) -> bool:
         return not self.allowed_models or name in self.allowed_models or name.partition("@")[0] in self.allowed_models

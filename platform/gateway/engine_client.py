@@ -2,6 +2,7 @@
 keep-alive connections per loop), from the worker's blocking code through httpx."""
 
 import asyncio
+import functools
 import json
 import weakref
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ import httpx
 from django.conf import settings
 
 from engine.contract import ADAPTER_UNAVAILABLE
-from gateway.engine_http import EngineHTTP, EngineHTTPError, Response
+from gateway.engine_http import EngineHTTP, EngineHTTPError, Response, prepared
 from gateway.hot_settings import hot
 from gateway.running_loop import running_loop
 
@@ -78,19 +79,32 @@ _compact_chunks = json.encoder.c_make_encoder(None, json.JSONEncoder().default, 
 _scan_once = json.JSONDecoder().scan_once  # an event line as the engine writes it: json's C scanner, no Python frame
 
 
+_last: tuple[object, EngineHTTP | None] = (None, None)  # the loop a request was last sent from, and its client
+
+
 def _client() -> EngineHTTP:
+    global _last
     loop = running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        client = _clients[loop] = EngineHTTP(
-            connect_timeout=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
-            read_timeout=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
-        )
+    last_loop, client = _last
+    if last_loop is not loop:  # another loop than the last request's (tests): its own client
+        client = _clients.get(loop)
+        if client is None:
+            client = _clients[loop] = EngineHTTP(
+                connect_timeout=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
+                read_timeout=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
+            )
+        _last = (loop, client)
     return client
 
 
 def _post_headers(engine: EngineRef) -> dict[str, str]:
     return {"Authorization": f"Bearer {engine.token or hot.QUILT_ENGINE_TOKEN}", "Content-Type": JSON}
+
+
+@functools.lru_cache(maxsize=256)
+def _generate_request(url: str, token: str) -> tuple[tuple[str, int], bytes, bytes]:
+    """An engine's generate request (`engine_http.prepared`), made once per engine URL and token."""
+    return prepared("POST", f"{url}/v1/generate", {"Authorization": f"Bearer {token}", "Content-Type": JSON})
 
 
 def _headers(engine: EngineRef) -> dict[str, str]:
@@ -121,11 +135,13 @@ class GenerateStream:
         self._broken: EngineHTTPError | None = None  # the wait for the engine failed: raised by the next `arrived`
 
     async def open(self) -> "GenerateStream":
+        address, head, rest = _generate_request(self.engine.url, self.engine.token or hot.QUILT_ENGINE_TOKEN)
         body = "".join(_compact_chunks(self.payload, 0)).encode()
+        last_loop, client = _last  # `_client()` when it is the last request's loop, without its call
+        if last_loop is not running_loop():
+            client = _client()
         try:
-            self.response = await _client().request(
-                "POST", f"{self.engine.url}/v1/generate", headers=_post_headers(self.engine), body=body
-            )
+            self.response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))
         except EngineHTTPError as error:
             raise EngineUnavailable(f"{self.engine.name}: {error}") from error
         status = self.response.status

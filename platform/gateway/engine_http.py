@@ -14,6 +14,7 @@ import asyncio
 import collections
 import functools
 import time
+from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 import httptools
@@ -31,6 +32,15 @@ def _split(url: str) -> tuple[tuple[str, int], str, str]:
     """A URL's address, request target and Host header (once per URL: an engine's few endpoints)."""
     parts = urlsplit(url)
     return (parts.hostname or "127.0.0.1", parts.port or 80), parts.path + (f"?{parts.query}" if parts.query else ""), parts.netloc
+
+
+def prepared(method: str, url: str, headers: dict[str, str]) -> tuple[tuple[str, int], bytes, bytes]:
+    """A request's address, and its head before and after its Content-Length's value: for `EngineHTTP.send`, by a
+    caller that sends many alike (the head's headers in C, no Python loop per header)."""
+    address, target, host = _split(url)
+    head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: "
+    rest = "\r\n" + "".join(map("{}: {}\r\n".format, headers, headers.values())) + "\r\n"
+    return address, head.encode("latin-1"), rest.encode("latin-1")
 
 
 class EngineHTTPError(Exception):
@@ -249,14 +259,15 @@ class EngineHTTP:
             raise EngineHTTPError(f"connecting to the engine at {address[0]}:{address[1]} failed: {error!r}") from error
         return connection
 
-    async def request(
+    def request(
         self, method: str, url: str, *, headers: dict[str, str], body: bytes = b"", read_timeout: float | None = None
-    ) -> Response:
+    ) -> Awaitable[Response]:
         """Sends the request and reads the answer's status line and headers; the body is the caller's to read."""
-        address, target, host = _split(url)
-        head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
-        head += "".join(map("{}: {}\r\n".format, headers, headers.values()))  # in C, no Python loop per header
-        message = (head + "\r\n").encode("latin-1") + body
+        address, head, rest = prepared(method, url, headers)
+        return self.send(address, b"%b%d%b%b" % (head, len(body), rest, body), read_timeout=read_timeout)
+
+    async def send(self, address: tuple[str, int], message: bytes, *, read_timeout: float | None = None) -> Response:
+        """`request` for a message made whole (`prepared`'s head around its body's length, then the body)."""
         timeout = self.read_timeout if read_timeout is None else read_timeout
         reused = self._pool.take(address)
         for connection in (reused, None) if reused is not None else (None,):

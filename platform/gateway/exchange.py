@@ -16,10 +16,16 @@ from operator import attrgetter
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from engine.contract import ADAPTER_UNAVAILABLE, EVENT_FINAL, billed_cached_tokens, prompt_fingerprints
+from engine.contract import (
+    ADAPTER_UNAVAILABLE,
+    EVENT_FINAL,
+    PREFIX_CHUNK_CHARS,
+    billed_cached_tokens,
+    prompt_fingerprints,
+)
 from gateway import engine_client, metrics, request_reports
 from gateway.admission import admission_settle, spend_to_micros, spend_to_picos
-from gateway.caller import Caller, Target
+from gateway.caller import Caller
 from gateway.connections import DATABASE_DOWN, checked_connection
 from gateway.disaggregation import (
     PrefillFailed,
@@ -47,81 +53,77 @@ from gateway.openai_request import GenerationRequest
 from gateway.openai_response import ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
 from gateway.running_loop import current_task
+from gateway.serving import Serving
 from gateway.token_text import Vocabulary, vocabulary
 from gateway.usage_report import served_usage_json, served_usage_template, usage_event, usage_send
+from metering.pricing import request_price_picos
 from metering.services import request_body_store
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 2  # an engine that fails before the first event is retried once on another
+_NO_VOCABULARY = Vocabulary(None)  # a request that shows no tokens: the same (stateless) one for all
 
 
 def echoes(generation: GenerationRequest, vocabulary: Vocabulary) -> list[str]:
-    """Each choice's echoed prompt (completions with `echo`): a token prompt as its text."""
-    if not generation.echo:
-        return []
+    """Each choice's echoed prompt (completions with `echo`, the only ones asked): a token prompt as its text."""
     texts = [p if isinstance(p, str) else vocabulary.decode(p) for p in generation.prompts]
     return [text for text in texts for _ in range(generation.n)]
 
 
 class Exchange:
-    """The state of one admitted request."""
+    """The state of one admitted request. What starts the same for every request starts as a class attribute."""
+
+    first_token_at: float | None = None
+    answer_status = 200  # what the client was answered, once an engine took the request
+    engine: EngineRef | None = None
+    stream: GenerateStream | None = None
+    prefill: PrefillHop | None = None  # disaggregated: the prefill hop's lease and GPU time
+    usage_reported = False
+    broke = False
+    error_type: str | None = None  # the engine's, when it failed the request
+    _settled = False
 
     def __init__(
-        self, *, request_id: str, caller: Caller, target: Target, generation: GenerationRequest, max_tokens: int,
-        hold_tokens: int, hold_spend: Decimal, received: float,
+        self, *, request_id: str, serving: Serving, generation: GenerationRequest, max_tokens: int, choices: int,
+        prompt_bytes: int, hold_tokens: int, hold_spend: Decimal, received: float,
     ):  # fmt: skip
         self.request_id = request_id
         self.hold_tokens = hold_tokens
         self.hold_spend = hold_spend
-        self.caller = caller
-        self.target = target
+        self.serving = serving
+        self.caller = serving.caller
+        self.target = target = serving.target
         self.generation = generation
         self.max_tokens = max_tokens
+        self.prompt_bytes = prompt_bytes  # generation.prompt_bytes(), as admission had it (and choices, num_choices)
         tokens_shown = generation.logprobs or (generation.echo and generation.prompt_token_count() > 0)
-        self.vocabulary = vocabulary(target.checkpoint_dir) if tokens_shown else Vocabulary(None)
+        self.vocabulary = vocabulary(target.checkpoint_dir) if tokens_shown else _NO_VOCABULARY
         self.builder = ResponseBuilder(
-            kind=generation.kind, request_id=request_id, model=target.name, n=generation.num_choices,
-            logprobs=generation.logprobs, echo=echoes(generation, self.vocabulary),
+            kind=generation.kind, request_id=request_id, model=target.name, n=choices, logprobs=generation.logprobs,
+            echo=echoes(generation, self.vocabulary) if generation.echo else [],
         )  # fmt: skip
         self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
-        self.first_token_at: float | None = None
-        self.answer_status = 200  # what the client was answered, once an engine took the request
-        self.labels = (str(caller.tenant_id), target.name, metrics.adapter_label(target.digest))
-        self.engine: EngineRef | None = None
-        self.stream: GenerateStream | None = None
+        self.labels = serving.labels
         self.first: list[dict] = []  # the first events, read while a retry was still possible (applied first)
-        self.prefill: PrefillHop | None = None  # disaggregated: the prefill hop's lease and GPU time
-        self.usage_reported = False
-        self.broke = False
-        self.error_type: str | None = None  # the engine's, when it failed the request
-        self._settled = False
 
     def metadata(self, engine: EngineRef) -> dict:
-        target = self.target
-        metadata = {
-            "tenant_id": self.caller.tenant_id, "api_key_id": self.caller.key_id, "model": target.name,
-            "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": engine.name,
-        }  # fmt: skip
+        metadata = self.serving.metadata.copy()  # tenant_id, api_key_id, model, base_model, adapter_version_id
+        metadata["engine"] = engine.name
         if self.prefill is not None and engine.name != self.prefill.engine.name:
             metadata["prefill"] = self.prefill.attribution()  # metering costs it at the prefill engine's price
         return metadata
 
     def payload(self, engine: EngineRef) -> dict:
-        generation, target = self.generation, self.target
-        payload = {
-            "request_id": self.request_id,
-            "tenant": str(self.caller.tenant_id),
-            "weight": self.caller.weight,
-            "api_key_id": str(self.caller.key_id),
-            "adapter": {"digest": target.digest, "path": target.adapter_path} if target.digest else None,
-            "sampling": generation.sampling | {"max_tokens": self.max_tokens},
-            "stream": True,
-        }
+        generation = self.generation
+        payload = self.serving.payload.copy()  # tenant, weight, api_key_id, adapter, stream: the key's and model's
+        payload["request_id"] = self.request_id
+        payload["sampling"] = generation.sampling | {"max_tokens": self.max_tokens}
         if generation.max_tokens_given:
             payload["context_overflow"] = "refuse"
-        if _metadata_accepted.get(engine.name, True):
-            payload["metadata"] = self.metadata(engine)
+        if _metadata_accepted.get(engine.name, True):  # the engine's shared one found without a call, if made
+            payload["metadata"] = self.metadata(engine) if self.prefill is not None else \
+                self.serving.by_engine.get(engine.name) or self.serving.engine_metadata(engine.name)  # fmt: skip
         if generation.messages is not None:
             payload["messages"] = generation.messages
             payload |= generation.structure
@@ -160,19 +162,20 @@ class Exchange:
 
     async def open(self) -> None:
         """Routes and opens the engine stream, retrying once on another engine if one fails before answering."""
-        await engines_refresh()
+        if time.monotonic() >= router.stale_at:  # `engines_refresh()` only when it has something to do
+            await engines_refresh()
         tried: set[str] = set()
         generation, digest = self.generation, self.target.digest
         first_prompt = generation.prompts[0] if generation.prompts else None  # a batch shares one engine
-        fingerprints = prompt_fingerprints(tenant=str(self.caller.tenant_id), adapter=digest,
-                                           prompt=first_prompt if isinstance(first_prompt, str) else None,
-                                           messages=generation.messages)
+        fingerprints = [] if first_prompt.__class__ is str and len(first_prompt) < PREFIX_CHUNK_CHARS else \
+            prompt_fingerprints(tenant=self.serving.tenant, adapter=digest, messages=generation.messages,
+                                prompt=first_prompt if isinstance(first_prompt, str) else None)  # [] without a chunk
         one_prompt = generation.messages is not None or len(generation.prompts) == 1
         for attempt in range(ATTEMPTS):
             route = router.route(
-                digest=digest, fingerprints=fingerprints, prompt_chars=generation.prompt_bytes(),
-                prompt_tokens=generation.prompt_token_count(), exclude=frozenset(tried),
-                min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
+                digest=digest, fingerprints=fingerprints, prompt_chars=self.prompt_bytes,
+                prompt_tokens=0 if first_prompt.__class__ is str else generation.prompt_token_count(),
+                exclude=frozenset(tried), min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
                 disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
             )  # fmt: skip
             if route is None:
@@ -189,7 +192,7 @@ class Exchange:
             elif route.reason in ("short", "no_prefill_engine"):
                 metrics.disaggregation.labels(route.reason).inc()
             try:
-                await self._open_on(engine)
+                await (self._try(engine) if self.prefill is None else self._open_on(engine))
                 return
             except EngineUnavailable as error:
                 log.warning("engine %s unavailable for %s: %s", engine.name, self.request_id, error)
@@ -308,9 +311,9 @@ class Exchange:
         final, served, now = False, "", time.monotonic()  # final: metering's settle, once it has the engine's event
         if reported:  # the engine's counts
             tokens = usage.prompt_tokens + usage.completion_tokens
-            micros, picos = caller.spend_units(base_model=self.target.base_model, prompt_tokens=usage.prompt_tokens,
-                                               cached_tokens=usage.cached_tokens,
-                                               completion_tokens=usage.completion_tokens)  # fmt: skip
+            picos = request_price_picos(rates=self.serving.rates, prompt_tokens=usage.prompt_tokens,
+                                        cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens)
+            micros = -(-picos // 1_000_000)  # spend_to_micros of the same price: rounded up
             served = self._served_event(now, usage, caller)
         elif stream is not None:  # an engine took it, then the stream broke or the client left: keep the hold
             tokens, micros, picos = self.hold_tokens, spend_to_micros(self.hold_spend), spend_to_picos(self.hold_spend)
@@ -340,15 +343,11 @@ class Exchange:
                 prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens, finish_reason=reason, e2e_ms=(now - started) * 1000.0,
                 ttft_ms=(first - started) * 1000.0 if first is not None else None)  # fmt: skip
-        key = (caller.tenant_id, caller.key_id, target.name, target.base_model, target.digest,
-               target.adapter_version_id, engine.name)  # what `metadata` and the event's fixed fields read
-        template = _served_templates.get(key)
+        template = self.serving.served.get(engine.name)  # the key's and model's (`Serving`), by engine
         if template is None:
-            if len(_served_templates) >= 10_000:  # bounded: callers and models come and go over a long life
-                _served_templates.clear()
-            template = _served_templates[key] = served_usage_template(
+            template = self.serving.served_template(engine.name, served_usage_template(
                 tenant_id=caller.tenant_id, api_key_id=caller.key_id, digest=target.digest,
-                base_model=target.base_model, metadata=self.metadata(engine))  # fmt: skip
+                base_model=target.base_model, metadata=self.metadata(engine)))  # fmt: skip
         return template % (encode_basestring_ascii(self.request_id), usage.prompt_tokens, usage.cached_tokens,
                            usage.completion_tokens, "null" if first is None else repr((first - started) * 1000.0),
                            (now - started) * 1000.0, reason, time.time())  # fmt: skip
@@ -380,7 +379,6 @@ class Exchange:
 
 
 _metadata_accepted: dict[str, bool] = {}
-_served_templates: dict[tuple, str] = {}  # `served_usage_template` by what it holds
 _FINISH_REASON = attrgetter("finish_reason")
 _settling: set[asyncio.Task] = set()  # the tasks running a settle now
 

@@ -37,7 +37,12 @@ UNSUPPORTED = {
 }
 MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
 _SAMPLING = (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2))
-_SAMPLING_NAMES = frozenset([*(name for name, _, _ in _SAMPLING), "n", "seed"])
+_SAMPLING_ORDER = tuple(name for name, _, _ in _SAMPLING)  # checked in this order
+_SAMPLING_BOUNDS = {name: (low, high) for name, low, high in _SAMPLING}
+_SAMPLING_NAMES = frozenset([*_SAMPLING_ORDER, "n", "seed"])
+_RARE = frozenset({"stop", "user", "logit_bias"})  # checked only when the body names one
+_ROLES = MESSAGE_ROLES | {"tool", "function"}
+assert MAX_N <= MAX_CHOICES  # one prompt with any valid n fits in a request
 
 
 @dataclass
@@ -67,8 +72,8 @@ class GenerationRequest:
 
     def prompt_bytes(self) -> int:
         """The prompt's text in bytes (token-id prompts count none: prompt_token_count has them)."""
-        if self.prompts is not None:
-            return sum([len(prompt.encode()) for prompt in self.prompts if isinstance(prompt, str)])
+        if self.prompts is not None:  # in C: no comprehension's frame
+            return sum(map(len, map(str.encode, filter(str.__instancecheck__, self.prompts))))
         tools = len(json.dumps(self.structure["tools"]).encode()) if self.structure.get("tools") else 0
         return tools + sum([len((message.get("content") or "").encode()) + _tool_calls_chars(message)
                             for message in self.messages])  # fmt: skip
@@ -77,7 +82,7 @@ class GenerationRequest:
         """The tokens of token-id prompts: counted exactly, without a tokenizer."""
         if self.prompts is None:
             return 0
-        return sum([len(prompt) for prompt in self.prompts if isinstance(prompt, list)])
+        return sum(map(len, filter(list.__instancecheck__, self.prompts)))
 
 
 def _tool_calls_chars(message: dict) -> int:
@@ -131,7 +136,18 @@ def _number(body: dict, name: str, *, low: float, high: float, integer: bool = F
     return value
 
 
-def _common(body: dict, allowed: frozenset[str]) -> dict:
+def _count(body: dict, name: str, *, low: int, high: int) -> int | None:
+    """`_number(..., integer=True)` with the common answer (a plain int in range, or none) found without its call."""
+    value = body.get(name)
+    if value is None or value.__class__ is int and low <= value <= high:
+        return value
+    return _number(body, name, low=low, high=high, integer=True)  # its error, or an int subclass's own value
+
+
+def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, bool, dict, str | None]:
+    """The fields both kinds share, checked in this order (the first error is the one answered): unknown names,
+    unsupported ones, model, stream, stream_options, sampling, stop, user, logit_bias. Returns (model, stream,
+    include_usage, sampling, user)."""
     if not allowed.issuperset(body):
         unknown = sorted(set(body) - allowed)
         raise invalid(f"Unrecognized request argument supplied: {', '.join(unknown)}.", param=unknown[0])
@@ -143,25 +159,32 @@ def _common(body: dict, allowed: frozenset[str]) -> dict:
     if not isinstance(model, str) or not model:
         raise invalid("You must provide a model parameter.", param="model")
     stream = body.get("stream") or False
-    if not isinstance(stream, bool):
+    if stream is not True and stream is not False:
         raise invalid("'stream' must be a boolean.", param="stream")
     options = body.get("stream_options")
-    if options is not None and not stream:
-        raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}):
-        raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                          param="stream_options")  # fmt: skip
+        if not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
+            raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
     sampling: dict = {}
-    if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them; _number only for the names given
-        for name, low, high in _SAMPLING:
-            if body.get(name) is not None:
-                sampling[name] = float(_number(body, name, low=low, high=high))
-        if sampling.get("top_p") == 0:  # the nucleus of p = 0 is the likeliest token alone
+    if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them, or one
+        for name in _SAMPLING_ORDER:
+            if name in body and (value := body[name]) is not None:
+                low, high = _SAMPLING_BOUNDS[name]
+                if value.__class__ is not float and value.__class__ is not int or not low <= value <= high:
+                    value = _number(body, name, low=low, high=high)  # its error, or a subclass's own value
+                sampling[name] = float(value)
+        if "top_p" in sampling and sampling["top_p"] == 0:  # the nucleus of p = 0 is the likeliest token alone
             del sampling["top_p"]
             sampling["top_k"] = 1
-        if body.get("n") is not None:
-            sampling["n"] = _number(body, "n", low=1, high=MAX_N, integer=True)
-        if body.get("seed") is not None:
-            sampling["seed"] = _number(body, "seed", low=-(2**63), high=2**63 - 1, integer=True)
+        if "n" in body and (n := _count(body, "n", low=1, high=MAX_N)) is not None:
+            sampling["n"] = n
+        if "seed" in body and (seed := _count(body, "seed", low=-(2**63), high=2**63 - 1)) is not None:
+            sampling["seed"] = seed
+    if _RARE.isdisjoint(body):  # no stop, user or logit_bias
+        return model, stream, bool(options and options.get("include_usage")), sampling, None
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -176,10 +199,7 @@ def _common(body: dict, allowed: frozenset[str]) -> dict:
     bias = _logit_bias(body["logit_bias"]) if "logit_bias" in body else None
     if bias:
         sampling["logit_bias"] = bias
-    return {
-        "model": model, "stream": stream, "include_usage": bool(options and options.get("include_usage")),
-        "sampling": sampling, "user": user,
-    }  # fmt: skip
+    return model, stream, bool(options and options.get("include_usage")), sampling, user
 
 
 def _logit_bias(value) -> dict[str, float]:
@@ -208,72 +228,81 @@ def _tool_call(param: str, call) -> dict:
 
 
 def _message(index: int, message) -> dict:
-    param = f"messages.[{index}]"
     if not isinstance(message, dict):
-        raise invalid(f"{param} must be an object with a role and content.", param=param)
-    if message.get("role") not in MESSAGE_ROLES | {"tool", "function"}:
-        raise invalid(f"{param}.role must be one of system, developer, user, assistant or tool.", param=f"{param}.role",
-                      code="invalid_value")  # fmt: skip
-    if message["role"] == "function":
+        raise invalid(f"messages.[{index}] must be an object with a role and content.", param=f"messages.[{index}]")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise invalid(f"messages.[{index}].role must be one of system, developer, user, assistant or tool.",
+                      param=f"messages.[{index}].role", code="invalid_value")  # fmt: skip
+    if role == "function":
         raise invalid("The deprecated function messages are not supported; answer tool calls with role 'tool'.",
-                      param=param, code="unsupported_parameter")  # fmt: skip
+                      param=f"messages.[{index}]", code="unsupported_parameter")  # fmt: skip
     calls = message.get("tool_calls")
-    if calls is not None and (message["role"] != "assistant" or not isinstance(calls, list)):
-        raise invalid(f"{param}.tool_calls must be a list, on an assistant message.", param=f"{param}.tool_calls")
-    calls = [_tool_call(f"{param}.tool_calls.[{i}]", call) for i, call in enumerate(calls or [])]
-    if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise invalid(f"{param}.tool_call_id must name the tool call this message answers.",
-                      param=f"{param}.tool_call_id")  # fmt: skip
+    if calls is not None:
+        if role != "assistant" or not isinstance(calls, list):
+            raise invalid(f"messages.[{index}].tool_calls must be a list, on an assistant message.",
+                          param=f"messages.[{index}].tool_calls")  # fmt: skip
+        calls = [_tool_call(f"messages.[{index}].tool_calls.[{i}]", call) for i, call in enumerate(calls)]
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise invalid(f"messages.[{index}].tool_call_id must name the tool call this message answers.",
+                      param=f"messages.[{index}].tool_call_id")  # fmt: skip
     content = message.get("content")
-    if content is None and calls:
+    if content.__class__ is str:  # the common message: no parts to join
+        pass
+    elif content is None and calls:
         return {"role": "assistant", "content": None, "tool_calls": calls}
-    if isinstance(content, list):
+    elif isinstance(content, list):
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise invalid(f"Content parts of type '{kind}' (images, audio, files) are not supported; only text.",
-                              param=f"{param}.content", code="unsupported_parameter")  # fmt: skip
+                              param=f"messages.[{index}].content", code="unsupported_parameter")  # fmt: skip
             parts.append(part["text"])
         content = "".join(parts)
-    if not isinstance(content, str):
-        raise invalid(f"{param}.content must be a string or a list of text parts.", param=f"{param}.content")
-    role = "system" if message["role"] == "developer" else message["role"]
+    elif not isinstance(content, str):
+        raise invalid(f"messages.[{index}].content must be a string or a list of text parts.",
+                      param=f"messages.[{index}].content")  # fmt: skip
     if role == "tool":
         return {"role": "tool", "content": content, "tool_call_id": message["tool_call_id"]}
-    return {"role": role, "content": content} | ({"tool_calls": calls} if calls else {})
+    if calls:
+        return {"role": role, "content": content, "tool_calls": calls}
+    return {"role": "system" if role == "developer" else role, "content": content}
 
+
+_CHAT_RARE = frozenset({"modalities", "metadata", "logprobs", "top_logprobs"})  # checked when the body names one
 
 
 def parse_chat(body: dict) -> GenerationRequest:
-    common = _common(body, CHAT_FIELDS)
+    model, stream, include_usage, sampling, user = _common(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list.", param="messages")
     structure = chat_structure(body)
-    modalities = body.get("modalities")
-    if modalities not in (None, ["text"]):
-        raise invalid("Only the 'text' modality is supported.", param="modalities", code="unsupported_parameter")
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise invalid("'metadata' must be an object.", param="metadata")
-    max_tokens = None
-    if body.get("max_completion_tokens") is not None:
-        max_tokens = _number(body, "max_completion_tokens", low=1, high=2**31, integer=True)
-    elif body.get("max_tokens") is not None:
-        max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
-    logprobs = body.get("logprobs") or False
-    if not isinstance(logprobs, bool):
-        raise invalid("'logprobs' must be a boolean.", param="logprobs")
-    top = _number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True) if "top_logprobs" in body else None
-    if top is not None and not logprobs:
-        raise invalid("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    if logprobs:
-        common["sampling"]["logprobs"] = top or 0
+    logprobs = False
+    if not _CHAT_RARE.isdisjoint(body):
+        modalities = body.get("modalities")
+        if modalities not in (None, ["text"]):
+            raise invalid("Only the 'text' modality is supported.", param="modalities", code="unsupported_parameter")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise invalid("'metadata' must be an object.", param="metadata")
+    max_tokens = _count(body, "max_completion_tokens", low=1, high=2**31)
+    if max_tokens is None:
+        max_tokens = _count(body, "max_tokens", low=1, high=2**31)
+    if not _CHAT_RARE.isdisjoint(body):
+        logprobs = body.get("logprobs") or False
+        if not isinstance(logprobs, bool):
+            raise invalid("'logprobs' must be a boolean.", param="logprobs")
+        top = _number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True) if "top_logprobs" in body else None
+        if top is not None and not logprobs:
+            raise invalid("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+        if logprobs:
+            sampling["logprobs"] = top or 0
     return GenerationRequest(
-        kind="chat", messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
-        max_tokens=max_tokens, logprobs=logprobs, max_tokens_given=max_tokens is not None, structure=structure,
-        **common,
+        kind="chat", model=model, messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
+        stream=stream, include_usage=include_usage, max_tokens=max_tokens, sampling=sampling, logprobs=logprobs,
+        user=user, max_tokens_given=max_tokens is not None, structure=structure,
     )  # fmt: skip
 
 
@@ -298,27 +327,39 @@ def _prompts(prompt) -> list[str | list[int]]:
                   "integers) or a list of such lists.", param="prompt")  # fmt: skip
 
 
+_COMPLETION_RARE = frozenset({"echo", "best_of", "logprobs"})  # checked when the body names one
+
+
 def parse_completion(body: dict) -> GenerationRequest:
-    common = _common(body, COMPLETION_FIELDS)
-    prompts = _prompts(body.get("prompt"))
-    sampling = common["sampling"]
-    n = sampling.get("n", 1)
-    if len(prompts) * n > MAX_CHOICES:
-        raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request holds "
-                      f"at most {MAX_CHOICES}.", param="n")  # fmt: skip
-    echo = body.get("echo") or False
-    if not isinstance(echo, bool):
-        raise invalid("'echo' must be a boolean.", param="echo")
-    best_of = body.get("best_of")
-    if best_of not in (None, 1, n):
-        raise invalid("`best_of` other than n is not supported by this server.", param="best_of", code="unsupported_parameter")
+    model, stream, include_usage, sampling, user = _common(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if prompt.__class__ is str:  # one text prompt: any valid n fits (MAX_N <= MAX_CHOICES)
+        prompts = [prompt]
+    else:
+        prompts = _prompts(prompt)
+        n = sampling.get("n", 1)
+        if len(prompts) * n > MAX_CHOICES:
+            raise invalid(f"{len(prompts)} prompts with n={n} ask for {len(prompts) * n} completions; one request "
+                          f"holds at most {MAX_CHOICES}.", param="n")  # fmt: skip
+    echo = False
     logprobs = None
-    if body.get("logprobs") is not None:
-        logprobs = sampling["logprobs"] = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
-        if echo:
-            sampling["prompt_logprobs"] = logprobs
-    max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True) if "max_tokens" in body else None
+    if not _COMPLETION_RARE.isdisjoint(body):
+        echo = body.get("echo") or False
+        if not isinstance(echo, bool):
+            raise invalid("'echo' must be a boolean.", param="echo")
+        best_of = body.get("best_of")
+        if best_of not in (None, 1, sampling.get("n", 1)):
+            raise invalid("`best_of` other than n is not supported by this server.", param="best_of",
+                          code="unsupported_parameter")  # fmt: skip
+        if body.get("logprobs") is not None:
+            logprobs = sampling["logprobs"] = _number(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
+            if echo:
+                sampling["prompt_logprobs"] = logprobs
+    max_tokens = body.get("max_tokens")  # `_count(body, "max_tokens", ...)` without its call
+    if max_tokens is not None and (max_tokens.__class__ is not int or not 1 <= max_tokens <= 2**31):
+        max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
     return GenerationRequest(
-        kind="completion", messages=None, prompts=prompts, max_tokens=16 if max_tokens is None else max_tokens,
-        logprobs=logprobs is not None, echo=echo, max_tokens_given=max_tokens is not None, **common,
+        kind="completion", model=model, messages=None, prompts=prompts, stream=stream, include_usage=include_usage,
+        max_tokens=16 if max_tokens is None else max_tokens, sampling=sampling, logprobs=logprobs is not None,
+        user=user, echo=echo, max_tokens_given=max_tokens is not None,
     )  # fmt: skip

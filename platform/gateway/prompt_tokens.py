@@ -60,14 +60,20 @@ def estimate_prompt_tokens(generation: GenerationRequest, *, prompt_bytes: int |
     return prompt_bytes + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
 
 
-async def count_prompt_tokens(generation: GenerationRequest, target: Target) -> int:
+async def count_prompt_tokens(generation: GenerationRequest, target: Target, *, prompt_bytes: int | None = None) -> int:
     """The prompt's tokens with the base model's tokenizer (a long prompt on a worker thread, off the event loop);
-    the bytes' upper bound where the gateway has no tokenizer for it or its template can't render the messages."""
+    the bytes' upper bound where the gateway has no tokenizer for it or its template can't render the messages.
+    `prompt_bytes`: generation.prompt_bytes(), when the caller has it already."""
+    if prompt_bytes is None:
+        prompt_bytes = generation.prompt_bytes()
     tokenizer = base_tokenizer(target.checkpoint_dir)
     counted = None
     if tokenizer is not None:
-        if generation.prompt_bytes() > hot.QUILT_TOKENIZE_ABOVE_BYTES:
+        prompts = generation.prompts
+        if prompt_bytes > hot.QUILT_TOKENIZE_ABOVE_BYTES:
             counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
+        elif prompts is not None and len(prompts) == 1 and prompts[0].__class__ is str:  # one text: its count here
+            counted = len(tokenizer.hf.encode(prompts[0]))  # as `prompt_tokens` counts it
         else:
             counted = prompt_tokens(generation, tokenizer)
-    return estimate_prompt_tokens(generation) if counted is None else counted
+    return estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes) if counted is None else counted

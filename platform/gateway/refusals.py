@@ -14,10 +14,20 @@ def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
     """The limits of the window that decided: the tenant's, or, when the API key's own per-minute limit refused the
     call, the key's (a kind the key does not limit itself is left out: its counts are the tenant's, not known here)."""
     limits = caller.limits
-    reset = f"{decision.reset_ms / 1000:.3f}s"
-    requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
     if decision.reason in KEY_WINDOW_REASONS:
         requests, tokens = limits.key_requests_per_minute, limits.key_tokens_per_minute
+    else:
+        requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+    reset = f"{decision.reset_ms / 1000:.3f}s"
+    if requests != UNLIMITED and tokens != UNLIMITED:  # most plans limit both: one dict, in the order below
+        return {
+            "x-ratelimit-limit-requests": str(requests),
+            "x-ratelimit-remaining-requests": str(max(0, requests - decision.window_requests)),
+            "x-ratelimit-reset-requests": reset,
+            "x-ratelimit-limit-tokens": str(tokens),
+            "x-ratelimit-remaining-tokens": str(max(0, tokens - decision.window_tokens)),
+            "x-ratelimit-reset-tokens": reset,
+        }
     headers = {} if requests == UNLIMITED else {
         "x-ratelimit-limit-requests": str(requests),
         "x-ratelimit-remaining-requests": str(max(0, requests - decision.window_requests)),

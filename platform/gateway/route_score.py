@@ -25,6 +25,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import mul, sub
 from typing import NamedTuple
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
@@ -40,6 +41,7 @@ TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's h
 ROLES = ("prefill", "decode", "both")  # an engine's role (python -m engine --role); "both" serves whole requests
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: English BPE averages about 4 characters a token
 _EXCLUDED = -math.inf  # an excluded engine's score
+_UNBOUNDED = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class Fleet:
     prefix_index: dict[str, list[int]] = field(init=False)  # fingerprint -> engine indexes
     roles: list[str] = field(init=False)
     split: bool = field(init=False)  # some engine is prefill- or decode-only: the fleet disaggregates
+    alone: bool = field(init=False)  # one engine, every term finite: it serves whatever the scores (`choose`)
     weights: Weights = DEFAULT
     _keys: dict[str, int] = field(init=False, default_factory=dict)
     _within: dict[tuple[int, bool], list[float]] = field(init=False, default_factory=dict)
@@ -104,6 +107,8 @@ class Fleet:
         self.seeds = [_stable_int(c.name) for c in self.candidates]
         self.roles = [c.role for c in self.candidates]
         self.split = any(role != "both" for role in self.roles)
+        terms = [*self.static, *self.load_per_request, *self.free, w.resident, w.loading, w.prefix, w.hash, w.load]
+        self.alone = len(self.candidates) == 1 and all(map(math.isfinite, terms))
         self.adapters = {}
         self.prefix_index = {}
         for i, c in enumerate(self.candidates):
@@ -206,22 +211,18 @@ class Loads:
         self.live = sent > 0  # else no ratio is known yet: the heartbeats plus what this process sends
         self.ratio = max(1.0, sum(reported) / sent) if sent else 1.0
         self.values = [self._estimate(i) for i in range(len(self.reported))]
+        self.step = self.ratio if self.live else 1.0  # the load one more request from this process adds, in these units
 
     def _estimate(self, i: int) -> float:
         return self.ratio * self.in_flight[i] if self.live else self.reported[i] + self.in_flight[i]
 
-    @property
-    def step(self) -> float:
-        """The load one more request from this process adds, in these units."""
-        return self.ratio if self.live else 1.0
-
     def started(self, i: int) -> None:
-        self.in_flight[i] += 1
-        self.values[i] = self._estimate(i)
+        in_flight = self.in_flight[i] = self.in_flight[i] + 1
+        self.values[i] = self.ratio * in_flight if self.live else self.reported[i] + in_flight  # `_estimate(i)`
 
     def ended(self, i: int) -> None:
-        self.in_flight[i] -= 1
-        self.values[i] = self._estimate(i)
+        in_flight = self.in_flight[i] = self.in_flight[i] - 1
+        self.values[i] = self.ratio * in_flight if self.live else self.reported[i] + in_flight  # `_estimate(i)`
 
 
 def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], loads: Sequence[float],
@@ -230,6 +231,8 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
     has these `fingerprints`, given each engine's current `loads` and the load this request adds (`step`, in the
     same units: `Loads.step`); None if every engine is excluded. An engine keeps its affinity and prefix terms if it
     is still within the bound after taking the request (bounded-load hashing)."""
+    if fleet.alone and loads[0] < _UNBOUNDED:  # one engine with a finite score: the best unless excluded
+        return None if 0 in exclude else 0
     n = len(fleet.names)
     if n == 0:
         return None
@@ -254,8 +257,11 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
                 bonus[i] = bonus.get(i, 0.0) + per_chunk * k
     static, per_request = fleet.static, fleet.load_per_request
     within = fleet.within(key, free=w.affinity and adapter is not None) if key else static  # terms under the bound
-    scores = [(inside if load <= bound else outside) - rate * load
-              for inside, outside, rate, load in zip(within, static, per_request, loads, strict=True)]
+    if len(loads) == n and max(loads) <= bound:  # every engine within the bound (most decisions): in C
+        scores = [*map(sub, within, map(mul, per_request, loads))]
+    else:
+        scores = [(inside if load <= bound else outside) - rate * load
+                  for inside, outside, rate, load in zip(within, static, per_request, loads, strict=True)]
     for i, extra in bonus.items():
         if loads[i] <= bound:
             scores[i] += extra

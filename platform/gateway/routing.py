@@ -50,6 +50,7 @@ class Router:
         self._fleet = Fleet([])
         self._index: dict[str, int] = {}
         self._loaded_at = -SNAPSHOT_SECONDS
+        self.stale_at = self._loaded_at + SNAPSHOT_SECONDS  # time.monotonic() from which `snapshot_stale()`
         self._suspect_until: dict[str, float] = {}
         self._in_flight: dict[str, int] = {}  # engine name -> requests this process sent there, not yet ended
         self._loads = Loads([], [])
@@ -72,6 +73,7 @@ class Router:
         self._index = {engine.name: i for i, engine in enumerate(self._engines)}
         self._loads = Loads([e.load for e in self._engines], [self._in_flight.get(e.name, 0) for e in self._engines])
         self._loaded_at = time.monotonic()
+        self.stale_at = self._loaded_at + SNAPSHOT_SECONDS
 
     def has_snapshot(self) -> bool:
         return self._loaded_at >= 0
@@ -79,6 +81,7 @@ class Router:
     def keep_snapshot(self) -> None:
         """Use the engines last read for another interval (the database could not be read)."""
         self._loaded_at = time.monotonic()
+        self.stale_at = self._loaded_at + SNAPSHOT_SECONDS
 
     def engines(self) -> list[EngineRef]:
         return list(self._engines)
@@ -94,10 +97,14 @@ class Router:
               prompt_tokens: int = 0, min_uncached_tokens: int, disaggregate: bool = True,
               exclude: frozenset[str] = frozenset()) -> Route | None:
         skipped = self._skipped(exclude) if exclude or self._suspect_until else ()
-        route = choose_route(self._fleet, adapter=digest, fingerprints=fingerprints, loads=self._loads.values,
-                             step=self._loads.step, exclude=skipped, prompt_chars=prompt_chars,
-                             prompt_tokens=prompt_tokens, min_uncached_tokens=min_uncached_tokens,
-                             disaggregate=disaggregate)  # fmt: skip
+        fleet, loads = self._fleet, self._loads
+        if not fleet.split:  # every engine serves whole requests: `choose_route`'s answer is `choose`'s, colocated
+            serving = choose(fleet, adapter=digest, fingerprints=fingerprints, loads=loads.values, step=loads.step,
+                             exclude=skipped)  # fmt: skip
+            return None if serving is None else Route(self._engines[serving], None, "colocated")
+        route = choose_route(fleet, adapter=digest, fingerprints=fingerprints, loads=loads.values, step=loads.step,
+                             exclude=skipped, prompt_chars=prompt_chars, prompt_tokens=prompt_tokens,
+                             min_uncached_tokens=min_uncached_tokens, disaggregate=disaggregate)  # fmt: skip
         if route is None:
             return None
         prefill = None if route.prefill is None else self._engines[route.prefill]
@@ -113,15 +120,19 @@ class Router:
         self._suspect_until[name] = time.monotonic() + SUSPECT_SECONDS
 
     def started(self, engine: EngineRef, digest: str | None, fingerprints: Sequence[str] = ()) -> None:
-        self._in_flight[engine.name] = self._in_flight.get(engine.name, 0) + 1
-        index = self._index.get(engine.name)
+        name = engine.name
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        index = self._index.get(name)
         if index is not None:
-            self._fleet.served(index, adapter=digest, fingerprints=fingerprints)
+            if digest is not None or fingerprints:  # else `served` has nothing to note
+                self._fleet.served(index, adapter=digest, fingerprints=fingerprints)
             self._loads.started(index)
 
     def ended(self, engine: EngineRef) -> None:
-        self._in_flight[engine.name] = max(0, self._in_flight.get(engine.name, 0) - 1)
-        index = self._index.get(engine.name)
+        name = engine.name
+        in_flight = self._in_flight.get(name, 0) - 1
+        self._in_flight[name] = in_flight if in_flight > 0 else 0
+        index = self._index.get(name)
         if index is not None and self._loads.in_flight[index] > 0:
             self._loads.ended(index)
 

@@ -81,6 +81,43 @@ def _common_before(body: dict, allowed: set[str]) -> dict:
     }  # fmt: skip
 
 
+def _message_before(index: int, message) -> dict:
+    param = f"messages.[{index}]"
+    if not isinstance(message, dict):
+        raise invalid(f"{param} must be an object with a role and content.", param=param)
+    if message.get("role") not in parse.MESSAGE_ROLES | {"tool", "function"}:
+        raise invalid(f"{param}.role must be one of system, developer, user, assistant or tool.", param=f"{param}.role",
+                      code="invalid_value")  # fmt: skip
+    if message["role"] == "function":
+        raise invalid("The deprecated function messages are not supported; answer tool calls with role 'tool'.",
+                      param=param, code="unsupported_parameter")  # fmt: skip
+    calls = message.get("tool_calls")
+    if calls is not None and (message["role"] != "assistant" or not isinstance(calls, list)):
+        raise invalid(f"{param}.tool_calls must be a list, on an assistant message.", param=f"{param}.tool_calls")
+    calls = [parse._tool_call(f"{param}.tool_calls.[{i}]", call) for i, call in enumerate(calls or [])]
+    if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise invalid(f"{param}.tool_call_id must name the tool call this message answers.",
+                      param=f"{param}.tool_call_id")  # fmt: skip
+    content = message.get("content")
+    if content is None and calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise invalid(f"Content parts of type '{kind}' (images, audio, files) are not supported; only text.",
+                              param=f"{param}.content", code="unsupported_parameter")  # fmt: skip
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise invalid(f"{param}.content must be a string or a list of text parts.", param=f"{param}.content")
+    role = "system" if message["role"] == "developer" else message["role"]
+    if role == "tool":
+        return {"role": "tool", "content": content, "tool_call_id": message["tool_call_id"]}
+    return {"role": role, "content": content} | ({"tool_calls": calls} if calls else {})
+
+
 def parse_chat_before(body: dict) -> GenerationRequest:
     common = _common_before(body, set(parse.CHAT_FIELDS))
     messages = body.get("messages")
@@ -105,7 +142,7 @@ def parse_chat_before(body: dict) -> GenerationRequest:
     if logprobs:
         common["sampling"]["logprobs"] = top or 0
     return GenerationRequest(
-        kind="chat", messages=[parse._message(i, m) for i, m in enumerate(messages)], prompts=None,
+        kind="chat", messages=[_message_before(i, m) for i, m in enumerate(messages)], prompts=None,
         max_tokens=max_tokens, logprobs=logprobs, max_tokens_given=max_tokens is not None, structure=structure,
         **common,
     )  # fmt: skip
@@ -152,7 +189,7 @@ NUMERIC = ["temperature", "top_p", "presence_penalty", "frequency_penalty", "n",
 OTHERS = {"stream": [True, False, None, 1], "stream_options": [{"include_usage": True}, {"x": 1}, None],
           "echo": [True, False, 1], "stop": ["s", ["a", "b"], [], [""], 3], "user": ["u", 3],
           "logit_bias": [{"7": 1}, {"x": 1}, None, {}], "model": ["m", "", 3], "suffix": ["x", []],
-          "extra_field": [1]}  # fmt: skip
+          "extra_field": [1], "modalities": [["text"], ["audio"], None], "metadata": [{"a": "b"}, 3, None]}  # fmt: skip
 
 
 def outcome(parser, body: dict):
@@ -188,6 +225,49 @@ def test_the_same_request_or_the_same_400_as_before(kind):
         assert outcome(new, body) == before, body
         outcomes.add(type(before).__name__ if isinstance(before, GenerationRequest) else before[2])
     assert {"GenerationRequest", "n", "seed", "max_tokens", "temperature"} <= outcomes  # the bodies reach them
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+MESSAGE_SHAPES = [
+    {"role": "user", "content": "hi"}, {"role": "developer", "content": "d"}, {"role": "system", "content": ""},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "assistant", "content": "x", "tool_calls": [CALL]},
+    {"role": "assistant", "content": "x", "tool_calls": []}, {"role": "assistant", "content": None, "tool_calls": []},
+    {"role": "assistant", "content": None}, {"role": "user", "content": None}, {"role": "user"},
+    {"role": "user", "tool_calls": [CALL], "content": "x"}, {"role": "assistant", "tool_calls": "no"},
+    {"role": "assistant", "tool_calls": [{"id": 1}]}, {"role": "assistant", "tool_calls": None, "content": "x"},
+    {"role": "tool", "content": "r", "tool_call_id": "c1"}, {"role": "tool", "content": "r"},
+    {"role": "tool", "content": None, "tool_call_id": "c1"}, {"role": "function", "content": "f"}, {"role": "robot"},
+    {"content": "no role"}, {"role": None, "content": "x"}, {"role": ["user"], "content": "x"}, "not a dict", None, 3,
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "user", "content": [{"type": "image_url"}]}, {"role": "user", "content": ["str part"]},
+    {"role": "user", "content": []}, {"role": "user", "content": 5}, {"role": "user", "content": {"text": "x"}},
+    {"role": "developer", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": [{"type": "text"}]},
+    {"role": "tool", "content": [{"type": "text", "text": "a"}], "tool_call_id": "c"},
+    {"role": "assistant", "content": [], "tool_calls": [CALL]}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+]  # fmt: skip
+
+
+def any_outcome(parser, body: dict):
+    """`outcome`, with any other exception (an unhashable role's TypeError) as its type and text."""
+    try:
+        return outcome(parser, body)
+    except Exception as error:  # noqa: BLE001 - compared, not hidden
+        return (type(error).__name__, str(error))
+
+
+def test_each_message_as_before():
+    """Every shape of message alone, and in random lists of two to four (their indexes in the errors), gives the
+    same messages or the same 400 as the code before."""
+    rng = random.Random("messages-37")
+    lists = [[shape] for shape in MESSAGE_SHAPES]
+    lists += [rng.sample(MESSAGE_SHAPES, rng.randint(2, 4)) for _ in range(600)]
+    seen = set()
+    for messages in lists:
+        body = {"model": "m", "messages": messages}
+        before = any_outcome(parse_chat_before, body)
+        assert any_outcome(parse.parse_chat, body) == before, messages
+        seen.add(type(before).__name__ if isinstance(before, GenerationRequest) else before[0])
+    assert {"GenerationRequest", 400, "TypeError"} <= seen
 
 
 PROMPTS = ["p", ["a", "b\u00e9"], [1, 2, 3], [[1, 2], [3]], ["\U0001f600" * 3]]

@@ -61,8 +61,8 @@ async def _closed(wire: RedisWire, fake: asyncio.Server) -> None:
 
 
 def test_a_command_is_one_coroutine_and_a_few_calls():
-    """The command's coroutine entered and resumed once (its reply awaited), the connection taken, the command sent,
-    the reply received and parsed: 5 calls."""
+    """The command framed (`run_packed`), its coroutine entered and resumed once (its reply awaited; the connection
+    taken and the command sent in it), the reply received and parsed: 5 calls."""
 
     async def main():
         wire, fake = await _fake_redis(b":1\r\n")
@@ -73,7 +73,7 @@ def test_a_command_is_one_coroutine_and_a_few_calls():
         return counter.calls
 
     calls = asyncio.run(main())
-    assert calls == {"run_packed": 2, "ask": 1, "data_received": 1, "_parse": 1}, calls
+    assert calls == {"run_packed": 1, "run_message": 2, "data_received": 1, "_parse": 1}, calls
 
 
 def test_the_acquires_reply_is_parsed_in_few_bytecodes():

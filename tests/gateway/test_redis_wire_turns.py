@@ -40,12 +40,12 @@ class _Redis:
         self.commands[number] = asyncio.create_task(self.wire.run(SCRIPT, [], [number]))
         return self.commands[number]
 
-    def ask(self, message: bytes) -> asyncio.Future:
+    def sent(self, message: bytes, reply: asyncio.Future) -> None:
+        """A command went out on a connection; `reply`: the future the wire awaits for its answer."""
         number = int(message.rsplit(b"\r\n", 2)[-2])
         self.asked.append(number)
         self.most = max(self.most, sum(not self.commands[asked].done() for asked in self.asked))
-        self.replies[number] = reply = self.loop.create_future()
-        return reply
+        self.replies[number] = reply
 
     def answer(self, number: int) -> None:
         reply = self.replies.pop(number)
@@ -76,9 +76,16 @@ class _Redis:
 
 
 class _Connection:
+    """As the wire's own connection is used: the wire sets `_waiter` to a future of `loop`, then writes the command
+    to `transport`."""
+
     def __init__(self, redis: _Redis):
-        self.redis, self.transport = redis, self
+        self.redis, self.transport, self.loop = redis, self, redis.loop
         self.lost = self.transport_closing = self.closed = False  # lost: as the wire's own connection marks it
+        self._waiter: asyncio.Future | None = None
+
+    def write(self, message: bytes) -> None:
+        self.redis.sent(message, self._waiter)
 
     def is_closing(self) -> bool:
         return self.transport_closing or self.closed
@@ -86,8 +93,6 @@ class _Connection:
     def close(self) -> None:
         self.lost = self.closed = True
 
-    def ask(self, message: bytes) -> asyncio.Future:
-        return self.redis.ask(message)
 
 
 def _wire_and_redis(max_connections: int) -> tuple[RedisWire, _Redis]:

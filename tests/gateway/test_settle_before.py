@@ -15,14 +15,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway import asgi, metric_counts, metrics, request_ids
-from gateway.admission import Limits
+from gateway import exchange as exchange_module
+from gateway.admission import Limits, spend_to_micros, spend_to_picos
 from gateway.caller import Caller, Target
 from gateway.engine_client import EngineRef
 from gateway.exchange import Exchange
 from gateway.openai_response import Usage
 from gateway.request_guard import body_limit
+from gateway.serving import Serving
 from gateway.usage_report import served_usage_json
-from metering.pricing import Rates
+from metering.pricing import Rates, request_price
 
 # -- the served usage event
 
@@ -57,6 +59,7 @@ def an_exchange(rng: random.Random) -> Exchange:
     exchange.target = Target(name=rng.choice(ODD), base_model=rng.choice(ODD), checkpoint_dir="/x", max_context=64,
                              adapter_id=None, adapter_version_id=rng.choice([None, 3, 10**12]), adapter_version=None,
                              digest=digest, adapter_path=None)  # fmt: skip
+    exchange.serving = Serving(exchange.caller, exchange.target)
     exchange.engine = EngineRef(name=rng.choice(ODD[:6]), url="http://e", token="", pool="", gpu_price_per_hour="0",
                                 resident=frozenset(), load=0)  # fmt: skip
     exchange.prefill = None
@@ -89,6 +92,35 @@ def test_a_served_event_with_a_prefill_hop_or_no_engine_is_written_whole(monkeyp
     assert exchange._served_event(exchange.started + 1, exchange.builder.usage, exchange.caller) == served_before(exchange, exchange.started + 1)
     exchange.engine = None
     assert exchange._served_event(exchange.started + 1, exchange.builder.usage, exchange.caller) == served_before(exchange, exchange.started + 1)
+
+
+def test_the_settle_holds_admissions_units_of_the_decimal_price(monkeypatch):
+    """What `_settle` hands admission for the engine's counts: spend_to_micros and spend_to_picos of the Decimal
+    price, as it did (now from the price in integer picos)."""
+    settled = []
+
+    def admission_settle(**fields):
+        settled.append(fields)
+        return asyncio.sleep(0)
+
+    monkeypatch.setattr(exchange_module, "admission_settle", admission_settle)
+    monkeypatch.setattr(metrics, "request_series", {})
+    rng = random.Random(41)
+    for _ in range(300):
+        exchange = an_exchange(rng)
+        rates = Rates(*(Decimal(rng.randrange(10**12)).scaleb(-6) for _ in range(3)))
+        exchange.serving.rates = rates
+        exchange.engine = None  # no engine to tell: the served event written whole
+        exchange.usage_reported = True
+        exchange.labels = ("1", "m", "base")
+        usage = exchange.builder.usage
+        usage.cached_tokens = rng.randrange(usage.prompt_tokens + 2)
+        asyncio.run(exchange._settle())
+        price = request_price(rates=rates, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                              completion_tokens=usage.completion_tokens)  # fmt: skip
+        assert (settled[-1]["spend_micros"], settled[-1]["key_spend_picos"]) == (
+            spend_to_micros(price), spend_to_picos(price))  # fmt: skip
+        assert settled[-1]["tokens"] == usage.prompt_tokens + usage.completion_tokens and not settled[-1]["final"]
 
 
 # -- the per-request metrics

@@ -1,7 +1,7 @@
-"""The price in integers gives what the Decimal price function gives (issue 37 item 23): admission's picos and
-micros of `request_price` (`request_price_picos`, `Caller.spend_units`), for rates as the database keeps them and
-counts up to 2**40; rates or counts outside that go through Decimal (its errors too). `request_price` is compared
-with its own code as it was, kept here as the oracle."""
+"""The price in integers gives what the Decimal price function gives (issue 37 item 23): admission's picos of
+`request_price` (`request_price_picos`), for rates as the database keeps them and counts up to 2**40; rates or
+counts outside that go through Decimal (its errors too). `request_price` is compared with its own code as it was,
+kept here as the oracle; the settle's micros of it, in tests/gateway/test_settle_before.py."""
 
 import math
 import random
@@ -9,8 +9,7 @@ from decimal import Decimal, InvalidOperation
 
 import pytest
 
-from gateway.admission.limits import spend_to_micros, spend_to_picos
-from gateway.caller import Caller
+from gateway.admission.limits import spend_to_picos
 from metering.pricing import MONEY_PLACES, PER_MILLION, Rates, request_price, request_price_picos
 
 
@@ -39,19 +38,12 @@ def _count(rng: random.Random) -> int:
     return rng.choice([0, 1, 2**40 - 1, rng.randrange(200), rng.randrange(10**6), rng.randrange(2**40)])
 
 
-def _caller(rates: Rates) -> Caller:
-    return Caller(key_id=1, tenant_id=1, tenant_slug="t", limits=None, default_max_tokens=16, weight=1.0,
-                  rates=Rates(Decimal(7), Decimal(7), Decimal(7)), model_rates={"m": rates}, allowed_models=(),
-                  expires_at=None)  # fmt: skip
-
-
 def _same(rates: Rates, prompt: int, cached: int, completion: int) -> None:
     counts = dict(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
     old = old_request_price(rates=rates, **counts)
     new = request_price(rates=rates, **counts)
     assert new == old and new.as_tuple() == old.as_tuple(), (rates, counts)
     assert request_price_picos(rates=rates, **counts) == spend_to_picos(old), (rates, counts)
-    assert _caller(rates).spend_units(base_model="m", **counts) == (spend_to_micros(old), spend_to_picos(old))
 
 
 def test_the_integer_price_is_the_decimal_one_for_the_databases_rates():
@@ -93,9 +85,9 @@ def test_a_price_past_decimals_28_digits_fails_as_before():
         request_price_picos(rates=rates, **counts)
 
 
-def test_the_micros_round_up_and_the_picos_are_exact():
+def test_the_picos_are_exact():
     rates = Rates(Decimal("0.123457"), Decimal("0.000001"), Decimal("3.000001"))
     assert rates.picos_per_token == (123457, 1, 3000001)
-    micros, picos = _caller(rates).spend_units(base_model="m", prompt_tokens=7, cached_tokens=2, completion_tokens=5)
-    assert picos == 5 * 123457 + 2 * 1 + 5 * 3000001
-    assert micros == math.ceil(Decimal(picos) / 10**6) == 16
+    picos = request_price_picos(rates=rates, prompt_tokens=7, cached_tokens=2, completion_tokens=5)
+    assert picos == 5 * 123457 + 2 * 1 + 5 * 3000001 == math.ceil(old_request_price(
+        rates=rates, prompt_tokens=7, cached_tokens=2, completion_tokens=5) * 10**12)  # fmt: skip

@@ -78,13 +78,15 @@ def _picos(spend_micros: int, key_spend_picos: int | None) -> int:
     return spend_micros * 1_000_000 if key_spend_picos is None else key_spend_picos
 
 
-async def admission_acquire(
+@markcoroutinefunction  # awaited like the coroutine it returns (asgiref's async_to_sync takes it as one)
+def admission_acquire(
     *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits, key_spend_picos: int | None = None
-) -> Decision:
-    """`key_spend_picos`: the same estimate exact, for the key's budget (None: `spend_micros` in picos)."""
-    return await backend().acquire(
+) -> Awaitable[Decision]:
+    """`key_spend_picos`: the same estimate exact, for the key's budget (None: `spend_micros` in picos). The backend's
+    coroutine, returned for the caller to await: no coroutine of its own on every request's path."""
+    return (_current[0] if _current else backend()).acquire(
         tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
-        key_spend_picos=_picos(spend_micros, key_spend_picos), limits=limits,
+        key_spend_picos=spend_micros * 1_000_000 if key_spend_picos is None else key_spend_picos, limits=limits,
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 (metering's settles, totals, reconcile) over redis-py. The keys and their layout: `redis_scripts`."""
 
 import asyncio
+import re
 import weakref
 from functools import partial
 
@@ -28,7 +29,7 @@ from gateway.admission.redis_scripts import (
     TOTALS,
     UNREPORTED,
 )
-from gateway.admission.redis_wire import RedisWire, WireScript, bulks, wire_supports
+from gateway.admission.redis_wire import QuickReply, RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
 from gateway.running_loop import running_loop
@@ -51,11 +52,27 @@ class _Scripts:
         self.unreported = client.register_script(UNREPORTED)
 
 
-_WIRE = {name: WireScript(source) for name, source in (("acquire", ACQUIRE), ("settle", SETTLE), ("peek", PEEK))}
+def _acquired(reply: re.Match[bytes]) -> Decision | None:
+    """`_decision` of the acquire's usual reply, `[admitted, reason, requests, tokens, reset_ms]`, from its match."""
+    admitted, length, reason, requests, tokens, reset_ms = reply.groups()
+    if len(reason) != int(length):  # not the bulk string it looked like: read as any other reply
+        return None
+    return Decision(bool(int(admitted)), reason.decode(), int(requests), int(tokens), int(reset_ms))
+
+
+# The acquire's reply as the script writes it (its reasons are lower-case words: `_acquired` cannot fail on one)
+_ACQUIRED = QuickReply(re.compile(rb"\*5\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n:(-?\d+)\r\n:(-?\d+)\r\n:(-?\d+)\r\n"),
+                       _acquired)  # fmt: skip
+_INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
+_WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
+         "peek": WireScript(PEEK)}  # fmt: skip
 _SETTLE = _WIRE["settle"]
+_ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 
 
-def _decision(reply: list) -> Decision:
+def _decision(reply: list | Decision) -> Decision:
+    if type(reply) is Decision:  # the lean wire's quick read of the acquire's reply (`_acquired`)
+        return reply
     admitted, reason, requests, tokens, reset_ms = reply
     reason = reason.decode() if isinstance(reason, bytes) else reason
     return Decision(
@@ -94,9 +111,12 @@ class _TenantKeys:
         self.after = [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
                       f"{base}:unreported", f"{base}:unreported_at"]  # fmt: skip
         self.count = len(self.before) + 1 + len(self.after)
-        self.acquire_packed = bulks([self.count, *self.keys()])  # the acquire's settled key is a placeholder
+        # the acquire's command up to its arguments (its settled key a placeholder): `*<parts>`, EVALSHA, the keys
+        self.acquire_head = b"*%d\r\n%b%b" % (3 + self.count + _ACQUIRE_ARGS, _WIRE["acquire"].by_sha,
+                                                bulks([self.count, *self.keys()]))  # fmt: skip
         self.settle_head = bulks([self.count, *self.before])
         self.settle_tail = bulks(self.after)
+        self.limits: tuple[Limits, int, bytes] | None = None  # the limits and TTL its last acquire packed, packed
 
     def keys(self, request_id: str = "-") -> list[str]:
         return [*self.before, self.settled + request_id, *self.after]
@@ -167,25 +187,35 @@ class RedisAdmission:
             self._sync = _Scripts(redis.Redis.from_url(self.url))
         return self._sync
 
-    def _ttl(self) -> int:
-        return self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
-
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision:
-        tenant, ttl = self._tenant(tenant_id), self._ttl()
-        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments beside them
-            picos = str(key_spend_picos).encode()
-            packed = b"%b%b%b$%d\r\n%b\r\n" % (  # the last: `bulks((key_spend_picos,))`, without its call
-                tenant.acquire_packed, bulks((request_id, tokens, spend_micros)), self._packed_limits(limits, ttl),
+        tenant = self._tenants.get(tenant_id)  # `_tenant(tenant_id)` when its keys are this month's, without its call
+        if tenant is None or tenant.month != current_month():
+            tenant = self._tenant(tenant_id)
+        ttl = self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
+        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments between and after them
+            last = tenant.limits  # most requests: the limits of the tenant's last acquire (the same key's)
+            if last is not None and last[0] is limits and last[1] == ttl:
+                limits_packed = last[2]
+            else:
+                limits_packed = self._packed_limits(limits, ttl)
+                tenant.limits = (limits, ttl, limits_packed)
+            request, held, spend, picos = map(str.encode, map(str, (request_id, tokens, spend_micros, key_spend_picos)))
+            message = b"%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
+                tenant.acquire_head, len(request), request, len(held), held, len(spend), spend, limits_packed,
                 len(picos), picos,
             )  # fmt: skip
-            parts = 3 + tenant.count + 4 + 10  # EVALSHA, its SHA, the key count, the keys, the arguments
-            script = partial(self._wire().run_packed, _WIRE["acquire"], parts, packed)
+            last_loop, wire = self._last  # `_wire()` when it is the last command's loop, without its call
+            if last_loop is not running_loop():
+                wire = self._wire()
+            script = partial(wire.run_message, _WIRE["acquire"], message)
         else:
             args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
             script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)
-        decision = _decision(await script())
+        decision = await script()
+        if type(decision) is not Decision:  # else made by the wire's quick read (`_decision` without its call)
+            decision = _decision(decision)
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
             await self._start_month(self._on_loop().client, tenant.keys()[4], recorded)

@@ -17,6 +17,8 @@ import asyncio
 import collections
 import hashlib
 import re
+from collections.abc import Callable, Coroutine
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -122,14 +124,21 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
+        self._quick: QuickReply | None = None  # the command's script's, with its waiter
         self.lost = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
         waiter = self._waiter
+        if waiter is not None and self._quick is not None and not self._buffer and not waiter.done():
+            whole = self._quick.pattern.fullmatch(data)  # the reply, whole in one arrival, of its usual shape
+            if whole is not None and (reply := self._quick.read(whole)) is not None:
+                self._waiter = None
+                waiter.set_result(reply)
+                return
+        self._buffer += data
         if waiter is None or waiter.done():
             return
         try:
@@ -166,12 +175,23 @@ class _Connection(asyncio.Protocol):
         """Sends `message`; the future is its reply (a _ServerError is a result, not raised: the connection stays in
         step). A plain call, not a coroutine: one frame less per command."""
         self._waiter = waiter = self.loop.create_future()
+        self._quick = None
         self.transport.write(message)
         return waiter
 
 
+class QuickReply(NamedTuple):
+    """A script's usual reply, read without RESP's parse item by item: a reply that arrives whole in one piece and
+    fullmatches `pattern` is answered as `read(match)`, unless that is None; any other (an error reply, a reply of
+    another shape or split across arrivals) as parsed."""
+
+    pattern: re.Pattern[bytes]
+    read: Callable[[re.Match[bytes]], object]
+
+
 class WireScript:
-    def __init__(self, source: str):
+    def __init__(self, source: str, *, quick: QuickReply | None = None):
+        self.quick = quick
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
         self.by_sha = bulks([b"EVALSHA", self.sha])  # the command's first two parts, packed once
@@ -249,50 +269,62 @@ class RedisWire:
         """The script's reply, by SHA; by source the first time the server has not cached it."""
         return await self.run_packed(script, 3 + len(keys) + len(args), bulks([len(keys), *keys, *args]))
 
-    async def run_packed(self, script: WireScript, parts: int, packed: bytes, *, cached: bool = True) -> Reply:
+    def run_packed(self, script: WireScript, parts: int, packed: bytes) -> "Coroutine[None, None, Reply]":
         """`run` for keys and arguments already packed: `packed` is `bulks([len(keys), *keys, *args])`, `parts`
-        3 + len(keys) + len(args). For a caller that packs what its commands share once. `cached` False sends the
-        script's source (EVAL), as is done once the server answers NOSCRIPT. One coroutine per command: the slot,
-        the connection and the reply handled here, not in a coroutine of its own."""
-        message = b"*%d\r\n%b%b" % (parts, script.by_sha if cached else script.by_source, packed)
+        3 + len(keys) + len(args). For a caller that packs what its commands share once."""
+        return self.run_message(script, b"*%d\r\n%b%b" % (parts, script.by_sha, packed))
+
+    async def run_message(self, script: WireScript, message: bytes) -> Reply:
+        """`run` for a command packed whole: `message` is `pack(b"EVALSHA", sha, len(keys), *keys, *args)`, its
+        start `b"*%d\r\n" % parts + script.by_sha`. Sent by source (EVAL) if the server answers NOSCRIPT. One
+        coroutine per command: the slot, the connection, the command's write and its reply handled here."""
         if self._free:  # a connection to spare (so no one is waiting for one)
             self._free -= 1
         else:
             await self._wait_turn()
         try:
             idle = self._idle  # the most recently used idle connection, if open (`_take` without its call):
-            reused = idle.pop() if idle else None
+            connection = reused = idle.pop() if idle else None
             if reused is not None and (reused.lost or reused.transport.is_closing()):
                 reused.close()
-                reused = self._take()
-            for connection in (reused, None) if reused is not None else (None,):
-                try:
-                    connection = connection or await self._open()
-                except _ServerError as error:
-                    raise ResponseError(str(error)) from None
-                except OSError as error:
-                    raise RedisConnectionError(f"Error connecting to Redis at {self._address}: {error!r}") from error
-                try:
-                    reply = await connection.ask(message)
+                connection = reused = self._take()
+            while True:
+                if connection is None:
+                    connection = await self._connect()
+                try:  # `connection.ask(message)` without its call
+                    waiter = connection._waiter = connection.loop.create_future()
+                    connection._quick = script.quick
+                    connection.transport.write(message)
+                    reply = await waiter
                 except OSError as error:
                     connection.close()
                     if connection is reused:
-                        continue  # Redis had closed this idle connection: send it on a new one
+                        connection = reused = None  # Redis had closed this idle connection: send it on a new one
+                        continue
                     raise RedisConnectionError(f"Redis connection failed: {error!r}") from error
                 except BaseException:
                     connection.close()  # cancelled mid-command: its reply would be read by the next one
                     raise
-                self._idle.append(connection)  # the reply was read whole (an error reply too): in step
+                idle.append(connection)  # the reply was read whole (an error reply too): in step
                 break
-            else:
-                raise AssertionError("unreachable")
         finally:
             if self._turns:
                 self._pass_on()
             else:  # no one waiting (`_pass_on` without its call)
                 self._free += 1
         if type(reply) is _ServerError:
-            if cached and str(reply).startswith("NOSCRIPT"):
-                return await self.run_packed(script, parts, packed, cached=False)
+            if str(reply).startswith("NOSCRIPT") and message.startswith(script.by_sha, message.index(b"\n") + 1):
+                start = message.index(b"\n") + 1  # after `*<parts>\r\n`: the same command by source
+                by_source = message[:start] + script.by_source + message[start + len(script.by_sha) :]
+                return await self.run_message(script, by_source)
             raise ResponseError(str(reply))
         return reply
+
+    async def _connect(self) -> _Connection:
+        """A new connection (`_open`), its failures as redis-py raises them."""
+        try:
+            return await self._open()
+        except _ServerError as error:
+            raise ResponseError(str(error)) from None
+        except OSError as error:
+            raise RedisConnectionError(f"Error connecting to Redis at {self._address}: {error!r}") from error

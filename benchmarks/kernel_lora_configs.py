@@ -7,7 +7,7 @@ the engine's pages are (`plan`, what the others are compared with), the plan for
 splits main 5d42326 picked (`5d42326`, in today's kernel), and the plan's neighbours: half and twice the K tile,
 the other column tile, half and twice the splits, the other warp count, 2 and 4 pipeline stages.
 
-Each is timed as the median of REPLAYS replays of one CUDA graph holding `launches` launches, each on its own
+Each is timed as the median of 5 replays of one CUDA graph holding `launches` launches, each on its own
 copy of the adapter pages (as many copies as twice the L2 needs, at most MAX_COPIES), so the host's launch cost
 is out of the figure and the pages come from memory, not L2, as in a decode step where a whole layer's weights
 pass between two launches; pages smaller than L2 / MAX_COPIES stay partly in L2 (the row says `L2 warm`).
@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.kernel_lora import lora_pages
-from benchmarks.kernel_rows import Row, bench_ms
+from benchmarks.kernel_rows import Row, graph_us
 from kernels.launch import cdiv
 
 # (projection, tokens, adapters, rank): the decode step of the trace (batch 64, 64 adapters, rank 16) first, then
@@ -29,7 +29,7 @@ from kernels.launch import cdiv
 SHAPES = [("down", 64, 64, 16), ("gate_up", 64, 64, 16), ("qkv", 64, 64, 16), ("o", 64, 64, 16),
           ("gate_up", 16, 16, 8), ("down", 256, 64, 16), ("down", 1, 1, 16), ("down", 64, 64, 64)]
 SMOKE_SHAPES = [("down", 4, 2, 8), ("qkv", 1, 1, 8)]
-MAX_COPIES, REPLAYS = 16, 5
+MAX_COPIES = 16
 
 
 def projections(cfg) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -155,26 +155,4 @@ class _Case:
         reference.lora_delta(expected, self.x, self.pages[0], self.a_rows, self.b_rows, self.slots, self.ranks,
                              self.scaling, self.offsets)
         ok = bool(torch.allclose(self.y.float(), expected.float(), atol=3e-2, rtol=3e-2))
-        if self.device != "cuda":
-            return bench_ms(lambda: self.launch(0, config, align)) * 1e3, ok
-        launches = max(16, self.copies)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self.launch(1 % self.copies, config, align)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(launches):
-                self.launch(i % self.copies, config, align)
-        graph.replay()
-        times = []
-        for _ in range(REPLAYS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / launches)
-        del graph
-        return sorted(times)[len(times) // 2], ok
+        return graph_us(lambda i: self.launch(i, config, align), self.copies, self.device), ok

@@ -11,7 +11,7 @@ no split).
 Each row's `bf16 µs` is F.linear with a bfloat16 weight of the same shape (cuBLAS); `vs bf16` is that over the
 row's time, what the checkpoints' goals are about (W4A16 >= 2.5x at T <= 16, fp8 >= 1.6x at T = 64, end to end).
 
-Timing: the median of REPLAYS replays of one CUDA graph of `launches` launches, each on its own copy of the weights
+Timing: the median of 5 replays of one CUDA graph of `launches` launches, each on its own copy of the weights
 (as many copies as twice the L2 needs, at most MAX_COPIES), so weights come from memory, as in a decode step that
 streams every layer's weights between two launches of one. Rows are printed as they are measured; a SIGINT (the
 suite's time limit) stops the sweep and keeps them. `ok`: the output equals kernels.reference's.
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.kernel_lora_configs import projections
-from benchmarks.kernel_rows import Row, bench_ms
+from benchmarks.kernel_rows import Row, graph_us
 from kernels.launch import cdiv
 
 # (op, tokens), in the order worth measuring first (the suite's part may stop early): W4A16 at batch 1 (its worst
@@ -33,7 +33,7 @@ from kernels.launch import cdiv
 ORDER = [("wna16", 1), ("fp8_block", 64), ("wna16", 64), ("wna16", 16), ("fp8_block", 1), ("fp8_block", 16)]
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 SMOKE_SHAPES = [("wna16", 1, "o"), ("wna16", 5, "down"), ("fp8_block", 5, "o")]
-GROUP, MAX_COPIES, REPLAYS = 128, 16, 5
+GROUP, MAX_COPIES = 128, 16
 
 
 def legacy_wna16_config(tokens: int):
@@ -98,34 +98,6 @@ def _copies(device: str, weight_bytes: int) -> int:
         return 1
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     return min(MAX_COPIES, max(2, math.ceil(2 * l2 / weight_bytes)))
-
-
-def graph_us(launch, copies: int, device: str) -> float:
-    """µs per call of launch(copy), the calls cycling over the copies: on CUDA the median of REPLAYS replays of a
-    CUDA graph of max(16, copies) calls (launch(0) must have run once: Triton compiles outside the capture)."""
-    if device != "cuda":
-        return bench_ms(lambda: launch(0)) * 1e3
-    launches = max(16, copies)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch(1 % copies)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            launch(i % copies)
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    del graph
-    return sorted(times)[len(times) // 2]
 
 
 def _bf16_us(tokens, in_dim, out_dim, device, dtype) -> float:

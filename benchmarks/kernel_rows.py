@@ -28,6 +28,34 @@ def bench_ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def graph_us(launch, copies: int, device: str, replays: int = 5) -> float:
+    """µs per call of launch(copy), the calls cycling over the copies: on CUDA the median of `replays` replays of a
+    CUDA graph of max(16, copies) calls (launch(0) must have run once: Triton compiles outside the capture)."""
+    if device != "cuda":
+        return bench_ms(lambda: launch(0)) * 1e3
+    launches = max(16, copies)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch(1 % copies)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            launch(i % copies)
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 def copy_bandwidth(device: str) -> float:
     """Bytes per second of a large device-to-device copy (read + write)."""
     numel = (1 << 28) if device == "cuda" else (1 << 20)

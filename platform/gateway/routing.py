@@ -1,7 +1,9 @@
 """Choosing an engine, per gateway process: the engines come from the database (static ones while healthy,
 self-registered ones while their heartbeats keep coming), re-read once a second; each decision is
 `route_score.choose` (docs/routing.md) over that snapshot, with each engine's load estimated from its heartbeat and
-this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is skipped for a few seconds.
+this process's live count of requests in flight there (`route_score.Loads`). An engine that just failed here is
+skipped for a few seconds, or until it leaves routing (a drain, lapsed heartbeats): when it joins again it is a new
+life.
 On a fleet with prefill and decode roles, `route` may add a prefill engine (`route_score.choose_route`)."""
 
 import logging
@@ -71,6 +73,8 @@ class Router:
         ]  # fmt: skip
         self._fleet = Fleet([candidate_from_state(row.name, row.state) for row in rows])
         self._index = {engine.name: i for i, engine in enumerate(self._engines)}
+        if self._suspect_until:  # one out of routing now (drained, heartbeats lapsed) comes back as a new life
+            self._suspect_until = {name: until for name, until in self._suspect_until.items() if name in self._index}
         self._loads = Loads([e.load for e in self._engines], [self._in_flight.get(e.name, 0) for e in self._engines])
         self._loaded_at = time.monotonic()
         self.stale_at = self._loaded_at + SNAPSHOT_SECONDS

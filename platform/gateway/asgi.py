@@ -325,6 +325,30 @@ async def _metrics(scope, send) -> None:
 class InferenceFastPath:
     def __init__(self, platform):
         self.platform = platform
+        # the hot routes, for the gateway's own server (`http_protocol.DirectCycle`): a POST to one goes to
+        # `serve_direct` without ASGI's layers
+        self.direct_routes = {route.encode("ascii"): kind for route, kind in COMPLETION_ROUTES.items()}
+
+    async def serve_direct(self, cycle, kind: str) -> None:
+        """A POST to a completion route from the gateway's own server, as `__call__` serves it: straight to
+        `_generate` when its body is whole at hand and within the limit, and no script prefix or HTTPS redirect
+        applies; else `__call__` (over the cycle's ASGI receive and send) decides."""
+        received = time.monotonic()
+        limit, signal = hot.QUILT_MAX_REQUEST_BYTES, cycle.message_event
+        while cycle.more_body and len(cycle.body) <= limit and not cycle.disconnected:  # the body's rest, as sent
+            cycle.flow.resume_reading()
+            await signal.wait()
+            signal.clear()
+        if cycle.disconnected:
+            return
+        scope, body = cycle.scope, cycle.body
+        secure = scope["scheme"] == "https" if _policy.proxy_header is None else _policy.secure(scope)
+        if len(body) > limit or hot.FORCE_SCRIPT_NAME or (_policy.redirect and not secure):
+            await self(scope, cycle.receive, cycle.send)
+            return
+        cycle.body = b""
+        await until_told_disconnected(_generate(scope, body, cycle.send, kind=kind, secure=secure, received=received),
+                                      cycle)  # fmt: skip
 
     async def __call__(self, scope, receive, send) -> None:
         """The request: read whole, then served by `_generate` (a POST to a completion route, with no script prefix,

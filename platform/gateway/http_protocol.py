@@ -13,12 +13,21 @@ The extension (`scope["extensions"]["quilt.gateway"]`, the request's `GatewayCyc
 - `current_task()`: the request's task, without `asyncio.current_task()`'s getpid system call (CPython 3.11's
   running-loop check).
 
+The application may also name routes it serves without ASGI's layers (`direct_routes`, `serve_direct`): a POST to one
+of them over HTTP/1.1, whole in the server's hands, goes from the parser to the application's `serve_direct(cycle,
+kind)` in a `DirectCycle`: no URL parse, no proxy-headers middleware (a request with X-Forwarded-* headers takes the
+ASGI path, where it decides), no ASGI receive, no asyncio.Event. The cycle is still uvicorn's (its `send`, its
+`receive`, its error handling around the application), so the answer's bytes are the same.
+
+A kept-alive connection's idle timer is armed once and moved forward lazily (`_keep_alive_due`), rather than made at
+each response's end and cancelled at the next request's first bytes.
+
 Everything else is uvicorn's own. An application that finds no extension (another server) does what it did before.
 """
 
 import asyncio
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
@@ -110,8 +119,94 @@ class _Held:
         self.closing = True
 
 
+class _Signal:
+    """What uvicorn's cycle needs of its asyncio.Event (set, clear, wait), for the one task that waits on it."""
+
+    __slots__ = ("flag", "waiter", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.flag, self.waiter, self.loop = False, None, loop
+
+    def set(self) -> None:
+        self.flag = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    async def wait(self) -> bool:
+        if not self.flag:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return True
+
+
+class DirectCycle(GatewayCycle):
+    """A request to one of the application's direct routes: uvicorn's cycle (its `send`, `receive`, `run_asgi`),
+    made without its constructor. The per-request state the constructor would set is read from the class until the
+    cycle changes it; the body is bytes (`+=` as uvicorn's parser callbacks extend it)."""
+
+    disconnected = response_started = response_complete = waiting_for_100_continue = False
+    chunked_encoding = None
+    expected_content_length = 0
+    more_body = True
+    body = b""
+
+    def __init__(self, protocol: "GatewayHttpProtocol", serve: Callable[["DirectCycle", str], Coroutine], kind: str):
+        self.scope, self.transport, self.flow, self.loop = protocol.scope, protocol.transport, protocol.flow, protocol.loop
+        self.logger, self.access_logger, self.access_log = protocol.logger, protocol.access_logger, protocol.access_log
+        self.default_headers = protocol.server_state.default_headers
+        self.message_event = _Signal(protocol.loop)
+        self.keep_alive = protocol.parser.should_keep_alive()
+        self.on_response = protocol.on_response_complete
+        self.serve, self.kind = serve, kind
+
+    def run_asgi(self, app) -> Coroutine:
+        """uvicorn's `run_asgi` around the application's `serve_direct` (`app`, the server's application, unused)."""
+        return super().run_asgi(self._serve)
+
+    def _serve(self, scope, receive, send) -> Coroutine:
+        return self.serve(self, self.kind)
+
+
+def _direct_server(app) -> tuple[dict[bytes, str], Callable] | None:
+    """The application's direct routes (raw path -> kind) and its `serve_direct`, found under the server's
+    middleware (`.app`), or None."""
+    for _ in range(8):
+        routes = getattr(app, "direct_routes", None)
+        if routes is not None:
+            return routes, app.serve_direct
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+_FORWARDED = (b"x-forwarded-proto", b"x-forwarded-for")
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = self.config
+        direct = getattr(config, "quilt_direct", False)
+        if direct is False:
+            direct = config.quilt_direct = _direct_server(self.app)
+        self.direct_routes, self.serve_direct = direct or ({}, None)
+        self.idle_since: float | None = None
+
     def on_headers_complete(self) -> None:
+        kind = self.direct_routes.get(self.url)
+        if kind is not None and self._direct(kind):
+            return
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
@@ -123,8 +218,63 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle.loop = self.loop
         cycle.scope["extensions"] = {**cycle.scope.get("extensions", {}), EXTENSION: cycle}
 
+    def _direct(self, kind: str) -> bool:
+        """Starts a direct route's request (or queues it behind the one in progress), when nothing about it needs
+        what uvicorn's path does: else False, and that path takes it."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.get_http_version() != "1.1" or parser.should_upgrade():
+            return False
+        if self.expect_100_continue or self.root_path or self.limit_concurrency is not None:
+            return False
+        headers = dict(self.headers)
+        if _FORWARDED[0] in headers or _FORWARDED[1] in headers:
+            return False  # uvicorn's proxy-headers middleware may change the scope's scheme and client
+        scope = self.scope
+        scope["method"], scope["path"], scope["raw_path"], scope["query_string"] = "POST", self.url.decode(), self.url, b""
+        existing = self.cycle
+        cycle = self.cycle = DirectCycle(self, self.serve_direct, kind)
+        scope["extensions"] = {EXTENSION: cycle}
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, self.app)
+        else:  # pipelined: uvicorn's queue
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
+        return True
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the idle timer armed once and moved forward when it comes due (`_keep_alive_due`)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            self.idle_since = None
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self.idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self.idle_since = None  # data came: not idle (the timer, if armed, finds that when it comes due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        since = self.idle_since
+        if since is None:
+            return  # busy: the response's end arms it again
+        left = since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
     def connection_lost(self, exc: Exception | None) -> None:
         cycle = self.cycle
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         super().connection_lost(exc)
         if isinstance(cycle, GatewayCycle) and cycle.disconnected and cycle.on_disconnect is not None:
             callback, cycle.on_disconnect = cycle.on_disconnect, None

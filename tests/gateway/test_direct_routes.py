@@ -1,0 +1,142 @@
+"""The gateway's server protocol's direct routes (gateway/http_protocol.py `DirectCycle`): a POST to a route the
+application names goes to its `serve_direct` without ASGI's layers, with the bytes uvicorn's own path writes; what
+needs those layers (proxy headers, another method, a query, 100-continue, HTTP/1.0) still takes them. And a kept-alive
+connection's idle timer, made once per connection rather than once per response, still closes it on time."""
+
+import asyncio
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.http_protocol import EXTENSION, DirectCycle, GatewayHttpProtocol
+from tests.gateway.test_http_protocol import FIRST, HEAD, LAST, Recorder
+
+ROUTE = b"/v1/completions"
+
+
+def _request(body: bytes = b'{"a": 1}', *, head: bytes = b"POST /v1/completions HTTP/1.1", extra: bytes = b"") -> bytes:
+    return head + b"\r\nHost: gateway\r\nContent-Type: application/json\r\n%bContent-Length: %d\r\n\r\n%b" % (
+        extra, len(body), body)  # fmt: skip
+
+
+class App:
+    """An application with one direct route: each request's way in (`asgi` or `direct`) and body are kept, and its
+    answer is the same stream either way."""
+
+    def __init__(self):
+        self.direct_routes = {ROUTE: "completion"}
+        self.seen: list[tuple[str, bytes]] = []
+
+    async def __call__(self, scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        self.seen.append(("asgi", body))
+        await _answer(scope, send)
+
+    async def serve_direct(self, cycle, kind):
+        assert isinstance(cycle, DirectCycle) and kind == "completion" and cycle.scope["path"] == "/v1/completions"
+        while cycle.more_body and not cycle.disconnected:  # as the gateway's own `serve_direct` reads
+            await cycle.message_event.wait()
+            cycle.message_event.clear()
+        self.seen.append(("direct", cycle.body))
+        await _answer(cycle.scope, cycle.send)
+
+
+async def _answer(scope, send):
+    cycle = scope.get("extensions", {}).get(EXTENSION)
+    if cycle is None:
+        await send(HEAD)
+        await send(FIRST)
+    else:
+        await cycle.start_with_body(HEAD, FIRST)
+    await send(LAST)
+
+
+async def _connect(protocol_class, app, *, keep_alive: float = 5.0):
+    config = Config(app=app, http=protocol_class, lifespan="off", log_level="warning", timeout_keep_alive=keep_alive)
+    config.load()
+    state = ServerState()
+    state.default_headers = [(b"date", b"Sat, 28 Nov 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
+    protocol = protocol_class(config=config, server_state=state, app_state={})
+    transport = Recorder()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+async def _exchange(protocol_class, app, *parts: bytes) -> Recorder:
+    protocol, transport = await _connect(protocol_class, app)
+    for part in parts:
+        protocol.data_received(part)
+        await asyncio.sleep(0.01)
+    for _ in range(3):  # pipelined requests start once the one before has ended
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=5)
+        await asyncio.sleep(0)
+    return transport
+
+
+@pytest.mark.parametrize("parts", [
+    [_request()],
+    [_request()[:-8], _request()[-8:]],  # the body in a second arrival (as httpx often sends it)
+    [_request(b"x" * 70_000)],  # past uvicorn's high-water mark: reading pauses and resumes
+    [_request() + _request(b'{"b": 2}')],  # pipelined
+], ids=["whole", "split body", "large body", "pipelined"])  # fmt: skip
+def test_a_direct_route_is_served_directly_with_uvicorns_bytes(parts):
+    plain_app, direct_app = App(), App()
+    plain = asyncio.run(_exchange(HttpToolsProtocol, plain_app, *parts))
+    ours = asyncio.run(_exchange(GatewayHttpProtocol, direct_app, *parts))
+    assert [way for way, _ in plain_app.seen] == ["asgi"] * len(plain_app.seen)
+    assert direct_app.seen == [("direct", body) for _, body in plain_app.seen]
+    assert b"".join(ours.writes) == b"".join(plain.writes) and not ours.closed
+
+
+@pytest.mark.parametrize("request_bytes", [
+    _request(extra=b"X-Forwarded-Proto: https\r\n"),  # uvicorn's proxy-headers middleware may change the scheme
+    _request(extra=b"X-Forwarded-For: 10.0.0.1\r\n"),
+    _request(extra=b"Expect: 100-continue\r\n"),
+    _request(head=b"POST /v1/completions?x=1 HTTP/1.1"),
+    _request(head=b"GET /v1/completions HTTP/1.1"),
+    _request(head=b"POST /v1/completions HTTP/1.0"),
+    _request(head=b"POST /v1/models HTTP/1.1"),
+], ids=["x-forwarded-proto", "x-forwarded-for", "100-continue", "query", "GET", "HTTP/1.0", "another route"])  # fmt: skip
+def test_what_needs_asgis_layers_takes_them(request_bytes):
+    app = App()
+    asyncio.run(_exchange(GatewayHttpProtocol, app, request_bytes))
+    assert [way for way, _ in app.seen] == ["asgi"]
+
+
+def test_a_client_that_goes_away_before_its_body_ends_is_not_served():
+    async def scenario():
+        app = App()
+        protocol, _ = await _connect(GatewayHttpProtocol, app)
+        protocol.data_received(_request()[:-4])
+        await asyncio.sleep(0.01)
+        protocol.connection_lost(None)
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=5)
+        return app.seen
+
+    assert asyncio.run(scenario()) == [("direct", b'{"a"')]  # its answer, if any, is not written
+
+
+def test_the_idle_timer_is_made_once_per_connection_and_still_closes_it_on_time():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        made = []
+        call_later = loop.call_later
+        loop.call_later = lambda delay, callback, *args: made.append(callback) or call_later(delay, callback, *args)
+        protocol, transport = await _connect(GatewayHttpProtocol, App(), keep_alive=0.3)
+        for _ in range(5):  # requests closer together than the timeout keep the connection open
+            protocol.data_received(_request())
+            await asyncio.sleep(0.1)
+        assert not transport.closed
+        await asyncio.sleep(0.45)  # then idle past it: closed
+        closed = transport.closed
+        protocol.connection_lost(None)
+        return len([callback for callback in made if getattr(callback, "__self__", None) is protocol]), closed
+
+    made, closed = asyncio.run(scenario())
+    assert closed
+    assert made <= 3  # uvicorn's own makes one per response: 5 here

@@ -344,6 +344,7 @@ class InferenceFastPath:
         scope, body = cycle.scope, cycle.body
         secure = scope["scheme"] == "https" if _policy.proxy_header is None else _policy.secure(scope)
         if len(body) > limit or hot.FORCE_SCRIPT_NAME or (_policy.redirect and not secure):
+            signal.set()  # what has arrived is the ASGI receive's first message
             await self(scope, cycle.receive, cycle.send)
             return
         cycle.body = b""

@@ -42,11 +42,11 @@ def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | 
                                                  tools=generation.structure.get("tools"))  # fmt: skip
         except Exception:  # jinja2's errors and the template's own raise_exception()
             return None
-        return len(tokenizer.hf.encode(text, add_special_tokens=False))
+        return tokenizer.count(text, add_special_tokens=False)
     counted = 0
     for prompt in generation.prompts:
         if isinstance(prompt, str):
-            counted += len(tokenizer.hf.encode(prompt))  # not encode_batch: its thread pool costs more
+            counted += tokenizer.count(prompt)  # one call each: a batch of several would split over rayon's pool
         elif isinstance(prompt, list):  # token ids (generation.prompt_token_count's)
             counted += len(prompt)
     return counted
@@ -73,7 +73,7 @@ async def count_prompt_tokens(generation: GenerationRequest, target: Target, *, 
         if prompt_bytes > hot.QUILT_TOKENIZE_ABOVE_BYTES:
             counted = await asyncio.to_thread(prompt_tokens, generation, tokenizer)
         elif prompts is not None and len(prompts) == 1 and prompts[0].__class__ is str:  # one text: its count here
-            counted = len(tokenizer.hf.encode(prompts[0]))  # as `prompt_tokens` counts it
+            counted = tokenizer.count(prompts[0])  # as `prompt_tokens` counts it
         else:
             counted = prompt_tokens(generation, tokenizer)
     return estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes) if counted is None else counted

@@ -66,6 +66,7 @@ def build_bpe_checkpoint(directory: Path, *, vocab_size: int = 4000, seed: int =
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tokenizer.train_from_iterator(corpus(random.Random(seed), lines=3000), trainer=trainer)
     tokenizer.add_tokens([AddedToken("<tool_call>", normalized=False), AddedToken("</tool_call>", normalized=False),
+                          AddedToken("<|im", normalized=False),  # a prefix of two special tokens: longest wins
                           AddedToken("<tool_response>"), AddedToken("</tool_response>")])  # fmt: skip
     begin = tokenizer.token_to_id(BEGIN)
     tokenizer.post_processor = processors.Sequence([

@@ -1,12 +1,15 @@
 """The gateway's prompt token counts (admission's) equal the engine's own: `Tokenizer.encode` of each text prompt,
 and of a chat's template text without special tokens, over unicode, empty, long and special-token-looking prompts and
 chats with tools, for the demo tokenizer (GPT-2's shape) and a byte-level BPE built in code (Llama 3's and Qwen's).
-The chat's template text is checked against transformers' rendering of the same template."""
+Kept segment counts (gateway.segment_counts) give the same counts, missed and hit, for any segment length; tenants
+keep their own. The chat's template text is checked against transformers' rendering of the same template."""
 
 import asyncio
 import random
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
 from transformers import AutoTokenizer
 
 from engine.demo.builder import ensure_demo
@@ -15,6 +18,7 @@ from engine.tokenizer import Tokenizer
 from gateway.caller import Target
 from gateway.openai_request import parse_chat, parse_completion
 from gateway.prompt_tokens import count_prompt_tokens, prompt_tokens
+from gateway.segment_counts import SegmentCounts, cut_pattern
 from tests.conftest import REPO
 from tests.gateway.bpe_tokenizer import WORDS, build_bpe_checkpoint
 
@@ -90,19 +94,61 @@ def engine_count(tokenizer: Tokenizer, generation) -> int:
     return sum(len(tokenizer.encode(p)) if isinstance(p, str) else len(p) for p in generation.prompts)
 
 
+def a_target(model_dir) -> Target:
+    return Target(name="m", base_model="base", checkpoint_dir=str(model_dir), max_context=256, adapter_id=None,
+                  adapter_version_id=None, adapter_version=None, digest=None, adapter_path=None)  # fmt: skip
+
+
 def test_the_gateway_counts_what_the_engine_counts(model_dir):
     engine = Tokenizer(model_dir)
     gateway = Tokenizer(model_dir)
-    target = Target(name="m", base_model="base", checkpoint_dir=str(model_dir), max_context=256, adapter_id=None,
-                    adapter_version_id=None, adapter_version=None, digest=None, adapter_path=None)  # fmt: skip
+    target = a_target(model_dir)
     counted = 0
     for body in cases(random.Random(23)):
         generation = parse_chat(body) if "messages" in body else parse_completion(body)
         expected = engine_count(engine, generation)
         assert prompt_tokens(generation, gateway) == expected, body
         assert asyncio.run(count_prompt_tokens(generation, target)) == expected, body
+        for tenant in (1, 2, 1):  # kept counts: missed, another tenant's, hit
+            assert asyncio.run(count_prompt_tokens(generation, target, tenant=tenant)) == expected, body
         counted += expected
     assert counted > 50_000  # long prompts among them
+
+
+@pytest.mark.parametrize("min_chars", [1, 3, 40, 256])
+def test_kept_segment_counts_add_up_to_the_whole_texts(model_dir, min_chars):
+    engine = Tokenizer(model_dir)
+    counts = SegmentCounts(Tokenizer(model_dir), min_chars=min_chars, budget_chars=30_000)
+    assert counts.cuts is not None
+    rng = random.Random(min_chars)
+    texts = [a_text(rng, rng.choice([0, 1, 10, 100, 1000, 5000])) for _ in range(150)]
+    texts += ["<|im_end|>" * 3, "<s></s>", "x<|im_start|>", "<|im_start|>x", "<|im_end|>" + "y" * 300 + "<s>"]
+    for text in texts + texts:  # the second time, from the kept counts
+        for special in (True, False):
+            expected = len(engine.encode(text, add_special_tokens=special))
+            assert counts.count(text, tenant=rng.choice([1, 2]), add_special_tokens=special) == expected, text
+    assert 0 < counts._kept_chars <= 30_000 and {tenant for tenant, _ in counts._kept} == {1, 2}
+
+
+def test_a_segment_is_kept_for_its_tenant_only(model_dir):
+    counts = SegmentCounts(Tokenizer(model_dir))
+    system = " ".join(WORDS) * 8  # no special tokens: one segment
+    for tenant in ("a", "b"):
+        counts.count(system, tenant=tenant)
+    assert sorted(counts._kept) == [("a", system), ("b", system)]
+
+
+def test_a_tokenizer_whose_pieces_depend_on_their_place_is_counted_whole(tmp_path):
+    """Metaspace with prepend_scheme "first" marks only the text's first piece: a piece alone would count another."""
+    hf = HFTokenizer(models.BPE(vocab={"\u2581": 0, "a": 1, "<s>": 2}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    hf.add_special_tokens(["<s>"])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer(tmp_path)
+    counts = SegmentCounts(tokenizer, min_chars=1)
+    text = "a<s>a"  # ▁ a <s> a
+    assert cut_pattern(tokenizer) is None and counts.count(text, tenant=1) == tokenizer.count(text) == 4
+    assert tokenizer.count("a") == 2  # ▁ a: the pieces alone would count 5
 
 
 def test_the_chat_template_renders_as_transformers_renders_it(model_dir):

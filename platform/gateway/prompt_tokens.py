@@ -15,7 +15,7 @@ from engine.tokenizer import Tokenizer
 from gateway.caller import Target
 from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
-from gateway.segment_counts import SegmentCounts
+from gateway.segment_counts import MIN_CACHED_CHARS, SegmentCounts
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def base_tokenizer(checkpoint_dir: str) -> Tokenizer | None:
 def segment_counts(checkpoint_dir: str) -> SegmentCounts | None:
     """The base model's kept segment counts (None where `base_tokenizer` is None)."""
     tokenizer = base_tokenizer(checkpoint_dir)
-    return None if tokenizer is None else SegmentCounts(tokenizer)
+    return None if tokenizer is None else SegmentCounts(tokenizer, budget_chars=hot.QUILT_KEPT_SEGMENT_CHARS)
 
 
 def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | None:
@@ -86,8 +86,10 @@ async def count_prompt_tokens(generation: GenerationRequest, target: Target, *, 
     tokenizer = base_tokenizer(target.checkpoint_dir)
     counted = None
     if tokenizer is not None:
-        count = tokenizer.count if tenant is None else functools.partial(
-            segment_counts(target.checkpoint_dir).count, tenant=tenant)  # fmt: skip
+        if tenant is None or prompt_bytes < MIN_CACHED_CHARS:  # a short prompt has no segment worth keeping
+            count = tokenizer.count
+        else:
+            count = functools.partial(segment_counts(target.checkpoint_dir).count, tenant=tenant)
         prompts = generation.prompts
         if prompt_bytes > hot.QUILT_TOKENIZE_ABOVE_BYTES:
             counted = await asyncio.to_thread(_counted, generation, tokenizer, count)

@@ -25,7 +25,6 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 MIN_CACHED_CHARS = 256  # shorter segments cost little more to encode than to look up; they are encoded in runs
-BUDGET_CHARS = 4_000_000  # the kept segments' characters, all tenants together, least recently used dropped first
 _PIECEWISE_PRE_TOKENIZERS = frozenset({"Sequence", "Split", "Whitespace", "WhitespaceSplit", "Digits", "Punctuation",
                                        "BertPreTokenizer", "UnicodeScripts", "CharDelimiterSplit"})  # fmt: skip
 
@@ -58,10 +57,10 @@ def cut_pattern(tokenizer: Tokenizer) -> re.Pattern | None:
 
 class SegmentCounts:
     """`count(text, tenant=..., add_special_tokens=...)` equals `tokenizer.count(text, ...)`: segments of
-    MIN_CACHED_CHARS or more counted alone and kept (per tenant, least recently used dropped first), the rest of the
-    text between them encoded a run at a time."""
+    MIN_CACHED_CHARS or more counted alone and kept (per tenant; `budget_chars` of them for all tenants together,
+    least recently used dropped first), the rest of the text between them encoded a run at a time."""
 
-    def __init__(self, tokenizer: Tokenizer, *, min_chars: int = MIN_CACHED_CHARS, budget_chars: int = BUDGET_CHARS):
+    def __init__(self, tokenizer: Tokenizer, *, budget_chars: int, min_chars: int = MIN_CACHED_CHARS):
         self.tokenizer = tokenizer
         self.cuts = cut_pattern(tokenizer)
         if self.cuts is None:

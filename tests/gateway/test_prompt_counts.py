@@ -118,7 +118,7 @@ def test_the_gateway_counts_what_the_engine_counts(model_dir):
 @pytest.mark.parametrize("min_chars", [1, 3, 40, 256])
 def test_kept_segment_counts_add_up_to_the_whole_texts(model_dir, min_chars):
     engine = Tokenizer(model_dir)
-    counts = SegmentCounts(Tokenizer(model_dir), min_chars=min_chars, budget_chars=30_000)
+    counts = SegmentCounts(Tokenizer(model_dir), budget_chars=30_000, min_chars=min_chars)
     assert counts.cuts is not None
     rng = random.Random(min_chars)
     texts = [a_text(rng, rng.choice([0, 1, 10, 100, 1000, 5000])) for _ in range(150)]
@@ -131,7 +131,7 @@ def test_kept_segment_counts_add_up_to_the_whole_texts(model_dir, min_chars):
 
 
 def test_a_segment_is_kept_for_its_tenant_only(model_dir):
-    counts = SegmentCounts(Tokenizer(model_dir))
+    counts = SegmentCounts(Tokenizer(model_dir), budget_chars=100_000)
     system = " ".join(WORDS) * 8  # no special tokens: one segment
     for tenant in ("a", "b"):
         counts.count(system, tenant=tenant)
@@ -145,7 +145,7 @@ def test_a_tokenizer_whose_pieces_depend_on_their_place_is_counted_whole(tmp_pat
     hf.add_special_tokens(["<s>"])
     hf.save(str(tmp_path / "tokenizer.json"))
     tokenizer = Tokenizer(tmp_path)
-    counts = SegmentCounts(tokenizer, min_chars=1)
+    counts = SegmentCounts(tokenizer, budget_chars=100, min_chars=1)
     text = "a<s>a"  # ▁ a <s> a
     assert cut_pattern(tokenizer) is None and counts.count(text, tenant=1) == tokenizer.count(text) == 4
     assert tokenizer.count("a") == 2  # ▁ a: the pieces alone would count 5

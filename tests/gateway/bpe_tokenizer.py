@@ -71,7 +71,8 @@ def build_bpe_checkpoint(directory: Path, *, vocab_size: int = 4000, seed: int =
     begin = tokenizer.token_to_id(BEGIN)
     tokenizer.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BEGIN} $A", pair=f"{BEGIN} $A {BEGIN} $B", special_tokens=[(BEGIN, begin)]),
+        processors.TemplateProcessing(single=f"{BEGIN} $A", pair=f"{BEGIN} $A {BEGIN} $B",
+                                      special_tokens=[(BEGIN, begin)]),
     ])  # fmt: skip
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"bos_token": BEGIN, "eos_token": END, "chat_template": CHAT_TEMPLATE}

@@ -59,7 +59,8 @@ def a_message(rng: random.Random, index: int) -> dict:
         return {"role": "assistant", "content": rng.choice([None, content]), "tool_calls": [
             {"id": f"call_{index}", "type": "function", "function": {
                 "name": rng.choice(["get_weather", "search"]),
-                "arguments": rng.choice(['{"city": "Zürich <s>"}', "{}", "not json {", '{"q": "日本語 🙂"}'])}}]}  # fmt: skip
+                "arguments": rng.choice(['{"city": "Zürich <s>"}', "{}", "not json {", '{"q": "日本語 🙂"}']),
+            }}]}  # fmt: skip
     if kind < 0.25:
         return {"role": "tool", "content": content, "tool_call_id": f"call_{index}"}
     if kind < 0.35:

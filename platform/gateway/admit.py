@@ -35,7 +35,8 @@ async def admit(
     shared = serving(caller, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
     choices, prompt_bytes = generation.num_choices, generation.prompt_bytes()
-    prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes)
+    prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes,
+                                             tenant=caller.tenant_id)  # fmt: skip
     tokens = prompt_tokens + choices * max_tokens
     spend = request_price(  # what caller.spend prices, with the rates the pair keeps
         rates=shared.rates, prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=choices * max_tokens

@@ -256,6 +256,8 @@ QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires
 # Admission counts prompt tokens with the base model's tokenizer; prompts past this size on a worker thread.
 QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=16384)
+# Counts of tenants' long prompt segments kept (a chat's system prompt, earlier turns): characters per base model.
+QUILT_KEPT_SEGMENT_CHARS = env.int("QUILT_KEPT_SEGMENT_CHARS", default=2_000_000)
 QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS", default=2.0)
 QUILT_ENGINE_READ_TIMEOUT_SECONDS = env.float("QUILT_ENGINE_READ_TIMEOUT_SECONDS", default=300.0)
 QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SECONDS", default=5)

@@ -11,9 +11,11 @@ Metaspace, whose prepend_scheme "first" looks at where a piece starts, nor ByteL
 tokenizers count each text whole (`Tokenizer.count`), and say so once in the log.
 
 Kept per tenant: a count that comes back faster because another tenant sent the same segment would let one tenant
-time-probe another's prompts (the engine salts its prefix cache by tenant for the same reason).
+time-probe another's prompts (the engine salts its prefix cache by tenant for the same reason). Kept by a digest of
+the segment, not its text: the gateway holds no prompt text past its request (a tenant may keep no bodies at all).
 """
 
+import hashlib
 import json
 import logging
 import re
@@ -67,7 +69,7 @@ class SegmentCounts:
             log.info("the tokenizer's pieces may not count alone as in the whole text: its prompts are counted whole")
         self.added = tokenizer.hf.num_special_tokens_to_add(False)  # the post-processor's, once per text
         self.min_chars, self.budget_chars = min_chars, budget_chars
-        self._kept: OrderedDict[tuple[object, str], int] = OrderedDict()
+        self._kept: OrderedDict[tuple[object, bytes], tuple[int, int]] = OrderedDict()  # -> (count, characters)
         self._kept_chars = 0
         self._lock = threading.Lock()  # prompts above QUILT_TOKENIZE_ABOVE_BYTES are counted on worker threads
 
@@ -98,18 +100,18 @@ class SegmentCounts:
         return counted + run_cuts
 
     def _segment(self, tenant: object, segment: str) -> int:
-        key = (tenant, segment)
+        key = (tenant, hashlib.blake2b(segment.encode("utf-8", "surrogatepass"), digest_size=16).digest())
         with self._lock:
-            counted = self._kept.get(key)
-            if counted is not None:
+            kept = self._kept.get(key)
+            if kept is not None:
                 self._kept.move_to_end(key)
-                return counted
+                return kept[0]
         counted = self.tokenizer.count(segment, add_special_tokens=False)
         with self._lock:
             if key not in self._kept:
-                self._kept[key] = counted
+                self._kept[key] = (counted, len(segment))
                 self._kept_chars += len(segment)
                 while self._kept_chars > self.budget_chars:
-                    (_, dropped), _ = self._kept.popitem(last=False)
-                    self._kept_chars -= len(dropped)
+                    _, (_, dropped_chars) = self._kept.popitem(last=False)
+                    self._kept_chars -= dropped_chars
         return counted

@@ -136,7 +136,10 @@ def test_a_segment_is_kept_for_its_tenant_only(model_dir):
     system = " ".join(WORDS) * 8  # no special tokens: one segment
     for tenant in ("a", "b"):
         counts.count(system, tenant=tenant)
-    assert sorted(counts._kept) == [("a", system), ("b", system)]
+    assert sorted(tenant for tenant, _ in counts._kept) == ["a", "b"]
+    assert counts._kept_chars == 2 * len(system)
+    kept = repr(list(counts._kept))  # by a digest: no prompt text held past its request
+    assert system[:40] not in kept
 
 
 def test_a_tokenizer_whose_pieces_depend_on_their_place_is_counted_whole(tmp_path):

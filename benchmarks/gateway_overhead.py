@@ -173,8 +173,11 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], key: str) -> list[dict]:
-    """`gateways`: name -> (url, pid); each level alternates direct and every gateway, round by round."""
+async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], key: str, engine_pid: int) -> list[dict]:
+    """`gateways`: name -> (url, pid); each level alternates direct and every gateway, round by round. The engine's
+    own CPU per direct request (`engine_pid`: the instant stand-in, a uvicorn process answering at once) is the
+    machine's yardstick: machines of one kind differ by 2-3x in CPU per request (docs/gateway-cpu.md), and the
+    gateway's figure divided by it travels between them better than either alone."""
     # Idle connections expire long before the servers' keep-alive timeout, which would otherwise close one just as a
     # request goes out on it (a reset: httpx.ReadError). The server's idle clock starts when it sent the response's
     # end, this client's when it read it: with hundreds of streams this client lags seconds behind, so against
@@ -205,7 +208,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             await run_level(direct, level, max(level, args.warmup))
             for call in calls.values():
                 await run_level(call, level, max(level, args.warmup))
-            direct_ttfts = []
+            direct_ttfts, engine_cpu = [], 0.0
             ttfts = {name: [] for name in gateways}
             rps = {name: [] for name in gateways}
             cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
@@ -213,7 +216,9 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             main_thread = {name: 0.0 for name in gateways}
             wall = {name: 0.0 for name in gateways}
             for number in range(args.rounds):  # alternate, so all see the same machine
+                engine_before = sum(cpu_seconds(engine_pid))
                 direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
+                engine_cpu += sum(cpu_seconds(engine_pid)) - engine_before
                 order = list(calls.items())
                 for name, call in order[::-1] if number % 2 else order:  # neither gateway always goes first
                     pid = gateways[name][1]
@@ -249,6 +254,8 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["gateway_system_share"] = cpu[name][1] / sum(cpu[name]) if sum(cpu[name]) else 0.0
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
                 row["idle_cpu_ms"] = idle[name] / IDLE_SECONDS * wall[name] / len(ttfts[name]) * 1000
+                row["engine_cpu_ms"] = engine_cpu / max(len(direct_ttfts), 1) * 1000  # the yardstick
+                row["gateway_per_engine"] = row["gateway_cpu_ms"] / row["engine_cpu_ms"] if engine_cpu else 0.0
                 row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
                 rows.append(row)
                 print(
@@ -261,6 +268,8 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" {row['round_cpu_median_ms']:.2f} ({min(per_round[name]):.2f}-{max(per_round[name]):.2f})"
                     f" (one core: {row['capacity_rps']:.0f} req/s, {row['gateway_system_share']:.0%} in the kernel,"
                     f" {row['main_thread_share']:.0%} in the main thread, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
+                    f" | the engine's CPU per direct request {row['engine_cpu_ms']:.2f} ms (the yardstick):"
+                    f" gateway/engine {row['gateway_per_engine']:.2f}"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,
                 )
@@ -350,7 +359,7 @@ def main() -> None:
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
         print(f"engine {engine_url}, gateways {gateways}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
-        rows = asyncio.run(measure(args, engine_url, gateways, key))
+        rows = asyncio.run(measure(args, engine_url, gateways, key, processes[0].pid))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:

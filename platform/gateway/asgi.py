@@ -138,7 +138,7 @@ async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None
                     last = b""
                 if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the body
                     last = chunk  # has ended (its hold settled)
-                else:
+                elif cycle is None or not cycle.write_now(chunk, True):  # the server's send, without its coroutine
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await body.exchange.settle()
         if start is not None:  # nothing was written
@@ -147,7 +147,8 @@ async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None
         if last:  # settling failed after the stream's end: the client still gets what it was sent before
             await send({"type": "http.response.body", "body": last, "more_body": True})
         raise
-    await send({"type": "http.response.body", "body": last})
+    if cycle is None or not cycle.write_now(last, False):
+        await send({"type": "http.response.body", "body": last})
 
 
 _https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)

@@ -29,6 +29,7 @@ import asyncio
 import operator
 from collections.abc import Callable, Coroutine
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -76,6 +77,26 @@ class GatewayCycle(RequestResponseCycle):
             if held.closing:
                 transport.close()
 
+
+    def write_now(self, data: bytes, more: bool) -> bool:
+        """`send` of a body message for a started chunked response, done here without a coroutine when `send` would
+        write it at once; False when flow control holds writes, the client is gone, or the response is not a
+        started, unfinished, chunked one (the caller then awaits `send`, which decides)."""
+        if self.flow.write_paused or self.disconnected or not self.chunked_encoding or not self.response_started:
+            return False
+        if self.response_complete or self.scope["method"] == "HEAD":
+            return False
+        if more:
+            if data:
+                self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            return True
+        self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+        return True
 
     def _plain_head(self, start: dict) -> bytes | None:
         """The head uvicorn's `send` writes for `start` (a chunked response), built in C without its loop over the
@@ -202,6 +223,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             direct = config.quilt_direct = _direct_server(self.app)
         self.direct_routes, self.serve_direct = direct or ({}, None)
         self.idle_since: float | None = None
+        self.unstarted: DirectCycle | None = None  # a direct route's request whose body has not all come yet
 
     def on_headers_complete(self) -> None:
         kind = self.direct_routes.get(self.url)
@@ -235,11 +257,26 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle = DirectCycle(self, self.serve_direct, kind)
         scope["extensions"] = {EXTENSION: cycle}
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, self.app)
+            self.unstarted = cycle  # started when its body has come (`on_message_complete`), or past the high-water
+            # mark (`on_body`): a body sent after the head (as httpx sends it) is not waited for in a task
         else:  # pipelined: uvicorn's queue
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, self.app))
         return True
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self.unstarted is not None and len(self.cycle.body) > HIGH_WATER_LIMIT:  # reading paused: the task reads on
+            self._start_unstarted()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self.unstarted is not None:
+            self._start_unstarted()
+
+    def _start_unstarted(self) -> None:
+        cycle, self.unstarted = self.unstarted, None
+        self._start_asgi_task(cycle, self.app)
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the idle timer armed once and moved forward when it comes due (`_keep_alive_due`)."""
@@ -271,7 +308,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_handler()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
+        cycle, self.unstarted = self.cycle, None  # a request whose body never all came is not served
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None

@@ -28,6 +28,7 @@ class App:
     def __init__(self):
         self.direct_routes = {ROUTE: "completion"}
         self.seen: list[tuple[str, bytes]] = []
+        self.whole_at_start: list[bool] = []  # whether a direct request's body had all come when its task started
 
     async def __call__(self, scope, receive, send):
         body, more = b"", True
@@ -39,6 +40,7 @@ class App:
 
     async def serve_direct(self, cycle, kind):
         assert isinstance(cycle, DirectCycle) and kind == "completion" and cycle.scope["path"] == "/v1/completions"
+        self.whole_at_start.append(not cycle.more_body)
         while cycle.more_body and not cycle.disconnected:  # as the gateway's own `serve_direct` reads
             await cycle.message_event.wait()
             cycle.message_event.clear()
@@ -93,6 +95,43 @@ def test_a_direct_route_is_served_directly_with_uvicorns_bytes(parts):
     assert b"".join(ours.writes) == b"".join(plain.writes) and not ours.closed
 
 
+def test_a_body_sent_after_its_head_is_not_waited_for_in_a_task():
+    """The task starts once the body has come (not on the head, to wait in it), unless the body passes the high-water
+    mark, where reading pauses until the task reads on."""
+    app = App()
+    asyncio.run(_exchange(GatewayHttpProtocol, app, _request()[:-8], _request()[-8:]))
+    large = App()
+    body = b"x" * 140_000
+    asyncio.run(_exchange(GatewayHttpProtocol, large, _request(body)[:-70_000], _request(body)[-70_000:]))
+    assert app.whole_at_start == [True] and app.seen == [("direct", b'{"a": 1}')]
+    assert large.whole_at_start == [False] and large.seen == [("direct", body)]
+
+
+@pytest.mark.parametrize("request_bytes", [_request(), _request(head=b"POST /v1/models HTTP/1.0")],
+                         ids=["keep-alive", "http/1.0"])  # fmt: skip
+@pytest.mark.parametrize(("middle", "end"), [(b"data: 2\n\n", b"data: [DONE]\n\n"), (b"", b""), (b"x", b"")])
+def test_a_body_written_at_once_is_the_servers_own_send(request_bytes, middle, end):
+    """`write_now` writes what the server's `send` writes, and ends the response as it does (a connection not kept
+    alive closed)."""
+
+    def app(now: bool):
+        async def answer(scope, receive, send):
+            await receive()
+            cycle = scope["extensions"][EXTENSION]
+            await cycle.start_with_body(HEAD, FIRST)
+            for data, more in ((middle, True), (end, False)):
+                if not (now and cycle.write_now(data, more)):
+                    await send({"type": "http.response.body", "body": data, "more_body": more})
+            assert cycle.response_complete
+
+        return answer
+
+    sent = asyncio.run(_exchange(GatewayHttpProtocol, app(False), request_bytes))
+    now = asyncio.run(_exchange(GatewayHttpProtocol, app(True), request_bytes))
+    assert b"".join(now.writes) == b"".join(sent.writes) and now.closed == sent.closed
+    assert now.closed == (b"HTTP/1.0" in request_bytes)
+
+
 @pytest.mark.parametrize("request_bytes", [
     _request(extra=b"X-Forwarded-Proto: https\r\n"),  # uvicorn's proxy-headers middleware may change the scheme
     _request(extra=b"X-Forwarded-For: 10.0.0.1\r\n"),
@@ -118,7 +157,7 @@ def test_a_client_that_goes_away_before_its_body_ends_is_not_served():
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=5)
         return app.seen
 
-    assert asyncio.run(scenario()) == [("direct", b'{"a"')]  # its answer, if any, is not written
+    assert asyncio.run(scenario()) == []  # its task is started once its body has come: it never came
 
 
 def test_the_idle_timer_is_made_once_per_connection_and_still_closes_it_on_time():

@@ -167,7 +167,7 @@ class HttpsPolicy:
             meta_name, secure_value = hot.SECURE_PROXY_SSL_HEADER
             self.proxy_header = (meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1"),
                                  secure_value)  # fmt: skip
-        self.added = {secure: self._headers_added(secure) for secure in (False, True)}  # `headers`, by `secure`
+        self.added = {secure: self._headers_added(secure) for secure in (False, True)}  # the headers it adds, by `secure`
 
     def secure(self, scope) -> bool:
         if self.proxy_header is not None:
@@ -182,10 +182,6 @@ class HttpsPolicy:
         """Whether the middleware may answer this request itself (a redirect to HTTPS); if so, the request takes
         the general path, where the middleware decides (exempt paths included)."""
         return self.redirect and not secure
-
-    def headers(self, *, secure: bool) -> list[tuple[bytes, bytes]]:
-        """The headers the middleware adds to an answer that has none of them."""
-        return self.added[secure]
 
     def _headers_added(self, secure: bool) -> list[tuple[bytes, bytes]]:
         request = SimpleNamespace(is_secure=lambda: secure)

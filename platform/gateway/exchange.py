@@ -45,12 +45,12 @@ from gateway.engine_client import (
     EngineUnavailable,
     GenerateStream,
 )
-from gateway.engine_events import final_of
+from gateway.engine_events import delta_of, final_of
 from gateway.engine_refusals import engine_refusal
 from gateway.errors import adapter_unavailable, no_engine
 from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
-from gateway.openai_response import ResponseBuilder, Usage
+from gateway.openai_response import Delta, ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
 from gateway.running_loop import current_task
 from gateway.serving import Serving
@@ -262,6 +262,14 @@ class Exchange:
             self.error_type = final.error_type
             raise EngineBroke(final.error)
         return final.finishes
+
+    def apply_delta(self, event: dict) -> Delta:
+        """A delta event the plain-text path does not take (log-probabilities, tool calls), applied to the response."""
+        delta = delta_of(event, vocabulary=self.vocabulary)
+        self.builder.apply(delta)
+        if self.first_token_at is None and delta.tokens:
+            self.first_token()
+        return delta
 
     def first_token(self) -> None:
         """The response's first token has arrived: its time to first token."""

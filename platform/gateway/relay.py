@@ -20,7 +20,6 @@ from engine.contract import ADAPTER_UNAVAILABLE, EVENT_DELTA, EVENT_FINAL
 from gateway import request_reports
 from gateway.admit import admit
 from gateway.engine_client import EngineBroke
-from gateway.engine_events import delta_of
 from gateway.errors import ApiError, adapter_unavailable
 from gateway.exchange import Exchange
 from gateway.openai_response import DONE, error_event
@@ -95,17 +94,14 @@ async def _whole(exchange: Exchange) -> HttpResponse:
 async def _read_whole(exchange: Exchange) -> None:
     """Reads the engine's events to the answer's end, applied to the response; EngineBroke if the engine fails the
     request."""
-    stream, builder = exchange.stream, exchange.builder
+    stream = exchange.stream
     events, exchange.first = exchange.first, []
     try:
         while events is not None:
             for event in events:
                 kind = event.get("type")
                 if kind == EVENT_DELTA:
-                    delta = delta_of(event, vocabulary=exchange.vocabulary)
-                    builder.apply(delta)
-                    if exchange.first_token_at is None and delta.tokens:
-                        exchange.first_token()
+                    exchange.apply_delta(event)
                 elif kind == EVENT_FINAL:
                     exchange.final(event)
             events = await stream.events()
@@ -157,11 +153,7 @@ class SseBody:
                         if chunk is not None:
                             chunks.append(chunk)
                     elif kind == EVENT_DELTA:  # with log-probabilities or tool calls
-                        delta = delta_of(event, vocabulary=exchange.vocabulary)
-                        builder.apply(delta)
-                        if exchange.first_token_at is None and delta.tokens:
-                            exchange.first_token()
-                        if chunk := builder.chunk(delta, with_usage_field=usage_field):
+                        if chunk := builder.chunk(exchange.apply_delta(event), with_usage_field=usage_field):
                             chunks.append(chunk)
                     elif kind == EVENT_FINAL:
                         chunks += builder.finish_chunks(exchange.final(event), usage_field)

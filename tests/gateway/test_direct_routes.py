@@ -6,12 +6,10 @@ connection's idle timer, made once per connection rather than once per response,
 import asyncio
 
 import pytest
-from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from gateway.http_protocol import EXTENSION, DirectCycle, GatewayHttpProtocol
-from tests.gateway.test_http_protocol import FIRST, HEAD, LAST, Recorder
+from tests.gateway.test_http_protocol import FIRST, HEAD, Recorder, connect, respond
 
 ROUTE = b"/v1/completions"
 
@@ -36,7 +34,7 @@ class App:
             message = await receive()
             body, more = body + message.get("body", b""), message.get("more_body", False)
         self.seen.append(("asgi", body))
-        await _answer(scope, send)
+        await respond(scope, send)
 
     async def serve_direct(self, cycle, kind):
         assert isinstance(cycle, DirectCycle) and kind == "completion" and cycle.scope["path"] == "/v1/completions"
@@ -45,32 +43,11 @@ class App:
             await cycle.message_event.wait()
             cycle.message_event.clear()
         self.seen.append(("direct", cycle.body))
-        await _answer(cycle.scope, cycle.send)
-
-
-async def _answer(scope, send):
-    cycle = scope.get("extensions", {}).get(EXTENSION)
-    if cycle is None:
-        await send(HEAD)
-        await send(FIRST)
-    else:
-        await cycle.start_with_body(HEAD, FIRST)
-    await send(LAST)
-
-
-async def _connect(protocol_class, app, *, keep_alive: float = 5.0):
-    config = Config(app=app, http=protocol_class, lifespan="off", log_level="warning", timeout_keep_alive=keep_alive)
-    config.load()
-    state = ServerState()
-    state.default_headers = [(b"date", b"Sat, 28 Nov 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
-    protocol = protocol_class(config=config, server_state=state, app_state={})
-    transport = Recorder()
-    protocol.connection_made(transport)
-    return protocol, transport
+        await respond(cycle.scope, cycle.send)
 
 
 async def _exchange(protocol_class, app, *parts: bytes) -> Recorder:
-    protocol, transport = await _connect(protocol_class, app)
+    protocol, transport = await connect(protocol_class, app)
     for part in parts:
         protocol.data_received(part)
         await asyncio.sleep(0.01)
@@ -150,7 +127,7 @@ def test_what_needs_asgis_layers_takes_them(request_bytes):
 def test_a_client_that_goes_away_before_its_body_ends_is_not_served():
     async def scenario():
         app = App()
-        protocol, _ = await _connect(GatewayHttpProtocol, app)
+        protocol, _ = await connect(GatewayHttpProtocol, app)
         protocol.data_received(_request()[:-4])
         await asyncio.sleep(0.01)
         protocol.connection_lost(None)
@@ -166,7 +143,7 @@ def test_the_idle_timer_is_made_once_per_connection_and_still_closes_it_on_time(
         made = []
         call_later = loop.call_later
         loop.call_later = lambda delay, callback, *args: made.append(callback) or call_later(delay, callback, *args)
-        protocol, transport = await _connect(GatewayHttpProtocol, App(), keep_alive=0.3)
+        protocol, transport = await connect(GatewayHttpProtocol, App(), keep_alive=0.3)
         for _ in range(5):  # requests closer together than the timeout keep the connection open
             protocol.data_received(_request())
             await asyncio.sleep(0.1)

@@ -48,14 +48,20 @@ class Recorder:
         pass
 
 
-async def _serve(protocol_class, app, *, leave_after: float | None = None, request: bytes = REQUEST) -> Recorder:
-    config = Config(app=app, http=protocol_class, lifespan="off", log_level="warning")
+async def connect(protocol_class, app, *, keep_alive: float = 5.0) -> tuple:
+    """A server protocol of `protocol_class` for `app`, connected to a Recorder: (protocol, transport)."""
+    config = Config(app=app, http=protocol_class, lifespan="off", log_level="warning", timeout_keep_alive=keep_alive)
     config.load()
     state = ServerState()
     state.default_headers = [(b"date", b"Sat, 28 Nov 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
     protocol = protocol_class(config=config, server_state=state, app_state={})
     transport = Recorder()
     protocol.connection_made(transport)
+    return protocol, transport
+
+
+async def _serve(protocol_class, app, *, leave_after: float | None = None, request: bytes = REQUEST) -> Recorder:
+    protocol, transport = await connect(protocol_class, app)
     protocol.data_received(request)
     if leave_after is not None:
         await asyncio.sleep(leave_after)
@@ -66,10 +72,10 @@ async def _serve(protocol_class, app, *, leave_after: float | None = None, reque
 
 async def _stream(scope, receive, send) -> None:
     await receive()
-    await _respond(scope, send)
+    await respond(scope, send)
 
 
-async def _respond(scope, send) -> None:
+async def respond(scope, send) -> None:
     cycle = scope.get("extensions", {}).get(EXTENSION)
     if cycle is None:
         await send(HEAD)
@@ -151,7 +157,7 @@ def test_a_request_is_told_when_its_client_goes_away_and_only_then():
         await receive()
 
         async def serving():
-            await _respond(scope, send)
+            await respond(scope, send)
 
         await _until_told_disconnected(serving(), scope["extensions"][EXTENSION])
         happened.append("done")

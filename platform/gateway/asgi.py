@@ -327,11 +327,9 @@ class InferenceFastPath:
         self.direct_routes = {route.encode("ascii"): kind for route, kind in COMPLETION_ROUTES.items()}
 
     async def serve_direct(self, cycle, kind: str) -> None:
-        """A POST to a completion route from the gateway's own server, as `__call__` serves it: straight to
-        `_generate` when its body is whole at hand and within the limit, and no script prefix or HTTPS redirect
-        applies; else `__call__` (over the cycle's ASGI receive and send) decides."""
-        received = time.monotonic()
-        limit, signal = hot.QUILT_MAX_REQUEST_BYTES, cycle.message_event
+        """A POST to a completion route from the gateway's own server, as `__call__` serves it: to `_generate` when
+        its body is within the limit and no script prefix or HTTPS redirect applies; else `__call__` decides."""
+        received, limit, signal = cycle.received, hot.QUILT_MAX_REQUEST_BYTES, cycle.message_event
         while cycle.more_body and len(cycle.body) <= limit and not cycle.disconnected:  # the body's rest, as sent
             cycle.flow.resume_reading()
             await signal.wait()

@@ -27,6 +27,7 @@ Everything else is uvicorn's own. An application that finds no extension (anothe
 
 import asyncio
 import operator
+import time
 from collections.abc import Callable, Coroutine
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
@@ -186,6 +187,7 @@ class DirectCycle(GatewayCycle):
         self.logger, self.access_logger, self.access_log = protocol.logger, protocol.access_logger, protocol.access_log
         self.default_headers = protocol.server_state.default_headers
         self.message_event = _Signal(protocol.loop)
+        self.received = time.monotonic()  # the request's receipt (its head), where the request log's times start
         self.keep_alive = protocol.parser.should_keep_alive()
         self.on_response = protocol.on_response_complete
         self.serve, self.kind = serve, kind

@@ -4,6 +4,7 @@ needs those layers (proxy headers, another method, a query, 100-continue, HTTP/1
 connection's idle timer, made once per connection rather than once per response, still closes it on time."""
 
 import asyncio
+import time
 
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -27,6 +28,7 @@ class App:
         self.direct_routes = {ROUTE: "completion"}
         self.seen: list[tuple[str, bytes]] = []
         self.whole_at_start: list[bool] = []  # whether a direct request's body had all come when its task started
+        self.waited: list[float] = []
 
     async def __call__(self, scope, receive, send):
         body, more = b"", True
@@ -39,6 +41,7 @@ class App:
     async def serve_direct(self, cycle, kind):
         assert isinstance(cycle, DirectCycle) and kind == "completion" and cycle.scope["path"] == "/v1/completions"
         self.whole_at_start.append(not cycle.more_body)
+        self.waited.append(time.monotonic() - cycle.received)  # since the head came
         while cycle.more_body and not cycle.disconnected:  # as the gateway's own `serve_direct` reads
             await cycle.message_event.wait()
             cycle.message_event.clear()
@@ -81,6 +84,7 @@ def test_a_body_sent_after_its_head_is_not_waited_for_in_a_task():
     body = b"x" * 140_000
     asyncio.run(_exchange(GatewayHttpProtocol, large, _request(body)[:-70_000], _request(body)[-70_000:]))
     assert app.whole_at_start == [True] and app.seen == [("direct", b'{"a": 1}')]
+    assert app.waited[0] >= 0.009  # the request's times start at its head's receipt (`_exchange` sent the body 10 ms on)
     assert large.whole_at_start == [False] and large.seen == [("direct", body)]
 
 

@@ -75,7 +75,7 @@ def _endpoint(**operations: Callable) -> Callable:
             if operation is None:
                 allowed = ", ".join(m.upper() for m in operations)
                 raise ApiError(405, f"Method {request.method} is not allowed here; use {allowed}.",
-                               code="method_not_allowed")  # fmt: skip
+                               code="method_not_allowed", headers={"Allow": allowed})  # fmt: skip
             _refuse_nul(kwargs, request.GET)
             caller = await _caller(request)
             request_id = f"files-{uuid.uuid4().hex}"  # a request of no tokens: it counts against RPM and concurrency

@@ -78,7 +78,6 @@ class GatewayCycle(RequestResponseCycle):
             if held.closing:
                 transport.close()
 
-
     def write_now(self, data: bytes, more: bool) -> bool:
         """`send` of a body message for a started chunked response, done here without a coroutine when `send` would
         write it at once; False when flow control holds writes, the client is gone, or the response is not a

@@ -10,6 +10,10 @@ concurrency level it
 runs the requests directly against the engine's /v1/generate and through the gateway's /v1/completions
 (streaming), alternating the two so that both see the same machine. Prints p50/p99 time to first token each
 way, the added p50/p99, and the gateway's requests per second. Nothing is asserted.
+
+With `--null-proxy`, two more columns run beside the gateway: benchmarks/null_proxy.py, a proxy of the same route
+with none of the gateway's own work ("null"), and the same with two Redis round trips a request ("null+redis"): the
+floor any Python proxy of this stream has on this machine, and what the gateway adds to it.
 """
 
 import argparse
@@ -154,6 +158,15 @@ def cpu_seconds(pid: int, tid: int | None = None) -> tuple[float, float]:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def io_counts(pid: int) -> tuple[int, int, int]:
+    """The process's read and write system calls so far (all threads) and its main thread's voluntary context
+    switches (each a wait that blocked: a wake-up), from /proc: counts the machine's speed does not change."""
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    switches = int(status.partition("voluntary_ctxt_switches:")[2].split()[0])
+    return int(io["syscr"]), int(io["syscw"]), switches
+
+
 def machine_ticks() -> tuple[int, int]:
     """All CPUs' time so far and the part stolen by the hypervisor (other guests on the same host), in ticks."""
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -214,6 +227,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
             per_round = {name: [] for name in gateways}  # CPU per request (ms), each round
             main_thread = {name: 0.0 for name in gateways}
+            counts = {name: [0, 0, 0] for name in gateways}  # reads, writes, wake-ups
             wall = {name: 0.0 for name in gateways}
             for number in range(args.rounds):  # alternate, so all see the same machine
                 engine_before = sum(cpu_seconds(engine_pid))
@@ -223,8 +237,11 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 for name, call in order[::-1] if number % 2 else order:  # neither gateway always goes first
                     pid = gateways[name][1]
                     cpu_before, main_before, started = cpu_seconds(pid), main_thread_seconds(pid), time.perf_counter()
+                    io_before = io_counts(pid)
                     level_ttfts, level_rps = await run_level(call, level, requests // args.rounds, name)
                     wall[name] += time.perf_counter() - started
+                    counts[name] = [total + after - before
+                                    for total, after, before in zip(counts[name], io_counts(pid), io_before, strict=True)]
                     used = [after - before for after, before in zip(cpu_seconds(pid), cpu_before, strict=True)]
                     cpu[name] = [total + part for total, part in zip(cpu[name], used, strict=True)]
                     main_thread[name] += main_thread_seconds(pid) - main_before
@@ -256,6 +273,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["idle_cpu_ms"] = idle[name] / IDLE_SECONDS * wall[name] / len(ttfts[name]) * 1000
                 row["engine_cpu_ms"] = engine_cpu / max(len(direct_ttfts), 1) * 1000  # the yardstick
                 row["gateway_per_engine"] = row["gateway_cpu_ms"] / row["engine_cpu_ms"] if engine_cpu else 0.0
+                row["reads"], row["writes"], row["wakeups"] = (count / len(ttfts[name]) for count in counts[name])
                 row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
                 rows.append(row)
                 print(
@@ -268,6 +286,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" {row['round_cpu_median_ms']:.2f} ({min(per_round[name]):.2f}-{max(per_round[name]):.2f})"
                     f" (one core: {row['capacity_rps']:.0f} req/s, {row['gateway_system_share']:.0%} in the kernel,"
                     f" {row['main_thread_share']:.0%} in the main thread, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
+                    f" | per request {row['reads']:.2f} reads, {row['writes']:.2f} writes, {row['wakeups']:.2f} wake-ups"
                     f" | the engine's CPU per direct request {row['engine_cpu_ms']:.2f} ms (the yardstick):"
                     f" gateway/engine {row['gateway_per_engine']:.2f}"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
@@ -305,6 +324,8 @@ def main() -> None:
     parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
                         help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
+    parser.add_argument("--null-proxy", action="store_true",
+                        help="also measure benchmarks/null_proxy.py, without and with two Redis round trips a request")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="quilt-gateway-bench-"))
@@ -350,6 +371,14 @@ def main() -> None:
              "--port", str(port), "--log-level", "warning", "--no-access-log",
              "--timeout-keep-alive", str(args.keep_alive)],
             cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},
+        ))  # fmt: skip
+        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
+    for name, redis in (("null", "0"), ("null+redis", "1")) if args.null_proxy else ():
+        port = free_port()
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "benchmarks.null_proxy:app", "--port", str(port), "--log-level", "warning",
+             "--no-access-log", "--timeout-keep-alive", str(args.keep_alive)],
+            cwd=REPO, env={**env, "QUILT_NULL_ENGINE_URL": engine_url, "QUILT_NULL_REDIS": redis},
         ))  # fmt: skip
         gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
     try:

@@ -333,25 +333,25 @@ def main() -> None:
         trees["baseline" if number == 1 else f"baseline{number}"] = (baseline.resolve(), ["-m", "uvicorn"])
     processes = [subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})]
     gateways: dict[str, tuple[str, int]] = {}
-    for name, (tree, runner) in trees.items():
+
+    def serve(name: str, runner: list[str], application: list[str], cwd: Path, server_env: dict) -> None:
+        """Starts `application` under uvicorn on a free port with the gateways' common flags, as `name`."""
         port = free_port()
+        processes.append(subprocess.Popen(
+            [sys.executable, *runner, *application, "--port", str(port), "--log-level", "warning", "--no-access-log",
+             "--timeout-keep-alive", str(args.keep_alive)],
+            cwd=cwd, env=server_env,
+        ))  # fmt: skip
+        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
+
+    for name, (tree, runner) in trees.items():
         # the gateway's own server protocol where the tree has one (gateway/http_protocol.py), as deployed
         http = ["--http", HTTP_PROTOCOL] if (tree / "platform/gateway/http_protocol.py").exists() else []
-        processes.append(subprocess.Popen(
-            [sys.executable, *runner, "gateway.asgi:application", "--app-dir", str(tree / "platform"), *http,
-             "--port", str(port), "--log-level", "warning", "--no-access-log",
-             "--timeout-keep-alive", str(args.keep_alive)],
-            cwd=tree, env={**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"},
-        ))  # fmt: skip
-        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
+        serve(name, runner, ["gateway.asgi:application", "--app-dir", str(tree / "platform"), *http], tree,
+              {**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"})  # fmt: skip
     for name, redis in (("null", "0"), ("null+redis", "1")) if args.null_proxy else ():
-        port = free_port()
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "benchmarks.null_proxy:app", "--port", str(port), "--log-level", "warning",
-             "--no-access-log", "--timeout-keep-alive", str(args.keep_alive)],
-            cwd=REPO, env={**env, "QUILT_NULL_ENGINE_URL": engine_url, "QUILT_NULL_REDIS": redis},
-        ))  # fmt: skip
-        gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
+        serve(name, ["-m", "uvicorn"], ["benchmarks.null_proxy:app"], REPO,
+              {**env, "QUILT_NULL_ENGINE_URL": engine_url, "QUILT_NULL_REDIS": redis})  # fmt: skip
     try:
         wait_http(f"{engine_url}/v1/health", (200,), processes[0])
         for (url, _), process in zip(gateways.values(), processes[1:], strict=True):

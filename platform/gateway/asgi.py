@@ -19,6 +19,7 @@ responses. Other methods, a script prefix, and requests the HTTPS policy redirec
 
 import asyncio
 import functools
+import gc
 import io
 import logging
 import operator
@@ -397,3 +398,4 @@ class InferenceFastPath:
 
 
 application = InferenceFastPath(platform_application)
+gc.freeze()  # start-up's objects live as long as the process: no full collection walks them again

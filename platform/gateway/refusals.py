@@ -12,30 +12,42 @@ KEY_WINDOW_REASONS = ("key_requests", "key_tokens")  # refusals whose window cou
 
 def ratelimit_headers(caller: Caller, decision: Decision) -> dict[str, str]:
     """The limits of the window that decided: the tenant's, or, when the API key's own per-minute limit refused the
-    call, the key's (a kind the key does not limit itself is left out: its counts are the tenant's, not known here)."""
+    call, the key's (a kind the key does not limit itself is left out: its counts are the tenant's, not known here).
+    An admitted call reports, of each kind, the nearer of the two: the key's where it has fewer left than the tenant's
+    (or the tenant does not limit that kind), else the tenant's."""
     limits = caller.limits
+    requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+    used_requests, used_tokens = decision.window_requests, decision.window_tokens
     if decision.reason in KEY_WINDOW_REASONS:
         requests, tokens = limits.key_requests_per_minute, limits.key_tokens_per_minute
-    else:
-        requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+    elif decision.admitted:
+        key_requests, key_tokens = limits.key_requests_per_minute, limits.key_tokens_per_minute
+        if key_requests != UNLIMITED and (
+            requests == UNLIMITED or key_requests - decision.key_window_requests < requests - used_requests
+        ):
+            requests, used_requests = key_requests, decision.key_window_requests
+        if key_tokens != UNLIMITED and (
+            tokens == UNLIMITED or key_tokens - decision.key_window_tokens < tokens - used_tokens
+        ):
+            tokens, used_tokens = key_tokens, decision.key_window_tokens
     reset = f"{decision.reset_ms / 1000:.3f}s"
     if requests != UNLIMITED and tokens != UNLIMITED:  # most plans limit both: one dict, in the order below
         return {
             "x-ratelimit-limit-requests": str(requests),
-            "x-ratelimit-remaining-requests": str(max(0, requests - decision.window_requests)),
+            "x-ratelimit-remaining-requests": str(max(0, requests - used_requests)),
             "x-ratelimit-reset-requests": reset,
             "x-ratelimit-limit-tokens": str(tokens),
-            "x-ratelimit-remaining-tokens": str(max(0, tokens - decision.window_tokens)),
+            "x-ratelimit-remaining-tokens": str(max(0, tokens - used_tokens)),
             "x-ratelimit-reset-tokens": reset,
         }
     headers = {} if requests == UNLIMITED else {
         "x-ratelimit-limit-requests": str(requests),
-        "x-ratelimit-remaining-requests": str(max(0, requests - decision.window_requests)),
+        "x-ratelimit-remaining-requests": str(max(0, requests - used_requests)),
         "x-ratelimit-reset-requests": reset,
     }  # fmt: skip
     if tokens != UNLIMITED:
         headers["x-ratelimit-limit-tokens"] = str(tokens)
-        headers["x-ratelimit-remaining-tokens"] = str(max(0, tokens - decision.window_tokens))
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, tokens - used_tokens))
         headers["x-ratelimit-reset-tokens"] = reset
     return headers
 

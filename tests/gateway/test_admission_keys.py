@@ -67,6 +67,19 @@ def test_a_keys_tokens_per_minute(backend, tenant):
     assert acquire(tenant, capped, tokens=60)[0].admitted
 
 
+def test_an_admitted_call_is_told_its_keys_window_as_well_as_its_tenants(backend, tenant):
+    """What an admitted call's x-ratelimit-* headers report where the key's own limit is the nearer one."""
+    capped = keyed("window00", rpm=5, tpm=1_000)
+    acquire(tenant, keyed("other000"), tokens=7)  # the tenant's window counts a sibling's call; the key's does not
+    first, _ = acquire(tenant, capped, tokens=30)
+    second, _ = acquire(tenant, capped, tokens=40)
+    assert (second.window_requests, second.window_tokens) == (3, 77)
+    assert (first.key_window_requests, first.key_window_tokens) == (1, 30)
+    assert (second.key_window_requests, second.key_window_tokens) == (2, 70)
+    keyless, _ = acquire(tenant, ROOMY)
+    assert keyless.admitted and (keyless.key_window_requests, keyless.key_window_tokens) == (0, 0)
+
+
 def test_a_keys_budget_counts_holds_then_usage_and_its_sibling_still_works(backend, tenant):
     capped = keyed("budget00", budget=1_000)
     admitted, first = acquire(tenant, capped, spend_micros=600)

@@ -12,7 +12,7 @@ from gateway.admission.limits import Limits
 from gateway.admission.redis_backend import _WIRE, RedisAdmission
 from gateway.admission.redis_wire import pack
 
-DECISION = b"*5\r\n:1\r\n$2\r\nok\r\n:1\r\n:10\r\n:60000\r\n"
+DECISION = b"*7\r\n:1\r\n$2\r\nok\r\n:1\r\n:10\r\n:60000\r\n:0\r\n:0\r\n"
 SHAS = {_WIRE["acquire"].sha: "acquire", _WIRE["settle"].sha: "settle"}
 SOURCES = {_WIRE["acquire"].source: "acquire", _WIRE["settle"].source: "settle"}
 

@@ -1,6 +1,7 @@
 """An API key's money and limits as its owner sees them from outside (two gateways on Redis, the engine, the worker,
 PostgreSQL): its spend counted exactly as it is billed, its budget kept across a rotation, its tokens per minute
-counted in the base model's tokens, and its own limits in the x-ratelimit-* headers of the refusals they cause."""
+counted in the base model's tokens, and its own limits in the x-ratelimit-* headers of its calls where they are the
+nearer ones: of the refusals they cause, and of admitted calls."""
 
 import re
 import time
@@ -93,6 +94,8 @@ def test_tokens_per_minute_count_the_base_models_tokens_and_the_refusal_says_the
     assert first.status_code == 200, first.text
     prompt_tokens = first.json()["usage"]["prompt_tokens"]
     assert 59 <= prompt_tokens < 70
+    assert first.headers["x-ratelimit-limit-tokens"] == str(KEY_TPM)  # admitted: the key's is the nearer limit
+    assert first.headers["x-ratelimit-remaining-tokens"] == str(KEY_TPM - prompt_tokens - 20)
     second = complete(stack, key, body, route="chat/completions")
     assert second.status_code == 429, second.text  # what the first used leaves less than the second needs
     message = second.json()["error"]["message"]
@@ -104,11 +107,13 @@ def test_tokens_per_minute_count_the_base_models_tokens_and_the_refusal_says_the
     assert second.headers["x-ratelimit-remaining-tokens"] == str(KEY_TPM - used)
 
 
-def test_a_keys_request_limit_refusal_reports_the_keys_limit_in_its_headers(stack):
+def test_a_keys_request_limit_is_reported_in_the_headers_of_its_calls_and_its_refusal(stack):
     key = stack.keys["keyed-rpm"]
     same_minute(15)
     statuses = [complete(stack, key, {"prompt": "w10", "max_tokens": 1}) for _ in range(3)]
     assert [r.status_code for r in statuses] == [200, 200, 429], statuses[-1].text
+    admitted = [(r.headers["x-ratelimit-limit-requests"], r.headers["x-ratelimit-remaining-requests"]) for r in statuses[:2]]
+    assert admitted == [("2", "1"), ("2", "0")]  # the key's limit, not the plan's 10,000: it is the nearer one
     refused = statuses[-1]
     assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "API key" in refused.json()["error"]["message"]
     assert refused.headers["x-ratelimit-limit-requests"] == "2"

@@ -100,26 +100,27 @@ def acquire(
         if limits.budget_spend_micros >= 0 and state.month_spend_micros + sums["held_spend"] + spend_micros > limits.budget_spend_micros:
             over = state.month_spend_micros + spend_micros > limits.budget_spend_micros
             return refuse("budget_spend" if over else "budget_held")
-        key_prefix = limits.key_prefix
+        key_prefix, key_window = limits.key_prefix, (0, 0)
         if key_prefix:
             entry = _key_state(state, key_prefix, start_month=limits.key_budget_spend_picos >= 0)
             key_requests, key_tokens = (entry["requests"], entry["tokens"]) if entry.get("start") == window else (0, 0)
             if 0 <= limits.key_requests_per_minute < key_requests + 1:
-                return Decision(False, "key_requests", key_requests, key_tokens, reset_ms)
+                return Decision(False, "key_requests", key_requests, key_tokens, reset_ms, key_requests, key_tokens)
             if 0 <= limits.key_tokens_per_minute < key_tokens + tokens:
-                return Decision(False, "key_tokens", key_requests, key_tokens, reset_ms)
+                return Decision(False, "key_tokens", key_requests, key_tokens, reset_ms, key_requests, key_tokens)
             budget = limits.key_budget_spend_picos
             held = _key_spend_of(tenant_id, key_prefix, BudgetHold.Status.HELD) if budget >= 0 else 0
             if budget >= 0 and entry["picos"] + held + key_spend_picos > budget:
                 return refuse("key_budget_spend" if entry["picos"] + key_spend_picos > budget else "key_budget_held")
             entry.update(start=window, requests=key_requests + 1, tokens=key_tokens + tokens)
+            key_window = (key_requests + 1, key_tokens + tokens)
         state.window_start, state.window_requests, state.window_tokens = window, requests + 1, window_tokens + tokens
         state.save()
         BudgetHold.objects.create(
             request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, tokens=tokens, spend_micros=spend_micros,
             key_spend_picos=key_spend_picos if key_prefix else 0, window_start=window, expires_at=now + ttl,
         )  # fmt: skip
-    return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms)
+    return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms, *key_window)
 
 
 def peek(*, tenant_id: int, now: float) -> Decision:

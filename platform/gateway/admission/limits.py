@@ -61,6 +61,10 @@ class Decision(NamedTuple):
     window_requests: int
     window_tokens: int
     reset_ms: int  # until the current one-minute window ends
+    # The API key's own window (its requests and tokens counted with this one's), where the key is known and the
+    # script got that far: what an admitted call's headers report when the key's limit is the nearer one.
+    key_window_requests: int = 0
+    key_window_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -53,16 +53,17 @@ class _Scripts:
 
 
 def _acquired(reply: re.Match[bytes]) -> Decision | None:
-    """`_decision` of the acquire's usual reply, `[admitted, reason, requests, tokens, reset_ms]`, from its match."""
-    admitted, length, reason, requests, tokens, reset_ms = reply.groups()
+    """`_decision` of the acquire's usual reply, `[admitted, reason, requests, tokens, reset_ms, key_requests,
+    key_tokens]`, from its match."""
+    admitted, length, reason, requests, tokens, reset_ms, key_requests, key_tokens = reply.groups()
     if len(reason) != int(length):  # not the bulk string it looked like: read as any other reply
         return None
-    return Decision(bool(int(admitted)), reason.decode(), int(requests), int(tokens), int(reset_ms))
+    return Decision(bool(int(admitted)), reason.decode(), int(requests), int(tokens), int(reset_ms), int(key_requests),
+                    int(key_tokens))  # fmt: skip
 
 
 # The acquire's reply as the script writes it (its reasons are lower-case words: `_acquired` cannot fail on one)
-_ACQUIRED = QuickReply(re.compile(rb"\*5\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n:(-?\d+)\r\n:(-?\d+)\r\n:(-?\d+)\r\n"),
-                       _acquired)  # fmt: skip
+_ACQUIRED = QuickReply(re.compile(rb"\*7\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n" + rb":(-?\d+)\r\n" * 5), _acquired)
 _INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
 _WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
          "peek": WireScript(PEEK)}  # fmt: skip
@@ -73,12 +74,9 @@ _ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, 
 def _decision(reply: list | Decision) -> Decision:
     if type(reply) is Decision:  # the lean wire's quick read of the acquire's reply (`_acquired`)
         return reply
-    admitted, reason, requests, tokens, reset_ms = reply
+    admitted, reason, requests, tokens, reset_ms, *key = reply  # the key's window: the acquire's, not the peek's
     reason = reason.decode() if isinstance(reason, bytes) else reason
-    return Decision(
-        admitted=bool(admitted), reason=reason, window_requests=int(requests), window_tokens=int(tokens),
-        reset_ms=int(reset_ms),
-    )  # fmt: skip
+    return Decision(bool(admitted), reason, int(requests), int(tokens), int(reset_ms), *map(int, key))
 
 
 def _limit_args(limits: Limits, ttl: int) -> tuple:

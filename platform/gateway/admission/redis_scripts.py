@@ -61,23 +61,23 @@ if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
   toks = tonumber(redis.call('HGET', KEYS[1], 'tokens') or 0)
 end
 local reset_ms = math.ceil((window + 60 - now) * 1000)
-if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms} end
-if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms} end
-if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms} end
+if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms, 0, 0} end
+if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms, 0, 0} end
+if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms, 0, 0} end
 if redis.call('EXISTS', KEYS[5]) == 0 then
-  return {0, 'month_unknown', reqs, toks, reset_ms}
+  return {0, 'month_unknown', reqs, toks, reset_ms, 0, 0}
 end
 local used_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
 local used_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
 local held_t = tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0)
 local held_s = tonumber(redis.call('HGET', KEYS[4], 'spend') or 0)
 if budget_tokens >= 0 and used_t + held_t + tokens > budget_tokens then
-  if used_t + tokens > budget_tokens then return {0, 'budget_tokens', reqs, toks, reset_ms} end
-  return {0, 'budget_held', reqs, toks, reset_ms}
+  if used_t + tokens > budget_tokens then return {0, 'budget_tokens', reqs, toks, reset_ms, 0, 0} end
+  return {0, 'budget_held', reqs, toks, reset_ms, 0, 0}
 end
 if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
-  if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms} end
-  return {0, 'budget_held', reqs, toks, reset_ms}
+  if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms, 0, 0} end
+  return {0, 'budget_held', reqs, toks, reset_ms, 0, 0}
 end
 local key, key_rpm, key_tpm, key_budget = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local key_spend = ARGV[14]  -- picos, as digits
@@ -87,15 +87,15 @@ if key ~= '' then
     key_reqs = tonumber(redis.call('HGET', KEYS[8], key .. ':requests') or 0)
     key_toks = tonumber(redis.call('HGET', KEYS[8], key .. ':tokens') or 0)
   end
-  if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms} end
-  if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms} end
+  if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms, key_reqs, key_toks} end
+  if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms, key_reqs, key_toks} end
   if key_budget >= 0 then
     local key_used = redis.call('HGET', KEYS[10], key .. ':picos')
-    if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms} end
+    if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms, key_reqs, key_toks} end
     local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':picos') or 0)
     if tonumber(key_used) + key_held + tonumber(key_spend) > key_budget then
-      if tonumber(key_used) + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms} end
-      return {0, 'key_budget_held', reqs, toks, reset_ms}
+      if tonumber(key_used) + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms, key_reqs, key_toks} end
+      return {0, 'key_budget_held', reqs, toks, reset_ms, key_reqs, key_toks}
     end
   end
   redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + 1, key .. ':tokens', key_toks + tokens)
@@ -111,7 +111,8 @@ redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s:', tokens, spend, wi
 redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
 redis.call('HINCRBY', KEYS[4], 'spend', spend)
 for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
-return {1, 'ok', reqs + 1, toks + tokens, reset_ms}
+if key == '' then return {1, 'ok', reqs + 1, toks + tokens, reset_ms, 0, 0} end
+return {1, 'ok', reqs + 1, toks + tokens, reset_ms, key_reqs + 1, key_toks + tokens}
 """
 )
 

@@ -29,15 +29,18 @@ ERROR = obj({
 REQUEST_ID = {"description": "The id the request log knows this request by (the chat completion's id is "
                              "`chatcmpl-` followed by it).", "schema": text()}
 RATE_LIMIT = {
-    "x-ratelimit-limit-requests": {"description": "Requests per minute the window that decided allows: the "
-                                                  "tenant's plan's, or the key's own when its limit refused the call. "
-                                                  "Absent when unlimited.", "schema": text(pattern="^[0-9]+$")},
+    "x-ratelimit-limit-requests": {"description": "Requests per minute the window that decided allows: on a "
+                                                  "refusal, the window that refused it (the tenant's plan's or the "
+                                                  "key's own); on an admitted call, of the plan's and the key's own "
+                                                  "limits, the one with fewer requests left. Absent when unlimited.",
+                                   "schema": text(pattern="^[0-9]+$")},
     "x-ratelimit-remaining-requests": {"description": "Requests left in the current minute.",
                                        "schema": text(pattern="^[0-9]+$")},
     "x-ratelimit-reset-requests": {"description": "Time until the window resets, in seconds with a unit: `12.345s`.",
                                    "schema": text(pattern="^[0-9]+(\\.[0-9]+)?s$")},
-    "x-ratelimit-limit-tokens": {"description": "Tokens per minute allowed (prompt plus `max_tokens`). Absent when "
-                                                "unlimited.", "schema": text(pattern="^[0-9]+$")},
+    "x-ratelimit-limit-tokens": {"description": "Tokens per minute allowed (prompt plus `max_tokens`), chosen as "
+                                                "x-ratelimit-limit-requests is. Absent when unlimited.",
+                                 "schema": text(pattern="^[0-9]+$")},
     "x-ratelimit-remaining-tokens": {"description": "Tokens left in the current minute.",
                                      "schema": text(pattern="^[0-9]+$")},
     "x-ratelimit-reset-tokens": {"description": "As x-ratelimit-reset-requests.",

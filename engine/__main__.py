@@ -9,6 +9,7 @@ QUILT_GPU_PRICE_PER_HOUR (the flags of the same names win).
 
 import argparse
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
                             access_log=False)
+    gc.freeze()  # the model, its modules and its imports live as long as the process: no full collection walks them
     Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace).run()
     return 0
 

@@ -13,12 +13,26 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 
 def _exit_on_sigterm(signum, frame):
     sys.exit(128 + signum)
+
+
+JOIN_SECONDS = 15  # within gpu_suite.sh's `timeout -k 20` grace after its SIGINT
+
+
+def _join_writers(*, deadline: float) -> bool:
+    """Waits (until `deadline`) for the process's other non-daemon threads, which may still write in the folder: a
+    thread pool's worker that the interrupt left unknown to its pool (KeyboardInterrupt while the pool started it)
+    goes on with the queued work after the pool's shutdown. True if there were any."""
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in others:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    return bool(others)
 
 
 @contextmanager
@@ -38,5 +52,7 @@ def work_folder(prefix: str, *, path: Path | None = None, keep: bool = False):
     finally:
         if made is not None and not keep:
             shutil.rmtree(made, ignore_errors=True)
+            if _join_writers(deadline=time.monotonic() + JOIN_SECONDS):
+                shutil.rmtree(made, ignore_errors=True)  # what they wrote since (a mkdir(parents=True) remakes it)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)

@@ -86,6 +86,28 @@ def test_the_work_folder_goes_when_the_process_is_signalled(tmp_path, signum, ig
     assert _ours(temp) == []
 
 
+# a thread that goes on writing in the folder after the main thread was interrupted, as a thread pool's worker does
+# when SIGINT comes while the pool starts it (gpu_trace.py in llama_shape.write_adapters: the folder was left)
+WRITER = ("import threading, time; from benchmarks.work_folder import work_folder\n"
+          "with work_folder('quilt-test-') as folder:\n"
+          "    def write():\n"
+          "        for i in range(40):\n"
+          "            (folder / f'adapter-{i}').mkdir(parents=True, exist_ok=True)\n"
+          "            time.sleep(0.02)\n"
+          "    threading.Thread(target=write).start()\n"
+          "    (folder / 'checkpoint').write_text('weights')\n"
+          "    time.sleep(120)\n")
+
+
+def test_a_thread_still_writing_when_the_process_is_signalled_leaves_no_folder(tmp_path):
+    temp = tmp_path / "tmp"
+    process = _start(["-c", WRITER], temp)
+    _wait_for_a_work_folder(process, temp)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) != 0
+    assert _ours(temp) == []
+
+
 @pytest.mark.parametrize("name", ["quantized_checkpoints", "quantization"])
 def test_a_finished_benchmark_leaves_no_work_folder(tmp_path, name):
     temp = tmp_path / "tmp"

@@ -43,16 +43,17 @@ def work_folder(prefix: str, *, path: Path | None = None, keep: bool = False):
     if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
         handlers = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
                     signal.SIGTERM: signal.signal(signal.SIGTERM, _exit_on_sigterm)}
-    made = None
+    made, interrupted = None, True
     try:
         made = Path(tempfile.mkdtemp(prefix=prefix)) if path is None else None
         folder = made or path
         folder.mkdir(parents=True, exist_ok=True)
         yield folder
+        interrupted = False
     finally:
         if made is not None and not keep:
             shutil.rmtree(made, ignore_errors=True)
-            if _join_writers(deadline=time.monotonic() + JOIN_SECONDS):
+            if interrupted and _join_writers(deadline=time.monotonic() + JOIN_SECONDS):
                 shutil.rmtree(made, ignore_errors=True)  # what they wrote since (a mkdir(parents=True) remakes it)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)

@@ -117,7 +117,8 @@ def test_the_rate_limit_headers_as_before_in_the_same_order(reason):
         found = a_caller(1, (), None)
         object.__setattr__(found, "limits", limits)
         if reason == "ok" and UNLIMITED in (requests, tokens) and (key_requests, key_tokens) != (UNLIMITED, UNLIMITED):
-            continue  # an admitted call's headers report the key's limit where the tenant has none since (test_ratelimit_headers.py)
+            continue  # changed since: an admitted call reports the key's limit of a kind the plan leaves unlimited
+            # (test_ratelimit_headers.py)
         for window_requests, window_tokens, reset_ms in [(0, 0, 0), (7, 150, 59_999), (3, 20, 1234)]:
             decision = Decision(reason == "ok", reason, window_requests, window_tokens, reset_ms)
             got = ratelimit_headers(found, decision)

@@ -14,14 +14,16 @@ on an idle CPU that must be woken, and the figures fall (on the eighth pass's ma
 
 import argparse
 import socket
+import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
+
+from gateway.admission.redis_wire import pack  # noqa: E402 - a RESP command, as the gateway's wire packs it
+
 ARGUMENT = b"a" * 600  # about the size of admission's acquire
-
-
-def command(*parts: bytes) -> bytes:
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%b\r\n" % (len(part), part) for part in parts)
 
 
 def per_operation(operation, count: int) -> float:
@@ -33,11 +35,11 @@ def per_operation(operation, count: int) -> float:
 
 def blocking_costs(host: str, port: int, count: int) -> tuple[float, float, float]:
     """A round trip, a 0.3 ms sleep alone, and a write with no reply (Redis's CLIENT REPLY OFF) then the same sleep."""
-    script = command(b"EVAL", b"return 1", b"0", ARGUMENT)
+    script = pack(b"EVAL", b"return 1", b"0", ARGUMENT)
     with socket.create_connection((host, port)) as asked, socket.create_connection((host, port)) as told:
         for connection in (asked, told):
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        told.sendall(command(b"CLIENT", b"REPLY", b"OFF"))
+        told.sendall(pack(b"CLIENT", b"REPLY", b"OFF"))
         round_trip = per_operation(lambda: (asked.sendall(script), asked.recv(64)), count)
         sleep = per_operation(lambda: time.sleep(0.0003), count)
         write = per_operation(lambda: (told.sendall(script), time.sleep(0.0003)), count) - sleep

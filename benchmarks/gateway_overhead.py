@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.instant_engine import HTTP as INSTANT_HTTP
 from benchmarks.proc_stats import cpu_seconds, io_counts, load_average, machine_ticks, main_thread_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -321,7 +322,7 @@ def main() -> None:
     engine_port = free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     if args.engine == "instant":
-        engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(engine_port),
+        engine_command = ["-m", "uvicorn", "benchmarks.instant_engine:app", *INSTANT_HTTP, "--port", str(engine_port),
                           "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(args.keep_alive)]  # fmt: skip
     else:
         engine_command = ["-m", "engine", "--model", str(model_dir), "--port", str(engine_port),

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks import gateway_overhead as overhead
+from benchmarks.instant_engine import HTTP as INSTANT_HTTP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,7 +165,7 @@ def main() -> None:
     os.environ.update({name: env[name] for name in ("QUILT_REDIS_KEY_PREFIX", "LOG_LEVEL")})
     overhead.setup_django(env, args.database)
     port = overhead.free_port()
-    engine = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(port),
+    engine = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.instant_engine:app", *INSTANT_HTTP, "--port", str(port),
                                "--log-level", "warning", "--no-access-log"], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})  # fmt: skip
     try:
         overhead.wait_http(f"http://127.0.0.1:{port}/v1/health", (200,), engine)

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -142,7 +142,7 @@ class EngineAPI:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
             if first[0] == "end" and adapter_unavailable(first[1]):
                 return unavailable_response(first[1])
-            return StreamingResponse(self.stream(handle, first), media_type="application/x-ndjson")
+            return EventStream(ndjson_events(handle, first, self.loop.abort_soon), media_type="application/x-ndjson")
         end = await self.wait(request, handle)
         if end is None:
             return Response(status_code=499)
@@ -213,24 +213,6 @@ class EngineAPI:
         if not pending.aborted:
             return None
         return PullReport(lease_id=lease_id_of(generate.kv_transfer.lease), recomputed=True, reason="aborted")
-
-    async def stream(self, handle: RequestHandle, first: tuple) -> AsyncIterator[bytes]:
-        sent: dict[int, int] = {}
-        ended = False
-        try:
-            while True:
-                kind, item = first if first is not None else await handle.events.get()
-                first = None
-                if kind == "end":
-                    ended = True
-                    yield ndjson(final_event(handle, item))
-                    return
-                event = delta_event(handle, item, sent)
-                if event is not None:
-                    yield ndjson(event)
-        finally:
-            if not ended:  # the client went away
-                self.loop.abort_soon(handle.request_id)
 
     async def wait(self, request: Request, handle: RequestHandle) -> RequestEnd | None:
         """The request's end, or None if the client disconnected first (then it is aborted)."""
@@ -379,6 +361,59 @@ def _not_json(name: str):
 async def wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def ndjson_events(handle: RequestHandle, first: tuple, abandoned: Callable[[str], None]) -> AsyncIterator[bytes]:
+    """A streamed request's events as NDJSON lines, from its `first` queue item on: the items already waiting
+    joined in one chunk (one write; nothing waits for an item that has not come), the chunk with the final event a
+    `LastChunk` (for `EventStream`). `abandoned(request_id)` if the stream is closed before its end (the client went
+    away)."""
+    sent: dict[int, int] = {}
+    ended = False
+    events = handle.events
+    try:
+        while True:
+            lines = []
+            kind, item = first if first is not None else await events.get()
+            first = None
+            while True:
+                if kind == "end":
+                    ended = True
+                    lines.append(ndjson(final_event(handle, item)))
+                    break
+                event = delta_event(handle, item, sent)
+                if event is not None:
+                    lines.append(ndjson(event))
+                if events.empty():
+                    break
+                kind, item = events.get_nowait()
+            if ended:
+                yield LastChunk(b"".join(lines))
+                return
+            if lines:
+                yield b"".join(lines)
+    finally:
+        if not ended:
+            abandoned(handle.request_id)
+
+
+class LastChunk(bytes):
+    """A stream's last chunk: `EventStream` sends it as the response's last body part."""
+
+
+class EventStream(StreamingResponse):
+    """A streamed generate's NDJSON: its last chunk (`LastChunk`, the final event's) leaves with the chunked
+    response's end in one write, not followed by the end in a write of its own (which the gateway, reading the
+    response to its end before it answers its client's last chunk, would wake for again)."""
+
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:
+            ended = type(chunk) is LastChunk
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def ndjson(event: dict) -> bytes:

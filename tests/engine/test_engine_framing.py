@@ -69,7 +69,8 @@ def ask(port: int, path: str, method: str = "GET") -> socket.socket:
 
 
 def read_all(sock: socket.socket, ending: bytes) -> bytes:
-    data, sock_timeout = b"", sock.settimeout(5)
+    data = b""
+    sock.settimeout(5)
     while not data.endswith(ending):
         part = sock.recv(65536)
         assert part, data

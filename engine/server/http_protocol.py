@@ -14,8 +14,9 @@ leaves alone when the response ends, or not at all when the client has gone.
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
-class _Held:
-    """Stands in for the transport while uvicorn's `send` frames a message."""
+class Held:
+    """Stands in for a transport while uvicorn's `send` frames a message: what it writes is kept in `parts` (and a
+    close in `closing`), for the caller to write in one piece (the gateway's protocol uses it too)."""
 
     def __init__(self):
         self.parts: list[bytes] = []
@@ -41,7 +42,7 @@ class EngineCycle(RequestResponseCycle):
         if started and not self.head:
             await super().send(message)
             return
-        transport, held = self.transport, _Held()
+        transport, held = self.transport, Held()
         self.transport = held  # uvicorn's send frames the message into `held`
         try:
             await super().send(message)

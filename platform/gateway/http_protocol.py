@@ -39,6 +39,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from engine.server.http_protocol import Held  # a transport's stand-in while uvicorn's send frames a message
+
 EXTENSION = "quilt.gateway"
 COMMAND_LINE = ("--http", "gateway.http_protocol:GatewayHttpProtocol")  # uvicorn's options that select it
 
@@ -66,7 +68,7 @@ class GatewayCycle(RequestResponseCycle):
             data = body.get("body", b"")
             self.transport.write(head + b"%x\r\n%s\r\n" % (len(data), data) if data else head)
             return
-        transport, held = self.transport, _Held()
+        transport, held = self.transport, Held()
         self.transport = held  # uvicorn's send frames both messages into `held`, then they leave in one write
         try:
             await self.send(start)
@@ -124,20 +126,6 @@ _NAME_REFUSED = bytes(byte for byte in range(256) if HEADER_RE.search(bytes([byt
 _VALUE_REFUSED = bytes(byte for byte in range(256) if HEADER_VALUE_RE.search(bytes([byte])))
 _SPECIAL = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CLOSE_ENDING = b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
-
-
-class _Held:
-    """Stands in for the transport while a head and its first body part are framed."""
-
-    def __init__(self):
-        self.parts: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def close(self) -> None:
-        self.closing = True
 
 
 class _Signal:

@@ -193,7 +193,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             await run_level(direct, level, max(level, args.warmup))
             for call in calls.values():
                 await run_level(call, level, max(level, args.warmup))
-            direct_ttfts, engine_cpu = [], 0.0
+            direct_ttfts, engine_cpu, engine_writes = [], 0.0, 0
             ttfts = {name: [] for name in gateways}
             rps = {name: [] for name in gateways}
             cpu = {name: [0.0, 0.0] for name in gateways}  # user, system
@@ -202,9 +202,10 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             counts = {name: [0, 0, 0] for name in gateways}  # reads, writes, wake-ups
             wall = {name: 0.0 for name in gateways}
             for number in range(args.rounds):  # alternate, so all see the same machine
-                engine_before = sum(cpu_seconds(engine_pid))
+                engine_before, engine_io_before = sum(cpu_seconds(engine_pid)), io_counts(engine_pid)
                 direct_ttfts += (await run_level(direct, level, requests // args.rounds, "direct"))[0]
                 engine_cpu += sum(cpu_seconds(engine_pid)) - engine_before
+                engine_writes += io_counts(engine_pid)[1] - engine_io_before[1]
                 order = list(calls.items())
                 for name, call in order[::-1] if number % 2 else order:  # neither gateway always goes first
                     pid = gateways[name][1]
@@ -244,6 +245,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                 row["capacity_rps"] = 1000 / row["gateway_cpu_ms"] if row["gateway_cpu_ms"] else float("inf")
                 row["idle_cpu_ms"] = idle[name] / IDLE_SECONDS * wall[name] / len(ttfts[name]) * 1000
                 row["engine_cpu_ms"] = engine_cpu / max(len(direct_ttfts), 1) * 1000  # the yardstick
+                row["engine_writes"] = engine_writes / max(len(direct_ttfts), 1)  # its framing (all its threads)
                 row["gateway_per_engine"] = row["gateway_cpu_ms"] / row["engine_cpu_ms"] if engine_cpu else 0.0
                 row["reads"], row["writes"], row["wakeups"] = (count / len(ttfts[name]) for count in counts[name])
                 row["errors"] = sum(n for what, n in ERRORS.items() if what.startswith(f"{name}:"))
@@ -259,7 +261,8 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
                     f" (one core: {row['capacity_rps']:.0f} req/s, {row['gateway_system_share']:.0%} in the kernel,"
                     f" {row['main_thread_share']:.0%} in the main thread, {row['idle_cpu_ms']:.2f} ms of it the idle rate)"
                     f" | per request {row['reads']:.2f} reads, {row['writes']:.2f} writes, {row['wakeups']:.2f} wake-ups"
-                    f" | the engine's CPU per direct request {row['engine_cpu_ms']:.2f} ms (the yardstick):"
+                    f" | the engine's CPU per direct request {row['engine_cpu_ms']:.2f} ms and"
+                    f" {row['engine_writes']:.2f} writes (the yardstick):"
                     f" gateway/engine {row['gateway_per_engine']:.2f}"
                     + (f" | {row['errors']} transport errors" if row["errors"] else ""),
                     flush=True,

@@ -6,13 +6,12 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
@@ -21,7 +20,8 @@ from engine.sampling_params import SamplingParams
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
-from engine.server.events import delta_event, final_event
+from engine.server.event_stream import EventStream, ndjson_events
+from engine.server.events import final_event
 from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport, lease_id_of
 from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
@@ -361,60 +361,3 @@ def _not_json(name: str):
 async def wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def ndjson_events(handle: RequestHandle, first: tuple, abandoned: Callable[[str], None]) -> AsyncIterator[bytes]:
-    """A streamed request's events as NDJSON lines, from its `first` queue item on: the items already waiting
-    joined in one chunk (one write; nothing waits for an item that has not come), the chunk with the final event a
-    `LastChunk` (for `EventStream`). `abandoned(request_id)` if the stream is closed before its end (the client went
-    away)."""
-    sent: dict[int, int] = {}
-    ended = False
-    events = handle.events
-    try:
-        while True:
-            lines = []
-            kind, item = first if first is not None else await events.get()
-            first = None
-            while True:
-                if kind == "end":
-                    ended = True
-                    lines.append(ndjson(final_event(handle, item)))
-                    break
-                event = delta_event(handle, item, sent)
-                if event is not None:
-                    lines.append(ndjson(event))
-                if events.empty():
-                    break
-                kind, item = events.get_nowait()
-            if ended:
-                yield LastChunk(b"".join(lines))
-                return
-            if lines:
-                yield b"".join(lines)
-    finally:
-        if not ended:
-            abandoned(handle.request_id)
-
-
-class LastChunk(bytes):
-    """A stream's last chunk: `EventStream` sends it as the response's last body part."""
-
-
-class EventStream(StreamingResponse):
-    """A streamed generate's NDJSON: its last chunk (`LastChunk`, the final event's) leaves with the chunked
-    response's end in one write, not followed by the end in a write of its own (which the gateway, reading the
-    response to its end before it answers its client's last chunk, would wake for again)."""
-
-    async def stream_response(self, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        ended = False
-        async for chunk in self.body_iterator:
-            ended = type(chunk) is LastChunk
-            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
-        if not ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def ndjson(event: dict) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"

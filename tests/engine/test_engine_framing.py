@@ -1,6 +1,6 @@
 """How the engine frames its answers on the wire: a response's head leaves with its first body part
 (`engine.server.http_protocol`), a streamed generate's events already waiting leave in one chunk and its final event
-with the response's end (`engine.server.app.ndjson_events`, `EventStream`). Each segment the engine saves is one
+with the response's end (`engine.server.event_stream`). Each segment the engine saves is one
 read and often one wake-up fewer in the gateway that reads it (docs/gateway-cpu.md, ninth pass)."""
 
 import asyncio
@@ -13,8 +13,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engine.outputs import RequestOutput, Usage
-from engine.server.app import EventStream, LastChunk, ndjson_events
 from engine.server.engine_loop import RequestEnd, RequestHandle
+from engine.server.event_stream import EventStream, LastChunk, ndjson_events
 from engine.server.http_protocol import EngineHttpProtocol
 from engine.server.protocol import parse_generate
 

@@ -3,7 +3,7 @@ limits and budget for its estimate; an Exchange for it, or the refusal."""
 
 from engine.contract import CONTEXT_LENGTH_EXCEEDED
 from gateway import metrics
-from gateway.admission import admission_acquire, spend_to_micros, spend_to_picos
+from gateway.admission import admission_admit, spend_to_micros, spend_to_picos
 from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
 from gateway.errors import invalid
@@ -41,7 +41,7 @@ async def admit(
     spend = request_price(  # what caller.spend prices, with the rates the pair keeps
         rates=shared.rates, prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=choices * max_tokens
     )
-    decision = await admission_acquire(
+    decision, lease = await admission_admit(
         tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
         key_spend_picos=spend_to_picos(spend), limits=caller.limits,
     )  # fmt: skip
@@ -54,4 +54,6 @@ async def admit(
         request_id=request_id, serving=shared, generation=generation, max_tokens=max_tokens, choices=choices,
         prompt_bytes=prompt_bytes, hold_tokens=tokens, hold_spend=spend, received=received,
     )  # fmt: skip
+    if lease is not None:
+        exchange.hold_lease = lease
     return exchange, headers

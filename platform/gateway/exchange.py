@@ -82,6 +82,7 @@ class Exchange:
     usage_reported = False
     broke = False
     error_type: str | None = None  # the engine's, when it failed the request
+    hold_lease: object | None = None  # admitted from an admission lease: its ticket, for the settle
     _settled = False
 
     def __init__(
@@ -336,7 +337,7 @@ class Exchange:
                      counted=reported)  # fmt: skip
         await admission_settle(tenant_id=caller.tenant_id, request_id=self.request_id, tokens=tokens,
                                spend_micros=micros, key_spend_picos=picos, final=final,
-                               key_prefix=caller.limits.key_prefix, usage=served)  # fmt: skip
+                               key_prefix=caller.limits.key_prefix, usage=served, lease=self.hold_lease)  # fmt: skip
 
     def _served_event(self, now: float, usage: Usage, caller: Caller) -> str:
         """The usage event the client was served (JSON), kept with the provisional settle until metering records the

@@ -50,7 +50,7 @@ def _old_keys(prefix: str, tenant_id: int, month: str, request_id: str = "-") ->
     base = f"{prefix}:{{t{tenant_id}}}"
     return [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}",
             f"{base}:settled:{request_id}", f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld",
-            f"{base}:keymonth:{month}", f"{base}:unreported", f"{base}:unreported_at"]  # fmt: skip
+            f"{base}:keymonth:{month}", f"{base}:unreported", f"{base}:unreported_at", f"{base}:leases"]  # fmt: skip
 
 
 CASES = [  # (tenant, request id, tokens, spend micros, key spend picos, limits, final, usage)
@@ -64,7 +64,7 @@ CASES = [  # (tenant, request id, tokens, spend micros, key spend picos, limits,
 
 
 def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch):
-    """The old framing, `pack(EVALSHA, sha, 12, *keys, *args)` (and EVAL with the source after NOSCRIPT), built
+    """The old framing, `pack(EVALSHA, sha, 13, *keys, *args)` (and EVAL with the source after NOSCRIPT), built
     here from the scripts' documented keys and arguments, for tenants and limits seen before and not."""
     monkeypatch.setattr("gateway.admission.redis_backend.current_month", lambda: "2026-11")
     prefix = "quilt-\u00e9"
@@ -84,17 +84,17 @@ def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch)
                     limits.key_requests_per_minute, limits.key_tokens_per_minute, limits.key_budget_spend_picos,
                     picos]  # fmt: skip
             keys = _old_keys(prefix, tenant, "2026-11")
-            expected.append(pack(b"EVALSHA", _WIRE["acquire"].sha, 12, *keys, *args))
+            expected.append(pack(b"EVALSHA", _WIRE["acquire"].sha, 13, *keys, *args))
             if first:  # NOSCRIPT: sent again by source
-                expected.append(pack(b"EVAL", _WIRE["acquire"].source, 12, *keys, *args))
+                expected.append(pack(b"EVAL", _WIRE["acquire"].source, 13, *keys, *args))
             assert await admission.settle(tenant_id=tenant, request_id=request_id, tokens=tokens, spend_micros=spend,
                                           key_spend_picos=picos, final=final, key_prefix=limits.key_prefix,
                                           usage=usage)  # fmt: skip
             keys = _old_keys(prefix, tenant, "2026-11", request_id)
             args = [request_id, tokens, spend, int(final), limits.key_prefix, picos, usage]
-            expected.append(pack(b"EVALSHA", _WIRE["settle"].sha, 12, *keys, *args))
+            expected.append(pack(b"EVALSHA", _WIRE["settle"].sha, 13, *keys, *args))
             if first:
-                expected.append(pack(b"EVAL", _WIRE["settle"].source, 12, *keys, *args))
+                expected.append(pack(b"EVAL", _WIRE["settle"].source, 13, *keys, *args))
             first = False
         server.close()
         return expected

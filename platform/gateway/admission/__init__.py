@@ -33,7 +33,7 @@ from gateway.admission.limits import (
 )
 
 __all__ = [
-    "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_peek",
+    "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit", "admission_peek",
     "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_reconcile",
     "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
 ]  # fmt: skip
@@ -90,6 +90,18 @@ def admission_acquire(
     )  # fmt: skip
 
 
+@markcoroutinefunction
+def admission_admit(
+    *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, limits: Limits, key_spend_picos: int
+) -> Awaitable[tuple[Decision, object | None]]:
+    """`admission_acquire` for a generation: it may be admitted from this process's lease of the key's room
+    (`leases`); the second item, a lease's ticket or None, goes to its `admission_settle`."""
+    return (_current[0] if _current else backend()).admit(
+        tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
+        key_spend_picos=key_spend_picos, limits=limits,
+    )  # fmt: skip
+
+
 async def admission_peek(*, tenant_id: int) -> Decision:
     """The current window's counts, changing nothing (for the headers of responses refused before admission)."""
     return await backend().peek(tenant_id=tenant_id)
@@ -98,7 +110,7 @@ async def admission_peek(*, tenant_id: int) -> Decision:
 @markcoroutinefunction  # it returns the backend's coroutine: callers (async_to_sync too) await it as one
 def admission_settle(
     *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, final: bool = True, key_prefix: str = "",
-    key_spend_picos: int | None = None, usage: str = "",
+    key_spend_picos: int | None = None, usage: str = "", lease: object | None = None,
 ) -> Awaitable[bool]:  # fmt: skip
     """`usage`: with a provisional settle, the usage event the client was served (JSON), kept until metering
     records the request, so that `unreported_usage` bills it if the engine's own event never comes. Awaited by the
@@ -107,7 +119,7 @@ def admission_settle(
     return (_current[0] if _current else backend()).settle(
         tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
         key_spend_picos=spend_micros * 1_000_000 if key_spend_picos is None else key_spend_picos, final=final,
-        key_prefix=key_prefix, usage=usage,
+        key_prefix=key_prefix, usage=usage, lease=lease,
     )  # fmt: skip
 
 

@@ -13,6 +13,8 @@ The rules, the same in both:
   holds + this estimate against its budget; its holds are released and its month added to with the tenant's;
 - a key's spend is counted exactly (picos) and belongs to its lineage (rotations keep it); `key_reconcile` sets it
   to metering's record of the lineage plus its provisional settles, as `reconcile` does for the tenant;
+- `admit` is `acquire` where a backend may admit from a lease held ahead (Redis: `leases`); the lease it returns goes
+  with the request's settle;
 - a month total that is missing starts from metering's record; `reconcile` sets it to that record plus what is
   settled provisionally, unless settles landed meanwhile;
 - a provisional settle may carry the usage event the client was served; it is kept until the final settle, and
@@ -29,11 +31,15 @@ class AdmissionBackend(Protocol):
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision: ...
 
+    async def admit(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> tuple[Decision, object | None]: ...
+
     async def peek(self, *, tenant_id: int) -> Decision: ...
 
     async def settle(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
-        key_prefix: str = "", usage: str = "",
+        key_prefix: str = "", usage: str = "", lease: object | None = None,
     ) -> bool: ...  # fmt: skip
 
     def settle_sync(

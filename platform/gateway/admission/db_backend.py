@@ -234,9 +234,17 @@ class DatabaseAdmission:
     async def peek(self, *, tenant_id: int) -> Decision:
         return await _blocking(peek)(tenant_id=tenant_id, now=time.time())
 
+    async def admit(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> tuple[Decision, None]:
+        """`acquire`: the database admits every request alone (no leases)."""
+        decision = await self.acquire(tenant_id=tenant_id, request_id=request_id, tokens=tokens,
+                                      spend_micros=spend_micros, key_spend_picos=key_spend_picos, limits=limits)
+        return decision, None
+
     async def settle(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
-        key_prefix: str = "", usage: str = "",
+        key_prefix: str = "", usage: str = "", lease: None = None,
     ) -> bool:  # fmt: skip
         return await _blocking(settle)(
             tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,

@@ -3,7 +3,9 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 (metering's settles, totals, reconcile) over redis-py. The keys and their layout: `redis_scripts`."""
 
 import asyncio
+import logging
 import re
+import time
 import weakref
 from functools import partial
 
@@ -11,6 +13,7 @@ import redis
 import redis.asyncio
 from asgiref.sync import sync_to_async
 
+from gateway.admission.leases import SHARE, Demand, Lease, Leases, Ticket, new_id
 from gateway.admission.limits import (
     Decision,
     HeldTotals,
@@ -23,6 +26,8 @@ from gateway.admission.limits import (
 from gateway.admission.redis_scripts import (
     ACQUIRE,
     KEY_RECONCILE,
+    LEASE,
+    LEASE_RETURN,
     PEEK,
     RECONCILE,
     SETTLE,
@@ -50,6 +55,8 @@ class _Scripts:
         self.reconcile = client.register_script(RECONCILE)
         self.key_reconcile = client.register_script(KEY_RECONCILE)
         self.unreported = client.register_script(UNREPORTED)
+        self.lease = client.register_script(LEASE)
+        self.lease_return = client.register_script(LEASE_RETURN)
 
 
 def _acquired(reply: re.Match[bytes]) -> Decision | None:
@@ -66,9 +73,11 @@ def _acquired(reply: re.Match[bytes]) -> Decision | None:
 _ACQUIRED = QuickReply(re.compile(rb"\*7\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n" + rb":(-?\d+)\r\n" * 5), _acquired)
 _INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
 _WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
-         "peek": WireScript(PEEK)}  # fmt: skip
+         "peek": WireScript(PEEK), "lease": WireScript(LEASE), "lease_return": WireScript(LEASE_RETURN)}  # fmt: skip
 _SETTLE = _WIRE["settle"]
 _ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
+_NO_RETURN = ["", 0, "", 0, 0, 0, 0, 0, 0, 0]  # LEASE's ARGV[19..28] when there is no lease to give back
+log = logging.getLogger(__name__)
 
 
 def _decision(reply: list | Decision) -> Decision:
@@ -107,7 +116,7 @@ class _TenantKeys:
         self.settled = f"{base}:settled:"  # + the request id
         self.before = [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}"]
         self.after = [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
-                      f"{base}:unreported", f"{base}:unreported_at"]  # fmt: skip
+                      f"{base}:unreported", f"{base}:unreported_at", f"{base}:leases"]  # fmt: skip
         self.count = len(self.before) + 1 + len(self.after)
         # the acquire's command up to its arguments (its settled key a placeholder): `*<parts>`, EVALSHA, the keys
         self.acquire_head = b"*%d\r\n%b%b" % (3 + self.count + _ACQUIRE_ARGS, _WIRE["acquire"].by_sha,
@@ -132,6 +141,7 @@ class RedisAdmission:
         self._lean = wire_supports(url)
         self._tenants: dict[int, _TenantKeys] = {}
         self._limits_packed: dict[tuple, bytes] = {}
+        self._leases: weakref.WeakKeyDictionary[object, Leases] = weakref.WeakKeyDictionary()
 
     def _tenant(self, tenant_id: int) -> _TenantKeys:
         month = current_month()
@@ -228,6 +238,72 @@ class RedisAdmission:
             decision = _decision(await script())
         return decision
 
+    def _leases_here(self) -> Leases:
+        loop = running_loop()
+        leases = self._leases.get(loop)
+        if leases is None:
+            leases = self._leases[loop] = Leases(self._give_back)
+        return leases
+
+    async def admit(
+        self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
+    ) -> tuple[Decision, Ticket | None]:
+        """`acquire`, from this process's lease of the tenant's key where it has one with room (no round trip), and
+        taking one where the key is busy here (`leases`). The ticket, for a request admitted from a lease, goes with
+        its settle."""
+        demand = self._leases_here().demand(tenant_id, limits.key_prefix)
+        lease, now = demand.lease, time.monotonic()
+        if lease is not None and lease.limits is limits:
+            decision = lease.admit(tokens, spend_micros, key_spend_picos, now)
+            if decision is not None:
+                demand.note(now, lease.in_flight)
+                return decision, Ticket(lease, tokens, spend_micros, key_spend_picos)
+        busy = demand.note(now, 0 if lease is None else lease.in_flight + 1)
+        if demand.renewing or not (busy or lease is not None):
+            decision = await self.acquire(tenant_id=tenant_id, request_id=request_id, tokens=tokens,
+                                          spend_micros=spend_micros, key_spend_picos=key_spend_picos, limits=limits)
+            return decision, None
+        return await self._lease(demand, tenant_id, request_id, tokens, spend_micros, key_spend_picos, limits)
+
+    async def _lease(
+        self, demand: Demand, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int,
+        limits: Limits,
+    ) -> tuple[Decision, Ticket | None]:  # fmt: skip
+        """One LEASE: the old lease given back, the request admitted, from a new lease where there is room."""
+        old, demand.lease = demand.lease, None
+        back = old.give_back() if old is not None else _NO_RETURN
+        wanted, slots = demand.wants()
+        ttl = self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
+        lease_id = new_id()
+        args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos, lease_id, wanted, slots,
+                SHARE, *back]  # fmt: skip
+        demand.renewing = True
+        try:
+            reply = await self._run("lease", self._tenant(tenant_id).keys(request_id), args)
+        finally:
+            demand.renewing = False
+        decision = _decision(reply[:7])
+        if decision.reason in ("month_unknown", "key_month_unknown"):  # the old lease is given back: start the month
+            decision = await self.acquire(tenant_id=tenant_id, request_id=request_id, tokens=tokens,
+                                          spend_micros=spend_micros, key_spend_picos=key_spend_picos, limits=limits)
+            return decision, None
+        if not decision.admitted or not int(reply[8]):  # refused, or held alone (no room for a lease)
+            return decision, None
+        window, n, c, *counts = map(int, reply[7:])
+        lease = demand.lease = Lease(
+            lease_id=lease_id, limits=limits, window=window, reset_ms=decision.reset_ms, n=n, c=c, tokens=tokens,
+            spend=spend_micros, picos=key_spend_picos, counts=tuple(counts), now=time.monotonic(),
+        )  # fmt: skip
+        self._leases_here().keep()
+        return decision, Ticket(lease, tokens, spend_micros, key_spend_picos)
+
+    async def _give_back(self, tenant_id: int, arguments: list) -> None:
+        """A lease returned off any request's path (idle, or its window over); one that cannot be is left to expire."""
+        try:
+            await self._run("lease_return", self._tenant(tenant_id).keys(), arguments)
+        except Exception:
+            log.exception("could not give back admission lease %s (it expires with its hold)", arguments[0])
+
     @staticmethod
     async def _start_month(client, key: str, recorded: tuple[int, int]) -> None:
         tokens, spend = recorded
@@ -240,12 +316,14 @@ class RedisAdmission:
 
     async def settle(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
-        key_prefix: str = "", usage: str = "",
+        key_prefix: str = "", usage: str = "", lease: Ticket | None = None,
     ) -> bool:  # fmt: skip
         tenant = self._tenants.get(tenant_id)
         if tenant is None or tenant.month != current_month():  # `_tenant` without its call
             tenant = self._tenant(tenant_id)
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
+        if lease is not None:  # admitted from a lease: its estimate leaves the lease (SETTLE's ARGV[8..15])
+            args += lease.lease.settled(lease, tokens)
         if not self._lean:
             return bool(await self._on_loop().settle(keys=tenant.keys(request_id), args=args))
         settled = (tenant.settled + request_id).encode()
@@ -253,7 +331,7 @@ class RedisAdmission:
         loop, (last_loop, wire) = running_loop(), self._last  # `_wire` without its call where the loop is the last
         if last_loop is not loop:
             wire = self._wire()
-        return bool(await wire.run_packed(_SETTLE, 10 + tenant.count, packed))  # EVALSHA, SHA, count, 7 arguments
+        return bool(await wire.run_packed(_SETTLE, 3 + tenant.count + len(args), packed))  # EVALSHA, SHA, count
 
     def settle_sync(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,

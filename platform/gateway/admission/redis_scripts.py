@@ -22,6 +22,75 @@ A key's spend is counted in picos (1e-12, the unit metering's prices are exact t
 sum of its requests' billed prices); the tenant's in micros, rounded up per request and reconciled. A pico amount is
 handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
 A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
+
+Admission leases (`gateway.admission.leases`): a gateway process admitting a tenant's key often takes a share of its
+headroom ahead in one hold, and admits requests from it without a round trip. A lease `~L` is in `holds` as
+members `~L` (its budget share) and `~L.1`..`~L.<slots-1>` (concurrency slots), and in one more hash:
+  leases    hash  ~L:t, ~L:s, ~L:k, ~L:kp: the tokens, spend (micros), key lineage and key picos the lease holds now
+                  (its unused share plus its admitted requests' estimates until each is settled), all added to
+                  `held` (and `keyheld`) like a request's hold. Its requests and tokens of the window are in `win` (and
+                  `keywin`) from the start; what it did not use is given back at its return, in the same window.
+Every change of a lease's amounts is an HINCRBY, so its settles may reach Redis in any order; the one that ends it
+(its return with nothing in flight, or its last request's settle after its return) releases whatever is left. An
+orphaned lease (its process died) expires with its members, like any hold.
+"""
+
+_LEASE_FUNCTIONS = """
+local function lease_release(id)
+  local t = redis.call('HGET', KEYS[13], id .. ':t')
+  if not t then return end
+  local s = redis.call('HGET', KEYS[13], id .. ':s') or '0'
+  local k = redis.call('HGET', KEYS[13], id .. ':k') or ''
+  local kp = redis.call('HGET', KEYS[13], id .. ':kp') or '0'
+  redis.call('HINCRBY', KEYS[4], 'tokens', 0 - tonumber(t))
+  redis.call('HINCRBY', KEYS[4], 'spend', 0 - tonumber(s))
+  if k ~= '' then
+    redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - tonumber(t))
+    if tonumber(kp) > 0 then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
+  end
+  redis.call('HDEL', KEYS[13], id .. ':t', id .. ':s', id .. ':k', id .. ':kp')
+end
+local function lease_take(id, t, s, kp)
+  if redis.call('HEXISTS', KEYS[13], id .. ':t') == 0 then return end
+  redis.call('HINCRBY', KEYS[13], id .. ':t', 0 - t)
+  redis.call('HINCRBY', KEYS[13], id .. ':s', 0 - s)
+  redis.call('HINCRBY', KEYS[4], 'tokens', 0 - t)
+  redis.call('HINCRBY', KEYS[4], 'spend', 0 - s)
+  local k = redis.call('HGET', KEYS[13], id .. ':k') or ''
+  if k ~= '' then
+    redis.call('HINCRBY', KEYS[9], k .. ':tokens', 0 - t)
+    if kp ~= '0' and kp ~= '' then
+      redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp)
+      redis.call('HINCRBY', KEYS[13], id .. ':kp', '-' .. kp)
+    end
+  end
+end
+local function lease_return(a)
+  -- ARGV[a..a+9]: id, window, key, unused requests, unused window tokens, unused tokens, spend and key picos of
+  -- the budget share, its slots, and how many of them stay (requests still in flight)
+  local id = ARGV[a]
+  if id == nil or id == '' then return end
+  local w, key = tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local r, wt = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == w then
+    redis.call('HINCRBY', KEYS[1], 'requests', 0 - r)
+    redis.call('HINCRBY', KEYS[1], 'tokens', 0 - wt)
+  end
+  if key ~= '' and tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == w then
+    redis.call('HINCRBY', KEYS[8], key .. ':requests', 0 - r)
+    redis.call('HINCRBY', KEYS[8], key .. ':tokens', 0 - wt)
+  end
+  local slots, keep = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  if keep == 0 then
+    lease_release(id)
+    redis.call('ZREM', KEYS[2], id)
+  else
+    lease_take(id, tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), ARGV[a + 7])
+  end
+  local gone = {}
+  for i = math.max(keep, 1), slots - 1 do gone[#gone + 1] = id .. '.' .. i end
+  if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+end
 """
 
 _EXPIRE_ORPHANS = """
@@ -37,6 +106,8 @@ for _, id in ipairs(ids) do
       if kp ~= '' and kp ~= '0' then redis.call('HINCRBY', KEYS[9], k .. ':picos', '-' .. kp) end
     end
     redis.call('HDEL', KEYS[3], id)
+  elseif string.sub(id, 1, 1) == '~' then
+    lease_release(id)
   end
   redis.call('ZREM', KEYS[2], id)
 end
@@ -48,10 +119,9 @@ local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local window = math.floor(now / 60) * 60
 """
 
-ACQUIRE = (
-    _CLOCK
-    + _EXPIRE_ORPHANS
-    + """
+# What every admission checks, in order (the reasons are `limits.Decision.reason`'s); it ends with the key's own
+# window read (`key_reqs`, `key_toks`) and nothing written.
+_CHECKS = """
 local rid, tokens, spend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local budget_tokens, budget_spend, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -63,7 +133,8 @@ end
 local reset_ms = math.ceil((window + 60 - now) * 1000)
 if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms, 0, 0} end
 if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms, 0, 0} end
-if redis.call('ZCARD', KEYS[2]) + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms, 0, 0} end
+local live = redis.call('ZCARD', KEYS[2])
+if live + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms, 0, 0} end
 if redis.call('EXISTS', KEYS[5]) == 0 then
   return {0, 'month_unknown', reqs, toks, reset_ms, 0, 0}
 end
@@ -81,7 +152,7 @@ if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
 end
 local key, key_rpm, key_tpm, key_budget = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local key_spend = ARGV[14]  -- picos, as digits
-local key_reqs, key_toks = 0, 0
+local key_reqs, key_toks, key_used, key_held = 0, 0, 0, 0
 if key ~= '' then
   if tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == window then
     key_reqs = tonumber(redis.call('HGET', KEYS[8], key .. ':requests') or 0)
@@ -90,37 +161,146 @@ if key ~= '' then
   if key_rpm >= 0 and key_reqs + 1 > key_rpm then return {0, 'key_requests', key_reqs, key_toks, reset_ms, key_reqs, key_toks} end
   if key_tpm >= 0 and key_toks + tokens > key_tpm then return {0, 'key_tokens', key_reqs, key_toks, reset_ms, key_reqs, key_toks} end
   if key_budget >= 0 then
-    local key_used = redis.call('HGET', KEYS[10], key .. ':picos')
-    if not key_used then return {0, 'key_month_unknown', reqs, toks, reset_ms, key_reqs, key_toks} end
-    local key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':picos') or 0)
-    if tonumber(key_used) + key_held + tonumber(key_spend) > key_budget then
-      if tonumber(key_used) + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms, key_reqs, key_toks} end
+    local recorded = redis.call('HGET', KEYS[10], key .. ':picos')
+    if not recorded then return {0, 'key_month_unknown', reqs, toks, reset_ms, key_reqs, key_toks} end
+    key_used = tonumber(recorded)
+    key_held = tonumber(redis.call('HGET', KEYS[9], key .. ':picos') or 0)
+    if key_used + key_held + tonumber(key_spend) > key_budget then
+      if key_used + tonumber(key_spend) > key_budget then return {0, 'key_budget_spend', reqs, toks, reset_ms, key_reqs, key_toks} end
       return {0, 'key_budget_held', reqs, toks, reset_ms, key_reqs, key_toks}
     end
   end
-  redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + 1, key .. ':tokens', key_toks + tokens)
+end
+"""
+
+# The window's requests and tokens counted for `n` requests of this one's estimate (one, or a lease's).
+_COUNT = """
+if key ~= '' then
+  redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + n, key .. ':tokens', key_toks + n * tokens)
   redis.call('EXPIRE', KEYS[8], 120)
+end
+redis.call('HSET', KEYS[1], 'start', window, 'requests', reqs + n, 'tokens', toks + n * tokens)
+redis.call('EXPIRE', KEYS[1], 120)
+"""
+
+# One request's own hold.
+_HOLD = """
+if key ~= '' then
   redis.call('HINCRBY', KEYS[9], key .. ':tokens', tokens)
   redis.call('HINCRBY', KEYS[9], key .. ':picos', key_spend)
   redis.call('EXPIRE', KEYS[9], ttl + 60)
 end
-redis.call('HSET', KEYS[1], 'start', window, 'requests', reqs + 1, 'tokens', toks + tokens)
-redis.call('EXPIRE', KEYS[1], 120)
 redis.call('ZADD', KEYS[2], now + ttl, rid)
 redis.call('HSET', KEYS[3], rid, string.format('%d:%d:%d:%s:', tokens, spend, window, key) .. (key ~= '' and key_spend or '0'))
 redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
 redis.call('HINCRBY', KEYS[4], 'spend', spend)
 for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
+"""
+
+ACQUIRE = (
+    _LEASE_FUNCTIONS
+    + _CLOCK
+    + _EXPIRE_ORPHANS
+    + _CHECKS
+    + "local n = 1\n"
+    + _COUNT
+    + _HOLD
+    + """
 if key == '' then return {1, 'ok', reqs + 1, toks + tokens, reset_ms, 0, 0} end
 return {1, 'ok', reqs + 1, toks + tokens, reset_ms, key_reqs + 1, key_toks + tokens}
 """
 )
 
+# Admits one request as ACQUIRE does, first giving back the process's previous lease of this tenant's key
+# (ARGV[19..28], `lease_return`). Where every limit has room for it, the request is admitted from a new lease: `n`
+# requests of its estimate (at most ARGV[16], and at most 1/ARGV[18] of each limit's room) and `c` concurrency slots
+# (at most ARGV[17], and 1/ARGV[18] of the room), held as `~<ARGV[15]>` and its slots. Where there is not room for
+# two requests in every limit, the request gets its own hold, as ACQUIRE gives it (n = 0 in the reply). Its reply:
+# ACQUIRE's seven fields (a refusal's are all), then the window's start, n, c and the window's counts before them.
+LEASE = (
+    _LEASE_FUNCTIONS
+    + _CLOCK
+    + "lease_return(19)\n"
+    + _EXPIRE_ORPHANS
+    + _CHECKS
+    + """
+local share = tonumber(ARGV[18])
+local n, c = tonumber(ARGV[16]), math.min(tonumber(ARGV[17]), math.floor((maxc - live) / share))
+local function room(free, each)
+  if each > 0 then n = math.min(n, math.floor(free / each / share)) end
+end
+room(rpm - reqs, 1)
+room(tpm - toks, tokens)
+if budget_tokens >= 0 then room(budget_tokens - used_t - held_t, tokens) end
+if budget_spend >= 0 then room(budget_spend - used_s - held_s, spend) end
+if key ~= '' then
+  if key_rpm >= 0 then room(key_rpm - key_reqs, 1) end
+  if key_tpm >= 0 then room(key_tpm - key_toks, tokens) end
+  if key_budget >= 0 then room(key_budget - key_used - key_held, tonumber(key_spend)) end
+  if tonumber(key_spend) > 0 then n = math.min(n, math.floor(2 ^ 52 / tonumber(key_spend))) end
+end
+local kr, kt = 0, 0
+if n < 2 or c < 2 then
+  n = 1
+  if key ~= '' then kr, kt = key_reqs + 1, key_toks + tokens end
+"""
+    + _COUNT
+    + _HOLD
+    + """
+  return {1, 'ok', reqs + 1, toks + tokens, reset_ms, kr, kt, window, 0, 0, reqs, toks, key_reqs, key_toks}
+end
+"""
+    + _COUNT
+    + """
+local id, picos = '~' .. ARGV[15], '0'
+if key ~= '' then
+  kr, kt = key_reqs + 1, key_toks + tokens
+  picos = string.format('%d', n * tonumber(key_spend))
+  redis.call('HINCRBY', KEYS[9], key .. ':tokens', n * tokens)
+  if picos ~= '0' then redis.call('HINCRBY', KEYS[9], key .. ':picos', picos) end
+  redis.call('EXPIRE', KEYS[9], ttl + 60)
+end
+redis.call('HSET', KEYS[13], id .. ':t', n * tokens, id .. ':s', n * spend, id .. ':k', key, id .. ':kp', picos)
+local members = {now + ttl, id}
+for i = 1, c - 1 do
+  members[#members + 1] = now + ttl
+  members[#members + 1] = id .. '.' .. i
+end
+redis.call('ZADD', KEYS[2], unpack(members))
+redis.call('HINCRBY', KEYS[4], 'tokens', n * tokens)
+redis.call('HINCRBY', KEYS[4], 'spend', n * spend)
+for _, i in ipairs({2, 4, 13}) do redis.call('EXPIRE', KEYS[i], ttl + 60) end
+return {1, 'ok', reqs + 1, toks + tokens, reset_ms, kr, kt, window, n, c, reqs, toks, key_reqs, key_toks}
+"""
+)
+
+# Gives a lease back (ARGV[1..10], `lease_return`) outside any admission: when idle, or at its window's end.
+LEASE_RETURN = _LEASE_FUNCTIONS + "lease_return(1)\nreturn 1\n"
+
 SETTLE = (
-    _CLOCK
+    _LEASE_FUNCTIONS
+    + _CLOCK
     + """
 local rid, tokens, spend, final = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local key, key_spend, usage = ARGV[5] or '', ARGV[6] or '0', ARGV[7] or ''
+local lease = ARGV[8] or ''
+if lease ~= '' then  -- admitted from a lease: its estimate leaves the lease's hold, whatever came before
+  if ARGV[13] == '1' then  -- the lease's last request, after its return: the lease ends
+    lease_release(lease)
+    redis.call('ZREM', KEYS[2], lease)
+  else
+    lease_take(lease, tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11])
+  end
+  if ARGV[12] ~= '' then redis.call('ZREM', KEYS[2], ARGV[12]) end
+  if ARGV[14] ~= '' then  -- the lease was given back: the window's tokens corrected here, not in the lease
+    if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == tonumber(ARGV[14]) then
+      redis.call('HINCRBY', KEYS[1], 'tokens', tonumber(ARGV[15]))
+    end
+    if key ~= '' and tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == tonumber(ARGV[14]) then
+      redis.call('HINCRBY', KEYS[8], key .. ':tokens', tonumber(ARGV[15]))
+    end
+  end
+end
 local prior = redis.call('GET', KEYS[6])
 if final then  -- metering recorded the request: nothing left for unreported_usage to bill
   redis.call('HDEL', KEYS[11], rid)
@@ -213,7 +393,8 @@ end
 """
 
 TOTALS = (
-    _CLOCK
+    _LEASE_FUNCTIONS
+    + _CLOCK
     + _EXPIRE_ORPHANS
     + _PROVISIONAL_SUMS
     + """

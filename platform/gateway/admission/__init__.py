@@ -33,8 +33,8 @@ from gateway.admission.limits import (
 )
 
 __all__ = [
-    "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit", "admission_peek",
-    "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_reconcile",
+    "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit",
+    "admission_give_back", "admission_peek", "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_reconcile",
     "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
 ]  # fmt: skip
 
@@ -100,6 +100,13 @@ def admission_admit(
         tenant_id=tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_micros,
         key_spend_picos=key_spend_picos, limits=limits,
     )  # fmt: skip
+
+
+async def admission_give_back() -> None:
+    """The running loop's admission leases given back (a gateway process shutting down); nothing without Redis."""
+    give_back_all = getattr(backend(), "give_back_all", None)
+    if give_back_all is not None:
+        await give_back_all()
 
 
 async def admission_peek(*, tenant_id: int) -> Decision:

@@ -277,7 +277,7 @@ class RedisAdmission:
         lease_id = new_id()
         args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos, lease_id, wanted, slots,
                 SHARE, *back]  # fmt: skip
-        demand.renewing = True
+        demand.renewing, sent = True, time.monotonic()  # the window's end is counted from before Redis read its clock
         try:
             reply = await self._run("lease", self._tenant(tenant_id).keys(request_id), args)
         finally:
@@ -292,10 +292,16 @@ class RedisAdmission:
         window, n, c, *counts = map(int, reply[7:])
         lease = demand.lease = Lease(
             lease_id=lease_id, limits=limits, window=window, reset_ms=decision.reset_ms, n=n, c=c, tokens=tokens,
-            spend=spend_micros, picos=key_spend_picos, counts=tuple(counts), now=time.monotonic(),
+            spend=spend_micros, picos=key_spend_picos, counts=tuple(counts), now=sent,
         )  # fmt: skip
         self._leases_here().keep()
         return decision, Ticket(lease, tokens, spend_micros, key_spend_picos)
+
+    async def give_back_all(self) -> None:
+        """This loop's leases given back (the gateway's shutdown), its requests in flight keeping their share."""
+        leases = self._leases.get(running_loop())
+        for tenant_id, arguments in leases.give_back_all() if leases is not None else ():
+            await self._give_back(tenant_id, arguments)
 
     async def _give_back(self, tenant_id: int, arguments: list) -> None:
         """A lease returned off any request's path (idle, or its window over); one that cannot be is left to expire."""

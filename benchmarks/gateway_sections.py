@@ -55,7 +55,7 @@ async def _measure(args, key: str) -> None:
 
     totals: dict[str, int] = {}
     for owner, name, label in (
-        (views, "generation_admit", "parse+auth+admit"), (admit, "admission_acquire", "  acquire script"),
+        (views, "generation_admit", "parse+auth+admit"), (admit, "admission_admit", "  admission (lease or script)"),
         (relay, "open_stream", "route+engine+first event"), (GenerateStream, "open", "  engine request"),
         (asgi, "_send_stream", "relay to the end"), (exchange.Exchange, "settle", "  settle"),
         (exchange, "admission_settle", "    settle script"),

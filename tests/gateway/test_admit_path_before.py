@@ -14,7 +14,7 @@ from asgiref.sync import iscoroutinefunction
 
 from gateway import exchange as exchange_module
 from gateway import prompt_tokens as prompt_tokens_module
-from gateway.admission import Limits, admission_acquire
+from gateway.admission import Limits, admission_acquire, admission_admit
 from gateway.caller import Caller, Target
 from gateway.disaggregation import PrefillHop, decode_payload
 from gateway.engine_client import EngineRef
@@ -142,7 +142,8 @@ def test_the_prompts_tokens_as_before(monkeypatch, prompt, tokenizer):
 
 
 def test_admission_acquire_is_awaited_as_a_coroutine_function():
-    assert iscoroutinefunction(admission_acquire) and asyncio.iscoroutinefunction(admission_acquire)
+    for function in (admission_acquire, admission_admit):
+        assert iscoroutinefunction(function) and asyncio.iscoroutinefunction(function)
 
 
 # -- the engine choice (route_score.choose before, its docstring left out)

@@ -23,11 +23,10 @@ from gateway.admission.limits import (
     spend_to_micros,
     spend_to_picos,
 )
+from gateway.admission.redis_lease_scripts import LEASE, LEASE_RETURN
 from gateway.admission.redis_scripts import (
     ACQUIRE,
     KEY_RECONCILE,
-    LEASE,
-    LEASE_RETURN,
     PEEK,
     RECONCILE,
     SETTLE,

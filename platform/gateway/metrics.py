@@ -19,6 +19,9 @@ requests = Counter("quilt_gateway_requests", "Admitted inference requests by how
                    registry=registry)  # fmt: skip
 refusals = Counter("quilt_gateway_refusals", "Requests refused by admission, by reason", ["tenant", "reason"],
                    registry=registry)  # fmt: skip
+admission_leases = Counter("quilt_gateway_admission_leases", "Admission leases taken: shares of a tenant's key's "
+                           "limits held ahead, its requests admitted in the process (gateway.admission.leases)",
+                           ["tenant"], registry=registry)  # fmt: skip
 ttft = Histogram("quilt_gateway_ttft_seconds", "From the request's arrival to its first token leaving the gateway",
                  LABELS, buckets=SECONDS, registry=registry)  # fmt: skip
 latency = Histogram("quilt_gateway_request_seconds", "From the request's arrival to its end", LABELS,

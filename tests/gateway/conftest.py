@@ -213,8 +213,14 @@ def _seed(stack: Stack) -> None:
         max_concurrent_requests=1000, price_input_per_mtok=Decimal("0.15"), price_cached_input_per_mtok=Decimal("0.05"),
         price_output_per_mtok=Decimal("0.6"),
     ))  # fmt: skip
+    busy = TenantFactory(slug="gw-busy", plan=Plan.objects.create(  # admitted from leases (test_admission_leases)
+        slug="gw-busy", name="Busy", requests_per_minute=100_000, tokens_per_minute=100_000_000,
+        max_concurrent_requests=1000, monthly_token_budget=10**9, monthly_spend_limit=Decimal("1000"),
+        price_input_per_mtok=Decimal("0.15"), price_cached_input_per_mtok=Decimal("0.05"),
+        price_output_per_mtok=Decimal("0.6"),
+    ))  # fmt: skip
     for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
-                         ("hangup", hangup), ("keyed", keyed), ("exact", exact)):  # fmt: skip
+                         ("hangup", hangup), ("keyed", keyed), ("exact", exact), ("busy", busy)):  # fmt: skip
         stack.ids[name] = tenant.pk
     for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
                                   (rival, "fragile", "c")):  # fmt: skip
@@ -237,6 +243,7 @@ def _seed(stack: Stack) -> None:
         ("keyed-rpm", keyed, [Scope.INFERENCE], {"requests_per_minute": 2}),
         ("keyed-tpm", keyed, [Scope.INFERENCE], {"tokens_per_minute": KEY_TPM}),
         ("exact", exact, [Scope.INFERENCE], {"monthly_spend_limit": EXACT_KEY_BUDGET}),
+        ("busy", busy, [Scope.INFERENCE], {"monthly_spend_limit": Decimal("100")}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix

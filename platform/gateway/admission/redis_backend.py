@@ -13,6 +13,7 @@ import redis
 import redis.asyncio
 from asgiref.sync import sync_to_async
 
+from gateway import metrics
 from gateway.admission.leases import SHARE, Demand, Lease, Leases, Ticket, new_id
 from gateway.admission.limits import (
     Decision,
@@ -294,6 +295,7 @@ class RedisAdmission:
             spend=spend_micros, picos=key_spend_picos, counts=tuple(counts), now=sent,
         )  # fmt: skip
         self._leases_here().keep()
+        metrics.admission_leases.labels(str(tenant_id)).inc()
         return decision, Ticket(lease, tokens, spend_micros, key_spend_picos)
 
     async def give_back_all(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.test import override_settings
 
 from gateway.admission import Limits, admission_admit, admission_settle
 from gateway.admission.leases import BUSY, SHARE, Ticket
@@ -84,6 +85,21 @@ def test_a_busy_key_is_admitted_without_a_round_trip_each(backend, tenant):
     after = totals(tenant)
     assert (after.live_holds, after.held_tokens) == (0, 0)
     assert after.month_tokens == 100 * 10 and after.month_spend_micros == 100 * 5
+
+
+def test_leases_can_be_turned_off(backend, tenant):
+    (gateway,) = gateways(1)
+
+    async def scenario():
+        tickets = []
+        for _ in range(3 * BUSY):
+            decision, request_id, ticket = await admit(gateway, tenant, ROOMY)
+            tickets.append(ticket)
+            await settle(gateway, tenant, request_id, ticket, ROOMY)
+        return tickets
+
+    with override_settings(QUILT_ADMISSION_LEASES=False):
+        assert async_to_sync(scenario)() == [None] * (3 * BUSY)  # each admitted by its own script
 
 
 def test_two_processes_never_admit_past_a_budget(backend, tenant):

@@ -259,7 +259,7 @@ class RedisAdmission:
                 demand.note(now, lease.in_flight)
                 return decision, Ticket(lease, tokens, spend_micros, key_spend_picos)
         busy = demand.note(now, 0 if lease is None else lease.in_flight + 1)
-        if demand.renewing or not (busy or lease is not None):
+        if demand.renewing or not (busy or lease is not None) or not hot.QUILT_ADMISSION_LEASES:
             decision = await self.acquire(tenant_id=tenant_id, request_id=request_id, tokens=tokens,
                                           spend_micros=spend_micros, key_spend_picos=key_spend_picos, limits=limits)
             return decision, None

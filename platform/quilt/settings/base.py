@@ -254,6 +254,10 @@ QUILT_LIVE_RELAY_URL = env("QUILT_LIVE_RELAY_URL", default="")
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires
+# A gateway process admits a busy key's requests from a share of its limits held ahead (gateway.admission.leases):
+# no Redis round trip each; refusals never late, early by at most other processes' unused shares. False: every
+# request admitted by its own script, refusals exact across processes.
+QUILT_ADMISSION_LEASES = env.bool("QUILT_ADMISSION_LEASES", default=True)
 # Admission counts prompt tokens with the base model's tokenizer; prompts past this size on a worker thread.
 QUILT_TOKENIZE_ABOVE_BYTES = env.int("QUILT_TOKENIZE_ABOVE_BYTES", default=16384)
 # Counts of tenants' long prompt segments kept (a chat's system prompt, earlier turns): characters per base model.

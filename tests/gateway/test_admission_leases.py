@@ -274,3 +274,16 @@ def test_the_gateway_gives_its_leases_back_at_shutdown(backend, tenant):
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert (after.live_holds, after.held_tokens) == (0, 0)
     assert after.month_tokens == (BUSY + 2) * 10
+
+
+def test_lease_ids_differ_between_processes_with_the_same_pid(backend, monkeypatch):
+    """Pods run their workers under the same pids: a lease id must not repeat across them."""
+    from gateway.admission import leases
+
+    ids = set()
+    for _ in range(2):  # two processes, each with pid 7 and a fresh counter
+        monkeypatch.setattr(leases, "_process", [0, ""])
+        monkeypatch.setattr(leases, "_counter", iter(range(1, 4)))
+        monkeypatch.setattr(leases.os, "getpid", lambda: 7)
+        ids |= {leases.new_id() for _ in range(3)}
+    assert len(ids) == 6

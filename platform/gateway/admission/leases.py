@@ -32,11 +32,16 @@ MAX_SLOTS = 512
 _MARGIN = 0.05  # a lease stops admitting this long before its window's end by the local clock (Redis's decides)
 
 _counter = itertools.count(1)
+_process: list = [0, ""]  # the pid the token was drawn in, and the token
 
 
 def new_id() -> str:
-    """A lease id no other process makes: this process's id and a count (the pid read at each lease: forks)."""
-    return f"{os.getpid()}.{id(_counter) & 0xFFFF:x}.{next(_counter)}"
+    """A lease id no other process makes, on any machine: a random token of this process and a count. (A pid alone
+    is not: every pod's workers may have the same ones. The token is drawn again in a forked child.)"""
+    pid = os.getpid()
+    if _process[0] != pid:
+        _process[:] = [pid, os.urandom(8).hex()]
+    return f"{_process[1]}.{next(_counter)}"
 
 
 class Ticket(NamedTuple):

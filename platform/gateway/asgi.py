@@ -47,10 +47,10 @@ from quilt.asgi import application as platform_application  # sets Django up
 log = logging.getLogger(__name__)
 
 from gateway import relay, views  # noqa: E402 - they need Django set up
-from gateway.admission import admission_give_back  # noqa: E402
 from gateway.disconnects import until_disconnected, until_told_disconnected  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
 from gateway.http_protocol import EXTENSION  # noqa: E402
+from gateway.lifespan import lifespan  # noqa: E402
 from gateway.request_ids import request_id_hex  # noqa: E402
 
 PREFIX = "/v1/"
@@ -354,7 +354,7 @@ class InferenceFastPath:
         received = time.monotonic()  # the request log's times start at the gateway's receipt of the request
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await lifespan(receive, send)
             else:
                 await self.platform(scope, receive, send)
             return
@@ -399,22 +399,6 @@ class InferenceFastPath:
             await until_disconnected(serving, receive)
         else:
             await until_told_disconnected(serving, cycle)
-
-
-async def _lifespan(receive, send) -> None:
-    """The server's start and shutdown: at shutdown, once its requests are done, the process gives back its admission
-    leases (else they would stay held until their window's end and the hold TTL)."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            try:
-                await admission_give_back()
-            except Exception:  # Redis gone: the leases expire
-                log.exception("could not give back the admission leases")
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 application = InferenceFastPath(platform_application)

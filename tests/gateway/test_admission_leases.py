@@ -43,12 +43,6 @@ async def settle(gateway, tenant, request_id, ticket, limits, *, tokens=10, spen
                          key_spend_picos=picos, final=False, key_prefix=limits.key_prefix, lease=ticket)  # fmt: skip
 
 
-async def give_back_all(gateway: RedisAdmission) -> None:
-    for leases in list(gateway._leases.values()):
-        for tenant_id, arguments in leases.give_back_all():
-            await gateway._give_back(tenant_id, arguments)
-
-
 def clear_of_the_minutes_end() -> None:
     """Waits out the current minute's last 3 s: a test counting one window must not see it roll over."""
     if time.time() % 60 > 57:
@@ -73,7 +67,7 @@ def test_a_busy_key_is_admitted_without_a_round_trip_each(backend, tenant):
             admitted.append((decision, request_id, ticket))
             await settle(gateway, tenant, request_id, ticket, ROOMY)
         during = scripts_run(client) - before - 100  # less the settles
-        await give_back_all(gateway)
+        await gateway.give_back_all()
         return admitted, during
 
     admitted, during = async_to_sync(scenario)()
@@ -123,8 +117,8 @@ def test_two_processes_never_admit_past_a_budget(backend, tenant):
                 break
             assert admitted <= 200
         parked = admitted
-        await give_back_all(first)
-        await give_back_all(second)
+        await first.give_back_all()
+        await second.give_back_all()
         while (await admit(first, tenant, limits))[0].admitted:  # the room the leases held, admitted alone now
             admitted += 1
         return parked, admitted
@@ -165,7 +159,7 @@ def test_settles_in_any_order_after_the_return_leave_nothing_held(backend, tenan
             assert decision.admitted
             flight.append((request_id, ticket))
         assert sum(ticket is not None for _, ticket in flight) >= 6
-        await give_back_all(gateway)  # the lease given back with its requests in flight
+        await gateway.give_back_all()  # the lease given back with its requests in flight
         # their settles' arguments made in order, sent in reverse (they may reach Redis in any order)
         settles = []
         for request_id, ticket in flight:
@@ -244,7 +238,6 @@ def test_a_ticket_names_its_lease(backend, tenant):
     tickets = async_to_sync(scenario)()
     leased = [ticket for ticket in tickets if ticket is not None]
     assert leased and all(isinstance(ticket, Ticket) and ticket.lease is leased[0].lease for ticket in leased)
-    _ = admission_settle  # the gateway's settle carries the ticket (gateway.exchange)
 
 
 def test_the_gateway_gives_its_leases_back_at_shutdown(backend, tenant):

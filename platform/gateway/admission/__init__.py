@@ -34,8 +34,8 @@ from gateway.admission.limits import (
 
 __all__ = [
     "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit",
-    "admission_give_back", "admission_peek", "admission_reconcile", "admission_settle", "backend", "current_month", "held_totals", "hold_settle", "key_reconcile",
-    "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
+    "admission_give_back", "admission_peek", "admission_reconcile", "admission_settle", "backend", "current_month",
+    "held_totals", "hold_settle", "key_reconcile", "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
 ]  # fmt: skip
 
 _chosen: dict[tuple[str, str], AdmissionBackend] = {}
@@ -104,9 +104,7 @@ def admission_admit(
 
 async def admission_give_back() -> None:
     """The running loop's admission leases given back (a gateway process shutting down); nothing without Redis."""
-    give_back_all = getattr(backend(), "give_back_all", None)
-    if give_back_all is not None:
-        await give_back_all()
+    await backend().give_back_all()
 
 
 async def admission_peek(*, tenant_id: int) -> Decision:

@@ -242,6 +242,9 @@ class DatabaseAdmission:
                                       spend_micros=spend_micros, key_spend_picos=key_spend_picos, limits=limits)
         return decision, None
 
+    async def give_back_all(self) -> None:
+        """No leases to give back."""
+
     async def settle(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
         key_prefix: str = "", usage: str = "", lease: None = None,

@@ -57,7 +57,7 @@ class Lease:
     """One lease of one tenant's key, in the process that took it. Counts what is left of it and what is in flight."""
 
     __slots__ = (
-        "member", "id", "limits", "window", "window_end", "deadline", "requests", "window_tokens", "budget_tokens",
+        "member", "limits", "window", "window_end", "deadline", "requests", "window_tokens", "budget_tokens",
         "spend", "picos", "slots", "in_flight", "seen_requests", "seen_tokens", "seen_key_requests", "seen_key_tokens",
         "keyed", "active", "used",
     )  # fmt: skip
@@ -66,7 +66,7 @@ class Lease:
         self, *, lease_id: str, limits: Limits, window: int, reset_ms: int, n: int, c: int, tokens: int, spend: int,
         picos: int, counts: tuple[int, int, int, int], now: float,
     ):  # fmt: skip
-        self.id, self.member, self.limits, self.window = lease_id, "~" + lease_id, limits, window
+        self.member, self.limits, self.window = "~" + lease_id, limits, window
         self.window_end = now + reset_ms / 1000.0
         self.deadline = self.window_end - _MARGIN
         self.keyed = bool(limits.key_prefix)
@@ -110,7 +110,7 @@ class Lease:
         self.active = False
         return [
             self.member, self.window, self.limits.key_prefix, self.requests, self.window_tokens, self.budget_tokens,
-            self.spend, self.picos if self.keyed else 0, self.slots, self.in_flight,
+            self.spend, self.picos, self.slots, self.in_flight,
         ]  # fmt: skip
 
     def settled(self, ticket: Ticket, tokens: int) -> list:

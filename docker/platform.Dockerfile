@@ -20,4 +20,6 @@ RUN SECRET_KEY=build DATABASE_URL=sqlite:////tmp/build.sqlite3 ALLOWED_HOSTS=loc
 RUN useradd --create-home quilt && mkdir -p /app/var && chown -R quilt /app/var
 USER quilt
 EXPOSE 8000
-CMD ["python", "-m", "uvicorn", "quilt.asgi:application", "--app-dir", "platform", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"]
+# The gateway, as compose and Kubernetes run it (docker/compose.yaml's gateway): gateway.asgi (the inference API's
+# fast path and the ASGI lifespan) under the gateway's HTTP protocol, idle connections kept past a load balancer's.
+CMD ["python", "-m", "uvicorn", "gateway.asgi:application", "--app-dir", "platform", "--http", "gateway.http_protocol:GatewayHttpProtocol", "--host", "0.0.0.0", "--port", "8000", "--workers", "4", "--timeout-keep-alive", "75"]

@@ -1,5 +1,6 @@
 """Production settings refuse to start half-configured, pass `check --deploy`, and the compose file parses."""
 
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,18 @@ def test_the_gateway_keeps_idle_connections_longer_than_load_balancers_do():
     command = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["gateway"]["command"]
     assert "--timeout-keep-alive" in command
     assert int(command[command.index("--timeout-keep-alive") + 1]) > 60
+
+
+def test_the_platform_image_serves_as_the_deployed_gateway_does():
+    # `docker run` of the platform image with its own command must serve what compose's and Kubernetes's gateway
+    # serve: gateway.asgi (the inference fast path, and the ASGI lifespan that gives admission leases back at
+    # shutdown) under the gateway's HTTP protocol, with idle connections kept past a load balancer's. It ran
+    # quilt.asgi under uvicorn's defaults, so an image started without compose's command served neither.
+    line = next(line for line in (REPO / "docker" / "platform.Dockerfile").read_text().splitlines()
+                if line.startswith("CMD "))  # fmt: skip
+    command = json.loads(line.removeprefix("CMD "))
+    gateway = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["gateway"]["command"]
+    assert command[command.index("-m") + 2] == "gateway.asgi:application"
+    assert command[command.index("--http") + 1] == "gateway.http_protocol:GatewayHttpProtocol"
+    assert int(command[command.index("--timeout-keep-alive") + 1]) > 60
+    assert command == gateway

@@ -35,7 +35,8 @@ from gateway.admission.limits import (
 __all__ = [
     "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit",
     "admission_give_back", "admission_peek", "admission_reconcile", "admission_settle", "backend", "current_month",
-    "held_totals", "hold_settle", "key_reconcile", "key_spend_held", "picos_to_spend", "seconds_to_month_end", "spend_to_micros", "spend_to_picos", "unreported_usage",
+    "held_totals", "hold_settle", "key_reconcile", "key_spend_held", "picos_to_spend", "seconds_to_month_end",
+    "spend_to_micros", "spend_to_picos", "unreported_usage",
 ]  # fmt: skip
 
 _chosen: dict[tuple[str, str], AdmissionBackend] = {}

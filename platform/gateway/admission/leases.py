@@ -4,10 +4,10 @@ requests from that share in the process, with no round trip to Redis. Nothing el
 
 - The share is held in Redis like a request's hold (`redis_scripts`, "Admission leases"), so every other process
   sees it as used, and no limit is ever exceeded: what one process admits from its lease, no other can.
-- A lease is at most 1/SHARE of each limit's room, and is taken only where that is four requests of the one that
-  asked (and two concurrency slots); nearer a limit each request is admitted alone, exactly as without leases. So a refusal is
-  never late; it may come early by what other processes hold unused, and each gives that back after IDLE_SECONDS
-  without a request, at the end of the minute, or when it needs a new lease.
+- A lease is at most 1/SHARE of each limit's room, and is taken only where that is four requests of the one that asked
+  (and two concurrency slots); nearer a limit each request is admitted alone, exactly as without leases. So a refusal is
+  never late; it may come early by what other processes hold unused, and each gives that back after IDLE_SECONDS without
+  a request, at the end of the minute, or when it needs a new lease.
 - Each request admitted from a lease is still settled on its own, before its client reads [DONE]: its estimate
   leaves the lease's hold and what it used is counted (`gateway.exchange`), as for a request held alone.
 - A process that dies leaves its lease to expire with the hold TTL, as it leaves its requests' holds.

@@ -23,9 +23,10 @@ sum of its requests' billed prices); the tenant's in micros, rounded up per requ
 handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
 A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
 
-Admission leases (`gateway.admission.leases`; their scripts: `redis_lease_scripts`): a gateway process admitting a tenant's key often takes a share of its
-headroom ahead in one hold, and admits requests from it without a round trip. A lease `~L` is in `holds` as
-members `~L` (its budget share) and `~L.1`..`~L.<slots-1>` (concurrency slots), and in one more hash:
+Admission leases (`gateway.admission.leases`; their scripts: `redis_lease_scripts`): a gateway process admitting a
+tenant's key often takes a share of its headroom ahead in one hold, and admits requests from it without a round trip. A
+lease `~L` is in `holds` as members `~L` (its budget share) and `~L.1`..`~L.<slots-1>` (concurrency slots), and in one
+more hash:
   leases    hash  ~L:t, ~L:s, ~L:k, ~L:kp: the tokens, spend (micros), key lineage and key picos the lease holds now
                   (its unused share plus its admitted requests' estimates until each is settled), all added to
                   `held` (and `keyheld`) like a request's hold. Its requests and tokens of the window are in `win` (and

@@ -41,6 +41,10 @@ KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.
 PROMPT = "w10 w11 w12"
 IDLE_SECONDS = 5.0
 HTTP_PROTOCOL = "gateway.http_protocol:GatewayHttpProtocol"  # docker/compose.yaml's --http
+# uvicorn's options the gateway is measured with, as it is deployed (compose, Kubernetes, the platform image: a test
+# holds them to these), with a value or None; --timeout-keep-alive is --keep-alive's (deployed: 75)
+GATEWAY_SERVER_OPTIONS = (("--http", HTTP_PROTOCOL), ("--no-access-log", None),
+                          ("--timeout-keep-alive", str(KEEP_ALIVE_SECONDS)))  # fmt: skip
 
 
 PROFILED = """import cProfile, signal, sys, time, uvicorn.main

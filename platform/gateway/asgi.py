@@ -34,11 +34,9 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 from django.utils.http import parse_header_parameters
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import metrics
-from gateway.connections import DATABASE_DOWN
+from gateway.connections import STORE_DOWN
 from gateway.errors import ApiError, service_unavailable
 from gateway.openai_response import DONE
 from gateway.request_guard import body_limit, too_large
@@ -55,7 +53,6 @@ from gateway.request_ids import request_id_hex  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
-STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)
 
 
 class _TooLarge(Exception):

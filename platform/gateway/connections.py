@@ -10,8 +10,11 @@ Retry-After (see `asgi`)."""
 import functools
 
 from django.db import InterfaceError, OperationalError, connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 DATABASE_DOWN = (OperationalError, InterfaceError)
+STORE_DOWN = (*DATABASE_DOWN, RedisConnectionError, RedisTimeoutError)  # the database's, or Redis's
 
 
 def checked_connection(function):

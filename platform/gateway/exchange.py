@@ -26,7 +26,7 @@ from engine.contract import (
 from gateway import engine_client, metrics, request_reports
 from gateway.admission import admission_settle, spend_to_micros, spend_to_picos
 from gateway.caller import Caller
-from gateway.connections import DATABASE_DOWN, checked_connection
+from gateway.connections import DATABASE_DOWN, STORE_DOWN, checked_connection
 from gateway.disaggregation import (
     PrefillFailed,
     PrefillHop,
@@ -335,9 +335,14 @@ class Exchange:
         series = metrics.request_series.get(self.labels) or metrics.series_of(self.labels)
         series.ended(outcome, now - self.started, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
                      counted=reported)  # fmt: skip
-        await admission_settle(tenant_id=caller.tenant_id, request_id=self.request_id, tokens=tokens,
-                               spend_micros=micros, key_spend_picos=picos, final=final,
-                               key_prefix=caller.limits.key_prefix, usage=served, lease=self.hold_lease)  # fmt: skip
+        try:
+            await admission_settle(tenant_id=caller.tenant_id, request_id=self.request_id, tokens=tokens,
+                                   spend_micros=micros, key_spend_picos=picos, final=final,
+                                   key_prefix=caller.limits.key_prefix, usage=served, lease=self.hold_lease)  # fmt: skip
+        except STORE_DOWN as error:  # what was served (or refused) is answered as it was, whatever the store says
+            metrics.settle_failures.labels(str(caller.tenant_id)).inc()
+            log.warning("could not settle the hold of %s (%r); its answer ends as served. Metering's settle of the "
+                        "engine's usage event releases the hold, else its TTL does", self.request_id, error)  # fmt: skip
 
     def _served_event(self, now: float, usage: Usage, caller: Caller) -> str:
         """The usage event the client was served (JSON), kept with the provisional settle until metering records the

@@ -19,6 +19,9 @@ requests = Counter("quilt_gateway_requests", "Admitted inference requests by how
                    registry=registry)  # fmt: skip
 refusals = Counter("quilt_gateway_refusals", "Requests refused by admission, by reason", ["tenant", "reason"],
                    registry=registry)  # fmt: skip
+settle_failures = Counter("quilt_gateway_settle_failures", "Holds whose settle failed because admission's store "
+                          "(Redis, or the database) was down: the answer ended as served; metering's settle of the "
+                          "engine's usage event releases the hold, else its TTL", ["tenant"], registry=registry)  # fmt: skip
 admission_leases = Counter("quilt_gateway_admission_leases", "Admission leases taken: shares of a tenant's key's "
                            "limits held ahead, its requests admitted in the process (gateway.admission.leases)",
                            ["tenant"], registry=registry)  # fmt: skip

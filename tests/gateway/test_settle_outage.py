@@ -1,0 +1,83 @@
+"""A Redis outage that starts while a request is being served does not take away what the client was served.
+
+The gateway settles a request's hold in Redis once its engine has answered, before the client reads the answer's
+end. When Redis went away meanwhile, that settle failed, and the failure reached the client: a stream served whole
+was cut after its [DONE], without its body's end (an HTTP client reading it to the end failed), and a whole answer already generated became a 503, billed all
+the same by the engine's usage event. Now the answer ends as served; the hold waits for metering's settle of the
+engine's usage event, or for its TTL."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import free_port, launch_gateway, stop, wait_for_gateway, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+PROMPT = "w10 w11 w12"
+
+
+@pytest.fixture
+def gateway(stack, private_redis, tmp_path):
+    """A gateway of the stack's whose Redis (admission, caches) is `private_redis`, which a test may stop."""
+    port = free_port()
+    process = launch_gateway(stack.env | {"REDIS_URL": private_redis.url}, port, tmp_path / "gateway.log")
+    try:
+        wait_for_gateway(process)
+        yield f"http://127.0.0.1:{port}/v1", tmp_path / "gateway.log"
+    finally:
+        stop(process)
+
+
+def test_a_stream_served_while_redis_goes_away_still_ends_whole(stack, private_redis, gateway):
+    url, log = gateway
+    headers = {"Authorization": f"Bearer {stack.keys['main']}"}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{url}/completions", json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        events.append(next(line for line in lines if line))
+        private_redis.stop()  # the hold was taken; its settle, at the answer's end, finds no Redis
+        events += [line for line in lines if line]  # raised before (RemoteProtocolError): the body's end never came
+    assert events[-1] == "data: [DONE]"
+    finishes = [choice["finish_reason"] for event in events[:-1] for choice in json.loads(event[6:])["choices"]
+                if choice["finish_reason"]]  # fmt: skip
+    assert finishes in (["length"], ["stop"])
+    assert "could not settle" in log.read_text()
+
+
+def test_a_whole_answer_generated_while_redis_goes_away_is_answered(stack, private_redis, gateway):
+    url, log = gateway
+    headers = {"Authorization": f"Bearer {stack.keys['main']}"}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0}
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(httpx.post(f"{url}/completions", json=body,
+                                                                       headers=headers, timeout=60)))  # fmt: skip
+    engine_metrics = f"{stack.engine_url}/metrics"
+    asking.start()
+    wait_until(lambda: _engine_running(engine_metrics) > 0 or answers, timeout=30, what="the engine generating")
+    private_redis.stop()  # admitted, generating: its settle finds no Redis
+    asking.join(60)
+    assert answers, "no answer"
+    answer = answers[0]
+    assert answer.status_code == 200, answer.text  # was 503: the answer generated was not given
+    assert answer.json()["choices"][0]["text"]
+    assert "could not settle" in log.read_text()
+
+
+def _engine_running(url: str) -> float:
+    from tests.gateway.conftest import ENGINE_TOKEN
+
+    try:
+        text = httpx.get(url, headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}, timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("quilt_engine_running_requests"):
+            return float(line.rsplit(" ", 1)[1])
+    time.sleep(0.005)
+    return 0.0

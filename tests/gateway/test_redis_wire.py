@@ -242,3 +242,29 @@ def test_commands_past_max_connections_wait_their_turn_in_order():
         if connections == 1:  # strictly in turn
             assert order == [0, 1, 2, 4, 5]
     assert impatient_free == 1
+
+
+def test_a_server_that_stops_answering_is_a_timeout_not_a_wait_forever():
+    """A Redis that accepts and never answers (paused, or cut off without a reset) fails the command with
+    redis-py's TimeoutError once `reply_seconds` pass, its connection closed; the wire waited for ever before, and
+    with it every request whose admission or settle was on that connection. A quick server after it is answered."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    async def main():
+        async def silent(reader, writer):
+            while await reader.read(65536):
+                pass
+
+        fake = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = fake.sockets[0].getsockname()[1]
+        wire = RedisWire(f"redis://127.0.0.1:{port}/0", reply_seconds=0.3)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(RedisTimeoutError):
+            await asyncio.wait_for(wire.run(ECHO, ["k"], [1, ""]), 10)
+        waited = asyncio.get_running_loop().time() - started
+        assert not wire._idle  # the silent connection is not used again
+        fake.close()
+        return waited
+
+    assert 0.3 <= asyncio.run(main()) < 2.0
+    assert asyncio.run(RedisWire(URL, reply_seconds=0.3).run(ECHO, ["k"], [1, ""]))[0] == 2

@@ -7,6 +7,7 @@ the same by the engine's usage event. Now the answer ends as served; the hold wa
 engine's usage event, or for its TTL."""
 
 import json
+import signal
 import threading
 import time
 
@@ -24,7 +25,8 @@ PROMPT = "w10 w11 w12"
 def gateway(stack, private_redis, tmp_path):
     """A gateway of the stack's whose Redis (admission, caches) is `private_redis`, which a test may stop."""
     port = free_port()
-    process = launch_gateway(stack.env | {"REDIS_URL": private_redis.url}, port, tmp_path / "gateway.log")
+    env = stack.env | {"REDIS_URL": private_redis.url, "QUILT_REDIS_REPLY_TIMEOUT_SECONDS": "1"}
+    process = launch_gateway(env, port, tmp_path / "gateway.log")
     try:
         wait_for_gateway(process)
         yield f"http://127.0.0.1:{port}/v1", tmp_path / "gateway.log"
@@ -47,6 +49,27 @@ def test_a_stream_served_while_redis_goes_away_still_ends_whole(stack, private_r
     finishes = [choice["finish_reason"] for event in events[:-1] for choice in json.loads(event[6:])["choices"]
                 if choice["finish_reason"]]  # fmt: skip
     assert finishes in (["length"], ["stop"])
+    assert "could not settle" in log.read_text()
+
+
+def test_a_stream_whose_redis_stops_answering_still_ends(stack, private_redis, gateway):
+    # A Redis that is paused (SIGSTOP here; a stalled failover, a partition without resets) accepts the settle and
+    # never answers: the stream waited for ever after its last text. Now the settle gives up after
+    # QUILT_REDIS_REPLY_TIMEOUT_SECONDS (1 s here) and the stream ends as served.
+    url, log = gateway
+    headers = {"Authorization": f"Bearer {stack.keys['main']}"}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    events = []
+    try:
+        with httpx.stream("POST", f"{url}/completions", json=body, headers=headers, timeout=20) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            events.append(next(line for line in lines if line))
+            private_redis.process.send_signal(signal.SIGSTOP)
+            events += [line for line in lines if line]  # ReadTimeout before: the stream's end never came
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert events[-1] == "data: [DONE]"
     assert "could not settle" in log.read_text()
 
 

@@ -180,7 +180,8 @@ class RedisAdmission:
         if last_loop is not loop:
             wire = self._wires.get(loop)
             if wire is None:
-                wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10)
+                wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10,
+                                                     reply_seconds=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS)  # fmt: skip
             self._last = (loop, wire)
         return wire
 

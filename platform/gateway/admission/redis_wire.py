@@ -11,7 +11,10 @@ What it keeps from redis-py's behaviour: a script not yet cached by the server i
 it); connection failures raise redis-py's ConnectionError, a server error its ResponseError; at most
 `max_connections` at once, a request waiting up to `wait_seconds` for one; a command on a reused connection that
 the server had closed meanwhile is sent once more on a new one (redis-py's default retry does as much). A command
-interrupted (cancelled, failed) closes its connection, so no reply is ever read by the wrong command."""
+interrupted (cancelled, failed) closes its connection, so no reply is ever read by the wrong command. A command not
+answered within `reply_seconds` (a server paused, or cut off without a reset), and a connection not made within
+them, fail with redis-py's TimeoutError: a watchdog looks at the open connections every `reply_seconds / 2` (at most
+a second), so a command pays one clock read for it."""
 
 import asyncio
 import collections
@@ -23,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Reply = int | bytes | list | None
 
@@ -125,6 +129,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
         self._quick: QuickReply | None = None  # the command's script's, with its waiter
+        self.asked = 0.0  # the loop's time when the command now waiting for its reply was sent
         self.lost = False
 
     def connection_made(self, transport) -> None:
@@ -176,8 +181,19 @@ class _Connection(asyncio.Protocol):
         step). A plain call, not a coroutine: one frame less per command."""
         self._waiter = waiter = self.loop.create_future()
         self._quick = None
+        self.asked = self.loop.time()
         self.transport.write(message)
         return waiter
+
+    def overdue(self, now: float, limit: float) -> bool:
+        """Whether a command has waited for its reply more than `limit` seconds: then it fails with a TimeoutError,
+        and the connection is closed (a reply that came later would be the next command's)."""
+        waiter = self._waiter
+        if self.lost or waiter is None or waiter.done() or now - self.asked <= limit:
+            return False
+        self._lose(RedisTimeoutError(f"Redis did not answer within {limit:g} s"))
+        self.close()
+        return True
 
 
 class QuickReply(NamedTuple):
@@ -201,7 +217,7 @@ class WireScript:
 class RedisWire:
     """One per event loop."""
 
-    def __init__(self, url: str, *, max_connections: int = 64, wait_seconds: float = 10.0):
+    def __init__(self, url: str, *, max_connections: int = 64, wait_seconds: float = 10.0, reply_seconds: float = 5.0):
         parts = urlsplit(url)
         self._address = (parts.hostname or "127.0.0.1", parts.port or 6379)
         hello = []
@@ -218,10 +234,20 @@ class RedisWire:
         self._free = max_connections
         self._turns: collections.deque[asyncio.Future] = collections.deque()
         self._wait = wait_seconds
+        self._reply = reply_seconds
+        self._connections: set[_Connection] = set()  # open ones, for the watchdog
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()  # once per connection
-        _, connection = await loop.create_connection(lambda: _Connection(loop), *self._address)
+        try:
+            async with asyncio.timeout(self._reply):
+                _, connection = await loop.create_connection(lambda: _Connection(loop), *self._address)
+        except TimeoutError:
+            raise RedisTimeoutError(f"no connection to Redis at {self._address} within {self._reply:g} s") from None
+        self._connections.add(connection)
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(self._watch_every(), self._watch, loop)
         try:
             for hello in self._hello:
                 reply = await connection.ask(hello)
@@ -231,6 +257,18 @@ class RedisWire:
             connection.close()
             raise
         return connection
+
+    def _watch_every(self) -> float:
+        return min(1.0, self._reply / 2)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fails the commands overdue for their reply (`_Connection.overdue`) and forgets closed connections; again
+        in a while, as long as connections are open."""
+        now = loop.time()
+        for connection in [*self._connections]:
+            if connection.lost or connection.overdue(now, self._reply):
+                self._connections.discard(connection)
+        self._watchdog = loop.call_later(self._watch_every(), self._watch, loop) if self._connections else None
 
     def _take(self) -> _Connection | None:
         while self._idle:
@@ -294,6 +332,7 @@ class RedisWire:
                 try:  # `connection.ask(message)` without its call
                     waiter = connection._waiter = connection.loop.create_future()
                     connection._quick = script.quick
+                    connection.asked = connection.loop.time()
                     connection.transport.write(message)
                     reply = await waiter
                 except OSError as error:

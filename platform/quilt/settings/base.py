@@ -254,6 +254,9 @@ QUILT_LIVE_RELAY_URL = env("QUILT_LIVE_RELAY_URL", default="")
 # The inference gateway: admission runs in Redis when REDIS_URL is set, else in the database.
 QUILT_REDIS_KEY_PREFIX = env("QUILT_REDIS_KEY_PREFIX", default="quilt")
 QUILT_HOLD_TTL_SECONDS = env.int("QUILT_HOLD_TTL_SECONDS", default=900)  # an orphaned budget hold expires
+# A gateway's admission command that Redis has not answered in this long fails (a 503 before the answer; after it, the
+# answer ends as served and the hold is left to metering's settle): a paused or cut-off Redis never hangs a request.
+QUILT_REDIS_REPLY_TIMEOUT_SECONDS = env.float("QUILT_REDIS_REPLY_TIMEOUT_SECONDS", default=5.0)
 # A gateway process admits a busy key's requests from a share of its limits held ahead (gateway.admission.leases):
 # no Redis round trip each; refusals never late, early by at most other processes' unused shares. False: every
 # request admitted by its own script, refusals exact across processes.

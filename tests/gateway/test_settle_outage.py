@@ -22,10 +22,12 @@ PROMPT = "w10 w11 w12"
 
 
 @pytest.fixture
-def gateway(stack, private_redis, tmp_path):
-    """A gateway of the stack's whose Redis (admission, caches) is `private_redis`, which a test may stop."""
+def gateway(stack, private_redis, tmp_path, request):
+    """A gateway of the stack's whose Redis (admission, caches) is `private_redis`, which a test may stop; with the
+    parameter "options", its URL has a query string, so admission runs on redis-py rather than the gateway's wire."""
     port = free_port()
-    env = stack.env | {"REDIS_URL": private_redis.url, "QUILT_REDIS_REPLY_TIMEOUT_SECONDS": "1"}
+    url = private_redis.url + ("?db=0" if getattr(request, "param", "") == "options" else "")
+    env = stack.env | {"REDIS_URL": url, "QUILT_REDIS_REPLY_TIMEOUT_SECONDS": "1"}
     process = launch_gateway(env, port, tmp_path / "gateway.log")
     try:
         wait_for_gateway(process)
@@ -52,24 +54,30 @@ def test_a_stream_served_while_redis_goes_away_still_ends_whole(stack, private_r
     assert "could not settle" in log.read_text()
 
 
+@pytest.mark.parametrize("gateway", ["plain", "options"], indirect=True)
 def test_a_stream_whose_redis_stops_answering_still_ends(stack, private_redis, gateway):
     # A Redis that is paused (SIGSTOP here; a stalled failover, a partition without resets) accepts the settle and
-    # never answers: the stream waited for ever after its last text. Now the settle gives up after
-    # QUILT_REDIS_REPLY_TIMEOUT_SECONDS (1 s here) and the stream ends as served.
+    # never answers: on the gateway's own wire the stream waited for ever after its last text (redis-py, for URLs
+    # with options, gave up after its default 5 s). Now the settle gives up after QUILT_REDIS_REPLY_TIMEOUT_SECONDS
+    # (1 s here) on either, and the stream ends as served.
     url, log = gateway
     headers = {"Authorization": f"Bearer {stack.keys['main']}"}
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
-    events = []
+    events = []  # (arrival, line)
     try:
         with httpx.stream("POST", f"{url}/completions", json=body, headers=headers, timeout=20) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
-            events.append(next(line for line in lines if line))
+            events.append((time.monotonic(), next(line for line in lines if line)))
             private_redis.process.send_signal(signal.SIGSTOP)
-            events += [line for line in lines if line]  # ReadTimeout before: the stream's end never came
+            events += [(time.monotonic(), line) for line in lines if line]  # ReadTimeout before: no end came
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
-    assert events[-1] == "data: [DONE]"
+    assert events[-1][1] == "data: [DONE]"
+    # the answer's end leaves once the settle gave up: after the last text, by about the timeout
+    finish = next(number for number, (_, line) in enumerate(events) if '"finish_reason":"' in line)
+    waited = events[finish][0] - events[finish - 1][0]
+    assert 0.5 < waited < 4.0, waited
     assert "could not settle" in log.read_text()
 
 

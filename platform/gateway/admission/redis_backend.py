@@ -169,7 +169,11 @@ class RedisAdmission:
         scripts = self._async.get(loop)
         if scripts is None:
             # Requests wait for one of a bounded set of connections rather than failing when all are busy.
-            pool = redis.asyncio.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=10)
+            # (a URL's own socket_timeout, socket_connect_timeout win over the reply timeout here)
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self.url, max_connections=64, timeout=10, socket_timeout=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS,
+                socket_connect_timeout=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS,
+            )  # fmt: skip
             scripts = self._async[loop] = _Scripts(redis.asyncio.Redis(connection_pool=pool))
         return scripts
 

@@ -40,7 +40,8 @@ def gateway(stack, private_redis, tmp_path, request):
 def test_a_stream_served_while_redis_goes_away_still_ends_whole(stack, private_redis, gateway):
     url, log = gateway
     headers = {"Authorization": f"Bearer {stack.keys['main']}"}
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    # eight choices of 200 tokens: some 0.4 s of generation after the first text, for the stop to land in
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True, "n": 8}
     events = []
     with httpx.stream("POST", f"{url}/completions", json=body, headers=headers, timeout=60) as response:
         assert response.status_code == 200
@@ -51,7 +52,7 @@ def test_a_stream_served_while_redis_goes_away_still_ends_whole(stack, private_r
     assert events[-1] == "data: [DONE]"
     finishes = [choice["finish_reason"] for event in events[:-1] for choice in json.loads(event[6:])["choices"]
                 if choice["finish_reason"]]  # fmt: skip
-    assert finishes in (["length"], ["stop"])
+    assert len(finishes) == 8 and set(finishes) <= {"length", "stop"}
     assert "could not settle" in log.read_text()
 
 
@@ -63,15 +64,15 @@ def test_a_stream_whose_redis_stops_answering_still_ends(stack, private_redis, g
     # (1 s here) on either, and the stream ends as served.
     url, log = gateway
     headers = {"Authorization": f"Bearer {stack.keys['main']}"}
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0}
     events = []  # (arrival, line)
     try:
-        with httpx.stream("POST", f"{url}/completions", json=body, headers=headers, timeout=20) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            events.append((time.monotonic(), next(line for line in lines if line)))
+        with httpx.Client(base_url=url, headers=headers, timeout=20) as http:
+            _lease_taken(http, body)
             private_redis.process.send_signal(signal.SIGSTOP)
-            events += [(time.monotonic(), line) for line in lines if line]  # ReadTimeout before: no end came
+            with http.stream("POST", "/completions", json=body | {"stream": True}) as response:
+                assert response.status_code == 200
+                events += [(time.monotonic(), line) for line in response.iter_lines() if line]  # ReadTimeout before
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
     assert events[-1][1] == "data: [DONE]"
@@ -83,17 +84,14 @@ def test_a_stream_whose_redis_stops_answering_still_ends(stack, private_redis, g
 
 
 def test_a_whole_answer_generated_while_redis_goes_away_is_answered(stack, private_redis, gateway):
-    # The key is busy, so the gateway admits it from a lease of its limits taken ahead (no Redis call per request)
-    # and keeps the key verified in memory: Redis can stop answering before the request (paused: its connections stay
-    # open, so nothing notices until a command waits), and only the request's settle finds it gone.
+    # Paused before the request (its connections stay open, so nothing notices until a command waits): the request
+    # is admitted from the key's lease, and only its settle finds Redis gone.
     url, log = gateway
     headers = {"Authorization": f"Bearer {stack.keys['main']}"}
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0}  # the lease holds estimates of it
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0}
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=20) as http:
-            assert http.post("/completions", json=body).status_code == 200  # admission's month started in Redis
-            with concurrent.futures.ThreadPoolExecutor(12) as pool:  # busy: a lease is taken within the second
-                assert {r.status_code for r in pool.map(lambda _: http.post("/completions", json=body), range(12))} == {200}
+            _lease_taken(http, body)
             private_redis.process.send_signal(signal.SIGSTOP)
             answer = http.post("/completions", json=body)
     finally:
@@ -101,3 +99,12 @@ def test_a_whole_answer_generated_while_redis_goes_away_is_answered(stack, priva
     assert answer.status_code == 200, answer.text  # was 503 (or no answer): the answer generated, and billed, lost
     assert answer.json()["choices"][0]["text"]
     assert "could not settle" in log.read_text()
+
+
+def _lease_taken(http: httpx.Client, body: dict) -> None:
+    """Makes the key busy in the gateway, which then admits its next requests like `body` (the lease holds their
+    estimates) from a lease of its limits taken ahead, with no Redis call, and keeps the key verified in memory: so
+    Redis can stop answering before a request, and only that request's settle finds it gone."""
+    assert http.post("/completions", json=body).status_code == 200  # admission's month started in Redis
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:  # busy: a lease is taken within the second
+        assert {r.status_code for r in pool.map(lambda _: http.post("/completions", json=body), range(12))} == {200}

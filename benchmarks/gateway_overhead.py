@@ -41,8 +41,9 @@ KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.
 PROMPT = "w10 w11 w12"
 IDLE_SECONDS = 5.0
 HTTP_PROTOCOL = "gateway.http_protocol:GatewayHttpProtocol"  # docker/compose.yaml's --http
-# uvicorn's options the gateway is measured with, as it is deployed (compose, Kubernetes, the platform image: a test
-# holds them to these), with a value or None; --timeout-keep-alive is --keep-alive's (deployed: 75)
+# uvicorn's options the gateway is measured with (`serve` below passes them; --timeout-keep-alive is --keep-alive's,
+# 75 by default), each with its value or None: the deployed gateway's too (compose, Kubernetes, the platform image),
+# which tests/platform/test_settings_and_deploy.py holds to these
 GATEWAY_SERVER_OPTIONS = (("--http", HTTP_PROTOCOL), ("--no-access-log", None),
                           ("--timeout-keep-alive", str(KEEP_ALIVE_SECONDS)))  # fmt: skip
 

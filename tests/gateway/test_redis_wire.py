@@ -10,6 +10,7 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.redis_wire import RedisWire, WireScript, pack
 
@@ -248,8 +249,6 @@ def test_a_server_that_stops_answering_is_a_timeout_not_a_wait_forever():
     """A Redis that accepts and never answers (paused, or cut off without a reset) fails the command with
     redis-py's TimeoutError once `reply_seconds` pass, its connection closed; the wire waited for ever before, and
     with it every request whose admission or settle was on that connection. A quick server after it is answered."""
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
     async def main():
         async def silent(reader, writer):
             while await reader.read(65536):

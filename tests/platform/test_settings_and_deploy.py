@@ -78,10 +78,8 @@ def test_the_platform_image_serves_as_the_deployed_gateway_does():
     # serve: gateway.asgi (the inference fast path, and the ASGI lifespan that gives admission leases back at
     # shutdown) under the gateway's HTTP protocol, with idle connections kept past a load balancer's. It ran
     # quilt.asgi under uvicorn's defaults, so an image started without compose's command served neither.
-    line = next(line for line in (REPO / "docker" / "platform.Dockerfile").read_text().splitlines()
-                if line.startswith("CMD "))  # fmt: skip
-    command = json.loads(line.removeprefix("CMD "))
-    gateway = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["gateway"]["command"]
+    deployed = _deployed_gateway_commands()
+    command, gateway = deployed["image"], deployed["compose"]
     assert command[command.index("-m") + 2] == "gateway.asgi:application"
     assert command[command.index("--http") + 1] == "gateway.http_protocol:GatewayHttpProtocol"
     assert int(command[command.index("--timeout-keep-alive") + 1]) > 60

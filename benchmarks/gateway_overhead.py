@@ -159,6 +159,11 @@ async def run_level(call, concurrency: int, requests: int, path: str = "") -> tu
     return ttfts, requests / (time.perf_counter() - started)
 
 
+def python_version(python: str) -> str:
+    """The interpreter's version, as `python -V` says it."""
+    return subprocess.run([python, "-V"], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -301,6 +306,9 @@ def main() -> None:
                         help="a checkout of other code (e.g. `git archive COMMIT | tar -x -C DIR`): its gateway runs"
                              " beside this one's, on the same database, Redis and engine, alternating with it;"
                              " repeat it for more (baseline, baseline2, ...)")
+    parser.add_argument("--baseline-python", type=Path, action="append", default=[],
+                        help="the Python that runs the baseline of the same rank (default: this one), e.g. another"
+                             " virtualenv's bin/python: two interpreters side by side on the same code")
     parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
                         help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")
@@ -337,27 +345,29 @@ def main() -> None:
                           "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"]  # fmt: skip
     # uvicorn re-raises the SIGTERM it caught once it has shut down, which would kill cProfile before it writes
     profile = ["-c", PROFILED.format(path=str(args.profile))] if args.profile else ["-m", "uvicorn"]
-    trees = {"gateway": (REPO, profile)}
-    for number, baseline in enumerate(args.baseline, start=1):
-        trees["baseline" if number == 1 else f"baseline{number}"] = (baseline.resolve(), ["-m", "uvicorn"])
+    trees = {"gateway": (REPO, profile, sys.executable)}
+    pythons = [*args.baseline_python, *[Path(sys.executable)] * len(args.baseline)][: len(args.baseline)]
+    for number, (baseline, python) in enumerate(zip(args.baseline, pythons, strict=True), start=1):
+        trees["baseline" if number == 1 else f"baseline{number}"] = (baseline.resolve(), ["-m", "uvicorn"], str(python))
     processes = [subprocess.Popen([sys.executable, *engine_command], cwd=REPO, env={**env, "CELERY_BROKER_URL": ""})]
     gateways: dict[str, tuple[str, int]] = {}
 
-    def serve(name: str, runner: list[str], application: list[str], cwd: Path, server_env: dict) -> None:
+    def serve(name: str, runner: list[str], application: list[str], cwd: Path, server_env: dict,
+              python: str = sys.executable) -> None:
         """Starts `application` under uvicorn on a free port with the gateways' common flags, as `name`."""
         port = free_port()
         processes.append(subprocess.Popen(
-            [sys.executable, *runner, *application, "--port", str(port), "--log-level", "warning", "--no-access-log",
+            [python, *runner, *application, "--port", str(port), "--log-level", "warning", "--no-access-log",
              "--timeout-keep-alive", str(args.keep_alive)],
             cwd=cwd, env=server_env,
         ))  # fmt: skip
         gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
 
-    for name, (tree, runner) in trees.items():
+    for name, (tree, runner, python) in trees.items():
         # the gateway's own server protocol where the tree has one (gateway/http_protocol.py), as deployed
         http = ["--http", HTTP_PROTOCOL] if (tree / "platform/gateway/http_protocol.py").exists() else []
         serve(name, runner, ["gateway.asgi:application", "--app-dir", str(tree / "platform"), *http], tree,
-              {**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"})  # fmt: skip
+              {**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"}, python)  # fmt: skip
     for name, redis in (("null", "0"), ("null+redis", "1")) if args.null_proxy else ():
         serve(name, ["-m", "uvicorn"], ["benchmarks.null_proxy:app"], REPO,
               {**env, "QUILT_NULL_ENGINE_URL": engine_url, "QUILT_NULL_REDIS": redis})  # fmt: skip
@@ -368,6 +378,8 @@ def main() -> None:
         key = seed(model_dir, engine_url)
         time.sleep(1.1)  # the gateway's engine list refreshes once a second
         print(f"engine {engine_url}, gateways {gateways}, max_tokens {args.max_tokens}, {os.cpu_count()} CPUs")
+        if args.baseline_python:  # which interpreter runs which gateway
+            print(", ".join(f"{name}: {python_version(python)} ({python})" for name, (_, _, python) in trees.items()))
         rows = asyncio.run(measure(args, engine_url, gateways, key, processes[0].pid))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))

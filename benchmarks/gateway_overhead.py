@@ -9,7 +9,9 @@ the tenant has rate limits and a monthly token budget and spend limit, so admiss
 concurrency level it
 runs the requests directly against the engine's /v1/generate and through the gateway's /v1/completions
 (streaming), alternating the two so that both see the same machine. Prints p50/p99 time to first token each
-way, the added p50/p99, and the gateway's requests per second. Nothing is asserted.
+way, the added p50/p99, and the gateway's requests per second. Nothing is asserted. The load's client is
+benchmarks/lean_client.py (`--client httpx` for httpx's, which takes a core of its own at 50 streams and cannot keep
+them in flight: docs/gateway-performance.md, "The load's client").
 
 With `--null-proxy`, two more columns run beside the gateway: benchmarks/null_proxy.py, a proxy of the same route
 with none of the gateway's own work ("null"), and the same with two Redis round trips a request ("null+redis"): the
@@ -33,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.instant_engine import HTTP as INSTANT_HTTP
+from benchmarks.lean_client import LeanClient, ResponseFailed, raw_request
 from benchmarks.proc_stats import cpu_seconds, io_counts, load_average, machine_ticks, main_thread_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +142,41 @@ async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max
     return ttft
 
 
+class LeanCalls:
+    """`first_token_direct` and `first_token_gateway` through the lean client (`benchmarks.lean_client`): each
+    request's bytes as httpx would send them, built once (the direct request's id replaced per request)."""
+
+    def __init__(self, client: LeanClient, engine_url: str, key: str, max_tokens: int):
+        self.client, self.engine_url = client, engine_url
+        body = {"request_id": _ID_PLACEHOLDER, "tenant": "bench", "prompt": PROMPT, "stream": True,
+                "sampling": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+        self.direct_raw = raw_request("POST", f"{engine_url}/v1/generate", json=body,
+                                      headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        self.key, self.max_tokens, self.gateway_raw = key, max_tokens, {}
+
+    async def direct(self) -> float:
+        started = time.perf_counter()
+        data = self.direct_raw.replace(_ID_PLACEHOLDER.encode(), uuid.uuid4().hex.encode(), 1)
+        return _first(await self.client.post(self.engine_url, data, b'"delta"')) - started
+
+    async def gateway(self, url: str) -> float:
+        raw = self.gateway_raw.get(url)
+        if raw is None:
+            body = {"model": "bench", "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
+            raw = self.gateway_raw[url] = raw_request("POST", f"{url}/v1/completions", json=body,
+                                                      headers={"Authorization": f"Bearer {self.key}"})  # fmt: skip
+        started = time.perf_counter()
+        return _first(await self.client.post(url, raw, b"data: {")) - started
+
+
+def _first(arrived: float | None) -> float:
+    if arrived is None:
+        raise ResponseFailed("the response ended without an event")
+    return arrived
+
+
+_ID_PLACEHOLDER = "0" * 32  # a uuid4 hex's length: the request's Content-Length holds for each id
+
 ERRORS: collections.Counter[str] = collections.Counter()  # transport failures (resets, ...) by path and type
 
 
@@ -151,7 +189,7 @@ async def run_level(call, concurrency: int, requests: int, path: str = "") -> tu
             queue.pop()
             try:
                 ttfts.append(await call())
-            except httpx.TransportError as error:  # counted and shown, not fatal: a run reports how often
+            except (httpx.TransportError, OSError) as error:  # counted and shown, not fatal: a run reports how often
                 ERRORS[f"{path}: {type(error).__name__} {error}"[:160]] += 1
 
     started = time.perf_counter()
@@ -179,9 +217,15 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
     # uvicorn's default 5 s that race happened at 200 streams (docs/gateway-performance.md).
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=1.0)
     rows = []
+    lean = LeanCalls(LeanClient(), engine_url, key, args.max_tokens)
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         direct = lambda: first_token_direct(client, engine_url, args.max_tokens)  # noqa: E731
-        calls = {name: (lambda url=url: first_token_gateway(client, url, key, args.max_tokens))
+        if args.client == "lean":
+            direct = lean.direct
+        baselines = list(gateways)[1 : 1 + len(args.baseline_client)]
+        clients = {name: args.client for name in gateways} | dict(zip(baselines, args.baseline_client, strict=True))
+        calls = {name: (lambda url=url: lean.gateway(url)) if clients[name] == "lean" else
+                       (lambda url=url: first_token_gateway(client, url, key, args.max_tokens))
                  for name, (url, _) in gateways.items()}  # fmt: skip
         await run_level(direct, 4, args.warmup)
         for call in calls.values():
@@ -309,6 +353,11 @@ def main() -> None:
     parser.add_argument("--baseline-python", type=Path, action="append", default=[],
                         help="the Python that runs the baseline of the same rank (default: this one), e.g. another"
                              " virtualenv's bin/python: two interpreters side by side on the same code")
+    parser.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                        help="the load's client: lean (benchmarks/lean_client.py, the same bytes at a fraction of"
+                             " httpx's CPU) or httpx")
+    parser.add_argument("--baseline-client", choices=("lean", "httpx"), action="append", default=[],
+                        help="the client of the baseline of the same rank (default: --client's)")
     parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_SECONDS,
                         help="the gateways' and the instant engine's uvicorn --timeout-keep-alive (as deployed: 75)")
     parser.add_argument("--profile", type=Path, help="run the gateway under cProfile, writing its stats here")

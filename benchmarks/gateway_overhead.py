@@ -330,6 +330,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             for what, count in ERRORS.items():
                 print(f"  {count} x {what}", flush=True)
             ERRORS.clear()
+    lean.client.close()
     return rows
 
 

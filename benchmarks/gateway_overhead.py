@@ -118,9 +118,19 @@ def seed(model_dir: Path, engine_url: str) -> str:
     return key
 
 
-async def first_token_direct(client: httpx.AsyncClient, url: str, max_tokens: int) -> float:
-    body = {"request_id": uuid.uuid4().hex, "tenant": "bench", "prompt": PROMPT, "stream": True,
+def direct_body(request_id: str, max_tokens: int) -> dict:
+    """The engine's /v1/generate request of the direct path (either client's)."""
+    return {"request_id": request_id, "tenant": "bench", "prompt": PROMPT, "stream": True,
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+
+
+def gateway_body(max_tokens: int) -> dict:
+    """The gateway's /v1/completions request (either client's)."""
+    return {"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+
+async def first_token_direct(client: httpx.AsyncClient, url: str, max_tokens: int) -> float:
+    body = direct_body(uuid.uuid4().hex, max_tokens)
     started = time.perf_counter()
     ttft = None
     async with client.stream("POST", f"{url}/v1/generate", json=body, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
@@ -131,7 +141,7 @@ async def first_token_direct(client: httpx.AsyncClient, url: str, max_tokens: in
 
 
 async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -> float:
-    body = {"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = gateway_body(max_tokens)
     started = time.perf_counter()
     ttft = None
     async with client.stream("POST", f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
@@ -148,8 +158,7 @@ class LeanCalls:
 
     def __init__(self, client: LeanClient, engine_url: str, key: str, max_tokens: int):
         self.client, self.engine_url = client, engine_url
-        body = {"request_id": _ID_PLACEHOLDER, "tenant": "bench", "prompt": PROMPT, "stream": True,
-                "sampling": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+        body = direct_body(_ID_PLACEHOLDER, max_tokens)
         self.direct_raw = raw_request("POST", f"{engine_url}/v1/generate", json=body,
                                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         self.key, self.max_tokens, self.gateway_raw = key, max_tokens, {}
@@ -162,7 +171,7 @@ class LeanCalls:
     async def gateway(self, url: str) -> float:
         raw = self.gateway_raw.get(url)
         if raw is None:
-            body = {"model": "bench", "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
+            body = gateway_body(self.max_tokens)
             raw = self.gateway_raw[url] = raw_request("POST", f"{url}/v1/completions", json=body,
                                                       headers={"Authorization": f"Bearer {self.key}"})  # fmt: skip
         started = time.perf_counter()

@@ -25,7 +25,8 @@ class ResponseFailed(ConnectionError):
 
 def raw_request(method: str, url: str, *, json: object, headers: dict[str, str]) -> bytes:
     """The request's bytes as httpx's client sends them (its default headers included)."""
-    request = httpx.AsyncClient().build_request(method, url, json=json, headers=headers)
+    with httpx.Client() as client:  # the same default headers as its AsyncClient
+        request = client.build_request(method, url, json=json, headers=headers)
     target = request.url.raw_path
     lines = [b"%b %b HTTP/1.1" % (method.encode(), target)]
     lines += [b"%b: %b" % (name, value) for name, value in request.headers.raw]

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 import adapters
-from engine import engine_state, step_output
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_manager import BlockManager
@@ -26,11 +25,11 @@ from engine.kv.keys import base_digest, model_digest
 from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, StepResult
 from engine.models import read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import Logprob, RequestOutput
 from engine.page_budget import count_pages, fitting_block_size, freed_window, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
@@ -326,7 +325,7 @@ class LLMEngine:
         now = time.monotonic()
         for seq in out.seqs:
             seq.gpu_ms += elapsed_ms * out.num_tokens[seq.seq_id] / total
-            new_tokens = step_output.apply(self, seq, results[seq.seq_id], now)
+            new_tokens = self._apply(seq, results[seq.seq_id], now)
             if new_tokens or seq.is_finished:
                 outputs.append(self.output_processor.output(seq, new_tokens))
         self._forget_finished(outputs)
@@ -339,6 +338,35 @@ class LLMEngine:
             return self.runner.run(out, proposals, draft_probs)
         except Exception as error:  # a worker died or failed mid-step: name it (RankFailed)
             raise self.workers.failed(error) from error
+
+    def _apply(self, seq: Sequence, result: StepResult, now: float) -> list[int]:
+        """Apply one step's result to its sequence: the prompt log-probs it scored, then each sampled token (several
+        when speculative tokens were accepted) through the grammar and the stop checks; returns the tokens emitted."""
+        if result.prompt_logprobs:
+            if seq.prompt_logprobs is None:
+                seq.prompt_logprobs = [None]
+            for pos, logprob, top in result.prompt_logprobs:
+                if pos == len(seq.prompt_logprobs):  # a recompute after preemption scores them again
+                    seq.prompt_logprobs.append(Logprob(seq.token_ids[pos], logprob, top))
+        if not result.samples or seq.is_finished:
+            return []
+        emitted = []
+        for sample in result.samples:  # several when speculative tokens were accepted
+            emitted.append(sample.token_id)
+            refused = self.guided.accept(seq, sample.token_id)
+            reason = self.output_processor.append(seq, sample, now)
+            if refused is not None:  # only a bug can get here: the mask allowed the token
+                self.finish_sequence(seq, "error", f"constrained decoding failed: {refused}")
+                break
+            if reason is not None:
+                self.finish_sequence(seq, reason)
+                break
+        if result.num_proposed and self.speculator is not None:  # accepted: those emitted (a stop may cut them)
+            self.speculator.record(seq, result.num_proposed, min(len(result.samples) - 1, len(emitted)))
+        self.num_generated_tokens += len(emitted)
+        self.num_decode_seq_steps += 1
+        seq.num_sampling_steps += 1
+        return emitted
 
     def failure(self) -> str | None:
         """Why the engine cannot run another step (a tensor-parallel worker died), or None while it can."""
@@ -371,11 +399,60 @@ class LLMEngine:
             if seqs is not None and all(s.is_finished for s in seqs):
                 del self.requests[output.request_id]
 
+    # what the engine reports about itself in /v1/state
     def memory_split(self) -> dict:
-        return engine_state.memory_split(self)
+        """Bytes of base weights, KV pages, adapter pages and free pages (free includes prefix-cached blocks)."""
+        bm, page = self.block_manager, self.memory.page_bytes
+        return {
+            "page_bytes": page,
+            "pages_total": bm.num_blocks,
+            "base_weights_bytes": self.weight_bytes,
+            "kv_pages_bytes": bm.num_used_blocks * page,
+            "adapter_pages_bytes": len(bm.adapter_pages) * page,
+            "free_bytes": bm.num_free_blocks * page,
+            **self.memory_report.as_dict(),
+        }
 
     def state(self) -> dict:
-        return engine_state.state(self)
+        """Its memory split, queues, prefix-cache tiers and speculation."""
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_blocks_total": bm.num_blocks,
+            "adapter_pages": len(bm.adapter_pages),
+            "memory": self.memory_split(),
+            "prefix_cache_hit_rate": bm.hit_rate(),
+            "kv_tiers": self.kv_tiers_state(),
+            "adapters": self.adapter_pool.state(),
+            "busy_ms": self.busy_ms,
+            "steps": self.num_steps,
+            "preemptions": self.num_preemptions,
+            "tensor_parallel_size": self.comm.size,
+            "block_size": self.config.block_size,
+            "speculation": self.speculation_state(),
+            "grammars": {**(self.grammars.state() if self.grammars else {}), **self.guided.state()},
+        }
+
+    def kv_tiers_state(self) -> dict:
+        """Prefix blocks looked up at first admission, hit and missed per tier (device, then host)."""
+        counts = self.scheduler.tier_counts
+        tiers = {"device": {"hits": counts["device"][0], "misses": counts["device"][1],
+                            "blocks": len(self.block_manager.cached)}}
+        if self.host_tier is not None:
+            tiers["host"] = {"hits": counts["host"][0], "misses": counts["host"][1], **self.host_tier.state()}
+        return tiers
 
     def speculation_state(self) -> dict:
-        return engine_state.speculation_state(self)
+        proposed = self.speculator.num_proposed if self.speculator else 0
+        accepted = self.speculator.num_accepted if self.speculator else 0
+        steps = self.num_decode_seq_steps
+        return {
+            "method": self.config.speculative_method,
+            "proposed_tokens": proposed,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "tokens_per_step": self.num_generated_tokens / steps if steps else 0.0,
+        }

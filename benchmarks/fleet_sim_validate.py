@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.fleet_sim import REPO, EngineModel, Simulation, Workload, percentile
+from benchmarks.fleet_simulation import REPO, Simulation, percentile
+from benchmarks.fleet_workload import EngineModel, Workload
 
 DEMO = REPO / "var" / "demo-model"
 TOKEN = "fleet-sim-validation-token"

@@ -1,5 +1,6 @@
-"""What benchmarks/fleet_sim.py simulates: the engine model (step and adapter-load times, fitted by its
-`--calibrate`) and the traffic (Poisson arrivals, Zipf adapters or a hot spot, shared system prompts per tenant)."""
+"""What benchmarks/fleet_simulation.py simulates: the engine model (step and adapter-load times, fitted by
+`python -m benchmarks.fleet_sim --calibrate`) and the traffic (Poisson arrivals, Zipf adapters or a hot spot,
+shared system prompts per tenant)."""
 
 import bisect
 import dataclasses

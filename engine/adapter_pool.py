@@ -8,7 +8,7 @@ running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-
 pages run short (`reclaim`). Every failure of a load is contained: `failures()` reports it, by digest,
 with a reason that names no server path. Nothing outside this class touches its fields.
 
-Tensor-parallel workers keep no tier of their own on disk: a `Mirror` (engine/parallel/worker_group.py) is
+Tensor-parallel workers keep no tier of their own on disk: a `Mirror` (engine/workers/worker_group.py) is
 handed what they need of an adapter from the one read rank 0 made, when it enters the host tier, and is told
 when it leaves that tier and when it is placed in pages, so every rank uses the same bytes.
 """

@@ -33,7 +33,6 @@ from engine.outputs import Logprob, RequestOutput
 from engine.page_budget import count_pages, fitting_block_size, freed_window, page_chunk
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
-from engine.parallel.worker_group import WorkerGroup
 from engine.quant_formats import checkpoint_quantization
 from engine.quantization import MemoryReport, kv_dtype
 from engine.rank_model import attach_pages, load_rank_model
@@ -42,6 +41,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculative.build import build_speculator
 from engine.tokenizer import Tokenizer, eos_token_ids
+from engine.workers.worker_group import WorkerGroup
 
 
 class LLMEngine:

@@ -1,2 +1,3 @@
-"""Tensor parallelism (docs/tensor-parallel.md): rank 0 is the engine process, ranks 1..N-1 are worker
-processes it spawns; every rank holds its shard of the weights, of the KV heads and of the adapters' rows."""
+"""How the model and its adapters are split over tensor-parallel ranks (sharding) and the collective that joins
+the ranks (communicator), docs/tensor-parallel.md. The model layers import these; the worker processes that run the
+ranks are engine/workers/."""

@@ -22,11 +22,11 @@ from engine import LLM, SamplingParams
 from engine.__main__ import main as cli_main
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.parallel.worker_group import RankFailed
 from engine.server.adapter_registry import AdapterRegistry
 from engine.server.app import EngineAPI, build_app
 from engine.server.engine_loop import EngineLoop
 from engine.server.metrics import EngineMetrics
+from engine.workers.worker_group import RankFailed
 from tests.engine.conftest import FAMILIES, VOCAB, Oracle, build_adapter, build_tokenizer, random_prompts
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ from engine.lora_modules import row_widths
 from engine.models import read_hf_config
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
-from engine.parallel.step_plan import AdapterCopy, StepDecoder
 from engine.rank_model import attach_pages, load_rank_model
+from engine.workers.step_plan import AdapterCopy, StepDecoder
 
 
 @dataclass(frozen=True)

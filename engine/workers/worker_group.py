@@ -17,8 +17,8 @@ import adapters
 from engine.context import Context
 from engine.parallel.communicator import COLLECTIVE_TIMEOUT_S, Communicator, free_port
 from engine.parallel.sharding import shard_adapter
-from engine.parallel.step_plan import AdapterCopy, encode
-from engine.parallel.worker import WorkerSpec, worker_main
+from engine.workers.step_plan import AdapterCopy, encode
+from engine.workers.worker import WorkerSpec, worker_main
 
 START_TIMEOUT_S = 600.0  # loading a shard of a large checkpoint
 GRACE_S = 2.0  # after a failed collective, how long to wait for a dying worker to show it

@@ -3,7 +3,7 @@
 Pages serve as KV blocks or as adapter pages (engine.paged_memory): both are taken from one free list
 (`_take_block`, `take_pages`), so the KV cache and adapters share one budget.
 
-A full block is identified by its key (engine/kv/keys.py): a hash chain over the base model's digest,
+A full block is identified by its key (engine/block_keys.py): a hash chain over the base model's digest,
 the adapter's content digest (LoRA on k/v changes the cache), a salt (the tenant: a cache shared across
 tenants would let one time-probe another's prompts), its tokens and the key of the block before it. A
 freed block keeps its key and stays reusable until it is needed for something else; such blocks are
@@ -21,7 +21,7 @@ No torch.
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
-from engine.kv.keys import chain, namespace
+from engine.block_keys import chain, namespace
 from engine.sequence import Sequence
 
 FREED = -1  # a block-table entry whose block was given back: wholly outside every layer's window
@@ -38,7 +38,7 @@ class BlockManager:
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool,
                  window: int | None = None, base: str = "") -> None:
         """window: the widest sliding window when every layer has one (keys p - window < j <= p), else None;
-        base: the base model's digest (engine.kv.keys.base_digest), part of every key."""
+        base: the base model's digest (engine.block_keys.base_digest), part of every key."""
         self.num_blocks = num_blocks
         self.base = base
         self.block_size = block_size

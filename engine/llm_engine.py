@@ -13,6 +13,7 @@ import torch
 import adapters
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
+from engine.block_keys import base_digest, model_digest
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.contract import ADAPTER_UNAVAILABLE
@@ -21,7 +22,6 @@ from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
 from engine.kv import payload
 from engine.kv.host_tier import HostTier
-from engine.kv.keys import base_digest, model_digest
 from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
 from engine.lora_modules import row_widths

@@ -1,2 +1,2 @@
-"""KV beyond one engine's page pool: block keys, the connector seam, block payloads and the host tier
-(docs/kv-tiers.md). No Django."""
+"""KV beyond one engine's page pool: the connector seam, block payloads, leases, transport and the host tier
+(docs/kv-tiers.md). Blocks are named by engine/block_keys.py's keys. No Django."""

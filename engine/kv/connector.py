@@ -6,7 +6,7 @@ cached block about to leave the pool (its chance to save it). The worker side mo
 the pool's pages and wherever the connector keeps them, never blocking a step: a load runs on a side
 stream (CUDA) or a thread (CPU), and the sequence waits in the scheduler until its blocks are in.
 
-Keys are engine/kv/keys.py's: the scheduler asks with the keys it computed itself, and a connector returns
+Keys are engine/block_keys.py's: the scheduler asks with the keys it computed itself, and a connector returns
 blocks only under exactly those keys. Loaded blocks become ordinary cached prefix blocks
 (BlockManager.install), so the sequence then runs as a prefix-cache hit: what is computed and sampled is
 what a colocated run computes and samples.

@@ -4,8 +4,8 @@ no block leaked."""
 
 import pytest
 
+from engine.block_keys import chain, namespace
 from engine.block_manager import BlockManager
-from engine.kv.keys import chain, namespace
 from engine.kv.lease import LeaseTable
 from engine.kv.transport import LeaseRefused
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.block_keys import base_digest, chain, model_digest, namespace
 from engine.kv import payload
-from engine.kv.keys import base_digest, chain, model_digest, namespace
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)

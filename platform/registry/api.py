@@ -5,7 +5,7 @@ Reads need any valid key (or the viewer role); writes need the `adapters:write` 
 
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from apikeys.models import Scope
 from quilt.pagination import StrictLimitOffsetPagination
 from quilt.parsers import QuiltJSONParser
+from quilt.schema import ErrorOutput
 from registry import promotion, selectors, services
 from registry.errors import RegistryRefusal, UploadTooLarge
 from registry.models import Adapter
@@ -32,6 +33,12 @@ from tenancy.models import Membership
 
 Role = Membership.Role
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+UPLOAD_REFUSED = OpenApiResponse(
+    ErrorOutput,
+    description="The body has the schema's shape but its file is not an adapter this platform can serve: a pickle "
+    "file, an image, an archive that does not unpack, two files of one name, no adapter_config.json, weights for "
+    "modules the base model lacks, an empty file (the code says which); or the base model does not exist.",
+)
 
 
 class _RegistryApi(TenantAPIView):
@@ -89,7 +96,9 @@ class AdapterListApi(_RegistryApi):
         page = paginator.paginate_queryset(selectors.adapters_of(tenant=self.tenant), request, view=self)
         return paginator.get_paginated_response(AdapterOutput(page, many=True).data)
 
-    @extend_schema(request={"multipart/form-data": AdapterCreateInput}, responses={201: AdapterCreatedOutput})
+    @extend_schema(
+        request={"multipart/form-data": AdapterCreateInput}, responses={201: AdapterCreatedOutput, 422: UPLOAD_REFUSED}
+    )
     def post(self, request):
         self._stream_uploads(request)
         data = AdapterCreateInput(data=request.data)
@@ -121,7 +130,8 @@ class AdapterVersionListApi(_RegistryApi):
         return Response(AdapterVersionOutput(versions, many=True).data)
 
     @extend_schema(
-        request={"multipart/form-data": AdapterVersionCreateInput}, responses={201: AdapterVersionOutput}
+        request={"multipart/form-data": AdapterVersionCreateInput},
+        responses={201: AdapterVersionOutput, 422: UPLOAD_REFUSED},
     )
     def post(self, request, name: str):
         adapter = self._adapter(name)

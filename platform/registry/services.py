@@ -49,7 +49,7 @@ def _check_upload(*, tenant: Tenant, base: BaseModel, files: list[File]) -> tupl
     if not files:
         raise RegistryRefusal(
             "Attach the adapter as 'file': a .zip or .tar.gz of the PEFT folder, or its files one by one.",
-            code="file_missing",
+            code="file_missing", status_code=400,
         )
     size = sum(upload.size for upload in files)
     if size > upload_limit(tenant=tenant):
@@ -79,9 +79,11 @@ def _check_name(*, name: str) -> None:
     try:
         model_name_validator(name)
     except ValidationError as error:
-        raise RegistryRefusal(f"'{name}' is not a valid adapter name. {error.messages[0]}", code="invalid_name") from None
+        raise RegistryRefusal(
+            f"'{name}' is not a valid adapter name. {error.messages[0]}", code="invalid_name", status_code=400
+        ) from None
     if len(name) > Adapter._meta.get_field("name").max_length:
-        raise RegistryRefusal("An adapter name has at most 64 characters.", code="invalid_name")
+        raise RegistryRefusal("An adapter name has at most 64 characters.", code="invalid_name", status_code=400)
     if BaseModel.objects.filter(name=name).exists():
         raise RegistryRefusal(f"'{name}' is the name of a base model; pick another.", code="adapter_exists", status_code=409)
 
@@ -128,8 +130,7 @@ def adapter_create(
     _check_name(name=name)
     base = base_models_active().filter(name=base_model).first()
     if base is None:
-        raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model",
-                              status_code=422)
+        raise RegistryRefusal(f"There is no base model named '{base_model}'.", code="unknown_base_model")
     _check_room(tenant=tenant)
     _check_free(tenant=tenant, name=name)
     size, checked = _check_upload(tenant=tenant, base=base, files=files)

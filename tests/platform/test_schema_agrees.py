@@ -148,3 +148,9 @@ def test_a_webhook_url_the_schema_allows_is_saved(tenant_a, staff):
     assert re.search(WEBHOOK_URL, url)
     response = staff.patch("/api/v1/tenant", {"webhook_url": url}, format="json")
     assert response.status_code == 200 and response.json()["webhook_url"] == url
+
+
+@pytest.mark.parametrize("path", ["/api/v1/adapters", "/api/v1/adapters/{name}/versions"])
+def test_the_uploads_document_a_file_that_is_not_an_adapter_as_422(schema, path):
+    description = schema["paths"][path]["post"]["responses"]["422"]["description"]
+    assert "not an adapter" in description and "pickle" in description

@@ -49,7 +49,7 @@ def test_a_module_the_phi3_base_lacks_is_refused_at_upload(writer, phi3_base, tm
     config = directory / "adapter_config.json"
     config.write_text(config.read_text().replace('"qkv_proj"', '"qkv_proj", "dense"'))
     response = create_on(writer, "tiny-phi3", "dense", zipped(directory))
-    assert response.status_code == 400, response.content
+    assert response.status_code == 422, response.content
     error = response.json()["error"]
     assert error["code"] == "unsupported_module"
     assert error["message"].startswith("target_modules names dense, which a Phi-3 base (Phi3ForCausalLM) does not have")
@@ -58,7 +58,7 @@ def test_a_module_the_phi3_base_lacks_is_refused_at_upload(writer, phi3_base, tm
 
 def test_a_phi3_fused_adapter_is_refused_on_a_llama_base_at_upload(writer, base_model, tmp_path):
     response = create_adapter(writer, "fused", zipped(save_phi3_adapter(tmp_path / "f", seed=1, fused=True, targets=["qkv_proj"])))
-    assert response.status_code == 400, response.content
+    assert response.status_code == 422, response.content
     error = response.json()["error"]
     assert error["code"] == "unsupported_module"
     assert "qkv_proj, which a Llama base (LlamaForCausalLM) does not have" in error["message"]

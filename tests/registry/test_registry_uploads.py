@@ -104,7 +104,7 @@ def test_bad_requests_are_refused_clearly(tenant_a, key_client, base_model, adap
         ({"name": "x", "base_model": "no-such-base", "file": upload("a.zip", adapter_zip)}, 422, "unknown_base_model"),
         ({"name": "bad@name", "base_model": BASE_NAME, "file": upload("a.zip", adapter_zip)}, 400, "invalid_name"),
         ({"name": BASE_NAME, "base_model": BASE_NAME, "file": upload("a.zip", adapter_zip)}, 409, "adapter_exists"),
-        ({"name": "x", "base_model": BASE_NAME, "file": upload("a.zip", b"")}, 400, "file_empty"),
+        ({"name": "x", "base_model": BASE_NAME, "file": upload("a.zip", b"")}, 422, "file_empty"),
         ({"name": "x", "base_model": BASE_NAME}, 400, "file: This field is required"),
     ]
     for body, status, code in cases:

@@ -14,7 +14,7 @@ from registry.models import Adapter, AdapterVersion
 from registry.storage import adapter_store_root, canonical_local_dir
 from registry.validation import adapter_version_validate, adapter_versions_stale
 from tenancy.models import AuditLog
-from tests.registry.conftest import create_adapter, files_under, ready_version, upload
+from tests.registry.conftest import BASE_NAME, create_adapter, files_under, ready_version, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -52,19 +52,37 @@ def test_a_broken_adapter_fails_with_a_readable_message(writer, base_model, wron
     assert files_under(media_root / "adapters") == []
 
 
-def test_pickles_and_stray_files_are_refused_before_a_version_exists(writer, base_model, media_root):
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
+
+
+def test_pickles_and_stray_files_are_refused_as_unprocessable_before_a_version_exists(writer, base_model, media_root):
+    """Each body has the schema's shape (a name, a base model, a file): what is refused is the file's content, a 422."""
     cases = [
         ("adapter_model.bin", b"\x80\x04data", "pickle_file", "adapter_model.bin is a pickle file"),
         ("adapter.zip", bytes(range(256)) * 8, "archive_corrupt", "adapter.zip is not a readable zip archive"),
         ("adapter_config.json", b'{"r": 4}', "weights_missing", "adapter_config.json found but no adapter_model"),
+        ("photo.png", PNG, "config_missing", "No adapter_config.json"),
+        ("adapter.zip", b"", "file_empty", "The uploaded file is empty."),
     ]
     for filename, data, code, message in cases:
         response = create_adapter(writer, "refused", data, filename=filename)
-        assert response.status_code == 400, response.content
+        assert response.status_code == 422, response.content
         error = response.json()["error"]
         # file names keep their case: the tenant's "adapter.zip" is not "Adapter.zip"
         assert error["code"] == code and error["message"].startswith(message), error
+        assert error["type"] == "invalid_request_error"
+    twice = [upload("adapter_config.json", b'{"r": 4}'), upload("adapter_config.json", b'{"r": 4}')]
+    body = {"name": "refused", "base_model": BASE_NAME, "file": twice}
+    response = writer.post("/api/v1/adapters", body, format="multipart")
+    assert response.status_code == 422 and response.json()["error"]["code"] == "duplicate_file", response.content
     assert not AdapterVersion.objects.exists() and files_under(media_root) == []
+
+
+def test_a_new_version_whose_content_is_not_an_adapter_is_422(writer, base_model, adapter_zip, media_root):
+    assert create_adapter(writer, "bot", adapter_zip).status_code == 201
+    response = writer.post("/api/v1/adapters/bot/versions", {"file": upload("photo.png", PNG)}, format="multipart")
+    assert response.status_code == 422 and response.json()["error"]["code"] == "config_missing", response.content
+    assert AdapterVersion.objects.filter(adapter__name="bot").count() == 1
 
 
 def test_identical_uploads_share_the_blob_but_not_the_metadata(writer, base_model, adapter_zip, media_root):

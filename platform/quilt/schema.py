@@ -47,16 +47,20 @@ class QuiltAutoSchema(AutoSchema):
     def _map_serializer_field(self, field, direction, bypass_extensions=False):
         """DRF's refusals the generator leaves out. A field's own pattern (a RegexValidator's: a slug, a username)
         comes first, as it is what the field checks; a CharField without one refuses a NUL character, and one that
-        may not be blank refuses a value that is blank once trimmed (so it needs a character that is not white
-        space); a list that may not be empty needs an item."""
+        trims refuses a value that is blank once trimmed (so it needs a character str.strip() keeps) unless it may
+        be blank, when such a value is its blank branch; a list that may not be empty needs an item."""
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
         if direction != "request":
             return schema
         self._insert_field_validators(field, schema)  # drf-spectacular runs it again after us: it adds nothing then
         if isinstance(field, serializers.CharField) and schema.get("type") == "string" \
                 and "pattern" not in schema and "format" not in schema and "enum" not in schema:
-            schema["pattern"] = NOT_BLANK if field.trim_whitespace and not field.allow_blank else NOT_EMPTY
+            schema["pattern"] = NOT_BLANK if field.trim_whitespace else NOT_EMPTY
             self._insert_field_validators(field, schema)  # a field that may be blank: "" is a oneOf of its own
+        if isinstance(field, serializers.CharField) and field.allow_blank and field.trim_whitespace \
+                and "oneOf" in schema:  # what is blank once trimmed is taken as "": the blank branch is all of it
+            schema["oneOf"] = [{"type": "string", "pattern": BLANK} if branch == _EMPTY else branch
+                               for branch in schema["oneOf"]]
         if isinstance(field, serializers.ListField) and not field.allow_empty and schema.get("type") == "array":
             schema.setdefault("minItems", 1)
         if isinstance(field, serializers.DateTimeField) and schema.get("format") == "date-time":
@@ -94,9 +98,13 @@ def _decimal_pattern(field: serializers.DecimalField, pattern: str) -> str:
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL holds no NUL character: a parameter with one is refused (quilt.middleware)
 # What DRF's CharField takes: no NUL character (its ProhibitNullCharactersValidator) and, where it may not be blank
-# once trimmed, a character that is not white space (str.strip's white space is what \s means to Python's re).
+# once trimmed, a character that str.strip() keeps. The characters it removes (str.isspace) are named one by one:
+# ECMAScript's \s, the schema's dialect, leaves out \x1c-\x1f and \x85 and takes \ufeff, which strip() keeps.
+STRIPPED = r"\t-\r\x1c- \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 NOT_EMPTY = r"^[^\x00]+$"
-NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
+NOT_BLANK = rf"^[^\x00]*[^\x00{STRIPPED}][^\x00]*$"
+BLANK = rf"^[{STRIPPED}]*$"
+_EMPTY = {"type": "string", "maxLength": 0}  # drf-spectacular's branch for "" beside a field's format or pattern
 DATETIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})$"
 
 

@@ -3,12 +3,17 @@ own pattern is the schema's, no request string may hold a NUL, a body is JSON of
 an object's state is a 409, not a 400 that reads as "your request was malformed"."""
 
 import re
+import sys
 
+import jsonschema_rs
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.validators import slug_re
+from drf_spectacular.generators import SchemaGenerator
+from rest_framework import serializers
 from rest_framework.test import APIClient
 
+from quilt.schema import NOT_BLANK
 from registry.models import model_name_validator
 from tenancy.models import Membership
 from tenancy.serializers import WEBHOOK_SECRET, WEBHOOK_URL
@@ -154,3 +159,72 @@ def test_a_webhook_url_the_schema_allows_is_saved(tenant_a, staff):
 def test_the_uploads_document_a_file_that_is_not_an_adapter_as_422(schema, path):
     description = schema["paths"][path]["post"]["responses"]["422"]["description"]
     assert "not an adapter" in description and "pickle" in description
+
+
+# Characters str.strip() removes that ECMAScript's \s (the schema's regex dialect) does not match, one that \s matches
+# and strip() keeps, and plain white space: each alone is a value whose blankness the schema and the API must agree on.
+EDGE_TEXT = ["\u001c", "\x1f", "\x85", "\ufeff", " ", "\u3000", "\x1c\x85 \x1f"]
+
+
+def _ecma_allows(field_schema: dict, value: str) -> bool:
+    """Whether the schema allows the value, as a JSON Schema validator with ECMAScript regexes reads it."""
+    return jsonschema_rs.validator_for(field_schema, validate_formats=True).is_valid(value)
+
+
+def _text_fields(schema: dict):
+    for component, body in schema["components"]["schemas"].items():
+        if not component.endswith("Input"):
+            continue
+        for name, field_schema in body.get("properties", {}).items():
+            item = field_schema.get("items", field_schema)
+            if any(branch.get("type") == "string" for branch in item.get("oneOf", [item])) \
+                    and item.get("format") != "binary":
+                yield component, name, item
+
+
+def test_every_text_field_of_a_body_refuses_what_the_api_refuses_as_blank():
+    generator = SchemaGenerator()
+    schema = generator.get_schema(request=None, public=True)
+    checked = 0
+    for component, name, field_schema in _text_fields(schema):
+        serializer = generator.registry[(component, "schemas")].object
+        field = serializer.fields[name]
+        field = getattr(field, "child", field)
+        for value in EDGE_TEXT:
+            try:
+                field.run_validation(value)
+                api_takes = True
+            except serializers.ValidationError:
+                api_takes = False
+            assert _ecma_allows(field_schema, value) == api_takes, (component, name, value, api_takes)
+            checked += 1
+    assert checked > 20 * len(EDGE_TEXT)
+
+
+def test_every_text_query_parameter_refuses_what_the_api_refuses_as_blank(schema, tenant_a, staff):
+    checked = 0
+    for path, operations in schema["paths"].items():
+        get = operations.get("get")
+        if not path.startswith("/api/") or get is None or "{" in path:
+            continue
+        for parameter in get.get("parameters", []):
+            field_schema = parameter.get("schema") or {}
+            if parameter["in"] != "query" or field_schema.get("type") != "string" or "format" in field_schema \
+                    or "enum" in field_schema:
+                continue
+            for value in EDGE_TEXT:
+                response = staff.get(path, {parameter["name"]: value})
+                assert response.status_code in (200, 400, 404), (path, response.content)
+                api_takes = response.status_code != 400  # a cursor it never gave out is a 404: read, not refused
+                assert _ecma_allows(field_schema, value) == api_takes, (path, parameter["name"], value, api_takes)
+                checked += 1
+    assert checked > 5 * len(EDGE_TEXT)
+
+
+def test_the_not_blank_pattern_names_exactly_what_str_strip_removes():
+    blank = jsonschema_rs.validator_for({"type": "string", "pattern": NOT_BLANK})
+    for point in range(sys.maxunicode + 1):
+        character = chr(point)
+        if point == 0 or 0xD800 <= point <= 0xDFFF:
+            continue
+        assert blank.is_valid(character) == (character.strip() != ""), hex(point)

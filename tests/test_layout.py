@@ -1,8 +1,12 @@
 """The layout rules of DESIGN.md: platform/ is a source root, and the engine side never imports Django."""
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,3 +65,195 @@ def test_the_django_guard_catches_a_module_that_imports_django(tmp_path):
     result = _run(_walk_and_check("leaky"), extra_path=str(tmp_path))
     assert result.returncode != 0
     assert "django" in result.stderr
+
+
+# The import graph of our own code, read with `ast`: module-level and function-level imports alike (an import
+# inside a function that closes a circle is still a circle), `if TYPE_CHECKING:` ones too.
+
+# (folder, the source root its module names start from)
+SOURCES = [(REPO / "engine", REPO), (REPO / "kernels", REPO), (REPO / "adapters", REPO), (REPO / "benchmarks", REPO),
+           (REPO / "platform", REPO / "platform")]
+
+# engine/models <-> engine/quant_formats: an exception until quantization lives in one folder.
+QUANT_FORMATS_CYCLE = frozenset({"engine.models", "engine.quant_formats"})
+ALLOWED_ENGINE_CYCLES = {QUANT_FORMATS_CYCLE}
+
+# The engine's layers, by module or subpackage. A module may import its own layer and the layers named here,
+# nothing else of ours. Models know the kernels, the LoRA layers and the tensor-parallel collective, never the
+# scheduler, the requests or the engine; the scheduler's side knows no model.
+ENGINE_LAYERS = {
+    "wire": {"engine.contract", "engine.usage"},
+    "requests": {"engine.config", "engine.sampling_params", "engine.sequence", "engine.outputs", "engine.grammar",
+                 "engine.tool_calls", "engine.tokenizer", "engine.images", "engine.step_inputs"},
+    "memory": {"engine.paged_memory", "engine.parallel", "engine.lora_modules", "engine.lora_batch",
+               "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.quantization"},
+    "scheduling": {"engine.block_keys", "engine.block_manager", "engine.fairness", "engine.kv", "engine.scheduler"},
+    "models": {"engine.models", "engine.quant_formats"},
+    "runner": {"engine.lora_linear", "engine.rank_model", "engine.cuda_graph", "engine.sampler", "engine.guided",
+               "engine.speculative", "engine.model_runner", "engine.workers", "engine.page_budget",
+               "engine.output_processor"},
+    "engine": {"engine.llm_engine", "engine.llm"},
+    "server": {"engine", "engine.__main__", "engine.server", "engine.demo"},
+}
+ENGINE_MAY_IMPORT = {
+    "wire": set(),
+    "requests": set(),
+    "memory": {"kernels", "adapters"},
+    "scheduling": {"requests", "memory"},
+    "models": {"memory", "kernels", "adapters"},
+    "runner": {"requests", "memory", "scheduling", "models", "kernels", "adapters"},
+    "engine": {"wire", "requests", "memory", "scheduling", "models", "runner", "kernels", "adapters"},
+    "server": {"wire", "requests", "memory", "scheduling", "models", "runner", "engine", "kernels", "adapters"},
+}
+# Outside the engine: kernels and adapters stand alone; nothing of the engine side imports the benchmarks or the
+# platform.
+MAY_IMPORT = {"kernels": set(), "adapters": set(), "engine": {"kernels", "adapters"}}
+
+
+def source_modules(sources: list[tuple[Path, Path]]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under each folder (migrations aside)."""
+    found = {}
+    for folder, root in sources:
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if "migrations" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph(sources: list[tuple[Path, Path]]) -> dict[str, dict[str, int]]:
+    """module -> {module of ours it imports: line of the first such import}."""
+    modules = source_modules(sources)
+
+    def ours(name: str) -> str | None:  # the module itself, or the package whose attribute it is
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [ours(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else ours(base) for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target and target != name:
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def engine_unit(module: str) -> str:
+    """An engine subpackage counts as one node, a module of the engine's top folder as itself."""
+    parts = module.split(".")
+    if parts[0] == "engine" and len(parts) > 2:
+        return ".".join(parts[:2])
+    return module
+
+
+def engine_layer(module: str) -> str | None:
+    unit = engine_unit(module)
+    return next((layer for layer, units in ENGINE_LAYERS.items() if unit in units), None)
+
+
+def describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{a} -> {b} (line {graph[a][b]})" for a in component for b in sorted(graph[a]) if b in component)
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, dict[str, int]]:
+    return import_graph(SOURCES)
+
+
+def test_no_module_imports_itself_back_through_others(graph):
+    circles = cycles(graph)
+    assert not circles, "\n".join(describe(c, graph) for c in circles)
+
+
+def test_engine_subpackages_import_each_other_one_way(graph):
+    units: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        if module.startswith("engine"):
+            units.setdefault(engine_unit(module), set()).update(
+                engine_unit(t) for t in edges if t.startswith("engine") and engine_unit(t) != engine_unit(module))
+    circles = [c for c in cycles(units) if frozenset(c) not in ALLOWED_ENGINE_CYCLES]
+    assert not circles, circles
+
+
+def test_every_engine_module_has_a_layer(graph):
+    unplaced = sorted(m for m in graph if m.split(".")[0] == "engine" and engine_layer(m) is None)
+    assert not unplaced, f"add these to ENGINE_LAYERS in {Path(__file__).name}: {unplaced}"
+
+
+def test_engine_layers_import_downward(graph):
+    upward = []
+    for module, edges in graph.items():
+        top = module.split(".")[0]
+        if top not in MAY_IMPORT:
+            continue
+        layer = engine_layer(module) if top == "engine" else None
+        for target, line in edges.items():
+            target_top = target.split(".")[0]
+            if top != "engine" or target_top != "engine":
+                allowed = target_top == top or target_top in MAY_IMPORT[top] | ENGINE_MAY_IMPORT.get(layer, set())
+            else:
+                target_layer = engine_layer(target)
+                allowed = target_layer == layer or target_layer in ENGINE_MAY_IMPORT.get(layer, set())
+            if not allowed:
+                upward.append(f"{module} ({layer or top}) -> {target} ({engine_layer(target) or target_top}), line {line}")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_checks_catch_a_circle_closed_inside_a_function_and_an_upward_import(tmp_path):
+    (tmp_path / "engine" / "models").mkdir(parents=True)
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "models" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "models" / "llama.py").write_text("from ..scheduler import Scheduler\n")
+    (tmp_path / "engine" / "scheduler.py").write_text("def build():\n    from engine.models import llama\n")
+    graph = import_graph([(tmp_path / "engine", tmp_path)])
+    assert graph["engine.models.llama"] == {"engine.scheduler": 1}
+    assert graph["engine.scheduler"] == {"engine.models.llama": 2}
+    assert cycles(graph) == [["engine.models.llama", "engine.scheduler"]]
+    assert engine_layer("engine.models.llama") == "models"
+    assert "scheduling" not in ENGINE_MAY_IMPORT["models"]

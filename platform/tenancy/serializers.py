@@ -8,6 +8,7 @@ from quilt.fields import DecimalString
 from quilt.query import QueryInput
 from tenancy.authority import NotAllowed
 from tenancy.models import AuditLog, Invitation, Membership, Plan, Tenant
+from tenancy.webhook_targets import WEBHOOK_URL, validate_webhook_url
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -45,24 +46,12 @@ class TenantOutput(serializers.ModelSerializer):
 STAFF_TENANT_FIELDS = ("slug", "name", "status", "plan")  # TenantUpdateInput's: platform staff change them
 
 
-# An http(s) URL on a public host name, as the schema states it: a subset of what Django's URLValidator takes (the
-# model's field checks that too), in URI characters only. No address literal and no local name: the address a name
-# resolves to is judged again at delivery (tenancy.webhook_targets).
-_PCHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
-WEBHOOK_URL = (
-    r"^https?://(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
-    r"(?!(?:local|internal|localdomain|localhost)(?:[:/?#]|$))[a-z]{2,63}"
-    r"(?::(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
-    rf"(?:/(?:{_PCHAR}|/)*)?(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$"
-)
-
-
 @extend_schema_field({"type": "string", "pattern": WEBHOOK_URL, "maxLength": 200,
                       "description": "An http(s) URL on a public host name (lower case; no address, no local name)."})
 class WebhookUrlField(serializers.CharField):
     def __init__(self, **kwargs):
         super().__init__(required=False, allow_blank=True, max_length=200, **kwargs)
-        self.validators.append(RegexValidator(WEBHOOK_URL, "A webhook URL is http(s) on a public host name, lower case."))
+        self.validators.append(validate_webhook_url)
 
 
 class TenantSettingsInput(RejectUnknownFields, serializers.Serializer):

@@ -1,12 +1,14 @@
-"""Where a tenant's webhooks may point: public addresses only. A target that is, or resolves to, a loopback,
-private, link-local (cloud metadata), shared, multicast, reserved or unspecified address is refused, when the URL is
-saved (addresses and local names) and again right before each delivery (after DNS resolution, since a name can be
-re-pointed later). The delivery then connects to the address that was checked, not to whatever the name resolves to
+"""Where a tenant's webhooks may point: public addresses only, named by a public host name. The one rule for a
+saved URL (WEBHOOK_URL, the API's schema states it; the console and the API both save through the model's validator):
+http(s), a lower-case host name that is not local by definition (localhost, .internal ...), never an address literal.
+Right before each delivery the name is resolved, and a target that resolves to a loopback, private, link-local
+(cloud metadata), shared, multicast, reserved or unspecified address is refused (a name can be re-pointed later). The delivery then connects to the address that was checked, not to whatever the name resolves to
 a moment later (DNS rebinding): the host goes in the Host header and, for https, in TLS's server name, so the
-certificate is still checked against the name. Networks in QUILT_WEBHOOK_ALLOWED_NETWORKS are let through (a local
-receiver in development or tests)."""
+certificate is still checked against the name. Networks in QUILT_WEBHOOK_ALLOWED_NETWORKS are let through at
+delivery (a local receiver in development or tests, under a name that resolves to it)."""
 
 import ipaddress
+import re
 import socket
 from urllib.parse import urlsplit
 
@@ -65,15 +67,40 @@ def _judged(url: str, *, resolve: bool) -> tuple[str | None, list[str]]:
     return None, addresses
 
 
-def webhook_target_problem(url: str, *, resolve: bool) -> str | None:
-    """Why `url` may not receive webhooks, or None when it may (see _judged)."""
-    return _judged(url, resolve=resolve)[0]
+# An http(s) URL on a public host name: a subset of what Django's URLValidator takes (the model's field checks that
+# too), in URI characters only. No address literal and no local name: the addresses a name resolves to are judged
+# at delivery.
+_PCHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
+WEBHOOK_URL = (
+    r"^https?://(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
+    r"(?!(?:local|internal|localdomain|localhost)(?:[:/?#]|$))[a-z]{2,63}"
+    r"(?::(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
+    rf"(?:/(?:{_PCHAR}|/)*)?(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$"
+)
+_WEBHOOK_URL = re.compile(WEBHOOK_URL)
+NOT_A_NAME = "A webhook URL names its host; an IP address is not taken (the name's addresses are checked at delivery)."
+MALFORMED = "A webhook URL is http(s) on a public host name, lower case."
+
+
+def _save_problem(url: str) -> str | None:
+    if _WEBHOOK_URL.fullmatch(url):
+        return None
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".")
+    except ValueError:
+        return MALFORMED
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return _judged(url, resolve=False)[0] or MALFORMED
+    return INSIDE if _refused_address(host) else NOT_A_NAME
 
 
 def validate_webhook_url(url: str) -> None:
-    """Save time (model validator): refuses addresses and names that are not public."""
+    """The rule for a saved webhook URL (model validator, so every service that saves a tenant applies it): WEBHOOK_URL,
+    with a message that says which part of it the URL breaks."""
     if url:
-        problem = webhook_target_problem(url, resolve=False)
+        problem = _save_problem(url)
         if problem:
             raise ValidationError(problem, code="webhook_target")
 

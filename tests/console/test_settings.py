@@ -17,16 +17,42 @@ def settings_url(tenant, name="settings") -> str:
 def test_an_admin_saves_a_public_webhook_url_and_private_ones_are_refused(tenant, member_of, settings):
     settings.QUILT_WEBHOOK_ALLOWED_NETWORKS = []  # the test settings let a local receiver through
     client, _ = member_of(tenant, "admin")
-    saved = client.post(settings_url(tenant), {"billing_email": "ap@acme.test", "webhook_url": "https://93.184.216.34/hook"},
+    saved = client.post(settings_url(tenant), {"billing_email": "ap@acme.test", "webhook_url": "https://hooks.acme.test/in"},
                         follow=True)  # fmt: skip
     assert b"Settings saved." in saved.content
     tenant.refresh_from_db()
-    assert (tenant.billing_email, tenant.webhook_url) == ("ap@acme.test", "https://93.184.216.34/hook")
-    for inside in ["http://127.0.0.1:9000/hook", "http://10.0.0.7/hook", "http://169.254.169.254/latest"]:
+    assert (tenant.billing_email, tenant.webhook_url) == ("ap@acme.test", "https://hooks.acme.test/in")
+    for inside in ["http://localhost:9000/hook", "http://metadata.internal/latest"]:
         refused = client.post(settings_url(tenant), {"billing_email": "", "webhook_url": inside})
         assert refused.status_code == 400
         assert b"Webhooks may only go to public addresses" in refused.content, inside
-    assert Tenant.objects.get(pk=tenant.pk).webhook_url == "https://93.184.216.34/hook"
+    assert Tenant.objects.get(pk=tenant.pk).webhook_url == "https://hooks.acme.test/in"
+
+
+WEBHOOK_URLS = [
+    ("https://93.184.216.34/hook", False), ("http://127.0.0.1:9000/hook", False), ("http://[::1]/hook", False),
+    ("http://10.0.0.7/hook", False), ("http://localhost/hook", False), ("https://Hooks.example.com/q", False),
+    ("https://hooks.example.com:8443/q?a=1", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("url", "taken"), WEBHOOK_URLS)
+def test_the_console_and_the_api_take_the_same_webhook_urls_with_developments_loopback_allowed(
+    tenant, member_of, settings, url, taken
+):
+    """Loopback is let through at delivery in development; a URL is a host name all the same, in both."""
+    settings.QUILT_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.1/32", "::1/128"]
+    client, _ = member_of(tenant, "admin")
+    console = client.post(settings_url(tenant), {"billing_email": "", "webhook_url": url})
+    assert console.status_code == (302 if taken else 400), url
+    assert (Tenant.objects.get(pk=tenant.pk).webhook_url == url) is taken
+    Tenant.objects.filter(pk=tenant.pk).update(webhook_url="")
+    api = client.patch("/api/v1/tenant", {"webhook_url": url}, content_type="application/json")
+    assert api.status_code == (200 if taken else 400), api.content
+    assert (Tenant.objects.get(pk=tenant.pk).webhook_url == url) is taken
+    if not taken:  # one rule, one message
+        message = api.json()["error"]["message"].removeprefix("webhook_url: ")
+        assert message.encode() in console.content.replace(b"&#x27;", b"'"), (message, url)
 
 
 def test_the_webhook_secret_is_shown_once_and_rotates(tenant, member_of):

@@ -12,7 +12,7 @@ import torch
 
 from engine.quant_formats.int_linear import IntLinear, check_int_spec
 from engine.quant_formats.packed_linear import TensorLayout
-from engine.quant_formats.spec import QuantSpec
+from engine.quant_formats.spec import QuantSpec, weight_args
 from kernels.wna16_reference import pack_rows, unpack_rows
 
 
@@ -22,8 +22,9 @@ def _check_ct(spec: QuantSpec, bits: tuple[int, ...]) -> None:
                          f"format, got {spec.weight_type} weights, activations of {spec.activation_bits or 16} bits")
     if spec.strategy not in ("group", "channel"):
         raise ValueError(f"{spec.scheme}: strategy {spec.strategy!r} is not served; served: group, channel")
-    if spec.desc_act:
-        raise ValueError(f"{spec.scheme}: actorder is not served for compressed-tensors checkpoints")
+    if spec.desc_act:  # actorder "group" stores g_idx; "weight" (alias "static") only ordered the calibration
+        raise ValueError(f"{spec.scheme}: quantization_config weights actorder {weight_args(spec).get('actorder')!r} "
+                         f"(act order, g_idx stored) is not served; served: null, 'weight', 'static'")
     check_int_spec(spec, bits=bits)
 
 

@@ -2,7 +2,9 @@
 
 - `fp8` with `weight_block_size` [128, 128] (Qwen3-FP8, DeepSeek-V3; transformers' finegrained_fp8): per
   projection `weight` [out, in] F8_E4M3 and `weight_scale_inv` [cdiv(out, 128), cdiv(in, 128)] F32; the weight
-  is `weight * weight_scale_inv[o // 128, i // 128]` (the name is the writer's: it multiplies). Served
+  is `weight * weight_scale_inv[o // 128, i // 128]` (the name is the writer's: it multiplies). GPTQModel's
+  FP8Config writes the same tensors with `weight_scale_semantics: "inverse"`: the weight is `weight /
+  weight_scale_inv`, so its scales are held as their reciprocals (computed once, at load). Served
   weight-only: the activations stay in their dtype and `kernels.fp8_block_linear` dequantizes tiles in
   registers (docs/quantization.md says why the writer's per-group activation quantization is not applied).
 - compressed-tensors `float-quantized` (llm-compressor's FP8 and FP8_DYNAMIC): `weight` [out, in] F8_E4M3,
@@ -146,6 +148,11 @@ class Fp8BlockLinear(Fp8Linear):
             return super().load_slice(index, kind, tensor)
         width, _ = self.slice_rows(index)
         self.load_scale_rows(index, tensor, (cdiv(width, BLOCK), cdiv(self.in_total, BLOCK)), BLOCK)
+
+    def finish(self) -> None:
+        super().finish()
+        if self.spec.inverse_scales:  # GPTQModel's: the weight is weight / weight_scale_inv; held as the scale
+            self.weight_scale_inv.data = torch.reciprocal(self.weight_scale_inv.data)
 
     def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
         y = self.weight_only(x)

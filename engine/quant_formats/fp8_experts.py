@@ -42,6 +42,7 @@ class Fp8Experts(Experts):
         """base: the Experts it replaces (on meta), this rank's slice of each expert's intermediate."""
         nn.Module.__init__(self)
         self.name, self.tp_rank, self.tp_size = name, tp_rank, tp_size
+        self.inverse_scales = spec is not None and spec.inverse_scales  # GPTQModel's: weight / weight_scale_inv
         self.num_experts, self.inter = base.num_experts, base.inter
         self.act_and_mul = base.act_and_mul
         experts, rows, hidden = base.gate_up_proj.shape
@@ -96,6 +97,8 @@ class Fp8Experts(Experts):
     def finish(self) -> None:
         for kind in ("gate_up_proj_scale", "down_proj_scale"):
             check_scales(self.name, kind, getattr(self, kind))
+            if self.inverse_scales:  # held as the scales they are the inverses of
+                getattr(self, kind).data = torch.reciprocal(getattr(self, kind).data)
 
     def project(self, projection: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return kernels.grouped_matmul(rows, getattr(self, projection), offsets, getattr(self, f"{projection}_scale"),

@@ -4,6 +4,9 @@
   finegrained-fp8 quantizer (`Fp8Quantize`, what `FineGrainedFP8Config` runs on a GPU to write Qwen3-FP8's
   layout: `weight` F8_E4M3, `weight_scale_inv` F32 per 128 x 128 block), the rest copied; the
   quantization_config is Qwen3-FP8's.
+- GPTQModel's FP8Config with block scales: the same tensor names, but its `weight_scale_inv` is the inverse of a
+  scale (`weight_scale_semantics: "inverse"`: the weight is weight / weight_scale_inv), and its own
+  quantization_config fields (write_gptqmodel_block_fp8, with its dequantized twin as the oracle).
 - compressed-tensors `float-quantized`: compressed-tensors' own `apply_quantization_config` and
   `ModelCompressor` (what llm-compressor's `oneshot` calls) with its FP8 presets; weight scales from the
   weights' min/max (llm-compressor's default observer) and static input scales from the inputs' absolute
@@ -99,6 +102,53 @@ def write_block_fp8(src: Path, dst: Path, *, drop: str | None = None, config: di
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"),
               metadata={"format": "pt"})
     return dst
+
+
+GPTQMODEL_BLOCK_CONFIG = {  # what GPTQModel's FP8Config(weight_scale_method="block").to_dict() writes
+    "bits": 8, "group_size": -1, "desc_act": False, "lm_head": False, "method": "fp8", "quant_method": "fp8",
+    "format": "float8_e4m3fn", "checkpoint_format": "float8_e4m3fn", "pack_dtype": "int32",
+    "meta": {"quantizer": ["gptqmodel:7.6.0"], "uri": "https://github.com/modelcloud/gptqmodel", "fallback": None,
+             "offload_to_disk": True, "pack_impl": "cpu"},
+    "weight_scale_method": "block", "weight_block_size": [128, 128], "weight_scale_semantics": "inverse"}
+
+
+def quantize_block_inverse(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQModel's block fp8 quantization of weight [out, in] (whole 128 x 128 blocks): per block
+    scale_inv = 448 / amax (1 for an all-zero block), q = clamp(w * scale_inv) in float8_e4m3fn. Returns (q,
+    scale_inv [out / 128, in / 128] float32, the weight q stands for: q / scale_inv, in float32)."""
+    rows, cols = weight.shape
+    blocks = weight.float().reshape(rows // 128, 128, cols // 128, 128)
+    amax = blocks.abs().amax(dim=(1, 3))  # [out / 128, in / 128]
+    scale_inv = torch.where(amax > 0, 448.0 / amax.clamp_min(torch.finfo(torch.float32).tiny), torch.ones_like(amax))
+    q = (blocks * scale_inv[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    dequantized = q.float() / scale_inv[:, None, :, None]
+    return q.reshape(rows, cols), scale_inv, dequantized.reshape(rows, cols)
+
+
+def write_gptqmodel_block_fp8(src: Path, dst: Path, *, config: dict | None = None) -> Path:
+    """`src` (fp32) as GPTQModel writes an FP8Config block checkpoint: `weight` F8_E4M3 and `weight_scale_inv` F32
+    per 128 x 128 block whose meaning is `weight_scale_semantics: "inverse"` (the weight is weight /
+    weight_scale_inv). Also writes `dst`-dequantized: the same model in fp32 with each projection dequantized so
+    (transformers + PEFT load it as the oracle); returns that twin's path."""
+    tensors, twin = {}, {}
+    with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            tensor = twin[name] = f.get_tensor(name)
+            if _is_projection(name):
+                q, scale_inv, twin[name] = quantize_block_inverse(tensor)
+                tensors[name], tensors[f"{name}_scale_inv"] = q, scale_inv
+            else:
+                tensors[name] = tensor
+    reference = dst.with_name(dst.name + "-dequantized")
+    for out, state in ((dst, tensors), (reference, twin)):
+        _copy_other_files(src, out, config or GPTQMODEL_BLOCK_CONFIG)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
+    config_path = reference / "config.json"
+    plain = json.loads(config_path.read_text())
+    del plain["quantization_config"]
+    config_path.write_text(json.dumps(plain, indent=2))
+    return reference
 
 
 def block_oracle(directory, adapters) -> Oracle:

@@ -23,6 +23,7 @@ from tests.engine.fp8_checkpoints import (
     quantize_expert_inputs,
     write_block_fp8,
     write_compressed_fp8,
+    write_gptqmodel_block_fp8,
 )
 from tests.engine.test_families import assert_matches_peft, make_llm
 
@@ -38,7 +39,10 @@ CASES = {  # id -> (arch, format)
     "mixtral-block": ("mixtral", "block"),
     "qwen3-moe-dynamic": ("qwen3-moe", "dynamic"),  # compressed-tensors experts: per-channel, dynamic per token
     "mixtral-static": ("mixtral", "static"),  # per-tensor weights, static input scales per expert
+    "llama-inverse": ("llama", "inverse"),  # GPTQModel's block scales: weight / weight_scale_inv
+    "qwen3-moe-inverse": ("qwen3-moe", "inverse"),
 }
+WEIGHT_ONLY = ("block", "inverse")  # the weight dequantized, the activations as they are
 SEEDS = {"llama": 60, "qwen3": 61, "qwen3-moe": 62, "mixtral": 63}
 MAX_TOKENS = 6
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
@@ -79,12 +83,15 @@ def fp8(families, tmp_path_factory):
             directory = tmp_path_factory.mktemp(f"fp8-{case}") / "model"
             if fmt == "block":
                 write_block_fp8(base, directory)
+            elif fmt == "inverse":  # the oracle: the model dequantized as weight / weight_scale_inv, in the test
+                dequantized = write_gptqmodel_block_fp8(base, directory)
             else:
                 pytest.importorskip("compressed_tensors")  # requirements/dev.txt; not on the GPU machine's image
                 preset = "FP8" if fmt == "static" else "FP8_DYNAMIC"
                 write_compressed_fp8(base, directory, preset=preset, calibration=random_prompts(67, [9, 21, 14]))
-            oracle = block_oracle(directory, adapters) if fmt == "block" else Oracle(directory, adapters)
-            if fmt != "block" and arch in ("qwen3-moe", "mixtral"):
+            oracle = (block_oracle(directory, adapters) if fmt == "block" else
+                      Oracle(dequantized, adapters) if fmt == "inverse" else Oracle(directory, adapters))
+            if fmt not in WEIGHT_ONLY and arch in ("qwen3-moe", "mixtral"):
                 quantize_expert_inputs(oracle.base, directory)  # transformers runs experts in full precision
             made[case] = (arch, directory, adapters, oracle)
         return made[case]
@@ -125,7 +132,7 @@ def test_fp8_checkpoint_matches_transformers_and_peft(fp8, case):
                           m.weight.dtype == torch.float8_e4m3fn for m in stored)  # held as stored
     prompts, names = _mixed_batch()
     outputs = llm.generate(prompts, SAMPLING, adapters=names)
-    if CASES[case][1] == "block":  # weight-only: the same function as transformers' dequantized model
+    if CASES[case][1] in WEIGHT_ONLY:  # weight-only: the same function as transformers' dequantized model
         assert_matches_peft(oracle, prompts, names, outputs, MAX_TOKENS)
     else:
         assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs)
@@ -198,7 +205,7 @@ def test_the_oracle_computes_what_wrote_the_checkpoint(fp8, case):
     torch.testing.assert_close(oracle.logits(probe, None), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "qwen3-moe-dynamic"])
+@pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "qwen3-moe-dynamic", "llama-inverse"])
 def test_on_the_triton_launchers_matches_peft(fp8, case, triton_launchers):
     """Every op on its Triton launcher: fp8_block_linear for the projections, grouped_matmul for the experts (the
     compressed-tensors ones' rows quantized first); fp8_linear has no launcher and keeps its reference on CPU."""
@@ -209,7 +216,7 @@ def test_on_the_triton_launchers_matches_peft(fp8, case, triton_launchers):
     prompts, names = [prompts[i] for i in (0, 3, 2)], [names[i] for i in (0, 3, 2)]  # base, gate/up (experts), q/k/v
     sampling = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=1)
     outputs = llm.generate(prompts, sampling, adapters=names)
-    if CASES[case][1] == "block":
+    if CASES[case][1] in WEIGHT_ONLY:
         assert_matches_peft(oracle, prompts, names, outputs, 3)
     else:
         assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs)
@@ -225,7 +232,7 @@ def test_two_ranks_hold_their_shards_and_match_peft(fp8, case):
         prompts, names = _mixed_batch()
         prompts, names = prompts[:4], names[:4]
         outputs = llm.generate(prompts, SAMPLING, adapters=names)
-        if CASES[case][1] == "block":
+        if CASES[case][1] in WEIGHT_ONLY:
             assert_matches_peft(oracle, prompts, names, outputs, MAX_TOKENS)
         else:
             assert_matches_peft_with_quantized_activations(oracle, prompts, names, outputs)
@@ -277,8 +284,13 @@ NAME = "model.layers.1.self_attn.k_proj"
     ({"config": {"weight_block_size": [64, 64]}}, r"weight_block_size \[64, 64\] is not served"),
     ({"config": {"weight_block_size": None}}, "without weight_block_size"),
     ({"config": {"activation_scheme": "static"}}, "activation_scheme 'static' is not served"),
+    ({"config": {"weight_scale_semantics": "direct"}}, "weight_scale_semantics 'direct' is not served; served: "
+                                                       "'inverse'"),
+    ({"config": {"weight_scale_method": "row"}}, "weight_scale_method 'row' is not served"),
+    ({"config": {"format": "float8_e5m2"}}, "format 'float8_e5m2' is not served; served: e4m3"),
+    ({"config": {"scale_fmt": "ue8m0"}}, "scale_fmt 'ue8m0' is not served"),
 ], ids=["missing-scale-of-a-slice", "missing-scale", "wrong-scale-shape", "zero-scale", "block-64", "no-block",
-        "static-activations"])
+        "static-activations", "scale-semantics", "scales-per-row", "e5m2", "ue8m0-scales"])
 def test_bad_fp8_checkpoints_are_refused_at_start(fp8, tmp_path, change, message):
     _, directory, _, _ = fp8("llama-block")
     with pytest.raises(ValueError, match=message):

@@ -163,13 +163,17 @@ def block_oracle(directory, adapters) -> Oracle:
     return Oracle(directory, adapters, quantization_config=dequantized)
 
 
-def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list[list[int]]) -> Path:
+def write_compressed_tensors(src: Path, dst: Path, *, preset: str, calibration: list[list[int]],
+                             actorder: str | None = None) -> Path:
     """`src` (fp32) quantized by compressed-tensors' preset ("FP8": per-tensor weights, static per-tensor input
-    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations) and written by its compressor.
+    scales; "FP8_DYNAMIC": per-channel weights, dynamic per-token activations; "W4A16": 4-bit integers per group
+    of 128, pack-quantized) and written by its compressor. actorder: the weights' (llm-compressor's GPTQModifier
+    writes "static" by default).
     Also writes dst/producer_logits.pt: (the first calibration prompt, the logits of the quantized model that
     wrote the checkpoint on it, compressed-tensors' own forward), what the oracle is checked against."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
+        QuantizationArgs,
         QuantizationConfig,
         QuantizationStatus,
         apply_quantization_config,
@@ -194,6 +198,8 @@ def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list
     for hook in hooks:
         hook.remove()
     scheme = preset_name_to_scheme(preset, ["Linear"])
+    if actorder is not None:
+        scheme.weights = QuantizationArgs(**{**scheme.weights.model_dump(), "actorder": actorder})
     config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", "re:.*mlp.gate$"],
                                 quantization_status=QuantizationStatus.INITIALIZED)
     apply_quantization_config(model, config)
@@ -201,9 +207,13 @@ def write_compressed_fp8(src: Path, dst: Path, *, preset: str, calibration: list
         if not hasattr(module, "weight_scale"):
             continue
         weight = module.weight.data
-        per_row = scheme.weights.strategy == "channel"
-        low = weight.amin(1, keepdim=True) if per_row else weight.amin().reshape(1)
-        high = weight.amax(1, keepdim=True) if per_row else weight.amax().reshape(1)
+        if scheme.weights.strategy == "group":  # [out, groups]
+            weight = weight.reshape(weight.shape[0], -1, scheme.weights.group_size)
+            low, high = weight.amin(-1), weight.amax(-1)
+        elif scheme.weights.strategy == "channel":
+            low, high = weight.amin(1, keepdim=True), weight.amax(1, keepdim=True)
+        else:
+            low, high = weight.amin().reshape(1), weight.amax().reshape(1)
         scale, _ = calculate_qparams(low, high, scheme.weights)
         module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
         if hasattr(module, "input_scale"):

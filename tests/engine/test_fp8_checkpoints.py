@@ -22,7 +22,7 @@ from tests.engine.fp8_checkpoints import (
     build_base,
     quantize_expert_inputs,
     write_block_fp8,
-    write_compressed_fp8,
+    write_compressed_tensors,
     write_gptqmodel_block_fp8,
 )
 from tests.engine.test_families import assert_matches_peft, make_llm
@@ -88,7 +88,7 @@ def fp8(families, tmp_path_factory):
             else:
                 pytest.importorskip("compressed_tensors")  # requirements/dev.txt; not on the GPU machine's image
                 preset = "FP8" if fmt == "static" else "FP8_DYNAMIC"
-                write_compressed_fp8(base, directory, preset=preset, calibration=random_prompts(67, [9, 21, 14]))
+                write_compressed_tensors(base, directory, preset=preset, calibration=random_prompts(67, [9, 21, 14]))
             oracle = (block_oracle(directory, adapters) if fmt == "block" else
                       Oracle(dequantized, adapters) if fmt == "inverse" else Oracle(directory, adapters))
             if fmt not in WEIGHT_ONLY and arch in ("qwen3-moe", "mixtral"):

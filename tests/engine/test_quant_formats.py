@@ -7,6 +7,7 @@ transformers itself does not load these on CPU: GPTQ and AWQ need gptqmodel / au
 and its compressed-tensors path rejects packed zero points of asymmetric schemes (a size mismatch at load)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from engine import LLM, SamplingParams
 from engine.models import load_model
 from engine.quant_formats import FORMATS, read_quant_spec
 from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
-from tests.engine.quantized_checkpoints import write_quantized
+from tests.engine.fp8_checkpoints import build_base, write_compressed_tensors
+from tests.engine.quantized_checkpoints import compressed_tensors_decompress, write_quantized
+from tests.engine.test_families import assert_matches_peft
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 CASES = {  # name: write_quantized's settings
@@ -273,3 +276,65 @@ def test_static_decode_makes_no_host_sync_on_the_triton_launchers(tmp_path, trit
     base = build_checkpoint(tmp_path / "llama", "llama", seed=6, num_layers=1)
     model_dir, _ = write_quantized(base, tmp_path / case, seed=3, **CASES[case])
     check_no_host_sync(make_llm({case: model_dir}, {}, static=True, arch=case, max_num_seqs=4), [None, None, None])
+
+
+@pytest.fixture(scope="module")
+def actorder_static(tmp_path_factory):
+    """A W4A16 checkpoint written by compressed-tensors itself with actorder "static" (llm-compressor's
+    GPTQModifier default), on a Llama of hidden 128 and intermediate 256 (groups of 128), adapters on it, and
+    transformers + PEFT on its twin decompressed by compressed-tensors' own compressor as the oracle (PEFT
+    cannot wrap the Linears transformers leaves packed until their first forward)."""
+    root = tmp_path_factory.mktemp("actorder-static")
+    base = build_base(root / "base", "llama", seed=80)
+    directory = write_compressed_tensors(base, root / "w4a16", preset="W4A16", calibration=random_prompts(81, [9]),
+                                         actorder="static")
+    adapters = {"all8": build_adapter(base, root / "all8", seed=82, r=8, targets=ALL),
+                "qv4": build_adapter(base, root / "qv4", seed=83, r=4, targets=["q_proj", "v_proj"])}
+    config = json.loads((directory / "config.json").read_text())["quantization_config"]
+    stored, twin = load_file(str(directory / "model.safetensors")), load_file(str(base / "model.safetensors"))
+    for name in [name for name in stored if name.endswith(".weight_packed")]:
+        prefix = name.removesuffix(".weight_packed")
+        parts = {kind: stored[f"{prefix}.{kind}"] for kind in ("weight_packed", "weight_scale", "weight_shape")}
+        twin[f"{prefix}.weight"] = compressed_tensors_decompress(parts, config)
+    dequantized = root / "w4a16-dequantized"
+    shutil.copytree(base, dequantized)
+    save_file(twin, str(dequantized / "model.safetensors"), metadata={"format": "pt"})
+    return directory, adapters, Oracle(dequantized, adapters)
+
+
+def _serve_actorder_static(actorder_static, max_tokens: int) -> None:
+    directory, adapters, oracle = actorder_static
+    weights = json.loads((directory / "config.json").read_text())["quantization_config"]["config_groups"][
+        "group_0"]["weights"]
+    assert weights["actorder"] == "static" and weights["strategy"] == "group"
+    assert not [name for name in load_file(str(directory / "model.safetensors")) if "g_idx" in name]
+    llm = LLM(directory, device="cpu", max_num_seqs=8, num_kv_blocks=128, block_size=4)
+    for name, path in adapters.items():
+        llm.add_adapter(name, path)
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.base
+    assert qkv.perm is None and qkv.group_size == 128  # in order: no act order to sort
+    prompts, names = random_prompts(84, [3, 11, 6]), ["all8", None, "qv4"]
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
+    assert_matches_peft(oracle, prompts, names, llm.generate(prompts, sampling, adapters=names), max_tokens)
+
+
+def test_compressed_tensors_actorder_static_is_served_as_in_order(actorder_static):
+    """compressed-tensors' ActivationOrdering: "static" is an alias of "weight", which orders the calibration and
+    leaves the stored format as without act order (no g_idx): served token-identical to transformers + PEFT."""
+    _serve_actorder_static(actorder_static, max_tokens=5)
+
+
+def test_compressed_tensors_actorder_static_on_the_triton_launchers(actorder_static, triton_launchers):
+    _serve_actorder_static(actorder_static, max_tokens=3)
+
+
+@pytest.mark.parametrize("actorder", ["group", "dynamic", True])
+def test_compressed_tensors_actorder_with_g_idx_is_refused_naming_it(actorder_static, tmp_path, actorder):
+    """"group" (alias "dynamic", and the old `true`) stores g_idx: not served for compressed-tensors, refused
+    naming the field and its value."""
+    directory = actorder_static[0]
+    config = json.loads((directory / "config.json").read_text())["quantization_config"]
+    group = config["config_groups"]["group_0"]
+    groups = {"group_0": {**group, "weights": {**group["weights"], "actorder": actorder}}}
+    with pytest.raises(ValueError, match=f"weights actorder {actorder!r} \\(act order, g_idx stored\\) is not served"):
+        _load(_rewrite(directory, tmp_path, config={"config_groups": groups}))

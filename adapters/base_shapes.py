@@ -92,6 +92,7 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True, experts=True),
     "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True, shared_expert=True),
     "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES, experts=True),
+    "qwen2_5_vl": Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", _SPLIT),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -136,6 +137,8 @@ class BaseShapes:
         if not isinstance(config, dict):
             raise AdapterError("unsupported_base_model", "the base model's config.json is not a JSON object")
         model_type = config.get("model_type")
+        if isinstance(config.get("text_config"), dict):  # a vision-language model: LoRA on its language model
+            config = {**config, **config["text_config"], "model_type": model_type}
         if model_type not in FAMILIES:
             served = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
             raise AdapterError(

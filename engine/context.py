@@ -9,6 +9,16 @@ from engine.lora_batch import LoRABatch
 
 
 @dataclass
+class ImageBatch:
+    """The images of one step, encoded in one call, and where their embeddings go."""
+
+    pixels: torch.Tensor  # [patches, patch_dim] every image's, concatenated
+    grids: list[tuple[int, int, int]]  # each image's (t, h, w) patches
+    rows: torch.Tensor  # [N] int64: the step's rows that hold image tokens
+    sources: torch.Tensor  # [N] int64: the row of the encoder's output that each one takes
+
+
+@dataclass
 class Context:
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset
@@ -18,13 +28,18 @@ class Context:
     prompt_lens: torch.Tensor  # [B] int32, each sequence's prompt length (LongRoPE's choice of rows)
     is_decode: bool  # every sequence has exactly one new token
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
+    images: "ImageBatch | None" = None  # the images whose placeholder tokens this step prefills
+    mrope_positions: torch.Tensor | None = None  # [3, T] int64: (t, h, w) positions of a multimodal rope
+    rope_table: torch.Tensor | None = None  # [T, rotary_dim]: each row's own rope row (multimodal rope), read
+    # in place of the layers' tables; the positions the layers get are then 0..T-1
     _decode_layout: object = field(default=None, repr=False)  # decode_meta(): prepare_decode() cuts it
     _decode_ready: bool = field(default=False, repr=False)
 
     @classmethod
     def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
               context_lens: list[int], cu_seqlens_q: list[int], prompt_lens: list[int], lora: LoRABatch | None,
-              device: torch.device) -> "Context":
+              device: torch.device, images: ImageBatch | None = None,
+              mrope_positions: list[list[int]] | None = None) -> "Context":
         """The step's Context from plain lists (block tables padded with page 0 to the longest)."""
         width = max(len(t) for t in block_tables)
         return cls(
@@ -37,6 +52,9 @@ class Context:
             prompt_lens=torch.tensor(prompt_lens, dtype=torch.int32, device=device),  # [B]
             is_decode=len(positions) == len(context_lens),
             lora=lora,
+            images=images,
+            mrope_positions=None if mrope_positions is None else torch.tensor(
+                mrope_positions, dtype=torch.int64, device=device),  # [3, T]
         )
 
     def prepare_decode(self, k_cache: torch.Tensor, windows: set[int | None]) -> "Context":

@@ -42,6 +42,8 @@ def graph_unsupported(model: CausalLM) -> str | None:
     """Why this model's decode cannot be captured, or None."""
     if model.comm.size > 1:
         return "tensor parallelism (the workers run their own eager forward)"
+    if model.spec.mrope_section:
+        return "a multimodal rope (its per-step rope rows are not in the static buffers)"
     if any(isinstance(m, Experts) for m in model.modules()):
         return "a mixture-of-experts model (not yet checked for host reads in its routing)"
     return None

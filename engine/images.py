@@ -183,3 +183,52 @@ class QwenVLImageProcessor:
         pixels = np.ascontiguousarray(x, dtype=np.float32).reshape(grid_h * grid_w, channels * temporal * patch * patch)
         return ImageFeatures(pixels=pixels, grid_thw=(1, grid_h, grid_w),
                              num_tokens=grid_h * grid_w // merge**2, digest=image.digest)
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """An image in a prompt: its placeholder tokens are prompt[offset : offset + features.num_tokens]."""
+
+    offset: int
+    features: ImageFeatures
+
+
+def expand_image_tokens(token_ids: list[int], image_token_id: int, images: list[ImageFeatures]) -> list[int]:
+    """The prompt with its i-th image placeholder (one token, as a chat template writes it) repeated as many times
+    as image i has tokens."""
+    if token_ids.count(image_token_id) != len(images):
+        raise ValueError(f"the prompt has {token_ids.count(image_token_id)} image placeholders for {len(images)} images")
+    expanded, pending = [], iter(images)
+    for token in token_ids:
+        expanded += [token] * next(pending).num_tokens if token == image_token_id else [token]
+    return expanded
+
+
+def place_images(token_ids: list[int], image_token_id: int, images: list[ImageFeatures]) -> list[PromptImage]:
+    """Where each image's placeholder run is in an expanded prompt; ValueError unless the runs, in order, are
+    exactly as long as the images' token counts."""
+    runs, i = [], 0
+    while i < len(token_ids):
+        if token_ids[i] == image_token_id:
+            start = i
+            while i < len(token_ids) and token_ids[i] == image_token_id:
+                i += 1
+            runs.append((start, i - start))
+        else:
+            i += 1
+    expected = [image.num_tokens for image in images]
+    lengths = [length for _, length in runs]
+    if sum(lengths) != sum(expected):
+        raise ValueError(f"the prompt has {sum(lengths)} image tokens; its images take {sum(expected)}")
+    placed, cursor = [], iter(runs)
+    offset, left = 0, 0
+    for image in images:  # adjacent images share one run
+        if left == 0:
+            offset, left = next(cursor)
+        if image.num_tokens > left:
+            raise ValueError(f"an image of {image.num_tokens} tokens does not fit its placeholder run")
+        placed.append(PromptImage(offset=offset, features=image))
+        offset, left = offset + image.num_tokens, left - image.num_tokens
+    if left:
+        raise ValueError("the prompt's image placeholder runs do not match its images' token counts")
+    return placed

@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.grammar import GrammarSpec
+from engine.images import ImageFeatures, decode_data_url, expand_image_tokens
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, merge_choices
 from engine.sampling_params import SamplingParams
@@ -57,15 +58,17 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[str | list[int]],
+        prompts: list[str | list[int] | list[dict]],
         sampling: SamplingParams | list[SamplingParams] | None = None,
         adapters: list[str | None] | None = None,
         tenants: list[str] | None = None,
         grammars: list[GrammarSpec | None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order: completion 0 with every completion in `choices` and the
-        request's usage (engine.outputs.merge_choices). grammars: what constrains each prompt's output (None:
-        nothing), compiled before any request starts."""
+        request's usage (engine.outputs.merge_choices). A prompt is text, token ids, or OpenAI-shaped chat
+        messages, rendered by the model's chat template; their content parts may carry images as
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}. grammars: what constrains each
+        prompt's output (None: nothing), compiled before any request starts."""
         self._open_engine()
         count = len(prompts)
         samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * count
@@ -81,15 +84,19 @@ class LLM:
         request_ids = []
         for i, (prompt, params, name, tenant, grammar) in enumerate(
                 zip(prompts, samplings, adapters, tenants, compiled, strict=True)):
+            images, is_chat = [], bool(prompt) and isinstance(prompt[0], dict)
+            if (isinstance(prompt, str) or is_chat) and self.tokenizer is None:
+                raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
             if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
                 prompt = self.tokenizer.encode(prompt)
+            elif is_chat:
+                prompt, images = self._chat(prompt)
             if name is not None and name not in self.adapters:
                 raise ValueError(f"unknown adapter {name!r}; add it with add_adapter first")
             request_id = f"offline-{batch}-{i}"
             self.engine.add_request(
-                request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant, grammar=grammar
+                request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant, grammar=grammar,
+                images=images,
             )
             request_ids.append(request_id)
         final: dict[tuple[str, int], RequestOutput] = {}
@@ -104,3 +111,18 @@ class LLM:
         for request_id, params in zip(request_ids, samplings, strict=True):
             results.append(merge_choices([final[(request_id, index)] for index in range(params.n)]))
         return results
+
+    def _chat(self, messages: list[dict]) -> tuple[list[int], list[ImageFeatures]]:
+        """The token ids of chat messages rendered by the model's template, each image's placeholder repeated for
+        its tokens, and the images, preprocessed as the model's processor does."""
+        urls = [part["image_url"]["url"] for message in messages if isinstance(message.get("content"), list)
+                for part in message["content"] if part.get("type") == "image_url"]
+        processor = self.engine.image_processor
+        if urls and processor is None:
+            raise ValueError("this model takes no images")
+        images = [processor(decode_data_url(url)) for url in urls]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if images:
+            token_ids = expand_image_tokens(token_ids, self.engine.runner.model.spec.image_token_id, images)
+        return token_ids, images

@@ -20,6 +20,7 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
+from engine.images import ImageFeatures, QwenVLImageProcessor, place_images, read_processor_config
 from engine.kv import payload
 from engine.kv.host_tier import HostTier
 from engine.kv.lease import LeaseTable
@@ -61,6 +62,9 @@ class LLMEngine:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
         self.max_model_len = config.max_model_len or longest
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
+        # a vision-language model's images are preprocessed as its own processor does (engine/images.py)
+        self.image_processor = (QwenVLImageProcessor.from_config(read_processor_config(model_dir))
+                                if args.vision is not None else None)
         self.eos_token_ids = eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         widths = row_widths(adapters.BaseShapes.from_config(self.hf_config), tensor_parallel_size=tp)  # this rank's
         if config.block_size is None:
@@ -197,8 +201,10 @@ class LLMEngine:
         tenant: str = "default",
         weight: float = 1.0,
         grammar: Grammar | None = None,
+        images: list[ImageFeatures] = (),
     ) -> None:
-        """grammar: compiled by `self.grammars` beforehand (never inside a step), constrains every completion."""
+        """grammar: compiled by `self.grammars` beforehand (never inside a step), constrains every completion;
+        images: the prompt's images in order, each filling its run of image placeholder tokens."""
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} already exists")
         if not prompt_token_ids:
@@ -217,14 +223,24 @@ class LLMEngine:
             raise ValueError(f"adapter {adapter!r} is not registered")
         if weight <= 0:
             raise ValueError("weight must be > 0")
+        placed, spec = [], self.runner.model.spec
+        if images and spec.image_token_id is None:
+            raise ValueError("this model takes no images")
+        if spec.image_token_id is not None:
+            placed = place_images(prompt_token_ids, spec.image_token_id, list(images))
+        rope_positions, rope_delta = (self.runner.model.prompt_positions(len(prompt_token_ids), placed)
+                                      if spec.mrope_section else (None, 0))
         salt = self._cache_salt(request_id, prompt_token_ids, tenant)
+        if placed:  # the images' content is part of the KV's identity: the same text with another image differs
+            salt += ":images:" + ",".join(image.features.digest for image in placed)
         now = time.monotonic()
         seqs: list[Sequence] = []
         for index in range(sampling.n):
             seqs.append(Sequence(
                 request_id=request_id, index=index, prompt_token_ids=prompt_token_ids, sampling=sampling,
                 adapter=adapter, tenant=tenant, weight=weight, cache_salt=salt, arrival_time=now,
-                leader=seqs[0] if seqs else None, constrained=grammar is not None,
+                leader=seqs[0] if seqs else None, constrained=grammar is not None, images=placed,
+                rope_positions=rope_positions, rope_delta=rope_delta,
             ))
         self.requests[request_id] = seqs
         for seq in seqs:

@@ -3,10 +3,11 @@
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.adapter_pool import AdapterPool
-from engine.context import Context
+from engine.context import Context, ImageBatch
 from engine.cuda_graph import DecodeGraphs, graph_unsupported
 from engine.guided import GuidedDecoding
 from engine.lora_batch import LoRABatch
@@ -111,6 +112,8 @@ class ModelRunner:
         adapter_slots = {digest: i for i, digest in enumerate(sorted({s.adapter for s in out.seqs} - {None}))}
         seqs = sorted(out.seqs, key=lambda s: len(adapter_slots) if s.adapter is None else adapter_slots[s.adapter])
         cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
+        mrope = [[], [], []] if self.model.spec.mrope_section else None
+        images = []  # (features, rows, the image's token of each row) of the images this step prefills
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in seqs:
@@ -128,6 +131,14 @@ class ModelRunner:
             context_lens.append(end)
             prompt_lens.append(seq.num_prompt_tokens)
             tables.append(table)
+            if mrope is not None:
+                for axis, values in zip(mrope, seq.mrope_positions(start, end), strict=True):
+                    axis += values
+            for image in seq.images:  # the image's tokens among this chunk's
+                first, last = max(start, image.offset), min(end, image.offset + image.features.num_tokens)
+                if first < last:
+                    images.append((image.features, [row0 + p - start for p in range(first, last)],
+                                   [p - image.offset for p in range(first, last)]))
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
             if proposal:
@@ -136,7 +147,8 @@ class ModelRunner:
                 sample_rows.append((seq, len(input_ids) - 1))
         inputs = StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, block_tables=tables,
                             context_lens=context_lens, cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens,
-                            token_slots=token_slots, adapters=list(adapter_slots))
+                            token_slots=token_slots, adapters=list(adapter_slots), mrope_positions=mrope,
+                            images=images)
         return inputs, sample_rows, prompt_rows
 
     def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
@@ -148,11 +160,26 @@ class ModelRunner:
         ctx = Context.build(
             positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
             context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,
-            lora=lora, device=self.device,
+            lora=lora, device=self.device, images=self.image_batch(inputs.images),
+            mrope_positions=inputs.mrope_positions,
         ).prepare_decode(self.k_cache, self.windows)
         for key in self.lora_modules if lora is not None else ():
             lora.module(*key)  # cut now, not inside the forward
         return torch.tensor(inputs.input_ids, dtype=torch.int64, device=self.device), ctx
+
+    def image_batch(self, images: list) -> ImageBatch | None:
+        """The step's images as one batch for the vision encoder, and where their tokens' embeddings go."""
+        if not images:
+            return None
+        rows, sources, base = [], [], 0
+        for features, image_rows, tokens in images:
+            rows += image_rows
+            sources += [base + t for t in tokens]
+            base += features.num_tokens
+        pixels = torch.from_numpy(np.concatenate([features.pixels for features, _, _ in images]))
+        return ImageBatch(pixels=pixels.to(self.device), grids=[features.grid_thw for features, _, _ in images],
+                          rows=torch.tensor(rows, dtype=torch.int64, device=self.device),
+                          sources=torch.tensor(sources, dtype=torch.int64, device=self.device))
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden] of the step: a decode step that fits replays its CUDA graph (or, without

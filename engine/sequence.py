@@ -32,7 +32,12 @@ class Sequence:
         arrival_time: float,
         leader: "Sequence | None" = None,
         constrained: bool = False,
+        images: tuple = (),
+        rope_positions: list[list[int]] | None = None,
+        rope_delta: int = 0,
     ) -> None:
+        """images: the prompt's engine.images.PromptImage, in order; rope_positions: a multimodal rope's (t, h, w)
+        positions of the prompt's tokens, [3][prompt], and rope_delta what each later token's adds to its index."""
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.index = index
@@ -46,6 +51,8 @@ class Sequence:
         self.cache_salt = cache_salt
         self.leader = leader
         self.constrained = constrained  # a grammar constrains its output (engine/guided.py holds its state)
+        self.images = tuple(images)
+        self.rope_positions, self.rope_delta = rope_positions, rope_delta
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit on first admission
@@ -93,6 +100,12 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
+
+    def mrope_positions(self, start: int, end: int) -> list[list[int]]:
+        """The (t, h, w) positions [3][end - start] of tokens start..end-1 under a multimodal rope."""
+        prompt = self.rope_positions
+        return [[axis[p] if prompt is not None and p < len(axis) else p + self.rope_delta for p in range(start, end)]
+                for axis in (prompt or ([], [], []))]
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -1,7 +1,7 @@
 """A step flattened into one ragged batch, as host lists: what the eager path makes tensors of and the graph
 path (engine/cuda_graph.py) copies into its static buffers."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -15,6 +15,8 @@ class StepInputs:
     prompt_lens: list[int]  # [B]
     token_slots: list[int]  # [T]: index of the token's adapter in `adapters`, -1 = base model
     adapters: list[str]  # the step's adapter digests, in slot order
+    mrope_positions: list[list[int]] | None = None  # [3][T]: a multimodal rope's (t, h, w) positions
+    images: list = field(default_factory=list)  # (engine.images.ImageFeatures, its rows [N], its token of each [N])
 
     @property
     def is_decode(self) -> bool:

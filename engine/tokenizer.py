@@ -50,6 +50,9 @@ class Tokenizer:
         jinja_file = model_dir / "chat_template.jinja"
         if template is None and jinja_file.exists():
             template = jinja_file.read_text()
+        legacy_file = model_dir / "chat_template.json"  # a vision-language processor's, before transformers 5
+        if template is None and legacy_file.exists():
+            template = json.loads(legacy_file.read_text()).get("chat_template")
         self.chat_template = template
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise

@@ -25,8 +25,10 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layer_cls(spec, comm, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, offset=spec.norm_offset)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds: the tokens' embeddings when the caller made them (image tokens' from the vision encoder)."""
+        x, residual = self.embed_tokens(input_ids) if embeds is None else embeds, None  # [T, hidden]
         if self.embed_scale is not None:  # in the model dtype, as transformers does
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         for layer in self.layers:

@@ -65,7 +65,7 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        kernels.rotary_embedding(positions, q, k, self.cos_sin_cache)
+        kernels.rotary_embedding(positions, q, k, self.cos_sin_cache if ctx.rope_table is None else ctx.rope_table)
         scales = (self.k_scales, self.v_scales)
         kernels.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, *scales)
         if ctx.is_decode:

@@ -73,6 +73,9 @@ class ModelSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     moe: MoESpec | None = None  # the experts of an MoE family (engine/models/moe.py)
+    mrope_section: tuple[int, ...] | None = None  # multimodal rope: frequencies rotated by (t, h, w) positions
+    vision: dict | None = field(default=None, hash=False, compare=False)  # a vision-language model's vision_config
+    image_token_id: int | None = None  # its image placeholder token
 
     @property
     def sliding_window(self) -> int | None:

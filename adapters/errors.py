@@ -12,8 +12,9 @@ Codes, by where the problem lies:
               tensor_unknown tensor_missing tensor_unpaired tensor_duplicate tensor_shape rank_too_large
               tensor_not_finite
   base model  unsupported_base_model
-  store       canonical_corrupt (a canonical folder that no longer matches its digest), digest_mismatch (one
-              whose sidecar names another digest than the one it was registered by)
+  store       canonical_corrupt (a canonical folder that no longer matches its checksums or its digest: bytes that
+              changed after it was stored), digest_mismatch (one whose sidecar names another digest than the one
+              it was registered by)
 """
 
 

@@ -2,7 +2,8 @@
 
 `save(dir)` writes a folder that is at once a PEFT adapter (PEFT and `load_adapter` read it back,
 every module's rank and alpha spelled out in rank_pattern/alpha_pattern) and Quilt's fast path
-(`load_canonical` reads the sidecar, maps the tensors and checks the digest).
+(`load_canonical` reads the sidecar, reads the tensors and checks them against the sidecar's checksums, and the
+digest unless the caller already knows it).
 """
 
 import dataclasses
@@ -16,14 +17,16 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from adapters import checksum
 from adapters.base_shapes import ALL_MODULES, EXPERT_MODULES, ROUTER, peft_module_key
 from adapters.errors import AdapterError
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
-from adapters.safetensors_check import check_safetensors, read_tensors
+from adapters.safetensors_check import read_tensors
 from adapters.tensor_names import expert_tensor_name, experts_by_layer, parse_tensor_name
 
 FORMAT = "quilt-lora/1"
 SIDECAR_NAME = "quilt_adapter.json"
+CHECKSUMS = "checksums"  # the sidecar key that holds them (adapters.checksum); not a field of LoadedAdapter
 _DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
 
 
@@ -78,10 +81,13 @@ class LoadedAdapter:
         directory.mkdir(parents=True, exist_ok=True)
         experts = experts_by_layer(self.ranks)
         peft_tensors = {_peft_name(name, experts): tensor.contiguous() for name, tensor in self.tensors.items()}
-        safetensors.torch.save_file(peft_tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+        weights = safetensors.torch.save(peft_tensors, metadata={"format": "pt"})
+        (directory / WEIGHTS_NAME).write_bytes(weights)
         (directory / CONFIG_NAME).write_text(json.dumps(self._peft_config(), indent=2, sort_keys=True))
-        sidecar = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tensors"}
-        (directory / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2, sort_keys=True))
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tensors"}
+        checksums = {"algorithm": checksum.ALGORITHM, "files": {WEIGHTS_NAME: checksum.of_bytes(weights)},
+                     "fields": checksum.of_fields(fields)}
+        (directory / SIDECAR_NAME).write_text(json.dumps({**fields, CHECKSUMS: checksums}, indent=2, sort_keys=True))
         return directory
 
     def _peft_config(self) -> dict[str, Any]:
@@ -106,10 +112,14 @@ class LoadedAdapter:
 
 
 def load_canonical(directory: str | Path, *, digest: str | None = None) -> LoadedAdapter:
-    """Read what `LoadedAdapter.save` wrote. Without `digest` the content digest is recomputed and must match
-    the sidecar's. With the digest the caller already knows (computed once, when the adapter was uploaded or
-    first made known: the folder is content-addressed and immutable) the sidecar must name it and the tensors
-    are not hashed again: a load then reads the file once and checks only its structure."""
+    """Read what `LoadedAdapter.save` wrote; AdapterError (canonical_corrupt) when any byte of it changed since.
+
+    Every read checks the sidecar's checksums (adapters.checksum): the weights file's, over each block as it is
+    read, and the sidecar's own fields'. Without `digest` the content digest is also recomputed and must match the
+    sidecar's. With the digest the caller already knows (computed once, when the adapter was uploaded or first made
+    known: the folder is content-addressed and immutable) the sidecar must name it and the tensors are not hashed
+    again. A sidecar written before checksums were kept has only its digest to check the bytes by: it is
+    recomputed on every read (slower, never unchecked; saving the adapter again adds the checksums)."""
     directory = Path(directory)
     try:
         sidecar = json.loads((directory / SIDECAR_NAME).read_text())
@@ -117,6 +127,7 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
         raise AdapterError(
             "canonical_corrupt", f"{directory} holds no readable {SIDECAR_NAME} ({exc})"
         ) from None
+    checksums = sidecar.pop(CHECKSUMS, None) if isinstance(sidecar, dict) else None
     fields = {field.name for field in dataclasses.fields(LoadedAdapter)} - {"tensors"}
     if (
         not isinstance(sidecar, dict)
@@ -126,10 +137,15 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
         or not isinstance(sidecar["ranks"], dict)
     ):
         raise AdapterError("canonical_corrupt", f"{directory} is not a {FORMAT} canonical adapter")
+    weights_checksum = _weights_checksum(directory, checksums, sidecar)
+    if digest is not None and sidecar["digest"] != digest:
+        raise AdapterError("digest_mismatch", f"its content has digest {str(sidecar['digest'])[:12]}")
     weights = directory / WEIGHTS_NAME
-    check_safetensors(weights)
     experts = experts_by_layer(sidecar["ranks"])
-    tensors = {parse_tensor_name(name, experts=experts).canonical: t for name, t in read_tensors(weights).items()}
+    tensors = {
+        parse_tensor_name(name, experts=experts).canonical: t
+        for name, t in read_tensors(weights, checksum=weights_checksum).items()
+    }
     expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
     if set(tensors) != expected or any(
         _rows(name, tensors[f"{name}.lora_A"].shape[0], rank) or tensors[f"{name}.lora_B"].shape[-1]
@@ -137,9 +153,7 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
     ):
         raise AdapterError("canonical_corrupt", f"{directory}: tensors do not match {SIDECAR_NAME}")
     adapter = LoadedAdapter(**{**sidecar, "tensors": dict(sorted(tensors.items()))})
-    if digest is not None:
-        if sidecar["digest"] != digest:
-            raise AdapterError("digest_mismatch", f"its content has digest {str(sidecar['digest'])[:12]}")
+    if digest is not None and weights_checksum is not None:
         return adapter
     computed = adapter_digest(adapter.tensors, adapter.scaling)
     if computed != sidecar["digest"]:
@@ -147,6 +161,19 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
             "canonical_corrupt", f"{directory}: content digest {computed} does not match {sidecar['digest']}"
         )
     return adapter
+
+
+def _weights_checksum(directory: Path, checksums: Any, fields: dict[str, Any]) -> str | None:
+    """The weights file's checksum from a sidecar whose own fields match theirs; None from a sidecar that keeps
+    none (written before checksums were kept, or by a Quilt with another algorithm: its digest checks it)."""
+    if not isinstance(checksums, dict) or checksums.get("algorithm") != checksum.ALGORITHM:
+        return None
+    files = checksums.get("files")
+    if not isinstance(files, dict) or not isinstance(files.get(WEIGHTS_NAME), str):
+        raise AdapterError("canonical_corrupt", f"{directory}: {SIDECAR_NAME} has malformed checksums")
+    if checksums.get("fields") != checksum.of_fields(fields):
+        raise AdapterError("canonical_corrupt", f"{directory}: {SIDECAR_NAME} changed after it was stored")
+    return files[WEIGHTS_NAME]
 
 
 def adapter_digest(tensors: dict[str, torch.Tensor], scaling: dict[str, float]) -> str:

@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from adapters.checksum import ALGORITHM, new_hasher
 from adapters.errors import AdapterError
 
 MAX_HEADER_BYTES = 16 << 20
 MAX_TENSORS = 1 << 16
 ALLOWED_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+READ_BLOCK_BYTES = 4 << 20  # hashed while still in cache
 _ITEM_SIZE = {"F16": 2, "BF16": 2, "F32": 4}
 
 
@@ -64,22 +66,38 @@ def check_safetensors(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, *, checksum: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a file `check_safetensors` accepts, read once into one buffer this process owns (not
     mapped: a mapped file could change after validation, and an unpacked upload is deleted right after); each
     tensor is a view of that buffer, so its bytes are copied from the file once and never again (a tensor whose
-    offset does not suit its dtype's alignment, which no writer we know produces, is the one copied)."""
+    offset does not suit its dtype's alignment, which no writer we know produces, is the one copied).
+
+    `checksum`: the file's (adapters.checksum) when it was stored. Each block is hashed right after it is read,
+    while it is still in cache, and a file whose bytes changed is refused (canonical_corrupt)."""
     entries = check_safetensors(path)
+    hasher = None if checksum is None else new_hasher()
     with open(path, "rb") as handle:
-        (header_size,) = struct.unpack("<Q", handle.read(8))
-        handle.seek(8 + header_size)
+        prefix = handle.read(8)
+        (header_size,) = struct.unpack("<Q", prefix)
+        header = handle.read(header_size)
         data = torch.empty(max((e.end for e in entries.values()), default=0), dtype=torch.uint8)  # [data bytes]
         view, filled = memoryview(data.numpy()), 0
+        if hasher is not None:
+            hasher.update(prefix)
+            hasher.update(header)
         while filled < len(view):
-            count = handle.readinto(view[filled:])
+            count = handle.readinto(view[filled : filled + READ_BLOCK_BYTES])
             if not count:
                 raise AdapterError("safetensors_truncated", f"{path.name} ended while its tensors were read")
+            if hasher is not None:
+                hasher.update(view[filled : filled + count])
             filled += count
+    if hasher is not None and hasher.hexdigest() != checksum:
+        raise AdapterError(
+            "canonical_corrupt",
+            f"{path.name} changed after it was stored: its {ALGORITHM} checksum is {hasher.hexdigest()}, "
+            f"the sidecar's is {checksum}",
+        )
     tensors = {}
     for name, entry in entries.items():
         raw = data[entry.begin : entry.end]

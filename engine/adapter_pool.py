@@ -5,8 +5,9 @@ request needs it; tensors are pinned when the device is CUDA. Host -> device pag
 request is admitted, or `prefetch` ahead of it into pages nobody needs; on CUDA the copy runs on a side
 stream and the next step waits only for the copy on the GPU. A resident adapter is pinned while a
 running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when
-pages run short (`reclaim`). Every failure of a load is contained: `failures()` reports it, by digest,
-with a reason that names no server path. Nothing outside this class touches its fields.
+pages run short (`reclaim`). Every failure of a load is contained: `take_failures()` reports it once, by
+digest, with a reason that names no server path, and the next request for that adapter reads it again; nothing
+that failed its checks is kept in any tier. Nothing outside this class touches its fields.
 
 Tensor-parallel workers keep no tier of their own on disk: a `Mirror` (engine/workers/worker_group.py) is
 handed what they need of an adapter from the one read rank 0 made, when it enters the host tier, and is told
@@ -121,7 +122,8 @@ class AdapterPool:
         self._resident: dict[str, Resident] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # resident, no user; LRU first
         self._loading: set[str] = set()
-        self._failed: dict[str, str] = {}
+        self._failed: dict[str, str] = {}  # digest -> reason: loads that failed, until the adapter is asked for again
+        self._unreported: dict[str, str] = {}  # failed loads `take_failures` has not handed out yet
         self.generation = 0  # bumped whenever an adapter is placed or dropped
         self.num_loads = {"host": 0, "device": 0}
         self.num_evictions = {"host": 0, "device": 0}
@@ -152,6 +154,7 @@ class AdapterPool:
     def register(self, digest: str, path: str | Path) -> None:
         self._paths[digest] = Path(path)
         self._failed.pop(digest, None)
+        self._unreported.pop(digest, None)
 
     def plan(self, adapter: "adapters.LoadedAdapter") -> AdapterPlan:
         """Lay an adapter out for the pages (raises AdapterError if it does not fit this model); any thread."""
@@ -175,6 +178,7 @@ class AdapterPool:
         self.evict(digest)
         self._paths.pop(digest, None)
         self._failed.pop(digest, None)
+        self._unreported.pop(digest, None)
 
     # tiers
     def tier(self, digest: str) -> str:
@@ -192,19 +196,28 @@ class AdapterPool:
         return {"device": list(self._resident), "host": list(self._host)}
 
     def ready(self, digest: str) -> bool:
-        """Whether the adapter is in memory (device or host); if not, make sure it is being loaded."""
+        """Whether the adapter is in memory (device or host); if not, make sure it is being loaded: a load that
+        failed is tried again (read from disk anew) once `take_failures` has handed its failure out."""
         self._drain()
         if digest in self._resident or digest in self._host:
             return True
-        if digest not in self._failed and digest not in self._loading:
+        if digest not in self._unreported and digest not in self._loading:
+            self._failed.pop(digest, None)
             self._loading.add(digest)
             self._requests.put((digest, self._paths[digest]))
         return False
 
     def failures(self) -> dict[str, str]:
-        """digest -> reason for every adapter whose load failed (until it is registered again)."""
+        """digest -> reason for every adapter whose last load failed (until it is asked for or registered again)."""
         self._drain()
         return dict(self._failed)
+
+    def take_failures(self) -> dict[str, str]:
+        """digest -> reason for the loads that failed since the last call: the requests waiting for those adapters
+        fail; a request that asks for one afterwards gets a new load."""
+        self._drain()
+        failed, self._unreported = self._unreported, {}
+        return failed
 
     # device pages
     def pages_needed(self, digest: str) -> int | None:
@@ -368,7 +381,7 @@ class AdapterPool:
             if digest not in self._paths:
                 continue
             if error is not None:
-                self._failed[digest] = error
+                self._failed[digest] = self._unreported[digest] = error
             else:
                 self._put_host(prepared)
 

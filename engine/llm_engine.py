@@ -313,7 +313,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = []
-        failed = self.adapter_pool.failures()
+        failed = self.adapter_pool.take_failures()
         if failed:
             for seq in [s for s in self.scheduler.waiting if s.adapter in failed]:
                 message = f"adapter {seq.adapter[:12]} could not be loaded: {failed[seq.adapter]}"

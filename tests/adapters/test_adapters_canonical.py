@@ -81,26 +81,48 @@ def test_digest_covers_outputs_not_packaging(tmp_path, llama_base):
     assert len({base.digest, other_alpha.digest, other_dtype.digest, other_bytes.digest}) == 4
 
 
-def test_tampered_tensor_is_caught(made, tmp_path):
-    canonical = load_adapter(made.directory, made.base_config).save(tmp_path / "canonical")
+def without_checksums(canonical):
+    """The sidecar as Quilt wrote it before it kept checksums."""
+    sidecar = json.loads((canonical / "quilt_adapter.json").read_text())
+    del sidecar["checksums"]
+    (canonical / "quilt_adapter.json").write_text(json.dumps(sidecar))
+    return canonical
+
+
+@pytest.mark.parametrize("known", [False, True], ids=["digest-unknown", "digest-known"])
+def test_tampered_tensor_is_caught(made, tmp_path, known):
+    adapter = load_adapter(made.directory, made.base_config)
+    canonical = adapter.save(tmp_path / "canonical")
     weights = canonical / "adapter_model.safetensors"
     tensors = safetensors.torch.load_file(weights)
     first = next(iter(tensors))
     tensors[first] = tensors[first] * 2
     safetensors.torch.save_file(tensors, weights)
+    digest = adapter.digest if known else None
     with pytest.raises(AdapterError) as refused:
-        load_canonical(canonical)
+        load_canonical(canonical, digest=digest)
+    assert refused.value.code == "canonical_corrupt" and "adapter_model.safetensors changed" in refused.value.message
+    with pytest.raises(AdapterError) as refused:  # an old sidecar: the digest is recomputed, whatever is known
+        load_canonical(without_checksums(canonical), digest=digest)
     assert refused.value.code == "canonical_corrupt" and "digest" in refused.value.message
 
 
-def test_tampered_scaling_is_caught(made, tmp_path):
-    canonical = load_adapter(made.directory, made.base_config).save(tmp_path / "canonical")
+def test_an_old_sidecar_loads_by_its_digest(made, tmp_path):
+    adapter = load_adapter(made.directory, made.base_config)
+    canonical = without_checksums(adapter.save(tmp_path / "canonical"))
+    assert load_canonical(canonical, digest=adapter.digest).digest == adapter.digest
+
+
+@pytest.mark.parametrize("known", [False, True], ids=["digest-unknown", "digest-known"])
+def test_tampered_scaling_is_caught(made, tmp_path, known):
+    adapter = load_adapter(made.directory, made.base_config)
+    canonical = adapter.save(tmp_path / "canonical")
     sidecar = json.loads((canonical / "quilt_adapter.json").read_text())
     sidecar["scaling"]["layers.0.q_proj"] *= 10
     (canonical / "quilt_adapter.json").write_text(json.dumps(sidecar))
     with pytest.raises(AdapterError) as refused:
-        load_canonical(canonical)
-    assert refused.value.code == "canonical_corrupt"
+        load_canonical(canonical, digest=adapter.digest if known else None)
+    assert refused.value.code == "canonical_corrupt" and "quilt_adapter.json changed" in refused.value.message
 
 
 def test_not_a_canonical_folder(made, tmp_path):

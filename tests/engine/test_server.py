@@ -382,6 +382,38 @@ def test_unreadable_adapter_is_a_503_for_its_request_alone(server, adapter_refs,
     assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")
 
 
+def _stored_twin(model_dir: Path, name: str, out: Path) -> dict:
+    """Adapter `name` with its B matrices doubled (a digest no other test registers), stored as the control plane
+    stores it (the canonical folder); its ref."""
+    base_config = json.loads((model_dir / "config.json").read_text())
+    source = adapters.load_adapter(model_dir / "adapters" / name, base_config)
+    tensors = {key: t * 2 if key.endswith("lora_B") else t for key, t in source.tensors.items()}
+    twin = adapters.LoadedAdapter.build(tensors=tensors, ranks=source.ranks, alphas=source.config["alphas"],
+                                        scaling=source.scaling, alpha=source.alpha, use_rslora=False,
+                                        base_model_name_or_path=None)
+    return {"digest": twin.digest, "path": str(twin.save(out))}
+
+
+def test_a_stored_adapter_with_flipped_bytes_is_a_503_for_its_requests_alone(server, model_dir, adapter_refs, tmp_path):
+    ref = _stored_twin(model_dir, "a", tmp_path / "flipped")
+    weights = Path(ref["path"]) / "adapter_model.safetensors"
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[:-1] + bytes([intact[-1] ^ 0xFF]))
+    for stream in (False, True):
+        response = server.post("/v1/generate", json={"prompt": "hi", "adapter": ref, "stream": stream})
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["type"] == "adapter_unavailable" and error["param"] == "adapter"
+        assert error["message"].startswith(f"adapter {ref['digest'][:12]} could not be loaded: ")
+        assert str(tmp_path) not in error["message"]
+    assert generate(server, adapter=adapter_refs["a"], prompt="hi")["finish_reason"] in ("stop", "length")
+    assert generate(server, prompt="hi")["finish_reason"] in ("stop", "length")
+    state = server.get("/v1/state").json()["adapters"]
+    assert ref["digest"] not in state["gpu"] and ref["digest"] not in state["host"]
+    weights.write_bytes(intact)  # repaired, the next request reads it again and serves
+    assert generate(server, adapter=ref, prompt="hi")["finish_reason"] in ("stop", "length")
+
+
 def _health_over(sock: socket.socket) -> bytes:
     """One GET /v1/health on an open connection; the answer's status line, b"" if the engine had closed it."""
     sock.sendall(f"GET /v1/health HTTP/1.1\r\nHost: engine\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())

@@ -43,3 +43,33 @@ def test_a_missing_adapter_is_a_503_for_its_requests_alone(stack):
         assert others == [200] * 12
     finally:
         shutil.move(hidden, blob)
+
+
+def test_a_stored_adapter_with_flipped_bytes_is_a_503_until_repaired(stack):
+    """The blob's last byte changed after it was stored: refused on every read, never served, and read again on the
+    next request, so once repaired it serves (runs after the test above: its files must not be in memory yet)."""
+    version = AdapterVersion.objects.get(adapter__name="fragile", adapter__tenant_id=stack.ids["rival"])
+    weights = Path(stack.env["MEDIA_ROOT"]) / "adapters" / version.digest / "adapter_model.safetensors"
+    intact = weights.read_bytes()
+
+    def fragile(_=None) -> httpx.Response:
+        return httpx.post(f"{stack.gateways[0]}/chat/completions", timeout=60,
+                          headers={"Authorization": f"Bearer {stack.keys['rival']}"},
+                          json={"model": "fragile", "messages": [{"role": "user", "content": "w1"}],
+                                "max_tokens": 2})  # fmt: skip
+
+    weights.write_bytes(intact[:-1] + bytes([intact[-1] ^ 0xFF]))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            broken = list(pool.map(fragile, range(3)))
+        for response in broken:
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "adapter_unavailable"
+        healthy = httpx.post(f"{stack.gateways[0]}/completions", timeout=60,
+                             headers={"Authorization": f"Bearer {stack.keys['main']}"},
+                             json={"model": BASE_MODEL, "prompt": "w2 w3", "max_tokens": 2})  # fmt: skip
+        assert healthy.status_code == 200, healthy.text
+    finally:
+        weights.write_bytes(intact)
+    repaired = fragile()
+    assert repaired.status_code == 200, repaired.text

@@ -237,6 +237,21 @@ def checkpoints(tmp_path_factory):
     }
 
 
+def run_all(engine) -> dict:
+    """Step an LLMEngine until every request has finished; its outputs by request id (the last of each)."""
+    outputs = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        steps = engine.num_steps
+        for out in engine.step():
+            outputs[out.request_id] = out
+        if not engine.has_unfinished():
+            return outputs
+        if engine.num_steps == steps:
+            time.sleep(0.002)  # an adapter is loading in the background
+    raise AssertionError("engine did not finish")
+
+
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]

@@ -2,7 +2,6 @@
 takes no pages, and leaves the engine serving everyone else (in Quilt's stored format and PEFT's)."""
 
 import json
-import time
 
 import pytest
 import safetensors.torch
@@ -12,7 +11,7 @@ import adapters
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from tests.engine.conftest import Oracle, build_adapter, random_prompts
+from tests.engine.conftest import Oracle, build_adapter, random_prompts, run_all
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -76,20 +75,6 @@ FAULTS = {
     "deleted-weights-file": (deleted_weights, ""),
     "corrupt-stored": (corrupt_stored, ""),
 }
-
-
-def run_all(engine):
-    outputs = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        steps = engine.num_steps
-        for out in engine.step():
-            outputs[out.request_id] = out
-        if not engine.has_unfinished():
-            return outputs
-        if engine.num_steps == steps:
-            time.sleep(0.002)  # an adapter is loading in the background
-    raise AssertionError("engine did not finish")
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

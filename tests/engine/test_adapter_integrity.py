@@ -4,7 +4,6 @@ again on the next request; other adapters and the base model keep serving, as tr
 
 import json
 import struct
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ import adapters
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from tests.engine.conftest import Oracle, build_adapter, random_prompts
+from tests.engine.conftest import Oracle, build_adapter, random_prompts, run_all
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -54,19 +53,6 @@ def peft_dirs(checkpoints, tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle(checkpoints, peft_dirs):
     return Oracle(checkpoints["llama"], peft_dirs)
-
-
-def run_all(engine: LLMEngine) -> dict:
-    outputs, deadline = {}, time.monotonic() + 60
-    while time.monotonic() < deadline:
-        steps = engine.num_steps
-        for out in engine.step():
-            outputs[out.request_id] = out
-        if not engine.has_unfinished():
-            return outputs
-        if engine.num_steps == steps:
-            time.sleep(0.002)  # an adapter is loading in the background
-    raise AssertionError("engine did not finish")
 
 
 def stored(engine: LLMEngine, peft_dir, out) -> tuple[str, object]:

@@ -1,7 +1,6 @@
 """The online engine: background adapter loading, failed loads, aborts and state."""
 
 import shutil
-import time
 
 import pytest
 
@@ -9,7 +8,7 @@ import adapters
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from tests.engine.conftest import Oracle, build_adapter, random_prompts
+from tests.engine.conftest import Oracle, build_adapter, random_prompts, run_all
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 
@@ -22,20 +21,6 @@ def adapter_dirs(checkpoints, tmp_path_factory):
     shutil.copytree(good, broken)
     (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
     return {"good": good, "broken": broken}
-
-
-def run_all(engine):
-    outputs = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        steps = engine.num_steps
-        for out in engine.step():
-            outputs[out.request_id] = out
-        if not engine.has_unfinished():
-            return outputs
-        if engine.num_steps == steps:
-            time.sleep(0.002)  # an adapter is loading in the background
-    raise AssertionError("engine did not finish")
 
 
 def test_background_load_and_failed_load_fail_only_their_requests(checkpoints, adapter_dirs):

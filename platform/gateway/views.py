@@ -57,7 +57,7 @@ def _model_object(target: Target, caller: Caller) -> dict:
 
 
 async def _with_ratelimit(response: HttpResponse, caller: Caller) -> HttpResponse:
-    window = await admission_peek(tenant_id=caller.tenant_id)
+    window = await admission_peek(tenant_id=caller.tenant_id, key_prefix=caller.limits.key_prefix)
     for name, value in ratelimit_headers(caller, window).items():
         response[name] = value
     return response
@@ -70,7 +70,7 @@ def _json(body: dict, status: int = 200) -> HttpResponse:
 async def error_response(error: ApiError) -> HttpResponse:
     """A refusal's answer: with the caller's rate-limit headers once the caller is known."""
     if error.caller is not None and not any(name.startswith("x-ratelimit-") for name in error.headers):
-        window = await admission_peek(tenant_id=error.caller.tenant_id)
+        window = await admission_peek(tenant_id=error.caller.tenant_id, key_prefix=error.caller.limits.key_prefix)
         error.headers |= ratelimit_headers(error.caller, window)
     return error.response()
 

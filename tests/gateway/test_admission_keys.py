@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
-from gateway.admission import admission_acquire, admission_settle, hold_settle, key_spend_held
+from gateway.admission import admission_acquire, admission_peek, admission_settle, hold_settle, key_spend_held
 from metering.services import usage_ingest
 from tests.gateway.test_admission import ROOMY
 from tests.metering.usage import priced_tenant, usage_event
@@ -49,6 +49,18 @@ def settle(tenant, request_id, *, tokens, spend_micros, key_prefix, final=True):
         tenant_id=tenant.pk, request_id=request_id, tokens=tokens, spend_micros=spend_micros, final=final,
         key_prefix=key_prefix,
     )  # fmt: skip
+
+
+def test_a_peek_reads_the_keys_window_beside_the_tenants(backend, tenant):
+    """What the headers of a call answered without an admission (a model listing, a 404) are made from."""
+    capped, sibling = keyed("peeked00", rpm=3), keyed("sibling0")
+    for limits in (capped, capped, sibling):
+        assert acquire(tenant, limits, tokens=7)[0].admitted
+    window = async_to_sync(admission_peek)(tenant_id=tenant.pk, key_prefix="peeked00")
+    assert (window.window_requests, window.window_tokens) == (3, 21)
+    assert (window.key_window_requests, window.key_window_tokens) == (2, 14)
+    keyless = async_to_sync(admission_peek)(tenant_id=tenant.pk)
+    assert (keyless.window_requests, keyless.key_window_requests) == (3, 0)
 
 
 def test_a_keys_requests_per_minute_leave_its_sibling_alone(backend, tenant):

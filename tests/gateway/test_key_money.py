@@ -119,3 +119,10 @@ def test_a_keys_request_limit_is_reported_in_the_headers_of_its_calls_and_its_re
     assert refused.headers["x-ratelimit-limit-requests"] == "2"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert float(refused.headers["retry-after"]) >= 1
+    # calls answered without an admission (a listing, a refusal after the key check) read the key's window too
+    listing = httpx.get(f"{stack.gateways[0]}/models", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    unknown = complete(stack, key, {"model": "no-such-model", "prompt": "w10", "max_tokens": 1})
+    assert (listing.status_code, unknown.status_code) == (200, 404), unknown.text
+    for response in (listing, unknown):
+        told = (response.headers["x-ratelimit-limit-requests"], response.headers["x-ratelimit-remaining-requests"])
+        assert told == ("2", "0"), response.text

@@ -108,9 +108,10 @@ async def admission_give_back() -> None:
     await backend().give_back_all()
 
 
-async def admission_peek(*, tenant_id: int) -> Decision:
-    """The current window's counts, changing nothing (for the headers of responses refused before admission)."""
-    return await backend().peek(tenant_id=tenant_id)
+async def admission_peek(*, tenant_id: int, key_prefix: str = "") -> Decision:
+    """The current window's counts, the tenant's and the key lineage's (`key_prefix`), changing nothing: for the
+    headers of responses answered without an admission."""
+    return await backend().peek(tenant_id=tenant_id, key_prefix=key_prefix)
 
 
 @markcoroutinefunction  # it returns the backend's coroutine: callers (async_to_sync too) await it as one

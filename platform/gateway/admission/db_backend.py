@@ -123,11 +123,14 @@ def acquire(
     return Decision(True, "ok", requests + 1, window_tokens + tokens, reset_ms, *key_window)
 
 
-def peek(*, tenant_id: int, now: float) -> Decision:
+def peek(*, tenant_id: int, key_prefix: str, now: float) -> Decision:
+    """The tenant's window, and the key lineage's where `key_prefix` names one."""
     window = math.floor(now / 60) * 60
-    state = AdmissionState.objects.filter(tenant_id=tenant_id, window_start=window).first()
-    requests, tokens = (state.window_requests, state.window_tokens) if state is not None else (0, 0)
-    return Decision(True, "ok", requests, tokens, math.ceil((window + 60 - now) * 1000))
+    state = AdmissionState.objects.filter(tenant_id=tenant_id).first()
+    requests, tokens = (state.window_requests, state.window_tokens) if state and state.window_start == window else (0, 0)
+    entry = state.keys.get(key_prefix, {}) if state is not None and key_prefix else {}
+    key_window = (entry["requests"], entry["tokens"]) if entry.get("start") == window else (0, 0)
+    return Decision(True, "ok", requests, tokens, math.ceil((window + 60 - now) * 1000), *key_window)
 
 
 def settle(
@@ -231,8 +234,8 @@ class DatabaseAdmission:
             key_spend_picos=key_spend_picos, limits=limits, now=time.time(), ttl=settings.QUILT_HOLD_TTL_SECONDS,
         )  # fmt: skip
 
-    async def peek(self, *, tenant_id: int) -> Decision:
-        return await _blocking(peek)(tenant_id=tenant_id, now=time.time())
+    async def peek(self, *, tenant_id: int, key_prefix: str = "") -> Decision:
+        return await _blocking(peek)(tenant_id=tenant_id, key_prefix=key_prefix, now=time.time())
 
     async def admit(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits

@@ -323,8 +323,8 @@ class RedisAdmission:
             pipe.hsetnx(key, "tokens", tokens).hsetnx(key, "spend", spend).expire(key, MONTH_SECONDS)
             await pipe.execute()
 
-    async def peek(self, *, tenant_id: int) -> Decision:
-        return _decision(await self._run("peek", self.keys(tenant_id), []))
+    async def peek(self, *, tenant_id: int, key_prefix: str = "") -> Decision:
+        return _decision(await self._run("peek", self.keys(tenant_id), [key_prefix]))
 
     async def settle(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,

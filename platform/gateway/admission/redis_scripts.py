@@ -310,12 +310,16 @@ return live
 PEEK = (
     _CLOCK
     + """
-local reqs, toks = 0, 0
+local reqs, toks, key, key_reqs, key_toks = 0, 0, ARGV[1], 0, 0
 if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
   reqs = tonumber(redis.call('HGET', KEYS[1], 'requests') or 0)
   toks = tonumber(redis.call('HGET', KEYS[1], 'tokens') or 0)
 end
-return {1, 'ok', reqs, toks, math.ceil((window + 60 - now) * 1000)}
+if key ~= '' and tonumber(redis.call('HGET', KEYS[8], key .. ':start') or -1) == window then
+  key_reqs = tonumber(redis.call('HGET', KEYS[8], key .. ':requests') or 0)
+  key_toks = tonumber(redis.call('HGET', KEYS[8], key .. ':tokens') or 0)
+end
+return {1, 'ok', reqs, toks, math.ceil((window + 60 - now) * 1000), key_reqs, key_toks}
 """
 )
 

@@ -77,10 +77,22 @@ def media_root(settings, media_dir):
 
 
 @pytest.fixture(scope="session")
-def live_server_asgi(django_db_setup, media_dir):
+def live_server_process(django_db_setup, media_dir):
     server = start_server(media_dir)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def live_server_asgi(transactional_db, live_server_process, request):
+    """The live server, for one test on the committed test database. Its teardown runs before that database is
+    flushed: it closes the test's browser pages, so that nothing of this test reaches the server any more, then
+    waits for the server to finish what is in flight and leave every transaction (see LiveServer.drain)."""
+    yield live_server_process
+    if "browser" in request.fixturenames:
+        for context in request.getfixturevalue("browser").contexts:
+            context.close()
+    live_server_process.drain()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO, start_worker, test_database_url
+from tests.console.live_asgi import DRAIN_PATH
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-sync", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -41,10 +42,26 @@ def shared_env(media_root: Path) -> dict:
     }
 
 
+# The server's connections name themselves (libpq reads PGAPPNAME), so a teardown can see what they are doing.
+SERVER_APPLICATION_NAME = "quilt-console-live-server"
+IN_TRANSACTION = ("active", "idle in transaction", "idle in transaction (aborted)")
+
+
 @dataclass
 class LiveServer:
     url: str
     process: subprocess.Popen
+
+    def drain(self, *, timeout_s: float = 60.0) -> None:
+        """Returns once the server has no request, socket or view in flight and none of its database connections
+        is inside a statement or a transaction: from then on it holds no lock that a flush of the test database
+        could wait on. Callers first close what could send more (the browser's pages)."""
+        with urllib.request.urlopen(self.url + DRAIN_PATH, timeout=timeout_s + 5) as answer:
+            assert answer.status == 200, answer.read()
+        deadline = time.monotonic() + timeout_s
+        while (busy := server_connections_in_transaction()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not busy, f"the live server still holds database work after its drain: {busy}"
 
     def stop(self) -> None:
         self.process.terminate()
@@ -60,8 +77,9 @@ def start_server(media_root: Path) -> LiveServer:
     env = {
         **os.environ, **shared_env(media_root), "DJANGO_SETTINGS_MODULE": "tests.console.server_settings",
         "PYTHONPATH": f"{REPO}:{REPO / 'platform'}", "DJANGO_ALLOW_ASYNC_UNSAFE": "",
+        "PGAPPNAME": SERVER_APPLICATION_NAME,
     }  # fmt: skip
-    command = [sys.executable, "-m", "uvicorn", "quilt.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+    command = [sys.executable, "-m", "uvicorn", "tests.console.live_asgi:application", "--host", "127.0.0.1", "--port", str(port),
                "--app-dir", str(REPO / "platform"), "--log-level", "warning", "--ws", "websockets"]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -78,11 +96,24 @@ def start_server(media_root: Path) -> LiveServer:
     raise RuntimeError("uvicorn did not answer within 60 s")
 
 
+def server_connections_in_transaction() -> list[tuple]:
+    """(pid, state, query) of the live server's connections to the test database that run a statement or sit in
+    a transaction (an idle connection holds no lock)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, query FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database() AND state = ANY(%s)",
+            [SERVER_APPLICATION_NAME, list(IN_TRANSACTION)],
+        )
+        return cursor.fetchall()
+
+
 def start_live_worker(media_root: Path) -> subprocess.Popen:
     return start_worker(extra_env=shared_env(media_root))
-
-
-
 
 
 def start_engine(model_dir: Path, media_root: Path, *, served_name: str, token: str) -> tuple[subprocess.Popen, str]:

@@ -189,6 +189,41 @@ def usage_grouped_filtered(
     return [totals[name] for name in sorted(totals)]
 
 
+@dataclass(frozen=True)
+class RequestCounts:
+    """The requests the gateway answered in a window: served by an engine (what usage and billing count) and
+    refused by the gateway with no engine generating (400, 402, 404, 429 ...), rate limits among them."""
+
+    served: int = 0
+    refused: int = 0
+    rate_limited: int = 0  # refusals with status 429
+
+    @property
+    def answered(self) -> int:
+        return self.served + self.refused
+
+
+def request_counts(
+    *, tenant: Tenant | None, since: datetime, until: datetime, model: str = "", key_prefix: str = ""
+) -> RequestCounts:
+    """Served and refused requests from `since` (included) to `until` (excluded): the one count of requests every
+    page shows, so that the overview, usage, billing and the request log agree."""
+    filters = _event_filters(tenant=tenant, model=model, key_prefix=key_prefix)
+    counts = UsageEvent.answered.filter(finished_at__gte=since, finished_at__lt=until, **filters).order_by().aggregate(
+        served=Count("id", filter=~Q(finish_reason=REFUSED)), refused=Count("id", filter=Q(finish_reason=REFUSED)),
+        rate_limited=Count("id", filter=Q(finish_reason=REFUSED, status_code=429)),
+    )  # fmt: skip
+    return RequestCounts(**counts)
+
+
+def month_request_counts(*, tenant: Tenant, month: date) -> RequestCounts:
+    """request_counts over the UTC month of `month`, to now."""
+    start = month.replace(day=1)
+    since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    until = datetime.combine((start + timedelta(days=32)).replace(day=1), datetime.min.time(), tzinfo=UTC)
+    return request_counts(tenant=tenant, since=since, until=until)
+
+
 def usage_filter_choices(*, tenant: Tenant, since: date) -> tuple[list[str], list[str]]:
     """The model names and key prefixes with usage since `since` (a usage page's filter choices)."""
     daily = UsageDaily.objects.filter(tenant=tenant, day__gte=since).order_by()

@@ -75,7 +75,7 @@ def test_pages_read_the_daily_rollups_not_the_raw_events(tenant, member_of, usag
     client, _ = member_of(tenant, "owner")
     usage_rollup_recent(now=usage["now"] + timedelta(days=1))
     UsageEvent.objects.filter(tenant=tenant).delete()
-    with django_assert_max_num_queries(20):
+    with django_assert_max_num_queries(21):
         page = client.get(url("usage", tenant, "?group=model"))
     assert page.context["total"].requests == 20
     assert {row.group: row.requests for row in page.context["table"].rows} == {"support-bot": 10, "tiny-llama": 10}
@@ -179,3 +179,25 @@ def test_prices_show_every_decimal_the_plan_charges(tenant, member_of):
     page = client.get(url("billing", tenant)).content.decode()
     for text in ("<strong>$0.000125</strong>", "<strong>$0.00004</strong>", "<strong>$0.0375</strong>"):
         assert text in page
+
+
+def test_overview_usage_and_billing_count_served_and_refused_requests_alike(tenant, member_of):
+    """Three served requests and four refusals (three of them rate limits) this month: every page shows both."""
+    from metering.gateway_reports import gateway_reports_record
+
+    client, _ = member_of(tenant, "owner")
+    now = timezone.now()
+    usage_ingest(events=[usage_event(tenant, finished_at=now - timedelta(minutes=minute)) for minute in range(3)])
+    refusals = [
+        {"kind": "refused", "request_id": f"refused-{n}", "tenant_id": tenant.pk, "status_code": status,
+         "error_code": "rate_limit_exceeded" if status == 429 else "model_not_found", "model": "tiny-llama",
+         "finished_at": (now - timedelta(minutes=n)).isoformat()}
+        for n, status in enumerate([429, 429, 429, 404])
+    ]  # fmt: skip
+    gateway_reports_record(reports=refusals)
+    for name in ("tenant-overview", "usage", "billing"):
+        page = client.get(url(name, tenant)).content.decode()
+        assert 'data-served="3" data-refused="4"' in page, name
+        assert "3 served · 4 refused (3 rate-limited)" in page, name
+    overview = client.get(url("tenant-overview", tenant)).content.decode()
+    assert '<div class="value" data-testid="requests">7</div>' in overview

@@ -11,7 +11,7 @@ from billing.serializers import INVOICE_CSV_HEADER, invoice_csv_rows
 from console.access import actor_of, csv_download, tenant_page
 from console.listing import listing
 from console.pages import render_page
-from metering.selectors import model_prices_of, usage_totals_month
+from metering.selectors import model_prices_of, month_request_counts, usage_totals_month
 
 SORTABLE = {"month": ("month", "id"), "total": ("total", "month", "id"), "status": ("status", "-month", "-id")}
 
@@ -26,7 +26,8 @@ def billing(request):
         "issue_date": month_bounds(today)[1],
         "plan": tenant.plan,
         "model_prices": model_prices_of(plan=tenant.plan),
-        "month_to_date": usage_totals_month(tenant=tenant, month=timezone.now().date()),
+        "month_to_date": usage_totals_month(tenant=tenant, month=today),
+        "counts": month_request_counts(tenant=tenant, month=today),
         "invoices": listing(request, invoices, sortable=SORTABLE, default_sort="-month"),
     }
     return render_page(request, "console/billing/index.html", context, section="billing")

@@ -19,6 +19,7 @@ from metering.selectors import (
     usage_by_day,
     usage_grouped,
     usage_grouped_filtered,
+    month_request_counts,
     usage_totals_month,
 )
 from registry.selectors import models_for_tenant
@@ -54,6 +55,7 @@ def tenant_overview(request):
     )
     context = {
         "totals": totals,
+        "counts": month_request_counts(tenant=tenant, month=month),
         "month": month,
         "spend_meter": budget_meter(used=totals.price, limit=tenant.plan.monthly_spend_limit),
         "token_meter": budget_meter(used=totals.total_tokens, limit=tenant.plan.monthly_token_budget),

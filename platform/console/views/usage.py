@@ -19,6 +19,7 @@ from console.listing import listing_of_rows
 from console.pages import render_page
 from console.selectors import Window, chart_points
 from metering.selectors import (
+    request_counts,
     usage_buckets,
     usage_filter_choices,
     usage_grouped_filtered,
@@ -46,6 +47,10 @@ def _query(request):
     group = form.value("group") or "day"
     filters = {"model": form.value("model"), "key_prefix": form.value("key")}
     return form, Window(since=since, until=until), group, filters
+
+
+def _day_start(day) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
 
 
 def _bucket_range(window: Window, every: str) -> tuple[datetime, datetime]:
@@ -124,6 +129,8 @@ def usage(request):
         "chart_sub": f"{window.since:%b %d} – {window.until:%b %d}, UTC",
         "table": table,
         "total": usage_sum(daily),
+        "counts": request_counts(tenant=tenant, since=_day_start(window.since),
+                                 until=_day_start(window.until + timedelta(days=1)), **filters),
         "csv_query": request.GET.urlencode(),
         "every": every,
         "every_urls": every_urls,

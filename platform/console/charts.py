@@ -1,7 +1,7 @@
 """Charts rendered on the server as SVG: daily bars (tokens, stacked in two parts) with a line (spend).
 
-Rendering here keeps the console free of a JavaScript charting bundle; each bar carries a <title> so the
-browser shows its exact values on hover.
+Rendering here keeps the console free of a JavaScript charting bundle; each bar carries a <title> with its exact
+values, which console.js shows as a tooltip beside the bar (and a browser without scripts as its own).
 """
 
 import math
@@ -16,10 +16,11 @@ from console.money_format import money_axis_text, money_text
 
 WIDTH, HEIGHT = 760, 240
 LEFT, RIGHT, TOP, BOTTOM = 52, 56, 14, 42
-# Axis labels are sized for the narrowest screen: at 390 px a 760-unit chart is drawn ~308 px wide, so its axis
-# font is 28 units there (11.3 px, console.css) and a character about 16.8 units. Margins make room for that,
-# so a label never sits over the data on a phone; on wider screens the same room is merely generous.
-AXIS_CHAR = 16.8
+# Axis labels are sized for the narrowest screen: at 390 px a 760-unit chart is drawn ~308 px wide, and its axis
+# font is set to be 12.5 px on screen (console.js), about 31 units there, so a character is about 18.5 units.
+# Margins make room for that, so a label never sits over the data on a phone; on wider screens the same room is
+# merely generous.
+AXIS_CHAR = 18.5
 
 
 @dataclass(frozen=True)

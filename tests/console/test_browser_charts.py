@@ -77,7 +77,7 @@ def test_charts_at_390_px_are_legible_distinguishable_and_read_out_on_tap(browse
     chart = page.locator("#percentiles-chart svg.chart")
     assert chart.count() == 1
     for measured in page.evaluate(AXIS_SIZES_AND_OVERLAPS):
-        assert measured["smallest"] >= 11, measured
+        assert measured["smallest"] >= 12, measured
         assert measured["overlaps"] == [], measured
         assert measured["height"] >= 44 and measured["width"] >= 44  # the whole plot is the tap target
     # Equal series: each is drawn, with its own dash, and a lone hour shows as a dot.
@@ -87,6 +87,23 @@ def test_charts_at_390_px_are_legible_distinguishable_and_read_out_on_tap(browse
     assert chart.locator("circle.series-dot[data-series=p99]").count() == 2
     labels = chart.locator("text.axis.x").evaluate_all("nodes => nodes.map(node => node.textContent)")
     assert any(label[:3].isalpha() for label in labels) and any(":" in label for label in labels), labels
+    # A desktop: the half-width charts too are drawn with text of 12 px or more, and hovering a bucket shows its
+    # values in a tooltip beside it (not the browser's own title tooltip).
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(live_server_asgi.url + "/t/phone/usage/?every=hour")
+    for measured in page.evaluate(AXIS_SIZES_AND_OVERLAPS):
+        assert measured["smallest"] >= 12, measured
+        assert measured["overlaps"] == [], measured
+    chart = page.locator("#percentiles-chart svg.chart")
+    chart.scroll_into_view_if_needed()
+    dot = chart.locator("circle.series-dot[data-series=p50]").first.bounding_box()
+    page.mouse.move(dot["x"] + dot["width"] / 2, dot["y"] + dot["height"] / 2)
+    readout = page.locator("#percentiles-chart .chart-readout")
+    assert readout.is_visible() and "p50 250.0" in readout.inner_text(), readout.inner_text()
+    box, card = readout.bounding_box(), page.locator("#percentiles-chart .card-body").bounding_box()
+    assert box["x"] >= card["x"] and box["x"] + box["width"] <= card["x"] + card["width"] + 1
+    assert min(abs(box["x"] - dot["x"]), abs(box["x"] + box["width"] - dot["x"])) < 40, (box, dot)
+    assert chart.locator("title").count() == 0
     page.context.close()
     # On a touch screen, a tap reads the nearest hour out, and a tap anywhere else closes it.
     touch = browser.new_context(viewport={"width": 390, "height": 844}, has_touch=True)

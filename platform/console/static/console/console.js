@@ -177,19 +177,27 @@
     xhr.send(new FormData(form));
   }
 
-  // Charts: a readout of the bucket under the pointer, on hover and on tap. The whole plot is the target (an
-  // hour of a week is a few pixels wide on a phone): the nearest bucket to the pointer's x is read out, from the
-  // same text its <title> gives desktop browsers.
+  // Charts: a tooltip of the bucket under the pointer, on hover and on tap, beside that bucket. The whole plot is
+  // the target (an hour of a week is a few pixels wide on a phone): the nearest bucket to the pointer's x is read
+  // out. Its text is the bucket's <title>, which the server writes for pages without scripts; with scripts it
+  // moves to data-readout, so the browser's own slow title tooltip never shows over this one.
+  function adoptTitles(svg) {
+    svg.querySelectorAll("g.bucket > title, g.day > title").forEach(function (title) {
+      title.parentNode.dataset.readout = title.textContent;
+      title.remove();
+    });
+  }
   function chartReadout(event) {
     var svg = event.target.closest && event.target.closest("svg.chart");
     if (!svg) return;
+    adoptTitles(svg);
     var buckets = svg.querySelectorAll("g.bucket, g.day");
     if (!buckets.length) return;
-    var nearest = null, distance = Infinity;
+    var nearest = null, nearestBox = null, distance = Infinity;
     buckets.forEach(function (bucket) {
       var box = bucket.lastElementChild.getBoundingClientRect();
       var gap = Math.abs(box.left + box.width / 2 - event.clientX);
-      if (gap < distance) { distance = gap; nearest = bucket; }
+      if (gap < distance) { distance = gap; nearest = bucket; nearestBox = box; }
     });
     var holder = svg.parentElement;
     holder.classList.add("chart-wrap");
@@ -202,8 +210,32 @@
     }
     svg.querySelectorAll(".active").forEach(function (node) { node.classList.remove("active"); });
     nearest.classList.add("active");
-    readout.textContent = nearest.querySelector("title").textContent;
+    readout.textContent = nearest.dataset.readout;
     readout.hidden = false;
+    // Beside the bucket, on whichever side has room, and never past the card's edges.
+    var area = holder.getBoundingClientRect(), width = readout.offsetWidth, gap = 10;
+    var center = nearestBox.left + nearestBox.width / 2 - area.left;
+    var left = center + gap + width <= area.width ? center + gap : center - gap - width;
+    readout.style.left = Math.max(0, Math.min(left, area.width - width)) + "px";
+    readout.style.top = Math.max(0, event.clientY - area.top - readout.offsetHeight - gap) + "px";
+  }
+
+  // Chart text: the SVG scales with its card, so its axis font is set in the chart's own units to be at least
+  // MIN_CHART_TEXT_PX on screen at any width (the stylesheet's sizes are the floor where the chart is large).
+  var MIN_CHART_TEXT_PX = 12.5;
+  var chartSizes = window.ResizeObserver ? new ResizeObserver(function (entries) {
+    entries.forEach(function (entry) { fitChartText(entry.target); });
+  }) : null;
+  function fitChartText(svg) {
+    var drawn = svg.getBoundingClientRect().width;
+    if (!drawn) return;
+    svg.style.setProperty("--axis-min", (MIN_CHART_TEXT_PX * svg.viewBox.baseVal.width / drawn).toFixed(2) + "px");
+  }
+  function fitCharts() {
+    document.querySelectorAll("svg.chart").forEach(function (svg) {
+      fitChartText(svg);
+      if (chartSizes) chartSizes.observe(svg);
+    });
   }
   document.addEventListener("pointermove", function (event) {
     if (event.pointerType !== "mouse") return;
@@ -258,6 +290,7 @@
       if (message.type === "html") {
         var target = document.getElementById(message.target);
         if (target) target.outerHTML = message.html;
+        fitCharts();
       } else if (message.type === "refresh") {
         refreshRegions("socket");
       }
@@ -283,6 +316,7 @@
           if (window.htmx) window.htmx.process(replacement);
         });
         labelCells();
+        fitCharts();
       })
       .catch(function () { setTimeout(function () { refreshRegions(reason); }, 2000); })  // server away: again
       .finally(function () {
@@ -322,10 +356,11 @@
       });
     });
   }
-  document.addEventListener("htmx:afterSwap", function () { labelCells(); });
+  document.addEventListener("htmx:afterSwap", function () { labelCells(); fitCharts(); });
 
   document.addEventListener("DOMContentLoaded", function () {
     labelCells();
+    fitCharts();
     if (document.body.dataset.live) connect(document.body.dataset.live);
     var adapterSelect = document.getElementById("id_adapter");
     if (adapterSelect) toggleNewAdapterFields(adapterSelect);

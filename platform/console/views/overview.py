@@ -16,10 +16,10 @@ from console.selectors import Window, chart_points
 from gateway.models import Engine
 from metering.selectors import (
     UsageTotals,
+    month_request_counts,
     usage_by_day,
     usage_grouped,
     usage_grouped_filtered,
-    month_request_counts,
     usage_totals_month,
 )
 from registry.selectors import models_for_tenant

@@ -45,6 +45,8 @@ class Family:
     activation: str = "act_fn"  # the MLP's activation module
     experts: bool = False  # a mixture of experts: LoRA on the stacked experts (EXPERT_MODULES) too
     shared_expert: bool = False  # and a shared expert on its sparse layers (SHARED_EXPERT_MODULES)
+    language_model: str = "model"  # the decoder's path in the model PEFT wraps (a vision-language model's own)
+    vision_tower: str | None = None  # a vision-language model's vision encoder, whose modules LoRA is refused on
 
     @property
     def split_aliases(self) -> tuple[str, ...]:
@@ -92,7 +94,8 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "qwen3_moe": Family("Qwen3-MoE", "Qwen3MoeForCausalLM", ATTENTION_MODULES, head_norms=True, experts=True),
     "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True, shared_expert=True),
     "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES, experts=True),
-    "qwen2_5_vl": Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", _SPLIT),
+    "qwen2_5_vl": Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", _SPLIT,
+                         language_model="model.language_model", vision_tower="model.visual"),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -108,14 +111,15 @@ def module_parent(module: str) -> str:
     return "self_attn" if module in ATTENTION_MODULES or module == "qkv_proj" else "mlp"
 
 
-def peft_module_key(layer: int, module: str) -> str:
-    """The module's name inside the `*ForCausalLM` model, which is what PEFT matches its patterns against (for
-    the experts: the stacked parameter's name, which PEFT matches target_parameters and patterns against)."""
+def peft_module_key(layer: int, module: str, decoder: str = "model") -> str:
+    """The module's name inside the `*ForCausalLM` model (its decoder at `decoder`), which is what PEFT matches
+    its patterns against (for the experts: the stacked parameter's name, which PEFT matches target_parameters and
+    patterns against)."""
     if module in EXPERT_PARAMETERS:
-        return f"model.layers.{layer}.mlp.experts.{EXPERT_PARAMETERS[module]}"
+        return f"{decoder}.layers.{layer}.mlp.experts.{EXPERT_PARAMETERS[module]}"
     if module == ROUTER:
-        return f"model.layers.{layer}.mlp.gate.weight"
-    return f"model.layers.{layer}.{module_parent(module)}.{module.removeprefix('shared_expert_')}"
+        return f"{decoder}.layers.{layer}.mlp.gate.weight"
+    return f"{decoder}.layers.{layer}.{module_parent(module)}.{module.removeprefix('shared_expert_')}"
 
 
 @dataclass(frozen=True)
@@ -131,12 +135,14 @@ class BaseShapes:
     expert_intermediate_size: int = 0
     expert_layers: tuple[int, ...] = ()
     shared_expert_intermediate_size: int = 0
+    vision_depth: int = 0  # a vision-language model's vision encoder blocks
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseShapes":
         if not isinstance(config, dict):
             raise AdapterError("unsupported_base_model", "the base model's config.json is not a JSON object")
         model_type = config.get("model_type")
+        vision_depth = (config.get("vision_config") or {}).get("depth", 0)
         if isinstance(config.get("text_config"), dict):  # a vision-language model: LoRA on its language model
             config = {**config, **config["text_config"], "model_type": model_type}
         if model_type not in FAMILIES:
@@ -158,6 +164,7 @@ class BaseShapes:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
+            vision_depth=vision_depth,
             **experts,
         )
         if not isinstance(kv_heads, int) or not isinstance(head_dim, int) or heads % kv_heads:
@@ -215,13 +222,17 @@ class BaseShapes:
     def named_modules(self) -> dict[str, str]:
         """Every module name of the `*ForCausalLM` model PEFT could be pointed at, mapped to what it is."""
         family = self.family
-        names = {"": "model", "model": "model", "model.layers": "layer list", "model.rotary_emb": "rotary"}
-        names |= {"model.embed_tokens": "embedding", "lm_head": "lm_head", "model.norm": "norm"}
+        decoder = family.language_model
+        names = {"": "model", "model": "model", decoder: "model", f"{decoder}.layers": "layer list",
+                 f"{decoder}.rotary_emb": "rotary"}
+        names |= {f"{decoder}.embed_tokens": "embedding", "lm_head": "lm_head", f"{decoder}.norm": "norm"}
+        if family.vision_tower is not None:
+            names |= {name: "vision tower" for name in self._vision_modules()}
         for layer in range(self.num_layers):
-            prefix = f"model.layers.{layer}"
+            prefix = f"{decoder}.layers.{layer}"
             names |= {prefix: "decoder layer", f"{prefix}.self_attn": "attention", f"{prefix}.mlp": "MLP"}
             for module in family.projections:
-                names[peft_module_key(layer, module)] = module
+                names[peft_module_key(layer, module, decoder)] = module
             for norm in family.norms:
                 names[f"{prefix}.{norm}"] = "norm"
             if family.head_norms:
@@ -235,6 +246,13 @@ class BaseShapes:
                               f"{prefix}.mlp.shared_expert.{family.activation}": "activation"}
                     names |= {peft_module_key(layer, m): m for m in SHARED_EXPERT_MODULES}
         return names
+
+    def _vision_modules(self) -> list[str]:
+        """The linear layers of a vision-language model's vision encoder and projector."""
+        tower = self.family.vision_tower
+        blocks = [f"{tower}.blocks.{i}.{m}" for i in range(self.vision_depth)
+                  for m in ("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+        return [f"{tower}.patch_embed.proj", *blocks, f"{tower}.merger.mlp.0", f"{tower}.merger.mlp.2"]
 
     def expert_parameters(self) -> dict[str, str]:
         """PEFT's key of every parameter target_parameters may name (the stacked experts' and the router's weight),

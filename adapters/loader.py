@@ -1,5 +1,6 @@
 """load_adapter: from what a tenant uploaded to a validated LoadedAdapter, or a clear refusal."""
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,11 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
     )
 
 
+def _layer_of(key: str) -> int:
+    """The decoder layer of a PEFT module key ("model.layers.3.mlp.up_proj", "model.language_model.layers.3...")."""
+    return int(re.search(r"\.layers\.(\d+)\.", key).group(1))
+
+
 def _planned_modules(
     settings: LoraSettings, shapes: BaseShapes, *, deadline: float
 ) -> dict[str, PlannedModule]:
@@ -143,12 +149,12 @@ def _planned_modules(
                 f"target_modules matches {repr(key) if key else 'the root module'} ({kind}) of {family.describe()}; "
                 f"LoRA is served on {family.served_list()} only",
             )
-        layer = int(key.split(".")[2])
+        layer = _layer_of(key)
         plan[module_name(layer, kind)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     if settings.target_modules != "all-linear":
         for key, split in aliases.items():
             _check_deadline(deadline)
-            layer = int(key.split(".")[2])
+            layer = _layer_of(key)
             if settings.targets(key) and module_name(layer, fused_of(split)) not in plan:
                 plan[module_name(layer, split)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     plan |= _planned_experts(settings, shapes)
@@ -183,7 +189,7 @@ def _planned_experts(settings: LoraSettings, shapes: BaseShapes) -> dict[str, Pl
     plan = {}
     for key, module in keys.items():
         if settings.targets_parameter(key):
-            layer = int(key.split(".")[2])
+            layer = _layer_of(key)
             plan[module_name(layer, module)] = PlannedModule(key, settings.rank_for(key), settings.alpha_for(key))
     return plan
 

@@ -9,7 +9,7 @@ from adapters.errors import AdapterError
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight, also without the `base_model.model.`
 # wrapper or the `.weight` suffix, and with the adapter name PEFT keeps in memory (`lora_A.default.weight`).
 _LORA_NAME = re.compile(
-    r"^(?:base_model\.model\.)?(?:model\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]+(?:\.shared_expert)?)"
+    r"^(?:base_model\.model\.)?(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]+(?:\.shared_expert)?)"
     r"\.(?P<module>[A-Za-z_]+)"
     r"\.(?P<half>lora_A|lora_B)(?:\.(?P<adapter>[\w-]+))?$"
 )

@@ -10,13 +10,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from peft import PeftModel
 from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.image_utils import load_image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from adapters import AdapterError
 from engine import LLM, SamplingParams
 from tests.engine.pictures import data_url, picture
-from tests.engine.vlm_checkpoints import IMAGE_TOKEN, build_qwen2_5_vl
+from tests.engine.vlm_checkpoints import IMAGE_TOKEN, PROJECTIONS, build_qwen2_5_vl, build_vlm_adapter
 
 MAX_TOKENS = 5
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
@@ -52,7 +54,7 @@ def oracle(checkpoint):
 
 
 @torch.no_grad()
-def transformers_greedy(model, processor, prompt: list[int], messages: list[dict]):
+def transformers_greedy(model, processor, prompt: list[int], messages: list[dict], hf=None):
     """Greedy tokens and their log-probabilities as transformers' generate() makes them: the prompt with its
     pixels (from transformers' own processor and load_image) in one call, then one call per token over the KV
     cache (a generated token equal to the placeholder id is text, as in generate())."""
@@ -65,7 +67,7 @@ def transformers_greedy(model, processor, prompt: list[int], messages: list[dict
         features = processor([load_image(url) for url in urls], return_tensors="pt")
         extra = {"pixel_values": features["pixel_values"], "image_grid_thw": features["image_grid_thw"],
                  "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
-    model.model.rope_deltas = None  # what the last prompt left
+    (hf or model).model.rope_deltas = None  # what the last prompt left
     tokens, logprobs, past = [], [], None
     for _ in range(MAX_TOKENS):
         out = model(ids, past_key_values=past, use_cache=True, **extra)
@@ -117,3 +119,44 @@ def test_prefix_cache_keys_carry_the_images(checkpoint):
     assert again.usage.cached_tokens >= len(prompt_a) - CONFIG["block_size"]
     assert again.token_ids == first.token_ids
     assert other.usage.cached_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def adapter(checkpoint, tmp_path_factory):
+    return build_vlm_adapter(checkpoint, tmp_path_factory.mktemp("qwen2_5_vl-lora"), seed=12, r=4)
+
+
+@pytest.mark.parametrize("launchers", ["reference", "triton"])
+def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, adapter, launchers, request):
+    """A LoRA on the language model's seven projections, as PEFT names them on this model, for some requests of
+    a batch and the base model for the others, with and without images."""
+    if launchers == "triton":
+        request.getfixturevalue("triton_launchers")
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    peft = PeftModel.from_pretrained(hf, adapter, adapter_name="lora").eval()
+    names = ["one-image", "two-images", "text-only", "one-image"]
+    adapters = ["lora", None, "lora", None]
+    processor = oracle_processor(checkpoint)
+    with LLM(checkpoint, device="cpu", **CONFIG) as llm:
+        llm.add_adapter("lora", adapter)
+        outputs = llm.generate([CASES[name] for name in names], SAMPLING, adapters=adapters)
+        prompts = [llm._chat(CASES[name])[0] for name in names]
+    for name, name_of_adapter, prompt, out in zip(names, adapters, prompts, outputs, strict=True):
+        if name_of_adapter is None:
+            with peft.disable_adapter():
+                tokens, logprobs = transformers_greedy(peft, processor, prompt, CASES[name], hf=hf)
+        else:
+            tokens, logprobs = transformers_greedy(peft, processor, prompt, CASES[name], hf=hf)
+        assert out.token_ids == tokens, (name, name_of_adapter)
+        got = [entry.logprob for entry in out.logprobs]
+        assert np.mean(np.abs(np.array(got) - np.array(logprobs))) <= 1e-3, (name, name_of_adapter)
+
+
+def test_lora_on_the_vision_tower_is_refused(checkpoint, tmp_path):
+    """Plain target_modules names match the vision encoder's MLP too (gate_proj, up_proj, down_proj): refused."""
+    path = build_vlm_adapter(checkpoint, tmp_path / "vision", seed=13, r=2, targets=PROJECTIONS)
+    with LLM(checkpoint, device="cpu", **CONFIG) as llm, pytest.raises(AdapterError) as refused:
+        llm.add_adapter("vision", path)
+    assert refused.value.code == "unsupported_module"
+    assert "vision tower" in str(refused.value)

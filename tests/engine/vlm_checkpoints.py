@@ -81,11 +81,12 @@ def build_qwen2_5_vl(directory, *, seed: int, layout: str = "hub"):
     return directory
 
 
-def build_vlm_adapter(base_dir, directory, *, seed: int, r: int):
-    """A PEFT LoRA on the language model's seven projections, A and B random (PEFT starts B at zero)."""
+def build_vlm_adapter(base_dir, directory, *, seed: int, r: int, targets=LANGUAGE_MODEL_PROJECTIONS):
+    """A PEFT LoRA, by default on the language model's seven projections, A and B random (PEFT starts B at
+    zero)."""
     torch.manual_seed(seed)
     base = Qwen2_5_VLForConditionalGeneration.from_pretrained(base_dir)
-    peft_model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2.0 * r, target_modules=LANGUAGE_MODEL_PROJECTIONS))
+    peft_model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2.0 * r, target_modules=targets))
     for name, param in peft_model.named_parameters():
         if "lora_A" in name or "lora_B" in name:
             torch.nn.init.normal_(param, std=0.3 / param.shape[-1] ** 0.5 if "lora_A" in name else 0.2)

@@ -89,6 +89,12 @@ class BlockManager:
     def blocks_to_run(self, num_tokens: int, chunk: int) -> int:
         return blocks_to_run(num_tokens, chunk, block_size=self.block_size, window=self.window)
 
+    def longest_fitting(self, max_model_len: int, chunk: int) -> int:
+        """max_model_len, or the pool's tokens when one sequence that long would need more blocks than there are."""
+        if self.blocks_to_run(max_model_len, chunk) > self.num_blocks:
+            return min(max_model_len, self.num_blocks * self.block_size)
+        return max_model_len
+
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""
         if len(seq.block_hashes) < num_tokens // self.block_size:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-import adapters
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_keys import base_digest, model_digest
@@ -25,13 +24,13 @@ from engine.kv import payload
 from engine.kv.host_tier import HostTier
 from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
-from engine.lora_modules import row_widths
 from engine.model_runner import ModelRunner, StepResult
-from engine.models import read_hf_config, read_spec
+from engine.models import ModelSpec, read_hf_config, read_spec
 from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
-from engine.page_budget import count_pages, fitting_block_size, freed_window, page_chunk
+from engine.page_budget import PageShape, count_pages, freed_window, page_shape
+from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
 from engine.quant_formats import checkpoint_quantization
@@ -48,42 +47,28 @@ from engine.workers.worker_group import WorkerGroup
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
                  time_collectives: bool = False):
+        model_dir, tp, model_dtype = Path(config.model), config.tensor_parallel_size, getattr(torch, config.dtype)
         self.device = torch.device(config.device)
-        model_dir = Path(config.model)
         self.hf_config = read_hf_config(model_dir)
-        args = read_spec(self.hf_config)
+        spec = read_spec(self.hf_config)
         self.quant_spec = checkpoint_quantization(self.hf_config, quantization=config.quantization)  # refused now
-        tp = config.tensor_parallel_size
-        check_tensor_parallel(args, size=tp, device=self.device)
-        model_dtype = getattr(torch, config.dtype)
+        check_tensor_parallel(spec, size=tp, device=self.device)
         self.kv_dtype = kv_dtype(config.kv_cache_dtype, model_dtype, self.device)
-        longest = args.max_position_embeddings  # a sliding window limits what a token sees, not the context
-        if config.max_model_len is not None and config.max_model_len > longest:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
-        self.max_model_len = config.max_model_len or longest
+        self.max_model_len = context_length(config, spec)
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         # a vision-language model's images are preprocessed as its own processor does (engine/images.py)
         self.image_processor = (QwenVLImageProcessor.from_config(read_processor_config(model_dir))
-                                if args.vision is not None else None)
+                                if spec.vision is not None else None)
         self.eos_token_ids = eos_token_ids(model_dir, self.hf_config, self.tokenizer)
-        widths = row_widths(adapters.BaseShapes.from_config(self.hf_config), tensor_parallel_size=tp)  # this rank's
-        if config.block_size is None:
-            config = dataclasses.replace(config, block_size=fitting_block_size(
-                kv_heads=args.num_kv_heads // tp, head_dim=args.head_dim, dtype=model_dtype, kv_dtype=self.kv_dtype,
-                widths=widths))
-        self.config = config
-        chunk = page_chunk(block_size=config.block_size, kv_heads=args.num_kv_heads // tp, head_dim=args.head_dim,
-                           dtype=model_dtype, kv_dtype=self.kv_dtype, widths=widths, tensor_parallel_size=tp)
+        page = page_shape(config, spec, self.hf_config, dtype=model_dtype, kv_dtype=self.kv_dtype)
+        self.config = config = dataclasses.replace(config, block_size=page.block_size)
         self.comm = Communicator(rank=0, size=tp, timed=time_collectives)
-        self.workers = WorkerGroup(model=config.model, dtype=config.dtype, device=config.device, size=tp,
-                                   block_size=config.block_size, quantization=config.quantization,
-                                   kv_cache_dtype=config.kv_cache_dtype,
-                                   timed=time_collectives) if tp > 1 else None  # they load their shards meanwhile
+        self.workers = spawn_workers(config, timed=time_collectives)  # they load their shards meanwhile
         model = load_rank_model(model_dir, dtype=model_dtype, device=self.device, comm=self.comm,
                                 quantization=config.quantization)
-        workers_free = self.workers.connect(self.comm) if self.workers else []
-        num_pages = count_pages(config, args, device=self.device, model_dtype=model_dtype, kv_dtype=self.kv_dtype,
-                                widths=widths, chunk=chunk, max_model_len=self.max_model_len,
+        workers_free = self.workers.connect(self.comm) if self.workers else []  # bytes free on each worker's device
+        num_pages = count_pages(config, spec, device=self.device, model_dtype=model_dtype, kv_dtype=self.kv_dtype,
+                                widths=page.widths, chunk=page.chunk, max_model_len=self.max_model_len,
                                 tensor_parallel_size=tp, workers_free=workers_free)
         self.memory = attach_pages(model, num_pages=num_pages, block_size=config.block_size,
                                    kv_cache_dtype=config.kv_cache_dtype, device=self.device)
@@ -92,33 +77,17 @@ class LLMEngine:
                                        kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=tp)
         self.block_manager = BlockManager(num_blocks=num_pages, block_size=config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching,
-                                          window=freed_window(config, args), base=self.base_digest)
-        self.host_tier = None
-        if config.kv_host_cache_gb:
-            if self.block_manager.window is not None:
-                raise ValueError("kv_host_cache_gb: not supported for a model with a sliding window on every layer")
-            self.host_tier = HostTier(memory=self.memory, capacity_bytes=int(config.kv_host_cache_gb * 2**30))
-            self.block_manager.on_evict = self.host_tier.save
-        if self.block_manager.blocks_to_run(self.max_model_len, config.max_num_batched_tokens) > num_pages:
-            self.max_model_len = min(self.max_model_len, num_pages * config.block_size)  # one sequence must fit
-        pin, hf_config = self.device.type == "cuda", self.hf_config  # the lambdas hold no `self`: no cycle
-        self.adapter_pool = AdapterPool(
-            memory=self.memory,
-            plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=tp), num_layers=args.num_layers,
-                                                   widths=widths, chunk=chunk, pin=pin),
-            load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
-            take_pages=self.block_manager.take_pages,
-            give_pages=self.block_manager.give_pages,
-            host_cache_bytes=config.host_adapter_cache_bytes,
-            mirror=self.workers,  # each worker gets its shard of what rank 0 read
-        )
+                                          window=freed_window(config, spec), base=self.base_digest)
+        self.host_tier = build_host_tier(config, self.block_manager, self.memory)
+        self.max_model_len = self.block_manager.longest_fitting(self.max_model_len, config.max_num_batched_tokens)
+        self.adapter_pool = build_adapter_pool(config, self.hf_config, spec, page, memory=self.memory,
+                                               block_manager=self.block_manager, workers=self.workers,
+                                               pin=self.device.type == "cuda")
         if self.workers:
-            model.register_forward_pre_hook(self.workers.before_forward)  # every forward runs on every rank
-            self.workers.start(num_pages)
-        vocab = model.spec.vocab_size
-        self.grammars = GrammarCompiler(model_dir / "tokenizer.json", vocab_size=vocab,
+            self.workers.start(model, num_pages)
+        self.grammars = GrammarCompiler(model_dir / "tokenizer.json", vocab_size=model.spec.vocab_size,
                                         eos_token_ids=self.eos_token_ids) if self.tokenizer is not None else None
-        self.guided = GuidedDecoding(vocab_size=vocab, device=self.device)
+        self.guided = GuidedDecoding(vocab_size=model.spec.vocab_size, device=self.device)
         self.runner = ModelRunner(model=model, memory=self.memory, adapters=self.adapter_pool,
                                   eos_token_ids=self.eos_token_ids, device=self.device, guided=self.guided,
                                   cuda_graphs=config.cuda_graphs and self.device.type == "cuda",
@@ -152,8 +121,8 @@ class LLMEngine:
             quantization=config.quantization or (self.quant_spec.describe() if self.quant_spec else None),
             kv_cache_dtype=config.kv_cache_dtype, memory=self.memory,
             weights_bytes=self.weight_bytes, weights_full_precision_bytes=unquantized_bytes(model),
-            num_layers=args.num_layers, block_size=config.block_size, kv_heads=args.num_kv_heads // tp,
-            head_dim=args.head_dim, model_dtype=model_dtype)
+            num_layers=spec.num_layers, block_size=config.block_size, kv_heads=spec.num_kv_heads // tp,
+            head_dim=spec.head_dim, model_dtype=model_dtype)
         self.memory_report.log()
 
     # adapters
@@ -472,3 +441,53 @@ class LLMEngine:
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "tokens_per_step": self.num_generated_tokens / steps if steps else 0.0,
         }
+
+
+def context_length(config: EngineConfig, spec: ModelSpec) -> int:
+    """The longest sequence served: the configured max_model_len, else the model's; a sliding window limits
+    what a token sees, not the context."""
+    longest = spec.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > longest:
+        raise ValueError(f"max_model_len {config.max_model_len} exceeds what this model supports ({longest})")
+    return config.max_model_len or longest
+
+
+def spawn_workers(config: EngineConfig, *, timed: bool) -> WorkerGroup | None:
+    """The tensor-parallel ranks 1..N-1, started at once so that they load their shards while rank 0 loads its
+    own; None without tensor parallelism."""
+    if config.tensor_parallel_size == 1:
+        return None
+    return WorkerGroup(model=config.model, dtype=config.dtype, device=config.device,
+                       size=config.tensor_parallel_size, block_size=config.block_size,
+                       quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, timed=timed)
+
+
+def build_host_tier(config: EngineConfig, block_manager: BlockManager, memory: PagedMemory) -> HostTier | None:
+    """The host-memory KV tier (docs/kv-tiers.md), which keeps the prefix blocks the device evicts; None unless
+    kv_host_cache_gb is set."""
+    if not config.kv_host_cache_gb:
+        return None
+    if block_manager.window is not None:
+        raise ValueError("kv_host_cache_gb: not supported for a model with a sliding window on every layer")
+    tier = HostTier(memory=memory, capacity_bytes=int(config.kv_host_cache_gb * 2**30))
+    block_manager.on_evict = tier.save
+    return tier
+
+
+def build_adapter_pool(config: EngineConfig, hf_config: dict, spec: ModelSpec, page: PageShape, *,
+                       memory: PagedMemory, block_manager: BlockManager, workers: WorkerGroup | None,
+                       pin: bool) -> AdapterPool:
+    """Adapters read from disk, planned into rank 0's shard of pages taken from the block manager; each worker gets
+    its shard of what rank 0 read (the pool's mirror). Its callables hold no engine, so the engine has no
+    reference cycle through them."""
+    size = config.tensor_parallel_size
+    return AdapterPool(
+        memory=memory,
+        plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=size), num_layers=spec.num_layers,
+                                               widths=page.widths, chunk=page.chunk, pin=pin),
+        load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
+        take_pages=block_manager.take_pages,
+        give_pages=block_manager.give_pages,
+        host_cache_bytes=config.host_adapter_cache_bytes,
+        mirror=workers,
+    )

@@ -2,11 +2,15 @@
 pages together); docs/engine-memory.md gives the rules. Under tensor parallelism every rank has the same
 pages, each of its share of the KV heads."""
 
+from dataclasses import dataclass
+
 import torch
 
+import adapters
 from engine.adapter_plan import pages_for_rank
 from engine.block_manager import blocks_to_run
 from engine.config import EngineConfig
+from engine.lora_modules import row_widths
 from engine.models import ModelSpec
 from engine.paged_memory import PagedMemory
 from engine.speculative.build import draft_memory_bytes
@@ -15,6 +19,28 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per page unless the adapter rows need more (see `fitting_block_size`)
+
+
+@dataclass(frozen=True)
+class PageShape:
+    """A page of this rank: its tokens per KV block, the model-dtype values in its chunk, and the widths of the
+    adapter rows (this rank's share of each projection) a chunk must hold."""
+
+    block_size: int
+    chunk: int
+    widths: list[tuple[int, int]]
+
+
+def page_shape(config: EngineConfig, spec: ModelSpec, hf_config: dict, *, dtype: torch.dtype,
+               kv_dtype: torch.dtype) -> PageShape:
+    """The configured block size, else the smallest that holds the widest adapter row; ValueError (page_chunk)
+    when the configured one is too small."""
+    size = config.tensor_parallel_size
+    widths = row_widths(adapters.BaseShapes.from_config(hf_config), tensor_parallel_size=size)
+    shape = {"kv_heads": spec.num_kv_heads // size, "head_dim": spec.head_dim, "dtype": dtype, "kv_dtype": kv_dtype}
+    block_size = fitting_block_size(**shape, widths=widths) if config.block_size is None else config.block_size
+    return PageShape(block_size=block_size, widths=widths,
+                     chunk=page_chunk(block_size=block_size, **shape, widths=widths, tensor_parallel_size=size))
 
 
 def page_chunk(*, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,

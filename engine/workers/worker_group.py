@@ -76,8 +76,10 @@ class WorkerGroup:
         comm.connect(port=self.port, device=self.device, timeout_s=self.timeout_s)
         return free
 
-    def start(self, num_pages: int) -> None:
-        """Give every worker the pool's size (the same page ids on every rank) and wait until it is ready."""
+    def start(self, model: torch.nn.Module, num_pages: int) -> None:
+        """Give every worker the pool's size (the same page ids on every rank) and wait until it is ready; from
+        then on every forward pass of rank 0's model runs on every rank."""
+        model.register_forward_pre_hook(self.before_forward)
         for conn in self.conns:
             conn.send(("memory", num_pages))
         for i in range(len(self.conns)):

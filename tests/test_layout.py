@@ -83,8 +83,9 @@ ALLOWED_ENGINE_CYCLES = {QUANT_FORMATS_CYCLE}
 # scheduler, the requests or the engine; the scheduler's side knows no model.
 ENGINE_LAYERS = {
     "wire": {"engine.contract", "engine.usage"},
+    "inputs": {"engine.images", "engine.step_inputs"},  # what a model is given besides tensors
     "requests": {"engine.config", "engine.sampling_params", "engine.sequence", "engine.outputs", "engine.grammar",
-                 "engine.tool_calls", "engine.tokenizer", "engine.images", "engine.step_inputs"},
+                 "engine.tool_calls", "engine.tokenizer"},
     "memory": {"engine.paged_memory", "engine.parallel", "engine.lora_modules", "engine.lora_batch",
                "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.quantization"},
     "scheduling": {"engine.block_keys", "engine.block_manager", "engine.fairness", "engine.kv", "engine.scheduler"},
@@ -97,13 +98,15 @@ ENGINE_LAYERS = {
 }
 ENGINE_MAY_IMPORT = {
     "wire": set(),
-    "requests": set(),
+    "inputs": set(),
+    "requests": {"inputs"},
     "memory": {"kernels", "adapters"},
-    "scheduling": {"requests", "memory"},
-    "models": {"memory", "kernels", "adapters"},
-    "runner": {"requests", "memory", "scheduling", "models", "kernels", "adapters"},
-    "engine": {"wire", "requests", "memory", "scheduling", "models", "runner", "kernels", "adapters"},
-    "server": {"wire", "requests", "memory", "scheduling", "models", "runner", "engine", "kernels", "adapters"},
+    "scheduling": {"inputs", "requests", "memory"},
+    "models": {"inputs", "memory", "kernels", "adapters"},
+    "runner": {"inputs", "requests", "memory", "scheduling", "models", "kernels", "adapters"},
+    "engine": {"wire", "inputs", "requests", "memory", "scheduling", "models", "runner", "kernels", "adapters"},
+    "server": {"wire", "inputs", "requests", "memory", "scheduling", "models", "runner", "engine", "kernels",
+               "adapters"},
 }
 # Outside the engine: kernels and adapters stand alone; nothing of the engine side imports the benchmarks or the
 # platform.

@@ -270,5 +270,6 @@ class ModelRunner:
         if seq.num_completion_tokens + len(proposed) < s.min_tokens:
             banned = list(s.stop_token_ids) + ([] if s.ignore_eos else list(self.eos_token_ids))
         output = seq.completion_token_ids + list(proposed) if proposed else seq.completion_token_ids
+        prompt = seq.prompt_token_ids if s.repetition_penalty != 1.0 else []
         return SampleRequest(sampling=s, output_token_ids=output, generator=self._generator(seq), banned_token_ids=banned,
-                             allowed=allowed)
+                             allowed=allowed, prompt_token_ids=prompt)

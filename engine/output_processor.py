@@ -90,7 +90,7 @@ class OutputProcessor:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             usage=usage,
-            logprobs=seq.logprobs if seq.sampling.logprobs is not None else None,
+            logprobs=list(seq.logprobs) if seq.sampling.logprobs is not None else None,  # as of this step: the list grows
             prompt_logprobs=seq.prompt_logprobs,
             error=seq.error,
             error_type=seq.error_type,

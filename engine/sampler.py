@@ -1,6 +1,6 @@
 """From one step's logits to the next token of each sequence, plus the log-probabilities asked for."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,7 @@ class SampleRequest:
     generator: torch.Generator | None  # seeded sequences draw from their own generator
     banned_token_ids: list[int]  # stop tokens while min_tokens is not reached
     allowed: torch.Tensor | None = None  # [vocab] bool: the tokens its grammar allows next (None: unconstrained)
+    prompt_token_ids: list[int] = field(default_factory=list)  # given where repetition_penalty needs them
 
 
 @dataclass
@@ -70,8 +71,14 @@ class Sampler:
         return samples
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[SampleRequest]) -> None:
+        """repetition_penalty (as transformers and vLLM: over the prompt's and the output's tokens, a positive logit
+        divided by it, a negative one multiplied), then frequency and presence penalties (OpenAI's, over the output)."""
         for i, r in enumerate(requests):
             s = r.sampling
+            if s.repetition_penalty != 1.0 and (r.prompt_token_ids or r.output_token_ids):
+                seen = torch.tensor(r.prompt_token_ids + r.output_token_ids, device=logits.device).unique()
+                row = logits[i, seen]
+                logits[i, seen] = torch.where(row > 0, row / s.repetition_penalty, row * s.repetition_penalty)
             if not (s.presence_penalty or s.frequency_penalty) or not r.output_token_ids:
                 continue
             ids = torch.tensor(r.output_token_ids, device=logits.device)

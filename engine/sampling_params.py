@@ -19,6 +19,7 @@ class SamplingParams:
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off; tokens of the prompt or output have positive logits / it, negative * it
     seed: int | None = None
     max_tokens: int = 16
     min_tokens: int = 0
@@ -35,7 +36,7 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
@@ -51,6 +52,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -61,6 +64,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
         if self.logit_bias is not None:
             self._check_logit_bias()
+        if any(token < 0 for token in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be token ids (integers >= 0)")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

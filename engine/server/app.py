@@ -92,6 +92,10 @@ class EngineAPI:
         if any(token >= vocab for token in bias):
             raise BadRequest(f"sampling.logit_bias names token {max(bias)}; this model's token ids are below {vocab}",
                              param="sampling.logit_bias")
+        past = [token for token in generate.sampling.stop_token_ids if token >= vocab]
+        if past:
+            raise BadRequest(f"sampling.stop_token_ids names token {max(past)}; this model's token ids are below {vocab}",
+                             param="sampling.stop_token_ids")
         tokenizer = self.engine.tokenizer
         special_id = tokenizer.special_token_id if tokenizer else (lambda text: None)
         structure = plan(generate, tool_format=self.tool_format, special_id=special_id)

@@ -1,12 +1,16 @@
 """The JSON events of /v1/generate: deltas while a request runs, one final event at its end.
 
-    {"type": "delta", "request_id", "index", "text", "token_ids", "logprobs"?, "prompt_logprobs"?, "tool_calls"?}
+    {"type": "delta", "request_id", "index", "text", "token_ids", "prompt_tokens"?, "logprobs"?, "prompt_logprobs"?,
+     "tool_calls"?}
     {"type": "final", "request_id", "finish_reason", "text", "token_ids", "error", "error_type",
      "choices": [{"index", "text", "token_ids", "finish_reason", "error", "error_type", "logprobs"?,
                   "prompt_logprobs"?, "tool_calls"?}],
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "gpu_ms", "queue_ms", "ttft_ms", "e2e_ms",
                "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps",
                "kv_transfer"?: {"lease_id", "blocks_pulled", "recomputed"} (a decode hop, docs/kv-tiers.md)}}
+
+A completion's first delta with tokens carries `prompt_tokens`, its prompt's token count: a client that shows usage
+in every chunk (stream_options.continuous_usage_stats) has it before the final event.
 
 With sampling.prompt_logprobs, a completion's first delta (the one with its first tokens) and its final choice carry
 `prompt_logprobs`: one entry per prompt token, the first one's logprob null (nothing precedes it). A batch of prompts
@@ -59,6 +63,8 @@ def delta_event(handle: RequestHandle, output: RequestOutput, sent: dict[int, in
     if handle.request.sampling.logprobs is not None and output.logprobs is not None and output.new_token_ids:
         event["logprobs"] = [logprob_json(e) for e in output.logprobs[-len(output.new_token_ids):]]
     first_tokens = output.new_token_ids and len(output.token_ids) == len(output.new_token_ids)
+    if first_tokens:
+        event["prompt_tokens"] = len(output.prompt_token_ids)
     if handle.request.sampling.prompt_logprobs is not None and first_tokens:
         event["prompt_logprobs"] = prompt_logprobs_json(output)
     return event

@@ -34,6 +34,9 @@ async def admit(
         context_check(generation, target)  # refused
     shared = serving(caller, target)
     max_tokens = min(generation.max_tokens or caller.default_max_tokens, target.max_context)
+    if "min_tokens" in generation.sampling and generation.sampling["min_tokens"] > max_tokens:
+        raise invalid(f"'min_tokens' ({generation.sampling['min_tokens']}) must be less than or equal to the request's "
+                      f"max_tokens, {max_tokens} (the plan's default).", param="min_tokens")  # fmt: skip
     choices, prompt_bytes = generation.num_choices, generation.prompt_bytes()
     prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes,
                                              tenant=caller.tenant_id)  # fmt: skip

@@ -1,6 +1,6 @@
 """Reading the engine's NDJSON generate events (engine/server/events.py):
 
-    {"type": "delta", "index", "text", "token_ids", "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}],
+    {"type": "delta", "index", "text", "token_ids", "prompt_tokens"? (a choice's first with tokens), "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}],
      "prompt_logprobs"?: [the same, the first one's logprob null], "tool_calls"?: [{"index", "id", "name",
      "arguments"}]}
     {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
@@ -56,6 +56,7 @@ def delta_of(event: dict, *, vocabulary: Vocabulary) -> Delta:
     return Delta(
         index=event.get("index", 0), text=event.get("text", ""), logprobs=logprobs or [], finish_reason=None,
         tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
+        prompt_tokens=event.get("prompt_tokens") or 0,
     )  # fmt: skip
 
 

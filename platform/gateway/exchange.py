@@ -103,6 +103,7 @@ class Exchange:
         self.builder = ResponseBuilder(
             kind=generation.kind, request_id=request_id, model=target.name, n=choices, logprobs=generation.logprobs,
             echo=echoes(generation, self.vocabulary) if generation.echo else [],
+            continuous_usage=generation.continuous_usage,
         )  # fmt: skip
         self.started = received  # the gateway's receipt of the request: TTFT and latency count from here
         self.labels = serving.labels

@@ -2,6 +2,7 @@
 is refused by name with a 400, never silently ignored."""
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from gateway.chat_structure import structure as chat_structure
@@ -15,11 +16,15 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPTS = 32  # a batch of prompts on /v1/completions (the engine's bound)
 MAX_CHOICES = 64  # a batch's prompts times n: the completions one request may hold in the engine at once
 MAX_LOGIT_BIAS = 300  # token ids in one logit_bias (OpenAI's bound)
+MAX_STOP_TOKEN_IDS = 1024
 
+# vLLM's sampling extensions, which load tools send (guidellm, `vllm bench serve`, aiperf, genai-perf); vLLM and SGLang
+# accept them on both endpoints
+EXTENSIONS = frozenset({"ignore_eos", "min_tokens", "top_k", "min_p", "repetition_penalty", "stop_token_ids"})
 _COMMON = frozenset({
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
     "presence_penalty", "frequency_penalty", "user", "logit_bias",
-})  # fmt: skip
+}) | EXTENSIONS  # fmt: skip
 CHAT_FIELDS = _COMMON | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "functions", "function_call", "parallel_tool_calls", "audio", "modalities", "prediction", "metadata", "store",
@@ -35,6 +40,7 @@ UNSUPPORTED = {
     "reasoning_effort": "Reasoning effort is not supported by this server's models.",
     "suffix": "`suffix` (insertion) is not supported by this server.",
 }
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")  # OpenAI's two, then vLLM's
 MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
 _SAMPLING = (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2))
 _SAMPLING_ORDER = tuple(name for name, _, _ in _SAMPLING)  # checked in this order
@@ -52,7 +58,7 @@ class GenerationRequest:
     messages: list[dict] | None
     prompts: list[str | list[int]] | None  # completions: one prompt or a batch, each text or token ids
     stream: bool
-    include_usage: bool
+    include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
     max_tokens: int | None  # None: the plan's default
     sampling: dict = field(default_factory=dict)  # n, temperature, top_p, stop, seed, penalties, logprobs
     logprobs: bool = False
@@ -60,6 +66,7 @@ class GenerationRequest:
     echo: bool = False  # completions: each choice's text starts with the prompt
     max_tokens_given: bool = False  # the client named max_tokens: past the context it is refused, not capped
     structure: dict = field(default_factory=dict)  # chat: response_format, tools, tool_choice, parallel_tool_calls
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats, with include_usage: each chunk's running usage
 
     @property
     def n(self) -> int:
@@ -144,10 +151,11 @@ def _count(body: dict, name: str, *, low: int, high: int) -> int | None:
     return _number(body, name, low=low, high=high, integer=True)  # its error, or an int subclass's own value
 
 
-def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, bool, dict, str | None]:
+def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, int, dict, str | None]:
     """The fields both kinds share, checked in this order (the first error is the one answered): unknown names,
-    unsupported ones, model, stream, stream_options, sampling, stop, user, logit_bias. Returns (model, stream,
-    include_usage, sampling, user)."""
+    unsupported ones, model, stream, stream_options, sampling, the extensions, stop, user, logit_bias. Returns
+    (model, stream, usage, sampling, user), usage 0 (no usage chunk), 1 (include_usage) or 2 (with continuous
+    usage as well)."""
     if not allowed.issuperset(body):
         unknown = sorted(set(body) - allowed)
         raise invalid(f"Unrecognized request argument supplied: {', '.join(unknown)}.", param=unknown[0])
@@ -166,8 +174,7 @@ def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, bool, dict,
         if not stream:
             raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                           param="stream_options")  # fmt: skip
-        if not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
-            raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
+        _stream_options(options)
     sampling: dict = {}
     if not _SAMPLING_NAMES.isdisjoint(body):  # most bodies set none of them, or one
         for name in _SAMPLING_ORDER:
@@ -183,8 +190,11 @@ def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, bool, dict,
             sampling["n"] = n
         if "seed" in body and (seed := _count(body, "seed", low=-(2**63), high=2**63 - 1)) is not None:
             sampling["seed"] = seed
+    if not EXTENSIONS.isdisjoint(body):
+        _extensions(body, sampling)
+    usage = 0 if not options or not options.get("include_usage") else 2 if options.get("continuous_usage_stats") else 1
     if _RARE.isdisjoint(body):  # no stop, user or logit_bias
-        return model, stream, bool(options and options.get("include_usage")), sampling, None
+        return model, stream, usage, sampling, None
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -199,7 +209,54 @@ def _common(body: dict, allowed: frozenset[str]) -> tuple[str, bool, bool, dict,
     bias = _logit_bias(body["logit_bias"]) if "logit_bias" in body else None
     if bias:
         sampling["logit_bias"] = bias
-    return model, stream, bool(options and options.get("include_usage")), sampling, user
+    return model, stream, usage, sampling, user
+
+
+def _stream_options(options) -> None:
+    """OpenAI's stream_options, with vLLM's continuous_usage_stats; every key a boolean (or null)."""
+    accepted = "'include_usage', 'include_obfuscation' and 'continuous_usage_stats'"
+    if not isinstance(options, dict):
+        raise invalid(f"'stream_options' must be an object; it accepts {accepted}.", param="stream_options")
+    for name, value in options.items():
+        if name not in STREAM_OPTIONS:
+            raise invalid(f"Unrecognized key in 'stream_options': {name!r}. It accepts {accepted}.",
+                          param="stream_options")  # fmt: skip
+        if value is not None and not isinstance(value, bool):
+            raise invalid(f"'stream_options.{name}' must be a boolean.", param=f"stream_options.{name}")
+
+
+def _extensions(body: dict, sampling: dict) -> None:
+    """vLLM's extensions, as vLLM reads them: null is the default; top_k 0 or -1 is off, and top_p 0 (top_k 1)
+    stays the likeliest token alone. Defaults are not sent to the engine."""
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise invalid("'ignore_eos' must be a boolean.", param="ignore_eos")
+    if ignore_eos:
+        sampling["ignore_eos"] = True
+    min_tokens = _number(body, "min_tokens", low=0, high=2**31, integer=True)
+    if min_tokens:
+        sampling["min_tokens"] = min_tokens
+    top_k = _number(body, "top_k", low=-1, high=2**31, integer=True)
+    if top_k is not None and top_k > 0:
+        sampling["top_k"] = min(top_k, sampling.get("top_k", top_k))
+    min_p = _number(body, "min_p", low=0, high=1)
+    if min_p:
+        sampling["min_p"] = float(min_p)
+    penalty = body.get("repetition_penalty")
+    if penalty is not None:
+        if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not 0 < penalty < math.inf:
+            raise invalid(f"{penalty!r} is not a valid value for 'repetition_penalty': it must be a number greater "
+                          f"than 0 (1 is none).", param="repetition_penalty")  # fmt: skip
+        if penalty != 1:
+            sampling["repetition_penalty"] = float(penalty)
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in stop_ids):  # fmt: skip
+            raise invalid(f"'stop_token_ids' must be a list of up to {MAX_STOP_TOKEN_IDS} token ids (non-negative "
+                          f"integers).", param="stop_token_ids")  # fmt: skip
+        if stop_ids:
+            sampling["stop_token_ids"] = list(stop_ids)
 
 
 def _logit_bias(value) -> dict[str, float]:
@@ -274,7 +331,7 @@ _CHAT_RARE = frozenset({"modalities", "metadata", "logprobs", "top_logprobs"})  
 
 
 def parse_chat(body: dict) -> GenerationRequest:
-    model, stream, include_usage, sampling, user = _common(body, CHAT_FIELDS)
+    model, stream, usage, sampling, user = _common(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list.", param="messages")
@@ -299,11 +356,20 @@ def parse_chat(body: dict) -> GenerationRequest:
             raise invalid("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
         if logprobs:
             sampling["logprobs"] = top or 0
+    if "min_tokens" in sampling:
+        _min_tokens_fit(sampling["min_tokens"], max_tokens)
     return GenerationRequest(
         kind="chat", model=model, messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
-        stream=stream, include_usage=include_usage, max_tokens=max_tokens, sampling=sampling, logprobs=logprobs,
-        user=user, max_tokens_given=max_tokens is not None, structure=structure,
+        stream=stream, include_usage=usage > 0, max_tokens=max_tokens, sampling=sampling, logprobs=logprobs,
+        user=user, max_tokens_given=max_tokens is not None, structure=structure, continuous_usage=usage == 2,
     )  # fmt: skip
+
+
+def _min_tokens_fit(min_tokens: int, max_tokens: int | None) -> None:
+    """min_tokens no more than the max_tokens the client named (the plan's default is admission's to check)."""
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid(f"'min_tokens' ({min_tokens}) must be less than or equal to 'max_tokens' ({max_tokens}).",
+                      param="min_tokens")  # fmt: skip
 
 
 def _token_ids(value) -> bool:
@@ -331,7 +397,7 @@ _COMPLETION_RARE = frozenset({"echo", "best_of", "logprobs"})  # checked when th
 
 
 def parse_completion(body: dict) -> GenerationRequest:
-    model, stream, include_usage, sampling, user = _common(body, COMPLETION_FIELDS)
+    model, stream, usage, sampling, user = _common(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if prompt.__class__ is str:  # one text prompt: any valid n fits (MAX_N <= MAX_CHOICES)
         prompts = [prompt]
@@ -358,8 +424,10 @@ def parse_completion(body: dict) -> GenerationRequest:
     max_tokens = body.get("max_tokens")  # `_count(body, "max_tokens", ...)` without its call
     if max_tokens is not None and (max_tokens.__class__ is not int or not 1 <= max_tokens <= 2**31):
         max_tokens = _number(body, "max_tokens", low=1, high=2**31, integer=True)
+    if "min_tokens" in sampling:
+        _min_tokens_fit(sampling["min_tokens"], 16 if max_tokens is None else max_tokens)
     return GenerationRequest(
-        kind="completion", model=model, messages=None, prompts=prompts, stream=stream, include_usage=include_usage,
+        kind="completion", model=model, messages=None, prompts=prompts, stream=stream, include_usage=usage > 0,
         max_tokens=16 if max_tokens is None else max_tokens, sampling=sampling, logprobs=logprobs is not None,
-        user=user, echo=echo, max_tokens_given=max_tokens is not None,
+        user=user, echo=echo, max_tokens_given=max_tokens is not None, continuous_usage=usage == 2,
     )  # fmt: skip

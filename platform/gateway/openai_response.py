@@ -28,6 +28,7 @@ class Choice:
     logprobs: list[dict] = field(default_factory=list)  # [{"token", "logprob", "top_logprobs": [{token, logprob}]}]
     tokens: int = 0
     tool_calls: list[dict] = field(default_factory=list)  # the engine's: {"index", "id", "name", "arguments"}
+    prompt_tokens: int = 0  # its prompt's, from its first delta with tokens (for continuous usage)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Delta:
     tokens: int = 0  # new tokens in this event
     tool_calls: list[dict] = field(default_factory=list)  # a call's start {"index", "id", "name", "arguments"},
     # or a fragment of its arguments {"index", "arguments"} (engine/tool_calls.py)
+    prompt_tokens: int = 0  # the choice's prompt's tokens, on its first delta with tokens (0: not in this one)
 
 
 def _chat_logprobs(entries: list[dict]) -> dict:
@@ -99,10 +101,16 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 
 
 class ResponseBuilder:
-    """Builds the chat.completion / text_completion object, or its stream chunks, for one request."""
+    """Builds the chat.completion / text_completion object, or its stream chunks, for one request.
 
-    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: list[str] = ()):
+    With `continuous_usage` (vLLM's stream_options.continuous_usage_stats), every chunk of a choice carries its running
+    usage, {"prompt_tokens", "completion_tokens", "total_tokens"}: its prompt's tokens and the tokens it has made so far,
+    as vLLM counts them per choice; the usage chunk at the end has the request's, as without it."""
+
+    def __init__(self, *, kind: str, request_id: str, model: str, n: int, logprobs: bool, echo: list[str] = (),
+                 continuous_usage: bool = False):  # fmt: skip
         self.kind = kind
+        self.continuous_usage = continuous_usage
         self.echo = list(echo)  # completions: each choice's prompt, before its text (or none)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         self.model = model
@@ -123,6 +131,8 @@ class ResponseBuilder:
         choice.text += delta.text
         choice.logprobs += delta.logprobs
         choice.tokens += delta.tokens
+        if delta.prompt_tokens:
+            choice.prompt_tokens = delta.prompt_tokens
         for part in delta.tool_calls:  # a call's start, then fragments of its arguments
             if part["index"] < len(choice.tool_calls):
                 choice.tool_calls[part["index"]]["arguments"] += part.get("arguments", "")
@@ -165,7 +175,22 @@ class ResponseBuilder:
 
     def _chunk(self, choices: list[dict], *, with_usage_field: bool, usage: dict | None = None) -> bytes:
         """`data: {"id",...,"choices":[...](,"usage":...)}`, compact, as json.dumps would write the whole object."""
+        if usage is None and self.continuous_usage and choices:
+            usage = self.running_usage(choices[0]["index"])
         return self._chunk_of(compact_json(choices), with_usage_field=with_usage_field, usage=usage)
+
+    def running_usage(self, index: int) -> dict:
+        """A choice's usage so far (continuous usage): its prompt's tokens (the request's, once the final event
+        has them, for a choice that had no delta with tokens) and the tokens it has made."""
+        choice = self.choices[index]
+        prompt = choice.prompt_tokens or self.usage.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": choice.tokens, "total_tokens": prompt + choice.tokens}
+
+    def _ending(self, index: int, with_usage_field: bool) -> str:
+        """What closes a chunk of choice `index`: its running usage with continuous usage, else `_ENDING`'s."""
+        if self.continuous_usage and with_usage_field:
+            return ',"usage":' + compact_json(self.running_usage(index)) + "}\n\n"
+        return _ENDING[with_usage_field]
 
     def _chunk_of(self, choices: str, *, with_usage_field: bool, usage: dict | None = None) -> bytes:
         ending = (',"usage":' + compact_json(usage) + "}\n\n") if with_usage_field else "}\n\n"
@@ -188,7 +213,7 @@ class ResponseBuilder:
                 content = f'"delta":{{"content":{escaped}}}'
             if first:
                 self._role_sent.add(index)
-            ending = ',"usage":null}\n\n' if with_usage_field else "}\n\n"  # as _chunk_of writes them without usage
+            ending = self._ending(index, with_usage_field)
             return self._opening + (f'[{{"index":{index},{content},"logprobs":null,"finish_reason":'
                                     f'{_REASON_JSON[finish]}}}]{ending}').encode()  # fmt: skip
         if self.kind == "chat":
@@ -231,7 +256,8 @@ class ResponseBuilder:
 
     def text_chunk(self, index: int, text: str, tokens: int, with_usage_field: bool) -> bytes | None:
         """`apply` then `chunk` of the engine's common delta, text and tokens alone (no log-probabilities, tool calls
-        or finish reason), without making its Delta."""
+        or finish reason), without making its Delta. Not for continuous usage, whose chunks need the delta's
+        prompt tokens: those take `apply` and `chunk`."""
         choice = self.choices[index]
         choice.text += text
         choice.tokens += tokens
@@ -264,7 +290,7 @@ class ResponseBuilder:
                 chunks.append(self.chunk(Delta(index, "", [], reason), with_usage_field=with_usage_field))
                 continue
             finish = _REASON_JSON[FINISH_REASONS.get(reason, "stop")]
-            chunks.append(self._opening + (choices % (index, finish, _ENDING[with_usage_field])).encode())
+            chunks.append(self._opening + (choices % (index, finish, self._ending(index, with_usage_field))).encode())
         return chunks
 
     def _echo(self, index: int) -> str:

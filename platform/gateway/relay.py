@@ -110,7 +110,9 @@ async def _read_whole(exchange: Exchange) -> None:
         raise
 
 
-PLAIN_DELTA = frozenset(("type", "index", "text", "token_ids"))  # the engine's common event: text and tokens alone
+# the engine's common event: text and tokens alone (a choice's first with its prompt's count, which only continuous
+# usage shows; a stream with continuous usage takes no delta as plain)
+PLAIN_DELTA = frozenset(("type", "index", "text", "token_ids", "prompt_tokens"))
 
 
 class SseBody:
@@ -128,11 +130,12 @@ class SseBody:
         self.exchange = exchange
         self.arrival = exchange.stream.arrival
         self._parts = (exchange, exchange.builder, exchange.stream, exchange.stream.response.lines,
-                       exchange.generation.include_usage)  # fmt: skip
+                       exchange.generation.include_usage,
+                       frozenset() if exchange.generation.continuous_usage else PLAIN_DELTA)  # fmt: skip
         self._events, exchange.first = iter(exchange.first), []  # the first take's: those read at the open
 
     def take(self) -> list[bytes]:
-        exchange, builder, stream, lines, usage_field = self._parts
+        exchange, builder, stream, lines, usage_field, plain = self._parts
         events = self._events  # what is left of the events being applied (exhausted, but after a write of the text)
         writes: list[bytes] = []
         chunks: list[bytes] = []
@@ -145,7 +148,7 @@ class SseBody:
             while True:
                 for event in events:
                     kind = event.get("type")
-                    if kind == EVENT_DELTA and event.keys() <= PLAIN_DELTA:
+                    if kind == EVENT_DELTA and event.keys() <= plain:
                         tokens = len(event.get("token_ids") or ())
                         chunk = builder.text_chunk(event.get("index", 0), event.get("text", ""), tokens, usage_field)
                         if tokens and exchange.first_token_at is None:

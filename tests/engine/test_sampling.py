@@ -103,3 +103,16 @@ def test_streamed_text_only_grows_and_holds_back_a_possible_stop_string(llm):
     assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
     through_fourth = full[: full.index(fourth) + len(fourth)]
     assert texts[3] == through_fourth[:-2]  # held back while it might be the start of the stop string
+
+
+def test_an_output_keeps_the_logprobs_of_its_step(llm):
+    """The server turns outputs into events after later steps ran: each keeps the log-probabilities it was made
+    with, not the sequence's growing list (its delta's last entry would be a later token's)."""
+    engine = llm.engine
+    engine.add_request("logprobs", random_prompts(38, [5])[0], SamplingParams(temperature=0.0, max_tokens=4,
+                                                                              ignore_eos=True, logprobs=1))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert [len(out.logprobs) for out in outputs] == [1, 2, 3, 4]
+    assert [out.logprobs[-1].token_id for out in outputs] == outputs[-1].token_ids

@@ -278,6 +278,12 @@ BAD_REQUESTS = [
      "temperature must be a finite number"),
     ("overflowing-weight", b'{"prompt": "hi", "weight": 1e400}', "weight must be a number > 0"),
     ("huge-seed", {"prompt": "hi", "sampling": {"seed": 2**70, "temperature": 1}}, "seed must be a 64-bit integer"),
+    # a banned stop token past the vocabulary failed the step that indexed the logits with it
+    ("stop-token-past-vocabulary", {"prompt": "hi", "sampling": {"stop_token_ids": [10**6], "min_tokens": 2}},
+     "sampling.stop_token_ids names token 1000000"),
+    ("negative-stop-token", {"prompt": "hi", "sampling": {"stop_token_ids": [-1]}}, "stop_token_ids must be token ids"),
+    ("zero-repetition-penalty", {"prompt": "hi", "sampling": {"repetition_penalty": 0}},
+     "repetition_penalty must be > 0"),
 ]
 
 

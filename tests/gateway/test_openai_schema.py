@@ -38,6 +38,23 @@ def test_each_chunk_of_a_streamed_chat_is_as_documented(stack):
         check_answer("post", CHAT_PATH, 200, chunk, content_type="text/event-stream")
 
 
+def test_chunks_with_continuous_usage_are_as_documented(stack):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    api = client(stack, stack.keys["main"])
+    with api.chat.completions.with_streaming_response.create(
+        model=BASE_MODEL, messages=CHAT, max_tokens=3, stream=True, stream_options=options, extra_body={"ignore_eos": True},
+    ) as raw:  # fmt: skip
+        chunks = sse_events(raw.iter_lines())
+    with api.completions.with_streaming_response.create(model=BASE_MODEL, prompt=[5, 6], max_tokens=3, stream=True,
+                                                        stream_options=options) as streamed:  # fmt: skip
+        completion_chunks = sse_events(streamed.iter_lines())
+    assert all(chunk["usage"] for chunk in chunks + completion_chunks)
+    for chunk in chunks:
+        check_answer("post", CHAT_PATH, 200, chunk, content_type="text/event-stream")
+    for chunk in completion_chunks:
+        check_answer("post", COMPLETIONS_PATH, 200, chunk, content_type="text/event-stream")
+
+
 def test_a_completion_whole_and_streamed_is_as_documented(stack):
     api = client(stack, stack.keys["main"])
     raw = api.completions.with_raw_response.create(model=BASE_MODEL, prompt=["w1 w2", "w3"], max_tokens=3, echo=True,
@@ -151,6 +168,16 @@ CHAT_BODIES = {
     "too-many-top-logprobs": {"messages": [TEXT], "logprobs": True, "top_logprobs": 21},
     "unknown-stream-option": {"messages": [TEXT], "stream": True, "stream_options": {"include_usag": True}},
     "deprecated-functions": {"messages": [TEXT], "functions": [{"name": "f"}]},
+    "vllm-extensions": {"messages": [TEXT], "ignore_eos": True, "min_tokens": 1, "top_k": 5, "min_p": 0.1,
+                        "repetition_penalty": 1.2, "stop_token_ids": [7], "stream": True,
+                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    "top-k-off": {"messages": [TEXT], "top_k": -1},
+    "top-k-past-minus-1": {"messages": [TEXT], "top_k": -2},
+    "min-p-past-1": {"messages": [TEXT], "min_p": 1.5},
+    "repetition-penalty-zero": {"messages": [TEXT], "repetition_penalty": 0},
+    "negative-stop-token": {"messages": [TEXT], "stop_token_ids": [-1]},
+    "min-tokens-negative": {"messages": [TEXT], "min_tokens": -1},
+    "ignore-eos-string": {"messages": [TEXT], "ignore_eos": "true"},
     "empty-model": {"model": "", "messages": [TEXT]},
 }  # fmt: skip
 COMPLETION_BODIES = {
@@ -165,6 +192,8 @@ COMPLETION_BODIES = {
     "logprobs-past-5": {"prompt": "w1", "logprobs": 6},
     "suffix": {"prompt": "w1", "suffix": "w2"},
     "negative-token": {"prompt": [-1]},
+    "vllm-extensions": {"prompt": "w1", "ignore_eos": True, "top_k": 0, "repetition_penalty": 0.5,
+                        "stop_token_ids": []},
 }
 
 

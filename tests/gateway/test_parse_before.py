@@ -45,7 +45,9 @@ def _common_before(body: dict, allowed: set[str]) -> dict:
     if options is not None and not stream:
         raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}):
-        raise invalid("'stream_options' accepts only 'include_usage'.", param="stream_options")
+        # changed since, on purpose: the error names the key and lists every key accepted (vLLM's one included)
+        raise invalid(f"Unrecognized key in 'stream_options': {sorted(options)[0]!r}. It accepts 'include_usage', "
+                      f"'include_obfuscation' and 'continuous_usage_stats'.", param="stream_options")
     sampling: dict = {}
     if not parse._SAMPLING_NAMES.isdisjoint(body):
         for name, low, high in parse._SAMPLING:

@@ -146,7 +146,7 @@ def an_exchange(rng: random.Random, fields: dict, log: list, engine: Engine, pre
         request_id="r1", builder=builder, vocabulary=Vocabulary(None), first_token_at=None,
         started=0.0, labels=("t", "m", "base"), target=SimpleNamespace(name="m"), engine=ENGINE, usage_reported=False,
         broke=False, error_type=None, _settled=False, first=[], answer_status=200,
-        generation=SimpleNamespace(include_usage=include_usage, stream=True),
+        generation=SimpleNamespace(include_usage=include_usage, stream=True, continuous_usage=False),
         prefill=SimpleNamespace(engine=ENGINE, lease={"id": "l"}, cached_tokens=2) if prefill else None,
     )  # fmt: skip
     exchange.stream = GenerateStream(ENGINE, {})

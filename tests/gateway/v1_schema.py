@@ -1,9 +1,9 @@
 """The /v1 API's OpenAPI description, as the docs serve it, read as JSON Schema validators, so that tests can check
 real answers (and the gateway's refusals) against what the docs promise.
 
-jsonschema has no OpenAPI 3.0 dialect; of what 3.0 adds to JSON Schema the description uses only `nullable` (and
-the annotations `discriminator` and `example`), so a 2020-12 validator over the schemas with `nullable` spelled as
-"or null" reads them exactly."""
+jsonschema has no OpenAPI 3.0 dialect; of what 3.0 adds to JSON Schema the description uses only `nullable` and
+the boolean `exclusiveMinimum` (and the annotations `discriminator` and `example`), so a 2020-12 validator over the
+schemas with `nullable` spelled as "or null" and `exclusiveMinimum` as the bound reads them exactly."""
 
 import functools
 import json
@@ -25,6 +25,8 @@ def _json_schema(node):
     if not isinstance(node, dict):
         return node
     converted = {name: _json_schema(value) for name, value in node.items() if name not in ("nullable", "discriminator")}
+    if node.get("exclusiveMinimum") is True:  # 3.0's flag on `minimum`; 2020-12's is the bound itself
+        converted["exclusiveMinimum"] = converted.pop("minimum")
     if node.get("nullable") is True:
         return {"anyOf": [converted, {"type": "null"}]}
     return converted

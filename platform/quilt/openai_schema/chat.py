@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: the request (messages, tools, tool_choice, response_format, logprobs) as
 gateway.openai_request.parse_chat takes it, and the answer as gateway.openai_response builds it, whole or streamed."""
 
-from quilt.openai_schema.generation import FINISH_REASON, USAGE, common_properties
+from quilt.openai_schema.generation import CHUNK_USAGE, FINISH_REASON, RUNNING_USAGE, USAGE, common_properties
 from quilt.openai_schema.shapes import (
     UNIX_TIME,
     array,
@@ -185,7 +185,7 @@ CHUNK = obj({
         "logprobs": nullable(ref("ChatLogprobs")),
         "finish_reason": nullable(FINISH_REASON),
     }, ("index", "delta", "logprobs", "finish_reason")), description="Empty in the usage chunk."),
-    "usage": nullable(ref("CompletionUsage")),
+    "usage": CHUNK_USAGE,
 }, ("id", "object", "created", "model", "system_fingerprint", "choices"),
     description="One `data:` event of a streamed chat completion. A choice's last chunk has its `finish_reason`.")
 CHUNK["example"] = {
@@ -200,5 +200,5 @@ SCHEMAS = {
     "ChatTextPart": TEXT_PART, "ChatToolCall": TOOL_CALL, "ChatTool": TOOL, "ChatToolChoice": TOOL_CHOICE,
     "ChatResponseFormat": RESPONSE_FORMAT, "ChatCompletion": COMPLETION, "ChatCompletionChunk": CHUNK,
     "ChatToolCallDelta": TOOL_CALL_DELTA, "ChatLogprobs": LOGPROBS, "ChatTokenLogprob": TOKEN_LOGPROB,
-    "CompletionUsage": USAGE,
+    "CompletionUsage": USAGE, "CompletionUsageSoFar": RUNNING_USAGE,
 }  # fmt: skip

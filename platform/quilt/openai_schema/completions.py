@@ -1,7 +1,7 @@
 """POST /v1/completions (OpenAI's legacy completions) as gateway.openai_request.parse_completion takes it and
 gateway.openai_response answers it, and the models listing."""
 
-from quilt.openai_schema.generation import FINISH_REASON, common_properties
+from quilt.openai_schema.generation import CHUNK_USAGE, FINISH_REASON, common_properties
 from quilt.openai_schema.shapes import (
     UNIX_TIME,
     array,
@@ -57,7 +57,7 @@ def _completion(*, streamed: bool) -> dict:
         "logprobs": nullable(ref("CompletionLogprobs")),
         "finish_reason": reason,
     }, ("index", "text", "logprobs", "finish_reason"))  # fmt: skip
-    usage = nullable(ref("CompletionUsage")) if streamed else ref("CompletionUsage")
+    usage = CHUNK_USAGE if streamed else ref("CompletionUsage")
     required = ("id", "object", "created", "model", "system_fingerprint", "choices", *(() if streamed else ("usage",)))
     return obj({
         "id": text("`cmpl-` followed by the request id.", pattern="^cmpl-"),

@@ -1,7 +1,7 @@
 """What chat and legacy completions share: the request's model and sampling fields (as gateway.openai_request reads
 them), the usage object, and how a streamed answer is framed."""
 
-from quilt.openai_schema.shapes import array, boolean, integer, nullable, number, obj, text
+from quilt.openai_schema.shapes import array, boolean, integer, nullable, number, obj, ref, text
 
 MODEL = text("A base model (`GET /v1/models`), one of the tenant's adapters by name (its promoted version: "
              "`support-bot`), or a pinned adapter version (`support-bot@3`). An adapter's answers are billed at its "
@@ -11,7 +11,10 @@ STREAM_OPTIONS = obj({
     "include_usage": boolean("Send one more chunk before `data: [DONE]` with `choices: []` and the request's "
                              "`usage`; every other chunk then carries `usage: null`."),
     "include_obfuscation": boolean("Accepted for OpenAI compatibility and ignored: the stream is not padded."),
-}, closed=True, description="Only with `stream: true` (otherwise a 400).")
+    "continuous_usage_stats": boolean("vLLM extension (aiperf sends it): with `include_usage`, every chunk carries "
+                                      "its choice's running usage (CompletionUsageSoFar) instead of `usage: null`; "
+                                      "without `include_usage` it changes nothing, as in vLLM."),
+}, closed=True, description="Only with `stream: true` (otherwise a 400). Any other key is a 400 that lists these.")
 
 LOGIT_BIAS = {
     "type": "object",
@@ -23,6 +26,36 @@ LOGIT_BIAS = {
     "maxProperties": 300,
     "example": {"1734": -100, "50256": 5},
 }
+
+_EXTENSION = "vLLM extension, not OpenAI's (load tools such as guidellm, `vllm bench serve`, aiperf and genai-perf send it). "
+EXTENSIONS = {
+    "ignore_eos": nullable(boolean(_EXTENSION + "Keep generating past the model's end-of-sequence token, to exactly "
+                                   "`max_tokens` unless a `stop` sequence or `stop_token_ids` ends it first.",
+                                   default=False)),
+    "min_tokens": nullable(integer(_EXTENSION + "The end-of-sequence token and `stop_token_ids` are not sampled "
+                                   "before this many tokens. At most `max_tokens` (or the plan's default): more is "
+                                   "a 400.", minimum=0, default=0)),
+    "top_k": nullable(integer(_EXTENSION + "Sample only among the k likeliest tokens; 0 or -1: all of them.",
+                              minimum=-1, maximum=2**31, default=0)),
+    "min_p": nullable(number(_EXTENSION + "Drop tokens whose probability is below `min_p` times the likeliest "
+                             "one's.", minimum=0, maximum=1, default=0)),
+    "repetition_penalty": nullable(number(_EXTENSION + "For each token in the prompt or the output so far, a "
+                                          "positive logit is divided by it and a negative one multiplied (as "
+                                          "transformers and vLLM); 1 is none, above 1 repeats less. Must be > 0.",
+                                          exclusiveMinimum=True, minimum=0, default=1)),
+    "stop_token_ids": nullable(array(integer(minimum=0, maximum=2**31 - 1), _EXTENSION + "Token ids that end the "
+                                     "answer like a `stop` sequence (the token is kept in the output, as in vLLM); "
+                                     "an id past the model's vocabulary is the engine's 400.", maxItems=1024)),
+}  # fmt: skip
+
+RUNNING_USAGE = obj({
+    "prompt_tokens": integer("The choice's prompt's tokens.", minimum=0),
+    "completion_tokens": integer("Tokens the choice has generated so far.", minimum=0),
+    "total_tokens": integer("prompt_tokens + completion_tokens.", minimum=0),
+}, ("prompt_tokens", "completion_tokens", "total_tokens"), description="A chunk's usage with `stream_options: "
+   "{include_usage: true, continuous_usage_stats: true}` (vLLM extension), counted per choice as vLLM counts it; "
+   "the usage chunk at the end has the request's CompletionUsage.")  # fmt: skip
+CHUNK_USAGE = nullable({"anyOf": [ref("CompletionUsage"), ref("CompletionUsageSoFar")]})
 
 STOP = {
     "oneOf": [text(minLength=1), array(text(minLength=1), maxItems=4)],
@@ -57,6 +90,7 @@ def common_properties(*, n_description: str, prompt: dict) -> dict:
                                              "generated.", minimum=-2, maximum=2, default=0)),
         "logit_bias": nullable(LOGIT_BIAS),
         "user": nullable(text("Your own id for the end user; kept in the request log.")),
+        **EXTENSIONS,
     }  # fmt: skip
 
 

@@ -74,17 +74,31 @@ def read_out_the_first_p50(page, point_at):
     return readout, dot
 
 
+# [title, figures] boxes of the overview's token budget.
+BUDGET_BOXES = """() => [...document.querySelectorAll('[data-testid=token-budget] > *')].map(node => {
+  const box = node.getBoundingClientRect();
+  return {left: box.left, right: box.right, top: box.top, bottom: box.bottom};
+})"""
+
+
 def test_charts_at_390_px_are_legible_distinguishable_and_read_out_on_tap(browser, live_server_asgi):
-    tenant = TenantFactory(slug="phone", name="Phone")
+    plan = Plan.objects.create(slug="budgeted", name="Budgeted", monthly_token_budget=50_000_000)
+    tenant = TenantFactory(slug="phone", name="Phone", plan=plan)
     MembershipFactory(tenant=tenant, user=UserFactory(username="pia", password=PASSWORD), role="owner")
     now = timezone.now().replace(minute=30, second=0, microsecond=0)
     # Two hours with requests 20 hours apart (lone points on an hourly axis, across midnight for the day labels);
-    # every request takes the same time, so p50, p95 and p99 are equal series.
-    usage_ingest(events=[usage_event(tenant, finished_at=now - timedelta(hours=hours), e2e_ms=250.0)
-                         for hours in (1, 21) for _ in range(3)])  # fmt: skip
+    # every request takes the same time, so p50, p95 and p99 are equal series. Long adapter names fill the
+    # adapter load legend.
+    usage_ingest(events=[usage_event(tenant, finished_at=now - timedelta(hours=hours), e2e_ms=250.0,
+                                     model=f"customer-support-summaries-{n}@12")
+                         for hours in (1, 21) for n in range(3)])  # fmt: skip
     page = log_in(browser, live_server_asgi, "pia")
     page.set_viewport_size({"width": 390, "height": 844})
+    # The budget's title and figures keep apart (side by side, or one above the other).
+    title, figures = page.evaluate(BUDGET_BOXES)
+    assert figures["left"] >= title["right"] + 8 or figures["top"] >= title["bottom"], (title, figures)
     page.goto(live_server_asgi.url + "/t/phone/usage/?every=hour")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
     chart = page.locator("#percentiles-chart svg.chart")
     assert chart.count() == 1
     for measured in page.evaluate(AXIS_SIZES_AND_OVERLAPS):

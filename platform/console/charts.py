@@ -252,3 +252,58 @@ def series_chart(
                              f'data-series="{escape(series.label)}"/>')  # fmt: skip
     parts.append("</svg>")
     return mark_safe("".join(parts))
+
+
+TITLE_ROOM = 40  # a rotated y-axis title, or an x-axis title below the ticks, at the phone's axis font
+
+
+def break_even_chart(points: list[dict], break_even: str | None) -> SafeString:
+    """Monthly cost against monthly tokens (economics' break-even points: volume, API cost, self-hosted cost):
+    the API's line and self-hosting's steps (whole engines), both axes ticked in quarters and titled, the
+    break-even volume marked, and each point read out on hover or tap."""
+    volumes = [float(point["tokens_per_month"]) for point in points]
+    api = [float(point["api"]) for point in points]
+    self_host = [float(point["self_host"]) for point in points]
+    x_max = max(volumes) or 1.0
+    y_max = nice_ceiling(max([*api, *self_host]))
+    y_ticks = [money_axis_text(y_max * (1 - i / 4), step=y_max / 4) for i in range(5)]
+    height, bottom = HEIGHT + TITLE_ROOM, BOTTOM + TITLE_ROOM
+    left = TITLE_ROOM + axis_margin(y_ticks, minimum=LEFT, char_width=AXIS_CHAR)
+    plot_w, plot_h = WIDTH - left - RIGHT, height - TOP - bottom
+
+    def x(volume: float) -> float:
+        return left + plot_w * volume / x_max
+
+    def y(cost: float) -> float:
+        return TOP + plot_h * (1 - cost / y_max)
+
+    parts = [
+        f'<svg class="chart break-even-chart" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="Monthly cost of the API and of self-hosting, by tokens a month">'
+    ]
+    for i in range(5):
+        grid_y = TOP + plot_h * i / 4
+        parts.append(f'<line class="grid-line" x1="{left}" x2="{WIDTH - RIGHT}" y1="{grid_y:.1f}" y2="{grid_y:.1f}"/>')
+        parts.append(f'<text class="axis" x="{TITLE_ROOM}" y="{grid_y + 4:.1f}">{y_ticks[i]}</text>')
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        odd = " x-odd" if i % 2 else ""
+        parts.append(f'<text class="axis x{odd}" x="{x(x_max * i / 4):.1f}" y="{height - TITLE_ROOM - 6}" '
+                     f'text-anchor="{anchor}">{_compact(x_max * i / 4)}</text>')  # fmt: skip
+    middle = TOP + plot_h / 2
+    parts.append(f'<text class="axis axis-title" x="0" y="0" text-anchor="middle" '
+                 f'transform="translate(24 {middle:.1f}) rotate(-90)">$ a month</text>')  # fmt: skip
+    parts.append(f'<text class="axis axis-title" x="{left + plot_w / 2:.1f}" y="{height - 6}" '
+                 f'text-anchor="middle">Tokens a month</text>')  # fmt: skip
+    slot = plot_w / max(1, len(points) - 1)
+    for volume, api_cost, own_cost in zip(volumes, api, self_host, strict=True):
+        title = f"{volume:,.0f} tokens a month: API {money_text(api_cost)}, self-hosted {money_text(own_cost)}"
+        parts.append(f'<g class="bucket"><title>{escape(title)}</title><rect x="{x(volume) - slot / 2:.1f}" '
+                     f'y="{TOP}" width="{slot:.1f}" height="{plot_h:.1f}" fill="transparent"/></g>')  # fmt: skip
+    for label, costs, tone in (("API", api, "tone-2"), ("Self-hosted", self_host, "tone-1")):
+        path = _svg_path([(x(volume), y(cost)) for volume, cost in zip(volumes, costs, strict=True)])
+        parts.append(f'<path class="series-line {tone}" d="{path}" data-series="{label}"/>')
+    if break_even is not None:
+        marker = x(float(break_even))
+        parts.append(f'<line class="break-even" x1="{marker:.1f}" y1="{TOP}" x2="{marker:.1f}" y2="{TOP + plot_h:.1f}"/>')
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # every interpolated value is a number, a fixed word or escaped

@@ -31,3 +31,13 @@ from console.templatetags.quilt import compact
 )
 def test_compact_rounds_over_into_the_next_unit(value, shown):
     assert compact(value) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("29.518441", "29.5"), ("0.000555556", "0.000556"), (0, "0"), (100.0, "100"), (1234.5, "1,234"), (None, "—")],
+)
+def test_a_measured_rate_shows_three_significant_digits(value, shown):
+    from console.templatetags.quilt import rate
+
+    assert rate(value) == shown

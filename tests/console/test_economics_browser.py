@@ -41,6 +41,19 @@ def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi):
     engines = page.locator("[data-testid=engines]").inner_text()
     assert "gpu-idle" in engines and "0%" in engines
     assert page.locator("svg.chart").is_visible()
+    # A finished chart: both axes ticked (five money ticks up the side) and titled; the forms' inputs styled
+    # like the rest of the console, inside their card with room around them.
+    chart = page.locator("svg.break-even-chart")
+    assert chart.locator("text.axis:not(.x):not(.axis-title)").count() == 5
+    assert chart.locator("text.axis.x").count() == 5
+    titles = chart.locator("text.axis-title").evaluate_all("nodes => nodes.map(node => node.textContent)")
+    assert titles == ["$ a month", "Tokens a month"]
+    for form in ("break-even-form", "capacity-form"):
+        card = page.locator(f".card:has([data-testid={form}])").bounding_box()
+        for field in page.locator(f"[data-testid={form}] input:not([type=hidden])").all():
+            box = field.bounding_box()
+            assert box["x"] >= card["x"] + 12 and box["x"] + box["width"] <= card["x"] + card["width"] - 12, form
+            assert field.evaluate("node => getComputedStyle(node).borderTopLeftRadius") != "0px", form
 
     page.fill("input[name=api_price]:not([type=hidden])", "0")
     page.locator("form:has(input[name=api_price]:not([type=hidden])) button").click()
@@ -51,5 +64,7 @@ def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi):
     page.fill("input[name=target_ttft_ms]:not([type=hidden])", "1000")
     page.locator("form:has(input[name=target_rps]:not([type=hidden])) button").click()
     page.wait_for_url(lambda url: "target_rps=1" in url)
-    # 2 requests per 3,600 busy seconds, 20 ms idle TTFT: rho 0.98, ⌈1 / (2/3600 × 0.98)⌉ = 1837 engines
-    assert "1837 engines" in page.locator("[data-testid=capacity]").inner_text()
+    # 2 requests per 3,600 busy seconds, 20 ms idle TTFT: rho 0.98, ⌈1 / (2/3600 × 0.98)⌉ = 1837 engines; the
+    # measured rate to three significant digits
+    capacity = page.locator("[data-testid=capacity]").inner_text()
+    assert "1,837 engines" in capacity and "(0.000556 requests per busy engine-second" in capacity, capacity

@@ -1,6 +1,7 @@
 """Template helpers for the console: icons, number and money formats, status badges, sortable headers, pager."""
 
 import json
+import math
 from decimal import ROUND_HALF_UP, Decimal
 
 from django import template
@@ -87,6 +88,19 @@ def compact(value) -> str:
             text = f"{number / limit:.0f}"
         if abs(float(text)) < 1000 or suffix == COMPACT_UNITS[-1][1]:
             return text + suffix
+
+
+@register.filter
+def rate(value) -> str:
+    """A measured rate to three significant digits, thousands separated: 29.518441 -> 29.5, 0.00055556 ->
+    0.000556, 1234.5 -> 1,235."""
+    if value in (None, ""):
+        return "—"
+    number = float(value)
+    if number == 0 or abs(number) >= 100:
+        return f"{number:,.0f}"
+    places = 2 - math.floor(math.log10(abs(number)))
+    return f"{number:,.{places}f}"
 
 
 @register.filter

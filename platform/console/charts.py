@@ -184,6 +184,16 @@ def _axis_labels(starts: list[datetime], bucket: str, every: int) -> dict[int, s
     return labels
 
 
+def _quarter_grid(*, x1: float, x2: float, plot_h: float, ticks: list[str], tick_x: float) -> list[str]:
+    """A grid line at the top, each quarter and the bottom of the plot, each with its tick on the left axis."""
+    parts = []
+    for i, tick in enumerate(ticks):
+        y = TOP + plot_h * i / 4
+        parts.append(f'<line class="grid-line" x1="{x1}" x2="{x2}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="axis" x="{tick_x}" y="{y + 4:.1f}">{tick}</text>')
+    return parts
+
+
 def series_chart(
     *, starts: list[datetime], bucket: str, left: list[Series], right: Series | None = None, bars: Series | None = None,
     left_unit: str = "", right_unit: str = "", label: str = "",
@@ -207,12 +217,10 @@ def series_chart(
         f'<svg class="chart series-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
         f'data-buckets="{len(starts)}" data-bucket="{bucket}">'
     ]
-    for i in range(5):
-        y = TOP + plot_h * i / 4
-        parts.append(f'<line class="grid-line" x1="{left_room}" x2="{WIDTH - right_room}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="axis" x="2" y="{y + 4:.1f}">{left_ticks[i]}</text>')
-        if right:
-            parts.append(f'<text class="axis" x="{WIDTH - 2}" y="{y + 4:.1f}" text-anchor="end">{right_ticks[i]}</text>')
+    parts += _quarter_grid(x1=left_room, x2=WIDTH - right_room, plot_h=plot_h, ticks=left_ticks, tick_x=2)
+    if right:
+        parts += [f'<text class="axis" x="{WIDTH - 2}" y="{TOP + plot_h * i / 4 + 4:.1f}" text-anchor="end">'
+                  f'{right_ticks[i]}</text>' for i in range(5)]  # fmt: skip
     label_every = max(1, math.ceil(len(starts) / 8))
     axis_labels = _axis_labels(starts, bucket, label_every)
     base = TOP + plot_h
@@ -281,10 +289,8 @@ def break_even_chart(points: list[dict], break_even: str | None) -> SafeString:
         f'<svg class="chart break-even-chart" viewBox="0 0 {WIDTH} {height}" role="img" '
         f'aria-label="Monthly cost of the API and of self-hosting, by tokens a month">'
     ]
+    parts += _quarter_grid(x1=left, x2=WIDTH - RIGHT, plot_h=plot_h, ticks=y_ticks, tick_x=TITLE_ROOM)
     for i in range(5):
-        grid_y = TOP + plot_h * i / 4
-        parts.append(f'<line class="grid-line" x1="{left}" x2="{WIDTH - RIGHT}" y1="{grid_y:.1f}" y2="{grid_y:.1f}"/>')
-        parts.append(f'<text class="axis" x="{TITLE_ROOM}" y="{grid_y + 4:.1f}">{y_ticks[i]}</text>')
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
         odd = " x-odd" if i % 2 else ""
         parts.append(f'<text class="axis x{odd}" x="{x(x_max * i / 4):.1f}" y="{height - TITLE_ROOM - 6}" '

@@ -1,4 +1,4 @@
-"""Adapter cold start on this machine (issue 38): disk -> host-ready for a Llama-3-8B-shaped adapter, and
+"""Adapter cold start on this machine: disk -> host-ready for a Llama-3-8B-shaped adapter, and
 disk -> first token / host -> first token through an engine on a small model.
 
     python benchmarks/cold_start.py                    # CPU: the 8B adapter's load, a small model's TTFT

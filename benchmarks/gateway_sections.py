@@ -13,7 +13,7 @@ between this CPU and gateway_overhead.py's figure is uvicorn's and the client co
 the last round under cProfile (CPU clock, builtins folded into their callers) and writes the stats. `--opcodes N`
 then runs N more requests under a tracer and prints the Python calls and bytecode instructions per request: a count
 that the machine's load does not change (C code, the kernel and Redis are not in it); `--opcodes-top K` adds the K
-functions that execute the most (what found the RESP packing's loop, issue 37 item 23). Nothing is asserted.
+functions that execute the most (where a hot loop shows first). Nothing is asserted.
 """
 
 import argparse

@@ -1,5 +1,5 @@
-"""The gateway's prompt token counting (admission's, gateway/prompt_tokens.py) against the code before issue 37 item
-23's sixth pass, side by side in one process: CPU per prompt (time.process_time: every thread of the process, so a
+"""The gateway's prompt token counting (admission's, gateway/prompt_tokens.py) against a plain count (the whole
+rendered prompt encoded with offsets, the chat template's globals jinja2's ChainMap), side by side in one process: CPU per prompt (time.process_time: every thread of the process, so a
 thread pool's work would show) with the demo tokenizer (var/demo-model, GPT-2's shape) and a byte-level BPE of 3,700
 tokens built here (Llama 3's and Qwen's shape: tests/gateway/bpe_tokenizer.py).
 
@@ -7,8 +7,8 @@ tokens built here (Llama 3's and Qwen's shape: tests/gateway/bpe_tokenizer.py).
 
 Prompts of each size in bytes: `text`, a completion's prompt; `chat`, one user message; `system`, a system prompt of
 that size that all requests share and a user message of 64 bytes (an application's requests). Each round cycles
-through the same 64 distinct prompts in each column: `old` (count_prompt_tokens before: `encode` with offsets, the
-template's ChainMap globals), `new` (`count_prompt_tokens` without a tenant: no counts kept), `no-pool` (the same with
+through the same 64 distinct prompts in each column: `old` (the plain count: `encode` with offsets, the template's
+ChainMap globals), `new` (`count_prompt_tokens` without a tenant: no counts kept), `no-pool` (the same with
 TOKENIZERS_PARALLELISM=false, read on each call: does a one-text batch cost thread pool work?), `missed` (with a new
 tenant every call: kept counts looked up, missed and stored, the cost of the cache when it never hits) and `kept`
 (one tenant: its long segments' counts kept from the warm-up). Prints each column's median over the rounds and the
@@ -49,7 +49,7 @@ PROMPTS_PER_SIZE = 64
 
 
 def prompt_tokens_before(generation, tokenizer: Tokenizer) -> int | None:
-    """gateway.prompt_tokens.prompt_tokens as it was (before ea90dee): `encode`, with offsets."""
+    """The plain count of a prompt's tokens: `encode`, with offsets."""
     if generation.messages is not None:
         try:
             text = tokenizer.apply_chat_template(template_messages(generation.messages), add_generation_prompt=True,
@@ -67,7 +67,7 @@ def prompt_tokens_before(generation, tokenizer: Tokenizer) -> int | None:
 
 
 async def count_prompt_tokens_before(generation, target: Target, *, prompt_bytes: int | None = None) -> int:
-    """gateway.prompt_tokens.count_prompt_tokens as it was."""
+    """count_prompt_tokens's admission path over the plain count: no counts kept, no segments."""
     if prompt_bytes is None:
         prompt_bytes = generation.prompt_bytes()
     tokenizer = base_tokenizer_before(target.checkpoint_dir)
@@ -85,7 +85,7 @@ async def count_prompt_tokens_before(generation, target: Target, *, prompt_bytes
 
 @functools.lru_cache(maxsize=32)
 def base_tokenizer_before(checkpoint_dir: str) -> Tokenizer:
-    """The tokenizer as it was: its chat template's globals jinja2's ChainMap over the environment's."""
+    """The tokenizer with its chat template's globals jinja2's ChainMap over the environment's (the default)."""
     tokenizer = Tokenizer(checkpoint_dir)
     if tokenizer._template is not None:
         tokenizer._template.globals = tokenizer._template.environment.make_globals(None)

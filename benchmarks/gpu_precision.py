@@ -1,5 +1,5 @@
 """Correctness in bf16, judged against float32: the engine in bf16 and transformers + PEFT in bf16, each scored
-against transformers + PEFT in float32 on the very same weights (issue 38). bf16 moves every log-probability a
+against transformers + PEFT in float32 on the very same weights. bf16 moves every log-probability a
 little; what matters is that the engine moves them no further than PEFT itself does.
 
     python benchmarks/gpu_precision.py --device cuda     # the suite's "precision" step

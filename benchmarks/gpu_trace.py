@@ -11,7 +11,7 @@ its GPU memory goes with it:
   trace_peft.py    transformers + PEFT on the first groups of the trace, for a bounded time;
   trace_engine.py  one engine: decode at batch 64 with and without adapters, adapter cold starts,
                    the PEFT subset, the whole trace with and without adapters.
-The table printed last answers the questions of issue 13:
+The table printed last holds the engine's GPU goals:
   (1) decode throughput with many distinct adapters / the same engine with no LoRA (goal >= 0.90);
   (2) throughput / transformers + PEFT on the same requests (goal >= 30x);
   (3) a decode step at batch 64 / the HBM roofline: bytes of weights + KV + adapter rows used over the

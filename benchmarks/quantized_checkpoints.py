@@ -8,13 +8,13 @@ distinct adapters, and the weight bytes each engine holds. One suite per format 
 The bf16 checkpoint is benchmarks/llama_shape.py's random one (std 0.02); its quantized twin is written from it on
 the device, every decoder projection quantized:
 - w4a16: GPTQ, 4 bits, round-to-nearest per group of 128 input channels (symmetric, GPTQModel's v1 layout).
-  Goals of issue 36: W4A16 / bf16 >= 2.5x at batch 1-16 and >= 1.3x at batch 64. Decode at small batch reads
+  Goals: W4A16 / bf16 >= 2.5x at batch 1-16 and >= 1.3x at batch 64. Decode at small batch reads
   every weight once per step, so 4-bit weights (about 0.27x the bf16 bytes with scales) bound the ratio near 3.7x
   from above; the Triton GEMM's dequantization in registers and the LoRA and attention time the two engines share
   bring it down. Prompts of 512 tokens.
 - fp8ckpt: `fp8` with weight_block_size [128, 128], as transformers' finegrained-fp8 quantizer writes it
   (`weight_scale_inv = amax / 448` per block, `weight / weight_scale_inv` in float8_e4m3fn), served as stored.
-  Goal of issue 36: FP8 / bf16 >= 1.6x at batch 64. For Llama-3-8B the projections go from 14.0 GB to 7.2 GB with
+  Goal: FP8 / bf16 >= 1.6x at batch 64. For Llama-3-8B the projections go from 14.0 GB to 7.2 GB with
   their scales, lm_head stays 1.05 GB in bf16, 16 rank-16 adapters on the seven projections are 1.3 GB, and 64
   sequences of 128 + 32 tokens hold 1.3 GB of bf16 KV: a bound of about 1.6x, the goal itself (at 512-token
   prompts, 4.6 GB of KV: 1.48x, under the goal whatever the kernels). So its prompts are 128 tokens.
@@ -81,7 +81,7 @@ class Suite:
     label: str  # the table's heading (gpu_suite.sh prints from "## {label} checkpoint" on)
     quantize: object  # weight [out, in] -> {stored kind: tensor}
     config: dict  # quantization_config
-    goals: dict  # batch -> quantized / bf16 decode tok/s, issue 36
+    goals: dict  # batch -> quantized / bf16 decode tok/s
     batches: tuple[int, ...]
     prompt_len: int  # on the 8B shape
 

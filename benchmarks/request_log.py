@@ -12,7 +12,7 @@ for, through the same selector (metering.request_log.request_log_page), each `--
   a day's window · staff view across tenants, newest page and 200 pages deep · sorted by latency within a day
 
 and prints p50 and p95 in ms per case, and PostgreSQL's plan of the newest page (EXPLAIN ANALYZE) so one sees the
-index it walks. Nothing is asserted; the goal (issue 30) is p95 <= 300 ms at 10 million rows.
+index it walks. Nothing is asserted; the goal is p95 <= 300 ms at 10 million rows.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """What blocking and being woken cost this machine's CPU, the part of the gateway's CPU per request that moves most
-from machine to machine (issue 37, item 23, eighth pass): a round trip to the local Redis from plain Python, a sleep
+from machine to machine: a round trip to the local Redis from plain Python, a sleep
 alone (one block and one wake-up), a write that wakes Redis with no reply asked for, and a round trip through the
 gateway's own wire (`gateway.admission.redis_wire`) on uvloop, all in this one process, side by side.
 
@@ -8,7 +8,7 @@ gateway's own wire (`gateway.admission.redis_wire`) on uvloop, all in this one p
 CPU time of this thread (time.thread_time) per operation, in µs. A machine where these are two or three times
 another's reads the gateway's figure about twice as high: compare machines by these, not by the gateway's
 milliseconds. Run it on a quiet machine, as gateway_overhead.py is run: with the other CPUs busy, fewer waits end
-on an idle CPU that must be woken, and the figures fall (on the eighth pass's machine the wire's round trip read
+on an idle CPU that must be woken, and the figures fall (on this 2-core machine the wire's round trip read
 100-110 µs quiet and 39-49 µs beside a test run). Nothing is asserted.
 """
 

@@ -31,7 +31,7 @@ class EngineConfig:
     kv_host_cache_gb: float = 0.0  # host memory (GiB) for prefix blocks evicted from the pool; 0: no host tier
     # (docs/kv-tiers.md; pinned on CUDA)
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole step budget
-    # quantization (issue 20, docs/quantization.md)
+    # quantization (docs/quantization.md)
     quantization: str | None = None  # None, "int8" (weight-only) or "fp8" (E4M3 weights and activations)
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) or "fp8" (E4M3 pages, a scale per token and head)
     # speculative decoding (docs/speculative.md)

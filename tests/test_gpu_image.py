@@ -1,6 +1,6 @@
 """The GPU suite's picture of the bare image (benchmarks/gpu_bare_env.py, benchmarks/gpu_wheels.py): every
 third-party module that the engine, the kernels, the adapters and their GPU tests import is either on the image
-or carried as a wheel. On an H200 the engine did not import until four packages were carried by hand (issue 38)."""
+or carried as a wheel. Without them the engine does not even import on an H200."""
 
 import ast
 import importlib.metadata

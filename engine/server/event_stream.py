@@ -1,6 +1,6 @@
 """A streamed generate on the wire: its events as NDJSON, those already waiting in one chunk, and the final event's
 chunk written with the chunked response's end (`EventStream`). Each write the engine saves is a read, and often a
-wake-up, fewer in the gateway that reads the stream (docs/gateway-cpu.md, ninth pass)."""
+wake-up, fewer in the gateway that reads the stream (docs/gateway-cpu.md)."""
 
 import json
 from collections.abc import AsyncIterator, Callable

@@ -50,7 +50,7 @@ ARCHS = {
     }),
     "mistral": (MistralConfig, MistralForCausalLM, {"tie_word_embeddings": True, "sliding_window": None}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
-    # the families of issue 26: head_dim apart from hidden / heads, windows shorter than the test prompts
+    # head_dim apart from hidden / heads, windows shorter than the test prompts
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 24, "tie_word_embeddings": True}),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, {
         "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8, "attn_logit_softcapping": 4.0,
@@ -74,7 +74,7 @@ ARCHS = {
             "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
             "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 16.0]},
     }),
-    # the MoE families of issue 28: experts with no rows in short steps, a dense layer (mlp_only_layers)
+    # the MoE families: experts with no rows in short steps, a dense layer (mlp_only_layers)
     "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {
         "head_dim": 24, "num_hidden_layers": 3, "num_experts": 6, "num_experts_per_tok": 2,
         "moe_intermediate_size": 40, "norm_topk_prob": True, "mlp_only_layers": [1], "tie_word_embeddings": True,

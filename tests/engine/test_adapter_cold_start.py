@@ -1,4 +1,4 @@
-"""Adapter cold start at the floor (issue 38): the content digest is computed once, when an adapter is first
+"""Adapter cold start at the floor: the content digest is computed once, when an adapter is first
 made known, never again on a load; the safetensors file is read into memory once, without a second copy; on
 CUDA the host copy is laid out straight into pinned memory and placed on a side stream."""
 

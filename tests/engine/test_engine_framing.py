@@ -1,7 +1,7 @@
 """How the engine frames its answers on the wire: a response's head leaves with its first body part
 (`engine.server.http_protocol`), a streamed generate's events already waiting leave in one chunk and its final event
 with the response's end (`engine.server.event_stream`). Each segment the engine saves is one
-read and often one wake-up fewer in the gateway that reads it (docs/gateway-cpu.md, ninth pass)."""
+read and often one wake-up fewer in the gateway that reads it (docs/gateway-cpu.md)."""
 
 import asyncio
 import socket

@@ -1,4 +1,4 @@
-"""The model families of issue 26 (Qwen3, Gemma 2, Gemma 3, and Qwen2.5 with a yarn rope) against
+"""Qwen3, Gemma 2, Gemma 3, and Qwen2.5 with a yarn rope against
 transformers + PEFT: base requests and several adapters on every projection mixed in one batch, prompts
 longer than the sliding window, chunked prefill over 4-token pages; greedy tokens equal and the top-1
 log-probability of every generated token within 1e-4. On the reference ops here; on the Triton launchers

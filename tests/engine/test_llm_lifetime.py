@@ -1,5 +1,5 @@
-"""An LLM that is closed or dropped frees its model, KV pool and adapter pool (issue 38: on an H200 the next
-LLM in the same process ran out of memory). Weak references tell whether the tensors are gone."""
+"""An LLM that is closed or dropped frees its model, KV pool and adapter pool (else, on an H200, the next
+LLM in the same process runs out of memory). Weak references tell whether the tensors are gone."""
 
 import gc
 import threading

@@ -71,7 +71,7 @@ def test_quantizing_while_loading_gives_the_weights_of_quantizing_after(checkpoi
 
 
 def test_w4a16_group_128_projections_take_under_0_3_of_bf16(tmp_path, monkeypatch):
-    """A GPTQ 4-bit checkpoint at group size 128 (issue 36) loads as stored: its projections' bytes (packed
+    """A GPTQ 4-bit checkpoint at group size 128 loads as stored: its projections' bytes (packed
     weights, fp16 scales, packed zeros, g_idx) against the same projections in bf16, and the loading peak is the
     packed model (no projection is ever materialised in full precision)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -1,4 +1,4 @@
-"""The MoE families of issue 28 (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) against transformers +
+"""The MoE families (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) against transformers +
 PEFT: base requests, adapters on attention, on the experts (PEFT's target_parameters, every expert its own A and
 B) and on both mixed in one batch, chunked prefill over 4-token pages; greedy tokens equal and the top-1
 log-probability of every generated token within 1e-4. On the reference ops, and with every op (the experts'

@@ -1,4 +1,4 @@
-"""Pre-quantized checkpoints (issue 36) on every dense family beyond Llama and Qwen, and at the group sizes real
+"""Pre-quantized checkpoints on every dense family beyond Llama and Qwen, and at the group sizes real
 checkpoints use: Phi-3 with its fused qkv_proj / gate_up_proj stored as one packed tensor each (GPTQ, AWQ,
 compressed-tensors, and fp8 128 x 128 blocks), Mistral, Gemma 2 and Gemma 3 in an integer format each, and GPTQ with
 act order at group 64 and 128 and compressed-tensors W4A16 at group 128 on a model wide enough for them.

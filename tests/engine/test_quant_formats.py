@@ -1,4 +1,4 @@
-"""Pre-quantized checkpoints (issue 36): GPTQ (v1, v2, act order, 4 and 8 bits), AWQ (gemm) and compressed-tensors
+"""Pre-quantized checkpoints: GPTQ (v1, v2, act order, 4 and 8 bits), AWQ (gemm) and compressed-tensors
 (pack-quantized W4A16 / W8A16, naive-quantized int8), loaded as stored and served with LoRA on top.
 
 Oracle: transformers + PEFT on the dequantized twin of each checkpoint (tests/engine/quantized_checkpoints.py:

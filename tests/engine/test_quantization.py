@@ -1,4 +1,4 @@
-"""Quantized base weights (int8, fp8) and the fp8 KV cache under full-precision LoRA (issue 20).
+"""Quantized base weights (int8, fp8) and the fp8 KV cache under full-precision LoRA.
 
 The engine is checked two ways: against transformers + PEFT applied to the dequantized int8 base (the
 same function up to float rounding), and against the unquantized engine over 2,000 generated tokens with

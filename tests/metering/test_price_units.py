@@ -1,4 +1,4 @@
-"""The price in integers gives what the Decimal price function gives (issue 37 item 23): admission's picos of
+"""The price in integers gives what the Decimal price function gives: admission's picos of
 `request_price` (`request_price_picos`), for rates as the database keeps them and counts up to 2**40; rates or
 counts outside that go through Decimal (its errors too). `request_price` is compared with its own code as it was,
 kept here as the oracle; the settle's micros of it, in tests/gateway/test_settle_before.py."""

@@ -1,4 +1,4 @@
-"""The management API takes what its OpenAPI schema allows and refuses what it does not (issue 37 item 20): a field's
+"""The management API takes what its OpenAPI schema allows and refuses what it does not: a field's
 own pattern is the schema's, no request string may hold a NUL, a body is JSON of the declared types, and a refusal for
 an object's state is a 409, not a 400 that reads as "your request was malformed"."""
 

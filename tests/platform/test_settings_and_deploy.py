@@ -101,7 +101,7 @@ def _deployed_gateway_commands() -> dict[str, list[str]]:
 def test_the_deployed_gateway_is_served_as_its_benchmark_measures_it():
     # uvicorn writes an access line per request unless told not to: a formatted record and a write to stdout each,
     # 5-36 % more of the gateway's CPU per request than benchmarks/gateway_overhead.py measures (it serves the
-    # gateway with --no-access-log). The deployed gateways ran with it (issue 37 item 23, twelfth pass); the request
+    # gateway with --no-access-log), so the deployed gateways run with it too; the request
     # log keeps every request the gateway answers, refusals included, under its x-request-id.
     from benchmarks.gateway_overhead import GATEWAY_SERVER_OPTIONS
 

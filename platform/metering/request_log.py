@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import F, Q, QuerySet, Value
+from django.db.models import F, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
 from metering.models import REFUSED, RequestBody, UsageEvent
+from metering.selectors import RequestCounts, request_count_aggregates
 from tenancy.audit import Actor
 from tenancy.authority import actor_role
 from tenancy.models import Membership, Tenant
@@ -89,6 +90,29 @@ def request_log_filtered(*, tenant: Tenant | None, filters: LogFilters) -> Query
     if filters.until is not None:
         events = events.filter(finished_at__lt=filters.until)
     return events
+
+
+@dataclass(frozen=True)
+class LogTotals:
+    """Sums over every row the filters match, not just one page's."""
+
+    counts: RequestCounts
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    price: Decimal
+
+
+def request_log_totals(*, tenant: Tenant | None, filters: LogFilters) -> LogTotals:
+    """How many requests the filters match (served and refused, counted as request_counts counts them) and their
+    summed tokens and cost."""
+    sums = request_log_filtered(tenant=tenant, filters=filters).order_by().aggregate(
+        **request_count_aggregates(), prompt_tokens=Sum("prompt_tokens", default=0),
+        cached_tokens=Sum("cached_tokens", default=0), completion_tokens=Sum("completion_tokens", default=0),
+        price=Sum("price", default=Decimal(0)),
+    )  # fmt: skip
+    counts = RequestCounts(**{name: sums.pop(name) for name in ("served", "refused", "rate_limited")})
+    return LogTotals(counts=counts, **sums)
 
 
 def _encode(sort: str, value, row_id: int) -> str:

@@ -203,17 +203,22 @@ class RequestCounts:
         return self.served + self.refused
 
 
+def request_count_aggregates() -> dict:
+    """The aggregates of RequestCounts' fields over a queryset of answered requests."""
+    return {
+        "served": Count("id", filter=~Q(finish_reason=REFUSED)), "refused": Count("id", filter=Q(finish_reason=REFUSED)),
+        "rate_limited": Count("id", filter=Q(finish_reason=REFUSED, status_code=429)),
+    }  # fmt: skip
+
+
 def request_counts(
     *, tenant: Tenant | None, since: datetime, until: datetime, model: str = "", key_prefix: str = ""
 ) -> RequestCounts:
     """Served and refused requests from `since` (included) to `until` (excluded): the one count of requests every
-    page shows, so that the overview, usage, billing and the request log agree."""
+    page shows, so that the overview, usage, billing and the request log (request_log_totals) agree."""
     filters = _event_filters(tenant=tenant, model=model, key_prefix=key_prefix)
-    counts = UsageEvent.answered.filter(finished_at__gte=since, finished_at__lt=until, **filters).order_by().aggregate(
-        served=Count("id", filter=~Q(finish_reason=REFUSED)), refused=Count("id", filter=Q(finish_reason=REFUSED)),
-        rate_limited=Count("id", filter=Q(finish_reason=REFUSED, status_code=429)),
-    )  # fmt: skip
-    return RequestCounts(**counts)
+    events = UsageEvent.answered.filter(finished_at__gte=since, finished_at__lt=until, **filters).order_by()
+    return RequestCounts(**events.aggregate(**request_count_aggregates()))
 
 
 def month_request_counts(*, tenant: Tenant, month: date) -> RequestCounts:

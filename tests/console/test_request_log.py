@@ -9,6 +9,7 @@ import pytest
 from django.urls import reverse
 
 from apikeys.services import api_key_create
+from metering.models import UsageEvent
 from metering.services import usage_ingest
 from tenancy.audit import Actor
 from tests.console.builders import usage_event
@@ -219,3 +220,23 @@ def test_a_refusal_is_a_row_of_the_log_and_the_charts_but_never_usage(tenant, me
     timing = {"kind": "answered", "request_id": "console-req-missing", "status_code": 200, "ttft_ms": 5.0,
               "e2e_ms": 9.0}  # fmt: skip
     assert gateway_reports_record(reports=[timing]).unmatched == [timing]  # its engine's event is not here yet
+
+
+def test_the_log_totals_every_matching_row_with_its_position_on_each_page(tenant, member_of, logged, monkeypatch):
+    """30 requests (one failed) and a 429 refusal: the counts, tokens and cost are the filter's, not the page's."""
+    from metering.gateway_reports import gateway_reports_record
+
+    gateway_reports_record(reports=[{"kind": "refused", "request_id": "refused-1", "tenant_id": tenant.pk,
+                                     "status_code": 429, "finished_at": START.isoformat()}])  # fmt: skip
+    monkeypatch.setattr("console.views.requests.PAGE_ROWS", 20)
+    client, _ = member_of(tenant, "viewer")
+    first = client.get(_url(tenant))
+    text = first.content.decode()
+    assert "1–20 of 31</strong>" in text and "30 served · 1 refused (1 rate-limited)" in text
+    completion = sum(10 + number for number in range(30))
+    assert f'data-testid="log-tokens">36,000 / 6,000 / {completion:,}</span>' in text
+    assert first.context["totals"].price == sum(row.price for row in UsageEvent.objects.filter(tenant=tenant))
+    second = client.get(_url(tenant) + first.context["next_url"])
+    assert "21–31 of 31</strong>" in second.content.decode()
+    keyed = client.get(_url(tenant, key=logged.prefix)).content.decode()
+    assert "1–15 of 15</strong>" in keyed

@@ -19,6 +19,7 @@ from metering.request_log import (
     bodies_readable,
     request_detail,
     request_log_page,
+    request_log_totals,
 )
 from metering.request_log_csv import request_log_csv, since_instant, until_instant
 from registry.selectors import adapters_of
@@ -38,6 +39,7 @@ class LogQueryForm(forms.Form):
     tenant = forms.SlugField(required=False)
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
     cursor = forms.CharField(required=False, max_length=400)
+    start = forms.IntegerField(required=False, min_value=1)  # the page's first row's position, for "51–100 of N"
 
     def filters(self, *, staff: bool) -> LogFilters:
         data = self.cleaned_data
@@ -67,6 +69,8 @@ def _page(request, *, tenant: Tenant | None):
                            section="platform-requests" if staff else "requests", status=400)  # fmt: skip
     query = request.GET.copy()
     query.pop("cursor", None)
+    query.pop("start", None)
+    start = form.cleaned_data["start"] if form.cleaned_data["cursor"] and form.cleaned_data["start"] else 1
 
     def sort_url(name: str) -> str:
         sorts = query.copy()
@@ -76,8 +80,11 @@ def _page(request, *, tenant: Tenant | None):
     next_query = query.copy()
     if page.next_cursor:
         next_query["cursor"] = page.next_cursor
+        next_query["start"] = start + len(page.rows)
     context = {
         "form": form, "page": page, "staff": staff, "statuses": list(STATUSES),
+        "totals": request_log_totals(tenant=tenant, filters=filters),
+        "first_row": start, "last_row": start + len(page.rows) - 1,
         "sort_urls": {name: sort_url(name) for name in SORTS},
         "next_url": "?" + next_query.urlencode() if page.next_cursor else None,
         "first_url": "?" + query.urlencode() if form.cleaned_data["cursor"] else None,

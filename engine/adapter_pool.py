@@ -17,8 +17,9 @@ when it leaves that tier and when it is placed in pages, so every rank uses the 
 import queue
 import re
 import threading
+import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,24 @@ class Mirror(Protocol):
         """It was placed in `pages` (from the host tier)."""
 
 
+class Residency(NamedTuple):
+    """One adapter in one memory tier."""
+
+    digest: str
+    tier: str  # "device" or "host"
+    pinned: bool  # it cannot be evicted now: a running sequence uses it (device)
+    rank: int  # its largest module rank
+
+
+class LoadTime(NamedTuple):
+    """One move of an adapter between tiers that succeeded, and how long it took."""
+
+    from_tier: str  # "disk" or "host"
+    to_tier: str  # "host" or "device"
+    seconds: float  # disk -> host: read, checked and laid out; host -> device: the copy into pages (on CUDA, timed
+    # on the side stream that runs it)
+
+
 class Prepared(NamedTuple):
     """An adapter read and laid out, ready for the host tier (see `prepare`)."""
 
@@ -127,6 +146,9 @@ class AdapterPool:
         self.generation = 0  # bumped whenever an adapter is placed or dropped
         self.num_loads = {"host": 0, "device": 0}
         self.num_evictions = {"host": 0, "device": 0}
+        self._load_times: deque[LoadTime] = deque(maxlen=4096)  # until take_load_times (bounded: an offline
+        # engine never takes them)
+        self._timed_copies: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA copies not timed yet
         device = memory.layers[0].device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._copies: list = []  # CUDA events of copies the next step must wait for
@@ -148,6 +170,7 @@ class AdapterPool:
         self._resident.clear()
         self._idle.clear()
         self._copies.clear()
+        self._timed_copies.clear()
         self._host_bytes = 0
 
     # registration
@@ -164,11 +187,15 @@ class AdapterPool:
         """`plan`, and the mirror's part of the adapter: the work of `add_loaded`, off the engine thread."""
         return Prepared(self._plan(adapter), None if self._mirror is None else self._mirror.pack(adapter))
 
-    def add_loaded(self, adapter: "adapters.LoadedAdapter | Prepared", path: str | Path) -> None:
-        """Register an adapter already read (or prepared) into the host tier."""
+    def add_loaded(self, adapter: "adapters.LoadedAdapter | Prepared", path: str | Path, *,
+                   seconds: float | None = None) -> None:
+        """Register an adapter already read (or prepared) into the host tier; `seconds`: how long its read took
+        (a disk -> host load time)."""
         prepared = adapter if isinstance(adapter, Prepared) else self.prepare(adapter)
         self.register(prepared.plan.digest, path)
         self._put_host(prepared)
+        if seconds is not None:
+            self._load_times.append(LoadTime("disk", "host", seconds))
 
     def is_registered(self, digest: str) -> bool:
         return digest in self._paths
@@ -206,6 +233,26 @@ class AdapterPool:
             self._loading.add(digest)
             self._requests.put((digest, self._paths[digest]))
         return False
+
+    def residency(self) -> list[Residency]:
+        """Every adapter in the device and host tiers (one entry per tier it is in), device first."""
+        self._drain()
+        return [*(Residency(d, "device", r.users > 0, r.plan.max_rank) for d, r in self._resident.items()),
+                *(Residency(d, "host", False, plan.max_rank) for d, plan in self._host.items())]
+
+    def take_load_times(self) -> list[LoadTime]:
+        """The moves between tiers finished since the last call (a CUDA copy once the GPU has run it)."""
+        self._drain()
+        pending = []
+        for start, end in self._timed_copies:
+            if end.query():
+                self._load_times.append(LoadTime("host", "device", start.elapsed_time(end) / 1000.0))
+            else:
+                pending.append((start, end))
+        self._timed_copies = pending
+        times = list(self._load_times)
+        self._load_times.clear()
+        return times
 
     def failures(self) -> dict[str, str]:
         """digest -> reason for every adapter whose last load failed (until it is asked for or registered again)."""
@@ -313,12 +360,17 @@ class AdapterPool:
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
+                start = torch.cuda.Event(enable_timing=True)
+                start.record(self._stream)
                 offsets = self._write(plan, pages, offsets, device)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(enable_timing=True)
                 event.record(self._stream)
             self._copies.append(event)
+            self._timed_copies.append((start, event))
         else:
+            started = time.perf_counter()
             offsets = self._write(plan, pages, offsets, device)
+            self._load_times.append(LoadTime("host", "device", time.perf_counter() - started))
         self.generation += 1
         resident = Resident(plan=plan, pages=pages, offsets=offsets, placement=self.generation)
         self._resident[digest] = resident
@@ -363,18 +415,19 @@ class AdapterPool:
 
     # loading
     def _load_one(self, digest: str, path: Path) -> None:
+        started = time.perf_counter()
         try:
             adapter = self._load(path, digest)
             if adapter.digest != digest:
                 raise adapters.AdapterError("digest_mismatch", f"its content has digest {adapter.digest[:12]}")
-            self._results.put((digest, self.prepare(adapter), None))
+            self._results.put((digest, self.prepare(adapter), time.perf_counter() - started, None))
         except Exception as error:  # every loader failure fails only this adapter's requests
-            self._results.put((digest, None, failure_reason(error)))
+            self._results.put((digest, None, None, failure_reason(error)))
 
     def _drain(self) -> None:
         while True:
             try:
-                digest, prepared, error = self._results.get_nowait()
+                digest, prepared, seconds, error = self._results.get_nowait()
             except queue.Empty:
                 return
             self._loading.discard(digest)
@@ -384,6 +437,7 @@ class AdapterPool:
                 self._failed[digest] = self._unreported[digest] = error
             else:
                 self._put_host(prepared)
+                self._load_times.append(LoadTime("disk", "host", seconds))
 
     def state(self) -> dict:
         self._drain()

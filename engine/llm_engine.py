@@ -132,8 +132,9 @@ class LLMEngine:
 
     def add_adapter(self, path: str | Path) -> str:
         """Read an adapter now (raising adapters.AdapterError if it is unusable); returns its digest."""
+        started = time.perf_counter()
         adapter = read_adapter(path, self.hf_config, self.config.max_adapter_rank)
-        self.adapter_pool.add_loaded(adapter, path)
+        self.adapter_pool.add_loaded(adapter, path, seconds=time.perf_counter() - started)
         return adapter.digest
 
     def prefetch_adapter(self, digest: str, tier: str) -> list[str]:

@@ -6,6 +6,7 @@ adapter and never a server path; the engine stays healthy.
 """
 
 import asyncio
+import time
 from pathlib import Path
 
 from engine.adapter_pool import failure_reason, read_adapter
@@ -42,16 +43,19 @@ class AdapterRegistry:
                              param="adapter.path")
         return self.store / ref.digest
 
-    async def ensure(self, ref: AdapterRef) -> None:
-        """Make the adapter usable by requests: read and checked once, then known by its digest."""
+    async def ensure(self, ref: AdapterRef) -> float:
+        """Make the adapter usable by requests: read and checked once, then known by its digest. Returns the
+        seconds this call waited for it (0 when it was known)."""
         if ref.digest in self.known:
-            return
+            return 0.0
+        started = time.monotonic()
         task = self._pending.get(ref.digest)
         if task is None:
             task = asyncio.create_task(self._load(ref))
             self._pending[ref.digest] = task
             task.add_done_callback(lambda _: self._pending.pop(ref.digest, None))
         await asyncio.shield(task)
+        return time.monotonic() - started
 
     async def _load(self, ref: AdapterRef) -> None:
         path = self.locate(ref)
@@ -63,13 +67,15 @@ class AdapterRegistry:
                 raise ValueError(f"its content has digest {adapter.digest[:12]}")
             return engine.adapter_pool.prepare(adapter)
 
+        started = time.perf_counter()
         try:
             prepared = await asyncio.to_thread(read)
         except ValueError as error:
             raise AdapterUnavailable(ref.digest, str(error)) from error
         except Exception as error:  # every loader failure is this adapter's alone
             raise AdapterUnavailable(ref.digest, failure_reason(error)) from error
-        await self.loop.call(lambda engine: engine.adapter_pool.add_loaded(prepared, path))
+        seconds = time.perf_counter() - started
+        await self.loop.call(lambda engine: engine.adapter_pool.add_loaded(prepared, path, seconds=seconds))
         self.known[ref.digest] = path
 
     async def prefetch(self, ref: AdapterRef, *, tier: str) -> list[str]:

@@ -129,16 +129,15 @@ class EngineAPI:
         transfer = generate.kv_transfer
         if transfer is not None and self.kv is None:
             raise BadRequest("this engine does not move KV between engines", param="kv_transfer")
-        if generate.adapter is not None:
-            await self.registry.ensure(generate.adapter)
+        waited = await self.registry.ensure(generate.adapter) if generate.adapter is not None else 0.0
         if transfer is not None and transfer.mode == "prefill":
-            return await self.prefill_hop(request, generate, prompts[0], arrival)
+            return await self.prefill_hop(request, generate, prompts[0], arrival, adapter_wait_s=waited)
         if transfer is None:
             handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
-                                            tool_format=structure.tool_format)
+                                            tool_format=structure.tool_format, adapter_wait_s=waited)
         else:
             handle = await self.decode_hop(request, generate, prompts, arrival=arrival, grammar=grammar,
-                                           structure=structure)
+                                           structure=structure, adapter_wait_s=waited)
             if handle is None:
                 return Response(status_code=499)  # the client went away during the pull
         self.prefixes.record(generate)
@@ -154,13 +153,14 @@ class EngineAPI:
             return unavailable_response(end)
         return JSONResponse(final_event(handle, end))
 
-    async def prefill_hop(self, request: Request, generate, prompt: list[int], arrival: float) -> Response:
+    async def prefill_hop(self, request: Request, generate, prompt: list[int], arrival: float, *,
+                          adapter_wait_s: float) -> Response:
         """kv_transfer mode "prefill": compute the prompt's KV (one greedy token is sampled and dropped), lease its
         full blocks and answer the lease; the decode hop serves the request. No usage event: the gateway reports
         this hop's GPU time from the answer's usage."""
         hop = dataclasses.replace(generate, sampling=SamplingParams(max_tokens=1, temperature=0.0),
                                   response_format=None, tools=None, tool_choice=None)
-        handle = await self.loop.submit(hop, [prompt], arrival=arrival)
+        handle = await self.loop.submit(hop, [prompt], arrival=arrival, adapter_wait_s=adapter_wait_s)
         self.prefixes.record(generate)  # its blocks stay in this engine's prefix cache once the lease ends
         end = await self.wait(request, handle)
         if end is None or handle.lease is None:
@@ -178,7 +178,7 @@ class EngineAPI:
         return JSONResponse({"kv_lease": self.kv.lease_json(handle.lease, ttl), "usage": usage})
 
     async def decode_hop(self, request: Request, generate, prompts: list[list[int]], *, arrival: float,
-                         grammar: Grammar | None, structure: Structure) -> RequestHandle | None:
+                         grammar: Grammar | None, structure: Structure, adapter_wait_s: float) -> RequestHandle | None:
         """kv_transfer mode "decode": pull the prompt's blocks under the lease (recomputing what cannot be had),
         then submit the request as usual; None when the client went away during the pull."""
         if not self.loop.accepting:  # before the pull: the lease stays whole for the engine a retry finds
@@ -192,7 +192,7 @@ class EngineAPI:
             pending = self.kv.pending[generate.request_id]
             handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
                                             tool_format=structure.tool_format, kv_pull=report,
-                                            aborted=pending.aborted)  # (aborted during the pull: it ends now)
+                                            aborted=pending.aborted, adapter_wait_s=adapter_wait_s)  # (aborted during the pull: it ends now)
         finally:
             pending = self.kv.pending.pop(generate.request_id)
         if pending.aborted and not handle.aborted:  # aborted as it was being submitted
@@ -284,6 +284,7 @@ class EngineAPI:
     async def metrics(self, request: Request) -> Response:
         def observe(engine) -> None:
             self.loop.metrics.observe_state(engine.state())
+            self.loop.metrics.observe_adapters(engine.adapter_pool)
             self.loop.metrics.observe_leases(self.loop.leases.state())
 
         await self.loop.call(observe)

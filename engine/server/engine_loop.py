@@ -57,6 +57,7 @@ class RequestHandle:
     aborted: bool = False
     lease: Lease | None = None  # a prefill hop's (kv_transfer mode "prefill"), granted as it ends
     kv_pull: Any = None  # a decode hop's engine.server.kv_transfer.PullReport, for its usage
+    adapter_wait_s: float = 0.0  # how long it waited for its adapter's first read before it was submitted
 
     @property
     def request_id(self) -> str:
@@ -104,6 +105,7 @@ class EngineLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._step_times: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens)
         self._tiers = self._resident()
+        self._adapter_waits: dict[str, float] = {}  # request id -> when it began to wait in the engine for its adapter
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # the event loop's side
@@ -121,16 +123,17 @@ class EngineLoop:
 
     async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float,
                      grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None,
-                     kv_pull: Any = None, aborted: bool = False) -> RequestHandle:
+                     kv_pull: Any = None, aborted: bool = False, adapter_wait_s: float = 0.0) -> RequestHandle:
         """aborted: the request was aborted before it could start (during its KV pull): it is added and aborted in
-        one command, so it ends as any aborted request does (its final event and usage event) without a step."""
+        one command, so it ends as any aborted request does (its final event and usage event) without a step.
+        adapter_wait_s: the time it already waited for its adapter (AdapterRegistry.ensure)."""
         if not self.accepting:
             raise Unavailable("the engine is shutting down")
         failure = self.engine.failure()
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
         handle = RequestHandle(request=request, prompts=prompts, arrival=arrival, grammar=grammar,
-                               tool_format=tool_format, kv_pull=kv_pull)
+                               tool_format=tool_format, kv_pull=kv_pull, adapter_wait_s=adapter_wait_s)
         await self.call(lambda engine: (self._add(handle), aborted and self._abort(handle.request_id)))
         return handle
 
@@ -178,6 +181,7 @@ class EngineLoop:
                 self.healthy = False
                 self._fail_all(self.engine.failure() or "engine step failed")
                 continue
+            self._observe_adapter_waits()
             if self.engine.num_steps > steps_before:
                 self._observe_step(time.perf_counter() - started, outputs)
             for output in outputs:
@@ -202,6 +206,7 @@ class EngineLoop:
             except queue.Empty:
                 break
         self._track_adapter_tiers()
+        self.metrics.observe_adapters(self.engine.adapter_pool)
 
     def _add(self, handle: RequestHandle) -> None:
         request = handle.request
@@ -224,6 +229,23 @@ class EngineLoop:
         self.handles[request.request_id] = handle
         for p, engine_id in enumerate(added):
             self.routes[engine_id] = (handle, p)
+        if adapter is not None:
+            if self._in_memory(adapter):
+                self.metrics.adapter_wait_seconds.observe(handle.adapter_wait_s)
+            else:
+                self._adapter_waits[request.request_id] = time.monotonic()
+
+    def _in_memory(self, digest: str) -> bool:
+        return self.engine.adapter_pool.tier(digest) in ("device", "host")
+
+    def _observe_adapter_waits(self) -> None:
+        """Requests whose adapter is in memory now stop waiting for it."""
+        now = time.monotonic()
+        for request_id, since in list(self._adapter_waits.items()):
+            handle = self.handles[request_id]
+            if self._in_memory(handle.adapter):
+                del self._adapter_waits[request_id]
+                self.metrics.adapter_wait_seconds.observe(handle.adapter_wait_s + now - since)
 
     def _abort(self, request_id: str) -> bool:
         handle = self.handles.get(request_id)
@@ -267,6 +289,9 @@ class EngineLoop:
 
     def _end(self, handle: RequestHandle, now: float) -> None:
         del self.handles[handle.request_id]
+        since = self._adapter_waits.pop(handle.request_id, None)
+        if since is not None:  # it ended waiting: its adapter failed, or it was aborted
+            self.metrics.adapter_wait_seconds.observe(handle.adapter_wait_s + now - since)
         for engine_id in handle.engine_request_ids:
             self.routes.pop(engine_id, None)
         outputs = [handle.finished[i] for i in sorted(handle.finished)]
@@ -326,6 +351,7 @@ class EngineLoop:
         m.steps_per_second.set(self.steps_per_second())
         m.observe_state(self.engine.state())
         self._track_adapter_tiers()
+        m.observe_adapters(self.engine.adapter_pool)
 
     def steps_per_second(self) -> float:
         return len(self._step_times) / RATE_WINDOW_S

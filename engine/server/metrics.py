@@ -2,6 +2,8 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.adapter_pool import AdapterPool
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -91,6 +93,21 @@ class EngineMetrics:
         self.kv_tier_resident = Gauge("quilt_engine_kv_tier_blocks", "Prefix KV blocks held per tier", ["tier"],
                                       registry=r)
         self._kv_seen: dict[tuple[str, str], int] = {}
+        # per-adapter residency (docs/engine-memory.md): one series per adapter in each memory tier, so the
+        # cardinality is bounded by memory; an outside router reads which engine holds what
+        self.adapter_resident = Gauge("quilt_engine_adapter_resident",
+                                      "1 for each adapter in a memory tier (device, host); pinned: a running request "
+                                      "uses it, so it cannot be evicted now; rank: its largest module rank",
+                                      ["adapter", "tier", "pinned", "rank"], registry=r)
+        self._resident_seen: set[tuple[str, str, str, str]] = set()
+        self.adapter_load_seconds = Histogram("quilt_engine_adapter_load_seconds",
+                                              "Time an adapter took to move between tiers: disk -> host (read, "
+                                              "checked, laid out), host -> device (copied into pages)",
+                                              ["from_tier", "to_tier"], buckets=LATENCY_BUCKETS, registry=r)
+        self.adapter_wait_seconds = Histogram("quilt_engine_adapter_wait_seconds",
+                                              "Time a request with an adapter waited for it to be in memory (0 when "
+                                              "it was; until its load failed when it did)",
+                                              buckets=(0.0,) + LATENCY_BUCKETS, registry=r)
         self.usage_spooled = Gauge("quilt_engine_usage_events_spooled",
                                    "Usage events spooled to disk while the broker was unreachable", registry=r)
 
@@ -116,6 +133,17 @@ class EngineMetrics:
                 self._spec_seen[kind] = total
             self.spec_acceptance.set(spec["acceptance_rate"])
             self.tokens_per_step.set(spec["tokens_per_step"])
+
+    def observe_adapters(self, pool: AdapterPool) -> None:
+        """The pool's residency now, and the moves between tiers it finished since the last call."""
+        now = {(adapter_label(r.digest), r.tier, str(r.pinned).lower(), str(r.rank)) for r in pool.residency()}
+        for labels in self._resident_seen - now:
+            self.adapter_resident.remove(*labels)
+        for labels in now - self._resident_seen:
+            self.adapter_resident.labels(*labels).set(1)
+        self._resident_seen = now
+        for move in pool.take_load_times():
+            self.adapter_load_seconds.labels(from_tier=move.from_tier, to_tier=move.to_tier).observe(move.seconds)
 
     def observe_leases(self, leases: dict) -> None:
         """engine.kv.lease.LeaseTable.state(): the table keeps totals, the counter takes what is new."""

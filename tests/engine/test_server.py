@@ -420,6 +420,39 @@ def test_a_stored_adapter_with_flipped_bytes_is_a_503_for_its_requests_alone(ser
     assert generate(server, adapter=ref, prompt="hi")["finish_reason"] in ("stop", "length")
 
 
+def test_adapter_residency_metrics_agree_with_the_state(server, model_dir, tmp_path):
+    def scrape() -> dict:
+        return {f.name: f for f in text_string_to_metric_families(server.get("/metrics").text)}
+
+    def waits(families) -> tuple[float, float, float]:
+        samples = families["quilt_engine_adapter_wait_seconds"].samples
+        value = {(s.name.rsplit("_", 1)[-1], s.labels.get("le")): s.value for s in samples}
+        return value[("count", None)], value[("bucket", "0.0")], value[("sum", None)]
+
+    def loads(families) -> dict[tuple[str, str], float]:
+        return {(s.labels["from_tier"], s.labels["to_tier"]): s.value
+                for s in families["quilt_engine_adapter_load_seconds"].samples if s.name.endswith("_count")}
+
+    before = scrape()
+    ref = _stored_twin(model_dir, "b", tmp_path / "twin")  # a digest this server has never seen
+    sampling = {"max_tokens": 2, "ignore_eos": True}
+    generate(server, adapter=ref, prompt="hi", sampling=sampling)  # waits for its first read
+    generate(server, adapter=ref, prompt="hi", sampling=sampling)  # in memory: no wait
+    wait_until(lambda: idle(server))
+    after = scrape()
+    state = server.get("/v1/state").json()["adapters"]
+    resident = {(s.labels["adapter"], s.labels["tier"], s.labels["pinned"])
+                for s in after["quilt_engine_adapter_resident"].samples}
+    assert resident == {(d[:12], "device", str(d in state["pinned"]).lower()) for d in state["gpu"]} | \
+        {(d[:12], "host", "false") for d in state["host"]}
+    assert {s.labels["rank"] for s in after["quilt_engine_adapter_resident"].samples
+            if s.labels["adapter"] == ref["digest"][:12]} == {"8"}
+    (count, zero, total), (count_after, zero_after, total_after) = waits(before), waits(after)
+    assert (count_after - count, zero_after - zero) == (2, 1) and total_after > total
+    moved = {key: value - loads(before).get(key, 0) for key, value in loads(after).items()}
+    assert moved[("disk", "host")] >= 1 and moved[("host", "device")] >= 1
+
+
 def _health_over(sock: socket.socket) -> bytes:
     """One GET /v1/health on an open connection; the answer's status line, b"" if the engine had closed it."""
     sock.sendall(f"GET /v1/health HTTP/1.1\r\nHost: engine\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())

@@ -174,6 +174,9 @@ class CompressedFp8Linear(Fp8Linear):
         if spec.weight_type != "float" or spec.bits != 8:
             raise ValueError(f"{spec.scheme}: {spec.bits}-bit {spec.weight_type} weights; float-quantized is served "
                              f"for 8-bit float (FP8) weights")
+        if not spec.symmetric:  # a float weight_zero_point: not stored by the presets, not read here
+            raise ValueError(f"{spec.scheme}: quantization_config weights symmetric false is not served; served: "
+                             f"symmetric fp8 weights (no zero point)")
         if spec.strategy not in ("tensor", "channel"):
             raise ValueError(f"{spec.scheme}: weight strategy {spec.strategy!r} is not served; served: tensor, "
                              f"channel (and block scales as quantization 'fp8' with weight_block_size)")

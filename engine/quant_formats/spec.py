@@ -232,8 +232,12 @@ def _compressed_tensors(quant: dict) -> QuantSpec:
     if acts.get("actorder") not in (None, False):
         raise refuse(f"config_groups.{name}.input_activations actorder", acts["actorder"], "null")
     block = weights.get("block_structure")
+    formats = {str(f).lower() for f in (group.get("format"), quant.get("format")) if f} - {"mixed-precision"}
+    if len(formats) > 1:  # the top-level format is the groups' one, or "mixed-precision" when they differ
+        raise ValueError(f"quantization_config names two formats: format {quant.get('format')!r}, "
+                         f"config_groups.{name}.format {group.get('format')!r}")
     return QuantSpec(
-        method="compressed-tensors", format=str(group.get("format") or quant.get("format") or "").lower(),
+        method="compressed-tensors", format=next(iter(formats), ""),
         bits=int(weights.get("num_bits", 0)), weight_type=str(weights.get("type", "int")),
         group_size=int(weights.get("group_size") or -1), symmetric=bool(weights.get("symmetric", True)),
         desc_act=weights.get("actorder") in ACT_ORDER_ACTORDERS, strategy=weights.get("strategy"),
@@ -253,8 +257,9 @@ def activation_mode(spec: QuantSpec) -> str | None:
         return None
     acts = input_activations(spec)
     strategy = acts.get("strategy")
-    if acts.get("type", "float") != "float" or (strategy == "token") != bool(acts.get("dynamic")):
-        return f"{acts.get('type')} {strategy} dynamic={acts.get('dynamic')}"
+    if (acts.get("type", "float") != "float" or (strategy == "token") != bool(acts.get("dynamic"))
+            or not acts.get("symmetric", True)):
+        return f"{acts.get('type')} {strategy} dynamic={acts.get('dynamic')} symmetric={acts.get('symmetric')}"
     return strategy
 
 

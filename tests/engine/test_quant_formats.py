@@ -338,3 +338,34 @@ def test_compressed_tensors_actorder_with_g_idx_is_refused_naming_it(actorder_st
     groups = {"group_0": {**group, "weights": {**group["weights"], "actorder": actorder}}}
     with pytest.raises(ValueError, match=f"weights actorder {actorder!r} \\(act order, g_idx stored\\) is not served"):
         _load(_rewrite(directory, tmp_path, config={"config_groups": groups}))
+
+
+def test_awq_layout_is_autoawqs():
+    """AWQ's gemm layout as AutoAWQ 0.2.9's own code packs it (WQLinear_GEMM.from_linear) and dequantizes it on CPU
+    (dequantize_gemm): tests/engine/fixtures/make_autoawq_gemm.py wrote the fixture. The engine's AWQLinear, loading
+    those tensors, serves AutoAWQ's weight (rounded to float16 as AutoAWQ computes it, the same bits); and this
+    suite's own AWQ writer packs AutoAWQ's words."""
+    from pathlib import Path
+
+    from engine.models.linear import Linear
+    from engine.quant_formats.awq import AWQLinear, awq_unpack
+    from engine.quant_formats.spec import QuantSpec
+    from tests.engine.quantized_checkpoints import Quantized, awq_tensors
+
+    fixture = load_file(str(Path(__file__).parent / "fixtures" / "autoawq_gemm.safetensors"))
+    stored = {kind: fixture[kind] for kind in ("qweight", "qzeros", "scales")}
+    expected = fixture["dequantized"].float()  # [in, out]
+    spec = QuantSpec(method="awq", format="gemm", bits=4, group_size=32, symmetric=False)
+    with torch.device("meta"):
+        module = AWQLinear(Linear(128, [64], bias=False), spec, name="proj",
+                           dtypes={kind: t.dtype for kind, t in stored.items()})
+    module.to_empty(device="cpu")
+    for kind, tensor in stored.items():
+        module.load_slice(0, kind, tensor)
+    module.finish()
+    weight = module(torch.eye(128))  # [in, out]: (q - z) * s in float32; AutoAWQ takes it in float16
+    assert torch.equal(weight.half(), fixture["dequantized"])
+    assert (weight - expected).abs().max() > 0  # the comparison is not vacuous: the two roundings differ
+    q, zeros = awq_unpack(stored["qweight"]).t(), awq_unpack(stored["qzeros"])  # [out, in], [G, out]
+    ours = awq_tensors(Quantized(q, zeros, stored["scales"], (torch.arange(128) // 32).int()))
+    assert torch.equal(ours["qweight"], stored["qweight"]) and torch.equal(ours["qzeros"], stored["qzeros"])

@@ -240,10 +240,23 @@ def test_quantized_checkpoints_benchmark_smoke(tmp_path, capsys, suite, engine, 
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 
+def _one_projection(packed_cls, spec, in_features: int, out_features: int, stored: dict):
+    """One projection of format `packed_cls` loaded from its stored tensors and finished, as the loader does."""
+    from engine.models.linear import Linear
+
+    with torch.device("meta"):
+        module = packed_cls(Linear(in_features, [out_features], bias=False), spec, name="proj",
+                            dtypes={kind: t.dtype for kind, t in stored.items()})
+    module.to_empty(device="cpu")
+    for kind, tensor in stored.items():
+        module.load_slice(0, kind, tensor)
+    module.finish()
+    return module
+
+
 def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
     """v1 stores z - 1 in `bits` bits, so a zero of 0 is stored as 15 and read back as (15 + 1) & 15 = 0
     (AutoGPTQ's dequantization); v2 stores 0. Both give the same weight."""
-    from engine.models.linear import Linear
     from engine.quant_formats.gptq import GPTQLinear
     from engine.quant_formats.spec import QuantSpec
     from tests.engine.quantized_checkpoints import Quantized, gptq_tensors
@@ -255,13 +268,7 @@ def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
     for fmt in ("gptq", "gptq_v2"):
         stored = gptq_tensors(qz, bits=4, v1=fmt == "gptq")
         spec = QuantSpec(method="gptq", format=fmt, bits=4, group_size=32, symmetric=False)
-        with torch.device("meta"):
-            module = GPTQLinear(Linear(64, [16], bias=False), spec, name="proj",
-                                dtypes={kind: t.dtype for kind, t in stored.items()})
-        module.to_empty(device="cpu")
-        for kind, tensor in stored.items():
-            module.load_slice(0, kind, tensor)
-        module.finish()
+        module = _one_projection(GPTQLinear, spec, 64, 16, stored)
         x = torch.randn(3, 64, generator=gen)
         torch.testing.assert_close(module(x), x @ qz.dequantized().t(), atol=1e-5, rtol=1e-5)
 
@@ -347,7 +354,6 @@ def test_awq_layout_is_autoawqs():
     suite's own AWQ writer packs AutoAWQ's words."""
     from pathlib import Path
 
-    from engine.models.linear import Linear
     from engine.quant_formats.awq import AWQLinear, awq_unpack
     from engine.quant_formats.spec import QuantSpec
     from tests.engine.quantized_checkpoints import Quantized, awq_tensors
@@ -356,13 +362,7 @@ def test_awq_layout_is_autoawqs():
     stored = {kind: fixture[kind] for kind in ("qweight", "qzeros", "scales")}
     expected = fixture["dequantized"].float()  # [in, out]
     spec = QuantSpec(method="awq", format="gemm", bits=4, group_size=32, symmetric=False)
-    with torch.device("meta"):
-        module = AWQLinear(Linear(128, [64], bias=False), spec, name="proj",
-                           dtypes={kind: t.dtype for kind, t in stored.items()})
-    module.to_empty(device="cpu")
-    for kind, tensor in stored.items():
-        module.load_slice(0, kind, tensor)
-    module.finish()
+    module = _one_projection(AWQLinear, spec, 128, 64, stored)
     weight = module(torch.eye(128))  # [in, out]: (q - z) * s in float32; AutoAWQ takes it in float16
     assert torch.equal(weight.half(), fixture["dequantized"])
     assert (weight - expected).abs().max() > 0  # the comparison is not vacuous: the two roundings differ

@@ -120,6 +120,11 @@ class InvoiceLine(models.Model):
             raise InvoiceIsIssued("Lines of issued invoices can't be deleted.")
         return super().delete(*args, **kwargs)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Every input token, cached ones included: what usage, its CSV and the console call input."""
+        return self.input_tokens + self.cached_input_tokens
+
 
 class BudgetAlert(models.Model):
     """A budget threshold reached in a month: created once, delivered by email and (optionally) webhook."""

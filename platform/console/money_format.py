@@ -1,14 +1,14 @@
 """How the console writes money: cents when there are cents, and sub-cent amounts with two significant digits.
 
-Usage is priced per token, so a tenant's day can cost $0.000024. Rounding that to "$0.00" tells them nothing
-(and makes a margin of -$0.000012 read "$0.00, -11.3%"): amounts below a cent keep two significant digits,
-down to a millionth of a dollar; the sign is written the same way everywhere (a leading minus).
+Usage is priced per token, so a tenant's day can cost $0.000024 and one request $0.0000058. Rounding that to
+"$0.00" tells them nothing (and makes a margin of -$0.000012 read "$0.00, -11.3%"): amounts below a cent keep two
+significant digits however small, so a request reads the same in the log's list and on its own page; the sign is
+written the same way everywhere (a leading minus).
 """
 
 from decimal import ROUND_HALF_UP, Decimal
 
 CENT = Decimal("0.01")
-SMALLEST = Decimal("0.000001")
 
 
 def _decimal(value) -> Decimal:
@@ -16,7 +16,7 @@ def _decimal(value) -> Decimal:
 
 
 def money_text(value) -> str:
-    """$1,234.56 · $0.42 · $0.0031 · $0.000024 · <$0.000001 · -$0.000012 · $0.00 (exactly zero)."""
+    """$1,234.56 · $0.42 · $0.0031 · $0.000024 · $0.0000058 · -$0.000012 · $0.00 (exactly zero)."""
     amount = _decimal(value)
     sign = "-" if amount < 0 else ""
     size = abs(amount)
@@ -24,10 +24,8 @@ def money_text(value) -> str:
         return "$0.00"
     if size >= CENT:
         return f"{sign}${size.quantize(CENT, rounding=ROUND_HALF_UP):,.2f}"
-    if size < SMALLEST:
-        return f"{sign}<$0.000001"
     exponent = size.adjusted()  # -3 for 0.0031
-    places = min(-exponent + 1, 6)  # two significant digits, at most six decimals
+    places = -exponent + 1  # two significant digits
     text = f"{size.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}".rstrip("0")
     return f"{sign}${text}"
 

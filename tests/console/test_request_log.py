@@ -240,3 +240,29 @@ def test_the_log_totals_every_matching_row_with_its_position_on_each_page(tenant
     assert "21–31 of 31</strong>" in second.content.decode()
     keyed = client.get(_url(tenant, key=logged.prefix)).content.decode()
     assert "1–15 of 15</strong>" in keyed
+
+
+def test_a_request_costs_the_same_in_the_list_and_on_its_page_and_a_refusal_shows_the_plans_rates(tenant, member_of):
+    from decimal import Decimal
+
+    from metering.gateway_reports import gateway_reports_record
+
+    plan = tenant.plan
+    plan.price_input_per_mtok, plan.price_cached_input_per_mtok, plan.price_output_per_mtok = (
+        Decimal("0.000125"), Decimal("0.00004"), Decimal("0.0375"))  # fmt: skip
+    plan.save()
+    usage_ingest(events=[usage_event(tenant, finished_at=START, prompt_tokens=10, cached_tokens=0,
+                                     completion_tokens=155, request_id="tiny-cost")])  # fmt: skip
+    gateway_reports_record(reports=[{"kind": "refused", "request_id": "refused-2", "tenant_id": tenant.pk,
+                                     "status_code": 429, "base_model": "tiny-llama", "finished_at": START.isoformat()}])  # fmt: skip
+    client, _ = member_of(tenant, "viewer")
+    # 10 × 0.000125 + 155 × 0.0375 per million: $0.00000581375
+    listed = client.get(_url(tenant)).content.decode()
+    row = listed[listed.index('data-request="tiny-cost"'):]
+    assert '<td class="right nowrap">$0.0000058</td>' in row[: row.index("</tr>")]
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": "tiny-cost"}))
+    assert '<span title="exactly $0.00000581375">$0.0000058</span>' in detail.content.decode()
+    refused = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": "refused-2"}))
+    text = refused.content.decode()
+    assert "Not charged: the gateway refused it." in text and "$0.00 / $0.00 / $0.00" not in text
+    assert "The plan charges $0.000125 / $0.00004 / $0.0375 per 1M" in text

@@ -201,3 +201,30 @@ def test_overview_usage_and_billing_count_served_and_refused_requests_alike(tena
         assert "3 served · 4 refused (3 rate-limited)" in page, name
     overview = client.get(url("tenant-overview", tenant)).content.decode()
     assert '<div class="value" data-testid="requests">7</div>' in overview
+
+
+def test_input_means_every_prompt_token_on_usage_its_csv_and_billing(tenant, member_of):
+    """1,200 prompt tokens, 200 of them from the prefix cache: Input reads 1,200 everywhere, cached 200."""
+    client, _ = member_of(tenant, "owner")
+    usage_ingest(events=[usage_event(tenant, finished_at=timezone.now(), prompt_tokens=1200, cached_tokens=200)])
+    usage = client.get(url("usage", tenant)).context["table"].rows[0]
+    assert (usage.prompt_tokens, usage.cached_tokens) == (1200, 200)
+    rows = list(csv.DictReader(io.StringIO(client.get(url("usage-csv", tenant)).content.decode())))
+    assert (rows[0]["prompt_tokens"], rows[0]["cached_tokens"]) == ("1200", "200")
+    billing = client.get(url("billing", tenant)).content.decode()
+    line = billing[billing.index('id="preview-lines"'):]
+    assert '<td class="right">1,200</td><td class="right">200</td>' in line
+
+
+def test_billing_says_how_usage_so_far_becomes_the_amount_due(tenant, member_of):
+    """$0.0023 of usage is $0.00 due once the month's total is rounded to the cent: the page says both, and why."""
+    plan = tenant.plan
+    plan.price_input_per_mtok, plan.price_cached_input_per_mtok, plan.price_output_per_mtok = 1, 1, 1
+    plan.save()
+    client, _ = member_of(tenant, "admin")
+    usage_ingest(events=[usage_event(tenant, finished_at=timezone.now(), prompt_tokens=2300, cached_tokens=0,
+                                     completion_tokens=0)])  # fmt: skip
+    page = client.get(url("billing", tenant)).content.decode()
+    assert "$0.0023 of usage so far this month" in page
+    assert "rounds the month's total to the cent, once: " in page and '"month-to-date-due">$0.00 due' in page
+    assert 'data-testid="preview-usage">usage $0.0023, rounded to the cent' in page

@@ -11,6 +11,7 @@ from apikeys.selectors import api_keys_of
 from console.access import CsvQueryError, Role, actor_of, csv_download, staff_page, tenant_page
 from console.forms import DayOrInstantField
 from console.pages import render_page
+from metering.pricing import plan_rates
 from metering.request_log import (
     SORTS,
     STATUSES,
@@ -111,6 +112,9 @@ def _detail(request, *, tenant: Tenant | None, request_id: str):
     event, body = found
     context = {"event": event, "body": body, "staff": tenant is None,
                "bodies_readable": bodies_readable(reader=reader, tenant=event.tenant)}  # fmt: skip
+    if event.status == "refused":  # nothing was charged: the rates it would have been charged at are the plan's
+        plan_default, by_base_model = plan_rates(plan=event.tenant.plan)
+        context["plan_rates"] = by_base_model.get(event.base_model, plan_default)
     section = "platform-requests" if tenant is None else "requests"
     return render_page(request, "console/request.html", context, section=section)
 

@@ -2,12 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from gateway.health_views import health
+
 handler400 = "quilt.api_errors.bad_request"
 handler404 = "quilt.api_errors.page_not_found"
 handler500 = "quilt.api_errors.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("health", health, name="health"),  # load balancers and load tools: no key (gateway.health)
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="schema", template_name="api_docs/redoc.html"),
          name="api-docs"),

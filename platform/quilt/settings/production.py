@@ -30,8 +30,9 @@ EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 # One HTTPS policy for the console, /api and the inference API (/v1 applies it in gateway.asgi).
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
-# Engines heartbeat from inside the cluster over plain HTTP, as gateways call them (the engine token authenticates).
-SECURE_REDIRECT_EXEMPT = [r"^internal/"]
+# Engines heartbeat from inside the cluster over plain HTTP, as gateways call them (the engine token authenticates);
+# load balancers probe /health there the same way.
+SECURE_REDIRECT_EXEMPT = [r"^internal/", r"^(v1/)?health$"]
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True

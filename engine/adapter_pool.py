@@ -148,7 +148,7 @@ class AdapterPool:
         self.num_evictions = {"host": 0, "device": 0}
         self._load_times: deque[LoadTime] = deque(maxlen=4096)  # until take_load_times (bounded: an offline
         # engine never takes them)
-        self._timed_copies: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA copies not timed yet
+        self._timed_copies: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA copies in flight, untimed
         device = memory.layers[0].device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._copies: list = []  # CUDA events of copies the next step must wait for
@@ -243,13 +243,7 @@ class AdapterPool:
     def take_load_times(self) -> list[LoadTime]:
         """The moves between tiers finished since the last call (a CUDA copy once the GPU has run it)."""
         self._drain()
-        pending = []
-        for start, end in self._timed_copies:
-            if end.query():
-                self._load_times.append(LoadTime("host", "device", start.elapsed_time(end) / 1000.0))
-            else:
-                pending.append((start, end))
-        self._timed_copies = pending
+        self._time_finished_copies()
         times = list(self._load_times)
         self._load_times.clear()
         return times
@@ -366,6 +360,7 @@ class AdapterPool:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record(self._stream)
             self._copies.append(event)
+            self._time_finished_copies()
             self._timed_copies.append((start, event))
         else:
             started = time.perf_counter()
@@ -376,6 +371,16 @@ class AdapterPool:
         self._resident[digest] = resident
         self.num_loads["device"] += 1
         return resident
+
+    def _time_finished_copies(self) -> None:
+        """Time the CUDA copies into pages that the GPU has run (so only copies in flight wait here)."""
+        pending = []
+        for start, end in self._timed_copies:
+            if end.query():
+                self._load_times.append(LoadTime("host", "device", start.elapsed_time(end) / 1000.0))
+            else:
+                pending.append((start, end))
+        self._timed_copies = pending
 
     def _write(self, plan: AdapterPlan, pages: list[int], offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
         mem = self.memory

@@ -206,7 +206,7 @@ class EngineLoop:
             except queue.Empty:
                 break
         self._track_adapter_tiers()
-        self.metrics.observe_adapters(self.engine.adapter_pool)
+        self.metrics.observe_adapter_loads(self.engine.adapter_pool)
 
     def _add(self, handle: RequestHandle) -> None:
         request = handle.request
@@ -351,7 +351,7 @@ class EngineLoop:
         m.steps_per_second.set(self.steps_per_second())
         m.observe_state(self.engine.state())
         self._track_adapter_tiers()
-        m.observe_adapters(self.engine.adapter_pool)
+        m.observe_adapter_loads(self.engine.adapter_pool)
 
     def steps_per_second(self) -> float:
         return len(self._step_times) / RATE_WINDOW_S

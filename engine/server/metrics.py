@@ -135,13 +135,17 @@ class EngineMetrics:
             self.tokens_per_step.set(spec["tokens_per_step"])
 
     def observe_adapters(self, pool: AdapterPool) -> None:
-        """The pool's residency now, and the moves between tiers it finished since the last call."""
+        """The pool's residency now (when scraped: it walks every adapter in memory), and its moves."""
         now = {(adapter_label(r.digest), r.tier, str(r.pinned).lower(), str(r.rank)) for r in pool.residency()}
         for labels in self._resident_seen - now:
             self.adapter_resident.remove(*labels)
         for labels in now - self._resident_seen:
             self.adapter_resident.labels(*labels).set(1)
         self._resident_seen = now
+        self.observe_adapter_loads(pool)
+
+    def observe_adapter_loads(self, pool: AdapterPool) -> None:
+        """The moves between tiers the pool finished since the last call (each step: the pool keeps a bounded few)."""
         for move in pool.take_load_times():
             self.adapter_load_seconds.labels(from_tier=move.from_tier, to_tier=move.to_tier).observe(move.seconds)
 

@@ -51,7 +51,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.hf_config = read_hf_config(model_dir)
         spec = read_spec(self.hf_config)
-        self.quant_spec = checkpoint_quantization(self.hf_config, quantization=config.quantization)  # refused now
+        self.quant_spec = checkpoint_quantization(self.hf_config, quantization=config.quantization)  # refused here
         check_tensor_parallel(spec, size=tp, device=self.device)
         self.kv_dtype = kv_dtype(config.kv_cache_dtype, model_dtype, self.device)
         self.max_model_len = context_length(config, spec)

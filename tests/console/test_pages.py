@@ -107,3 +107,42 @@ def test_the_engines_page_without_engines_says_how_engines_join(staff_client):
     page = staff_client.get(reverse("console:engines")).content.decode()
     assert "No engines yet" in page and "--control-plane" in page
     assert "registerengine" not in page  # engines register themselves now (docs/fleet.md)
+
+
+def test_the_engines_page_names_a_shared_adapter_by_its_busiest_version_and_lists_each_in_its_real_tier(
+    staff_client, tenant, other_tenant
+):
+    """Identical uploads share one digest: the chip names the version with the most requests, not the first
+    uploaded (and counts the others); an adapter on the GPU, which the engine also lists in host memory, shows under GPU only."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from gateway.models import Engine
+    from metering.models import UsageEvent
+    from registry.models import Adapter, AdapterVersion, BaseModel
+
+    base = BaseModel.objects.create(name="tiny", checkpoint_dir="/nowhere", architecture="llama", config={},
+                                    max_context=256)  # fmt: skip
+    shout, spare = "a" * 64, "b" * 64
+    AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=other_tenant, name="shout", base_model=base),
+                                  number=1, digest=shout)  # fmt: skip
+    demo = AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=tenant, name="shout", base_model=base),
+                                         number=1, digest=shout)  # fmt: skip
+    AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=tenant, name="spare", base_model=base),
+                                  number=1, digest=spare)  # fmt: skip
+    for number in range(3):
+        UsageEvent.objects.create(
+            request_id=f"shout-{number}", tenant=tenant, model="shout", base_model="tiny", adapter_version=demo,
+            prompt_tokens=1, completion_tokens=1,
+            price_input_per_mtok=0, price_cached_input_per_mtok=0, price_output_per_mtok=0, price=Decimal(0),
+            finished_at=timezone.now() - timedelta(hours=1),
+        )  # fmt: skip
+    Engine.objects.create(name="gpu-a", url="http://10.0.0.1:8100", gpu_price_per_hour=Decimal(1), healthy=True,
+                          state={"adapters": {"gpu": [shout], "host": [shout, spare], "loading": []}})  # fmt: skip
+    page = staff_client.get(reverse("console:engines")).content.decode()
+    gpu = page[page.index(">GPU"):page.index(">Host memory only")]
+    host = page[page.index(">Host memory only"):page.index(">Loading")]
+    assert 'data-adapter="acme/shout@1" title="The same tensors as globex/shout@1">acme/shout@1' in gpu
+    assert "acme/shout@1" not in host and 'data-adapter="acme/spare@1"' in host

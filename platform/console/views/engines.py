@@ -3,15 +3,20 @@
 The grid is rendered by `engines_grid_html`, both for the page and for the websocket that keeps it live.
 """
 
+from datetime import timedelta
+
+from django.db.models import Count
 from django.template.loader import render_to_string
 from django.utils import timezone
 
 from console.access import staff_page
 from console.pages import render_page
 from gateway.models import Engine
+from metering.models import UsageEvent
 from registry.models import AdapterVersion
 
-TIERS = (("gpu", "GPU"), ("host", "Host memory"), ("loading", "Loading"))
+TIERS = (("gpu", "GPU"), ("host", "Host memory only"), ("loading", "Loading"))
+NAME_WINDOW_DAYS = 30
 # The engine's accelerator memory as `/v1/state` reports it: weights, then one page pool shared by KV and adapters.
 MEMORY_PARTS = (("base_weights", "Base weights"), ("kv_pages", "KV pages"), ("adapter_pages", "Adapter pages"),
                 ("free", "Free"))  # fmt: skip
@@ -31,27 +36,47 @@ def memory_parts(state: dict) -> list[dict]:
             for kind, label, size in sizes]  # fmt: skip
 
 
-def _digests(state: dict) -> set[str]:
+def adapter_tiers(state: dict) -> dict[str, list[str]]:
+    """Each adapter's digest in the one tier it is really in: an adapter on the GPU keeps its copy in host memory
+    too (the engine lists it in both), so "host" holds only those in host memory and not on the GPU."""
     adapters = state.get("adapters") or {}
-    return {digest for tier, _ in TIERS for digest in adapters.get(tier) or [] if isinstance(digest, str)}
+    tiers, seen = {}, set()
+    for tier, _ in TIERS:
+        digests = [digest for digest in adapters.get(tier) or [] if isinstance(digest, str) and digest not in seen]
+        seen.update(digests)
+        tiers[tier] = digests
+    return tiers
+
+
+def adapter_names(digests: set[str]) -> dict[str, list[str]]:
+    """Digest -> the names of every adapter version with those tensors (identical uploads share one digest),
+    the one with the most requests in the last NAME_WINDOW_DAYS first."""
+    versions = list(AdapterVersion.objects.filter(digest__in=digests).select_related("adapter__tenant"))
+    since = timezone.now() - timedelta(days=NAME_WINDOW_DAYS)
+    used = dict(
+        UsageEvent.objects.filter(adapter_version__in=versions, finished_at__gte=since).order_by()
+        .values_list("adapter_version").annotate(requests=Count("id"))
+    )  # fmt: skip
+    versions.sort(key=lambda version: (-used.get(version.pk, 0), version.pk))
+    names: dict[str, list[str]] = {}
+    for version in versions:
+        names.setdefault(version.digest, []).append(
+            f"{version.adapter.tenant.slug}/{version.adapter.name}@{version.number}"
+        )
+    return names
 
 
 def engine_cards() -> list[dict]:
     engines = list(Engine.objects.order_by("-enabled", "name"))
-    digests = set().union(*(_digests(engine.state or {}) for engine in engines))
-    names = {
-        version.digest: f"{version.adapter.tenant.slug}/{version.adapter.name}@{version.number}"
-        for version in AdapterVersion.objects.filter(digest__in=digests).select_related("adapter__tenant")
-    }
+    tiers_of = {engine.pk: adapter_tiers(engine.state or {}) for engine in engines}
+    names = adapter_names({digest for tiers in tiers_of.values() for digests in tiers.values() for digest in digests})
     cards = []
     for engine in engines:
         state = engine.state or {}
-        adapters = state.get("adapters") or {}
         total = state.get("kv_blocks_total") or 0
         used = state.get("kv_blocks_used") or 0
         tiers = [
-            (label, [names.get(digest, digest[:12]) for digest in adapters.get(tier) or [] if isinstance(digest, str)])
-            for tier, label in TIERS
+            (label, [names.get(digest) or [digest[:12]] for digest in tiers_of[engine.pk][tier]]) for tier, label in TIERS
         ]
         cards.append({
             "engine": engine,

@@ -78,11 +78,13 @@ def _membership_role(*, user, tenant: Tenant) -> str | None:
     return Membership.objects.filter(user=user, tenant=tenant).values_list("role", flat=True).first()
 
 
-def require_role(*, actor: Actor, tenant: Tenant, minimum: str, doing: str = "this") -> str:
+def require_role(*, actor: Actor, tenant: Tenant, minimum: str, doing: str = "do this") -> str:
+    """The actor's role, if it is at least `minimum`; else NotAllowed, whose message names what was refused:
+    `doing` is a verb phrase ("read billing and invoices")."""
     role = actor_role(actor=actor, tenant=tenant)
     if role is None or not role_at_least(role, minimum):
         who = "An API key" if actor.key is not None and minimum == Role.OWNER else "You"
-        raise NotAllowed(f"{who} can not do {doing}: it needs the {minimum} role.")
+        raise NotAllowed(f"{who} may not {doing}: it needs the {minimum} role or higher.")
     return role
 
 

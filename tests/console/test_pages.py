@@ -146,3 +146,10 @@ def test_the_engines_page_names_a_shared_adapter_by_its_busiest_version_and_list
     host = page[page.index(">Host memory only"):page.index(">Loading")]
     assert 'data-adapter="acme/shout@1" title="The same tensors as globex/shout@1">acme/shout@1' in gpu
     assert "acme/shout@1" not in host and 'data-adapter="acme/spare@1"' in host
+
+
+def test_a_refusal_for_a_role_reads_as_a_sentence(tenant, member_of):
+    client, _ = member_of(tenant, "developer")
+    page = client.get(tenant_url("billing", tenant))
+    assert page.status_code == 403
+    assert "You may not read billing and invoices: it needs the admin role or higher." in page.content.decode()

@@ -44,3 +44,22 @@ def test_the_page_lists_jobs_and_charts_the_chosen_ones_loss():
     assert 'data-nav="fine-tuning"' in html
     missing = client.get(reverse("console:fine-tuning", kwargs={"slug": "tuners"}), {"job": hidden.public_id})
     assert missing.status_code == 404
+
+
+def test_the_legend_names_validation_loss_only_where_the_chart_draws_it():
+    tenant = TenantFactory(slug="tuners")
+    base = BaseModel.objects.create(name="page-base", checkpoint_dir="/x", architecture="llama", config={},
+                                    max_context=256)  # fmt: skip
+    job = _job(tenant, base, status=FineTuningJob.Status.RUNNING, steps_done=1)
+    job_event(job=job, kind=JobEvent.Kind.METRICS, message="Step 1/4", data={"step": 1, "total_steps": 4,
+                                                                              "train_loss": 2.5})  # fmt: skip
+    client = Client()
+    client.force_login(MembershipFactory(tenant=tenant, role="viewer").user,
+                       backend="django.contrib.auth.backends.ModelBackend")  # fmt: skip
+    url = reverse("console:fine-tuning", kwargs={"slug": "tuners"})
+    html = client.get(url).content.decode()
+    assert 'data-validations="0"' in html and "Validation loss" not in html
+    job_event(job=job, kind=JobEvent.Kind.METRICS, message="Step 2/4", data={"step": 2, "total_steps": 4,
+                                                                              "train_loss": 1.2, "valid_loss": 1.4})  # fmt: skip
+    html = client.get(url).content.decode()
+    assert 'data-validations="1"' in html and 'data-testid="legend-validation"' in html

@@ -65,8 +65,10 @@ def fine_tuning(request):
     rows = [(row, page.url_with(job=row.public_id)) for row in page.rows]
     context = {"jobs": page, "rows": rows, "job": job}
     if job is not None:
+        curve = loss_curve(job=job)
         context |= {
-            "chart": loss_chart(loss_curve(job=job), total_steps=job.total_steps),
+            "chart": loss_chart(curve, total_steps=job.total_steps),
+            "validated": any(row.get("valid_loss") is not None for row in curve),
             "events": list(events_of(job=job).exclude(kind="metrics")[:20]),
         }
     return render_page(request, "console/fine_tuning.html", context, section="fine-tuning")

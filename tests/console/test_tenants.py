@@ -142,3 +142,14 @@ def test_the_engines_page_shows_the_memory_split_from_the_engine_state(staff_cli
         assert f'data-memory="{kind}"><i class="mem-{kind}"></i>{text}</span>' in card
     assert 'class="mem-base_weights" style="width:75.0%"' in card and "slots" not in page
     assert 'data-testid="memory"' not in page[page.index('data-engine="old-1"'):]
+
+
+def test_the_tenant_page_lists_its_pending_invitations(staff_client, staff, tenant):
+    from tenancy.invitations import invitation_create, invitation_revoke
+
+    invitation_create(actor=Actor(user=staff), tenant=tenant, email="dana@acme.test", role="owner")
+    revoked, _ = invitation_create(actor=Actor(user=staff), tenant=tenant, email="eve@acme.test", role="viewer")
+    invitation_revoke(actor=Actor(user=staff), invitation=revoked)
+    page = staff_client.get(reverse("console:tenant-detail", kwargs={"slug": tenant.slug})).content.decode()
+    assert 'data-invitation="dana@acme.test"' in page and "eve@acme.test" not in page
+    assert "No members yet: the invitations below are not accepted yet." in page

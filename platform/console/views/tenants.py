@@ -14,7 +14,7 @@ from console.pages import render_page
 from console.views.post_only import post_only
 from gateway.selectors import admission_month_drift
 from tenancy.models import Plan, Tenant
-from tenancy.selectors import members_of
+from tenancy.selectors import invitations_pending_of, members_of
 from tenancy.services import tenant_create, tenant_update
 
 SORTABLE = {
@@ -72,6 +72,7 @@ def tenant_detail(request, slug: str):
         "plan_form": TenantPlanForm(initial={"plan": tenant.plan}),
         "members": members_of(tenant=tenant)[:10],
         "member_count": members_of(tenant=tenant).count(),
+        "invitations": invitations_pending_of(tenant=tenant),
         "margin": margins_this_month().get(tenant.pk),
         "preview": invoice_preview(tenant=tenant, month=timezone.now().date()),
         "drift": admission_month_drift(tenant_id=tenant.pk),

@@ -188,3 +188,31 @@ def test_an_ignore_eos_request_is_held_for_max_tokens_and_served_within_them(sta
     with pytest.raises(openai.RateLimitError):
         tight.chat.completions.create(model=BASE_MODEL, messages=CHAT, max_tokens=150,
                                       extra_body={"ignore_eos": True, "min_tokens": 1})  # fmt: skip
+
+
+LOAD_TOOL_BODIES = {  # the bodies these tools build (their streaming request functions), fields in their order
+    "guidellm-chat": ("/chat/completions", {
+        "model": BASE_MODEL, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_completion_tokens": 5, "stop": None, "ignore_eos": True,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "w20 w21 w22"}]}]}),
+    "guidellm-completions": ("/completions", {
+        "model": BASE_MODEL, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_tokens": 5, "stop": None, "ignore_eos": True, "prompt": "w20 w21 w22"}),
+    "vllm-bench-serve-chat": ("/chat/completions", {
+        "model": BASE_MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "w20 w21 w22"}]}],
+        "max_completion_tokens": 5, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}),
+    "vllm-bench-serve-completions": ("/completions", {
+        "model": BASE_MODEL, "prompt": "w20 w21 w22", "repetition_penalty": 1.0, "max_tokens": 5, "logprobs": None,
+        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("tool", LOAD_TOOL_BODIES)
+def test_load_tools_bodies_stream_to_max_tokens(stack, tool):
+    path, body = LOAD_TOOL_BODIES[tool]
+    events = _raw_stream(stack, path, body).split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [json.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    continuous = body["stream_options"].get("continuous_usage_stats", False)
+    assert all((chunk["usage"] is not None) == continuous for chunk in chunks[:-1])

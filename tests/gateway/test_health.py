@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import engine_set, free_port, launch_gateway, stop, wait_for_gateway, wait_until
+from tests.gateway.v1_schema import check_answer
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -31,6 +32,7 @@ def test_a_gateway_that_can_serve_is_healthy_without_a_key(stack, path):
     assert all(check["ok"] for check in body["checks"].values())
     assert body["checks"]["engines"]["detail"] == "1 of 1 routable engines answer healthy."
     assert response.headers["cache-control"] == "no-store"
+    check_answer("get", path, 200, body)
     assert httpx.head(f"{_root(stack.gateways[1])}{path}", timeout=30).status_code == 200
     assert httpx.post(f"{_root(stack.gateways[1])}{path}", timeout=30).status_code == 405
 
@@ -80,6 +82,7 @@ def test_each_failure_is_a_503_naming_it(broken_gateways, failing, detail):
         if failing != "database":  # without its database a gateway knows no engine to ask either
             assert body["failed"] == [failing]
         assert "127.0.0.1" not in response.text  # no address of a store or engine
+        check_answer("get", path, 503, body)
 
 
 def test_a_fleet_with_no_engine_up_is_a_503(stack):

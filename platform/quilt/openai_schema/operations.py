@@ -4,7 +4,7 @@
 from quilt.openai_schema import chat, completions, errors, fine_tuning
 from quilt.openai_schema.errors import GENERATION_STATUSES, RATE_LIMIT, READ_STATUSES, REQUEST_ID
 from quilt.openai_schema.generation import SSE_FRAMING, STREAM_HEADERS
-from quilt.openai_schema.shapes import integer, ref, text
+from quilt.openai_schema.shapes import array, boolean, integer, obj, ref, text
 
 INFERENCE, FINE_TUNING = "Inference (OpenAI-compatible)", "Fine-tuning (OpenAI-compatible)"
 SCHEMAS = {**errors.SCHEMAS, **chat.SCHEMAS, **completions.SCHEMAS, **fine_tuning.SCHEMAS}
@@ -114,6 +114,32 @@ OPERATIONS = [
 ]  # fmt: skip
 
 
+CHECK = obj({"ok": boolean(), "detail": text("What was found, in words (never an address).")}, ("ok", "detail"))
+HEALTH = obj({
+    "status": text(enum=["ok", "unavailable"]),
+    "failed": array(text(enum=["database", "redis", "engines"]), "The checks that failed (empty with 200)."),
+    "checks": obj({"database": CHECK, "redis": CHECK, "engines": CHECK}, ("database", "redis", "engines"),
+                  closed=True),
+}, ("status", "failed", "checks"), closed=True)  # fmt: skip
+HEALTH_DESCRIPTION = (
+    "For load balancers and load tools (guidellm asks it first); no key. 200 when this gateway reaches its "
+    "database, Redis (where configured: `redis` passes when it is not) and at least one routable engine that "
+    "answers its own health check; 503 otherwise, `failed` naming each check that failed. Each check waits at most "
+    "2 s. `HEAD` answers the same status without a body."
+)
+
+
+def _add_health(result: dict) -> None:
+    answer = {"description": "Every check passed.", "content": _json("GatewayHealth")}
+    unavailable = {"description": "A check failed: `failed` names it.", "content": _json("GatewayHealth")}
+    for path in ("/health", "/v1/health"):
+        result["paths"].setdefault(path, {})["get"] = {
+            "operationId": "gateway_health" if path == "/health" else "openai_get_v1_health",
+            "tags": [INFERENCE], "summary": "Check the gateway's health", "description": HEALTH_DESCRIPTION,
+            "security": [], "responses": {"200": answer, "503": unavailable},
+        }  # fmt: skip
+
+
 def add_v1_paths(result: dict) -> None:
     """Puts the /v1 operations and their component schemas into a generated schema."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
@@ -134,5 +160,7 @@ def add_v1_paths(result: dict) -> None:
         if body is not None:
             operation["requestBody"] = {"required": True, "content": body}
         result["paths"].setdefault(path, {})[method] = operation
+    schemas["GatewayHealth"] = HEALTH
+    _add_health(result)
     schemes = result["components"].setdefault("securitySchemes", {})
     schemes.setdefault("bearerAuth", {"type": "http", "scheme": "bearer"})

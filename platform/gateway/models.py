@@ -135,7 +135,12 @@ class BudgetHold(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "status"], name="hold_tenant_status")]
+        indexes = [
+            models.Index(fields=["tenant", "status"], name="hold_tenant_status"),
+            models.Index(  # the unreported-usage sweep's tenants: a few rows, however many holds were ever settled
+                fields=["tenant"], name="hold_unreported", condition=Q(status="provisional", usage__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"hold {self.request_id} ({self.status})"

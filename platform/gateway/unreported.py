@@ -10,19 +10,19 @@ import logging
 
 from django.conf import settings
 
-from gateway.admission import unreported_usage
+from gateway.admission import unreported_tenants, unreported_usage
 from metering.services import usage_ingest
-from tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 
 
 def unreported_usage_bill(*, older_than_seconds: float | None = None) -> int:
-    """Ingests, for every tenant, the served requests metering has not recorded within the grace period; returns
-    how many rows that wrote (the rest were recorded meanwhile: their settles now let go of the copies)."""
+    """Ingests, for each tenant with a kept copy (`unreported_tenants`: not every tenant, the sweep runs every 30 s),
+    the served requests metering has not recorded within the grace period; returns how many rows that wrote (the rest
+    were recorded meanwhile: their settles now let go of the copies)."""
     grace = settings.QUILT_UNREPORTED_USAGE_GRACE_SECONDS if older_than_seconds is None else older_than_seconds
     written = 0
-    for tenant_id in Tenant.objects.values_list("pk", flat=True):
+    for tenant_id in unreported_tenants():
         events = [json.loads(event) for event in unreported_usage(tenant_id=tenant_id, older_than_seconds=grace)]
         if not events:
             continue

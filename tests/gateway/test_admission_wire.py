@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 import uuid
 
 from gateway.admission.limits import Limits
@@ -65,8 +66,11 @@ CASES = [  # (tenant, request id, tokens, spend micros, key spend picos, limits,
 
 def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch):
     """The old framing, `pack(EVALSHA, sha, 13, *keys, *args)` (and EVAL with the source after NOSCRIPT), built
-    here from the scripts' documented keys and arguments, for tenants and limits seen before and not."""
+    here from the scripts' documented keys and arguments, for tenants and limits seen before and not; a tenant's
+    first settle that keeps its usage marks it in `unreported_tenants` first."""
     monkeypatch.setattr("gateway.admission.redis_backend.current_month", lambda: "2026-11")
+    monkeypatch.setattr(time, "time", lambda: 1796600000.25)
+    marked: set[int] = set()
     prefix = "quilt-\u00e9"
     received: list[bytes] = []
 
@@ -90,6 +94,10 @@ def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch)
             assert await admission.settle(tenant_id=tenant, request_id=request_id, tokens=tokens, spend_micros=spend,
                                           key_spend_picos=picos, final=final, key_prefix=limits.key_prefix,
                                           usage=usage)  # fmt: skip
+            if usage and tenant not in marked:
+                marked.add(tenant)
+                expected.append(pack(b"EVALSHA", _WIRE["mark_unreported"].sha, 1, f"{prefix}:unreported_tenants",
+                                     tenant, "1796600000.25"))  # fmt: skip
             keys = _old_keys(prefix, tenant, "2026-11", request_id)
             args = [request_id, tokens, spend, int(final), limits.key_prefix, picos, usage]
             expected.append(pack(b"EVALSHA", _WIRE["settle"].sha, 13, *keys, *args))
@@ -100,7 +108,7 @@ def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch)
         return expected
 
     expected = asyncio.run(main())
-    assert len(received) == len(expected) == 2 * len(CASES) + 2
+    assert len(received) == len(expected) == 2 * len(CASES) + 2 + len(marked)
     for sent, old in zip(received, expected, strict=True):
         assert sent == old
 
@@ -139,7 +147,7 @@ def test_a_requests_scripts_never_look_up_the_running_loop():
         server.close()
 
     asyncio.run(main())
-    assert len(received) == 42
+    assert len(received) == 43  # 21 acquires and settles, and the tenant marked once (every 30 s)
     assert called == []
 
 

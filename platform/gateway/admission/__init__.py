@@ -36,7 +36,7 @@ __all__ = [
     "UNLIMITED", "Decision", "HeldTotals", "Limits", "Reconciled", "admission_acquire", "admission_admit",
     "admission_give_back", "admission_peek", "admission_reconcile", "admission_settle", "backend", "current_month",
     "held_totals", "hold_settle", "key_reconcile", "key_spend_held", "picos_to_spend", "seconds_to_month_end",
-    "spend_to_micros", "spend_to_picos", "unreported_usage",
+    "spend_to_micros", "spend_to_picos", "unreported_tenants", "unreported_usage",
 ]  # fmt: skip
 
 _chosen: dict[tuple[str, str], AdmissionBackend] = {}
@@ -160,6 +160,12 @@ def admission_reconcile(*, tenant_id: int) -> Reconciled | None:
 def key_reconcile(*, tenant_id: int, key_prefix: str) -> Reconciled | None:
     """The same for one key lineage's month spend (picos; the token fields are 0)."""
     return backend().key_reconcile(tenant_id=tenant_id, key_prefix=key_prefix)
+
+
+def unreported_tenants() -> list[int]:
+    """The tenants that may have unreported usage: those whose gateway kept a served request's usage lately or still
+    keeps one. What the sweep visits, in proportion to the tenants with activity, not to all of them."""
+    return backend().unreported_tenants()
 
 
 def unreported_usage(*, tenant_id: int, older_than_seconds: float, limit: int = 500) -> list[str]:

@@ -225,6 +225,12 @@ def unreported(*, tenant_id: int, older_than_seconds: float, limit: int, now: fl
     return list(held.order_by("settled_at").values_list("usage", flat=True)[:limit])
 
 
+def unreported_tenants() -> list[int]:
+    """The tenants with a provisional hold that keeps its usage (the partial index `hold_unreported` holds just those)."""
+    held = BudgetHold.objects.filter(status=BudgetHold.Status.PROVISIONAL, usage__isnull=False)
+    return list(held.order_by().values_list("tenant_id", flat=True).distinct())
+
+
 class DatabaseAdmission:
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
@@ -277,6 +283,9 @@ class DatabaseAdmission:
 
     def unreported(self, *, tenant_id: int, older_than_seconds: float, limit: int) -> list[str]:
         return unreported(tenant_id=tenant_id, older_than_seconds=older_than_seconds, limit=limit, now=time.time())
+
+    def unreported_tenants(self) -> list[int]:
+        return unreported_tenants()
 
     def totals(self, *, tenant_id: int) -> HeldTotals:
         return totals(tenant_id=tenant_id, now=time.time())

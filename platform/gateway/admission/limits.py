@@ -9,6 +9,9 @@ from decimal import Decimal
 from typing import NamedTuple
 
 UNLIMITED = -1
+# A gateway marks a tenant as having unreported usage (a served request's copy kept until metering records it) at
+# most this often per process; the sweep forgets a tenant whose mark is twice as old and who has no copy left.
+UNREPORTED_MARK_SECONDS = 30.0
 MICROS = Decimal(1_000_000)
 PICOS = Decimal(10) ** 12  # the price function's own quantum (metering.pricing.MONEY_PLACES): exact, never rounded
 

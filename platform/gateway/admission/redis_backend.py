@@ -4,6 +4,7 @@ from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asynci
 
 import asyncio
 import logging
+import math
 import re
 import time
 import weakref
@@ -14,6 +15,7 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 
 from gateway import metrics
+from gateway.admission import limits as admission_limits
 from gateway.admission.leases import SHARE, Demand, Lease, Leases, Ticket, new_id
 from gateway.admission.limits import (
     Decision,
@@ -27,7 +29,9 @@ from gateway.admission.limits import (
 from gateway.admission.redis_lease_scripts import LEASE, LEASE_RETURN
 from gateway.admission.redis_scripts import (
     ACQUIRE,
+    FORGET_UNREPORTED,
     KEY_RECONCILE,
+    MARK_UNREPORTED,
     PEEK,
     RECONCILE,
     SETTLE,
@@ -55,6 +59,8 @@ class _Scripts:
         self.reconcile = client.register_script(RECONCILE)
         self.key_reconcile = client.register_script(KEY_RECONCILE)
         self.unreported = client.register_script(UNREPORTED)
+        self.mark_unreported = client.register_script(MARK_UNREPORTED)
+        self.forget_unreported = client.register_script(FORGET_UNREPORTED)
         self.lease = client.register_script(LEASE)
         self.lease_return = client.register_script(LEASE_RETURN)
 
@@ -73,7 +79,8 @@ def _acquired(reply: re.Match[bytes]) -> Decision | None:
 _ACQUIRED = QuickReply(re.compile(rb"\*7\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n" + rb":(-?\d+)\r\n" * 5), _acquired)
 _INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
 _WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
-         "peek": WireScript(PEEK), "lease": WireScript(LEASE), "lease_return": WireScript(LEASE_RETURN)}  # fmt: skip
+         "peek": WireScript(PEEK), "lease": WireScript(LEASE), "lease_return": WireScript(LEASE_RETURN),
+         "mark_unreported": WireScript(MARK_UNREPORTED)}  # fmt: skip
 _SETTLE = _WIRE["settle"]
 _ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 _NO_RETURN = ["", 0, "", 0, 0, 0, 0, 0, 0, 0]  # LEASE's ARGV[19..28] when there is no lease to give back
@@ -142,6 +149,8 @@ class RedisAdmission:
         self._tenants: dict[int, _TenantKeys] = {}
         self._limits_packed: dict[tuple, bytes] = {}
         self._leases: weakref.WeakKeyDictionary[object, Leases] = weakref.WeakKeyDictionary()
+        self._unreported_tenants = f"{prefix}:unreported_tenants"
+        self._marked: dict[int, float] = {}  # tenant id -> when this process last marked it (unix seconds)
 
     def _tenant(self, tenant_id: int) -> _TenantKeys:
         month = current_month()
@@ -333,6 +342,8 @@ class RedisAdmission:
         tenant = self._tenants.get(tenant_id)
         if tenant is None or tenant.month != current_month():  # `_tenant` without its call
             tenant = self._tenant(tenant_id)
+        if usage and self._mark_due(tenant_id):  # before the copy is kept, so the sweep can not miss it
+            await self._run("mark_unreported", [self._unreported_tenants], [tenant_id, repr(self._marked[tenant_id])])
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
         if lease is not None:  # admitted from a lease: its estimate leaves the lease (SETTLE's ARGV[8..15])
             args += lease.lease.settled(lease, tokens)
@@ -350,8 +361,20 @@ class RedisAdmission:
         key_prefix: str = "", usage: str = "",
     ) -> bool:  # fmt: skip
         keys = self.keys(tenant_id, request_id=request_id)
+        if usage and self._mark_due(tenant_id):
+            self._blocking().mark_unreported(keys=[self._unreported_tenants],
+                                             args=[tenant_id, repr(self._marked[tenant_id])])  # fmt: skip
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
         return bool(self._blocking().settle(keys=keys, args=args))
+
+    def _mark_due(self, tenant_id: int) -> bool:
+        """Whether this process marks the tenant in `unreported_tenants` now (and notes when): at most once every
+        UNREPORTED_MARK_SECONDS, so that a busy tenant costs one command a while, not one a request."""
+        now = time.time()
+        if now - self._marked.get(tenant_id, -math.inf) < admission_limits.UNREPORTED_MARK_SECONDS:
+            return False
+        self._marked[tenant_id] = now
+        return True
 
     def key_totals(self, *, tenant_id: int, key_prefix: str) -> tuple[int, int]:
         """The key lineage's held and settled spend this month (picos), as admission sees them."""
@@ -379,6 +402,20 @@ class RedisAdmission:
         not recorded since (JSON)."""
         replies = self._blocking().unreported(keys=self.keys(tenant_id), args=[older_than_seconds, limit])
         return [reply.decode() for reply in replies if reply is not None]
+
+    def unreported_tenants(self) -> list[int]:
+        """The marked tenants; one marked over twice UNREPORTED_MARK_SECONDS ago with no copy left is forgotten,
+        unless a gateway marked it again meanwhile (a gateway re-marks within UNREPORTED_MARK_SECONDS)."""
+        scripts = self._blocking()
+        forget_before = time.time() - 2 * admission_limits.UNREPORTED_MARK_SECONDS
+        tenants = []
+        for member, mark in scripts.client.zrange(self._unreported_tenants, 0, -1, withscores=True):
+            tenant_id = int(member)
+            if mark < forget_before and not scripts.client.zcard(self.keys(tenant_id)[11]):  # its unreported_at
+                scripts.forget_unreported(keys=[self._unreported_tenants], args=[member, repr(mark)])
+                continue
+            tenants.append(tenant_id)
+        return tenants
 
     def _totals(self, tenant_id: int) -> list[int]:
         return [int(value) for value in self._blocking().totals(keys=self.keys(tenant_id))]

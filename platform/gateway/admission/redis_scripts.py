@@ -23,6 +23,13 @@ sum of its requests' billed prices); the tenant's in micros, rounded up per requ
 handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
 A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
 
+One key outside the tenants' (no hash tag, written by its own commands):
+  unreported_tenants  zset  tenant id -> when a gateway last marked it (unix seconds, only ever raised): a gateway
+                      marks a tenant before a provisional settle that keeps a copy (at most every
+                      UNREPORTED_MARK_SECONDS per process); the unreported-usage sweep visits these tenants alone and
+                      forgets one whose mark is twice that old and whose `unreported_at` is empty (FORGET_UNREPORTED:
+                      only if no gateway marked it again since the sweep read its mark).
+
 Admission leases (`gateway.admission.leases`; their scripts: `redis_lease_scripts`): a gateway process admitting a
 tenant's key often takes a share of its headroom ahead in one hold, and admits requests from it without a round trip. A
 lease `~L` is in `holds` as members `~L` (its budget share) and `~L.1`..`~L.<slots-1>` (concurrency slots), and in one
@@ -376,4 +383,16 @@ local clock = redis.call('TIME')
 local ids = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', tonumber(clock[1]) - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))
 if #ids == 0 then return {} end
 return redis.call('HMGET', KEYS[11], unpack(ids))
+"""
+
+MARK_UNREPORTED = """
+redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+return 0
+"""
+
+FORGET_UNREPORTED = """
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or -1) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
 """

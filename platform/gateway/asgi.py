@@ -44,7 +44,7 @@ from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
 
-from gateway import relay, views  # noqa: E402 - they need Django set up
+from gateway import relay, request_reports, views  # noqa: E402 - they need Django set up
 from gateway.disconnects import until_disconnected, until_told_disconnected  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
 from gateway.http_protocol import EXTENSION  # noqa: E402
@@ -376,7 +376,12 @@ class InferenceFastPath:
                 if body is None:
                     return
         except _TooLarge:
-            await _send(_answered(too_large(limit)), send)  # the rest of the body is left unread: the server closes
+            refusal = too_large(limit)
+            response = _answered(refusal)
+            if method == "POST" and path in COMPLETION_ROUTES:  # answered before the key is read: logged anonymously
+                request_reports.refused_anonymously(request_id=response["x-request-id"], error=refusal,
+                                                    authorization=_header(scope, b"authorization"))  # fmt: skip
+            await _send(response, send)  # the rest of the body is left unread: the server closes
             return
         kind = COMPLETION_ROUTES.get(path)
         if kind is not None and (method != "POST" or scope.get("root_path") or hot.FORCE_SCRIPT_NAME):

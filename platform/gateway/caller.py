@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
+from rest_framework_api_key.crypto import split
 
 from apikeys import auth_changes
 from apikeys.models import ApiKey, Scope
@@ -148,6 +149,17 @@ def _created(resolved: ResolvedModel, *, pinned: bool) -> datetime:
     if resolved.adapter is None:
         return resolved.base_model.created_at
     return resolved.version.created_at if pinned else resolved.adapter.created_at
+
+
+def presented_key_prefix(authorization: str) -> str:
+    """The public prefix of the key an Authorization header presents ("Bearer <prefix>.<secret>"), or "" when it
+    presents none in that form: what may be logged of a key that was not accepted, never its secret."""
+    scheme, _, presented = authorization.partition(" ")
+    prefix, secret = split(presented.strip())
+    if scheme.lower() != "bearer" or not secret or not (prefix.isascii() and prefix.isalnum()) \
+            or len(prefix) > ApiKey._meta.get_field("prefix").max_length:
+        return ""
+    return prefix
 
 
 def caller_authenticate(*, authorization: str) -> tuple[Caller, ApiKey]:

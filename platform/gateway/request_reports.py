@@ -17,7 +17,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from gateway.caller import Caller, Target
+from gateway.caller import Caller, Target, presented_key_prefix
 from gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,17 @@ def refused(
         "adapter_version_id": target.adapter_version_id if target is not None else None,
         "status_code": error.status, "error_code": error.code or "", "error": error.message,
         "finished_at": datetime.now(UTC).isoformat(),
+    })  # fmt: skip
+
+
+def refused_anonymously(*, request_id: str, error: ApiError, authorization: str, model: object = None) -> None:
+    """A request refused before a key let it in (no key, a wrong one, a body past the limit read before the key): no
+    tenant's, so an anonymous refusal in the staff's log, with the prefix of the key it presented (never its secret)."""
+    _put({
+        "kind": "refused", "request_id": request_id, "tenant_id": None, "api_key_id": "",
+        "key_prefix": presented_key_prefix(authorization), "model": model if isinstance(model, str) else "",
+        "base_model": "", "adapter_version_id": None, "status_code": error.status, "error_code": error.code or "",
+        "error": error.message, "finished_at": datetime.now(UTC).isoformat(),
     })  # fmt: skip
 
 

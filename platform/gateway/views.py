@@ -101,17 +101,24 @@ async def generation_admit(
         json_content_type_check(content_type)
         body = parse_body(raw)
     except ApiError as error:  # the key is checked first, as OpenAI does: without one, any body is a 401
-        error.caller, _ = await _authorize(authorization=authorization, model=None)
+        try:
+            error.caller, _ = await _authorize(authorization=authorization, model=None)
+        except ApiError as refusal:
+            request_reports.refused_anonymously(request_id=request_id, error=refusal, authorization=authorization)
+            raise
         request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=None, target=None)
         raise
     try:
         model = body.get("model")
         found = cached_caller_and_target(authorization=authorization, model=model)  # most requests: no coroutine
         caller, target = found if found is not None else await _authorize(authorization=authorization, model=model)
-    except ApiError as error:  # a model this key may not use, or none by that name
+    except ApiError as error:  # a model this key may not use, or none by that name; or the key refused
         if error.caller is not None:
             request_reports.refused(request_id=request_id, caller=error.caller, error=error, model=body.get("model"),
                                     target=None)  # fmt: skip
+        else:
+            request_reports.refused_anonymously(request_id=request_id, error=error, authorization=authorization,
+                                                model=body.get("model"))  # fmt: skip
         raise
     try:
         generation = parse_chat(body) if kind == "chat" else parse_completion(body)

@@ -2,7 +2,9 @@
 the gateway's status and times are written onto the rows of the requests engines served.
 
 A refusal's row is a UsageEvent with finish_reason "refused", its status and error code, its key, no tokens and no
-price: `UsageEvent.objects` (what usage, billing and economics count) never sees it. Written once per request id
+price: `UsageEvent.objects` (what usage, billing and economics count) never sees it. A refusal before a key let the
+request in (a 401, a 413 read before the key) has no tenant: an anonymous row, in the staff's log only, with the
+prefix of the key it presented. Written once per request id
 (ON CONFLICT DO NOTHING), like the engines' events, so a replayed batch changes nothing.
 
 The gateway's times replace ttft_ms/e2e_ms (the engine's stay in engine_ttft_ms/engine_e2e_ms). A report can
@@ -34,7 +36,7 @@ class ReportsResult:
 
 
 def _refusal_rows(reports: list[dict]) -> list[UsageEvent]:
-    tenants = Tenant.objects.in_bulk({report["tenant_id"] for report in reports})
+    tenants = Tenant.objects.in_bulk({report["tenant_id"] for report in reports if report["tenant_id"] is not None})
     keys = ApiKey.objects.in_bulk({report["api_key_id"] for report in reports if report.get("api_key_id")})
     versions = set(AdapterVersion.objects.filter(
         pk__in={report["adapter_version_id"] for report in reports if report.get("adapter_version_id")}
@@ -42,17 +44,18 @@ def _refusal_rows(reports: list[dict]) -> list[UsageEvent]:
     rows = []
     for report in reports:
         tenant = tenants.get(report["tenant_id"])
-        if tenant is None:
+        if tenant is None and report["tenant_id"] is not None:
             logger.error("refusal %s names an unknown tenant %r; dropped", report["request_id"], report["tenant_id"])
             continue
+        tenant_id = tenant.pk if tenant is not None else None
         key = keys.get(report.get("api_key_id"))
         version = report.get("adapter_version_id")
         finished_at = parse_datetime(report["finished_at"])
         rows.append(UsageEvent(
-            request_id=report["request_id"][:100], tenant=tenant, api_key=key if key and key.tenant_id == tenant.pk
+            request_id=report["request_id"][:100], tenant=tenant, api_key=key if key and key.tenant_id == tenant_id
             else None, api_key_prefix=(report.get("key_prefix") or "")[:16], model=str(report.get("model") or "")[:250],
             base_model=str(report.get("base_model") or "")[:200],
-            adapter_version_id=version if (version, tenant.pk) in versions else None, prompt_tokens=0,
+            adapter_version_id=version if (version, tenant_id) in versions else None, prompt_tokens=0,
             completion_tokens=0, finish_reason=REFUSED, status_code=report["status_code"],
             error_code=str(report.get("error_code") or "")[:64], error=str(report.get("error") or "")[:500],
             price_input_per_mtok=Decimal(0), price_cached_input_per_mtok=Decimal(0), price_output_per_mtok=Decimal(0),
@@ -76,7 +79,7 @@ def gateway_reports_record(*, reports: list[dict]) -> ReportsResult:
             row.ttft_ms = report["ttft_ms"]
             row.e2e_ms = report["e2e_ms"]
         UsageEvent.objects.bulk_update(list(served.values()), ["status_code", "ttft_ms", "e2e_ms"])
-    logged = {row.tenant_id for row in written}
+    logged = {row.tenant_id for row in written} - {None}
     if logged:
         requests_logged.send(sender=UsageEvent, tenant_ids=logged)
     unmatched = [report for request_id, report in timings.items() if request_id not in served]

@@ -56,7 +56,9 @@ class UsageEvent(models.Model):
     """
 
     request_id = models.CharField(max_length=100, unique=True)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_events")
+    tenant = models.ForeignKey(  # null: a refusal before a key let the request in (gateway_reports), nothing else
+        Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="usage_events"
+    )
     api_key = models.ForeignKey(
         "apikeys.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage_events"
     )

@@ -168,8 +168,10 @@ def request_log_page(
 BODIES_ROLE = Membership.Role.DEVELOPER  # prompts and completions: developers and above, and staff; never viewers
 
 
-def bodies_readable(*, reader: Actor, tenant: Tenant) -> bool:
-    """Whether `reader` may read the prompts and completions `tenant` keeps."""
+def bodies_readable(*, reader: Actor, tenant: Tenant | None) -> bool:
+    """Whether `reader` may read the prompts and completions `tenant` keeps (an anonymous refusal keeps none)."""
+    if tenant is None:
+        return False
     role = actor_role(actor=reader, tenant=tenant)
     return role is not None and role_at_least(role, BODIES_ROLE)
 

@@ -44,8 +44,9 @@ def _ms(value: float | None) -> str:
 def csv_row(event: UsageEvent) -> list:
     version = event.adapter_version
     return [
-        event.request_id, event.finished_at.isoformat(), event.tenant.slug, event.api_key_prefix, event.model,
-        event.base_model, version.adapter.name if version else "", version.number if version else "",
+        event.request_id, event.finished_at.isoformat(), event.tenant.slug if event.tenant is not None else "",
+        event.api_key_prefix, event.model, event.base_model, version.adapter.name if version else "",
+        version.number if version else "",
         request_status(event), event.status_code or "", event.finish_reason, event.error_code, event.prompt_tokens,
         event.cached_tokens, event.completion_tokens, _ms(event.ttft_ms), _ms(event.e2e_ms), _ms(event.engine_ttft_ms),
         _ms(event.engine_e2e_ms), _ms(event.queue_ms), event.price, event.error,

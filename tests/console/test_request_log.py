@@ -266,3 +266,23 @@ def test_a_request_costs_the_same_in_the_list_and_on_its_page_and_a_refusal_show
     text = refused.content.decode()
     assert "Not charged: the gateway refused it." in text and "$0.00 / $0.00 / $0.00" not in text
     assert "The plan charges $0.000125 / $0.00004 / $0.0375 per 1M" in text
+
+
+def test_an_anonymous_refusal_is_in_the_staffs_log_alone(tenant, member_of, staff_client, logged):
+    """A request refused before a key let it in (a 401, a 413) has no tenant: staff see it, with the prefix of the
+    key it presented, in the list, its page and the CSV; no tenant's log lists it."""
+    from metering.gateway_reports import gateway_reports_record
+
+    refusal = {"kind": "refused", "request_id": "anonymous-1", "tenant_id": None, "api_key_id": "",
+               "key_prefix": "AbCd1234", "model": "", "base_model": "", "adapter_version_id": None, "status_code": 401,
+               "error_code": "invalid_api_key", "error": "Incorrect API key provided.",
+               "finished_at": datetime.now(UTC).isoformat()}  # fmt: skip
+    assert gateway_reports_record(reports=[refusal]).refusals == 1
+    rows = staff_client.get(reverse("console:platform-requests") + "?status=refused").context["page"].rows
+    assert [(row.request_id, row.tenant_id, row.api_key_prefix) for row in rows] == [("anonymous-1", None, "AbCd1234")]
+    detail = staff_client.get(reverse("console:platform-request", kwargs={"request_id": "anonymous-1"}))
+    assert detail.status_code == 200 and b"refused before a key let it in" in detail.content
+    exported = staff_client.get(reverse("console:platform-requests-csv"))
+    assert "anonymous-1" in b"".join(exported.streaming_content).decode()
+    client, _ = member_of(tenant, "viewer")
+    assert "anonymous-1" not in _walk(client, _url(tenant))

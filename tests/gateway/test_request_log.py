@@ -72,3 +72,34 @@ def test_logged_times_start_at_the_gateways_receipt_with_the_engines_beside_them
     assert row["status"] == "ok" and row["status_code"] == 200
     assert row["engine_e2e_ms"] < row["e2e_ms"] <= seen_ms  # the gateway's own time is in, the network's is not
     assert row["engine_ttft_ms"] < row["ttft_ms"] < row["e2e_ms"]
+
+
+def test_a_refusal_before_the_key_check_is_logged_as_anonymous_with_the_keys_prefix_never_its_secret(stack):
+    """A 401 (no key, a wrong secret) or a 413 (a body past the limit, answered before the key is read) has no
+    tenant's log to go to: it is in the staff's log as an anonymous refusal, naming the prefix of the key the request
+    presented, if any (the part before the dot), and never its secret."""
+    from metering.models import REFUSED, UsageEvent
+
+    url, prefix = f"{stack.gateways[0]}/chat/completions", stack.ids["key-broke"]
+    body = {"model": BASE_MODEL, "messages": CHAT}
+    wrong = f"{prefix}.wrong-secret-{time.time_ns()}"
+    answers = {
+        "no key": (httpx.post(url, json=body, timeout=30), 401, ""),
+        "wrong secret": (httpx.post(url, json=body, headers={"Authorization": f"Bearer {wrong}"}, timeout=30), 401,
+                         prefix),
+        "no prefix": (httpx.post(url, json=body, headers={"Authorization": "Bearer sk-not-ours"}, timeout=30), 401, ""),
+        "too large": (httpx.post(url, content=b"{" + b" " * (2 * 1024**2 + 1), timeout=30,
+                                 headers={"Authorization": f"Bearer {stack.keys['broke']}",
+                                          "Content-Type": "application/json"}), 413, prefix),
+    }  # fmt: skip
+    for case, (response, status, logged_prefix) in answers.items():
+        assert response.status_code == status, (case, response.text)
+        request_id = response.headers["x-request-id"]
+        row = wait_until(lambda: UsageEvent.answered.filter(request_id=request_id).first(), timeout=30,  # noqa: B023
+                         what=f"the {case} refusal in the log")  # fmt: skip
+        assert (row.tenant_id, row.api_key_id, row.api_key_prefix) == (None, None, logged_prefix), case
+        assert (row.finish_reason, row.status_code, row.error_code) == (REFUSED, status, response.json()["error"]["code"])
+        assert "wrong-secret" not in " ".join(str(value) for value in vars(row).values()), case
+    listed = httpx.get(stack.gateways[0].removesuffix("/v1") + "/api/v1/requests?status=refused",
+                       headers={"Authorization": f"Bearer {stack.keys['broke-reader']}"}).json()["data"]  # fmt: skip
+    assert not {response.headers["x-request-id"] for response, _, _ in answers.values()} & {r["request_id"] for r in listed}

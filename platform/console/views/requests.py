@@ -112,7 +112,7 @@ def _detail(request, *, tenant: Tenant | None, request_id: str):
     event, body = found
     context = {"event": event, "body": body, "staff": tenant is None,
                "bodies_readable": bodies_readable(reader=reader, tenant=event.tenant)}  # fmt: skip
-    if event.status == "refused":  # nothing was charged: the rates it would have been charged at are the plan's
+    if event.status == "refused" and event.tenant is not None:  # not charged: the plan's rates (anonymous: no plan)
         plan_default, by_base_model = plan_rates(plan=event.tenant.plan)
         context["plan_rates"] = by_base_model.get(event.base_model, plan_default)
     section = "platform-requests" if tenant is None else "requests"

@@ -47,6 +47,8 @@ class Family:
     shared_expert: bool = False  # and a shared expert on its sparse layers (SHARED_EXPERT_MODULES)
     language_model: str = "model"  # the decoder's path in the model PEFT wraps (a vision-language model's own)
     vision_tower: str | None = None  # a vision-language model's vision encoder, whose modules LoRA is refused on
+    vision_block_linears: tuple[str, ...] = ()  # the linear layers of each of its blocks
+    vision_linears: tuple[str, ...] = ()  # and its others (patch embedding, mergers)
 
     @property
     def split_aliases(self) -> tuple[str, ...]:
@@ -95,7 +97,14 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
     "qwen2_moe": Family("Qwen2-MoE", "Qwen2MoeForCausalLM", ATTENTION_MODULES, experts=True, shared_expert=True),
     "mixtral": Family("Mixtral", "MixtralForCausalLM", ATTENTION_MODULES, experts=True),
     "qwen2_5_vl": Family("Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", _SPLIT,
-                         language_model="model.language_model", vision_tower="model.visual"),
+                         language_model="model.language_model", vision_tower="model.visual",
+                         vision_block_linears=("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj",
+                                               "mlp.down_proj"),
+                         vision_linears=("patch_embed.proj", "merger.mlp.0", "merger.mlp.2")),
+    "qwen3_vl": Family("Qwen3-VL", "Qwen3VLForConditionalGeneration", _SPLIT, head_norms=True,
+                       language_model="model.language_model", vision_tower="model.visual",
+                       vision_block_linears=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"),
+                       vision_linears=("patch_embed.proj", "merger.linear_fc1", "merger.linear_fc2")),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -136,13 +145,15 @@ class BaseShapes:
     expert_layers: tuple[int, ...] = ()
     shared_expert_intermediate_size: int = 0
     vision_depth: int = 0  # a vision-language model's vision encoder blocks
+    vision_deepstack: int = 0  # and its deepstack mergers (Qwen3-VL)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "BaseShapes":
         if not isinstance(config, dict):
             raise AdapterError("unsupported_base_model", "the base model's config.json is not a JSON object")
         model_type = config.get("model_type")
-        vision_depth = (config.get("vision_config") or {}).get("depth", 0)
+        vision = config.get("vision_config") or {}
+        vision_depth, vision_deepstack = vision.get("depth", 0), len(vision.get("deepstack_visual_indexes", ()))
         if isinstance(config.get("text_config"), dict):  # a vision-language model: LoRA on its language model
             config = {**config, **config["text_config"], "model_type": model_type}
         if model_type not in FAMILIES:
@@ -165,6 +176,7 @@ class BaseShapes:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             vision_depth=vision_depth,
+            vision_deepstack=vision_deepstack,
             **experts,
         )
         if not isinstance(kv_heads, int) or not isinstance(head_dim, int) or heads % kv_heads:
@@ -249,10 +261,12 @@ class BaseShapes:
 
     def _vision_modules(self) -> list[str]:
         """The linear layers of a vision-language model's vision encoder and projector."""
-        tower = self.family.vision_tower
-        blocks = [f"{tower}.blocks.{i}.{m}" for i in range(self.vision_depth)
-                  for m in ("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-        return [f"{tower}.patch_embed.proj", *blocks, f"{tower}.merger.mlp.0", f"{tower}.merger.mlp.2"]
+        family = self.family
+        tower = family.vision_tower
+        blocks = [f"{tower}.blocks.{i}.{m}" for i in range(self.vision_depth) for m in family.vision_block_linears]
+        deepstack = [f"{tower}.deepstack_merger_list.{i}.{m}" for i in range(self.vision_deepstack)
+                     for m in ("linear_fc1", "linear_fc2")]
+        return [*blocks, *deepstack, *(f"{tower}.{m}" for m in family.vision_linears)]
 
     def expert_parameters(self) -> dict[str, str]:
         """PEFT's key of every parameter target_parameters may name (the stacked experts' and the router's weight),

@@ -26,13 +26,19 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, offset=spec.norm_offset)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context,
-                embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """embeds: the tokens' embeddings when the caller made them (image tokens' from the vision encoder)."""
+                embeds: torch.Tensor | None = None,
+                deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> torch.Tensor:
+        """embeds: the tokens' embeddings when the caller made them (image tokens' from the vision encoder);
+        deepstack: (rows [N], a [N, hidden] tensor per layer) added to those rows' hidden states after each of
+        the first layers (Qwen3-VL)."""
         x, residual = self.embed_tokens(input_ids) if embeds is None else embeds, None  # [T, hidden]
         if self.embed_scale is not None:  # in the model dtype, as transformers does
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
-        for layer in self.layers:
+        rows, added = deepstack or (None, [])
+        for i, layer in enumerate(self.layers):
             x, residual = layer(positions, x, residual, ctx)
+            if i < len(added):
+                x = x.index_add(0, rows, added[i].to(x.dtype))
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
 

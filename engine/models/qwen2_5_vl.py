@@ -39,36 +39,45 @@ def text_config(config: dict) -> dict:
 
 
 class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
+    vision_tower = QwenVisionTower
+    text_family = {"qkv_bias": True, "o_bias": False}  # Qwen2's decoder
+
     @classmethod
     def read_spec(cls, config: dict) -> ModelSpec:
         text = text_config(config)
-        return ModelSpec.from_hf_config(text, default_layer_types=qwen_layer_types, qkv_bias=True, o_bias=False,
+        return ModelSpec.from_hf_config(text, default_layer_types=qwen_layer_types, **cls.text_family,
                                         mrope_section=text["mrope_section"], vision=config["vision_config"],
                                         image_token_id=config["image_token_id"])
 
     def __init__(self, spec: ModelSpec, comm: Communicator | None = None) -> None:
         super().__init__(spec, comm)
-        self.visual = QwenVisionTower(spec.vision)
+        self.visual = self.vision_tower(spec.vision)
 
     def build_rope_cache(self) -> None:
         super().build_rope_cache()
         half = self.cos_sin_cache.shape[1] // 2
-        axes = [axis for axis, width in enumerate(self.spec.mrope_section) for _ in range(width)]  # [R / 2]
+        axes = self.rope_column_axes()
         assert len(axes) == half, "mrope_section must cover the rotary half"
         self.rope_axes = torch.tensor(axes + axes)[None, None, :]  # [1, 1, R]: the axis of each rope column
 
+    def rope_column_axes(self) -> list[int]:
+        """Which position (0: t, 1: h, 2: w) turns each frequency: mrope_section's counts, in turn."""
+        return [axis for axis, width in enumerate(self.spec.mrope_section) for _ in range(width)]
+
     def forward(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
         embeds = self.model.embed_tokens(input_ids)  # [T, hidden]
-        images = ctx.images
+        images, deepstack = ctx.images, None
         if images is not None:  # every image of the step in one call
-            encoded = self.visual(images.pixels, images.grids)  # [image tokens, hidden]
+            encoded, features = self.visual(images.pixels, images.grids)  # [image tokens, hidden], deepstack's
             embeds = embeds.index_put((images.rows,), encoded[images.sources].to(embeds.dtype))
+            deepstack = (images.rows, [f[images.sources] for f in features]) if features else None
         num_tokens = input_ids.shape[0]
         positions = ctx.mrope_positions if ctx.mrope_positions is not None else ctx.positions.expand(3, -1)
         rows = self.cos_sin_cache[positions]  # [3, T, R]
         table = rows.gather(0, self.rope_axes.expand(1, num_tokens, -1).to(rows.device))[0]  # [T, R]
         ctx = dataclasses.replace(ctx, rope_table=table)
-        return self.model(input_ids, torch.arange(num_tokens, device=input_ids.device), ctx, embeds=embeds)
+        return self.model(input_ids, torch.arange(num_tokens, device=input_ids.device), ctx, embeds=embeds,
+                          deepstack=deepstack)
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         for prefix, ours in PREFIXES:

@@ -16,17 +16,19 @@ from engine.models.layers import RMSNorm
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, *, bias: bool = False) -> None:
         super().__init__()
         self.patch_dim = config.get("in_channels", 3) * config["temporal_patch_size"] * config["patch_size"] ** 2
         self.proj = nn.Module()
         self.proj.weight = nn.Parameter(torch.empty(config["hidden_size"], config.get("in_channels", 3),
                                                     config["temporal_patch_size"], config["patch_size"],
                                                     config["patch_size"]), requires_grad=False)
+        self.proj.bias = nn.Parameter(torch.empty(config["hidden_size"]), requires_grad=False) if bias else None
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         weight = self.proj.weight
-        return F.linear(pixels.to(weight.dtype), weight.reshape(weight.shape[0], self.patch_dim))  # [P, hidden]
+        return F.linear(pixels.to(weight.dtype), weight.reshape(weight.shape[0], self.patch_dim),
+                        self.proj.bias)  # [P, hidden]
 
 
 class VisionAttention(nn.Module):
@@ -99,31 +101,29 @@ class QwenVisionTower(nn.Module):
         self.merger = PatchMerger(config)
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        """pixels [P, patch_dim] of every image, grids their (t, h, w) patches; returns [P / merge^2, out_hidden],
-        image after image, each in its merge windows' raster order (its placeholder tokens' order)."""
-        order, windows, rows, cols = self._layout(grids)
+        """pixels [P, patch_dim] of every image, grids their (t, h, w) patches; returns the merged tokens
+        [P / merge^2, out_hidden], image after image, each in its merge cells' raster order (its placeholder
+        tokens' order), and no deepstack features."""
+        order, windows = self._windows(grids)
         device = pixels.device
         merge_unit = self.merge**2
         x = self.patch_embed(pixels)  # [P, hidden]
         num, dim = x.shape
         order_t = torch.tensor(order, device=device)
         x = x.reshape(-1, merge_unit, dim)[order_t].reshape(num, dim)  # merge cells grouped window by window
-        quarter = self.head_dim // 2
-        inv_freq = 1.0 / self.theta ** (torch.arange(0, quarter, 2, dtype=torch.float32) / quarter)  # [D / 4]
-        freqs = torch.stack([torch.tensor(rows), torch.tensor(cols)], dim=-1).float()[..., None] * inv_freq
-        freqs = freqs.reshape(-1, merge_unit, 2 * len(inv_freq))[order].reshape(num, -1)  # [P, D / 2]: h, w
-        rope = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)  # [P, D]: cos halves, then sin halves
+        rope = patch_rope(patch_positions(grids, self.merge), self.head_dim, self.theta)  # [P, D]
+        rope = rope.reshape(-1, merge_unit, rope.shape[-1])[order].reshape(num, -1).to(device)
         images = [t * h * w for t, h, w in grids]
-        full_mask, window_mask = _block_mask(images, device), _block_mask(windows, device)
+        full_mask, window_mask = block_mask(images, device), block_mask(windows, device)
         for i, block in enumerate(self.blocks):
             x = block(x, rope, full_mask if i in self.full_blocks else window_mask)
         merged = self.merger(x)  # [P / merge^2, out]
-        return merged[torch.argsort(order_t)]
+        return merged[torch.argsort(order_t)], []
 
-    def _layout(self, grids):
-        """(merge-cell order that groups each window's cells, window lengths in patches, each patch's row and
-        column) over all images: windows of self.window x self.window merged cells, clipped at the edges."""
-        order, windows, rows, cols, base = [], [], [], [], 0
+    def _windows(self, grids):
+        """(merge-cell order that groups each window's cells, window lengths in patches) over all images: windows
+        of self.window x self.window merged cells, clipped at the edges."""
+        order, windows, base = [], [], 0
         m, size = self.merge, self.window
         for t, h, w in grids:
             gh, gw = h // m, w // m
@@ -135,16 +135,33 @@ class QwenVisionTower(nn.Module):
                         order += cells
                         windows.append(len(cells) * m * m)
                 base += gh * gw
-                for y in range(gh):  # each merge cell's m x m patches, row-major within the cell
-                    for x in range(gw):
-                        for dy in range(m):
-                            for dx in range(m):
-                                rows.append(y * m + dy)
-                                cols.append(x * m + dx)
-        return order, windows, rows, cols
+        return order, windows
 
 
-def _block_mask(lengths: list[int], device: torch.device) -> torch.Tensor:
+def patch_positions(grids: list[tuple[int, int, int]], merge: int) -> torch.Tensor:
+    """[P, 2] (row, column) of every patch of the images, in the processor's order: merge cell by merge cell,
+    each cell's merge x merge patches row-major, every frame alike."""
+    positions = []
+    for t, h, w in grids:
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        cells = (h // merge, merge, w // merge, merge)
+        frame = torch.stack([rows.reshape(cells).transpose(1, 2).flatten(),
+                             cols.reshape(cells).transpose(1, 2).flatten()], dim=-1)  # [h * w, 2]
+        positions.append(frame.repeat(t, 1))
+    return torch.cat(positions)
+
+
+def patch_rope(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """[P, head_dim] rope rows of the vision encoder's 2-D rope, as kernels.rotary_embedding reads them (cos
+    halves, then sin halves): a head's first quarter of frequencies turns with the patch's row, the second
+    with its column."""
+    quarter = head_dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float32) / quarter)  # [D / 4]
+    freqs = (positions.float()[..., None] * inv_freq).reshape(positions.shape[0], -1)  # [P, D / 2]: rows, columns
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def block_mask(lengths: list[int], device: torch.device) -> torch.Tensor:
     """[P, P] bool: True where query and key lie in the same run of `lengths`."""
     ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
     return ids[:, None] == ids[None, :]

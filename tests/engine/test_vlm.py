@@ -1,4 +1,4 @@
-"""Qwen2.5-VL against transformers: chat messages with images drawn in code, rendered by the model's chat
+"""Qwen2.5-VL and Qwen3-VL against transformers (+ PEFT): chat messages with images drawn in code, rendered by the model's chat
 template and preprocessed as its processor does, through the offline LLM; greedy tokens identical to
 transformers' and the mean |log-probability difference| of the generated tokens at most 1e-3. Text only, one
 image, two images of different sizes in one prompt, the same text with other images (no KV reused across
@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 from peft import PeftModel
-from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.image_utils import load_image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from adapters import AdapterError
 from engine import LLM, SamplingParams
 from tests.engine.pictures import data_url, picture
-from tests.engine.vlm_checkpoints import IMAGE_TOKEN, PROJECTIONS, build_qwen2_5_vl, build_vlm_adapter
+from tests.engine.vlm_checkpoints import IMAGE_TOKEN, MODELS, PROJECTIONS, build_vlm, build_vlm_adapter
 
 MAX_TOKENS = 5
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
@@ -42,15 +41,21 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=["hub", "transformers5"])
+@pytest.fixture(scope="module", params=[("qwen2_5_vl", "hub"), ("qwen2_5_vl", "transformers5"),
+                                        ("qwen3_vl", "transformers5")], ids=lambda p: "-".join(p))
 def checkpoint(request, tmp_path_factory):
-    return build_qwen2_5_vl(tmp_path_factory.mktemp(f"qwen2_5_vl-{request.param}"), seed=11, layout=request.param)
+    family, layout = request.param
+    return build_vlm(tmp_path_factory.mktemp(f"{family}-{layout}"), family, seed=11, layout=layout)
+
+
+def transformers_model(checkpoint):
+    family = json.loads((checkpoint / "config.json").read_text())["model_type"]
+    return MODELS[family].from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")
 def oracle(checkpoint):
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+    return transformers_model(checkpoint)
 
 
 @torch.no_grad()
@@ -123,7 +128,7 @@ def test_prefix_cache_keys_carry_the_images(checkpoint):
 
 @pytest.fixture(scope="module")
 def adapter(checkpoint, tmp_path_factory):
-    return build_vlm_adapter(checkpoint, tmp_path_factory.mktemp("qwen2_5_vl-lora"), seed=12, r=4)
+    return build_vlm_adapter(checkpoint, tmp_path_factory.mktemp("vlm-lora"), seed=12, r=4)
 
 
 @pytest.mark.parametrize("launchers", ["reference", "triton"])
@@ -132,8 +137,7 @@ def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, adapter, 
     a batch and the base model for the others, with and without images."""
     if launchers == "triton":
         request.getfixturevalue("triton_launchers")
-    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
+    hf = transformers_model(checkpoint)
     peft = PeftModel.from_pretrained(hf, adapter, adapter_name="lora").eval()
     names = ["one-image", "two-images", "text-only", "one-image"]
     adapters = ["lora", None, "lora", None]
@@ -154,8 +158,9 @@ def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, adapter, 
 
 
 def test_lora_on_the_vision_tower_is_refused(checkpoint, tmp_path):
-    """Plain target_modules names match the vision encoder's MLP too (gate_proj, up_proj, down_proj): refused."""
-    path = build_vlm_adapter(checkpoint, tmp_path / "vision", seed=13, r=2, targets=PROJECTIONS)
+    """target_modules that match the vision encoder (its attention's qkv; on Qwen2.5-VL the plain MLP names match
+    its MLP too) are refused, at load, with the code the upload check gives."""
+    path = build_vlm_adapter(checkpoint, tmp_path / "vision", seed=13, r=2, targets=[*PROJECTIONS, "qkv"])
     with LLM(checkpoint, device="cpu", **CONFIG) as llm, pytest.raises(AdapterError) as refused:
         llm.add_adapter("vision", path)
     assert refused.value.code == "unsupported_module"

@@ -41,11 +41,30 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=[("qwen2_5_vl", "hub"), ("qwen2_5_vl", "transformers5"),
-                                        ("qwen3_vl", "transformers5")], ids=lambda p: "-".join(p))
-def checkpoint(request, tmp_path_factory):
-    family, layout = request.param
-    return build_vlm(tmp_path_factory.mktemp(f"{family}-{layout}"), family, seed=11, layout=layout)
+LAYOUTS = [("qwen2_5_vl", "hub"), ("qwen2_5_vl", "transformers5"), ("qwen3_vl", "transformers5")]
+# one batch that holds every case: text only, one image, two images of different sizes, the same text with
+# another image; adapter and base requests
+MIXED = {"names": ["same-text-image-a", "two-images", "text-only", "same-text-image-b", "one-image"],
+         "adapters": ["lora", None, "lora", None, None]}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """(family, layout) -> its checkpoint directory and its LoRA's, each built once."""
+    cache = {}
+
+    def build(family: str, layout: str):
+        if (family, layout) not in cache:
+            base = build_vlm(tmp_path_factory.mktemp(f"{family}-{layout}"), family, seed=11, layout=layout)
+            lora = build_vlm_adapter(base, tmp_path_factory.mktemp(f"{family}-{layout}-lora"), seed=12, r=4)
+            cache[family, layout] = base, lora
+        return cache[family, layout]
+    return build
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: "-".join(p))
+def checkpoint(request, built):
+    return built(*request.param)[0]
 
 
 def transformers_model(checkpoint):
@@ -106,11 +125,6 @@ def test_matches_transformers(checkpoint, oracle):
         check_against_transformers(llm, oracle, checkpoint, list(CASES))
 
 
-def test_matches_transformers_on_triton_launchers(checkpoint, oracle, triton_launchers):
-    with LLM(checkpoint, device="cpu", **CONFIG) as llm:
-        check_against_transformers(llm, oracle, checkpoint, ["one-image", "two-images"])
-
-
 def test_prefix_cache_keys_carry_the_images(checkpoint):
     """The same text and image again reuses the prompt's KV; the same text with another image of the same size
     (the same tokens) reuses none of the blocks that follow the image, and its tokens match transformers'."""
@@ -126,23 +140,12 @@ def test_prefix_cache_keys_carry_the_images(checkpoint):
     assert other.usage.cached_tokens == 0
 
 
-@pytest.fixture(scope="module")
-def adapter(checkpoint, tmp_path_factory):
-    return build_vlm_adapter(checkpoint, tmp_path_factory.mktemp("vlm-lora"), seed=12, r=4)
-
-
-@pytest.mark.parametrize("launchers", ["reference", "triton"])
-def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, adapter, launchers, request):
-    """A LoRA on the language model's seven projections, as PEFT names them on this model, for some requests of
-    a batch and the base model for the others, with and without images."""
-    if launchers == "triton":
-        request.getfixturevalue("triton_launchers")
-    hf = transformers_model(checkpoint)
+def check_mixed_batch_against_peft(base, adapter, **config) -> None:
+    hf = transformers_model(base)
     peft = PeftModel.from_pretrained(hf, adapter, adapter_name="lora").eval()
-    names = ["one-image", "two-images", "text-only", "one-image"]
-    adapters = ["lora", None, "lora", None]
-    processor = oracle_processor(checkpoint)
-    with LLM(checkpoint, device="cpu", **CONFIG) as llm:
+    names, adapters = MIXED["names"], MIXED["adapters"]
+    processor = oracle_processor(base)
+    with LLM(base, device="cpu", **{**CONFIG, **config}) as llm:
         llm.add_adapter("lora", adapter)
         outputs = llm.generate([CASES[name] for name in names], SAMPLING, adapters=adapters)
         prompts = [llm._chat(CASES[name])[0] for name in names]
@@ -155,6 +158,18 @@ def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, adapter, 
         assert out.token_ids == tokens, (name, name_of_adapter)
         got = [entry.logprob for entry in out.logprobs]
         assert np.mean(np.abs(np.array(got) - np.array(logprobs))) <= 1e-3, (name, name_of_adapter)
+
+
+def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, built, request):
+    """A LoRA on the language model's seven projections, as PEFT names them on this model, for some requests of
+    a batch and the base model for the others, with and without images, prefilled in 16-token chunks."""
+    check_mixed_batch_against_peft(checkpoint, built(*request.node.callspec.params["checkpoint"])[1])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_every_case_matches_peft_on_triton_launchers(family, built, triton_launchers):
+    """The mixed batch with every op on its Triton launcher (interpreted), in longer chunks to keep it short."""
+    check_mixed_batch_against_peft(*built(family, "transformers5"), max_num_batched_tokens=64)
 
 
 def test_lora_on_the_vision_tower_is_refused(checkpoint, tmp_path):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.qwen_vision import PatchEmbed, VisionAttention, block_mask, patch_positions, patch_rope
+from engine.models.qwen_vision import PatchEmbed, VisionBlock, block_mask, patch_positions, patch_rope
 
 
 class VisionMLP(nn.Module):
@@ -21,19 +21,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, config: dict) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config["hidden_size"], eps=1e-6)
-        self.norm2 = nn.LayerNorm(config["hidden_size"], eps=1e-6)
-        self.attn = VisionAttention(config)
-        self.mlp = VisionMLP(config)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope, mask)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -63,7 +50,8 @@ class Qwen3VisionTower(nn.Module):
         self.deepstack_layers = list(config.get("deepstack_visual_indexes", ()))
         self.patch_embed = PatchEmbed(config, bias=True)
         self.pos_embed = nn.Embedding(config["num_position_embeddings"], config["hidden_size"])
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config["depth"]))
+        self.blocks = nn.ModuleList(VisionBlock(config, norm=lambda size: nn.LayerNorm(size, eps=1e-6), mlp=VisionMLP)
+                                    for _ in range(config["depth"]))
         self.merger = PatchMerger(config, norm_after_merge=False)
         self.deepstack_merger_list = nn.ModuleList(PatchMerger(config, norm_after_merge=True)
                                                    for _ in self.deepstack_layers)

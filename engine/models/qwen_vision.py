@@ -64,12 +64,13 @@ class VisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    def __init__(self, config: dict) -> None:
+    """x + attn(norm1(x)), then + mlp(norm2(x)); the family gives its norm (made with the width) and MLP."""
+
+    def __init__(self, config: dict, *, norm=lambda size: RMSNorm(size, 1e-6), mlp=None) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(config["hidden_size"], 1e-6)
-        self.norm2 = RMSNorm(config["hidden_size"], 1e-6)
+        self.norm1, self.norm2 = norm(config["hidden_size"]), norm(config["hidden_size"])
         self.attn = VisionAttention(config)
-        self.mlp = VisionMLP(config)
+        self.mlp = (mlp or VisionMLP)(config)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), rope, mask)

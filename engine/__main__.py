@@ -58,6 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--adapter-store", type=Path, help="where adapters are stored, one folder per digest")
+    fetch = parser.add_argument_group("adapters from remote storage (docs/residency.md)")
+    fetch.add_argument("--adapter-disk-cache", type=Path,
+                       help="folder for adapters downloaded through the signed URLs a request hands (remote "
+                            "storage); unset: a request with adapter.urls is refused")
+    fetch.add_argument("--adapter-disk-cache-bytes", type=int, default=20 * 1024**3,
+                       help="most bytes of downloaded adapters kept in --adapter-disk-cache, downloads in flight "
+                            "included; least recently used first out (default: 20 GiB)")
+    fetch.add_argument("--adapter-download-timeout", type=float, default=120.0,
+                       help="seconds one adapter's download may take before its requests fail (adapter_unavailable)")
     parser.add_argument("--served-model-name", help="base model name in usage events (default: the folder name)")
     parser.add_argument("--broker-url", default=os.environ.get("CELERY_BROKER_URL"),
                         help="Celery broker for usage events (default: $CELERY_BROKER_URL; empty: spool only)")
@@ -105,12 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_transfer_timeout <= 0:
         print("--kv-transfer-timeout must be > 0", file=sys.stderr)
         return 2
+    if args.adapter_disk_cache_bytes <= 0 or args.adapter_download_timeout <= 0:
+        print("--adapter-disk-cache-bytes and --adapter-download-timeout must be > 0", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
 
+    from adapters.loaded import SIDECAR_NAME
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from engine.server.adapter_disk_cache import AdapterDiskCache
+    from engine.server.adapter_fetch import AdapterFetcher
     from engine.server.adapter_registry import AdapterRegistry
     from engine.server.app import EngineAPI, build_app
     from engine.server.engine_loop import EngineLoop
@@ -136,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     emitter = UsageEmitter(broker_url=args.broker_url or None, spool_path=spool, queue_name=args.usage_queue).start()
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=emitter,
                       base_model=args.served_model_name or Path(args.model).resolve().name)
-    registry = AdapterRegistry(loop, store=args.adapter_store)
+    fetcher = None
+    if args.adapter_disk_cache is not None:
+        cache = AdapterDiskCache(args.adapter_disk_cache, max_bytes=args.adapter_disk_cache_bytes,
+                                 complete_marker=SIDECAR_NAME)
+        fetcher = AdapterFetcher(cache, timeout_s=args.adapter_download_timeout)
+    registry = AdapterRegistry(loop, store=args.adapter_store, fetcher=fetcher)
     advertise = urllib.parse.urlsplit(args.advertise_url).hostname if args.advertise_url else None
     kv = KVTransfers(loop, engine_id=engine_name, host=args.host, advertise_host=advertise or host,
                      port=args.kv_transfer_port, shm=args.kv_transfer_shm, timeout_s=args.kv_transfer_timeout)

@@ -288,6 +288,9 @@ class EngineAPI:
             self.loop.metrics.observe_leases(self.loop.leases.state())
 
         await self.loop.call(observe)
+        fetcher = self.registry.fetcher
+        if fetcher is not None:
+            self.loop.metrics.observe_downloads(fetcher.downloads, disk_cache_bytes=fetcher.cache.used_bytes)
         return Response(self.loop.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
@@ -298,6 +301,8 @@ class EngineAPI:
         yield
         if self.kv is not None:
             await self.kv.close()  # drain: leases released, pulls refused
+        if self.registry.fetcher is not None:
+            await self.registry.fetcher.close()
         await asyncio.to_thread(self.loop.shutdown, drain_timeout_s=self.drain_timeout_s)
 
 

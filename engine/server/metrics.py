@@ -70,6 +70,13 @@ class EngineMetrics:
                                      "Tokens a sequence gets per step it samples in, since start (1 without "
                                      "speculation)", registry=r)
         self._spec_seen = {"proposed": 0, "accepted": 0}
+        self.adapter_downloads = Counter("quilt_engine_adapter_downloads",
+                                         "Adapter downloads through signed URLs, by outcome (ok, failed)",
+                                         ["outcome"], registry=r)
+        self.adapter_disk_cache_bytes = Gauge("quilt_engine_adapter_disk_cache_bytes",
+                                              "Bytes of downloaded adapters on local disk, in flight included",
+                                              registry=r)
+        self._downloads_seen = {"ok": 0, "failed": 0}
         # disaggregated serving (docs/kv-tiers.md)
         self.kv_pulls = Counter("quilt_engine_kv_pulls", "Decode hops' KV pulls, by outcome: ok, or recomputed (some "
                                 "leased blocks were computed here instead), and how the blocks came (tcp, shm; none: "
@@ -167,3 +174,10 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_downloads(self, downloads: dict[str, int], *, disk_cache_bytes: int) -> None:
+        """The fetcher's counts of finished downloads, and its cache's bytes (engine.server.adapter_fetch)."""
+        for outcome, count in downloads.items():
+            self.adapter_downloads.labels(outcome=outcome).inc(count - self._downloads_seen[outcome])
+            self._downloads_seen[outcome] = count
+        self.adapter_disk_cache_bytes.set(disk_cache_bytes)

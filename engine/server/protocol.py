@@ -10,10 +10,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.layout import WEIGHTS_NAME
+from adapters.loaded import SIDECAR_NAME
 from engine.sampling_params import SamplingParams
 from engine.server.body_checks import BadRequest, is_int, is_number, object_fields
 from engine.server.kv_protocol import KVTransfer, parse_kv_transfer
 
+FETCHED_FILES = (SIDECAR_NAME, WEIGHTS_NAME)  # what the engine reads of a canonical adapter
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
@@ -26,6 +29,7 @@ CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the contex
 class AdapterRef:
     digest: str
     path: str | None  # None: look in the engine's adapter store
+    urls: dict[str, str] | None = None  # canonical file name -> signed GET URL: download it when not on disk here
 
 
 @dataclass(frozen=True)
@@ -191,19 +195,27 @@ def parse_tokenize(body: Any) -> PromptSpec:
 
 
 def parse_adapter(value: Any) -> AdapterRef | None:
-    """null, a digest, or {"digest": ..., "path": ...} (path: where the adapter is stored)."""
+    """null, a digest, or {"digest": ..., "path": ..., "urls": ...} (path: where the adapter is stored; urls: each
+    file of its canonical form, FETCHED_FILES, by a signed GET URL, for an engine that shares no disk with it)."""
     if value is None:
         return None
     if isinstance(value, str):
         value = {"digest": value}
-    value = object_fields(value, {"digest", "path"}, what="adapter")
-    digest, path = value.get("digest"), value.get("path")
+    value = object_fields(value, {"digest", "path", "urls"}, what="adapter")
+    digest, path, urls = value.get("digest"), value.get("path"), value.get("urls")
     if not isinstance(digest, str) or not DIGEST.match(digest):
         raise BadRequest("adapter.digest must be a sha256 hex digest (64 lowercase hex characters)",
                          param="adapter.digest")
     if path is not None and (not isinstance(path, str) or not path):
         raise BadRequest("adapter.path must be a non-empty string", param="adapter.path")
-    return AdapterRef(digest=digest, path=path)
+    if urls is not None and (
+        not isinstance(urls, dict) or set(urls) != set(FETCHED_FILES)
+        or not all(isinstance(url, str) and url.startswith(("https://", "http://")) for url in urls.values())
+    ):
+        raise BadRequest(f"adapter.urls must map {' and '.join(FETCHED_FILES)} to http(s) URLs", param="adapter.urls")
+    if urls is not None and path is not None:
+        raise BadRequest("give adapter.path or adapter.urls, not both", param="adapter.urls")
+    return AdapterRef(digest=digest, path=path, urls=urls)
 
 
 def parse_prompts(body: dict[str, Any]) -> tuple[PromptSpec, ...]:

@@ -6,6 +6,9 @@ to read an engine's /v1/state.
                      recorded per request id
     generate stream  NDJSON lines {"type": EVENT_DELTA, ...} then one {"type": EVENT_FINAL, "finish_reason",
                      "error", "error_type", "choices", "usage"}; finish_reason in FINISH_REASONS
+    adapter          the generate request's "adapter": a digest, or {"digest", "path"} (a folder the engine reads), or
+                     {"digest", "urls": {file name: signed GET URL}} (remote storage: the engine downloads the canonical
+                     files, quilt_adapter.json and adapter_model.safetensors, into its disk cache and checks them)
     adapter fault    error_type ADAPTER_UNAVAILABLE: in the final event, or as the HTTP 503 answer's
                      {"error": {"type": ADAPTER_UNAVAILABLE, "message", "param": "adapter"}}; only that request
                      fails, the engine stays healthy

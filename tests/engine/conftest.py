@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -291,3 +292,12 @@ def wait_until_healthy(process, client, log_path, *, timeout: float = 180) -> No
             pass
         assert time.monotonic() < deadline, "engine did not become healthy"
         time.sleep(0.2)
+
+
+def metric(client, name: str, **labels) -> float:
+    """One sample of an engine server's /metrics, by name and labels (0 when it has none yet)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0

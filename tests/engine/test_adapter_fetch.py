@@ -16,7 +16,6 @@ import boto3
 import httpx
 import pytest
 from moto.server import ThreadedMotoServer
-from prometheus_client.parser import text_string_to_metric_families
 
 import adapters
 from tests.engine.conftest import (
@@ -24,6 +23,7 @@ from tests.engine.conftest import (
     build_adapter,
     free_port,
     launch_engine_server,
+    metric,
     random_prompts,
     wait_until_healthy,
 )
@@ -164,14 +164,6 @@ def generate(server, prompt: list[int], adapter: dict | None = None, timeout: fl
 def tokens(response: httpx.Response) -> list[int]:
     assert response.status_code == 200, response.text
     return response.json()["token_ids"]
-
-
-def metric(server, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(server.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def downloads(server, outcome: str = "ok") -> float:

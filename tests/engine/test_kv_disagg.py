@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import adapters
 from tests.engine.conftest import (
@@ -23,6 +22,7 @@ from tests.engine.conftest import (
     build_adapter,
     build_checkpoint,
     launch_engine_server,
+    metric,
     random_prompts,
     wait_until_healthy,
 )
@@ -114,14 +114,6 @@ def colocated(client, prompt, adapter, tenant) -> list[int]:
     response = client.post("/v1/generate", json=body(prompt, adapter, tenant))
     assert response.status_code == 200, response.text
     return response.json()["token_ids"]
-
-
-def metric(client, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def wait_until(condition, *, timeout_s: float = 30.0):

@@ -39,8 +39,8 @@ class DecodedImage:
 class ImageFeatures:
     """One image as its family's vision encoder reads it."""
 
-    pixels: np.ndarray  # Qwen-VL: [patches, channels * temporal_patch * patch * patch] float32
-    grid_thw: tuple[int, int, int]  # patches along time, height and width
+    pixels: np.ndarray  # Qwen-VL: [patches, channels * temporal_patch * patch * patch]; Gemma 3: [3, H, W]; float32
+    grid_thw: tuple[int, int, int]  # Qwen-VL: patches along time, height and width; Gemma 3: (1, H, W)
     num_tokens: int  # placeholder tokens the image takes in the prompt
     digest: str
 
@@ -162,17 +162,8 @@ class QwenVLImageProcessor:
         return (target_h // self.patch_size) * (target_w // self.patch_size) // self.merge_size**2
 
     def __call__(self, image: DecodedImage) -> ImageFeatures:
-        height, width = image.image.height, image.image.width
-        target_h, target_w = self.target_size(height, width)
-        picture = image.image
-        if self.do_resize:
-            picture = picture.resize((target_w, target_h), resample=Image.Resampling(self.resample))
-        x = np.asarray(picture)  # [H, W, 3] uint8
-        if self.do_rescale:  # in float64, then float32, as transformers rescales
-            x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        if self.do_normalize:
-            x = x.astype(np.float32, copy=False)
-            x = (x - np.array(self.image_mean, dtype=np.float32)) / np.array(self.image_std, dtype=np.float32)
+        target_h, target_w = self.target_size(image.image.height, image.image.width)
+        x = _pixels(image.image, (target_h, target_w) if self.do_resize else None, self)  # [H, W, 3]
         patch, merge, temporal = self.patch_size, self.merge_size, self.temporal_patch_size
         grid_h, grid_w = target_h // patch, target_w // patch
         channels = x.shape[-1]
@@ -183,6 +174,59 @@ class QwenVLImageProcessor:
         pixels = np.ascontiguousarray(x, dtype=np.float32).reshape(grid_h * grid_w, channels * temporal * patch * patch)
         return ImageFeatures(pixels=pixels, grid_thw=(1, grid_h, grid_w),
                              num_tokens=grid_h * grid_w // merge**2, digest=image.digest)
+
+
+@dataclass(frozen=True)
+class Gemma3ImageProcessor:
+    """Gemma 3's processor without pan-and-scan: every image resized to one size with Pillow's filter, rescaled
+    and normalized; it takes the model's mm_tokens_per_image tokens."""
+
+    height: int
+    width: int
+    num_tokens: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    rescale_factor: float
+    resample: int
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict, *, num_tokens: int) -> "Gemma3ImageProcessor":
+        if config.get("do_pan_and_scan"):
+            raise ValueError("Gemma 3's pan-and-scan (do_pan_and_scan) is not supported")
+        if config.get("do_convert_rgb") is False:
+            raise ValueError("an image processor with do_convert_rgb off is not supported")
+        size = config.get("size") or {"height": 224, "width": 224}
+        return cls(height=size["height"], width=size["width"], num_tokens=num_tokens,
+                   image_mean=tuple(config.get("image_mean", (0.5, 0.5, 0.5))),
+                   image_std=tuple(config.get("image_std", (0.5, 0.5, 0.5))),
+                   rescale_factor=config.get("rescale_factor", 1 / 255),
+                   resample=config.get("resample", Image.Resampling.BILINEAR),
+                   do_resize=config.get("do_resize", True), do_rescale=config.get("do_rescale", True),
+                   do_normalize=config.get("do_normalize", True))
+
+    def __call__(self, image: DecodedImage) -> ImageFeatures:
+        x = _pixels(image.image, (self.height, self.width) if self.do_resize else None, self)  # [H, W, 3]
+        pixels = np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)  # [3, H, W]
+        return ImageFeatures(pixels=pixels, grid_thw=(1, *pixels.shape[1:]), num_tokens=self.num_tokens,
+                             digest=image.digest)
+
+
+def _pixels(picture: Image.Image, size: tuple[int, int] | None, settings) -> np.ndarray:
+    """[H, W, 3] of a picture resized to size (height, width) with the settings' Pillow filter, rescaled in
+    float64 then cast to float32 and normalized with the float32 mean and std, each step as transformers' PIL
+    backend takes it when the settings ask for it."""
+    if size is not None:
+        picture = picture.resize((size[1], size[0]), resample=Image.Resampling(settings.resample))
+    x = np.asarray(picture)  # [H, W, 3] uint8
+    if settings.do_rescale:
+        x = (x.astype(np.float64) * settings.rescale_factor).astype(np.float32)
+    if settings.do_normalize:
+        x = x.astype(np.float32, copy=False)
+        x = (x - np.array(settings.image_mean, dtype=np.float32)) / np.array(settings.image_std, dtype=np.float32)
+    return x
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Image decoding and Qwen-VL preprocessing against transformers' own PIL processor and load_image: the same
+"""Image decoding and Qwen-VL and Gemma 3 preprocessing against transformers' own PIL processor and load_image: the same
 pixel values, bit for bit, and the same patch grid, for pictures of several sizes (scaled up to min_pixels,
 down to max_pixels, odd aspect ratios), in png, jpeg and webp, and with Qwen3-VL's patch size and mean/std."""
 
@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 from PIL import Image
 from transformers.image_utils import load_image
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from engine.images import ImageError, QwenVLImageProcessor, decode_data_url, read_processor_config
+from engine.images import (
+    Gemma3ImageProcessor,
+    ImageError,
+    QwenVLImageProcessor,
+    decode_data_url,
+    read_processor_config,
+)
 from tests.engine.pictures import data_url, picture
 
 QWEN25 = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 40}
@@ -42,6 +49,26 @@ def test_pixels_match_transformers(processors, size, fmt):
     assert list(got.grid_thw) == expected["image_grid_thw"][0].tolist()
     assert got.num_tokens == hf.get_number_of_image_patches(size[1], size[0]) // hf.merge_size**2
     assert ours.num_tokens(size[1], size[0]) == got.num_tokens
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gemma3_pixels_match_transformers(size, tmp_path):
+    """Gemma 3's processor (its shipped settings: 896 x 896, bilinear, mean and std 0.5) at a small size."""
+    hf = Gemma3ImageProcessorPil(size={"height": 56, "width": 56}, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                 do_pan_and_scan=False)
+    hf.save_pretrained(tmp_path)
+    ours = Gemma3ImageProcessor.from_config(read_processor_config(tmp_path), num_tokens=16)
+    url = data_url(picture(*size, seed=size[1]), "JPEG")
+    expected = hf(load_image(url), return_tensors="np")["pixel_values"]
+    got = ours(decode_data_url(url))
+    assert got.pixels.dtype == np.float32 and expected.shape == (1, *got.pixels.shape)
+    assert np.array_equal(got.pixels, expected[0])
+    assert got.num_tokens == 16
+
+
+def test_gemma3_pan_and_scan_is_refused():
+    with pytest.raises(ValueError, match="pan-and-scan"):
+        Gemma3ImageProcessor.from_config({"do_pan_and_scan": True}, num_tokens=256)
 
 
 def test_transparent_and_grey_images_match_transformers(processors):

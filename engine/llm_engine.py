@@ -26,15 +26,15 @@ from engine.kv.lease import LeaseTable
 from engine.kv.payload import KVBlock
 from engine.model_runner import ModelRunner, StepResult
 from engine.models import ModelSpec, read_hf_config, read_spec
-from engine.models.quantized_linear import tensor_bytes, unquantized_bytes
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
 from engine.page_budget import PageShape, count_pages, freed_window, page_shape
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
-from engine.quant_formats import checkpoint_quantization
-from engine.quantization import MemoryReport, kv_dtype
+from engine.quantization import checkpoint_quantization
+from engine.quantization.memory import MemoryReport, kv_dtype
+from engine.quantization.on_load import tensor_bytes, unquantized_bytes
 from engine.rank_model import attach_pages, load_rank_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler

@@ -18,9 +18,9 @@ from engine.lora_modules import (
 )
 from engine.models.linear import Linear
 from engine.models.moe import Experts
-from engine.models.quantized_linear import QuantizedLinear
 from engine.paged_memory import PagedMemory
-from engine.quant_formats import PackedLinear
+from engine.quantization import PackedLinear
+from engine.quantization.on_load import QuantizedLinear
 
 
 class LoRALinear(nn.Module):

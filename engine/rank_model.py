@@ -11,7 +11,7 @@ from engine.lora_linear import swap_in_lora
 from engine.models import CausalLM, load_model
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
-from engine.quantization import kv_dtype
+from engine.quantization.memory import kv_dtype
 
 
 def load_rank_model(model_dir: str | Path, *, dtype: torch.dtype, device: torch.device, comm: Communicator,

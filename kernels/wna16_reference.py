@@ -1,7 +1,7 @@
 """The plain-PyTorch reference of kernels.wna16_linear (4- or 8-bit integer weights, activations in their float
 dtype), and the packing it reads: the CPU path and the Triton launcher's test oracle.
 
-Layout (GPTQ's, which every integer checkpoint format is repacked into at load: engine/quant_formats/):
+Layout (GPTQ's, which every integer checkpoint format is repacked into at load: engine/quantization/):
 p = 32 // bits values share one int32, the first in the lowest bits.
 - qweight [K // p, N] int32: q[k, n] = (qweight[k // p, n] >> (bits * (k % p))) & (2**bits - 1);
 - zeros [G, N // p] int32, packed along n: z[g, n] = (zeros[g, n // p] >> (bits * (n % p))) & (2**bits - 1);

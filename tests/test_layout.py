@@ -74,10 +74,6 @@ def test_the_django_guard_catches_a_module_that_imports_django(tmp_path):
 SOURCES = [(REPO / "engine", REPO), (REPO / "kernels", REPO), (REPO / "adapters", REPO), (REPO / "benchmarks", REPO),
            (REPO / "platform", REPO / "platform")]
 
-# engine/models <-> engine/quant_formats: an exception until quantization lives in one folder.
-QUANT_FORMATS_CYCLE = frozenset({"engine.models", "engine.quant_formats"})
-ALLOWED_ENGINE_CYCLES = {QUANT_FORMATS_CYCLE}
-
 # The engine's layers, by module or subpackage. A module may import its own layer and the layers named here,
 # nothing else of ours. Models know the kernels, the LoRA layers and the tensor-parallel collective, never the
 # scheduler, the requests or the engine; the scheduler's side knows no model.
@@ -89,7 +85,7 @@ ENGINE_LAYERS = {
     "memory": {"engine.paged_memory", "engine.parallel", "engine.lora_modules", "engine.lora_batch",
                "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.quantization"},
     "scheduling": {"engine.block_keys", "engine.block_manager", "engine.fairness", "engine.kv", "engine.scheduler"},
-    "models": {"engine.models", "engine.quant_formats"},
+    "models": {"engine.models"},
     "runner": {"engine.lora_linear", "engine.rank_model", "engine.cuda_graph", "engine.sampler", "engine.guided",
                "engine.speculative", "engine.model_runner", "engine.workers", "engine.page_budget",
                "engine.output_processor"},
@@ -220,7 +216,7 @@ def test_engine_subpackages_import_each_other_one_way(graph):
         if module.startswith("engine"):
             units.setdefault(engine_unit(module), set()).update(
                 engine_unit(t) for t in edges if t.startswith("engine") and engine_unit(t) != engine_unit(module))
-    circles = [c for c in cycles(units) if frozenset(c) not in ALLOWED_ENGINE_CYCLES]
+    circles = cycles(units)
     assert not circles, circles
 
 

@@ -7,7 +7,7 @@ weights alive at once are only those of the projections being read: the peak is 
 plus about one projection, not the unquantized model (docs/quantization.md). A checkpoint quantized before it
 was downloaded (config.json's `quantization_config`: GPTQ, AWQ, compressed-tensors, fp8) has its projections
 swapped for its format's PackedLinear before any tensor is read, and each is loaded as stored
-(engine/quant_formats/)."""
+(engine/quantization/)."""
 
 import json
 from contextlib import contextmanager
@@ -15,15 +15,34 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
+from engine.lora_modules import PACKED_MODULES
 from engine.models.causal_lm import CausalLM
 from engine.models.linear import Linear
-from engine.models.quantized_linear import check_quantization, decoder_projections, quantize_projection
+from engine.models.prequantized import finish_packed, swap_in_packed
 from engine.models.registry import model_class
 from engine.parallel import sharding
 from engine.parallel.communicator import Communicator
-from engine.quant_formats import checkpoint_quantization, shard_index
-from engine.quant_formats.swap import finish_packed, swap_in_packed
+from engine.quantization import checkpoint_quantization, shard_index
+from engine.quantization.on_load import check_quantization, quantize_projection
+
+
+def decoder_projections(model: nn.Module) -> list[str]:
+    """Names of the decoder projections that quantization replaces (PACKED_MODULES of every layer)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, Linear) and name.rpartition(".")[2] in PACKED_MODULES and ".layers." in name]
+
+
+def quantize_model(model: nn.Module, method: str) -> None:
+    """Replace each decoder projection of a loaded model with its QuantizedLinear, one at a time (load_model
+    does the same as it reads the checkpoint)."""
+    device = next(model.parameters()).device
+    check_quantization(method, device)
+    for name in decoder_projections(model):
+        quantize_projection(model, name, method)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the pool is sized from free memory next
 
 
 def read_hf_config(model_dir: str | Path) -> dict:

@@ -147,7 +147,7 @@ class MoECausalLM(CausalLM):
 
     def checkpoint_target(self, name: str) -> tuple[str, str, int | None] | None:
         """An expert's tensor: into the stacked experts; a pre-quantized expert's (any stored kind, e.g. qweight):
-        into that expert's own projection, experts.{gate_up_proj,down_proj}.{e} (engine/quant_formats/experts.py)."""
+        into that expert's own projection, experts.{gate_up_proj,down_proj}.{e} (engine/quantization/experts.py)."""
         parts = name.split(".")
         if len(parts) < 4 or parts[-4] != "experts" or parts[-2] not in _EXPERT_PIECES:
             return super().checkpoint_target(name)

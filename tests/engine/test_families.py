@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.models.quantized_linear import dequantize, quantize_int8
+from engine.quantization.on_load import dequantize, quantize_int8
 from tests.engine.conftest import FAMILIES, Oracle, build_adapter, build_tokenizer, random_prompts
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -1,4 +1,4 @@
-"""FP8 checkpoints served as stored (engine/quant_formats/fp8.py, fp8_experts.py) against transformers + PEFT
+"""FP8 checkpoints served as stored (engine/quantization/fp8.py, fp8_experts.py) against transformers + PEFT
 loading the same files: `fp8` with weight_block_size [128, 128] (transformers dequantizes it on CPU) and
 compressed-tensors float-quantized (transformers with compressed-tensors, which quantizes the activations as the
 checkpoint says: static per-tensor or dynamic per-token). Base and adapter requests in one mixed batch, adapters
@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import kernels
 from engine import LLM, SamplingParams
-from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
-from engine.quant_formats.fp8_experts import Fp8Experts
+from engine.quantization.fp8 import CompressedFp8Linear, Fp8BlockLinear
+from engine.quantization.fp8_experts import Fp8Experts
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 from tests.engine.fp8_checkpoints import (
     block_oracle,

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.models import CausalLM, load_model
-from engine.models.quantized_linear import QuantizedLinear, quantize_model, tensor_bytes, unquantized_bytes
+from engine.models.loader import quantize_model
+from engine.quantization.on_load import QuantizedLinear, tensor_bytes, unquantized_bytes
 
 CPU = torch.device("cpu")
 
@@ -76,7 +77,7 @@ def test_w4a16_group_128_projections_take_under_0_3_of_bf16(tmp_path, monkeypatc
     packed model (no projection is ever materialised in full precision)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.quant_formats import PackedLinear
+    from engine.quantization import PackedLinear
     from tests.engine.conftest import build_tokenizer
     from tests.engine.quantized_checkpoints import write_quantized
 

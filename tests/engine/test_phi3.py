@@ -263,7 +263,7 @@ def _dequantized_int8(base, directory):
     dequantization: per output row, which is per row of each slice too."""
     from transformers import AutoModelForCausalLM
 
-    from engine.models.quantized_linear import dequantize, quantize_int8
+    from engine.quantization.on_load import dequantize, quantize_int8
     from tests.engine.conftest import build_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

@@ -156,7 +156,7 @@ def _one_wide_layer(tmp_path, case):
 
 def _pool_sizing_bound(model) -> float:
     """The packed weights (about 50 MiB), and a margin for the allocator's partly used segments."""
-    from engine.models.quantized_linear import tensor_bytes
+    from engine.quantization.on_load import tensor_bytes
 
     return tensor_bytes(model) * 1.25 + (64 << 20)
 
@@ -168,9 +168,8 @@ def test_on_a_caching_allocator_the_load_leaves_the_packed_weights_alone(tmp_pat
     int64 scratch of 8 to 16 times the packed size; kernel tensors made after that scratch is freed are cut from
     its cached blocks and keep those segments from the device (on main 5d42326 this model held 170 MiB of
     segments for 53.5 MiB of tensors, and the H200 measured 162 MiB)."""
-    from engine.models import loader
+    from engine.models import loader, prequantized
     from engine.models.causal_lm import CausalLM
-    from engine.quant_formats import swap
     from tests.engine.caching_allocator import HOST, RELEASE, marked, replay
 
     model_dir, held = _one_wide_layer(tmp_path, case), []
@@ -180,7 +179,8 @@ def test_on_a_caching_allocator_the_load_leaves_the_packed_weights_alone(tmp_pat
         return [*held[0].parameters(), *held[0].buffers(), held[0].cos_sin_cache]
 
     # reading the checkpoint is host work on CUDA; the loader's release_cache is CUDA's empty_cache
-    with (marked(monkeypatch, CausalLM, "load_weights", HOST), marked(monkeypatch, swap, "_stored_kinds", HOST),
+    with (marked(monkeypatch, CausalLM, "load_weights", HOST),
+          marked(monkeypatch, prequantized, "_stored_kinds", HOST),
           marked(monkeypatch, loader, "release_cache", RELEASE)):
         allocator = replay(load, tmp_path / "trace.json")
     assert allocator.reserved() <= _pool_sizing_bound(held[0])

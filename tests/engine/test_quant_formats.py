@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from engine.models import load_model
-from engine.quant_formats import FORMATS, read_quant_spec
+from engine.quantization import FORMATS, read_quant_spec
+from engine.quantization.experts import PackedExperts
 from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, random_prompts
 from tests.engine.fp8_checkpoints import build_base, write_compressed_tensors
 from tests.engine.quantized_checkpoints import compressed_tensors_decompress, write_quantized
@@ -131,7 +132,7 @@ def test_moe_families_with_quantized_experts_match_peft(tmp_path, arch, case, tp
     llm = check_against_oracle(model_dir, dequantized, adapters, lengths=(3, 14, 9, 6),
                                names=("attn8", None, "experts4", "attn8"), tensor_parallel_size=tp)
     experts = llm.engine.runner.model.model.layers[0].mlp.experts.base
-    assert type(experts).__name__ == "PackedExperts" and experts.gate_up_proj_qweight.dtype == torch.int32
+    assert isinstance(experts, PackedExperts) and experts.gate_up_proj_qweight.dtype == torch.int32
     if arch == "qwen2-moe":
         shared = llm.engine.runner.model.model.layers[0].mlp.shared_expert
         assert type(shared.gate_up_proj.base).__name__ == type(shared.down_proj.base).__name__ == "GPTQLinear"
@@ -257,8 +258,8 @@ def _one_projection(packed_cls, spec, in_features: int, out_features: int, store
 def test_gptq_v1_zero_of_zero_wraps_as_autogptq_reads_it():
     """v1 stores z - 1 in `bits` bits, so a zero of 0 is stored as 15 and read back as (15 + 1) & 15 = 0
     (AutoGPTQ's dequantization); v2 stores 0. Both give the same weight."""
-    from engine.quant_formats.gptq import GPTQLinear
-    from engine.quant_formats.spec import QuantSpec
+    from engine.quantization.gptq import GPTQLinear
+    from engine.quantization.spec import QuantSpec
     from tests.engine.quantized_checkpoints import Quantized, gptq_tensors
 
     gen = torch.Generator().manual_seed(0)
@@ -354,8 +355,8 @@ def test_awq_layout_is_autoawqs():
     suite's own AWQ writer packs AutoAWQ's words."""
     from pathlib import Path
 
-    from engine.quant_formats.awq import AWQLinear, awq_unpack
-    from engine.quant_formats.spec import QuantSpec
+    from engine.quantization.awq import AWQLinear, awq_unpack
+    from engine.quantization.spec import QuantSpec
     from tests.engine.quantized_checkpoints import Quantized, awq_tensors
 
     fixture = load_file(str(Path(__file__).parent / "fixtures" / "autoawq_gemm.safetensors"))

@@ -1,5 +1,5 @@
 """Every field of a `quantization_config` that the producers write is either read or refused, never ignored
-(engine/quant_formats/spec.py FIELDS): the field lists come from the producers themselves where they are installed
+(engine/quantization/spec.py FIELDS): the field lists come from the producers themselves where they are installed
 (transformers' GPTQConfig, AwqConfig and FineGrainedFP8Config, compressed-tensors' pydantic models and the names
 its ModelCompressor writes) and from GPTQModel's `to_dict` (not installable on CPU here: its fields are spelled
 below). Each read field either serves every value a producer writes, or has a value that is refused at start with
@@ -7,9 +7,8 @@ an error naming the field; a field nobody knows is refused naming it. Nothing he
 
 import pytest
 
-import engine.models  # noqa: F401  (before engine.quant_formats: the two import each other)
-from engine.quant_formats import checkpoint_quantization
-from engine.quant_formats.spec import FIELDS
+from engine.quantization import checkpoint_quantization
+from engine.quantization.spec import FIELDS
 from tests.engine.fp8_checkpoints import BLOCK_CONFIG, GPTQMODEL_BLOCK_CONFIG
 
 # GPTQModel 7's BaseQuantizeConfig.to_dict writes these for every method (None values left out), then each config

@@ -15,13 +15,8 @@ from benchmarks.quantization import CONFIGS, agreement, train_peaked
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.models import load_model
-from engine.models.quantized_linear import (
-    QuantizedLinear,
-    dequantize,
-    quantize_int8,
-    quantize_model,
-    tensor_bytes,
-)
+from engine.models.loader import quantize_model
+from engine.quantization.on_load import QuantizedLinear, dequantize, quantize_int8, tensor_bytes
 from tests.engine.conftest import Oracle, build_adapter, build_tokenizer, random_prompts
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -169,7 +164,7 @@ def test_fp8_linear_launcher_matches_the_reference_on_the_same_input(device):
     scale and sends an element near an fp8 rounding midpoint to the neighbouring fp8 value, a step of 1/8 of its
     binade. Summed over 256 columns those steps made 0.0535 at (4, 22) on the H200, and make the same 0.0535 at
     (4, 22) here on CPU. On the same input the two compute the same float32 products and round once to bf16."""
-    from engine.models.quantized_linear import quantize_fp8
+    from engine.quantization.on_load import quantize_fp8
     from kernels import reference
     from kernels.fp8_linear import fp8_linear
 

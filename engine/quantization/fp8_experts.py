@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 import kernels
-from engine.models.moe import Experts
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.spec import QuantSpec
 from kernels.reference import FP8
 
 BLOCK = 128  # the one weight_block_size served: [128, 128]
@@ -31,13 +30,16 @@ def check_scales(name: str, kind: str, scales: torch.Tensor) -> None:
         raise ValueError(f"{name}: {kind} holds scales that are not positive and finite")
 
 
-class Fp8Experts(Experts):
-    loads_as_stored = True  # CausalLM.load_weights hands it every stored tensor (load_slice); swap.py finishes it
+class Fp8Experts(nn.Module):
+    """The experts' weights, scales and grouped products; engine/models/prequantized.py serves this class as an
+    engine.models.moe.Experts (its routing, expert-sorted rows and LoRA hooks)."""
+
+    loads_as_stored = True  # CausalLM.load_weights hands it every stored tensor (load_slice); engine/models/prequantized.py finishes it
 
     group_k = BLOCK  # input columns per scale
     column_blocks = True  # scales per block of input columns: a shard of down's columns must start on a block
 
-    def __init__(self, base: Experts, spec: QuantSpec | None = None, *, name: str, tp_rank: int, tp_size: int
+    def __init__(self, base: nn.Module, spec: QuantSpec | None = None, *, name: str, tp_rank: int, tp_size: int
                  ) -> None:
         """base: the Experts it replaces (on meta), this rank's slice of each expert's intermediate."""
         nn.Module.__init__(self)

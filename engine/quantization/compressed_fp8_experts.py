@@ -13,10 +13,10 @@ Under tensor parallelism each rank holds its rows of gate and up (their per-chan
 and its columns of down; per-row scales never split a group, so any shard that divides the intermediate works."""
 
 import torch
+from torch import nn
 
-from engine.models.moe import Experts
-from engine.quant_formats.fp8_experts import Fp8Experts, check_scales, param
-from engine.quant_formats.spec import QuantSpec, activation_mode
+from engine.quantization.fp8_experts import Fp8Experts, check_scales, param
+from engine.quantization.spec import QuantSpec, activation_mode
 from kernels.reference import fake_quantize_fp8
 
 
@@ -24,7 +24,7 @@ class CompressedFp8Experts(Fp8Experts):
     stacked_kinds = {"weight": "", "weight_scale": "_scale", "input_scale": "_input_scale"}  # MoECausalLM's routing
     column_blocks = False  # one scale a row: any shard of down's columns
 
-    def __init__(self, base: Experts, spec: QuantSpec, *, name: str, tp_rank: int, tp_size: int) -> None:
+    def __init__(self, base: nn.Module, spec: QuantSpec, *, name: str, tp_rank: int, tp_size: int) -> None:
         self.group_k = max(base.gate_up_proj.shape[2], base.inter)  # covers every input column: one scale a row
         super().__init__(base, spec, name=name, tp_rank=tp_rank, tp_size=tp_size)
         self.strategy, self.activations = spec.strategy, activation_mode(spec)

@@ -1,8 +1,8 @@
 """Base projections quantized on load: int8 weight-only or fp8 (E4M3), one float32 scale per output row.
 
 Every decoder projection (fused q/k/v, o, fused gate/up, down) is swapped for a QuantizedLinear as soon
-as the loader has read its weights (engine/models/loader.py), freeing its full-precision weight; the
-embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps `out_slices` and
+as the loader has read its weights (engine/models/loader.py, whose quantize_model does it to a loaded model),
+freeing its full-precision weight; the embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps `out_slices` and
 `slice_offsets`, so the LoRALinear swapped in over it adds each token's adapter delta, in the
 activation dtype, on top of the quantized base. docs/quantization.md gives the rules."""
 
@@ -12,8 +12,6 @@ from torch import nn
 
 import kernels
 from engine.context import Context
-from engine.lora_modules import PACKED_MODULES
-from engine.models.linear import Linear
 from kernels.reference import quantize_fp8_rows
 
 QUANTIZATIONS = ("int8", "fp8")
@@ -38,7 +36,8 @@ def dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class QuantizedLinear(nn.Module):
-    def __init__(self, base: Linear, method: str) -> None:
+    def __init__(self, base: nn.Module, method: str) -> None:
+        """base: the model's Linear it replaces (in_features, out_slices, slice_offsets, weight, bias)."""
         super().__init__()
         if method not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
@@ -77,23 +76,6 @@ def quantize_projection(model: nn.Module, name: str, method: str) -> None:
     setattr(parent, attr, QuantizedLinear(getattr(parent, attr), method))
 
 
-def decoder_projections(model: nn.Module) -> list[str]:
-    """Names of the decoder projections that quantization replaces (PACKED_MODULES of every layer)."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, Linear) and name.rpartition(".")[2] in PACKED_MODULES and ".layers." in name]
-
-
-def quantize_model(model: nn.Module, method: str) -> None:
-    """Replace each decoder projection of a loaded model with its QuantizedLinear, one at a time (the loader
-    does the same as it reads the checkpoint: engine/models/loader.py)."""
-    device = next(model.parameters()).device
-    check_quantization(method, device)
-    for name in decoder_projections(model):
-        quantize_projection(model, name, method)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the pool is sized from free memory next
-
-
 def tensor_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers (a tied tensor once)."""
     seen = {}
@@ -107,7 +89,7 @@ def unquantized_bytes(model: nn.Module) -> int:
     itemsize = model.lm_head.weight.element_size()
     total = tensor_bytes(model)
     for module in model.modules():
-        if hasattr(module, "full_precision_bytes"):  # a pre-quantized checkpoint's (engine/quant_formats/)
+        if hasattr(module, "full_precision_bytes"):  # a pre-quantized checkpoint's (engine/quantization/)
             total += module.full_precision_bytes() - tensor_bytes(module)
         if isinstance(module, QuantizedLinear):
             q, scale = module.qweight, module.weight_scale

@@ -1,6 +1,6 @@
 """The engine's quantization settings: which dtypes they mean, and the memory report before and after.
 
-docs/quantization.md gives the design; engine/models/quantized_linear.py quantizes the weights and
+docs/quantization.md gives the design; engine/quantization/on_load.py quantizes the weights and
 engine/paged_memory.py lays out an fp8 KV cache."""
 
 import logging

@@ -3,12 +3,12 @@
 A format family is one module beside this one that subclasses PackedLinear; it is listed here under its
 QuantSpec.scheme. Anything else is refused at start, by name, with the list of what is served."""
 
-from engine.quant_formats.awq import AWQLinear
-from engine.quant_formats.compressed_tensors import NaiveQuantizedLinear, PackQuantizedLinear
-from engine.quant_formats.fp8 import CompressedFp8Linear, Fp8BlockLinear
-from engine.quant_formats.gptq import GPTQLinear
-from engine.quant_formats.packed_linear import PackedLinear
-from engine.quant_formats.spec import QuantSpec, read_quant_spec
+from engine.quantization.awq import AWQLinear
+from engine.quantization.compressed_tensors import NaiveQuantizedLinear, PackQuantizedLinear
+from engine.quantization.fp8 import CompressedFp8Linear, Fp8BlockLinear
+from engine.quantization.gptq import GPTQLinear
+from engine.quantization.packed_linear import PackedLinear
+from engine.quantization.spec import QuantSpec, read_quant_spec
 
 FORMATS: dict[str, type[PackedLinear]] = {
     "gptq": GPTQLinear,

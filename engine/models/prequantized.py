@@ -1,21 +1,43 @@
-"""Putting a pre-quantized checkpoint's modules into a model built on meta, before any tensor is read, and
-finishing them once every tensor is in (engine/models/loader.py calls both)."""
+"""Putting a pre-quantized checkpoint's modules (engine/quantization) into a model built on meta, before any tensor
+is read, and finishing them once every tensor is in (engine/models/loader.py calls both).
+
+A format's stacked experts know their weights, their loading and their grouped products, not the model: each is
+served here as an Experts (the routing, the expert-sorted rows and the LoRA hooks around its `project`)."""
 
 import re
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from engine.lora_modules import PACKED_MODULES
 from engine.models.causal_lm import CausalLM
 from engine.models.linear import Linear
 from engine.models.moe import Experts
 from engine.parallel.sharding import ROW_PARALLEL
-from engine.quant_formats.experts import PackedExperts
-from engine.quant_formats.packed_linear import SAFETENSORS_DTYPES, PackedLinear
-from engine.quant_formats.registry import format_for
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.compressed_fp8_experts import CompressedFp8Experts
+from engine.quantization.experts import PackedExperts
+from engine.quantization.fp8_experts import Fp8Experts
+from engine.quantization.packed_linear import SAFETENSORS_DTYPES, PackedLinear
+from engine.quantization.registry import format_for
+from engine.quantization.spec import QuantSpec
+
+
+class PackedMoEExperts(PackedExperts, Experts):
+    """An integer format's experts (GPTQ, AWQ, compressed-tensors) in an MoE layer."""
+
+
+class Fp8MoEExperts(Fp8Experts, Experts):
+    """The fp8 block format's experts in an MoE layer."""
+
+
+class CompressedFp8MoEExperts(CompressedFp8Experts, Experts):
+    """compressed-tensors float-quantized experts in an MoE layer."""
+
+
+AS_EXPERTS: dict[type[nn.Module], type[Experts]] = {PackedExperts: PackedMoEExperts, Fp8Experts: Fp8MoEExperts,
+                                                    CompressedFp8Experts: CompressedFp8MoEExperts}
 
 _EXPERT = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)\.(\d+)$")  # MoECausalLM.checkpoint_target's
 
@@ -72,9 +94,9 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
             continue
         if experts_cls is not None and isinstance(model.get_submodule(module_name), Experts):
             parent, _, attr = module_name.rpartition(".")  # its weights sharded as Experts' are, its scales whole
-            setattr(model.get_submodule(parent), attr, experts_cls(model.get_submodule(module_name), quant_spec,
-                                                                   name=module_name, tp_rank=comm.rank,
-                                                                   tp_size=comm.size))
+            module = AS_EXPERTS[experts_cls](model.get_submodule(module_name), quant_spec, name=module_name,
+                                             tp_rank=comm.rank, tp_size=comm.size)
+            setattr(model.get_submodule(parent), attr, module)
             continue
         expert = _EXPERT.match(module_name)
         if expert is not None:  # experts.{gate_up_proj,down_proj}.{e}: one PackedExperts per layer, below
@@ -97,7 +119,8 @@ def swap_in_packed(model: CausalLM, quant_spec: QuantSpec, files: list[Path]) ->
         base = model.get_submodule(experts_name)
         if not isinstance(base, Experts) or set(dtypes) != {"gate_up_proj", "down_proj"}:
             raise ValueError(f"{experts_name}: quantized tensors for only some of the experts' projections")
-        module = PackedExperts(base, packed_cls, quant_spec, name=experts_name, dtypes=dtypes, tp_size=comm.size)
+        module = PackedMoEExperts(base, packed_cls, quant_spec, name=experts_name, dtypes=dtypes, linear=Linear,
+                                  tp_size=comm.size)
         parent, _, attr = experts_name.rpartition(".")
         setattr(model.get_submodule(parent), attr, module)
         for projection in ("gate_up_proj", "down_proj"):  # each expert's tensors: read as its own projection's

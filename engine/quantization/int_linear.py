@@ -11,8 +11,8 @@ import torch
 
 import kernels
 from engine.context import Context
-from engine.quant_formats.packed_linear import PackedLinear
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.packed_linear import PackedLinear
+from engine.quantization.spec import QuantSpec
 from kernels.wna16_reference import WNA16_BITS, pack_cols, pack_rows, unpack_rows
 
 GROUP_SIZES = (32, 64, 128, -1)  # -1: one scale per output channel

@@ -7,9 +7,9 @@ zeros in order; nothing is dequantized."""
 
 import torch
 
-from engine.quant_formats.int_linear import IntLinear, check_int_spec
-from engine.quant_formats.packed_linear import TensorLayout
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.int_linear import IntLinear, check_int_spec
+from engine.quantization.packed_linear import TensorLayout
+from engine.quantization.spec import QuantSpec
 from kernels.wna16_reference import pack_rows, unpack_cols
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output each 4 bits of an int32 hold, lowest bits first

@@ -10,9 +10,9 @@ transposes into GPTQ's layout (the packed int32s are the same words) and offsets
 
 import torch
 
-from engine.quant_formats.int_linear import IntLinear, check_int_spec
-from engine.quant_formats.packed_linear import TensorLayout
-from engine.quant_formats.spec import QuantSpec, weight_args
+from engine.quantization.int_linear import IntLinear, check_int_spec
+from engine.quantization.packed_linear import TensorLayout
+from engine.quantization.spec import QuantSpec, weight_args
 from kernels.wna16_reference import pack_rows, unpack_rows
 
 

@@ -8,9 +8,9 @@ as ((stored + 1) & mask)); its v2 ("gptq_v2") stores z."""
 
 import torch
 
-from engine.quant_formats.int_linear import IntLinear, check_int_spec
-from engine.quant_formats.packed_linear import TensorLayout
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.int_linear import IntLinear, check_int_spec
+from engine.quantization.packed_linear import TensorLayout
+from engine.quantization.spec import QuantSpec
 from kernels.wna16_reference import unpack_cols
 
 FORMATS = ("gptq", "gptq_v2")

@@ -1,6 +1,6 @@
 """A decoder projection read from a pre-quantized checkpoint, held as the checkpoint stores it.
 
-Each format (engine/quant_formats/<family>.py) subclasses PackedLinear: it names the tensors a projection is
+Each format (engine/quantization/<family>.py) subclasses PackedLinear: it names the tensors a projection is
 stored as (`stored`: kind -> shape, and `layouts`: which of each tensor's dims runs over the output features
 and which over the input features), and `finish()` turns the loaded tensors into its kernel's layout without
 dequantizing them. A fused projection (q/k/v, gate/up) holds its slices' tensors concatenated along their
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.linear import Linear
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.spec import QuantSpec
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,10 @@ class PackedLinear(nn.Module):
         """kind -> the shape this rank's whole (fused) projection stores it as."""
         raise NotImplementedError
 
-    def __init__(self, base: Linear, spec: QuantSpec, *, name: str, dtypes: dict[str, torch.dtype],
+    def __init__(self, base: nn.Module, spec: QuantSpec, *, name: str, dtypes: dict[str, torch.dtype],
                  tp_size: int = 1, tp_rank: int = 0, row_parallel: bool = False) -> None:
-        """base: the Linear it replaces (on meta); dtypes: each kind's dtype as the checkpoint stores it."""
+        """base: the model's Linear it replaces (on meta: in_features, out_slices, slice_offsets, weight, bias);
+        dtypes: each kind's dtype as the checkpoint stores it."""
         super().__init__()
         self.spec, self.name = spec, name
         self.in_features = base.in_features

@@ -3,29 +3,29 @@ Qwen3-MoE, Qwen2-MoE, Mixtral).
 
 While loading, each expert's fused gate/up and its down are their format's PackedLinear (experts.gate_up_proj.{e},
 experts.down_proj.{e}: MoECausalLM.checkpoint_target sends each stored tensor there); `stack()` then stacks their
-kernel tensors into [E, ...] and drops the per-expert modules. The forward is Experts' (routing, expert-sorted
-rows, each row's LoRA delta) with kernels.wna16_grouped_matmul for the two grouped products."""
+kernel tensors into [E, ...] and drops the per-expert modules. The forward is engine.models.moe.Experts' (routing,
+expert-sorted rows, each row's LoRA delta: engine/models/prequantized.py serves this class as an Experts) with
+kernels.wna16_grouped_matmul for the two grouped products."""
 
 import torch
 from torch import nn
 
 import kernels
-from engine.models.linear import Linear
-from engine.models.moe import Experts
-from engine.quant_formats.int_linear import IntLinear
-from engine.quant_formats.spec import QuantSpec
+from engine.quantization.int_linear import IntLinear
+from engine.quantization.spec import QuantSpec
 
 KINDS = ("qweight", "scales", "zeros", "g_idx")  # IntLinear's kernel tensors
 
 
-class PackedExperts(Experts):
+class PackedExperts(nn.Module):
     packed_experts = True  # MoECausalLM.checkpoint_target routes the experts' stored tensors to each expert
 
-    def __init__(self, base: Experts, packed_cls: type[IntLinear], spec: QuantSpec, *, name: str,
-                 dtypes: dict[str, dict[str, torch.dtype]], tp_size: int = 1) -> None:
+    def __init__(self, base: nn.Module, packed_cls: type[IntLinear], spec: QuantSpec, *, name: str,
+                 dtypes: dict[str, dict[str, torch.dtype]], linear: type[nn.Module], tp_size: int = 1) -> None:
         """base: the Experts it replaces (on meta: this rank's slice of every expert's intermediate); dtypes: for
-        "gate_up_proj" and "down_proj", each stored kind's. Under tensor parallelism gate/up are column-parallel
-        and down row-parallel, as the dense MLP's."""
+        "gate_up_proj" and "down_proj", each stored kind's; linear: the model's Linear(in_features, out_slices,
+        bias=), each expert's projection as the format's PackedLinear replaces it. Under tensor parallelism gate/up
+        are column-parallel and down row-parallel, as the dense MLP's."""
         nn.Module.__init__(self)
         if not issubclass(packed_cls, IntLinear):
             raise ValueError(f"{spec.describe()}: PackedExperts stacks the integer formats' experts; a float format "
@@ -35,10 +35,10 @@ class PackedExperts(Experts):
         self.model_dtype = base.gate_up_proj.dtype
         hidden = base.gate_up_proj.shape[2]
         with torch.device("meta"):
-            gate_up = [packed_cls(Linear(hidden, [self.inter, self.inter], bias=False), spec,
+            gate_up = [packed_cls(linear(hidden, [self.inter, self.inter], bias=False), spec,
                                   name=f"{name}.gate_up_proj.{e}", dtypes=dtypes["gate_up_proj"], tp_size=tp_size)
                        for e in range(self.num_experts)]
-            down = [packed_cls(Linear(self.inter, [hidden], bias=False), spec, name=f"{name}.down_proj.{e}",
+            down = [packed_cls(linear(self.inter, [hidden], bias=False), spec, name=f"{name}.down_proj.{e}",
                                dtypes=dtypes["down_proj"], tp_size=tp_size, row_parallel=True)
                     for e in range(self.num_experts)]
         self.gate_up_proj, self.down_proj = nn.ModuleList(gate_up), nn.ModuleList(down)

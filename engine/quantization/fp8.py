@@ -26,10 +26,10 @@ from torch import nn
 
 import kernels
 from engine.context import Context
-from engine.quant_formats.compressed_fp8_experts import CompressedFp8Experts
-from engine.quant_formats.fp8_experts import BLOCK, Fp8Experts, cdiv
-from engine.quant_formats.packed_linear import PackedLinear, TensorLayout
-from engine.quant_formats.spec import QuantSpec, activation_mode, input_activations
+from engine.quantization.compressed_fp8_experts import CompressedFp8Experts
+from engine.quantization.fp8_experts import BLOCK, Fp8Experts, cdiv
+from engine.quantization.packed_linear import PackedLinear, TensorLayout
+from engine.quantization.spec import QuantSpec, activation_mode, input_activations
 from kernels.reference import FP8
 
 WHOLE = TensorLayout(out_dim=None, in_dim=None)  # read whole by every rank; load_slice takes the rank's part

@@ -6,7 +6,7 @@ The writers name the same facts differently: GPTQ (`bits`, `group_size`, `desc_a
 `actorder`; `input_activations`), and the fp8 block format (`weight_block_size`, `activation_scheme`; GPTQModel
 adds `weight_scale_method`, `weight_scale_semantics`). Every field a producer writes is either read or refused
 (FIELDS): one left unread could change what the tensors mean.
-`scheme` is what the registry (engine/quant_formats/registry.py) dispatches on."""
+`scheme` is what the registry (engine/quantization/registry.py) dispatches on."""
 
 from dataclasses import dataclass, field
 

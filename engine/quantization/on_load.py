@@ -2,8 +2,8 @@
 
 Every decoder projection (fused q/k/v, o, fused gate/up, down) is swapped for a QuantizedLinear as soon
 as the loader has read its weights (engine/models/loader.py, whose quantize_model does it to a loaded model),
-freeing its full-precision weight; the embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps `out_slices` and
-`slice_offsets`, so the LoRALinear swapped in over it adds each token's adapter delta, in the
+freeing its full-precision weight; the embeddings and lm_head stay in the model dtype. A QuantizedLinear keeps
+`out_slices` and `slice_offsets`, so the LoRALinear swapped in over it adds each token's adapter delta, in the
 activation dtype, on top of the quantized base. docs/quantization.md gives the rules."""
 
 import torch

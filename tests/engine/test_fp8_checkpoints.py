@@ -338,7 +338,7 @@ def test_a_shard_that_cuts_a_block_of_input_columns_is_refused(fp8):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", ["llama-block", "qwen3-moe-block", "llama-static", "qwen3-dynamic",
-                                  "qwen3-moe-dynamic", "mixtral-static"])
+                                  "qwen3-moe-dynamic", "mixtral-static", "llama-inverse", "qwen3-moe-inverse"])
 def test_on_cuda_in_bfloat16_agrees_with_transformers(fp8, case):
     """The CUDA path (fp8_block_linear and grouped_matmul natively, torch._scaled_mm for fp8 activations) in
     bfloat16, against transformers + PEFT in float32: each prompt's log-probabilities within bf16's reach."""

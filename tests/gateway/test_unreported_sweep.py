@@ -95,3 +95,11 @@ def test_a_tenant_is_forgotten_once_its_usage_is_recorded_and_its_mark_is_old(ba
     assert unreported_tenants() == []
     serve_provisionally(tenant)  # served again: visited again
     assert unreported_tenants() == [tenant.pk]
+
+
+def test_a_copy_kept_before_any_mark_is_found_by_the_first_sweep(backend, tenant):
+    """Copies a gateway kept before tenants were marked (or a Redis that lost the marks): one walk finds them."""
+    serve_provisionally(tenant)
+    if settings.REDIS_URL:
+        redis.Redis.from_url(settings.REDIS_URL).delete(f"{settings.QUILT_REDIS_KEY_PREFIX}:unreported_tenants")
+    assert unreported_tenants() == [tenant.pk]

@@ -43,6 +43,7 @@ from gateway.connections import checked_connection
 from gateway.hot_settings import hot
 from gateway.running_loop import running_loop
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
+from tenancy.models import Tenant
 
 MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
 
@@ -150,6 +151,7 @@ class RedisAdmission:
         self._limits_packed: dict[tuple, bytes] = {}
         self._leases: weakref.WeakKeyDictionary[object, Leases] = weakref.WeakKeyDictionary()
         self._unreported_tenants = f"{prefix}:unreported_tenants"
+        self._unreported_seeded = f"{prefix}:unreported_tenants_seeded"
         self._marked: dict[int, float] = {}  # tenant id -> when this process last marked it (unix seconds)
 
     def _tenant(self, tenant_id: int) -> _TenantKeys:
@@ -405,8 +407,11 @@ class RedisAdmission:
 
     def unreported_tenants(self) -> list[int]:
         """The marked tenants; one marked over twice UNREPORTED_MARK_SECONDS ago with no copy left is forgotten,
-        unless a gateway marked it again meanwhile (a gateway re-marks within UNREPORTED_MARK_SECONDS)."""
+        unless a gateway marked it again meanwhile (a gateway re-marks within UNREPORTED_MARK_SECONDS). The first
+        sweep on a Redis without the seeded flag marks every tenant that keeps a copy (kept before marks were)."""
         scripts = self._blocking()
+        if not scripts.client.exists(self._unreported_seeded):
+            self._seed_unreported_tenants()
         forget_before = time.time() - 2 * admission_limits.UNREPORTED_MARK_SECONDS
         tenants = []
         for member, mark in scripts.client.zrange(self._unreported_tenants, 0, -1, withscores=True):
@@ -416,6 +421,18 @@ class RedisAdmission:
                 continue
             tenants.append(tenant_id)
         return tenants
+
+    def _seed_unreported_tenants(self) -> None:
+        """One walk over every tenant, once per Redis: each that keeps a copy is marked."""
+        client, now = self._blocking().client, time.time()
+        tenant_ids = list(Tenant.objects.values_list("pk", flat=True))
+        with client.pipeline(transaction=False) as pipe:
+            for tenant_id in tenant_ids:
+                pipe.zcard(self.keys(tenant_id)[11])
+            kept = [tenant_id for tenant_id, count in zip(tenant_ids, pipe.execute(), strict=True) if count]
+        if kept:
+            client.zadd(self._unreported_tenants, dict.fromkeys(kept, now), gt=True)
+        client.set(self._unreported_seeded, now)
 
     def _totals(self, tenant_id: int) -> list[int]:
         return [int(value) for value in self._blocking().totals(keys=self.keys(tenant_id))]

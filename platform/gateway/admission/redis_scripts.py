@@ -29,6 +29,8 @@ One key outside the tenants' (no hash tag, written by its own commands):
                       UNREPORTED_MARK_SECONDS per process); the unreported-usage sweep visits these tenants alone and
                       forgets one whose mark is twice that old and whose `unreported_at` is empty (FORGET_UNREPORTED:
                       only if no gateway marked it again since the sweep read its mark).
+  unreported_tenants_seeded  string  set once the sweep has marked, in one walk, every tenant that keeps a copy
+                      (copies kept before there were marks, or after a Redis lost its keys)
 
 Admission leases (`gateway.admission.leases`; their scripts: `redis_lease_scripts`): a gateway process admitting a
 tenant's key often takes a share of its headroom ahead in one hold, and admits requests from it without a round trip. A

@@ -10,7 +10,7 @@ database), it runs one sweep `--repeats` times, as the beat task does every 30 s
 the same process: a walk over every tenant asking admission for its unreported usage. Nothing is old enough to bill,
 so each run does the same work. It prints the median, least and most CPU seconds of this process (time.process_time)
 and wall seconds of each, and the ratio of the medians; and, apart, the first sweep's look-up of its tenants (on
-Redis, a walk over every tenant once, to mark the copies kept before tenants were marked). Nothing is asserted; the goal (issue 55) is one sweep <= 1 s
+Redis, a walk over every tenant once, to mark the copies kept before tenants were marked). Nothing is asserted; the goal is one sweep <= 1 s
 of CPU with 10,000 tenants of which 100 are active.
 """
 

@@ -16,7 +16,7 @@ from tests.platform.factories import TenantFactory, UserFactory
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi):
+def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi, screenshots):
     server = live_server_asgi
     UserFactory(username="ops-economics", is_staff=True)
     tenant = TenantFactory(slug="econ-web")
@@ -48,6 +48,7 @@ def test_staff_read_costs_and_plan_capacity(browser, live_server_asgi):
     assert chart.locator("text.axis.x").count() == 5
     titles = chart.locator("text.axis-title").evaluate_all("nodes => nodes.map(node => node.textContent)")
     assert titles == ["$ a month", "Tokens a month"]
+    page.locator(".card:has([data-testid=break-even-form])").screenshot(path=str(screenshots / "62-economics-break-even.png"))
     for form in ("break-even-form", "capacity-form"):
         card = page.locator(f".card:has([data-testid={form}])").bounding_box()
         for field in page.locator(f"[data-testid={form}] input:not([type=hidden])").all():

@@ -198,7 +198,9 @@ def test_overview_usage_and_billing_count_served_and_refused_requests_alike(tena
     for name in ("tenant-overview", "usage", "billing"):
         page = client.get(url(name, tenant)).content.decode()
         assert 'data-served="3" data-refused="4"' in page, name
-        assert "3 served · 4 refused (3 rate-limited)" in page, name
+        assert "3 served · 4 refused (3 rate-limited)</span>" in page, name
+    billing = client.get(url("billing", tenant)).content.decode()
+    assert "tokens (<span" in billing and "</span>; refusals are not billed" in billing  # no stray spaces
     overview = client.get(url("tenant-overview", tenant)).content.decode()
     assert '<div class="value" data-testid="requests">7</div>' in overview
 

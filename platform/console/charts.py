@@ -184,7 +184,7 @@ def _axis_labels(starts: list[datetime], bucket: str, every: int) -> dict[int, s
     return labels
 
 
-def _quarter_grid(*, x1: float, x2: float, plot_h: float, ticks: list[str], tick_x: float) -> list[str]:
+def quarter_grid(*, x1: float, x2: float, plot_h: float, ticks: list[str], tick_x: float) -> list[str]:
     """A grid line at the top, each quarter and the bottom of the plot, each with its tick on the left axis."""
     parts = []
     for i, tick in enumerate(ticks):
@@ -217,7 +217,7 @@ def series_chart(
         f'<svg class="chart series-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
         f'data-buckets="{len(starts)}" data-bucket="{bucket}">'
     ]
-    parts += _quarter_grid(x1=left_room, x2=WIDTH - right_room, plot_h=plot_h, ticks=left_ticks, tick_x=2)
+    parts += quarter_grid(x1=left_room, x2=WIDTH - right_room, plot_h=plot_h, ticks=left_ticks, tick_x=2)
     if right:
         parts += [f'<text class="axis" x="{WIDTH - 2}" y="{TOP + plot_h * i / 4 + 4:.1f}" text-anchor="end">'
                   f'{right_ticks[i]}</text>' for i in range(5)]  # fmt: skip
@@ -289,7 +289,7 @@ def break_even_chart(points: list[dict], break_even: str | None) -> SafeString:
         f'<svg class="chart break-even-chart" viewBox="0 0 {WIDTH} {height}" role="img" '
         f'aria-label="Monthly cost of the API and of self-hosting, by tokens a month">'
     ]
-    parts += _quarter_grid(x1=left, x2=WIDTH - RIGHT, plot_h=plot_h, ticks=y_ticks, tick_x=TITLE_ROOM)
+    parts += quarter_grid(x1=left, x2=WIDTH - RIGHT, plot_h=plot_h, ticks=y_ticks, tick_x=TITLE_ROOM)
     for i in range(5):
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
         odd = " x-odd" if i % 2 else ""

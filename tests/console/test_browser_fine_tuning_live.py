@@ -11,6 +11,7 @@ from finetuning.models import FineTuningJob, JobEvent
 from registry.models import BaseModel
 from tests.console.live import CHANNELS_REDIS
 from tests.console.test_browser import PASSWORD, log_in
+from tests.console.test_browser_charts import AXIS_SIZES_AND_OVERLAPS, CLIPPED_LABELS
 from tests.finetuning.test_console_page import _job
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
 
@@ -56,4 +57,9 @@ def test_a_running_jobs_curve_grows_live(browser, live_server_asgi, settings):
         page.wait_for_selector(f"#loss-chart svg[data-steps='{step}']", timeout=10_000)
     assert page.evaluate("window.__sameDocument") is True
     assert page.evaluate("document.body.dataset.liveRefreshedBy") == "socket"
+    # On a phone the curve's axis labels are drawn whole and at least 12 px high.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    assert page.evaluate(CLIPPED_LABELS) == []
+    assert all(measured["smallest"] >= 12 for measured in page.evaluate(AXIS_SIZES_AND_OVERLAPS))
     page.context.close()

@@ -5,13 +5,13 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from console.access import Role, tenant_page
-from console.charts import nice_ceiling
+from console.charts import AXIS_CHAR, axis_margin, nice_ceiling, quarter_grid
 from console.listing import listing
 from console.pages import render_page
 from finetuning.selectors import events_of, job_get, jobs_of, loss_curve
 
 WIDTH, HEIGHT = 760, 240
-LEFT, RIGHT, TOP, BOTTOM = 52, 20, 14, 28
+LEFT, RIGHT, TOP, BOTTOM = 52, 24, 14, 42
 SORTABLE = {"created": ("created_at", "id"), "status": ("status", "id")}
 
 
@@ -25,25 +25,25 @@ def loss_chart(curve: list[dict], *, total_steps: int) -> SafeString:
     valid = [(row["step"], float(row["valid_loss"])) for row in curve if row.get("valid_loss") is not None]
     if not train:
         return mark_safe("")
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     top = nice_ceiling(max(v for _, v in train + valid))
+    ticks = [f"{top * (1 - i / 4):.3g}" for i in range(5)]
+    left = axis_margin(ticks, minimum=LEFT, char_width=AXIS_CHAR)  # room for the ticks at a phone's font
+    plot_w, plot_h = WIDTH - left - RIGHT, HEIGHT - TOP - BOTTOM
     steps = max(total_steps, train[-1][0], 1)
 
     def x_of(step: int) -> float:
-        return LEFT + plot_w * step / steps
+        return left + plot_w * step / steps
 
     def y_of(value: float) -> float:
         return TOP + plot_h * (1 - value / top)
 
     parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="Training and validation '
              f'loss" data-steps="{len(train)}" data-validations="{len(valid)}">']  # fmt: skip
-    for i in range(5):
-        y = TOP + plot_h * i / 4
-        parts.append(f'<line class="grid-line" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="axis" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{top * (1 - i / 4):.3g}</text>')
+    parts += quarter_grid(x1=left, x2=WIDTH - RIGHT, plot_h=plot_h, ticks=ticks, tick_x=2)
     for i in range(5):
         step = round(steps * i / 4)
-        parts.append(f'<text class="axis" x="{x_of(step):.1f}" y="{HEIGHT - 8}" text-anchor="middle">{step}</text>')
+        anchor = "end" if i == 4 else "middle"
+        parts.append(f'<text class="axis x" x="{x_of(step):.1f}" y="{HEIGHT - 6}" text-anchor="{anchor}">{step}</text>')
     parts.append(f'<path class="loss-train" fill="none" stroke="#4f46e5" stroke-width="2" d="{_polyline(train, x_of, y_of)}">'
                  f'<title>training loss, last {train[-1][1]:.4f}</title></path>')  # fmt: skip
     for step, value in valid:

@@ -189,11 +189,12 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
 
 
 def paged_attention_prefill(q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales=None,
-                            v_scales=None, *, window=None, softcap=None):
+                            v_scales=None, *, window=None, softcap=None, key_limits=None):
     args = (q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, scale, k_scales, v_scales)
     if backend_for(q) == "triton":
-        return _paged_attention_prefill.paged_attention_prefill(*args, window=window, softcap=softcap)
-    return reference.paged_attention_prefill(*args, window=window, softcap=softcap)
+        return _paged_attention_prefill.paged_attention_prefill(*args, window=window, softcap=softcap,
+                                                                key_limits=key_limits)
+    return reference.paged_attention_prefill(*args, window=window, softcap=softcap, key_limits=key_limits)
 
 
 def rms_norm(x, weight, eps, residual=None):

@@ -45,12 +45,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # softmax in base 2: exp
 @triton.jit(do_not_specialize=["batch"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_ptr, tables_ptr, context_ptr, tile_seq_ptr, tile_idx_ptr, out_ptr,
-    k_scales_ptr, v_scales_ptr, scale, softcap, window, head_dim, batch,
+    k_scales_ptr, v_scales_ptr, limits_ptr, scale, softcap, window, head_dim, batch,
     q_stride_t, q_stride_h, cache_stride_blk, cache_stride_tok, cache_stride_h, table_stride,
     out_stride_t, out_stride_h,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_LIMITS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -74,6 +74,10 @@ def _prefill_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     end = tl.minimum(context, context - q_len + (m_block + 1) * BLOCK_M)
+    q_last = q_pos  # the last key each query sees
+    if HAS_LIMITS:  # keys past a query's own position, up to its limit (attention both ways)
+        q_last = tl.load(limits_ptr + rows_q, mask=m_mask, other=0).to(tl.int32)
+        end = tl.minimum(context, tl.maximum(end, tl.max(tl.where(m_mask, q_last, 0)) + 1))
     table = tables_ptr + seq.to(tl.int64) * table_stride
     lo = 0  # the first key any query of the tile sees: blocks before the window are never read
     if HAS_WINDOW:
@@ -91,7 +95,7 @@ def _prefill_kernel(
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
         if HAS_SOFTCAP:
             s = softcap * tanh(s / softcap)
-        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        visible = n_mask[None, :] & (offs_n[None, :] <= q_last[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s * LOG2E, float("-inf"))
@@ -128,11 +132,13 @@ def paged_attention_prefill(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    key_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For new token i of sequence b (row cu_seqlens_q[b] + i) at position p = context_lens[b] - n_b + i:
-    out[row, h] = softmax(cap(scale * q[row, h] @ K_b[lo:p + 1].T)) @ V_b[lo:p + 1], K_b/V_b read through
+    out[row, h] = softmax(cap(scale * q[row, h] @ K_b[lo:last + 1].T)) @ V_b[lo:last + 1], K_b/V_b read through
     block_tables[b] (cached prefix and the new tokens, already stored), kv head h // (heads // kv_heads);
     lo = 0, or with a window max(0, p - window + 1) (blocks before every query's window are not read);
+    last = p, or key_limits[row] (p <= it < context_lens[b]: a token that also sees later ones of its chunk);
     cap(s) = softcap * tanh(s / softcap) with a softcap, else s.
 
     q [T, heads, D] (last dim contiguous); k_cache, v_cache [num_blocks, bs, kv_heads, D] contiguous,
@@ -151,6 +157,9 @@ def paged_attention_prefill(
                         context_lens=context_lens)
     fp8 = require_kv_scales(k_cache, k_scales, v_scales)
     require_window_softcap(window, softcap)
+    if key_limits is not None:
+        require_index("key_limits", key_limits, total)
+        require_same_device(q=q, key_limits=key_limits)
     if not fp8:
         k_scales = v_scales = context_lens  # unused
     out = torch.empty(total, heads, head_dim, dtype=q.dtype, device=q.device)  # [T, heads, D]
@@ -161,11 +170,13 @@ def paged_attention_prefill(
     tile_seq, tile_idx = _tile_map(cu_seqlens_q, config["BLOCK_M"], num_tiles)
     _prefill_kernel[(num_tiles, heads)](
         q, k_cache, v_cache, cu_seqlens_q, block_tables, context_lens, tile_seq, tile_idx, out,
-        k_scales, v_scales, scale, softcap or 1.0, window or 0, head_dim, batch,
+        k_scales, v_scales, context_lens if key_limits is None else key_limits, scale, softcap or 1.0, window or 0,
+        head_dim, batch,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
         BLOCK_D=max(next_power_of_2(head_dim), 16), BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype),
-        FP8=fp8, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, num_warps=config["num_warps"],
+        FP8=fp8, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_LIMITS=key_limits is not None,
+        num_warps=config["num_warps"],
     )
     return out

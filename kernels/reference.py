@@ -174,17 +174,21 @@ def paged_attention_prefill(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    key_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New tokens of a ragged batch attending causally to cached prefix blocks and to themselves.
 
     for b: n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]; c_b = context_lens[b]
         token i of sequence b (row cu_seqlens_q[b] + i) sits at position p = c_b - n_b + i
-        lo = 0, or max(0, p - window + 1) with a window
-        s[j] = scale * q[row, h] @ keys[j] for lo <= j <= p, capped: softcap * tanh(s[j] / softcap) with a softcap
-        out[row, h] = softmax(s) @ values[lo:p+1]
+        lo = 0, or max(0, p - window + 1) with a window; last = key_limits[row] if given, else p
+        s[j] = scale * q[row, h] @ keys[j] for lo <= j <= last, capped: softcap * tanh(s[j] / softcap) with a
+        softcap
+        out[row, h] = softmax(s) @ values[lo:last+1]
         with keys[j] = k_cache[block_tables[b, j // bs], j % bs, h // (heads // kv_heads)]
 
     window and softcap as in paged_attention_decode (a key at j is seen from p when p - window < j <= p).
+    key_limits [T] int (p <= key_limits[row] < c_b): the last key each new token sees, past its own position
+    for a token that attends both ways (an image's tokens see the whole image: Gemma 3).
     q [T, heads, D]; k_cache, v_cache [num_blocks, bs, kv_heads, D]; cu_seqlens_q [B + 1] int;
     block_tables [B, max_blocks] int; context_lens [B] int (includes the new tokens, already stored);
     returns out [T, heads, D] in q.dtype. An fp8 cache is read with its scales (paged_attention_decode).
@@ -211,7 +215,8 @@ def paged_attention_prefill(
         qg = q[start:end].float().view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [kvh, G, n, D] (a view)
         q_pos = torch.arange(ctx - n, ctx, device=q.device)
         key_pos = torch.arange(first * block_size, ctx, device=q.device)[None, :]
-        visible = key_pos <= q_pos[:, None]  # [n, ctx]
+        last = q_pos if key_limits is None else key_limits[start:end].long()  # [n]
+        visible = key_pos <= last[:, None]  # [n, ctx]
         if window is not None:
             visible &= key_pos > q_pos[:, None] - window
         attn = _attend(qg, keys, values, visible, scale, softcap)  # [kvh, G, n, D]

@@ -1,5 +1,6 @@
 """Triton paged attention (decode, prefill) and store_kv against the references."""
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -247,3 +248,56 @@ def test_attention_launchers_refuse_a_bad_window(device):
     with pytest.raises(ValueError, match="softcap"):
         cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
         load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.2, softcap=-1.0)
+
+
+def _image_limits(batch) -> torch.Tensor:
+    """key_limits [T] for each sequence's new tokens: runs of 4, 2, 6, 3, 9, 1, ... tokens, every other run text
+    (each token sees up to itself) and the others "images" whose tokens all see the run's last token."""
+    limits = []
+    for context, new in batch:
+        first = context - new
+        row, at, runs = list(range(first, context)), 0, itertools.cycle([4, 2, 6, 3, 9, 1])
+        for is_image in itertools.cycle([False, True]):
+            if at >= new:
+                break
+            end = min(at + next(runs), new)
+            if is_image:
+                row[at:end] = [first + end - 1] * (end - at)
+            at = end
+        limits += row
+    return torch.tensor(limits, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 5], ids=["full", "window-5"])
+@pytest.mark.parametrize("batch", list(PREFILL_BATCHES.values()), ids=list(PREFILL_BATCHES))
+def test_prefill_with_key_limits_matches_reference(batch, window, dtype, device):
+    """Spans of new tokens that attend both ways (Gemma 3's images), with and without a window."""
+    layout = LAYOUTS["bs16-gqa4-d40"]
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [c for c, _ in batch], dtype, device)
+    cu = torch.tensor([0, *[n for _, n in batch]]).cumsum(0).to(device=device, dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), layout.heads, layout.head_dim).to(device=device, dtype=dtype)
+    limits = _image_limits(batch).to(device)
+    out = load_triton_op("paged_attention_prefill")(q, k_cache, v_cache, cu, tables, lens, 0.2, window=window,
+                                                    key_limits=limits)
+    expected = reference.paged_attention_prefill(q.cpu(), k_cache.cpu(), v_cache.cpu(), cu.cpu(), tables.cpu(),
+                                                 lens.cpu(), 0.2, window=window, key_limits=limits.cpu())
+    assert_close(out.cpu(), expected)
+
+
+def test_reference_key_limits_are_a_mask_on_dense_attention():
+    """The reference with key_limits against plain softmax attention over the sequence's keys, masked by hand."""
+    layout = Layout(4, 2, 1, 8)
+    context, new = 23, 15
+    k_cache, v_cache, tables, lens = _paged_cache(layout, [context], torch.float32, "cpu", seed=3)
+    q = torch.randn(new, layout.heads, layout.head_dim, generator=torch.Generator().manual_seed(4))
+    limits = _image_limits([(context, new)])
+    assert (limits > torch.arange(context - new, context)).any()  # some token sees past itself
+    out = reference.paged_attention_prefill(q, k_cache, v_cache, torch.tensor([0, new]), tables, lens, 0.3,
+                                            key_limits=limits)
+    keys = torch.cat([k_cache[tables[0, i]] for i in range(-(-context // 4))])[:context, 0]  # [context, D]
+    values = torch.cat([v_cache[tables[0, i]] for i in range(-(-context // 4))])[:context, 0]
+    mask = torch.arange(context)[None, :] <= limits[:, None].long()  # [new, context]
+    for head in range(layout.heads):
+        scores = (q[:, head] @ keys.T * 0.3).masked_fill(~mask, float("-inf"))
+        torch.testing.assert_close(out[:, head], torch.softmax(scores, dim=-1) @ values)

@@ -8,7 +8,7 @@ to read an engine's /v1/state.
                      "error", "error_type", "choices", "usage"}; finish_reason in FINISH_REASONS
     adapter          the generate request's "adapter": a digest, or {"digest", "path"} (a folder the engine reads), or
                      {"digest", "urls": {file name: signed GET URL}} (remote storage: the engine downloads the canonical
-                     files, quilt_adapter.json and adapter_model.safetensors, into its disk cache and checks them)
+                     files, ADAPTER_FILES, into its disk cache and checks them)
     adapter fault    error_type ADAPTER_UNAVAILABLE: in the final event, or as the HTTP 503 answer's
                      {"error": {"type": ADAPTER_UNAVAILABLE, "message", "param": "adapter"}}; only that request
                      fails, the engine stays healthy
@@ -27,10 +27,11 @@ import json
 from engine.usage.event import FINISH_REASONS, SCHEMA_VERSION, TASK_NAME, UsageEvent
 
 __all__ = [
-    "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
+    "ADAPTER_FILES", "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS", "KEEP_ALIVE_SECONDS", "SCHEMA_VERSION", "TASK_NAME",
     "UsageEvent", "billed_cached_tokens", "prompt_fingerprints", "state_load", "state_resident_digests",
 ]  # fmt: skip
 
+ADAPTER_FILES = ("quilt_adapter.json", "adapter_model.safetensors")  # what an engine downloads of an adapter
 EVENT_DELTA = "delta"
 EVENT_FINAL = "final"
 ADAPTER_UNAVAILABLE = "adapter_unavailable"

@@ -12,11 +12,13 @@ from typing import Any
 
 from adapters.layout import WEIGHTS_NAME
 from adapters.loaded import SIDECAR_NAME
+from engine.contract import ADAPTER_FILES
 from engine.sampling_params import SamplingParams
 from engine.server.body_checks import BadRequest, is_int, is_number, object_fields
 from engine.server.kv_protocol import KVTransfer, parse_kv_transfer
 
-FETCHED_FILES = (SIDECAR_NAME, WEIGHTS_NAME)  # what the engine reads of a canonical adapter
+FETCHED_FILES = ADAPTER_FILES  # what the engine reads of a canonical adapter
+assert set(FETCHED_FILES) == {SIDECAR_NAME, WEIGHTS_NAME}, FETCHED_FILES
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}

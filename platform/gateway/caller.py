@@ -22,7 +22,7 @@ from gateway.hot_settings import hot
 from gateway.request_guard import model_name_check
 from metering.pricing import Rates, plan_rates, request_price
 from registry.selectors import ModelNotFound, ResolvedModel, model_resolve, models_for_tenant
-from registry.storage import adapter_store_root
+from registry.storage import adapter_store_root, canonical_urls
 from tenancy.audit import Actor
 from tenancy.authority import actor_role
 from tenancy.models import Membership
@@ -43,6 +43,17 @@ class Target:
     digest: str | None
     adapter_path: str | None
     created: int = 0  # Unix seconds: the base model's registration, the adapter's creation, a pinned version's upload
+    adapter_urls: dict[str, str] | None = None  # signed GET URLs of its files (S3): engines download it themselves
+
+    @property
+    def engine_adapter(self) -> dict | None:
+        """The generate request's "adapter" (engine.contract): its signed URLs where the storage signs them, else the
+        folder engines read it from."""
+        if self.digest is None:
+            return None
+        if self.adapter_urls is not None:
+            return {"digest": self.digest, "urls": self.adapter_urls}
+        return {"digest": self.digest, "path": self.adapter_path}
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,7 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
         digest=digest,
         adapter_path=str(adapter_store_root() / digest) if digest else None,
         created=int(_created(resolved, pinned="@" in name).timestamp()),
+        adapter_urls=canonical_urls(digest=digest) if digest else None,
     )
 
 

@@ -130,10 +130,10 @@ def end_lease(hop: PrefillHop, request_id: str) -> None:
     _spawn(engine_client.abort(hop.engine, request_id))
 
 
-def prefetch_soon(engine: EngineRef, *, digest: str, path: str) -> None:
-    """Warms the adapter on the decode engine while the prefill engine computes (it is loaded there anyway when
-    the decode hop arrives: the same ensure path as every request)."""
-    _spawn(engine_client.prefetch(engine, digest=digest, path=path))
+def prefetch_soon(engine: EngineRef, *, adapter: dict) -> None:
+    """Warms the adapter (the generate request's "adapter") on the decode engine while the prefill engine computes
+    (it is loaded there anyway when the decode hop arrives: the same ensure path as every request)."""
+    _spawn(engine_client.prefetch(engine, adapter=adapter))
 
 
 def _spawn(coroutine) -> None:

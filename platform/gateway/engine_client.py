@@ -274,10 +274,11 @@ async def generate_whole(engine: EngineRef, payload: dict, *, timeout_s: float) 
     return answer
 
 
-async def prefetch(engine: EngineRef, *, digest: str, path: str, tier: str = "gpu") -> None:
-    """Asks the engine to load an adapter ahead of a request (POST /v1/adapters/prefetch); a failure only means
-    the request that follows loads it itself."""
-    body = json.dumps({"digest": digest, "path": path, "tier": tier}).encode()
+async def prefetch(engine: EngineRef, *, adapter: dict, tier: str = "gpu") -> None:
+    """Asks the engine to load an adapter (the generate request's "adapter": digest and path, or digest and signed
+    URLs) ahead of a request (POST /v1/adapters/prefetch); a failure only means the request that follows loads it
+    itself."""
+    body = json.dumps({**adapter, "tier": tier}).encode()
     try:
         response = await _client().request("POST", f"{engine.url}/v1/adapters/prefetch",
                                            headers=_post_headers(engine), body=body, read_timeout=10.0)  # fmt: skip
@@ -306,7 +307,7 @@ def state_sync(*, url: str, token: str, timeout: float = 3.0) -> dict:
         return response.json()
 
 
-def prefetch_sync(*, url: str, token: str, digest: str, path: str, timeout: float = 10.0) -> None:
+def prefetch_sync(*, url: str, token: str, adapter: dict, timeout: float = 10.0) -> None:
     headers = {"Authorization": f"Bearer {token or settings.QUILT_ENGINE_TOKEN}"}
     with httpx.Client(timeout=timeout) as client:
-        client.post(f"{url}/v1/adapters/prefetch", json={"digest": digest, "path": path}, headers=headers).raise_for_status()
+        client.post(f"{url}/v1/adapters/prefetch", json=adapter, headers=headers).raise_for_status()

@@ -231,7 +231,7 @@ class Exchange:
         digest = self.target.digest
         router.started(engine, digest, fingerprints)
         if digest and digest not in decode.resident:
-            prefetch_soon(decode, digest=digest, path=self.target.adapter_path)
+            prefetch_soon(decode, adapter=self.target.engine_adapter)
         try:
             payload = prefill_payload(self.payload(engine), lease_ttl_s=settings.QUILT_KV_LEASE_TTL_SECONDS)
             self.prefill = await prefill_hop(engine, payload, request_id=self.request_id,

@@ -13,6 +13,7 @@ from django.utils import timezone
 from gateway import engine_client
 from gateway.models import Engine, EngineLife
 from gateway.routing import resident_digests
+from registry.storage import canonical_urls
 from tenancy.audit import Actor, audit_record
 
 log = logging.getLogger(__name__)
@@ -141,12 +142,14 @@ def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_p
     """Asks every engine up that held the old version to warm the new one; returns their names."""
     if not old_digest or old_digest == new_digest:
         return []
+    urls = canonical_urls(digest=new_digest)
+    adapter = {"digest": new_digest, "path": new_path} if urls is None else {"digest": new_digest, "urls": urls}
     warmed = []
     for engine in Engine.objects.up().filter(enabled=True):
         if old_digest not in resident_digests(engine.state):
             continue
         try:
-            engine_client.prefetch_sync(url=engine.url, token=engine.token, digest=new_digest, path=new_path)
+            engine_client.prefetch_sync(url=engine.url, token=engine.token, adapter=adapter)
         except httpx.HTTPError as error:
             log.warning("prefetch of %s on %s failed: %s", new_digest[:12], engine.name, error)
             continue

@@ -22,7 +22,7 @@ class Serving:
         # The engine payload's fields in their order: the ones set to None here are the request's own.
         self.payload = {
             "request_id": None, "tenant": self.tenant, "weight": caller.weight, "api_key_id": str(caller.key_id),
-            "adapter": {"digest": target.digest, "path": target.adapter_path} if target.digest else None,
+            "adapter": target.engine_adapter,
             "sampling": None, "stream": True,
         }  # fmt: skip
         self.metadata = {  # the usage metadata's, the engine's name set per request

@@ -2,8 +2,9 @@
 
 Keys: `adapters/<digest>/<file>` holds what `LoadedAdapter.save` writes (the sidecar is written last and
 marks the blob complete); `adapter-uploads/<uuid>/<file>` holds an upload until it is validated.
-With the filesystem storage the engines read `adapter_store_root()` directly; with a remote storage
-(S3) canonical forms are mirrored on demand into QUILT_ADAPTER_CACHE_DIR, which is then the root.
+With the filesystem storage the engines read `adapter_store_root()` directly. With a storage that signs URLs (S3)
+engines are handed signed GET URLs of the files they read (`canonical_urls`) and download them themselves: no
+shared volume. Any other remote storage is mirrored on demand into QUILT_ADAPTER_CACHE_DIR, which is then the root.
 """
 
 import os
@@ -21,6 +22,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 
 import adapters
+from engine.contract import ADAPTER_FILES
 
 CANONICAL_PREFIX = "adapters"
 UPLOAD_PREFIX = "adapter-uploads"
@@ -45,6 +47,24 @@ def adapter_store_root() -> Path:
 
 def canonical_key(digest: str) -> str:
     return f"{CANONICAL_PREFIX}/{digest}"
+
+
+def _signs_urls(storage: Storage) -> bool:
+    if _is_local(storage):
+        return False
+    from storages.backends.s3 import S3Storage  # boto3 with it: imported only where the storage is remote
+
+    return isinstance(storage, S3Storage) and storage.querystring_auth
+
+
+def canonical_urls(*, digest: str) -> dict[str, str] | None:
+    """Signed GET URLs of the canonical files an engine downloads (ADAPTER_FILES), each valid for
+    QUILT_ADAPTER_URL_SECONDS, where the storage signs them (S3); None where engines read a folder instead."""
+    storage = blob_storage()
+    if not _signs_urls(storage):
+        return None
+    key = canonical_key(digest)
+    return {name: storage.url(f"{key}/{name}", expire=settings.QUILT_ADAPTER_URL_SECONDS) for name in ADAPTER_FILES}
 
 
 def _save(storage: Storage, name: str, content: File) -> None:

@@ -12,21 +12,19 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import boto3
 import httpx
 import pytest
-from moto.server import ThreadedMotoServer
 
 import adapters
 from tests.engine.conftest import (
     Oracle,
     build_adapter,
-    free_port,
     launch_engine_server,
     metric,
     random_prompts,
     wait_until_healthy,
 )
+from tests.s3 import s3_server
 
 TOKEN = "test-engine-token"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -103,15 +101,9 @@ def canonical(checkpoints, peft_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3():
-    """moto's S3 server on a free port, a bucket, and a boto3 client for it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    client.create_bucket(Bucket=BUCKET)
-    yield client
-    server.stop()
+    """moto's S3 server and a boto3 client for it."""
+    with s3_server(BUCKET) as server:
+        yield server.client
 
 
 def upload(s3, digest: str, folder) -> None:

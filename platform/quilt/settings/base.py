@@ -8,6 +8,7 @@ from pathlib import Path
 
 import environ
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VAR_DIR = REPO_ROOT / "var"
@@ -246,7 +247,13 @@ QUILT_ADAPTER_MAX_RANK = env.int("QUILT_ADAPTER_MAX_RANK", default=256)
 QUILT_ADAPTER_VALIDATION_LEASE_SECONDS = env.int("QUILT_ADAPTER_VALIDATION_LEASE_SECONDS", default=600)
 QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS = env.int("QUILT_ADAPTER_VALIDATION_MAX_ATTEMPTS", default=3)
 QUILT_ADAPTER_GC_GRACE_SECONDS = env.int("QUILT_ADAPTER_GC_GRACE_SECONDS", default=3600)
-# With a remote (S3) storage, canonical adapters are mirrored here for engines on this machine.
+# With S3, engines download adapters through signed URLs valid this long. The gateway keeps a model's URLs as long as
+# its resolved model (QUILT_KEY_CACHE_SECONDS), so this must be well past that.
+QUILT_ADAPTER_URL_SECONDS = env.int("QUILT_ADAPTER_URL_SECONDS", default=900)
+if QUILT_ADAPTER_URL_SECONDS < 4 * QUILT_KEY_CACHE_SECONDS:
+    raise ImproperlyConfigured("QUILT_ADAPTER_URL_SECONDS must be at least 4 x QUILT_KEY_CACHE_SECONDS: a gateway "
+                               "hands an adapter's signed URLs for as long as it keeps the resolved model")
+# With a remote storage that signs no URLs, canonical adapters are mirrored here for engines on this machine.
 QUILT_ADAPTER_CACHE_DIR = Path(env("QUILT_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache")))
 # Where a process without a shared channel layer (the embedded demo's worker) relays live pushes: the web server's
 # /internal/live-relay/ (set by `manage.py demo`; empty with Redis, whose channel layer reaches every process).

@@ -14,7 +14,7 @@ COPY pyproject.toml ./
 COPY kernels/ kernels/
 COPY adapters/ adapters/
 COPY engine/ engine/
-RUN useradd --create-home quilt && mkdir -p /app/var/usage /app/var/usage-spool && chown -R quilt /app/var
+RUN useradd --create-home quilt && mkdir -p /app/var/usage /app/var/usage-spool /app/var/adapter-cache && chown -R quilt /app/var
 USER quilt
 EXPOSE 8100
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

@@ -55,3 +55,33 @@ def test_compose_scales_engines_without_a_host_port():
     assert "--usage-spool" not in compose["command"]  # one spool file per engine, named by the engine
     main = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]
     assert "register-engine" not in main and "gateway" in main["gateway"]["environment"]["ALLOWED_HOSTS"]
+
+
+def test_no_pod_shares_a_volume_for_adapters():
+    """Adapter blobs live in S3: the gateway and the worker write them there, and each engine downloads what it serves
+    into its own disk cache (an emptyDir bounded above the engine's byte bound). No ReadWriteMany claim is needed."""
+    found = manifests()
+    assert not [name for (kind, name), doc in found.items() if kind == "PersistentVolumeClaim"
+                and "ReadWriteMany" in doc["spec"]["accessModes"]]  # fmt: skip
+    assert found[("ConfigMap", "quilt-config")]["data"]["AWS_STORAGE_BUCKET_NAME"]
+    for name in ("quilt-gateway", "quilt-worker", "quilt-engine"):
+        pod = found[("Deployment", name)]["spec"]["template"]["spec"]
+        claims = {v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+        assert claims <= {"quilt-models"}, (name, claims)
+    pod = found[("Deployment", "quilt-engine")]["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--adapter-store" not in args
+    cache_dir = args[args.index("--adapter-disk-cache") + 1]
+    cache_bytes = int(args[args.index("--adapter-disk-cache-bytes") + 1])
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == cache_dir)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    size_limit = volume["emptyDir"]["sizeLimit"]
+    assert size_limit.endswith("Gi") and int(size_limit[:-2]) * 1024**3 > cache_bytes
+
+
+def test_compose_engines_download_adapters_when_storage_is_remote():
+    compose = yaml.safe_load((REPO / "docker" / "compose.engine.yaml").read_text())["services"]["engine"]
+    cache_dir = compose["command"][compose["command"].index("--adapter-disk-cache") + 1]
+    assert any(volume.endswith(f":{cache_dir}") for volume in compose["volumes"])
+    platform = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"]["gateway"]["environment"]
+    assert "AWS_STORAGE_BUCKET_NAME" in platform

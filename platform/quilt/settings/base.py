@@ -173,7 +173,17 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 if env("AWS_STORAGE_BUCKET_NAME", default=""):
-    STORAGES["default"] = {"BACKEND": "storages.backends.s3.S3Storage"}
+    # Adapter blobs in S3 (or an S3-compatible store at AWS_S3_ENDPOINT_URL); credentials from boto3's own chain
+    # (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a pod's web identity, an instance profile). Engines download what
+    # they serve through signed URLs (registry.storage.canonical_urls): no volume is shared with them.
+    STORAGES["default"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": env("AWS_STORAGE_BUCKET_NAME"),
+        "region_name": env("AWS_S3_REGION_NAME", default="") or None,
+        "endpoint_url": env("AWS_S3_ENDPOINT_URL", default="") or None,
+        "signature_version": "s3v4",
+        "querystring_auth": True,
+        "file_overwrite": True,
+    }}  # fmt: skip
 
 LOGIN_URL = "console:login"
 CSRF_FAILURE_VIEW = "console.views.csrf.csrf_failure"

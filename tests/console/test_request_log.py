@@ -282,6 +282,7 @@ def test_an_anonymous_refusal_is_in_the_staffs_log_alone(tenant, member_of, staf
     assert [(row.request_id, row.tenant_id, row.api_key_prefix) for row in rows] == [("anonymous-1", None, "AbCd1234")]
     detail = staff_client.get(reverse("console:platform-request", kwargs={"request_id": "anonymous-1"}))
     assert detail.status_code == 200 and b"refused before a key let it in" in detail.content
+    assert b"Not charged: the gateway refused it." in detail.content and b"$0.00 / $0.00" not in detail.content
     exported = staff_client.get(reverse("console:platform-requests-csv"))
     assert "anonymous-1" in b"".join(exported.streaming_content).decode()
     client, _ = member_of(tenant, "viewer")

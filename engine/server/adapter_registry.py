@@ -126,6 +126,12 @@ class AdapterRegistry:
             raise AdapterUnavailable(digest, failure_reason(error)) from error
         return prepared, time.perf_counter() - started
 
+    def unreadable(self, ref: AdapterRef | None) -> None:
+        """The engine could not read a known adapter again (its host copy had gone, and the file failed its checks):
+        a downloaded one leaves the disk cache, so the next request downloads it again."""
+        if ref is not None and ref.urls is not None and self.fetcher is not None:
+            self.fetcher.cache.discard(ref.digest)
+
     def _forget(self, digest: str) -> None:
         """Its files left the disk cache: the next request for it downloads them again."""
         self.known.pop(digest, None)

@@ -144,12 +144,14 @@ class EngineAPI:
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
             if first[0] == "end" and adapter_unavailable(first[1]):
+                self.registry.unreadable(generate.adapter)
                 return unavailable_response(first[1])
             return EventStream(ndjson_events(handle, first, self.loop.abort_soon), media_type="application/x-ndjson")
         end = await self.wait(request, handle)
         if end is None:
             return Response(status_code=499)
         if adapter_unavailable(end):
+            self.registry.unreadable(generate.adapter)
             return unavailable_response(end)
         return JSONResponse(final_event(handle, end))
 
@@ -167,6 +169,7 @@ class EngineAPI:
             if end is None and handle.lease is not None:  # it ended as the client went: nobody will pull
                 await self.loop.call(lambda engine: self.loop.leases.release(handle.lease.id, "released"))
             if end is not None and adapter_unavailable(end):
+                self.registry.unreadable(generate.adapter)
                 return unavailable_response(end)
             if end is not None and end.finish_reason == "error":
                 message = next((o.error for o in end.outputs if o.error), "the prefill failed")

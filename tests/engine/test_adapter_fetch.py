@@ -250,6 +250,26 @@ def test_a_blob_that_does_not_match_its_digest_is_refused_and_never_served(serve
     s3.delete_object(Bucket=BUCKET, Key=f"adapters/{digest}/{FILES[1]}")
 
 
+def test_a_cached_blob_whose_bytes_changed_on_disk_is_refused_and_downloaded_again(server, s3, canonical, oracle):
+    digest, folder = canonical["b"]
+    upload(s3, digest, folder)
+    ref = {"digest": digest, "urls": signed_urls(s3, digest)}
+    prompt = random_prompts(86, [6])[0]
+    expected = oracle.greedy(prompt, "b", MAX_TOKENS)
+    assert tokens(generate(server, prompt, ref)) == expected
+    assert server.delete(f"/v1/adapters/{digest}").status_code == 200  # out of memory: the next read is from disk
+    weights = server.cache_dir / digest / FILES[1]
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    weights.write_bytes(data)
+    fetched = downloads(server)
+    response = generate(server, prompt, ref)
+    assert response.status_code == 503 and response.json()["error"]["type"] == "adapter_unavailable", response.text
+    assert not (server.cache_dir / digest).exists()
+    assert tokens(generate(server, prompt, ref)) == expected
+    assert downloads(server) == fetched + 1
+
+
 def test_the_disk_cache_never_exceeds_its_bound(server, s3, canonical, oracle, bound):
     prompt = random_prompts(85, [6])[0]
     order = ["c", "d", "e", "c"]  # three blobs past a bound of two and a half: "c" is let go, then fetched again

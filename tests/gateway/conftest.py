@@ -219,8 +219,14 @@ def _seed(stack: Stack) -> None:
         price_input_per_mtok=Decimal("0.15"), price_cached_input_per_mtok=Decimal("0.05"),
         price_output_per_mtok=Decimal("0.6"),
     ))  # fmt: skip
+    # One request at a time, its bodies kept in the request log (test_stream_end)
+    kept = TenantFactory(slug="gw-kept", request_body_retention_days=7, plan=Plan.objects.create(
+        slug="gw-kept", name="Kept", requests_per_minute=10_000, tokens_per_minute=10_000_000,
+        max_concurrent_requests=1,
+    ))  # fmt: skip
     for name, tenant in (("main", main), ("rival", rival), ("budget", budget), ("broke", broke), ("priced", priced),
-                         ("hangup", hangup), ("keyed", keyed), ("exact", exact), ("busy", busy)):  # fmt: skip
+                         ("hangup", hangup), ("keyed", keyed), ("exact", exact), ("busy", busy),
+                         ("kept", kept)):  # fmt: skip
         stack.ids[name] = tenant.pk
     for tenant, adapter, path in ((main, "support", "a"), (main, "shouty", "b"), (rival, "secret", "a"),
                                   (rival, "fragile", "c")):  # fmt: skip
@@ -244,6 +250,7 @@ def _seed(stack: Stack) -> None:
         ("keyed-tpm", keyed, [Scope.INFERENCE], {"tokens_per_minute": KEY_TPM}),
         ("exact", exact, [Scope.INFERENCE], {"monthly_spend_limit": EXACT_KEY_BUDGET}),
         ("busy", busy, [Scope.INFERENCE], {"monthly_spend_limit": Decimal("100")}),
+        ("kept", kept, [Scope.INFERENCE], {}),
     ):
         key, plaintext = make_key(tenant, scopes=scopes, name=name, **extra)
         stack.keys[name], stack.ids[f"key-{name}"] = plaintext, key.prefix

@@ -7,12 +7,14 @@ from gateway.admission import admission_admit, spend_to_micros, spend_to_picos
 from gateway.budget_notices import budget_exhausted
 from gateway.caller import Caller, Target
 from gateway.errors import invalid
-from gateway.exchange import Exchange
+from gateway.exchange import Exchange, settles_of
 from gateway.openai_request import GenerationRequest
 from gateway.prompt_tokens import count_prompt_tokens
 from gateway.refusals import ratelimit_headers, refusal
 from gateway.serving import serving
 from metering.pricing import request_price
+
+WINDOW_REASONS = frozenset(("requests", "key_requests"))  # refusals a settle does not change: requests per minute
 
 
 def context_check(generation: GenerationRequest, target: Target) -> None:
@@ -48,6 +50,12 @@ async def admit(
         tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
         key_spend_picos=spend_to_picos(spend), limits=caller.limits,
     )  # fmt: skip
+    if not decision.admitted and decision.reason not in WINDOW_REASONS and await settles_of(caller.tenant_id):
+        # a request of the tenant's whose stream has ended still held its room: its client may ask again at once
+        decision, lease = await admission_admit(
+            tenant_id=caller.tenant_id, request_id=request_id, tokens=tokens, spend_micros=spend_to_micros(spend),
+            key_spend_picos=spend_to_picos(spend), limits=caller.limits,
+        )  # fmt: skip
     headers = ratelimit_headers(caller, decision)
     if not decision.admitted:
         budget_exhausted(tenant_id=caller.tenant_id, reason=decision.reason)

@@ -89,65 +89,48 @@ async def _send(response, send) -> None:
 
 async def _send_chunks(chunks: AsyncIterator[bytes], send) -> None:
     """A streaming response's chunks (`relay._sse`'s, under Django's response), each as it comes; the stream's end
-    ([DONE]) leaves with the response's end, once the iterator has finished (its hold settled)."""
-    last = b""
-    try:
-        async for chunk in chunks:
-            if last:
-                await send({"type": "http.response.body", "body": last, "more_body": True})
-                last = b""
-            if chunk.endswith(DONE):
-                last = chunk
-            else:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except Exception:
-        if last:  # the iterator failed after its end (settling): the client still gets what it was sent before
-            await send({"type": "http.response.body", "body": last, "more_body": True})
-        raise
-    await send({"type": "http.response.body", "body": last})
+    ([DONE]) ends the response at once, and the iterator is read on to its own end after it (its hold settled while
+    the client has its whole answer)."""
+    ended = False
+    async for chunk in chunks:
+        if ended:  # nothing follows the response's end
+            continue
+        ended = chunk.endswith(DONE)
+        await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+    if not ended:
+        await send({"type": "http.response.body", "body": b""})
 
 
 async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None = None) -> None:
-    """A stream's SSE body, its writes as the engine's events arrive (`SseBody.take`), as `_send_chunks` sends
-    `relay._sse`'s: the stream's end ([DONE]) leaves with the response's end, once the body has ended and its hold
-    is settled; a failure of the body settles it first. With `start`, the head leaves in the server's `cycle`'s write
-    of the first chunk (or alone first, when that chunk ends the stream)."""
-    last = b""
-    try:
-        while not body.ended:
-            try:
-                if body.waiting:
-                    await body.arrival()
-                writes = body.take()
-            except BaseException:
-                await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
-                if start is not None:
-                    await send(start)
-                raise
-            for chunk in writes:
-                if start is not None:
-                    if not chunk.endswith(DONE):
-                        await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": True})
-                        start = None
-                        continue
-                    await send(start)
-                    start = None
-                if last:
-                    await send({"type": "http.response.body", "body": last, "more_body": True})
-                    last = b""
-                if chunk.endswith(DONE):  # the stream's end leaves with the response's end (one write), once the body
-                    last = chunk  # has ended (its hold settled)
-                elif cycle is None or not cycle.write_now(chunk, True):  # the server's send, without its coroutine
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await body.exchange.settle()
-        if start is not None:  # nothing was written
-            await send(start)
-    except Exception:
-        if last:  # settling failed after the stream's end: the client still gets what it was sent before
-            await send({"type": "http.response.body", "body": last, "more_body": True})
-        raise
-    if cycle is None or not cycle.write_now(last, False):
-        await send({"type": "http.response.body", "body": last})
+    """A stream's SSE body, its writes as the engine's events arrive (`SseBody.take`). The write that ends the stream
+    ([DONE]) ends the response at once: the hold is settled after it, while the client has its whole answer (the
+    body is read on to its own end first: the engine's response, then nothing that reaches the client). A failure of
+    the body settles it first. With `start`, the head leaves in the server's `cycle`'s write of the first chunk."""
+    ended = False  # the response's end was sent
+    while not body.ended:
+        try:
+            if body.waiting:
+                await body.arrival()
+            writes = body.take()
+        except BaseException:
+            await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
+            if start is not None:
+                await send(start)
+            raise
+        for chunk in writes:
+            if ended:
+                continue
+            ended = chunk.endswith(DONE)
+            if start is not None:
+                await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": not ended})
+                start = None
+            elif cycle is None or not cycle.write_now(chunk, not ended):  # the server's send, without its coroutine
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+    await body.exchange.settle()
+    if start is not None:  # nothing was written
+        await send(start)
+    if not ended and (cycle is None or not cycle.write_now(b"", False)):
+        await send({"type": "http.response.body", "body": b""})
 
 
 _https = SecurityMiddleware(lambda request: None)  # the platform's HTTPS policy (redirect, HSTS, nosniff)

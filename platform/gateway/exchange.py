@@ -291,16 +291,27 @@ class Exchange:
 
     async def settle(self) -> None:
         """Closes the engine stream and replaces the hold by what was served. Runs once. While it runs, a client's
-        disconnect does not cancel its task (`settling`): the relay awaits it without a shield's task of its own."""
+        disconnect does not cancel its task (`settling`): the relay awaits it without a shield's task of its own; and
+        the tenant's next admission that its hold would refuse waits for it (`settles_of`)."""
         if self._settled:
             return
         self._settled = True
         task = current_task()
         _settling.add(task)
+        tenant_id = self.caller.tenant_id
+        done = task.get_loop().create_future()
+        pending = _tenant_settles.get(tenant_id)
+        if pending is None:
+            pending = _tenant_settles[tenant_id] = set()
+        pending.add(done)
         try:
             await self._settle()
         finally:
             _settling.discard(task)
+            pending.discard(done)
+            if not pending and _tenant_settles.get(tenant_id) is pending:
+                del _tenant_settles[tenant_id]
+            done.set_result(None)
 
     async def _settle(self) -> None:
         stream, engine = self.stream, self.engine
@@ -396,9 +407,20 @@ class Exchange:
 _metadata_accepted: dict[str, bool] = {}
 _FINISH_REASON = attrgetter("finish_reason")
 _settling: set[asyncio.Task] = set()  # the tasks running a settle now
+_tenant_settles: dict[int, set[asyncio.Future]] = {}  # tenant id -> its settles running now, each done when it ends
 
 
 def settling(task: asyncio.Task) -> bool:
     """Whether `task` is settling a hold now: a client's disconnect then lets it finish instead of cancelling it."""
     return task in _settling
+
+
+async def settles_of(tenant_id: int) -> bool:
+    """Waits for the settles of `tenant_id`'s requests that run in this process now (their streams' ends have left:
+    the client may already be asking again); whether there were any."""
+    pending = _tenant_settles.get(tenant_id)
+    if not pending:
+        return False
+    await asyncio.wait(list(pending))
+    return True
 _store_bodies = sync_to_async(checked_connection(request_body_store), thread_sensitive=False)

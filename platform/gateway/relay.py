@@ -3,7 +3,8 @@ stream (`exchange`), relay its events as an OpenAI response or SSE stream, and s
 whatever happens.
 
 The hold is settled once (`Exchange.settle`, after the engine stream is closed: closing it makes the engine abort the
-request): by `_whole`'s `finally`, or by the owner of a stream's SSE body when the body ends or fails (`asgi._send_stream`;
+request): by `_whole`'s `finally`, or by the owner of a stream's SSE body when the body ends or fails: after the
+stream's end ([DONE]) has left, so that no client waits on the settle's stores (`asgi._send_stream`;
 `_sse`'s `finally` under Django's response), or when its client left while a write was made (`asgi._generate`). It is
 never cut short by the cancellation that a client's disconnect delivers (a stream's settle is not cancelled at all,
 `exchange.settling`; the others are shielded)."""
@@ -12,7 +13,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from operator import length_hint
 
 from django.http import HttpResponse, StreamingHttpResponse
 
@@ -123,8 +123,6 @@ class SseBody:
 
     ended = False
     waiting = False
-    _sent = False  # a write was made
-    _end: list[bytes] | None = None  # the next take's first chunks
 
     def __init__(self, exchange: Exchange):
         self.exchange = exchange
@@ -136,11 +134,9 @@ class SseBody:
 
     def take(self) -> list[bytes]:
         exchange, builder, stream, lines, usage_field, plain = self._parts
-        events = self._events  # what is left of the events being applied (exhausted, but after a write of the text)
+        events = self._events  # what is left of the events being applied (the first take's; exhausted after it)
         writes: list[bytes] = []
         chunks: list[bytes] = []
-        if self._end is not None:  # the stream's end, after a write of the text before it
-            chunks, self._end = self._end, None
         try:
             if self.waiting:  # the engine's next arrival, or its failure
                 self.waiting = False
@@ -160,15 +156,7 @@ class SseBody:
                             chunks.append(chunk)
                     elif kind == EVENT_FINAL:
                         chunks += builder.finish_chunks(exchange.final(event), usage_field)
-                        end = [builder.usage_chunk(), DONE] if usage_field else [DONE]
-                        if chunks and not (writes or self._sent):  # the whole answer came at once: its text leaves
-                            writes.append(b"".join(chunks))  # now, not with the stream's end, after the settle
-                            if lines or length_hint(events) or not stream.response.complete:  # more may come:
-                                self._end, self._events, self._sent = end, events, True  # read on once it has left
-                                return writes
-                            chunks = end
-                        else:
-                            chunks += end
+                        chunks += [builder.usage_chunk(), DONE] if usage_field else [DONE]
                 if lines:  # arrived meanwhile, or a line that broke off the events before it (breaking the stream)
                     events = iter(stream.arrived())
                     continue
@@ -199,8 +187,6 @@ class SseBody:
             else:
                 chunks.append(error_event(message="The engine failed while generating this response.", code="engine_error"))
             writes.append(b"".join(chunks))
-        if writes:
-            self._sent = True
         return writes
 
 

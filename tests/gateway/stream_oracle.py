@@ -1,7 +1,11 @@
 """The engine stream's reading and relay as they were before one loop replaced them (main at e8fb5ad): GenerateStream's
 `events`, the engine events' `event_read`, Exchange's `reads`/`_read`/`event_ready` and its `_try`'s first event,
-relay's `_sse` and `_whole`, asgi's `_send_stream`, `_chain` and `_generate`'s stream part, as functions of the same
-objects. The oracle of tests/gateway/test_stream_before.py; not used by the gateway."""
+relay's `_sse` and `_whole`, asgi's `_send_stream` and `_generate`'s stream part, as functions of the same
+objects. The oracle of tests/gateway/test_stream_before.py; not used by the gateway.
+
+One change since: the write that ends the stream ([DONE]) ends the response at once, before the settle, rather
+than after it (`send_stream`, `stream_part`), and so leaves with the answer's last text when they come together
+(`sse`: they were two writes, the text's before the settle); what the relay would write after it reaches no client."""
 
 import asyncio
 import json
@@ -166,18 +170,14 @@ async def sse(exchange) -> AsyncIterator[bytes]:  # relay._sse
     include_usage = exchange.generation.include_usage
     builder = exchange.builder
     chunks: list[bytes] = []
-    sent = False
     try:
         async for got in reads(exchange):
             chunks += [chunk for delta in got.deltas if (chunk := builder.chunk(delta, with_usage_field=include_usage))]
             if got.usage is not None:
-                if chunks and not sent:
-                    yield b"".join(chunks)
-                    chunks, sent = [], True
                 chunks += [builder.usage_chunk(), DONE] if include_usage else [DONE]
             if chunks and not event_ready(exchange):
                 yield b"".join(chunks)
-                chunks, sent = [], True
+                chunks = []
         if not exchange.usage_reported:
             chunks.append(DONE)
         if chunks:
@@ -193,27 +193,14 @@ async def sse(exchange) -> AsyncIterator[bytes]:  # relay._sse
 
 
 async def send_stream(chunks: AsyncIterator[bytes], send) -> None:  # asgi._send_stream
-    last = b""
-    try:
-        async for chunk in chunks:
-            if last:
-                await send({"type": "http.response.body", "body": last, "more_body": True})
-                last = b""
-            if chunk.endswith(DONE):
-                last = chunk
-            else:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except Exception:
-        if last:
-            await send({"type": "http.response.body", "body": last, "more_body": True})
-        raise
-    await send({"type": "http.response.body", "body": last})
-
-
-async def chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:  # asgi._chain
-    yield first
-    async for chunk in rest:
-        yield chunk
+    ended = False
+    async for chunk in chunks:
+        if ended:
+            continue
+        ended = chunk.endswith(DONE)
+        await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+    if not ended:
+        await send({"type": "http.response.body", "body": b""})
 
 
 async def stream_part(exchange, body, send, cycle, start) -> None:  # asgi._generate, after open_stream
@@ -226,11 +213,15 @@ async def stream_part(exchange, body, send, cycle, start) -> None:  # asgi._gene
             except BaseException:
                 await send(start)
                 raise
-            if first is None or first.endswith(DONE):
+            if first is None:
                 await send(start)
-                body = body if first is None else chain(first, body)
             else:
-                await cycle.start_with_body(start, {"type": "http.response.body", "body": first, "more_body": True})
+                ended = first.endswith(DONE)
+                await cycle.start_with_body(start, {"type": "http.response.body", "body": first, "more_body": not ended})
+                if ended:  # read on to the body's end (its settle); nothing more is sent
+                    async for _ in body:
+                        pass
+                    return
         await send_stream(body, send)
     finally:
         if not exchange.settled:

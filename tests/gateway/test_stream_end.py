@@ -1,11 +1,11 @@
 """A stream ends when its text ends: the final chunk, the usage and [DONE] leave as soon as the engine's final event
 arrives, and the durability work (the hold's settle in the admission store, the request log's row) runs after,
-with what it guaranteed before: the usage recorded once, the hold released.
+with what it guarantees: the usage recorded once, the hold released.
 
 Each test makes a real store slow while the request is served, after its admission: Redis stopped (SIGSTOP, the
 settle waits for its answer) or the request log's table locked in PostgreSQL (the row of a tenant that keeps bodies
-waits for the lock). The stream's end waited for that store before; the client then read nothing after its last
-text until the store answered."""
+waits for the lock). Where the stream's end waits for that store, the client reads nothing after its last text
+until the store answers, and the reads here time out."""
 
 import json
 import signal
@@ -68,7 +68,7 @@ def test_the_stream_ends_while_the_admission_store_is_stalled(stack, private_red
                           timeout=httpx.Timeout(60, read=END_WAIT)) as response:  # fmt: skip
             assert response.status_code == 200
             request_id = response.headers["x-request-id"]
-            events = read_stream(response, on_first_text=stall)  # ReadTimeout before: the end waited for Redis
+            events = read_stream(response, on_first_text=stall)  # a ReadTimeout where the end waits for Redis
         ended_stalled = stalled.is_set()
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
@@ -112,7 +112,7 @@ def test_a_tenant_at_its_concurrency_asks_again_while_the_request_log_is_locked(
                           timeout=httpx.Timeout(60, read=END_WAIT)) as response:  # fmt: skip
             assert response.status_code == 200
             first_id = response.headers["x-request-id"]
-            first = read_stream(response)  # ReadTimeout before: the end waited for the row's lock
+            first = read_stream(response)  # a ReadTimeout where the end waits for the row's lock
         assert first[-1] == "[DONE]" and not released.is_set()
         timer = threading.Timer(1.0, release)  # the second request is asked while the first still settles
         timer.start()

@@ -1,6 +1,6 @@
-"""Structured outputs and tool calls as real processes: a gateway under uvicorn, an engine on the demo model (whose
-`extract` adapter answers in JSON and whose chat template knows tools), a Celery worker for usage, PostgreSQL and
-Redis. Its own package: the demo model is not the tiny model of tests/gateway's stack, and the two stacks must
+"""Structured outputs, tool calls and outside load tools as real processes: a gateway under uvicorn, an engine on the
+demo model (whose `extract` adapter answers in JSON and whose chat template knows tools), a Celery worker for usage,
+PostgreSQL and Redis. Its own package: the demo model is not the tiny model of tests/gateway's stack, and the two stacks must
 never share a router (this package runs, and is torn down, before that stack starts)."""
 
 import os

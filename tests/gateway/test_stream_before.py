@@ -143,7 +143,8 @@ def an_exchange(rng: random.Random, fields: dict, log: list, engine: Engine, pre
         monkey.setattr(openai_response, "time", SimpleNamespace(time=lambda: 1.0))
         builder = ResponseBuilder(**fields)
     exchange.__dict__.update(
-        request_id="r1", builder=builder, vocabulary=Vocabulary(None), first_token_at=None,
+        request_id="r1", caller=SimpleNamespace(tenant_id=1), builder=builder, vocabulary=Vocabulary(None),
+        first_token_at=None,
         started=0.0, labels=("t", "m", "base"), target=SimpleNamespace(name="m"), engine=ENGINE, usage_reported=False,
         broke=False, error_type=None, _settled=False, first=[], answer_status=200,
         generation=SimpleNamespace(include_usage=include_usage, stream=True, continuous_usage=False),

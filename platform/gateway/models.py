@@ -98,7 +98,7 @@ class AdmissionState(models.Model):
     window_tokens = models.BigIntegerField(default=0)
     month = models.CharField(max_length=7, default="")  # "2026-11"
     month_tokens = models.BigIntegerField(default=0)
-    month_spend_micros = models.BigIntegerField(default=0)
+    month_spend_picos = models.BigIntegerField(default=0)  # the settled requests' prices, exact (1e-12)
     # Per API key with its own limits, by key id: {"start", "requests", "tokens"} of its window and
     # {"month", "spend"} (micro-units) of its settled usage; on this row so that the tenant's lock covers it.
     keys = models.JSONField(default=dict, blank=True)
@@ -123,7 +123,8 @@ class BudgetHold(models.Model):
     api_key_prefix = models.CharField(max_length=16, blank=True, help_text="The key whose own limits it also holds.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     tokens = models.BigIntegerField()
-    spend_micros = models.BigIntegerField()
+    spend_micros = models.BigIntegerField()  # held: the estimate's price, rounded up to a micro-unit
+    spend_picos = models.BigIntegerField(default=0, help_text="Settled: the price counted in its month, exact.")
     key_spend_picos = models.BigIntegerField(default=0, help_text="Its key's share, exact (1e-12 of the currency).")
     window_start = models.BigIntegerField()
     expires_at = models.FloatField()  # unix seconds

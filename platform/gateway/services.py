@@ -173,11 +173,11 @@ def admission_reconcile_all() -> int:
             continue
         if not result.applied:
             log.warning("admission total of tenant %s not reconciled: usage kept settling; next run", tenant_id)
-        elif (result.tokens_before, result.spend_micros_before) != (result.tokens_after, result.spend_micros_after):
+        elif (result.tokens_before, result.spend_picos_before) != (result.tokens_after, result.spend_picos_after):
             changed += 1
             log.warning(
-                "admission total of tenant %s reconciled: %s -> %s tokens, %s -> %s micros", tenant_id,
-                result.tokens_before, result.tokens_after, result.spend_micros_before, result.spend_micros_after,
+                "admission total of tenant %s reconciled: %s -> %s tokens, %s -> %s picos", tenant_id,
+                result.tokens_before, result.tokens_after, result.spend_picos_before, result.spend_picos_after,
             )  # fmt: skip
     return changed + _key_totals_reconcile()
 
@@ -194,8 +194,8 @@ def _key_totals_reconcile() -> int:
         result = key_reconcile(tenant_id=tenant_id, key_prefix=lineage)
         if result is None or not result.applied:
             continue
-        if result.spend_micros_before != result.spend_micros_after:
+        if result.spend_picos_before != result.spend_picos_after:
             changed += 1
-            log.warning("spend of key %s reconciled: %s -> %s picos", lineage, result.spend_micros_before,
-                        result.spend_micros_after)  # fmt: skip
+            log.warning("spend of key %s reconciled: %s -> %s picos", lineage, result.spend_picos_before,
+                        result.spend_picos_after)  # fmt: skip
     return changed

@@ -7,6 +7,7 @@ from django.urls import reverse
 
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from apikeys.services import api_key_create
+from console.money_format import money_exact_text
 from gateway.models import Engine
 from metering.services import usage_ingest
 from tenancy.audit import Actor
@@ -88,7 +89,7 @@ def test_the_tenant_page_shows_admission_drift(staff_client, tenant):
     assert (drift.admission_tokens, drift.recorded_tokens, drift.drift_tokens) == (1_500, 700, 800)
     assert b"Redis month total vs recorded usage" in detail.content
     assert f'data-drift="tokens">{drift.drift_tokens}<'.encode() in detail.content
-    assert f'data-drift="spend">{drift.drift_spend_micros}<'.encode() in detail.content
+    assert f'data-drift="spend">{money_exact_text(drift.drift_spend)}<'.encode() in detail.content
 
 
 def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_assert_max_num_queries):

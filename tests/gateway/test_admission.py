@@ -92,7 +92,7 @@ def test_settling_is_idempotent_and_counts_usage_once(backend, tenant):
     assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=30, spend=Decimal("0.000012")) is False
     assert settle(tenant, request_id, tokens=30) is False
     totals = held_totals(tenant_id=tenant.pk)
-    assert (totals.live_holds, totals.held_tokens, totals.month_tokens, totals.month_spend_micros) == (0, 0, 30, 12)
+    assert (totals.live_holds, totals.held_tokens, totals.month_tokens, totals.month_spend_picos) == (0, 0, 30, 12 * 10**6)
 
 
 def test_usage_of_a_request_with_no_live_hold_still_counts_once(backend, tenant):
@@ -151,10 +151,30 @@ def test_a_provisional_settle_keeps_its_amount_counted_until_the_final_one_repla
     # The engine's event, recorded by metering: 45 tokens really served. It replaces the provisional 60.
     assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=45, spend=Decimal("0.000045")) is False
     totals = held_totals(tenant_id=tenant.pk)
-    assert (totals.month_tokens, totals.month_spend_micros, totals.provisional_tokens) == (45, 45, 0)
+    assert (totals.month_tokens, totals.month_spend_picos, totals.provisional_tokens) == (45, 45 * 10**6, 0)
     assert settle(tenant, request_id, tokens=1, final=False) is False  # late provisional after the final: no-op
     assert hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=45, spend=Decimal(0)) is False
     assert held_totals(tenant_id=tenant.pk).month_tokens == 45
+
+
+def test_a_tenants_spend_is_exactly_the_sum_of_its_requests_prices(backend, tenant):
+    """Metering's prices are exact to 1e-12 and often under a micro-dollar: the tenant's month is their sum, not each
+    rounded up to a micro-dollar, through a provisional settle that the final one replaces; and a spend limit holds
+    against that sum."""
+    price = Decimal("0.00000058137")  # 581,370 picos
+    for _ in range(6):
+        _, request_id = acquire(tenant, tokens=3)
+        hold_settle(tenant_id=tenant.pk, request_id=request_id, tokens=3, spend=price)
+    _, broken = acquire(tenant, tokens=3)
+    async_to_sync(admission_settle)(tenant_id=tenant.pk, request_id=broken, tokens=3, spend_micros=1,
+                                    key_spend_picos=999_999, final=False)  # fmt: skip
+    assert held_totals(tenant_id=tenant.pk).month_spend_picos == 6 * 581_370 + 999_999
+    hold_settle(tenant_id=tenant.pk, request_id=broken, tokens=3, spend=price)
+    totals = held_totals(tenant_id=tenant.pk)
+    assert (totals.month_spend_picos, totals.provisional_spend_picos) == (7 * 581_370, 0)
+    limits = Limits(1000, 10**9, 1000, -1, 5)  # $0.000005: 4.07 of it spent, 0.93 left
+    assert acquire(tenant, spend_micros=1, limits=limits)[0].reason == "budget_spend"
+    assert not held_totals(tenant_id=tenant.pk).live_holds
 
 
 def test_the_final_settle_first_makes_a_later_provisional_one_a_no_op(backend, tenant):
@@ -182,7 +202,7 @@ def test_reconcile_sets_the_month_to_metering_record_plus_provisional_settles(ba
     assert held_totals(tenant_id=tenant.pk).month_tokens == 70
     result = admission_reconcile(tenant_id=tenant.pk)
     assert result.applied and (result.tokens_before, result.tokens_after) == (70, 140)
-    assert (result.spend_micros_before, result.spend_micros_after) == (70, 140)
+    assert (result.spend_picos_before, result.spend_picos_after) == (70 * 10**6, 140 * 10**6)
     totals = held_totals(tenant_id=tenant.pk)
     assert (totals.month_tokens, totals.provisional_tokens) == (140, 40)
 

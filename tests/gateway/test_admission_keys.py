@@ -186,7 +186,7 @@ def test_a_keys_spend_is_exact_and_reconciled_with_what_metering_recorded(backen
     assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 1_200_000)  # 1.2 micro-dollars, in picos
     usage_ingest(events=[usage_event(tenant, api_key_id=key.pk, finished_at=datetime.now(UTC))])  # 875 micro-dollars
     reconciled = key_reconcile(tenant_id=tenant.pk, key_prefix=key.prefix)
-    assert reconciled.applied and reconciled.spend_micros_after == 875 * MICRO  # the 3 unrecorded settles are gone
+    assert reconciled.applied and reconciled.spend_picos_after == 875 * MICRO  # the 3 unrecorded settles are gone
     assert key_spend_held(tenant_id=tenant.pk, key_prefix=key.prefix) == (0, 875 * MICRO)
 
 

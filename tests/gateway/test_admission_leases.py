@@ -78,7 +78,7 @@ def test_a_busy_key_is_admitted_without_a_round_trip_each(backend, tenant):
     assert counts == sorted(counts) and counts[-1] >= 100  # the headers' view: each sees the ones before it
     after = totals(tenant)
     assert (after.live_holds, after.held_tokens) == (0, 0)
-    assert after.month_tokens == 100 * 10 and after.month_spend_micros == 100 * 5
+    assert after.month_tokens == 100 * 10 and after.month_spend_picos == 100 * 5_000_000
 
 
 def test_leases_can_be_turned_off(backend, tenant):

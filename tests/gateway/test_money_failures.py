@@ -65,7 +65,7 @@ def test_a_price_override_is_what_admission_holds_and_settles_so_the_spend_limit
     assert all(row.price_output_per_mtok == Decimal("400") for row in rows)  # the override, not the plan
     totals = wait_until(lambda: (t := held_totals(tenant_id=stack.ids["priced"])).provisional_tokens == 0 and t,
                         timeout=30, what="every settle final")  # fmt: skip
-    assert totals.month_spend_micros == sum(-(-row.price * 1_000_000 // 1) for row in rows)
+    assert totals.month_spend_picos == sum(row.price for row in rows) * 10**12  # exact: not rounded per request
     # Usage stops short of the limit (admission refuses the request that would pass it), yet the refusal itself
     # raises the 100% alert (the gateway tells billing; the worker records and sends it).
     from billing.models import BudgetAlert
@@ -114,6 +114,7 @@ def test_clients_hanging_up_mid_stream_never_take_the_tenant_past_its_budget(sta
     )  # fmt: skip
     # Admission counts exactly what metering recorded: each provisional settle was replaced by the engine's.
     assert (drift.admission_tokens, drift.recorded_tokens, drift.drift_tokens) == (used, used, 0)
+    assert drift.drift_spend == 0  # and their prices, to the last digit metering keeps (not rounded per request)
 
 
 def _generate(engine_url: str, tenant_id: int, request_id: str) -> bool:

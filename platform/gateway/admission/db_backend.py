@@ -16,17 +16,18 @@ from gateway.admission.limits import (
     Limits,
     Reconciled,
     current_month,
-    spend_to_micros,
     spend_to_picos,
 )
 from gateway.connections import checked_connection
 from gateway.models import AdmissionState, BudgetHold
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
 
+MICRO_PICOS = 10**6
+
 
 def _recorded(tenant_id: int) -> tuple[int, int]:
     tokens, price = usage_month_recorded(tenant_id=tenant_id)
-    return tokens, spend_to_micros(price)
+    return tokens, spend_to_picos(price)
 
 
 def _key_state(state: AdmissionState, key_prefix: str, *, start_month: bool) -> dict:
@@ -59,7 +60,7 @@ def _locked_state(tenant_id: int, now: float, *, start_month: bool = True) -> tu
     month = current_month()
     if state.month != month and start_month:
         state.month = month
-        state.month_tokens, state.month_spend_micros = _recorded(tenant_id)
+        state.month_tokens, state.month_spend_picos = _recorded(tenant_id)
     BudgetHold.objects.filter(tenant_id=tenant_id, status=BudgetHold.Status.HELD, expires_at__lte=now).update(
         status=BudgetHold.Status.EXPIRED
     )
@@ -71,7 +72,7 @@ def _hold_sums(tenant_id: int) -> dict:
     return BudgetHold.objects.filter(tenant_id=tenant_id).aggregate(
         live=Count("id", filter=held), held_tokens=Sum("tokens", filter=held, default=0),
         held_spend=Sum("spend_micros", filter=held, default=0), prov_tokens=Sum("tokens", filter=provisional, default=0),
-        prov_spend=Sum("spend_micros", filter=provisional, default=0),
+        prov_spend=Sum("spend_picos", filter=provisional, default=0),
     )  # fmt: skip
 
 
@@ -97,8 +98,9 @@ def acquire(
             return refuse("concurrency")
         if limits.budget_tokens >= 0 and state.month_tokens + sums["held_tokens"] + tokens > limits.budget_tokens:
             return refuse("budget_tokens" if state.month_tokens + tokens > limits.budget_tokens else "budget_held")
-        if limits.budget_spend_micros >= 0 and state.month_spend_micros + sums["held_spend"] + spend_micros > limits.budget_spend_micros:
-            over = state.month_spend_micros + spend_micros > limits.budget_spend_micros
+        budget = limits.budget_spend_micros * MICRO_PICOS  # the month in picos, holds and the estimate in micro-units
+        if budget >= 0 and state.month_spend_picos + (sums["held_spend"] + spend_micros) * MICRO_PICOS > budget:
+            over = state.month_spend_picos + spend_micros * MICRO_PICOS > budget
             return refuse("budget_spend" if over else "budget_held")
         key_prefix, key_window = limits.key_prefix, (0, 0)
         if key_prefix:
@@ -145,25 +147,26 @@ def settle(
         if prior == Status.SETTLED or (prior == Status.PROVISIONAL and not final):
             return False
         live = prior == Status.HELD
-        add_tokens, add_spend, add_key = tokens, spend_micros, key_spend_picos
+        add_tokens, add_spend, add_key = tokens, key_spend_picos, key_spend_picos  # the price, exact: both months
         if hold is None:
             hold = BudgetHold(
-                request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, window_start=0, expires_at=now
+                request_id=request_id, tenant_id=tenant_id, api_key_prefix=key_prefix, window_start=0, expires_at=now,
+                spend_micros=0,  # never held
             )
         elif live and hold.window_start == state.window_start:
             state.window_tokens += tokens - hold.tokens
         elif prior == Status.PROVISIONAL:  # the final settle replaces what the provisional one counted
-            add_tokens, add_spend = tokens - hold.tokens, spend_micros - hold.spend_micros
+            add_tokens, add_spend = tokens - hold.tokens, key_spend_picos - hold.spend_picos
             add_key = key_spend_picos - hold.key_spend_picos
         key = state.keys.get(hold.api_key_prefix) if hold.api_key_prefix else None
         if key is not None and live and key.get("start") == hold.window_start:
             key["tokens"] += tokens - hold.tokens
         if not current:
-            hold.tokens, hold.spend_micros = 0, 0  # nothing counted: a later final adds its own amount whole
+            hold.tokens, hold.spend_picos = 0, 0  # nothing counted: a later final adds its own amount whole
         else:
-            hold.tokens, hold.spend_micros = tokens, spend_micros
+            hold.tokens, hold.spend_picos = tokens, key_spend_picos
             state.month_tokens += add_tokens
-            state.month_spend_micros += add_spend
+            state.month_spend_picos += add_spend
         counted_key = _key_counted(state, hold.api_key_prefix)
         if counted_key is not None:  # the same rule for the key's month
             counted_key["picos"] += add_key
@@ -185,8 +188,8 @@ def totals(*, tenant_id: int, now: float) -> HeldTotals:
         sums = _hold_sums(tenant_id)
     return HeldTotals(
         live_holds=sums["live"], held_tokens=sums["held_tokens"], month_tokens=state.month_tokens,
-        month_spend_micros=state.month_spend_micros, provisional_tokens=sums["prov_tokens"],
-        provisional_spend_micros=sums["prov_spend"],
+        month_spend_picos=state.month_spend_picos, provisional_tokens=sums["prov_tokens"],
+        provisional_spend_picos=sums["prov_spend"],
     )  # fmt: skip
 
 
@@ -195,12 +198,12 @@ def reconcile(*, tenant_id: int, now: float) -> Reconciled | None:
         state = AdmissionState.objects.select_for_update().filter(tenant_id=tenant_id).first()
         if state is None or state.month != current_month():
             return None
-        before = state.month_tokens, state.month_spend_micros
+        before = state.month_tokens, state.month_spend_picos
         tokens, spend = _recorded(tenant_id)
         sums = _hold_sums(tenant_id)
-        state.month_tokens, state.month_spend_micros = tokens + sums["prov_tokens"], spend + sums["prov_spend"]
-        state.save(update_fields=["month_tokens", "month_spend_micros"])
-    return Reconciled(True, *before, state.month_tokens, state.month_spend_micros)
+        state.month_tokens, state.month_spend_picos = tokens + sums["prov_tokens"], spend + sums["prov_spend"]
+        state.save(update_fields=["month_tokens", "month_spend_picos"])
+    return Reconciled(True, *before, state.month_tokens, state.month_spend_picos)
 
 
 def key_reconcile(*, tenant_id: int, key_prefix: str, now: float) -> Reconciled | None:

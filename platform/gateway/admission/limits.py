@@ -75,22 +75,22 @@ class HeldTotals:
     live_holds: int
     held_tokens: int
     month_tokens: int  # settled (final and provisional) usage this month, as admission counts it
-    month_spend_micros: int
+    month_spend_picos: int  # the sum of those requests' prices, exact (1e-12 of the currency)
     provisional_tokens: int = 0  # of month_tokens: settled by a gateway on a broken stream, awaiting the engine's
-    provisional_spend_micros: int = 0
+    provisional_spend_picos: int = 0
 
 
 @dataclass(frozen=True)
 class Reconciled:
-    """A month total set from metering's record (+ provisional settles): what it was and what it became.
-    `applied` is False when settles kept landing while the record was read (the next run tries again). For a key
-    lineage (`key_reconcile`) the spend fields are picos and the token fields 0."""
+    """A month total set from metering's record (+ provisional settles): what it was and what it became, its spend in
+    picos. `applied` is False when settles kept landing while the record was read (the next run tries again). For a
+    key lineage (`key_reconcile`) the token fields are 0."""
 
     applied: bool
     tokens_before: int
-    spend_micros_before: int
+    spend_picos_before: int
     tokens_after: int
-    spend_micros_after: int
+    spend_picos_after: int
 
 
 def _or_unlimited(value: int | None) -> int:

@@ -23,7 +23,6 @@ from gateway.admission.limits import (
     Limits,
     Reconciled,
     current_month,
-    spend_to_micros,
     spend_to_picos,
 )
 from gateway.admission.redis_lease_scripts import LEASE, LEASE_RETURN
@@ -107,7 +106,7 @@ def _limit_args(limits: Limits, ttl: int) -> tuple:
 
 def _recorded(tenant_id: int) -> tuple[int, int]:
     tokens, price = usage_month_recorded(tenant_id=tenant_id)
-    return tokens, spend_to_micros(price)
+    return tokens, spend_to_picos(price)
 
 
 def _key_recorded(key_prefix: str) -> int:
@@ -331,7 +330,7 @@ class RedisAdmission:
     async def _start_month(client, key: str, recorded: tuple[int, int]) -> None:
         tokens, spend = recorded
         async with client.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, "tokens", tokens).hsetnx(key, "spend", spend).expire(key, MONTH_SECONDS)
+            pipe.hsetnx(key, "tokens", tokens).hsetnx(key, "picos", spend).expire(key, MONTH_SECONDS)
             await pipe.execute()
 
     async def peek(self, *, tenant_id: int, key_prefix: str = "") -> Decision:
@@ -440,8 +439,8 @@ class RedisAdmission:
     def totals(self, *, tenant_id: int) -> HeldTotals:
         live, held, month_tokens, month_spend, prov_tokens, prov_spend, _, _ = self._totals(tenant_id)
         return HeldTotals(
-            live_holds=live, held_tokens=held, month_tokens=month_tokens, month_spend_micros=month_spend,
-            provisional_tokens=prov_tokens, provisional_spend_micros=prov_spend,
+            live_holds=live, held_tokens=held, month_tokens=month_tokens, month_spend_picos=month_spend,
+            provisional_tokens=prov_tokens, provisional_spend_picos=prov_spend,
         )  # fmt: skip
 
     def reconcile(self, *, tenant_id: int, attempts: int = 3) -> Reconciled | None:
@@ -457,6 +456,6 @@ class RedisAdmission:
                 return None
             if applied == 1:
                 after = self.totals(tenant_id=tenant_id)
-                return Reconciled(True, int(before_t), int(before_s), after.month_tokens, after.month_spend_micros)
+                return Reconciled(True, int(before_t), int(before_s), after.month_tokens, after.month_spend_picos)
         now = self.totals(tenant_id=tenant_id)
-        return Reconciled(False, now.month_tokens, now.month_spend_micros, now.month_tokens, now.month_spend_micros)
+        return Reconciled(False, now.month_tokens, now.month_spend_picos, now.month_tokens, now.month_spend_picos)

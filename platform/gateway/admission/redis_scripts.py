@@ -6,9 +6,10 @@ Keys per tenant share a hash tag, so a tenant's state lives on one shard:
   holds     zset  request id -> expiry (unix seconds); its size is the concurrent requests
   holdinfo  hash  request id -> "tokens:spend_micros:window_start:key:key_spend_picos"
   held      hash  tokens, spend: the sum over live holds
-  month:M   hash  tokens, spend: settled usage of month M (final + provisional); seq: final settles so far
-  prov:M    hash  request id -> "tokens:spend_micros:key:key_spend_picos" settled provisionally in month M, awaiting the final settle
-  settled:R       "f" once request R is settled finally, "p:tokens:spend:key_spend" while provisionally (idempotency)
+  month:M   hash  tokens, picos: settled usage of month M (final + provisional), its spend the sum of the requests'
+                  prices in picos (no `picos`: not started, or counted by an older version); seq: final settles so far
+  prov:M    hash  request id -> "tokens:picos:key:key_spend_picos" settled provisionally in month M, awaiting the final settle
+  settled:R       "f" once request R is settled finally, "p:tokens:picos:key_spend" while provisionally (idempotency)
   unreported      hash  request id -> the usage event the gateway relayed (JSON), from its provisional settle until
                         metering's final one: what `unreported_usage` bills if the engine's own event never comes
   unreported_at   zset  request id -> when the gateway settled it (unix seconds)
@@ -18,9 +19,11 @@ key is released by the tenant's own scripts), fields prefixed by the lineage's i
   keyheld    K:tokens, K:picos: the sum over the key's live holds
   keymonth:M K:tokens, K:picos: the key's settled usage of month M (K:picos missing: not started yet); K:seq: its
              final settles so far (reconcile's guard)
-A key's spend is counted in picos (1e-12, the unit metering's prices are exact to: never rounded, so it equals the
-sum of its requests' billed prices); the tenant's in micros, rounded up per request and reconciled. A pico amount is
-handed to HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
+A settled spend, the tenant's and its key's, is counted in picos (1e-12, the unit metering's prices are exact to: never
+rounded, so it equals the sum of its requests' billed prices; the settle's ARGV[6] is the request's price so). A hold
+is the estimate's price rounded up to a micro-unit (`held`, `holdinfo`, a lease's `~L:s`), released as it was held;
+the budget check compares the month's picos with the holds' micro-units times 10^6. A pico amount is handed to
+HINCRBY as the digits it came in (ARGV or a stored field), never through Lua's doubles.
 A hold's holdinfo carries its key and the key's pico share, so settling or expiring it releases the key's share too.
 
 One key outside the tenants' (no hash tag, written by its own commands):
@@ -145,19 +148,20 @@ if reqs + 1 > rpm then return {0, 'requests', reqs, toks, reset_ms, 0, 0} end
 if toks + tokens > tpm then return {0, 'tokens', reqs, toks, reset_ms, 0, 0} end
 local live = redis.call('ZCARD', KEYS[2])
 if live + 1 > maxc then return {0, 'concurrency', reqs, toks, reset_ms, 0, 0} end
-if redis.call('EXISTS', KEYS[5]) == 0 then
+if redis.call('HEXISTS', KEYS[5], 'picos') == 0 then
   return {0, 'month_unknown', reqs, toks, reset_ms, 0, 0}
 end
 local used_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
-local used_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
+local used_p = tonumber(redis.call('HGET', KEYS[5], 'picos'))
+local used_s = used_p / 1000000  -- in the holds' micro-units (a lease's room)
 local held_t = tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0)
 local held_s = tonumber(redis.call('HGET', KEYS[4], 'spend') or 0)
 if budget_tokens >= 0 and used_t + held_t + tokens > budget_tokens then
   if used_t + tokens > budget_tokens then return {0, 'budget_tokens', reqs, toks, reset_ms, 0, 0} end
   return {0, 'budget_held', reqs, toks, reset_ms, 0, 0}
 end
-if budget_spend >= 0 and used_s + held_s + spend > budget_spend then
-  if used_s + spend > budget_spend then return {0, 'budget_spend', reqs, toks, reset_ms, 0, 0} end
+if budget_spend >= 0 and used_p + (held_s + spend) * 1000000 > budget_spend * 1000000 then
+  if used_p + spend * 1000000 > budget_spend * 1000000 then return {0, 'budget_spend', reqs, toks, reset_ms, 0, 0} end
   return {0, 'budget_held', reqs, toks, reset_ms, 0, 0}
 end
 local key, key_rpm, key_tpm, key_budget = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -280,10 +284,11 @@ if prior then  -- the final settle replaces what the provisional one counted
 end
 -- A month total that is missing starts, at the next admission, from metering's record, which holds this usage
 -- once ingested: creating it here would start it from this request alone and forget the month before.
-local counted = redis.call('EXISTS', KEYS[5]) == 1
+local counted = redis.call('HEXISTS', KEYS[5], 'picos') == 1
 if counted then
   redis.call('HINCRBY', KEYS[5], 'tokens', tokens - tonumber(pt))
-  redis.call('HINCRBY', KEYS[5], 'spend', spend - tonumber(ps))
+  redis.call('HINCRBY', KEYS[5], 'picos', key_spend)
+  if ps ~= '0' then redis.call('HINCRBY', KEYS[5], 'picos', '-' .. ps) end
   if final then redis.call('HINCRBY', KEYS[5], 'seq', 1) end
 end
 local key_counted = key ~= '' and redis.call('HEXISTS', KEYS[10], key .. ':picos') == 1  -- the same rule
@@ -299,11 +304,11 @@ if final then
 end
 local kp = '0'
 if key_counted then kp = key_spend end
-local counted_t, counted_s = 0, 0
-if counted then counted_t, counted_s = tokens, spend end
-redis.call('SET', KEYS[6], string.format('p:%d:%d:', counted_t, counted_s) .. kp, 'EX', 5356800)
+local counted_t, counted_p = 0, '0'
+if counted then counted_t, counted_p = tokens, key_spend end
+redis.call('SET', KEYS[6], string.format('p:%d:%s:', counted_t, counted_p) .. kp, 'EX', 5356800)
 if counted or kp ~= '0' then
-  redis.call('HSET', KEYS[7], rid, string.format('%d:%d:%s:', counted_t, counted_s, key) .. kp)
+  redis.call('HSET', KEYS[7], rid, string.format('%d:%s:%s:', counted_t, counted_p, key) .. kp)
   redis.call('EXPIRE', KEYS[7], 5356800)
 end
 if usage ~= '' then
@@ -347,20 +352,22 @@ TOTALS = (
     + _PROVISIONAL_SUMS
     + """
 return {redis.call('ZCARD', KEYS[2]), tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0),
-        tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0), tonumber(redis.call('HGET', KEYS[5], 'spend') or 0),
-        pt, ps, redis.call('EXISTS', KEYS[5]), tonumber(redis.call('HGET', KEYS[5], 'seq') or 0)}
+        tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0), redis.call('HGET', KEYS[5], 'picos') or '0',
+        pt, string.format('%d', ps), redis.call('HEXISTS', KEYS[5], 'picos'),
+        tonumber(redis.call('HGET', KEYS[5], 'seq') or 0)}
 """
 )
 
 RECONCILE = (
     _PROVISIONAL_SUMS
     + """
-if redis.call('EXISTS', KEYS[5]) == 0 then return {-1, 0, 0} end
+if redis.call('HEXISTS', KEYS[5], 'picos') == 0 then return {-1, 0, 0} end
 if tonumber(redis.call('HGET', KEYS[5], 'seq') or 0) ~= tonumber(ARGV[3]) then return {0, 0, 0} end
 local before_t = tonumber(redis.call('HGET', KEYS[5], 'tokens') or 0)
-local before_s = tonumber(redis.call('HGET', KEYS[5], 'spend') or 0)
-redis.call('HSET', KEYS[5], 'tokens', tonumber(ARGV[1]) + pt, 'spend', tonumber(ARGV[2]) + ps)
-return {1, before_t, before_s}
+local before_p = redis.call('HGET', KEYS[5], 'picos')
+redis.call('HSET', KEYS[5], 'tokens', tonumber(ARGV[1]) + pt, 'picos', ARGV[2])
+if ps > 0 then redis.call('HINCRBY', KEYS[5], 'picos', string.format('%d', ps)) end
+return {1, before_t, before_p}
 """
 )
 

@@ -45,7 +45,11 @@ class AdapterFetcher:
     async def download(self, urls: dict[str, str]) -> tuple[Path, int]:
         """Every file of `urls` (file name -> URL) into a fresh staging folder of the cache; returns the folder
         and the bytes reserved for it (the caller commits or discards both)."""
-        staged = self.cache.staging()
+        try:
+            staged = self.cache.staging()
+        except OSError as error:
+            self.downloads["failed"] += 1
+            raise DownloadFailed(f"its download could not be written ({error.strerror or 'disk error'})") from error
         reserved = 0
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -57,8 +61,10 @@ class AdapterFetcher:
             self.downloads["failed"] += 1
             if isinstance(error, TimeoutError):
                 raise DownloadFailed(f"its download took longer than {self.timeout_s:g} s") from error
-            if isinstance(error, httpx.HTTPError):
+            if isinstance(error, httpx.HTTPError | httpx.InvalidURL):
                 raise DownloadFailed(f"its download failed ({type(error).__name__})") from error
+            if isinstance(error, OSError):  # the cache's disk: full, or not writable
+                raise DownloadFailed(f"its download could not be written ({error.strerror or 'disk error'})") from error
             raise
         self.downloads["ok"] += 1
         return staged, reserved

@@ -56,10 +56,10 @@ class AdapterRegistry:
     async def ensure(self, ref: AdapterRef) -> float:
         """Make the adapter usable by requests: read and checked once, then known by its digest. Returns the
         seconds this call waited for it (0 when it was known)."""
-        if ref.digest in self.known and (ref.urls is None or self.fetcher.cache.get(ref.digest) is not None):
-            return 0.0
         if ref.urls is not None and self.fetcher is None:
             raise BadRequest("this engine downloads no adapters (no --adapter-disk-cache)", param="adapter.urls")
+        if ref.digest in self.known and (ref.urls is None or self.fetcher.cache.get(ref.digest) is not None):
+            return 0.0
         started = time.monotonic()
         task = self._pending.get(ref.digest)
         if task is None:

@@ -31,7 +31,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 FILES = ("quilt_adapter.json", "adapter_model.safetensors")
 BUCKET = "quilt-blobs"
 MAX_TOKENS = 4
-NAMES = ("a", "b", "slow", "late", "c", "d", "e")
+NAMES = ("a", "b", "slow", "late", "stuck", "c", "d", "e")
+DOWNLOAD_TIMEOUT_S = 10  # past the slow test's hold (a few requests), short enough to wait out once
 CACHED_BLOBS = 2.5  # the disk cache's bound, in blobs of the largest adapter
 
 
@@ -131,7 +132,7 @@ def server(checkpoints, bound, tmp_path_factory):
     client = launch_engine_server(
         ["--model", str(checkpoints["llama"]), "--usage-spool", str(root / "usage.jsonl"),
          "--adapter-disk-cache", str(root / "disk-cache"), "--adapter-disk-cache-bytes", str(bound),
-         "--adapter-download-timeout", "30"], log_path=root / "engine.log", token=TOKEN)  # fmt: skip
+         "--adapter-download-timeout", str(DOWNLOAD_TIMEOUT_S)], log_path=root / "engine.log", token=TOKEN)  # fmt: skip
     wait_until_healthy(client.process, client, client.log_path)
     client.cache_dir = root / "disk-cache"
     yield client
@@ -224,6 +225,26 @@ def test_a_failed_download_fails_only_its_requests_and_the_next_request_download
     assert not (server.cache_dir / digest).exists()
     upload(s3, digest, folder)
     assert tokens(generate(server, prompts[0], ref)) == oracle.greedy(prompts[0], "late", MAX_TOKENS)
+
+
+def test_a_download_past_its_time_fails_only_its_requests_and_the_next_request_downloads_again(server, s3, canonical,
+                                                                                             oracle, gate):
+    digest, folder = canonical["stuck"]
+    upload(s3, digest, folder)
+    held = {name: gate.route(name, url) for name, url in signed_urls(s3, digest).items()}  # never opened
+    prompts = random_prompts(87, [5, 6])
+    with ThreadPoolExecutor(2) as pool:
+        stuck = [pool.submit(generate, server, prompts[k], {"digest": digest, "urls": held}) for k in range(2)]
+        assert tokens(generate(server, prompts[1])) == oracle.greedy(prompts[1], None, MAX_TOKENS)
+        for future in stuck:
+            response = future.result()
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["message"] == (
+                f"adapter {digest[:12]} could not be loaded: its download took longer than {DOWNLOAD_TIMEOUT_S} s")
+    assert sum(gate.hits.values()) == 1, "one download for both requests"
+    assert not [p for p in server.cache_dir.iterdir() if p.name.startswith(".staging-")]
+    ref = {"digest": digest, "urls": signed_urls(s3, digest)}
+    assert tokens(generate(server, prompts[0], ref)) == oracle.greedy(prompts[0], "stuck", MAX_TOKENS)
 
 
 @pytest.mark.parametrize("fault", ["another adapter's blob", "flipped weights byte"])

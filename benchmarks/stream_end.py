@@ -2,15 +2,19 @@
 median inter-token interval, at 1, 8 and 32 streams, for this tree and a baseline, side by side in one run.
 
     git worktree add /work/wt-baseline bcc7bf5
-    .venv/bin/python -m benchmarks.stream_end --baseline /work/wt-baseline [--levels 1,8,32] [--requests 64]
+    .venv/bin/python -m benchmarks.stream_end --baseline /work/wt-baseline --guidellm [--levels 1,8,32] [--requests 64]
 
 Each tree runs its own stack as `make demo` runs it, on the embedded defaults (SQLite database, so admission's holds
 and settles in the database, and the SQLite Celery broker), in a fresh folder: an engine on the demo model
 (var/demo-model, built by `python -m engine.demo`), a gateway under the gateway's own uvicorn protocol, and a Celery
 worker that records the engines' usage events. One tenant, on a plan roomy enough not to refuse the load, streams
 chat completions (max_tokens --max-tokens, the model free to end earlier with EOS, usage included, no extension
-fields: the baseline refuses guidellm's `ignore_eos`, so the load is this script's own httpx client). At each level
-the two trees take turns, --rounds times, so that both see the same machine. A stream's inter-token intervals are
+fields: the baseline refuses guidellm's `ignore_eos`, `stream_options.continuous_usage_stats` and its `GET /health`,
+so the side-by-side load is this script's own httpx client). At each level the two trees take turns, --rounds
+times, so that both see the same machine. With --guidellm, guidellm (requirements/dev.txt) then loads this tree
+alone at each level, unmodified (ignore_eos: each request runs to --max-tokens), and the same gap is read from its
+report: each request's last iteration ([DONE]) minus its last token iteration, against guidellm's median
+inter-token latency. A stream's inter-token intervals are
 the gaps between its text chunks; the goal is a p50 gap of at most 1.5 median intervals (one more decode step, the
 one that produces EOS, is inherent). Prints one row per tree and level; nothing is asserted.
 """
@@ -157,6 +161,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--model", type=Path, default=REPO / "var" / "demo-model")
     parser.add_argument("--keep", action="store_true", help="keep the stacks' folders (logs, databases)")
+    parser.add_argument("--guidellm", action="store_true", help="also load this tree with guidellm at each level")
     args = parser.parse_args()
     if not (args.model / "config.json").exists():
         raise SystemExit(f"no model at {args.model}: build it with `.venv/bin/python -m engine.demo --out var/demo-model`")
@@ -166,6 +171,8 @@ def main() -> None:
             for stack in stacks:
                 start(stack, work / stack.name, args.model.resolve())
             measure(stacks, args)
+            if args.guidellm:
+                measure_guidellm(stacks[1], args, work, args.model.resolve())
         finally:
             for stack in stacks:
                 for process in stack.processes:
@@ -208,6 +215,38 @@ def measure(stacks: list[Stack], args: argparse.Namespace) -> None:
                 print(f"{'':>9} first error: {errors[0]}")
         if len(gaps) == 2 and gaps["baseline"] > 0:
             print(f"{'':>9} {streams:>7} p50 gap this/baseline: {gaps['this'] / gaps['baseline']:.2f}")
+
+
+def measure_guidellm(stack: Stack, args: argparse.Namespace, work: Path, model_dir: Path) -> None:
+    """guidellm against `stack` at each level (synchronous at one stream, else concurrent), offline, with the demo
+    model's tokenizer; one row per level from its JSON report."""
+    print(f"guidellm against {stack.name} (ignore_eos; prompt 16 tokens, output {args.max_tokens})")
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for streams in args.levels:
+        report = work / f"guidellm-{streams}.json"
+        profile = "kind=synchronous" if streams == 1 else f"kind=concurrent,streams={streams}"
+        command = [
+            sys.executable, "-m", "guidellm", "run",
+            "--backend", f"kind=openai_http,target={stack.url},model={MODEL},api_key={stack.key},timeout=120",
+            "--profile", profile, "--constraint", f"kind=max_requests,count={max(args.requests, streams)}",
+            "--data", f"kind=synthetic_text,prompt_tokens=16,output_tokens={args.max_tokens}",
+            "--tokenizer", f"kind=huggingface_auto,model={model_dir}", "--output", f"kind=json,path={report}",
+            "--disable-console",
+        ]  # fmt: skip
+        run = subprocess.run(command, env=os.environ | offline, cwd=work, capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"{'guidellm':>9} {streams:>7} failed: {(run.stdout + run.stderr)[-400:]}")
+            continue
+        (benchmark,) = json.loads(report.read_text())["benchmarks"]
+        totals = benchmark["metrics"]["request_totals"]
+        timings = [request["info"]["timings"] for request in benchmark["requests"]["successful"]]
+        gaps = [t["last_request_iteration"] - t["last_token_iteration"] for t in timings]
+        gap = statistics.median(gaps)
+        itl = benchmark["metrics"]["inter_token_latency_ms"]["successful"]["median"] / 1000.0
+        print(f"{'guidellm':>9} {streams:>7} {totals['successful']:>8} {totals['errored']:>6} {gap * 1000:>10.1f} "
+              f"{statistics.quantiles(gaps, n=10)[-1] * 1000 if len(gaps) > 1 else gap * 1000:>10.1f} "
+              f"{itl * 1000:>13.1f} {gap / itl:>7.2f}")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

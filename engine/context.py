@@ -10,12 +10,11 @@ from engine.lora_batch import LoRABatch
 
 @dataclass
 class ImageBatch:
-    """The images of one step, encoded in one call, and where their embeddings go."""
+    """The step's image tokens: where they are and what the vision encoder made of them."""
 
-    pixels: torch.Tensor  # [patches, patch_dim] every image's, concatenated
-    grids: list[tuple[int, int, int]]  # each image's (t, h, w) patches
     rows: torch.Tensor  # [N] int64: the step's rows that hold image tokens
-    sources: torch.Tensor  # [N] int64: the row of the encoder's output that each one takes
+    embeds: torch.Tensor  # [N, hidden]: their embeddings
+    deepstack: list[torch.Tensor]  # [N, hidden] per layer: added after the first decoder layers (Qwen3-VL)
 
 
 @dataclass

@@ -58,6 +58,8 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}  # seq_id -> its own RNG (seeded requests)
+        # (seq_id, image offset) -> the encoder's output for an image whose prefill goes on in a later chunk
+        self.encoded: dict[tuple[int, int], list[torch.Tensor]] = {}
         moe = getattr(model.spec, "moe", None)
         self.lora = LoRABatch(num_layers=model.spec.num_layers, device=device, zero_row=memory.zero_row,
                               num_experts=moe.num_experts if moe else 0)  # the eager steps' adapters, refilled
@@ -92,6 +94,8 @@ class ModelRunner:
 
     def release(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+        for image in seq.images:
+            self.encoded.pop((seq.seq_id, image.offset), None)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.sampling.seed is None or seq.sampling.greedy:
@@ -113,7 +117,7 @@ class ModelRunner:
         seqs = sorted(out.seqs, key=lambda s: len(adapter_slots) if s.adapter is None else adapter_slots[s.adapter])
         cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
         mrope = [[], [], []] if self.model.spec.mrope_section else None
-        images = []  # (features, rows, the image's token of each row) of the images this step prefills
+        images = []  # (key, features, rows, the image's token of each row, whether its last chunk) of the step's
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in seqs:
@@ -137,8 +141,10 @@ class ModelRunner:
             for image in seq.images:  # the image's tokens among this chunk's
                 first, last = max(start, image.offset), min(end, image.offset + image.features.num_tokens)
                 if first < last:
-                    images.append((image.features, [row0 + p - start for p in range(first, last)],
-                                   [p - image.offset for p in range(first, last)]))
+                    images.append(((seq.seq_id, image.offset), image.features,
+                                   [row0 + p - start for p in range(first, last)],
+                                   [p - image.offset for p in range(first, last)],
+                                   last == image.offset + image.features.num_tokens))
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
             if proposal:
@@ -168,18 +174,28 @@ class ModelRunner:
         return torch.tensor(inputs.input_ids, dtype=torch.int64, device=self.device), ctx
 
     def image_batch(self, images: list) -> ImageBatch | None:
-        """The step's images as one batch for the vision encoder, and where their tokens' embeddings go."""
+        """The embeddings of the step's image tokens and their rows. The images not encoded yet are encoded in one
+        call; one whose tokens go on in a later chunk is kept for it (self.encoded) until its last chunk."""
         if not images:
             return None
-        rows, sources, base = [], [], 0
-        for features, image_rows, tokens in images:
+        missing = [(key, features) for key, features, _, _, _ in images if key not in self.encoded]
+        if missing:
+            pixels = torch.from_numpy(np.concatenate([features.pixels for _, features in missing])).to(self.device)
+            encoded, deepstack = self.model.encode_images(pixels, [features.grid_thw for _, features in missing])
+            sizes = [features.num_tokens for _, features in missing]
+            parts = [encoded.split(sizes), *(layer.split(sizes) for layer in deepstack)]
+            for i, (key, _) in enumerate(missing):
+                self.encoded[key] = [part[i] for part in parts]  # [tokens, hidden]: the image, then deepstack's
+        rows, chosen = [], []
+        for key, _, image_rows, tokens, last_chunk in images:
+            index = torch.tensor(tokens, device=self.device)
+            chosen.append([part[index] for part in self.encoded[key]])
             rows += image_rows
-            sources += [base + t for t in tokens]
-            base += features.num_tokens
-        pixels = torch.from_numpy(np.concatenate([features.pixels for features, _, _ in images]))
-        return ImageBatch(pixels=pixels.to(self.device), grids=[features.grid_thw for features, _, _ in images],
-                          rows=torch.tensor(rows, dtype=torch.int64, device=self.device),
-                          sources=torch.tensor(sources, dtype=torch.int64, device=self.device))
+            if last_chunk:
+                del self.encoded[key]
+        embeds, *deepstack = (torch.cat(layer) for layer in zip(*chosen, strict=True))
+        return ImageBatch(rows=torch.tensor(rows, dtype=torch.int64, device=self.device), embeds=embeds,
+                          deepstack=deepstack)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden] of the step: a decode step that fits replays its CUDA graph (or, without

@@ -60,6 +60,11 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
         assert len(axes) == half, "mrope_section must cover the rotary half"
         self.rope_axes = torch.tensor(axes + axes)[None, None, :]  # [1, 1, R]: the axis of each rope column
 
+    def encode_images(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]):
+        """Every image of a step in one call: [image tokens, hidden], image after image, and the deepstack
+        features (one such tensor per layer they are added after)."""
+        return self.visual(pixels, grids)
+
     def rope_column_axes(self) -> list[int]:
         """Which position (0: t, 1: h, 2: w) turns each frequency: mrope_section's counts, in turn."""
         return [axis for axis, width in enumerate(self.spec.mrope_section) for _ in range(width)]
@@ -67,10 +72,9 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
     def forward(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
         embeds = self.model.embed_tokens(input_ids)  # [T, hidden]
         images, deepstack = ctx.images, None
-        if images is not None:  # every image of the step in one call
-            encoded, features = self.visual(images.pixels, images.grids)  # [image tokens, hidden], deepstack's
-            embeds = embeds.index_put((images.rows,), encoded[images.sources].to(embeds.dtype))
-            deepstack = (images.rows, [f[images.sources] for f in features]) if features else None
+        if images is not None:  # the image tokens' embeddings from the vision encoder (encode_images)
+            embeds = embeds.index_put((images.rows,), images.embeds.to(embeds.dtype))
+            deepstack = (images.rows, images.deepstack) if images.deepstack else None
         num_tokens = input_ids.shape[0]
         positions = ctx.mrope_positions if ctx.mrope_positions is not None else ctx.positions.expand(3, -1)
         rows = self.cos_sin_cache[positions]  # [3, T, R]

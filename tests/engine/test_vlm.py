@@ -180,3 +180,16 @@ def test_lora_on_the_vision_tower_is_refused(checkpoint, tmp_path):
         llm.add_adapter("vision", path)
     assert refused.value.code == "unsupported_module"
     assert "vision tower" in str(refused.value)
+
+
+def test_an_image_prefilled_over_several_chunks_is_encoded_once(checkpoint, oracle):
+    """8-token chunks cut the 16-token image of "two-images" three ways: it still goes through the vision
+    encoder once, and the tokens match transformers'."""
+    encoded = []
+    with LLM(checkpoint, device="cpu", **{**CONFIG, "max_num_batched_tokens": 8}) as llm:
+        hook = llm.engine.runner.model.visual.register_forward_hook(
+            lambda module, args, output: encoded.extend(args[1]))
+        check_against_transformers(llm, oracle, checkpoint, ["two-images", "one-image"])
+        hook.remove()
+        assert not llm.engine.runner.encoded  # nothing kept past the images' last chunks
+    assert len(encoded) == 3

@@ -36,8 +36,8 @@ import django  # noqa: E402
 
 django.setup()
 
+from engine.chat_prompt import template_messages  # noqa: E402
 from engine.demo.builder import ensure_demo  # noqa: E402
-from engine.server.structured import template_messages  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from gateway.caller import Target  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402

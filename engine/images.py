@@ -276,3 +276,12 @@ def place_images(token_ids: list[int], image_token_id: int, images: list[ImageFe
     if left:
         raise ValueError("the prompt's image placeholder runs do not match its images' token counts")
     return placed
+
+
+def checkpoint_image_processor(model_dir: str | Path) -> QwenVLImageProcessor | None:
+    """The image processor of a checkpoint folder whose config.json has a vision tower; None for a text-only
+    model. Torch-free: the gateway counts an image's prompt tokens with it (`num_tokens`) before the engine runs."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if "vision_config" not in config:
+        return None
+    return QwenVLImageProcessor.from_config(read_processor_config(model_dir))

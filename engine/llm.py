@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
+from engine.chat_prompt import render_chat
 from engine.config import EngineConfig
 from engine.grammar import GrammarSpec
-from engine.images import ImageFeatures, decode_data_url, expand_image_tokens
+from engine.images import ImageFeatures
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, merge_choices
 from engine.sampling_params import SamplingParams
@@ -113,16 +114,5 @@ class LLM:
         return results
 
     def _chat(self, messages: list[dict]) -> tuple[list[int], list[ImageFeatures]]:
-        """The token ids of chat messages rendered by the model's template, each image's placeholder repeated for
-        its tokens, and the images, preprocessed as the model's processor does."""
-        urls = [part["image_url"]["url"] for message in messages if isinstance(message.get("content"), list)
-                for part in message["content"] if part.get("type") == "image_url"]
-        processor = self.engine.image_processor
-        if urls and processor is None:
-            raise ValueError("this model takes no images")
-        images = [processor(decode_data_url(url)) for url in urls]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if images:
-            token_ids = expand_image_tokens(token_ids, self.engine.runner.model.spec.image_token_id, images)
-        return token_ids, images
+        """Chat messages' token ids and images, as the HTTP server renders them (engine.chat_prompt)."""
+        return render_chat(self.tokenizer, messages, vision=self._open_engine().image_inputs)

@@ -14,6 +14,7 @@ from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_keys import base_digest, model_digest
 from engine.block_manager import BlockManager
+from engine.chat_prompt import ImageInputs
 from engine.config import EngineConfig
 from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
@@ -267,6 +268,13 @@ class LLMEngine:
                         seq.status, seq.finish_reason, seq.error = SequenceStatus.FINISHED, "error", message
                     outputs.append(self.output_processor.output(seq, []))
         return outputs
+
+    @property
+    def image_inputs(self) -> ImageInputs | None:
+        """What rendering a chat with images needs (engine.chat_prompt); None: the model takes no images."""
+        if self.image_processor is None:
+            return None
+        return ImageInputs(processor=self.image_processor, image_token_id=self.runner.model.spec.image_token_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_unfinished)

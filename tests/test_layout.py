@@ -81,7 +81,7 @@ ENGINE_LAYERS = {
     "wire": {"engine.contract", "engine.usage"},
     "inputs": {"engine.images", "engine.step_inputs"},  # what a model is given besides tensors
     "requests": {"engine.config", "engine.sampling_params", "engine.sequence", "engine.outputs", "engine.grammar",
-                 "engine.tool_calls", "engine.tokenizer"},
+                 "engine.tool_calls", "engine.tokenizer", "engine.chat_prompt"},
     "memory": {"engine.paged_memory", "engine.parallel", "engine.lora_modules", "engine.lora_batch",
                "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.quantization"},
     "scheduling": {"engine.block_keys", "engine.block_manager", "engine.fairness", "engine.kv", "engine.scheduler"},

@@ -14,8 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.chat_prompt import PromptImageError, render_chat
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
 from engine.grammar import Grammar, GrammarError
+from engine.images import ImageFeatures
 from engine.sampling_params import SamplingParams
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
@@ -32,7 +34,7 @@ from engine.server.protocol import (
     parse_generate,
     parse_tokenize,
 )
-from engine.server.structured import Structure, plan, template_messages
+from engine.server.structured import Structure, plan
 from engine.tool_calls import format_for_template
 
 log = logging.getLogger(__name__)
@@ -54,23 +56,30 @@ class EngineAPI:
 
     # helpers
     async def tokenize(self, prompt: PromptSpec, *, tools: list[dict] | None = None) -> list[int]:
+        return (await self.render(prompt, tools=tools))[0]
+
+    async def render(self, prompt: PromptSpec, *, tools: list[dict] | None = None
+                     ) -> tuple[list[int], list[ImageFeatures]]:
+        """A prompt's token ids and its images (chat messages' image_url parts, rendered as the offline LLM API
+        renders them: engine.chat_prompt)."""
         tokenizer = self.engine.tokenizer
         vocab = self.engine.runner.model.spec.vocab_size
         if prompt.token_ids is not None:
             if any(t >= vocab for t in prompt.token_ids):
                 raise BadRequest(f"prompt_token_ids must be below the vocabulary size {vocab}",
                                  param="prompt_token_ids")
-            return list(prompt.token_ids)
+            return list(prompt.token_ids), []
         if tokenizer is None:
             raise BadRequest("this model has no tokenizer.json: send prompt_token_ids", param="prompt")
         if prompt.messages is not None:
-            try:
-                text = tokenizer.apply_chat_template(template_messages(prompt.messages), add_generation_prompt=True,
-                                                     tools=tools)
+            vision = self.engine.image_inputs
+            try:  # images are decoded and resized off the event loop
+                return await asyncio.to_thread(render_chat, tokenizer, prompt.messages, vision=vision, tools=tools)
+            except PromptImageError as error:
+                raise BadRequest(str(error), param=error.param, code="invalid_image") from None
             except Exception as error:  # jinja2 errors, raise_exception() in templates, missing template
                 raise BadRequest(f"could not apply the chat template: {error}", param="messages") from error
-            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
-        return await asyncio.to_thread(tokenizer.encode, prompt.text)
+        return await asyncio.to_thread(tokenizer.encode, prompt.text), []
 
     def check_length(self, token_ids: list[int], *, max_tokens: int | None = None, what: str = "prompt") -> None:
         """A prompt must leave room for one more token; with `max_tokens` (the caller asked for a refusal past the
@@ -121,7 +130,8 @@ class EngineAPI:
         generate = parse_generate(await read_json(request))
         structure = self.structure(generate)
         max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
-        prompts = [await self.tokenize(prompt, tools=structure.template_tools) for prompt in generate.prompts]
+        rendered = [await self.render(prompt, tools=structure.template_tools) for prompt in generate.prompts]
+        prompts, images = [token_ids for token_ids, _ in rendered], [found for _, found in rendered]
         for prompt, token_ids in zip(generate.prompts, prompts, strict=True):
             self.check_length(token_ids, max_tokens=max_tokens,
                               what="messages" if prompt.messages is not None else "prompt")
@@ -129,12 +139,14 @@ class EngineAPI:
         transfer = generate.kv_transfer
         if transfer is not None and self.kv is None:
             raise BadRequest("this engine does not move KV between engines", param="kv_transfer")
+        if transfer is not None and any(images):
+            raise BadRequest("a prompt with images is served by one engine: drop kv_transfer", param="kv_transfer")
         waited = await self.registry.ensure(generate.adapter) if generate.adapter is not None else 0.0
         if transfer is not None and transfer.mode == "prefill":
             return await self.prefill_hop(request, generate, prompts[0], arrival, adapter_wait_s=waited)
         if transfer is None:
             handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
-                                            tool_format=structure.tool_format, adapter_wait_s=waited)
+                                            tool_format=structure.tool_format, adapter_wait_s=waited, images=images)
         else:
             handle = await self.decode_hop(request, generate, prompts, arrival=arrival, grammar=grammar,
                                            structure=structure, adapter_wait_s=waited)

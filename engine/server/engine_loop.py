@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar import Grammar
+from engine.images import ImageFeatures
 from engine.kv.lease import Lease
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, Usage, merge_choices, sum_usage
@@ -48,6 +49,7 @@ class RequestHandle:
     request: GenerateRequest
     prompts: list[list[int]]  # token ids of each prompt (a batch runs as one engine request per prompt)
     arrival: float  # time.monotonic() when the server received it
+    images: list[list[ImageFeatures]] = field(default_factory=list)  # each prompt's images, in order (none: [])
     grammar: Grammar | None = None  # compiled before it was submitted
     tool_format: ToolCallFormat | None = None  # its output is parsed for tool calls in this convention
     tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)  # index -> its calls, as streamed
@@ -123,7 +125,8 @@ class EngineLoop:
 
     async def submit(self, request: GenerateRequest, prompts: list[list[int]], *, arrival: float,
                      grammar: Grammar | None = None, tool_format: ToolCallFormat | None = None,
-                     kv_pull: Any = None, aborted: bool = False, adapter_wait_s: float = 0.0) -> RequestHandle:
+                     kv_pull: Any = None, aborted: bool = False, adapter_wait_s: float = 0.0,
+                     images: list[list[ImageFeatures]] | None = None) -> RequestHandle:
         """aborted: the request was aborted before it could start (during its KV pull): it is added and aborted in
         one command, so it ends as any aborted request does (its final event and usage event) without a step.
         adapter_wait_s: the time it already waited for its adapter (AdapterRegistry.ensure)."""
@@ -133,7 +136,8 @@ class EngineLoop:
         if failure is not None:  # a tensor-parallel rank died: no step can run
             raise Unavailable(failure)
         handle = RequestHandle(request=request, prompts=prompts, arrival=arrival, grammar=grammar,
-                               tool_format=tool_format, kv_pull=kv_pull, adapter_wait_s=adapter_wait_s)
+                               tool_format=tool_format, kv_pull=kv_pull, adapter_wait_s=adapter_wait_s,
+                               images=images or [])
         await self.call(lambda engine: (self._add(handle), aborted and self._abort(handle.request_id)))
         return handle
 
@@ -218,9 +222,10 @@ class EngineLoop:
             self.metrics.adapter_requests.labels(adapter=adapter_label(adapter), tier=tier).inc()
         added = []
         try:
-            for engine_id, prompt in zip(handle.engine_request_ids, handle.prompts, strict=True):
+            for p, (engine_id, prompt) in enumerate(zip(handle.engine_request_ids, handle.prompts, strict=True)):
                 self.engine.add_request(engine_id, prompt, request.sampling, adapter=adapter, tenant=request.tenant,
-                                        weight=request.weight, grammar=handle.grammar)
+                                        weight=request.weight, grammar=handle.grammar,
+                                        images=handle.images[p] if handle.images else ())
                 added.append(engine_id)
         except ValueError as error:
             for engine_id in added:  # nothing half-added

@@ -24,6 +24,7 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
 MAX_METADATA_BYTES = 4096
 MAX_PROMPTS = 32  # a batch of prompts in one request
+IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's; accepted, and each image is read at the processor's size
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
 
 
@@ -256,11 +257,31 @@ def parse_prompt(body: dict[str, Any]) -> PromptSpec:
             raise BadRequest(f"messages[{i}].tool_calls must be an assistant's list of {{'id', 'type': 'function', "
                              f"'function': {{'name', 'arguments'}}}}", param="messages")
         content = message.get("content")
-        if not isinstance(content, str) and not (content is None and calls):
+        if isinstance(content, list):
+            _content_parts(i, content)
+        elif not isinstance(content, str) and not (content is None and calls):
             raise BadRequest(f"messages[{i}] must be an object with string role and content", param="messages")
         if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise BadRequest(f"messages[{i}] (a tool result) needs the tool_call_id it answers", param="messages")
     return PromptSpec(messages=messages)
+
+
+def _content_parts(index: int, parts: list) -> None:
+    """OpenAI's content parts: {"type": "text", "text"} and {"type": "image_url", "image_url": {"url", "detail"}}
+    (the image itself is checked as it is decoded)."""
+    if not parts:
+        raise BadRequest(f"messages[{index}].content must not be an empty list", param=f"messages[{index}].content")
+    for j, part in enumerate(parts):
+        param = f"messages[{index}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        image_url = part.get("image_url") if kind == "image_url" else None
+        if isinstance(image_url, dict) and isinstance(image_url.get("url"), str) \
+                and image_url.get("detail", "auto") in IMAGE_DETAILS:
+            continue
+        raise BadRequest(f"{param} must be {{'type': 'text', 'text': ...}} or {{'type': 'image_url', 'image_url': "
+                         f"{{'url': 'data:image/...;base64,...', 'detail': 'auto' | 'low' | 'high'}}}}", param=param)
 
 
 def _tool_calls_valid(calls: Any) -> bool:

@@ -7,7 +7,6 @@ template sees, the grammar that constrains its output, and whether its text is p
     tool_choice "none" / no tools               response_format's grammar, if any; nothing parsed
 """
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,25 +60,3 @@ def _answer_schema(response_format: dict | None) -> dict | None:
 
 def _format_param(response_format: dict) -> str:
     return "response_format.json_schema.schema" if response_format["type"] == "json_schema" else "response_format"
-
-
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates expect them (Hugging Face's convention): an assistant's tool call arguments as
-    objects, not the JSON text OpenAI sends."""
-    out = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if calls:
-            message = {**message, "tool_calls": [_template_call(c) for c in calls]}
-        out.append(message)
-    return out
-
-
-def _template_call(call: dict) -> dict:
-    function = dict(call["function"])
-    if isinstance(function.get("arguments"), str):
-        try:
-            function["arguments"] = json.loads(function["arguments"])
-        except ValueError:
-            pass  # the template renders the text as given
-    return {**call, "type": "function", "function": function}

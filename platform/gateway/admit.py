@@ -11,6 +11,7 @@ from gateway.exchange import Exchange, settles_of
 from gateway.openai_request import GenerationRequest
 from gateway.prompt_tokens import count_prompt_tokens
 from gateway.refusals import ratelimit_headers, refusal
+from gateway.request_images import load_images
 from gateway.serving import serving
 from metering.pricing import request_price
 
@@ -39,6 +40,8 @@ async def admit(
     if "min_tokens" in generation.sampling and generation.sampling["min_tokens"] > max_tokens:
         raise invalid(f"'min_tokens' ({generation.sampling['min_tokens']}) must be less than or equal to the request's "
                       f"max_tokens, {max_tokens} (the plan's default).", param="min_tokens")  # fmt: skip
+    if generation.image_params:  # each checked, and its tokens counted, before anything is held
+        await load_images(generation, target)
     choices, prompt_bytes = generation.num_choices, generation.prompt_bytes()
     prompt_tokens = await count_prompt_tokens(generation, target, prompt_bytes=prompt_bytes,
                                              tenant=caller.tenant_id)  # fmt: skip

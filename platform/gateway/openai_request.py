@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.chat_structure import structure as chat_structure
 from gateway.errors import invalid
+from gateway.hot_settings import hot
 from gateway.request_guard import raw_body_check
 
 MAX_STOP_SEQUENCES = 4
@@ -41,6 +42,7 @@ UNSUPPORTED = {
     "suffix": "`suffix` (insertion) is not supported by this server.",
 }
 STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")  # OpenAI's two, then vLLM's
+IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's; each image is read at the size the model's processor makes it
 MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
 _SAMPLING = (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2))
 _SAMPLING_ORDER = tuple(name for name, _, _ in _SAMPLING)  # checked in this order
@@ -67,6 +69,8 @@ class GenerationRequest:
     max_tokens_given: bool = False  # the client named max_tokens: past the context it is refused, not capped
     structure: dict = field(default_factory=dict)  # chat: response_format, tools, tool_choice, parallel_tool_calls
     continuous_usage: bool = False  # vLLM's continuous_usage_stats, with include_usage: each chunk's running usage
+    image_params: list[str] = field(default_factory=list)  # chat: where each image part is, in order
+    image_tokens: list[int] = field(default_factory=list)  # each image's prompt tokens (gateway.request_images)
 
     @property
     def n(self) -> int:
@@ -82,7 +86,7 @@ class GenerationRequest:
         if self.prompts is not None:  # in C: no comprehension's frame
             return sum(map(len, map(str.encode, filter(str.__instancecheck__, self.prompts))))
         tools = len(json.dumps(self.structure["tools"]).encode()) if self.structure.get("tools") else 0
-        return tools + sum([len((message.get("content") or "").encode()) + _tool_calls_chars(message)
+        return tools + sum([len(_text(message.get("content")).encode()) + _tool_calls_chars(message)
                             for message in self.messages])  # fmt: skip
 
     def prompt_token_count(self) -> int:
@@ -90,6 +94,13 @@ class GenerationRequest:
         if self.prompts is None:
             return 0
         return sum(map(len, filter(list.__instancecheck__, self.prompts)))
+
+
+def _text(content: str | list[dict] | None) -> str:
+    """A message's text: its content, or its text parts joined (an image part has none)."""
+    if content.__class__ is str:
+        return content
+    return "".join(part["text"] for part in content if part["type"] == "text") if content else ""
 
 
 def _tool_calls_chars(message: dict) -> int:
@@ -309,14 +320,7 @@ def _message(index: int, message) -> dict:
     elif content is None and calls:
         return {"role": "assistant", "content": None, "tool_calls": calls}
     elif isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid(f"Content parts of type '{kind}' (images, audio, files) are not supported; only text.",
-                              param=f"messages.[{index}].content", code="unsupported_parameter")  # fmt: skip
-            parts.append(part["text"])
-        content = "".join(parts)
+        content = _content_parts(index, role, content)
     elif not isinstance(content, str):
         raise invalid(f"messages.[{index}].content must be a string or a list of text parts.",
                       param=f"messages.[{index}].content")  # fmt: skip
@@ -325,6 +329,47 @@ def _message(index: int, message) -> dict:
     if calls:
         return {"role": role, "content": content, "tool_calls": calls}
     return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _content_parts(index: int, role: str, content: list) -> str | list[dict]:
+    """Text parts joined into one string; with an image among them (a user's message), the parts as the chat
+    template reads them: {"type": "text", "text"} and {"type": "image_url", "image_url": {"url"[, "detail"]}}."""
+    parts, images = [], False
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        param = f"messages.[{index}].content.[{j}]"
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            if role != "user":
+                raise invalid(f"Image content parts are only allowed in user messages; messages.[{index}] is a "
+                              f"{role} message.", param=param)  # fmt: skip
+            parts.append(_image_part(param, part))
+            images = True
+        else:
+            raise invalid(f"Content parts of type '{kind}' (audio, files) are not supported; only text and "
+                          f"image_url.", param=param, code="unsupported_parameter")  # fmt: skip
+    return parts if images else "".join(part["text"] for part in parts)
+
+
+def _image_part(param: str, part: dict) -> dict:
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else None
+    if not isinstance(url, str) or not url:
+        raise invalid(f"{param}.image_url must be an object with a 'url' (a data:image/...;base64,... URL).",
+                      param=param)  # fmt: skip
+    detail = image_url.get("detail")
+    if detail is not None and detail not in IMAGE_DETAILS:
+        raise invalid(f"{param}.image_url.detail must be one of 'auto', 'low' or 'high'.", param=param,
+                      code="invalid_value")  # fmt: skip
+    return {"type": "image_url", "image_url": {"url": url} | ({"detail": detail} if detail else {})}
+
+
+def _image_params(messages: list[dict]) -> list[str]:
+    """Where each image part of parsed messages is, in order ("messages.[0].content.[1]")."""
+    return [f"messages.[{i}].content.[{j}]" for i, message in enumerate(messages)
+            if message["content"].__class__ is list
+            for j, part in enumerate(message["content"]) if part["type"] == "image_url"]  # fmt: skip
 
 
 _CHAT_RARE = frozenset({"modalities", "metadata", "logprobs", "top_logprobs"})  # checked when the body names one
@@ -358,10 +403,16 @@ def parse_chat(body: dict) -> GenerationRequest:
             sampling["logprobs"] = top or 0
     if "min_tokens" in sampling:
         _min_tokens_fit(sampling["min_tokens"], max_tokens)
+    parsed = [_message(i, m) for i, m in enumerate(messages)]
+    images = _image_params(parsed) if any(m["content"].__class__ is list for m in parsed) else []
+    if len(images) > hot.QUILT_IMAGES_PER_REQUEST:
+        raise invalid(f"A request may carry at most {hot.QUILT_IMAGES_PER_REQUEST} images; this one has {len(images)}.",
+                      param=images[hot.QUILT_IMAGES_PER_REQUEST], code="too_many_images")  # fmt: skip
     return GenerationRequest(
-        kind="chat", model=model, messages=[_message(i, m) for i, m in enumerate(messages)], prompts=None,
+        kind="chat", model=model, messages=parsed, prompts=None,
         stream=stream, include_usage=usage > 0, max_tokens=max_tokens, sampling=sampling, logprobs=logprobs,
         user=user, max_tokens_given=max_tokens is not None, structure=structure, continuous_usage=usage == 2,
+        image_params=images,
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.server.structured import template_messages
+from engine.chat_prompt import template_messages
 from engine.tokenizer import Tokenizer
 from gateway.caller import Target
 from gateway.hot_settings import hot
@@ -44,7 +44,7 @@ def segment_counts(checkpoint_dir: str) -> SegmentCounts | None:
 
 def prompt_tokens(generation: GenerationRequest, tokenizer: Tokenizer) -> int | None:
     """The prompt's tokens as the engine will count them: a chat's messages through the chat template (with its
-    tools), each text prompt of a completion encoded with special tokens, token prompts as they are. None when the
+    tools) and its images' tokens (generation.image_tokens), each text prompt of a completion encoded with special tokens, token prompts as they are. None when the
     template cannot render these messages (the engine then refuses the request and says why)."""
     return _counted(generation, tokenizer, tokenizer.count)
 
@@ -57,7 +57,8 @@ def _counted(generation: GenerationRequest, tokenizer: Tokenizer, count: Callabl
                                                  tools=generation.structure.get("tools"))  # fmt: skip
         except Exception:  # jinja2's errors and the template's own raise_exception()
             return None
-        return count(text, add_special_tokens=False)
+        # the template writes one placeholder per image, which the engine repeats for the image's tokens
+        return count(text, add_special_tokens=False) + sum(generation.image_tokens) - len(generation.image_tokens)
     counted = 0
     for prompt in generation.prompts:
         if isinstance(prompt, str):
@@ -72,7 +73,8 @@ def estimate_prompt_tokens(generation: GenerationRequest, *, prompt_bytes: int |
     token prompt is counted). `prompt_bytes`: generation.prompt_bytes(), when the caller has it already."""
     messages = len(generation.messages) if generation.messages is not None else 0
     prompt_bytes = generation.prompt_bytes() if prompt_bytes is None else prompt_bytes
-    return prompt_bytes + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+    return (prompt_bytes + generation.prompt_token_count() + TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
+            + sum(generation.image_tokens))
 
 
 async def count_prompt_tokens(generation: GenerationRequest, target: Target, *, prompt_bytes: int | None = None,

@@ -30,6 +30,13 @@ def _read_config(directory: Path) -> dict:
     return config
 
 
+def language_config(config: dict) -> dict:
+    """The language model's fields: a vision-language model's text_config (transformers 5 nests them there) over
+    its top-level ones."""
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
 def servable_architecture(config: dict) -> str:
     """The config's architecture if the engine serves it; else a ValidationError saying what is wrong."""
     architectures = config.get("architectures") or []
@@ -43,6 +50,7 @@ def servable_architecture(config: dict) -> str:
         )
     if model_type != SERVED_ARCHITECTURES[architecture]:
         raise ValidationError(f"model_type {model_type!r} does not match architecture {architecture}")
+    config = language_config(config)
     for field in REQUIRED_FIELDS:
         value = config.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -74,7 +82,7 @@ def base_model_register(
     config = _read_config(directory)
     architecture = servable_architecture(config)
     _check_files(directory)
-    limit = config["max_position_embeddings"]
+    limit = language_config(config)["max_position_embeddings"]
     context = max_context or limit
     if not 0 < context <= limit:
         raise ValidationError(f"max context must be between 1 and the model's {limit} positions")

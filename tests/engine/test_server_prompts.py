@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from tests.engine.pictures import data_url, picture
 from tests.engine.test_server import CONTEXT, adapter_refs, generate, model_dir, server, stream_lines  # noqa: F401
 
 PROMPTS = [[5, 17, 33, 90, 4], [120, 8, 61], [7, 7, 200, 13, 42, 99]]
@@ -108,3 +109,15 @@ def test_every_completion_of_a_batch_carries_its_own_prompts_logprobs(server, hf
         entries = choice["prompt_logprobs"]
         assert [e["token_id"] for e in entries] == prompt
         assert [e["logprob"] for e in entries[1:]] == pytest.approx(prompt_logprobs(hf_model, prompt), abs=1e-3)
+
+
+def test_an_image_for_a_text_only_model_is_a_400_naming_its_part(server):  # noqa: F811
+    content = [{"type": "text", "text": "the cat"}, {"type": "image_url", "image_url": {"url": data_url(picture(30, 20, 1))}}]
+    response = server.post("/v1/generate", json={"stream": False, "messages": [{"role": "user", "content": content}],
+                                                 "sampling": {"max_tokens": 2}})  # fmt: skip
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages[0].content[1]" and "takes no images" in error["message"]
+    content[1]["image_url"]["detail"] = "ultra"
+    response = server.post("/v1/generate", json={"stream": False, "messages": [{"role": "user", "content": content}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content[1]"

@@ -190,7 +190,7 @@ def test_key_without_inference_scope_or_model_is_forbidden(stack):
         # this model's chat template has no tool-calling convention, its word-level vocabulary cannot write JSON
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-         "messages.[0].content"),
+         "messages.[0].content.[0]"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"temperature": 3}, "temperature"),
         ({"messages": [{"role": "user", "content": "w1"}, {"role": "bot", "content": "w2"}]}, "messages.[1].role"),

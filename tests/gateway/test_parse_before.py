@@ -241,12 +241,11 @@ MESSAGE_SHAPES = [
     {"role": "tool", "content": None, "tool_call_id": "c1"}, {"role": "function", "content": "f"}, {"role": "robot"},
     {"content": "no role"}, {"role": None, "content": "x"}, {"role": ["user"], "content": "x"}, "not a dict", None, 3,
     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-    {"role": "user", "content": [{"type": "image_url"}]}, {"role": "user", "content": ["str part"]},
     {"role": "user", "content": []}, {"role": "user", "content": 5}, {"role": "user", "content": {"text": "x"}},
-    {"role": "developer", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": [{"type": "text"}]},
+    {"role": "developer", "content": [{"type": "text", "text": "a"}]},
     {"role": "tool", "content": [{"type": "text", "text": "a"}], "tool_call_id": "c"},
     {"role": "assistant", "content": [], "tool_calls": [CALL]}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
-]  # fmt: skip
+]  # fmt: skip  (a part other than text is refused by its own index, or is an image: tests/gateway/vlm)
 
 
 def any_outcome(parser, body: dict):

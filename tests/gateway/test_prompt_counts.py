@@ -12,8 +12,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 from transformers import AutoTokenizer
 
+from engine.chat_prompt import template_messages
 from engine.demo.builder import ensure_demo
-from engine.server.structured import template_messages
 from engine.tokenizer import Tokenizer
 from gateway.caller import Target
 from gateway.openai_request import parse_chat, parse_completion

@@ -290,6 +290,21 @@ QUILT_ENGINE_HEALTH_INTERVAL_SECONDS = env.int("QUILT_ENGINE_HEALTH_INTERVAL_SEC
 QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS = env.int("QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS", default=256)
 QUILT_PREFILL_HOP_TIMEOUT_SECONDS = env.float("QUILT_PREFILL_HOP_TIMEOUT_SECONDS", default=30.0)
 QUILT_KV_LEASE_TTL_SECONDS = env.int("QUILT_KV_LEASE_TTL_SECONDS", default=30)
+# Images in chat requests to a vision-language base (docs/models.md): at most this many per request, each at most
+# this many bytes decoded and this many pixels before the model's processor resizes it; larger is a 400.
+QUILT_IMAGES_PER_REQUEST = env.int("QUILT_IMAGES_PER_REQUEST", default=8)
+QUILT_IMAGE_MAX_BYTES = env.int("QUILT_IMAGE_MAX_BYTES", default=10 * 1024**2)
+QUILT_IMAGE_MAX_PIXELS = env.int("QUILT_IMAGE_MAX_PIXELS", default=4096 * 4096)
+# An image given as an http(s) URL is refused unless the deployment turns fetching on (a request that makes the
+# server fetch a URL is server-side request forgery). Then only hosts on the allowlist are fetched ("images.example"
+# exactly, ".example.com" any host under it), at an address that is public (private, loopback, link-local and
+# reserved ranges refused, unless inside QUILT_IMAGE_FETCH_ALLOWED_NETWORKS, CIDRs an operator trusts), every
+# redirect checked again, within the byte limit above and this timeout for the whole fetch.
+QUILT_IMAGE_FETCH = env.bool("QUILT_IMAGE_FETCH", default=False)
+QUILT_IMAGE_FETCH_DOMAINS = env.list("QUILT_IMAGE_FETCH_DOMAINS", default=[])
+QUILT_IMAGE_FETCH_ALLOWED_NETWORKS = env.list("QUILT_IMAGE_FETCH_ALLOWED_NETWORKS", default=[])
+QUILT_IMAGE_FETCH_TIMEOUT_SECONDS = env.float("QUILT_IMAGE_FETCH_TIMEOUT_SECONDS", default=5.0)
+QUILT_IMAGE_FETCH_MAX_REDIRECTS = env.int("QUILT_IMAGE_FETCH_MAX_REDIRECTS", default=3)
 # Fine-tuning: training runs in its own worker (`celery -A quilt worker -Q training --pool solo`).
 QUILT_TRAINING_QUEUE = env("QUILT_TRAINING_QUEUE", default="training")
 QUILT_FINE_TUNING_MAX_FILE_BYTES = env.int("QUILT_FINE_TUNING_MAX_FILE_BYTES", default=64 * 1024**2)

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -135,6 +136,55 @@ def launch_demo_engine(*, model_dir: Path, served_name: str, media: Path, env: d
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     process.health_url = f"http://127.0.0.1:{port}/v1/health"
     return process
+
+
+@dataclass
+class SingleEngineStack:
+    """What `single_engine_stack` started, and the rows its seed made."""
+
+    gateway: str  # http://127.0.0.1:PORT/v1
+    model_dir: Path
+    media: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    ids: dict[str, int] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def single_engine_stack(processes: dict, *, model_dir: Path, served_name: str, media: Path, django_db_blocker,
+                        seed: Callable[[], None], **env_extra: str) -> Iterator[str]:
+    """One engine on `model_dir` serving `served_name`, one gateway under uvicorn and a Celery worker, on this
+    run's database, its own Redis key prefix and `media`; `seed()` commits the rows (the base model, tenants, keys)
+    as they start. Yields the gateway's base URL (http://127.0.0.1:PORT/v1); everything is torn down after.
+    `env_extra`: settings for the processes' environment."""
+    from django.test import override_settings
+
+    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
+    prefix = f"quilt-{served_name}-{uuid.uuid4().hex[:10]}"
+    overrides = override_settings(REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media,
+                                  QUILT_ENGINE_TOKEN=ENGINE_TOKEN)  # fmt: skip
+    overrides.enable()
+    env = process_env(redis_url=redis_url, prefix=prefix, media=media, **env_extra)
+    engine_port, gateway_port = free_port(), free_port()
+    worker = None
+    try:
+        engine = processes["engine"] = launch_demo_engine(
+            model_dir=model_dir, served_name=served_name, media=media, env=env, port=engine_port
+        )
+        gateway = processes["gateway"] = launch_gateway(env, gateway_port, media / "gateway.log")
+        with django_db_blocker.unblock():
+            seed()
+        worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
+                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
+        drain(worker, media / "worker.log")
+        wait_for_engine(engine)
+        wait_for_gateway(gateway)
+        with django_db_blocker.unblock():
+            register_engine(f"engine-{served_name}", f"http://127.0.0.1:{engine_port}")
+        yield f"http://127.0.0.1:{gateway_port}/v1"
+    finally:
+        tear_down_stack(processes, worker, redis_url=redis_url, prefix=prefix, django_db_blocker=django_db_blocker,
+                        overrides=overrides)
 
 
 def wait_for_gateway(process: subprocess.Popen) -> None:

@@ -3,40 +3,15 @@ demo model (whose `extract` adapter answers in JSON and whose chat template know
 PostgreSQL and Redis. Its own package: the demo model is not the tiny model of tests/gateway's stack, and the two stacks must
 never share a router (this package runs, and is torn down, before that stack starts)."""
 
-import os
-import subprocess
-import uuid
-from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, start_worker
-from tests.gateway.conftest import (
-    ENGINE_TOKEN,
-    drain,
-    free_port,
-    launch_demo_engine,
-    launch_gateway,
-    process_env,
-    register_engine,
-    tear_down_stack,
-    wait_for_engine,
-    wait_for_gateway,
-)
+from tests.conftest import REPO
+from tests.gateway.conftest import SingleEngineStack as DemoStack
+from tests.gateway.conftest import single_engine_stack
 
 BASE_MODEL = "quilt-demo"
-
-
-@dataclass
-class DemoStack:
-    gateway: str  # http://127.0.0.1:PORT/v1
-    model_dir: Path
-    media: Path
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)
-    ids: dict[str, int] = field(default_factory=dict)
 
 
 def _seed(stack: DemoStack) -> None:
@@ -62,39 +37,15 @@ def _seed(stack: DemoStack) -> None:
 
 @pytest.fixture(scope="package")
 def demo_stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.test import override_settings
-
     from engine.demo.builder import ensure_demo
 
     model_dir = ensure_demo(REPO / "var" / "demo-model")
     media = tmp_path_factory.mktemp("structured-stack")
-    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
-    prefix = f"quilt-so-{uuid.uuid4().hex[:10]}"
-    overrides = override_settings(REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media,
-                                  QUILT_ENGINE_TOKEN=ENGINE_TOKEN)  # fmt: skip
-    overrides.enable()
-    env = process_env(redis_url=redis_url, prefix=prefix, media=media)
-    engine_port, gateway_port = free_port(), free_port()
-    stack = DemoStack(gateway=f"http://127.0.0.1:{gateway_port}/v1", model_dir=model_dir, media=media)
-    worker = None
-    try:
-        engine = stack.processes["engine"] = launch_demo_engine(
-            model_dir=model_dir, served_name=BASE_MODEL, media=media, env=env, port=engine_port
-        )
-        gateway = stack.processes["gateway"] = launch_gateway(env, gateway_port, media / "gateway.log")
-        with django_db_blocker.unblock():
-            _seed(stack)
-        worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
-                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
-        drain(worker, media / "worker.log")
-        wait_for_engine(engine)
-        wait_for_gateway(gateway)
-        with django_db_blocker.unblock():
-            register_engine("engine-demo", f"http://127.0.0.1:{engine_port}")
+    stack = DemoStack(gateway="", model_dir=model_dir, media=media)
+    with single_engine_stack(stack.processes, model_dir=model_dir, served_name=BASE_MODEL, media=media,
+                             django_db_blocker=django_db_blocker, seed=lambda: _seed(stack)) as gateway:  # fmt: skip
+        stack.gateway = gateway
         yield stack
-    finally:
-        tear_down_stack(stack.processes, worker, redis_url=redis_url, prefix=prefix,
-                        django_db_blocker=django_db_blocker, overrides=overrides)
 
 
 def client(stack: DemoStack):

@@ -3,44 +3,18 @@
 own package: the model is not the tiny Llama of tests/gateway's stack, and the gateway runs with small image
 limits, so that each limit is reached by a small picture."""
 
-import os
-import subprocess
-import uuid
-from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_worker
 from tests.engine.vlm_checkpoints import build_qwen2_5_vl
-from tests.gateway.conftest import (
-    ENGINE_TOKEN,
-    drain,
-    free_port,
-    launch_demo_engine,
-    launch_gateway,
-    process_env,
-    register_engine,
-    tear_down_stack,
-    wait_for_engine,
-    wait_for_gateway,
-)
+from tests.gateway.conftest import SingleEngineStack as VisionStack
+from tests.gateway.conftest import single_engine_stack
 
 BASE_MODEL = "tiny-vl"
 IMAGES_PER_REQUEST = 2
 IMAGE_MAX_BYTES = 60_000
 IMAGE_MAX_PIXELS = 300 * 300
-
-
-@dataclass
-class VisionStack:
-    gateway: str  # http://127.0.0.1:PORT/v1
-    model_dir: Path
-    media: Path
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)
-    ids: dict[str, int] = field(default_factory=dict)
 
 
 def _seed(stack: VisionStack) -> None:
@@ -63,41 +37,18 @@ def _seed(stack: VisionStack) -> None:
 
 @pytest.fixture(scope="package")
 def vision_stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.test import override_settings
-
     root = tmp_path_factory.mktemp("vision-stack")
     model_dir = build_qwen2_5_vl(root / "model", seed=11)
     media = root / "media"
     media.mkdir()
-    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
-    prefix = f"quilt-vl-{uuid.uuid4().hex[:10]}"
-    overrides = override_settings(REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media,
-                                  QUILT_ENGINE_TOKEN=ENGINE_TOKEN)  # fmt: skip
-    overrides.enable()
-    env = process_env(redis_url=redis_url, prefix=prefix, media=media,
-                      QUILT_IMAGES_PER_REQUEST=str(IMAGES_PER_REQUEST), QUILT_IMAGE_MAX_BYTES=str(IMAGE_MAX_BYTES),
-                      QUILT_IMAGE_MAX_PIXELS=str(IMAGE_MAX_PIXELS))  # fmt: skip
-    engine_port, gateway_port = free_port(), free_port()
-    stack = VisionStack(gateway=f"http://127.0.0.1:{gateway_port}/v1", model_dir=model_dir, media=media)
-    worker = None
-    try:
-        engine = stack.processes["engine"] = launch_demo_engine(
-            model_dir=model_dir, served_name=BASE_MODEL, media=media, env=env, port=engine_port
-        )
-        gateway = stack.processes["gateway"] = launch_gateway(env, gateway_port, media / "gateway.log")
-        with django_db_blocker.unblock():
-            _seed(stack)
-        worker = start_worker(extra_env={"REDIS_URL": redis_url, "QUILT_REDIS_KEY_PREFIX": prefix,
-                                         "MEDIA_ROOT": str(media), "QUILT_ENGINE_TOKEN": ENGINE_TOKEN})  # fmt: skip
-        drain(worker, media / "worker.log")
-        wait_for_engine(engine)
-        wait_for_gateway(gateway)
-        with django_db_blocker.unblock():
-            register_engine("engine-vl", f"http://127.0.0.1:{engine_port}")
+    stack = VisionStack(gateway="", model_dir=model_dir, media=media)
+    with single_engine_stack(stack.processes, model_dir=model_dir, served_name=BASE_MODEL, media=media,
+                             django_db_blocker=django_db_blocker, seed=lambda: _seed(stack),
+                             QUILT_IMAGES_PER_REQUEST=str(IMAGES_PER_REQUEST),
+                             QUILT_IMAGE_MAX_BYTES=str(IMAGE_MAX_BYTES),
+                             QUILT_IMAGE_MAX_PIXELS=str(IMAGE_MAX_PIXELS)) as gateway:  # fmt: skip
+        stack.gateway = gateway
         yield stack
-    finally:
-        tear_down_stack(stack.processes, worker, redis_url=redis_url, prefix=prefix,
-                        django_db_blocker=django_db_blocker, overrides=overrides)
 
 
 def client(stack: VisionStack):

@@ -17,7 +17,7 @@ from gateway.image_fetch import FetchPolicy, FetchRefused, fetch_image
 from gateway.openai_request import parse_chat
 from gateway.request_images import load_images
 from tests.engine.pictures import picture
-from tests.engine.test_qwen2_5_vl import oracle_processor
+from tests.engine.test_vlm import oracle_processor
 
 ADDRESSES = {"store.test": "127.0.0.2", "loopback.test": "127.0.0.1", "metadata.test": "169.254.169.254",
              "private.test": "10.1.2.3", "mapped.test": "::ffff:127.0.0.1", "elsewhere.test": "127.0.0.2"}  # fmt: skip
@@ -140,9 +140,9 @@ def vision_target(model_dir) -> Target:
 
 @pytest.fixture(scope="module")
 def vision_model(tmp_path_factory):
-    from tests.engine.vlm_checkpoints import build_qwen2_5_vl
+    from tests.engine.vlm_checkpoints import build_vlm
 
-    return build_qwen2_5_vl(tmp_path_factory.mktemp("fetch-vl"), seed=3)
+    return build_vlm(tmp_path_factory.mktemp("fetch-vl"), "qwen2_5_vl", seed=3)
 
 
 def chat(url: str):

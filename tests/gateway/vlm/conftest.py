@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from tests.engine.vlm_checkpoints import build_qwen2_5_vl
+from tests.engine.vlm_checkpoints import build_vlm
 from tests.gateway.conftest import SingleEngineStack as VisionStack
 from tests.gateway.conftest import single_engine_stack
 
@@ -38,7 +38,7 @@ def _seed(stack: VisionStack) -> None:
 @pytest.fixture(scope="package")
 def vision_stack(django_db_setup, django_db_blocker, tmp_path_factory):
     root = tmp_path_factory.mktemp("vision-stack")
-    model_dir = build_qwen2_5_vl(root / "model", seed=11)
+    model_dir = build_vlm(root / "model", "qwen2_5_vl", seed=11)
     media = root / "media"
     media.mkdir()
     stack = VisionStack(gateway="", model_dir=model_dir, media=media)

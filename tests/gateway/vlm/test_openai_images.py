@@ -16,7 +16,7 @@ from transformers.image_utils import load_image
 
 from engine.tokenizer import Tokenizer
 from tests.engine.pictures import data_url, picture
-from tests.engine.test_qwen2_5_vl import oracle_processor, transformers_greedy
+from tests.engine.test_vlm import oracle_processor, transformers_greedy
 from tests.engine.vlm_checkpoints import IMAGE_TOKEN
 from tests.gateway.vlm.conftest import (
     BASE_MODEL,

@@ -229,7 +229,7 @@ SETTLE = (
     _LEASE_FUNCTIONS
     + _CLOCK
     + """
-local rid, tokens, spend, final = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local rid, tokens, final = ARGV[1], tonumber(ARGV[2]), ARGV[4] == '1'  -- ARGV[3] (micro-units) is not counted
 local key, key_spend, usage = ARGV[5] or '', ARGV[6] or '0', ARGV[7] or ''
 local lease = ARGV[8] or ''
 if lease ~= '' then  -- admitted from a lease: its estimate leaves the lease's hold, whatever came before

@@ -43,16 +43,18 @@ class Target:
     digest: str | None
     adapter_path: str | None
     created: int = 0  # Unix seconds: the base model's registration, the adapter's creation, a pinned version's upload
-    adapter_urls: dict[str, str] | None = None  # signed GET URLs of its files (S3): engines download it themselves
 
-    @property
+    @functools.cached_property
     def engine_adapter(self) -> dict | None:
-        """The generate request's "adapter" (engine.contract): its signed URLs where the storage signs them, else the
-        folder engines read it from."""
+        """The generate request's "adapter" (engine.contract): signed GET URLs of its files where the storage signs
+        them (S3: engines download it themselves), else the folder engines read it from. Signed once per target, on
+        first use (about 0.5 ms a URL, not paid by a model listing): a target lives at most QUILT_KEY_CACHE_SECONDS,
+        well inside the URLs' lifetime."""
         if self.digest is None:
             return None
-        if self.adapter_urls is not None:
-            return {"digest": self.digest, "urls": self.adapter_urls}
+        urls = canonical_urls(digest=self.digest)
+        if urls is not None:
+            return {"digest": self.digest, "urls": urls}
         return {"digest": self.digest, "path": self.adapter_path}
 
 
@@ -153,7 +155,6 @@ def _target(resolved: ResolvedModel, name: str) -> Target:
         digest=digest,
         adapter_path=str(adapter_store_root() / digest) if digest else None,
         created=int(_created(resolved, pinned="@" in name).timestamp()),
-        adapter_urls=canonical_urls(digest=digest) if digest else None,
     )
 
 

@@ -26,6 +26,7 @@ from tests.engine.conftest import (
 )
 from tests.s3 import s3_server
 
+pytestmark = pytest.mark.slow
 TOKEN = "test-engine-token"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FILES = ("quilt_adapter.json", "adapter_model.safetensors")

@@ -17,7 +17,7 @@ from tests.registry.conftest import base_model, media_root, ready_version, tiny_
 from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_server
 from tests.tiny_llama import save_peft_adapter, zipped
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 TOKEN = "test-engine-token"
 
 

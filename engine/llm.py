@@ -81,19 +81,14 @@ class LLM:
         if any(grammars) and self.engine.grammars is None:
             raise ValueError("this model has no tokenizer.json: its outputs cannot be constrained")
         compiled = [self.engine.grammars.compile(spec) if spec else None for spec in grammars]
+        unknown = [name for name in adapters if name is not None and name not in self.adapters]
+        if unknown:
+            raise ValueError(f"unknown adapter {unknown[0]!r}; add it with add_adapter first")
+        prepared = [self._prompt(prompt) for prompt in prompts]  # every image decoded before any request starts
         batch = next(_batch_ids)
         request_ids = []
-        for i, (prompt, params, name, tenant, grammar) in enumerate(
-                zip(prompts, samplings, adapters, tenants, compiled, strict=True)):
-            images, is_chat = [], bool(prompt) and isinstance(prompt[0], dict)
-            if (isinstance(prompt, str) or is_chat) and self.tokenizer is None:
-                raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
-            if isinstance(prompt, str):
-                prompt = self.tokenizer.encode(prompt)
-            elif is_chat:
-                prompt, images = self._chat(prompt)
-            if name is not None and name not in self.adapters:
-                raise ValueError(f"unknown adapter {name!r}; add it with add_adapter first")
+        for i, ((prompt, images), params, name, tenant, grammar) in enumerate(
+                zip(prepared, samplings, adapters, tenants, compiled, strict=True)):
             request_id = f"offline-{batch}-{i}"
             self.engine.add_request(
                 request_id, list(prompt), params, adapter=self.adapters.get(name), tenant=tenant, grammar=grammar,
@@ -112,6 +107,15 @@ class LLM:
         for request_id, params in zip(request_ids, samplings, strict=True):
             results.append(merge_choices([final[(request_id, index)] for index in range(params.n)]))
         return results
+
+    def _prompt(self, prompt: str | list[int] | list[dict]) -> tuple[list[int], list[ImageFeatures]]:
+        """A prompt's token ids and images; ValueError (engine.images.ImageError for an image) when it is unusable."""
+        is_chat = bool(prompt) and isinstance(prompt[0], dict)
+        if (isinstance(prompt, str) or is_chat) and self.tokenizer is None:
+            raise ValueError("this model has no tokenizer.json: pass prompts as token ids")
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt), []
+        return self._chat(prompt) if is_chat else (list(prompt), [])
 
     def _chat(self, messages: list[dict]) -> tuple[list[int], list[ImageFeatures]]:
         """Chat messages' token ids and images, as the HTTP server renders them (engine.chat_prompt)."""

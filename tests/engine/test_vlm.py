@@ -16,6 +16,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from adapters import AdapterError
 from engine import LLM, SamplingParams
+from engine.images import ImageError
 from tests.engine.pictures import data_url, picture
 from tests.engine.vlm_checkpoints import IMAGE_TOKEN, MODELS, PROJECTIONS, build_vlm, build_vlm_adapter
 
@@ -193,3 +194,15 @@ def test_an_image_prefilled_over_several_chunks_is_encoded_once(checkpoint, orac
         hook.remove()
         assert not llm.engine.runner.encoded  # nothing kept past the images' last chunks
     assert len(encoded) == 3
+
+
+def test_a_bad_image_refuses_the_whole_call_before_anything_runs(checkpoint):
+    """A corrupt image in the second prompt: ImageError naming it, and the first prompt was never queued."""
+    corrupt = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBORw0KGgoAAAANSUhEUgAA"}},
+        {"type": "text", "text": "w30"}]}]
+    with LLM(checkpoint, device="cpu", **CONFIG) as llm:
+        with pytest.raises(ImageError, match="cannot be decoded"):
+            llm.generate([CASES["one-image"], corrupt], SAMPLING)
+        assert not llm.engine.has_unfinished()
+        assert llm.generate([CASES["text-only"]], SAMPLING)[0].token_ids  # the engine serves on

@@ -327,7 +327,8 @@ class EngineLoop:
                 gpu_ms=usage.gpu_ms, queue_ms=usage.queue_ms, ttft_ms=usage.ttft_ms, e2e_ms=end.e2e_ms,
                 finish_reason=reason, finished_at=now_utc(), metadata=request.metadata,
                 spec_proposed_tokens=usage.spec_proposed_tokens, spec_accepted_tokens=usage.spec_accepted_tokens,
-                sampling_steps=usage.sampling_steps,
+                sampling_steps=usage.sampling_steps, image_count=sum(map(len, handle.images)),
+                image_tokens=sum(image.num_tokens for images in handle.images for image in images),
             ))
             self.metrics.usage_spooled.set(self.emitter.spooled)
         self._send(handle, ("end", end))

@@ -12,7 +12,8 @@ from typing import Any
 TASK_NAME = "metering.ingest_usage"
 SCHEMA_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort", "error")
-OPTIONAL = ("metadata", "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps")  # fields an event may leave out
+OPTIONAL = ("metadata", "spec_proposed_tokens", "spec_accepted_tokens", "sampling_steps", "image_count",
+            "image_tokens")  # fields an event may leave out
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class UsageEvent:
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed, and accepted (optional: older events
     spec_accepted_tokens: int = 0  # have none of the three)
     sampling_steps: int = 0  # engine steps that gave the request tokens (completion_tokens / this: tokens per step)
+    image_count: int = 0  # the prompt's images, and the prompt tokens they took (part of prompt_tokens)
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -42,13 +45,15 @@ class UsageEvent:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason {self.finish_reason!r} is not one of {FINISH_REASONS}")
         counts = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
-                  "sampling_steps")
+                  "sampling_steps", "image_count", "image_tokens")
         for name in counts:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.cached_tokens > self.prompt_tokens:
             raise ValueError("cached_tokens cannot exceed prompt_tokens")
+        if self.image_tokens > self.prompt_tokens:
+            raise ValueError("image_tokens cannot exceed prompt_tokens")
         if self.spec_accepted_tokens > self.spec_proposed_tokens:
             raise ValueError("spec_accepted_tokens cannot exceed spec_proposed_tokens")
         if self.finished_at.tzinfo is None:

@@ -42,6 +42,8 @@ class UsageRecord:
     # decode engine's, as the engine reported it)
     prefill_engine: str = ""
     prefill_gpu_ms: Decimal = Decimal(0)
+    image_count: int = 0  # the prompt's images and their tokens (part of prompt_tokens)
+    image_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -141,6 +143,8 @@ def usage_record_parse(event: dict) -> UsageRecord:
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
         completion_tokens=_count(event, "completion_tokens"),
+        image_count=_count(event, "image_count"),
+        image_tokens=min(_count(event, "image_tokens"), prompt_tokens),
         gpu_ms=_gpu_ms(event.get("gpu_ms")),
         queue_ms=_millis(event.get("queue_ms")),
         ttft_ms=_millis(event.get("ttft_ms")),

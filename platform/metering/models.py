@@ -76,6 +76,10 @@ class UsageEvent(models.Model):
     prompt_tokens = models.PositiveIntegerField()
     cached_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField()
+    image_count = models.PositiveIntegerField(default=0, help_text="Images in the prompt (the image is never stored "
+                                                                   "here; a retained body keeps it).")
+    image_tokens = models.PositiveIntegerField(default=0, help_text="The prompt tokens its images took (part of "
+                                                                    "prompt_tokens, billed as prompt tokens).")
     gpu_ms = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0))
     queue_ms = models.FloatField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)

@@ -130,6 +130,7 @@ def _rows(records: list[UsageRecord]) -> tuple[list[UsageEvent], int]:
                 model=record.model or adapter_name or record.base_model, base_model=record.base_model,
                 adapter_version_id=version_id, adapter_digest=record.adapter_digest, prompt_tokens=record.prompt_tokens,
                 cached_tokens=record.cached_tokens, completion_tokens=record.completion_tokens,
+                image_count=record.image_count, image_tokens=record.image_tokens,
                 gpu_ms=record.gpu_ms + record.prefill_gpu_ms, prefill_engine=record.prefill_engine,
                 prefill_gpu_ms=record.prefill_gpu_ms,
                 queue_ms=record.queue_ms, ttft_ms=record.ttft_ms, e2e_ms=record.e2e_ms,

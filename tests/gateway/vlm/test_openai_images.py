@@ -2,8 +2,10 @@
 transformers gives it, with usage counting the image's tokens (as transformers' processor sizes the image); and
 each bad image refused with an OpenAI-shaped 400 naming its content part, before anything is queued or billed."""
 
+import asyncio
 import base64
 import io
+from decimal import Decimal
 
 import numpy as np
 import openai
@@ -15,9 +17,16 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.image_utils import load_image
 
 from engine.tokenizer import Tokenizer
+from gateway.caller import Target
+from gateway.openai_request import parse_chat
+from gateway.prompt_tokens import count_prompt_tokens
+from gateway.request_images import load_images
+from metering.models import UsageEvent
+from metering.pricing import Rates, request_price
 from tests.engine.pictures import data_url, picture
 from tests.engine.test_vlm import oracle_processor, transformers_greedy
 from tests.engine.vlm_checkpoints import IMAGE_TOKEN
+from tests.gateway.conftest import wait_until
 from tests.gateway.vlm.conftest import (
     BASE_MODEL,
     IMAGE_MAX_BYTES,
@@ -38,6 +47,11 @@ def user(*parts) -> list[dict]:
         for part in parts]}]  # fmt: skip
 
 
+def usage_row(request_id: str) -> UsageEvent:
+    return wait_until(lambda: UsageEvent.answered.filter(request_id=request_id, status_code__isnull=False).first(),
+                      timeout=30, what=f"the request log's row of {request_id}")  # fmt: skip
+
+
 def oracle_prompt(model_dir, messages: list[dict], urls: list[str]) -> list[int]:
     """The prompt's ids: the chat template's text, each image placeholder repeated for the tokens transformers'
     processor gives the image (its grid's patches over merge_size ** 2)."""
@@ -50,10 +64,11 @@ def oracle_prompt(model_dir, messages: list[dict], urls: list[str]) -> list[int]
 
 def test_an_image_is_answered_as_transformers_answers_and_its_tokens_are_prompt_tokens(vision_stack):
     messages = user({"url": PICTURE, "detail": "low"}, "w30 w31 w32")
-    completion = client(vision_stack).chat.completions.create(
+    raw = client(vision_stack).chat.completions.with_raw_response.create(
         model=BASE_MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0, logprobs=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
+    completion = raw.parse()
     prompt = oracle_prompt(vision_stack.model_dir, messages, [PICTURE])
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(vision_stack.model_dir, dtype=torch.float32,
                                                                attn_implementation="eager").eval()  # fmt: skip
@@ -63,6 +78,27 @@ def test_an_image_is_answered_as_transformers_answers_and_its_tokens_are_prompt_
     assert completion.usage.prompt_tokens == len(prompt)
     assert prompt.count(IMAGE_TOKEN) > 1  # the image takes tokens of its own, counted as prompt tokens
     assert completion.usage.completion_tokens == MAX_TOKENS
+    row = usage_row(raw.headers["x-request-id"])  # the request log: the image counted, never stored
+    assert (row.prompt_tokens, row.image_count, row.image_tokens) == (len(prompt), 1, prompt.count(IMAGE_TOKEN))
+    assert row.price == request_price(rates=Rates(input=Decimal("2"), cached_input=Decimal("1"), output=Decimal("8")),
+                                      prompt_tokens=len(prompt), cached_tokens=row.cached_tokens,
+                                      completion_tokens=MAX_TOKENS)  # fmt: skip
+
+
+def test_admission_counts_the_image_tokens_before_the_call(vision_stack, settings):
+    """The tokens a budget hold and tokens per minute take for a request with images are its prompt tokens as the
+    engine will count them, images included."""
+    settings.QUILT_IMAGE_MAX_BYTES, settings.QUILT_IMAGE_MAX_PIXELS = IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS
+    other = data_url(picture(45, 100, seed=2), "JPEG")
+    messages = user({"url": PICTURE}, "w30 w31", {"url": other})
+    generation = parse_chat({"model": BASE_MODEL, "messages": messages, "max_tokens": 2})
+    target = Target(name=BASE_MODEL, base_model=BASE_MODEL, checkpoint_dir=str(vision_stack.model_dir),
+                    max_context=512, adapter_id=None, adapter_version_id=None, adapter_version=None, digest=None,
+                    adapter_path=None)  # fmt: skip
+    asyncio.run(load_images(generation, target))
+    prompt = oracle_prompt(vision_stack.model_dir, messages, [PICTURE, other])
+    assert asyncio.run(count_prompt_tokens(generation, target)) == len(prompt)
+    assert sum(generation.image_tokens) == prompt.count(IMAGE_TOKEN)
 
 
 def _noise_png(width: int, height: int) -> str:
@@ -102,6 +138,8 @@ def test_a_bad_image_is_a_400_naming_its_content_part(vision_stack, case):
     assert error.status_code == 400 and error.code == code, error.body
     assert error.param == "messages.[0].content.[1]"
     assert words in error.message
+    row = usage_row(error.response.headers["x-request-id"])  # logged as a refusal: nothing held, nothing billed
+    assert (row.status_code, row.prompt_tokens, row.price) == (400, 0, 0)
 
 
 def test_more_images_than_a_request_may_carry_are_refused_at_the_first_surplus_one(vision_stack):

@@ -17,8 +17,8 @@ from tenancy.models import Tenant
 
 COLUMNS = [
     "request_id", "finished_at", "tenant", "api_key", "model", "base_model", "adapter", "adapter_version", "status",
-    "status_code", "finish_reason", "error_code", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms",
-    "e2e_ms", "engine_ttft_ms", "engine_e2e_ms", "queue_ms", "cost", "error",
+    "status_code", "finish_reason", "error_code", "prompt_tokens", "cached_tokens", "completion_tokens", "image_count",
+    "image_tokens", "ttft_ms", "e2e_ms", "engine_ttft_ms", "engine_e2e_ms", "queue_ms", "cost", "error",
 ]  # fmt: skip
 CHUNK_ROWS = 2000
 
@@ -48,7 +48,7 @@ def csv_row(event: UsageEvent) -> list:
         event.api_key_prefix, event.model, event.base_model, version.adapter.name if version else "",
         version.number if version else "",
         request_status(event), event.status_code or "", event.finish_reason, event.error_code, event.prompt_tokens,
-        event.cached_tokens, event.completion_tokens, _ms(event.ttft_ms), _ms(event.e2e_ms), _ms(event.engine_ttft_ms),
+        event.cached_tokens, event.completion_tokens, event.image_count, event.image_tokens, _ms(event.ttft_ms), _ms(event.e2e_ms), _ms(event.engine_ttft_ms),
         _ms(event.engine_e2e_ms), _ms(event.queue_ms), event.price, event.error,
     ]  # fmt: skip
 

@@ -96,6 +96,8 @@ class RequestLogRowOutput(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
+    image_count = serializers.IntegerField(help_text="Images in the prompt (the image itself is not kept here).")
+    image_tokens = serializers.IntegerField(help_text="The prompt tokens the images took (part of prompt_tokens).")
     ttft_ms = serializers.FloatField(allow_null=True, help_text="Time to first token from the gateway's receipt.")
     e2e_ms = serializers.FloatField(allow_null=True, help_text="Latency, end to end, from the gateway's receipt.")
     engine_ttft_ms = serializers.FloatField(allow_null=True, help_text="The engine's own TTFT, from its receipt.")

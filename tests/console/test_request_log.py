@@ -287,3 +287,24 @@ def test_an_anonymous_refusal_is_in_the_staffs_log_alone(tenant, member_of, staf
     assert "anonymous-1" in b"".join(exported.streaming_content).decode()
     client, _ = member_of(tenant, "viewer")
     assert "anonymous-1" not in _walk(client, _url(tenant))
+
+
+def test_a_request_with_images_shows_their_count_and_tokens_in_the_list_its_page_the_csv_and_the_api(
+        tenant, member_of, logged):  # fmt: skip
+    event = usage_event(tenant, finished_at=START + timedelta(hours=1), image_count=2, image_tokens=640)
+    usage_ingest(events=[event])
+    client, _ = member_of(tenant, "viewer")
+    listing = client.get(_url(tenant)).content.decode()
+    assert listing.count('data-testid="log-images"') == 1 and "2 images, 640 tokens" in listing
+    detail = client.get(reverse("console:request", kwargs={"slug": tenant.slug, "request_id": event["request_id"]}))
+    assert 'data-testid="request-images"' in detail.content.decode() and "640 of these tokens" in detail.content.decode()
+    response = client.get(reverse("console:requests-csv", kwargs={"slug": tenant.slug}))
+    rows = {row["request_id"]: row for row in csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode()))}
+    assert (rows[event["request_id"]]["image_count"], rows[event["request_id"]]["image_tokens"]) == ("2", "640")
+    assert {rows[key]["image_count"] for key in rows if key != event["request_id"]} == {"0"}
+    from tests.platform.conftest import client_for_key
+    from tests.platform.factories import make_key
+
+    api = client_for_key(make_key(tenant, scopes=("usage:read",))[1])
+    shown = api.get(f"/api/v1/requests/{event['request_id']}").json()
+    assert (shown["prompt_tokens"], shown["image_count"], shown["image_tokens"]) == (1200, 2, 640)

@@ -9,6 +9,7 @@ The embedded default has no Redis, so the worker's live pushes (adapter validati
 the web server's relay (QUILT_LIVE_RELAY_URL). Debug pages are off: the demo shows the console's own 404/500.
 """
 
+import json
 import os
 import shlex
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from django.conf import settings
@@ -35,9 +37,10 @@ WORKER_BANNER_END = ".> "  # the banner's queue lines come last: the worker is u
 STARTUP_SECONDS = 120
 
 
-def examples(*, base: str, key: str, adapters: list[str]) -> str:
-    adapter = adapters[0] if adapters else DEMO_BASE_MODEL
-    models = ", ".join(repr(name) for name in [DEMO_BASE_MODEL, *adapters])
+def examples(*, base: str, key: str, adapters: list[str], model: str = DEMO_BASE_MODEL, images: bool = False) -> str:
+    """How to call the demo: curl and the openai package; for a vision-language base, an image as well."""
+    adapter = adapters[0] if adapters else model
+    models = ", ".join(repr(name) for name in [model, *adapters])
     return f"""
 Stream an answer through the '{adapter}' adapter with curl:
 
@@ -56,7 +59,41 @@ for model in ({models}):
     )
     print(f"{{model:>12}}:", "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
 EOF
+""" + (image_example(base=base, key=key, model=model) if images else "")
+
+
+def image_example(*, base: str, key: str, model: str) -> str:
+    return f"""
+and, this base reading images, a picture drawn with Pillow sent as a data URL:
+
+  .venv/bin/python - <<'EOF'
+import base64, io
+from openai import OpenAI
+from PIL import Image, ImageDraw
+picture = Image.new("RGB", (224, 160), "white")
+ImageDraw.Draw(picture).ellipse((40, 30, 180, 130), fill="red")
+buffer = io.BytesIO()
+picture.save(buffer, format="PNG")
+url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+client = OpenAI(base_url="{base}/v1", api_key="{key}")
+answer = client.chat.completions.create(model="{model}", max_tokens=64, messages=[{{"role": "user", "content": [
+    {{"type": "image_url", "image_url": {{"url": url}}}}, {{"type": "text", "text": "What is in this picture?"}}]}}])
+print(answer.choices[0].message.content)
+print(answer.usage)  # the image's tokens are prompt tokens
+EOF
 """
+
+
+def chosen_model(model: Path | None, model_name: str | None) -> tuple[Path | None, str, bool]:
+    """The checkpoint the demo serves (None: the demo model, built), the base model's name and whether it reads
+    images (a vision-language checkpoint: its config.json has a vision_config)."""
+    if model is None:
+        return None, DEMO_BASE_MODEL, False
+    model = model.expanduser().resolve()
+    config = model / "config.json"
+    if not config.is_file():
+        raise CommandError(f"--model {model}: no config.json there (a Hugging Face checkpoint folder is needed)")
+    return model, model_name or model.name, "vision_config" in json.loads(config.read_text())
 
 
 def broker_tables_create(url: str) -> None:
@@ -92,24 +129,34 @@ class Command(BaseCommand):
         parser.add_argument("--engine-port", type=int, default=8100, help="The CPU engine (make demo ENGINE_PORT=...).")
         parser.add_argument("--engine-args", default="",
                             help='More `python -m engine` flags, e.g. "--quantization int8" (make demo ENGINE_ARGS=...).')
+        parser.add_argument("--model", type=Path, default=None,
+                            help="Serve this checkpoint folder instead of the demo model, e.g. a Qwen2.5-VL or "
+                                 "Qwen3-VL checkpoint for images (make demo MODEL=...; docs/models.md).")
+        parser.add_argument("--model-name", default=None, help="Its base model's name (default: the folder's name).")
         parser.add_argument("--disaggregate", action="store_true",
                             help="Two engines: a prefill engine (on the engine port + 1) and a decode engine; prompts "
                                  "whose uncached part is 32 tokens or more go through the prefill one "
                                  "(make demo DISAGG=1, docs/kv-tiers.md).")
 
-    def handle(self, *args, host, port, engine_port, engine_args, disaggregate, **options):
+    def handle(self, *args, host, port, engine_port, engine_args, disaggregate, model, model_name, **options):
         _require_free(host, port, "PORT")
         _require_free("127.0.0.1", engine_port, "ENGINE_PORT")
         if disaggregate:
             _require_free("127.0.0.1", engine_port + 1, "ENGINE_PORT")
         root = settings.REPO_ROOT
-        model_dir = settings.VAR_DIR / "demo-model"
-        self.stdout.write("building (or reusing) the demo model ...")
-        subprocess.run([sys.executable, "-u", "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
+        model_dir, base_name, images = chosen_model(model, model_name)
+        if model_dir is None:
+            model_dir = settings.VAR_DIR / "demo-model"
+            self.stdout.write("building (or reusing) the demo model ...")
+            subprocess.run([sys.executable, "-u", "-m", "engine.demo", "--out", str(model_dir)], cwd=root, check=True)
         call_command("migrate", verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         broker_tables_create(settings.CELERY_BROKER_URL)
-        seed = seed_demo(model_dir=model_dir, log=lambda line: None)
+        if model is None:
+            seed = seed_demo(model_dir=model_dir, log=lambda line: None)
+        else:  # the tenant and its key; the checkpoint registered (or re-read) under its own name, no adapters
+            seed = seed_demo(model_dir=None, log=lambda line: None)
+            call_command("registerbasemodel", base_name, str(model_dir))
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "quilt.settings.dev"),
@@ -130,7 +177,7 @@ class Command(BaseCommand):
         commands = {
             "engine": [
                 sys.executable, "-m", "engine", "--model", str(model_dir), "--port", str(engine_port),
-                "--adapter-store", str(settings.MEDIA_ROOT / "adapters"), "--served-model-name", DEMO_BASE_MODEL,
+                "--adapter-store", str(settings.MEDIA_ROOT / "adapters"), "--served-model-name", base_name,
                 "--broker-url", settings.CELERY_BROKER_URL, "--usage-queue", settings.CELERY_TASK_DEFAULT_QUEUE,
                 "--log-level", "warning",
             ],
@@ -176,7 +223,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"disaggregated:  {PREFILL_ENGINE_NAME} ({engines['prefill'][1]}) prefills prompts "
                                   f"of {env['QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS']}+ uncached tokens, {ENGINE_NAME} "
                                   f"({engine_url}) decodes (docs/kv-tiers.md)")
-            self.stdout.write(examples(base=base, key=seed.api_key, adapters=seed.adapters))
+            self.stdout.write(examples(base=base, key=seed.api_key, adapters=seed.adapters, model=base_name,
+                                       images=images))
             self.stdout.write("=" * 72 + "\nCtrl-C stops everything.")
             stopping = threading.Event()  # Ctrl-C reaches every process of the group at once
             signal.signal(signal.SIGINT, lambda *_: stopping.set())

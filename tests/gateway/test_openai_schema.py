@@ -153,7 +153,9 @@ CHAT_BODIES = {
     "bias-past-100": {"messages": [TEXT], "logit_bias": {"5": 101}},
     "no-messages": {"messages": []},
     "unknown-role": {"messages": [{"role": "robot", "content": "w1"}]},
-    "image-part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    "image-part-of-an-assistant": {"messages": [TEXT, {"role": "assistant", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}, TEXT]},
+    "audio-part": {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
     "no-content": {"messages": [{"role": "user"}]},
     "assistant-null-content": {"messages": [TEXT, {"role": "assistant", "content": None}, TEXT]},
     "assistant-turn": {"messages": [TEXT, {"role": "assistant", "content": "w2", "refusal": None}, TEXT]},

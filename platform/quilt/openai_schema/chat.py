@@ -18,9 +18,23 @@ from quilt.openai_schema.shapes import (
 NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
 
 TEXT_PART = obj({"type": const("text"), "text": text()}, ("type", "text"),
-                description="Only text parts: image, audio and file parts are refused (`unsupported_parameter`).")
+                description="Audio and file parts are refused (`unsupported_parameter`); images only in user messages.")
 CONTENT = {"oneOf": [text(), array(ref("ChatTextPart"))],
            "description": "A string, or a list of text parts (joined into one string)."}
+IMAGE_PART = obj({
+    "type": const("image_url"),
+    "image_url": obj({
+        "url": text("A data URL, `data:image/png;base64,...` (png, jpeg or webp). An http(s) URL is refused "
+                    "(`image_url_not_allowed`) unless the deployment fetches images from allowlisted hosts."),
+        "detail": {"type": "string", "enum": ["auto", "low", "high"],
+                   "description": "Accepted; the image is read at the size the model's processor makes it."},
+    }, ("url",)),
+}, ("type", "image_url"), description="An image, for a vision-language base model (a text-only one answers 400 "
+                                      "`image_input_not_supported`). Its tokens are prompt tokens. A corrupt, "
+                                      "unsupported, oversized or surplus image is a 400 (`invalid_image`, "
+                                      "`too_many_images`) whose `param` names the part.")  # fmt: skip
+USER_CONTENT = {"oneOf": [text(), array({"oneOf": [ref("ChatTextPart"), ref("ChatImagePart")]})],
+                "description": "A string, or a list of text and image parts (text alone is joined into one string)."}
 
 
 def _message(role: dict, *, extra: dict | None = None, required: tuple[str, ...] = ("role", "content"),
@@ -41,7 +55,7 @@ TOOL_CALL["example"] = {"id": "call_8f2a", "type": "function",
 MESSAGES = {
     "ChatSystemMessage": _message(const("system"), description="Instructions (the model's chat template places them)."),
     "ChatDeveloperMessage": _message(const("developer"), description="Taken as a system message."),
-    "ChatUserMessage": _message(const("user")),
+    "ChatUserMessage": _message(const("user"), content=ref("ChatUserContent")),
     "ChatAssistantMessage": {
         **_message(const("assistant"), content={**nullable(ref("ChatContent")),
                                                 "description": "Null only beside `tool_calls`."},
@@ -197,7 +211,7 @@ CHUNK["example"] = {
 
 SCHEMAS = {
     "ChatCompletionRequest": REQUEST, "ChatMessage": MESSAGE, **MESSAGES, "ChatContent": CONTENT,
-    "ChatTextPart": TEXT_PART, "ChatToolCall": TOOL_CALL, "ChatTool": TOOL, "ChatToolChoice": TOOL_CHOICE,
+    "ChatTextPart": TEXT_PART, "ChatUserContent": USER_CONTENT, "ChatImagePart": IMAGE_PART, "ChatToolCall": TOOL_CALL, "ChatTool": TOOL, "ChatToolChoice": TOOL_CHOICE,
     "ChatResponseFormat": RESPONSE_FORMAT, "ChatCompletion": COMPLETION, "ChatCompletionChunk": CHUNK,
     "ChatToolCallDelta": TOOL_CALL_DELTA, "ChatLogprobs": LOGPROBS, "ChatTokenLogprob": TOKEN_LOGPROB,
     "CompletionUsage": USAGE, "CompletionUsageSoFar": RUNNING_USAGE,

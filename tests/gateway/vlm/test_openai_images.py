@@ -155,3 +155,14 @@ def test_an_image_in_an_assistant_message_is_refused(vision_stack):
     with pytest.raises(openai.BadRequestError) as raised:
         client(vision_stack).chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=2)
     assert raised.value.param == "messages.[1].content.[0]"
+
+
+def test_the_documented_schema_takes_image_parts_in_user_messages_only():
+    from tests.gateway.v1_schema import component
+
+    schema = component("ChatCompletionRequest")
+    body = {"model": BASE_MODEL, "messages": user({"url": PICTURE, "detail": "high"}, "w30")}
+    assert not list(schema.iter_errors(body))
+    assistant = {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": PICTURE}}]}
+    assert list(schema.iter_errors(body | {"messages": [*body["messages"], assistant]}))
+    assert list(schema.iter_errors(body | {"messages": user({"url": PICTURE, "detail": "ultra"})}))

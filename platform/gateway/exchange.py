@@ -178,7 +178,8 @@ class Exchange:
                 digest=digest, fingerprints=fingerprints, prompt_chars=self.prompt_bytes,
                 prompt_tokens=0 if first_prompt.__class__ is str else generation.prompt_token_count(),
                 exclude=frozenset(tried), min_uncached_tokens=hot.QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS,
-                disaggregate=one_prompt and attempt == 0,  # a retry keeps the lease it has, if any
+                # a retry keeps the lease it has, if any; a prompt with images is served by one engine
+                disaggregate=one_prompt and attempt == 0 and not generation.image_params,
             )  # fmt: skip
             if route is None:
                 break

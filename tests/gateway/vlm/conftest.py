@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from tests.engine.vlm_checkpoints import build_vlm
+from tests.gateway.conftest import METRICS_TOKEN, single_engine_stack
 from tests.gateway.conftest import SingleEngineStack as VisionStack
-from tests.gateway.conftest import single_engine_stack
 
 BASE_MODEL = "tiny-vl"
 IMAGES_PER_REQUEST = 2
@@ -46,7 +46,8 @@ def vision_stack(django_db_setup, django_db_blocker, tmp_path_factory):
                              django_db_blocker=django_db_blocker, seed=lambda: _seed(stack),
                              QUILT_IMAGES_PER_REQUEST=str(IMAGES_PER_REQUEST),
                              QUILT_IMAGE_MAX_BYTES=str(IMAGE_MAX_BYTES),
-                             QUILT_IMAGE_MAX_PIXELS=str(IMAGE_MAX_PIXELS)) as gateway:  # fmt: skip
+                             QUILT_IMAGE_MAX_PIXELS=str(IMAGE_MAX_PIXELS), QUILT_METRICS_TOKEN=METRICS_TOKEN,
+                             QUILT_PREFILL_HOP_MIN_UNCACHED_TOKENS="32") as gateway:  # fmt: skip
         stack.gateway = gateway
         yield stack
 

@@ -166,3 +166,28 @@ def test_the_documented_schema_takes_image_parts_in_user_messages_only():
     assistant = {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": PICTURE}}]}
     assert list(schema.iter_errors(body | {"messages": [*body["messages"], assistant]}))
     assert list(schema.iter_errors(body | {"messages": user({"url": PICTURE, "detail": "ultra"})}))
+
+
+def test_a_request_with_images_is_served_by_one_engine_without_a_prefill_hop(vision_stack):
+    """The engine moves no KV for a prompt with images: the gateway never routes one through a prefill engine
+    (here one that cannot be reached, so that a hop tried is counted as a fallback)."""
+    import time
+    from types import SimpleNamespace
+
+    from tests.gateway.conftest import free_port
+    from tests.gateway.test_disaggregation import SNAPSHOT, counter, heartbeat
+
+    stack = SimpleNamespace(gateways=[vision_stack.gateway])
+    dead, long_text = f"http://127.0.0.1:{free_port()}", " ".join(f"w{i % 90 + 10}" for i in range(150))
+    heartbeat(stack, "vl-prefill-dead", dead, role="prefill")
+    try:
+        time.sleep(SNAPSHOT + 0.2)
+        before = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"')
+        api = client(vision_stack)
+        answer = api.chat.completions.create(model=BASE_MODEL, messages=user({"url": PICTURE}, long_text), max_tokens=2)
+        assert answer.choices and counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"') == before
+        api.chat.completions.create(model=BASE_MODEL, messages=user(long_text + " w11"), max_tokens=2)  # text: tried
+        assert counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="unavailable"') == before + 1
+    finally:
+        heartbeat(stack, "vl-prefill-dead", dead, role="prefill", draining=True)
+        time.sleep(SNAPSHOT + 0.2)

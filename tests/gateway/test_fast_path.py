@@ -2,6 +2,7 @@
 the headers the platform's HTTPS policy adds, the rate-limit headers, the request id, and errors in OpenAI's shape."""
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -203,7 +204,7 @@ def test_a_client_that_goes_away_while_its_hold_is_settled_lets_the_settle_finis
             return {"type": "http.disconnect"}
 
         exchange = object.__new__(Exchange)  # the real settle(), around a slow stand-in for its Redis script
-        exchange._settled = False
+        exchange._settled, exchange.caller = False, SimpleNamespace(tenant_id=1)
 
         async def slow_settle():
             settling.set()

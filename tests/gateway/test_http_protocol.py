@@ -3,6 +3,7 @@ same bytes as uvicorn's own protocol, in fewer writes, and a client's going told
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 from uvicorn.config import Config
@@ -172,7 +173,7 @@ def test_a_client_that_goes_away_while_its_hold_is_settled_lets_the_settle_finis
     """Both ways of hearing of a disconnect let a settle in progress finish (the hold is released whole)."""
     happened = []
     exchange = object.__new__(Exchange)  # the real settle(), around a slow stand-in for its Redis script
-    exchange._settled = False
+    exchange._settled, exchange.caller = False, SimpleNamespace(tenant_id=1)
 
     async def slow_settle():
         await asyncio.sleep(0.2)

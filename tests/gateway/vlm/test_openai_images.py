@@ -191,3 +191,15 @@ def test_a_request_with_images_is_served_by_one_engine_without_a_prefill_hop(vis
     finally:
         heartbeat(stack, "vl-prefill-dead", dead, role="prefill", draining=True)
         time.sleep(SNAPSHOT + 0.2)
+
+
+def test_a_streamed_image_request_ends_with_the_usage_of_the_whole_one(vision_stack):
+    messages = user("w40 w41", {"url": PICTURE})
+    whole = client(vision_stack).chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=4,
+                                                         temperature=0)  # fmt: skip
+    chunks = list(client(vision_stack).chat.completions.create(
+        model=BASE_MODEL, messages=messages, max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True}))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert whole.usage.prompt_tokens == len(oracle_prompt(vision_stack.model_dir, messages, [PICTURE]))

@@ -156,6 +156,9 @@ class QwenVLImageProcessor:
         return smart_resize(height, width, factor=self.patch_size * self.merge_size, min_pixels=self.min_pixels,
                             max_pixels=self.max_pixels)
 
+    def image_tokens(self, height: int, width: int) -> int:
+        return self.num_tokens(height, width)
+
     def num_tokens(self, height: int, width: int) -> int:
         """Placeholder tokens of an image of this size: its patches over merge_size ** 2."""
         target_h, target_w = self.target_size(height, width)
@@ -206,6 +209,10 @@ class Gemma3ImageProcessor:
                    resample=config.get("resample", Image.Resampling.BILINEAR),
                    do_resize=config.get("do_resize", True), do_rescale=config.get("do_rescale", True),
                    do_normalize=config.get("do_normalize", True))
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """Placeholder tokens of an image of any size: the model's mm_tokens_per_image."""
+        return self.num_tokens
 
     def __call__(self, image: DecodedImage) -> ImageFeatures:
         x = _pixels(image.image, (self.height, self.width) if self.do_resize else None, self)  # [H, W, 3]
@@ -278,10 +285,14 @@ def place_images(token_ids: list[int], image_token_id: int, images: list[ImageFe
     return placed
 
 
-def checkpoint_image_processor(model_dir: str | Path) -> QwenVLImageProcessor | None:
+def checkpoint_image_processor(model_dir: str | Path) -> "QwenVLImageProcessor | Gemma3ImageProcessor | None":
     """The image processor of a checkpoint folder whose config.json has a vision tower; None for a text-only
-    model. Torch-free: the gateway counts an image's prompt tokens with it (`num_tokens`) before the engine runs."""
+    model. Torch-free: the gateway counts an image's prompt tokens with it (`image_tokens(height, width)`) before
+    the engine runs."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     if "vision_config" not in config:
         return None
-    return QwenVLImageProcessor.from_config(read_processor_config(model_dir))
+    settings = read_processor_config(model_dir)
+    if config.get("model_type") == "gemma3":
+        return Gemma3ImageProcessor.from_config(settings, num_tokens=config.get("mm_tokens_per_image", 256))
+    return QwenVLImageProcessor.from_config(settings)

@@ -14,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.images import (
     FORMATS,
+    Gemma3ImageProcessor,
     ImageError,
     QwenVLImageProcessor,
     checkpoint_image_processor,
@@ -31,7 +32,7 @@ MIME_OF_FORMAT = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"
 
 
 @functools.lru_cache(maxsize=32)
-def image_processor(checkpoint_dir: str) -> QwenVLImageProcessor | None:
+def image_processor(checkpoint_dir: str) -> QwenVLImageProcessor | Gemma3ImageProcessor | None:
     """The base model's image processor; None for a text-only base (or a folder the gateway cannot read: the
     engine, which reads it, answers such a request)."""
     try:
@@ -65,7 +66,7 @@ async def load_images(generation: GenerationRequest, target: Target, *, resolve:
         try:
             image = await asyncio.to_thread(decode_data_url, url, max_bytes=hot.QUILT_IMAGE_MAX_BYTES,
                                             max_pixels=hot.QUILT_IMAGE_MAX_PIXELS)  # fmt: skip
-            tokens.append(processor.num_tokens(image.image.height, image.image.width))
+            tokens.append(processor.image_tokens(image.image.height, image.image.width))
         except ImageError as error:
             raise invalid(f"Invalid image at {param}: {error}.", param=param, code="invalid_image") from None
     generation.image_tokens = tokens

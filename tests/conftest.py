@@ -9,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import freezegun
 import pytest
+
+# freeze_time reads every attribute of every loaded module to patch its clocks; on transformers' lazy module that
+# imports every model it knows (RAG pulls in datasets and pandas), which costs seconds and can crash the
+# interpreter in the garbage collector. None of these libraries read the clock a test freezes.
+freezegun.configure(extend_ignore_list=["transformers", "torch", "peft", "accelerate", "triton", "datasets",
+                                        "pandas", "pyarrow", "guidellm"])
 
 REPO = Path(__file__).resolve().parents[1]
 

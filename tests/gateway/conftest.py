@@ -159,6 +159,9 @@ def single_engine_stack(processes: dict, *, model_dir: Path, served_name: str, m
     `env_extra`: settings for the processes' environment."""
     from django.test import override_settings
 
+    from gateway.models import Engine
+
+    others: list[int] = []
     redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
     prefix = f"quilt-{served_name}-{uuid.uuid4().hex[:10]}"
     overrides = override_settings(REDIS_URL=redis_url, QUILT_REDIS_KEY_PREFIX=prefix, MEDIA_ROOT=media,
@@ -180,9 +183,14 @@ def single_engine_stack(processes: dict, *, model_dir: Path, served_name: str, m
         wait_for_engine(engine)
         wait_for_gateway(gateway)
         with django_db_blocker.unblock():
+            # the gateway routes to every enabled engine: another stack's, still up, must not take this one's requests
+            others = list(Engine.objects.filter(enabled=True).values_list("pk", flat=True))
+            Engine.objects.filter(pk__in=others).update(enabled=False)
             register_engine(f"engine-{served_name}", f"http://127.0.0.1:{engine_port}")
         yield f"http://127.0.0.1:{gateway_port}/v1"
     finally:
+        with django_db_blocker.unblock():
+            Engine.objects.filter(pk__in=others).update(enabled=True)
         tear_down_stack(processes, worker, redis_url=redis_url, prefix=prefix, django_db_blocker=django_db_blocker,
                         overrides=overrides)
 

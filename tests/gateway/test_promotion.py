@@ -6,6 +6,7 @@ import pytest
 from gateway.models import Engine
 from gateway.routing import resident_digests
 from gateway.tasks import check_engines
+from tests.engine.conftest import build_adapter
 from tests.gateway.conftest import ENGINE_TOKEN, client, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -16,7 +17,7 @@ def engine_resident(stack) -> frozenset[str]:
     return resident_digests(state)
 
 
-def test_promotion_prefetches_the_new_version_where_the_old_one_was(stack):
+def test_promotion_prefetches_the_new_version_where_the_old_one_was(stack, tmp_path):
     api = client(stack, stack.keys["main"])
     api.chat.completions.create(model="support", messages=[{"role": "user", "content": "w5"}], max_tokens=1)
     management = httpx.Client(
@@ -30,7 +31,8 @@ def test_promotion_prefetches_the_new_version_where_the_old_one_was(stack):
     wait_until(lambda: old_digest in resident_digests(Engine.objects.get(name="engine-a").state), timeout=60,
                what="engine-a's state recorded")  # fmt: skip
 
-    folder = stack.adapter_dirs["c"]
+    # weights no other test of the shared stack has loaded, so that only the promotion can make them resident
+    folder = build_adapter(stack.model_dir, tmp_path / "adapter-new", seed=15, r=4, targets=["k_proj", "up_proj"])
     files = [("file", (path.name, path.read_bytes())) for path in sorted(folder.iterdir()) if path.is_file()]
     created = management.post("/adapters/support/versions", files=files)
     assert created.status_code == 201, created.text

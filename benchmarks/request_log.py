@@ -1,6 +1,6 @@
 """The request log's page time with many requests in PostgreSQL.
 
-    python benchmarks/request_log.py [--rows 10000000] [--database quilt_bench_log] [--repeats 40] [--keep]
+    python -m benchmarks.request_log [--rows 10000000] [--database quilt_bench_log] [--repeats 40] [--keep]
 
 Creates the database (dropped first unless --keep finds it already seeded with --rows), migrates it, and seeds
 `--rows` usage events with INSERT ... SELECT generate_series, the log's indexes dropped during the load and built
@@ -18,51 +18,27 @@ index it walks. Nothing is asserted; the goal is p95 <= 300 ms at 10 million row
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from benchmarks.bench_database import database_create, database_exists, psql, tenants_insert
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_INDEXES = ("usage_log_tenant", "usage_log_key", "usage_log_all", "usage_tenant_finished", "usage_created")
 TENANTS = 1000
 
 
-def psql(database: str, sql: str) -> str:
-    done = subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", database, "-v", "ON_ERROR_STOP=1", "-tA", "-c", sql],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if done.returncode:
-        raise SystemExit(f"psql failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
 def prepare(database: str, rows: int, keep: bool) -> None:
-    exists = psql("postgres", f"SELECT 1 FROM pg_database WHERE datname = '{database}'") == "1"
-    if exists and keep:
+    if keep and database_exists(database):
         seeded = psql(database, "SELECT count(*) FROM metering_usageevent")
         if int(seeded) == rows:
             print(f"{database}: already seeded with {rows:,} rows (--keep)")
             return
-    if exists:
-        psql("postgres", f"DROP DATABASE {database}")
-    psql("postgres", f"CREATE DATABASE {database}")
-    env = {**os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True)
+    database_create(database)
     started = time.monotonic()
-    psql(database, f"""
-        INSERT INTO tenancy_plan (slug, name, requests_per_minute, tokens_per_minute, max_concurrent_requests,
-            max_adapters, max_adapter_bytes, default_max_tokens, scheduling_weight, price_input_per_mtok,
-            price_cached_input_per_mtok, price_output_per_mtok, max_concurrent_fine_tuning_jobs,
-            price_training_per_mtok, minimum_monthly_charge, max_file_storage_bytes, created_at, updated_at)
-        VALUES ('bench', 'Bench', 60, 100000, 8, 10, 1000000, 512, 1, 0.5, 0.125, 1.5, 1, 0, 0, 1000000, now(), now());
-        INSERT INTO tenancy_tenant (slug, name, status, plan_id, billing_email, webhook_url, webhook_secret,
-            request_body_retention_days, created_at, updated_at)
-        SELECT 'tenant-' || n, 'Tenant ' || n, 'active', (SELECT id FROM tenancy_plan WHERE slug = 'bench'), '', '',
-            '', 0, now(), now() FROM generate_series(1, {TENANTS}) AS n;
-    """)  # fmt: skip
+    tenants_insert(database, TENANTS)
     for index in LOG_INDEXES:
         psql(database, f"DROP INDEX IF EXISTS {index}")
     first_tenant = int(psql(database, "SELECT min(id) FROM tenancy_tenant"))

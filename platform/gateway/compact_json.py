@@ -1,6 +1,6 @@
 """`json.dumps(value, separators=(",", ":"))` for the hot path's own values, straight through the `json` module's C
-encoder: `JSONEncoder.encode` reaches the same encoder through two Python frames and a new encoder object per call
-(issue 37, item 23). Without json.dumps' check for reference cycles: every value written here is a fresh tree of
+encoder: `JSONEncoder.encode` reaches the same encoder through two Python frames and a new encoder object per call.
+Without json.dumps' check for reference cycles: every value written here is a fresh tree of
 dicts, lists, strings and numbers (a cycle would end in RecursionError instead of ValueError)."""
 
 import json

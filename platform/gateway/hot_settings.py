@@ -1,7 +1,7 @@
 """Settings read on every request, as plain attributes: `hot.NAME` is Django's `settings.NAME`, read from Django once
 and then kept on this object until a setting changes (`setting_changed`: override_settings, pytest-django's
 `settings`). Django's lazy settings run a Python `__getattribute__` per read (21 bytecodes, eight reads a streamed
-request: issue 37 item 23); a kept attribute is one instruction."""
+request); a kept attribute is one instruction."""
 
 from django.conf import settings
 from django.core.signals import setting_changed

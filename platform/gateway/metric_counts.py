@@ -1,7 +1,7 @@
 """Counters and histograms kept as plain numbers per label values, handed to prometheus_client at scrape time.
 
 prometheus_client's own `Counter.inc` and `Histogram.observe` take a lock per value and walk the buckets in Python
-(about 540 bytecodes of a streamed request, issue 37 item 23). Here an increment is an addition to an attribute and
+(about 540 bytecodes of a streamed request). Here an increment is an addition to an attribute and
 an observation a `bisect` (C) and two additions; `collect` builds the same families, samples, names, labels and
 values that prometheus_client's metrics give (`_total`, cumulative `_bucket`s with Go-formatted `le`, `_count`,
 `_sum`, `_created`), and `tests/gateway/test_metric_counts.py` compares the two expositions for the same

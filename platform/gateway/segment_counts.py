@@ -1,5 +1,5 @@
 """Token counts of a prompt's long segments (the text between two special tokens) kept per tenant, so that a chat's
-system prompt and earlier turns, sent again with every request, are tokenized once (issue 37 item 23, sixth pass).
+system prompt and earlier turns, sent again with every request, are tokenized once.
 
 Exact because `tokenizers` first cuts a text at its added tokens that are matched before normalization (leftmost-
 longest, without overlaps) and then normalizes, pre-tokenizes and encodes each piece between them on its own: a text

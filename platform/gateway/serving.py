@@ -1,5 +1,5 @@
-"""What every request of one API key for one model shares, worked out once rather than per request (issue 37, item
-23): the metrics' labels, the plan's rates for the model, the engine payload's and the usage metadata's fixed fields.
+"""What every request of one API key for one model shares, worked out once rather than per request: the metrics'
+labels, the plan's rates for the model, the engine payload's and the usage metadata's fixed fields.
 Kept while the key's caller and the model's target are the objects the caller cache hands out: a change to the key,
 its tenant or the model (or their cache lifetime's end) makes new ones, and with them a new `Serving`."""
 

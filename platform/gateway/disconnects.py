@@ -8,7 +8,6 @@ from collections.abc import Coroutine
 
 from gateway.exchange import settling as exchange_settling
 from gateway.http_protocol import GatewayCycle
-from gateway.running_loop import current_task
 
 
 async def until_disconnected(serving: Coroutine, receive) -> None:
@@ -16,7 +15,7 @@ async def until_disconnected(serving: Coroutine, receive) -> None:
     settles and aborts), and then ends normally; a cancellation from elsewhere (the server's) still ends the task
     cancelled. One listener task beside it: not a second task for `serving` and an `asyncio.wait` over both (about
     30 Python calls per request less, docs/gateway-performance.md)."""
-    task = current_task()
+    task = asyncio.current_task()
     left: list[bool] = []
     # the loop's own create_task: asyncio.create_task's wrapper asks for the running loop (a getpid)
     listening = task.get_loop().create_task(_cancel_when_gone(receive, task, left))

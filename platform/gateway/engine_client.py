@@ -13,7 +13,6 @@ from django.conf import settings
 from engine.contract import ADAPTER_UNAVAILABLE
 from gateway.engine_http import EngineHTTP, EngineHTTPError, Response, prepared
 from gateway.hot_settings import hot
-from gateway.running_loop import running_loop
 
 
 class EngineUnavailable(Exception):
@@ -84,7 +83,7 @@ _last: tuple[object, EngineHTTP | None] = (None, None)  # the loop a request was
 
 def _client() -> EngineHTTP:
     global _last
-    loop = running_loop()
+    loop = asyncio.get_running_loop()
     last_loop, client = _last
     if last_loop is not loop:  # another loop than the last request's (tests): its own client
         client = _clients.get(loop)
@@ -138,7 +137,7 @@ class GenerateStream:
         address, head, rest = _generate_request(self.engine.url, self.engine.token or hot.QUILT_ENGINE_TOKEN)
         body = "".join(_compact_chunks(self.payload, 0)).encode()
         last_loop, client = _last  # `_client()` when it is the last request's loop, without its call
-        if last_loop is not running_loop():
+        if last_loop is not asyncio.get_running_loop():
             client = _client()
         try:
             self.response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))

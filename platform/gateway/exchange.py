@@ -52,7 +52,6 @@ from gateway.hot_settings import hot
 from gateway.openai_request import GenerationRequest
 from gateway.openai_response import Delta, ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
-from gateway.running_loop import current_task
 from gateway.serving import Serving
 from gateway.token_text import Vocabulary, vocabulary
 from gateway.usage_report import served_usage_json, served_usage_template, usage_event, usage_send
@@ -297,7 +296,7 @@ class Exchange:
         if self._settled:
             return
         self._settled = True
-        task = current_task()
+        task = asyncio.current_task()
         _settling.add(task)
         tenant_id = self.caller.tenant_id
         done = task.get_loop().create_future()

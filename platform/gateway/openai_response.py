@@ -5,8 +5,6 @@ import time
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 
-from gateway.compact_json import compact_json
-
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop", "error": "stop"}
 _REASON_JSON = {None: "null"} | {reason: f'"{reason}"' for reason in FINISH_REASONS.values()}  # as JSON writes them
 # The common chunks' choices, as `chunk` writes them after the response's opening, by kind (index, text or finish
@@ -121,7 +119,7 @@ class ResponseBuilder:
         self._role_sent: set[int] = set()
         # Every chunk of this response opens alike: encoded once, each chunk adds only its choices (and usage).
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self._opening = (  # as compact_json would write {"id":..., "choices": ...} up to the choices
+        self._opening = (  # as `_compact` would write {"id":..., "choices": ...} up to the choices
             f'data: {{"id":{encode_basestring_ascii(self.id)},"object":"{obj}","created":{self.created},'
             f'"model":{encode_basestring_ascii(self.model)},"system_fingerprint":null,"choices":'
         ).encode()
@@ -177,7 +175,7 @@ class ResponseBuilder:
         """`data: {"id",...,"choices":[...](,"usage":...)}`, compact, as json.dumps would write the whole object."""
         if usage is None and self.continuous_usage and choices:
             usage = self.running_usage(choices[0]["index"])
-        return self._chunk_of(compact_json(choices), with_usage_field=with_usage_field, usage=usage)
+        return self._chunk_of(_compact(choices), with_usage_field=with_usage_field, usage=usage)
 
     def running_usage(self, index: int) -> dict:
         """A choice's usage so far (continuous usage): its prompt's tokens (the request's, once the final event
@@ -189,11 +187,11 @@ class ResponseBuilder:
     def _ending(self, index: int, with_usage_field: bool) -> str:
         """What closes a chunk of choice `index`: its running usage with continuous usage, else `_ENDING`'s."""
         if self.continuous_usage and with_usage_field:
-            return ',"usage":' + compact_json(self.running_usage(index)) + "}\n\n"
+            return ',"usage":' + _compact(self.running_usage(index)) + "}\n\n"
         return _ENDING[with_usage_field]
 
     def _chunk_of(self, choices: str, *, with_usage_field: bool, usage: dict | None = None) -> bytes:
-        ending = (',"usage":' + compact_json(usage) + "}\n\n") if with_usage_field else "}\n\n"
+        ending = (',"usage":' + _compact(usage) + "}\n\n") if with_usage_field else "}\n\n"
         return self._opening + (choices + ending).encode()
 
     def chunk(self, delta: Delta, *, with_usage_field: bool) -> bytes | None:
@@ -310,6 +308,11 @@ def _message(choice: Choice) -> dict:
             for call in choice.tool_calls
         ]
     return message
+
+
+# Compact JSON with ASCII escapes, as json.dumps(value, separators=(",", ":")) writes it and as the chunks' text is
+# written (`encode_basestring_ascii`): one encoder made once rather than one per json.dumps call.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 DONE = b"data: [DONE]\n\n"

@@ -2,12 +2,13 @@
 the one it sends when an engine died mid-request and so could not send its own, and the one it keeps with every
 served request's provisional settle (`served_usage_json`), billed if the engine's own event never arrives."""
 
+import json
 import time
 
 from engine.contract import TASK_NAME, UsageEvent
 from engine.usage.event import now_utc
-from gateway.compact_json import compact_json
 
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps's compact text, its encoder made once
 REPORTED_BY_GATEWAY = "gateway"  # the event's `reported_by`: what the gateway relayed (no GPU or queue time)
 
 
@@ -36,10 +37,10 @@ def served_usage_template(*, tenant_id: int, api_key_id, digest: str | None, bas
     request id (JSON, %s), the prompt, cached and completion tokens (%d), TTFT (JSON: null or a float's repr, %s),
     e2e (%r), the finish reason (%s, a plain word) and `finished_at` (%r); a `%` of the fields' is doubled. Made
     once per caller, model and engine: a request then fills it in one step (`tests/gateway/test_settle_before.py`)."""
-    fixed = compact_json({
+    fixed = _compact({
         "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest, "base_model": base_model,
     })[1:-1].replace("%", "%%")  # fmt: skip
-    last = compact_json({"metadata": metadata, "engine": metadata.get("engine"), "reported_by": REPORTED_BY_GATEWAY})
+    last = _compact({"metadata": metadata, "engine": metadata.get("engine"), "reported_by": REPORTED_BY_GATEWAY})
     return (
         '{"request_id":%s,' + fixed + ',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"ttft_ms":%s,'
         '"e2e_ms":%r,"finish_reason":"%s","finished_at":%r,' + last[1:].replace("%", "%%")
@@ -54,7 +55,7 @@ def served_usage_json(
     """What the client was served, as the engine's final event counted it, in the usage event's fields that
     metering reads (metering.events.usage_record_parse: `finished_at` in epoch seconds; no GPU or queue time, only
     the engine knows them). Built as a plain dict: it is on every request's path, and billed on almost none."""
-    return compact_json({
+    return _compact({
         "request_id": request_id, "tenant": str(tenant_id), "api_key_id": str(api_key_id), "adapter_digest": digest,
         "base_model": base_model, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens, "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "finish_reason": finish_reason,

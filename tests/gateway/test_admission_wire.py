@@ -4,7 +4,6 @@ asyncio for the running loop (CPython's lookup is a getpid() syscall)."""
 
 import asyncio
 import os
-import sys
 import threading
 import time
 import uuid
@@ -111,44 +110,6 @@ def test_the_bytes_sent_are_those_of_packing_every_key_and_argument(monkeypatch)
     assert len(received) == len(expected) == 2 * len(CASES) + 2 + len(marked)
     for sent, old in zip(received, expected, strict=True):
         assert sent == old
-
-
-LOOP_LOOKUPS = {"get_running_loop", "_get_running_loop", "get_event_loop", "current_task"}
-
-
-def test_a_requests_scripts_never_look_up_the_running_loop():
-    """After the first request (which opens the connection), acquire and settle call none of asyncio's lookups of the
-    running loop, directly or through asyncio's Python code (a timeout, a lock's wait)."""
-    received: list[bytes] = []
-    called: list[str] = []
-    limits = Limits(60, 100_000, 10, -1, 5_000_000, "kp", -1, -1, 10**15)
-
-    def profile(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", "") in LOOP_LOOKUPS:
-            called.append(f"{arg.__name__} from {frame.f_code.co_filename}:{frame.f_lineno}")
-
-    async def request(admission, request_id):
-        await admission.acquire(tenant_id=3, request_id=request_id, tokens=5, spend_micros=1, key_spend_picos=10**6,
-                                limits=limits)  # fmt: skip
-        await admission.settle(tenant_id=3, request_id=request_id, tokens=5, spend_micros=1, key_spend_picos=10**6,
-                               final=False, key_prefix="kp", usage="{}")  # fmt: skip
-
-    async def main():
-        server = await _fake_redis(received, uncached=set())
-        port = server.sockets[0].getsockname()[1]
-        admission = RedisAdmission(url=f"redis://127.0.0.1:{port}/0", prefix="quilt", hold_ttl_seconds=900)
-        await request(admission, "first")
-        sys.setprofile(profile)
-        try:
-            for number in range(20):
-                await request(admission, f"r{number}")
-        finally:
-            sys.setprofile(None)
-        server.close()
-
-    asyncio.run(main())
-    assert len(received) == 43  # 21 acquires and settles, and the tenant marked once (every 30 s)
-    assert called == []
 
 
 def test_each_running_loop_gets_its_own_connections():

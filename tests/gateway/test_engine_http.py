@@ -6,16 +6,12 @@ EngineHTTPError or a closed connection, never a hang or a connection handed to t
 import asyncio
 import socket
 import struct
-import sys
-import threading
-import time
 
 import pytest
 import uvloop
 
 from gateway.engine_client import EngineRef, GenerateStream
 from gateway.engine_http import EngineHTTP, EngineHTTPError
-from gateway.running_loop import running_loop
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
@@ -294,74 +290,6 @@ def test_a_reader_behind_stops_the_connection_reading_until_it_catches_up(loop):
             return paused, len(lines), set(lines), transport.is_reading()
 
     assert run(main, loop) == (True, 1000, {line[:-1]}, True)
-
-
-@pytest.mark.parametrize("loop", LOOPS)
-def test_running_loop_is_asyncios_on_each_loop_and_thread(loop):
-    async def main():
-        return running_loop() is asyncio.get_running_loop()
-
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(run(main, loop))) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    results.append(run(main, loop))
-    for thread in threads:
-        thread.join()
-    assert results == [True] * 5
-
-
-GETPID_CALLERS = {"get_running_loop", "_get_running_loop", "get_event_loop", "current_task", "timeout", "create_task"}
-
-
-@pytest.mark.parametrize("loop", LOOPS)
-def test_a_stream_on_a_kept_connection_never_asks_for_the_running_loop(loop):
-    """Each of these calls getpid() (a syscall) in CPython 3.11; opening a generate stream on a kept connection
-    and reading its events to the end call none of them."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def engine():  # in a thread of its own: the profile sees only the gateway's calls
-        connection, _ = listener.accept()
-        with connection:
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    if not (byte := connection.recv(1)):
-                        return
-                    head += byte
-                connection.recv(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
-                connection.sendall(HEAD + chunk(b'{"type": "delta", "text": "a"}\n'))
-                time.sleep(0.01)
-                connection.sendall(chunk(b'{"type": "final"}\n') + b"0\r\n\r\n")
-
-    threading.Thread(target=engine, daemon=True).start()
-    ref = EngineRef(name="e", url=f"http://127.0.0.1:{listener.getsockname()[1]}", token="t", pool="",
-                    gpu_price_per_hour="0", resident=frozenset(), load=0)  # fmt: skip
-
-    async def stream() -> list[dict]:
-        opened = await GenerateStream(ref, {"prompt": "x"}).open()
-        events = []
-        while (arrived := await opened.events()) is not None:
-            events += arrived
-            opened.finished = opened.finished or arrived[-1].get("type") == "final"  # as the exchange takes it
-        await opened.close()
-        return events
-
-    async def main():
-        first = await stream()  # opens the connection
-        called = []
-
-        def profile(frame, event, arg):
-            called.append(arg.__name__ if event == "c_call" else frame.f_code.co_name)
-
-        sys.setprofile(profile)
-        try:
-            second = await stream()
-        finally:
-            sys.setprofile(None)
-        return first == second, second[-1], GETPID_CALLERS & set(called)
-
-    assert run(main, loop) == (True, {"type": "final"}, set())
 
 
 def test_reading_on_after_close_fails_at_once_instead_of_waiting_for_the_timeout():

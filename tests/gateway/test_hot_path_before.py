@@ -6,7 +6,6 @@ as the oracle."""
 import asyncio
 import hashlib
 import itertools
-import json
 import random
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,7 +17,6 @@ from gateway import caller as caller_module
 from gateway import request_reports, routing, views
 from gateway.admission import UNLIMITED, Decision, Limits
 from gateway.caller import Caller, Target, cached_caller_and_target
-from gateway.compact_json import compact_json
 from gateway.engine_client import EngineRef
 from gateway.errors import ApiError
 from gateway.openai_request import parse_completion
@@ -254,20 +252,6 @@ def test_a_completions_prompt_tokens_as_before(prompt):
     texts = [p for p in generation.prompts if isinstance(p, str)]
     before = sum(len(text.split()) for text in texts) + generation.prompt_token_count()
     assert prompt_tokens(generation, tokenizer) == before
-
-
-VALUES = [{"a": 1.5, "b": [None, True, False, float("nan"), float("inf"), -0.0, 1e300, 10**30]},
-          {"text": "caf\u00e9 \u2028 \U0001f600 \ud800 \"q\" \\ \x00", "nested": {"x": [{}, []]}}, [], "s", 3, None]  # fmt: skip
-
-
-@pytest.mark.parametrize("value", VALUES)
-def test_compact_json_is_json_dumps_compact(value):
-    assert compact_json(value) == json.dumps(value, separators=(",", ":"))
-
-
-def test_compact_json_refuses_what_json_dumps_refuses():
-    with pytest.raises(TypeError, match="not JSON serializable"):
-        compact_json({"a": object()})
 
 
 NAMES = ["m", "caf\u00e9", "a\x00b", "\ud800", "x\udfff", "\U0001f600", "m" * MAX_MODEL_NAME, "m" * (MAX_MODEL_NAME + 1), 3]

@@ -40,7 +40,6 @@ from gateway.admission.redis_scripts import (
 from gateway.admission.redis_wire import QuickReply, RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
-from gateway.running_loop import running_loop
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
 from tenancy.models import Tenant
 
@@ -188,8 +187,8 @@ class RedisAdmission:
         return scripts
 
     def _wire(self) -> RedisWire:
-        """The running loop's wire, found without a getpid() (`running_loop`)."""
-        loop = running_loop()
+        """The running loop's wire."""
+        loop = asyncio.get_running_loop()
         last_loop, wire = self._last
         if last_loop is not loop:
             wire = self._wires.get(loop)
@@ -230,7 +229,7 @@ class RedisAdmission:
                 len(picos), picos,
             )  # fmt: skip
             last_loop, wire = self._last  # `_wire()` when it is the last command's loop, without its call
-            if last_loop is not running_loop():
+            if last_loop is not asyncio.get_running_loop():
                 wire = self._wire()
             script = partial(wire.run_message, _WIRE["acquire"], message)
         else:
@@ -254,7 +253,7 @@ class RedisAdmission:
         return decision
 
     def _leases_here(self) -> Leases:
-        loop = running_loop()
+        loop = asyncio.get_running_loop()
         leases = self._leases.get(loop)
         if leases is None:
             leases = self._leases[loop] = Leases(self._give_back)
@@ -315,7 +314,7 @@ class RedisAdmission:
 
     async def give_back_all(self) -> None:
         """This loop's leases given back (the gateway's shutdown), its requests in flight keeping their share."""
-        leases = self._leases.get(running_loop())
+        leases = self._leases.get(asyncio.get_running_loop())
         for tenant_id, arguments in leases.give_back_all() if leases is not None else ():
             await self._give_back(tenant_id, arguments)
 
@@ -352,7 +351,7 @@ class RedisAdmission:
             return bool(await self._on_loop().settle(keys=tenant.keys(request_id), args=args))
         settled = (tenant.settled + request_id).encode()
         packed = b"%b$%d\r\n%b\r\n%b%b" % (tenant.settle_head, len(settled), settled, tenant.settle_tail, bulks(args))
-        loop, (last_loop, wire) = running_loop(), self._last  # `_wire` without its call where the loop is the last
+        loop, (last_loop, wire) = asyncio.get_running_loop(), self._last  # `_wire` without its call where the loop is the last
         if last_loop is not loop:
             wire = self._wire()
         return bool(await wire.run_packed(_SETTLE, 3 + tenant.count + len(args), packed))  # EVALSHA, SHA, count

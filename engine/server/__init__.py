@@ -30,5 +30,5 @@ GET /v1/state                role (prefill | decode | both), running/waiting (an
 GET /metrics                 Prometheus text format
 
 An adapter without `path` is looked for in `--adapter-store/<digest>`. Each request's end (finished,
-stopped, aborted, failed) emits one `engine.usage.event.UsageEvent` carrying the caller's `metadata`.
+stopped, aborted, failed) emits one `engine.contract.UsageEvent` carrying the caller's `metadata`.
 """

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.contract.usage import UsageEvent, now_utc
 from engine.grammar import Grammar
 from engine.images import ImageFeatures
 from engine.kv.lease import Lease
@@ -26,7 +27,6 @@ from engine.server.metrics import EngineMetrics, adapter_label
 from engine.server.protocol import BadRequest, GenerateRequest
 from engine.tool_calls import ToolCallFormat, ToolCallStream
 from engine.usage.emitter import UsageEmitter
-from engine.usage.event import UsageEvent, now_utc
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0

@@ -10,9 +10,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from adapters.layout import WEIGHTS_NAME
 from adapters.loaded import SIDECAR_NAME
-from engine.contract import ADAPTER_FILES
+from engine.contract import ADAPTER_FILES, UsageMetadata
 from engine.sampling_params import SamplingParams
 from engine.server.body_checks import BadRequest, is_int, is_number, object_fields
 from engine.server.kv_protocol import KVTransfer, parse_kv_transfer
@@ -54,7 +56,7 @@ class GenerateRequest:
     prompts: tuple[PromptSpec, ...]  # one, or a batch: each prompt gets n completions, indexed prompt * n + i
     sampling: SamplingParams
     stream: bool
-    metadata: dict[str, Any]  # the caller's, echoed in the usage event
+    metadata: UsageMetadata  # the gateway's, echoed in the usage event
     context_overflow: str = "cap"  # "refuse": a prompt plus max_tokens past the context is a 400 (OpenAI's way)
     response_format: dict | None = None  # OpenAI's: {"type": "json_object"} or {"type": "json_schema", ...}
     tools: list[dict] | None = None  # OpenAI's function tools: [{"type": "function", "function": {...}}]
@@ -93,9 +95,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false", param="stream")
-    metadata = body.get("metadata") or {}
-    if not isinstance(metadata, dict) or len(json.dumps(metadata)) > MAX_METADATA_BYTES:
-        raise BadRequest(f"metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes", param="metadata")
+    metadata = parse_metadata(body.get("metadata"))
     tools = parse_tools(body.get("tools"))
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
@@ -118,6 +118,17 @@ def parse_generate(body: Any) -> GenerateRequest:
         tool_choice=parse_tool_choice(body.get("tool_choice"), tools), parallel_tool_calls=parallel,
         context_overflow=overflow, kv_transfer=kv_transfer,
     )
+
+
+def parse_metadata(value: Any) -> UsageMetadata:
+    if value is None:
+        return UsageMetadata()
+    if not isinstance(value, dict) or len(json.dumps(value)) > MAX_METADATA_BYTES:
+        raise BadRequest(f"metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes", param="metadata")
+    try:
+        return msgspec.convert(value, UsageMetadata)
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"metadata: {error}", param="metadata") from None
 
 
 def parse_response_format(value: Any) -> dict | None:

@@ -1,1 +1,1 @@
-"""Usage events: the schema (`engine.usage.event`, importable without torch) and their delivery."""
+"""Usage events (engine.contract.usage) on their way to metering: a write-ahead log and the broker delivery."""

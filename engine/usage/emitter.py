@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from celery import Celery
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from engine.usage.event import TASK_NAME, UsageEvent
+from engine.contract.usage import TASK_NAME, UsageEvent
 from engine.usage.spool import UsageSpool
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class UsageEmitter:
 
     def emit(self, event: UsageEvent) -> None:
         """Logs the event (it survives this process being killed from now on), then queues it for delivery."""
-        data = event.to_dict()
+        data = msgspec.to_builtins(event)
         self.spool.record(data)
         self._events.put(data)
 

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from decimal import Decimal
-from json.encoder import encode_basestring_ascii
 from operator import attrgetter
 
 from asgiref.sync import sync_to_async
@@ -20,7 +19,11 @@ from engine.contract import (
     ADAPTER_UNAVAILABLE,
     EVENT_FINAL,
     PREFIX_CHUNK_CHARS,
+    PrefillShare,
+    UsageEvent,
+    UsageMetadata,
     billed_cached_tokens,
+    now_utc,
     prompt_fingerprints,
 )
 from gateway import engine_client, metrics, request_reports
@@ -54,7 +57,7 @@ from gateway.openai_response import Delta, ResponseBuilder, Usage
 from gateway.routing import engines_refresh, router
 from gateway.serving import Serving
 from gateway.token_text import Vocabulary, vocabulary
-from gateway.usage_report import served_usage_json, served_usage_template, usage_event, usage_send
+from gateway.usage_report import usage_json, usage_send
 from metering.pricing import request_price_picos
 from metering.services import request_body_store
 
@@ -109,7 +112,7 @@ class Exchange:
         self.first: list[dict] = []  # the first events, read while a retry was still possible (applied first)
 
     def metadata(self, engine: EngineRef) -> dict:
-        metadata = self.serving.metadata.copy()  # tenant_id, api_key_id, model, base_model, adapter_version_id
+        metadata = self.serving.metadata.copy()  # model, adapter_version_id
         metadata["engine"] = engine.name
         if self.prefill is not None and engine.name != self.prefill.engine.name:
             metadata["prefill"] = self.prefill.attribution()  # metering costs it at the prefill engine's price
@@ -358,25 +361,29 @@ class Exchange:
 
     def _served_event(self, now: float, usage: Usage, caller: Caller) -> str:
         """The usage event the client was served (JSON), kept with the provisional settle until metering records the
-        request, billed if the engine's own never comes: `served_usage_json`'s text, by a template per caller, model
-        and engine (an engine killed, its spool lost with its pod; a prefill hop's event is written whole)."""
-        engine, target, first, started = self.engine, self.target, self.first_token_at, self.started
+        request, billed if the engine's own never comes (an engine killed, its spool lost with its pod)."""
+        first, started = self.first_token_at, self.started
         reason = "length" if "length" in map(_FINISH_REASON, self.builder.choices) else "stop"
-        if engine is None or self.prefill is not None:
-            return served_usage_json(
-                request_id=self.request_id, tenant_id=caller.tenant_id, api_key_id=caller.key_id, digest=target.digest,
-                base_model=target.base_model, metadata=self.metadata(engine) if engine is not None else {},
-                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                completion_tokens=usage.completion_tokens, finish_reason=reason, e2e_ms=(now - started) * 1000.0,
-                ttft_ms=(first - started) * 1000.0 if first is not None else None)  # fmt: skip
-        template = self.serving.served.get(engine.name)  # the key's and model's (`Serving`), by engine
-        if template is None:
-            template = self.serving.served_template(engine.name, served_usage_template(
-                tenant_id=caller.tenant_id, api_key_id=caller.key_id, digest=target.digest,
-                base_model=target.base_model, metadata=self.metadata(engine)))  # fmt: skip
-        return template % (encode_basestring_ascii(self.request_id), usage.prompt_tokens, usage.cached_tokens,
-                           usage.completion_tokens, "null" if first is None else repr((first - started) * 1000.0),
-                           (now - started) * 1000.0, reason, time.time())  # fmt: skip
+        return usage_json(self._usage_event(
+            usage, finish_reason=reason, e2e_ms=(now - started) * 1000.0,
+            ttft_ms=(first - started) * 1000.0 if first is not None else None))  # fmt: skip
+
+    def _usage_event(self, usage: Usage, *, finish_reason: str, e2e_ms: float, ttft_ms: float | None,
+                     error: str = "") -> UsageEvent:  # fmt: skip
+        """The gateway's own usage event for this request, as the engine would have sent it (no GPU or queue time)."""
+        caller, target, engine, prefill = self.caller, self.target, self.engine, self.prefill
+        share = None
+        if prefill is not None and engine is not None and engine.name != prefill.engine.name:
+            share = PrefillShare(engine=prefill.engine.name, gpu_ms=round(prefill.gpu_ms, 3),
+                                 cached_tokens=prefill.cached_tokens)  # fmt: skip
+        return UsageEvent(
+            request_id=self.request_id, tenant=self.serving.tenant, api_key_id=str(caller.key_id),
+            adapter_digest=target.digest, base_model=target.base_model, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens, ttft_ms=ttft_ms,
+            e2e_ms=e2e_ms, finish_reason=finish_reason, finished_at=now_utc(), error=error,
+            metadata=UsageMetadata(model=target.name, adapter_version_id=target.adapter_version_id,
+                                   engine=engine.name if engine is not None else "", prefill=share),
+        )  # fmt: skip
 
     async def _keep_bodies(self) -> None:
         """The tenant opted in: its prompt and completion go to the request log, for its retention period."""
@@ -392,11 +399,10 @@ class Exchange:
             log.exception("could not keep the bodies of %s", self.request_id)
 
     async def _report_lost_usage(self, engine: EngineRef) -> None:
-        event = usage_event(
-            request_id=self.request_id, tenant_id=self.caller.tenant_id, api_key_id=self.caller.key_id,
-            digest=self.target.digest, base_model=self.target.base_model, metadata=self.metadata(engine),
-            prompt_tokens=self.builder.usage.prompt_tokens, completion_tokens=self.builder.usage.completion_tokens,
-            e2e_ms=(time.monotonic() - self.started) * 1000.0,
+        usage = self.builder.usage
+        event = self._usage_event(
+            Usage(usage.prompt_tokens, 0, usage.completion_tokens), finish_reason="error", ttft_ms=None,
+            e2e_ms=(time.monotonic() - self.started) * 1000.0, error="The engine stopped answering mid-request.",
         )  # fmt: skip
         try:
             await sync_to_async(usage_send, thread_sensitive=False)(event)

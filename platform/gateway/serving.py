@@ -11,7 +11,7 @@ MAX_KEPT = 10_000
 
 
 class Serving:
-    __slots__ = ("caller", "target", "labels", "rates", "tenant", "payload", "metadata", "by_engine", "served")
+    __slots__ = ("caller", "target", "labels", "rates", "tenant", "payload", "metadata", "by_engine")
 
     def __init__(self, caller: Caller, target: Target):
         self.caller = caller
@@ -25,12 +25,10 @@ class Serving:
             "adapter": target.engine_adapter,
             "sampling": None, "stream": True,
         }  # fmt: skip
-        self.metadata = {  # the usage metadata's, the engine's name set per request
-            "tenant_id": caller.tenant_id, "api_key_id": caller.key_id, "model": target.name,
-            "base_model": target.base_model, "adapter_version_id": target.adapter_version_id, "engine": None,
+        self.metadata = {  # the usage metadata's (engine.contract.UsageMetadata), the engine's name set per request
+            "model": target.name, "adapter_version_id": target.adapter_version_id, "engine": None,
         }  # fmt: skip
         self.by_engine: dict[str, dict] = {}  # `engine_metadata`'s, by engine name
-        self.served: dict[str, str] = {}  # the served usage event's template (`served_usage_template`), by engine
 
     def engine_metadata(self, engine: str) -> dict:
         """The usage metadata of a request `engine` serves whole (no prefill hop): one dict per engine, shared by
@@ -41,14 +39,6 @@ class Serving:
                 self.by_engine.clear()
             metadata = self.by_engine[engine] = self.metadata | {"engine": engine}
         return metadata
-
-
-    def served_template(self, engine: str, template: str) -> str:
-        """Keeps `template` as the served usage event's for `engine` (bounded, as `by_engine`)."""
-        if len(self.served) >= MAX_KEPT:
-            self.served.clear()
-        self.served[engine] = template
-        return template
 
 
 _kept: dict[tuple[int | str, str], Serving] = {}

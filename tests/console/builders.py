@@ -19,12 +19,12 @@ def peft_adapter_zip(directory: Path, *, seed: int, rank: int = 4) -> bytes:
 
 
 def usage_event(tenant, *, model: str = BASE_NAME, api_key=None, finished_at: datetime | None = None, **fields) -> dict:
-    """One usage event as the engine sends it to `metering.ingest_usage` (see notes/interfaces)."""
+    """One usage event as the engine sends it to `metering.ingest_usage` (engine.contract.UsageEvent, as decoded JSON)."""
     return {
         "request_id": f"console-req-{next(_request_ids):08d}",
         "tenant": str(tenant.pk),
-        "api_key_id": api_key.pk if api_key else None,
-        "adapter": None,
+        "api_key_id": str(api_key.pk) if api_key else None,
+        "adapter_digest": None,
         "base_model": BASE_NAME,
         "prompt_tokens": 1200,
         "cached_tokens": 200,
@@ -35,7 +35,6 @@ def usage_event(tenant, *, model: str = BASE_NAME, api_key=None, finished_at: da
         "e2e_ms": 90.0,
         "finish_reason": "stop",
         "finished_at": (finished_at or datetime.now(UTC)).isoformat(),
-        "engine": "engine-1",
-        "metadata": {"model": model, "tenant_id": tenant.pk, "api_key_id": api_key.pk if api_key else None},
+        "metadata": {"model": model, "engine": "engine-1"},
         **fields,
     }

@@ -161,8 +161,10 @@ def test_rejected_tokens_give_their_blocks_back_each_step(checkpoints, small_dra
 
 
 def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
+    import msgspec
+
+    from engine.contract import UsageEvent, now_utc, usage_event_read
     from engine.server.metrics import EngineMetrics
-    from engine.usage.event import UsageEvent, now_utc
 
     model = str(checkpoints["llama"])
     llm = LLM(model, block_size=4, num_kv_blocks=64, speculative_method="draft", speculative_model=model)
@@ -182,13 +184,14 @@ def test_acceptance_reaches_metrics_and_usage_events(checkpoints):
                        e2e_ms=2.0, finish_reason="length", finished_at=now_utc(),
                        spec_proposed_tokens=out.usage.spec_proposed_tokens,
                        spec_accepted_tokens=out.usage.spec_accepted_tokens, sampling_steps=out.usage.sampling_steps)
-    assert UsageEvent.from_dict(event.to_dict()) == event
-    older = {k: v for k, v in event.to_dict().items() if not k.startswith("spec_")}
-    assert UsageEvent.from_dict(older).spec_proposed_tokens == 0
+    sent = msgspec.to_builtins(event)
+    assert usage_event_read(sent) == event
+    older = {k: v for k, v in sent.items() if not k.startswith("spec_")}
+    assert usage_event_read(older).spec_proposed_tokens == 0
     older.pop("sampling_steps")
-    assert UsageEvent.from_dict(older).sampling_steps == 0
+    assert usage_event_read(older).sampling_steps == 0
     with pytest.raises(ValueError, match="spec_accepted_tokens"):
-        UsageEvent.from_dict({**event.to_dict(), "spec_accepted_tokens": event.spec_proposed_tokens + 1})
+        usage_event_read({**sent, "spec_accepted_tokens": event.spec_proposed_tokens + 1})
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

@@ -1,7 +1,6 @@
 """The hot path's cheaper stand-ins give what they replace (issue 37, item 23): the request id as uuid4's hex, the
-Content-Type's media type as Django parses it, the served usage as json.dumps writes it."""
+Content-Type's media type as Django parses it."""
 
-import json
 import os
 import uuid
 
@@ -10,7 +9,6 @@ from django.utils.http import parse_header_parameters
 
 from gateway.asgi import _media_type
 from gateway.request_ids import request_id_hex
-from gateway.usage_report import served_usage_json
 
 
 def test_request_ids_take_their_random_bytes_256_at_a_time(monkeypatch):
@@ -44,16 +42,6 @@ def test_request_ids_are_uuid4_hex_of_the_same_bytes():
                                     'multipart/form-data; boundary="a b"', "application/json ;charset=latin-1"])  # fmt: skip
 def test_media_type_is_djangos(header):
     assert _media_type(header) == parse_header_parameters(header)[0]
-
-
-def test_served_usage_is_json_dumps_compact():
-    fields = dict(request_id="r1", tenant_id=3, api_key_id=None, digest="d\u00e9", base_model="m", prompt_tokens=5,
-                  cached_tokens=0, completion_tokens=2, finish_reason="stop", e2e_ms=1.5, ttft_ms=None,
-                  metadata={"engine": "e", "note": "\u2028<&>"})  # fmt: skip
-    written = served_usage_json(**fields)
-    event = json.loads(written)
-    assert written == json.dumps(event, separators=(",", ":"))
-    assert event["engine"] == "e" and event["tenant"] == "3" and event["api_key_id"] == "None"
 
 
 @pytest.mark.parametrize("headers", [

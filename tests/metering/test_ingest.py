@@ -3,11 +3,12 @@
 import threading
 from decimal import Decimal
 
+import msgspec
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-from engine.usage.event import UsageEvent as EngineUsageEvent
+from engine.contract import UsageEvent as EngineUsageEvent
 from gateway.admission import held_totals
 from metering.models import ModelPrice, UsageEvent, UsageMonth
 from metering.services import usage_ingest
@@ -92,6 +93,7 @@ def test_bad_events_are_dropped_without_blocking_their_batch(tenant):
         {**usage_event(tenant), "finished_at": "2026-13-45T00:00:00Z"},
         {**usage_event(tenant), "metadata": "model=x"},
         {**usage_event(tenant), "tenant": "no-such-tenant", "metadata": {}},
+        {**usage_event(tenant), "v": 2},
         "not an event",
     ]
     result = usage_ingest(events=[good, *bad])
@@ -129,7 +131,7 @@ def test_an_event_as_the_engine_server_sends_it_without_gateway_metadata(tenant)
         base_model="tiny-llama", prompt_tokens=10, cached_tokens=0, completion_tokens=5, gpu_ms=1.5, queue_ms=0.1,
         ttft_ms=None, e2e_ms=9.0, finish_reason="abort", finished_at=timezone.now(),
     )  # fmt: skip
-    assert usage_ingest(events=[event.to_dict()]).inserted == 1
+    assert usage_ingest(events=[msgspec.to_builtins(event)]).inserted == 1
     row = UsageEvent.objects.get(request_id="bare")
     assert (row.model, row.adapter_version, row.adapter_digest) == ("support-bot", version, version.digest)
     assert (row.finish_reason, row.ttft_ms, row.cost) == ("abort", None, None)  # no engine named: no cost

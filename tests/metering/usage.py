@@ -1,5 +1,5 @@
 """Helpers shared by the money tests: a priced plan, an engine with a GPU price, and usage events as the engine
-sends them (schema in notes/interfaces)."""
+sends them (engine.contract.UsageEvent, as decoded JSON)."""
 
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -52,12 +52,12 @@ def usage_event(
     model = fields.pop("model", BASE_MODEL)
     api_key_id = fields.pop("api_key_id", None)
     engine = fields.pop("engine", "engine-1")
-    metadata = {"model": model, "engine": engine, "api_key_id": api_key_id, "tenant_id": tenant.pk}
+    metadata = {"model": model, "engine": engine}
     metadata.update(fields.pop("metadata", {}))
     return {
         "request_id": request_id or f"req-{next(_ids):08d}",
         "tenant": str(tenant.pk),
-        "api_key_id": api_key_id,
+        "api_key_id": None if api_key_id is None else str(api_key_id),
         "adapter_digest": None,
         "base_model": BASE_MODEL,
         "prompt_tokens": 1000,
@@ -69,8 +69,7 @@ def usage_event(
         "e2e_ms": 140.0,
         "finish_reason": "stop",
         "finished_at": finished_at.isoformat(),
-        "engine": engine,
-        "schema_version": 1,
+        "v": 1,
         "metadata": metadata,
         **fields,
     }

@@ -43,13 +43,22 @@ TOKEN = "bench-engine-token"
 KEEP_ALIVE_SECONDS = 75  # the gateway's --timeout-keep-alive in docker/compose.yaml
 PROMPT = "w10 w11 w12"
 IDLE_SECONDS = 5.0
-HTTP_PROTOCOL = "gateway.http_protocol:GatewayHttpProtocol"  # docker/compose.yaml's --http
+GATEWAY_HTTP = ("--http", "httptools", "--loop", "uvloop")  # docker/compose.yaml's: uvicorn's fastest protocol and loop
+OWN_PROTOCOL = "gateway.http_protocol:GatewayHttpProtocol"  # a baseline tree's own server protocol (bcc7bf5 has one)
 # uvicorn's options the gateway is measured with (`serve` below passes them; --timeout-keep-alive is --keep-alive's,
 # 75 by default), each with its value or None: the deployed gateway's too (compose, Kubernetes, the platform image),
 # which tests/platform/test_settings_and_deploy.py holds to these
-GATEWAY_SERVER_OPTIONS = (("--http", HTTP_PROTOCOL), ("--no-access-log", None),
+GATEWAY_SERVER_OPTIONS = (("--http", "httptools"), ("--loop", "uvloop"), ("--no-access-log", None),
                           ("--timeout-keep-alive", str(KEEP_ALIVE_SECONDS)))  # fmt: skip
 
+
+
+def gateway_server_flags(tree: Path) -> list[str]:
+    """uvicorn's --http and --loop for the gateway of `tree`, as that tree deploys it: a tree with a server protocol
+    of its own (gateway/http_protocol.py, a baseline's) runs under it."""
+    if (tree / "platform/gateway/http_protocol.py").exists():
+        return ["--http", OWN_PROTOCOL]
+    return list(GATEWAY_HTTP)
 
 PROFILED = """import cProfile, signal, sys, time, uvicorn.main
 profiler = cProfile.Profile(time.process_time)  # CPU time, not time waiting
@@ -423,8 +432,7 @@ def main() -> None:
         gateways[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
 
     for name, (tree, runner, python) in trees.items():
-        # the gateway's own server protocol where the tree has one (gateway/http_protocol.py), as deployed
-        http = ["--http", HTTP_PROTOCOL] if (tree / "platform/gateway/http_protocol.py").exists() else []
+        http = gateway_server_flags(tree)
         serve(name, runner, ["gateway.asgi:application", "--app-dir", str(tree / "platform"), *http], tree,
               {**env, "PYTHONPATH": f"{tree}:{tree / 'platform'}"}, python)  # fmt: skip
     for name, redis in (("null", "0"), ("null+redis", "1")) if args.null_proxy else ():

@@ -50,14 +50,14 @@ def _timed(owner, name: str, totals: dict[str, int], label: str) -> None:
 
 
 async def _measure(args, key: str) -> None:
-    from gateway import admit, asgi, exchange, relay, views
+    from gateway import admit, asgi, exchange, generation, relay
     from gateway.engine_client import GenerateStream
 
     totals: dict[str, int] = {}
     for owner, name, label in (
-        (views, "generation_admit", "parse+auth+admit"), (admit, "admission_admit", "  admission (lease or script)"),
+        (generation, "admit", "parse+auth+admit"), (admit, "admission_admit", "  admission (lease or script)"),
         (relay, "open_stream", "route+engine+first event"), (GenerateStream, "open", "  engine request"),
-        (asgi, "_send_stream", "relay to the end"), (exchange.Exchange, "settle", "  settle"),
+        (asgi, "_send_chunks", "relay to the end"), (exchange.Exchange, "settle", "  settle"),
         (exchange, "admission_settle", "    settle script"),
     ):  # fmt: skip
         _timed(owner, name, totals, label)

@@ -104,7 +104,7 @@ prepare_wheels() {  # install the carried wheels; then the engine (server, usage
       echo "no wheels in $WHEELS: run 'python benchmarks/gpu_wheels.py $WHEELS' here first and carry it"
     fi
     PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" timeout "$WHEELS_S" "$PY" -c "
-import engine, engine.grammar, engine.server.app, engine.server.http_protocol, engine.usage.emitter, jsonschema, kombu
+import engine, engine.grammar, engine.server.app, engine.usage.emitter, jsonschema, kombu
 print('wheels: the engine imports, its server and usage emitter included')"
   ) 2>&1 | tee -a "$OUT/env.log"
   rc=${PIPESTATUS[0]}

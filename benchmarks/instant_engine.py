@@ -3,17 +3,17 @@ NDJSON, abort) and answers every generate at once with one token per `max_tokens
 that what a benchmark measures through the gateway is the gateway's own cost. Not for tests of user paths, which
 run the real engine.
 
-    python -m uvicorn benchmarks.instant_engine:app --http engine.server.http_protocol:EngineHttpProtocol \
+    python -m uvicorn benchmarks.instant_engine:app --http httptools --loop uvloop \
         --port 8199 --log-level warning --no-access-log
 
-It runs on the engine's own HTTP protocol (`HTTP`), so its writes are framed as the real engine's are: a streamed
-answer's head leaves with its first event, the rest with the response's end (two writes, as the real engine makes
-for a two-token answer whose second token and final event come in one step).
+It runs under the engine's server options (`HTTP`, as `python -m engine` serves), so its writes are framed as the real
+engine's are: a streamed answer's head, its first event, then the rest with the response's end (as the real engine
+writes a two-token answer whose second token and final event come in one step).
 """
 
 import json
 
-HTTP = ("--http", "engine.server.http_protocol:EngineHttpProtocol")  # uvicorn's options: the engine's protocol
+HTTP = ("--http", "httptools", "--loop", "uvloop")  # uvicorn's options: the engine's (engine/__main__.py)
 
 STATE = json.dumps({"running": 0, "waiting": 0, "adapters": {}, "model": "bench"}).encode()
 HEALTH = json.dumps({"status": "ok", "model": "bench"}).encode()

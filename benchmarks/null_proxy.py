@@ -9,7 +9,7 @@ difference from the gateway is its application's Python, not its round trips.
     QUILT_NULL_ENGINE_URL=http://127.0.0.1:8199 QUILT_ENGINE_TOKEN=... [QUILT_NULL_REDIS=1 REDIS_URL=redis://...] \\
         python -m uvicorn benchmarks.null_proxy:app --port 8300
 
-Served by uvicorn's own HTTP protocol (the gateway's runs its own, `gateway.http_protocol`). Not for users: every
+Served by uvicorn as the gateway is (`gateway_overhead.GATEWAY_HTTP`). Not for users: every
 other path answers 401, so `gateway_overhead.py` can wait for it as it waits for a gateway.
 """
 

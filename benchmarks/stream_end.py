@@ -6,7 +6,7 @@ median inter-token interval, at 1, 8 and 32 streams, for this tree and a baselin
 
 Each tree runs its own stack as `make demo` runs it, on the embedded defaults (SQLite database, so admission's holds
 and settles in the database, and the SQLite Celery broker), in a fresh folder: an engine on the demo model
-(var/demo-model, built by `python -m engine.demo`), a gateway under the gateway's own uvicorn protocol, and a Celery
+(var/demo-model, built by `python -m engine.demo`), a gateway under uvicorn as that tree deploys it, and a Celery
 worker that records the engines' usage events. One tenant, on a plan roomy enough not to refuse the load, streams
 chat completions (max_tokens --max-tokens, the model free to end earlier with EOS, usage included, no extension
 fields: the baseline refuses guidellm's `ignore_eos`, `stream_options.continuous_usage_stats` and its `GET /health`,
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.gateway_overhead import TOKEN, free_port, wait_http
+from benchmarks.gateway_overhead import TOKEN, free_port, gateway_server_flags, wait_http
 from benchmarks.work_folder import work_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def start(stack: Stack, work: Path, model_dir: Path) -> None:
          "--adapter-store", str(work / "media" / "adapters"), "--broker-url", env["CELERY_BROKER_URL"],
          "--usage-spool", str(work / "spool.jsonl"), "--log-level", "warning"],
         [python, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(tree / "platform"),
-         "--http", "gateway.http_protocol:GatewayHttpProtocol", "--port", str(gateway_port), "--no-access-log",
+         *gateway_server_flags(tree), "--port", str(gateway_port), "--no-access-log",
          "--lifespan", "off", "--timeout-keep-alive", "75", "--log-level", "warning"],
         [python, "-m", "celery", "--workdir", str(tree / "platform"), "-A", "quilt", "worker", "--pool", "solo",
          "--loglevel", "WARNING"],

@@ -129,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     from engine.server.adapter_registry import AdapterRegistry
     from engine.server.app import EngineAPI, build_app
     from engine.server.engine_loop import EngineLoop
-    from engine.server.http_protocol import EngineHttpProtocol
     from engine.server.kv_transfer import KVTransfers
     from engine.server.membership import Draining, Identity, Membership
     from engine.server.metrics import EngineMetrics
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                                      args.host, args.port, args.model, args.device)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                            access_log=False, http=EngineHttpProtocol)
+                            access_log=False, http="httptools", loop="uvloop")
     gc.freeze()  # the model, its modules and its imports live as long as the process: no full collection walks them
     Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace).run()
     return 0

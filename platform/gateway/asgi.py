@@ -1,23 +1,21 @@
-"""The gateway's ASGI entry: `uvicorn gateway.asgi:application --app-dir platform --http
-gateway.http_protocol:GatewayHttpProtocol` (the server's extension, `gateway/http_protocol.py`, saves the hot routes
-a task and a write per request; under another server the application does without it).
+"""The gateway's ASGI entry, served by uvicorn: `uvicorn gateway.asgi:application --app-dir platform --http httptools
+--loop uvloop`.
 
-The inference API (/v1/) is latency-critical: its async views are called straight from the ASGI scope, without
-Django's request handler around them (which runs signal receivers and the response close in per-request
-threads, several milliseconds under load) and without the console's middleware (sessions, CSRF, login
-lockout: none applies to bearer-key API calls). Everything else is the platform's own application.
+The inference API (/v1/) is latency-critical: it is served straight from the ASGI scope, without Django's request
+handler around it (which runs signal receivers and the response close in per-request threads, several milliseconds
+under load) and without the console's middleware (sessions, CSRF, login lockout: none applies to bearer-key API
+calls). Everything else is the platform's own application.
 
-What Django's handler would do and this does too: read the body, route by the URLconf, turn a client
-disconnect into cancelling the view (so its `finally` runs: the hold is settled, the engine request aborted),
-and answer an unexpected error with a 500 in the API's error shape.
+What Django's handler would do and this does too: read the body (413 past the limit), route by the URLconf, turn a
+client disconnect (ASGI's `http.disconnect`) into cancelling the request (so its `finally` runs: the hold is
+settled, the engine request aborted), and answer an unexpected error with a 500 in the API's error shape.
 
-The two hot routes (POST /v1/chat/completions, /v1/completions) go further: `_generate` calls the views' own
-services without building Django's request, and writes a stream's head and body itself (the head the view's
-response would have had, the HTTPS policy's headers included); refusals and whole answers are the views'
-responses. Other methods, a script prefix, and requests the HTTPS policy redirects take the general path.
+A POST to a generation route (chat, completions) goes to the generation chain (`gateway.generation.generate`) with
+its body and headers, and its answer is written here with the head the view's response would have had (the HTTPS
+policy's headers included); other methods, a script prefix, and requests the HTTPS policy redirects take the
+general path, the URLconf's views (which reach the same chain).
 """
 
-import asyncio
 import functools
 import gc
 import io
@@ -36,20 +34,18 @@ from django.urls import Resolver404, resolve
 from django.utils.http import parse_header_parameters
 
 from gateway import metrics
-from gateway.connections import STORE_DOWN
-from gateway.errors import ApiError, service_unavailable
+from gateway.errors import ApiError
 from gateway.openai_response import DONE
 from gateway.request_guard import body_limit, too_large
 from quilt.asgi import application as platform_application  # sets Django up
 
 log = logging.getLogger(__name__)
 
-from gateway import relay, request_reports, views  # noqa: E402 - they need Django set up
-from gateway.disconnects import until_disconnected, until_told_disconnected  # noqa: E402
+from gateway import relay, request_reports  # noqa: E402 - they need Django set up
+from gateway.disconnects import until_disconnected  # noqa: E402
+from gateway.generation import Stream, failed, generate  # noqa: E402
 from gateway.hot_settings import hot  # noqa: E402
-from gateway.http_protocol import EXTENSION  # noqa: E402
 from gateway.lifespan import lifespan  # noqa: E402
-from gateway.request_ids import request_id_hex  # noqa: E402
 
 PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
@@ -59,10 +55,9 @@ class _TooLarge(Exception):
     pass
 
 
-async def _read_body(receive, limit: int, first: bytes = b"") -> bytes | None:
-    """The whole request body (after `first`, its part read already), or None if the client went away first;
-    _TooLarge past `limit` bytes."""
-    chunks, size = [first], len(first)
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The whole request body, or None if the client went away first; _TooLarge past `limit` bytes."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -88,7 +83,7 @@ async def _send(response, send) -> None:
 
 
 async def _send_chunks(chunks: AsyncIterator[bytes], send) -> None:
-    """A streaming response's chunks (`relay._sse`'s, under Django's response), each as it comes; the stream's end
+    """A streaming response's chunks (`relay.sse`'s), each as it comes; the stream's end
     ([DONE]) ends the response at once, and the iterator is read on to its own end after it (its hold settled while
     the client has its whole answer)."""
     ended = False
@@ -98,38 +93,6 @@ async def _send_chunks(chunks: AsyncIterator[bytes], send) -> None:
         ended = chunk.endswith(DONE)
         await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
     if not ended:
-        await send({"type": "http.response.body", "body": b""})
-
-
-async def _send_stream(body: relay.SseBody, send, cycle=None, start: dict | None = None) -> None:
-    """A stream's SSE body, its writes as the engine's events arrive (`SseBody.take`). The write that ends the stream
-    ([DONE]) ends the response at once: the hold is settled after it, while the client has its whole answer (the
-    body is read on to its own end first: the engine's response, then nothing that reaches the client). A failure of
-    the body settles it first. With `start`, the head leaves in the server's `cycle`'s write of the first chunk."""
-    ended = False  # the response's end was sent
-    while not body.ended:
-        try:
-            if body.waiting:
-                await body.arrival()
-            writes = body.take()
-        except BaseException:
-            await body.exchange.settle()  # not cancelled by the client's going meanwhile (`exchange.settling`)
-            if start is not None:
-                await send(start)
-            raise
-        for chunk in writes:
-            if ended:
-                continue
-            ended = chunk.endswith(DONE)
-            if start is not None:
-                await cycle.start_with_body(start, {"type": "http.response.body", "body": chunk, "more_body": not ended})
-                start = None
-            elif cycle is None or not cycle.write_now(chunk, not ended):  # the server's send, without its coroutine
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
-    await body.exchange.settle()
-    if start is not None:  # nothing was written
-        await send(start)
-    if not ended and (cycle is None or not cycle.write_now(b"", False)):
         await send({"type": "http.response.body", "body": b""})
 
 
@@ -192,11 +155,9 @@ async def _serve(request, send) -> None:
             response = await match.func(request, *match.args, **match.kwargs)
     except Resolver404:
         response = _answered(ApiError(404, f"Unknown endpoint: {request.method} {request.path}", code="unknown_url"))
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:
+    except Exception as error:  # a cancellation (the client gone) is not one
         request_id = uuid.uuid4().hex
-        response = _failed(error, method=request.method, path=request.path, request_id=request_id)
+        response = failed(error, method=request.method, path=request.path, request_id=request_id)
         response["x-request-id"] = request_id
     await _send(_https.process_response(request, response), send)
 
@@ -206,16 +167,6 @@ def _answered(error: ApiError):
     response = error.response()
     response["x-request-id"] = uuid.uuid4().hex
     return response
-
-
-def _failed(error: Exception, *, method: str, path: str, request_id: str) -> HttpResponse:
-    """An unexpected failure around a view, logged, as the API's answer: 503 when a store is down, else 500."""
-    if isinstance(error, STORE_DOWN):
-        log.warning("the inference API could not reach a store on %s %s (request %s): %r", method, path, request_id,
-                    error)  # fmt: skip
-        return service_unavailable().response()
-    log.error("the inference API failed on %s %s (request %s)", method, path, request_id, exc_info=error)
-    return ApiError(500, "The server failed to handle this request.", code="internal_error").response()
 
 
 COMPLETION_ROUTES = {PREFIX + "chat/completions": "chat", PREFIX + "completions": "completion"}
@@ -245,46 +196,23 @@ def _media_type(content_type: str) -> str:
 
 
 async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, received: float) -> None:
-    """A chat or completion request, as `views.chat_completions`/`views.completions` answer it behind `_serve`,
-    without Django's request and response objects when the answer is a stream: the same services in the same
-    order, the same head (the SSE headers, the rate-limit headers, x-request-id, the HTTPS policy's) and body."""
-    request_id = request_id_hex()
-    method, path = scope["method"], scope["path"]
+    """A chat or completion request through the generation chain; its answer written with the head the views'
+    response would have had behind Django's middleware (the SSE headers, the rate-limit headers, x-request-id, the
+    HTTPS policy's)."""
     content_type, authorization = _generation_headers(scope)
-    try:
-        try:
-            exchange, headers = await views.generation_admit(
-                kind=kind, raw=raw, content_type=_media_type(content_type), authorization=authorization,
-                request_id=request_id, received=received,
-            )  # fmt: skip
-            if exchange.generation.stream:
-                body = await relay.open_stream(exchange, headers)
-            else:
-                response = await relay.respond(exchange, headers)
-        except ApiError as error:
-            response, exchange = await views.error_response(error), None
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:
-        response, exchange = _failed(error, method=method, path=path, request_id=request_id), None
-    if exchange is None or not exchange.generation.stream:
-        response["x-request-id"] = request_id
-        await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), response), send)
+    answer = await generate(kind=kind, raw=raw, content_type=_media_type(content_type), authorization=authorization,
+                            received=received)  # fmt: skip
+    if not isinstance(answer, Stream):
+        await _send(_https.process_response(SimpleNamespace(is_secure=lambda: secure), answer), send)
         return
-    head = [*_SSE_HEAD, *zip(map(_LATIN1, headers), map(_LATIN1, headers.values()), strict=True),
-            (b"x-request-id", request_id.encode()), *_policy.added[secure]]  # fmt: skip
-    start = {"type": "http.response.start", "status": 200, "headers": head}
+    head = [*_SSE_HEAD, *zip(map(_LATIN1, answer.headers), map(_LATIN1, answer.headers.values()), strict=True),
+            (b"x-request-id", answer.request_id.encode()), *_policy.added[secure]]  # fmt: skip
+    chunks = relay.sse(answer.body)
     try:
-        cycle = scope.get("extensions", {}).get(EXTENSION)
-        if cycle is None:
-            await send(start)
-            await _send_stream(body, send)
-        else:  # the head leaves with the first chunk (the first event was read in open_stream: it is at hand)
-            await _send_stream(body, send, cycle, start)
-    except BaseException:
-        if not exchange.settled:  # the body never ended (the client left while a chunk was sent): its hold is still owned
-            await asyncio.shield(exchange.settle())
-        raise
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await _send_chunks(chunks, send)
+    finally:
+        await chunks.aclose()  # a body left unread (the client gone while a chunk was sent) settles its hold here
 
 
 async def _metrics(scope, send) -> None:
@@ -304,33 +232,10 @@ async def _metrics(scope, send) -> None:
 class InferenceFastPath:
     def __init__(self, platform):
         self.platform = platform
-        # the hot routes, for the gateway's own server (`http_protocol.DirectCycle`): a POST to one goes to
-        # `serve_direct` without ASGI's layers
-        self.direct_routes = {route.encode("ascii"): kind for route, kind in COMPLETION_ROUTES.items()}
-
-    async def serve_direct(self, cycle, kind: str) -> None:
-        """A POST to a completion route from the gateway's own server, as `__call__` serves it: to `_generate` when
-        its body is within the limit and no script prefix or HTTPS redirect applies; else `__call__` decides."""
-        received, limit, signal = cycle.received, hot.QUILT_MAX_REQUEST_BYTES, cycle.message_event
-        while cycle.more_body and len(cycle.body) <= limit and not cycle.disconnected:  # the body's rest, as sent
-            cycle.flow.resume_reading()
-            await signal.wait()
-            signal.clear()
-        if cycle.disconnected:
-            return
-        scope, body = cycle.scope, cycle.body
-        secure = scope["scheme"] == "https" if _policy.proxy_header is None else _policy.secure(scope)
-        if len(body) > limit or hot.FORCE_SCRIPT_NAME or (_policy.redirect and not secure):
-            signal.set()  # what has arrived is the ASGI receive's first message
-            await self(scope, cycle.receive, cycle.send)
-            return
-        cycle.body = b""
-        await until_told_disconnected(_generate(scope, body, cycle.send, kind=kind, secure=secure, received=received),
-                                      cycle)  # fmt: skip
 
     async def __call__(self, scope, receive, send) -> None:
-        """The request: read whole, then served by `_generate` (a POST to a completion route, with no script prefix,
-        that the HTTPS policy lets through: `fast`) or `_serve`, cancelled if its client goes away first."""
+        """The request: read whole, then served by `_generate` (a POST to a generation route, with no script prefix,
+        that the HTTPS policy lets through) or `_serve`, cancelled if its client goes away first."""
         received = time.monotonic()  # the request log's times start at the gateway's receipt of the request
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
@@ -347,17 +252,8 @@ class InferenceFastPath:
             return
         method = scope["method"]
         limit = body_limit(method=method, path=path)
-        try:  # `_read_body`, its first message read here (most bodies come whole in it)
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = b"".join((message.get("body", b""),))
-            if len(body) > limit:
-                raise _TooLarge
-            if message.get("more_body", False):
-                body = await _read_body(receive, limit, body)
-                if body is None:
-                    return
+        try:
+            body = await _read_body(receive, limit)
         except _TooLarge:
             refusal = too_large(limit)
             response = _answered(refusal)
@@ -366,24 +262,18 @@ class InferenceFastPath:
                                                     authorization=_header(scope, b"authorization"))  # fmt: skip
             await _send(response, send)  # the rest of the body is left unread: the server closes
             return
-        kind = COMPLETION_ROUTES.get(path)
-        if kind is not None and (method != "POST" or scope.get("root_path") or hot.FORCE_SCRIPT_NAME):
-            kind = None
-        if kind is not None:  # `_policy.secure` (where no proxy header is trusted) and `redirects` written out
-            secure = scope.get("scheme") == "https" if _policy.proxy_header is None else _policy.secure(scope)
-            if not (secure or not _policy.redirect):
-                kind = None
-        if kind is not None:
-            serving = _generate(scope, body, send, kind=kind, secure=secure, received=received)
-        else:
-            request = ASGIRequest(scope, io.BytesIO(body))
-            request.received = received
-            serving = _serve(request, send)
-        cycle = scope.get("extensions", {}).get(EXTENSION)
-        if cycle is None:
-            await until_disconnected(serving, receive)
-        else:
-            await until_told_disconnected(serving, cycle)
+        if body is None:  # the client went away
+            return
+        kind = COMPLETION_ROUTES.get(path) if method == "POST" else None
+        if kind is not None and not scope.get("root_path") and not hot.FORCE_SCRIPT_NAME:
+            secure = _policy.secure(scope)
+            if not _policy.redirects(secure=secure):
+                await until_disconnected(_generate(scope, body, send, kind=kind, secure=secure, received=received),
+                                         receive)  # fmt: skip
+                return
+        request = ASGIRequest(scope, io.BytesIO(body))
+        request.received = received
+        await until_disconnected(_serve(request, send), receive)
 
 
 application = InferenceFastPath(platform_application)

@@ -1,6 +1,8 @@
 """Who is calling and what they asked for: the key (by prefix, briefly cached), its tenant's plan, and the model
-resolved for that tenant. Blocking (database reads): the views call it through sync_to_async, once per request."""
+resolved for that tenant. Blocking (database reads), and `authorize`, the same from the event loop: the cache first, else one lookup in a
+thread per key and model however many requests wait for it."""
 
+import asyncio
 import functools
 import hashlib
 import threading
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 from rest_framework_api_key.crypto import split
@@ -273,3 +276,30 @@ def caller_models(*, authorization: str) -> tuple[Caller, list[Target]]:
     caller, key = caller_authenticate(authorization=authorization)
     targets = [_target(resolved, resolved.name) for resolved in models_for_tenant(tenant=key.tenant)]
     return caller, [t for t in targets if caller.may_use(t.name)]
+
+
+_lookup = sync_to_async(caller_and_target, thread_sensitive=False)
+# Lookups running now, by what they look up. When a key's cache entry lapses or a change clears the cache, every
+# request then in flight with that key would read the database at once (50 concurrent streams: 50 lookups of ~5 ms of
+# CPU each); instead one reads it and the others wait for it, then take its result from the cache.
+_looking_up: dict[tuple[str, object], asyncio.Future] = {}
+
+
+async def authorize(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
+    """`caller_and_target` from the event loop: the cached answer, else the database's (ApiError if refused)."""
+    cached = cached_caller_and_target(authorization=authorization, model=model)
+    if cached is not None:
+        return cached
+    loop, what = asyncio.get_running_loop(), (authorization, model if isinstance(model, str) else None)
+    running = _looking_up.get(what)
+    if running is not None and running.get_loop() is loop:
+        await asyncio.shield(running)  # it never fails: its outcome is the cache's
+        cached = cached_caller_and_target(authorization=authorization, model=model)
+        return cached or await _lookup(authorization=authorization, model=model)  # refused (never cached) or changed
+    done = _looking_up[what] = loop.create_future()
+    try:
+        return await _lookup(authorization=authorization, model=model)
+    finally:
+        if _looking_up.get(what) is done:
+            del _looking_up[what]
+        done.set_result(None)

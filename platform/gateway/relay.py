@@ -3,18 +3,17 @@ stream (`exchange`), relay its events as an OpenAI response or SSE stream, and s
 whatever happens.
 
 The hold is settled once (`Exchange.settle`, after the engine stream is closed: closing it makes the engine abort the
-request): by `_whole`'s `finally`, or by the owner of a stream's SSE body when the body ends or fails: after the
-stream's end ([DONE]) has left, so that no client waits on the settle's stores (`asgi._send_stream`;
-`_sse`'s `finally` under Django's response), or when its client left while a write was made (`asgi._generate`). It is
-never cut short by the cancellation that a client's disconnect delivers (a stream's settle is not cancelled at all,
-`exchange.settling`; the others are shielded)."""
+request): by `_whole`'s `finally`, or by `sse`'s when a stream's body ends or is closed: after the stream's end
+([DONE]) has been written, so that no client waits on the settle's stores. It is never cut short by the cancellation
+that a client's disconnect delivers (a stream's settle is not cancelled at all, `exchange.settling`; the others are
+shielded)."""
 
 import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse
 
 from engine.contract import ADAPTER_UNAVAILABLE, EVENT_DELTA, EVENT_FINAL
 from gateway import request_reports
@@ -24,7 +23,7 @@ from gateway.errors import ApiError, adapter_unavailable
 from gateway.exchange import Exchange
 from gateway.openai_response import DONE, error_event
 
-__all__ = ["SSE_HEADERS", "Exchange", "admit", "open_stream", "respond"]
+__all__ = ["SSE_HEADERS", "Exchange", "SseBody", "admit", "open_stream", "respond", "sse"]
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +43,14 @@ async def open_stream(exchange: Exchange, headers: dict[str, str]) -> "SseBody":
 
 
 async def respond(exchange: Exchange, headers: dict[str, str]) -> HttpResponse:
-    """Opens the engine stream and answers; owns the hold from here on."""
-    if exchange.generation.stream:
-        response = StreamingHttpResponse(_sse(await open_stream(exchange, headers)))
-        for name, value in SSE_HEADERS.items():
-            response[name] = value
-    else:
-        try:
-            await _opened(exchange)
-            response = await _whole(exchange)
-        except ApiError as error:
-            error.headers = headers | error.headers
-            raise
+    """Opens the engine stream of a request answered whole, and answers with the rate-limit `headers`; owns the hold
+    from here on."""
+    try:
+        await _opened(exchange)
+        response = await _whole(exchange)
+    except ApiError as error:
+        error.headers = headers | error.headers
+        raise
     for name, value in headers.items():
         response[name] = value
     return response
@@ -190,8 +185,8 @@ class SseBody:
         return writes
 
 
-async def _sse(body: SseBody) -> AsyncIterator[bytes]:
-    """The SSE body as an iterator (Django's StreamingHttpResponse): settled when it ends or is closed."""
+async def sse(body: SseBody) -> AsyncIterator[bytes]:
+    """The SSE body's writes, each as the engine's events arrive; the hold is settled when it ends or is closed."""
     try:
         while not body.ended:
             if body.waiting:

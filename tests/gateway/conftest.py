@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.http_protocol import COMMAND_LINE as GATEWAY_HTTP
 from tests.conftest import REPO, start_worker, stop_worker, test_database_url
 
 ENGINE_TOKEN = "gateway-tests-engine-token"
@@ -96,7 +95,7 @@ def wait_for_engine(process: subprocess.Popen) -> None:
 def launch_gateway(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--app-dir", str(REPO / "platform"),
-        *GATEWAY_HTTP, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+        "--http", "httptools", "--loop", "uvloop", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     process.models_url = f"http://127.0.0.1:{port}/v1/models"

@@ -7,7 +7,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from gateway import caller, views
+from gateway import caller
 from gateway.errors import ApiError
 from registry.models import BaseModel
 from tests.platform.factories import TenantFactory, make_key
@@ -29,14 +29,14 @@ def counted_lookups(monkeypatch, settings):
         finally:
             connection.close()  # the executor's threads outlive the test
 
-    monkeypatch.setattr(views, "_lookup", sync_to_async(counted, thread_sensitive=False))
+    monkeypatch.setattr(caller, "_lookup", sync_to_async(counted, thread_sensitive=False))
     caller._forget_callers()
     yield calls
     caller._forget_callers()
 
 
 async def _authorize_all(authorization: str, model: str, count: int) -> list:
-    return await asyncio.gather(*(views._authorize(authorization=authorization, model=model) for _ in range(count)),
+    return await asyncio.gather(*(caller.authorize(authorization=authorization, model=model) for _ in range(count)),
                                 return_exceptions=True)  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 
 from gateway import caller as caller_module
-from gateway import request_reports, routing, views
+from gateway import generation, request_reports, routing
 from gateway.admission import UNLIMITED, Decision, Limits
 from gateway.caller import Caller, Target, cached_caller_and_target
 from gateway.engine_client import EngineRef
@@ -299,13 +299,13 @@ def test_a_cached_caller_is_used_without_the_lookups_coroutine_and_a_miss_still_
         admitted.append((kwargs["caller"], kwargs["target"], kwargs["generation"].model))
         return "exchange", {}
 
-    monkeypatch.setattr(views, "cached_caller_and_target", lambda *, authorization, model: cache.get(authorization))
-    monkeypatch.setattr(views, "_authorize", authorize)
-    monkeypatch.setattr(views.relay, "admit", admit)
+    monkeypatch.setattr(generation, "cached_caller_and_target", lambda *, authorization, model: cache.get(authorization))
+    monkeypatch.setattr(generation, "authorize", authorize)
+    monkeypatch.setattr(generation.relay, "admit", admit)
     raw = b'{"model": "m", "prompt": "p"}'
     for authorization in ("Bearer hit", "Bearer miss"):
-        answer = asyncio.run(views.generation_admit(kind="completion", raw=raw, content_type="application/json",
-                                                    authorization=authorization, request_id="r", received=0.0))  # fmt: skip
+        answer = asyncio.run(generation.admit(kind="completion", raw=raw, content_type="application/json",
+                                               authorization=authorization, request_id="r", received=0.0))  # fmt: skip
         assert answer == ("exchange", {})
     assert looked_up == [("Bearer miss", "m")]
     assert admitted == [(found, target, "m"), (found, target, "m")]

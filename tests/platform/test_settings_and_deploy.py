@@ -76,12 +76,13 @@ def test_the_gateway_keeps_idle_connections_longer_than_load_balancers_do():
 def test_the_platform_image_serves_as_the_deployed_gateway_does():
     # `docker run` of the platform image with its own command must serve what compose's and Kubernetes's gateway
     # serve: gateway.asgi (the inference fast path, and the ASGI lifespan that gives admission leases back at
-    # shutdown) under the gateway's HTTP protocol, with idle connections kept past a load balancer's. It ran
+    # shutdown) under uvicorn's httptools protocol on uvloop, with idle connections kept past a load balancer's. It ran
     # quilt.asgi under uvicorn's defaults, so an image started without compose's command served neither.
     deployed = _deployed_gateway_commands()
     command, gateway = deployed["image"], deployed["compose"]
     assert command[command.index("-m") + 2] == "gateway.asgi:application"
-    assert command[command.index("--http") + 1] == "gateway.http_protocol:GatewayHttpProtocol"
+    assert command[command.index("--http") + 1] == "httptools"
+    assert command[command.index("--loop") + 1] == "uvloop"
     assert int(command[command.index("--timeout-keep-alive") + 1]) > 60
     assert command == gateway
 

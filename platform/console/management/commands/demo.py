@@ -26,7 +26,6 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from console.management.commands.seeddemo import DEMO_BASE_MODEL, credentials, seed_demo
-from gateway.http_protocol import COMMAND_LINE as GATEWAY_HTTP
 
 ENGINE_NAME = "demo-cpu"
 PREFILL_ENGINE_NAME = "demo-prefill"  # --disaggregate: the prefill engine, on the engine port + 1
@@ -186,7 +185,8 @@ class Command(BaseCommand):
                         "-n", "trainer@%h"],
             "beat": [*celery, "beat", "--loglevel", "WARNING"],
             "gateway": [
-                sys.executable, "-m", "uvicorn", "gateway.asgi:application", *GATEWAY_HTTP, "--host", host, "--port", str(port),
+                sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--http", "httptools", "--loop", "uvloop",
+                "--host", host, "--port", str(port),
                 "--app-dir", str(root / "platform"), "--no-access-log", "--lifespan", "off", "--timeout-keep-alive", "75",
             ],
         }  # fmt: skip

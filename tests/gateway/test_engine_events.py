@@ -1,6 +1,5 @@
 """What the gateway reads from the engine's generate events: a delta's text, tokens and tool calls; a final event's
-finish reasons, usage counts (integers, a null as 0), failure and KV transfer. (An event of another type is read
-as nothing: tests/gateway/test_stream_before.py.)"""
+finish reasons, usage counts (integers, a null as 0), failure and KV transfer."""
 
 from gateway.engine_events import USAGE_COUNTS, delta_of, final_of
 from gateway.openai_response import Delta

@@ -1,11 +1,14 @@
 """Engines failing: one killed mid-stream ends the client's stream with an error, releases the hold and leaves a
 usage row of what was served; one that is gone before answering is retried on another."""
 
+import json
 import signal
 import time
 
+import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from gateway.admission import held_totals
 from metering.models import UsageEvent
@@ -45,22 +48,38 @@ def lone_engine(stack, django_db_blocker):
     time.sleep(SNAPSHOT_SECONDS)
 
 
+# the stream's last event when its engine breaks, as the client reads it: no [DONE] follows
+ENGINE_ERROR_EVENT = b'data: {"error": {"message": "The engine failed while generating this response.", "type": "server_error", "param": null, "code": "engine_error"}}\n\n'  # fmt: skip
+
+
 def test_engine_killed_mid_stream(stack, lone_engine):
     process = lone_engine
     api = client(stack, stack.keys["main"])
-    stream = api.chat.completions.create(
+    with api.chat.completions.with_streaming_response.create(
         model="support", messages=[{"role": "user", "content": "w50 w51"}], max_tokens=200, stream=True,
-        frequency_penalty=-2.0,  # repeat rather than stop: the stream must still be running when the engine dies
-    )  # fmt: skip
-    request_id = stream.response.headers["x-request-id"]
-    chunks = iter(stream)
-    first = next(chunks)
-    assert first.choices[0].delta.role == "assistant"
-    process.send_signal(signal.SIGKILL)
+        extra_body={"ignore_eos": True},  # the stream must still be running when the engine dies
+    ) as response:  # fmt: skip
+        request_id = response.headers["x-request-id"]
+        received = b""
+        for data in response.iter_bytes():
+            if not received:
+                process.send_signal(signal.SIGKILL)
+            received += data
+    assert received.endswith(ENGINE_ERROR_EVENT) and b"[DONE]" not in received
+    served = received.removesuffix(ENGINE_ERROR_EVENT)
+    assert served.startswith(b'data: {"id":"chatcmpl-' + request_id.encode()) and served.endswith(b"\n\n")
+    chunks = [json.loads(event.removeprefix(b"data: ")) for event in served.split(b"\n\n")[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(chunk["choices"][0]["finish_reason"] is None for chunk in chunks)
+    # the openai client reads those bytes as the text served, then the error
+    stream = openai.Stream(cast_to=ChatCompletionChunk, client=api, response=httpx.Response(
+        200, content=received, headers={"content-type": "text/event-stream"},
+        request=httpx.Request("POST", f"{stack.gateways[0]}/chat/completions")))  # fmt: skip
+    read = []
     with pytest.raises(openai.APIError) as raised:
-        for _ in chunks:
-            pass
-    assert "engine" in raised.value.message
+        for chunk in stream:
+            read.append(chunk)
+    assert len(read) == len(chunks) and "engine" in raised.value.message
     totals = wait_until(lambda: (t := held_totals(tenant_id=stack.ids["main"])).live_holds == 0 and t, timeout=30,
                         what="the hold released")  # fmt: skip
     assert totals.held_tokens == 0

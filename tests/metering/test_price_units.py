@@ -1,7 +1,7 @@
 """The price in integers gives what the Decimal price function gives: admission's picos of
 `request_price` (`request_price_picos`), for rates as the database keeps them and counts up to 2**40; rates or
 counts outside that go through Decimal (its errors too). `request_price` is compared with its own code as it was,
-kept here as the oracle; the settle's micros of it, in tests/gateway/test_settle_before.py."""
+kept here as the oracle; what a key spends at admission, to the pico-dollar, in tests/gateway/test_key_money.py."""
 
 import math
 import random

@@ -1,6 +1,6 @@
 """With S3 storage (moto's S3 server), the gateway hands an engine signed GET URLs of an adapter's files instead of a
 path on a shared volume; an engine with only its own disk cache downloads them and serves the adapter as
-transformers + PEFT do. With the filesystem storage (the embedded default) it hands the folder, as before."""
+transformers + PEFT do. With the filesystem storage (the embedded default) it hands the folder."""
 
 import json
 from urllib.parse import parse_qs, urlsplit

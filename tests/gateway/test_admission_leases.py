@@ -1,4 +1,4 @@
-"""Admission leases (issue 37 item 23): a gateway process admits a busy key's requests from a share of its room held
+"""Admission leases: a gateway process admits a busy key's requests from a share of its room held
 ahead in Redis, with no round trip each, and no limit is ever exceeded: what one process holds no other admits, a
 refusal is never late, and once the leases are given back every hold is gone and the month counts exactly what the
 requests used. Real Redis; two RedisAdmission instances on one loop stand for two gateway processes."""

@@ -192,7 +192,7 @@ def test_a_short_prompt_skips_the_prefill_hop(stack, split_fleet):
 
 def test_a_prompt_past_the_context_is_the_clients_400_not_a_prefill_fallback(stack, split_fleet):
     """The prefill engine refuses it as any engine would: the client hears that at once, no fallback is counted and
-    the decode engine is not asked (before, the refusal was logged as a failed hop and the request sent on)."""
+    the decode engine is not asked (the refusal is not a failed hop that sends the request on)."""
     colocated_error = split_fleet[3]
     fallbacks = counter(stack, "quilt_gateway_prefill_fallbacks", 'reason="refused"')
     refused = counter(stack, "quilt_gateway_disaggregation", 'route="refused"')
@@ -212,9 +212,9 @@ def engine_state(port: int) -> dict:
 def test_a_prefill_engine_advertised_by_a_name_with_an_underscore_costs_the_client_nothing(stack, split_fleet,
                                                                                            django_db_blocker):
     """A prefill engine reached as http://engine_prefill:PORT (a compose service's name) puts that host in its leases.
-    The decode engine refused them as malformed: a 400 for every split request, each lease held until its TTL. Now
-    it takes the address; where it cannot pull (here the name does not resolve) it recomputes, and the gateway ends
-    the unpulled lease at once."""
+    The decode engine takes the address (it does not refuse it as malformed, a 400 for every split request, each
+    lease held until its TTL); where it cannot pull (here the name does not resolve) it recomputes, and the gateway
+    ends the unpulled lease at once."""
     port = free_port()
     process = stack.launch_engine("pd-prefill-u", port, extra=(
         "--role", "prefill", "--advertise-url", f"http://engine_prefill:{port}"))  # fmt: skip

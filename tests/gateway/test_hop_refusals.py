@@ -1,6 +1,6 @@
 """Which engine refusals of a disaggregated hop are the client's answer and which are the hop's failure (then the
 request is served whole): the refusal bodies are the engine's own, from its request parser (engine.server.protocol),
-of this version and of the one before, which named an unknown kv_transfer field by its last part only."""
+of this version and of the previous one, which names an unknown kv_transfer field by its last part only."""
 
 import json
 

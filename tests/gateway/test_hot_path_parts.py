@@ -1,5 +1,5 @@
-"""The hot path's cheaper stand-ins give what they replace (issue 37, item 23): the request id as uuid4's hex, the
-Content-Type's media type as Django parses it."""
+"""The hot path's own stand-ins give what the library code they stand in for gives: the request id as uuid4's hex,
+the Content-Type's media type as Django parses it."""
 
 import os
 import uuid

@@ -26,9 +26,9 @@ def complete(stack, key: str, body: dict, *, route: str = "completions", gateway
 
 def test_a_keys_budget_is_spent_to_the_last_fraction_of_a_micro_dollar(stack):
     """The key has 40 micro-dollars of its budget left; each request holds and costs at most 2.1 (2 prompt tokens at
-    $0.15, 3 completion tokens at $0.60 per million). Counted in whole micro-dollars, rounded up per request, it was
-    refused with a third of that unspent; counted as billed, it is refused only when what it was billed plus the
-    next request's hold passes the budget."""
+    $0.15, 3 completion tokens at $0.60 per million). Counted as billed (not in whole micro-dollars rounded up per
+    request, which would refuse it with a third of that unspent), it is refused only when what it was billed plus
+    the next request's hold passes the budget."""
     key, prefix, tenant_id = stack.keys["exact"], stack.ids["key-exact"], stack.ids["exact"]
     served, refused = [], None
     for _ in range(80):

@@ -1,4 +1,4 @@
-"""Admission leases from outside (issue 37 item 23): a busy key's requests through a real gateway on Redis are
+"""Admission leases from outside: a busy key's requests through a real gateway on Redis are
 admitted from leases (the gateway's metrics count them), every one is served, and once the gateway has given its
 lease back nothing is held and admission's month counts exactly what metering billed: the tenant's tokens and the
 key's spend to the pico-dollar."""

@@ -12,7 +12,7 @@ from gateway.request_guard import MAX_DEPTH, body_check
 
 
 def walked(raw: bytes):
-    """What `parse_body` answered before the raw check: parse, then always walk."""
+    """What `parse_body` answers without the raw check: parse, then always walk."""
     try:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -1,7 +1,7 @@
 """The x-ratelimit-* headers tell a client the limit it will meet first: an admitted call reports, of each kind
 (requests, tokens), the tenant's window or the API key's own, whichever has fewer left; a refusal reports the window
-that refused it. Before, an admitted call always reported the tenant's, so a key limited to 2 requests a minute under
-a plan of 1,000 read 999 left and was refused at its third call."""
+that refused it. So a key limited to 2 requests a minute under a plan of 1,000 reads 1 left after its first call,
+not 999, and is not surprised by a refusal at its third."""
 
 from decimal import Decimal
 

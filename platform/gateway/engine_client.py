@@ -1,17 +1,24 @@
-"""Talking to an engine's internal HTTP API: from the gateway's event loop through `engine_http` (one pool of
-keep-alive connections per loop), from the worker's blocking code through httpx."""
+"""Talking to an engine's internal HTTP API: from the gateway's event loop through aiohttp (one session, so one
+pool of keep-alive connections, per event loop), from the worker's blocking code through httpx.
+
+aiohttp rather than httpx on the event loop: streaming the engine's NDJSON answer costs httpx several times the CPU
+per request (benchmarks/engine_client_libs.py; docs/gateway-performance.md, "Engine calls")."""
 
 import asyncio
+import collections
 import functools
 import json
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import httpx
+import msgspec
 from django.conf import settings
+from yarl import URL
 
-from engine.contract import ADAPTER_UNAVAILABLE
-from gateway.engine_http import EngineHTTP, EngineHTTPError, Response, prepared
+from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS
 from gateway.hot_settings import hot
 
 
@@ -43,9 +50,6 @@ class AdapterUnavailable(Exception):
     """The engine could not load this request's adapter (missing, corrupt, wrong shape): this request fails, the
     engine stays healthy for everyone else. The message is the engine's, for logs only."""
 
-
-
-
 def _error_fields(response_body: bytes) -> tuple[str | None, str, str | None]:
     """The engine's error type, param and code, from its answer's body."""
     try:
@@ -69,45 +73,85 @@ class EngineRef:
     load: int  # running + waiting requests at the last check
 
 
-_clients: "weakref.WeakKeyDictionary[object, EngineHTTP]" = weakref.WeakKeyDictionary()
+IDLE_SECONDS = 2.0  # how long an idle connection is kept: well under the engine server's keep-alive timeout, so it
+assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # never closes one first, even when this loop reads an answer's end late
 JSON = "application/json"
-# A payload's compact JSON through the C encoder that JSONEncoder(separators=(",", ":")).encode makes anew on every call
-# (two frames, ~170 bytecodes a request), made once; no circular check (the exchange's payload is a tree)
-_compact_chunks = json.encoder.c_make_encoder(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
-                                              None, ":", ",", False, False, True)  # fmt: skip
-_scan_once = json.JSONDecoder().scan_once  # an event line as the engine writes it: json's C scanner, no Python frame
+# The requests' bodies are the engine's JSON, read as they are: no decompression, no default Accept headers.
+SKIPPED_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
+# What a failed exchange with the engine raises: unreachable, reset, timed out, an answer that is not HTTP.
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+# each event loop's session: its pool of keep-alive connections to every engine, and what closes it with the loop
+_sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, object]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
-_last: tuple[object, EngineHTTP | None] = (None, None)  # the loop a request was last sent from, and its client
+async def _kept_session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A session, kept open while its loop runs: the loop closes the async generators still suspended when it shuts
+    down (`loop.shutdown_asyncgens`, which asyncio.run, asyncio.Runner and uvicorn call), and so this session."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
+                                    sock_read=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS)  # fmt: skip
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_SECONDS)
+    session = aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=SKIPPED_HEADERS
+    )
+    try:
+        yield session
+    finally:
+        await session.close()
 
 
-def _client() -> EngineHTTP:
-    global _last
+async def _session() -> aiohttp.ClientSession:
+    """The running loop's session (made at its first request)."""
     loop = asyncio.get_running_loop()
-    last_loop, client = _last
-    if last_loop is not loop:  # another loop than the last request's (tests): its own client
-        client = _clients.get(loop)
-        if client is None:
-            client = _clients[loop] = EngineHTTP(
-                connect_timeout=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
-                read_timeout=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS,
-            )
-        _last = (loop, client)
-    return client
+    kept = _sessions.get(loop)
+    if kept is None or kept[0].closed:
+        keeper = _kept_session()
+        kept = _sessions[loop] = (await anext(keeper), keeper)  # the generator held with it, suspended
+    return kept[0]
 
 
-def _post_headers(engine: EngineRef) -> dict[str, str]:
-    return {"Authorization": f"Bearer {engine.token or hot.QUILT_ENGINE_TOKEN}", "Content-Type": JSON}
+@functools.lru_cache(maxsize=1024)
+def _url(base: str, path: str) -> URL:
+    """An engine endpoint's URL, parsed once."""
+    return URL(base + path)
 
 
 @functools.lru_cache(maxsize=256)
-def _generate_request(url: str, token: str) -> tuple[tuple[str, int], bytes, bytes]:
-    """An engine's generate request (`engine_http.prepared`), made once per engine URL and token."""
-    return prepared("POST", f"{url}/v1/generate", {"Authorization": f"Bearer {token}", "Content-Type": JSON})
+def _post_headers_of(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Content-Type": JSON}
+
+
+def _post_headers(engine: EngineRef) -> dict[str, str]:
+    return _post_headers_of(engine.token or hot.QUILT_ENGINE_TOKEN)
 
 
 def _headers(engine: EngineRef) -> dict[str, str]:
     return {"Authorization": f"Bearer {engine.token or settings.QUILT_ENGINE_TOKEN}"}
+
+
+async def _post(url: URL, headers: dict[str, str], body: bytes, **options) -> aiohttp.ClientResponse:
+    """Sends a POST and reads its answer's status and headers. One that the engine answered by closing the
+    connection, with nothing sent back, is sent once more: a kept-alive connection the engine closed as it was
+    reused (the engine never read the request, or aborted it as its connection closed)."""
+    session = await _session()
+    try:
+        return await session.post(url, data=body, headers=headers, **options)
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError):
+        return await session.post(url, data=body, headers=headers, **options)
+
+
+def encode(payload: dict) -> bytes:
+    """A request's JSON body."""
+    return msgspec.json.encode(payload)
+
+
+def decode_event(line: bytes) -> dict:
+    """One event of the engine's stream, from its NDJSON line; msgspec.DecodeError when it is not JSON."""
+    return msgspec.json.decode(line)
 
 
 def _error_message(response_body: bytes) -> str:
@@ -121,6 +165,33 @@ def _error_message(response_body: bytes) -> str:
     return str(error)
 
 
+class Body:
+    """A streamed answer's body as it arrives, split into lines: `lines` holds the lines not yet taken (popleft
+    them), `rest` the body after its last newline (its last line, once the answer is `complete`). `arrival()` waits
+    for more; the failure of a wait (aiohttp's ClientError, a read timeout) is raised by it."""
+
+    def __init__(self, response: aiohttp.ClientResponse):
+        self.response = response
+        self.status = response.status
+        self.lines: collections.deque[bytes] = collections.deque()
+        self.rest = b""
+        self.complete = False  # the whole answer arrived
+
+    async def arrival(self) -> None:
+        content = self.response.content
+        data = await content.readany()  # all that has arrived; at once if some has
+        if data:
+            parts = (self.rest + data).split(b"\n")
+            self.rest = parts.pop()
+            self.lines += parts
+        self.complete = content.at_eof()
+
+    def close(self) -> None:
+        """Ends the exchange: an answer not read to its end closes its connection (the engine aborts the request);
+        one read to its end has given its connection back already."""
+        self.response.close()
+
+
 class GenerateStream:
     """An open generate stream. `open()` raises EngineUnavailable / EngineRejected before any event; then the engine's
     events, as they arrive (`arrived`, `arrival`) or waited for (`events`); EngineBroke if the stream dies
@@ -129,28 +200,25 @@ class GenerateStream:
     def __init__(self, engine: EngineRef, payload: dict):
         self.engine = engine
         self.payload = payload
-        self.response: Response | None = None
+        self.response: Body | None = None
         self.finished = False  # its final event was taken (set by the reader as it applies it)
-        self._broken: EngineHTTPError | None = None  # the wait for the engine failed: raised by the next `arrived`
+        self._broken: Exception | None = None  # the wait for the engine failed: raised by the next `arrived`
 
     async def open(self) -> "GenerateStream":
-        address, head, rest = _generate_request(self.engine.url, self.engine.token or hot.QUILT_ENGINE_TOKEN)
-        body = "".join(_compact_chunks(self.payload, 0)).encode()
-        last_loop, client = _last  # `_client()` when it is the last request's loop, without its call
-        if last_loop is not asyncio.get_running_loop():
-            client = _client()
+        engine = self.engine
         try:
-            self.response = await client.send(address, b"%b%d%b%b" % (head, len(body), rest, body))
-        except EngineHTTPError as error:
-            raise EngineUnavailable(f"{self.engine.name}: {error}") from error
-        status = self.response.status
-        if status >= 400:
+            response = await _post(_url(engine.url, "/v1/generate"), _post_headers(engine), encode(self.payload))
+        except TRANSPORT_ERRORS as error:
+            raise EngineUnavailable(f"{engine.name}: {error!r}") from error
+        if response.status >= 400:
             try:
-                body = await self.response.aread()
-            except EngineHTTPError:
+                body = await response.read()
+            except TRANSPORT_ERRORS:
                 body = b""
-            self.response.close()
-            raise _refusal(self.engine, status, body)
+            finally:
+                response.close()
+            raise _refusal(engine, response.status, body)
+        self.response = Body(response)
         return self
 
     async def events(self) -> list[dict] | None:
@@ -174,53 +242,44 @@ class GenerateStream:
         return True
 
     def arrived(self) -> list[dict]:
-        """The events that have arrived, each parsed as json.loads parses its line: the lines that came together, or
-        when none is left, the body's last line, unterminated, once the answer is complete ([] if none). A line that
-        is not JSON breaks the stream (EngineBroke) when it comes first: after others, it is left for the next call.
-        EngineBroke too when the wait for the engine failed (`arrival`)."""
+        """The events that have arrived (`decode_event` of each line): the lines that came together, or when none is
+        left, the body's last line, unterminated, once the answer is complete ([] if none). Blank lines are skipped.
+        A line that is not JSON breaks the stream (EngineBroke) when it comes first: after others, it is left for the
+        next call. EngineBroke too when the wait for the engine failed (`arrival`)."""
         if self._broken is not None:
             raise EngineBroke(f"{self.engine.name}: the stream broke: {self._broken!r}") from self._broken
-        lines = self.response.lines
+        response = self.response
+        lines = response.lines
         if not lines:
-            response = self.response
             if not (response.complete and response.rest):
                 return []
             lines.append(response.rest)
             response.rest = b""
         events = []
-        for line in lines:
+        for taken, line in enumerate(lines):
             try:
-                text = line.decode()
-                try:
-                    event, end = _scan_once(text, 0)
-                except (StopIteration, ValueError):
-                    end = -1
-                if end != len(text):  # blank, whitespace around it, or not JSON: read (or refused) as json.loads does
-                    if not text.strip():
-                        continue
-                    event = json.loads(text)
-            except (ValueError, RecursionError) as error:
-                if events:  # the events before it are read first: it stays, after the lines read (its bytes'
-                    for _ in range(lines.index(line)):  # first: the same bytes before it would have failed)
+                events.append(decode_event(line))
+            except msgspec.DecodeError as error:
+                if not line.strip():
+                    continue
+                if events:  # the events before it are read first; it stays, for the next call to refuse
+                    for _ in range(taken):
                         lines.popleft()
                     return events
                 lines.clear()
-                if isinstance(error, RecursionError):
-                    raise
                 raise EngineBroke(f"{self.engine.name}: the stream broke: {error!r}") from error
-            events.append(event)
         lines.clear()
         return events
 
     async def arrival(self) -> None:
         """Waits until more of the answer has arrived (not at all if some did since `arrived` last took it, or the
-        answer is complete); a failure (EngineHTTPError) is raised by the next `arrived` as EngineBroke."""
+        answer is complete); a failure is raised by the next `arrived` as EngineBroke."""
         response = self.response
         if response.lines or response.complete:
             return
         try:
             await response.arrival()
-        except EngineHTTPError as error:
+        except TRANSPORT_ERRORS as error:
             self._broken = error
 
     async def close(self) -> None:
@@ -249,15 +308,12 @@ async def generate_whole(engine: EngineRef, payload: dict, *, timeout_s: float) 
     """POST /v1/generate for a JSON answer (the prefill hop: `stream` false), read whole within `timeout_s`.
     Raises EngineUnavailable (unreachable, 5xx, timed out, not JSON), AdapterUnavailable or EngineRejected, as
     GenerateStream.open does."""
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    response: Response | None = None
+    response: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            response = await _client().request(
-                "POST", f"{engine.url}/v1/generate", headers=_post_headers(engine), body=body, read_timeout=timeout_s
-            )
-            content = await response.aread()
-    except (EngineHTTPError, TimeoutError) as error:
+            response = await _post(_url(engine.url, "/v1/generate"), _post_headers(engine), encode(payload))
+            content = await response.read()
+    except TRANSPORT_ERRORS as error:
         raise EngineUnavailable(f"{engine.name}: {error!r}") from error
     finally:
         if response is not None:
@@ -277,22 +333,23 @@ async def prefetch(engine: EngineRef, *, adapter: dict, tier: str = "gpu") -> No
     """Asks the engine to load an adapter (the generate request's "adapter": digest and path, or digest and signed
     URLs) ahead of a request (POST /v1/adapters/prefetch); a failure only means the request that follows loads it
     itself."""
-    body = json.dumps({**adapter, "tier": tier}).encode()
+    timeout = aiohttp.ClientTimeout(total=10.0)
     try:
-        response = await _client().request("POST", f"{engine.url}/v1/adapters/prefetch",
-                                           headers=_post_headers(engine), body=body, read_timeout=10.0)  # fmt: skip
-        await response.aread()
-    except EngineHTTPError:
+        response = await _post(_url(engine.url, "/v1/adapters/prefetch"), _post_headers(engine),
+                               encode({**adapter, "tier": tier}), timeout=timeout)  # fmt: skip
+        async with response:
+            await response.read()
+    except TRANSPORT_ERRORS:
         pass
 
 
 async def abort(engine: EngineRef, request_id: str) -> None:
+    timeout = aiohttp.ClientTimeout(total=2.0)
     try:
-        response = await _client().request(
-            "POST", f"{engine.url}/v1/abort/{request_id}", headers=_headers(engine), read_timeout=2.0
-        )
-        await response.aread()
-    except EngineHTTPError:
+        response = await _post(_url(engine.url, f"/v1/abort/{request_id}"), _headers(engine), b"", timeout=timeout)
+        async with response:
+            await response.read()
+    except TRANSPORT_ERRORS:
         pass  # the engine also aborts when our stream connection closes
 
 

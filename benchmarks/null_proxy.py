@@ -1,7 +1,7 @@
 """A floor for the gateway's CPU per request, for benchmarks only: the completion route relayed to an engine with
 none of the gateway's own work (no key, no admission, no token count, no usage, no request log, no metrics), only
 what any proxy of a streamed completion must do: read the client's request, parse its JSON, send the engine's
-request (the gateway's own HTTP client, `gateway.engine_http`), read its NDJSON events, write them as OpenAI SSE
+request (through aiohttp, as the gateway's `engine_client`), read its NDJSON events, write them as OpenAI SSE
 chunks and the end. With QUILT_NULL_REDIS=1 it also makes two Redis round trips per request (the gateway's own wire,
 `gateway.admission.redis_wire`, a one-line script with arguments of the size of admission's two), so that the
 difference from the gateway is its application's Python, not its round trips.
@@ -18,8 +18,9 @@ import os
 import time
 import uuid
 
+import aiohttp
+
 from gateway.admission.redis_wire import RedisWire, WireScript
-from gateway.engine_http import EngineHTTP
 
 ENGINE_URL = os.environ.get("QUILT_NULL_ENGINE_URL", "") + "/v1/generate"
 ENGINE_HEADERS = {"Authorization": f"Bearer {os.environ.get('QUILT_ENGINE_TOKEN', '')}",
@@ -29,7 +30,7 @@ SCRIPT = WireScript("return 1")
 ACQUIRE_ARGUMENT, SETTLE_ARGUMENT = b"a" * 600, b"s" * 1300  # about the size of admission's acquire and settle
 SSE_HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
-_clients: list = []  # (EngineHTTP, RedisWire | None), made on the server's loop at its first request
+_clients: list = []  # (aiohttp.ClientSession, RedisWire | None), made on the server's loop at its first request
 
 
 async def _body(receive) -> bytes:
@@ -56,8 +57,10 @@ async def app(scope, receive, send) -> None:
         await send({"type": "http.response.body", "body": b'{"error": {"message": "null proxy"}}'})
         return
     if not _clients:
-        _clients.append((EngineHTTP(connect_timeout=5.0, read_timeout=60.0),
-                         RedisWire(os.environ["REDIS_URL"]) if REDIS else None))  # fmt: skip
+        engine = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
+                                       timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=60.0),
+                                       auto_decompress=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))  # fmt: skip
+        _clients.append((engine, RedisWire(os.environ["REDIS_URL"]) if REDIS else None))
     engine, redis = _clients[0]
     request = json.loads(raw)
     request_id, created = uuid.uuid4().hex, int(time.time())
@@ -65,14 +68,14 @@ async def app(scope, receive, send) -> None:
         await redis.run(SCRIPT, [], [ACQUIRE_ARGUMENT])
     payload = {"request_id": request_id, "tenant": "null", "prompt": request["prompt"], "stream": True,
                "sampling": {"max_tokens": request.get("max_tokens") or 16, "temperature": request.get("temperature", 1.0)}}  # fmt: skip
-    response = await engine.request("POST", ENGINE_URL, headers=ENGINE_HEADERS, body=json.dumps(payload).encode())
-    started = False
-    while True:
-        lines = [line for line in response.lines if line]
-        response.lines.clear()
+    response = await engine.post(ENGINE_URL, data=json.dumps(payload).encode(), headers=ENGINE_HEADERS)
+    started, rest = False, b""
+    while data := await response.content.readany():
+        lines = (rest + data).split(b"\n")
+        rest = lines.pop()
         chunks = []
         for line in lines:
-            event = json.loads(line)
+            event = json.loads(line) if line else {}
             if event.get("type") == "delta":
                 chunks.append(_chunk(request_id, created, request["model"], event.get("text", "")))
         if chunks:
@@ -80,9 +83,6 @@ async def app(scope, receive, send) -> None:
                 await send({"type": "http.response.start", "status": 200, "headers": SSE_HEAD})
                 started = True
             await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
-        if response.complete:
-            break
-        await response.arrival()
     if redis is not None:
         await redis.run(SCRIPT, [], [SETTLE_ARGUMENT])
     if not started:

@@ -1,5 +1,5 @@
 """An adapter the engine cannot read fails its own requests only: a retriable 503 `adapter_unavailable` with no
-paths, while the same engine keeps serving every other tenant (it is not sidelined)."""
+paths, streamed or not, while the same engine keeps serving every other tenant (it is not sidelined)."""
 
 import concurrent.futures
 import shutil
@@ -41,6 +41,14 @@ def test_a_missing_adapter_is_a_503_for_its_requests_alone(stack):
             assert int(response.headers["Retry-After"]) >= 1
             assert "/" not in error["message"] and str(stack.env["MEDIA_ROOT"]) not in response.text
         assert others == [200] * 12
+        # asked as a stream, the refusal is the same one JSON error, before any event
+        streamed = httpx.post(f"{stack.gateways[0]}/chat/completions", timeout=60,
+                              headers={"Authorization": f"Bearer {stack.keys['rival']}"},
+                              json={"model": "fragile", "messages": [{"role": "user", "content": "w1"}],
+                                    "max_tokens": 2, "stream": True})  # fmt: skip
+        assert (streamed.status_code, streamed.headers["content-type"], streamed.headers["retry-after"]) == (
+            503, "application/json", "2")  # fmt: skip
+        assert streamed.content == b'{"error": {"message": "The adapter of model \'fragile\' could not be loaded right now; please retry shortly.", "type": "server_error", "param": null, "code": "adapter_unavailable"}}'  # fmt: skip
     finally:
         shutil.move(hidden, blob)
 

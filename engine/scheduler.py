@@ -78,6 +78,11 @@ class Scheduler:
         self.tier_counts = {"device": [0, 0], "host": [0, 0]}  # tier -> [hit blocks, missed blocks], first admissions
 
     @property
+    def max_chunk(self) -> int:
+        """The most tokens of one sequence a step computes."""
+        return min(self.chunk_cap, self.max_num_batched_tokens)
+
+    @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
@@ -96,7 +101,9 @@ class Scheduler:
         """Fill one step of at most `max_num_batched_tokens` tokens.
 
         Running sequences go first, oldest first: each asks for all its uncomputed tokens (one for a
-        decode, a chunk of the prompt for a prefill), capped by the budget left. Then, if nothing was
+        decode, a chunk of the prompt for a prefill), capped by the budget left; a chunk never ends inside one of
+        the sequence's unsplit runs (an image attended both ways): it stops before the run, or takes all of it,
+        or waits for a step with room. Then, if nothing was
         preempted, waiting sequences are admitted one at a time in the order the fairness policy picks
         among those that are eligible (adapter in memory, leader's prompt done), each taking its
         prefix-cache hits plus a chunk of its remaining prompt, and its adapter's pages unless that
@@ -127,7 +134,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
+            n = self._chunk(seq, seq.num_computed_tokens, budget)
             if n == 0:
                 i += 1
                 continue
@@ -158,7 +165,9 @@ class Scheduler:
             if self.connector is not None and self._start_load(seq, hits):
                 candidates.remove(seq)
                 continue
-            n = min(seq.num_tokens - len(hits) * bm.block_size, budget, self.chunk_cap)
+            n = self._chunk(seq, len(hits) * bm.block_size, budget)
+            if n == 0:  # an unsplit run that does not fit what is left of the step
+                break
             short = bm.shortfall(seq, n, hits, pages)
             if short and not (self._reclaim(short, keep=seq.adapter) and bm.can_allocate(seq, n, hits, pages)):
                 break
@@ -189,6 +198,15 @@ class Scheduler:
                         budget -= extra
         return out
 
+
+    def _chunk(self, seq: Sequence, start: int, budget: int) -> int:
+        """How many of seq's tokens from `start` to compute this step: all that are left, capped by the budget and
+        the chunk cap, with the chunk's end moved out of any unsplit run (Sequence.chunk_end); 0 when that takes
+        more than the cap allows."""
+        limit = min(budget, self.chunk_cap)
+        n = min(seq.num_tokens - start, limit)
+        n = seq.chunk_end(start, start + n) - start if seq.unsplit else n
+        return n if n <= limit else 0
 
     # KV from the connector
     def _start_load(self, seq: Sequence, hits: list[int]) -> bool:

@@ -35,9 +35,12 @@ class Sequence:
         images: tuple = (),
         rope_positions: list[list[int]] | None = None,
         rope_delta: int = 0,
+        unsplit: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """images: the prompt's engine.images.PromptImage, in order; rope_positions: a multimodal rope's (t, h, w)
-        positions of the prompt's tokens, [3][prompt], and rope_delta what each later token's adds to its index."""
+        positions of the prompt's tokens, [3][prompt], and rope_delta what each later token's adds to its index;
+        unsplit: runs [start, end) of prompt positions, in order, that no prefill chunk may end inside (an image
+        whose tokens attend to each other both ways)."""
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.index = index
@@ -53,6 +56,7 @@ class Sequence:
         self.constrained = constrained  # a grammar constrains its output (engine/guided.py holds its state)
         self.images = tuple(images)
         self.rope_positions, self.rope_delta = rope_positions, rope_delta
+        self.unsplit = tuple(unsplit)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit on first admission
@@ -106,6 +110,14 @@ class Sequence:
         prompt = self.rope_positions
         return [[axis[p] if prompt is not None and p < len(axis) else p + self.rope_delta for p in range(start, end)]
                 for axis in (prompt or ([], [], []))]
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a chunk of tokens start..end-1 may end instead, so that it ends inside no unsplit run: back at
+        the run's start, or on at its end when the run starts at or before `start` (then past `end`)."""
+        for first, last in self.unsplit:
+            if first < end < last:
+                end = first if first > start else last
+        return end
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

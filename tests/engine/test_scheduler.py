@@ -205,3 +205,41 @@ def test_lookahead_slots_are_reserved_then_rolled_back_and_never_preempt():
     assert b.seq_id in out.new_seq_ids and not out.preempted  # admission before guesses
     assert out.lookahead[a.seq_id] == 1  # what a's own blocks hold: no page is left
     bm.check_invariants(sched.running)
+
+
+def test_a_prefill_chunk_never_ends_inside_an_unsplit_run():
+    """Two images of 16 tokens attended both ways (runs [4, 20) and [24, 40)) under an 18-token budget shared
+    with a decoding sequence: every chunk stops before a run or takes all of it, and the prompt is all computed.
+    The same prompt again starts from a prefix hit inside the second run and takes the rest of it whole."""
+    sched = new_scheduler(budget=18)
+    decoding = make_seq(0, [1, 2, 3], max_tokens=30)
+    sched.add(decoding)
+    step(sched)
+    runs = ((4, 20), (24, 40))
+    chunks = []
+    for request_id in (1, 2):
+        seq = make_seq(request_id, list(range(44)), max_tokens=2)
+        seq.unsplit = runs
+        sched.add(seq)
+        while not seq.is_finished:
+            out = step(sched)
+            end = seq.num_computed_tokens
+            if seq.seq_id in out.num_tokens and not seq.is_finished and end <= seq.num_prompt_tokens:
+                chunks.append((request_id, end - out.num_tokens[seq.seq_id], end))
+    assert all(out.total_tokens <= 18 for out in drain(sched))
+    ends = [end for _, _, end in chunks]
+    assert not [end for end in ends for first, last in runs if first < end < last], chunks
+    first_request = [(start, end) for request_id, start, end in chunks if request_id == 1]
+    assert first_request[0] == (0, 4) and first_request[-1][1] == 44
+    again = [(start, end) for request_id, start, end in chunks if request_id == 2]
+    assert again[0][0] > 24 and again[0][1] >= 40  # from a hit inside the second run, to its end at least
+
+
+def test_an_unsplit_run_wider_than_the_budget_is_never_cut():
+    sched = new_scheduler(budget=8)
+    seq = make_seq(1, list(range(20)), max_tokens=1)
+    seq.unsplit = ((2, 12),)
+    sched.add(seq)
+    out = step(sched)
+    assert out.num_tokens == {seq.seq_id: 2}
+    assert step(sched).is_empty  # the run never fits: the engine refuses such a prompt (LLMEngine.add_request)

@@ -47,8 +47,10 @@ class Family:
     shared_expert: bool = False  # and a shared expert on its sparse layers (SHARED_EXPERT_MODULES)
     language_model: str = "model"  # the decoder's path in the model PEFT wraps (a vision-language model's own)
     vision_tower: str | None = None  # a vision-language model's vision encoder, whose modules LoRA is refused on
+    vision_blocks: str = "blocks"  # its blocks' list, under vision_tower
     vision_block_linears: tuple[str, ...] = ()  # the linear layers of each of its blocks
     vision_linears: tuple[str, ...] = ()  # and its others (patch embedding, mergers)
+    text_defaults: tuple[tuple[str, Any], ...] = ()  # what its text_config may leave out, as transformers fills it
 
     @property
     def split_aliases(self) -> tuple[str, ...]:
@@ -105,6 +107,13 @@ FAMILIES: dict[str, Family] = {  # by config.json's model_type
                        language_model="model.language_model", vision_tower="model.visual",
                        vision_block_linears=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"),
                        vision_linears=("patch_embed.proj", "merger.linear_fc1", "merger.linear_fc2")),
+    "gemma3": Family("Gemma 3", "Gemma3ForConditionalGeneration", _SPLIT, norms=_GEMMA_NORMS, head_norms=True,
+                     language_model="model.language_model", vision_tower="model.vision_tower",
+                     vision_blocks="encoder.layers",
+                     vision_block_linears=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.out_proj", "mlp.fc1", "mlp.fc2"),
+                     vision_linears=("embeddings.patch_embedding",),
+                     text_defaults=(("num_attention_heads", 8), ("num_key_value_heads", 4), ("head_dim", 256))),
 }  # fmt: skip
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -153,14 +162,16 @@ class BaseShapes:
             raise AdapterError("unsupported_base_model", "the base model's config.json is not a JSON object")
         model_type = config.get("model_type")
         vision = config.get("vision_config") or {}
-        vision_depth, vision_deepstack = vision.get("depth", 0), len(vision.get("deepstack_visual_indexes", ()))
-        if isinstance(config.get("text_config"), dict):  # a vision-language model: LoRA on its language model
-            config = {**config, **config["text_config"], "model_type": model_type}
+        vision_depth = vision.get("depth", vision.get("num_hidden_layers", 0))
+        vision_deepstack = len(vision.get("deepstack_visual_indexes", ()))
         if model_type not in FAMILIES:
             served = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
             raise AdapterError(
                 "unsupported_base_model", f"base model type {model_type!r} is not served; supported: {served}"
             )
+        if isinstance(config.get("text_config"), dict):  # a vision-language model: LoRA on its language model
+            text = {**dict(FAMILIES[model_type].text_defaults), **config["text_config"]}
+            config = {**config, **text, "model_type": model_type}
         hidden = _positive_int(config, "hidden_size")
         heads = _positive_int(config, "num_attention_heads")
         kv_heads = config.get("num_key_value_heads") or heads
@@ -263,7 +274,8 @@ class BaseShapes:
         """The linear layers of a vision-language model's vision encoder and projector."""
         family = self.family
         tower = family.vision_tower
-        blocks = [f"{tower}.blocks.{i}.{m}" for i in range(self.vision_depth) for m in family.vision_block_linears]
+        blocks = [f"{tower}.{family.vision_blocks}.{i}.{m}" for i in range(self.vision_depth)
+                  for m in family.vision_block_linears]
         deepstack = [f"{tower}.deepstack_merger_list.{i}.{m}" for i in range(self.vision_deepstack)
                      for m in ("linear_fc1", "linear_fc2")]
         return [*blocks, *deepstack, *(f"{tower}.{m}" for m in family.vision_linears)]

@@ -25,10 +25,14 @@ class ImagePart:
 
 @dataclass(frozen=True)
 class ImageInputs:
-    """What a model needs to read images: its processor (DecodedImage -> ImageFeatures) and its placeholder token."""
+    """What a model needs to read images: its processor (DecodedImage -> ImageFeatures), its placeholder token, and
+    for a model whose processor writes text around each image (Gemma 3) the placeholder text its chat template
+    writes and what the processor puts in its place; otherwise the template's one placeholder token is repeated."""
 
     processor: Callable
     image_token_id: int
+    placeholder: str | None = None
+    expansion: str | None = None
 
 
 def image_parts(messages: list[dict]) -> list[ImagePart]:
@@ -85,11 +89,13 @@ def prepare_images(messages: list[dict], vision: ImageInputs | None) -> list[Ima
 def render_chat(tokenizer, messages: list[dict], *, vision: ImageInputs | None,
                 tools: list[dict] | None = None) -> tuple[list[int], list[ImageFeatures]]:
     """The token ids of chat messages and their images: the template's text (with `tools`) encoded without
-    special tokens added, each image's placeholder repeated for its tokens. Template errors propagate as the
+    special tokens added, each image's placeholder expanded as the model's processor does. Template errors propagate as the
     template raises them."""
     images = prepare_images(messages, vision)
     text = tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=True, tools=tools)
+    if images and vision.expansion is not None:
+        text = text.replace(vision.placeholder, vision.expansion)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
-    if images:
+    if images and vision.expansion is None:
         token_ids = expand_image_tokens(token_ids, vision.image_token_id, images)
     return token_ids, images

@@ -29,6 +29,8 @@ class Context:
     lora: LoRABatch | None  # the step's adapters; None: no token of the step uses one
     images: "ImageBatch | None" = None  # the images whose placeholder tokens this step prefills
     mrope_positions: torch.Tensor | None = None  # [3, T] int64: (t, h, w) positions of a multimodal rope
+    key_limits: torch.Tensor | None = None  # [T] int32: the last key each row sees, past its own position for an
+    # image's tokens that attend both ways (Gemma 3); None: causal
     rope_table: torch.Tensor | None = None  # [T, rotary_dim]: each row's own rope row (multimodal rope), read
     # in place of the layers' tables; the positions the layers get are then 0..T-1
     _decode_layout: object = field(default=None, repr=False)  # decode_meta(): prepare_decode() cuts it
@@ -38,7 +40,7 @@ class Context:
     def build(cls, *, positions: list[int], slot_mapping: list[int], block_tables: list[list[int]],
               context_lens: list[int], cu_seqlens_q: list[int], prompt_lens: list[int], lora: LoRABatch | None,
               device: torch.device, images: ImageBatch | None = None,
-              mrope_positions: list[list[int]] | None = None) -> "Context":
+              mrope_positions: list[list[int]] | None = None, key_limits: list[int] | None = None) -> "Context":
         """The step's Context from plain lists (block tables padded with page 0 to the longest)."""
         width = max(len(t) for t in block_tables)
         return cls(
@@ -54,6 +56,7 @@ class Context:
             images=images,
             mrope_positions=None if mrope_positions is None else torch.tensor(
                 mrope_positions, dtype=torch.int64, device=device),  # [3, T]
+            key_limits=None if key_limits is None else torch.tensor(key_limits, dtype=torch.int32, device=device),  # [T]
         )
 
     def prepare_decode(self, k_cache: torch.Tensor, windows: set[int | None]) -> "Context":

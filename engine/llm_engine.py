@@ -20,7 +20,7 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
-from engine.images import ImageFeatures, QwenVLImageProcessor, place_images, read_processor_config
+from engine.images import Gemma3ImageProcessor, ImageFeatures, checkpoint_image_processor, place_images
 from engine.kv import payload
 from engine.kv.host_tier import HostTier
 from engine.kv.lease import LeaseTable
@@ -58,8 +58,7 @@ class LLMEngine:
         self.max_model_len = context_length(config, spec)
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").exists() else None
         # a vision-language model's images are preprocessed as its own processor does (engine/images.py)
-        self.image_processor = (QwenVLImageProcessor.from_config(read_processor_config(model_dir))
-                                if spec.vision is not None else None)
+        self.image_processor = checkpoint_image_processor(model_dir) if spec.vision is not None else None
         self.eos_token_ids = eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         page = page_shape(config, spec, self.hf_config, dtype=model_dtype, kv_dtype=self.kv_dtype)
         self.config = config = dataclasses.replace(config, block_size=page.block_size)
@@ -201,6 +200,12 @@ class LLMEngine:
             placed = place_images(prompt_token_ids, spec.image_token_id, list(images))
         rope_positions, rope_delta = (self.runner.model.prompt_positions(len(prompt_token_ids), placed)
                                       if spec.mrope_section else (None, 0))
+        unsplit = tuple((image.offset, image.offset + image.features.num_tokens) for image in placed
+                        if spec.bidirectional_images)  # prefilled whole: its tokens attend both ways
+        widest, room = max((end - start for start, end in unsplit), default=0), self.scheduler.max_chunk
+        if widest > room:
+            raise ValueError(f"an image of {widest} tokens is prefilled in one chunk; this engine's chunks hold "
+                             f"at most {room} tokens (max_num_batched_tokens, long_prefill_token_threshold)")
         salt = self._cache_salt(request_id, prompt_token_ids, tenant)
         if placed:  # the images' content is part of the KV's identity: the same text with another image differs
             salt += ":images:" + ",".join(image.features.digest for image in placed)
@@ -211,7 +216,7 @@ class LLMEngine:
                 request_id=request_id, index=index, prompt_token_ids=prompt_token_ids, sampling=sampling,
                 adapter=adapter, tenant=tenant, weight=weight, cache_salt=salt, arrival_time=now,
                 leader=seqs[0] if seqs else None, constrained=grammar is not None, images=placed,
-                rope_positions=rope_positions, rope_delta=rope_delta,
+                rope_positions=rope_positions, rope_delta=rope_delta, unsplit=unsplit,
             ))
         self.requests[request_id] = seqs
         for seq in seqs:
@@ -272,9 +277,15 @@ class LLMEngine:
     @property
     def image_inputs(self) -> ImageInputs | None:
         """What rendering a chat with images needs (engine.chat_prompt); None: the model takes no images."""
-        if self.image_processor is None:
+        processor, image_token = self.image_processor, self.runner.model.spec.image_token_id
+        if processor is None:
             return None
-        return ImageInputs(processor=self.image_processor, image_token_id=self.runner.model.spec.image_token_id)
+        if isinstance(processor, Gemma3ImageProcessor):  # the template writes <start_of_image>, the processor this
+            boi, eoi = (self.tokenizer.id_to_token(self.hf_config[key]) for key in ("boi_token_index", "eoi_token_index"))
+            soft = self.tokenizer.id_to_token(image_token)
+            return ImageInputs(processor=processor, image_token_id=image_token, placeholder=boi,
+                               expansion=f"\n\n{boi}{soft * processor.num_tokens}{eoi}\n\n")
+        return ImageInputs(processor=processor, image_token_id=image_token)
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_unfinished)

@@ -118,6 +118,8 @@ class ModelRunner:
         cu_seqlens, context_lens, prompt_lens, tables = [0], [], [], []
         mrope = [[], [], []] if self.model.spec.mrope_section else None
         images = []  # (key, features, rows, the image's token of each row, whether its last chunk) of the step's
+        bidirectional = self.model.spec.bidirectional_images
+        limits = [] if bidirectional else None  # [T]: the last position each row sees
         sample_rows: list[tuple[Sequence, int]] = []  # (seq, row of its last token and of each proposed one)
         prompt_rows: list[tuple[Sequence, int, int]] = []  # (seq, row, position whose next token is scored)
         for seq in seqs:
@@ -135,6 +137,8 @@ class ModelRunner:
             context_lens.append(end)
             prompt_lens.append(seq.num_prompt_tokens)
             tables.append(table)
+            if limits is not None:
+                limits += range(start, end)
             if mrope is not None:
                 for axis, values in zip(mrope, seq.mrope_positions(start, end), strict=True):
                     axis += values
@@ -145,6 +149,9 @@ class ModelRunner:
                                    [row0 + p - start for p in range(first, last)],
                                    [p - image.offset for p in range(first, last)],
                                    last == image.offset + image.features.num_tokens))
+                    if bidirectional:  # the scheduler keeps an image's tokens in one chunk (Sequence.unsplit)
+                        assert last == image.offset + image.features.num_tokens, "a chunk ends inside an image"
+                        limits[row0 + first - start : row0 + last - start] = [last - 1] * (last - first)
             if seq.sampling.prompt_logprobs is not None:
                 prompt_rows += [(seq, row0 + p - start, p) for p in range(start, min(end, seq.num_prompt_tokens - 1))]
             if proposal:
@@ -154,7 +161,7 @@ class ModelRunner:
         inputs = StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, block_tables=tables,
                             context_lens=context_lens, cu_seqlens_q=cu_seqlens, prompt_lens=prompt_lens,
                             token_slots=token_slots, adapters=list(adapter_slots), mrope_positions=mrope,
-                            images=images)
+                            images=images, key_limits=limits if images else None)
         return inputs, sample_rows, prompt_rows
 
     def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
@@ -167,7 +174,7 @@ class ModelRunner:
             positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
             context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,
             lora=lora, device=self.device, images=self.image_batch(inputs.images),
-            mrope_positions=inputs.mrope_positions,
+            mrope_positions=inputs.mrope_positions, key_limits=inputs.key_limits,
         ).prepare_decode(self.k_cache, self.windows)
         for key in self.lora_modules if lora is not None else ():
             lora.module(*key)  # cut now, not inside the forward

@@ -16,6 +16,7 @@ class StepInputs:
     token_slots: list[int]  # [T]: index of the token's adapter in `adapters`, -1 = base model
     adapters: list[str]  # the step's adapter digests, in slot order
     mrope_positions: list[list[int]] | None = None  # [3][T]: a multimodal rope's (t, h, w) positions
+    key_limits: list[int] | None = None  # [T]: the last key each row sees (images attended both ways); None: causal
     images: list = field(default_factory=list)  # (key, ImageFeatures, rows [N], its token of each [N], last chunk)
 
     @property

@@ -68,6 +68,9 @@ class Tokenizer:
     def token_to_id(self, token: str | None) -> int | None:
         return self.hf.token_to_id(token) if token else None
 
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.hf.id_to_token(token_id)
+
     def special_token_id(self, text: str) -> int | None:
         """The id of `text` if the tokenizer has it as one special token (which plain text never matches)."""
         token = self.hf.token_to_id(text)

@@ -28,18 +28,21 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context,
                 embeds: torch.Tensor | None = None,
                 deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None) -> torch.Tensor:
-        """embeds: the tokens' embeddings when the caller made them (image tokens' from the vision encoder);
-        deepstack: (rows [N], a [N, hidden] tensor per layer) added to those rows' hidden states after each of
-        the first layers (Qwen3-VL)."""
-        x, residual = self.embed_tokens(input_ids) if embeds is None else embeds, None  # [T, hidden]
-        if self.embed_scale is not None:  # in the model dtype, as transformers does
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        """embeds: the tokens' embeddings, scaled, when the caller made them (image tokens' from the vision
+        encoder); deepstack: (rows [N], a [N, hidden] tensor per layer) added to those rows' hidden states after
+        each of the first layers (Qwen3-VL)."""
+        x, residual = self.embed(input_ids) if embeds is None else embeds, None  # [T, hidden]
         rows, added = deepstack or (None, [])
         for i, layer in enumerate(self.layers):
             x, residual = layer(positions, x, residual, ctx)
             if i < len(added):
                 x = x.index_add(0, rows, added[i].to(x.dtype))
         return self.norm(x) if residual is None else self.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] token embeddings, times the family's embed_scale in the model dtype as transformers does."""
+        x = self.embed_tokens(input_ids)
+        return x if self.embed_scale is None else x * torch.tensor(self.embed_scale, dtype=x.dtype)
 
 
 class CausalLM(nn.Module):

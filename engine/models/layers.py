@@ -76,7 +76,7 @@ class Attention(nn.Module):
         else:
             out = kernels.paged_attention_prefill(
                 q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.block_tables, ctx.context_lens, self.scale,
-                *scales, window=self.window, softcap=self.softcap,
+                *scales, window=self.window, softcap=self.softcap, key_limits=ctx.key_limits,
             )
         return self.comm.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size), ctx))
 

@@ -76,6 +76,7 @@ class ModelSpec:
     mrope_section: tuple[int, ...] | None = None  # multimodal rope: frequencies rotated by (t, h, w) positions
     vision: dict | None = field(default=None, hash=False, compare=False)  # a vision-language model's vision_config
     image_token_id: int | None = None  # its image placeholder token
+    bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
 
     @property
     def sliding_window(self) -> int | None:

@@ -100,6 +100,76 @@ def test_other_methods_on_a_completion_route_are_refused(stack):
 
 
 
+def _read_answer(sock, buffered: bytes) -> tuple[bytes, dict[str, str], bytes, bytes]:
+    """One whole answer from `sock` (after `buffered`, bytes read already), by Content-Length or chunked: its status
+    line, its headers, its body, and what was read past it."""
+    data = buffered
+
+    def until(size: int) -> None:
+        nonlocal data
+        while len(data) < size:
+            data += sock.recv(65536) or pytest.fail(f"the connection closed mid-answer: {data!r}")
+
+    while b"\r\n\r\n" not in data:
+        until(len(data) + 1)
+    head, data = data.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        until(length)
+        return status.encode(), headers, data[:length], data[length:]
+    assert headers["transfer-encoding"] == "chunked"
+    body = b""
+    while True:
+        while b"\r\n" not in data:
+            until(len(data) + 1)
+        size_line, data = data.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        until(size + 2)
+        body, data = body + data[:size], data[size + 2 :]
+        if size == 0:
+            return status.encode(), headers, body, data
+
+
+def test_requests_pipelined_on_one_connection_are_answered_in_order_and_it_stays_open(stack):
+    """Two requests written back to back on one kept-alive connection (HTTP/1.1 pipelining) get two whole answers, in
+    order, each with its own id; the connection then serves a third."""
+    import socket
+
+    url = httpx.URL(stack.gateways[0])
+    body = json.dumps(PAYLOADS["completions"]).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer %b\r\nContent-Length: %d\r\n\r\n%b" % (stack.keys["main"].encode(), len(body), body))  # fmt: skip
+    with socket.create_connection((url.host, url.port), timeout=60) as sock:
+        sock.sendall(request + request)
+        answers, rest = [], b""
+        for _ in range(2):
+            status, headers, answer, rest = _read_answer(sock, rest)
+            answers.append((status, headers["x-request-id"], json.loads(answer)["id"]))
+        sock.sendall(request)
+        status, headers, answer, rest = _read_answer(sock, rest)
+        answers.append((status, headers["x-request-id"], json.loads(answer)["id"]))
+    assert [status for status, _, _ in answers] == [b"HTTP/1.1 200 OK"] * 3
+    assert len({request_id for _, request_id, _ in answers}) == 3
+    assert all(completion_id.endswith(request_id) for _, request_id, completion_id in answers)
+    assert rest == b""
+
+
+def test_the_urlconfs_view_answers_through_the_same_chain(stack):
+    """Django's own way in (the URLconf's view, as Django's test client calls it) answers a completion request as the
+    ASGI entry does: here a refused key, with the error's shape, its request id and the HTTPS policy's headers."""
+    from django.test import Client
+
+    bad_key = {"HTTP_AUTHORIZATION": "Bearer qk-not-a-key"}
+    served = _post(stack, "completions", {"model": BASE_MODEL, "prompt": "w1"}, key="qk-not-a-key")
+    viewed = Client().post("/v1/completions", data={"model": BASE_MODEL, "prompt": "w1"},
+                           content_type="application/json", **bad_key)  # fmt: skip
+    assert viewed.status_code == served.status_code == 401
+    assert json.loads(viewed.content) == served.json()
+    assert viewed.headers["x-request-id"] and viewed.headers["x-request-id"] != served.headers["x-request-id"]
+    assert {name: viewed.headers[name] for name in SECURITY} == SECURITY
+
 PROXY = ("HTTP_X_FORWARDED_PROTO", "https")
 
 

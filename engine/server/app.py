@@ -7,6 +7,7 @@ import json
 import logging
 import time
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,7 +25,7 @@ from engine.server.auth import BearerAuth
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.event_stream import EventStream, ndjson_events
 from engine.server.events import final_event
-from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport, lease_id_of
+from engine.server.kv_transfer import KVTransfers, PendingPull, PullReport
 from engine.server.membership import Membership, RecentPrefixes
 from engine.server.protocol import (
     DIGEST,
@@ -127,7 +128,7 @@ class EngineAPI:
     # routes
     async def generate(self, request: Request) -> Response:
         arrival = time.monotonic()
-        generate = parse_generate(await read_json(request))
+        generate = parse_generate(await request.body())
         structure = self.structure(generate)
         max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
         rendered = [await self.render(prompt, tools=structure.template_tools) for prompt in generate.prompts]
@@ -165,7 +166,7 @@ class EngineAPI:
         if adapter_unavailable(end):
             self.registry.unreadable(generate.adapter)
             return unavailable_response(end)
-        return JSONResponse(final_event(handle, end))
+        return Response(msgspec.json.encode(final_event(handle, end)), media_type="application/json")
 
     async def prefill_hop(self, request: Request, generate, prompt: list[int], arrival: float, *,
                           adapter_wait_s: float) -> Response:
@@ -231,7 +232,7 @@ class EngineAPI:
             await task
         if not pending.aborted:
             return None
-        return PullReport(lease_id=lease_id_of(generate.kv_transfer.lease), recomputed=True, reason="aborted")
+        return PullReport(lease_id=generate.kv_transfer.lease.id, recomputed=True, reason="aborted")
 
     async def wait(self, request: Request, handle: RequestHandle) -> RequestEnd | None:
         """The request's end, or None if the client disconnected first (then it is aborted)."""

@@ -2,11 +2,12 @@
 chunk written with the chunked response's end (`EventStream`). Each write the engine saves is a read, and often a
 wake-up, fewer in the gateway that reads the stream (docs/gateway-cpu.md)."""
 
-import json
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 from starlette.responses import StreamingResponse
 
+from engine.contract.events import StreamEvent
 from engine.server.engine_loop import RequestHandle
 from engine.server.events import delta_event, final_event
 
@@ -64,5 +65,8 @@ class EventStream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def ndjson(event: dict) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+_encode = msgspec.json.Encoder().encode
+
+
+def ndjson(event: StreamEvent) -> bytes:
+    return _encode(event) + b"\n"

@@ -19,8 +19,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
+from engine.contract.kv import KVLease, LeaseTransport
 from engine.kv.lease import Lease
 from engine.kv.payload import KVBlock, KVLayout, PayloadError, decode, encode, held_run, read_pages
 from engine.kv.transport import LeaseRefused, Pull, TransferError, TransferServer, release_remote
@@ -47,9 +49,9 @@ class PullReport:
         return {"lease_id": self.lease_id, "blocks_pulled": self.blocks_pulled, "recomputed": self.recomputed}
 
 
-def lease_id_of(lease: dict) -> str:
-    """The lease's id as the decode hop's usage reports it ("" when the lease has none it could read)."""
-    return lease["id"] if isinstance(lease.get("id"), str) else ""
+def address_of(lease: KVLease) -> dict:
+    """The lease's transport as engine.kv.transport takes an address."""
+    return msgspec.to_builtins(lease.transport)
 
 
 @dataclass
@@ -96,8 +98,9 @@ class KVTransfers:
 
     # the source side
     def lease_json(self, lease: Lease, ttl_s: float) -> dict:
-        return {"id": lease.id, "engine_id": self.engine_id, "transport": self.server.address,
-                "num_blocks": len(lease.block_ids), "num_tokens": lease.num_tokens, "expires_in_s": ttl_s}
+        return msgspec.to_builtins(KVLease(
+            id=lease.id, engine_id=self.engine_id, transport=msgspec.convert(self.server.address, LeaseTransport),
+            num_blocks=len(lease.block_ids), num_tokens=lease.num_tokens, expires_in_s=ttl_s))  # fmt: skip
 
     async def _blocks(self, lease_id: str, keys: list[str]) -> list[bytes]:
         try:
@@ -132,8 +135,8 @@ class KVTransfers:
     async def pull(self, request: GenerateRequest, prompt: list[int]) -> PullReport:
         transfer = request.kv_transfer
         lease = transfer.lease
-        report = PullReport(lease_id=lease_id_of(lease))
-        if transfer.lease_problem is not None:  # another version's lease, or an address this engine cannot use
+        report = PullReport(lease_id=lease.id)
+        if transfer.lease_problem is not None:  # an address this engine cannot use
             report.recomputed, report.reason = True, "bad_lease"
             log.warning("request %s: the lease cannot be pulled (%s): the prompt is recomputed",
                         request.request_id, transfer.lease_problem)
@@ -143,7 +146,7 @@ class KVTransfers:
             return await self._pull(request, prompt, report)
         except asyncio.CancelledError:  # aborted, or the client went away: the source must not wait for the TTL
             task = asyncio.get_running_loop().create_task(
-                release_remote(lease["transport"], lease["id"], reason="aborted", timeout_s=self.timeout_s))
+                release_remote(address_of(lease), lease.id, reason="aborted", timeout_s=self.timeout_s))
             self._releases.add(task)  # (a release after the hang-up released it already is a no-op)
             task.add_done_callback(self._releases.discard)
             raise
@@ -153,13 +156,13 @@ class KVTransfers:
         keys, present = await self.loop.call(lambda engine: self._wanted(engine, request, prompt))
         ask = keys[present:]
         if not ask:  # nothing a prefix hit could use, or all of it cached here already
-            await release_remote(lease["transport"], lease["id"], reason="nothing to pull",
+            await release_remote(address_of(lease), lease.id, reason="nothing to pull",
                                  timeout_s=self.timeout_s)
             self._count(report)
             return report
         try:
             started = time.monotonic()
-            async with Pull(lease["transport"], lease["id"], timeout_s=self.timeout_s) as transfer:
+            async with Pull(address_of(lease), lease.id, timeout_s=self.timeout_s) as transfer:
                 report.via = transfer.via
                 payloads = await transfer.fetch([key.hex() for key in ask])
                 blocks = await asyncio.to_thread(lambda: [b for data in payloads for b in decode(data)])
@@ -173,7 +176,7 @@ class KVTransfers:
                 try:  # what is installed stays (its keys are checked): a failed goodbye is the source's TTL to mend
                     await transfer.done(reason=report.reason and f"{installed} of {len(ask)} blocks installed")
                 except TransferError as error:
-                    log.warning("lease %s: the source did not hear that the pull is done: %s", lease["id"], error)
+                    log.warning("lease %s: the source did not hear that the pull is done: %s", lease.id, error)
         except TransferError as error:
             report.recomputed, report.reason = True, error.code
             detail = str(error)
@@ -184,11 +187,11 @@ class KVTransfers:
             detail = f"{report.blocks_pulled} of {len(ask)} blocks installed"  # (a mismatch: import_blocks logged which)
         if not report.recomputed:
             log.info("request %s: pulled %d KV blocks (%d bytes) under lease %s via %s in %.1f ms",
-                     request.request_id, report.blocks_pulled, sum(len(p) for p in payloads), lease["id"],
+                     request.request_id, report.blocks_pulled, sum(len(p) for p in payloads), lease.id,
                      report.via, (time.monotonic() - started) * 1000.0)
         else:
             log.warning("request %s: KV pull under lease %s from %s recomputes %d of %d blocks (%s): %s",
-                        request.request_id, lease["id"], lease["transport"].get("tcp"),
+                        request.request_id, lease.id, lease.transport.tcp,
                         len(ask) - report.blocks_pulled, len(ask), report.reason, detail)
         self._count(report)
         return report

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import math
 import re
 import types
 import typing
@@ -14,27 +13,20 @@ import msgspec
 
 from adapters.layout import WEIGHTS_NAME
 from adapters.loaded import SIDECAR_NAME
-from engine.contract import ADAPTER_FILES, UsageMetadata
+from engine.contract import VERSION, UsageMetadata, WrongVersion
+from engine.contract import generate as wire
+from engine.contract.generate import ADAPTER_FILES, DIGEST_PATTERN, AdapterRef
+from engine.contract.version import version_of
 from engine.sampling_params import SamplingParams
 from engine.server.body_checks import BadRequest, is_int, is_number, object_fields
-from engine.server.kv_protocol import KVTransfer, parse_kv_transfer
+from engine.server.kv_protocol import KVTransfer, kv_transfer_of
 
 FETCHED_FILES = ADAPTER_FILES  # what the engine reads of a canonical adapter
 assert set(FETCHED_FILES) == {SIDECAR_NAME, WEIGHTS_NAME}, FETCHED_FILES
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
 SAMPLING_FIELDS = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
-MAX_METADATA_BYTES = 4096
 MAX_PROMPTS = 32  # a batch of prompts in one request
 IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's; accepted, and each image is read at the processor's size
 CONTEXT_OVERFLOW = ("cap", "refuse")  # a prompt plus max_tokens past the context: end at the context, or a 400
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    digest: str
-    path: str | None  # None: look in the engine's adapter store
-    urls: dict[str, str] | None = None  # canonical file name -> signed GET URL: download it when not on disk here
 
 
 @dataclass(frozen=True)
@@ -71,64 +63,112 @@ class GenerateRequest:
         return prompt
 
 
-GENERATE_FIELDS = {"request_id", "tenant", "weight", "api_key_id", "adapter", "prompt", "prompt_token_ids",
-                   "messages", "sampling", "stream", "metadata", "context_overflow", "response_format", "tools",
-                   "tool_choice", "parallel_tool_calls", "kv_transfer"}
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 TOKENIZE_FIELDS = {"prompt", "prompt_token_ids", "messages"}
+_decode_generate = msgspec.json.Decoder(wire.GenerateRequest).decode
+# What a field the struct refuses is answered, where a client reads more from a sentence than from the struct's
+# words: field path -> (message, the param it names).
+DIGEST = re.compile(DIGEST_PATTERN)  # a path parameter's digest, checked as the struct checks the body's
+FIELD_MESSAGES = {
+    "": ("request body must be a JSON object", None),
+    "request_id": ("request_id must be 1-100 characters of letters, digits and ._:@+=-", "request_id"),
+    "tenant": ("tenant must be a non-empty string", "tenant"),
+    "weight": ("weight must be a number > 0", "weight"),
+    "api_key_id": ("api_key_id must be a string or null", "api_key_id"),
+    "stream": ("stream must be true or false", "stream"),
+    "metadata": ("metadata must be a JSON object", "metadata"),
+    "parallel_tool_calls": ("parallel_tool_calls must be true or false", "parallel_tool_calls"),
+    "context_overflow": (f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}", "context_overflow"),
+    "adapter": ("adapter.digest must be a sha256 hex digest (64 lowercase hex characters)", "adapter.digest"),
+    "adapter.digest": ("adapter.digest must be a sha256 hex digest (64 lowercase hex characters)", "adapter.digest"),
+    "adapter.path": ("adapter.path must be a non-empty string", "adapter.path"),
+    "adapter.urls": (f"adapter.urls must map {' and '.join(FETCHED_FILES)} to http(s) URLs", "adapter.urls"),
+    "kv_transfer": ("kv_transfer must be {'mode': 'prefill', 'lease_ttl_s'?} or {'mode': 'decode', 'lease': {...}}",
+                    "kv_transfer.mode"),
+    "kv_transfer.mode": ("kv_transfer must be {'mode': 'prefill', 'lease_ttl_s'?} or {'mode': 'decode', 'lease': "
+                         "{...}}", "kv_transfer.mode"),
+}  # fmt: skip
+_AT = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>.*)`)?$", re.DOTALL)
+_NAMED = re.compile(r"^Object (?P<how>missing required|contains unknown) field `(?P<name>[^`]*)`$")
 
 
-def parse_generate(body: Any) -> GenerateRequest:
-    body = object_fields(body, GENERATE_FIELDS, what="request body")
-    request_id = body.get("request_id") or uuid.uuid4().hex
-    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
-        raise BadRequest("request_id must be 1-100 characters of letters, digits and ._:@+=-", param="request_id")
-    tenant = body.get("tenant", "default")
-    if not isinstance(tenant, str) or not tenant:
-        raise BadRequest("tenant must be a non-empty string", param="tenant")
-    weight = body.get("weight", 1.0)
-    if not is_number(weight) or not 0 < weight < math.inf:
-        raise BadRequest("weight must be a number > 0", param="weight")
-    api_key_id = body.get("api_key_id")
-    if api_key_id is not None and not isinstance(api_key_id, str):
-        raise BadRequest("api_key_id must be a string or null", param="api_key_id")
-    stream = body.get("stream", True)
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be true or false", param="stream")
-    metadata = parse_metadata(body.get("metadata"))
-    tools = parse_tools(body.get("tools"))
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
-    overflow = body.get("context_overflow", "cap")
-    if overflow not in CONTEXT_OVERFLOW:
-        raise BadRequest(f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}", param="context_overflow")
-    prompts = parse_prompts(body)
-    kv_transfer = parse_kv_transfer(body.get("kv_transfer"))
+def refusal(error: msgspec.ValidationError, *, under: str = "") -> BadRequest:
+    """The 400 of a field the struct refused, naming it by its path (`kv_transfer.lease.id`), from `under`."""
+    parts = _AT.match(str(error))
+    text, path = parts["text"], under + (parts["path"] or "")
+    path = path.removeprefix(".")
+    named = _NAMED.match(text)
+    if named is not None:
+        path = f"{path}.{named['name']}" if path else named["name"]
+        if named["how"] == "contains unknown":
+            return BadRequest(f"unknown field {path!r}", param=path)
+    known = path if path in FIELD_MESSAGES else path.partition("[")[0]  # adapter.urls[...]: the map's
+    if known in FIELD_MESSAGES:
+        message, param = FIELD_MESSAGES[known]
+        return BadRequest(message, param=param)
+    return BadRequest(f"{path}: {text}", param=path)
+
+
+def parse_generate(body: bytes) -> GenerateRequest:
+    """The generate request's bytes, decoded by the contract's struct (a field it refuses is a 400 naming its
+    path; a request of another version, a 400 naming the version), then its prompt, sampling and structured-output
+    fields, which the struct leaves to this server."""
+    try:
+        request = _decode_generate(body)
+    except msgspec.ValidationError as error:
+        version = version_of(body)
+        if version != VERSION:
+            raise BadRequest(str(WrongVersion("generate request", version)), param="v") from None
+        refused = refusal(error)
+        if refused.param is not None and refused.param.startswith(LOOSE_FIELDS):
+            _loose_fields(json_strict(body))  # a number JSON allows and no field can hold: named in their words
+        raise refused from None
+    except msgspec.DecodeError:
+        json_strict(body)  # names what is not JSON (NaN, a truncated body)
+        raise BadRequest("the request body is not valid JSON") from None
+    stream = request.stream
+    prompts = parse_prompts({"prompt": request.prompt, "prompt_token_ids": request.prompt_token_ids,
+                             "messages": request.messages})  # fmt: skip
+    kv_transfer = kv_transfer_of(request.kv_transfer)
     if kv_transfer is not None and len(prompts) > 1:
         raise BadRequest("kv_transfer takes one prompt, not a batch", param="kv_transfer")
     if kv_transfer is not None and kv_transfer.mode == "prefill" and stream:
         raise BadRequest("kv_transfer mode 'prefill' answers one JSON object: set stream to false",
                          param="kv_transfer.mode")
+    tools = parse_tools(request.tools)
     return GenerateRequest(
-        request_id=request_id, tenant=tenant, weight=float(weight), api_key_id=api_key_id,
-        adapter=parse_adapter(body.get("adapter")), prompts=prompts,
-        sampling=parse_sampling(body.get("sampling", {})), stream=stream, metadata=metadata,
-        response_format=parse_response_format(body.get("response_format")), tools=tools,
-        tool_choice=parse_tool_choice(body.get("tool_choice"), tools), parallel_tool_calls=parallel,
-        context_overflow=overflow, kv_transfer=kv_transfer,
-    )
+        request_id=request.request_id or uuid.uuid4().hex, tenant=request.tenant, weight=request.weight,
+        api_key_id=request.api_key_id, adapter=parse_adapter(request.adapter), prompts=prompts,
+        sampling=parse_sampling(request.sampling), stream=stream, metadata=request.metadata,
+        response_format=parse_response_format(request.response_format), tools=tools,
+        tool_choice=parse_tool_choice(request.tool_choice, tools), parallel_tool_calls=request.parallel_tool_calls,
+        context_overflow=request.context_overflow, kv_transfer=kv_transfer,
+    )  # fmt: skip
 
 
-def parse_metadata(value: Any) -> UsageMetadata:
-    if value is None:
-        return UsageMetadata()
-    if not isinstance(value, dict) or len(json.dumps(value)) > MAX_METADATA_BYTES:
-        raise BadRequest(f"metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes", param="metadata")
+LOOSE_FIELDS = ("prompt", "prompt_token_ids", "messages", "sampling", "response_format", "tools", "tool_choice")
+
+
+def _loose_fields(body: dict) -> None:
+    """The fields the struct leaves to this server, read from the body as Python's json reads it."""
+    parse_prompts({name: body.get(name) for name in TOKENIZE_FIELDS})
+    parse_sampling(body.get("sampling", {}))
+    parse_response_format(body.get("response_format"))
+    parse_tool_choice(body.get("tool_choice"), parse_tools(body.get("tools")))
+
+
+def json_strict(body: bytes) -> object:
+    """The body as JSON, or a 400 saying why it is not (Python's json reads NaN and Infinity, which JSON has not)."""
     try:
-        return msgspec.convert(value, UsageMetadata)
-    except msgspec.ValidationError as error:
-        raise BadRequest(f"metadata: {error}", param="metadata") from None
+        return json.loads(body, parse_constant=_not_json)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(f"the request body is not valid JSON: {error}") from error
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
+
+
+def _not_json(name: str):
+    raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
 
 
 def parse_response_format(value: Any) -> dict | None:
@@ -208,28 +248,25 @@ def parse_tokenize(body: Any) -> PromptSpec:
     return parse_prompt(object_fields(body, TOKENIZE_FIELDS, what="request body"))
 
 
-def parse_adapter(value: Any) -> AdapterRef | None:
-    """null, a digest, or {"digest": ..., "path": ..., "urls": ...} (path: where the adapter is stored; urls: each
-    file of its canonical form, FETCHED_FILES, by a signed GET URL, for an engine that shares no disk with it)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = {"digest": value}
-    value = object_fields(value, {"digest", "path", "urls"}, what="adapter")
-    digest, path, urls = value.get("digest"), value.get("path"), value.get("urls")
-    if not isinstance(digest, str) or not DIGEST.match(digest):
-        raise BadRequest("adapter.digest must be a sha256 hex digest (64 lowercase hex characters)",
-                         param="adapter.digest")
-    if path is not None and (not isinstance(path, str) or not path):
-        raise BadRequest("adapter.path must be a non-empty string", param="adapter.path")
-    if urls is not None and (
-        not isinstance(urls, dict) or set(urls) != set(FETCHED_FILES)
-        or not all(isinstance(url, str) and url.startswith(("https://", "http://")) for url in urls.values())
-    ):
+def parse_adapter(value: str | dict | AdapterRef | None) -> AdapterRef | None:
+    """null, a digest, or {"digest", "path"?, "urls"?} (path: where the adapter is stored; urls: each file of its
+    canonical form, FETCHED_FILES, by a signed GET URL, for an engine that shares no disk with it)."""
+    try:
+        ref = msgspec.convert(value, str | AdapterRef | None)
+    except msgspec.ValidationError as error:
+        raise refusal(error, under="adapter") from None
+    if isinstance(ref, str):
+        if not DIGEST.match(ref):
+            raise BadRequest(FIELD_MESSAGES["adapter"][0], param="adapter.digest")
+        ref = AdapterRef(digest=ref)
+    if ref is None or ref.urls is None:
+        return ref
+    if set(ref.urls) != set(FETCHED_FILES) or not all(url.startswith(("https://", "http://"))
+                                                      for url in ref.urls.values()):  # fmt: skip
         raise BadRequest(f"adapter.urls must map {' and '.join(FETCHED_FILES)} to http(s) URLs", param="adapter.urls")
-    if urls is not None and path is not None:
+    if ref.path is not None:
         raise BadRequest("give adapter.path or adapter.urls, not both", param="adapter.urls")
-    return AdapterRef(digest=digest, path=path, urls=urls)
+    return ref
 
 
 def parse_prompts(body: dict[str, Any]) -> tuple[PromptSpec, ...]:

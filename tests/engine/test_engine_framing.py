@@ -48,7 +48,7 @@ def _output(text: str, tokens: list[int], *, finished: bool = False) -> RequestO
 def _chunks(queued: list[tuple], *, later: list[tuple] = ()) -> tuple[list[bytes], list[str]]:
     """What `ndjson_events` yields for a handle whose first item is `queued[0]`, the rest of `queued` already
     waiting, and `later` put once the generator has asked for more."""
-    handle = RequestHandle(request=parse_generate({"request_id": "framed", "prompt": "x", "stream": True}),
+    handle = RequestHandle(request=parse_generate(b'{"request_id": "framed", "prompt": "x", "stream": true}'),
                            prompts=[[1, 2]], arrival=0.0)  # fmt: skip
     abandoned: list[str] = []
 
@@ -83,7 +83,7 @@ def test_events_already_waiting_leave_in_one_chunk_the_final_one_last():
 
 
 def test_a_stream_closed_before_its_end_is_abandoned():
-    handle = RequestHandle(request=parse_generate({"request_id": "gone", "prompt": "x", "stream": True}),
+    handle = RequestHandle(request=parse_generate(b'{"request_id": "gone", "prompt": "x", "stream": true}'),
                            prompts=[[1, 2]], arrival=0.0)  # fmt: skip
     abandoned: list[str] = []
 

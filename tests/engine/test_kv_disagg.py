@@ -381,7 +381,8 @@ def test_an_expired_lease_recomputes(engines, model):
     ({"mode": "prefill", "lease_ttl_s": 3600}, {}, "kv_transfer.lease_ttl_s"),
     ({"mode": "prefill", "ttl": 3}, {}, "kv_transfer.ttl"),  # by its path: a bare "ttl" read as the client's field
     ({"mode": "decode"}, {}, "kv_transfer.lease"),
-    ({"mode": "decode", "lease": {"id": "ab" * 16}, "layout_version": 2}, {}, "kv_transfer.layout_version"),
+    ({"mode": "decode", "lease": {"id": "ab" * 16, "transport": {"tcp": "127.0.0.1:1"}}, "layout_version": 2}, {},
+     "kv_transfer.layout_version"),
     ({"mode": "prefill"}, {"prompt_token_ids": [[7, 8], [9, 10]]}, "kv_transfer"),
 ], ids=["mode", "not-an-object", "prefill-streamed", "ttl-zero", "ttl-long", "unknown-field", "no-lease",
         "unknown-decode-field", "batch"])
@@ -392,21 +393,44 @@ def test_a_bad_kv_transfer_is_a_400_naming_the_field_by_its_path(engines, kv_tra
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
 
 
-UNREADABLE_LEASES = {  # what the prefill engine's lease becomes: another version's, or an address this one misread
+A_LEASE = {"id": "ab" * 16, "engine_id": "prefill-0", "transport": {"tcp": "127.0.0.1:1", "shm": None},
+           "num_blocks": 2, "num_tokens": 8, "expires_in_s": 30.0}  # fmt: skip
+MALFORMED_LEASES = {  # a lease the contract's struct refuses, and the field the 400 names
+    "lease-id": (A_LEASE | {"id": "not-hex!"}, "kv_transfer.lease.id"),
+    "unknown-lease-field": (A_LEASE | {"layout_version": 2}, "kv_transfer.lease.layout_version"),
+    "unknown-transport": (A_LEASE | {"transport": {"tcp": "127.0.0.1:1", "nixl": {}}}, "kv_transfer.lease.transport.nixl"),
+    "num-blocks": (A_LEASE | {"num_blocks": -1}, "kv_transfer.lease.num_blocks"),
+    "no-transport": ({"id": "ab" * 16}, "kv_transfer.lease.transport"),
+    "another-version": (A_LEASE | {"v": 2}, "kv_transfer.lease"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_LEASES))
+def test_a_malformed_lease_is_a_400_naming_its_field(engines, name):
+    """A lease the struct cannot read is refused before anything is scheduled (the gateway then sends the request
+    again without it: the client never sees this 400)."""
+    lease, param = MALFORMED_LEASES[name]
+    request = body([7, 8, 9], None, "t", kv_transfer={"mode": "decode", "lease": lease})
+    response = engines.decode.post("/v1/generate", json=request)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert param in error["message"] or "unknown field" in error["message"]
+    if name == "another-version":
+        assert "kv lease version 2" in error["message"]
+
+
+UNREADABLE_LEASES = {  # what the prefill engine's lease becomes: an address this engine misreads
     "underscore-host": lambda lease: lease | {"transport": lease["transport"] | {
         "tcp": "engine_prefill:" + lease["transport"]["tcp"].rsplit(":", 1)[1], "shm": None}},
-    "unknown-lease-field": lambda lease: lease | {"layout_version": 2},
-    "unknown-transport": lambda lease: lease | {"transport": lease["transport"] | {"nixl": {"agent": "x"}}},
-    "lease-id": lambda lease: lease | {"id": "not hex"},
     "address": lambda lease: lease | {"transport": {"tcp": "nowhere", "shm": None}},
-    "num-blocks": lambda lease: lease | {"num_blocks": -1},
 }
 
 
 @pytest.mark.parametrize("name", list(UNREADABLE_LEASES))
-def test_a_lease_the_decode_engine_cannot_use_is_recomputed_never_refused(engines, model, name):
-    """The lease is the prefill engine's answer, not the client's: a field this engine does not know or an address
-    it cannot reach makes it recompute the prompt (the right tokens, the usage saying so), never answer 400."""
+def test_a_lease_the_decode_engine_cannot_reach_is_recomputed_never_refused(engines, model, name):
+    """The lease's address is the prefill engine's, not the client's: one this engine cannot reach makes it
+    recompute the prompt (the right tokens, the usage saying so), never answer 400."""
     _, _, oracle = model
     prefill, decode = engines.prefill, engines.decode
     prompt = random_prompts(40 + len(name), [64])[0]

@@ -284,6 +284,11 @@ BAD_REQUESTS = [
     ("negative-stop-token", {"prompt": "hi", "sampling": {"stop_token_ids": [-1]}}, "stop_token_ids must be token ids"),
     ("zero-repetition-penalty", {"prompt": "hi", "sampling": {"repetition_penalty": 0}},
      "repetition_penalty must be > 0"),
+    # the contract's struct: another version is refused for its version, a field by its path
+    ("another-version", {"prompt": "hi", "v": 2, "prompt_v2": {}}, "generate request version 2 is not the version"),
+    ("bad-lease-id", {"prompt": "hi", "stream": False, "kv_transfer": {"mode": "decode", "lease": {
+        "id": "not-hex!", "transport": {"tcp": "127.0.0.1:1"}}}}, "kv_transfer.lease.id"),
+    ("bad-metadata-field", {"prompt": "hi", "metadata": {"adapter_version_id": "seven"}}, "metadata.adapter_version_id"),
 ]
 
 

@@ -207,7 +207,7 @@ def test_schemas_past_the_size_and_complexity_bounds_are_refused(llm):
 # tool calls
 
 def request(body: dict) -> GenerateRequest:
-    return parse_generate({"messages": [{"role": "user", "content": "hi"}], **body})
+    return parse_generate(json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode())
 
 
 def test_each_family_template_picks_its_convention():

@@ -13,7 +13,7 @@ from gateway.engine_client import EngineRejected
 
 def refusal(body: dict) -> EngineRejected:
     with pytest.raises(BadRequest) as raised:
-        parse_generate(body)
+        parse_generate(json.dumps(body).encode())
     error = raised.value
     answer = {"error": {"type": "invalid_request_error", "message": str(error), "param": error.param, "code": error.code}}
     return EngineRejected.of(400, json.dumps(answer).encode())

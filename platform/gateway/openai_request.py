@@ -108,8 +108,8 @@ def _tool_calls_chars(message: dict) -> int:
     return len(json.dumps(message["tool_calls"])) if "tool_calls" in message else 2
 
 
-# json.loads' own decoder settings; `scan_once` is its C scanner, without json.loads' three Python frames
-_scan_once = json.JSONDecoder().scan_once
+# json.loads' own decoder settings, made once; its `raw_decode` reads one value from the start of a text
+_decoder = json.JSONDecoder()
 
 
 def _object_at_once(raw: bytes) -> dict | None:
@@ -120,8 +120,8 @@ def _object_at_once(raw: bytes) -> dict | None:
         return None
     try:
         text = raw.decode("utf-8", "surrogatepass")  # as json.loads decodes bytes
-        body, end = _scan_once(text, 0)
-    except (ValueError, StopIteration, RecursionError):
+        body, end = _decoder.raw_decode(text)
+    except (ValueError, RecursionError):
         return None
     return body if end == len(text) else None
 

@@ -2,8 +2,8 @@
 none of the gateway's own work (no key, no admission, no token count, no usage, no request log, no metrics), only
 what any proxy of a streamed completion must do: read the client's request, parse its JSON, send the engine's
 request (through aiohttp, as the gateway's `engine_client`), read its NDJSON events, write them as OpenAI SSE
-chunks and the end. With QUILT_NULL_REDIS=1 it also makes two Redis round trips per request (the gateway's own wire,
-`gateway.admission.redis_wire`, a one-line script with arguments of the size of admission's two), so that the
+chunks and the end. With QUILT_NULL_REDIS=1 it also makes two Redis round trips per request (the gateway's Redis client,
+`gateway.admission.redis_client`, a one-line script with arguments of the size of admission's two), so that the
 difference from the gateway is its application's Python, not its round trips.
 
     QUILT_NULL_ENGINE_URL=http://127.0.0.1:8199 QUILT_ENGINE_TOKEN=... [QUILT_NULL_REDIS=1 REDIS_URL=redis://...] \\
@@ -20,17 +20,23 @@ import uuid
 
 import aiohttp
 
-from gateway.admission.redis_wire import RedisWire, WireScript
+from gateway.admission.redis_client import ScriptCalls, loop_client
 
 ENGINE_URL = os.environ.get("QUILT_NULL_ENGINE_URL", "") + "/v1/generate"
 ENGINE_HEADERS = {"Authorization": f"Bearer {os.environ.get('QUILT_ENGINE_TOKEN', '')}",
                   "Content-Type": "application/json"}  # fmt: skip
 REDIS = os.environ.get("QUILT_NULL_REDIS") == "1"
-SCRIPT = WireScript("return 1")
+SCRIPT = "return 1"
 ACQUIRE_ARGUMENT, SETTLE_ARGUMENT = b"a" * 600, b"s" * 1300  # about the size of admission's acquire and settle
 SSE_HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
-_clients: list = []  # (aiohttp.ClientSession, RedisWire | None), made on the server's loop at its first request
+_clients: list = []  # (aiohttp.ClientSession, (ScriptCalls, its script) | None), made on the server's loop at its first
+# request
+
+
+def _redis() -> tuple:
+    client = loop_client(os.environ["REDIS_URL"], reply_seconds=5.0)
+    return ScriptCalls(client, reply_seconds=5.0), client.register_script(SCRIPT)
 
 
 async def _body(receive) -> bytes:
@@ -60,12 +66,12 @@ async def app(scope, receive, send) -> None:
         engine = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=60.0),
                                        auto_decompress=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))  # fmt: skip
-        _clients.append((engine, RedisWire(os.environ["REDIS_URL"]) if REDIS else None))
+        _clients.append((engine, _redis() if REDIS else None))
     engine, redis = _clients[0]
     request = json.loads(raw)
     request_id, created = uuid.uuid4().hex, int(time.time())
     if redis is not None:
-        await redis.run(SCRIPT, [], [ACQUIRE_ARGUMENT])
+        await redis[0](redis[1], [], [ACQUIRE_ARGUMENT])
     payload = {"request_id": request_id, "tenant": "null", "prompt": request["prompt"], "stream": True,
                "sampling": {"max_tokens": request.get("max_tokens") or 16, "temperature": request.get("temperature", 1.0)}}  # fmt: skip
     response = await engine.post(ENGINE_URL, data=json.dumps(payload).encode(), headers=ENGINE_HEADERS)
@@ -84,7 +90,7 @@ async def app(scope, receive, send) -> None:
                 started = True
             await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
     if redis is not None:
-        await redis.run(SCRIPT, [], [SETTLE_ARGUMENT])
+        await redis[0](redis[1], [], [SETTLE_ARGUMENT])
     if not started:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEAD})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})

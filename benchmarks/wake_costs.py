@@ -1,15 +1,14 @@
 """What blocking and being woken cost this machine's CPU, the part of the gateway's CPU per request that moves most
 from machine to machine: a round trip to the local Redis from plain Python, a sleep
 alone (one block and one wake-up), a write that wakes Redis with no reply asked for, and a round trip through the
-gateway's own wire (`gateway.admission.redis_wire`) on uvloop, all in this one process, side by side.
+gateway's Redis client (`gateway.admission.redis_client`) on uvloop, all in this one process, side by side.
 
     python -m benchmarks.wake_costs [--redis redis://127.0.0.1:6379/0] [--count 3000] [--rounds 3]
 
 CPU time of this thread (time.thread_time) per operation, in µs. A machine where these are two or three times
 another's reads the gateway's figure about twice as high: compare machines by these, not by the gateway's
 milliseconds. Run it on a quiet machine, as gateway_overhead.py is run: with the other CPUs busy, fewer waits end
-on an idle CPU that must be woken, and the figures fall (on this 2-core machine the wire's round trip read
-100-110 µs quiet and 39-49 µs beside a test run). Nothing is asserted.
+on an idle CPU that must be woken, and the figures fall. Nothing is asserted.
 """
 
 import argparse
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
-from gateway.admission.redis_wire import pack  # noqa: E402 - a RESP command, as the gateway's wire packs it
+import hiredis  # noqa: E402
 
 ARGUMENT = b"a" * 600  # about the size of admission's acquire
 
@@ -35,32 +34,31 @@ def per_operation(operation, count: int) -> float:
 
 def blocking_costs(host: str, port: int, count: int) -> tuple[float, float, float]:
     """A round trip, a 0.3 ms sleep alone, and a write with no reply (Redis's CLIENT REPLY OFF) then the same sleep."""
-    script = pack(b"EVAL", b"return 1", b"0", ARGUMENT)
+    script = hiredis.pack_command((b"EVAL", b"return 1", b"0", ARGUMENT))
     with socket.create_connection((host, port)) as asked, socket.create_connection((host, port)) as told:
         for connection in (asked, told):
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        told.sendall(pack(b"CLIENT", b"REPLY", b"OFF"))
+        told.sendall(hiredis.pack_command((b"CLIENT", b"REPLY", b"OFF")))
         round_trip = per_operation(lambda: (asked.sendall(script), asked.recv(64)), count)
         sleep = per_operation(lambda: time.sleep(0.0003), count)
         write = per_operation(lambda: (told.sendall(script), time.sleep(0.0003)), count) - sleep
     return round_trip, sleep, write
 
 
-def wire_cost(url: str, count: int) -> float:
-    """A round trip through the gateway's wire (EVALSHA of a one-line script) on uvloop, one at a time."""
+def client_cost(url: str, count: int) -> float:
+    """A round trip through the gateway's Redis client (EVALSHA of a one-line script) on uvloop, one at a time."""
     import uvloop
 
-    from gateway.admission.redis_wire import RedisWire, WireScript
-
-    script = WireScript("return 1")
+    from gateway.admission.redis_client import ScriptCalls, loop_client
 
     async def run() -> float:
-        wire = RedisWire(url)
+        client = loop_client(url, reply_seconds=5.0)
+        calls, script = ScriptCalls(client, reply_seconds=5.0), client.register_script("return 1")
         for _ in range(200):
-            await wire.run(script, [], [ARGUMENT])
+            await calls(script, [], [ARGUMENT])
         started = time.thread_time()
         for _ in range(count):
-            await wire.run(script, [], [ARGUMENT])
+            await calls(script, [], [ARGUMENT])
         return (time.thread_time() - started) / count * 1e6
 
     return uvloop.run(run())
@@ -75,9 +73,9 @@ def main() -> None:
     address = urlsplit(args.redis)
     for round_ in range(args.rounds):
         round_trip, sleep, write = blocking_costs(address.hostname or "127.0.0.1", address.port or 6379, args.count)
-        wire = wire_cost(args.redis, args.count)
+        client = client_cost(args.redis, args.count)
         print(f"round {round_}: CPU per operation, µs: round trip {round_trip:.1f}, sleep alone {sleep:.1f}, "
-              f"write that wakes Redis {write:.1f}, round trip through the gateway's wire on uvloop {wire:.1f}",
+              f"write that wakes Redis {write:.1f}, round trip through the gateway's client on uvloop {client:.1f}",
               flush=True)  # fmt: skip
 
 

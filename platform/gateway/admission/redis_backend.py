@@ -1,11 +1,12 @@
 """Admission in Redis: `redis_scripts`' acquire decides (and records) a request, its settle releases the hold; run
-from the event loop over `redis_wire` (plain redis:// URLs) or redis-py's asyncio client, and from blocking callers
-(metering's settles, totals, reconcile) over redis-py. The keys and their layout: `redis_scripts`."""
+through redis-py: from the event loop on its asyncio client (`redis_client`: one per loop, calls of the same turn
+pipelined), from blocking callers (metering's settles, totals, reconcile) on its blocking client. Each script is one
+EVALSHA, the script loaded once when the server answers NOSCRIPT (redis-py's `Script`). The keys and their layout:
+`redis_scripts`."""
 
 import asyncio
 import logging
 import math
-import re
 import time
 import weakref
 from functools import partial
@@ -25,6 +26,7 @@ from gateway.admission.limits import (
     current_month,
     spend_to_picos,
 )
+from gateway.admission.redis_client import ScriptCalls, loop_client
 from gateway.admission.redis_lease_scripts import LEASE, LEASE_RETURN
 from gateway.admission.redis_scripts import (
     ACQUIRE,
@@ -37,7 +39,6 @@ from gateway.admission.redis_scripts import (
     TOTALS,
     UNREPORTED,
 )
-from gateway.admission.redis_wire import QuickReply, RedisWire, WireScript, bulks, wire_supports
 from gateway.connections import checked_connection
 from gateway.hot_settings import hot
 from metering.selectors import key_spend_month_recorded, usage_month_recorded
@@ -47,10 +48,12 @@ MONTH_SECONDS = 5356800  # 62 days: a month's totals outlive it
 
 
 class _Scripts:
-    """A client and the scripts registered on it (run by SHA, loaded on first use)."""
+    """A client and the scripts registered on it (run by SHA, loaded on first use); on an event loop, the calls that
+    send them (`ScriptCalls`)."""
 
-    def __init__(self, client):
+    def __init__(self, client, call: ScriptCalls | None = None):
         self.client = client
+        self.call = call
         self.acquire = client.register_script(ACQUIRE)
         self.settle = client.register_script(SETTLE)
         self.totals = client.register_script(TOTALS)
@@ -64,31 +67,11 @@ class _Scripts:
         self.lease_return = client.register_script(LEASE_RETURN)
 
 
-def _acquired(reply: re.Match[bytes]) -> Decision | None:
-    """`_decision` of the acquire's usual reply, `[admitted, reason, requests, tokens, reset_ms, key_requests,
-    key_tokens]`, from its match."""
-    admitted, length, reason, requests, tokens, reset_ms, key_requests, key_tokens = reply.groups()
-    if len(reason) != int(length):  # not the bulk string it looked like: read as any other reply
-        return None
-    return Decision(bool(int(admitted)), reason.decode(), int(requests), int(tokens), int(reset_ms), int(key_requests),
-                    int(key_tokens))  # fmt: skip
-
-
-# The acquire's reply as the script writes it (its reasons are lower-case words: `_acquired` cannot fail on one)
-_ACQUIRED = QuickReply(re.compile(rb"\*7\r\n:(-?\d+)\r\n\$(\d+)\r\n([a-z_]*)\r\n" + rb":(-?\d+)\r\n" * 5), _acquired)
-_INTEGER = QuickReply(re.compile(rb":(-?\d+)\r\n"), lambda reply: int(reply[1]))  # the settle's reply
-_WIRE = {"acquire": WireScript(ACQUIRE, quick=_ACQUIRED), "settle": WireScript(SETTLE, quick=_INTEGER),
-         "peek": WireScript(PEEK), "lease": WireScript(LEASE), "lease_return": WireScript(LEASE_RETURN),
-         "mark_unreported": WireScript(MARK_UNREPORTED)}  # fmt: skip
-_SETTLE = _WIRE["settle"]
-_ACQUIRE_ARGS = 14  # the acquire script's ARGV: the request id, tokens, spend, the ten limits (_limit_args), picos
 _NO_RETURN = ["", 0, "", 0, 0, 0, 0, 0, 0, 0]  # LEASE's ARGV[19..28] when there is no lease to give back
 log = logging.getLogger(__name__)
 
 
-def _decision(reply: list | Decision) -> Decision:
-    if type(reply) is Decision:  # the lean wire's quick read of the acquire's reply (`_acquired`)
-        return reply
+def _decision(reply: list) -> Decision:
     admitted, reason, requests, tokens, reset_ms, *key = reply  # the key's window: the acquire's, not the peek's
     reason = reason.decode() if isinstance(reason, bytes) else reason
     return Decision(bool(admitted), reason, int(requests), int(tokens), int(reset_ms), *map(int, key))
@@ -113,8 +96,7 @@ def _key_recorded(key_prefix: str) -> int:
 
 
 class _TenantKeys:
-    """A tenant's keys in one month, and packed once (`redis_wire.bulks`) as its per-request scripts send them: most
-    of an acquire's or a settle's bytes, the same for every request."""
+    """A tenant's keys in one month, made once a month rather than twice a request."""
 
     def __init__(self, prefix: str, tenant_id: int, month: str):
         base = f"{prefix}:{{t{tenant_id}}}"
@@ -123,13 +105,6 @@ class _TenantKeys:
         self.before = [f"{base}:win", f"{base}:holds", f"{base}:holdinfo", f"{base}:held", f"{base}:month:{month}"]
         self.after = [f"{base}:prov:{month}", f"{base}:keywin", f"{base}:keyheld", f"{base}:keymonth:{month}",
                       f"{base}:unreported", f"{base}:unreported_at", f"{base}:leases"]  # fmt: skip
-        self.count = len(self.before) + 1 + len(self.after)
-        # the acquire's command up to its arguments (its settled key a placeholder): `*<parts>`, EVALSHA, the keys
-        self.acquire_head = b"*%d\r\n%b%b" % (3 + self.count + _ACQUIRE_ARGS, _WIRE["acquire"].by_sha,
-                                                bulks([self.count, *self.keys()]))  # fmt: skip
-        self.settle_head = bulks([self.count, *self.before])
-        self.settle_tail = bulks(self.after)
-        self.limits: tuple[Limits, int, bytes] | None = None  # the limits and TTL its last acquire packed, packed
 
     def keys(self, request_id: str = "-") -> list[str]:
         return [*self.before, self.settled + request_id, *self.after]
@@ -141,12 +116,9 @@ class RedisAdmission:
         self.prefix = prefix
         self._hold_ttl = hold_ttl_seconds
         self._async: weakref.WeakKeyDictionary[object, _Scripts] = weakref.WeakKeyDictionary()
+        self._last: tuple[object, _Scripts | None] = (None, None)  # the loop a script last ran from, and its scripts
         self._sync: _Scripts | None = None
-        self._wires: weakref.WeakKeyDictionary[object, RedisWire] = weakref.WeakKeyDictionary()
-        self._last: tuple[object, RedisWire | None] = (None, None)  # the loop a script last ran from, and its wire
-        self._lean = wire_supports(url)
         self._tenants: dict[int, _TenantKeys] = {}
-        self._limits_packed: dict[tuple, bytes] = {}
         self._leases: weakref.WeakKeyDictionary[object, Leases] = weakref.WeakKeyDictionary()
         self._unreported_tenants = f"{prefix}:unreported_tenants"
         self._unreported_seeded = f"{prefix}:unreported_tenants_seeded"
@@ -155,54 +127,31 @@ class RedisAdmission:
     def _tenant(self, tenant_id: int) -> _TenantKeys:
         month = current_month()
         tenant = self._tenants.get(tenant_id)
-        if tenant is None or tenant.month != month:  # made once a month, not twice a request
+        if tenant is None or tenant.month != month:
             tenant = self._tenants[tenant_id] = _TenantKeys(self.prefix, tenant_id, month)
         return tenant
 
     def keys(self, tenant_id: int, *, request_id: str = "-") -> list[str]:
         return self._tenant(tenant_id).keys(request_id)
 
-    def _packed_limits(self, limits: Limits, ttl: int) -> bytes:
-        """`_limit_args` packed, once per plan and key's limits: looked up by their values (a tuple hashes and
-        compares in C; Limits, a dataclass, in Python)."""
-        args = _limit_args(limits, ttl)
-        packed = self._limits_packed.get(args)
-        if packed is None:
-            if len(self._limits_packed) >= 10_000:  # bounded: limits edited over a long life
-                self._limits_packed.clear()
-            packed = self._limits_packed[args] = bulks(args)
-        return packed
-
     def _on_loop(self) -> _Scripts:
+        """The running loop's client and scripts (`redis_client.loop_client`)."""
         loop = asyncio.get_running_loop()
+        last_loop, scripts = self._last
+        if last_loop is loop:
+            return scripts
         scripts = self._async.get(loop)
         if scripts is None:
-            # Requests wait for one of a bounded set of connections rather than failing when all are busy.
-            # (a URL's own socket_timeout, socket_connect_timeout win over the reply timeout here)
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
-                self.url, max_connections=64, timeout=10, socket_timeout=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS,
-                socket_connect_timeout=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS,
-            )  # fmt: skip
-            scripts = self._async[loop] = _Scripts(redis.asyncio.Redis(connection_pool=pool))
+            reply_seconds = hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS
+            client = loop_client(self.url, reply_seconds=reply_seconds)
+            scripts = self._async[loop] = _Scripts(client, ScriptCalls(client, reply_seconds=reply_seconds))
+        self._last = (loop, scripts)
         return scripts
 
-    def _wire(self) -> RedisWire:
-        """The running loop's wire."""
-        loop = asyncio.get_running_loop()
-        last_loop, wire = self._last
-        if last_loop is not loop:
-            wire = self._wires.get(loop)
-            if wire is None:
-                wire = self._wires[loop] = RedisWire(self.url, max_connections=64, wait_seconds=10,
-                                                     reply_seconds=hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS)  # fmt: skip
-            self._last = (loop, wire)
-        return wire
-
     async def _run(self, name: str, keys: list[str], args: list):
-        """One of the per-request scripts (acquire, settle, peek) from the event loop."""
-        if not self._lean:
-            return await getattr(self._on_loop(), name)(keys=keys, args=args)
-        return await self._wire().run(_WIRE[name], keys, args)
+        """One of the scripts, from the event loop."""
+        scripts = self._on_loop()
+        return await scripts.call(getattr(scripts, name), keys, args)
 
     def _blocking(self) -> _Scripts:
         if self._sync is None:
@@ -212,40 +161,19 @@ class RedisAdmission:
     async def acquire(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, limits: Limits
     ) -> Decision:
-        tenant = self._tenants.get(tenant_id)  # `_tenant(tenant_id)` when its keys are this month's, without its call
-        if tenant is None or tenant.month != current_month():
-            tenant = self._tenant(tenant_id)
+        tenant = self._tenant(tenant_id)
         ttl = self._hold_ttl if self._hold_ttl is not None else hot.QUILT_HOLD_TTL_SECONDS
-        if self._lean:  # the tenant's keys and the limits packed once, this request's arguments between and after them
-            last = tenant.limits  # most requests: the limits of the tenant's last acquire (the same key's)
-            if last is not None and last[0] is limits and last[1] == ttl:
-                limits_packed = last[2]
-            else:
-                limits_packed = self._packed_limits(limits, ttl)
-                tenant.limits = (limits, ttl, limits_packed)
-            request, held, spend, picos = map(str.encode, map(str, (request_id, tokens, spend_micros, key_spend_picos)))
-            message = b"%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
-                tenant.acquire_head, len(request), request, len(held), held, len(spend), spend, limits_packed,
-                len(picos), picos,
-            )  # fmt: skip
-            last_loop, wire = self._last  # `_wire()` when it is the last command's loop, without its call
-            if last_loop is not asyncio.get_running_loop():
-                wire = self._wire()
-            script = partial(wire.run_message, _WIRE["acquire"], message)
-        else:
-            args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
-            script = partial(self._on_loop().acquire, keys=tenant.keys(), args=args)
-        decision = await script()
-        if type(decision) is not Decision:  # else made by the wire's quick read (`_decision` without its call)
-            decision = _decision(decision)
+        args = [request_id, tokens, spend_micros, *_limit_args(limits, ttl), key_spend_picos]
+        scripts = self._on_loop()
+        script = partial(scripts.call, scripts.acquire, tenant.keys(), args)
+        decision = _decision(await script())
         if decision.reason == "month_unknown":
             recorded = await sync_to_async(checked_connection(_recorded))(tenant_id)  # rare: once a month
-            await self._start_month(self._on_loop().client, tenant.keys()[4], recorded)
+            await self._start_month(scripts.client, tenant.keys()[4], recorded)
             decision = _decision(await script())
         if decision.reason == "key_month_unknown":  # once a month per key with a budget
             spend = await sync_to_async(checked_connection(_key_recorded))(limits.key_prefix)
-            client = self._on_loop().client
-            async with client.pipeline(transaction=True) as pipe:
+            async with scripts.client.pipeline(transaction=True) as pipe:
                 key_month = tenant.keys()[9]
                 pipe.hsetnx(key_month, f"{limits.key_prefix}:picos", spend).expire(key_month, MONTH_SECONDS)
                 await pipe.execute()
@@ -339,22 +267,12 @@ class RedisAdmission:
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,
         key_prefix: str = "", usage: str = "", lease: Ticket | None = None,
     ) -> bool:  # fmt: skip
-        tenant = self._tenants.get(tenant_id)
-        if tenant is None or tenant.month != current_month():  # `_tenant` without its call
-            tenant = self._tenant(tenant_id)
         if usage and self._mark_due(tenant_id):  # before the copy is kept, so the sweep can not miss it
             await self._run("mark_unreported", [self._unreported_tenants], [tenant_id, repr(self._marked[tenant_id])])
         args = [request_id, tokens, spend_micros, int(final), key_prefix, key_spend_picos, usage]
         if lease is not None:  # admitted from a lease: its estimate leaves the lease (SETTLE's ARGV[8..15])
             args += lease.lease.settled(lease, tokens)
-        if not self._lean:
-            return bool(await self._on_loop().settle(keys=tenant.keys(request_id), args=args))
-        settled = (tenant.settled + request_id).encode()
-        packed = b"%b$%d\r\n%b\r\n%b%b" % (tenant.settle_head, len(settled), settled, tenant.settle_tail, bulks(args))
-        loop, (last_loop, wire) = asyncio.get_running_loop(), self._last  # `_wire` without its call where the loop is the last
-        if last_loop is not loop:
-            wire = self._wire()
-        return bool(await wire.run_packed(_SETTLE, 3 + tenant.count + len(args), packed))  # EVALSHA, SHA, count
+        return bool(await self._run("settle", self._tenant(tenant_id).keys(request_id), args))
 
     def settle_sync(
         self, *, tenant_id: int, request_id: str, tokens: int, spend_micros: int, key_spend_picos: int, final: bool,

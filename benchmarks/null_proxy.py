@@ -35,8 +35,8 @@ _clients: list = []  # (aiohttp.ClientSession, (ScriptCalls, its script) | None)
 
 
 def _redis() -> tuple:
-    client = loop_client(os.environ["REDIS_URL"], reply_seconds=5.0)
-    return ScriptCalls(client, reply_seconds=5.0), client.register_script(SCRIPT)
+    url = os.environ["REDIS_URL"]
+    return ScriptCalls(url, reply_seconds=5.0), loop_client(url, reply_seconds=5.0).register_script(SCRIPT)
 
 
 async def _body(receive) -> bytes:

@@ -52,8 +52,8 @@ def client_cost(url: str, count: int) -> float:
     from gateway.admission.redis_client import ScriptCalls, loop_client
 
     async def run() -> float:
-        client = loop_client(url, reply_seconds=5.0)
-        calls, script = ScriptCalls(client, reply_seconds=5.0), client.register_script("return 1")
+        calls = ScriptCalls(url, reply_seconds=5.0)
+        script = loop_client(url, reply_seconds=5.0).register_script("return 1")
         for _ in range(200):
             await calls(script, [], [ARGUMENT])
         started = time.thread_time()

@@ -26,8 +26,8 @@ STREAMS = 50
 
 
 def _calls(url: str = URL, reply_seconds: float = 5.0) -> tuple[ScriptCalls, object]:
-    client = loop_client(url, reply_seconds=reply_seconds)
-    return ScriptCalls(client, reply_seconds=reply_seconds), client.register_script(ECHO)
+    echo = loop_client(url, reply_seconds=reply_seconds).register_script(ECHO)  # its SHA and source
+    return ScriptCalls(url, reply_seconds=reply_seconds), echo
 
 
 @pytest.fixture

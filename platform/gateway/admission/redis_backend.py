@@ -1,6 +1,6 @@
 """Admission in Redis: `redis_scripts`' acquire decides (and records) a request, its settle releases the hold; run
-through redis-py: from the event loop on its asyncio client (`redis_client`: one per loop, calls of the same turn
-pipelined), from blocking callers (metering's settles, totals, reconcile) on its blocking client. Each script is one
+through redis-py: from the event loop on one asyncio connection per loop (`redis_client`: the calls made while
+one is in flight pipelined), from blocking callers (metering's settles, totals, reconcile) on its blocking client. Each script is one
 EVALSHA, the script loaded once when the server answers NOSCRIPT (redis-py's `Script`). The keys and their layout:
 `redis_scripts`."""
 
@@ -144,7 +144,7 @@ class RedisAdmission:
         if scripts is None:
             reply_seconds = hot.QUILT_REDIS_REPLY_TIMEOUT_SECONDS
             client = loop_client(self.url, reply_seconds=reply_seconds)
-            scripts = self._async[loop] = _Scripts(client, ScriptCalls(client, reply_seconds=reply_seconds))
+            scripts = self._async[loop] = _Scripts(client, ScriptCalls(self.url, reply_seconds=reply_seconds))
         self._last = (loop, scripts)
         return scripts
 

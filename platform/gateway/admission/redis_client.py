@@ -1,13 +1,13 @@
-"""The gateway's Redis client on its event loop: redis-py's asyncio client, one per loop (its connections belong to the
-loop that opened them), with hiredis parsing the replies (redis-py uses it where it is installed) and packing the
-commands (`HiredisConnection`). Admission's script calls go out one command or one pipeline at a time per loop
-(`ScriptCalls`).
+"""The gateway's Redis client on its event loop, redis-py's: admission's script calls on one connection per loop
+(`ScriptCalls`), the rare other commands (a month's start) on a `redis.asyncio.Redis` per loop (`loop_client`).
+Connections belong to the loop that opened them. hiredis parses the replies (redis-py uses it where it is installed)
+and packs the commands (`HiredisConnection`).
 
-Why: a command through redis-py's client costs the gateway two to three times the CPU of the gateway's whole round
-trip to Redis (its pool, retry and observability layers, and a Python loop per argument to pack a command), and a
-request makes one or two. Admission's scripts have about 25 arguments each: hiredis packs them in C. A pipeline pays
-the client's layers once for all its commands: the calls made while one is in flight share the next write and round
-trip."""
+Why not every command through `redis.asyncio.Redis`: a command through it costs the gateway two to three times the
+CPU of the gateway's whole round trip to Redis before (its pool, retry and observability layers, and a Python loop
+per argument to pack a command), and a request makes one or two. Admission's scripts have about 25 arguments each:
+hiredis packs them in C. One connection in step per loop needs no pool, and the calls made while one is in flight
+share the next write and round trip (a pipeline)."""
 
 import asyncio
 from collections.abc import Sequence
@@ -18,7 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -35,27 +35,35 @@ class HiredisConnection(redis.asyncio.Connection):
 
 
 def loop_client(url: str, *, reply_seconds: float) -> redis.asyncio.Redis:
-    """A client for the running loop (its pool holds a connection or two: `ScriptCalls` sends one command or pipeline
-    at a time). A connection not made within `reply_seconds` fails with redis-py's TimeoutError (`ScriptCalls` bounds
-    a command's reply by as much). A command whose connection failed (Redis restarted since its last command) is sent
+    """A client for the running loop's other commands. A command not answered within `reply_seconds`, and a
+    connection not made within them, fail with redis-py's TimeoutError (a URL's own socket_timeout and
+    socket_connect_timeout win); a command whose connection failed (Redis restarted since its last command) is sent
     once more on a new one."""
     return redis.asyncio.Redis.from_url(
-        url, socket_connect_timeout=reply_seconds, connection_class=HiredisConnection,
+        url, socket_timeout=reply_seconds, socket_connect_timeout=reply_seconds, connection_class=HiredisConnection,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )  # fmt: skip
 
 
 class ScriptCalls:
-    """Script calls on one loop's client, one command or one pipeline in flight at a time. A call made while none is
-    in flight is redis-py's `Script` call (EVALSHA, the script loaded once when the server answers NOSCRIPT); the
-    calls made while one is wait their turn and go together in the next pipeline, each answered with its own reply
-    or error (a NOSCRIPT one sent again alone). A call not answered within `reply_seconds` (a paused Redis, or one cut
-    off without a reset) fails with redis-py's TimeoutError: one still waiting for its turn is not sent, one sent has
-    its connection closed (a reply that came later would be the next command's). One timeout per call, rather than
-    redis-py's socket_timeout: that is two, one a task of its own, per command."""
+    """Admission's script calls from one loop, on one connection of redis-py's (`HiredisConnection`: its packing,
+    hiredis's parsing), one command or one pipeline of commands in flight at a time: a call made while none is in
+    flight is sent alone; the calls made while one is wait their turn and go together in the next write, each
+    answered with its own reply or error. The calls of a loop never need more than this one connection, so none goes
+    through a pool's checkout and return, nor the client's retry and observability layers: about half of a command's
+    CPU through `redis.asyncio.Redis`.
 
-    def __init__(self, client: redis.asyncio.Redis, *, reply_seconds: float):
-        self.client = client
+    Each call is EVALSHA; one Redis answers NOSCRIPT (a restart, SCRIPT FLUSH) is sent again after SCRIPT LOAD, as
+    redis-py's `Script` does. A call whose connection failed (Redis restarted since the last call) is sent once more
+    on a new connection. A call not answered within `reply_seconds` (a paused Redis, or one cut off without a reset)
+    fails with redis-py's TimeoutError: one still waiting for its turn is not sent, one sent has its connection closed
+    (a reply that came later would be the next command's)."""
+
+    def __init__(self, url: str, *, reply_seconds: float):
+        # no socket timeout (redis-py's is a task per write and a timeout per read): each call has its own, below
+        pool = redis.asyncio.ConnectionPool.from_url(url, socket_timeout=None, socket_connect_timeout=reply_seconds,
+                                                     connection_class=HiredisConnection)  # fmt: skip
+        self._connection = pool.make_connection()  # the URL's options (database, password) applied
         self._reply_seconds = reply_seconds
         self._in_flight = False
         self._waiting: list[tuple] = []
@@ -73,11 +81,14 @@ class ScriptCalls:
         self._in_flight = True
         try:
             async with asyncio.timeout(self._reply_seconds):
-                return await script(keys=keys, args=args)
+                [reply] = await self._replies([(script, keys, args)])
         except TimeoutError:
             raise RedisTimeoutError(f"Redis did not answer within {self._reply_seconds:g} s") from None
         finally:
             self._next()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _next(self) -> None:
         """The calls that waited, sent by a task of their own (none of their callers' cancellation cuts the others
@@ -94,40 +105,54 @@ class ScriptCalls:
     async def _send(self, calls: list) -> None:
         try:
             async with asyncio.timeout(self._reply_seconds):
-                replies = await self._replies(calls)
-            for (script, keys, args, future), reply in zip(calls, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    async with asyncio.timeout(self._reply_seconds):
-                        reply = await _reply(script(keys=keys, args=args))
-                if future.done():  # its caller gave up
-                    continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)
+                replies = await self._replies([call[:3] for call in calls])
         except Exception as error:
             if isinstance(error, TimeoutError):
                 error = RedisTimeoutError(f"Redis did not answer within {self._reply_seconds:g} s")
-            for *_, future in calls:
-                if not future.done():
-                    future.set_exception(error)
+            replies = [error] * len(calls)
         finally:
             self._next()
+        for (*_, future), reply in zip(calls, replies, strict=True):
+            if future.done():  # its caller gave up
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     async def _replies(self, calls: list) -> list:
-        """The calls' replies, an error Redis answered in the place of its call's."""
-        if len(calls) == 1:
-            script, keys, args, _ = calls[0]
-            return [await _reply(script(keys=keys, args=args))]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for script, keys, args, _ in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            return await pipe.execute(raise_on_error=False)
+        """The calls' replies, an error Redis answered in its call's place; the NOSCRIPT ones sent again once their
+        scripts are loaded."""
+        replies = await self._ask([("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls])
+        again = [number for number, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            scripts = {calls[number][0].sha: calls[number][0].script for number in again}
+            loaded = await self._ask([("SCRIPT LOAD", source) for source in scripts.values()])
+            for reply in loaded:
+                if isinstance(reply, Exception):
+                    raise reply
+            for number, reply in zip(again, await self._ask([
+                ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in (calls[n] for n in again)
+            ]), strict=True):  # fmt: skip
+                replies[number] = reply
+        return replies
 
-
-async def _reply(call):
-    """The call's reply, or the error Redis answered."""
-    try:
-        return await call
-    except redis.exceptions.ResponseError as error:
-        return error
+    async def _ask(self, commands: list[tuple]) -> list:
+        """The commands written at once, and their replies read in order (an error reply in its command's place);
+        once more on a new connection if the connection failed."""
+        connection = self._connection
+        for attempt in (1, 2):
+            try:
+                await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+                replies = []
+                for _ in commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as error:
+                        replies.append(error)
+                return replies
+            except RedisConnectionError:
+                await connection.disconnect()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")

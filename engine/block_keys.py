@@ -3,7 +3,7 @@ the block's tokens, the parent block's key).
 
 Two blocks share a key only if the same base weights under the same numerics, the same adapter content
 (its sha256, never its name: a promoted or reloaded adapter gets new keys) and the same tenant salt
-computed the same tokens after the same prefix. Every link of the chain carries the namespace
+computed the same tokens, standing for the same images (their content digests), after the same prefix. Every link of the chain carries the namespace
 (base, adapter, salt), so each key stands on its own. The prefix cache, the host tier and any transfer
 between engines name blocks by these keys; a block whose key is not the one asked for is refused.
 No torch.
@@ -58,17 +58,24 @@ def namespace(base: str, adapter: str | None, salt: str) -> bytes:
     return h.digest()
 
 
-def block_key(space: bytes, parent: bytes | None, token_ids: list[int]) -> bytes:
+def block_key(space: bytes, parent: bytes | None, token_ids: list[int], content: bytes = b"") -> bytes:
     h = hashlib.blake2b(digest_size=KEY_BYTES)
     h.update(space)
     h.update(parent or _ROOT)
     h.update(array("q", token_ids).tobytes())
+    h.update(content)
     return h.digest()
 
 
-def chain(space: bytes, token_ids: list[int], block_size: int, *, start: list[bytes] = ()) -> list[bytes]:
-    """Keys of the full blocks of token_ids, continuing the keys `start` already has."""
+def chain(space: bytes, token_ids: list[int], block_size: int, *, start: list[bytes] = (),
+          marks: tuple[tuple[int, int, str], ...] = ()) -> list[bytes]:
+    """Keys of the full blocks of token_ids, continuing the keys `start` already has. marks: (first, end, digest)
+    of content that positions first..end-1 stand for beyond their token ids (an image over its placeholder
+    tokens); a block hashes the digests of the marks it overlaps, so the blocks before an image are shared by
+    prompts with other images there, and the image's blocks and every later one are not."""
     keys = list(start)
     for i in range(len(keys), len(token_ids) // block_size):
-        keys.append(block_key(space, keys[-1] if i else None, token_ids[i * block_size : (i + 1) * block_size]))
+        first, end = i * block_size, (i + 1) * block_size
+        content = "".join(f"{digest}\x00" for lo, hi, digest in marks if lo < end and hi > first).encode()
+        keys.append(block_key(space, keys[-1] if i else None, token_ids[first:end], content))
     return keys

@@ -99,14 +99,16 @@ class BlockManager:
         """Extend seq.block_hashes over the full blocks among its first num_tokens tokens."""
         if len(seq.block_hashes) < num_tokens // self.block_size:
             seq.block_hashes = chain(self.namespace(seq.adapter, seq.cache_salt), seq.token_ids[:num_tokens],
-                                     self.block_size, start=seq.block_hashes)
+                                     self.block_size, start=seq.block_hashes, marks=seq.content_marks)
 
     def namespace(self, adapter: str | None, salt: str) -> bytes:
         return namespace(self.base, adapter, salt)
 
-    def keys(self, token_ids: list[int], *, adapter: str | None, salt: str) -> list[bytes]:
-        """Keys of the full blocks of token_ids, as a sequence with this adapter and salt would have them."""
-        return chain(self.namespace(adapter, salt), token_ids, self.block_size)
+    def keys(self, token_ids: list[int], *, adapter: str | None, salt: str,
+             marks: tuple[tuple[int, int, str], ...] = ()) -> list[bytes]:
+        """Keys of the full blocks of token_ids, as a sequence with this adapter, salt and content marks (its
+        images: Sequence.content_marks) would have them."""
+        return chain(self.namespace(adapter, salt), token_ids, self.block_size, marks=marks)
 
     def _caches(self, seq: Sequence) -> bool:
         # with prefix caching off, the completions of one request still share their prompt

@@ -51,14 +51,23 @@ def image_parts(messages: list[dict]) -> list[ImagePart]:
 
 def template_messages(messages: list[dict]) -> list[dict]:
     """Messages as chat templates expect them (Hugging Face's convention): an assistant's tool call arguments as
-    objects, not the JSON text OpenAI sends."""
+    objects, not the JSON text OpenAI sends; an image part typed "image" (Gemma 3's template writes its
+    placeholder for that type only; Qwen-VL's take either), its image_url kept."""
     out = []
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
             message = {**message, "tool_calls": [_template_call(c) for c in calls]}
+        content = message.get("content")
+        if isinstance(content, list) and any(_is_image(part) for part in content):
+            message = {**message, "content": [{**part, "type": "image"} if _is_image(part) else part
+                                              for part in content]}
         out.append(message)
     return out
+
+
+def _is_image(part) -> bool:
+    return isinstance(part, dict) and part.get("type") == "image_url"
 
 
 def _template_call(call: dict) -> dict:

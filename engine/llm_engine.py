@@ -206,9 +206,7 @@ class LLMEngine:
         if widest > room:
             raise ValueError(f"an image of {widest} tokens is prefilled in one chunk; this engine's chunks hold "
                              f"at most {room} tokens (max_num_batched_tokens, long_prefill_token_threshold)")
-        salt = self._cache_salt(request_id, prompt_token_ids, tenant)
-        if placed:  # the images' content is part of the KV's identity: the same text with another image differs
-            salt += ":images:" + ",".join(image.features.digest for image in placed)
+        salt = self._cache_salt(request_id, prompt_token_ids, tenant)  # images: in their blocks' keys (marks)
         now = time.monotonic()
         seqs: list[Sequence] = []
         for index in range(sampling.n):
@@ -232,10 +230,16 @@ class LLMEngine:
         return salt
 
     # KV blocks by key (docs/kv-tiers.md)
-    def kv_keys(self, prompt_token_ids: list[int], *, adapter: str | None = None, tenant: str = "default") -> list[bytes]:
-        """This engine's keys of the prompt's full blocks, for the request add_request would make of it."""
+    def kv_keys(self, prompt_token_ids: list[int], *, adapter: str | None = None, tenant: str = "default",
+                images: list[ImageFeatures] = ()) -> list[bytes]:
+        """This engine's keys of the prompt's full blocks, for the request add_request would make of it (with
+        these images: their digests are in the keys of their blocks and every later one)."""
         salt = self._cache_salt("", prompt_token_ids, tenant)
-        return self.block_manager.keys(prompt_token_ids, adapter=adapter, salt=salt)
+        marks = ()
+        if images:
+            placed = place_images(prompt_token_ids, self.runner.model.spec.image_token_id, list(images))
+            marks = tuple((p.offset, p.offset + p.features.num_tokens, p.features.digest) for p in placed)
+        return self.block_manager.keys(prompt_token_ids, adapter=adapter, salt=salt, marks=marks)
 
     def export_blocks(self, keys: list[bytes]) -> list[KVBlock]:
         """Copies of the cached blocks of the leading run of keys, off the device."""

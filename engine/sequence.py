@@ -111,6 +111,12 @@ class Sequence:
         return [[axis[p] if prompt is not None and p < len(axis) else p + self.rope_delta for p in range(start, end)]
                 for axis in (prompt or ([], [], []))]
 
+    @property
+    def content_marks(self) -> tuple[tuple[int, int, str], ...]:
+        """(first, end, digest) of each image over its placeholder tokens: part of its blocks' keys."""
+        return tuple((image.offset, image.offset + image.features.num_tokens, image.features.digest)
+                     for image in self.images)
+
     def chunk_end(self, start: int, end: int) -> int:
         """Where a chunk of tokens start..end-1 may end instead, so that it ends inside no unsplit run: back at
         the run's start, or on at its end when the run starts at or before `start` (then past `end`)."""

@@ -17,9 +17,10 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 
 from adapters import AdapterError
 from engine import LLM, SamplingParams
-from tests.engine.test_vlm import CASES
+from tests.engine.test_vlm import CASES, IMAGES
 from tests.engine.vlm_checkpoints import (
     GEMMA3_IMAGE_TOKENS,
+    IMAGE_TOKEN,
     MODELS,
     build_vlm,
     build_vlm_adapter,
@@ -28,6 +29,10 @@ from tests.engine.vlm_checkpoints import (
 MAX_TOKENS = 5
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
 CONFIG = {"block_size": 4, "num_kv_blocks": 256, "max_num_batched_tokens": 20, "max_adapter_rank": 8}
+# text before the image: three full blocks of it, then the image
+TEXT_THEN_IMAGE = {name: [{"role": "user", "content": [{"type": "text", "text": "w60 w61 w62 w63 w64 w65 w66 w67"},
+                                                       {"type": "image_url", "image_url": {"url": IMAGES[name]}}]}]
+                   for name in ("wide", "other-wide")}
 MIXED = {"names": ["same-text-image-a", "two-images", "text-only", "same-text-image-b", "one-image"],
          "adapters": ["lora", None, "lora", None, None]}
 
@@ -76,7 +81,10 @@ def transformers_greedy(model, processor, llm, messages: list[dict]):
     content = messages[0]["content"]
     urls = [part["image_url"]["url"] for part in content if part["type"] == "image_url"] \
         if isinstance(content, list) else []
-    text = llm.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    hf_messages = [{**m, "content": [{"type": "image"} if part["type"] == "image_url" else part
+                                     for part in m["content"]]} if isinstance(m["content"], list) else m
+                   for m in messages]  # transformers' form of an image part
+    text = llm.engine.tokenizer.apply_chat_template(hf_messages, add_generation_prompt=True)
     inputs = processor(text=text, images=[load_image(url) for url in urls] or None, return_tensors="pt",
                        add_special_tokens=False)
     ids = inputs["input_ids"]
@@ -127,14 +135,17 @@ def test_an_image_wider_than_a_chunk_is_refused(built):
 
 def test_prefix_cache_keys_carry_the_images(built, oracle):
     """The same text and image again reuses the prompt's KV (its hit ends inside the image, whose rest is then
-    prefilled whole); the same text with another image reuses none; every answer matches transformers'."""
+    prefilled whole); the same text with another image reuses only the blocks before the image; every answer
+    matches transformers'."""
     processor = processor_of(built[0])
     with LLM(built[0], device="cpu", **CONFIG) as llm:
         first, again = (llm.generate([CASES["same-text-image-a"]], SAMPLING)[0] for _ in range(2))
         other = llm.generate([CASES["same-text-image-b"]], SAMPLING)[0]
         prompt, tokens, _ = transformers_greedy(oracle, processor, llm, CASES["same-text-image-a"])
         _, other_tokens, _ = transformers_greedy(oracle, processor, llm, CASES["same-text-image-b"])
-    assert first.usage.cached_tokens == 0 and other.usage.cached_tokens == 0
+    blocks_before_image = prompt.index(IMAGE_TOKEN) // CONFIG["block_size"]
+    assert first.usage.cached_tokens == 0
+    assert other.usage.cached_tokens == blocks_before_image * CONFIG["block_size"]
     assert again.usage.cached_tokens >= len(prompt) - CONFIG["block_size"]
     assert first.token_ids == again.token_ids == tokens
     assert other.token_ids == other_tokens
@@ -168,3 +179,24 @@ def test_lora_on_the_vision_tower_is_refused(built, tmp_path):
         llm.add_adapter("vision", path)
     assert refused.value.code == "unsupported_module"
     assert "vision tower" in str(refused.value)
+
+
+def test_prompts_with_other_images_share_only_the_blocks_before_them(built, oracle):
+    """The same text, then another image: the blocks before the image are prefix hits, the image's and every later
+    one are not (their keys carry the image's digest); kv_keys, which names blocks between engines, agrees; the
+    answers match transformers'."""
+    processor, size = processor_of(built[0]), CONFIG["block_size"]
+    with LLM(built[0], device="cpu", **CONFIG) as llm:
+        wide, other = (llm.generate([TEXT_THEN_IMAGE[name]], SAMPLING)[0] for name in ("wide", "other-wide"))
+        prompt, wide_images = llm._chat(TEXT_THEN_IMAGE["wide"])
+        other_prompt, other_images = llm._chat(TEXT_THEN_IMAGE["other-wide"])
+        wide_keys = llm.engine.kv_keys(prompt, images=wide_images)
+        other_keys = llm.engine.kv_keys(other_prompt, images=other_images)
+        expected = [transformers_greedy(oracle, processor, llm, TEXT_THEN_IMAGE[name])[1]
+                    for name in ("wide", "other-wide")]
+    shared = prompt.index(IMAGE_TOKEN) // size
+    assert prompt == other_prompt and shared == 3
+    assert other.usage.cached_tokens == shared * size
+    assert wide_keys[:shared] == other_keys[:shared]
+    assert all(a != b for a, b in zip(wide_keys[shared:], other_keys[shared:], strict=True))
+    assert [wide.token_ids, other.token_ids] == expected

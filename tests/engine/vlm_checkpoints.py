@@ -31,12 +31,13 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
 )
 
-# Gemma 3's: an image part is <start_of_image>, which its processor replaces by
+# Gemma 3's: a part typed "image" (only) is <start_of_image>, which its processor replaces by
 # "\n\n<start_of_image>" + <image_soft_token> * mm_tokens_per_image + "<end_of_image>\n\n"
 GEMMA3_CHAT_TEMPLATE = (
     "{% for m in messages %}<start_of_turn> {{ m['role'] }} "
     "{% if m['content'] is string %}{{ m['content'] }} {% else %}{% for part in m['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] }} {% else %}<start_of_image> {% endif %}{% endfor %}"
+    "{% if part['type'] == 'image' %}<start_of_image> {% elif part['type'] == 'text' %}{{ part['text'] }} "
+    "{% endif %}{% endfor %}"
     "{% endif %}<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn> model {% endif %}"
 )
 GEMMA3_SPECIALS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<start_of_turn>": 3, "<end_of_turn>": 4,

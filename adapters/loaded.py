@@ -20,6 +20,7 @@ import torch
 from adapters import checksum
 from adapters.base_shapes import ALL_MODULES, EXPERT_MODULES, ROUTER, peft_module_key
 from adapters.errors import AdapterError
+from adapters.file_reads import DEFAULT, ReadPolicy
 from adapters.layout import CONFIG_NAME, WEIGHTS_NAME
 from adapters.safetensors_check import read_tensors
 from adapters.tensor_names import expert_tensor_name, experts_by_layer, parse_tensor_name
@@ -111,7 +112,7 @@ class LoadedAdapter:
         }
 
 
-def load_canonical(directory: str | Path, *, digest: str | None = None) -> LoadedAdapter:
+def load_canonical(directory: str | Path, *, digest: str | None = None, policy: ReadPolicy = DEFAULT) -> LoadedAdapter:
     """Read what `LoadedAdapter.save` wrote; AdapterError (canonical_corrupt) when any byte of it changed since.
 
     Every read checks the sidecar's checksums (adapters.checksum): the weights file's, over each block as it is
@@ -119,7 +120,8 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
     sidecar's. With the digest the caller already knows (computed once, when the adapter was uploaded or first made
     known: the folder is content-addressed and immutable) the sidecar must name it and the tensors are not hashed
     again. A sidecar written before checksums were kept has only its digest to check the bytes by: it is
-    recomputed on every read (slower, never unchecked; saving the adapter again adds the checksums)."""
+    recomputed on every read (slower, never unchecked; saving the adapter again adds the checksums). `policy`: how
+    the weights file is read (adapters.file_reads: its pace, around the page cache or not)."""
     directory = Path(directory)
     try:
         sidecar = json.loads((directory / SIDECAR_NAME).read_text())
@@ -144,7 +146,7 @@ def load_canonical(directory: str | Path, *, digest: str | None = None) -> Loade
     experts = experts_by_layer(sidecar["ranks"])
     tensors = {
         parse_tensor_name(name, experts=experts).canonical: t
-        for name, t in read_tensors(weights, checksum=weights_checksum).items()
+        for name, t in read_tensors(weights, checksum=weights_checksum, policy=policy).items()
     }
     expected = {f"{name}.{half}" for name in sidecar["ranks"] for half in ("lora_A", "lora_B")}
     if set(tensors) != expected or any(

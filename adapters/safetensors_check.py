@@ -17,6 +17,7 @@ import torch
 
 from adapters.checksum import ALGORITHM, new_hasher
 from adapters.errors import AdapterError
+from adapters.file_reads import DEFAULT, Pacer, ReadPolicy, drop_cached
 
 MAX_HEADER_BYTES = 16 << 20
 MAX_TENSORS = 1 << 16
@@ -66,17 +67,20 @@ def check_safetensors(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
-def read_tensors(path: Path, *, checksum: str | None = None) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, *, checksum: str | None = None, policy: ReadPolicy = DEFAULT) -> dict[str, torch.Tensor]:
     """The tensors of a file `check_safetensors` accepts, read once into one buffer this process owns (not
     mapped: a mapped file could change after validation, and an unpacked upload is deleted right after); each
     tensor is a view of that buffer, so its bytes are copied from the file once and never again (a tensor whose
     offset does not suit its dtype's alignment, which no writer we know produces, is the one copied).
 
     `checksum`: the file's (adapters.checksum) when it was stored. Each block is hashed right after it is read,
-    while it is still in cache, and a file whose bytes changed is refused (canonical_corrupt)."""
+    while it is still in cache, and a file whose bytes changed is refused (canonical_corrupt). `policy`: the read's
+    pace and whether it goes around the page cache (adapters.file_reads)."""
     entries = check_safetensors(path)
     hasher = None if checksum is None else new_hasher()
+    pacer = Pacer(policy)
     with open(path, "rb") as handle:
+        drop_cached(handle.fileno(), policy)
         prefix = handle.read(8)
         (header_size,) = struct.unpack("<Q", prefix)
         header = handle.read(header_size)
@@ -92,6 +96,8 @@ def read_tensors(path: Path, *, checksum: str | None = None) -> dict[str, torch.
             if hasher is not None:
                 hasher.update(view[filled : filled + count])
             filled += count
+            pacer.read(filled)
+        drop_cached(handle.fileno(), policy)
     if hasher is not None and hasher.hexdigest() != checksum:
         raise AdapterError(
             "canonical_corrupt",

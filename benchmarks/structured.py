@@ -119,7 +119,8 @@ def main() -> None:
         for digest, path in adapter_dirs.items():
             engine.register_adapter(digest, path)
         for digest in digests:
-            while not engine.adapter_pool.ready(digest):
+            while engine.adapter_pool.tier(digest) != "host":
+                engine.adapter_pool.ready(digest)  # starts its read from disk
                 time.sleep(0.01)
             engine.prefetch_adapter(digest, "device")
         rng = random.Random(args.schemas_seed)

@@ -1,11 +1,12 @@
 """Adapters in three tiers: device pages (shared with the KV cache), a host cache bounded in bytes, disk.
 
-Disk -> host: a background thread reads, checks and lays out (AdapterPlan) an adapter the first time a
-request needs it; tensors are pinned when the device is CUDA. Host -> device pages: `acquire` when a
-request is admitted, or `prefetch` ahead of it into pages nobody needs; on CUDA the copy runs on a side
-stream and the next step waits only for the copy on the GPU. A resident adapter is pinned while a
-running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when
-pages run short (`reclaim`). Every failure of a load is contained: `take_failures()` reports it once, by
+Disk -> host: a background thread reads, checks and lays out (AdapterPlan) an adapter when its first request
+arrives (`ready`); tensors are pinned when the device is CUDA. Host -> device pages: `place` takes the pages and
+hands the copy to a PageCopier (engine/page_copier.py: its own thread on CPU, a side stream on CUDA); the adapter
+is resident, and its sequences can be admitted, once the copy is done. Neither move runs on the step loop, so
+sequences of resident adapters keep stepping while another adapter loads. A resident adapter is pinned while a
+running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when pages run short
+(`reclaim`), never those the caller says it keeps (the scheduler keeps what waiting sequences need). Every failure of a load is contained: `take_failures()` reports it once, by
 digest, with a reason that names no server path, and the next request for that adapter reads it again; nothing
 that failed its checks is kept in any tier. Nothing outside this class touches its fields.
 
@@ -20,7 +21,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -28,24 +29,27 @@ from typing import NamedTuple, Protocol
 import torch
 
 import adapters
+from adapters.file_reads import DEFAULT, ReadPolicy
 from engine.adapter_plan import AdapterPlan
 from engine.lora_batch import AdapterTables
 from engine.lora_modules import per_slice
+from engine.page_copier import Copy, page_copier
 from engine.paged_memory import PagedMemory
 
 CANONICAL_SIDECAR = "quilt_adapter.json"
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
-def read_adapter(path: str | Path, base_config: dict, max_rank: int, *, digest: str | None = None
-                 ) -> "adapters.LoadedAdapter":
+def read_adapter(path: str | Path, base_config: dict, max_rank: int, *, digest: str | None = None,
+                 policy: ReadPolicy = DEFAULT) -> "adapters.LoadedAdapter":
     """The disk tier: Quilt's canonical folder on the fast path, anything PEFT wrote otherwise; fused-name
     modules (Phi-3's qkv_proj, gate_up_proj) come back as their slices (lora_modules.per_slice). `digest`: the
     one the adapter was made known by, which a canonical folder's sidecar must name (its tensors are then not
-    hashed again, adapters.load_canonical); a PEFT folder is converted, and so hashed, whatever is known."""
+    hashed again, adapters.load_canonical); a PEFT folder is converted, and so hashed, whatever is known. `policy`:
+    how a canonical folder's weights are read (paced, around the page cache: adapters.file_reads)."""
     path = Path(path)
     if (path / CANONICAL_SIDECAR).exists():
-        adapter = adapters.load_canonical(path, digest=digest)
+        adapter = adapters.load_canonical(path, digest=digest, policy=policy)
     else:
         adapter = adapters.load_adapter(path, base_config, max_rank=max_rank)
     return per_slice(adapter, adapters.BaseShapes.from_config(base_config))
@@ -98,6 +102,14 @@ class LoadTime(NamedTuple):
     # on the side stream that runs it)
 
 
+class Placing(NamedTuple):
+    """An adapter whose pages are taken and whose copy into them is under way."""
+
+    plan: AdapterPlan
+    pages: list[int]
+    copy: Copy
+
+
 class Prepared(NamedTuple):
     """An adapter read and laid out, ready for the host tier (see `prepare`)."""
 
@@ -139,6 +151,7 @@ class AdapterPool:
         self._host: OrderedDict[str, AdapterPlan] = OrderedDict()  # LRU first
         self._host_bytes = 0
         self._resident: dict[str, Resident] = {}
+        self._placing: dict[str, Placing] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # resident, no user; LRU first
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}  # digest -> reason: loads that failed, until the adapter is asked for again
@@ -148,10 +161,7 @@ class AdapterPool:
         self.num_evictions = {"host": 0, "device": 0}
         self._load_times: deque[LoadTime] = deque(maxlen=4096)  # until take_load_times (bounded: an offline
         # engine never takes them)
-        self._timed_copies: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA copies in flight, untimed
-        device = memory.layers[0].device
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._copies: list = []  # CUDA events of copies the next step must wait for
+        self._copier = page_copier(memory)
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         # the loader holds the pool weakly (a thread running a bound method would keep the pool, its pages and,
@@ -166,11 +176,11 @@ class AdapterPool:
         self._stop_loader()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        self._copier.close()
         self._host.clear()
         self._resident.clear()
+        self._placing.clear()
         self._idle.clear()
-        self._copies.clear()
-        self._timed_copies.clear()
         self._host_bytes = 0
 
     # registration
@@ -209,7 +219,8 @@ class AdapterPool:
 
     # tiers
     def tier(self, digest: str) -> str:
-        """"device", "host", "loading", "failed" or "disk" (registered, in no memory tier)."""
+        """"device", "host" (also while its copy into pages is under way: `state()["placing"]`), "loading",
+        "failed" or "disk" (registered, in no memory tier)."""
         self._drain()
         if digest in self._resident:
             return "device"
@@ -223,11 +234,14 @@ class AdapterPool:
         return {"device": list(self._resident), "host": list(self._host)}
 
     def ready(self, digest: str) -> bool:
-        """Whether the adapter is in memory (device or host); if not, make sure it is being loaded: a load that
-        failed is tried again (read from disk anew) once `take_failures` has handed its failure out."""
+        """Whether the adapter is resident on the device, its copy done (a sequence can use it in the next step).
+        If it is in no memory tier, make sure it is being read from disk: a load that failed is tried again (read
+        anew) once `take_failures` has handed its failure out. One in host memory waits for `place`."""
         self._drain()
-        if digest in self._resident or digest in self._host:
+        if digest in self._resident:
             return True
+        if digest in self._host or digest in self._placing:
+            return False
         if digest not in self._unreported and digest not in self._loading:
             self._failed.pop(digest, None)
             self._loading.add(digest)
@@ -241,9 +255,8 @@ class AdapterPool:
                 *(Residency(d, "host", False, plan.max_rank) for d, plan in self._host.items())]
 
     def take_load_times(self) -> list[LoadTime]:
-        """The moves between tiers finished since the last call (a CUDA copy once the GPU has run it)."""
+        """The moves between tiers finished since the last call."""
         self._drain()
-        self._time_finished_copies()
         times = list(self._load_times)
         self._load_times.clear()
         return times
@@ -261,18 +274,37 @@ class AdapterPool:
         return failed
 
     # device pages
-    def pages_needed(self, digest: str) -> int | None:
-        """Pages `acquire` would take: 0 when resident, None when not in memory at all."""
-        if digest in self._resident:
-            return 0
+    def pages_to_place(self, digest: str) -> int | None:
+        """The pages `place` would take: None unless the adapter is in host memory and neither resident nor
+        being placed."""
+        self._drain()
+        if digest in self._resident or digest in self._placing:
+            return None
         plan = self._host.get(digest)
         return None if plan is None else plan.num_pages
 
+    def place(self, digest: str) -> None:
+        """Take the adapter's pages (the caller made sure pages_to_place(digest) are free) and start its copy into
+        them; it is resident once the copy is done (`ready`)."""
+        plan = self._host[digest]
+        self._host.move_to_end(digest)
+        pages = self._take_pages(plan.num_pages)
+        if self._mirror is not None:
+            self._mirror.place(digest, pages)
+        mem = self.memory
+        offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
+        self._placing[digest] = Placing(plan, pages, self._copier.start(plan, pages, offsets))
+
+    def wait_placed(self, digest: str) -> None:
+        """Block until the adapter's copy into pages, if one is under way, is done."""
+        placing = self._placing.get(digest)
+        if placing is not None:
+            placing.copy.result()
+            self._drain()
+
     def acquire(self, digest: str) -> None:
-        """Pin the adapter on the device for one more running sequence, placing it first if needed (the
-        caller made sure pages_needed(digest) pages are free)."""
-        resident = self._resident.get(digest) or self._place(digest)
-        resident.users += 1
+        """Pin a resident adapter on the device for one more running sequence."""
+        self._resident[digest].users += 1
         self._idle.pop(digest, None)
 
     def release(self, digest: str) -> None:
@@ -281,33 +313,21 @@ class AdapterPool:
         if resident.users == 0:
             self._idle[digest] = None
 
-    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int:
-        """Evict unpinned adapters, least recently used first, until num_pages pages are freed; returns
-        the pages freed (fewer when not enough are unpinned)."""
+    def reclaim(self, num_pages: int, *, keep: Collection[str] = ()) -> int:
+        """Evict unpinned adapters not in `keep`, least recently used first, until num_pages pages are freed;
+        returns the pages freed (fewer when not enough could go)."""
         freed = 0
         for digest in list(self._idle):
             if freed >= num_pages:
                 break
-            if digest != keep:
+            if digest not in keep:
                 freed += self._drop(digest)
         return freed
 
-    def prefetch(self, digest: str, *, free_pages: int) -> bool:
-        """Place an adapter that is in host memory on the device, unpinned, if it fits in free_pages."""
-        if digest in self._resident:
-            if digest in self._idle:
-                self._idle.move_to_end(digest)
-            return True
-        plan = self._host.get(digest)
-        if plan is None or plan.num_pages > free_pages:
-            return False
-        self._place(digest)
-        self._idle[digest] = None
-        return True
-
     def evict(self, digest: str) -> list[str]:
-        """Drop an adapter from the device (if unpinned) and the host cache; returns the tiers it left."""
-        self._drain()
+        """Drop an adapter from the device (if unpinned; a copy under way is finished first) and the host cache;
+        returns the tiers it left."""
+        self.wait_placed(digest)
         left = []
         if digest in self._resident:
             if self._resident[digest].users:
@@ -332,63 +352,24 @@ class AdapterPool:
             out.append(r.tables)
         return out
 
-    def wait_for_copies(self) -> None:
-        """Make the current CUDA stream wait for copies into pages (no host wait; nothing to do on CPU)."""
-        for event in self._copies:
-            torch.cuda.current_stream().wait_event(event)
-        self._copies.clear()
-
     @property
     def num_pages(self) -> int:
-        return sum(len(r.pages) for r in self._resident.values())
+        """Pages held by adapters: resident, or taken for a copy under way."""
+        return sum(len(r.pages) for r in self._resident.values()) + sum(len(p.pages) for p in self._placing.values())
 
-    def _place(self, digest: str) -> Resident:
-        plan = self._host[digest]
-        self._host.move_to_end(digest)
-        pages = self._take_pages(plan.num_pages)
-        if self._mirror is not None:
-            self._mirror.place(digest, pages)
-        mem = self.memory
-        offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
-        device = mem.layers[0].device
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
-                start = torch.cuda.Event(enable_timing=True)
-                start.record(self._stream)
-                offsets = self._write(plan, pages, offsets, device)
-                event = torch.cuda.Event(enable_timing=True)
-                event.record(self._stream)
-            self._copies.append(event)
-            self._time_finished_copies()
-            self._timed_copies.append((start, event))
-        else:
-            started = time.perf_counter()
-            offsets = self._write(plan, pages, offsets, device)
-            self._load_times.append(LoadTime("host", "device", time.perf_counter() - started))
-        self.generation += 1
-        resident = Resident(plan=plan, pages=pages, offsets=offsets, placement=self.generation)
-        self._resident[digest] = resident
-        self.num_loads["device"] += 1
-        return resident
-
-    def _time_finished_copies(self) -> None:
-        """Time the CUDA copies into pages that the GPU has run (so only copies in flight wait here)."""
-        pending = []
-        for start, end in self._timed_copies:
-            if end.query():
-                self._load_times.append(LoadTime("host", "device", start.elapsed_time(end) / 1000.0))
-            else:
-                pending.append((start, end))
-        self._timed_copies = pending
-
-    def _write(self, plan: AdapterPlan, pages: list[int], offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
-        mem = self.memory
-        ids = plan.chunk_ids(pages, chunk=mem.chunk, chunk_start=mem.chunk_start).to(device, non_blocking=True)
-        for layer in range(plan.chunks.shape[0]):
-            target = mem.layers[layer].view(-1, mem.chunk)  # [2 * (num_pages + 1), chunk]
-            target.index_copy_(0, ids, plan.chunks[layer].to(device=device, dtype=target.dtype, non_blocking=True))
-        return tuple(table.to(device, non_blocking=True) for table in offsets)
+    def _finish_placing(self) -> None:
+        """Adapters whose copy is done become resident, unpinned."""
+        for digest, placing in list(self._placing.items()):
+            if not placing.copy.done():
+                continue
+            del self._placing[digest]
+            offsets = placing.copy.result()  # a failed copy into our own pages is a bug: it raises
+            self._load_times.append(LoadTime("host", "device", placing.copy.seconds()))
+            self.generation += 1
+            self._resident[digest] = Resident(plan=placing.plan, pages=placing.pages, offsets=offsets,
+                                              placement=self.generation)
+            self._idle[digest] = None
+            self.num_loads["device"] += 1
 
     def _drop(self, digest: str) -> int:
         resident = self._resident.pop(digest)
@@ -430,6 +411,8 @@ class AdapterPool:
             self._results.put((digest, None, None, failure_reason(error)))
 
     def _drain(self) -> None:
+        if self._placing:
+            self._finish_placing()
         while True:
             try:
                 digest, prepared, seconds, error = self._results.get_nowait()
@@ -453,6 +436,7 @@ class AdapterPool:
             "host_bytes": self._host_bytes,
             "device_pages": self.num_pages,
             "pinned": sorted(d for d, r in self._resident.items() if r.users),
+            "placing": sorted(self._placing),
             "loading": sorted(self._loading),
             "failed": dict(self._failed),
             "registered": len(self._paths),

@@ -27,6 +27,10 @@ class EngineConfig:
     adapter_memory_bytes: int | None = None  # pages added to the pool for adapters; None: max_adapter_slots
     # adapters of max_adapter_rank on every projection (on CUDA the pool is sized from memory instead)
     host_adapter_cache_bytes: int = 2 << 30
+    adapter_read_bytes_per_second: int = 0  # a cap on the disk read rate of an adapter load (a volume shared with
+    # other engines); 0: none
+    adapter_read_uncached: bool = False  # adapter loads read around the page cache (posix_fadvise DONTNEED): from
+    # the disk every time, with no second copy beside the host tier
     enable_prefix_caching: bool = True
     kv_host_cache_gb: float = 0.0  # host memory (GiB) for prefix blocks evicted from the pool; 0: no host tier
     # (docs/kv-tiers.md; pinned on CUDA)
@@ -66,6 +70,8 @@ class EngineConfig:
             raise ValueError("adapter_memory_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
+        if self.adapter_read_bytes_per_second < 0:
+            raise ValueError("adapter_read_bytes_per_second must be >= 0")
         if self.kv_host_cache_gb < 0:
             raise ValueError("kv_host_cache_gb must be >= 0")
         if self.kv_host_cache_gb and not self.enable_prefix_caching:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from adapters.file_reads import ReadPolicy
 from engine.adapter_plan import AdapterPlan
 from engine.adapter_pool import AdapterPool, read_adapter
 from engine.block_keys import base_digest, model_digest
@@ -133,22 +134,26 @@ class LLMEngine:
     def add_adapter(self, path: str | Path) -> str:
         """Read an adapter now (raising adapters.AdapterError if it is unusable); returns its digest."""
         started = time.perf_counter()
-        adapter = read_adapter(path, self.hf_config, self.config.max_adapter_rank)
+        adapter = read_adapter(path, self.hf_config, self.config.max_adapter_rank, policy=read_policy(self.config))
         self.adapter_pool.add_loaded(adapter, path, seconds=time.perf_counter() - started)
         return adapter.digest
 
     def prefetch_adapter(self, digest: str, tier: str) -> list[str]:
-        """Warm a registered adapter into "host" or on into "device" pages (evicting unpinned adapters if
-        needed, never KV); returns the tiers it is in. RuntimeError when the pages cannot be had."""
+        """Warm a registered adapter into "host" or on into "device" pages (evicting unpinned adapters no waiting
+        request needs, never KV; the copy into pages is waited for); returns the tiers it is in. RuntimeError
+        when the pages cannot be had."""
         pool = self.adapter_pool
-        if tier == "device" and pool.tier(digest) != "device":
-            needed = pool.pages_needed(digest) if pool.ready(digest) else None  # ready() starts a load
-            if needed is None:
+        if tier == "device" and not pool.ready(digest):  # ready() starts a load from disk
+            needed = pool.pages_to_place(digest)
+            if needed is None and digest not in pool.state()["placing"]:
                 raise RuntimeError(f"adapter {digest[:12]} is not in memory yet: it is loading, try again")
-            short = needed - self.block_manager.num_free_blocks
-            if short > 0 and pool.reclaim(short, keep=digest) < short:
-                raise RuntimeError("no free pages for it: running requests hold them")
-            pool.prefetch(digest, free_pages=self.block_manager.num_free_blocks)
+            if needed is not None:
+                short = needed - self.block_manager.num_free_blocks
+                waiting = {seq.adapter for seq in self.scheduler.waiting} - {None}
+                if short > 0 and pool.reclaim(short, keep={digest, *waiting}) < short:
+                    raise RuntimeError("no free pages for it: running and waiting requests need them")
+                pool.place(digest)
+            pool.wait_placed(digest)
         elif tier == "host":
             pool.ready(digest)
         return [t for t in ("device", "host") if digest in pool.resident()[t]]
@@ -217,6 +222,8 @@ class LLMEngine:
                 rope_positions=rope_positions, rope_delta=rope_delta, unsplit=unsplit,
             ))
         self.requests[request_id] = seqs
+        if adapter is not None:
+            self.adapter_pool.ready(adapter)  # its load from disk starts now, not at the next step
         for seq in seqs:
             if grammar is not None:
                 self.guided.add(seq, grammar)
@@ -313,7 +320,6 @@ class LLMEngine:
                 self.finish_sequence(seq, "error", message, ADAPTER_UNAVAILABLE)
                 outputs.append(self.output_processor.output(seq, []))
         out = self.scheduler.schedule()
-        self._prefetch_adapters()
         self.num_preemptions += len(out.preempted)
         if out.is_empty:
             self._forget_finished(outputs)
@@ -388,19 +394,6 @@ class LLMEngine:
         if self.host_tier is not None:
             self.host_tier.close()
         self.adapter_pool.close()
-
-    def _prefetch_adapters(self) -> None:
-        """Place the adapters of the requests next in line in pages no one needs, even while the batch is
-        full, so that admitting them copies nothing; a reserve of one page per running sequence stays free."""
-        scheduler, pool = self.scheduler, self.adapter_pool
-        spare = self.block_manager.num_unused_pages - len(scheduler.running) - 1
-        for seq in itertools.islice(scheduler.waiting, self.config.max_num_seqs):
-            if spare <= 0:
-                return
-            if seq.adapter is not None and pool.pages_needed(seq.adapter):
-                pages = pool.pages_needed(seq.adapter)
-                if pool.prefetch(seq.adapter, free_pages=spare):
-                    spare -= pages
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
@@ -498,18 +491,23 @@ def build_host_tier(config: EngineConfig, block_manager: BlockManager, memory: P
     return tier
 
 
+def read_policy(config: EngineConfig) -> ReadPolicy:
+    """How adapter loads read their files (adapters.file_reads)."""
+    return ReadPolicy(bytes_per_second=config.adapter_read_bytes_per_second, uncached=config.adapter_read_uncached)
+
+
 def build_adapter_pool(config: EngineConfig, hf_config: dict, spec: ModelSpec, page: PageShape, *,
                        memory: PagedMemory, block_manager: BlockManager, workers: WorkerGroup | None,
                        pin: bool) -> AdapterPool:
     """Adapters read from disk, planned into rank 0's shard of pages taken from the block manager; each worker gets
     its shard of what rank 0 read (the pool's mirror). Its callables hold no engine, so the engine has no
     reference cycle through them."""
-    size = config.tensor_parallel_size
+    size, policy = config.tensor_parallel_size, read_policy(config)
     return AdapterPool(
         memory=memory,
         plan=lambda adapter: AdapterPlan.build(shard_adapter(adapter, rank=0, size=size), num_layers=spec.num_layers,
                                                widths=page.widths, chunk=page.chunk, pin=pin),
-        load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest),
+        load=lambda path, digest: read_adapter(path, hf_config, config.max_adapter_rank, digest=digest, policy=policy),
         take_pages=block_manager.take_pages,
         give_pages=block_manager.give_pages,
         host_cache_bytes=config.host_adapter_cache_bytes,

@@ -222,7 +222,6 @@ class ModelRunner:
             draft_probs: dict[int, torch.Tensor] | None = None) -> dict[int, StepResult]:
         """proposals: seq_id -> speculative tokens to verify; draft_probs: seq_id -> [k, vocab], what they were
         drawn from (absent: deterministic proposals)."""
-        self.adapters.wait_for_copies()
         proposals = proposals or {}
         inputs, sample_rows, prompt_rows = self._flatten(out, proposals)
         # constrained sequences never speculate (engine/speculative/policy.py): one sample row each

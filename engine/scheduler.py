@@ -1,7 +1,8 @@
 """Iteration-level continuous batching. No torch."""
 
+import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,11 +34,12 @@ class SchedulerOutput:
 class AdapterPages(Protocol):
     """What the scheduler asks of the adapter pool (engine.adapter_pool.AdapterPool)."""
 
-    def ready(self, digest: str) -> bool: ...
-    def pages_needed(self, digest: str) -> int | None: ...
+    def ready(self, digest: str) -> bool: ...  # resident on the device (else its load is under way)
+    def pages_to_place(self, digest: str) -> int | None: ...  # in host memory, waiting for `place`: its pages
+    def place(self, digest: str) -> None: ...  # take its pages and copy it there, off the step loop
     def acquire(self, digest: str) -> None: ...
     def release(self, digest: str) -> None: ...
-    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int: ...
+    def reclaim(self, num_pages: int, *, keep: Collection[str] = ()) -> int: ...
 
 
 class PageLender(Protocol):
@@ -105,10 +107,13 @@ class Scheduler:
         the sequence's unsplit runs (an image attended both ways): it stops before the run, or takes all of it,
         or waits for a step with room. Then, if nothing was
         preempted, waiting sequences are admitted one at a time in the order the fairness policy picks
-        among those that are eligible (adapter in memory, leader's prompt done), each taking its
-        prefix-cache hits plus a chunk of its remaining prompt, and its adapter's pages unless that
-        adapter is already on the device, while the budget, `max_num_seqs` and the pages last. The
-        first one that does not fit stops admission. There is no cap on distinct adapters. With a connector
+        among those that are eligible (adapter resident on the device, leader's prompt done), each taking its
+        prefix-cache hits plus a chunk of its remaining prompt, while the budget, `max_num_seqs` and the pages
+        last. The first one that does not fit stops admission. There is no cap on distinct adapters. Last, the
+        adapters that waiting sequences need and that are in host memory are given pages, in line order, while
+        pages stay free beyond one per running sequence, and their copy starts off the step loop; their
+        sequences become eligible in the step after it is done. An adapter not in memory at all is read from
+        disk in the background from its first request on. With a connector
         (a host tier), a candidate whose next blocks after its device hits the connector holds is not
         admitted yet: pages are taken for those blocks and a load starts; it waits (the others go on)
         until a later step finds the load done and its blocks cached, and is then admitted as a prefix hit.
@@ -119,9 +124,10 @@ class Scheduler:
         given back in `on_step_done`.
 
         Pages (KV blocks and adapter pages are one pool) come from, in order: the free list, prefix-
-        cached blocks no one holds (LRU), adapters no running sequence uses (LRU), blocks leased to
-        another engine that has not pulled them yet (the leases closest to expiry end); and only for a
-        running sequence, then, by preempting the newest running sequence (its blocks freed and its
+        cached blocks no one holds (LRU), adapters no running or waiting sequence needs (LRU), blocks leased
+        to another engine that has not pulled them yet (the leases closest to expiry end), adapters only
+        waiting sequences need (LRU; never for a placement, which only takes what no one needs); and only for
+        a running sequence, then, by preempting the newest running sequence (its blocks freed and its
         adapter unpinned, to be recomputed later). Admission never preempts.
         """
         out = SchedulerOutput()
@@ -157,8 +163,7 @@ class Scheduler:
         candidates = self._eligible() if not out.preempted else []
         while candidates and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.policy.pick(candidates)
-            pages = self.adapters.pages_needed(seq.adapter) if seq.adapter is not None else 0
-            if pages is None:  # pushed out of host memory since it was found ready: it loads again
+            if seq.adapter is not None and not self.adapters.ready(seq.adapter):  # evicted since: placed again
                 candidates.remove(seq)
                 continue
             hits = bm.lookup_prefix(seq)
@@ -168,8 +173,8 @@ class Scheduler:
             n = self._chunk(seq, len(hits) * bm.block_size, budget)
             if n == 0:  # an unsplit run that does not fit what is left of the step
                 break
-            short = bm.shortfall(seq, n, hits, pages)
-            if short and not (self._reclaim(short, keep=seq.adapter) and bm.can_allocate(seq, n, hits, pages)):
+            short = bm.shortfall(seq, n, hits, 0)
+            if short and not (self._reclaim(short, keep=seq.adapter) and bm.can_allocate(seq, n, hits, 0)):
                 break
             bm.allocate(seq, n, hits)
             if seq.adapter is not None:
@@ -186,6 +191,8 @@ class Scheduler:
             self._add_to_step(out, seq, n)
             budget -= n
             candidates.remove(seq)
+
+        self._place_adapters()
 
         # speculative lookahead, from what is left
         if self.lookahead is not None:
@@ -268,11 +275,39 @@ class Scheduler:
             extra -= 1
         return max(extra, 0)
 
+    # adapters' pages
+    def _waiting_adapters(self) -> dict[str, None]:
+        """The adapters waiting sequences need, in line order."""
+        return dict.fromkeys(seq.adapter for seq in self.waiting if seq.adapter is not None)
+
+    def _place_adapters(self) -> None:
+        """Give pages to the adapters of the next max_num_seqs sequences in line that are in host memory and start
+        their copy, while pages stay free beyond one per running sequence, evicting only adapters no running or
+        waiting sequence needs."""
+        if self.adapters is None:
+            return
+        needed = self._waiting_adapters()
+        next_in_line = itertools.islice(self.waiting, self.max_num_seqs)
+        for digest in dict.fromkeys(seq.adapter for seq in next_in_line if seq.adapter is not None):
+            pages = self.adapters.pages_to_place(digest)
+            if pages is None:
+                continue
+            short = pages - (self.block_manager.num_free_blocks - len(self.running))
+            if short > 0 and self.adapters.reclaim(short, keep=needed) < short:
+                return
+            self.adapters.place(digest)
+
     def _reclaim(self, num_pages: int, *, keep: str | None = None) -> bool:
-        """Free num_pages pages by evicting unpinned adapters, then by ending leases; whether that was enough."""
-        freed = self.adapters.reclaim(num_pages, keep=keep) if self.adapters is not None else 0
+        """Free num_pages pages by evicting unpinned adapters no waiting sequence needs, then by ending leases,
+        then by evicting those only waiting sequences need; whether that was enough."""
+        kept = {keep} if keep is not None else set()
+        freed = 0
+        if self.adapters is not None:
+            freed = self.adapters.reclaim(num_pages, keep=kept | self._waiting_adapters().keys())
         if freed < num_pages and self.leases is not None:
             freed += self.leases.reclaim(num_pages - freed)
+        if freed < num_pages and self.adapters is not None:
+            freed += self.adapters.reclaim(num_pages - freed, keep=kept)
         return freed >= num_pages
 
     def _eligible(self) -> list[Sequence]:

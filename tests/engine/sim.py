@@ -27,25 +27,41 @@ def make_seq(request_id, prompt, *, max_tokens=4, adapter=None, tenant="t", weig
 
 
 class PageAdapters:
-    """The scheduler's side of the adapter pool, without weights: each ready adapter takes `pages` pages of
-    the block manager while resident; resident adapters no running sequence uses are reclaimed LRU."""
+    """The scheduler's side of the adapter pool, without weights: an adapter in host memory (`ready_set`, None:
+    every one) is given `pages` pages of the block manager by `place`; its copy takes `copy_steps` steps
+    (`tick`, once per step), then it is resident. Resident adapters no running sequence uses are reclaimed LRU,
+    except those the caller keeps."""
 
-    def __init__(self, bm: BlockManager, *, pages: int = 2, ready: set[str] | None = None) -> None:
-        self.bm, self.pages, self.ready_set = bm, pages, ready
+    def __init__(self, bm: BlockManager, *, pages: int = 2, ready: set[str] | None = None, copy_steps: int = 1) -> None:
+        self.bm, self.pages, self.ready_set, self.copy_steps = bm, pages, ready, copy_steps
         self.resident: dict[str, list[int]] = {}
+        self.placing: dict[str, tuple[list[int], int]] = {}  # digest -> (pages, steps left)
         self.users: dict[str, int] = {}
         self.idle: list[str] = []  # LRU first
         self.evictions = 0
+        self.evicted: list[str] = []
+
+    def tick(self) -> None:
+        for digest, (pages, left) in list(self.placing.items()):
+            if left > 1:
+                self.placing[digest] = (pages, left - 1)
+            else:
+                del self.placing[digest]
+                self.resident[digest] = pages
+                self.idle.append(digest)
 
     def ready(self, digest: str) -> bool:
-        return self.ready_set is None or digest in self.ready_set
+        return digest in self.resident
 
-    def pages_needed(self, digest: str) -> int | None:
-        return 0 if digest in self.resident else self.pages
+    def pages_to_place(self, digest: str) -> int | None:
+        in_host = self.ready_set is None or digest in self.ready_set
+        return self.pages if in_host and digest not in self.resident and digest not in self.placing else None
+
+    def place(self, digest: str) -> None:
+        self.placing[digest] = (self.bm.take_pages(self.pages), self.copy_steps)
 
     def acquire(self, digest: str) -> None:
-        if digest not in self.resident:
-            self.resident[digest] = self.bm.take_pages(self.pages)
+        assert digest in self.resident, "acquired before its copy was done"
         if digest in self.idle:
             self.idle.remove(digest)
         self.users[digest] = self.users.get(digest, 0) + 1
@@ -55,18 +71,25 @@ class PageAdapters:
         if not self.users[digest]:
             self.idle.append(digest)
 
-    def reclaim(self, num_pages: int, *, keep: str | None = None) -> int:
+    def reclaim(self, num_pages: int, *, keep=()) -> int:
         freed = 0
         for digest in list(self.idle):
             if freed >= num_pages:
                 break
-            if digest != keep:
+            if digest not in keep:
                 self.idle.remove(digest)
                 pages = self.resident.pop(digest)
                 self.bm.give_pages(pages)
                 freed += len(pages)
                 self.evictions += 1
+                self.evicted.append(digest)
         return freed
+
+    def drop_all(self) -> None:
+        """Finish the copies under way and evict every unpinned adapter (end of a test)."""
+        while self.placing:
+            self.tick()
+        self.reclaim(self.bm.num_blocks)
 
 
 class KeyStore:
@@ -112,6 +135,8 @@ class KeyStore:
 
 
 def step(sched: Scheduler) -> SchedulerOutput:
+    if sched.adapters is not None:
+        sched.adapters.tick()
     out = sched.schedule()
     check_step(sched, out)
     sched.on_step_done(out)
@@ -139,10 +164,10 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
 
 
 def new_scheduler(*, num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True, adapter_pages=2,
-                  ready=None, host_blocks=0, rng=None, **kw):
+                  ready=None, host_blocks=0, rng=None, copy_steps=1, **kw):
     """host_blocks: a KeyStore of that many keys as the scheduler's connector (random load delays from rng)."""
     bm = BlockManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
-    adapters = PageAdapters(bm, pages=adapter_pages, ready=ready)
+    adapters = PageAdapters(bm, pages=adapter_pages, ready=ready, copy_steps=copy_steps)
     connector = KeyStore(bm, capacity=host_blocks, rng=rng or random.Random(0)) if host_blocks else None
     return Scheduler(block_manager=bm, max_num_batched_tokens=budget, max_num_seqs=max_seqs, adapters=adapters,
                      connector=connector, **kw)

@@ -120,13 +120,15 @@ def test_on_cuda_the_host_copy_is_pinned_and_placed_on_a_side_stream(canonical):
     with LLM(base, device="cuda", block_size=16, num_kv_blocks=64) as llm:
         llm.engine.register_adapter(digest, path)
         pool = llm.engine.adapter_pool
-        while not pool.ready(digest):
+        pool.ready(digest)
+        while pool.tier(digest) != "host":
             torch.cuda.synchronize()
-        plan = pool._host[digest]
-        assert plan.chunks.is_pinned()
-        assert pool.prefetch(digest, free_pages=llm.engine.block_manager.num_free_blocks)
-        assert len(pool._copies) == 1  # an event on the side stream that the next step waits for
+        assert pool._host[digest].chunks.is_pinned()
+        pool.place(digest)
+        copy = pool._placing[digest].copy
+        assert len(copy.layers) == 2  # an event per layer, recorded on the side stream
+        copy.result()
+        assert pool.ready(digest)
         llm.adapters["all"] = digest
         warm = llm.generate([[5, 6, 7]], SAMPLING, adapters=["all"])
         assert warm[0].finish_reason == "length"
-        assert pool._copies == []

@@ -71,7 +71,7 @@ def test_residency_metrics_agree_with_the_pool(checkpoints, stored):
     while engine.adapter_pool.tier(digests["running"]) != "device":  # loaded in the background, then admitted
         engine.step()
     engine.prefetch_adapter(digests["prefetched"], "host")  # starts its load
-    while not engine.adapter_pool.ready(digests["prefetched"]):
+    while engine.adapter_pool.tier(digests["prefetched"]) != "host":
         time.sleep(0.002)
     assert engine.prefetch_adapter(digests["prefetched"], "device") == ["device", "host"]
     metrics.observe_adapters(engine.adapter_pool)

@@ -48,6 +48,8 @@ def test_no_cap_on_distinct_adapters_and_unready_adapter_waits():
     seqs = [make_seq(i, [1, 2, 3], adapter=ad, max_tokens=3) for i, ad in enumerate("abcdefghijklm")]
     for seq in seqs:
         sched.add(seq)
+    step(sched)  # their copies into pages start
+    assert not sched.running
     step(sched)
     assert len(sched.running_adapters()) == 12  # as many as fit in memory: no slot cap
     for _ in range(30):
@@ -71,6 +73,62 @@ def test_adapter_pages_are_reclaimed_for_kv_before_anyone_is_preempted():
     outs = drain(sched)
     assert long.is_finished and not any(out.preempted for out in outs)
     assert sched.adapters.evictions >= 2
+
+
+def test_a_resident_adapters_sequence_steps_while_another_adapter_is_copied_into_pages():
+    sched = new_scheduler(num_blocks=64, budget=64, adapter_pages=4, copy_steps=5)
+    hot = make_seq("hot", [1, 2, 3], adapter="a", max_tokens=12)
+    sched.add(hot)
+    step(sched)  # a's copy starts
+    step(sched)
+    while not hot.num_completion_tokens:
+        step(sched)
+    cold = make_seq("cold", [4, 5, 6], adapter="b", max_tokens=2)
+    sched.add(cold)
+    ran_while_copying = 0
+    while cold not in sched.running:
+        before = hot.num_completion_tokens
+        out = step(sched)
+        if "b" in sched.adapters.placing:  # the copy was under way through this step
+            assert cold in sched.waiting and cold not in out.seqs
+            ran_while_copying += hot.num_completion_tokens > before
+    assert ran_while_copying >= 4  # every step of the copy decoded the resident adapter's sequence
+    assert cold in out.seqs and hot in out.seqs  # admitted the step after its copy, beside the running one
+    drain(sched)
+
+
+def test_eviction_spares_adapters_that_waiting_sequences_need():
+    # 16 pages: b, c, a resident and idle (4 pages each, b least recently used); a waiting sequence of b is held back by max_num_seqs
+    # while d's sequence waits for its pages: d takes c's (no one needs c), never b's
+    sched = new_scheduler(num_blocks=16, block_size=4, budget=64, max_seqs=1, adapter_pages=4, caching=False)
+    for i, ad in enumerate("bca"):  # b least recently used
+        sched.add(make_seq(f"warm-{i}", [1, 2, 3], adapter=ad, max_tokens=1))
+    drain(sched)
+    assert set(sched.adapters.resident) == {"a", "b", "c"} and sched.adapters.evictions == 0
+    runner = make_seq("runner", [1, 2, 3], adapter="a", max_tokens=6)
+    sched.add(runner)
+    step(sched)
+    for seq in (make_seq("d", [1, 2, 3], adapter="d", max_tokens=1), make_seq("b", [1, 2, 3], adapter="b",
+                                                                             max_tokens=1)):
+        sched.add(seq)
+    step(sched)
+    assert sched.adapters.evicted == ["c"] and "d" in sched.adapters.placing
+    drain(sched)
+
+
+def test_admission_frees_the_pages_of_adapters_only_waiting_sequences_need_rather_than_wait_forever():
+    # 8 pages, both held by idle adapters x and y that waiting sequences need: admitting x's sequence must
+    # evict y (needed only by a waiting sequence) for its KV block, or nothing would ever run
+    sched = new_scheduler(num_blocks=8, block_size=4, budget=64, adapter_pages=4, caching=False)
+    for ad in "xy":
+        sched.adapters.place(ad)
+    sched.adapters.tick()
+    assert set(sched.adapters.resident) == {"x", "y"} and sched.block_manager.num_free_blocks == 0
+    seqs = [make_seq(f"s-{ad}", [1, 2, 3], adapter=ad, max_tokens=2) for ad in "xy"]
+    for seq in seqs:
+        sched.add(seq)
+    drain(sched)
+    assert all(seq.finish_reason == "length" for seq in seqs)
 
 
 def test_vtc_charges_a_token_once_even_when_recomputed_after_preemption():
@@ -119,7 +177,7 @@ def test_random_workload_invariants(seed):
             sched.finish(live.pop(rng.randrange(len(live))), "abort")
         step(sched)
     drain(sched)
-    sched.adapters.reclaim(sched.block_manager.num_blocks)  # idle adapters keep their pages until needed
+    sched.adapters.drop_all()  # idle adapters keep their pages until needed
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
 
 
@@ -149,7 +207,7 @@ def test_random_workload_with_a_host_tier(seed):
     drain(sched)
     while sched.loading:  # loads of aborted sequences still finish
         sched.schedule()
-    sched.adapters.reclaim(sched.block_manager.num_blocks)
+    sched.adapters.drop_all()
     bm = sched.block_manager
     assert not bm.held and bm.num_free_blocks == bm.num_blocks and not sched.loaded and not sched.load_failed
     bm.check_invariants([])

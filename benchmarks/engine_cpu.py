@@ -90,7 +90,7 @@ def workload(num_requests: int, names: list[str], seed: int = 0):
 
 def run_engine(base: Path, adapter_dirs: dict[str, Path], requests, device: str, dtype: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) of generating every request."""
-    llm = LLM(base, device=device, dtype=dtype, max_adapter_slots=len(adapter_dirs), max_adapter_rank=64, block_size=16,
+    llm = LLM(base, device=device, dtype=dtype, pool_adapters_at_max_rank=len(adapter_dirs), max_adapter_rank=64, block_size=16,
               max_num_batched_tokens=2048, max_num_seqs=len(requests))
     for name, path in adapter_dirs.items():
         llm.add_adapter(name, path)

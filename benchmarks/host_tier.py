@@ -64,7 +64,7 @@ def engine_for(model: Path, args, name: str) -> LLMEngine:
     prompts = 4 * args.prompts if name == "unbounded" else args.prompts
     host_bytes = 4 * args.prompts * per_prompt * BLOCK_BYTES if name == "host tier" else 0
     config = EngineConfig(model=str(model), device=args.device, block_size=BLOCK,
-                          num_kv_blocks=prompts * per_prompt + in_flight, adapter_memory_bytes=0,
+                          num_kv_blocks=prompts * per_prompt + in_flight, pool_adapter_bytes=0,
                           max_num_batched_tokens=1024, kv_host_cache_gb=host_bytes / 2**30)
     return LLMEngine(config)
 

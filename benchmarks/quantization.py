@@ -153,7 +153,7 @@ def make_llm(base: Path, adapter_dirs: dict[str, Path], args, quantization: str 
     llm = LLM(base, device=args.device, dtype=args.dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
               block_size=args.block_size, num_kv_blocks=args.kv_blocks, max_num_seqs=args.batch,
               max_num_batched_tokens=max(2048, args.batch * 8), max_adapter_rank=16,
-              adapter_memory_bytes=args.adapter_memory_bytes)
+              pool_adapter_bytes=args.pool_adapter_bytes)
     for name, path in adapter_dirs.items():
         llm.add_adapter(name, path)
     return llm
@@ -219,12 +219,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.block_size = 32  # fp8 KV: a chunk holds half (bf16) or a quarter (fp32) of the values it holds otherwise
     context = args.prompt_len + max(args.decode_steps, args.tokens // args.batch) + 8
     args.kv_blocks = args.batch * -(-context // args.block_size) * 2
-    args.adapter_memory_bytes = None
+    args.pool_adapter_bytes = None
     if gpu:
         from benchmarks import llama_shape
 
         itemsize = getattr(torch, args.dtype).itemsize
-        args.adapter_memory_bytes = 2 * args.adapters * llama_shape.adapter_bytes(llama_shape_of(args), 16, itemsize)
+        args.pool_adapter_bytes = 2 * args.adapters * llama_shape.adapter_bytes(llama_shape_of(args), 16, itemsize)
         args.vocab = llama_shape_of(args).vocab
     else:
         args.vocab = 1024

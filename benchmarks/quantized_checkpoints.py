@@ -154,7 +154,7 @@ def make_llm(model_dir: Path, adapters: dict[str, str], args) -> LLM:
     memory = 2 * args.adapters * llama_shape.adapter_bytes(shape_of(args), 16, getattr(torch, args.dtype).itemsize)
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=batch, block_size=32,
               num_kv_blocks=batch * -(-context // 32) * 2, max_num_batched_tokens=max(2048, batch * 8),
-              max_adapter_rank=16, adapter_memory_bytes=memory)
+              max_adapter_rank=16, pool_adapter_bytes=memory)
     for name, path in adapters.items():
         llm.add_adapter(name, path)
     return llm

@@ -153,17 +153,20 @@ def engine_config(plan: dict) -> tuple[EngineConfig, list[str]]:
         "block_size": args["block_size"], "num_kv_blocks": max(args["max_num_seqs"], args["batch"]) * blocks_per_seq,
         "max_num_seqs": max(args["max_num_seqs"], args["batch"]),
         "max_num_batched_tokens": args["max_num_batched_tokens"],
-        "max_adapter_slots": max(args["max_num_seqs"], args["batch"]), "max_adapter_rank": args["rank"],
+        "max_adapter_rank": args["rank"],
         "host_adapter_cache_bytes": plan["host_cache_bytes"], "enable_prefix_caching": False,
     }  # fmt: skip
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    # the one page pool of engine-memory: room for as many adapters as the old slots gave
-    if "max_adapter_slots" not in fields and "adapter_memory_bytes" in fields:
+    adapters = max(args["max_num_seqs"], args["batch"])
+    # room for as many adapters as the old slots gave, under the name this engine's version has
+    if "pool_adapters_at_max_rank" in fields:
+        wanted["pool_adapters_at_max_rank"] = adapters
+    elif "adapter_memory_bytes" in fields and "max_adapter_slots" not in fields:
         shape, itemsize = llama_shape.Shape(**plan["shape"]), 2 if plan["dtype"] != "float32" else 4
-        room = int(
-            wanted["max_adapter_slots"] * llama_shape.adapter_bytes(shape, args["rank"], itemsize) * 1.3
-        )
+        room = int(adapters * llama_shape.adapter_bytes(shape, args["rank"], itemsize) * 1.3)
         wanted["adapter_memory_bytes"] = room  # row packing wastes up to ~12% of a page chunk on 8B shapes
+    else:
+        wanted["max_adapter_slots"] = adapters
     return EngineConfig(**{k: v for k, v in wanted.items() if k in fields}), sorted(set(wanted) - fields)
 
 

@@ -28,7 +28,15 @@ ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smal
                     "cuda_graphs": "on CUDA, decode steps replay CUDA graphs per padded batch size (default: on; "
                                    "docs/gpu.md)",
                     "role": "prefill, decode or both (default): what the gateway sends this engine, said in its "
-                            "registration and /v1/state (docs/kv-tiers.md)"}
+                            "registration and /v1/state (docs/kv-tiers.md)",
+                    "num_kv_blocks": "pages of the one KV + adapter pool sized for KV (default: from memory); "
+                                     "the pool is this plus --pool-adapter-bytes (docs/engine-memory.md)",
+                    "pool_adapter_bytes": "bytes of pages added to the one pool for adapters (default: the bytes "
+                                          "of --pool-adapters-at-max-rank adapters); KV may use them too",
+                    "pool_adapters_at_max_rank": "sizes the default --pool-adapter-bytes: this many adapters of "
+                                                 "--max-adapter-rank on every projection (default: 8); not a cap",
+                    "max_adapter_slots": "deprecated: --pool-adapters-at-max-rank (mapped, with a warning)",
+                    "adapter_memory_bytes": "deprecated: --pool-adapter-bytes (mapped, with a warning)"}
 
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """One flat, validated configuration for the engine."""
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -7,7 +8,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "fp8")  # fp8 on CPU runs the reference path (docs/quantization.md)
 KV_CACHE_DTYPES = ("auto", "fp8")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
-ROLES = ("prefill", "decode", "both")  # disaggregated serving (docs/kv-tiers.md): a routing preference
+ROLES = ("prefill", "decode", "both")
+DEPRECATED = {"max_adapter_slots": "pool_adapters_at_max_rank", "adapter_memory_bytes": "pool_adapter_bytes"}  # disaggregated serving (docs/kv-tiers.md): a routing preference
 
 
 @dataclass
@@ -22,10 +24,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_adapter_slots: int = 8  # deprecated as a cap (there is none): sizes the default adapter_memory_bytes
-    max_adapter_rank: int = 64
-    adapter_memory_bytes: int | None = None  # pages added to the pool for adapters; None: max_adapter_slots
-    # adapters of max_adapter_rank on every projection (on CUDA the pool is sized from memory instead)
+    max_adapter_rank: int = 64  # the largest rank an adapter module may have (its page rows are sized by it)
+    # the one page pool (docs/engine-memory.md): with num_kv_blocks set, or on CPU, it is num_kv_blocks pages plus
+    # pool_adapter_bytes; KV blocks and adapter pages take from all of it, neither has a share of its own
+    pool_adapter_bytes: int | None = None  # bytes of pages added to the pool for adapters; None: the bytes of
+    # pool_adapters_at_max_rank adapters (on CUDA without num_kv_blocks the pool is sized from memory instead)
+    pool_adapters_at_max_rank: int = 8  # sizes the default pool_adapter_bytes: this many adapters of
+    # max_adapter_rank on every projection; not a cap on the adapters in memory (there is none)
+    max_adapter_slots: int | None = None  # deprecated name of pool_adapters_at_max_rank (mapped, with a warning)
+    adapter_memory_bytes: int | None = None  # deprecated name of pool_adapter_bytes (mapped, with a warning)
     host_adapter_cache_bytes: int = 2 << 30
     adapter_read_bytes_per_second: int = 0  # a cap on the disk read rate of an adapter load (a volume shared with
     # other engines); 0: none
@@ -58,7 +65,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        positive = ("max_num_batched_tokens", "max_num_seqs", "max_adapter_slots", "max_adapter_rank")
+        self._map_deprecated()
+        positive = ("max_num_batched_tokens", "max_num_seqs", "pool_adapters_at_max_rank", "max_adapter_rank")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -66,8 +74,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
-        if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 0:
-            raise ValueError("adapter_memory_bytes must be >= 0")
+        if self.pool_adapter_bytes is not None and self.pool_adapter_bytes < 0:
+            raise ValueError("pool_adapter_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:
             raise ValueError("host_adapter_cache_bytes must be >= 0")
         if self.adapter_read_bytes_per_second < 0:
@@ -87,6 +95,19 @@ class EngineConfig:
         # tensor parallelism (docs/tensor-parallel.md); the model's head counts are checked when it is loaded
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+
+    def _map_deprecated(self) -> None:
+        """The flags' former names, which did not say what they bound, set their new fields (with a warning)."""
+        for old, new in DEPRECATED.items():
+            value = getattr(self, old)
+            if value is None:
+                continue
+            if getattr(self, new) != EngineConfig.__dataclass_fields__[new].default:
+                raise ValueError(f"{old} is the deprecated name of {new}: give {new} alone")
+            warnings.warn(f"{old} is deprecated: it is {new} (--{new.replace('_', '-')}), what it sizes in the one "
+                          "page pool (docs/engine-memory.md)", FutureWarning, stacklevel=3)
+            setattr(self, new, value)
+            setattr(self, old, None)
 
     def _validate_quantization(self) -> None:
         if self.quantization in ("", "none"):

@@ -91,10 +91,10 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
                                             kv_heads=args.num_kv_heads // tensor_parallel_size,
                                             head_dim=args.head_dim, itemsize=kv_dtype.itemsize,
                                             kv_scales=kv_dtype != model_dtype)
-    if config.adapter_memory_bytes is not None:
-        adapter_pages = -(-config.adapter_memory_bytes // page_bytes)
+    if config.pool_adapter_bytes is not None:
+        adapter_pages = -(-config.pool_adapter_bytes // page_bytes)
     else:
-        adapter_pages = config.max_adapter_slots * pages_for_rank(
+        adapter_pages = config.pool_adapters_at_max_rank * pages_for_rank(
             config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk,
             num_experts=args.moe.num_experts if args.moe else 0)
     if config.num_kv_blocks is not None:

@@ -219,7 +219,7 @@ def test_a_decode_engine_pulls_only_what_its_own_host_tier_lacks(engines, model)
     """Blocks the decode engine keeps in its host tier come back from there at admission: the pull asks the source
     for the rest alone (before, it pulled every block it lacked in its pool, over the wire)."""
     _, refs, oracle = model
-    decode = engines.launch("decode-host-tier", "--role", "decode", "--num-kv-blocks", "24", "--adapter-memory-bytes",
+    decode = engines.launch("decode-host-tier", "--role", "decode", "--num-kv-blocks", "24", "--pool-adapter-bytes",
                             "0", "--kv-host-cache-gb", str(2**20 / 2**30))  # a pool of 24 pages, adapters' included
     wait_until_healthy(decode.process, decode, decode.log_path)
     block_size = decode.get("/v1/state").json()["block_size"]

@@ -30,7 +30,7 @@ def oracle(checkpoints, adapter_dirs):
 
 
 def make_llm(checkpoints, adapter_dirs, *, host_blocks=64, **config):
-    config = {"block_size": 4, "num_kv_blocks": 12, "adapter_memory_bytes": 7 * BLOCK_BYTES,  # qv and kv: 4 + 3 pages
+    config = {"block_size": 4, "num_kv_blocks": 12, "pool_adapter_bytes": 7 * BLOCK_BYTES,  # qv and kv: 4 + 3 pages
               "kv_host_cache_gb": host_blocks * BLOCK_BYTES / 2**30, **config}
     llm = LLM(checkpoints["llama"], device="cpu", **config)
     for name in ("qv", "kv"):
@@ -181,10 +181,10 @@ def test_host_tier_on_cuda_equals_a_colocated_run(checkpoints, adapter_dirs, kv_
     """Pinned slots, saves on the current stream, loads on a side stream: the hit run's tokens are the colocated
     run's (bfloat16: both are the engine's own numerics on this device)."""
     cuda = {"device": "cuda", "dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype, "block_size": 16}
-    probe = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=0)
+    probe = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, pool_adapter_bytes=0)
     pages = sum(probe.engine.adapter_pool.pages_needed(probe.add_adapter(n, adapter_dirs[n])) for n in ("qv", "kv"))
     adapter_bytes = pages * probe.engine.memory.page_bytes  # room for both adapters, none for more KV
-    llm = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, adapter_memory_bytes=adapter_bytes,
+    llm = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, pool_adapter_bytes=adapter_bytes,
               kv_host_cache_gb=1 / 1024)
     colocated = LLM(checkpoints["llama"], **cuda, num_kv_blocks=64)
     for engine in (llm, colocated):

@@ -160,7 +160,7 @@ def test_an_unpulled_lease_gives_its_blocks_to_a_request_that_needs_them(checkpo
     from tests.engine.conftest import Oracle, random_prompts
 
     engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=20,
-                                    adapter_memory_bytes=0))
+                                    pool_adapter_bytes=0))
     assert engine.block_manager.num_blocks == 20
     leased_prompt, big_prompt = random_prompts(61, [41, 50])
     greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)

@@ -75,7 +75,7 @@ def test_chunked_prefill_and_preemption_match_peft(checkpoints, llama_adapters, 
     prompts = random_prompts(3, [30, 5, 22, 11, 2, 17])
     # 20 pages for KV plus what qv and all1 take (4 + 5 pages of 2 KiB): adapters and KV share them
     llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=20, max_num_batched_tokens=8,
-                   adapter_memory_bytes=9 * 2048)
+                   pool_adapter_bytes=9 * 2048)
     sampling = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     outputs = llm.generate(prompts, sampling, adapters=names)
     assert_matches(llama_oracle, prompts, names, outputs, max_tokens=10)
@@ -88,7 +88,7 @@ def test_chunked_prefill_and_preemption_match_peft(checkpoints, llama_adapters, 
 def test_adapter_page_eviction_and_host_cache(checkpoints, llama_adapters, llama_oracle):
     # pages for one big adapter at a time and a host cache too small for even one: every swap goes back to disk
     llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=64,
-                   adapter_memory_bytes=210 * 2048, host_adapter_cache_bytes=0)
+                   pool_adapter_bytes=210 * 2048, host_adapter_cache_bytes=0)
     names = ["qv", "all1", "big", "pattern", None, "big", "qv", "pattern"]
     prompts = random_prompts(4, [5, 8, 3, 11, 6, 9, 2, 7])
     outputs = llm.generate(prompts, GREEDY, adapters=names)
@@ -119,7 +119,7 @@ def test_requests_added_while_others_run(checkpoints, llama_adapters, llama_orac
 @pytest.mark.parametrize(("budget", "blocks"), [(64, 64), (5, 64), (64, 7)], ids=["one-step", "chunked", "preempted"])
 def test_prompt_logprobs_match_transformers(checkpoints, llama_adapters, llama_oracle, budget, blocks):
     llm = make_llm(checkpoints["llama"], llama_adapters, block_size=4, num_kv_blocks=blocks,
-                   max_num_batched_tokens=budget, adapter_memory_bytes=(69 + 200 + 3) * 2048)  # pattern and big, 3 to spare
+                   max_num_batched_tokens=budget, pool_adapter_bytes=(69 + 200 + 3) * 2048)  # pattern and big, 3 to spare
     names = ["pattern", None, "big"]
     prompts = random_prompts(6, [9, 14, 6])
     sampling = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=3, logprobs=5, ignore_eos=True)
@@ -183,12 +183,12 @@ def many_adapters(checkpoints):
             for i, (r, targets, extra) in enumerate(MANY)}
 
 
-@pytest.mark.parametrize(("kv_blocks", "adapter_pages"), [(256, None), (12, 70)], ids=["roomy", "evict-and-preempt"])
+@pytest.mark.parametrize(("kv_blocks", "adapter_pages"), [(256, None), (4, 70)], ids=["roomy", "evict-and-preempt"])
 def test_more_distinct_adapters_than_old_slots_match_peft(checkpoints, many_adapters, kv_blocks, adapter_pages):
     page_bytes = 2 * 2 * 8 * 2 * 16 * 4  # K and V, 2 layers, block 8, 2 KV heads of 16, float32
     memory = None if adapter_pages is None else adapter_pages * page_bytes
     engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=8, num_kv_blocks=kv_blocks,
-                                    max_adapter_rank=128, adapter_memory_bytes=memory, max_num_batched_tokens=64))
+                                    max_adapter_rank=128, pool_adapter_bytes=memory, max_num_batched_tokens=64))
     assert engine.memory.page_bytes == page_bytes
     digests = {name: engine.add_adapter(path) for name, path in many_adapters.items()}
     names = list(many_adapters) + [None, None]

@@ -18,6 +18,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.__main__ import main as cli_main
+from engine.config import EngineConfig
 from tests.engine.conftest import (
     ARCHS,
     VOCAB,
@@ -74,6 +75,27 @@ def test_a_block_size_too_small_exits_2_naming_one_that_fits(llama_3_8b_like, mo
     assert code == 2
     assert f"invalid engine configuration: block_size {block_size} is too small" in err
     assert "use block_size 32 or more (or leave block_size unset: the engine then picks it)" in err
+
+
+def test_the_pool_flags_former_names_map_to_what_they_size_with_a_warning(checkpoints):
+    model = str(checkpoints["llama"])
+    with pytest.warns(FutureWarning, match="max_adapter_slots is deprecated: it is pool_adapters_at_max_rank"):
+        config = EngineConfig(model=model, max_adapter_slots=3)
+    assert config.pool_adapters_at_max_rank == 3 and config.max_adapter_slots is None
+    with pytest.warns(FutureWarning, match="adapter_memory_bytes is deprecated: it is pool_adapter_bytes"):
+        config = EngineConfig(model=model, num_kv_blocks=8, adapter_memory_bytes=0)
+    assert config.pool_adapter_bytes == 0
+    assert LLM(model, num_kv_blocks=8, pool_adapter_bytes=0).engine.block_manager.num_blocks == 8  # KV pages only
+    with pytest.raises(ValueError, match="max_adapter_slots is the deprecated name of pool_adapters_at_max_rank"):
+        EngineConfig(model=model, max_adapter_slots=3, pool_adapters_at_max_rank=4)
+
+
+def test_a_deprecated_flag_beside_its_new_name_exits_2(checkpoints, monkeypatch, capsys):
+    monkeypatch.setenv("QUILT_ENGINE_TOKEN", "t")
+    code = cli_main(["--model", str(checkpoints["llama"]), "--adapter-memory-bytes", "0", "--pool-adapter-bytes", "8"])
+    assert code == 2
+    assert "adapter_memory_bytes is the deprecated name of pool_adapter_bytes: give pool_adapter_bytes alone" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.timeout(180)

@@ -68,7 +68,7 @@ def server(model_dir, tmp_path_factory):
     client = launch_engine_server(
         ["--model", str(model_dir), "--broker-url", BROKER, "--usage-queue", queue_name,
          "--usage-spool", str(log_path.parent / "usage.jsonl"), "--max-adapter-rank", str(MAX_RANK),
-         "--max-adapter-slots", "2", "--drain-timeout", "20", "--log-level", "info"],
+         "--pool-adapters-at-max-rank", "2", "--drain-timeout", "20", "--log-level", "info"],
         log_path=log_path, token=TOKEN)  # fmt: skip
     process = client.process
     wait_until_healthy(process, client, log_path)

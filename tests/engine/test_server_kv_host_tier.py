@@ -18,7 +18,7 @@ def host_tier_server(checkpoints, tmp_path_factory):
     client = launch_engine_server(
         ["--model", str(checkpoints["llama"]), "--broker-url", BROKER,
          "--usage-queue", f"usage-kv-host-test-{uuid.uuid4().hex}", "--usage-spool", str(log_path.parent / "u.jsonl"),
-         "--block-size", "4", "--num-kv-blocks", "12", "--adapter-memory-bytes", "0",
+         "--block-size", "4", "--num-kv-blocks", "12", "--pool-adapter-bytes", "0",
          "--kv-host-cache-gb", str(64 * BLOCK_BYTES / 2**30), "--log-level", "warning"],
         log_path=log_path, token=TOKEN)  # fmt: skip
     process = client.process

@@ -102,7 +102,7 @@ def test_a_prefix_hit_needs_only_the_blocks_the_window_reaches(windowed, kernel_
     reuses the blocks its window reaches (a whole-context model would recompute it all), and answers alike."""
     base, adapters, oracle = windowed
     engine = LLMEngine(EngineConfig(model=str(base), device="cpu", block_size=4, num_kv_blocks=14, max_adapter_rank=8,
-                                    max_num_batched_tokens=24, adapter_memory_bytes=0))  # fmt: skip
+                                    max_num_batched_tokens=24, pool_adapter_bytes=0))  # fmt: skip
     prompt, filler = random_prompts(12, [40, 30])
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -131,7 +131,7 @@ def test_sequences_longer_than_the_cache_run_in_their_windows(windowed):
     stops at 56 tokens)."""
     base, adapters, oracle = windowed
     engine = LLMEngine(EngineConfig(model=str(base), device="cpu", block_size=4, num_kv_blocks=14, max_adapter_rank=8,
-                                    max_num_batched_tokens=24, adapter_memory_bytes=0))  # fmt: skip
+                                    max_num_batched_tokens=24, pool_adapter_bytes=0))  # fmt: skip
     assert engine.max_model_len == 256  # the model's, not the cache's
     prompts = random_prompts(13, [80, 61])
     for i, prompt in enumerate(prompts):
@@ -151,7 +151,7 @@ def test_the_cpu_cache_is_sized_for_windows_and_chunks(windowed):
     a chunk of 24 in blocks of 4 (11 blocks), not the model's 256 positions (64 blocks)."""
     base, _, _ = windowed
     config = EngineConfig(model=str(base), device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=24,
-                          adapter_memory_bytes=0)  # fmt: skip
+                          pool_adapter_bytes=0)  # fmt: skip
     engine = LLMEngine(config)
     assert engine.block_manager.num_blocks == 3 * 11
     assert engine.max_model_len == 256

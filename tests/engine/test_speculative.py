@@ -78,7 +78,7 @@ def test_greedy_equals_speculation_off_and_peft(checkpoints, adapters, oracle, s
 
 def test_preemption_and_prefix_hits_stay_exact(checkpoints, adapters, oracle):
     model = checkpoints["llama"]
-    llm = LLM(model, block_size=4, num_kv_blocks=14, max_adapter_rank=8, adapter_memory_bytes=0,
+    llm = LLM(model, block_size=4, num_kv_blocks=14, max_adapter_rank=8, pool_adapter_bytes=0,
               speculative_method="draft", speculative_model=str(model), num_speculative_tokens=4,
               speculative_min_acceptance=0.0)
     batch = random_prompts(41, [9, 6, 10, 7])

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # one small pool for every check: 4-token pages, KV and adapters sharing 96 of them, 12 tokens a step
-CONFIG = {"block_size": 4, "num_kv_blocks": 96, "adapter_memory_bytes": 0, "max_num_batched_tokens": 12,
+CONFIG = {"block_size": 4, "num_kv_blocks": 96, "pool_adapter_bytes": 0, "max_num_batched_tokens": 12,
           "max_adapter_rank": 16}
 
 

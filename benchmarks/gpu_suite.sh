@@ -35,6 +35,10 @@
 #   spec      benchmarks/speculative.py on CUDA (demo model, on vs off)        -> spec.log     (not by default)
 #   tp        benchmarks/tensor_parallel.py at tp 1, 2, 4, 8 as the GPUs allow -> tp.log   (not by default:
 #             it needs 2+ GPUs to say anything; the dry run runs it on 2 CPU ranks; QUILT_GPU_TP_S, 240)
+#   cold      benchmarks/cold_cliff.py on CUDA: 8 adapters of real size (rank  -> cold.log, cold.json (not by
+#             16, 7 projections, 8B-shape layers) in a pool that holds 4,         default: QUILT_GPU_STEPS="env
+#             TTFT against all resident, uniform and Zipf, 3 runs                 cold"; QUILT_GPU_COLD_S, 300;
+#                                                                                 QUILT_GPU_COLD_ARGS)
 # and suite.log, the table printed last. The device tool brings back at most 8 files: the default run writes
 # exactly env.log pytest.log precision.log kernels.log kernels.json trace.log trace.json suite.log.
 # The dry run runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny).
@@ -69,6 +73,8 @@ FP8CKPT_S="${QUILT_GPU_FP8CKPT_S:-420}"
 QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
+COLD_S="${QUILT_GPU_COLD_S:-300}"
+COLD_ARGS="${QUILT_GPU_COLD_ARGS---layers 8 --requests 200 --rate 20 --prompt 128 --max-tokens 16 --kv-blocks 36}"
 if [ "$DRY" = 1 ]; then  # the interpreter on a shared CPU: the GPU's limits, times QUILT_GPU_DRY_SLOWDOWN (3)
   SLOW="${QUILT_GPU_DRY_SLOWDOWN:-3}"
   ENV_S=$((ENV_S * SLOW)) WHEELS_S=$((WHEELS_S * SLOW)) PYTEST_S=$((PYTEST_S * SLOW)) PRECISION_S=$((PRECISION_S * SLOW)) KERNELS_S=$((KERNELS_S * SLOW))
@@ -235,7 +241,15 @@ for step in $STEPS; do
       if [ "$DRY" = 1 ]; then run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --quick --random-model
       else run_step spec "$SPEC_S" "$PY" -m benchmarks.speculative --device cuda --rounds 3; fi ;;
     tp) run_step tp "$TP_S" bash -c gpu_tp ;;
-    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp)" >&2; exit 2 ;;
+    cold)
+      # shellcheck disable=SC2086
+      if [ "$DRY" = 1 ]; then
+        run_step cold "$COLD_S" "$PY" -m benchmarks.cold_cliff --tiny --adapters 4 --requests 6 --rate 4 --runs 1 \
+          --dtype float32 --json "$OUT/cold.json"
+      else
+        run_step cold "$COLD_S" "$PY" -m benchmarks.cold_cliff --device cuda $COLD_ARGS --json "$OUT/cold.json"
+      fi ;;
+    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp, cold)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,6 +1,7 @@
 """Loads never stall a step: an adapter read from a slow disk (the engine's own paced reader,
 `adapter_read_bytes_per_second`, the setting a shared volume is served with) loads in the background from its
-request's arrival, while the requests of a resident adapter keep stepping; its request runs once it is resident.
+request's arrival, while the requests of a resident adapter keep stepping (several steps in the time of the read);
+its request runs once it is resident.
 Every token is transformers + PEFT's, with the torch launchers and with the Triton kernels under the interpreter."""
 
 import json
@@ -15,7 +16,8 @@ from engine.llm_engine import LLMEngine
 from tests.engine.conftest import Oracle, build_adapter, random_prompts
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-COLD_READ_S = 5.0  # how long the paced read of the cold adapter's weights takes
+COLD_READ_S = {"torch": 5.0, "triton-interpreter": 10.0}  # how long the paced read of the cold adapter's weights
+# takes: several steps, even of interpreted kernels on a busy machine
 HOT_TOKENS = 5
 
 
@@ -44,7 +46,7 @@ def test_a_resident_adapter_keeps_stepping_while_a_slow_load_is_under_way(checkp
                                                                           request):
     if launchers == "triton-interpreter":
         request.getfixturevalue("triton_launchers")
-    rate = int(stored["cold"][3] / COLD_READ_S)
+    rate = int(stored["cold"][3] / COLD_READ_S[launchers])
     engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64,
                                     adapter_read_bytes_per_second=rate))
     digests = {name: digest for name, (digest, *_) in stored.items()}
@@ -61,22 +63,22 @@ def test_a_resident_adapter_keeps_stepping_while_a_slow_load_is_under_way(checkp
     engine.add_request("cold", cold_prompt, greedy, adapter=digests["cold"])
     assert engine.adapter_pool.tier(digests["cold"]) == "loading"  # from its arrival, before any step
     engine.add_request("hot", hot_prompt, greedy, adapter=digests["hot"])
-    outputs, slowest_step, started = {}, 0.0, time.monotonic()
+    outputs, steps, started = {}, engine.num_steps, time.monotonic()
     while engine.adapter_pool.tier(digests["cold"]) == "loading":
-        began = time.monotonic()
         for out in engine.step():
             outputs[out.request_id] = out
-        slowest_step = max(slowest_step, time.monotonic() - began)
         time.sleep(0.001)
-    read_s = time.monotonic() - started
-    assert len(outputs["hot"].token_ids) >= 2 and "cold" not in outputs  # it kept decoding while the cold one loaded
-    assert slowest_step < read_s / 2  # no step waited for the load
+    steps, read_s = engine.num_steps - steps, time.monotonic() - started
+    hot_tokens = len(outputs["hot"].token_ids) if "hot" in outputs else 0
+    # it kept decoding while the cold one loaded: several steps ran in the time of one read (a step that waited for
+    # the read would have been the only one)
+    assert hot_tokens >= 2 and steps >= 3 and "cold" not in outputs, (hot_tokens, steps, read_s)
     while engine.has_unfinished():
         for out in engine.step():
             outputs[out.request_id] = out
         time.sleep(0.001)
     load_times = engine.adapter_pool.take_load_times()
-    assert max(t.seconds for t in load_times if t.from_tier == "disk") >= COLD_READ_S * 0.9  # the disk was slow
+    assert max(t.seconds for t in load_times if t.from_tier == "disk") >= COLD_READ_S[launchers] * 0.9  # a slow disk
     assert {(t.from_tier, t.to_tier) for t in load_times} == {("disk", "host"), ("host", "device")}
     for name, prompt in (("hot", hot_prompt), ("cold", cold_prompt)):
         assert list(outputs[name].token_ids) == oracle.greedy(prompt, name, HOT_TOKENS), name

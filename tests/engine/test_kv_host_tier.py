@@ -182,7 +182,7 @@ def test_host_tier_on_cuda_equals_a_colocated_run(checkpoints, adapter_dirs, kv_
     run's (bfloat16: both are the engine's own numerics on this device)."""
     cuda = {"device": "cuda", "dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype, "block_size": 16}
     probe = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, pool_adapter_bytes=0)
-    pages = sum(probe.engine.adapter_pool.pages_needed(probe.add_adapter(n, adapter_dirs[n])) for n in ("qv", "kv"))
+    pages = sum(probe.engine.adapter_pool.pages_to_place(probe.add_adapter(n, adapter_dirs[n])) for n in ("qv", "kv"))
     adapter_bytes = pages * probe.engine.memory.page_bytes  # room for both adapters, none for more KV
     llm = LLM(checkpoints["llama"], **cuda, num_kv_blocks=8, pool_adapter_bytes=adapter_bytes,
               kv_host_cache_gb=1 / 1024)

@@ -1,7 +1,7 @@
-"""Vision-language requests on CPU: Quilt's engine against transformers + PEFT on a small Qwen2.5-VL or Qwen3-VL,
-and a step's images encoded in one call against one call per image.
+"""Vision-language requests on CPU: Quilt's engine against transformers + PEFT on a small Qwen2.5-VL, Qwen3-VL or
+Gemma 3, and a step's images encoded in one call against one call per image.
 
-    .venv/bin/python -m benchmarks.vlm [--family qwen2_5_vl|qwen3_vl] [--rounds 3] [--requests 16] [--images 8]
+    .venv/bin/python -m benchmarks.vlm [--family qwen2_5_vl|qwen3_vl|gemma3] [--rounds 3] [--requests 16] [--images 8]
         [--threads N]
 
 Both sides run in this process on one random checkpoint (tests/engine/vlm_checkpoints.py's tiny shape) and one
@@ -27,7 +27,14 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from engine import LLM, SamplingParams
 from engine.images import decode_data_url
 from tests.engine.pictures import data_url, picture
-from tests.engine.vlm_checkpoints import IMAGE_TOKEN, MODELS, PROCESSORS, build_vlm, build_vlm_adapter
+from tests.engine.vlm_checkpoints import (
+    IMAGE_TOKEN,
+    MODELS,
+    PROCESSOR_CLASSES,
+    PROCESSORS,
+    build_vlm,
+    build_vlm_adapter,
+)
 
 SIZES = [(90, 40), (45, 100), (120, 120), (64, 64), (150, 60)]
 
@@ -56,9 +63,12 @@ def run_transformers(peft: PeftModel, processor, llm: LLM, prompts, adapters, ma
         ids = torch.tensor([llm._chat(messages)[0]])  # the same prompt ids (rendering is not timed apart)
         url = messages[0]["content"][0]["image_url"]["url"]
         features = processor([load_image(url)], return_tensors="pt")
-        kwargs = {"pixel_values": features["pixel_values"], "image_grid_thw": features["image_grid_thw"],
-                  "mm_token_type_ids": (ids == IMAGE_TOKEN).int(), "max_new_tokens": max_tokens,
+        kwargs = {"pixel_values": features["pixel_values"], "max_new_tokens": max_tokens,
                   "min_new_tokens": max_tokens, "do_sample": False}
+        if "image_grid_thw" in features:  # Qwen-VL
+            kwargs |= {"image_grid_thw": features["image_grid_thw"], "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
+        else:  # Gemma 3: its images' bidirectional mask
+            kwargs["token_type_ids"] = (ids == IMAGE_TOKEN).int()
         if adapter is None:
             with peft.disable_adapter():
                 peft.generate(input_ids=ids, **kwargs)
@@ -75,15 +85,15 @@ def encode_ratio(llm: LLM, count: int) -> float:
                 for i in range(count)]
     pixels = [torch.from_numpy(f.pixels) for f in features]
     with torch.inference_mode():
-        model.visual(pixels[0], [features[0].grid_thw])  # warm-up
+        model.encode_images(pixels[0], [features[0].grid_thw])  # warm-up
         single = batched = float("inf")
         for _ in range(5):
             start = time.perf_counter()
             for p, f in zip(pixels, features, strict=True):
-                model.visual(p, [f.grid_thw])
+                model.encode_images(p, [f.grid_thw])
             single = min(single, time.perf_counter() - start)
             start = time.perf_counter()
-            model.visual(torch.cat(pixels), [f.grid_thw for f in features])
+            model.encode_images(torch.cat(pixels), [f.grid_thw for f in features])
             batched = min(batched, time.perf_counter() - start)
     return single / batched
 
@@ -109,7 +119,7 @@ def main() -> None:
         lora = build_vlm_adapter(base, root / "lora", seed=1, r=8)
         hf = MODELS[args.family].from_pretrained(base, dtype=torch.float32).eval()
         peft = PeftModel.from_pretrained(hf, lora, adapter_name="lora").eval()
-        processor = Qwen2VLImageProcessorPil(**PROCESSORS[args.family])
+        processor = PROCESSOR_CLASSES.get(args.family, Qwen2VLImageProcessorPil)(**PROCESSORS[args.family])
         adapters = ["lora" if i % 2 else None for i in range(args.requests)]
         with LLM(base, device="cpu", max_num_batched_tokens=512, max_adapter_rank=8) as llm:
             llm.add_adapter("lora", lora)

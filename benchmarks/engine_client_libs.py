@@ -48,15 +48,17 @@ def lines_of(rest: bytes, chunk: bytes) -> tuple[bytes, int]:
 
 
 async def aiohttp_requests(url: str, count: int, streams: int) -> tuple[int, float]:
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
-    timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=60.0)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)) as session:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)  # the session as gateway.engine_client makes it
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=60.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                     skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                                     cookie_jar=aiohttp.DummyCookieJar()) as session:  # fmt: skip
 
         async def one() -> int:
             body = msgspec.json.encode(PAYLOAD)
             async with session.post(url, data=body, headers=HEADERS) as response:
                 rest, events = b"", 0
-                async for chunk in response.content.iter_any():
+                while chunk := await response.content.readany():  # as engine_client.Body reads it
                     rest, more = lines_of(rest, chunk)
                     events += more
                 return events

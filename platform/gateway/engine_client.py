@@ -76,7 +76,8 @@ class EngineRef:
 IDLE_SECONDS = 2.0  # how long an idle connection is kept: well under the engine server's keep-alive timeout, so it
 assert IDLE_SECONDS * 10 < KEEP_ALIVE_SECONDS  # never closes one first, even when this loop reads an answer's end late
 JSON = "application/json"
-# The requests' bodies are the engine's JSON, read as they are: no decompression, no default Accept headers.
+# The requests' bodies are the engine's JSON, read as they are: no decompression, no default Accept headers; an engine
+# sets no cookies (the session keeps none).
 SKIPPED_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 # What a failed exchange with the engine raises: unreachable, reset, timed out, an answer that is not HTTP.
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -93,9 +94,8 @@ async def _kept_session() -> AsyncIterator[aiohttp.ClientSession]:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.QUILT_ENGINE_CONNECT_TIMEOUT_SECONDS,
                                     sock_read=settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS)  # fmt: skip
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_SECONDS)
-    session = aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=SKIPPED_HEADERS
-    )
+    session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                    skip_auto_headers=SKIPPED_HEADERS, cookie_jar=aiohttp.DummyCookieJar())  # fmt: skip
     try:
         yield session
     finally:

@@ -16,6 +16,7 @@ policy's headers included); other methods, a script prefix, and requests the HTT
 general path, the URLconf's views (which reach the same chain).
 """
 
+import asyncio
 import functools
 import gc
 import io
@@ -213,6 +214,8 @@ async def _generate(scope, raw: bytes, send, *, kind: str, secure: bool, receive
         await _send_chunks(chunks, send)
     finally:
         await chunks.aclose()  # a body left unread (the client gone while a chunk was sent) settles its hold here
+        if not answer.body.exchange.settled:  # the client gone before the body's first chunk was read
+            await asyncio.shield(answer.body.exchange.settle())
 
 
 async def _metrics(scope, send) -> None:

@@ -304,3 +304,32 @@ def test_a_client_that_goes_away_while_its_hold_is_settled_lets_the_settle_finis
 
     assert asyncio.run(scenario(leave_while_settling=True)) == ["hold released", "after the settle", "returned"]
     assert asyncio.run(scenario(leave_while_settling=False)) == ["hold released", "after the settle", "returned"]
+
+
+def test_a_client_gone_before_a_streams_first_chunk_still_has_its_hold_settled_once(monkeypatch):
+    """The stream's body owns the hold once the chain answers with it; a client that leaves while the head is written
+    (the cancellation lands before the body is read at all) still has the hold settled, once."""
+    import asyncio
+
+    from gateway import asgi, generation
+    from gateway.exchange import Exchange
+
+    exchange = object.__new__(Exchange)  # the real settle(), around a stand-in for its Redis script
+    exchange._settled, exchange.caller = False, SimpleNamespace(tenant_id=1)
+    settled = []
+
+    async def settle_script():
+        settled.append("hold released")
+
+    exchange._settle = settle_script
+
+    async def answered(**kwargs):
+        return generation.Stream(SimpleNamespace(exchange=exchange), {}, "r1")
+
+    async def send(message):
+        raise asyncio.CancelledError  # the head's write waited for a slow client, which left meanwhile
+
+    monkeypatch.setattr(asgi, "generate", answered)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(asgi._generate({"headers": []}, b"{}", send, kind="completion", secure=False, received=0.0))
+    assert settled == ["hold released"]

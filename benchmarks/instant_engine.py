@@ -53,10 +53,12 @@ async def app(scope, receive, send) -> None:
     elif path == "/v1/generate":
         request = json.loads(await _body(receive))
         tokens = int((request.get("sampling") or {}).get("max_tokens") or 1)
-        delta = {"type": "delta", "index": 0, "text": " w", "token_ids": [7]}
+        request_id = request.get("request_id") or "r"
+        delta = {"type": "delta", "request_id": request_id, "index": 0, "text": " w", "token_ids": [7]}
         final = {
-            "type": "final", "finish_reason": "length", "error": None,
-            "choices": [{"index": 0, "finish_reason": "length"}],
+            "type": "final", "request_id": request_id, "finish_reason": "length", "error": None,
+            "choices": [{"index": 0, "text": " w" * tokens, "token_ids": [7] * tokens, "finish_reason": "length",
+                         "error": None, "error_type": None}],
             "usage": {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": tokens},
         }  # fmt: skip
         lines = [json.dumps(delta).encode() + b"\n"] * tokens + [json.dumps(final).encode() + b"\n"]

@@ -18,7 +18,8 @@ import msgspec
 from django.conf import settings
 from yarl import URL
 
-from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS
+from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS, StreamEvent
+from gateway.engine_events import decode_event
 from gateway.hot_settings import hot
 
 
@@ -149,11 +150,6 @@ def encode(payload: dict) -> bytes:
     return msgspec.json.encode(payload)
 
 
-def decode_event(line: bytes) -> dict:
-    """One event of the engine's stream, from its NDJSON line; msgspec.DecodeError when it is not JSON."""
-    return msgspec.json.decode(line)
-
-
 def _error_message(response_body: bytes) -> str:
     try:
         body = json.loads(response_body)
@@ -221,7 +217,7 @@ class GenerateStream:
         self.response = Body(response)
         return self
 
-    async def events(self) -> list[dict] | None:
+    async def events(self) -> list[StreamEvent] | None:
         """The next events, waiting for them: those that arrived together (`arrived`); None at the answer's end
         (EngineBroke if it ended before the request finished)."""
         while not (events := self.arrived()):
@@ -241,7 +237,7 @@ class GenerateStream:
             raise EngineBroke(f"{self.engine.name}: the stream ended before the request finished")
         return True
 
-    def arrived(self) -> list[dict]:
+    def arrived(self) -> list[StreamEvent]:
         """The events that have arrived (`decode_event` of each line): the lines that came together, or when none is
         left, the body's last line, unterminated, once the answer is complete ([] if none). Blank lines are skipped.
         A line that is not JSON breaks the stream (EngineBroke) when it comes first: after others, it is left for the

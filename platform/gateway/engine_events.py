@@ -1,36 +1,28 @@
-"""Reading the engine's NDJSON generate events (engine/server/events.py):
+"""Reading the engine's generate events (engine.contract.events: Delta and Final, decoded by their structs).
 
-    {"type": "delta", "index", "text", "token_ids", "prompt_tokens"? (a choice's first with tokens), "logprobs"?: [{"token_id", "logprob", "top": {id: logprob}}],
-     "prompt_logprobs"?: [the same, the first one's logprob null], "tool_calls"?: [{"index", "id", "name",
-     "arguments"}]}
-    {"type": "final", "finish_reason", "error", "choices": [{"index", "finish_reason", "error", ...}],
-     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens",
-               "spec_accepted_tokens", "sampling_steps", "kv_transfer"?: {"lease_id", "blocks_pulled",
-               "recomputed"}, ...}}
-"""
+`decode_event` is how the engine client reads each NDJSON line; what it gives the relay and the exchange read:
+a delta's text, tokens and tool calls, a final event's finishes, usage counts, failure and KV transfer."""
 
-import functools
-from dataclasses import fields
 from typing import NamedTuple
 
+import msgspec
+
+from engine.contract import events
 from gateway.openai_response import Delta, Usage
 from gateway.token_text import Vocabulary
 
 USAGE_COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
-                "sampling_steps")  # fmt: skip
-_ZEROS = (0,) * len(USAGE_COUNTS)
-assert USAGE_COUNTS == tuple(field.name for field in fields(Usage)), "a final's counts are Usage(*counts)"
+                "sampling_steps")  # Usage's fields, as FinalUsage names them  # fmt: skip
+decode_event = msgspec.json.Decoder(events.StreamEvent).decode  # msgspec.DecodeError (or its ValidationError)
+# for a line that is not an event of this contract: the field it refuses named by its path
 
 
-class Final(NamedTuple):  # a tuple: made in one call, not a frozen dataclass's setattr per field
+class Ending(NamedTuple):
     finishes: list[tuple]  # each choice's (index, finish reason as the engine gave it, "stop" for none)
-    usage: tuple  # the counts named in USAGE_COUNTS (Usage's fields), integers
+    usage: Usage
     error: str | None = None  # the engine failed the request
     error_type: str | None = None  # its kind, e.g. "adapter_unavailable"
-    kv_transfer: dict | None = None  # a decode hop's: what the engine did with the lease (for metrics only)
-
-
-_final = functools.partial(tuple.__new__, Final)  # Final(*fields) in C: a NamedTuple's __new__ is a Python lambda
+    kv_transfer: events.KVPull | None = None  # a decode hop's: what the engine did with the lease (for metrics only)
 
 
 def _token(vocabulary: Vocabulary, token_id: int, logprob: float | None) -> dict:
@@ -38,42 +30,35 @@ def _token(vocabulary: Vocabulary, token_id: int, logprob: float | None) -> dict
     return {"token": piece.text, "bytes": list(piece.bytes), "whole": piece.whole, "logprob": logprob}
 
 
-def _logprobs(entries, vocabulary: Vocabulary) -> list[dict]:
+def _logprobs(entries: list[events.Logprob] | None, vocabulary: Vocabulary) -> list[dict]:
     out = []
     for entry in entries or []:
-        top = sorted(((int(t), lp) for t, lp in (entry.get("top") or {}).items()), key=lambda item: -item[1])
-        out.append(_token(vocabulary, entry["token_id"], entry["logprob"]) | {
-            "top_logprobs": None if entry["logprob"] is None else [_token(vocabulary, t, lp) for t, lp in top],
+        top = sorted(entry.top.items(), key=lambda item: -item[1])
+        out.append(_token(vocabulary, entry.token_id, entry.logprob) | {
+            "top_logprobs": None if entry.logprob is None else [_token(vocabulary, t, lp) for t, lp in top],
         })  # fmt: skip
     return out
 
 
-def delta_of(event: dict, *, vocabulary: Vocabulary) -> Delta:
+def delta_of(event: events.Delta, *, vocabulary: Vocabulary) -> Delta:
     """A delta event's Delta (its log-probabilities' tokens read in `vocabulary`)."""
-    prompt_logprobs, logprobs = event.get("prompt_logprobs"), event.get("logprobs")
-    if prompt_logprobs or logprobs:
-        logprobs = _logprobs(prompt_logprobs, vocabulary) + _logprobs(logprobs, vocabulary)
+    logprobs = event.logprobs
+    if event.prompt_logprobs or logprobs:
+        logprobs = _logprobs(event.prompt_logprobs, vocabulary) + _logprobs(logprobs, vocabulary)
     return Delta(
-        index=event.get("index", 0), text=event.get("text", ""), logprobs=logprobs or [], finish_reason=None,
-        tokens=len(event.get("token_ids") or []), tool_calls=event.get("tool_calls") or [],
-        prompt_tokens=event.get("prompt_tokens") or 0,
+        index=event.index, text=event.text, logprobs=logprobs or [], finish_reason=None, tokens=len(event.token_ids),
+        tool_calls=event.tool_calls or [], prompt_tokens=event.prompt_tokens or 0,
     )  # fmt: skip
 
 
-def final_of(event: dict) -> Final:
-    """A final event: each choice's finish, the usage counts (a count sent as null or not as an integer read as
-    `int`'s), and the engine's failure."""
-    usage = event.get("usage") or {}
+def final_of(event: events.Final) -> Ending:
+    """A final event: each choice's finish, the usage counts, and the engine's failure."""
+    usage = event.usage
     finishes = []
-    for choice in event.get("choices") or []:  # not a comprehension: its own frame, for one choice or a few
-        finishes.append((choice.get("index", 0), choice.get("finish_reason") or "stop"))
-    counts = (*map(usage.get, USAGE_COUNTS, _ZEROS),)  # in C
-    if {*map(type, counts)} != {int}:  # a count the engine sent as null (or not as an integer)
-        counts = tuple([int(usage.get(name) or 0) for name in USAGE_COUNTS])
-    transfer = usage.get("kv_transfer")
-    if not isinstance(transfer, dict):
-        transfer = None
-    if event.get("finish_reason") != "error":
-        return _final((finishes, counts, None, None, transfer))
-    return _final((finishes, counts, event.get("error") or "the engine failed", event.get("error_type") or None,
-                   transfer))  # fmt: skip
+    for choice in event.choices:  # not a comprehension: its own frame, for one choice or a few
+        finishes.append((choice.index, choice.finish_reason or "stop"))
+    counts = Usage(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.spec_proposed_tokens,
+                   usage.spec_accepted_tokens, usage.sampling_steps)  # fmt: skip
+    if event.finish_reason != "error":
+        return Ending(finishes, counts, None, None, usage.kv_transfer)
+    return Ending(finishes, counts, event.error or "the engine failed", event.error_type or None, usage.kv_transfer)

@@ -17,7 +17,6 @@ from django.conf import settings
 
 from engine.contract import (
     ADAPTER_UNAVAILABLE,
-    EVENT_FINAL,
     PREFIX_CHUNK_CHARS,
     PrefillShare,
     UsageEvent,
@@ -26,6 +25,8 @@ from engine.contract import (
     now_utc,
     prompt_fingerprints,
 )
+from engine.contract.events import Delta as DeltaEvent
+from engine.contract.events import Final, KVPull
 from gateway import engine_client, metrics, request_reports
 from gateway.admission import admission_settle, spend_to_micros, spend_to_picos
 from gateway.caller import Caller
@@ -156,12 +157,12 @@ class Exchange:
             self.stream = None
             raise EngineUnavailable(f"{engine.name} failed before its first event: {error!r}") from error
         first = events[0]
-        if first.get("type") == EVENT_FINAL:
+        if first.__class__ is Final:
             self.stream.finished = True  # taken: an engine that finished at once is not aborted
-            if first.get("error_type") == ADAPTER_UNAVAILABLE:
+            if first.error_type == ADAPTER_UNAVAILABLE:
                 await self.stream.close()
                 self.stream = None  # nothing was served: the engine's usage event (if any) settles nothing here
-                raise AdapterUnavailable(f"{engine.name}: {first.get('error')}")
+                raise AdapterUnavailable(f"{engine.name}: {first.error}")
         self.first = events
 
     async def open(self) -> None:
@@ -250,14 +251,14 @@ class Exchange:
         finally:
             router.ended(engine)
 
-    def final(self, event: dict) -> list[tuple]:
+    def final(self, event: Final) -> list[tuple]:
         """Applies the final event to the response (a delta is the relay's to apply): each choice's finish and the
         usage; raises EngineBroke if the engine failed the request. Its choices' (index, finish reason)."""
         self.stream.finished = True
         final = final_of(event)
         builder = self.builder
         builder.finish(final.finishes)
-        builder.usage = Usage(*final.usage)
+        builder.usage = final.usage
         self.usage_reported = True
         if self.prefill is not None:
             self._count_transfer(final.kv_transfer)
@@ -268,7 +269,7 @@ class Exchange:
             raise EngineBroke(final.error)
         return final.finishes
 
-    def apply_delta(self, event: dict) -> Delta:
+    def apply_delta(self, event: DeltaEvent) -> Delta:
         """A delta event the plain-text path does not take (log-probabilities, tool calls), applied to the response."""
         delta = delta_of(event, vocabulary=self.vocabulary)
         self.builder.apply(delta)
@@ -281,13 +282,13 @@ class Exchange:
         self.first_token_at = time.monotonic()
         metrics.ttft.labels(*self.labels).observe(self.first_token_at - self.started)
 
-    def _count_transfer(self, transfer: dict | None) -> None:
-        recomputed = transfer is None or bool(transfer.get("recomputed"))
+    def _count_transfer(self, transfer: KVPull | None) -> None:
+        recomputed = transfer is None or transfer.recomputed
         if recomputed:
             log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
                         self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
         metrics.kv_transfers.labels("recomputed" if recomputed else "pulled").inc()
-        if not (transfer or {}).get("blocks_pulled"):  # nothing pulled (or the engine could not reach the source to
+        if transfer is None or not transfer.blocks_pulled:  # nothing pulled (or the engine could not reach the source to
             end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
 
     settled = property(attrgetter("_settled"), doc="Whether `settle` ran (or runs now); read in C, on every request.")

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 
 from django.http import HttpResponse
 
-from engine.contract import ADAPTER_UNAVAILABLE, EVENT_DELTA, EVENT_FINAL
+from engine.contract import ADAPTER_UNAVAILABLE
+from engine.contract.events import Delta
 from gateway import request_reports
 from gateway.admit import admit
 from gateway.engine_client import EngineBroke
@@ -94,10 +95,9 @@ async def _read_whole(exchange: Exchange) -> None:
     try:
         while events is not None:
             for event in events:
-                kind = event.get("type")
-                if kind == EVENT_DELTA:
+                if event.__class__ is Delta:
                     exchange.apply_delta(event)
-                elif kind == EVENT_FINAL:
+                else:
                     exchange.final(event)
             events = await stream.events()
     except EngineBroke:
@@ -105,9 +105,6 @@ async def _read_whole(exchange: Exchange) -> None:
         raise
 
 
-# the engine's common event: text and tokens alone (a choice's first with its prompt's count, which only continuous
-# usage shows; a stream with continuous usage takes no delta as plain)
-PLAIN_DELTA = frozenset(("type", "index", "text", "token_ids", "prompt_tokens"))
 
 
 class SseBody:
@@ -123,8 +120,7 @@ class SseBody:
         self.exchange = exchange
         self.arrival = exchange.stream.arrival
         self._parts = (exchange, exchange.builder, exchange.stream, exchange.stream.response.lines,
-                       exchange.generation.include_usage,
-                       frozenset() if exchange.generation.continuous_usage else PLAIN_DELTA)  # fmt: skip
+                       exchange.generation.include_usage, not exchange.generation.continuous_usage)  # fmt: skip
         self._events, exchange.first = iter(exchange.first), []  # the first take's: those read at the open
 
     def take(self) -> list[bytes]:
@@ -138,18 +134,20 @@ class SseBody:
                 events = iter(stream.arrived())
             while True:
                 for event in events:
-                    kind = event.get("type")
-                    if kind == EVENT_DELTA and event.keys() <= plain:
-                        tokens = len(event.get("token_ids") or ())
-                        chunk = builder.text_chunk(event.get("index", 0), event.get("text", ""), tokens, usage_field)
-                        if tokens and exchange.first_token_at is None:
-                            exchange.first_token()
-                        if chunk is not None:
-                            chunks.append(chunk)
-                    elif kind == EVENT_DELTA:  # with log-probabilities or tool calls
-                        if chunk := builder.chunk(exchange.apply_delta(event), with_usage_field=usage_field):
-                            chunks.append(chunk)
-                    elif kind == EVENT_FINAL:
+                    if event.__class__ is Delta:
+                        # the engine's common delta: text and tokens alone (a choice's first with its prompt's
+                        # count, which only continuous usage shows: with it, every delta takes the long way)
+                        if plain and event.logprobs is None and event.tool_calls is None \
+                                and event.prompt_logprobs is None:  # fmt: skip
+                            tokens = len(event.token_ids)
+                            chunk = builder.text_chunk(event.index, event.text, tokens, usage_field)
+                            if tokens and exchange.first_token_at is None:
+                                exchange.first_token()
+                            if chunk is not None:
+                                chunks.append(chunk)
+                        elif chunk := builder.chunk(exchange.apply_delta(event), with_usage_field=usage_field):
+                            chunks.append(chunk)  # with log-probabilities or tool calls
+                    else:
                         chunks += builder.finish_chunks(exchange.final(event), usage_field)
                         chunks += [builder.usage_chunk(), DONE] if usage_field else [DONE]
                 if lines:  # arrived meanwhile, or a line that broke off the events before it (breaking the stream)

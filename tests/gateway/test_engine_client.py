@@ -1,5 +1,5 @@
-"""GenerateStream against a scripted engine: its events are the engine's lines as JSON reads them, odd spacing too,
-and a line that is not JSON breaks the stream; the request is one HTTP/1.1 POST with the engine's token and the
+"""GenerateStream against a scripted engine: its events are the engine's lines as the contract's structs read them,
+odd spacing too, and a line that is not JSON, or not an event, breaks the stream; the request is one HTTP/1.1 POST with the engine's token and the
 payload as JSON."""
 
 import asyncio
@@ -7,12 +7,13 @@ import json
 
 import pytest
 
+from engine.contract import Delta, Final
 from gateway.engine_client import EngineBroke, EngineRef, GenerateStream
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
-def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: dict | None = None) -> list[dict] | str:
+def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: dict | None = None) -> list | str:
     """The events GenerateStream yields for an answer of these lines, or the EngineBroke that ended them; the
     request's bytes go to `requests`."""
     requests = [] if requests is None else requests
@@ -35,7 +36,7 @@ def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: 
         try:
             while (events := await stream.events()) is not None:
                 seen += events
-                stream.finished = stream.finished or any(event.get("type") == "final" for event in events)  # the exchange's
+                stream.finished = stream.finished or any(isinstance(event, Final) for event in events)  # the exchange's
         except EngineBroke as broke:
             return str(broke)
         finally:
@@ -46,24 +47,43 @@ def events_of(lines: list[bytes], requests: list[bytes] | None = None, payload: 
     return asyncio.run(main())
 
 
-FINAL = b'{"type":"final","usage":{}}'
+FINAL = b'{"type":"final","request_id":"r","finish_reason":"stop"}'
+DELTA = b'{"type":"delta","request_id":"r","index":0,"text":" w","token_ids":[7]}'
 
 
-@pytest.mark.parametrize("line", [
-    b'{"type":"delta","text":" w","token_ids":[7]}', b'{"type": "delta", "text": "\\u00e9\\n"}',
-    b' {"type":"delta"}', b'{"type":"delta"}\r', b'\t{"type":"delta"} ', '{"type":"delta","text":"é"}'.encode(),
+def delta(text: str = " w", token_ids=(7,)) -> Delta:
+    return Delta(request_id="r", index=0, text=text, token_ids=list(token_ids))
+
+
+@pytest.mark.parametrize(("line", "event"), [
+    (DELTA, delta()),
+    (b'{"type": "delta", "request_id": "r", "index": 0, "text": "\\u00e9\\n", "token_ids": []}', delta("\u00e9\n", ())),
+    (b" " + DELTA, delta()), (DELTA + b"\r", delta()), (b"\t" + DELTA + b" ", delta()),
+    (DELTA.replace(b" w", "é".encode()), delta("é")),
 ], ids=["compact", "spaced", "leading-space", "carriage-return", "tab-and-space", "utf-8"])  # fmt: skip
-def test_each_event_is_its_line_as_json_reads_it(line):
-    assert events_of([line, b"", FINAL]) == [json.loads(line), json.loads(FINAL)]
-    assert events_of([line, FINAL + b"\n"]) == [json.loads(line), json.loads(FINAL)]
+def test_each_event_is_its_line_as_the_contract_reads_it(line, event):
+    final = Final(request_id="r", finish_reason="stop")
+    assert events_of([line, b"", FINAL]) == [event, final]
+    assert events_of([line, FINAL + b"\n"]) == [event, final]
 
 
-@pytest.mark.parametrize("line", [b'{"type":"delta"} x', b'{"type":"delta"', b"\xef\xbb\xbf{}", b"nope", b"{}{}"],
+@pytest.mark.parametrize("line", [DELTA + b" x", DELTA[:-1], b"\xef\xbb\xbf" + DELTA, b"nope", DELTA + DELTA],
                          ids=["extra-data", "cut", "bom", "not-json", "two"])  # fmt: skip
 def test_a_line_that_is_not_json_breaks_the_stream(line):
     with pytest.raises(ValueError):
         json.loads(line.decode())
     assert events_of([line, FINAL]).startswith("e: the stream broke: DecodeError(")
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    (b'{"type":"delta"}', "missing required field `request_id`"),
+    (DELTA.replace(b'"index":0', b'"index":"0"'), "at `$.index`"),
+    (b'{"type":"usage","request_id":"r"}', "at `$.type`"),
+    (FINAL.replace(b"}", b',"v":2}'), "generate stream version 2"),
+], ids=["missing-field", "wrong-type", "unknown-type", "another-version"])  # fmt: skip
+def test_a_line_that_is_not_an_event_of_this_contract_breaks_the_stream_naming_why(line, field):
+    broke = events_of([line, FINAL])
+    assert broke.startswith("e: the stream broke: ValidationError(") and field in broke, broke
 
 
 def test_the_events_before_a_line_that_is_not_json_are_read_first():
@@ -72,7 +92,7 @@ def test_the_events_before_a_line_that_is_not_json_are_read_first():
     async def main():
         async def engine(reader, writer):
             await reader.readuntil(b"\r\n\r\n")
-            body = b'{"type":"delta","n":1}\n{"type":"delta","n":2}\nnope\n'
+            body = DELTA.replace(b" w", b"1") + b"\n" + DELTA.replace(b" w", b"2") + b"\nnope\n"
             writer.write(HEAD + b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
             await writer.drain()
 
@@ -89,7 +109,7 @@ def test_the_events_before_a_line_that_is_not_json_are_read_first():
 
     with pytest.raises(EngineBroke, match="the stream broke"):
         asyncio.run(main())
-    assert seen == [[{"type": "delta", "n": 1}, {"type": "delta", "n": 2}]]
+    assert seen == [[delta("1"), delta("2")]]
 
 
 def test_the_request_is_one_http_11_post_with_the_engines_token_and_its_json():
@@ -106,7 +126,7 @@ def test_the_request_is_one_http_11_post_with_the_engines_token_and_its_json():
 
 
 def test_a_stream_without_its_final_event_breaks():
-    assert events_of([b'{"type":"delta"}']) == "e: the stream ended before the request finished"
+    assert events_of([DELTA]) == "e: the stream ended before the request finished"
 
 
 @pytest.mark.parametrize("payload", [

@@ -11,11 +11,14 @@ import struct
 import pytest
 import uvloop
 
+from engine.contract import Delta, Final
 from gateway import engine_client
 from gateway.engine_client import EngineBroke, EngineRef, EngineUnavailable, GenerateStream
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
-FINAL = b'{"type":"final","usage":{}}\n'
+DELTA_LINE = b'{"type":"delta","request_id":"r","index":0,"text":" w","token_ids":[7]}\n'
+FINAL = b'{"type":"final","request_id":"r","finish_reason":"stop"}\n'
+DELTA, FINAL_EVENT = Delta(request_id="r", index=0, text=" w", token_ids=[7]), Final(request_id="r", finish_reason="stop")
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
@@ -65,11 +68,11 @@ async def until_closed(reader) -> None:
     raise ConnectionResetError("the gateway closed the connection")
 
 
-async def read_all(stream: GenerateStream) -> list[dict]:
+async def read_all(stream: GenerateStream) -> list:
     seen = []
     while (events := await stream.events()) is not None:
         seen += events
-        stream.finished = stream.finished or any(event.get("type") == "final" for event in events)
+        stream.finished = stream.finished or any(isinstance(event, Final) for event in events)
     return seen
 
 
@@ -77,7 +80,7 @@ async def read_all(stream: GenerateStream) -> list[dict]:
 def test_an_answer_read_to_its_end_leaves_its_connection_for_the_next_and_one_not_read_closes_it(loop):
     async def main():
         async def answer(reader, writer):
-            writer.write(HEAD + chunk(b'{"type":"delta"}\n'))
+            writer.write(HEAD + chunk(DELTA_LINE))
             await writer.drain()
             await asyncio.sleep(0.01)
             writer.write(chunk(FINAL) + b"0\r\n\r\n")
@@ -87,7 +90,7 @@ def test_an_answer_read_to_its_end_leaves_its_connection_for_the_next_and_one_no
         async with engine as ref:
             for _ in range(3):
                 stream = await GenerateStream(ref, {"prompt": "x"}).open()
-                assert await read_all(stream) == [{"type": "delta"}, {"type": "final", "usage": {}}]
+                assert await read_all(stream) == [DELTA, FINAL_EVENT]
                 await stream.close()
             after_three = engine.connections
             stream = await GenerateStream(ref, {"prompt": "x"}).open()
@@ -159,7 +162,7 @@ def test_an_engine_that_falls_silent_mid_stream_breaks_it_after_what_arrived(loo
 
     async def main():
         async def answer(reader, writer):
-            writer.write(HEAD + chunk(b'{"type":"delta"}\n'))
+            writer.write(HEAD + chunk(DELTA_LINE))
             await until_closed(reader)
 
         engine = Engine(answer)
@@ -172,7 +175,7 @@ def test_an_engine_that_falls_silent_mid_stream_breaks_it_after_what_arrived(loo
             await asyncio.sleep(0.05)
             return first, engine.closed_by_client
 
-    assert run(main, loop) == ([{"type": "delta"}], 1)
+    assert run(main, loop) == ([DELTA], 1)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -180,7 +183,7 @@ def test_an_engine_that_falls_silent_mid_stream_breaks_it_after_what_arrived(loo
 def test_an_engine_that_dies_mid_stream_breaks_it(loop, how):
     async def main():
         async def answer(reader, writer):
-            writer.write(HEAD + chunk(b'{"type":"delta"}\n'))
+            writer.write(HEAD + chunk(DELTA_LINE))
             await writer.drain()
             await asyncio.sleep(0.05)
             if how == "reset":  # an RST, as from a killed engine
@@ -197,7 +200,7 @@ def test_an_engine_that_dies_mid_stream_breaks_it(loop, how):
             await stream.close()
             return first
 
-    assert run(main, loop) == [{"type": "delta"}]
+    assert run(main, loop) == [DELTA]
 
 
 @pytest.mark.parametrize("loop", LOOPS)

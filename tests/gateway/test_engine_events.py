@@ -1,40 +1,49 @@
-"""What the gateway reads from the engine's generate events: a delta's text, tokens and tool calls; a final event's
-finish reasons, usage counts (integers, a null as 0), failure and KV transfer."""
+"""What the gateway reads from the engine's generate events (decode_event, the contract's structs): a delta's text,
+tokens and tool calls; a final event's finish reasons, usage counts, failure and KV transfer; and a line whose
+counts are not integers refused naming the field."""
 
-from gateway.engine_events import USAGE_COUNTS, delta_of, final_of
-from gateway.openai_response import Delta
+import msgspec
+import pytest
+
+from gateway.engine_events import decode_event, delta_of, final_of
+from gateway.openai_response import Delta, Usage
 from gateway.token_text import Vocabulary
 
 NONE = Vocabulary(None)
 
 
 def test_a_delta_without_logprobs_reads_as_one_delta_with_none():
-    event = {"type": "delta", "index": 1, "text": " w", "token_ids": [7, 8], "tool_calls": [{"index": 0}]}
+    event = decode_event(b'{"type":"delta","request_id":"r","index":1,"text":" w","token_ids":[7,8],'
+                         b'"tool_calls":[{"index":0}]}')  # fmt: skip
     assert delta_of(event, vocabulary=NONE) == Delta(index=1, text=" w", logprobs=[], finish_reason=None, tokens=2,
                                                      tool_calls=[{"index": 0}])  # fmt: skip
-    empty = delta_of({"type": "delta", "logprobs": [], "prompt_logprobs": None}, vocabulary=NONE)
+    empty = delta_of(decode_event(b'{"type":"delta","request_id":"r","index":0,"text":"","token_ids":[],'
+                                  b'"logprobs":[],"prompt_logprobs":null}'), vocabulary=NONE)  # fmt: skip
     assert empty == Delta(index=0, text="", logprobs=[], finish_reason=None, tokens=0, tool_calls=[])
 
 
-def test_a_final_event_reads_its_counts_as_integers_and_a_null_as_zero():
-    usage = {"prompt_tokens": 3, "cached_tokens": None, "completion_tokens": 2.0, "sampling_steps": True,
-             "kv_transfer": {"blocks_pulled": 4}, "other": 9}  # fmt: skip
-    event = {"type": "final", "finish_reason": "length", "error": None, "usage": usage,
-             "choices": [{"index": 0, "finish_reason": "length"}, {"index": 1}]}  # fmt: skip
-    read = final_of(event)
-    assert dict(zip(USAGE_COUNTS, read.usage, strict=True)) == {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": 2, "spec_proposed_tokens": 0,
-                          "spec_accepted_tokens": 0, "sampling_steps": 1}  # fmt: skip
-    assert all(type(count) is int for count in read.usage)
+def test_a_final_event_reads_its_counts_finishes_and_kv_transfer():
+    line = (b'{"type":"final","request_id":"r","finish_reason":"length","error":null,"choices":['
+            b'{"index":0,"text":"","token_ids":[],"finish_reason":"length","error":null,"error_type":null},'
+            b'{"index":1,"text":"","token_ids":[],"finish_reason":null,"error":null,"error_type":null}],'
+            b'"usage":{"prompt_tokens":3,"completion_tokens":2,"sampling_steps":1,'
+            b'"kv_transfer":{"lease_id":"ab","blocks_pulled":4,"recomputed":false}}}')  # fmt: skip
+    read = final_of(decode_event(line))
+    assert read.usage == Usage(prompt_tokens=3, cached_tokens=0, completion_tokens=2, sampling_steps=1)
     assert read.finishes == [(0, "length"), (1, "stop")]
-    assert (read.error, read.error_type, read.kv_transfer) == (None, None, {"blocks_pulled": 4})
-    plain = final_of({"type": "final", "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
-    assert dict(zip(USAGE_COUNTS, plain.usage, strict=True)) == {"prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": 1, "spec_proposed_tokens": 0,
-                           "spec_accepted_tokens": 0, "sampling_steps": 0}  # fmt: skip
+    assert (read.error, read.error_type, read.kv_transfer.blocks_pulled) == (None, None, 4)
+
+
+@pytest.mark.parametrize("usage", [b'{"cached_tokens":null}', b'{"completion_tokens":2.5}', b'{"sampling_steps":true}'],
+                         ids=["null", "fraction", "bool"])  # fmt: skip
+def test_a_count_that_is_not_an_integer_is_refused_naming_it(usage):
+    with pytest.raises(msgspec.ValidationError, match="at `\\$.usage."):
+        decode_event(b'{"type":"final","request_id":"r","finish_reason":"stop","usage":' + usage + b"}")
 
 
 def test_a_failed_final_event_carries_its_error_and_kind():
-    event = {"type": "final", "finish_reason": "error", "error_type": "adapter_unavailable", "usage": {}}
-    read = final_of(event)
+    line = b'{"type":"final","request_id":"r","finish_reason":"error","error_type":"adapter_unavailable"}'
+    read = final_of(decode_event(line))
     assert (read.error, read.error_type, read.kv_transfer) == ("the engine failed", "adapter_unavailable", None)
-    named = final_of(event | {"error": "out of memory", "error_type": ""})
-    assert (named.error, named.error_type) == ("out of memory", None)
+    named = final_of(decode_event(line.replace(b'"adapter_unavailable"', b'""').replace(b"}", b',"error":"oom"}')))
+    assert (named.error, named.error_type) == ("oom", None)

@@ -6,6 +6,8 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from engine.contract.events import Delta as DeltaEvent
+from engine.contract.events import Logprob
 from engine.demo import corpus
 from engine.demo.tokenizer import train_tokenizer
 from gateway.engine_events import delta_of
@@ -54,8 +56,8 @@ def test_sentencepiece_byte_fallback_tokens_carry_their_byte():
 def test_logprobs_show_the_raw_bytes_in_both_apis(byte_level):
     vocabulary = Vocabulary(byte_level)
     first = byte_level.encode(EURO).ids[0]
-    event = {"type": "delta", "index": 0, "text": "", "token_ids": [first],
-             "logprobs": [{"token_id": first, "logprob": -0.5, "top": {str(first): -0.5}}]}
+    event = DeltaEvent(request_id="r", index=0, text="", token_ids=[first],
+                       logprobs=[Logprob(token_id=first, logprob=-0.5, top={first: -0.5})])
     delta = delta_of(event, vocabulary=vocabulary)
     for kind in ("chat", "completion"):
         builder = ResponseBuilder(kind=kind, request_id="r", model="m", n=1, logprobs=True)

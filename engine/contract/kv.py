@@ -47,3 +47,18 @@ class DecodeHop(msgspec.Struct, tag_field="mode", tag="decode", forbid_unknown_f
 
 
 KVTransfer = PrefillHop | DecodeHop
+
+
+class PrefillUsage(msgspec.Struct):
+    """What a prefill hop cost: the gateway attributes it to the decode engine's usage event (its metadata's prefill)."""
+
+    prompt_tokens: Count = 0
+    cached_tokens: Count = 0
+    gpu_seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class PrefillAnswer(msgspec.Struct):
+    """A prefill hop's 200 answer: the lease the decode hop pulls under, and the hop's usage."""
+
+    kv_lease: KVLease
+    usage: PrefillUsage = msgspec.field(default_factory=PrefillUsage)

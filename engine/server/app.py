@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from engine.chat_prompt import PromptImageError, render_chat
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
+from engine.contract.kv import PrefillAnswer, PrefillUsage
 from engine.grammar import Grammar, GrammarError
 from engine.images import ImageFeatures
 from engine.sampling_params import SamplingParams
@@ -189,9 +190,10 @@ class EngineAPI:
                 return error_response(503, "unavailable_error", f"prefill failed: {message}")
             return Response(status_code=499)  # aborted
         ttl = generate.kv_transfer.lease_ttl_s
-        usage = {"prompt_tokens": end.usage.prompt_tokens, "cached_tokens": end.usage.cached_tokens,
-                 "gpu_seconds": end.usage.gpu_ms / 1000.0}
-        return JSONResponse({"kv_lease": self.kv.lease_json(handle.lease, ttl), "usage": usage})
+        usage = PrefillUsage(prompt_tokens=end.usage.prompt_tokens, cached_tokens=end.usage.cached_tokens,
+                             gpu_seconds=end.usage.gpu_ms / 1000.0)  # fmt: skip
+        answer = PrefillAnswer(kv_lease=self.kv.lease(handle.lease, ttl), usage=usage)
+        return Response(msgspec.json.encode(answer), media_type="application/json")
 
     async def decode_hop(self, request: Request, generate, prompts: list[list[int]], *, arrival: float,
                          grammar: Grammar | None, structure: Structure, adapter_wait_s: float) -> RequestHandle | None:

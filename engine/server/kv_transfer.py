@@ -97,10 +97,10 @@ class KVTransfers:
                     log.warning("KV lease %s expired unpulled: its blocks are back in the prefix cache", lease_id)
 
     # the source side
-    def lease_json(self, lease: Lease, ttl_s: float) -> dict:
-        return msgspec.to_builtins(KVLease(
-            id=lease.id, engine_id=self.engine_id, transport=msgspec.convert(self.server.address, LeaseTransport),
-            num_blocks=len(lease.block_ids), num_tokens=lease.num_tokens, expires_in_s=ttl_s))  # fmt: skip
+    def lease(self, lease: Lease, ttl_s: float) -> KVLease:
+        """The lease as a prefill hop answers it."""
+        return KVLease(id=lease.id, engine_id=self.engine_id, transport=msgspec.convert(self.server.address, LeaseTransport),
+                       num_blocks=len(lease.block_ids), num_tokens=lease.num_tokens, expires_in_s=ttl_s)  # fmt: skip
 
     async def _blocks(self, lease_id: str, keys: list[str]) -> list[bytes]:
         try:

@@ -23,10 +23,13 @@ metering."""
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass
 
+import msgspec
+
+from engine.contract import KVLease, PrefillShare
+from engine.contract.kv import PrefillAnswer
 from gateway import engine_client, metrics
 from gateway.engine_client import AdapterUnavailable, EngineRef, EngineRejected, EngineUnavailable
 
@@ -40,15 +43,15 @@ class PrefillHop:
     """A prefill hop that answered: the lease for the decode engine, and what it cost."""
 
     engine: EngineRef
-    lease: dict
+    lease: KVLease
     gpu_ms: float
     prompt_tokens: int
     cached_tokens: int
 
-    def attribution(self) -> dict:
+    def attribution(self) -> PrefillShare:
         """The request metadata's `prefill` entry: whose GPU time, and how much (metering prices it), and the prompt
         tokens the prefill engine found cached (what the request is billed as cached: engine.contract.billed_cached_tokens)."""
-        return {"engine": self.engine.name, "gpu_ms": round(self.gpu_ms, 3), "cached_tokens": self.cached_tokens}
+        return PrefillShare(engine=self.engine.name, gpu_ms=round(self.gpu_ms, 3), cached_tokens=self.cached_tokens)
 
 
 class PrefillFailed(Exception):
@@ -68,20 +71,17 @@ def decode_payload(payload: dict, hop: PrefillHop) -> dict:
 
 
 def hop_read(engine: EngineRef, answer: dict) -> PrefillHop:
-    """The prefill engine's answer, checked: a lease with an id and a transport, and the hop's usage."""
-    lease, usage = answer.get("kv_lease"), answer.get("usage")
-    if not isinstance(lease, dict) or not isinstance(lease.get("id"), str) or not lease["id"]:
-        raise PrefillFailed("bad_answer", f"{engine.name} answered the prefill hop without a lease")
-    if not isinstance(lease.get("transport"), dict):
-        raise PrefillFailed("bad_answer", f"{engine.name}'s lease {lease['id']} names no transport")
-    usage = usage if isinstance(usage, dict) else {}
-    seconds = usage.get("gpu_seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
-        seconds = 0.0
+    """The prefill engine's answer, read by the contract's struct (engine.contract.kv.PrefillAnswer)."""
+    try:
+        read = msgspec.convert(answer, PrefillAnswer)
+    except msgspec.ValidationError as error:
+        raise PrefillFailed("bad_answer", f"{engine.name} answered the prefill hop without a usable lease: {error}") \
+            from None  # fmt: skip
+    usage = read.usage
+    if not usage.gpu_seconds:
         log.warning("prefill hop on %s reported no GPU time: its share goes unattributed", engine.name)
-    counts = {name: usage.get(name) if isinstance(usage.get(name), int) and usage.get(name) >= 0 else 0
-              for name in ("prompt_tokens", "cached_tokens")}  # fmt: skip
-    return PrefillHop(engine=engine, lease=lease, gpu_ms=float(seconds) * 1000.0, **counts)
+    return PrefillHop(engine=engine, lease=read.kv_lease, gpu_ms=usage.gpu_seconds * 1000.0,
+                      prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens)  # fmt: skip
 
 
 async def prefill_hop(engine: EngineRef, payload: dict, *, request_id: str, timeout_s: float) -> PrefillHop:

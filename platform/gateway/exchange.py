@@ -18,7 +18,6 @@ from django.conf import settings
 from engine.contract import (
     ADAPTER_UNAVAILABLE,
     PREFIX_CHUNK_CHARS,
-    PrefillShare,
     UsageEvent,
     UsageMetadata,
     billed_cached_tokens,
@@ -286,7 +285,7 @@ class Exchange:
         recomputed = transfer is None or transfer.recomputed
         if recomputed:
             log.warning("decode engine %s recomputed %s instead of pulling its KV (lease %s)",
-                        self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.get("id"))
+                        self.engine.name if self.engine else "?", self.request_id, self.prefill.lease.id)
         metrics.kv_transfers.labels("recomputed" if recomputed else "pulled").inc()
         if transfer is None or not transfer.blocks_pulled:  # nothing pulled (or the engine could not reach the source to
             end_lease(self.prefill, self.request_id)  # say so): the lease's blocks need not wait for its TTL
@@ -375,8 +374,7 @@ class Exchange:
         caller, target, engine, prefill = self.caller, self.target, self.engine, self.prefill
         share = None
         if prefill is not None and engine is not None and engine.name != prefill.engine.name:
-            share = PrefillShare(engine=prefill.engine.name, gpu_ms=round(prefill.gpu_ms, 3),
-                                 cached_tokens=prefill.cached_tokens)  # fmt: skip
+            share = prefill.attribution()
         return UsageEvent(
             request_id=self.request_id, tenant=self.serving.tenant, api_key_id=str(caller.key_id),
             adapter_digest=target.digest, base_model=target.base_model, prompt_tokens=usage.prompt_tokens,

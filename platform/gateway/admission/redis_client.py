@@ -3,11 +3,11 @@
 Connections belong to the loop that opened them. hiredis parses the replies (redis-py uses it where it is installed)
 and packs the commands (`HiredisConnection`).
 
-Why not every command through `redis.asyncio.Redis`: a command through it costs the gateway two to three times the
-CPU of the gateway's whole round trip to Redis before (its pool, retry and observability layers, and a Python loop
-per argument to pack a command), and a request makes one or two. Admission's scripts have about 25 arguments each:
-hiredis packs them in C. One connection in step per loop needs no pool, and the calls made while one is in flight
-share the next write and round trip (a pipeline)."""
+Why not every command through `redis.asyncio.Redis`: through it a command costs about twice the CPU it costs on its
+connection (the client's pool, retry and observability layers), and a request makes one or two. Admission's scripts
+have about 25 arguments each: hiredis packs them in C, not a Python loop per argument. One connection in step per
+loop needs no pool, and the calls made while one is in flight share the next write and round trip (a pipeline).
+Measured: benchmarks/redis_client_libs.py, docs/gateway-performance.md ("Redis through redis-py")."""
 
 import asyncio
 from collections.abc import Sequence

@@ -6,9 +6,25 @@ this very code. The rule, in words (docs/routing.md has the why):
     bound     = max((1 + SPILL_RATIO) * mean(load), mean(load) + SPILL_GAP)      # bounded-load hashing
     score[i]  = - LOAD * load[i] / capacity[i] - KV * kv_usage[i]
                 + (if load[i] <= bound)  affinity[i] + PREFIX * matched_chunks[i] / chunks + HASH * rendezvous[i]
+    choose      argmax score, ties to the lower index
+
+The adapter's term, `affinity`, is its expected load time on engine i, in the load term's units (Weights.cost, the
+default). The load term is a queue wait: load[i] / capacity[i] requests ahead per slot, each REQUEST_SECONDS long,
+so one second of expected TTFT scores LOAD / REQUEST_SECONDS, and
+
+    affinity  = - LOAD / request_seconds[i] * load_time[i][tier of the adapter on engine i]
+    load_time = device: 0;  host: host -> device;  loading: host -> device + half of disk -> host;
+                disk or absent: (disk -> host + host -> device) * (1 + FREE * (1 - free share of its page pool))
+                (a full pool evicts before it loads)
+
+`load_time` is each engine's own mean of its measured moves (its heartbeat's adapters.load_seconds, what
+quilt_engine_adapter_load_seconds{from_tier,to_tier} observes), else Weights' defaults. For an adapter request the
+rendezvous term only breaks ties (weight TIE_BREAK), among the engines that lack the adapter: an engine that holds it
+wins while its extra queue wait is under the load time another engine would need, and loses past that.
+With `cost=False` (the fixed weights, kept for comparison in benchmarks/fleet_sim.py):
+
     affinity  = RESIDENT if the adapter is in device memory, LOADING if it is being loaded or sits in host memory,
                 else FREE * the engine's free share of its page pool (room to load it without evicting), else 0
-    choose      argmax score, ties to the lower index
 
 An engine past the bound keeps its load terms but loses its affinity and prefix bonus: a hot adapter spills to the
 next engine as soon as its favourite's queue runs ahead of the fleet, and warms there, so it spreads over as many
@@ -25,13 +41,13 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import mul, sub
+from operator import add, mul, sub
 from typing import NamedTuple
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
 
 __all__ = [
-    "DEFAULT", "ROLES", "Candidate", "Fleet", "Route", "Weights", "candidate_from_state", "Loads", "choose",
+    "DEFAULT", "FIXED", "ROLES", "Candidate", "Fleet", "Route", "Weights", "candidate_from_state", "Loads", "choose",
     "choose_route", "prompt_fingerprints", "uncached_tokens",
 ]
 
@@ -59,9 +75,16 @@ class Weights:
     affinity: bool = True  # False: no adapter, prefix or rendezvous terms (least-load)
     prefixes: bool = True
     bounded: bool = True  # False: affinity whatever the queue (affinity-only)
+    cost: bool = True  # the adapter's term is its expected load time on each engine; False: RESIDENT / LOADING / FREE
+    # for an engine whose heartbeat does not say: the seconds a request holds a slot, and an adapter's moves
+    request_seconds: float = 2.0
+    disk_host_seconds: float = 0.2
+    host_device_seconds: float = 0.02
 
 
 DEFAULT = Weights()
+FIXED = Weights(cost=False)  # constant affinity bonuses, whatever an engine's load times
+DEVICE, HOST, LOADING = 0, 1, 2  # an adapter's tier on an engine that holds it (Fleet.adapters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +97,10 @@ class Candidate:
     kv_usage: float = 0.0  # share of KV pages in use, 0..1
     adapter_free: float = 1.0  # share of the page pool free, 0..1
     resident: frozenset[str] = frozenset()  # adapter digests in device memory
-    loading: frozenset[str] = frozenset()  # being loaded, or in host memory (one copy from device)
+    loading: frozenset[str] = frozenset()  # being read from disk into host memory
+    host: frozenset[str] = frozenset()  # in host memory (one copy from device)
+    load_seconds: tuple[float | None, float | None] = (None, None)  # measured means: disk -> host, host -> device
+    request_seconds: float | None = None  # measured mean time a request holds a slot
     prefixes: frozenset[str] = frozenset()  # prompt fingerprints it served recently (prompt_fingerprints)
     role: str = "both"  # "prefill", "decode" or "both" (ROLES)
 
@@ -87,9 +113,11 @@ class Fleet:
     names: list[str] = field(init=False)
     static: list[float] = field(init=False)  # the terms that do not depend on the request
     load_per_request: list[float] = field(init=False)
-    free: list[float] = field(init=False)
+    free: list[float] = field(init=False)  # the adapter term of an engine that lacks the adapter
+    held: list[tuple[float, float, float]] = field(init=False)  # ... of one that holds it: device, host, loading
+    past_bound: list[float] = field(init=False)  # an adapter request's terms on an engine past the load bound
     seeds: list[int] = field(init=False)
-    adapters: dict[str, dict[int, bool]] = field(init=False)  # digest -> engine index -> resident (else loading)
+    adapters: dict[str, dict[int, int]] = field(init=False)  # digest -> engine index -> DEVICE, HOST or LOADING
     prefix_index: dict[str, list[int]] = field(init=False)  # fingerprint -> engine indexes
     roles: list[str] = field(init=False)
     split: bool = field(init=False)  # some engine is prefill- or decode-only: the fleet disaggregates
@@ -103,19 +131,32 @@ class Fleet:
         self.names = [c.name for c in self.candidates]
         self.static = [-w.kv * c.kv_usage for c in self.candidates]
         self.load_per_request = [w.load / max(1, c.capacity) for c in self.candidates]
-        self.free = [w.free * c.adapter_free for c in self.candidates]
+        if w.cost:
+            self.free, self.held = [], []
+            for c in self.candidates:
+                per_second = w.load / (c.request_seconds or w.request_seconds)
+                disk_host, host_device = c.load_seconds
+                disk = per_second * (w.disk_host_seconds if disk_host is None else disk_host)
+                host = per_second * (w.host_device_seconds if host_device is None else host_device)
+                self.free.append(-(disk + host) * (1.0 + w.free * (1.0 - c.adapter_free)))
+                self.held.append((0.0, -host, -host - disk / 2))
+        else:
+            self.free = [w.free * c.adapter_free for c in self.candidates]
+            self.held = [(w.resident, w.loading, w.loading)] * len(self.candidates)
+        # past the bound an engine loses its affinity: with costs, it is scored as if it lacked the adapter
+        self.past_bound = [*map(add, self.static, self.free)] if w.cost else self.static
         self.seeds = [_stable_int(c.name) for c in self.candidates]
         self.roles = [c.role for c in self.candidates]
         self.split = any(role != "both" for role in self.roles)
-        terms = [*self.static, *self.load_per_request, *self.free, w.resident, w.loading, w.prefix, w.hash, w.load]
+        terms = [*self.static, *self.load_per_request, *self.free, *(t for held in self.held for t in held),
+                 w.prefix, w.hash, w.load]
         self.alone = len(self.candidates) == 1 and all(map(math.isfinite, terms))
         self.adapters = {}
         self.prefix_index = {}
         for i, c in enumerate(self.candidates):
-            for digest in c.loading:
-                self.adapters.setdefault(digest, {})[i] = False
-            for digest in c.resident:
-                self.adapters.setdefault(digest, {})[i] = True
+            for tier, digests in ((LOADING, c.loading), (HOST, c.host), (DEVICE, c.resident)):  # the nearest wins
+                for digest in digests:
+                    self.adapters.setdefault(digest, {})[i] = tier
             for fingerprint in c.prefixes:
                 self.prefix_index.setdefault(fingerprint, []).append(i)
 
@@ -133,7 +174,7 @@ class Fleet:
         cached = self._within.get((key, free))
         if cached is None:
             w = self.weights
-            weight = (w.hash if w.affinity else TIE_BREAK) / 16777216.0
+            weight = (w.hash if w.affinity and not (free and w.cost) else TIE_BREAK) / 16777216.0
             cached = [base + (room if free else 0.0) + weight * ((((seed ^ key) * _MIX) >> 40) & 0xFFFFFF)
                       for base, room, seed in zip(self.static, self.free, self.seeds, strict=True)]
             if len(self._within) >= CACHED_KEYS:
@@ -160,7 +201,7 @@ class Fleet:
         """What this process just sent engine `index`: until the next heartbeat says more, the adapter counts as
         loading there and the prompt's prefix as cached there."""
         if adapter is not None:
-            self.adapters.setdefault(adapter, {}).setdefault(index, False)
+            self.adapters.setdefault(adapter, {}).setdefault(index, LOADING)
         for fingerprint in fingerprints:
             engines = self.prefix_index.setdefault(fingerprint, [])
             if index not in engines:
@@ -173,6 +214,7 @@ DEFAULT_CAPACITY = 128  # an engine whose state does not say (a static engine's 
 def candidate_from_state(name: str, state: dict) -> Candidate:
     """A Candidate from an engine's heartbeat state, or from a static engine's /v1/state answer."""
     adapters = state.get("adapters") or {}
+    moves = adapters.get("load_seconds") or {}
     total = state.get("kv_blocks_total") or 0
     kv_usage = state.get("kv_usage", (state.get("kv_blocks_used") or 0) / total if total else 0.0)
     adapter_free = state.get("adapter_free", (state.get("kv_blocks_free") or 0) / total if total else 1.0)
@@ -180,10 +222,16 @@ def candidate_from_state(name: str, state: dict) -> Candidate:
         name=name, capacity=int(state.get("capacity") or DEFAULT_CAPACITY),
         load=int(state.get("running") or 0) + int(state.get("waiting") or 0),
         kv_usage=float(kv_usage), adapter_free=float(adapter_free),
-        resident=_digests(adapters.get("gpu")), loading=_digests(adapters.get("loading")) | _digests(adapters.get("host")),
+        resident=_digests(adapters.get("gpu")), loading=_digests(adapters.get("loading")), host=_digests(adapters.get("host")),
+        load_seconds=(_seconds(moves.get("disk_host")), _seconds(moves.get("host_device"))),
+        request_seconds=_seconds(state.get("request_seconds")),
         prefixes=frozenset(p for p in state.get("prefixes") or () if isinstance(p, str)),
         role=state.get("role") if state.get("role") in ROLES else "both",
     )  # fmt: skip
+
+
+def _seconds(value) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _digests(items) -> frozenset[str]:
@@ -237,16 +285,24 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
     if n == 0:
         return None
     w = fleet.weights
+    static, per_request = fleet.static, fleet.load_per_request
+    adapter_terms = w.affinity and adapter is not None
+    key = fleet.key(adapter) if adapter is not None else fleet.key(fingerprints[0]) if fingerprints else 0
+    within = fleet.within(key, free=adapter_terms) if key else static  # the terms under the bound
     mean = (sum(loads) + step) / n
     # within the bound: load + spill_step × step <= the cap; the least loaded engines always are
     cap = max(mean * (1.0 + w.spill_ratio), mean + w.spill_gap)
     bound = max(cap - w.spill_step * step, min(loads)) if w.bounded else float("inf")
     bonus: dict[int, float] = {}  # affinity and prefix terms of the engines that have any
-    key = fleet.key(adapter) if adapter is not None else fleet.key(fingerprints[0]) if fingerprints else 0
     if w.affinity:
         if adapter is not None:
-            for i, is_resident in fleet.adapters.get(adapter, {}).items():  # in place of its free term, added below
-                bonus[i] = (w.resident if is_resident else w.loading) - fleet.free[i]
+            held, free = fleet.held, fleet.free
+            if w.cost:  # in place of its absent-load and rendezvous terms
+                for i, tier in fleet.adapters.get(adapter, {}).items():
+                    bonus[i] = held[i][tier] - within[i] + static[i]
+            else:  # in place of its free term
+                for i, tier in fleet.adapters.get(adapter, {}).items():
+                    bonus[i] = held[i][tier] - free[i]
         if w.prefixes and fingerprints:
             index, depth = fleet.prefix_index, {}
             for k, fingerprint in enumerate(fingerprints, 1):
@@ -255,13 +311,12 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
             per_chunk = w.prefix / len(fingerprints)
             for i, k in depth.items():
                 bonus[i] = bonus.get(i, 0.0) + per_chunk * k
-    static, per_request = fleet.static, fleet.load_per_request
-    within = fleet.within(key, free=w.affinity and adapter is not None) if key else static  # terms under the bound
     if len(loads) == n and max(loads) <= bound:  # every engine within the bound (most decisions): in C
         scores = [*map(sub, within, map(mul, per_request, loads))]
     else:
+        past_bound = fleet.past_bound if adapter_terms else static
         scores = [(inside if load <= bound else outside) - rate * load
-                  for inside, outside, rate, load in zip(within, static, per_request, loads, strict=True)]
+                  for inside, outside, rate, load in zip(within, past_bound, per_request, loads, strict=True)]
     for i, extra in bonus.items():
         if loads[i] <= bound:
             scores[i] += extra

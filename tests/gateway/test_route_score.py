@@ -1,11 +1,21 @@
-"""The routing score on plain data: the order of affinity tiers, the spill past the load bound, prefix locality
-scoped to tenant and adapter, and that a cold adapter has one favourite for every process."""
+"""The routing score on plain data: the adapter's expected load time on each engine against its queue, the order of
+the fixed affinity tiers, the spill past the load bound, prefix locality scoped to tenant and adapter, and that a
+cold adapter has one favourite for every process."""
 
 import subprocess
 import sys
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
-from gateway.route_score import Candidate, Fleet, Loads, Weights, candidate_from_state, choose, choose_route
+from gateway.route_score import (
+    FIXED,
+    Candidate,
+    Fleet,
+    Loads,
+    Weights,
+    candidate_from_state,
+    choose,
+    choose_route,
+)
 from tests.conftest import REPO
 
 HOT = "a" * 64
@@ -16,13 +26,13 @@ def names(fleet, index):
     return fleet.names[index]
 
 
-def test_affinity_tiers_resident_then_loading_then_free_memory_then_none():
+def test_fixed_affinity_tiers_resident_then_loading_then_free_memory_then_none():
     fleet = Fleet([
         Candidate("none", capacity=8, adapter_free=0.0),
         Candidate("free", capacity=8, adapter_free=0.9),
         Candidate("loading", capacity=8, adapter_free=0.0, loading=frozenset({HOT})),
         Candidate("resident", capacity=8, adapter_free=0.0, resident=frozenset({HOT})),
-    ])  # fmt: skip
+    ], weights=FIXED)  # fmt: skip
     loads = [0, 0, 0, 0]
     order = []
     excluded: list[int] = []
@@ -35,6 +45,54 @@ def test_affinity_tiers_resident_then_loading_then_free_memory_then_none():
     assert choose(Fleet([]), adapter=HOT, fingerprints=[], loads=[]) is None
 
 
+# Measured load times, as heartbeats carry them: an 84 MB adapter read from disk in 0.4 s, copied to the device in
+# 0.03 s; a request holds one of 8 slots for 2 s, so one request ahead in the queue costs 2 / 8 = 0.25 s of TTFT.
+MEASURED = {"capacity": 8, "load_seconds": (0.4, 0.03), "request_seconds": 2.0}
+
+
+def test_cost_orders_the_tiers_device_host_loading_disk_when_queues_are_equal():
+    fleet = Fleet([
+        Candidate("absent", adapter_free=1.0, **MEASURED),
+        Candidate("loading", loading=frozenset({HOT}), **MEASURED),
+        Candidate("host", host=frozenset({HOT}), **MEASURED),
+        Candidate("device", resident=frozenset({HOT}), **MEASURED),
+    ])  # fmt: skip
+    order, excluded = [], []
+    for _ in range(4):
+        index = choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 2, 2, 2], exclude=excluded)
+        order.append(fleet.names[index])
+        excluded.append(index)
+    assert order == ["device", "host", "loading", "absent"]
+
+
+def test_cost_prefers_a_host_tier_engine_over_a_disk_tier_one_at_equal_queues():
+    for digest in (f"{n:064x}" for n in range(50)):  # whatever the rendezvous term says for the adapter
+        fleet = Fleet([Candidate("disk", adapter_free=1.0, **MEASURED), Candidate("host", host=frozenset({digest}),
+                                                                                  adapter_free=0.0, **MEASURED)])
+        assert fleet.names[choose(fleet, adapter=digest, fingerprints=[], loads=[3, 3])] == "host"
+
+
+def test_cost_sends_an_adapter_to_a_light_engine_without_it_when_its_load_is_shorter_than_the_queue_difference():
+    unbounded = Weights(bounded=False)  # the cost alone, without the spill past the load bound
+    fleet = Fleet([Candidate("heavy", resident=frozenset({HOT}), **MEASURED), Candidate("light", **MEASURED)],
+                  weights=unbounded)
+    # 4 requests more ahead on "heavy": 4 × 0.25 s = 1 s of queue, against 0.43 s to load it on "light" from disk
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[5, 1])] == "light"
+    # 1 more ahead (0.25 s) is less than the load (0.43 s): it stays where it is resident
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 1])] == "heavy"
+    # a slower disk (2 s a read) outweighs the 1 s of queue
+    slow = {**MEASURED, "load_seconds": (2.0, 0.03)}
+    fleet = Fleet([Candidate("heavy", resident=frozenset({HOT}), **slow), Candidate("light", **slow)],
+                  weights=unbounded)
+    assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[5, 1])] == "heavy"
+    # the fixed bonus (RESIDENT 4 against 2 × 4 / 8 = 1 of load) keeps it on "heavy" whatever the load time
+    fixed = Fleet(fleet.candidates, weights=Weights(cost=False, bounded=False))
+    assert fixed.names[choose(fixed, adapter=HOT, fingerprints=[], loads=[5, 1])] == "heavy"
+    fast = Fleet([Candidate("heavy", resident=frozenset({HOT}), **MEASURED), Candidate("light", **MEASURED)],
+                 weights=Weights(cost=False, bounded=False))
+    assert fast.names[choose(fast, adapter=HOT, fingerprints=[], loads=[5, 1])] == "heavy"
+
+
 def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
     fleet = Fleet([Candidate(f"e{i}", capacity=64, resident=frozenset({HOT}) if i == 0 else frozenset())
                    for i in range(4)])  # fmt: skip
@@ -44,8 +102,12 @@ def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
     # (and is not among the least loaded), so it loses its affinity
     assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 1, 1, 1])] != "e0"
     assert fleet.names[choose(fleet, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] != "e0"
-    only_affinity = Fleet(fleet.candidates, weights=Weights(bounded=False))
+    only_affinity = Fleet(fleet.candidates, weights=Weights(cost=False, bounded=False))
     assert only_affinity.names[choose(only_affinity, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] == "e0"
+    # without the bound, the cost alone: 10 requests ahead on 64 slots of 2 s (0.31 s) outweigh a 0.22 s load
+    only_cost = Fleet(fleet.candidates, weights=Weights(bounded=False))
+    assert only_cost.names[choose(only_cost, adapter=HOT, fingerprints=[], loads=[10, 0, 0, 0])] != "e0"
+    assert only_cost.names[choose(only_cost, adapter=HOT, fingerprints=[], loads=[6, 0, 0, 0])] == "e0"  # 0.19 s
 
 
 def test_least_load_without_affinity():
@@ -115,12 +177,15 @@ def test_cold_adapters_spread_and_every_process_agrees():
 
 def test_candidate_from_heartbeat_and_static_state():
     beat = candidate_from_state("b", {"running": 2, "waiting": 1, "capacity": 16, "kv_usage": 0.5, "adapter_free": 0.25,
-                                      "adapters": {"gpu": [HOT], "host": [COLD], "loading": []},
-                                      "prefixes": ["ab12"]})  # fmt: skip
+                                      "adapters": {"gpu": [HOT], "host": [COLD], "loading": [],
+                                                   "load_seconds": {"disk_host": 0.4, "host_device": 0.03}},
+                                      "request_seconds": 1.5, "prefixes": ["ab12"]})  # fmt: skip
     assert (beat.load, beat.capacity, beat.kv_usage, beat.adapter_free) == (3, 16, 0.5, 0.25)
-    assert beat.resident == {HOT} and beat.loading == {COLD} and beat.prefixes == {"ab12"}
+    assert beat.resident == {HOT} and beat.host == {COLD} and not beat.loading and beat.prefixes == {"ab12"}
+    assert beat.load_seconds == (0.4, 0.03) and beat.request_seconds == 1.5
     static = candidate_from_state("s", {"running": 0, "waiting": 0, "kv_blocks_total": 0, "adapters": {}})
     assert static.capacity > 0 and static.kv_usage == 0.0 and static.adapter_free == 1.0
+    assert static.load_seconds == (None, None) and static.request_seconds is None  # Weights' defaults stand in
 
 
 # Disaggregated prefill/decode: the same scoring picks the serving (decode) engine, then the prefill engine.

@@ -3,7 +3,6 @@
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 
@@ -32,6 +31,7 @@ from engine.server.protocol import (
     DIGEST,
     BadRequest,
     PromptSpec,
+    json_strict,
     parse_adapter,
     parse_generate,
     parse_tokenize,
@@ -372,18 +372,7 @@ def error_response(status: int, kind: str, message: str, param: str | None = Non
 
 
 async def read_json(request: Request):
-    body = await request.body()
-    try:
-        return json.loads(body, parse_constant=_not_json)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BadRequest(f"the request body is not valid JSON: {error}") from error
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply") from None
-
-
-def _not_json(name: str):
-    """Python's json reads NaN and Infinity, which JSON has not (a NaN temperature samples garbage)."""
-    raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
+    return json_strict(await request.body())
 
 
 async def wait_for_disconnect(request: Request) -> None:

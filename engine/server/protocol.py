@@ -168,6 +168,7 @@ def json_strict(body: bytes) -> object:
 
 
 def _not_json(name: str):
+    """Python's json reads NaN and Infinity, which JSON has not (a NaN temperature samples garbage)."""
     raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
 
 

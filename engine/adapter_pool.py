@@ -4,9 +4,14 @@ Disk -> host: a background thread reads, checks and lays out (AdapterPlan) an ad
 arrives (`ready`); tensors are pinned when the device is CUDA. Host -> device pages: `place` takes the pages and
 hands the copy to a PageCopier (engine/page_copier.py: its own thread on CPU, a side stream on CUDA); the adapter
 is resident, and its sequences can be admitted, once the copy is done. Neither move runs on the step loop, so
-sequences of resident adapters keep stepping while another adapter loads. A resident adapter is pinned while a
-running sequence uses it (`acquire`/`release`); unpinned ones are evicted least-recently-used when pages run short
-(`reclaim`), never those the caller says it keeps (the scheduler keeps what waiting sequences need). Every failure of a load is contained: `take_failures()` reports it once, by
+sequences of resident adapters keep stepping while another adapter loads. A resident adapter is in use while a
+running sequence uses it (`acquire`/`release`); idle ones are evicted least-recently-used when pages run short
+(`reclaim`), never those the caller says it keeps (the scheduler keeps what waiting sequences need).
+
+An adapter can be pinned always-warm in one tier (`pin`/`unpin`): a host pin is never evicted from the host tier, a
+device pin never from its pages, until it is unpinned. Pins are counted in the tier's budget (host: their bytes
+within `host_cache_bytes`; device: their pages within `pin_pages`, the pages the pool was given for adapters), and
+a pin past it is refused (`PinRefused`), never taken from what unpinned adapters and the KV cache share. Every failure of a load is contained: `take_failures()` reports it once, by
 digest, with a reason that names no server path, and the next request for that adapter reads it again; nothing
 that failed its checks is kept in any tier. Nothing outside this class touches its fields.
 
@@ -84,12 +89,16 @@ class Mirror(Protocol):
         """It was placed in `pages` (from the host tier)."""
 
 
+class PinRefused(Exception):
+    """A pin the tier cannot take: over its budget, or of an adapter not in that tier."""
+
+
 class Residency(NamedTuple):
     """One adapter in one memory tier."""
 
     digest: str
     tier: str  # "device" or "host"
-    pinned: bool  # it cannot be evicted now: a running sequence uses it (device)
+    pinned: bool  # pinned always-warm in this tier (`AdapterPool.pin`): never evicted from it
     rank: int  # its largest module rank
 
 
@@ -138,6 +147,7 @@ class AdapterPool:
         take_pages: Callable[[int], list[int]],
         give_pages: Callable[[list[int]], None],
         host_cache_bytes: int,
+        pin_pages: int = 0,
         mirror: Mirror | None = None,
     ) -> None:
         self.memory = memory
@@ -147,6 +157,8 @@ class AdapterPool:
         self._take_pages = take_pages
         self._give_pages = give_pages
         self.host_cache_bytes = host_cache_bytes
+        self.pin_pages = pin_pages  # device pages that pins may hold in all
+        self._pins: dict[str, str] = {}  # digest -> the tier it is pinned in
         self._paths: dict[str, Path] = {}
         self._host: OrderedDict[str, AdapterPlan] = OrderedDict()  # LRU first
         self._host_bytes = 0
@@ -181,6 +193,7 @@ class AdapterPool:
         self._resident.clear()
         self._placing.clear()
         self._idle.clear()
+        self._pins.clear()
         self._host_bytes = 0
 
     # registration
@@ -212,6 +225,7 @@ class AdapterPool:
 
     def forget(self, digest: str) -> None:
         """Unregister an adapter no request uses, dropping it from every tier."""
+        self._pins.pop(digest, None)
         self.evict(digest)
         self._paths.pop(digest, None)
         self._failed.pop(digest, None)
@@ -251,8 +265,55 @@ class AdapterPool:
     def residency(self) -> list[Residency]:
         """Every adapter in the device and host tiers (one entry per tier it is in), device first."""
         self._drain()
-        return [*(Residency(d, "device", r.users > 0, r.plan.max_rank) for d, r in self._resident.items()),
-                *(Residency(d, "host", False, plan.max_rank) for d, plan in self._host.items())]
+        pins = self._pins
+        return [*(Residency(d, "device", pins.get(d) == "device", r.plan.max_rank) for d, r in self._resident.items()),
+                *(Residency(d, "host", pins.get(d) == "host", plan.max_rank) for d, plan in self._host.items())]
+
+    # pins
+    def pin(self, digest: str, tier: str) -> None:
+        """Keep an adapter, already in `tier` ("host" or "device", its copy done), there until `unpin`: no LRU,
+        `reclaim` or `evict` takes it out. A pin in the other tier moves to this one. PinRefused, naming the
+        numbers, when the adapter is not in that tier or the tier's pins would pass its budget."""
+        self._drain()
+        if tier == "device":
+            resident = self._resident.get(digest)
+            if resident is None:
+                raise PinRefused(f"adapter {digest[:12]} is not on the device")
+            held = sum(len(self._resident[d].pages) for d, t in self._pins.items() if t == "device" and d != digest)
+            if held + len(resident.pages) > self.pin_pages:
+                raise PinRefused(f"device pins would hold {held + len(resident.pages)} pages ({len(resident.pages)} "
+                                 f"for adapter {digest[:12]}); the pool has {self.pin_pages} pages for adapters")
+        elif tier == "host":
+            plan = self._host.get(digest)
+            if plan is None:
+                raise PinRefused(f"adapter {digest[:12]} is not in host memory")
+            held = sum(self._host[d].num_bytes for d, t in self._pins.items() if t == "host" and d != digest)
+            if held + plan.num_bytes > self.host_cache_bytes:
+                raise PinRefused(f"host pins would hold {held + plan.num_bytes} bytes ({plan.num_bytes} for adapter "
+                                 f"{digest[:12]}); the host tier holds {self.host_cache_bytes}")
+        else:
+            raise ValueError(f"tier must be 'host' or 'device', not {tier!r}")
+        self._pins[digest] = tier
+
+    def unpin(self, digest: str) -> str | None:
+        """Let the adapter be evicted again; returns the tier it was pinned in (None: it was not)."""
+        return self._pins.pop(digest, None)
+
+    def pins(self) -> dict[str, str]:
+        """digest -> the tier it is pinned in."""
+        return dict(self._pins)
+
+    def pin_fits(self, digest: str, tier: str) -> str | None:
+        """Why a device pin of an adapter in host memory would be refused once placed (None: it would fit), so
+        that no page is taken for a pin that cannot be kept."""
+        plan = self._host.get(digest)
+        if tier != "device" or plan is None or digest in self._resident:
+            return None
+        held = sum(len(self._resident[d].pages) for d, t in self._pins.items() if t == "device" and d != digest)
+        if held + plan.num_pages <= self.pin_pages:
+            return None
+        return (f"device pins would hold {held + plan.num_pages} pages ({plan.num_pages} for adapter "
+                f"{digest[:12]}); the pool has {self.pin_pages} pages for adapters")
 
     def take_load_times(self) -> list[LoadTime]:
         """The moves between tiers finished since the last call."""
@@ -303,7 +364,7 @@ class AdapterPool:
             self._drain()
 
     def acquire(self, digest: str) -> None:
-        """Pin a resident adapter on the device for one more running sequence."""
+        """Keep a resident adapter on the device for one more running sequence."""
         self._resident[digest].users += 1
         self._idle.pop(digest, None)
 
@@ -314,19 +375,21 @@ class AdapterPool:
             self._idle[digest] = None
 
     def reclaim(self, num_pages: int, *, keep: Collection[str] = ()) -> int:
-        """Evict unpinned adapters not in `keep`, least recently used first, until num_pages pages are freed;
-        returns the pages freed (fewer when not enough could go)."""
+        """Evict idle adapters not in `keep` and not pinned on the device, least recently used first, until
+        num_pages pages are freed; returns the pages freed (fewer when not enough could go)."""
         freed = 0
         for digest in list(self._idle):
             if freed >= num_pages:
                 break
-            if digest not in keep:
+            if digest not in keep and self._pins.get(digest) != "device":
                 freed += self._drop(digest)
         return freed
 
     def evict(self, digest: str) -> list[str]:
-        """Drop an adapter from the device (if unpinned; a copy under way is finished first) and the host cache;
-        returns the tiers it left."""
+        """Drop an adapter from the device (if no sequence uses it; a copy under way is finished first) and the
+        host cache; returns the tiers it left. RuntimeError for a pinned adapter."""
+        if digest in self._pins:
+            raise RuntimeError(f"adapter {digest[:12]} is pinned in the {self._pins[digest]} tier: unpin it first")
         self.wait_placed(digest)
         left = []
         if digest in self._resident:
@@ -390,7 +453,7 @@ class AdapterPool:
         for digest in list(self._host):
             if self._host_bytes <= self.host_cache_bytes:
                 break
-            if digest != plan.digest:
+            if digest != plan.digest and self._pins.get(digest) != "host":
                 self._drop_host(digest)
 
     def _drop_host(self, digest: str) -> None:
@@ -435,7 +498,8 @@ class AdapterPool:
             "host": list(self._host),
             "host_bytes": self._host_bytes,
             "device_pages": self.num_pages,
-            "pinned": sorted(d for d, r in self._resident.items() if r.users),
+            "pinned": dict(self._pins),  # digest -> tier
+            "in_use": sorted(d for d, r in self._resident.items() if r.users),
             "placing": sorted(self._placing),
             "loading": sorted(self._loading),
             "failed": dict(self._failed),

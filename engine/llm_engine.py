@@ -12,7 +12,7 @@ import torch
 
 from adapters.file_reads import ReadPolicy
 from engine.adapter_plan import AdapterPlan
-from engine.adapter_pool import AdapterPool, read_adapter
+from engine.adapter_pool import AdapterPool, PinRefused, read_adapter
 from engine.block_keys import base_digest, model_digest
 from engine.block_manager import BlockManager
 from engine.chat_prompt import ImageInputs
@@ -30,7 +30,7 @@ from engine.model_runner import ModelRunner, StepResult
 from engine.models import ModelSpec, read_hf_config, read_spec
 from engine.output_processor import OutputProcessor
 from engine.outputs import Logprob, RequestOutput
-from engine.page_budget import PageShape, count_pages, freed_window, page_shape
+from engine.page_budget import PageShape, count_adapter_pages, count_pages, freed_window, page_shape
 from engine.paged_memory import PagedMemory
 from engine.parallel.communicator import Communicator
 from engine.parallel.sharding import check_tensor_parallel, shard_adapter
@@ -157,6 +157,28 @@ class LLMEngine:
         elif tier == "host":
             pool.ready(digest)
         return [t for t in ("device", "host") if digest in pool.resident()[t]]
+
+    def pin_adapter(self, digest: str, tier: str) -> list[str]:
+        """Keep a registered adapter always warm in "host" or "device" (AdapterPool.pin): read into host memory
+        first, then, for "device", placed in pages as `prefetch_adapter` places it; returns the tiers it is in.
+        PinRefused when the tier's pins would pass its budget (nothing is evicted for a pin refused);
+        RuntimeError while it is still loading (try again) or when no pages can be had."""
+        pool = self.adapter_pool
+        if tier not in ("host", "device"):
+            raise ValueError(f"tier must be 'host' or 'device', not {tier!r}")
+        if pool.tier(digest) not in ("host", "device"):
+            pool.ready(digest)  # starts its read from disk
+            raise RuntimeError(f"adapter {digest[:12]} is not in memory yet: it is loading, try again")
+        refusal = pool.pin_fits(digest, tier)
+        if refusal is not None:
+            raise PinRefused(refusal)
+        tiers = self.prefetch_adapter(digest, tier)
+        pool.pin(digest, tier)
+        return tiers
+
+    def unpin_adapter(self, digest: str) -> str | None:
+        """Let a pinned adapter be evicted again; returns the tier it was pinned in (None: it was not pinned)."""
+        return self.adapter_pool.unpin(digest)
 
     def evict_adapter(self, digest: str) -> list[str]:
         """Drop an adapter no request uses from the device and host tiers; returns the tiers it left."""
@@ -511,5 +533,7 @@ def build_adapter_pool(config: EngineConfig, hf_config: dict, spec: ModelSpec, p
         take_pages=block_manager.take_pages,
         give_pages=block_manager.give_pages,
         host_cache_bytes=config.host_adapter_cache_bytes,
+        pin_pages=count_adapter_pages(config, spec, page_bytes=memory.page_bytes, widths=page.widths,
+                                      chunk=page.chunk),
         mirror=workers,
     )

@@ -91,12 +91,7 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
                                             kv_heads=args.num_kv_heads // tensor_parallel_size,
                                             head_dim=args.head_dim, itemsize=kv_dtype.itemsize,
                                             kv_scales=kv_dtype != model_dtype)
-    if config.pool_adapter_bytes is not None:
-        adapter_pages = -(-config.pool_adapter_bytes // page_bytes)
-    else:
-        adapter_pages = config.pool_adapters_at_max_rank * pages_for_rank(
-            config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk,
-            num_experts=args.moe.num_experts if args.moe else 0)
+    adapter_pages = count_adapter_pages(config, args, page_bytes=page_bytes, widths=widths, chunk=chunk)
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks + adapter_pages
     if device.type == "cuda":
@@ -106,6 +101,17 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
     per_sequence = blocks_to_run(max_model_len, config.max_num_batched_tokens, block_size=config.block_size,
                                  window=freed_window(config, args))
     return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, config.max_num_seqs * per_sequence)) + adapter_pages
+
+
+def count_adapter_pages(config: EngineConfig, args: ModelSpec, *, page_bytes: int, widths: list[tuple[int, int]],
+                        chunk: int) -> int:
+    """The pages the pool is given for adapters: pool_adapter_bytes, else pool_adapters_at_max_rank adapters of
+    max_adapter_rank; also what device pins may hold in all."""
+    if config.pool_adapter_bytes is not None:
+        return -(-config.pool_adapter_bytes // page_bytes)
+    return config.pool_adapters_at_max_rank * pages_for_rank(
+        config.max_adapter_rank, num_layers=args.num_layers, widths=widths, chunk=chunk,
+        num_experts=args.moe.num_experts if args.moe else 0)
 
 
 def freed_window(config: EngineConfig, args: ModelSpec) -> int | None:

@@ -22,6 +22,7 @@ from engine.server.engine_loop import API_TIER, Conflict, EngineLoop
 from engine.server.protocol import AdapterRef, BadRequest
 
 TIERS = {"host": "host", "gpu": "device"}  # API name -> the pool's
+PIN_WAIT_SECONDS = 30.0
 
 
 class NotFound(LookupError):
@@ -149,6 +150,36 @@ class AdapterRegistry:
                 raise Conflict(str(error)) from error
 
         return await self.loop.call(warm)
+
+    async def pin(self, ref: AdapterRef, *, tier: str) -> list[str]:
+        """Keep an adapter always warm in "host" or "gpu" (LLMEngine.pin_adapter); returns the tiers it is in.
+        PinRefused (409) when the tier's pins would pass its budget. A read the engine itself started (the
+        adapter had left host memory) is waited for, up to PIN_WAIT_SECONDS."""
+        if tier not in TIERS:
+            raise BadRequest(f"tier must be one of {tuple(TIERS)}", param="tier")
+        await self.ensure(ref)
+
+        def pin(engine: LLMEngine) -> list[str] | None:
+            if engine.adapter_pool.tier(ref.digest) == "loading":
+                return None
+            try:
+                return [API_TIER[t] for t in engine.pin_adapter(ref.digest, TIERS[tier])]
+            except RuntimeError as error:
+                if engine.adapter_pool.tier(ref.digest) == "loading":
+                    return None
+                raise Conflict(str(error)) from error
+
+        deadline = time.monotonic() + PIN_WAIT_SECONDS
+        while (tiers := await self.loop.call(pin)) is None:
+            if time.monotonic() > deadline:
+                raise Conflict(f"adapter {ref.digest[:12]} is still loading: try again")
+            await asyncio.sleep(0.02)
+        return tiers
+
+    async def unpin(self, digest: str) -> str | None:
+        """Let an adapter be evicted again; returns the API tier it was pinned in (None: it was not pinned)."""
+        tier = await self.loop.call(lambda engine: engine.unpin_adapter(digest))
+        return None if tier is None else API_TIER[tier]
 
     async def evict(self, digest: str) -> list[str]:
         """Drop an adapter from device pages and the host cache if no request uses it; returns the tiers left."""

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.adapter_pool import PinRefused
 from engine.chat_prompt import PromptImageError, render_chat
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
 from engine.contract.kv import PrefillAnswer, PrefillUsage
@@ -279,6 +280,26 @@ class EngineAPI:
         tiers = await self.registry.prefetch(ref, tier=tier)
         return JSONResponse({"digest": ref.digest, "resident": tiers})
 
+    async def pin(self, request: Request) -> Response:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        tier = body.pop("tier", "host")
+        if not isinstance(tier, str):
+            raise BadRequest("tier must be a string", param="tier")
+        ref = parse_adapter(body)
+        if ref is None:
+            raise BadRequest("give the adapter's digest", param="digest")
+        tiers = await self.registry.pin(ref, tier=tier)
+        return JSONResponse({"digest": ref.digest, "pinned": tier, "resident": tiers})
+
+    async def unpin(self, request: Request) -> Response:
+        body = await read_json(request)
+        digest = body.get("digest") if isinstance(body, dict) else None
+        if not isinstance(digest, str) or not DIGEST.match(digest):
+            raise BadRequest("the digest must be 64 lowercase hex characters", param="digest")
+        return JSONResponse({"digest": digest, "unpinned": await self.registry.unpin(digest)})
+
     async def evict(self, request: Request) -> Response:
         digest = request.path_params["digest"]
         if not DIGEST.match(digest):
@@ -330,6 +351,8 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/v1/abort/{request_id}", api.abort, methods=["POST"]),
         Route("/v1/tokenize", api.tokenize_route, methods=["POST"]),
         Route("/v1/adapters/prefetch", api.prefetch, methods=["POST"]),
+        Route("/v1/adapters/pin", api.pin, methods=["POST"]),
+        Route("/v1/adapters/unpin", api.unpin, methods=["POST"]),
         Route("/v1/adapters/{digest}", api.evict, methods=["DELETE"]),
         Route("/v1/health", api.health, methods=["GET"]),
         Route("/v1/state", api.state, methods=["GET"]),
@@ -339,6 +362,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), e.param, e.code),
         NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
         Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
+        PinRefused: lambda r, e: error_response(409, "conflict_error", str(e), "tier", "pin_refused"),
         Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
         AdapterUnavailable: lambda r, e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
         HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)

@@ -103,8 +103,8 @@ class EngineMetrics:
         # per-adapter residency (docs/engine-memory.md): one series per adapter in each memory tier, so the
         # cardinality is bounded by memory; an outside router reads which engine holds what
         self.adapter_resident = Gauge("quilt_engine_adapter_resident",
-                                      "1 for each adapter in a memory tier (device, host); pinned: a running request "
-                                      "uses it, so it cannot be evicted now; rank: its largest module rank",
+                                      "1 for each adapter in a memory tier (device, host); pinned: pinned always-warm "
+                                      "in this tier, never evicted from it; rank: its largest module rank",
                                       ["adapter", "tier", "pinned", "rank"], registry=r)
         self._resident_seen: set[tuple[str, str, str, str]] = set()
         self.adapter_load_seconds = Histogram("quilt_engine_adapter_load_seconds",

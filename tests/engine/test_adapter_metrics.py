@@ -1,6 +1,6 @@
 """Per-adapter residency in Prometheus metrics agrees with the adapter pool, read through its public API: one
-`quilt_engine_adapter_resident` series per adapter and memory tier (pinned while a running request uses it, its
-rank), gone once the adapter leaves the tier; a `quilt_engine_adapter_load_seconds` observation per move; a
+`quilt_engine_adapter_resident` series per adapter and memory tier (pinned when pinned always-warm in that tier,
+never merely because a running request uses it; its rank), gone once the adapter leaves the tier; a `quilt_engine_adapter_load_seconds` observation per move; a
 `quilt_engine_adapter_wait_seconds` observation per request, from its arrival until its adapter is in memory."""
 
 import json
@@ -46,10 +46,10 @@ def resident_series(metrics: EngineMetrics) -> set[tuple[str, str, str, str]]:
 
 
 def expected_series(engine: LLMEngine, ranks: dict[str, int]) -> set[tuple[str, str, str, str]]:
-    """What the pool's public API says: the digests in each memory tier and the ones running requests pin."""
+    """What the pool's public API says: the digests in each memory tier and the tier each pin holds."""
     pool = engine.adapter_pool
-    pinned = set(pool.state()["pinned"])
-    return {(digest[:12], tier, str(tier == "device" and digest in pinned).lower(), str(ranks[digest]))
+    pins = pool.pins()
+    return {(digest[:12], tier, str(pins.get(digest) == tier).lower(), str(ranks[digest]))
             for tier, digests in pool.resident().items() for digest in digests}
 
 
@@ -77,7 +77,7 @@ def test_residency_metrics_agree_with_the_pool(checkpoints, stored):
     metrics.observe_adapters(engine.adapter_pool)
     series = resident_series(metrics)
     assert series == expected_series(engine, ranks)
-    assert (digests["running"][:12], "device", "true", "4") in series
+    assert (digests["running"][:12], "device", "false", "4") in series  # in use, not pinned
     assert (digests["prefetched"][:12], "device", "false", "8") in series
     assert (digests["host"][:12], "host", "false", "2") in series
     pool = engine.adapter_pool
@@ -90,7 +90,11 @@ def test_residency_metrics_agree_with_the_pool(checkpoints, stored):
     series = resident_series(metrics)
     assert series == expected_series(engine, ranks)
     assert not any(labels[0] == digests["prefetched"][:12] for labels in series)  # its series are gone
-    assert (digests["running"][:12], "device", "false", "4") in series  # nobody uses it now: evictable
+    assert (digests["running"][:12], "device", "false", "4") in series
+    engine.pin_adapter(digests["running"], "device")
+    metrics.observe_adapters(pool)
+    assert (digests["running"][:12], "device", "true", "4") in resident_series(metrics)
+    assert resident_series(metrics) == expected_series(engine, ranks)
     assert load_counts(metrics) == {("disk", "host"): pool.num_loads["host"], ("host", "device"): pool.num_loads["device"]}
     engine.shutdown()
 

@@ -347,9 +347,8 @@ class Exchange:
             await self._keep_bodies()
             now = time.monotonic()
         outcome = "ok" if reported and not self.broke else "broken" if self.broke else "unserved" if final else "abandoned"
-        series = metrics.request_series.get(self.labels) or metrics.series_of(self.labels)
-        series.ended(outcome, now - self.started, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
-                     counted=reported)  # fmt: skip
+        metrics.request_ended(self.labels, outcome, now - self.started, usage.prompt_tokens, usage.cached_tokens,
+                              usage.completion_tokens, counted=reported)  # fmt: skip
         try:
             await admission_settle(tenant_id=caller.tenant_id, request_id=self.request_id, tokens=tokens,
                                    spend_micros=micros, key_spend_picos=picos, final=final,

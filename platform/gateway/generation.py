@@ -8,6 +8,7 @@ whose SSE body owns the hold from then on: whoever writes it settles it (`relay.
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
 
 from django.http import HttpResponse
@@ -20,7 +21,6 @@ from gateway.errors import ApiError, service_unavailable
 from gateway.openai_request import parse_body, parse_chat, parse_completion
 from gateway.refusals import ratelimit_headers
 from gateway.request_guard import json_content_type_check
-from gateway.request_ids import request_id_hex
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ async def generate(
     """A POSTed chat (`kind` "chat") or completion ("completion") request, answered. `content_type`: the request's
     media type; `received`: time.monotonic() when the gateway received the request (the request log's times start
     there). Every answer carries the request's id (x-request-id, and the completion's own id)."""
-    request_id = request_id_hex()
+    request_id = uuid.uuid4().hex
     try:
         try:
             exchange, headers = await admit(kind=kind, raw=raw, content_type=content_type,

@@ -4,12 +4,9 @@ presents `Authorization: Bearer $QUILT_METRICS_TOKEN`; with no token configured 
 (tenant ids and model names are not for the public)."""
 
 import hmac
-from bisect import bisect_left
 
 from django.conf import settings
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-from gateway.metric_counts import Counter, CounterValue, Histogram, HistogramValue
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 registry = CollectorRegistry()
 LABELS = ("tenant", "model", "adapter")
@@ -45,61 +42,16 @@ kv_transfers = Counter("quilt_gateway_kv_transfers", "Decode hops by what the de
                        "lease: pulled the blocks, or recomputed the prompt", ["outcome"], registry=registry)  # fmt: skip
 
 
-class RequestSeries:
-    """The children of `requests`, `latency` and `tokens` for one (tenant, model, adapter), each looked up by
-    `labels` on its first use, as the exchange did per request (so each series appears in the exposition when it
-    did), and kept: a request's end is one call here, not six `labels` look-ups and five calls into the children."""
-
-    __slots__ = ("labels", "outcomes", "latency", "tokens")
-
-    def __init__(self, labels: tuple[str, str, str]):
-        self.labels = labels
-        self.outcomes: dict[str, CounterValue] = {}
-        self.latency: HistogramValue | None = None
-        self.tokens: tuple[CounterValue, CounterValue, CounterValue] | None = None
-
-    def ended(self, outcome: str, seconds: float, prompt: int, cached: int, completion: int, *, counted: bool) -> None:
-        """`requests` +1 for `outcome`, `seconds` into `latency`, and with `counted` (the engine's counts) the
-        tokens of each kind: `inc` and `observe` written out (metric_counts' CounterValue and HistogramValue)."""
-        request = self.outcomes.get(outcome)
-        if request is None:
-            request = self.outcomes[outcome] = requests.labels(*self.labels, outcome)
-        request.value += 1
-        histogram = self.latency
-        if histogram is None:
-            histogram = self.latency = latency.labels(*self.labels)
-        histogram.sum += seconds
-        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
-        if not counted:
-            return
-        children = self.tokens
-        if children is None or min(prompt, cached, completion) < 0:  # first use, or `inc` refuses a count
-            self._count_tokens(prompt, cached, completion)
-            return
-        prompt_child, cached_child, completion_child = children
-        prompt_child.value += prompt
-        cached_child.value += cached
-        completion_child.value += completion
-
-    def _count_tokens(self, prompt: int, cached: int, completion: int) -> None:
-        """One by one, as before: a negative count raises `inc`'s ValueError with the counts before it made."""
-        prompt_child = tokens.labels(*self.labels, "prompt")
-        prompt_child.inc(prompt)
-        cached_child = tokens.labels(*self.labels, "cached")
-        cached_child.inc(cached)
-        completion_child = tokens.labels(*self.labels, "completion")
-        completion_child.inc(completion)
-        self.tokens = (prompt_child, cached_child, completion_child)
-
-
-request_series: dict[tuple[str, str, str], RequestSeries] = {}  # by label values: as many as the children
-
-
-def series_of(labels: tuple[str, str, str]) -> RequestSeries:
-    series = request_series.get(labels)
-    if series is None:
-        series = request_series[labels] = RequestSeries(labels)
-    return series
+def request_ended(labels: tuple[str, str, str], outcome: str, seconds: float, prompt: int, cached: int,
+                  completion: int, *, counted: bool) -> None:
+    """A request's end: `requests` +1 for `outcome`, `seconds` into `latency`, and with `counted` (the engine's
+    counts) the tokens of each kind."""
+    requests.labels(*labels, outcome).inc()
+    latency.labels(*labels).observe(seconds)
+    if counted:
+        tokens.labels(*labels, "prompt").inc(prompt)
+        tokens.labels(*labels, "cached").inc(cached)
+        tokens.labels(*labels, "completion").inc(completion)
 
 
 def adapter_label(digest: str | None) -> str:

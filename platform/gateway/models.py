@@ -74,7 +74,7 @@ whether the engine is up now is `engine_up` / `is_up`, which routing and the con
 class EngineLife(models.Model):
     """One life of a self-registered engine: from the heartbeat with which it joined to its last one (a drain's, or
     simply the last before it was killed). An engine that leaves and rejoins under its name has several; the time
-    between them is no uptime (gateway.economics)."""
+    between them is no uptime (fleet.economics)."""
 
     engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="lives")
     started_at = models.DateTimeField()

@@ -20,7 +20,7 @@ urlpatterns = [
     path("api/v1/", include("registry.urls")),
     path("api/v1/", include("metering.urls")),
     path("api/v1/", include("billing.urls")),
-    path("api/v1/", include("gateway.api_urls")),
+    path("api/v1/", include("fleet.urls")),
     path("v1/", include("gateway.urls")),
     path("internal/", include("gateway.internal_urls")),
     path("v1/", include("finetuning.urls")),

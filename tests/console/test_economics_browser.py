@@ -10,7 +10,7 @@ from django.utils import timezone
 from gateway.models import Engine
 from registry.models import Adapter, AdapterVersion, BaseModel
 from tests.console.test_browser import log_in
-from tests.gateway.test_economics import BASE, _event
+from tests.fleet.test_economics import BASE, _event
 from tests.platform.factories import TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

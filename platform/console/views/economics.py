@@ -1,6 +1,6 @@
 """Staff page of the fleet's economics: cost per million tokens per base model and adapter, each engine's
 utilisation, the break-even volume against an API price (with its chart) and the engines a target load needs.
-Figures from gateway.economics; this adds only presentation."""
+Figures from fleet.economics; this adds only presentation."""
 
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
@@ -10,8 +10,8 @@ from django.utils import timezone
 from console.access import staff_page
 from console.charts import break_even_chart
 from console.pages import render_page
-from gateway.economics import fleet_economics
-from gateway.economics_api import break_even_body, capacity_body, window
+from fleet.api import break_even_body, capacity_body, window
+from fleet.economics import fleet_economics
 
 DEFAULT_API_PRICE = Decimal("0.60")  # USD per million tokens, a common small-model API price: edit it on the page
 DEFAULT_TARGET_RPS, DEFAULT_TARGET_TTFT_MS = 100.0, 500.0

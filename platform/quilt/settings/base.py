@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "metering",
     "billing",
     "gateway",
+    "fleet",
     "console",
     "finetuning",
 ]

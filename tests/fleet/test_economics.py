@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from gateway.economics import (
+from fleet.economics import (
     break_even_volume,
     cost_per_million,
     engines_needed,

@@ -1,4 +1,4 @@
-"""Staff API over the fleet's economics (gateway.economics): cost per token, utilisation, break-even, capacity."""
+"""Staff API over the fleet's economics (fleet.economics): cost per token, utilisation, break-even, capacity."""
 
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from gateway.economics import (
+from fleet.economics import (
     SECONDS_PER_MONTH,
     FleetEconomics,
     break_even_points,

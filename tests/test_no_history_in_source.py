@@ -23,12 +23,10 @@ EXCLUDED = (
     r"tests/test_no_history_in_source\.py$",  # this test spells the patterns
     r"platform/[^/]+/migrations/",  # generated
 )
-# Being rewritten by the gateway's rework under way; these go when it lands.
-TEMPORARILY_EXCLUDED = (r"platform/gateway/", r"tests/gateway/")
 
 
 def excluded(path: str) -> bool:
-    return any(re.match(pattern, path) for pattern in EXCLUDED + TEMPORARILY_EXCLUDED)
+    return any(re.match(pattern, path) for pattern in EXCLUDED)
 
 
 def tracked_text_files() -> list[str]:
@@ -79,9 +77,9 @@ def test_the_patterns_leave_ordinary_prose_alone(tmp_path, line):
     assert history_lines(["a.py"], root=tmp_path) == []
 
 
-def test_exclusions_are_the_generated_migrations_this_file_and_the_gateway_under_rework():
+def test_exclusions_are_the_generated_migrations_and_this_file():
     assert excluded("platform/billing/migrations/0001_initial.py")
-    assert excluded("platform/gateway/views.py") and excluded("tests/gateway/test_relay.py")
+    assert not excluded("platform/gateway/views.py") and not excluded("tests/gateway/test_relay.py")
     assert excluded("tests/test_no_history_in_source.py")
     assert not excluded("platform/billing/services.py")
     assert not excluded("engine/llm_engine.py")

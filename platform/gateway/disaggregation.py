@@ -113,7 +113,7 @@ def refuses_the_request(rejected: EngineRejected) -> bool:
     """Whether an engine's 4xx to a hop is about the client's request itself (a prompt past the context, a bad
     field), which every engine refuses alike, rather than about the hop (its `kv_transfer`, or `metadata` an older
     engine does not take): the former is the client's answer, not a fallback. An engine names a field by its path
-    (`kv_transfer.lease.transport.tcp`); one from before that named some by their last part only (`ttl`), so a
+    (`kv_transfer.lease.transport.tcp`); one of the previous version names some by their last part only (`ttl`), so a
     message about `kv_transfer` is the hop's too: a client cannot send that field."""
     hop_fields = ("kv_transfer", "metadata")
     if rejected.code == "context_length_exceeded":

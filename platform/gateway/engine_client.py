@@ -291,7 +291,7 @@ class GenerateStream:
 def _refusal(engine: EngineRef, status: int, body: bytes) -> Exception:
     """What a generate answered with an error status means for the gateway."""
     kind, param, _ = _error_fields(body)
-    # An engine before the adapter-fault contract refused an unreadable adapter as the request's fault
+    # An engine without the adapter-fault error type refuses an unreadable adapter as the request's fault
     # (a 4xx naming the adapter): the gateway sent that adapter itself, so it is the same fault.
     if kind == ADAPTER_UNAVAILABLE or (400 <= status < 500 and param.startswith("adapter")):
         return AdapterUnavailable(f"{engine.name}: {status} {_error_message(body)}")

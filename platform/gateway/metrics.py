@@ -42,16 +42,26 @@ kv_transfers = Counter("quilt_gateway_kv_transfers", "Decode hops by what the de
                        "lease: pulled the blocks, or recomputed the prompt", ["outcome"], registry=registry)  # fmt: skip
 
 
+_ended: dict[tuple, tuple] = {}  # labelled children by (labels, outcome): `labels()` takes a lock and builds a key
+_counted: dict[tuple, tuple] = {}  # the token children by labels, made when the engine first counts
+
+
 def request_ended(labels: tuple[str, str, str], outcome: str, seconds: float, prompt: int, cached: int,
                   completion: int, *, counted: bool) -> None:
     """A request's end: `requests` +1 for `outcome`, `seconds` into `latency`, and with `counted` (the engine's
     counts) the tokens of each kind."""
-    requests.labels(*labels, outcome).inc()
-    latency.labels(*labels).observe(seconds)
+    children = _ended.get((labels, outcome))
+    if children is None:
+        children = _ended[(labels, outcome)] = (requests.labels(*labels, outcome), latency.labels(*labels))
+    children[0].inc()
+    children[1].observe(seconds)
     if counted:
-        tokens.labels(*labels, "prompt").inc(prompt)
-        tokens.labels(*labels, "cached").inc(cached)
-        tokens.labels(*labels, "completion").inc(completion)
+        kinds = _counted.get(labels)
+        if kinds is None:
+            kinds = _counted[labels] = tuple(tokens.labels(*labels, kind) for kind in ("prompt", "cached", "completion"))
+        kinds[0].inc(prompt)
+        kinds[1].inc(cached)
+        kinds[2].inc(completion)
 
 
 def adapter_label(digest: str | None) -> str:

@@ -2,6 +2,8 @@
 function against simulated engines), at a scale one machine cannot run.
 
     .venv/bin/python -m benchmarks.fleet_sim                      # the policy table: 100 engines, 10K req/s
+    .venv/bin/python -m benchmarks.fleet_sim --policies fixed full --scenarios zipf --runs 3
+                                                                  # the score on load times against fixed weights
     .venv/bin/python -m benchmarks.fleet_sim --calibrate          # fit the engine model on this machine's CPU
     .venv/bin/python -m benchmarks.fleet_sim --validate           # 2 real engines vs the simulator, TTFT p50
 
@@ -12,6 +14,7 @@ The engine model's step and adapter-load times are fitted by `--calibrate` to th
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,7 +24,7 @@ from benchmarks.fleet_simulation import Simulation
 from benchmarks.fleet_workload import CPU_MODEL, EngineModel, Workload
 from gateway.route_score import DEFAULT  # platform/ is on the path: benchmarks.fleet_simulation puts it there
 
-POLICIES = ("round-robin", "least-load", "affinity-only", "full")
+POLICIES = ("round-robin", "least-load", "affinity-only", "fixed", "full")  # fixed: route_score.FIXED
 
 
 def table(rows: list[dict]) -> str:
@@ -36,6 +39,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def spread_table(rows: list[dict]) -> str:
+    """TTFT per (scenario, policy) over the runs: the median, and the lowest to the highest run."""
+    lines = ["| scenario | policy | runs | TTFT p50 (ms) | TTFT p99 (ms) | adapter loads/s | busiest/mean load |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scenario"], r["policy"]), []).append(r)
+
+    def spread(runs: list[dict], key: str, digits: int = 1) -> str:
+        values = sorted(r[key] for r in runs)
+        return f"{statistics.median(values):.{digits}f} ({values[0]:.{digits}f}–{values[-1]:.{digits}f})"
+
+    for (scenario, policy), runs in groups.items():
+        lines.append(f"| {scenario} | {policy} | {len(runs)} | {spread(runs, 'ttft_p50_ms')} | "
+                     f"{spread(runs, 'ttft_p99_ms')} | {spread(runs, 'adapter_loads_per_s', 0)} | "
+                     f"{spread(runs, 'busiest_over_mean', 2)} |")
+    return "\n".join(lines)
+
+
 def load_model(path: Path | None) -> EngineModel:
     if path is None:
         return CPU_MODEL
@@ -46,19 +68,21 @@ def compare(args) -> list[dict]:
     model = load_model(args.model).faster(args.speedup)
     rows = []
     scenarios = {"zipf": 0.0, "hot spot 30%": args.hot_share}
-    for scenario, hot in scenarios.items():
-        workload = Workload(rate=args.rate, duration_s=args.duration, adapters=args.adapters, hot_share=hot,
-                            seed=args.seed)
-        for policy in args.policies:
-            started = time.perf_counter()
-            weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
-                                          spill_step=args.spill_step)
-            result = Simulation(policy=policy, workload=workload, engines=args.engines, model=model,
-                                gateways=args.gateways, weights=weights).run()
-            result["scenario"] = scenario
-            rows.append(result)
-            print(f"  {scenario:13} {policy:13} {time.perf_counter() - started:6.1f} s wall  "
-                  f"ttft p99 {result['ttft_p99_ms']:.1f} ms", file=sys.stderr, flush=True)
+    weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
+                                  spill_step=args.spill_step)
+    for run in range(args.runs):  # run r: the same traffic (seed + r) for every policy
+        for scenario in args.scenarios:
+            workload = Workload(rate=args.rate, duration_s=args.duration, adapters=args.adapters,
+                                hot_share=scenarios[scenario], seed=args.seed + run)
+            for policy in args.policies:
+                started = time.perf_counter()
+                result = Simulation(policy=policy, workload=workload, engines=args.engines, model=model,
+                                    gateways=args.gateways, weights=weights).run()
+                result["scenario"], result["run"] = scenario, run
+                rows.append(result)
+                print(f"  run {run} {scenario:13} {policy:13} {time.perf_counter() - started:6.1f} s wall  "
+                      f"ttft p50 {result['ttft_p50_ms']:.1f} p99 {result['ttft_p99_ms']:.1f} ms", file=sys.stderr,
+                      flush=True)
     return rows
 
 
@@ -75,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="an engine model JSON (from --calibrate) instead of CPU_MODEL")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=1, help="each with its own traffic (seeds seed, seed + 1, ...)")
+    parser.add_argument("--scenarios", nargs="+", default=["zipf", "hot spot 30%"], choices=["zipf", "hot spot 30%"])
     parser.add_argument("--spill-ratio", type=float, default=DEFAULT.spill_ratio)
     parser.add_argument("--spill-gap", type=float, default=DEFAULT.spill_gap)
     parser.add_argument("--spill-step", type=float, default=DEFAULT.spill_step)
@@ -90,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model).faster(args.speedup)
     print(f"{args.engines} engines, {args.rate:.0f} req/s for {args.duration:.0f} s, {args.adapters} adapters "
           f"(Zipf 1.0), {args.gateways} gateway processes; engine model {model}", flush=True)
-    print(table(compare(args)))
+    rows = compare(args)
+    print(table(rows))
+    if args.runs > 1:
+        print()
+        print(spread_table(rows))
     return 0
 
 

@@ -4,14 +4,16 @@
 The simulated engine is Quilt's engine in outline: continuous batching under a token budget per step
 (max_num_batched_tokens) and a sequence cap (max_num_seqs); a waiting request whose adapter is not in device memory
 triggers a load on the engine's one loader thread and waits while others run; resident adapters are evicted least
-recently used among those no running request holds; a prompt's shared system prompt is a prefix-cache hit where the
-engine served it lately. Step time = base + per_token × tokens in the step + per_seq × sequences in the step,
-adapter load = a constant (benchmarks/fleet_workload.py's EngineModel). Engines heartbeat every 2 s; each of the
-gateway processes re-reads the heartbeats once a second and adds the requests it sent since, exactly as
-`gateway.routing.Router` does.
+recently used among those no running request holds, into host memory (bounded, least recently used out); a prompt's
+shared system prompt is a prefix-cache hit where the engine served it lately. Step time = base + per_token × tokens
+in the step + per_seq × sequences in the step; an adapter load takes adapter_load_ms from disk, host_load_ms from
+host memory (benchmarks/fleet_workload.py's EngineModel). Engines heartbeat every 2 s with their tiers, their load
+times and the mean time a request held a slot; each of the gateway processes re-reads the heartbeats once a second
+and adds the requests it sent since, exactly as `gateway.routing.Router` does.
 """
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import math
@@ -24,10 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))  # the gateway's modules, without Django: route_score imports none
 
 from benchmarks.fleet_workload import EngineModel, Request, Traffic, Workload  # noqa: E402
-from gateway.route_score import DEFAULT, Candidate, Fleet, Loads, Weights, choose  # noqa: E402
+from gateway.route_score import DEFAULT, FIXED, Candidate, Fleet, Loads, Weights, choose  # noqa: E402
 
 HEARTBEAT_S = 2.0
 SNAPSHOT_S = 1.0
+REQUEST_MEAN_WEIGHT = 0.05  # each finished request's share of the engine's running mean of request_seconds
+
+
 class SimEngine:
     def __init__(self, index: int, model: EngineModel) -> None:
         self.index, self.name, self.m = index, f"engine-{index:03d}", model
@@ -38,6 +43,8 @@ class SimEngine:
         self.busy = False
         self.resident: collections.OrderedDict[str, int] = collections.OrderedDict()  # digest -> running users
         self.loading: dict[str, float] = {}  # digest -> ready time
+        self.host: collections.OrderedDict[str, None] = collections.OrderedDict()  # in host memory, LRU first
+        self.request_seconds: float | None = None  # running mean of first token -> finish
         self.loader_free_at = 0.0
         self.prefixes: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.adapter_loads = 0
@@ -56,9 +63,15 @@ class SimEngine:
         return Candidate(
             name=self.name, capacity=m.max_num_seqs, load=self.load(), kv_usage=min(1.0, self.running / m.max_num_seqs),
             adapter_free=max(0.0, 1.0 - len(self.resident) / m.adapter_slots),
-            resident=frozenset(self.resident), loading=frozenset(self.loading),
-            prefixes=frozenset(itertools.islice(reversed(self.prefixes), 512)),
+            resident=frozenset(self.resident), loading=frozenset(self.loading), host=frozenset(self.host),
+            load_seconds=((m.adapter_load_ms - m.host_load_ms) / 1000.0, m.host_load_ms / 1000.0),
+            request_seconds=self.request_seconds, prefixes=frozenset(itertools.islice(reversed(self.prefixes), 512)),
         )  # fmt: skip
+
+    def finished(self, request: Request, now: float) -> None:
+        seconds = now - request.first_token_at
+        mean = self.request_seconds
+        self.request_seconds = seconds if mean is None else mean + REQUEST_MEAN_WEIGHT * (seconds - mean)
 
 
 class Simulation:
@@ -70,6 +83,8 @@ class Simulation:
         self.engines = [SimEngine(i, model) for i in range(engines)]
         self.gateways = gateways
         self.weights = {"least-load": Weights(affinity=False), "affinity-only": Weights(bounded=False),
+                        "fixed": dataclasses.replace(FIXED, spill_ratio=weights.spill_ratio,
+                                                     spill_gap=weights.spill_gap, spill_step=weights.spill_step),
                         "full": weights}.get(policy)  # fmt: skip
         self.events: list = []
         self.seq = itertools.count()
@@ -121,7 +136,10 @@ class Simulation:
             self.step(now, engine)
 
     def start_load(self, now: float, engine: SimEngine, digest: str) -> None:
-        ready = max(now, engine.loader_free_at) + self.model.adapter_load_ms / 1000.0
+        in_host = digest in engine.host
+        engine.host.pop(digest, None)
+        seconds = (self.model.host_load_ms if in_host else self.model.adapter_load_ms) / 1000.0
+        ready = max(now, engine.loader_free_at) + seconds
         engine.loader_free_at = ready
         engine.loading[digest] = ready
         engine.adapter_loads += 1
@@ -136,6 +154,9 @@ class Simulation:
             if idle is None:
                 break
             del engine.resident[idle]
+            engine.host[idle] = None
+            while len(engine.host) > self.model.host_slots:
+                engine.host.popitem(last=False)
         if not engine.busy:
             self.step(now, engine)
 
@@ -174,7 +195,7 @@ class Simulation:
         engine.step_no += 1
         while engine.decoding and engine.decoding[0][0] <= engine.step_no:
             _, _, request = heapq.heappop(engine.decoding)
-            self.finish(engine, request)
+            self.finish(engine, request, now)
         for request in admitted:
             engine.running += 1
             engine.resident[request.adapter] = engine.resident.get(request.adapter, 0) + 1
@@ -187,12 +208,13 @@ class Simulation:
             request.first_token_at = now
             self.ttft.append(now - request.arrival)
             if request.output_tokens <= 1:
-                self.finish(engine, request)
+                self.finish(engine, request, now)
             else:
                 heapq.heappush(engine.decoding, (engine.step_no + request.output_tokens - 1, request.rid, request))
         self.step(now, engine)
 
-    def finish(self, engine: SimEngine, request: Request) -> None:
+    def finish(self, engine: SimEngine, request: Request, now: float) -> None:
+        engine.finished(request, now)
         engine.running -= 1
         if request.adapter in engine.resident:
             engine.resident[request.adapter] -= 1

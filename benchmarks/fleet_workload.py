@@ -20,16 +20,19 @@ class EngineModel:
     step_base_ms: float
     per_token_ms: float
     per_seq_ms: float
-    adapter_load_ms: float
+    adapter_load_ms: float  # disk -> device: read from disk into host memory, then copied into device pages
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     adapter_slots: int = 64  # adapters resident in device memory at once
+    host_load_ms: float = 2.0  # host -> device, the part of adapter_load_ms an adapter in host memory still pays
+    host_slots: int = 256  # adapters kept in host memory (evicted from the device, or read and not yet placed)
     prefix_slots: int = 4096  # fingerprints remembered (the engine's RecentPrefixes)
 
     def faster(self, speedup: float) -> "EngineModel":
         return dataclasses.replace(self, step_base_ms=self.step_base_ms / speedup,
                                    per_token_ms=self.per_token_ms / speedup, per_seq_ms=self.per_seq_ms / speedup,
-                                   adapter_load_ms=self.adapter_load_ms / speedup)
+                                   adapter_load_ms=self.adapter_load_ms / speedup,
+                                   host_load_ms=self.host_load_ms / speedup)
 
     def step_ms(self, tokens: int, seqs: int) -> float:
         return self.step_base_ms + self.per_token_ms * tokens + self.per_seq_ms * seqs

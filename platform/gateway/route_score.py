@@ -9,18 +9,23 @@ this very code. The rule, in words (docs/routing.md has the why):
     choose      argmax score, ties to the lower index
 
 The adapter's term, `affinity`, is its expected load time on engine i, in the load term's units (Weights.cost, the
-default). The load term is a queue wait: load[i] / capacity[i] requests ahead per slot, each REQUEST_SECONDS long,
-so one second of expected TTFT scores LOAD / REQUEST_SECONDS, and
+default). The load term becomes a queue wait in seconds: load[i] / capacity[i] requests ahead per slot, each
+request_seconds[i] long (the mean time a request holds a slot there). One second of expected TTFT scores
+LOAD / mean(request_seconds) over the fleet, so that on a fleet of equal engines the load term is the one above:
 
-    affinity  = - LOAD / request_seconds[i] * load_time[i][tier of the adapter on engine i]
+    load term = - LOAD * load[i] / capacity[i] * request_seconds[i] / mean(request_seconds)
+    affinity  = - LOAD / mean(request_seconds) * load_time[i][tier of the adapter on engine i]
     load_time = device: 0;  host: host -> device;  loading: host -> device + half of disk -> host;
                 disk or absent: (disk -> host + host -> device) * (1 + FREE * (1 - free share of its page pool))
                 (a full pool evicts before it loads)
 
 `load_time` is each engine's own mean of its measured moves (its heartbeat's adapters.load_seconds, what
-quilt_engine_adapter_load_seconds{from_tier,to_tier} observes), else Weights' defaults. For an adapter request the
-rendezvous term only breaks ties (weight TIE_BREAK), among the engines that lack the adapter: an engine that holds it
-wins while its extra queue wait is under the load time another engine would need, and loses past that.
+quilt_engine_adapter_load_seconds{from_tier,to_tier} observes), else Weights' defaults. An engine that holds the
+adapter scores HASH in place of its rendezvous term, the most that term gives: the rendezvous term still sends a cold
+adapter to the same few engines from every gateway process (benchmarks/fleet_sim.py: with it only breaking ties,
+the processes load one adapter on different engines, and TTFT p99 triples), but never ranks an engine that lacks
+the adapter above one that holds it at an equal cost. So an engine that holds the adapter wins while its extra
+queue wait is under the load time another engine would need (up to HASH's worth of seconds), and loses past that.
 With `cost=False` (the fixed weights, kept for comparison in benchmarks/fleet_sim.py):
 
     affinity  = RESIDENT if the adapter is in device memory, LOADING if it is being loaded or sits in host memory,
@@ -131,10 +136,13 @@ class Fleet:
         self.names = [c.name for c in self.candidates]
         self.static = [-w.kv * c.kv_usage for c in self.candidates]
         self.load_per_request = [w.load / max(1, c.capacity) for c in self.candidates]
-        if w.cost:
+        if w.cost and self.candidates:
+            seconds = [c.request_seconds or w.request_seconds for c in self.candidates]
+            per_second = w.load * len(seconds) / sum(seconds)  # the score of one second of expected TTFT
+            self.load_per_request = [per_second * held / max(1, c.capacity)
+                                     for held, c in zip(seconds, self.candidates, strict=True)]
             self.free, self.held = [], []
             for c in self.candidates:
-                per_second = w.load / (c.request_seconds or w.request_seconds)
                 disk_host, host_device = c.load_seconds
                 disk = per_second * (w.disk_host_seconds if disk_host is None else disk_host)
                 host = per_second * (w.host_device_seconds if host_device is None else host_device)
@@ -174,7 +182,7 @@ class Fleet:
         cached = self._within.get((key, free))
         if cached is None:
             w = self.weights
-            weight = (w.hash if w.affinity and not (free and w.cost) else TIE_BREAK) / 16777216.0
+            weight = (w.hash if w.affinity else TIE_BREAK) / 16777216.0
             cached = [base + (room if free else 0.0) + weight * ((((seed ^ key) * _MIX) >> 40) & 0xFFFFFF)
                       for base, room, seed in zip(self.static, self.free, self.seeds, strict=True)]
             if len(self._within) >= CACHED_KEYS:
@@ -298,8 +306,9 @@ def choose(fleet: Fleet, *, adapter: str | None, fingerprints: Sequence[str], lo
         if adapter is not None:
             held, free = fleet.held, fleet.free
             if w.cost:  # in place of its absent-load and rendezvous terms
+                top = w.hash  # the rendezvous term's most
                 for i, tier in fleet.adapters.get(adapter, {}).items():
-                    bonus[i] = held[i][tier] - within[i] + static[i]
+                    bonus[i] = held[i][tier] + top - within[i] + static[i]
             else:  # in place of its free term
                 for i, tier in fleet.adapters.get(adapter, {}).items():
                     bonus[i] = held[i][tier] - free[i]

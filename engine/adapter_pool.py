@@ -42,6 +42,7 @@ from engine.page_copier import Copy, page_copier
 from engine.paged_memory import PagedMemory
 
 CANONICAL_SIDECAR = "quilt_adapter.json"
+LOAD_MEAN_WEIGHT = 0.1  # each move's share of the running mean of its kind's load seconds (state()["load_seconds"])
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[/\\][^\s'\"(),;]*")
 
 
@@ -173,6 +174,7 @@ class AdapterPool:
         self.num_evictions = {"host": 0, "device": 0}
         self._load_times: deque[LoadTime] = deque(maxlen=4096)  # until take_load_times (bounded: an offline
         # engine never takes them)
+        self._mean_load_seconds: dict[str, float] = {}  # "disk_host" / "host_device" -> running mean (routing's)
         self._copier = page_copier(memory)
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
@@ -218,7 +220,7 @@ class AdapterPool:
         self.register(prepared.plan.digest, path)
         self._put_host(prepared)
         if seconds is not None:
-            self._load_times.append(LoadTime("disk", "host", seconds))
+            self._moved(LoadTime("disk", "host", seconds))
 
     def is_registered(self, digest: str) -> bool:
         return digest in self._paths
@@ -314,6 +316,12 @@ class AdapterPool:
             return None
         return (f"device pins would hold {held + plan.num_pages} pages ({plan.num_pages} for adapter "
                 f"{digest[:12]}); the pool has {self.pin_pages} pages for adapters")
+
+    def _moved(self, move: LoadTime) -> None:
+        self._load_times.append(move)
+        key = f"{move.from_tier}_{move.to_tier}"
+        mean = self._mean_load_seconds.get(key)
+        self._mean_load_seconds[key] = move.seconds if mean is None else mean + LOAD_MEAN_WEIGHT * (move.seconds - mean)
 
     def take_load_times(self) -> list[LoadTime]:
         """The moves between tiers finished since the last call."""
@@ -427,7 +435,7 @@ class AdapterPool:
                 continue
             del self._placing[digest]
             offsets = placing.copy.result()  # a failed copy into our own pages is a bug: it raises
-            self._load_times.append(LoadTime("host", "device", placing.copy.seconds()))
+            self._moved(LoadTime("host", "device", placing.copy.seconds()))
             self.generation += 1
             self._resident[digest] = Resident(plan=placing.plan, pages=placing.pages, offsets=offsets,
                                               placement=self.generation)
@@ -488,7 +496,7 @@ class AdapterPool:
                 self._failed[digest] = self._unreported[digest] = error
             else:
                 self._put_host(prepared)
-                self._load_times.append(LoadTime("disk", "host", seconds))
+                self._moved(LoadTime("disk", "host", seconds))
 
     def state(self) -> dict:
         self._drain()
@@ -504,6 +512,7 @@ class AdapterPool:
             "loading": sorted(self._loading),
             "failed": dict(self._failed),
             "registered": len(self._paths),
+            "load_seconds": dict(self._mean_load_seconds),  # running means of its moves: what routing weighs
         }
 
 

@@ -134,7 +134,7 @@ def heartbeat_state(loop: EngineLoop) -> dict:
         "capacity": engine.config.max_num_seqs,
         "kv_usage": state["kv_blocks_used"] / total,
         "adapter_free": state["kv_blocks_free"] / total,  # adapter pages and KV blocks share one pool
-        "adapters": {tier: state["adapters"].get(tier, []) for tier in ("gpu", "host", "loading")},
+        "adapters": {key: state["adapters"].get(key, []) for key in ("gpu", "host", "loading", "load_seconds")},
         "prefix_cache_hit_rate": state["prefix_cache_hit_rate"],
         "busy_ms": state["busy_ms"],
         "tokens_per_second": loop.tokens_per_second(),

@@ -17,6 +17,7 @@ from engine.llm_engine import LLMEngine
 from engine.server.adapter_registry import AdapterRegistry
 from engine.server.app import EngineAPI, build_app
 from engine.server.engine_loop import EngineLoop
+from engine.server.membership import heartbeat_state
 from engine.server.metrics import EngineMetrics
 from tests.engine.conftest import build_adapter, random_prompts
 
@@ -116,9 +117,18 @@ def test_a_request_waits_for_its_adapter_until_it_is_in_memory(checkpoints, stor
             assert client.post("/v1/generate", json=body, headers={"Authorization": "Bearer t"}).status_code == 200
         families = {f.name: f for f in text_string_to_metric_families(
             client.get("/metrics", headers={"Authorization": "Bearer t"}).text)}
+        state = client.get("/v1/state", headers={"Authorization": "Bearer t"}).json()
     samples = {(s.name.rsplit("_", 1)[-1], s.labels.get("le")): s.value
                for s in families["quilt_engine_adapter_wait_seconds"].samples}
     assert samples[("count", None)] == 2 and samples[("bucket", "0.0")] == 1 and samples[("sum", None)] > 0
     loads = {(s.labels["from_tier"], s.labels["to_tier"]): s.value
              for s in families["quilt_engine_adapter_load_seconds"].samples if s.name.endswith("_count")}
     assert loads[("disk", "host")] == 1 and loads[("host", "device")] == 1
+    # /v1/state (and the heartbeat, for routing) carry each move's mean: here the one move of each kind observed
+    sums = {(s.labels["from_tier"], s.labels["to_tier"]): s.value
+            for s in families["quilt_engine_adapter_load_seconds"].samples if s.name.endswith("_sum")}
+    means = state["adapters"]["load_seconds"]
+    assert means.keys() == {"disk_host", "host_device"} and min(means.values()) > 0
+    assert means["disk_host"] == pytest.approx(sums[("disk", "host")])
+    assert means["host_device"] == pytest.approx(sums[("host", "device")])
+    assert heartbeat_state(loop)["adapters"]["load_seconds"] == means

@@ -83,7 +83,7 @@ ENGINE_LAYERS = {
     "requests": {"engine.config", "engine.sampling_params", "engine.sequence", "engine.outputs", "engine.grammar",
                  "engine.tool_calls", "engine.tokenizer", "engine.chat_prompt"},
     "memory": {"engine.paged_memory", "engine.parallel", "engine.lora_modules", "engine.lora_batch",
-               "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.quantization"},
+               "engine.context", "engine.adapter_plan", "engine.adapter_pool", "engine.page_copier", "engine.quantization"},
     "scheduling": {"engine.block_keys", "engine.block_manager", "engine.fairness", "engine.kv", "engine.scheduler"},
     "models": {"engine.models"},
     "runner": {"engine.lora_linear", "engine.rank_model", "engine.cuda_graph", "engine.sampler", "engine.guided",

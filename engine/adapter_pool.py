@@ -508,6 +508,7 @@ class AdapterPool:
             "device_pages": self.num_pages,
             "pinned": dict(self._pins),  # digest -> tier
             "in_use": sorted(d for d, r in self._resident.items() if r.users),
+            "residency": [r._asdict() for r in self.residency()],  # per adapter and memory tier, as in /metrics
             "placing": sorted(self._placing),
             "loading": sorted(self._loading),
             "failed": dict(self._failed),

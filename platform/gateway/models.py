@@ -145,3 +145,28 @@ class BudgetHold(models.Model):
 
     def __str__(self) -> str:
         return f"hold {self.request_id} ({self.status})"
+
+
+class EnginePin(models.Model):
+    """An adapter the platform pins always-warm on an engine, and the engine's last answer: pinned, or refused (the
+    tier's budget cannot hold it) or failed (the engine could not be reached or could not read it), with its words.
+    One row per engine and digest; gone once the pin is no longer wanted (gateway.pins)."""
+
+    class Status(models.TextChoices):
+        PINNED = "pinned"
+        REFUSED = "refused"
+        FAILED = "failed"
+
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="pins")
+    digest = models.CharField(max_length=64)
+    tier = models.CharField(max_length=8)  # "host" or "gpu", as the engine API names them
+    status = models.CharField(max_length=8, choices=Status.choices)
+    message = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["engine", "digest"]
+        constraints = [models.UniqueConstraint(fields=["engine", "digest"], name="engine_pin_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.engine.name}/{self.digest[:12]} {self.tier} {self.status}"

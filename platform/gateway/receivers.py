@@ -8,7 +8,7 @@ from gateway.admission import hold_settle
 from metering.models import ModelPrice
 from metering.signals import usage_recorded
 from registry.models import Adapter, AdapterVersion, BaseModel
-from registry.signals import adapter_version_promoted
+from registry.signals import adapter_version_promoted, adapter_warm_changed
 from registry.storage import adapter_store_root
 
 # What the gateway's caller cache holds besides credentials (gateway.caller): resolved models (a promotion moves an
@@ -26,6 +26,13 @@ def prefetch_on_promotion(sender, *, adapter, version, previous_version=None, **
     if previous_version is None or not version.digest:
         return
     prefetch_successor.delay(previous_version.digest, version.digest, str(adapter_store_root() / version.digest))
+
+
+@receiver(adapter_warm_changed, dispatch_uid="gateway-sync-pins")
+def sync_pins_on_warm_change(sender, *, adapter, **kwargs) -> None:
+    from gateway.tasks import sync_pins
+
+    sync_pins.delay()
 
 
 @receiver(usage_recorded, dispatch_uid="gateway-settle-recorded-usage")

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from gateway import services, unreported
+from gateway import pins, services, unreported
 
 
 @shared_task(name="gateway.check_engines")
@@ -21,3 +21,8 @@ def reconcile_admission() -> int:
 @shared_task(name="gateway.bill_unreported_usage")
 def bill_unreported_usage() -> int:
     return unreported.unreported_usage_bill()
+
+
+@shared_task(name="gateway.sync_pins")
+def sync_pins() -> int:
+    return pins.engine_pins_sync_all()

@@ -25,6 +25,7 @@ from registry.serializers import (
     AdapterPromoteInput,
     AdapterVersionCreateInput,
     AdapterVersionOutput,
+    AdapterWarmInput,
     BaseModelOutput,
 )
 from registry.upload_handlers import CappedTemporaryFileUploadHandler
@@ -158,4 +159,14 @@ class AdapterRollbackApi(_RegistryApi):
     @extend_schema(request=None, responses=AdapterDetailOutput)
     def post(self, request, name: str):
         adapter = promotion.adapter_rollback(actor=self.actor, adapter=self._adapter(name))
+        return Response(AdapterDetailOutput(adapter).data)
+
+
+class AdapterWarmApi(_RegistryApi):
+    @extend_schema(request=AdapterWarmInput, responses=AdapterDetailOutput)
+    def post(self, request, name: str):
+        adapter = self._adapter(name)
+        data = AdapterWarmInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = services.adapter_warm_set(actor=self.actor, adapter=adapter, tier=data.validated_data["tier"])
         return Response(AdapterDetailOutput(adapter).data)

@@ -3,7 +3,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from tenancy.models import Tenant
+from tenancy.models import Tenant, WarmTier
 
 model_name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -42,6 +42,10 @@ class Adapter(models.Model):
     name = models.CharField(max_length=64, validators=[model_name_validator])
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="adapters")
     description = models.CharField(max_length=500, blank=True)
+    warm_tier = models.CharField(
+        max_length=8, choices=WarmTier.choices, default=WarmTier.NONE, blank=True,
+        help_text="Pinned always-warm in this tier on every engine; empty: as its tenant's plan says.",
+    )
     current_version = models.ForeignKey(
         "AdapterVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

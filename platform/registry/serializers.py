@@ -29,7 +29,7 @@ class AdapterOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Adapter
-        fields = ["name", "base_model", "description", "current_version", "created_at"]
+        fields = ["name", "base_model", "description", "warm_tier", "current_version", "created_at"]
 
 
 class AdapterDetailOutput(AdapterOutput):
@@ -82,3 +82,9 @@ class AdapterVersionCreateInput(RejectUnknownFields, serializers.Serializer):
 
 class AdapterPromoteInput(RejectUnknownFields, serializers.Serializer):
     version = serializers.IntegerField(min_value=1)
+
+
+class AdapterWarmInput(RejectUnknownFields, serializers.Serializer):
+    tier = serializers.ChoiceField(choices=["host", "gpu", ""], allow_blank=True,
+                                   help_text='Pin it always-warm in "host" or "gpu" memory on every engine; "" unpins.')
+

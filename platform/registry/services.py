@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from registry import tasks
+from registry import signals, tasks
 from registry.broadcast import status_changed_on_commit
 from registry.errors import PlanLimitReached, RegistryRefusal, UploadTooLarge
 from registry.models import Adapter, AdapterVersion, BaseModel, model_name_validator
@@ -196,3 +196,25 @@ def adapter_delete(*, actor: Actor, adapter: Adapter) -> None:
             actor=actor, action="adapter.delete", target=adapter, tenant=adapter.tenant,
             before={"name": adapter.name, "current_version": current.number if current else None},
         )  # fmt: skip
+
+
+def adapter_warm_set(*, actor: Actor, adapter: Adapter, tier: str) -> Adapter:
+    """Pin the adapter always-warm in `tier` ("host" or "gpu") on every engine, or stop pinning it (""); its plan's
+    `max_warm_adapters` bounds how many of a tenant's adapters are pinned this way. The engines are told after the
+    commit (signals.adapter_warm_changed); one whose budget cannot hold the pin refuses it, and the console shows that."""
+    with transaction.atomic():
+        adapter = adapter_lock(adapter)
+        before = adapter.warm_tier
+        if tier and not before:
+            limit = adapter.tenant.plan.max_warm_adapters
+            pinned = adapters_of(tenant=adapter.tenant).exclude(warm_tier="").count()
+            if pinned >= limit:
+                raise PlanLimitReached(f"Your plan lets {limit} adapter(s) be pinned always-warm; {pinned} are.",
+                                       code="warm_adapter_limit")  # fmt: skip
+        adapter.warm_tier = tier
+        adapter.save(update_fields=["warm_tier"])
+        audit_record(actor=actor, action="adapter.warm", target=adapter, tenant=adapter.tenant,
+                     before={"warm_tier": before}, after={"warm_tier": tier})  # fmt: skip
+        transaction.on_commit(lambda: signals.adapter_warm_changed.send(sender=Adapter, adapter=adapter))
+    return adapter
+

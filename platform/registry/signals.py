@@ -1,4 +1,4 @@
-"""Signals other apps listen to; both are sent after the change has committed."""
+"""Signals other apps listen to; each is sent after the change has committed."""
 
 from django.dispatch import Signal
 
@@ -7,3 +7,6 @@ adapter_version_promoted = Signal()
 
 # kwargs: version (an AdapterVersion whose status just changed)
 adapter_version_status_changed = Signal()
+
+# kwargs: adapter (its warm_tier just changed: the engines' pins follow)
+adapter_warm_changed = Signal()

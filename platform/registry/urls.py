@@ -9,4 +9,5 @@ urlpatterns = [
     path("adapters/<str:name>/versions", api.AdapterVersionListApi.as_view(), name="api-adapter-versions"),
     path("adapters/<str:name>/promote", api.AdapterPromoteApi.as_view(), name="api-adapter-promote"),
     path("adapters/<str:name>/rollback", api.AdapterRollbackApi.as_view(), name="api-adapter-rollback"),
+    path("adapters/<str:name>/warm", api.AdapterWarmApi.as_view(), name="api-adapter-warm"),
 ]

@@ -9,6 +9,14 @@ from tenancy.webhook_targets import validate_webhook_url
 NOT_NEGATIVE = [MinValueValidator(Decimal(0))]
 
 
+class WarmTier(models.TextChoices):
+    """Where an adapter is pinned always-warm on every engine (docs/residency.md, "Pins"); NONE: not pinned."""
+
+    NONE = "", "not pinned"
+    HOST = "host", "host memory"
+    GPU = "gpu", "device memory"
+
+
 class Plan(models.Model):
     """Limits and prices a tenant buys. Prices are per million tokens, in the platform's currency."""
 
@@ -28,6 +36,13 @@ class Plan(models.Model):
         help_text="An invoice with usage bills at least this much; 0 means no minimum.",
     )
     max_adapters = models.PositiveIntegerField(default=10)
+    adapter_warm_tier = models.CharField(
+        max_length=8, choices=WarmTier.choices, default=WarmTier.NONE, blank=True,
+        help_text="Every adapter of the plan's tenants is pinned always-warm in this tier on every engine.",
+    )
+    max_warm_adapters = models.PositiveIntegerField(
+        default=0, help_text="How many of its adapters a tenant may pin always-warm itself (the plan's tier aside).",
+    )
     max_adapter_bytes = models.BigIntegerField(default=256 * 1024**2, validators=[MinValueValidator(1)])
     max_file_storage_bytes = models.BigIntegerField(
         default=1024**3, validators=[MinValueValidator(0)], help_text="All of a tenant's fine-tuning files together."

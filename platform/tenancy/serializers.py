@@ -16,7 +16,7 @@ class PlanOutput(serializers.ModelSerializer):
         model = Plan
         fields = [
             "id", "slug", "name", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
-            "monthly_token_budget", "monthly_spend_limit", "max_adapters", "max_adapter_bytes", "max_file_storage_bytes", "default_max_tokens",
+            "monthly_token_budget", "monthly_spend_limit", "max_adapters", "adapter_warm_tier", "max_warm_adapters", "max_adapter_bytes", "max_file_storage_bytes", "default_max_tokens",
             "scheduling_weight", "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok",
             "max_concurrent_fine_tuning_jobs", "price_training_per_mtok",
         ]  # fmt: skip

@@ -280,3 +280,42 @@ def test_uploads_are_refused_at_once_with_a_reason_and_every_chosen_file_is_list
     errors.wait_for(state="visible")
     assert "identical to version 1 of loose-bot" in errors.inner_text()
     assert AdapterVersion.objects.filter(adapter__name="loose-bot").count() == 1
+
+
+def test_the_engines_page_shows_each_adapters_residency_and_a_refused_pin(browser, live_server_asgi):
+    """What the engine reports per adapter (tier, pinned, rank: `adapters.residency` in its state) and the pins the
+    platform asked for, a refused one with the engine's words."""
+    from gateway.models import Engine, EnginePin
+    from registry.models import Adapter, AdapterVersion, BaseModel
+
+    server = live_server_asgi
+    UserFactory(username="ops", is_staff=True)
+    tenant = TenantFactory(slug="acme", name="Acme Corp")
+    base = BaseModel.objects.create(name="tiny-pins", checkpoint_dir="/nowhere", architecture="llama", config={},
+                                    max_context=256)  # fmt: skip
+    warm, cold = "c" * 64, "d" * 64
+    for name, digest in (("warm", warm), ("cold", cold)):
+        AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=tenant, name=name, base_model=base),
+                                      number=1, digest=digest)  # fmt: skip
+    residency = [{"digest": warm, "tier": "device", "pinned": True, "rank": 16},
+                 {"digest": warm, "tier": "host", "pinned": False, "rank": 16},
+                 {"digest": cold, "tier": "host", "pinned": False, "rank": 8}]  # fmt: skip
+    engine = Engine.objects.create(name="gpu-pins", url="http://10.0.0.9:8100", healthy=True, state={
+        "adapters": {"gpu": [warm], "host": [warm, cold], "pinned": {warm: "device"}, "residency": residency}})
+    EnginePin.objects.create(engine=engine, digest=warm, tier="gpu", status="pinned")
+    EnginePin.objects.create(engine=engine, digest=cold, tier="gpu", status="refused",
+                             message="device pins would hold 96 pages (32 for adapter dddddddddddd); the pool has 64 "
+                                     "pages for adapters")  # fmt: skip
+    page = log_in(browser, server, "ops")
+    page.goto(server.url + "/platform/engines/")
+    card = page.locator("[data-engine=gpu-pins]")
+    rows = card.locator("[data-testid=residency] tbody tr")
+    assert rows.count() == 3
+    assert card.locator(f"tr[data-residency={warm[:12]}-GPU]").inner_text().split("\t") == \
+        ["acme/warm@1", "GPU", "pinned", "16"]
+    assert card.locator(f"tr[data-residency={warm[:12]}-Host]").inner_text().split("\t") == \
+        ["acme/warm@1", "Host", "no", "16"]
+    refused = card.locator(f"[data-pin={cold[:12]}]")
+    assert refused.get_attribute("data-pin-status") == "refused"
+    assert "acme/cold@1" in refused.inner_text() and "the pool has 64 pages for adapters" in refused.inner_text()
+    assert card.locator(f"[data-pin={warm[:12]}]").get_attribute("data-pin-status") == "pinned"

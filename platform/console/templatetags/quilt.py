@@ -50,7 +50,7 @@ STATUS_TONES = {
     "suspended": "amber", "expiring": "amber", "rotated": "amber", "stale": "amber",
     "failed": "red", "closed": "gray", "revoked": "red", "expired": "gray", "down": "red", "disabled": "gray",
     "owner": "violet", "admin": "blue", "developer": "green", "viewer": "gray", "current": "violet",
-    "ok": "green", "error": "red", "aborted": "amber", "refused": "amber",
+    "ok": "green", "error": "red", "aborted": "amber", "refused": "amber", "pinned": "violet",
 }  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Staff page of the engines: health, queue, KV-cache use, the memory split, resident adapters by tier, throughput.
+"""Staff page of the engines: health, queue, KV-cache use, the memory split, resident adapters by tier, each adapter's
+residency (tier, pinned, rank), the pins the platform asked for and what the engine answered, throughput.
 
 The grid is rendered by `engines_grid_html`, both for the page and for the websocket that keeps it live.
 """
@@ -11,10 +12,11 @@ from django.utils import timezone
 
 from console.access import staff_page
 from console.pages import render_page
-from gateway.models import Engine
+from gateway.models import Engine, EnginePin
 from metering.models import UsageEvent
 from registry.models import AdapterVersion
 
+RESIDENCY_TIER = {"device": "GPU", "host": "Host"}  # the engine pool's tier names in `adapters.residency`
 TIERS = (("gpu", "GPU"), ("host", "Host memory only"), ("loading", "Loading"))
 NAME_WINDOW_DAYS = 30
 # The engine's accelerator memory as `/v1/state` reports it: weights, then one page pool shared by KV and adapters.
@@ -66,10 +68,28 @@ def adapter_names(digests: set[str]) -> dict[str, list[str]]:
     return names
 
 
+def adapter_residency(state: dict, names: dict[str, list[str]]) -> list[dict]:
+    """[{name, digest, tier, pinned, rank}] per adapter and memory tier, from the state's `adapters.residency` (the
+    same entries as the engine's quilt_engine_adapter_resident series), GPU first."""
+    rows = []
+    for entry in (state.get("adapters") or {}).get("residency") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+            continue
+        digest = entry["digest"]
+        rows.append({"name": (names.get(digest) or [digest[:12]])[0], "digest": digest,
+                     "tier": RESIDENCY_TIER.get(entry.get("tier"), entry.get("tier")),
+                     "pinned": entry.get("pinned") is True, "rank": entry.get("rank")})
+    return rows
+
+
 def engine_cards() -> list[dict]:
     engines = list(Engine.objects.order_by("-enabled", "name"))
     tiers_of = {engine.pk: adapter_tiers(engine.state or {}) for engine in engines}
-    names = adapter_names({digest for tiers in tiers_of.values() for digests in tiers.values() for digest in digests})
+    pins_of: dict[int, list[EnginePin]] = {}
+    for pin in EnginePin.objects.filter(engine__in=engines).order_by("status", "digest"):
+        pins_of.setdefault(pin.engine_id, []).append(pin)
+    names = adapter_names({digest for tiers in tiers_of.values() for digests in tiers.values() for digest in digests}
+                         | {pin.digest for pins in pins_of.values() for pin in pins})
     cards = []
     for engine in engines:
         state = engine.state or {}
@@ -85,6 +105,8 @@ def engine_cards() -> list[dict]:
             "hit_percent": round(100 * (state.get("prefix_cache_hit_rate") or 0)),
             "tiers": tiers,
             "memory": memory_parts(state),
+            "residency": adapter_residency(state, names),
+            "pins": [{"name": (names.get(pin.digest) or [pin.digest[:12]])[0], "pin": pin} for pin in pins_of.get(engine.pk, [])],
         })  # fmt: skip
     return cards
 

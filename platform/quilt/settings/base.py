@@ -321,6 +321,8 @@ CELERY_BEAT_SCHEDULE["finetuning-requeue-stale-jobs"] = {"task": "finetuning.req
 CELERY_BEAT_SCHEDULE["gateway-check-engines"] = {
     "task": "gateway.check_engines", "schedule": float(QUILT_ENGINE_HEALTH_INTERVAL_SECONDS)
 }
+# Pins follow adapters' and plans' warm tiers, promotions and engine restarts (gateway/pins.py).
+CELERY_BEAT_SCHEDULE["gateway-sync-pins"] = {"task": "gateway.sync_pins", "schedule": 60.0}
 CELERY_BEAT_SCHEDULE["gateway-reconcile-admission"] = {"task": "gateway.reconcile_admission", "schedule": 300.0}
 # A served request whose engine's usage event has not been recorded this long after the gateway settled it is billed
 # from the gateway's copy (gateway/unreported.py): its engine died before handing the event to the broker.

@@ -264,6 +264,21 @@ class AdapterPool:
             self._requests.put((digest, self._paths[digest]))
         return False
 
+    def read_into_host(self, digest: str) -> None:
+        """Start a read from disk of an adapter not in host memory, also one resident on the device whose host copy
+        the LRU let go (`ready` reads only what is in no memory tier)."""
+        self._drain()
+        if digest in self._host or digest in self._loading:
+            return
+        self._failed.pop(digest, None)
+        self._loading.add(digest)
+        self._requests.put((digest, self._paths[digest]))
+
+    def is_loading(self, digest: str) -> bool:
+        """Whether a read of the adapter from disk is under way."""
+        self._drain()
+        return digest in self._loading
+
     def residency(self) -> list[Residency]:
         """Every adapter in the device and host tiers (one entry per tier it is in), device first."""
         self._drain()

@@ -166,9 +166,9 @@ class LLMEngine:
         pool = self.adapter_pool
         if tier not in ("host", "device"):
             raise ValueError(f"tier must be 'host' or 'device', not {tier!r}")
-        if pool.tier(digest) not in ("host", "device"):
-            pool.ready(digest)  # starts its read from disk
-            raise RuntimeError(f"adapter {digest[:12]} is not in memory yet: it is loading, try again")
+        if pool.tier(digest) not in ("host", "device") or (tier == "host" and digest not in pool.resident()["host"]):
+            pool.read_into_host(digest)
+            raise RuntimeError(f"adapter {digest[:12]} is not in host memory yet: it is loading, try again")
         refusal = pool.pin_fits(digest, tier)
         if refusal is not None:
             raise PinRefused(refusal)

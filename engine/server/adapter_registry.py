@@ -160,12 +160,12 @@ class AdapterRegistry:
         await self.ensure(ref)
 
         def pin(engine: LLMEngine) -> list[str] | None:
-            if engine.adapter_pool.tier(ref.digest) == "loading":
+            if engine.adapter_pool.is_loading(ref.digest):
                 return None
             try:
                 return [API_TIER[t] for t in engine.pin_adapter(ref.digest, TIERS[tier])]
             except RuntimeError as error:
-                if engine.adapter_pool.tier(ref.digest) == "loading":
+                if engine.adapter_pool.is_loading(ref.digest):
                     return None
                 raise Conflict(str(error)) from error
 

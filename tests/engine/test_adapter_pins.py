@@ -127,6 +127,18 @@ def test_a_pin_that_does_not_fit_is_refused_and_evicts_nothing(checkpoints, stor
     in_host(engine, digests["two"])  # an unpinned newcomer evicts the unpinned, never the pinned
     assert set(pool.resident()["host"]) == {digests["three"], digests["pinned"], digests["two"]}
     assert pool.pins() == {digests["three"]: "host", digests["pinned"]: "host"}
+
+    # on the device only (its host copy let go): a host pin reads it from disk again, then takes it
+    assert engine.unpin_adapter(digests["three"]) == "host"
+    engine.prefetch_adapter(digests["two"], "device")
+    in_host(engine, digests["one"])  # evicts the least recently used unpinned host copy: "two"'s
+    assert pool.tier(digests["two"]) == "device" and digests["two"] not in pool.resident()["host"]
+    with pytest.raises(RuntimeError, match="not in host memory yet"):
+        engine.pin_adapter(digests["two"], "host")
+    while pool.is_loading(digests["two"]):
+        time.sleep(0.002)
+    assert engine.pin_adapter(digests["two"], "host") == ["device", "host"]
+    assert pool.pins() == {digests["two"]: "host", digests["pinned"]: "host"}
     engine.shutdown()
 
 

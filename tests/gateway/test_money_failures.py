@@ -9,12 +9,15 @@ import signal
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import httpx
+import msgspec
 import pytest
 from django.db.models import Sum
 
+from engine import contract
 from gateway.admission import held_totals
 from gateway.selectors import admission_month_drift
 from metering.models import UsageEvent
@@ -173,11 +176,11 @@ def test_a_worker_killed_mid_ingest_has_its_batch_redelivered_within_a_minute(st
            "CELERY_TASK_DEFAULT_QUEUE": queue, "CELERY_VISIBILITY_TIMEOUT_SECONDS": "5"}  # fmt: skip
     settings.CELERY_TASK_DEFAULT_QUEUE = queue
     request_id = f"redeliver-{uuid.uuid4().hex}"
-    event = {
-        "request_id": request_id, "tenant": str(stack.ids["rival"]), "base_model": BASE_MODEL, "prompt_tokens": 5,
-        "cached_tokens": 0, "completion_tokens": 3, "gpu_ms": 1.0, "finish_reason": "stop",
-        "finished_at": time.time(),
-    }  # fmt: skip
+    event = msgspec.to_builtins(contract.UsageEvent(
+        request_id=request_id, tenant=str(stack.ids["rival"]), api_key_id=None, adapter_digest=None,
+        base_model=BASE_MODEL, prompt_tokens=5, cached_tokens=0, completion_tokens=3, gpu_ms=1.0, ttft_ms=1.0,
+        e2e_ms=2.0, finish_reason="stop", finished_at=datetime.now(UTC),
+    ))  # fmt: skip
     # Hold the lock the ingest needs (the tenant's month row), so that the worker is caught mid-ingest.
     blocker = connections.create_connection("default")
     blocker.connect()

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +160,10 @@ class QwenVLImageProcessor:
     def image_tokens(self, height: int, width: int) -> int:
         return self.num_tokens(height, width)
 
+    def prompt_text(self, id_to_token: Callable[[int], str | None]) -> None:
+        """None: the chat template's one placeholder token is repeated for the image's tokens, no text around it."""
+        return None
+
     def num_tokens(self, height: int, width: int) -> int:
         """Placeholder tokens of an image of this size: its patches over merge_size ** 2."""
         target_h, target_w = self.target_size(height, width)
@@ -182,11 +187,15 @@ class QwenVLImageProcessor:
 @dataclass(frozen=True)
 class Gemma3ImageProcessor:
     """Gemma 3's processor without pan-and-scan: every image resized to one size with Pillow's filter, rescaled
-    and normalized; it takes the model's mm_tokens_per_image tokens."""
+    and normalized; it takes the model's mm_tokens_per_image tokens, written in the prompt between its own text
+    (`prompt_text`)."""
 
     height: int
     width: int
     num_tokens: int
+    image_token_id: int
+    boi_token_id: int  # <start_of_image>: the chat template's placeholder
+    eoi_token_id: int  # <end_of_image>
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
     rescale_factor: float
@@ -196,13 +205,15 @@ class Gemma3ImageProcessor:
     do_normalize: bool = True
 
     @classmethod
-    def from_config(cls, config: dict, *, num_tokens: int) -> "Gemma3ImageProcessor":
+    def from_config(cls, config: dict, *, num_tokens: int, image_token_id: int = 262_144, boi_token_id: int = 255_999,
+                    eoi_token_id: int = 256_000) -> "Gemma3ImageProcessor":
         if config.get("do_pan_and_scan"):
             raise ValueError("Gemma 3's pan-and-scan (do_pan_and_scan) is not supported")
         if config.get("do_convert_rgb") is False:
             raise ValueError("an image processor with do_convert_rgb off is not supported")
         size = config.get("size") or {"height": 224, "width": 224}
-        return cls(height=size["height"], width=size["width"], num_tokens=num_tokens,
+        return cls(height=size["height"], width=size["width"], num_tokens=num_tokens, image_token_id=image_token_id,
+                   boi_token_id=boi_token_id, eoi_token_id=eoi_token_id,
                    image_mean=tuple(config.get("image_mean", (0.5, 0.5, 0.5))),
                    image_std=tuple(config.get("image_std", (0.5, 0.5, 0.5))),
                    rescale_factor=config.get("rescale_factor", 1 / 255),
@@ -213,6 +224,13 @@ class Gemma3ImageProcessor:
     def image_tokens(self, height: int, width: int) -> int:
         """Placeholder tokens of an image of any size: the model's mm_tokens_per_image."""
         return self.num_tokens
+
+    def prompt_text(self, id_to_token: Callable[[int], str | None]) -> tuple[str, str]:
+        """(placeholder, expansion): the text the chat template writes for an image and what Gemma3Processor puts
+        in its place, "\n\n<start_of_image>" + <image_soft_token> * mm_tokens_per_image + "<end_of_image>\n\n"
+        (so an image costs a few tokens more than its soft tokens, as many as the tokenizer makes of that text)."""
+        boi, eoi, soft = (id_to_token(t) for t in (self.boi_token_id, self.eoi_token_id, self.image_token_id))
+        return boi, f"\n\n{boi}{soft * self.num_tokens}{eoi}\n\n"
 
     def __call__(self, image: DecodedImage) -> ImageFeatures:
         x = _pixels(image.image, (self.height, self.width) if self.do_resize else None, self)  # [H, W, 3]
@@ -294,5 +312,8 @@ def checkpoint_image_processor(model_dir: str | Path) -> "QwenVLImageProcessor |
         return None
     settings = read_processor_config(model_dir)
     if config.get("model_type") == "gemma3":
-        return Gemma3ImageProcessor.from_config(settings, num_tokens=config.get("mm_tokens_per_image", 256))
+        return Gemma3ImageProcessor.from_config(
+            settings, num_tokens=config.get("mm_tokens_per_image", 256),
+            image_token_id=config.get("image_token_id", config.get("image_token_index", 262_144)),
+            boi_token_id=config.get("boi_token_index", 255_999), eoi_token_id=config.get("eoi_token_index", 256_000))
     return QwenVLImageProcessor.from_config(settings)

@@ -21,7 +21,7 @@ from engine.contract import ADAPTER_UNAVAILABLE
 from engine.fairness import FirstComeFirstServed, VirtualTokenCounter
 from engine.grammar import Grammar, GrammarCompiler
 from engine.guided import GuidedDecoding
-from engine.images import Gemma3ImageProcessor, ImageFeatures, checkpoint_image_processor, place_images
+from engine.images import ImageFeatures, checkpoint_image_processor, place_images
 from engine.kv import payload
 from engine.kv.host_tier import HostTier
 from engine.kv.lease import LeaseTable
@@ -310,15 +310,13 @@ class LLMEngine:
     @property
     def image_inputs(self) -> ImageInputs | None:
         """What rendering a chat with images needs (engine.chat_prompt); None: the model takes no images."""
-        processor, image_token = self.image_processor, self.runner.model.spec.image_token_id
+        processor = self.image_processor
         if processor is None:
             return None
-        if isinstance(processor, Gemma3ImageProcessor):  # the template writes <start_of_image>, the processor this
-            boi, eoi = (self.tokenizer.id_to_token(self.hf_config[key]) for key in ("boi_token_index", "eoi_token_index"))
-            soft = self.tokenizer.id_to_token(image_token)
-            return ImageInputs(processor=processor, image_token_id=image_token, placeholder=boi,
-                               expansion=f"\n\n{boi}{soft * processor.num_tokens}{eoi}\n\n")
-        return ImageInputs(processor=processor, image_token_id=image_token)
+        text = processor.prompt_text(self.tokenizer.id_to_token)  # Gemma 3: the text its processor writes
+        placeholder, expansion = text if text is not None else (None, None)
+        return ImageInputs(processor=processor, image_token_id=self.runner.model.spec.image_token_id,
+                           placeholder=placeholder, expansion=expansion)
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_unfinished)

@@ -71,6 +71,9 @@ class GenerationRequest:
     continuous_usage: bool = False  # vLLM's continuous_usage_stats, with include_usage: each chunk's running usage
     image_params: list[str] = field(default_factory=list)  # chat: where each image part is, in order
     image_tokens: list[int] = field(default_factory=list)  # each image's prompt tokens (gateway.request_images)
+    # (placeholder, expansion): where the model's processor writes text around each image (Gemma 3), the template's
+    # placeholder and the text the engine puts in its place (engine.images' prompt_text); None: one token repeated
+    image_text: tuple[str, str] | None = None
 
     @property
     def n(self) -> int:

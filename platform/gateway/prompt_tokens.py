@@ -57,6 +57,9 @@ def _counted(generation: GenerationRequest, tokenizer: Tokenizer, count: Callabl
                                                  tools=generation.structure.get("tools"))  # fmt: skip
         except Exception:  # jinja2's errors and the template's own raise_exception()
             return None
+        if generation.image_text is not None:  # the engine puts the processor's text in each placeholder's place
+            placeholder, expansion = generation.image_text
+            return count(text.replace(placeholder, expansion), add_special_tokens=False)
         # the template writes one placeholder per image, which the engine repeats for the image's tokens
         return count(text, add_special_tokens=False) + sum(generation.image_tokens) - len(generation.image_tokens)
     counted = 0

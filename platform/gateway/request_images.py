@@ -25,6 +25,7 @@ from gateway.errors import invalid
 from gateway.hot_settings import hot
 from gateway.image_fetch import FetchPolicy, FetchRefused, Resolver, fetch_image, system_resolver
 from gateway.openai_request import GenerationRequest
+from gateway.prompt_tokens import base_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def fetch_policy() -> FetchPolicy:
 
 async def load_images(generation: GenerationRequest, target: Target, *, resolve: Resolver = system_resolver) -> None:
     """Checks every image part of `generation` (in place: a fetched URL becomes the data URL the engine is sent)
-    and sets generation.image_tokens; an ApiError (400) naming the first part at fault. `resolve`: how a fetched
+    and sets generation.image_tokens and generation.image_text; an ApiError (400) naming the first part at fault. `resolve`: how a fetched
     URL's host name resolves."""
     processor = image_processor(target.checkpoint_dir)
     if processor is None:
@@ -70,6 +71,8 @@ async def load_images(generation: GenerationRequest, target: Target, *, resolve:
         except ImageError as error:
             raise invalid(f"Invalid image at {param}: {error}.", param=param, code="invalid_image") from None
     generation.image_tokens = tokens
+    tokenizer = base_tokenizer(target.checkpoint_dir)
+    generation.image_text = None if tokenizer is None else processor.prompt_text(tokenizer.id_to_token)
 
 
 async def _fetched(url: str, param: str, resolve: Resolver) -> str:

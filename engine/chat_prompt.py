@@ -10,7 +10,8 @@ from engine.images import ImageError, ImageFeatures, decode_data_url, expand_ima
 
 
 class PromptImageError(ImageError):
-    """An image part that cannot be used, named by where it is (`param`: "messages[0].content[1]")."""
+    """An image part that cannot be used, named by where it is (`param`: "messages.[0].content.[1]", as OpenAI and
+    the gateway name it)."""
 
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message)
@@ -19,7 +20,7 @@ class PromptImageError(ImageError):
 
 @dataclass(frozen=True)
 class ImagePart:
-    param: str  # "messages[i].content[j]"
+    param: str  # "messages.[i].content.[j]", as OpenAI names a content part
     url: str
 
 
@@ -45,7 +46,7 @@ def image_parts(messages: list[dict]) -> list[ImagePart]:
                 if isinstance(part, dict) and part.get("type") == "image_url":
                     image_url = part.get("image_url")
                     url = image_url.get("url") if isinstance(image_url, dict) else image_url
-                    found.append(ImagePart(param=f"messages[{i}].content[{j}]", url=url))
+                    found.append(ImagePart(param=f"messages.[{i}].content.[{j}]", url=url))
     return found
 
 

@@ -321,7 +321,7 @@ def _content_parts(index: int, parts: list) -> None:
     if not parts:
         raise BadRequest(f"messages[{index}].content must not be an empty list", param=f"messages[{index}].content")
     for j, part in enumerate(parts):
-        param = f"messages[{index}].content[{j}]"
+        param = f"messages.[{index}].content.[{j}]"  # as OpenAI names a content part
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             continue

@@ -117,7 +117,7 @@ def test_an_image_for_a_text_only_model_is_a_400_naming_its_part(server):  # noq
                                                  "sampling": {"max_tokens": 2}})  # fmt: skip
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "messages[0].content[1]" and "takes no images" in error["message"]
+    assert error["param"] == "messages.[0].content.[1]" and "takes no images" in error["message"]
     content[1]["image_url"]["detail"] = "ultra"
     response = server.post("/v1/generate", json={"stream": False, "messages": [{"role": "user", "content": content}]})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content[1]"
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages.[0].content.[1]"

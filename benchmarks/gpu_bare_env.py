@@ -4,10 +4,11 @@
 
 The GPU machine's image holds the distributions in IMAGE (read off such a machine on 2026-11-17:
 /work/.library/device/KINDS.md) and nothing else. Every top-level module that a distribution installed here
-provides, where that distribution is not in IMAGE, becomes a package whose import raises ImportError: a dry
+provides, where that distribution is not in IMAGE, is hidden (DIR/sitecustomize.py: importlib finds it only on
+the path entries in front of DIR, so find_spec gives None and an import raises ModuleNotFoundError): a dry
 run here then fails where the GPU machine would (the engine importing llguidance or celery, a test importing
 jsonschema or kombu), unless the wheels the suite carries (benchmarks/gpu_wheels.py) are put in front of
-these stubs on the path, as they are there.
+DIR on the path, as they are there.
 """
 
 import importlib.metadata
@@ -82,16 +83,50 @@ def absent_modules() -> list[str]:
     return sorted(absent - present - set(sys.stdlib_module_names) - {"engine", "kernels", "adapters", "tests"})
 
 
+SITECUSTOMIZE = '''"""Written by benchmarks/gpu_bare_env.py: the modules of distributions the GPU image lacks are not there.
+
+A top-level module of ABSENT is looked for only on the path entries in front of this folder (the wheels the suite
+carries); elsewhere importlib.util.find_spec gives None and an import raises ModuleNotFoundError, as on the image
+(torch, for one, probes optional modules such as dill with find_spec and imports them when found)."""
+
+import importlib.machinery
+import os
+import sys
+
+ABSENT = frozenset(%r)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class FrontOfThisFolder:
+    """The path finder, which finds a module of ABSENT only in front of this folder on sys.path."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if path is None and name in ABSENT:
+            entries = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+            path = sys.path[: entries.index(HERE)] if HERE in entries else []
+        return importlib.machinery.PathFinder.find_spec(name, path, target)
+
+    @staticmethod
+    def invalidate_caches():
+        importlib.machinery.PathFinder.invalidate_caches()
+
+    @staticmethod
+    def find_distributions(*args, **kwargs):  # importlib.metadata's look-ups, as the path finder answers them
+        return importlib.machinery.PathFinder.find_distributions(*args, **kwargs)
+
+
+sys.meta_path[:] = [FrontOfThisFolder if finder is importlib.machinery.PathFinder else finder
+                    for finder in sys.meta_path]
+'''
+
+
 def write_stubs(directory: Path) -> list[str]:
+    """directory/sitecustomize.py, which hides the modules the image lacks from an interpreter whose path has
+    the directory (PYTHONPATH); their names."""
     directory.mkdir(parents=True, exist_ok=True)
     names = absent_modules()
-    for name in names:
-        package = directory / name
-        package.mkdir(exist_ok=True)
-        (package / "__init__.py").write_text(
-            f"raise ModuleNotFoundError({name!r} + ' is not installed on the GPU machine (simulated by gpu_bare_env.py)', "
-            f"name={name!r})\n"
-        )
+    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE % (sorted(names),))
     return names
 
 

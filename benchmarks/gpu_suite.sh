@@ -39,6 +39,11 @@
 #             16, 7 projections, 8B-shape layers) in a pool that holds 4,         default: QUILT_GPU_STEPS="env
 #             TTFT against all resident, uniform and Zipf, 3 runs                 cold"; QUILT_GPU_COLD_S, 300;
 #                                                                                 QUILT_GPU_COLD_ARGS)
+#   vlm       benchmarks/vlm.py on CUDA in bf16, per family (Qwen2.5-VL 7B,   -> vlm.log (not by default:
+#             Qwen3-VL 8B, Gemma 3 4B: the whole vision tower, 4 decoder          QUILT_GPU_STEPS="env vlm";
+#             layers at full width, photo-sized pictures): image requests         QUILT_GPU_VLM_S, 540;
+#             against transformers + PEFT, N images in one encode against N       QUILT_GPU_VLM_ARGS,
+#             single ones, 3 rounds each                                          QUILT_GPU_VLM_FAMILIES)
 # and suite.log, the table printed last. The device tool brings back at most 8 files: the default run writes
 # exactly env.log pytest.log precision.log kernels.log kernels.json trace.log trace.json suite.log.
 # The dry run runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny).
@@ -74,11 +79,14 @@ QUANT_ARGS="${QUILT_GPU_QUANT_ARGS---layers 16 --rounds 2}"
 SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
 COLD_S="${QUILT_GPU_COLD_S:-300}"
+VLM_S="${QUILT_GPU_VLM_S:-540}"
+VLM_ARGS="${QUILT_GPU_VLM_ARGS---rounds 3 --requests 16 --max-tokens 32 --images 8 --layers 4}"
+VLM_FAMILIES="${QUILT_GPU_VLM_FAMILIES:-qwen2_5_vl qwen3_vl gemma3}"
 COLD_ARGS="${QUILT_GPU_COLD_ARGS---layers 8 --requests 200 --rate 20 --prompt 128 --max-tokens 16 --kv-blocks 36}"
 if [ "$DRY" = 1 ]; then  # the interpreter on a shared CPU: the GPU's limits, times QUILT_GPU_DRY_SLOWDOWN (3)
   SLOW="${QUILT_GPU_DRY_SLOWDOWN:-3}"
   ENV_S=$((ENV_S * SLOW)) WHEELS_S=$((WHEELS_S * SLOW)) PYTEST_S=$((PYTEST_S * SLOW)) PRECISION_S=$((PRECISION_S * SLOW)) KERNELS_S=$((KERNELS_S * SLOW))
-  TRACE_S=$((TRACE_S * SLOW)) NATIVE_S=$((NATIVE_S * SLOW))
+  TRACE_S=$((TRACE_S * SLOW)) NATIVE_S=$((NATIVE_S * SLOW)) VLM_S=$((VLM_S * SLOW))
 fi
 TRACE_ARGS="${QUILT_GPU_TRACE_ARGS---requests 48 --peft-seconds 10 --peft-max-groups 1 --decode-steps 12 --cold 2}"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
@@ -202,8 +210,22 @@ gpu_tp() {  # tensor parallelism: compute against communication per step, at eve
   "$PY" -m benchmarks.tensor_parallel --device cuda --dtype bfloat16 --hidden 4096 --layers 4 --requests 32 --tp $sizes
 }
 
-export -f env_report gpu_pytest gpu_kernels gpu_tp
-export PY OUT DRY KERNELS_S
+gpu_vlm() {  # each family in turn; a family that fails does not stop the next (the step's rc says one did)
+  local family rc=0
+  for family in $VLM_FAMILIES; do
+    echo "--- vlm $family"
+    if [ "$DRY" = 1 ]; then  # the tiny shape on CPU, in float32: the wiring
+      "$PY" -m benchmarks.vlm --family "$family" --rounds 1 --requests 2 --max-tokens 2 --images 2 || rc=1
+    else
+      # shellcheck disable=SC2086
+      "$PY" -m benchmarks.vlm --family "$family" --device cuda --dtype bfloat16 --shape real $VLM_ARGS || rc=1
+    fi
+  done
+  return $rc
+}
+
+export -f env_report gpu_pytest gpu_kernels gpu_tp gpu_vlm
+export PY OUT DRY KERNELS_S VLM_ARGS VLM_FAMILIES
 for step in $STEPS; do
   case "$step" in
     env) run_step env "$ENV_S" bash -c env_report ;;
@@ -249,7 +271,8 @@ for step in $STEPS; do
       else
         run_step cold "$COLD_S" "$PY" -m benchmarks.cold_cliff --device cuda $COLD_ARGS --json "$OUT/cold.json"
       fi ;;
-    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp, cold)" >&2; exit 2 ;;
+    vlm) run_step vlm "$VLM_S" bash -c gpu_vlm ;;
+    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp, cold, vlm)" >&2; exit 2 ;;
   esac
 done
 
@@ -269,5 +292,6 @@ done
   [ -f "$OUT/w4a16.log" ] && sed -n '/^## W4A16/,$p' "$OUT/w4a16.log"
   [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
+  [ -f "$OUT/vlm.log" ] && grep -E "^--- vlm|image requests: |images in one encoder call|^[A-Za-z.]*(Error|Exception)" "$OUT/vlm.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

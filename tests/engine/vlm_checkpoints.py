@@ -146,12 +146,12 @@ def gemma3_layout_name(name: str, layout: str) -> str:
     return name
 
 
-def build_vlm(directory, family: str, *, seed: int, layout: str = "hub"):
+def build_vlm(directory, family: str, *, seed: int, layout: str = "hub", config=None, processor_settings=None):
     """layout "hub": the older Hub files (model.layers.*, visual.*, preprocessor_config.json,
     chat_template.json); "transformers5": model.language_model.*, model.visual.*, processor_config.json,
-    chat_template.jinja."""
+    chat_template.jinja. config, processor_settings: another shape than the tiny one (vlm_config, PROCESSORS)."""
     torch.manual_seed(seed)
-    model = MODELS[family](vlm_config(family)).eval()
+    model = MODELS[family](config or vlm_config(family)).eval()
     with torch.no_grad():  # norms away from their initial ones, so that a missed one shows
         for name, param in model.named_parameters():
             if "norm" in name or "ln_q" in name:
@@ -162,7 +162,7 @@ def build_vlm(directory, family: str, *, seed: int, layout: str = "hub"):
     gemma = family == "gemma3"
     (build_gemma3_tokenizer if gemma else build_tokenizer)(directory)
     template = GEMMA3_CHAT_TEMPLATE if gemma else CHAT_TEMPLATE
-    processor = PROCESSOR_CLASSES.get(family, Qwen2VLImageProcessorPil)(**PROCESSORS[family])
+    processor = PROCESSOR_CLASSES.get(family, Qwen2VLImageProcessorPil)(**(processor_settings or PROCESSORS[family]))
     stored = load_file(directory / "model.safetensors")
     renamed = {(gemma3_layout_name if gemma else layout_name)(name, layout): tensor for name, tensor in stored.items()}
     save_file(renamed, directory / "model.safetensors", metadata={"format": "pt"})

@@ -4,8 +4,10 @@ nano-vllm capture them).
 Every per-step input lives in a buffer allocated once and refilled in place before each step: token ids,
 positions, slot mapping, block tables, context lengths and prompt lengths here; each token's adapter slot, its
 grouping by adapter and the adapters' page tables, ranks and scalings in the runner's LoRABatch
-(engine/lora_batch.py), whose module tables are views made once. A step of n sequences runs the graph of the
-smallest bucket >= n, its rows past n padded (no KV slot, one visible key, no adapter): one graph replays any
+(engine/lora_batch.py), whose module tables are views made once. A multimodal rope's (Qwen-VL's) positions have a buffer
+too: in decode a token's three positions are one, its index plus its sequence's offset (Sequence.mrope_positions),
+so one row is filled and read as three (a step whose rows differ runs eagerly). A step of n sequences runs the
+graph of the smallest bucket >= n, its rows past n padded (no KV slot, one visible key, no adapter): one graph replays any
 mix of adapters, lengths and blocks. Inside the forward nothing is read back to the host and nothing branches
 on a tensor's values: what needs the host is done before (`fill`, LoRABatch.fill), the kernels read the rest
 from the buffers. A graph also holds the LoRABatch's buffers' addresses: should they move (a step needed more
@@ -42,8 +44,6 @@ def graph_unsupported(model: CausalLM) -> str | None:
     """Why this model's decode cannot be captured, or None."""
     if model.comm.size > 1:
         return "tensor parallelism (the workers run their own eager forward)"
-    if model.spec.mrope_section:
-        return "a multimodal rope (its per-step rope rows are not in the static buffers)"
     if any(isinstance(m, Experts) for m in model.modules()):
         return "a mixture-of-experts model (not yet checked for host reads in its routing)"
     return None
@@ -65,7 +65,10 @@ class DecodeGraphs:
         self.model, self.capture, self.device = model, capture, device
         self.buckets = batch_buckets(max_batch)
         rows, self.max_blocks = self.buckets[-1], max_blocks
+        self.mrope = bool(model.spec.mrope_section)
         sizes = {name: rows for name in PADDING} | {"cu_seqlens_q": rows + 1, "block_tables": rows * max_blocks}
+        if self.mrope:
+            sizes["mrope_positions"] = rows  # the (t, h, w) positions, equal in decode: one row read as three
         # one int64 buffer for every field (a single host -> device copy per step), and its host twin
         self.flat = torch.zeros(sum(sizes.values()), dtype=torch.int64, device=device)
         self.staging = torch.zeros_like(self.flat, device="cpu", pin_memory=device.type == "cuda")
@@ -95,7 +98,9 @@ class DecodeGraphs:
     def takes(self, inputs: StepInputs) -> bool:
         """Whether this step can run here: a decode step that fits the buffers (and no capture has failed)."""
         return (self.failure is None and inputs.is_decode and len(inputs.context_lens) <= self.buckets[-1]
-                and max(len(t) for t in inputs.block_tables) <= self.max_blocks)
+                and max(len(t) for t in inputs.block_tables) <= self.max_blocks
+                and (inputs.mrope_positions is None or inputs.mrope_positions[0] == inputs.mrope_positions[1]
+                     == inputs.mrope_positions[2]))
 
     def bucket(self, num_seqs: int) -> int:
         return next(b for b in self.buckets if b >= num_seqs)
@@ -131,6 +136,9 @@ class DecodeGraphs:
         host["slot_mapping"][:n] = inputs.slot_mapping
         host["context_lens"][:n] = inputs.context_lens
         host["prompt_lens"][:n] = inputs.prompt_lens
+        if self.mrope:
+            host["mrope_positions"][:n] = inputs.mrope_positions[0]
+            host["mrope_positions"][n:bucket] = 0
         tables = host["block_tables"]
         tables[:bucket] = 0
         for row, table in enumerate(inputs.block_tables):
@@ -150,7 +158,9 @@ class DecodeGraphs:
         ctx = Context(positions=b["positions"][:bucket], slot_mapping=b["slot_mapping"][:bucket],
                       block_tables=b["block_tables"][:bucket], context_lens=b["context_lens"][:bucket],
                       cu_seqlens_q=b["cu_seqlens_q"][: bucket + 1], prompt_lens=b["prompt_lens"][:bucket],
-                      is_decode=True, lora=lora).prepare_decode(self.k_cache, self.windows)
+                      is_decode=True, lora=lora,
+                      mrope_positions=b["mrope_positions"][:bucket].expand(3, -1) if self.mrope else None,
+                      ).prepare_decode(self.k_cache, self.windows)
         if self.triton:
             self.contexts[key] = ctx
         return ctx

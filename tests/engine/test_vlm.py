@@ -141,15 +141,31 @@ def test_prefix_cache_keys_carry_the_images(checkpoint):
     assert other.usage.cached_tokens == 0
 
 
-def check_mixed_batch_against_peft(base, adapter, **config) -> None:
+def check_mixed_batch_against_peft(base, adapter, *, static: bool = False, **config) -> None:
+    """static: decode steps through the CUDA graphs' static buffers, run eagerly (the replay path on CPU); each
+    of them must read its multimodal rope positions from the buffer."""
     hf = transformers_model(base)
     peft = PeftModel.from_pretrained(hf, adapter, adapter_name="lora").eval()
     names, adapters = MIXED["names"], MIXED["adapters"]
     processor = oracle_processor(base)
     with LLM(base, device="cpu", **{**CONFIG, **config}) as llm:
         llm.add_adapter("lora", adapter)
+        if static:
+            engine = llm.engine
+            graphs = engine.runner.graphs = engine.runner.static_decode(
+                max_batch=engine.config.max_num_seqs, max_model_len=engine.max_model_len,
+                max_adapter_rank=engine.config.max_adapter_rank, capture=False,
+                max_tokens=engine.config.max_num_batched_tokens)  # fmt: skip
+            reads = []
+            hook = engine.runner.model.register_forward_pre_hook(
+                lambda _, args: reads.append((args[1].is_decode, args[1].mrope_positions.data_ptr())))
         outputs = llm.generate([CASES[name] for name in names], SAMPLING, adapters=adapters)
         prompts = [llm._chat(CASES[name])[0] for name in names]
+        if static:
+            hook.remove()
+            decode_reads = [ptr for is_decode, ptr in reads if is_decode]
+            assert graphs.steps == len(decode_reads) >= 2, "the decode steps did not go through the static buffers"
+            assert set(decode_reads) == {graphs.buffers["mrope_positions"].data_ptr()}
     for name, name_of_adapter, prompt, out in zip(names, adapters, prompts, outputs, strict=True):
         if name_of_adapter is None:
             with peft.disable_adapter():
@@ -165,6 +181,18 @@ def test_adapter_and_base_requests_in_one_batch_match_peft(checkpoint, built, re
     """A LoRA on the language model's seven projections, as PEFT names them on this model, for some requests of
     a batch and the base model for the others, with and without images, prefilled in 16-token chunks."""
     check_mixed_batch_against_peft(checkpoint, built(*request.node.callspec.params["checkpoint"])[1])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_decode_through_the_static_buffers_matches_peft(family, built):
+    """What a CUDA graph replays, run eagerly: every decode step's (t, h, w) positions (its index plus the
+    sequence's image offset, one row read as three) from the static buffer, the mixed batch still PEFT's."""
+    check_mixed_batch_against_peft(*built(family, "transformers5"), static=True)
+
+
+def test_static_decode_matches_peft_on_triton_launchers(built, triton_launchers):
+    """The same on every op's Triton launcher (interpreted), for the interleaved rope of Qwen3-VL."""
+    check_mixed_batch_against_peft(*built("qwen3_vl", "transformers5"), static=True, max_num_batched_tokens=64)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])

@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks import fleet_sim_validate
 from benchmarks.fleet_simulation import Simulation
 from benchmarks.fleet_workload import CPU_MODEL, EngineModel, Workload
-from gateway.route_score import DEFAULT  # platform/ is on the path: benchmarks.fleet_simulation puts it there
+from gateway.route_score import COST  # platform/ is on the path: benchmarks.fleet_simulation puts it there
 
 POLICIES = ("round-robin", "least-load", "affinity-only", "fixed", "full")  # fixed: route_score.FIXED
 
@@ -68,7 +68,7 @@ def compare(args) -> list[dict]:
     model = load_model(args.model).faster(args.speedup)
     rows = []
     scenarios = {"zipf": 0.0, "hot spot 30%": args.hot_share}
-    weights = dataclasses.replace(DEFAULT, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
+    weights = dataclasses.replace(COST, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
                                   spill_step=args.spill_step)
     for run in range(args.runs):  # run r: the same traffic (seed + r) for every policy
         for scenario in args.scenarios:
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=1, help="each with its own traffic (seeds seed, seed + 1, ...)")
     parser.add_argument("--scenarios", nargs="+", default=["zipf", "hot spot 30%"], choices=["zipf", "hot spot 30%"])
-    parser.add_argument("--spill-ratio", type=float, default=DEFAULT.spill_ratio)
-    parser.add_argument("--spill-gap", type=float, default=DEFAULT.spill_gap)
-    parser.add_argument("--spill-step", type=float, default=DEFAULT.spill_step)
+    parser.add_argument("--spill-ratio", type=float, default=COST.spill_ratio)
+    parser.add_argument("--spill-gap", type=float, default=COST.spill_gap)
+    parser.add_argument("--spill-step", type=float, default=COST.spill_step)
     parser.add_argument("--calibrate", action="store_true", help="fit the engine model on this machine and print it")
     parser.add_argument("--validate", action="store_true", help="2 real engines against the simulator")
     args = parser.parse_args(argv)

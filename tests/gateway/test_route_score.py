@@ -7,6 +7,7 @@ import sys
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
 from gateway.route_score import (
+    COST,
     FIXED,
     Candidate,
     Fleet,
@@ -56,7 +57,7 @@ def test_cost_orders_the_tiers_device_host_loading_disk_when_queues_are_equal():
         Candidate("loading", loading=frozenset({HOT}), **MEASURED),
         Candidate("host", host=frozenset({HOT}), **MEASURED),
         Candidate("device", resident=frozenset({HOT}), **MEASURED),
-    ])  # fmt: skip
+    ], weights=COST)  # fmt: skip
     order, excluded = [], []
     for _ in range(4):
         index = choose(fleet, adapter=HOT, fingerprints=[], loads=[2, 2, 2, 2], exclude=excluded)
@@ -68,7 +69,8 @@ def test_cost_orders_the_tiers_device_host_loading_disk_when_queues_are_equal():
 def test_cost_prefers_a_host_tier_engine_over_a_disk_tier_one_at_equal_queues():
     for digest in (f"{n:064x}" for n in range(50)):  # whatever the rendezvous term says for the adapter
         fleet = Fleet([Candidate("disk", adapter_free=1.0, **MEASURED), Candidate("host", host=frozenset({digest}),
-                                                                                  adapter_free=0.0, **MEASURED)])
+                                                                                  adapter_free=0.0, **MEASURED)],
+                      weights=COST)
         assert fleet.names[choose(fleet, adapter=digest, fingerprints=[], loads=[3, 3])] == "host"
 
 

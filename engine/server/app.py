@@ -43,6 +43,20 @@ from engine.tool_calls import format_for_template
 log = logging.getLogger(__name__)
 
 
+
+async def _adapter_and_tier(request: Request):
+    """A prefetch or pin body: the adapter (its digest, and a path or signed URLs) and the tier, "host" by default."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    tier = body.pop("tier", "host")
+    if not isinstance(tier, str):
+        raise BadRequest("tier must be a string", param="tier")
+    ref = parse_adapter(body)
+    if ref is None:
+        raise BadRequest("give the adapter's digest", param="digest")
+    return ref, tier
+
 class EngineAPI:
     def __init__(self, loop: EngineLoop, *, registry: AdapterRegistry, model_name: str,
                  drain_timeout_s: float, prefixes: RecentPrefixes | None = None, kv: KVTransfers | None = None) -> None:
@@ -268,28 +282,12 @@ class EngineAPI:
                              "max_model_len": self.engine.max_model_len})
 
     async def prefetch(self, request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        tier = body.pop("tier", "host")
-        if not isinstance(tier, str):
-            raise BadRequest("tier must be a string", param="tier")
-        ref = parse_adapter(body)
-        if ref is None:
-            raise BadRequest("give the adapter's digest", param="digest")
+        ref, tier = await _adapter_and_tier(request)
         tiers = await self.registry.prefetch(ref, tier=tier)
         return JSONResponse({"digest": ref.digest, "resident": tiers})
 
     async def pin(self, request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        tier = body.pop("tier", "host")
-        if not isinstance(tier, str):
-            raise BadRequest("tier must be a string", param="tier")
-        ref = parse_adapter(body)
-        if ref is None:
-            raise BadRequest("give the adapter's digest", param="digest")
+        ref, tier = await _adapter_and_tier(request)
         tiers = await self.registry.pin(ref, tier=tier)
         return JSONResponse({"digest": ref.digest, "pinned": tier, "resident": tiers})
 

@@ -17,7 +17,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 
 from adapters import AdapterError
 from engine import LLM, SamplingParams
-from tests.engine.test_vlm import CASES, IMAGES
+from tests.engine.test_vlm import CASES, IMAGES, greedy
 from tests.engine.vlm_checkpoints import (
     GEMMA3_IMAGE_TOKENS,
     IMAGE_TOKEN,
@@ -89,13 +89,7 @@ def transformers_greedy(model, processor, llm, messages: list[dict]):
                        add_special_tokens=False)
     ids = inputs["input_ids"]
     extra = {"pixel_values": inputs["pixel_values"], "token_type_ids": inputs["token_type_ids"]} if urls else {}
-    tokens, logprobs, past = [], [], None
-    for _ in range(MAX_TOKENS):
-        out = model(ids, past_key_values=past, use_cache=True, **extra)
-        row = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        tokens.append(int(row.argmax()))
-        logprobs.append(float(row.max()))
-        past, ids, extra = out.past_key_values, torch.tensor([[tokens[-1]]]), {}
+    tokens, logprobs = greedy(model, ids, extra, MAX_TOKENS)
     return inputs["input_ids"][0].tolist(), tokens, logprobs
 
 

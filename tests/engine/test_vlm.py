@@ -93,15 +93,21 @@ def transformers_greedy(model, processor, prompt: list[int], messages: list[dict
         extra = {"pixel_values": features["pixel_values"], "image_grid_thw": features["image_grid_thw"],
                  "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
     (hf or model).model.rope_deltas = None  # what the last prompt left
+    return greedy(model, ids, extra, MAX_TOKENS)
+
+
+
+def greedy(model, ids: torch.Tensor, extra: dict, max_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy decode with its KV cache: the tokens and their log-probabilities; `extra` (the images'
+    inputs) goes with the prompt's forward only."""
     tokens, logprobs, past = [], [], None
-    for _ in range(MAX_TOKENS):
+    for _ in range(max_tokens):
         out = model(ids, past_key_values=past, use_cache=True, **extra)
         row = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         tokens.append(int(row.argmax()))
         logprobs.append(float(row.max()))
         past, ids, extra = out.past_key_values, torch.tensor([[tokens[-1]]]), {}
     return tokens, logprobs
-
 
 def oracle_processor(checkpoint) -> Qwen2VLImageProcessorPil:
     if (checkpoint / "preprocessor_config.json").exists():

@@ -1,7 +1,7 @@
 """Admission leases' own scripts (`leases`; the keys and how a lease is held: `redis_scripts`): LEASE admits a
 request, from a new lease where every limit has room for one, and LEASE_RETURN gives a lease back."""
 
-from gateway.admission.redis_scripts import _CHECKS, _CLOCK, _COUNT, _EXPIRE_ORPHANS, _HOLD, _LEASE_FUNCTIONS
+from gateway.admission.redis_scripts import CHECKS, CLOCK, COUNT, EXPIRE_ORPHANS, HOLD, LEASE_FUNCTIONS
 
 # Admits one request as ACQUIRE does, first giving back the process's previous lease of this tenant's key
 # (ARGV[19..28], `lease_return`). Where every limit has room for it, the request is admitted from a new lease: `n`
@@ -10,11 +10,11 @@ from gateway.admission.redis_scripts import _CHECKS, _CLOCK, _COUNT, _EXPIRE_ORP
 # than four requests (or two slots), the request gets its own hold, as ACQUIRE gives it (n = 0 in the reply). Its reply:
 # ACQUIRE's seven fields (a refusal's are all), then the window's start, n, c and the window's counts before them.
 LEASE = (
-    _LEASE_FUNCTIONS
-    + _CLOCK
+    LEASE_FUNCTIONS
+    + CLOCK
     + "lease_return(19)\n"
-    + _EXPIRE_ORPHANS
-    + _CHECKS
+    + EXPIRE_ORPHANS
+    + CHECKS
     + """
 local share = tonumber(ARGV[18])
 local n, c = tonumber(ARGV[16]), math.min(tonumber(ARGV[17]), math.floor((maxc - live) / share))
@@ -36,13 +36,13 @@ if n < 4 or c < 2 then
   n = 1
   if key ~= '' then kr, kt = key_reqs + 1, key_toks + tokens end
 """
-    + _COUNT
-    + _HOLD
+    + COUNT
+    + HOLD
     + """
   return {1, 'ok', reqs + 1, toks + tokens, reset_ms, kr, kt, window, 0, 0, reqs, toks, key_reqs, key_toks}
 end
 """
-    + _COUNT
+    + COUNT
     + """
 local id, picos = '~' .. ARGV[15], '0'
 if key ~= '' then
@@ -67,4 +67,4 @@ return {1, 'ok', reqs + 1, toks + tokens, reset_ms, kr, kt, window, n, c, reqs, 
 )
 
 # Gives a lease back (ARGV[1..10], `lease_return`) outside any admission: when idle, or at its window's end.
-LEASE_RETURN = _LEASE_FUNCTIONS + "lease_return(1)\nreturn 1\n"
+LEASE_RETURN = LEASE_FUNCTIONS + "lease_return(1)\nreturn 1\n"

@@ -48,7 +48,7 @@ Every change of a lease's amounts is an HINCRBY, so its settles may reach Redis 
 orphaned lease (its process died) expires with its members, like any hold.
 """
 
-_LEASE_FUNCTIONS = """
+LEASE_FUNCTIONS = """
 local function lease_release(id)
   local t = redis.call('HGET', KEYS[13], id .. ':t')
   if not t then return end
@@ -106,7 +106,7 @@ local function lease_return(a)
 end
 """
 
-_EXPIRE_ORPHANS = """
+EXPIRE_ORPHANS = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 for _, id in ipairs(ids) do
   local info = redis.call('HGET', KEYS[3], id)
@@ -126,7 +126,7 @@ for _, id in ipairs(ids) do
 end
 """
 
-_CLOCK = """
+CLOCK = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local window = math.floor(now / 60) * 60
@@ -134,7 +134,7 @@ local window = math.floor(now / 60) * 60
 
 # What every admission checks, in order (the reasons are `limits.Decision.reason`'s); it ends with the key's own
 # window read (`key_reqs`, `key_toks`) and nothing written.
-_CHECKS = """
+CHECKS = """
 local rid, tokens, spend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local budget_tokens, budget_spend, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -188,7 +188,7 @@ end
 """
 
 # The window's requests and tokens counted for `n` requests of this one's estimate (one, or a lease's).
-_COUNT = """
+COUNT = """
 if key ~= '' then
   redis.call('HSET', KEYS[8], key .. ':start', window, key .. ':requests', key_reqs + n, key .. ':tokens', key_toks + n * tokens)
   redis.call('EXPIRE', KEYS[8], 120)
@@ -198,7 +198,7 @@ redis.call('EXPIRE', KEYS[1], 120)
 """
 
 # One request's own hold.
-_HOLD = """
+HOLD = """
 if key ~= '' then
   redis.call('HINCRBY', KEYS[9], key .. ':tokens', tokens)
   redis.call('HINCRBY', KEYS[9], key .. ':picos', key_spend)
@@ -212,13 +212,13 @@ for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 60) end
 """
 
 ACQUIRE = (
-    _LEASE_FUNCTIONS
-    + _CLOCK
-    + _EXPIRE_ORPHANS
-    + _CHECKS
+    LEASE_FUNCTIONS
+    + CLOCK
+    + EXPIRE_ORPHANS
+    + CHECKS
     + "local n = 1\n"
-    + _COUNT
-    + _HOLD
+    + COUNT
+    + HOLD
     + """
 if key == '' then return {1, 'ok', reqs + 1, toks + tokens, reset_ms, 0, 0} end
 return {1, 'ok', reqs + 1, toks + tokens, reset_ms, key_reqs + 1, key_toks + tokens}
@@ -226,8 +226,8 @@ return {1, 'ok', reqs + 1, toks + tokens, reset_ms, key_reqs + 1, key_toks + tok
 )
 
 SETTLE = (
-    _LEASE_FUNCTIONS
-    + _CLOCK
+    LEASE_FUNCTIONS
+    + CLOCK
     + """
 local rid, tokens, final = ARGV[1], tonumber(ARGV[2]), ARGV[4] == '1'  -- ARGV[3] (micro-units) is not counted
 local key, key_spend, usage = ARGV[5] or '', ARGV[6] or '0', ARGV[7] or ''
@@ -322,7 +322,7 @@ return live
 )
 
 PEEK = (
-    _CLOCK
+    CLOCK
     + """
 local reqs, toks, key, key_reqs, key_toks = 0, 0, ARGV[1], 0, 0
 if tonumber(redis.call('HGET', KEYS[1], 'start') or -1) == window then
@@ -346,9 +346,9 @@ end
 """
 
 TOTALS = (
-    _LEASE_FUNCTIONS
-    + _CLOCK
-    + _EXPIRE_ORPHANS
+    LEASE_FUNCTIONS
+    + CLOCK
+    + EXPIRE_ORPHANS
     + _PROVISIONAL_SUMS
     + """
 return {redis.call('ZCARD', KEYS[2]), tonumber(redis.call('HGET', KEYS[4], 'tokens') or 0),

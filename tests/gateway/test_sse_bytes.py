@@ -58,19 +58,17 @@ def normalized(body: bytes, head: list[tuple[str, str]]) -> bytes:
 
 
 CHAT_STREAM_WITH_USAGE = (
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[{"index":0,"delta":{"role":"assistant","content":" w136"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" w81"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" w136"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" w114"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"length"}],"usage":null}\n\n'
-    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"support","system_fingerprint":null,"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}\n\n'
+    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"tiny","system_fingerprint":null,"choices":[{"index":0,"delta":{"role":"assistant","content":" w122"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"tiny","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" w106"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"tiny","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"length"}],"usage":null}\n\n'
+    b'data: {"id":"chatcmpl-<id>","object":"chat.completion.chunk","created":<created>,"model":"tiny","system_fingerprint":null,"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}\n\n'
     b"data: [DONE]\n\n"
 )  # fmt: skip
 
 
 def test_a_chat_stream_with_its_usage_chunk(stack):
     status, head, body = exchange(stack, "/chat/completions", {
-        "model": "support", "messages": CHAT, "max_tokens": 4, "temperature": 0, "stream": True,
+        "model": BASE_MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
     })  # fmt: skip
     assert status == 200, body

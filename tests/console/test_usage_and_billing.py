@@ -135,7 +135,7 @@ def test_requests_errors_latency_and_load_per_hour_and_per_day(tenant, other_ten
     usage_ingest(events=[
         usage_event(tenant, model="support-bot", finished_at=hour, completion_tokens=300, ttft_ms=100.0, e2e_ms=3100.0),
         usage_event(tenant, model="support-bot", finished_at=hour + timedelta(minutes=5), completion_tokens=0,
-                    ttft_ms=None, e2e_ms=None, finish_reason="error"),
+                    ttft_ms=None, e2e_ms=5.0, finish_reason="error"),
         usage_event(tenant, model="tiny-llama", finished_at=hour + timedelta(hours=1), completion_tokens=200,
                     ttft_ms=40.0, e2e_ms=1040.0),
         usage_event(other_tenant, finished_at=hour, finish_reason="error"),

@@ -67,6 +67,12 @@ def stored_adapter(tenant, base: BaseModel, model_dir, tmp_path, name: str, seed
     return row
 
 
+def missed(engine: Engine) -> int:
+    """This engine's pins that are not held, as the last sync recorded them (the sync also reaches any other engine
+    up in the database, such as a shared stack's, whose answers are not this test's)."""
+    return EnginePin.objects.filter(engine=engine).exclude(status="pinned").count()
+
+
 def test_warm_adapters_are_pinned_and_a_refusal_is_kept(engine_process, tmp_path):
     model_dir, url = engine_process
     base = BaseModel.objects.create(name="tiny", checkpoint_dir=str(model_dir), architecture="LlamaForCausalLM",
@@ -82,7 +88,8 @@ def test_warm_adapters_are_pinned_and_a_refusal_is_kept(engine_process, tmp_path
     for row in rows:
         adapter_warm_set(actor=Actor.system(), adapter=row, tier="gpu")
     assert pins.warm_adapters() == {row.current_version.digest: "gpu" for row in rows}
-    assert pins.engine_pins_sync_all() == 1  # the third device pin does not fit two adapters' pages
+    pins.engine_pins_sync_all()
+    assert missed(engine) == 1  # the third device pin does not fit two adapters' pages
     recorded = {pin.digest: pin for pin in EnginePin.objects.filter(engine=engine)}
     statuses = sorted(pin.status for pin in recorded.values())
     assert statuses == ["pinned", "pinned", "refused"]
@@ -98,7 +105,8 @@ def test_warm_adapters_are_pinned_and_a_refusal_is_kept(engine_process, tmp_path
     pinned_row = next(row for row in rows if recorded[row.current_version.digest].status == "pinned")
     adapter_warm_set(actor=Actor.system(), adapter=pinned_row, tier="")
     engine_check(engine=engine)
-    assert pins.engine_pins_sync_all() == 0
+    pins.engine_pins_sync_all()
+    assert missed(engine) == 0
     assert not EnginePin.objects.filter(engine=engine, digest=pinned_row.current_version.digest).exists()
     state = engine_check(engine=engine).state["adapters"]
     assert set(state["pinned"]) == {row.current_version.digest for row in rows if row != pinned_row}
@@ -110,6 +118,7 @@ def test_warm_adapters_are_pinned_and_a_refusal_is_kept(engine_process, tmp_path
     tenant.plan.save()
     assert pins.warm_adapters() == {row.current_version.digest: "host" for row in rows}
     engine_check(engine=engine)
-    assert pins.engine_pins_sync_all() == 0
+    pins.engine_pins_sync_all()
+    assert missed(engine) == 0
     state = engine_check(engine=engine).state["adapters"]
     assert state["pinned"] == {row.current_version.digest: "host" for row in rows}

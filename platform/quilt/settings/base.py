@@ -230,6 +230,7 @@ SPECTACULAR_SETTINGS = {
         "InvoiceStatusEnum": "billing.models.Invoice.Status",
         "BaseModelStatusEnum": "registry.models.BaseModel.Status",
         "AdapterVersionStatusEnum": "registry.models.AdapterVersion.Status",
+        "WarmTierEnum": "tenancy.models.WarmTier",
     },
 }
 

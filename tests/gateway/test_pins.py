@@ -75,7 +75,7 @@ def missed(engine: Engine) -> int:
 
 def test_warm_adapters_are_pinned_and_a_refusal_is_kept(engine_process, tmp_path):
     model_dir, url = engine_process
-    base = BaseModel.objects.create(name="tiny", checkpoint_dir=str(model_dir), architecture="LlamaForCausalLM",
+    base = BaseModel.objects.create(name="tiny-pins", checkpoint_dir=str(model_dir), architecture="LlamaForCausalLM",
                                     config=json.loads((model_dir / "config.json").read_text()),
                                     max_context=128)  # fmt: skip
     tenant = TenantFactory()

@@ -45,6 +45,8 @@ from engine.speculative.build import build_speculator
 from engine.tokenizer import Tokenizer, eos_token_ids
 from engine.workers.worker_group import WorkerGroup
 
+REQUEST_MEAN_WEIGHT = 0.1  # each finished sequence's share of the running mean of the time it held a slot
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, policy: FirstComeFirstServed | VirtualTokenCounter | None = None,
@@ -112,6 +114,7 @@ class LLMEngine:
                                                 max_model_len=self.max_model_len)
         self.requests: dict[str, list[Sequence]] = {}
         self.busy_ms = 0.0
+        self.request_seconds: float | None = None  # running mean of first step -> finish (routing's queue wait)
         self.num_steps = 0
         self.num_preemptions = 0
         self.last_step_seqs = 0  # sequences in the last step that ran
@@ -323,6 +326,10 @@ class LLMEngine:
 
     def finish_sequence(self, seq: Sequence, reason: str, error: str | None = None, error_type: str | None = None) -> None:
         if not seq.is_finished:
+            if seq.first_scheduled_time is not None:  # it held a slot: from its first step until now
+                held = time.monotonic() - seq.first_scheduled_time
+                mean = self.request_seconds
+                self.request_seconds = held if mean is None else mean + REQUEST_MEAN_WEIGHT * (held - mean)
             self.scheduler.finish(seq, reason)
             seq.error, seq.error_type = error, error_type
         self.runner.release(seq)
@@ -450,6 +457,7 @@ class LLMEngine:
             "kv_tiers": self.kv_tiers_state(),
             "adapters": self.adapter_pool.state(),
             "busy_ms": self.busy_ms,
+            "request_seconds": self.request_seconds,  # None until a sequence that ran has finished
             "steps": self.num_steps,
             "preemptions": self.num_preemptions,
             "tensor_parallel_size": self.comm.size,

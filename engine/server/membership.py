@@ -137,6 +137,7 @@ def heartbeat_state(loop: EngineLoop) -> dict:
         "adapters": {key: state["adapters"].get(key, []) for key in ("gpu", "host", "loading", "load_seconds")},
         "prefix_cache_hit_rate": state["prefix_cache_hit_rate"],
         "busy_ms": state["busy_ms"],
+        "request_seconds": state["request_seconds"],  # the mean time a request holds a slot: routing's queue wait
         "tokens_per_second": loop.tokens_per_second(),
         "accepting": loop.accepting,
     }  # fmt: skip

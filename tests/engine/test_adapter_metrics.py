@@ -1,7 +1,8 @@
 """Per-adapter residency in Prometheus metrics agrees with the adapter pool, read through its public API: one
 `quilt_engine_adapter_resident` series per adapter and memory tier (pinned when pinned always-warm in that tier,
 never merely because a running request uses it; its rank), gone once the adapter leaves the tier; a `quilt_engine_adapter_load_seconds` observation per move; a
-`quilt_engine_adapter_wait_seconds` observation per request, from its arrival until its adapter is in memory."""
+`quilt_engine_adapter_wait_seconds` observation per request, from its arrival until its adapter is in memory; and
+in /v1/state and the heartbeat, the mean time a request holds a slot (`request_seconds`), which routing weighs."""
 
 import json
 import time
@@ -132,3 +133,28 @@ def test_a_request_waits_for_its_adapter_until_it_is_in_memory(checkpoints, stor
     assert means["disk_host"] == pytest.approx(sums[("disk", "host")])
     assert means["host_device"] == pytest.approx(sums[("host", "device")])
     assert heartbeat_state(loop)["adapters"]["load_seconds"] == means
+
+
+def test_state_and_heartbeat_carry_the_mean_time_a_request_holds_a_slot(checkpoints):
+    """Routing weighs an engine's queue in seconds: each request ahead per slot holds it `request_seconds`, the time
+    from a sequence's first step to its finish, measured here against the wall clock around the steps."""
+    engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64))
+    loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
+    assert engine.state()["request_seconds"] is None and heartbeat_state(loop)["request_seconds"] is None
+    engine.add_request("one", random_prompts(92, [6])[0], SamplingParams(max_tokens=12, ignore_eos=True))
+    before_first = time.monotonic()
+    engine.step()
+    after_first = time.monotonic()  # its first step began in between
+    before_last = after_last = after_first
+    while engine.has_unfinished():
+        before_last = time.monotonic()
+        engine.step()
+        after_last = time.monotonic()  # it finished in the last step
+    held = engine.state()["request_seconds"]
+    assert before_last - after_first <= held <= after_last - before_first
+    assert heartbeat_state(loop)["request_seconds"] == held == loop.state()["request_seconds"]
+
+    engine.add_request("waits", random_prompts(93, [6])[0], SamplingParams(max_tokens=4))
+    engine.abort("waits")  # never scheduled: it held no slot, and the mean is unchanged
+    assert engine.state()["request_seconds"] == held
+    engine.shutdown()

@@ -52,8 +52,8 @@ def test_import_platform_is_still_the_standard_library_with_the_project_on_the_p
     assert not location.startswith(str(REPO))
 
 
-def test_engine_kernels_and_adapters_never_import_django():
-    result = _run(_walk_and_check("adapters", "kernels", "engine"))
+def test_engine_kernels_adapters_and_training_never_import_django():
+    result = _run(_walk_and_check("adapters", "kernels", "engine", "training"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
 
@@ -70,9 +70,9 @@ def test_the_django_guard_catches_a_module_that_imports_django(tmp_path):
 # The import graph of our own code, read with `ast`: module-level and function-level imports alike (an import
 # inside a function that closes a circle is still a circle), `if TYPE_CHECKING:` ones too.
 
-# (folder, the source root its module names start from)
-SOURCES = [(REPO / "engine", REPO), (REPO / "kernels", REPO), (REPO / "adapters", REPO), (REPO / "benchmarks", REPO),
-           (REPO / "platform", REPO / "platform")]
+# (folder, the source root its module names start from): every folder of Python in the repository
+SOURCES = [(REPO / "engine", REPO), (REPO / "kernels", REPO), (REPO / "adapters", REPO), (REPO / "training", REPO),
+           (REPO / "benchmarks", REPO), (REPO / "tests", REPO), (REPO / "platform", REPO / "platform")]
 
 # The engine's layers, by module or subpackage. A module may import its own layer and the layers named here,
 # nothing else of ours. Models know the kernels, the LoRA layers and the tensor-parallel collective, never the
@@ -104,9 +104,10 @@ ENGINE_MAY_IMPORT = {
     "server": {"wire", "inputs", "requests", "memory", "scheduling", "models", "runner", "engine", "kernels",
                "adapters"},
 }
-# Outside the engine: kernels and adapters stand alone; nothing of the engine side imports the benchmarks or the
-# platform.
-MAY_IMPORT = {"kernels": set(), "adapters": set(), "engine": {"kernels", "adapters"}}
+# Outside the engine: kernels and adapters stand alone, training stands on the engine's tokenizer and adapters;
+# nothing of the engine side imports the benchmarks, the tests or the platform.
+MAY_IMPORT = {"kernels": set(), "adapters": set(), "engine": {"kernels", "adapters"},
+              "training": {"engine", "kernels", "adapters"}}
 
 
 def source_modules(sources: list[tuple[Path, Path]]) -> dict[str, Path]:
@@ -203,6 +204,11 @@ def describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
 @pytest.fixture(scope="module")
 def graph() -> dict[str, dict[str, int]]:
     return import_graph(SOURCES)
+
+
+def test_the_import_graph_reads_every_folder_of_python():
+    folders = {d for d in REPO.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.glob("*.py"))}
+    assert folders | {REPO / "platform"} == {folder for folder, _ in SOURCES}
 
 
 def test_no_module_imports_itself_back_through_others(graph):

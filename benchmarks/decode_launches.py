@@ -101,6 +101,11 @@ def mark_layers(counter: Counter, model) -> None:
         layer.register_forward_hook(lambda *_: setattr(counter, "layer", False))
 
 
+def leaves(values) -> list:
+    """An op's arguments with its lists and tuples (aten.cat's tensors) opened."""
+    return [leaf for value in values for leaf in (leaves(value) if isinstance(value, list | tuple) else [value])]
+
+
 def op_counting_mode(counter: Counter):
     """A TorchDispatchMode counting the ops on meta tensors that would launch a GPU kernel."""
     import torch
@@ -114,7 +119,7 @@ def op_counting_mode(counter: Counter):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            flat = [a for a in leaves((*args, *kwargs.values())) if isinstance(a, torch.Tensor)]
             if func == aten._local_scalar_dense.default:
                 counter.syncs += 1
             elif any(t.device.type == "meta" for t in flat) and func not in no_kernel:

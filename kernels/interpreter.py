@@ -3,6 +3,8 @@
 import os
 import sys
 
+index_fixed = False  # Triton's interpreter has this process's numpy >= 2.4 fix
+
 
 def enable(*, route_ops: bool = True) -> None:
     """Switch Triton to its interpreter for this process, whatever was imported before, and (route_ops)
@@ -21,7 +23,8 @@ def enable(*, route_ops: bool = True) -> None:
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
-    if not getattr(interpreter, "_quilt_index_fix", False):
+    global index_fixed
+    if not index_fixed:
         original = interpreter._patch_lang_tensor
 
         def patch_lang_tensor(tensor, scope):
@@ -29,7 +32,7 @@ def enable(*, route_ops: bool = True) -> None:
             scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
         interpreter._patch_lang_tensor = patch_lang_tensor
-        interpreter._quilt_index_fix = True
+        index_fixed = True
 
     converted: dict[int, interpreter.InterpretedFunction] = {}
     for name, module in list(sys.modules.items()):

@@ -262,3 +262,65 @@ def test_the_import_checks_catch_a_circle_closed_inside_a_function_and_an_upward
     assert cycles(graph) == [["engine.models.llama", "engine.scheduler"]]
     assert engine_layer("engine.models.llama") == "models"
     assert "scheduling" not in ENGINE_MAY_IMPORT["models"]
+
+
+# A private name of Python or a dependency (`from re import _parser`, `torch.utils._pytree`) is not its interface: it
+# changes without notice. Each that stays says why no public one serves.
+PRIVATE_NAMES_ALLOWED = {
+    ("kernels/fp8_linear.py", "torch._scaled_mm"): "fp8 x fp8 with per-row scales on CUDA; torch 2.11 has no public op",
+    ("kernels/grouped_rows.py", "torch._grouped_mm"): "one call for every group on CPU; torch 2.11 has no public op",
+    ("kernels/interpreter.py", "interpreter._patch_lang_tensor"):
+        "Triton 3.6's interpreter and numpy >= 2.4 (triton-lang/triton#9171), fixed as upstream fixed it",
+    ("benchmarks/decode_launches.py", "torch.utils._python_dispatch"):
+        "TorchDispatchMode, the only way to see every op a model dispatches, has no public module",
+}
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_names(sources: list[tuple[Path, Path]], root: Path = REPO) -> dict[tuple[str, str], int]:
+    """(file, private name of a module not ours) -> line, for each name imported from or read off such a module."""
+    modules = source_modules(sources)
+    ours = {name.split(".")[0] for name in modules}
+    found: dict[tuple[str, str], int] = {}
+    for path in modules.values():
+        relative, tree, foreign = path.relative_to(root).as_posix(), ast.parse(path.read_text()), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] not in ours:
+                        foreign.add(alias.asname or alias.name.split(".")[0])
+                        if any(private(part) for part in alias.name.split(".")):
+                            found.setdefault((relative, alias.name), node.lineno)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] not in ours:
+                if any(private(part) for part in node.module.split(".")):
+                    found.setdefault((relative, node.module), node.lineno)
+                for alias in node.names:
+                    foreign.add(alias.asname or alias.name)
+                    if private(alias.name):
+                        found.setdefault((relative, f"{node.module}.{alias.name}"), node.lineno)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in foreign:
+                    found.setdefault((relative, ast.unparse(node)), node.lineno)
+    return found
+
+
+def test_no_private_name_of_python_or_a_dependency_is_used():
+    used = {key: line for key, line in private_names(SOURCES).items() if key not in PRIVATE_NAMES_ALLOWED}
+    assert not used, "\n".join(f"{path}:{line}: {name}" for (path, name), line in sorted(used.items()))
+
+
+def test_the_private_name_check_sees_imports_and_attributes(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "a.py").write_text(
+        "import asyncio\nfrom re import _parser\nimport torch.utils._pytree as pytree\nfrom engine import _ours\n"
+        "asyncio.tasks._current_tasks\n"
+    )
+    found = private_names([(tmp_path / "engine", tmp_path)], root=tmp_path)
+    assert sorted(name for _, name in found) == ["asyncio.tasks._current_tasks", "re._parser", "torch.utils._pytree"]

@@ -76,9 +76,8 @@ class _RegistryApi(TenantAPIView):
         announced = int(request.META.get("CONTENT_LENGTH") or 0)
         if announced > cap + MULTIPART_OVERHEAD_BYTES:
             raise services.upload_refusal(tenant=self.tenant, size=announced)
-        if not hasattr(request._request, "_files"):
-            (handler,) = request._request.upload_handlers
-            handler.cap, handler.refusal = cap, services.upload_refusal(tenant=self.tenant)
+        (handler,) = request.upload_handlers  # a body read already (a session's CSRF check) kept the global cap
+        handler.cap, handler.refusal = cap, services.upload_refusal(tenant=self.tenant)
 
 
 class BaseModelListApi(_RegistryApi):

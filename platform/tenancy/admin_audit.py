@@ -7,6 +7,7 @@ startup, from tenancy's AppConfig), so no app can forget it."""
 import json
 import re
 
+from django.apps import apps
 from django.contrib import admin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
@@ -99,7 +100,10 @@ class AuditedAdminMixin:
 
 
 def audit_every_admin(site: admin.AdminSite = admin.site) -> None:
-    for model_admin in site._registry.values():
+    for model in apps.get_models(include_auto_created=True):
+        if not site.is_registered(model):
+            continue
+        model_admin = site.get_model_admin(model)
         cls = type(model_admin)
         if not issubclass(cls, AuditedAdminMixin):
             model_admin.__class__ = type(f"Audited{cls.__name__}", (AuditedAdminMixin, cls), {})

@@ -1,5 +1,5 @@
 """The gateway's prompt token counting (admission's, gateway/prompt_tokens.py) against a plain count (the whole
-rendered prompt encoded with offsets, the chat template's globals jinja2's ChainMap), side by side in one process: CPU per prompt (time.process_time: every thread of the process, so a
+rendered prompt encoded), side by side in one process: CPU per prompt (time.process_time: every thread of the process, so a
 thread pool's work would show) with the demo tokenizer (var/demo-model, GPT-2's shape) and a byte-level BPE of 3,700
 tokens built here (Llama 3's and Qwen's shape: tests/gateway/bpe_tokenizer.py).
 
@@ -7,13 +7,12 @@ tokens built here (Llama 3's and Qwen's shape: tests/gateway/bpe_tokenizer.py).
 
 Prompts of each size in bytes: `text`, a completion's prompt; `chat`, one user message; `system`, a system prompt of
 that size that all requests share and a user message of 64 bytes (an application's requests). Each round cycles
-through the same 64 distinct prompts in each column: `old` (the plain count: `encode` with offsets, the template's
-ChainMap globals), `new` (`count_prompt_tokens` without a tenant: no counts kept), `no-pool` (the same with
+through the same 64 distinct prompts in each column: `plain` (the whole rendered prompt encoded), `new` (`count_prompt_tokens` without a tenant: no counts kept), `no-pool` (the same with
 TOKENIZERS_PARALLELISM=false, read on each call: does a one-text batch cost thread pool work?), `missed` (with a new
 tenant every call: kept counts looked up, missed and stored, the cost of the cache when it never hits) and `kept`
 (one tenant: its long segments' counts kept from the warm-up). Prints each column's median over the rounds and the
-median [lowest, highest] of the rounds' new/old ratio, and the median missed/old and kept/old. Every count is
-checked equal to the old one. Nothing else is asserted.
+median [lowest, highest] of the rounds' new/plain ratio, and the median missed/plain and kept/plain. Every count is
+checked equal to the plain one. Nothing else is asserted.
 """
 
 import argparse
@@ -48,7 +47,7 @@ from tests.gateway.bpe_tokenizer import WORDS, build_bpe_checkpoint  # noqa: E40
 PROMPTS_PER_SIZE = 64
 
 
-def prompt_tokens_before(generation, tokenizer: Tokenizer) -> int | None:
+def plain_prompt_tokens(generation, tokenizer: Tokenizer) -> int | None:
     """The plain count of a prompt's tokens: `encode`, with offsets."""
     if generation.messages is not None:
         try:
@@ -66,30 +65,26 @@ def prompt_tokens_before(generation, tokenizer: Tokenizer) -> int | None:
     return counted
 
 
-async def count_prompt_tokens_before(generation, target: Target, *, prompt_bytes: int | None = None) -> int:
+async def count_plain(generation, target: Target, *, prompt_bytes: int | None = None) -> int:
     """count_prompt_tokens's admission path over the plain count: no counts kept, no segments."""
     if prompt_bytes is None:
         prompt_bytes = generation.prompt_bytes()
-    tokenizer = base_tokenizer_before(target.checkpoint_dir)
+    tokenizer = plain_tokenizer(target.checkpoint_dir)
     counted = None
     if tokenizer is not None:
         prompts = generation.prompts
         if prompt_bytes > hot.QUILT_TOKENIZE_ABOVE_BYTES:
-            counted = await asyncio.to_thread(prompt_tokens_before, generation, tokenizer)
+            counted = await asyncio.to_thread(plain_prompt_tokens, generation, tokenizer)
         elif prompts is not None and len(prompts) == 1 and prompts[0].__class__ is str:
             counted = len(tokenizer.hf.encode(prompts[0]))
         else:
-            counted = prompt_tokens_before(generation, tokenizer)
+            counted = plain_prompt_tokens(generation, tokenizer)
     return estimate_prompt_tokens(generation, prompt_bytes=prompt_bytes) if counted is None else counted
 
 
 @functools.lru_cache(maxsize=32)
-def base_tokenizer_before(checkpoint_dir: str) -> Tokenizer:
-    """The tokenizer with its chat template's globals jinja2's ChainMap over the environment's (the default)."""
-    tokenizer = Tokenizer(checkpoint_dir)
-    if tokenizer._template is not None:
-        tokenizer._template.globals = tokenizer._template.environment.make_globals(None)
-    return tokenizer
+def plain_tokenizer(checkpoint_dir: str) -> Tokenizer:
+    return Tokenizer(checkpoint_dir)
 
 
 def a_text(rng: random.Random, size: int) -> str:
@@ -125,8 +120,8 @@ def columns(model_dir: Path, tenants) -> dict:
     """Each column's `await count(generation, turn)`."""
     target = a_target(model_dir)
 
-    async def before(generation, turn):
-        return await count_prompt_tokens_before(generation, target)
+    async def plain(generation, turn):
+        return await count_plain(generation, target)
 
     async def new(generation, turn):
         return await count_prompt_tokens(generation, target)
@@ -137,7 +132,7 @@ def columns(model_dir: Path, tenants) -> dict:
     async def kept(generation, turn):
         return await count_prompt_tokens(generation, target, tenant=1)
 
-    return {"old": before, "new": new, "no-pool": new, "missed": missed, "kept": kept}
+    return {"plain": plain, "new": new, "no-pool": new, "missed": missed, "kept": kept}
 
 
 async def measure(args, models: dict) -> None:
@@ -147,7 +142,7 @@ async def measure(args, models: dict) -> None:
         for kind in ("text", "chat", "system"):
             for size in args.sizes:
                 batch = generations(kind, size, seed=size)
-                first, _ = await cpu_us(counters["old"], batch, 20)
+                first, _ = await cpu_us(counters["plain"], batch, 20)
                 calls = max(50, int(args.budget_ms * 1000 / first))
                 rows = []
                 for _ in range(args.rounds):
@@ -157,7 +152,7 @@ async def measure(args, models: dict) -> None:
                             os.environ["TOKENIZERS_PARALLELISM"] = "false"
                         row[column], counts = await cpu_us(count, batch, calls)
                         os.environ.pop("TOKENIZERS_PARALLELISM", None)
-                        if column == "old":
+                        if column == "plain":
                             expected = counts
                         elif counts != expected:
                             raise SystemExit(f"{name} {kind} {size} {column}: counts differ")
@@ -165,10 +160,10 @@ async def measure(args, models: dict) -> None:
                 line = f"{name:<9} {kind:<6} {size:>5} {statistics.mean(expected):>6.0f}"
                 for column in counters:
                     line += f" {statistics.median(r[column] for r in rows):>8.1f}"
-                ratios = [r["new"] / r["old"] for r in rows]
+                ratios = [r["new"] / r["plain"] for r in rows]
                 line += f"  {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
                 for column in ("missed", "kept"):
-                    line += f" {statistics.median(r[column] / r['old'] for r in rows):>7.3f}"
+                    line += f" {statistics.median(r[column] / r['plain'] for r in rows):>7.3f}"
                 print(line, flush=True)
 
 
@@ -185,8 +180,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     own = build_bpe_checkpoint(Path(tempfile.mkdtemp(prefix="gateway-tokenize-")))
     models = {"demo": ensure_demo(REPO / "var" / "demo-model", log=lambda line: None), "bpe-3.7k": own}
-    print(f"{'tokenizer':<9} {'kind':<6} {'bytes':>5} {'tokens':>6} {'old us':>8} {'new us':>8} {'no-pool':>8} "
-          f"{'missed':>8} {'kept':>8}  new/old median [low, high] over {args.rounds} rounds, missed/old, kept/old")
+    print(f"{'tokenizer':<9} {'kind':<6} {'bytes':>5} {'tokens':>6} {'plain us':>8} {'new us':>8} {'no-pool':>8} "
+          f"{'missed':>8} {'kept':>8}  new/plain median [low, high] over {args.rounds} rounds, missed/plain, kept/plain")
     asyncio.run(measure(args, models))
     return 0
 

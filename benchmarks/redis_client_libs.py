@@ -1,12 +1,12 @@
 """Admission's two Redis calls per request (the acquire script, then the settle script) through redis-py's asyncio
-client with its hiredis parser, as `gateway.admission.redis_backend` makes them, side by side with the gateway's own
-RESP client that it replaced (`redis_wire.py` and the backend that drove it, read from git at `--old`), on the same
+client with its hiredis parser, as `gateway.admission.redis_backend` makes them, side by side with a hand-written
+RESP client (`redis_wire.py` and the backend that drove it, read from git at `--old`), on the same
 Redis, the same scripts, keys and arguments, in one process on uvloop.
 
     python -m benchmarks.redis_client_libs [--redis redis://127.0.0.1:6379/14] [--requests 3000] [--rounds 3]
 
 CPU time of this process (time.process_time) per request (acquire + settle), in µs, with 1 request at a time and with
-50 at once; Redis's own CPU is not counted. The old client's module is loaded under its old name from `git show`, so
+50 at once; Redis's own CPU is not counted. The hand-written client's modules are loaded under their names at `--old` from `git show`, so
 this runs from any checkout of the repository. Nothing is asserted.
 """
 
@@ -53,7 +53,7 @@ def _module(name: str, source: str, folder: Path) -> types.ModuleType:
 
 
 def old_admission_class(revision: str) -> type:
-    """The old backend's RedisAdmission, on its own wire, both as they were at `revision`."""
+    """The hand-written client's RedisAdmission, on its own wire, both as they are at `revision`."""
 
     def source(path: str) -> str:
         return subprocess.run(["git", "show", f"{revision}:{path}"], cwd=REPO, check=True, capture_output=True,

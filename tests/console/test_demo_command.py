@@ -50,8 +50,9 @@ def test_the_build_reports_progress_with_an_estimate(monkeypatch):
 
 @pytest.mark.parametrize("busy", ["port", "engine_port"])
 def test_a_port_already_in_use_stops_the_demo_at_once_and_says_which(var_dir, busy):
-    """A second `make demo` (or any server on the port) used to build, start an engine, point the running demo's
-    engine registration at it and only then fail on a bind error lost among the workers' banners."""
+    """A second `make demo` (or any server on the port) fails before it builds, starts an engine or points the
+    running demo's engine registration anywhere, with an error naming the port, not a bind error lost among the
+    workers' banners."""
     from django.core.management import CommandError, call_command
 
     from gateway.models import Engine
@@ -70,8 +71,8 @@ def test_a_port_already_in_use_stops_the_demo_at_once_and_says_which(var_dir, bu
 
 
 def test_the_demo_creates_the_brokers_tables_before_its_processes_race_to(tmp_path):
-    """The engine, two workers and beat start at once on kombu's SQLite transport; each used to create its tables
-    on first use, and all but one logged 'table kombu_message already exists'."""
+    """The engine, two workers and beat start at once on kombu's SQLite transport; were the tables left to each
+    one's first use, all but one would log 'table kombu_message already exists'."""
     import sqlite3
 
     from console.management.commands.demo import broker_tables_create

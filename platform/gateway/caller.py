@@ -12,7 +12,6 @@ from datetime import datetime
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 from rest_framework_api_key.crypto import split
 
@@ -20,6 +19,7 @@ from apikeys import auth_changes
 from apikeys.models import ApiKey, Scope
 from apikeys.selectors import KeyRefused, api_key_authenticate
 from gateway.admission import Limits
+from gateway.connections import checked_connection
 from gateway.errors import ApiError
 from gateway.hot_settings import hot
 from gateway.request_guard import model_name_check
@@ -247,22 +247,7 @@ def target_resolve(*, key: ApiKey, caller: Caller, name: str) -> Target:
     return target
 
 
-def _reconnecting(function):
-    """Runs a blocking lookup; once more on a fresh connection if the thread's connection has gone bad (the
-    executor threads keep theirs between requests, outside Django's request cycle)."""
-
-    @functools.wraps(function)
-    def run(**kwargs):
-        try:
-            return function(**kwargs)
-        except (InterfaceError, OperationalError):
-            connection.close()
-            return function(**kwargs)
-
-    return run
-
-
-@_reconnecting
+@checked_connection  # the executor threads keep their connections between requests, outside Django's request cycle
 def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller, Target | None]:
     model_name_check(model)
     caller, key = caller_authenticate(authorization=authorization)
@@ -271,7 +256,7 @@ def caller_and_target(*, authorization: str, model: str | None) -> tuple[Caller,
     return caller, target_resolve(key=key, caller=caller, name=model)
 
 
-@_reconnecting
+@checked_connection
 def caller_models(*, authorization: str) -> tuple[Caller, list[Target]]:
     caller, key = caller_authenticate(authorization=authorization)
     targets = [_target(resolved, resolved.name) for resolved in models_for_tenant(tenant=key.tenant)]

@@ -3,8 +3,9 @@ shapes, so that a GPU session can choose by measurement in one call (docs/gpu.md
 
 For each shape (a Llama-3-8B projection, bf16, T decode tokens spread round-robin over the adapters), in order
 of what a decode step at batch 64 spends: the configuration `kernels.lora_delta.plan` picks for rows aligned as
-the engine's pages are (`plan`, what the others are compared with), the plan for unaligned rows, the tiles and
-splits main 5d42326 picked (`5d42326`, in today's kernel), and the plan's neighbours: half and twice the K tile,
+the engine's pages are (`plan`, what the others are compared with), the plan for unaligned rows, the fixed
+heuristic (`fixed`: see `fixed_config`; the configuration the H200's kernels.log rows measured), and the plan's
+neighbours: half and twice the K tile,
 the other column tile, half and twice the splits, the other warp count, 2 and 4 pipeline stages.
 
 Each is timed as the median of 5 replays of one CUDA graph holding `launches` launches, each on its own
@@ -38,8 +39,9 @@ def projections(cfg) -> dict[str, tuple[int, tuple[int, ...]]]:
             "gate_up": (cfg["hidden"], (cfg["inter"], cfg["inter"])), "down": (cfg["inter"], (cfg["hidden"],))}
 
 
-def legacy_config(tokens: int, slots: int, in_dim: int, widths: tuple[int, ...]):
-    """The tiles and splits lora_delta's `_config` chose on main 5d42326 (kernels.log's lora_delta rows)."""
+def fixed_config(tokens: int, slots: int, in_dim: int, widths: tuple[int, ...]):
+    """Without a cost model: K tiles of 64, column tiles of 64 or 128, and column splits until about 1024 programs
+    (benchmarks/gpu-runs/2026-11-28-h200/kernels.log measured these)."""
     from kernels.lora_delta import DeltaConfig
 
     max_width = max(widths)
@@ -59,7 +61,7 @@ def candidates(tokens: int, slots: int, in_dim: int, widths: tuple[int, ...], ra
     planned = plan(tokens, slots, in_dim, widths, rank, aligned, itemsize, sms)
     unaligned = plan(tokens, slots, in_dim, widths, rank, 1, itemsize, sms)
     out = [("plan", planned, aligned), ("plan for unaligned rows", unaligned, 1),
-           ("5d42326", legacy_config(tokens, slots, in_dim, widths), 1)]
+           ("fixed", fixed_config(tokens, slots, in_dim, widths), 1)]
     if smoke:
         return out + [("splits x 2", dataclasses.replace(planned, splits=planned.splits * 2), aligned)]
     k, n, s = planned.block_k, planned.block_n, planned.splits
@@ -104,9 +106,9 @@ def lora_config_rows(cfg, device, dtype, ops, *, smoke: bool) -> list[Row]:
                 rows.append(Row("lora_delta_config", f"{shape} | {label}: {config} align={align}", us, case.min_bytes,
                                 plan_us, ok))
             best = min(measured, key=lambda m: m[2])
-            legacy = next(us for label, _, us in measured if label == "5d42326")
+            fixed = next(us for label, _, us in measured if label == "fixed")
             print(f"best {shape}: {best[0]} ({best[1]}) {best[2]:.1f} µs; plan {measured[0][2]:.1f} µs; "
-                  f"5d42326's tiles {legacy:.1f} µs ({time.perf_counter() - started:.0f} s so far)", flush=True)
+                  f"fixed {fixed:.1f} µs ({time.perf_counter() - started:.0f} s so far)", flush=True)
             del case
     except KeyboardInterrupt:  # the suite's time limit: keep what was measured
         print(f"lora_delta configurations: stopped by the time limit after {len(rows)} rows", flush=True)

@@ -3,11 +3,10 @@ against torch's bf16 matmul of the same shape, so that one GPU call checks docs/
 fp8 block kernels at decode").
 
 wna16 (GPTQ W4A16, group 128, groups in order; T = 1, 64, 16 tokens through qkv, o, gate_up, down): the plan
-(`kernels.wna16_linear.plan`), its split-K halved and doubled, and the tiles main 5d42326 launched (one program per
-64 columns, BLOCK_K 64, no split) in today's kernel: 5d42326's kernel itself also read each packed word 8 times; its
-end-to-end figures are benchmarks/gpu-runs/2026-11-28-h200/w4a16.log. fp8_block (128x128 blocks; T = 64, 1,
-16): the plan, its split-K halved and doubled, 64 columns a program, and 5d42326's rule (16 columns at T = 64,
-no split).
+(`kernels.wna16_linear.plan`), its split-K halved and doubled, and fixed tiles (one program per 64 columns,
+BLOCK_K 64, no split; benchmarks/gpu-runs/2026-11-28-h200/w4a16.log has a kernel of these tiles end to end).
+fp8_block (128x128 blocks; T = 64, 1, 16): the plan, its split-K halved and doubled, 64 columns a program, and an
+occupancy rule (16 columns at T = 64, no split).
 Each row's `bf16 µs` is F.linear with a bfloat16 weight of the same shape (cuBLAS); `vs bf16` is that over the
 row's time, what the checkpoints' goals are about (W4A16 >= 2.5x at T <= 16, fp8 >= 1.6x at T = 64, end to end).
 
@@ -36,15 +35,15 @@ SMOKE_SHAPES = [("wna16", 1, "o"), ("wna16", 5, "down"), ("fp8_block", 5, "o")]
 GROUP, MAX_COPIES = 128, 16
 
 
-def legacy_wna16_config(tokens: int):
-    """The tiles main 5d42326 launched: 16 rows up to 16 tokens, 32 up to 64; 64 columns; K tiles of 64."""
+def fixed_wna16_config(tokens: int):
+    """Fixed tiles: 16 rows up to 16 tokens, 32 up to 64; 64 columns; K tiles of 64; no split."""
     from kernels.wna16_linear import WNA16Config
 
     return WNA16Config(16 if tokens <= 16 else 32 if tokens <= 64 else 64, 64, 64)
 
 
-def legacy_fp8_config(tokens: int, out_dim: int, sms: int) -> dict:
-    """5d42326's rule: columns halved from 128 (down to 16) until the row and column tiles reach 2 programs per SM."""
+def occupancy_fp8_config(tokens: int, out_dim: int, sms: int) -> dict:
+    """Columns halved from 128 (down to 16) until the row and column tiles reach 2 programs per SM; no split."""
     block_m = 16 if tokens <= 16 else 32 if tokens <= 32 else 64
     block_n = 128
     while block_n > 16 and cdiv(tokens, block_m) * cdiv(out_dim, block_n) < 2 * sms:
@@ -133,7 +132,7 @@ class _Wna16:
 
         tokens, in_dim, out_dim = self.shape
         planned = self.op.plan(tokens, out_dim, in_dim, GROUP, 4, self.sms)
-        out = [("plan", planned), ("5d42326's tiles", legacy_wna16_config(tokens))]
+        out = [("plan", planned), ("fixed tiles", fixed_wna16_config(tokens))]
         for label, split in (("split / 2", planned.split_k // 2), ("split x 2", planned.split_k * 2)):
             if 1 <= split <= cdiv(in_dim, planned.block_k):
                 out.append((label, dataclasses.replace(planned, split_k=split)))
@@ -168,7 +167,7 @@ class _Fp8Block:
     def candidates(self) -> list[tuple[str, dict]]:
         tokens, in_dim, out_dim = self.shape
         planned = self.op._config(tokens, out_dim, in_dim, GROUP, self.sms)
-        out = [("plan", planned), ("5d42326's rule", legacy_fp8_config(tokens, out_dim, self.sms))]
+        out = [("plan", planned), ("occupancy rule", occupancy_fp8_config(tokens, out_dim, self.sms))]
         for label, split in (("split / 2", planned["SPLIT_K"] // 2), ("split x 2", planned["SPLIT_K"] * 2)):
             if 1 <= split <= cdiv(in_dim, planned["BLOCK_K"]):
                 out.append((label, {**planned, "SPLIT_K": split}))

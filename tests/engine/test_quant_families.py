@@ -166,8 +166,8 @@ def test_on_a_caching_allocator_the_load_leaves_the_packed_weights_alone(tmp_pat
     """The CUDA check below, told on CPU: the load's device allocations (tests/engine/caching_allocator.py) through
     a model of CUDA's caching allocator. Repacking (AWQ) and sorting act order unpack the words into int32 and
     int64 scratch of 8 to 16 times the packed size; kernel tensors made after that scratch is freed are cut from
-    its cached blocks and keep those segments from the device (on main 5d42326 this model held 170 MiB of
-    segments for 53.5 MiB of tensors, and the H200 measured 162 MiB)."""
+    its cached blocks and keep those segments from the device (cut so, this model holds 170 MiB of segments for
+    53.5 MiB of tensors; the H200 measured 162 MiB)."""
     from engine.models import loader, prequantized
     from engine.models.causal_lm import CausalLM
     from tests.engine.caching_allocator import HOST, RELEASE, marked, replay

@@ -33,7 +33,7 @@ def test_smoke_mode_runs_lora_through_page_tables():
 def test_smoke_mode_times_lora_delta_configurations_side_by_side(tmp_path):
     done = _run("--smoke", "--only", "lora_delta_configs", "--json", str(tmp_path / "rows.json"))
     assert done.returncode == 0, done.stdout + done.stderr
-    for candidate in ("| plan |", "| plan for unaligned rows |", "| 5d42326 |", "best down T=4 adapters=2 r=8: "):
+    for candidate in ("| plan |", "| plan for unaligned rows |", "| fixed |", "best down T=4 adapters=2 r=8: "):
         assert candidate in done.stdout
     assert "| NO |" not in done.stdout
     assert '"op": "lora_delta_config"' in (tmp_path / "rows.json").read_text()
@@ -64,8 +64,8 @@ def test_window_cpu_benchmark_runs(capsys):
 def test_smoke_mode_times_the_quantized_gemms_against_bf16(tmp_path):
     done = _run("--smoke", "--only", "wna16", "fp8_block", "--json", str(tmp_path / "rows.json"))
     assert done.returncode == 0, done.stdout + done.stderr
-    for line in ("| wna16 | o T=1 | plan |", "| wna16 | o T=1 | 5d42326's tiles |", "| fp8_block | o T=5 | plan |",
-                 "| fp8_block | o T=5 | 5d42326's rule |", "best wna16 down T=5: ", "best fp8_block o T=5: "):
+    for line in ("| wna16 | o T=1 | plan |", "| wna16 | o T=1 | fixed tiles |", "| fp8_block | o T=5 | plan |",
+                 "| fp8_block | o T=5 | occupancy rule |", "best wna16 down T=5: ", "best fp8_block o T=5: "):
         assert line in done.stdout
     assert "| NO |" not in done.stdout
     assert '"op": "wna16 config"' in (tmp_path / "rows.json").read_text()

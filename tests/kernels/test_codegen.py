@@ -1,7 +1,7 @@
 """The quantized GEMMs' compiled code at Llama-3-8B's decode shapes (sm_90, as the JIT specializes them; no GPU):
 each tile's bytes asked of L2 once per step, no int-to-float conversion per 4-bit weight in half precision, no
-spills. 5d42326's wna16 tile asked L2 for every packed word once per value in it (8x at 4 bits) and converted each
-weight twice (int -> float32 -> bfloat16): tests/kernels/codegen_facts.py prints what these tests read."""
+spills. A tile that loads a packed word for each value in it asks L2 for it 8 times at 4 bits, and a conversion
+through float32 converts each weight twice: tests/kernels/codegen_facts.py prints what these tests read."""
 
 import json
 import os

@@ -76,9 +76,8 @@ def test_split_k_matches_reference(case, device):
 
 @pytest.mark.parametrize("projection", ["qkv", "o", "gate_up", "down"])
 def test_at_decode_shapes_a_program_reads_no_more_x_than_weights(projection):
-    """Llama-3-8B on 132 SMs: at 64 tokens 5d42326 gave o, down and qkv programs of 16 columns, each reading a 64-row
-    tile of x (16 KB) for 2 KB of weights a step: x 8x the weights' bytes. Now x at most the weights' bytes a step,
-    and split-K keeps all but a few SMs busy."""
+    """Llama-3-8B on 132 SMs at 64 tokens: x at most the weights' bytes a step (programs of 16 columns would each
+    read a 64-row tile of x, 16 KB, for 2 KB of weights: 8x), and split-K keeps all but a few SMs busy."""
     import importlib
 
     in_dim, out_dim = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}[projection]

@@ -208,8 +208,8 @@ PROJECTIONS = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
 
 @pytest.mark.parametrize("projection", list(PROJECTIONS))
 def test_at_decode_shapes_the_plan_streams_from_every_sm(projection):
-    """Llama-3-8B at 1, 16 and 64 tokens on 132 SMs: 5d42326's grid was 64 programs for o and down at one token
-    (half the SMs idle), each running 64 or 224 steps. The plan: at least 2 programs per SM up to 16 tokens, all but
+    """Llama-3-8B at 1, 16 and 64 tokens on 132 SMs: one program per 64 columns would be 64 programs for o and down
+    at one token (half the SMs idle), each running 64 or 224 steps. The plan: at least 2 programs per SM up to 16 tokens, all but
     a few SMs busy at 64, at most 32 steps a program, and float32 partials under a quarter of the weight's bytes."""
     in_dim, out_dim = PROJECTIONS[projection]
     for tokens in (1, 16, 64):

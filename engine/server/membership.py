@@ -72,6 +72,7 @@ class Membership:
         self.prefixes = prefixes
         self.draining = False
         self._task: asyncio.Task | None = None
+        self._client: httpx.AsyncClient | None = None  # one connection kept for every beat
         self._joined = False
 
     def start(self) -> None:
@@ -84,14 +85,24 @@ class Membership:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for _ in range(3):  # the goodbye matters more than a heartbeat: retried, with more time
-            if await self.beat(timeout_s=5.0):
-                return
+        try:
+            for _ in range(3):  # the goodbye matters more than a heartbeat: retried, with more time
+                if await self.beat(timeout_s=5.0):
+                    return
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
 
     async def _run(self) -> None:
+        """A beat every `interval_s`, start to start: a slow answer delays the next beat only by what it took past
+        the interval. Sleeping a whole interval after each answer would stretch the period by every answer's time: on a
+        loaded machine, past the HEARTBEAT_MISSES intervals the control plane allows, and the engine would leave
+        routing while it serves."""
+        clock = asyncio.get_running_loop()
         while True:
+            started = clock.time()
             await self.beat()
-            await asyncio.sleep(self.identity.interval_s)
+            await asyncio.sleep(max(0.0, started + self.identity.interval_s - clock.time()))
 
     async def beat(self, timeout_s: float | None = None) -> bool:
         identity = self.identity
@@ -105,10 +116,12 @@ class Membership:
                 "gpu_price_per_hour": identity.gpu_price_per_hour, "interval_s": identity.interval_s,
                 "draining": self.draining or not self.loop.accepting, "role": self.loop.engine.config.role,
                 "state": state}
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=max(1.0, identity.interval_s))
         try:
-            async with httpx.AsyncClient(timeout=timeout_s or max(1.0, identity.interval_s)) as client:
-                response = await client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
-                                             headers={"Authorization": f"Bearer {identity.token}"})
+            response = await self._client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
+                                               headers={"Authorization": f"Bearer {identity.token}"},
+                                               timeout=timeout_s or httpx.USE_CLIENT_DEFAULT)  # fmt: skip
         except httpx.HTTPError as error:
             log.warning("heartbeat to %s failed: %s", identity.control_plane, error)
             return False

@@ -8,8 +8,8 @@ this very code. The rule, in words (docs/routing.md has the why):
                 + (if load[i] <= bound)  affinity[i] + PREFIX * matched_chunks[i] / chunks + HASH * rendezvous[i]
     choose      argmax score, ties to the lower index
 
-The adapter's term, `affinity`, is its expected load time on engine i, in the load term's units (Weights.cost: COST;
-the gateway routes on DEFAULT, which is FIXED). The load term becomes a queue wait in seconds: load[i] / capacity[i] requests ahead per slot, each
+The adapter's term, `affinity`, is its expected load time on engine i, in the load term's units (Weights.cost: COST,
+the gateway's DEFAULT). The load term becomes a queue wait in seconds: load[i] / capacity[i] requests ahead per slot, each
 request_seconds[i] long (the mean time a request holds a slot there). One second of expected TTFT scores
 LOAD / mean(request_seconds) over the fleet, so that on a fleet of equal engines the load term is the one above:
 
@@ -89,7 +89,7 @@ class Weights:
 
 COST = Weights()  # the adapter's expected load time on each engine against its queue
 FIXED = Weights(cost=False)  # constant affinity bonuses, whatever an engine's load times
-DEFAULT = FIXED  # the gateway's: COST failed tests/gateway/test_fleet.py's rolling restart (503s), not yet explained
+DEFAULT = COST  # the gateway's
 DEVICE, HOST, LOADING = 0, 1, 2  # an adapter's tier on an engine that holds it (Fleet.adapters)
 
 
@@ -240,7 +240,8 @@ def candidate_from_state(name: str, state: dict) -> Candidate:
 
 
 def _seconds(value) -> float | None:
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    """A measured time, or None (Weights' default stands in) for one that is absent, not positive or not finite."""
+    return float(value) if isinstance(value, int | float) and 0 < value < math.inf else None
 
 
 def _digests(items) -> frozenset[str]:

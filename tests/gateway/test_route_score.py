@@ -192,6 +192,23 @@ def test_candidate_from_heartbeat_and_static_state():
     assert static.load_seconds == (None, None) and static.request_seconds is None  # Weights' defaults stand in
 
 
+def test_an_engine_with_no_measured_or_non_finite_times_is_still_routed_on_the_default_cost_score():
+    """The gateway's default is the cost score. An engine that has timed nothing yet (just started), or whose
+    heartbeat carries a time that is not a finite positive number, is weighed with Weights' defaults: it is never
+    scored out of routing, alone or beside one that holds the adapter."""
+    assert Fleet([]).weights == COST
+    measured = {"capacity": 8, "adapters": {"gpu": [HOT], "load_seconds": {"disk_host": 0.4, "host_device": 0.03}},
+                "request_seconds": 2.0}
+    for odd in ({}, {"disk_host": float("inf"), "host_device": float("nan")}, {"disk_host": 0, "host_device": -1}):
+        fresh = {"capacity": 8, "adapters": {"load_seconds": odd}, "request_seconds": float("inf")}
+        fleet = Fleet([candidate_from_state("old", measured), candidate_from_state("fresh", fresh)])
+        assert fleet.candidates[1].load_seconds == (None, None) and fleet.candidates[1].request_seconds is None
+        for adapter in (HOT, COLD, None):
+            assert fleet.names[choose(fleet, adapter=adapter, fingerprints=[], loads=[3, 0], exclude=[0])] == "fresh"
+            assert fleet.names[choose(fleet, adapter=adapter, fingerprints=[], loads=[0, 30])] == "old"
+        assert choose(Fleet([fleet.candidates[1]]), adapter=HOT, fingerprints=[], loads=[0]) == 0
+
+
 # Disaggregated prefill/decode: the same scoring picks the serving (decode) engine, then the prefill engine.
 LONG = 2000 * 4  # characters: about 2,000 tokens at route_score.CHARS_PER_TOKEN
 ROUTE = {"adapter": HOT, "loads": [0, 0, 0], "min_uncached_tokens": 256}

@@ -3,7 +3,9 @@
 Disk -> host: a background thread reads, checks and lays out (AdapterPlan) an adapter when its first request
 arrives (`ready`); tensors are pinned when the device is CUDA. Host -> device pages: `place` takes the pages and
 hands the copy to a PageCopier (engine/page_copier.py: its own thread on CPU, a side stream on CUDA); the adapter
-is resident, and its sequences can be admitted, once the copy is done. Neither move runs on the step loop, so
+is resident, and its sequences can be admitted, once the copy is done, or at once where the copier streams layers
+(CUDA, one rank): then a step that uses it while its copy is under way waits per layer on the device
+(`copies_under_way`, LoRABatch.wait_layer), and it is not evicted before the copy is done. Neither move runs on the step loop, so
 sequences of resident adapters keep stepping while another adapter loads. A resident adapter is in use while a
 running sequence uses it (`acquire`/`release`); idle ones are evicted least-recently-used when pages run short
 (`reclaim`), never those the caller says it keeps (the scheduler keeps what waiting sequences need).
@@ -164,7 +166,8 @@ class AdapterPool:
         self._host: OrderedDict[str, AdapterPlan] = OrderedDict()  # LRU first
         self._host_bytes = 0
         self._resident: dict[str, Resident] = {}
-        self._placing: dict[str, Placing] = {}
+        self._placing: dict[str, Placing] = {}  # copies under way of adapters not resident until they are done
+        self._copying: dict[str, Placing] = {}  # copies under way of resident adapters (a copier that streams)
         self._idle: OrderedDict[str, None] = OrderedDict()  # resident, no user; LRU first
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}  # digest -> reason: loads that failed, until the adapter is asked for again
@@ -176,6 +179,8 @@ class AdapterPool:
         # engine never takes them)
         self._mean_load_seconds: dict[str, float] = {}  # "disk_host" / "host_device" -> running mean (routing's)
         self._copier = page_copier(memory)
+        # tensor-parallel workers copy their own shards: their sequences wait for every rank's whole copy
+        self._streamed = self._copier.streams_layers and mirror is None
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         # the loader holds the pool weakly (a thread running a bound method would keep the pool, its pages and,
@@ -194,6 +199,7 @@ class AdapterPool:
         self._host.clear()
         self._resident.clear()
         self._placing.clear()
+        self._copying.clear()
         self._idle.clear()
         self._pins.clear()
         self._host_bytes = 0
@@ -235,8 +241,9 @@ class AdapterPool:
 
     # tiers
     def tier(self, digest: str) -> str:
-        """"device", "host" (also while its copy into pages is under way: `state()["placing"]`), "loading",
-        "failed" or "disk" (registered, in no memory tier)."""
+        """"device" (with a copier that streams layers, also while its copy is under way), "host" (also while its
+        copy into pages is under way: `state()["placing"]`), "loading", "failed" or "disk" (registered, in no memory
+        tier)."""
         self._drain()
         if digest in self._resident:
             return "device"
@@ -377,11 +384,21 @@ class AdapterPool:
             self._mirror.place(digest, pages)
         mem = self.memory
         offsets = plan.page_offsets(pages, chunk=mem.chunk, chunk_start=mem.chunk_start, zero_row=mem.zero_row)
-        self._placing[digest] = Placing(plan, pages, self._copier.start(plan, pages, offsets))
+        placing = Placing(plan, pages, self._copier.start(plan, pages, offsets))
+        if not self._streamed:
+            self._placing[digest] = placing
+            return
+        self._copying[digest] = placing  # resident now: a step waits for each layer's copy (`copies_under_way`)
+        self._make_resident(digest, placing, placing.copy.tables())
+
+    def copies_under_way(self, digests: list[str]) -> list[Copy]:
+        """The copies not done yet of these resident adapters: a step that uses them waits for each layer's."""
+        self._drain()
+        return [self._copying[d].copy for d in digests if d in self._copying] if self._copying else []
 
     def wait_placed(self, digest: str) -> None:
         """Block until the adapter's copy into pages, if one is under way, is done."""
-        placing = self._placing.get(digest)
+        placing = self._placing.get(digest) or self._copying.get(digest)
         if placing is not None:
             placing.copy.result()
             self._drain()
@@ -404,7 +421,7 @@ class AdapterPool:
         for digest in list(self._idle):
             if freed >= num_pages:
                 break
-            if digest not in keep and self._pins.get(digest) != "device":
+            if digest not in keep and self._pins.get(digest) != "device" and digest not in self._copying:
                 freed += self._drop(digest)
         return freed
 
@@ -444,18 +461,27 @@ class AdapterPool:
         return sum(len(r.pages) for r in self._resident.values()) + sum(len(p.pages) for p in self._placing.values())
 
     def _finish_placing(self) -> None:
-        """Adapters whose copy is done become resident, unpinned."""
+        """Adapters whose copy is done become resident, unpinned; streamed copies that are done are no longer
+        waited for."""
         for digest, placing in list(self._placing.items()):
             if not placing.copy.done():
                 continue
             del self._placing[digest]
             offsets = placing.copy.result()  # a failed copy into our own pages is a bug: it raises
             self._moved(LoadTime("host", "device", placing.copy.seconds()))
-            self.generation += 1
-            self._resident[digest] = Resident(plan=placing.plan, pages=placing.pages, offsets=offsets,
-                                              placement=self.generation)
-            self._idle[digest] = None
-            self.num_loads["device"] += 1
+            self._make_resident(digest, placing, offsets)
+        for digest, placing in list(self._copying.items()):
+            if placing.copy.done():
+                del self._copying[digest]
+                placing.copy.result()
+                self._moved(LoadTime("host", "device", placing.copy.seconds()))
+
+    def _make_resident(self, digest: str, placing: Placing, offsets: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.generation += 1
+        self._resident[digest] = Resident(plan=placing.plan, pages=placing.pages, offsets=offsets,
+                                          placement=self.generation)
+        self._idle[digest] = None
+        self.num_loads["device"] += 1
 
     def _drop(self, digest: str) -> int:
         resident = self._resident.pop(digest)
@@ -497,7 +523,7 @@ class AdapterPool:
             self._results.put((digest, None, None, failure_reason(error)))
 
     def _drain(self) -> None:
-        if self._placing:
+        if self._placing or self._copying:
             self._finish_placing()
         while True:
             try:
@@ -524,7 +550,7 @@ class AdapterPool:
             "pinned": dict(self._pins),  # digest -> tier
             "in_use": sorted(d for d, r in self._resident.items() if r.users),
             "residency": [r._asdict() for r in self.residency()],  # per adapter and memory tier, as in /metrics
-            "placing": sorted(self._placing),
+            "placing": sorted([*self._placing, *self._copying]),  # copies into pages under way
             "loading": sorted(self._loading),
             "failed": dict(self._failed),
             "registered": len(self._paths),

@@ -5,6 +5,7 @@ How to use it (engine.model_runner does this):
     lora = LoRABatch(num_layers=L, device=device, zero_row=memory.zero_row, num_experts=E)   # once per engine
     lora.reserve(max_tokens=T, max_adapters=U, max_rank=R)   # optional: size it up front (before a CUDA graph)
     lora.fill(token_adapters, pool.slot_tables(digests))    # every step, before the forward, outside it
+    lora.wait_for(pool.copies_under_way(digests))           # a step whose adapters are still being copied
     ctx.lora = lora                                         # the same object every step
 
 `token_adapters[t]` is the index of token t's adapter in the step's `digests` (-1: the base model). `fill` gives
@@ -21,6 +22,11 @@ kernel whether or not an adapter of the step adapts it (the kernel's programs ex
 On the reference path (CPU), `module` and `experts` cut tables narrowed to the step's slots and largest rank
 (None when no adapter of the step adapts the module), once per change of slots: the references gather dense
 operands per table and keep them in the step's SlotBatch, which a later step keeps while no slot changed.
+
+An adapter whose copy into its pages is under way (a copier that streams layers, engine/page_copier.py) can be in a
+step: `wait_for` hands its copies to the batch, and each LoRA layer calls `wait_layer(layer)` before it reads the
+adapters' rows, so layer i waits for layer i's copy alone. Steps with no copy under way (all but an adapter's
+first) wait for nothing; a step with one runs eagerly, never as a CUDA graph (engine.model_runner).
 """
 
 from collections import OrderedDict
@@ -84,6 +90,8 @@ class LoRABatch:
         self.writes: list[tuple[int, AdapterTables]] = []  # what the last fill wrote, by slot (tensor parallel)
         self.step_slots: list[int] = []  # the last fill's token -> slot
         self.token_slots: torch.Tensor | None = None  # [T] int32: the step's, a view of the buffer
+        self.copies: list = []  # the step's adapters' copies into pages still under way (page_copier.Copy)
+        self._waited = -1  # the last layer this step waited for
         self.meta: kernels.LoRAMeta | SlotBatch | None = None
         self._keys: list[int | None] = []  # the key of the adapter in each slot
         self._slot_of: dict[int, int] = {}
@@ -161,6 +169,19 @@ class LoRABatch:
         self._fill_tokens([slots[i] if i >= 0 else -1 for i in token_adapters])
         return self
 
+    def wait_for(self, copies: list) -> "LoRABatch":
+        """The copies (page_copier.Copy) still under way of this step's adapters: each layer waits for its own."""
+        self.copies, self._waited = copies, -1
+        return self
+
+    def wait_layer(self, layer: int) -> None:
+        """Before `layer` reads the adapters' rows: wait for that layer of each copy under way (a copy's layers
+        finish in order, so one wait per layer covers the layers before it). Nothing on a step without one."""
+        if self.copies and layer > self._waited:
+            for copy in self.copies:
+                copy.wait_layer(layer)
+            self._waited = layer
+
     def fill_slots(self, token_slots: list[int], writes: list[tuple[int, AdapterTables]]) -> "LoRABatch":
         """What another rank's `fill` did (its `step_slots` and `writes`), done here: tensor-parallel workers."""
         self.reserve(max_tokens=len(token_slots), max_adapters=max([s + 1 for s, _ in writes] + [0]),
@@ -207,6 +228,7 @@ class LoRABatch:
 
     def _fill_tokens(self, token_slots: list[int]) -> None:
         self.step_slots = token_slots
+        self.copies = []  # until `wait_for` says otherwise
         self._triton = kernels.backend_for(self._meta.packed) == "triton"
         if self._triton:  # grouped on the host, one copy into the meta's buffer
             if self._staging is not None:

@@ -40,6 +40,7 @@ class LoRALinear(nn.Module):
         tables = lora.module(self.layer, self.first, self.num_slices)
         if tables is None:
             return y
+        lora.wait_layer(self.layer)  # its adapters' rows copied into this layer's pages
         kernels.lora_delta(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows, lora.token_slots,
                            tables.ranks, tables.scaling, self.base.slice_offsets, meta=lora.meta,
                            row_align=self.memory.row_align)  # one launch
@@ -77,6 +78,7 @@ class LoRAExperts(nn.Module):
             return
         if self._rows is None or self._rows[0] is not tokens:  # the layer's two projections share one tensor
             self._rows = (tokens, lora.token_slots[tokens])
+        lora.wait_layer(self.layer)  # its adapters' rows copied into this layer's pages
         width = y.shape[1] // slices
         kernels.expert_lora(y, x, self.memory.flat(self.layer), tables.a_rows, tables.b_rows, self._rows[1],
                             experts, tables.ranks, tables.scaling, tuple(range(0, y.shape[1] + 1, width)),

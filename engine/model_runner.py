@@ -164,12 +164,14 @@ class ModelRunner:
                             images=images, key_limits=limits if images else None)
         return inputs, sample_rows, prompt_rows
 
-    def eager_inputs(self, inputs: StepInputs) -> tuple[torch.Tensor, Context]:
+    def eager_inputs(self, inputs: StepInputs, copies: list | None = None) -> tuple[torch.Tensor, Context]:
         """The step's token ids [T] and Context as fresh tensors, with everything the forward reads prepared
-        before it: the decode attention's layout and every LoRA projection's tables."""
+        before it: the decode attention's layout and every LoRA projection's tables. copies: the step's adapters'
+        copies into pages still under way (AdapterPool.copies_under_way), which each layer waits for."""
         lora = None
         if inputs.adapters:  # the step's adapters into the LoRA buffers, refilled in place (engine.lora_batch)
             lora = self.lora.fill(inputs.token_slots, self.adapters.slot_tables(inputs.adapters))
+            lora.wait_for(copies or [])
         ctx = Context.build(
             positions=inputs.positions, slot_mapping=inputs.slot_mapping, block_tables=inputs.block_tables,
             context_lens=inputs.context_lens, cu_seqlens_q=inputs.cu_seqlens_q, prompt_lens=inputs.prompt_lens,
@@ -206,8 +208,10 @@ class ModelRunner:
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden] of the step: a decode step that fits replays its CUDA graph (or, without
-        capture, runs through the same static buffers); any other runs eagerly."""
-        if self.graphs is not None and self.graphs.takes(inputs):
+        capture, runs through the same static buffers); any other runs eagerly, as does a step with an adapter
+        whose copy into pages is under way (its layers wait for their copies: no graph holds such a wait)."""
+        copies = self.adapters.copies_under_way(inputs.adapters) if inputs.adapters else []
+        if self.graphs is not None and not copies and self.graphs.takes(inputs):
             lora = None
             if inputs.adapters:  # the bucket's padded rows use no adapter
                 padded = inputs.token_slots + [-1] * (self.graphs.bucket(len(inputs.token_slots)) - len(inputs.token_slots))
@@ -215,7 +219,7 @@ class ModelRunner:
             hidden = self.graphs.run(inputs, lora)
             if hidden is not None:
                 return hidden
-        return self.model(*self.eager_inputs(inputs))
+        return self.model(*self.eager_inputs(inputs, copies))
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, proposals: dict[int, list[int]] | None = None,

@@ -118,6 +118,7 @@ async def _drive(urls: list[str], workload: Workload, adapters: list[tuple[str, 
     """Poisson traffic routed by the gateway's `choose`; returns each request's TTFT (s) and the idle overhead."""
     import httpx
 
+    from engine.contract import state_read
     from gateway.route_score import Fleet, Loads, candidate_from_state, choose
 
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -128,9 +129,9 @@ async def _drive(urls: list[str], workload: Workload, adapters: list[tuple[str, 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
 
         async def snapshot():
-            states = [(await client.get(f"{url}/v1/state", headers=headers)).json() for url in urls]
+            states = [state_read((await client.get(f"{url}/v1/state", headers=headers)).json()) for url in urls]
             return Fleet([candidate_from_state(n, s) for n, s in zip(names, states, strict=True)]), Loads(
-                [s["running"] + s["waiting"] for s in states], in_flight)
+                [s.load for s in states], in_flight)
 
         async def one(index: int, adapter: tuple[str, str], prompt: list[int], max_tokens: int, record: bool):
             nonlocal loads

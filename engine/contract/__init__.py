@@ -11,13 +11,24 @@ read as if it were this one.
     adapter fault    error_type ADAPTER_UNAVAILABLE: in the final event, or as the HTTP 503 answer's
                      {"error": {"type": ADAPTER_UNAVAILABLE, "message", "param": "adapter"}}; only that request
                      fails, the engine stays healthy
-    /v1/state        {"model", "running", "waiting", "adapters": {tier: [{"digest", ...} | digest, ...]}, ...}
+    state.py         EngineState (a heartbeat's `state`, the head of /v1/state's StateAnswer), its adapter residency
+                     (Adapters, AdapterResidency) and the Heartbeat; state_read() refuses one it cannot read (BadState)
 """
 
 from engine.contract.events import EVENT_DELTA, EVENT_FINAL, Delta, Final, StreamEvent
 from engine.contract.fingerprints import PREFIX_CHUNK_CHARS, prompt_fingerprints
 from engine.contract.generate import ADAPTER_FILES, KEEP_ALIVE_SECONDS, AdapterRef, GenerateRequest
 from engine.contract.kv import KVLease
+from engine.contract.state import (
+    AdapterResidency,
+    Adapters,
+    BadState,
+    EngineState,
+    Heartbeat,
+    StateAnswer,
+    state_builtins,
+    state_read,
+)
 from engine.contract.usage import (
     FINISH_REASONS,
     TASK_NAME,
@@ -33,28 +44,11 @@ from engine.contract.version import VERSION, WrongVersion
 
 __all__ = [
     "ADAPTER_FILES", "ADAPTER_UNAVAILABLE", "CONTEXT_LENGTH_EXCEEDED", "EVENT_DELTA", "EVENT_FINAL", "FINISH_REASONS",
-    "KEEP_ALIVE_SECONDS", "PREFIX_CHUNK_CHARS", "TASK_NAME", "VERSION", "AdapterRef", "BadUsageEvent", "Delta",
-    "Final", "GenerateRequest", "KVLease", "PrefillShare", "StreamEvent", "UsageEvent", "UsageMetadata",
-    "WrongVersion", "billed_cached_tokens", "now_utc", "prompt_fingerprints", "state_load", "state_resident_digests",
-    "usage_event_read",
+    "KEEP_ALIVE_SECONDS", "PREFIX_CHUNK_CHARS", "TASK_NAME", "VERSION", "AdapterRef", "AdapterResidency", "Adapters",
+    "BadState", "BadUsageEvent", "Delta", "EngineState", "Final", "GenerateRequest", "Heartbeat", "KVLease",
+    "PrefillShare", "StateAnswer", "StreamEvent", "UsageEvent", "UsageMetadata", "WrongVersion",
+    "billed_cached_tokens", "now_utc", "prompt_fingerprints", "state_builtins", "state_read", "usage_event_read",
 ]  # fmt: skip
 
 ADAPTER_UNAVAILABLE = "adapter_unavailable"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a request past the model's context
-
-
-def state_resident_digests(state: dict) -> frozenset[str]:
-    """Adapter digests in any tier of an engine's /v1/state answer."""
-    found: set[str] = set()
-    tiers = state.get("adapters") or state.get("resident_adapters") or {}
-    for value in tiers.values() if isinstance(tiers, dict) else [tiers]:
-        for item in value if isinstance(value, list) else []:
-            digest = item.get("digest") if isinstance(item, dict) else item
-            if isinstance(digest, str):
-                found.add(digest)
-    return frozenset(found)
-
-
-def state_load(state: dict) -> int:
-    """Requests running and waiting on the engine, from its /v1/state answer."""
-    return int(state.get("running", 0) or 0) + int(state.get("waiting", 0) or 0)

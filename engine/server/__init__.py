@@ -23,10 +23,13 @@ POST /v1/tokenize            {prompt | prompt_token_ids | messages} -> {count, t
 POST /v1/adapters/prefetch   {digest, path?, tier?: "host" | "gpu"} -> {digest, resident: [tiers]}
 DELETE /v1/adapters/{digest} -> {digest, evicted: [tiers]} | 404 unknown | 409 in use
 GET /v1/health               {status: ok | draining | unhealthy, model, device, max_model_len} (503 unless ok)
-GET /v1/state                role (prefill | decode | both), running/waiting (and per request), pages (KV blocks and adapter pages share them),
-                             memory split {base_weights, kv_pages, adapter_pages, free}_bytes (and the
-                             quantization report: docs/quantization.md), prefix-cache hit rate, adapters per tier ("gpu" is the device tier, also on CPU), steps and
-                             tokens per second, the last step's batch, kv_pool (the pool's own counts), kv_leases, kv_pulls_in_flight
+GET /v1/state                engine.contract.StateAnswer: the EngineState each heartbeat carries (role, capacity,
+                             running/waiting, pages (KV blocks and adapter pages share them; kv_pool, the pool's own
+                             counts), memory split {base_weights, kv_pages, adapter_pages, free}_bytes and the
+                             quantization report (docs/quantization.md), prefix-cache hit rate, adapters per tier
+                             ("gpu" is the device tier, also on CPU) with residency, pins and load times, recent
+                             prompt fingerprints), then the requests running and waiting, steps per second, the last
+                             step's batch, kv_tiers, kv_leases, kv_pulls_in_flight, speculation, grammars
 GET /metrics                 Prometheus text format
 
 An adapter without `path` is looked for in `--adapter-store/<digest>`. Each request's end (finished,

@@ -313,10 +313,11 @@ class EngineAPI:
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def state(self, request: Request) -> Response:
-        state = await self.loop.call(lambda engine: self.loop.state())
         pulls = len(self.kv.pending) if self.kv is not None else 0  # decode hops pulling their KV now
-        return JSONResponse({"model": self.model_name, "role": self.engine.config.role, **state,
-                             "kv_pulls_in_flight": pulls})
+        prefixes = self.prefixes.recent()  # read here: the event loop records them
+        answer = await self.loop.call(lambda engine: self.loop.state_answer(
+            model=self.model_name, prefixes=prefixes, kv_pulls_in_flight=pulls))
+        return Response(msgspec.json.encode(answer), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
         def observe(engine) -> None:

@@ -17,6 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from engine.contract.state import (
+    AdapterResidency,
+    Adapters,
+    EngineState,
+    LastStep,
+    LoadSeconds,
+    Memory,
+    PoolCounts,
+    RequestOnEngine,
+    StateAnswer,
+)
 from engine.contract.usage import UsageEvent, now_utc
 from engine.grammar import Grammar
 from engine.images import ImageFeatures
@@ -376,25 +389,42 @@ class EngineLoop:
             self.metrics.adapter_evictions.labels(tier=tier).inc(len(self._tiers[tier] - digests))
         self._tiers = now
 
-    def state(self) -> dict[str, Any]:
-        """Engine thread only (call it through `call`)."""
-        scheduler = self.engine.scheduler
-        running = [{"request_id": s.request_id, "index": s.index, "tenant": s.tenant,
-                    "adapter": s.adapter, "completion_tokens": s.num_completion_tokens}
+    def state(self, *, model: str, prefixes: list[str]) -> EngineState:
+        """Engine thread only (call it through `call`): what routing and the console read of this engine."""
+        engine = self.engine
+        state = engine.state()
+        pool = state["adapters"]
+        return EngineState(
+            model=model, role=engine.config.role, accepting=self.accepting, capacity=engine.config.max_num_seqs,
+            running=state["running"], waiting=state["waiting"], kv_blocks_used=state["kv_blocks_used"],
+            kv_blocks_free=state["kv_blocks_free"], kv_blocks_total=state["kv_blocks_total"],
+            kv_pool=PoolCounts(**pool_counts(engine.block_manager)),
+            prefix_cache_hit_rate=state["prefix_cache_hit_rate"], busy_ms=state["busy_ms"], steps=state["steps"],
+            preemptions=state["preemptions"], tokens_per_second=self.tokens_per_second(),
+            memory=Memory(**state["memory"]),
+            adapters=Adapters(
+                gpu=pool["gpu"], host=pool["host"], loading=pool["loading"], placing=pool["placing"],
+                in_use=pool["in_use"], pinned=pool["pinned"],
+                residency=[AdapterResidency(**entry) for entry in pool["residency"]],
+                load_seconds=LoadSeconds(**pool["load_seconds"]), failed=pool["failed"],
+                registered=pool["registered"], host_bytes=pool["host_bytes"], device_pages=pool["device_pages"],
+            ),
+            prefixes=prefixes, request_seconds=state["request_seconds"],
+        )  # fmt: skip
+
+    def state_answer(self, *, model: str, prefixes: list[str], kv_pulls_in_flight: int) -> StateAnswer:
+        """Engine thread only: GET /v1/state's answer, the state and the engine's insides."""
+        scheduler, state = self.engine.scheduler, self.engine.state()
+        running = [RequestOnEngine(s.request_id, s.index, s.tenant, s.adapter, s.num_completion_tokens)
                    for s in scheduler.running]
-        waiting = [{"request_id": s.request_id, "index": s.index, "tenant": s.tenant, "adapter": s.adapter}
-                   for s in scheduler.waiting]
-        return {
-            **self.engine.state(),
-            "running_requests": running,
-            "waiting_requests": waiting,
-            "steps_per_second": self.steps_per_second(),
-            "tokens_per_second": self.tokens_per_second(),
-            "last_step": self.last_step,
-            "accepting": self.accepting,
-            "kv_pool": pool_counts(self.engine.block_manager),
-            "kv_leases": self.leases.state(),
-        }
+        waiting = [RequestOnEngine(s.request_id, s.index, s.tenant, s.adapter) for s in scheduler.waiting]
+        return StateAnswer(
+            **msgspec.structs.asdict(self.state(model=model, prefixes=prefixes)),
+            running_requests=running, waiting_requests=waiting, steps_per_second=self.steps_per_second(),
+            last_step=LastStep(**self.last_step), tensor_parallel_size=state["tensor_parallel_size"],
+            block_size=state["block_size"], kv_pulls_in_flight=kv_pulls_in_flight, kv_tiers=state["kv_tiers"],
+            kv_leases=self.leases.state(), speculation=state["speculation"], grammars=state["grammars"],
+        )  # fmt: skip
 
 
 def pool_counts(bm) -> dict:

@@ -2,7 +2,8 @@
 adapters and prompt fingerprints every `interval_s`, and on SIGTERM leaves before it drains.
 
     POST {control_plane}/internal/engines/heartbeat   Authorization: Bearer <engine token>
-    {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "role", "state": {...}}
+    engine.contract.state.Heartbeat: {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining",
+    "state": EngineState, "v"}
 
 The control plane takes an engine out of routing when HEARTBEAT_MISSES heartbeats in a row have not come, or at
 once when one says `draining`. `Draining` wraps uvicorn's server: on SIGTERM it says so to the control plane, keeps
@@ -18,9 +19,11 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+import msgspec
 import uvicorn
 
 from engine.contract import prompt_fingerprints
+from engine.contract.state import Heartbeat
 from engine.server.engine_loop import EngineLoop
 from engine.server.protocol import GenerateRequest
 
@@ -106,21 +109,22 @@ class Membership:
 
     async def beat(self, timeout_s: float | None = None) -> bool:
         identity = self.identity
+        prefixes = self.prefixes.recent()  # read here: the event loop records them
         try:
-            state = await self.loop.call(lambda engine: heartbeat_state(self.loop))
+            state = await self.loop.call(lambda engine: self.loop.state(model=self.loop.base_model, prefixes=prefixes))
         except Exception as error:  # the engine loop stopped: no heartbeat, the control plane times us out
             log.warning("no heartbeat: the engine's state could not be read: %s", error)
             return False
-        state["prefixes"] = self.prefixes.recent()
-        body = {"name": identity.name, "url": identity.url, "pool": identity.pool,
-                "gpu_price_per_hour": identity.gpu_price_per_hour, "interval_s": identity.interval_s,
-                "draining": self.draining or not self.loop.accepting, "role": self.loop.engine.config.role,
-                "state": state}
+        heartbeat = Heartbeat(name=identity.name, url=identity.url, pool=identity.pool,
+                              gpu_price_per_hour=identity.gpu_price_per_hour, interval_s=identity.interval_s,
+                              draining=self.draining or not self.loop.accepting, state=state)
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=max(1.0, identity.interval_s))
         try:
-            response = await self._client.post(f"{identity.control_plane}/internal/engines/heartbeat", json=body,
-                                               headers={"Authorization": f"Bearer {identity.token}"},
+            response = await self._client.post(f"{identity.control_plane}/internal/engines/heartbeat",
+                                               content=msgspec.json.encode(heartbeat),
+                                               headers={"Authorization": f"Bearer {identity.token}",
+                                                        "Content-Type": "application/json"},
                                                timeout=timeout_s or httpx.USE_CLIENT_DEFAULT)  # fmt: skip
         except httpx.HTTPError as error:
             log.warning("heartbeat to %s failed: %s", identity.control_plane, error)
@@ -133,27 +137,6 @@ class Membership:
             log.info("joined the fleet at %s as %s (%s)", identity.control_plane, identity.name, identity.url)
             self._joined = True
         return True
-
-
-def heartbeat_state(loop: EngineLoop) -> dict:
-    """Engine thread only: what routing needs (capacity, load, KV and page usage, adapters by tier)."""
-    engine = loop.engine
-    state = engine.state()
-    total = max(1, state["kv_blocks_total"])
-    return {
-        "model": loop.base_model,
-        "role": engine.config.role,
-        "running": state["running"], "waiting": state["waiting"],
-        "capacity": engine.config.max_num_seqs,
-        "kv_usage": state["kv_blocks_used"] / total,
-        "adapter_free": state["kv_blocks_free"] / total,  # adapter pages and KV blocks share one pool
-        "adapters": {key: state["adapters"].get(key, []) for key in ("gpu", "host", "loading", "load_seconds")},
-        "prefix_cache_hit_rate": state["prefix_cache_hit_rate"],
-        "busy_ms": state["busy_ms"],
-        "request_seconds": state["request_seconds"],  # the mean time a request holds a slot: routing's queue wait
-        "tokens_per_second": loop.tokens_per_second(),
-        "accepting": loop.accepting,
-    }  # fmt: skip
 
 
 class Draining(uvicorn.Server):

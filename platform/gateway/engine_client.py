@@ -18,7 +18,7 @@ import msgspec
 from django.conf import settings
 from yarl import URL
 
-from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS, StreamEvent
+from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS, EngineState, StreamEvent, state_read
 from gateway.engine_events import decode_event
 from gateway.hot_settings import hot
 
@@ -349,14 +349,15 @@ async def abort(engine: EngineRef, request_id: str) -> None:
         pass  # the engine also aborts when our stream connection closes
 
 
-def state_sync(*, url: str, token: str, timeout: float = 3.0) -> dict:
-    """GET /v1/health then /v1/state (used by the periodic health check, in a worker)."""
+def state_sync(*, url: str, token: str, timeout: float = 3.0) -> EngineState:
+    """GET /v1/health then /v1/state (used by the periodic health check, in a worker); BadState or WrongVersion
+    (ValueErrors) naming what this side cannot read."""
     headers = {"Authorization": f"Bearer {token or settings.QUILT_ENGINE_TOKEN}"}
     with httpx.Client(timeout=timeout) as client:
         client.get(f"{url}/v1/health", headers=headers).raise_for_status()
         response = client.get(f"{url}/v1/state", headers=headers)
         response.raise_for_status()
-        return response.json()
+        return state_read(response.json())
 
 
 def prefetch_sync(*, url: str, token: str, adapter: dict, timeout: float = 10.0) -> None:

@@ -1,5 +1,7 @@
 """The control plane's internal API for engines (not for clients): self-registration and heartbeats, authenticated
-by the engine token that gateways use to call engines (QUILT_ENGINE_TOKEN)."""
+by the engine token that gateways use to call engines (QUILT_ENGINE_TOKEN). A heartbeat is the contract's
+`Heartbeat` (engine.contract.state): one this side cannot read is a 400 naming the field or the version, and the
+engine of that name leaves routing until it sends one it can."""
 
 import hmac
 import json
@@ -9,9 +11,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from gateway.services import HeartbeatRefused, engine_heartbeat
-
-HEARTBEAT_FIELDS = {"name", "url", "pool", "gpu_price_per_hour", "interval_s", "draining", "role", "state"}
+from engine.contract import Heartbeat, state_read
+from gateway.services import HeartbeatRefused, engine_heartbeat, engine_state_refused
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JsonResponse:
@@ -33,20 +34,15 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         body = json.loads(request.body)
     except (ValueError, UnicodeDecodeError) as error:
         return _error(400, f"the body is not JSON: {error}")
-    if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object")
-    missing = sorted({"name", "url", "interval_s"} - body.keys())
-    unknown = sorted(body.keys() - HEARTBEAT_FIELDS)
-    if missing or unknown:
-        return _error(400, f"missing fields: {missing}; unknown fields: {unknown}")
-    if not isinstance(body["name"], str) or not isinstance(body["url"], str):
-        return _error(400, "name and url must be strings")
     try:
-        engine = engine_heartbeat(
-            name=body["name"], url=body["url"], pool=str(body.get("pool") or "default"),
-            gpu_price_per_hour=str(body.get("gpu_price_per_hour", "0")), interval_s=body["interval_s"],
-            draining=bool(body.get("draining", False)), role=body.get("role", "both"), state=body.get("state") or {},
-        )  # fmt: skip
+        beat = state_read(body, Heartbeat)
+    except ValueError as error:  # BadState naming the field, or WrongVersion naming the version
+        name = body.get("name") if isinstance(body, dict) else None
+        if isinstance(name, str):
+            engine_state_refused(name=name, message=f"{type(error).__name__}: {error}")
+        return _error(400, str(error))
+    try:
+        engine = engine_heartbeat(heartbeat=beat)
     except HeartbeatRefused as refused:
         return _error(refused.status, str(refused))
     return JsonResponse({"name": engine.name, "routed": engine.healthy,

@@ -1,3 +1,4 @@
+import logging
 from decimal import Decimal
 
 from django.core.validators import MinValueValidator
@@ -5,8 +6,11 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from engine.contract import EngineState, state_read
 from gateway.engine_url import engine_url_validate
 from tenancy.models import Tenant
+
+log = logging.getLogger(__name__)
 
 
 def engine_up(*, now=None) -> Q:
@@ -23,8 +27,9 @@ class EngineQuerySet(models.QuerySet):
 
 class Engine(models.Model):
     """An engine process the gateway routes to. `state` is its last /v1/state answer, or its last heartbeat's state
-    for an engine that registered itself (`self_registered`): such an engine is routed to only while its heartbeats
-    keep `heartbeat_expires_at` in the future (docs/fleet.md). `healthy` is the last check's or heartbeat's word only:
+    for an engine that registered itself (`self_registered`), as plain JSON (engine.contract.EngineState: read it
+    with `reported_state`). A self-registered engine is routed to only while its heartbeats keep
+    `heartbeat_expires_at` in the future (docs/fleet.md). `healthy` is the last check's or heartbeat's word only:
 whether the engine is up now is `engine_up` / `is_up`, which routing and the console share."""
 
     name = models.SlugField(max_length=64, unique=True)
@@ -61,6 +66,18 @@ whether the engine is up now is `engine_up` / `is_up`, which routing and the con
 
     def __str__(self) -> str:
         return self.name
+
+    def reported_state(self) -> EngineState | None:
+        """`state` as the contract's struct; None when the engine never reported one, or when the stored one is not
+        one this side reads (kept from an engine of another version: logged, and the engine is routed to no more
+        until it reports again, as a check or a heartbeat refuses such a state)."""
+        if not self.state:
+            return None
+        try:
+            return state_read(self.state)
+        except ValueError as error:
+            log.warning("engine %s: its stored state is unreadable: %s", self.name, error)
+            return None
 
     @property
     def is_up(self) -> bool:

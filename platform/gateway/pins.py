@@ -34,8 +34,8 @@ def warm_adapters() -> dict[str, str]:
 
 def engine_pins(engine: Engine) -> dict[str, str]:
     """digest -> API tier of the pins the engine's last state reports."""
-    pinned = (engine.state.get("adapters") or {}).get("pinned")
-    return {d: POOL_TIER.get(t, t) for d, t in pinned.items()} if isinstance(pinned, dict) else {}
+    state = engine.reported_state()
+    return {} if state is None else {digest: POOL_TIER[tier] for digest, tier in state.adapters.pinned.items()}
 
 
 def engine_pins_sync(*, engine: Engine, wanted: dict[str, str]) -> dict[str, str]:

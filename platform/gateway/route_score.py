@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from operator import add, mul, sub
 from typing import NamedTuple
 
-from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
+from engine.contract import PREFIX_CHUNK_CHARS, EngineState, prompt_fingerprints
+from engine.contract.state import ROLES
 
 __all__ = [
     "COST", "DEFAULT", "FIXED", "ROLES", "Candidate", "Fleet", "Route", "Weights", "candidate_from_state", "Loads", "choose",
@@ -59,7 +60,6 @@ __all__ = [
 _MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (Fibonacci hashing)
 CACHED_KEYS = 4096  # per snapshot: the rendezvous terms of this many adapters (or prompts) kept between decisions
 TIE_BREAK = 1e-3  # without affinity, equal loads still split by the request's hash, not all to the first engine
-ROLES = ("prefill", "decode", "both")  # an engine's role (python -m engine --role); "both" serves whole requests
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: English BPE averages about 4 characters a token
 _EXCLUDED = -math.inf  # an excluded engine's score
 _UNBOUNDED = math.inf
@@ -217,36 +217,22 @@ class Fleet:
                 engines.append(index)
 
 
-DEFAULT_CAPACITY = 128  # an engine whose state does not say (a static engine's /v1/state): EngineConfig's default
-
-
-def candidate_from_state(name: str, state: dict) -> Candidate:
-    """A Candidate from an engine's heartbeat state, or from a static engine's /v1/state answer."""
-    adapters = state.get("adapters") or {}
-    moves = adapters.get("load_seconds") or {}
-    total = state.get("kv_blocks_total") or 0
-    kv_usage = state.get("kv_usage", (state.get("kv_blocks_used") or 0) / total if total else 0.0)
-    adapter_free = state.get("adapter_free", (state.get("kv_blocks_free") or 0) / total if total else 1.0)
+def candidate_from_state(name: str, state: EngineState) -> Candidate:
+    """A Candidate from an engine's state (its heartbeat's, or a static engine's /v1/state answer)."""
+    adapters, total = state.adapters, state.kv_blocks_total
     return Candidate(
-        name=name, capacity=int(state.get("capacity") or DEFAULT_CAPACITY),
-        load=int(state.get("running") or 0) + int(state.get("waiting") or 0),
-        kv_usage=float(kv_usage), adapter_free=float(adapter_free),
-        resident=_digests(adapters.get("gpu")), loading=_digests(adapters.get("loading")), host=_digests(adapters.get("host")),
-        load_seconds=(_seconds(moves.get("disk_host")), _seconds(moves.get("host_device"))),
-        request_seconds=_seconds(state.get("request_seconds")),
-        prefixes=frozenset(p for p in state.get("prefixes") or () if isinstance(p, str)),
-        role=state.get("role") if state.get("role") in ROLES else "both",
+        name=name, capacity=state.capacity, load=state.load,
+        kv_usage=state.kv_blocks_used / total if total else 0.0,
+        adapter_free=state.kv_blocks_free / total if total else 1.0,  # adapter pages and KV blocks share one pool
+        resident=frozenset(adapters.gpu), loading=frozenset(adapters.loading), host=frozenset(adapters.host),
+        load_seconds=(_measured(adapters.load_seconds.disk_host), _measured(adapters.load_seconds.host_device)),
+        request_seconds=_measured(state.request_seconds), prefixes=frozenset(state.prefixes), role=state.role,
     )  # fmt: skip
 
 
-def _seconds(value) -> float | None:
+def _measured(seconds: float | None) -> float | None:
     """A measured time, or None (Weights' default stands in) for one that is absent, not positive or not finite."""
-    return float(value) if isinstance(value, int | float) and 0 < value < math.inf else None
-
-
-def _digests(items) -> frozenset[str]:
-    found = (item.get("digest") if isinstance(item, dict) else item for item in items or ())
-    return frozenset(d for d in found if isinstance(d, str))
+    return seconds if seconds is not None and 0 < seconds < math.inf else None
 
 
 class Loads:

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from asgiref.sync import sync_to_async
 
-from engine.contract import state_load, state_resident_digests
 from gateway.connections import DATABASE_DOWN, checked_connection
 from gateway.engine_client import EngineRef
 from gateway.models import Engine
@@ -23,10 +22,6 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_SECONDS = 1.0
 SUSPECT_SECONDS = 5.0
-
-
-resident_digests = state_resident_digests  # the contract's reading of /v1/state
-engine_load = state_load
 
 
 def routable_engines():
@@ -61,17 +56,17 @@ class Router:
         return time.monotonic() - self._loaded_at >= SNAPSHOT_SECONDS
 
     def load_snapshot(self) -> None:
-        """Reads the engines (a blocking database read: call it through sync_to_async)."""
-        rows = list(routable_engines())
+        """Reads the engines (a blocking database read: call it through sync_to_async). An engine up whose state
+        this side cannot read is left out (Engine.reported_state logs why)."""
+        rows = [(row, state) for row in routable_engines() if (state := row.reported_state()) is not None]
         self._engines = [
             EngineRef(
                 name=row.name, url=row.url.rstrip("/"), token=row.token, pool=row.pool,
-                gpu_price_per_hour=str(row.gpu_price_per_hour), resident=resident_digests(row.state),
-                load=engine_load(row.state),
+                gpu_price_per_hour=str(row.gpu_price_per_hour), resident=state.resident_digests(), load=state.load,
             )
-            for row in rows
+            for row, state in rows
         ]  # fmt: skip
-        self._fleet = Fleet([candidate_from_state(row.name, row.state) for row in rows])
+        self._fleet = Fleet([candidate_from_state(row.name, state) for row, state in rows])
         self._index = {engine.name: i for i, engine in enumerate(self._engines)}
         if self._suspect_until:  # one out of routing now (drained, heartbeats lapsed) comes back as a new life
             self._suspect_until = {name: until for name, until in self._suspect_until.items() if name in self._index}

@@ -10,9 +10,9 @@ from django.db import transaction
 from django.db.models import Subquery
 from django.utils import timezone
 
+from engine.contract import Heartbeat, state_builtins
 from gateway import engine_client
 from gateway.models import Engine, EngineLife
-from gateway.routing import resident_digests
 from registry.storage import canonical_urls
 from tenancy.audit import Actor, audit_record
 
@@ -49,15 +49,14 @@ def engine_check(*, engine: Engine) -> Engine:
     """Asks the engine for its health and state; records whether it answered."""
     try:
         state = engine_client.state_sync(url=engine.url, token=engine.token)
-    except (httpx.HTTPError, ValueError) as error:
-        healthy, state, message = False, engine.state, f"{type(error).__name__}: {error}"
+    except (httpx.HTTPError, ValueError) as error:  # ValueError: a state this side cannot read (BadState, WrongVersion)
+        healthy, message = False, f"{type(error).__name__}: {error}"
     else:
         healthy, message = True, ""
+        engine.state, engine.role = state_builtins(state), state.role  # a static engine says its role in /v1/state
     if healthy != engine.healthy:
         log.warning("engine %s is now %s %s", engine.name, "healthy" if healthy else "unhealthy", message)
-    engine.healthy, engine.state, engine.last_error = healthy, state, message
-    if state.get("role") in Engine.Role.values:  # a static engine says its role in /v1/state
-        engine.role = state["role"]
+    engine.healthy, engine.last_error = healthy, message
     engine.last_checked_at = timezone.now()
     engine.save(update_fields=["healthy", "state", "role", "last_error", "last_checked_at"])
     return engine
@@ -80,23 +79,17 @@ class HeartbeatRefused(Exception):
         self.status = status
 
 
-def engine_heartbeat(
-    *, name: str, url: str, pool: str, gpu_price_per_hour: str, interval_s: float, draining: bool, state: dict,
-    role: str = Engine.Role.BOTH,
-) -> Engine:  # fmt: skip
+def engine_heartbeat(*, heartbeat: Heartbeat) -> Engine:
     """Records a self-registered engine's heartbeat: it joins on its first one, and stays in routing for
     HEARTBEAT_MISSES intervals unless it says it is draining (then it leaves at once)."""
+    name, url, pool, draining = heartbeat.name, heartbeat.url, heartbeat.pool, heartbeat.draining
     try:
-        price = Decimal(str(gpu_price_per_hour))
+        price = Decimal(heartbeat.gpu_price_per_hour)
     except InvalidOperation:
         raise HeartbeatRefused("gpu_price_per_hour must be a decimal number") from None
     low, high = HEARTBEAT_INTERVAL_LIMITS
-    if not isinstance(interval_s, int | float) or not low <= interval_s <= high:
+    if not low <= heartbeat.interval_s <= high:
         raise HeartbeatRefused(f"interval_s must be a number of seconds from {low} to {high}")
-    if not isinstance(state, dict):
-        raise HeartbeatRefused("state must be an object")
-    if role not in Engine.Role.values:
-        raise HeartbeatRefused(f"role must be one of {Engine.Role.values}")
     now = timezone.now()
     with transaction.atomic():
         engine = Engine.objects.select_for_update().filter(name=name).first()
@@ -107,10 +100,10 @@ def engine_heartbeat(
         before = _snapshot(engine) if engine is not None else None
         engine = engine or Engine(name=name, self_registered=True)
         engine.url, engine.token, engine.pool, engine.gpu_price_per_hour = url.rstrip("/"), "", pool, price
-        engine.role = role
-        engine.healthy, engine.state, engine.last_error = not draining, state, ""
+        engine.role = heartbeat.state.role
+        engine.healthy, engine.state, engine.last_error = not draining, state_builtins(heartbeat.state), ""
         engine.heartbeat_at = engine.last_checked_at = now
-        engine.heartbeat_expires_at = now if draining else now + timedelta(seconds=HEARTBEAT_MISSES * interval_s)
+        engine.heartbeat_expires_at = now if draining else now + timedelta(seconds=HEARTBEAT_MISSES * heartbeat.interval_s)
         try:
             engine.full_clean()
         except ValidationError as error:
@@ -130,6 +123,16 @@ def engine_heartbeat(
     return engine
 
 
+def engine_state_refused(*, name: str, message: str) -> None:
+    """A heartbeat whose state this side cannot read (a field, another version): the self-registered engine of that
+    name, if any, is unhealthy (out of routing at once) with the reason, until a heartbeat it can read comes."""
+    log.warning("engine %s: heartbeat refused: %s", name, message)
+    engine = Engine.objects.filter(name=name, self_registered=True).first()
+    if engine is not None:
+        engine.healthy, engine.last_error, engine.last_checked_at = False, message, timezone.now()
+        engine.save(update_fields=["healthy", "last_error", "last_checked_at"])
+
+
 def engine_life_record(*, engine: Engine, now, joined: bool) -> None:
     """A heartbeat's mark on the engine's lives: a join starts one, any other heartbeat (draining ones too: the
     engine still runs) extends its latest to now."""
@@ -146,7 +149,8 @@ def adapter_prefetch_successor(*, old_digest: str | None, new_digest: str, new_p
     adapter = {"digest": new_digest, "path": new_path} if urls is None else {"digest": new_digest, "urls": urls}
     warmed = []
     for engine in Engine.objects.up().filter(enabled=True):
-        if old_digest not in resident_digests(engine.state):
+        state = engine.reported_state()
+        if state is None or old_digest not in state.resident_digests():
             continue
         try:
             engine_client.prefetch_sync(url=engine.url, token=engine.token, adapter=adapter)

@@ -25,6 +25,7 @@ from tenancy.audit import Actor
 from tenancy.models import Membership, Plan
 from tenancy.services import member_add, plan_update, tenant_create, tenant_update
 from tests.console.builders import BASE_NAME, usage_event
+from tests.engine_states import adapters, engine_state_json, memory
 from tests.platform.factories import UserFactory
 
 CENT = Decimal("0.01")
@@ -116,13 +117,13 @@ def _too_wide_zip() -> bytes:
 
 def _engine_state(rng) -> dict:
     digests = list(AdapterVersion.objects.exclude(digest="").values_list("digest", flat=True))
-    return {
-        "model": BASE_NAME, "running": 14, "waiting": 3, "kv_blocks_used": 1730, "kv_blocks_free": 318,
-        "kv_blocks_total": 2048, "prefix_cache_hit_rate": 0.62, "tokens_per_second": 2843.5, "steps": 918_233,
-        "preemptions": 12, "adapters": {"gpu": digests[:2], "host": digests[2:], "loading": []},
-        "memory": {"page_bytes": 2 << 20, "pages_total": 4096, "base_weights_bytes": 16 << 30,
-                   "kv_pages_bytes": 3460 << 20, "adapter_pages_bytes": 96 << 20, "free_bytes": 4636 << 20},
-    }  # fmt: skip
+    return engine_state_json(
+        model=BASE_NAME, running=14, waiting=3, kv_blocks_used=1730, kv_blocks_free=318, kv_blocks_total=2048,
+        prefix_cache_hit_rate=0.62, tokens_per_second=2843.5, steps=918_233, preemptions=12,
+        adapters=adapters(gpu=digests[:2], host=digests[2:]),
+        memory=memory(page_bytes=2 << 20, pages_total=4096, base_weights_bytes=16 << 30, kv_pages_bytes=3460 << 20,
+                      adapter_pages_bytes=96 << 20, free_bytes=4636 << 20),
+    )  # fmt: skip
 
 
 def _usage(rng, acme, keys, others) -> None:

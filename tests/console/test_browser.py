@@ -6,6 +6,7 @@ import pytest
 
 from apikeys.models import ApiKey
 from apikeys.selectors import api_key_authenticate
+from engine.contract import AdapterResidency
 from gateway.services import engine_register
 from registry.models import AdapterVersion
 from tenancy.audit import Actor
@@ -13,6 +14,7 @@ from tenancy.models import AuditLog, Membership
 from tests.conftest import stop_worker
 from tests.console.builders import BASE_NAME
 from tests.console.live import start_engine, start_live_worker
+from tests.engine_states import adapters, engine_state_json
 from tests.platform.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -297,11 +299,10 @@ def test_the_engines_page_shows_each_adapters_residency_and_a_refused_pin(browse
     for name, digest in (("warm", warm), ("cold", cold)):
         AdapterVersion.objects.create(adapter=Adapter.objects.create(tenant=tenant, name=name, base_model=base),
                                       number=1, digest=digest)  # fmt: skip
-    residency = [{"digest": warm, "tier": "device", "pinned": True, "rank": 16},
-                 {"digest": warm, "tier": "host", "pinned": False, "rank": 16},
-                 {"digest": cold, "tier": "host", "pinned": False, "rank": 8}]  # fmt: skip
-    engine = Engine.objects.create(name="gpu-pins", url="http://10.0.0.9:8100", healthy=True, state={
-        "adapters": {"gpu": [warm], "host": [warm, cold], "pinned": {warm: "device"}, "residency": residency}})
+    residency = [AdapterResidency(warm, "device", True, 16), AdapterResidency(warm, "host", False, 16),
+                 AdapterResidency(cold, "host", False, 8)]  # fmt: skip
+    engine = Engine.objects.create(name="gpu-pins", url="http://10.0.0.9:8100", healthy=True, state=engine_state_json(
+        adapters=adapters(gpu=[warm], host=[warm, cold], pinned={warm: "device"}, residency=residency)))
     EnginePin.objects.create(engine=engine, digest=warm, tier="gpu", status="pinned")
     EnginePin.objects.create(engine=engine, digest=cold, tier="gpu", status="refused",
                              message="device pins would hold 96 pages (32 for adapter dddddddddddd); the pool has 64 "

@@ -14,10 +14,12 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 
 from console.routing import websocket_urlpatterns
+from engine.contract import Heartbeat
 from gateway.models import Engine
 from gateway.routing import routable_engines
 from gateway.services import HEARTBEAT_MISSES, engine_heartbeat
 from registry.broadcast import tenant_group
+from tests.engine_states import engine_state, engine_state_json
 from tests.platform.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,7 +108,7 @@ def _engine_gets_busier() -> None:
     """The health check recording new state (it saves the row); runs in a thread with its own connection."""
     try:
         engine = Engine.objects.get(name="gpu-a")
-        engine.state = {"running": 9, "waiting": 1, "kv_blocks_used": 5, "kv_blocks_total": 10}
+        engine.state = engine_state_json(running=9, waiting=1, kv_blocks_used=5, kv_blocks_free=5, kv_blocks_total=10)
         engine.save(update_fields=["state"])
     finally:
         connection.close()
@@ -114,7 +116,7 @@ def _engine_gets_busier() -> None:
 
 def test_staff_get_the_engines_grid_and_its_changes(db):
     Engine.objects.create(name="gpu-a", url="http://10.0.0.5:8100", gpu_price_per_hour=Decimal(2), healthy=True,
-                          state={"running": 2, "waiting": 0})  # fmt: skip
+                          state=engine_state_json(running=2))  # fmt: skip
     first, second = async_to_sync(_engines_pushes)(UserFactory(is_staff=True))
     assert first["type"] == "html" and first["target"] == "engines-grid"
     assert 'data-engine="gpu-a"' in first["html"] and '<strong data-testid="running">2</strong>' in first["html"]
@@ -208,8 +210,8 @@ def test_an_engine_whose_heartbeats_stop_shows_down_on_the_live_page_and_leaves_
     """A SIGKILLed engine sends nothing more: no heartbeat, no row saved. The page says "down" once its heartbeats
     expire (HEARTBEAT_MISSES intervals), as routing drops it: one rule for both, pushed without any write."""
     interval = 0.4
-    engine_heartbeat(name="gpu-k", url="http://10.0.0.9:8100", pool="default", gpu_price_per_hour="1",
-                     interval_s=interval, draining=False, state={"running": 1})  # fmt: skip
+    engine_heartbeat(heartbeat=Heartbeat(name="gpu-k", url="http://10.0.0.9:8100", gpu_price_per_hour="1",
+                                         interval_s=interval, state=engine_state(running=1)))  # fmt: skip
     assert "gpu-k" in routable_engines().values_list("name", flat=True)
     started = time.monotonic()
     first, later = async_to_sync(_engines_grid_until)(UserFactory(is_staff=True), 'data-status="down"', timeout=5)

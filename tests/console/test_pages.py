@@ -5,6 +5,7 @@ from django.urls import reverse
 
 from apikeys.services import api_key_create
 from tenancy.audit import Actor
+from tests.engine_states import adapters, engine_state_json
 
 pytestmark = pytest.mark.django_db
 
@@ -140,7 +141,7 @@ def test_the_engines_page_names_a_shared_adapter_by_its_busiest_version_and_list
             finished_at=timezone.now() - timedelta(hours=1),
         )  # fmt: skip
     Engine.objects.create(name="gpu-a", url="http://10.0.0.1:8100", gpu_price_per_hour=Decimal(1), healthy=True,
-                          state={"adapters": {"gpu": [shout], "host": [shout, spare], "loading": []}})  # fmt: skip
+                          state=engine_state_json(adapters=adapters(gpu=[shout], host=[shout, spare])))  # fmt: skip
     page = staff_client.get(reverse("console:engines")).content.decode()
     gpu = page[page.index(">GPU"):page.index(">Host memory only")]
     host = page[page.index(">Host memory only"):page.index(">Loading")]

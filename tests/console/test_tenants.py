@@ -13,6 +13,7 @@ from metering.services import usage_ingest
 from tenancy.audit import Actor
 from tenancy.models import AuditLog, Plan, Tenant
 from tests.console.builders import usage_event
+from tests.engine_states import adapters, engine_state_json, memory
 from tests.platform.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
@@ -97,7 +98,7 @@ def test_platform_pages_cost_a_fixed_number_of_queries(staff_client, django_asse
     usage_ingest(events=[usage_event(tenant) for tenant in tenants])
     for index in range(5):
         Engine.objects.create(name=f"gpu-{index}", url=f"http://10.0.0.{index}:8100", healthy=index % 2 == 0,
-                              state={"running": index, "adapters": {"gpu": ["f" * 64], "host": []}})  # fmt: skip
+                              state=engine_state_json(running=index, adapters=adapters(gpu=["f" * 64])))  # fmt: skip
     with django_assert_max_num_queries(14):
         platform = staff_client.get(reverse("console:platform"))
     assert platform.context["requests"] == 30 and platform.context["healthy_engines"] == 3
@@ -131,11 +132,11 @@ def test_staff_edit_plan_prices_and_create_plans(staff_client, staff):
 
 
 def test_the_engines_page_shows_the_memory_split_from_the_engine_state(staff_client):
-    memory = {"page_bytes": 1 << 20, "pages_total": 64, "base_weights_bytes": 192 << 20, "kv_pages_bytes": 40 << 20,
-              "adapter_pages_bytes": 8 << 20, "free_bytes": 16 << 20}  # fmt: skip
+    split = memory(page_bytes=1 << 20, pages_total=64, base_weights_bytes=192 << 20, kv_pages_bytes=40 << 20,
+                   adapter_pages_bytes=8 << 20, free_bytes=16 << 20)  # fmt: skip
     Engine.objects.create(name="mem-1", url="http://127.0.0.1:9", healthy=True,
-                          state={"running": 1, "kv_blocks_used": 40, "kv_blocks_total": 64, "memory": memory})
-    Engine.objects.create(name="old-1", url="http://127.0.0.1:10", healthy=True, state={"running": 0})
+                          state=engine_state_json(running=1, kv_blocks_used=40, kv_blocks_total=64, memory=split))
+    Engine.objects.create(name="old-1", url="http://127.0.0.1:10", healthy=True, state={})
     page = staff_client.get(reverse("console:engines")).content.decode()
     card = page[page.index('data-engine="mem-1"'):page.index('data-engine="old-1"')]
     for kind, text in [("base_weights", "Base weights 192.0 MB"), ("kv_pages", "KV pages 40.0 MB"),

@@ -7,6 +7,7 @@ in /v1/state and the heartbeat, the mean time a request holds a slot (`request_s
 import json
 import time
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -14,11 +15,11 @@ from starlette.testclient import TestClient
 import adapters
 from engine import SamplingParams
 from engine.config import EngineConfig
+from engine.contract import state_read
 from engine.llm_engine import LLMEngine
 from engine.server.adapter_registry import AdapterRegistry
 from engine.server.app import EngineAPI, build_app
 from engine.server.engine_loop import EngineLoop
-from engine.server.membership import heartbeat_state
 from engine.server.metrics import EngineMetrics
 from tests.engine.conftest import build_adapter, random_prompts
 
@@ -132,7 +133,8 @@ def test_a_request_waits_for_its_adapter_until_it_is_in_memory(checkpoints, stor
     assert means.keys() == {"disk_host", "host_device"} and min(means.values()) > 0
     assert means["disk_host"] == pytest.approx(sums[("disk", "host")])
     assert means["host_device"] == pytest.approx(sums[("host", "device")])
-    assert heartbeat_state(loop)["adapters"]["load_seconds"] == means
+    heartbeat = loop.state(model="tiny", prefixes=[])  # the heartbeat's state (the engine thread is stopped here)
+    assert msgspec.to_builtins(heartbeat.adapters.load_seconds) == means
 
 
 def test_state_and_heartbeat_carry_the_mean_time_a_request_holds_a_slot(checkpoints):
@@ -140,7 +142,7 @@ def test_state_and_heartbeat_carry_the_mean_time_a_request_holds_a_slot(checkpoi
     from a sequence's first step to its finish, measured here against the wall clock around the steps."""
     engine = LLMEngine(EngineConfig(model=str(checkpoints["llama"]), block_size=4, num_kv_blocks=64))
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
-    assert engine.state()["request_seconds"] is None and heartbeat_state(loop)["request_seconds"] is None
+    assert engine.state()["request_seconds"] is None and loop.state(model="tiny", prefixes=[]).request_seconds is None
     engine.add_request("one", random_prompts(92, [6])[0], SamplingParams(max_tokens=12, ignore_eos=True))
     before_first = time.monotonic()
     engine.step()
@@ -152,7 +154,8 @@ def test_state_and_heartbeat_carry_the_mean_time_a_request_holds_a_slot(checkpoi
         after_last = time.monotonic()  # it finished in the last step
     held = engine.state()["request_seconds"]
     assert before_last - after_first <= held <= after_last - before_first
-    assert heartbeat_state(loop)["request_seconds"] == held == loop.state()["request_seconds"]
+    heartbeat = loop.state(model="tiny", prefixes=[])  # the heartbeat's state, the head of /v1/state's
+    assert heartbeat.request_seconds == held and state_read(msgspec.to_builtins(heartbeat)).request_seconds == held
 
     engine.add_request("waits", random_prompts(93, [6])[0], SamplingParams(max_tokens=4))
     engine.abort("waits")  # never scheduled: it held no slot, and the mean is unchanged

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 import adapters
+from engine.contract import StateAnswer, state_read
 from engine.demo import corpus
 from engine.demo.tokenizer import save_tokenizer, train_tokenizer
 from engine.demo.trainer import llama_config, new_base_model
@@ -333,7 +334,9 @@ def test_prefetch_and_evict_adapters(server, adapter_refs):
     ref = adapter_refs["b"]
     response = server.post("/v1/adapters/prefetch", json={**ref, "tier": "gpu"})
     assert response.status_code == 200 and response.json()["resident"] == ["gpu", "host"]
-    assert ref["digest"] in server.get("/v1/state").json()["adapters"]["gpu"]
+    state = state_read(server.get("/v1/state").json(), StateAnswer)  # the contract's, every field checked
+    assert ref["digest"] in state.adapters.gpu and ref["digest"] in state.resident_digests()
+    assert (ref["digest"], "device", False) in [(r.digest, r.tier, r.pinned) for r in state.adapters.residency]
     body = {"request_id": "pinned", "adapter": ref, "prompt": "hi", "stream": True,
             "sampling": {"max_tokens": LONG, "ignore_eos": True}}
     with server.stream("POST", "/v1/generate", json=body) as response:

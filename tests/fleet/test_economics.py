@@ -18,6 +18,7 @@ from fleet.economics import (
 from gateway.models import Engine
 from metering.models import UsageEvent
 from registry.models import Adapter, AdapterVersion, BaseModel
+from tests.engine_states import engine_state_json
 from tests.platform.factories import TenantFactory, UserFactory
 
 UNTIL = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -172,7 +173,7 @@ def test_an_engine_is_up_only_during_its_lives_not_between_them(db, settings):
         clock.move_to(t0 + timedelta(seconds=at))
         answer = Client().post("/internal/engines/heartbeat", {
             "name": "gpu-lives", "url": "http://10.0.0.8:8100", "gpu_price_per_hour": "3.6", "interval_s": 2.0,
-            "state": {"running": 0}}, content_type="application/json",
+            "state": engine_state_json()}, content_type="application/json",
             HTTP_AUTHORIZATION="Bearer economics-heartbeat-token")  # fmt: skip
         assert answer.status_code == 200, answer.content
 

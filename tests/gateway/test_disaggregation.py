@@ -17,6 +17,7 @@ import pytest
 from gateway.routing import routable_engines
 from metering.models import UsageEvent
 from metering.pricing import gpu_cost
+from tests.engine_states import engine_state_json
 from tests.gateway.conftest import (
     ENGINE_TOKEN,
     METRICS_TOKEN,
@@ -41,7 +42,7 @@ def control_plane(stack) -> str:
 def heartbeat(stack, name: str, url: str, *, role: str, draining: bool = False, price: str = "4.0") -> None:
     """What an engine started with `--role` sends (the role is in its state: routing reads it there)."""
     body = {"name": name, "url": url, "pool": "default", "gpu_price_per_hour": price, "interval_s": 30.0,
-            "draining": draining, "state": {"role": role, "running": 0, "waiting": 0, "capacity": 8}}
+            "draining": draining, "state": engine_state_json(role=role, capacity=8)}
     answer = httpx.post(f"{control_plane(stack)}/internal/engines/heartbeat", json=body, timeout=10,
                         headers={"Authorization": f"Bearer {ENGINE_TOKEN}"})  # fmt: skip
     assert answer.status_code == 200, answer.text

@@ -10,6 +10,7 @@ from django.utils import timezone
 from gateway.models import Engine
 from gateway.routing import routable_engines
 from tenancy.models import AuditLog
+from tests.engine_states import engine_state_json
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +33,7 @@ def beat(body: dict, token: str = TOKEN):
 
 def body(**changes) -> dict:
     return {"name": "gpu-7", "url": "http://10.0.0.7:8100/", "pool": "h100", "gpu_price_per_hour": "2.75",
-            "interval_s": 1.0, "draining": False, "state": {"running": 1, "waiting": 0, "capacity": 8}} | changes
+            "interval_s": 1.0, "draining": False, "state": engine_state_json(running=1, capacity=8)} | changes
 
 
 @override_settings(QUILT_ENGINE_TOKEN=TOKEN)
@@ -82,11 +83,37 @@ def test_the_role_is_stored_and_checked():
     assert beat(body()).status_code == 200
     assert Engine.objects.get(name="gpu-7").role == "both"  # an engine that does not say: the default
     for role in ("prefill", "decode", "both"):
-        assert beat(body(role=role)).status_code == 200
+        assert beat(body(state=engine_state_json(role=role))).status_code == 200
         assert Engine.objects.get(name="gpu-7").role == role
-    answer = beat(body(role="encode"))
-    assert answer.status_code == 400 and "role must be one of" in answer.json()["error"]["message"]
+    answer = beat(body(state=engine_state_json() | {"role": "encode"}))
+    assert answer.status_code == 400 and "`$.state.role`" in answer.json()["error"]["message"]
     assert Engine.objects.get(name="gpu-7").role == "both"
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+@pytest.mark.parametrize(("state", "named"), [
+    (engine_state_json() | {"running": "two"}, "`$.state.running`"),
+    (engine_state_json() | {"adapters": engine_state_json()["adapters"] | {"residency": [{"digest": "ab" * 32}]}},
+     "missing required field `tier` - at `$.state.adapters.residency[0]`"),
+    ({k: v for k, v in engine_state_json().items() if k != "capacity"}, "missing required field `capacity`"),
+    (engine_state_json() | {"v": 2}, "engine state version 2 is not the version this side speaks (1)"),
+])  # fmt: skip
+def test_a_state_that_cannot_be_read_is_refused_naming_it_and_the_engine_leaves_routing(state, named):
+    assert beat(body()).status_code == 200 and "gpu-7" in routed()
+    answer = beat(body(state=state))
+    assert answer.status_code == 400 and named in answer.json()["error"]["message"], answer.content
+    engine = Engine.objects.get(name="gpu-7")
+    assert not engine.healthy and named in engine.last_error and "gpu-7" not in routed()
+    assert engine.reported_state().running == 1  # the last state it could read is kept
+    assert beat(body()).status_code == 200 and "gpu-7" in routed()
+
+
+@override_settings(QUILT_ENGINE_TOKEN=TOKEN)
+def test_a_heartbeat_of_another_version_is_refused_naming_it():
+    answer = beat(body(v=2))
+    assert answer.status_code == 400
+    assert "heartbeat version 2 is not the version this side speaks (1)" in answer.json()["error"]["message"]
+    assert not Engine.objects.filter(name="gpu-7").exists()
 
 
 @override_settings(QUILT_ENGINE_TOKEN="")

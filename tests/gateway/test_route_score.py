@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from engine.contract import PREFIX_CHUNK_CHARS, prompt_fingerprints
+from engine.contract.state import LoadSeconds
 from gateway.route_score import (
     COST,
     FIXED,
@@ -18,6 +19,7 @@ from gateway.route_score import (
     choose_route,
 )
 from tests.conftest import REPO
+from tests.engine_states import adapters, engine_state
 
 HOT = "a" * 64
 COLD = "c" * 64
@@ -179,17 +181,17 @@ def test_cold_adapters_spread_and_every_process_agrees():
     assert other.stdout.strip() == str(picks[:50])  # no Django, no database, no per-process hash salt
 
 
-def test_candidate_from_heartbeat_and_static_state():
-    beat = candidate_from_state("b", {"running": 2, "waiting": 1, "capacity": 16, "kv_usage": 0.5, "adapter_free": 0.25,
-                                      "adapters": {"gpu": [HOT], "host": [COLD], "loading": [],
-                                                   "load_seconds": {"disk_host": 0.4, "host_device": 0.03}},
-                                      "request_seconds": 1.5, "prefixes": ["ab12"]})  # fmt: skip
+def test_candidate_from_an_engines_state():
+    beat = candidate_from_state("b", engine_state(
+        running=2, waiting=1, capacity=16, kv_blocks_used=32, kv_blocks_free=16, kv_blocks_total=64,
+        adapters=adapters(gpu=[HOT], host=[COLD], load_seconds=LoadSeconds(disk_host=0.4, host_device=0.03)),
+        request_seconds=1.5, prefixes=["ab12ab12ab12ab12"]))  # fmt: skip
     assert (beat.load, beat.capacity, beat.kv_usage, beat.adapter_free) == (3, 16, 0.5, 0.25)
-    assert beat.resident == {HOT} and beat.host == {COLD} and not beat.loading and beat.prefixes == {"ab12"}
+    assert beat.resident == {HOT} and beat.host == {COLD} and not beat.loading and beat.prefixes == {"ab12ab12ab12ab12"}
     assert beat.load_seconds == (0.4, 0.03) and beat.request_seconds == 1.5
-    static = candidate_from_state("s", {"running": 0, "waiting": 0, "kv_blocks_total": 0, "adapters": {}})
-    assert static.capacity > 0 and static.kv_usage == 0.0 and static.adapter_free == 1.0
-    assert static.load_seconds == (None, None) and static.request_seconds is None  # Weights' defaults stand in
+    fresh = candidate_from_state("s", engine_state(kv_blocks_total=0))
+    assert fresh.kv_usage == 0.0 and fresh.adapter_free == 1.0
+    assert fresh.load_seconds == (None, None) and fresh.request_seconds is None  # Weights' defaults stand in
 
 
 def test_an_engine_with_no_measured_or_non_finite_times_is_still_routed_on_the_default_cost_score():
@@ -197,10 +199,10 @@ def test_an_engine_with_no_measured_or_non_finite_times_is_still_routed_on_the_d
     heartbeat carries a time that is not a finite positive number, is weighed with Weights' defaults: it is never
     scored out of routing, alone or beside one that holds the adapter."""
     assert Fleet([]).weights == COST
-    measured = {"capacity": 8, "adapters": {"gpu": [HOT], "load_seconds": {"disk_host": 0.4, "host_device": 0.03}},
-                "request_seconds": 2.0}
-    for odd in ({}, {"disk_host": float("inf"), "host_device": float("nan")}, {"disk_host": 0, "host_device": -1}):
-        fresh = {"capacity": 8, "adapters": {"load_seconds": odd}, "request_seconds": float("inf")}
+    measured = engine_state(capacity=8, adapters=adapters(gpu=[HOT], load_seconds=LoadSeconds(0.4, 0.03)),
+                            request_seconds=2.0)  # fmt: skip
+    for odd in (LoadSeconds(), LoadSeconds(float("inf"), float("nan")), LoadSeconds(0.0, -1.0)):
+        fresh = engine_state(capacity=8, adapters=adapters(load_seconds=odd), request_seconds=float("inf"))
         fleet = Fleet([candidate_from_state("old", measured), candidate_from_state("fresh", fresh)])
         assert fleet.candidates[1].load_seconds == (None, None) and fleet.candidates[1].request_seconds is None
         for adapter in (HOT, COLD, None):
@@ -273,6 +275,5 @@ def test_a_both_engine_prefills_when_no_prefill_engine_is_left_and_load_picks_am
 
 
 def test_the_role_comes_from_the_engines_state():
-    assert candidate_from_state("e", {"role": "prefill"}).role == "prefill"
-    assert candidate_from_state("e", {}).role == "both"
-    assert candidate_from_state("e", {"role": "encode"}).role == "both"  # unknown: serves whole requests
+    assert candidate_from_state("e", engine_state(role="prefill")).role == "prefill"
+    assert candidate_from_state("e", engine_state()).role == "both"

@@ -2,14 +2,13 @@
 that drained or whose heartbeats lapsed and then joined again is a new life, routed at once. A rolling restart of
 two engines otherwise found the first one still suspect when the second drained (test_fleet's 'no engine' 503s)."""
 
-from types import SimpleNamespace
-
 from gateway import routing
+from gateway.models import Engine
+from tests.engine_states import engine_state_json
 
 
-def _rows(*names: str) -> list[SimpleNamespace]:
-    return [SimpleNamespace(name=name, url=f"http://{name}:8100", token="", pool="default", gpu_price_per_hour="0",
-                            state={}) for name in names]  # fmt: skip
+def _rows(*names: str) -> list[Engine]:
+    return [Engine(name=name, url=f"http://{name}:8100", state=engine_state_json()) for name in names]  # unsaved
 
 
 def _snapshot(router: routing.Router, monkeypatch, *names: str) -> None:

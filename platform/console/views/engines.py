@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.access import staff_page
 from console.pages import render_page
+from engine.contract import EngineState
 from gateway.models import Engine, EnginePin
 from metering.models import UsageEvent
 from registry.models import AdapterVersion
@@ -24,13 +25,11 @@ MEMORY_PARTS = (("base_weights", "Base weights"), ("kv_pages", "KV pages"), ("ad
                 ("free", "Free"))  # fmt: skip
 
 
-def memory_parts(state: dict) -> list[dict]:
+def memory_parts(state: EngineState | None) -> list[dict]:
     """[{kind, label, bytes, percent}] from the state's `memory`; empty when the engine reported none."""
-    memory = state.get("memory")
-    if not isinstance(memory, dict):
+    if state is None:
         return []
-    sizes = [(kind, label, memory.get(f"{kind}_bytes")) for kind, label in MEMORY_PARTS]
-    sizes = [(kind, label, size if isinstance(size, int) and size >= 0 else 0) for kind, label, size in sizes]
+    sizes = [(kind, label, getattr(state.memory, f"{kind}_bytes")) for kind, label in MEMORY_PARTS]
     total = sum(size for _, _, size in sizes)
     if not total:
         return []
@@ -38,13 +37,12 @@ def memory_parts(state: dict) -> list[dict]:
             for kind, label, size in sizes]  # fmt: skip
 
 
-def adapter_tiers(state: dict) -> dict[str, list[str]]:
+def adapter_tiers(state: EngineState | None) -> dict[str, list[str]]:
     """Each adapter's digest in the one tier it is really in: an adapter on the GPU keeps its copy in host memory
     too (the engine lists it in both), so "host" holds only those in host memory and not on the GPU."""
-    adapters = state.get("adapters") or {}
     tiers, seen = {}, set()
     for tier, _ in TIERS:
-        digests = [digest for digest in adapters.get(tier) or [] if isinstance(digest, str) and digest not in seen]
+        digests = [] if state is None else [d for d in getattr(state.adapters, tier) if d not in seen]
         seen.update(digests)
         tiers[tier] = digests
     return tiers
@@ -68,23 +66,18 @@ def adapter_names(digests: set[str]) -> dict[str, list[str]]:
     return names
 
 
-def adapter_residency(state: dict, names: dict[str, list[str]]) -> list[dict]:
+def adapter_residency(state: EngineState | None, names: dict[str, list[str]]) -> list[dict]:
     """[{name, digest, tier, pinned, rank}] per adapter and memory tier, from the state's `adapters.residency` (the
     same entries as the engine's quilt_engine_adapter_resident series), GPU first."""
-    rows = []
-    for entry in (state.get("adapters") or {}).get("residency") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
-            continue
-        digest = entry["digest"]
-        rows.append({"name": (names.get(digest) or [digest[:12]])[0], "digest": digest,
-                     "tier": RESIDENCY_TIER.get(entry.get("tier"), entry.get("tier")),
-                     "pinned": entry.get("pinned") is True, "rank": entry.get("rank")})
-    return rows
+    return [{"name": (names.get(entry.digest) or [entry.digest[:12]])[0], "digest": entry.digest,
+             "tier": RESIDENCY_TIER[entry.tier], "pinned": entry.pinned, "rank": entry.rank}
+            for entry in (state.adapters.residency if state is not None else ())]  # fmt: skip
 
 
 def engine_cards() -> list[dict]:
     engines = list(Engine.objects.order_by("-enabled", "name"))
-    tiers_of = {engine.pk: adapter_tiers(engine.state or {}) for engine in engines}
+    states = {engine.pk: engine.reported_state() for engine in engines}
+    tiers_of = {engine.pk: adapter_tiers(states[engine.pk]) for engine in engines}
     pins_of: dict[int, list[EnginePin]] = {}
     for pin in EnginePin.objects.filter(engine__in=engines).order_by("status", "digest"):
         pins_of.setdefault(pin.engine_id, []).append(pin)
@@ -92,9 +85,8 @@ def engine_cards() -> list[dict]:
                          | {pin.digest for pins in pins_of.values() for pin in pins})
     cards = []
     for engine in engines:
-        state = engine.state or {}
-        total = state.get("kv_blocks_total") or 0
-        used = state.get("kv_blocks_used") or 0
+        state = states[engine.pk]
+        total, used = (state.kv_blocks_total, state.kv_blocks_used) if state is not None else (0, 0)
         tiers = [
             (label, [names.get(digest) or [digest[:12]] for digest in tiers_of[engine.pk][tier]]) for tier, label in TIERS
         ]
@@ -102,7 +94,7 @@ def engine_cards() -> list[dict]:
             "engine": engine,
             "state": state,
             "kv_percent": round(100 * used / total) if total else 0,
-            "hit_percent": round(100 * (state.get("prefix_cache_hit_rate") or 0)),
+            "hit_percent": round(100 * state.prefix_cache_hit_rate) if state is not None else 0,
             "tiers": tiers,
             "memory": memory_parts(state),
             "residency": adapter_residency(state, names),

@@ -3,8 +3,8 @@
 import httpx
 import pytest
 
+from engine.contract import state_read
 from gateway.models import Engine
-from gateway.routing import resident_digests
 from gateway.tasks import check_engines
 from tests.engine.conftest import build_adapter
 from tests.gateway.conftest import ENGINE_TOKEN, client, wait_until
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 def engine_resident(stack) -> frozenset[str]:
     state = httpx.get(f"{stack.engine_url}/v1/state", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).json()
-    return resident_digests(state)
+    return state_read(state).resident_digests()
 
 
 def test_promotion_prefetches_the_new_version_where_the_old_one_was(stack, tmp_path):
@@ -28,7 +28,7 @@ def test_promotion_prefetches_the_new_version_where_the_old_one_was(stack, tmp_p
     old_digest = next(v["digest"] for v in detail["versions"] if v["number"] == detail["current_version"])
     assert old_digest in engine_resident(stack)
     check_engines.delay()  # the worker records what engine-a holds, as the periodic check would
-    wait_until(lambda: old_digest in resident_digests(Engine.objects.get(name="engine-a").state), timeout=60,
+    wait_until(lambda: old_digest in Engine.objects.get(name="engine-a").reported_state().resident_digests(), timeout=60,
                what="engine-a's state recorded")  # fmt: skip
 
     # weights no other test of the shared stack has loaded, so that only the promotion can make them resident

@@ -25,7 +25,7 @@ FINGERPRINT_PATTERN = "^[0-9a-f]{16}$"  # engine.contract.prompt_fingerprints' (
 Count = Annotated[int, msgspec.Meta(ge=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
 Role = Literal["prefill", "decode", "both"]
 Tier = Literal["device", "host"]
 Fingerprint = Annotated[str, msgspec.Meta(pattern=FINGERPRINT_PATTERN)]

@@ -4,6 +4,8 @@ function against simulated engines), at a scale one machine cannot run.
     .venv/bin/python -m benchmarks.fleet_sim                      # the policy table: 100 engines, 10K req/s
     .venv/bin/python -m benchmarks.fleet_sim --policies fixed full --scenarios zipf --runs 3
                                                                   # the score on load times against fixed weights
+    .venv/bin/python -m benchmarks.fleet_sim --policies fixed full --scenarios zipf --runs 3 --rate 1000 \
+        --adapter-load-ms 100 --host-load-ms 4                    # the same with an 84 MB adapter's slower loads
     .venv/bin/python -m benchmarks.fleet_sim --calibrate          # fit the engine model on this machine's CPU
     .venv/bin/python -m benchmarks.fleet_sim --validate           # 2 real engines vs the simulator, TTFT p50
 
@@ -58,6 +60,13 @@ def spread_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def with_load_times(model: EngineModel, args) -> EngineModel:
+    """The model with the adapter load times given on the command line, if any (milliseconds from disk, from host)."""
+    changes = {name: value for name, value in (("adapter_load_ms", args.adapter_load_ms),
+                                               ("host_load_ms", args.host_load_ms)) if value is not None}
+    return dataclasses.replace(model, **changes)
+
+
 def load_model(path: Path | None) -> EngineModel:
     if path is None:
         return CPU_MODEL
@@ -65,7 +74,7 @@ def load_model(path: Path | None) -> EngineModel:
 
 
 def compare(args) -> list[dict]:
-    model = load_model(args.model).faster(args.speedup)
+    model = with_load_times(load_model(args.model).faster(args.speedup), args)
     rows = []
     scenarios = {"zipf": 0.0, "hot spot 30%": args.hot_share}
     weights = dataclasses.replace(COST, spill_ratio=args.spill_ratio, spill_gap=args.spill_gap,
@@ -97,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedup", type=float, default=1.0,
                         help="divide the fitted CPU step and load times by this (a GPU's ratio to this CPU)")
     parser.add_argument("--model", type=Path, help="an engine model JSON (from --calibrate) instead of CPU_MODEL")
+    parser.add_argument("--adapter-load-ms", type=float, help="an adapter's load from disk, in place of the model's")
+    parser.add_argument("--host-load-ms", type=float, help="an adapter's load from host memory, in place of the model's")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=1, help="each with its own traffic (seeds seed, seed + 1, ...)")
@@ -113,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.validate:
         return fleet_sim_validate.validate(args)
-    model = load_model(args.model).faster(args.speedup)
+    model = with_load_times(load_model(args.model).faster(args.speedup), args)
     print(f"{args.engines} engines, {args.rate:.0f} req/s for {args.duration:.0f} s, {args.adapters} adapters "
           f"(Zipf 1.0), {args.gateways} gateway processes; engine model {model}", flush=True)
     rows = compare(args)

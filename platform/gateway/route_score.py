@@ -16,8 +16,9 @@ LOAD / mean(request_seconds) over the fleet, so that on a fleet of equal engines
     load term = - LOAD * load[i] / capacity[i] * request_seconds[i] / mean(request_seconds)
     affinity  = - LOAD / mean(request_seconds) * load_time[i][tier of the adapter on engine i]
     load_time = device: 0;  host: host -> device;  loading: host -> device + half of disk -> host;
-                disk or absent: (disk -> host + host -> device) * (1 + FREE * (1 - free share of its page pool))
-                (a full pool evicts before it loads)
+                disk or absent: disk -> host + host -> device
+                (not more on an engine whose page pool is full: every process reads the same heartbeat, seconds
+                old, and a slow load weighed more there sent every cold adapter to the engine that looked emptiest)
 
 `load_time` is each engine's own mean of its measured moves (its heartbeat's adapters.load_seconds, what
 quilt_engine_adapter_load_seconds{from_tier,to_tier} observes), else Weights' defaults. An engine that holds the
@@ -69,7 +70,7 @@ _UNBOUNDED = math.inf
 class Weights:
     resident: float = 4.0
     loading: float = 3.0
-    free: float = 1.0
+    free: float = 1.0  # FIXED's bonus per free share of the page pool (the cost score does not weigh it)
     prefix: float = 2.0
     hash: float = 0.5
     load: float = 2.0
@@ -147,7 +148,7 @@ class Fleet:
                 disk_host, host_device = c.load_seconds
                 disk = per_second * (w.disk_host_seconds if disk_host is None else disk_host)
                 host = per_second * (w.host_device_seconds if host_device is None else host_device)
-                self.free.append(-(disk + host) * (1.0 + w.free * (1.0 - c.adapter_free)))
+                self.free.append(-(disk + host))
                 self.held.append((0.0, -host, -host - disk / 2))
         else:
             self.free = [w.free * c.adapter_free for c in self.candidates]

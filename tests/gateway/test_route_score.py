@@ -98,6 +98,20 @@ def test_cost_sends_an_adapter_to_a_light_engine_without_it_when_its_load_is_sho
     assert fast.names[choose(fast, adapter=HOT, fingerprints=[], loads=[5, 1])] == "heavy"
 
 
+def test_cold_adapters_do_not_herd_onto_the_engine_whose_pool_looked_emptiest():
+    """Every gateway process scores on the same heartbeat, seconds old. An 84 MB adapter's load (0.1 s here) is worth
+    a whole engine's queue (128 requests of 0.1 s on 128 slots); were it weighed more on an engine whose page pool
+    is full (it evicts first), every cold adapter of every process would go to the one engine with free pages until
+    the next heartbeat (benchmarks/fleet_sim.py: TTFT p99 1.8x fixed weights', busiest/mean load 7.8). The load costs
+    the same everywhere: the rendezvous term spreads cold adapters, the queue decides."""
+    slow = {"capacity": 128, "load_seconds": (0.1, 0.004), "request_seconds": 0.1}
+    fleet = Fleet([Candidate("empty", adapter_free=1.0, **slow),
+                   *(Candidate(f"full-{i}", adapter_free=0.0, **slow) for i in range(9))], weights=COST)
+    picks = [choose(fleet, adapter=f"{n:064x}", fingerprints=[], loads=[0] * 10) for n in range(500)]
+    assert picks.count(0) < 2 * 500 / 10, picks.count(0)  # about a tenth each, as on equal engines
+    assert len(set(picks)) == 10
+
+
 def test_a_hot_adapter_spills_when_its_engine_runs_ahead_of_the_bound():
     fleet = Fleet([Candidate(f"e{i}", capacity=64, resident=frozenset({HOT}) if i == 0 else frozenset())
                    for i in range(4)])  # fmt: skip

@@ -1,20 +1,23 @@
-"""Moving KV block payloads between engines: a small framed protocol on a TCP control channel, the bytes either on
-that channel (`TcpTransport`) or in shared memory on one host (`ShmTransport`).
+"""Moving KV block payloads between engines: a small message protocol on a WebSocket control channel (aiohttp's
+server and client), the bytes either on that channel (`TcpTransport`) or in shared memory on one host
+(`ShmTransport`).
 
     puller (decode engine)                         source (prefill engine, TransferServer)
     pull {lease, keys, via}            ------->     looks the lease up, serialises the asked blocks it holds
-                                       <-------     blocks {via, sizes, ...}   (tcp: the bytes follow in the frame;
-                                                                                shm: {segment}, a file in /dev/shm)
+                                       <-------     blocks {via, sizes, ...}   (tcp: one binary message per payload
+                                                                                follows; shm: {segment}, a file in
+                                                                                /dev/shm)
     done {lease}  (or release {lease}) ------->     releases the lease (its blocks go back to the prefix cache)
                                        <-------     released
     (the connection closing before `done` releases the lease too: the puller is gone or gave up)
 
-A frame is `QKV1`, the header's length and the body's length (network order), a JSON header, the body. One lease is
-pulled once. A source answers with blocks for a prefix of the asked keys (those the lease holds, in order); the
-puller re-checks every key when it installs them, so the channel carries bytes and trusts nothing.
+The channel is one WebSocket per pull, at ws://{lease.transport.tcp}{PATH}: a header is a JSON text message with
+an `op`, a payload a binary message. One lease is pulled once. A source answers with blocks for a prefix of the
+asked keys (those the lease holds, in order); the puller re-checks every key when it installs them, so the channel
+carries bytes and trusts nothing.
 
 The seam for other transports (NIXL, NCCL, UCX): a `Transport` turns payloads into a descriptor on the source
-(`offer`: here the bytes on the stream or a file in /dev/shm; with NIXL, the registered staging buffer's memory
+(`offer`: here the bytes on the channel or a file in /dev/shm; with NIXL, the registered staging buffer's memory
 descriptors) and a descriptor into payloads on the puller (`accept`: here a read; with NIXL, a one-sided read into
 the puller's own registered buffer), and frees what `offer` took (`discard`). The control channel, the lease and
 the failure rules stay as they are. No RDMA stub is built.
@@ -32,10 +35,13 @@ import logging
 import mmap
 import os
 import secrets
-import struct
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+
+import aiohttp
+from aiohttp import WSMsgType, web
+from yarl import URL
 
 from engine.kv.shm_files import (
     SHM_PREFIX,
@@ -49,9 +55,11 @@ from engine.kv.shm_files import (
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"QKV1"
-FRAME = struct.Struct("!4sIQ")  # magic, header bytes, body bytes
+PATH = "/kv/v1/pull"  # the channel's WebSocket endpoint on the source's transfer port
 MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 1 << 31  # one block's bytes: a larger message is refused
+CLOSE_TIMEOUT_S = 1.0  # how long a closing side waits for the peer's close answer
+Channel = web.WebSocketResponse | aiohttp.ClientWebSocketResponse  # the same send and receive on either side
 
 
 class TransferError(Exception):
@@ -63,41 +71,49 @@ class TransferError(Exception):
         self.code = code
 
 
-# frames
-async def write_frame(writer: asyncio.StreamWriter, header: dict, body: Sequence[bytes | memoryview] = ()) -> None:
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    writer.write(FRAME.pack(MAGIC, len(encoded), sum(len(part) for part in body)) + encoded)
+# messages
+async def write_frame(channel: Channel, header: dict, body: Sequence[bytes | memoryview] = ()) -> None:
+    """A header, then each payload as its own message (one payload at a time in the socket's buffer)."""
+    await channel.send_str(json.dumps(header, separators=(",", ":")))
     for part in body:
-        writer.write(part)
-        await writer.drain()  # one payload at a time in the socket's buffer, not all of them
-    await writer.drain()
+        await channel.send_bytes(part)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict, int]:
-    """The next header and the length of the body that follows it (unread). EOF before a frame: TransferError."""
+def _closed(message: aiohttp.WSMessage) -> bool:
+    return message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
+
+
+async def read_frame(channel: Channel) -> dict:
+    """The next header. The peer gone before it: TransferError "closed"; anything but a JSON object with an op:
+    "protocol"."""
+    message = await channel.receive()
+    if _closed(message):
+        raise TransferError("the peer closed the connection", code="closed")
+    if message.type != WSMsgType.TEXT or len(message.data) > MAX_HEADER_BYTES:
+        raise TransferError("not a KV transfer header", code="protocol")
     try:
-        magic, header_bytes, body_bytes = FRAME.unpack(await reader.readexactly(FRAME.size))
-    except asyncio.IncompleteReadError as error:
-        raise TransferError("the peer closed the connection", code="closed") from error
-    if magic != MAGIC or header_bytes > MAX_HEADER_BYTES:
-        raise TransferError("not a KV transfer frame", code="protocol")
-    try:
-        header = json.loads(await reader.readexactly(header_bytes))
-    except asyncio.IncompleteReadError as error:
-        raise TransferError("the peer closed the connection mid-frame", code="closed") from error
+        header = json.loads(message.data)
     except ValueError as error:
-        raise TransferError(f"a frame's header is not JSON: {error}", code="protocol") from error
+        raise TransferError(f"a header is not JSON: {error}", code="protocol") from error
     if not isinstance(header, dict) or not isinstance(header.get("op"), str):
-        raise TransferError("a frame's header has no op", code="protocol")
-    return header, body_bytes
+        raise TransferError("a header has no op", code="protocol")
+    return header
 
 
-async def read_body(reader: asyncio.StreamReader, nbytes: int) -> bytes:
-    try:
-        return await reader.readexactly(nbytes)
-    except asyncio.IncompleteReadError as error:
-        raise TransferError(f"the peer closed the connection after {len(error.partial)} of {nbytes} bytes",
-                            code="closed") from error
+async def read_payloads(channel: Channel, sizes: object) -> list[bytes]:
+    """The payloads a `blocks` header announced, one message each, of the sizes it said."""
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        raise TransferError(f"bad payload sizes {sizes!r}", code="protocol")
+    payloads = []
+    for n in sizes:
+        message = await channel.receive()
+        if _closed(message):
+            raise TransferError(f"the peer closed the connection after {len(payloads)} of {len(sizes)} payloads",
+                                code="closed")
+        if message.type != WSMsgType.BINARY or len(message.data) != n:
+            raise TransferError(f"payload {len(payloads)} is not the {n} bytes announced", code="protocol")
+        payloads.append(message.data)
+    return payloads
 
 
 def split(data: bytes | memoryview | mmap.mmap, sizes: list[int]) -> list[memoryview]:
@@ -136,12 +152,12 @@ class Transport(ABC):
     name: str
 
     @abstractmethod
-    async def offer(self, payloads: list[bytes], writer: asyncio.StreamWriter) -> None:
-        """Source side: send the `blocks` frame describing (and, on the stream, carrying) the payloads."""
+    async def offer(self, payloads: list[bytes], channel: Channel) -> None:
+        """Source side: send the `blocks` header describing (and, on the channel, followed by) the payloads."""
 
     @abstractmethod
-    async def accept(self, header: dict, body_bytes: int, reader: asyncio.StreamReader) -> list[bytes]:
-        """Puller side: the payloads a `blocks` frame describes."""
+    async def accept(self, header: dict, channel: Channel) -> list[bytes]:
+        """Puller side: the payloads a `blocks` header describes."""
 
     @abstractmethod
     def discard(self) -> None:
@@ -151,14 +167,14 @@ class Transport(ABC):
 class TcpTransport(Transport):
     name = "tcp"
 
-    def discard(self) -> None:  # the bytes went on the stream: nothing kept
+    def discard(self) -> None:  # the bytes went on the channel: nothing kept
         pass
 
-    async def offer(self, payloads: list[bytes], writer: asyncio.StreamWriter) -> None:
-        await write_frame(writer, {"op": "blocks", "via": self.name, "sizes": [len(p) for p in payloads]}, payloads)
+    async def offer(self, payloads: list[bytes], channel: Channel) -> None:
+        await write_frame(channel, {"op": "blocks", "via": self.name, "sizes": [len(p) for p in payloads]}, payloads)
 
-    async def accept(self, header: dict, body_bytes: int, reader: asyncio.StreamReader) -> list[bytes]:
-        return split(await read_body(reader, body_bytes), header.get("sizes") or [])
+    async def accept(self, header: dict, channel: Channel) -> list[bytes]:
+        return await read_payloads(channel, header.get("sizes"))
 
 
 class ShmTransport(Transport):
@@ -171,13 +187,13 @@ class ShmTransport(Transport):
         self.prefix = prefix
         self.segment: Path | None = None
 
-    async def offer(self, payloads: list[bytes], writer: asyncio.StreamWriter) -> None:
+    async def offer(self, payloads: list[bytes], channel: Channel) -> None:
         self.segment = SHM_ROOT / f"{self.prefix}.{secrets.token_hex(8)}"
         await asyncio.to_thread(write_segment, self.segment, payloads)
-        await write_frame(writer, {"op": "blocks", "via": self.name, "segment": self.segment.name,
-                                   "sizes": [len(p) for p in payloads]})
+        await write_frame(channel, {"op": "blocks", "via": self.name, "segment": self.segment.name,
+                                    "sizes": [len(p) for p in payloads]})
 
-    async def accept(self, header: dict, body_bytes: int, reader: asyncio.StreamReader) -> list[bytes]:
+    async def accept(self, header: dict, channel: Channel) -> list[bytes]:
         name = header.get("segment")
         if not isinstance(name, str) or "/" in name or not name.startswith("quilt-kv-"):
             raise TransferError(f"bad shared-memory segment name {name!r}", code="protocol")
@@ -194,7 +210,6 @@ class ShmTransport(Transport):
 
 
 # the source side
-STREAM_LIMIT = 8 << 20  # bytes a connection buffers before it pauses reading (asyncio's 64 KiB pauses a lot)
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
 LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, reason) -> None; a second release is a no-op.
 # reason: "done" (installed), "released" (the puller gave up), "closed" (the connection ended first), "drain"
@@ -209,7 +224,8 @@ class LeaseRefused(Exception):
 
 
 class TransferServer:
-    """The source engine's listener: one connection per pull. `blocks` and `release` are the lease table's."""
+    """The source engine's listener (an aiohttp web server on its own port): one WebSocket per pull. `blocks` and
+    `release` are the lease table's."""
 
     def __init__(self, *, blocks: LeaseBlocks, release: LeaseRelease, host: str, port: int = 0,
                  advertise_host: str | None = None, shm: bool = True, idle_timeout_s: float = 60.0) -> None:
@@ -220,7 +236,7 @@ class TransferServer:
         self.idle_timeout_s = idle_timeout_s
         self.shm_name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(6)}" if shm and SHM_ROOT.is_dir() else None
         self._marker: int | None = None  # the marker's descriptor: its lock says this source is alive
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
         self._connections: set[asyncio.Task] = set()
 
     @property
@@ -229,8 +245,12 @@ class TransferServer:
         return {"tcp": f"{self.advertise_host}:{self.port}", "shm": self.shm_name}
 
     async def start(self) -> "TransferServer":
-        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=STREAM_LIMIT)
-        self.port = self._server.sockets[0].getsockname()[1]
+        app = web.Application()
+        app.router.add_get(PATH, self._serve)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]
         if self.shm_name is not None:
             reaped = reap_dead_sources()
             if reaped:
@@ -243,14 +263,11 @@ class TransferServer:
         return self
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for task in list(self._connections):
+        if self._runner is not None:
+            for task in list(self._connections):  # pulls under way end as "drain"
                 task.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.gather(*self._connections, return_exceptions=True)
-            await self._server.wait_closed()
-            self._server = None
+            await self._runner.cleanup()
+            self._runner = None
         if self.shm_name is not None:
             for path in SHM_ROOT.glob(f"{self.shm_name}*"):
                 path.unlink(missing_ok=True)
@@ -258,15 +275,16 @@ class TransferServer:
             os.close(self._marker)
             self._marker = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(asyncio.current_task())
+    async def _serve(self, request: web.Request) -> web.WebSocketResponse:
+        channel = web.WebSocketResponse(compress=False, max_msg_size=MAX_HEADER_BYTES, timeout=CLOSE_TIMEOUT_S)
+        await channel.prepare(request)
+        task = asyncio.current_task()
+        self._connections.add(task)
         transport: Transport | None = None
         lease_id, reason = None, "closed"  # a lease pulled here ends with this reason when the connection does
         try:
             while True:
-                header, body_bytes = await asyncio.wait_for(read_frame(reader), self.idle_timeout_s)
-                if body_bytes:
-                    raise TransferError("a request frame carries no body", code="protocol")
+                header = await asyncio.wait_for(read_frame(channel), self.idle_timeout_s)
                 op = header["op"]
                 if op == "pull" and transport is None:
                     lease_id = header.get("lease")
@@ -279,24 +297,25 @@ class TransferServer:
                         payloads = await self.blocks(lease_id, keys)
                     except LeaseRefused as refused:
                         lease_id = None  # not ours to release: unknown, expired or pulled by someone else
-                        await write_frame(writer, {"op": "error", "code": refused.code, "message": str(refused)})
-                        return
+                        await write_frame(channel, {"op": "error", "code": refused.code, "message": str(refused)})
+                        return channel
                     transport = ShmTransport(self.shm_name) if via == "shm" and self.shm_name else TcpTransport()
-                    await transport.offer(payloads, writer)
+                    await transport.offer(payloads, channel)
                 elif op in ("done", "release") and isinstance(header.get("lease"), str) \
                         and (header["lease"] == lease_id or transport is None):
                     if op == "release":
                         log.info("lease %s released by the puller: %s", header["lease"], header.get("reason"))
                     await self.release(header["lease"], "done" if op == "done" else "released")
                     lease_id = None
-                    await write_frame(writer, {"op": "released"})
-                    return
+                    await write_frame(channel, {"op": "released"})
+                    return channel
                 else:
-                    raise TransferError(f"unexpected {op!r} frame", code="protocol")
-        except (TransferError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as error:
+                    raise TransferError(f"unexpected {op!r} header", code="protocol")
+        except (TransferError, TimeoutError, ConnectionError) as error:
             if lease_id is not None:
                 log.info("lease %s: the transfer ended before the puller was done: %s", lease_id,
                          error or type(error).__name__)
+            return channel
         except asyncio.CancelledError:
             reason = "drain"
             raise
@@ -306,8 +325,9 @@ class TransferServer:
             if lease_id is not None:
                 with contextlib.suppress(Exception):
                     await self.release(lease_id, reason)
-            writer.close()
-            self._connections.discard(asyncio.current_task())
+            self._connections.discard(task)
+            with contextlib.suppress(Exception):
+                await channel.close()
 
 
 # the puller side
@@ -321,42 +341,48 @@ class Pull:
         self.lease_id = lease_id
         self.timeout_s = timeout_s
         self.via = "shm" if prefer_shm and shm_reachable(address) else "tcp"
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._channel: aiohttp.ClientWebSocketResponse | None = None
 
     async def __aenter__(self) -> "Pull":
         address = transfer_address(self.address.get("tcp"))
         if address is None:
             raise TransferError(f"bad transfer address {self.address.get('tcp')!r}", code="protocol")
         host, port = address
+        url = URL.build(scheme="http", host=host, port=port, path=PATH)
+        self._session = aiohttp.ClientSession()
         try:
-            connecting = asyncio.open_connection(host, port, limit=STREAM_LIMIT)
-            self._reader, self._writer = await asyncio.wait_for(connecting, self.timeout_s)
+            connecting = self._session.ws_connect(url, compress=0, max_msg_size=MAX_PAYLOAD_BYTES, autoping=True,
+                                                  timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S))
+            self._channel = await asyncio.wait_for(connecting, self.timeout_s)
         except TimeoutError as error:
+            await self._session.close()
             raise TransferError(f"no connection to {host}:{port} in {self.timeout_s:g} s", code="timeout") from error
-        except OSError as error:
+        except (aiohttp.ClientError, OSError) as error:
+            await self._session.close()
             raise TransferError(f"no connection to {host}:{port}: {error}", code="closed") from error
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
             with contextlib.suppress(Exception):
-                await self._writer.wait_closed()
+                await self._channel.close()
+        if self._session is not None:
+            await self._session.close()
 
     async def fetch(self, keys: list[str]) -> list[bytes]:
         """Payloads for a prefix of `keys` (hex), within the timeout; TransferError otherwise."""
         return await self._timed(self._fetch(keys), "the pull")
 
     async def _fetch(self, keys: list[str]) -> list[bytes]:
-        await write_frame(self._writer, {"op": "pull", "lease": self.lease_id, "keys": keys, "via": self.via})
-        header, body_bytes = await read_frame(self._reader)
+        await write_frame(self._channel, {"op": "pull", "lease": self.lease_id, "keys": keys, "via": self.via})
+        header = await read_frame(self._channel)
         if header["op"] == "error":
             raise TransferError(str(header.get("message")), code=str(header.get("code") or "refused"))
         if header["op"] != "blocks" or header.get("via") not in ("tcp", "shm"):
-            raise TransferError(f"unexpected {header['op']!r} frame", code="protocol")
+            raise TransferError(f"unexpected {header['op']!r} header", code="protocol")
         transport = TcpTransport() if header["via"] == "tcp" else ShmTransport(str(self.address.get("shm")))
-        payloads = await transport.accept(header, body_bytes, self._reader)
+        payloads = await transport.accept(header, self._channel)
         if len(payloads) > len(keys):
             raise TransferError(f"{len(payloads)} blocks for {len(keys)} keys", code="protocol")
         return payloads
@@ -369,17 +395,17 @@ class Pull:
         await self._timed(self._exchange(header), "the release")
 
     async def _exchange(self, header: dict) -> None:
-        await write_frame(self._writer, header)
-        answer, _ = await read_frame(self._reader)
+        await write_frame(self._channel, header)
+        answer = await read_frame(self._channel)
         if answer["op"] != "released":
-            raise TransferError(f"unexpected {answer['op']!r} frame", code="protocol")
+            raise TransferError(f"unexpected {answer['op']!r} header", code="protocol")
 
     async def _timed(self, work: Awaitable, what: str):
         try:
             return await asyncio.wait_for(work, self.timeout_s)
         except TimeoutError as error:
             raise TransferError(f"{what} took more than {self.timeout_s:g} s", code="timeout") from error
-        except (ConnectionError, OSError) as error:
+        except (ConnectionError, OSError, aiohttp.ClientError) as error:
             raise TransferError(f"{what} failed: {error}", code="closed") from error
 
 

@@ -5,16 +5,17 @@ times out or goes away, and a source that dies mid-transfer fails the pull at on
 import asyncio
 import os
 import random
-import struct
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from engine.kv.transport import (
-    FRAME,
-    MAGIC,
+    PATH,
     SHM_ROOT,
     LeaseRefused,
     Pull,
@@ -147,18 +148,22 @@ def test_a_slow_source_times_out_and_the_lease_is_released_by_the_hang_up():
     asyncio.run(main())
 
 
+def channel_url(server: TransferServer) -> str:
+    return f"http://{server.address['tcp']}{PATH}"
+
+
 def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
-    big = payloads([8 << 20])  # more than the socket buffers hold: the source is still writing
+    big = payloads([64 << 20])  # more than the socket buffers hold: the source is still writing
 
     async def main():
         source = Source({"lease-4": big})
         server = await serve(source, shm=False)
         try:
-            host, port = server.address["tcp"].rsplit(":", 1)
-            reader, writer = await asyncio.open_connection(host, int(port))
-            await write_frame(writer, {"op": "pull", "lease": "lease-4", "keys": ["a" * 32], "via": "tcp"})
-            await reader.readexactly(FRAME.size + 64)  # the header and a little of the bytes
-            writer.transport.abort()  # gone, mid-transfer
+            async with aiohttp.ClientSession() as session:
+                channel = await session.ws_connect(channel_url(server), max_msg_size=0)
+                await write_frame(channel, {"op": "pull", "lease": "lease-4", "keys": ["a" * 32], "via": "tcp"})
+                assert (await channel.receive()).json()["op"] == "blocks"  # the header; the bytes are on their way
+            # gone, mid-transfer: the session's close drops the connection
             await until(lambda: source.released)
             assert source.released == [("lease-4", "closed")]
         finally:
@@ -167,25 +172,59 @@ def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
     asyncio.run(main())
 
 
+async def dying_source(handler) -> tuple[web.AppRunner, str]:
+    """A source that breaks the protocol its own way: `handler(request, channel)` on the channel's endpoint."""
+
+    async def serve(request: web.Request) -> web.WebSocketResponse:
+        channel = web.WebSocketResponse()
+        await channel.prepare(request)
+        await handler(request, channel)
+        return channel
+
+    app = web.Application()
+    app.router.add_get(PATH, serve)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"127.0.0.1:{runner.addresses[0][1]}"
+
+
 def test_a_source_that_dies_mid_transfer_fails_the_pull_at_once():
-    async def half_a_transfer(reader, writer):  # promises 1000 bytes, sends 100, dies
-        await reader.read(4096)
-        header = b'{"op":"blocks","via":"tcp","sizes":[1000]}'
-        writer.write(struct.pack("!4sIQ", MAGIC, len(header), 1000) + header + b"x" * 100)
-        await writer.drain()
-        writer.transport.abort()
+    async def half_a_transfer(request, channel):  # promises two payloads, sends one, dies
+        await channel.receive()
+        await channel.send_str('{"op":"blocks","via":"tcp","sizes":[100,1000]}')
+        await channel.send_bytes(b"x" * 100)
+        request.transport.abort()
 
     async def main():
-        server = await asyncio.start_server(half_a_transfer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        runner, address = await dying_source(half_a_transfer)
         try:
             with pytest.raises(TransferError) as closed:
-                async with Pull({"tcp": f"127.0.0.1:{port}", "shm": None}, "lease-5", timeout_s=10) as pull:
-                    await pull.fetch(["a" * 32])
-            assert closed.value.code == "closed" and "100 of 1000 bytes" in str(closed.value)
+                async with Pull({"tcp": address, "shm": None}, "lease-5", timeout_s=10) as pull:
+                    await pull.fetch(["a" * 32, "b" * 32])
+            assert closed.value.code == "closed" and "after 1 of 2 payloads" in str(closed.value)
         finally:
-            server.close()
-            await server.wait_closed()
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_a_payload_of_another_size_than_announced_is_a_protocol_error():
+    async def short_payload(request, channel):
+        await channel.receive()
+        await channel.send_str('{"op":"blocks","via":"tcp","sizes":[1000]}')
+        await channel.send_bytes(b"x" * 100)
+        await channel.receive()
+
+    async def main():
+        runner, address = await dying_source(short_payload)
+        try:
+            with pytest.raises(TransferError) as broken:
+                async with Pull({"tcp": address, "shm": None}, "lease-5", timeout_s=10) as pull:
+                    await pull.fetch(["a" * 32])
+            assert broken.value.code == "protocol" and "not the 1000 bytes announced" in str(broken.value)
+        finally:
+            await runner.cleanup()
 
     asyncio.run(main())
 
@@ -208,10 +247,9 @@ def test_a_source_closing_while_a_pull_waits_fails_it_and_releases_the_lease():
 
 def test_nobody_listening_and_a_bad_address_are_transfer_errors():
     async def main():
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        server.close()
-        await server.wait_closed()
+        with socket.socket() as unused:  # a port nobody listens on
+            unused.bind(("127.0.0.1", 0))
+            port = unused.getsockname()[1]
         with pytest.raises(TransferError) as refused:
             async with Pull({"tcp": f"127.0.0.1:{port}"}, "x", timeout_s=2):
                 pass
@@ -231,12 +269,16 @@ def test_release_without_pulling_and_garbage_on_the_wire():
         try:
             assert await release_remote(server.address, "lease-7", reason="aborted before the pull")
             assert source.released == [("lease-7", "released")]
-            host, port = server.address["tcp"].rsplit(":", 1)
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"GET / HTTP/1.1\r\n\r\n" + os.urandom(64))
-            await writer.drain()
-            assert await reader.read() == b""  # hung up on
-            writer.close()
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://{server.address['tcp']}/") as answer:
+                    assert answer.status == 404  # not the channel
+                async with session.get(channel_url(server)) as answer:
+                    assert answer.status >= 400  # the channel's endpoint, but no WebSocket
+                for garbage in (os.urandom(64), "not json", '{"no": "op"}', '{"op": "done", "lease": 7}'):
+                    channel = await session.ws_connect(channel_url(server))
+                    await (channel.send_bytes(garbage) if isinstance(garbage, bytes) else channel.send_str(garbage))
+                    assert (await channel.receive()).type == aiohttp.WSMsgType.CLOSE  # hung up on
+                    await channel.close()
             assert source.released == [("lease-7", "released")]  # nothing else released
         finally:
             await server.close()

@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.instant_engine import HTTP as INSTANT_HTTP
-from benchmarks.lean_client import LeanClient, ResponseFailed, raw_request
+from benchmarks.lean_client import LeanClient, ResponseFailed, prepared_request
 from benchmarks.proc_stats import cpu_seconds, io_counts, load_average, machine_ticks, main_thread_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,28 +163,28 @@ async def first_token_gateway(client: httpx.AsyncClient, url: str, key: str, max
 
 class LeanCalls:
     """`first_token_direct` and `first_token_gateway` through the lean client (`benchmarks.lean_client`): each
-    request's bytes as httpx would send them, built once (the direct request's id replaced per request)."""
+    request built once (the direct request's id replaced per request)."""
 
     def __init__(self, client: LeanClient, engine_url: str, key: str, max_tokens: int):
         self.client, self.engine_url = client, engine_url
         body = direct_body(_ID_PLACEHOLDER, max_tokens)
-        self.direct_raw = raw_request("POST", f"{engine_url}/v1/generate", json=body,
-                                      headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
-        self.key, self.max_tokens, self.gateway_raw = key, max_tokens, {}
+        self.direct_request = prepared_request(f"{engine_url}/v1/generate", json_body=body,
+                                               headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        self.key, self.max_tokens, self.gateway_requests = key, max_tokens, {}
 
     async def direct(self) -> float:
         started = time.perf_counter()
-        data = self.direct_raw.replace(_ID_PLACEHOLDER.encode(), uuid.uuid4().hex.encode(), 1)
-        return _first(await self.client.post(self.engine_url, data, b'"delta"')) - started
+        body = self.direct_request.body.replace(_ID_PLACEHOLDER.encode(), uuid.uuid4().hex.encode(), 1)
+        return _first(await self.client.post(self.direct_request, b'"delta"', body=body)) - started
 
     async def gateway(self, url: str) -> float:
-        raw = self.gateway_raw.get(url)
-        if raw is None:
-            body = gateway_body(self.max_tokens)
-            raw = self.gateway_raw[url] = raw_request("POST", f"{url}/v1/completions", json=body,
-                                                      headers={"Authorization": f"Bearer {self.key}"})  # fmt: skip
+        request = self.gateway_requests.get(url)
+        if request is None:
+            request = self.gateway_requests[url] = prepared_request(
+                f"{url}/v1/completions", json_body=gateway_body(self.max_tokens),
+                headers={"Authorization": f"Bearer {self.key}"})  # fmt: skip
         started = time.perf_counter()
-        return _first(await self.client.post(url, raw, b"data: {")) - started
+        return _first(await self.client.post(request, b"data: {")) - started
 
 
 def _first(arrived: float | None) -> float:
@@ -193,7 +193,7 @@ def _first(arrived: float | None) -> float:
     return arrived
 
 
-_ID_PLACEHOLDER = "0" * 32  # a uuid4 hex's length: the request's Content-Length holds for each id
+_ID_PLACEHOLDER = "0" * 32  # a uuid4 hex's length: each request's body is as long
 
 ERRORS: collections.Counter[str] = collections.Counter()  # transport failures (resets, ...) by path and type
 
@@ -208,6 +208,7 @@ async def run_level(call, concurrency: int, requests: int, path: str = "") -> tu
             try:
                 ttfts.append(await call())
             except (httpx.TransportError, OSError) as error:  # counted and shown, not fatal: a run reports how often
+                # (the lean client's broken connections are ResponseFailed, a ConnectionError)
                 ERRORS[f"{path}: {type(error).__name__} {error}"[:160]] += 1
 
     started = time.perf_counter()
@@ -348,7 +349,7 @@ async def measure(args, engine_url: str, gateways: dict[str, tuple[str, int]], k
             for what, count in ERRORS.items():
                 print(f"  {count} x {what}", flush=True)
             ERRORS.clear()
-    lean.client.close()
+    await lean.client.close()
     return rows
 
 
@@ -373,7 +374,7 @@ def main() -> None:
                         help="the Python that runs the baseline of the same rank (default: this one), e.g. another"
                              " virtualenv's bin/python: two interpreters side by side on the same code")
     parser.add_argument("--client", choices=("lean", "httpx"), default="lean",
-                        help="the load's client: lean (benchmarks/lean_client.py, the same bytes at a fraction of"
+                        help="the load's client: lean (benchmarks/lean_client.py, aiohttp's, at a fraction of"
                              " httpx's CPU) or httpx")
     parser.add_argument("--baseline-client", choices=("lean", "httpx"), action="append", default=[],
                         help="the client of the baseline of the same rank (default: --client's)")

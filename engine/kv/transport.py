@@ -3,16 +3,18 @@ server and client), the bytes either on that channel (`TcpTransport`) or in shar
 (`ShmTransport`).
 
     puller (decode engine)                         source (prefill engine, TransferServer)
-    pull {lease, keys, via}            ------->     looks the lease up, serialises the asked blocks it holds
+    GET {PATH}?lease={id} (WebSocket)  ------->     the connection is the lease's from here on
+    pull {keys, via}                   ------->     looks the lease up, serialises the asked blocks it holds
                                        <-------     blocks {via, sizes, ...}   (tcp: one binary message per payload
                                                                                 follows; shm: {segment}, a file in
                                                                                 /dev/shm)
-    done {lease}  (or release {lease}) ------->     releases the lease (its blocks go back to the prefix cache)
+    done  (or release {reason})        ------->     releases the lease (its blocks go back to the prefix cache)
                                        <-------     released
-    (the connection closing before `done` releases the lease too: the puller is gone or gave up)
+    (the connection closing before `done` releases the lease too: the puller is gone or gave up; so does one whose
+    puller left before the source, hung, could even answer its handshake)
 
-The channel is one WebSocket per pull, at ws://{lease.transport.tcp}{PATH}: a header is a JSON text message with
-an `op`, a payload a binary message. One lease is pulled once. A source answers with blocks for a prefix of the
+The channel is one WebSocket per pull, at ws://{lease.transport.tcp}{PATH}?lease={id}: a header is a JSON text
+message with an `op`, a payload a binary message. One lease is pulled once. A source answers with blocks for a prefix of the
 asked keys (those the lease holds, in order); the puller re-checks every key when it installs them, so the channel
 carries bytes and trusts nothing.
 
@@ -275,24 +277,25 @@ class TransferServer:
             os.close(self._marker)
             self._marker = None
 
-    async def _serve(self, request: web.Request) -> web.WebSocketResponse:
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        lease_id = request.query.get("lease")  # the lease this connection is for: it ends with the connection
         channel = web.WebSocketResponse(compress=False, max_msg_size=MAX_HEADER_BYTES, timeout=CLOSE_TIMEOUT_S)
-        await channel.prepare(request)
+        if not lease_id or not channel.can_prepare(request).ok:
+            return web.Response(status=400, text=f"a WebSocket naming its lease: {PATH}?lease=<id>")
         task = asyncio.current_task()
         self._connections.add(task)
         transport: Transport | None = None
-        lease_id, reason = None, "closed"  # a lease pulled here ends with this reason when the connection does
+        reason = "closed"  # how the lease ends if the connection ends first
         try:
+            await channel.prepare(request)
             while True:
                 header = await asyncio.wait_for(read_frame(channel), self.idle_timeout_s)
                 op = header["op"]
                 if op == "pull" and transport is None:
-                    lease_id = header.get("lease")
                     keys, via = header.get("keys"), header.get("via", "tcp")
-                    if not isinstance(lease_id, str) or not isinstance(keys, list) \
-                            or not all(isinstance(k, str) for k in keys) or via not in ("tcp", "shm"):
-                        raise TransferError("pull needs a lease id, a list of hex keys and via tcp|shm",
-                                            code="protocol")
+                    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) \
+                            or via not in ("tcp", "shm"):
+                        raise TransferError("pull needs a list of hex keys and via tcp|shm", code="protocol")
                     try:
                         payloads = await self.blocks(lease_id, keys)
                     except LeaseRefused as refused:
@@ -301,11 +304,10 @@ class TransferServer:
                         return channel
                     transport = ShmTransport(self.shm_name) if via == "shm" and self.shm_name else TcpTransport()
                     await transport.offer(payloads, channel)
-                elif op in ("done", "release") and isinstance(header.get("lease"), str) \
-                        and (header["lease"] == lease_id or transport is None):
+                elif op in ("done", "release"):
                     if op == "release":
-                        log.info("lease %s released by the puller: %s", header["lease"], header.get("reason"))
-                    await self.release(header["lease"], "done" if op == "done" else "released")
+                        log.info("lease %s released by the puller: %s", lease_id, header.get("reason"))
+                    await self.release(lease_id, "done" if op == "done" else "released")
                     lease_id = None
                     await write_frame(channel, {"op": "released"})
                     return channel
@@ -349,7 +351,7 @@ class Pull:
         if address is None:
             raise TransferError(f"bad transfer address {self.address.get('tcp')!r}", code="protocol")
         host, port = address
-        url = URL.build(scheme="http", host=host, port=port, path=PATH)
+        url = URL.build(scheme="http", host=host, port=port, path=PATH, query={"lease": self.lease_id})
         self._session = aiohttp.ClientSession()
         try:
             connecting = self._session.ws_connect(url, compress=0, max_msg_size=MAX_PAYLOAD_BYTES, autoping=True,
@@ -375,7 +377,7 @@ class Pull:
         return await self._timed(self._fetch(keys), "the pull")
 
     async def _fetch(self, keys: list[str]) -> list[bytes]:
-        await write_frame(self._channel, {"op": "pull", "lease": self.lease_id, "keys": keys, "via": self.via})
+        await write_frame(self._channel, {"op": "pull", "keys": keys, "via": self.via})
         header = await read_frame(self._channel)
         if header["op"] == "error":
             raise TransferError(str(header.get("message")), code=str(header.get("code") or "refused"))
@@ -389,7 +391,7 @@ class Pull:
 
     async def done(self, *, reason: str | None = None) -> None:
         """Tell the source the blocks are installed (or, with a reason, given up): it releases the lease."""
-        header = {"op": "done" if reason is None else "release", "lease": self.lease_id}
+        header = {"op": "done" if reason is None else "release"}
         if reason is not None:
             header["reason"] = reason
         await self._timed(self._exchange(header), "the release")

@@ -148,8 +148,8 @@ def test_a_slow_source_times_out_and_the_lease_is_released_by_the_hang_up():
     asyncio.run(main())
 
 
-def channel_url(server: TransferServer) -> str:
-    return f"http://{server.address['tcp']}{PATH}"
+def channel_url(server: TransferServer, lease_id: str | None = None) -> str:
+    return f"http://{server.address['tcp']}{PATH}" + (f"?lease={lease_id}" if lease_id else "")
 
 
 def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
@@ -160,8 +160,8 @@ def test_a_puller_that_hangs_up_mid_transfer_releases_the_lease():
         server = await serve(source, shm=False)
         try:
             async with aiohttp.ClientSession() as session:
-                channel = await session.ws_connect(channel_url(server), max_msg_size=0)
-                await write_frame(channel, {"op": "pull", "lease": "lease-4", "keys": ["a" * 32], "via": "tcp"})
+                channel = await session.ws_connect(channel_url(server, "lease-4"), max_msg_size=0)
+                await write_frame(channel, {"op": "pull", "keys": ["a" * 32], "via": "tcp"})
                 assert (await channel.receive()).json()["op"] == "blocks"  # the header; the bytes are on their way
             # gone, mid-transfer: the session's close drops the connection
             await until(lambda: source.released)
@@ -272,14 +272,16 @@ def test_release_without_pulling_and_garbage_on_the_wire():
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"http://{server.address['tcp']}/") as answer:
                     assert answer.status == 404  # not the channel
-                async with session.get(channel_url(server)) as answer:
-                    assert answer.status >= 400  # the channel's endpoint, but no WebSocket
-                for garbage in (os.urandom(64), "not json", '{"no": "op"}', '{"op": "done", "lease": 7}'):
-                    channel = await session.ws_connect(channel_url(server))
+                for url in (channel_url(server, "lease-x"), channel_url(server)):
+                    async with session.get(url) as answer:
+                        assert answer.status == 400  # the channel's endpoint, but no WebSocket, or no lease named
+                for garbage in (os.urandom(64), "not json", '{"no": "op"}', '{"op": "fetch"}'):
+                    channel = await session.ws_connect(channel_url(server, "lease-x"))
                     await (channel.send_bytes(garbage) if isinstance(garbage, bytes) else channel.send_str(garbage))
                     assert (await channel.receive()).type == aiohttp.WSMsgType.CLOSE  # hung up on
                     await channel.close()
-            assert source.released == [("lease-7", "released")]  # nothing else released
+            # lease-7 released once; each broken connection gave its own lease up (one nobody holds: a no-op)
+            assert source.released == [("lease-7", "released")] + [("lease-x", "closed")] * 4
         finally:
             await server.close()
 

@@ -43,7 +43,6 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import WSMsgType, web
-from yarl import URL
 
 from engine.kv.shm_files import (
     SHM_PREFIX,
@@ -351,10 +350,11 @@ class Pull:
         if address is None:
             raise TransferError(f"bad transfer address {self.address.get('tcp')!r}", code="protocol")
         host, port = address
-        url = URL.build(scheme="http", host=host, port=port, path=PATH, query={"lease": self.lease_id})
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}{PATH}"
         self._session = aiohttp.ClientSession()
         try:
-            connecting = self._session.ws_connect(url, compress=0, max_msg_size=MAX_PAYLOAD_BYTES, autoping=True,
+            connecting = self._session.ws_connect(url, params={"lease": self.lease_id}, compress=0,
+                                                  max_msg_size=MAX_PAYLOAD_BYTES, autoping=True,
                                                   timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S))
             self._channel = await asyncio.wait_for(connecting, self.timeout_s)
         except TimeoutError as error:

@@ -13,9 +13,25 @@ writes a two-token answer whose second token and final event come in one step).
 
 import json
 
+import msgspec
+
+from engine.contract.state import Adapters, EngineState, LoadSeconds, Memory, PoolCounts
+
 HTTP = ("--http", "httptools", "--loop", "uvloop")  # uvicorn's options: the engine's (engine/__main__.py)
 
-STATE = json.dumps({"running": 0, "waiting": 0, "adapters": {}, "model": "bench"}).encode()
+STATE = msgspec.json.encode(EngineState(  # an idle engine with no pages: routing reads it as the contract's state
+    model="bench", role="both", accepting=True, capacity=128, running=0, waiting=0, kv_blocks_used=0,
+    kv_blocks_free=0, kv_blocks_total=0,
+    kv_pool=PoolCounts(total=0, free=0, evictable=0, in_use=0, held=0, adapter_pages=0),
+    prefix_cache_hit_rate=0.0, busy_ms=0.0, steps=0, preemptions=0, tokens_per_second=0.0,
+    memory=Memory(page_bytes=0, pages_total=0, base_weights_bytes=0, kv_pages_bytes=0, adapter_pages_bytes=0,
+                  free_bytes=0, quantization="none", kv_cache_dtype="auto", base_weights_full_precision_bytes=0,
+                  kv_bytes_per_token=0.0, kv_bytes_per_token_full_precision=0.0, kv_capacity_tokens=0,
+                  kv_capacity_tokens_full_precision=0),
+    adapters=Adapters(gpu=[], host=[], loading=[], placing=[], in_use=[], pinned={}, residency=[],
+                      load_seconds=LoadSeconds(), failed={}, registered=0, host_bytes=0, device_pages=0),
+    prefixes=[],
+))  # fmt: skip
 HEALTH = json.dumps({"status": "ok", "model": "bench"}).encode()
 JSON = [(b"content-type", b"application/json")]
 

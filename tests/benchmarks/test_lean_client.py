@@ -1,14 +1,17 @@
-"""The benchmarks' lean client (benchmarks/lean_client.py) sends the request it was given and reads a streamed
-response as it arrives: checked against a real aiohttp server that records each request and answers in pieces."""
+"""The benchmarks' lean client (benchmarks/lean_client.py) sends the request it was given, its head and body apart as
+httpx sends them, and reads a streamed response as it arrives: checked against a real aiohttp server that records
+each request and answers in pieces, and a plain socket that records each arrival."""
 
 import asyncio
 import json
+import socket
+import threading
 import time
 
 import pytest
 from aiohttp import web
 
-from benchmarks.lean_client import LeanClient, ResponseFailed, prepared_request
+from benchmarks.lean_client import BODY_GAP_SECONDS, LeanClient, ResponseFailed, prepared_request
 
 BODY = {"model": "bench", "prompt": "w10 w11 w12", "max_tokens": 2, "stream": True}
 HEADERS = {"Authorization": "Bearer qk-test"}
@@ -100,3 +103,38 @@ def test_a_server_that_is_not_there_is_a_failure():
 
     with pytest.raises(ResponseFailed, match="the connection broke"):
         asyncio.run(run())
+
+
+def test_the_head_and_the_body_leave_in_two_writes_apart_as_httpx_sends_them():
+    """What a server reads: the head alone, then the body BODY_GAP_SECONDS or more later (a plain socket records each
+    arrival), so the gateway reads a request twice, as it does from httpx and the openai SDK."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    arrivals: list[tuple[float, bytes]] = []
+
+    def serve() -> None:
+        connection, _ = listening.accept()
+        with connection:
+            received = b""
+            while b'"stream":true}' not in received:
+                data = connection.recv(65536)
+                arrivals.append((time.perf_counter(), data))
+                received += data
+            connection.sendall(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1/completions"
+
+    async def run() -> None:
+        client = LeanClient()
+        with pytest.raises(ResponseFailed):
+            await client.post(prepared_request(url, json_body=BODY, headers=HEADERS), b"data: {")
+        await client.close()
+
+    asyncio.run(run())
+    thread.join(10)
+    listening.close()
+    (head_at, head), (body_at, body) = arrivals
+    assert body_at - head_at >= BODY_GAP_SECONDS  # apart, as httpx's arrive
+    assert head.endswith(b"\r\n\r\n") and b"content-length: %d" % len(body) in head.lower()
+    assert b"transfer-encoding" not in head.lower() and json.loads(body) == BODY

@@ -8,18 +8,21 @@ run the real engine.
 
 It runs under the engine's server options (`HTTP`, as `python -m engine` serves), so its writes are framed as the real
 engine's are: a streamed answer's head, its first event, then the rest with the response's end (as the real engine
-writes a two-token answer whose second token and final event come in one step).
+writes a two-token answer whose second token and final event come in one step). Its /v1/state offers the generate
+channel (engine.contract.channel), where the same answer is two messages: the first event, then the rest.
 """
 
 import json
 
 import msgspec
 
+from engine.contract.channel import CHANNEL_PATH, ChannelHead, channel_message
 from engine.contract.state import Adapters, EngineState, LoadSeconds, Memory, PoolCounts
 
-HTTP = ("--http", "httptools", "--loop", "uvloop")  # uvicorn's options: the engine's (engine/__main__.py)
+# uvicorn's options: the engine's (engine/__main__.py)
+HTTP = ("--http", "httptools", "--loop", "uvloop", "--ws", "websockets-sansio")
 
-STATE = msgspec.json.encode(EngineState(  # an idle engine with no pages: routing reads it as the contract's state
+STATE = msgspec.json.encode(EngineState(  # an idle engine with no pages, offering the generate channel
     model="bench", role="both", accepting=True, capacity=128, running=0, waiting=0, kv_blocks_used=0,
     kv_blocks_free=0, kv_blocks_total=0,
     kv_pool=PoolCounts(total=0, free=0, evictable=0, in_use=0, held=0, adapter_pages=0),
@@ -30,7 +33,7 @@ STATE = msgspec.json.encode(EngineState(  # an idle engine with no pages: routin
                   kv_capacity_tokens_full_precision=0),
     adapters=Adapters(gpu=[], host=[], loading=[], placing=[], in_use=[], pinned={}, residency=[],
                       load_seconds=LoadSeconds(), failed={}, registered=0, host_bytes=0, device_pages=0),
-    prefixes=[],
+    prefixes=[], channel=CHANNEL_PATH,
 ))  # fmt: skip
 HEALTH = json.dumps({"status": "ok", "model": "bench"}).encode()
 JSON = [(b"content-type", b"application/json")]
@@ -52,7 +55,36 @@ async def _answer(send, status: int, body: bytes, headers=JSON) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def answer_lines(request: dict) -> list[bytes]:
+    """A generate's NDJSON lines: one delta per token of `max_tokens`, then the final event with usage."""
+    tokens = int((request.get("sampling") or {}).get("max_tokens") or 1)
+    request_id = request.get("request_id") or "r"
+    delta = {"type": "delta", "request_id": request_id, "index": 0, "text": " w", "token_ids": [7]}
+    final = {
+        "type": "final", "request_id": request_id, "finish_reason": "length", "error": None,
+        "choices": [{"index": 0, "text": " w" * tokens, "token_ids": [7] * tokens, "finish_reason": "length",
+                     "error": None, "error_type": None}],
+        "usage": {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": tokens},
+    }  # fmt: skip
+    return [json.dumps(delta).encode() + b"\n"] * tokens + [json.dumps(final).encode() + b"\n"]
+
+
+async def channel(receive, send) -> None:
+    """The generate channel: each generate answered at once, in two messages."""
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    while (message := await receive())["type"] == "websocket.receive":
+        request = json.loads(message.get("bytes") or message.get("text"))
+        lines, request_id = answer_lines(request), request["request_id"]
+        await send({"type": "websocket.send", "bytes": channel_message(ChannelHead(request_id), lines[0])})
+        rest = b"".join(lines[1:])
+        await send({"type": "websocket.send", "bytes": channel_message(ChannelHead(request_id, last=True), rest)})
+
+
 async def app(scope, receive, send) -> None:
+    if scope["type"] == "websocket" and scope["path"] == CHANNEL_PATH:
+        await channel(receive, send)
+        return
     if scope["type"] != "http":
         return
     path = scope["path"]
@@ -67,17 +99,7 @@ async def app(scope, receive, send) -> None:
     elif path.startswith("/v1/abort/"):
         await _answer(send, 200, b"{}")
     elif path == "/v1/generate":
-        request = json.loads(await _body(receive))
-        tokens = int((request.get("sampling") or {}).get("max_tokens") or 1)
-        request_id = request.get("request_id") or "r"
-        delta = {"type": "delta", "request_id": request_id, "index": 0, "text": " w", "token_ids": [7]}
-        final = {
-            "type": "final", "request_id": request_id, "finish_reason": "length", "error": None,
-            "choices": [{"index": 0, "text": " w" * tokens, "token_ids": [7] * tokens, "finish_reason": "length",
-                         "error": None, "error_type": None}],
-            "usage": {"prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": tokens},
-        }  # fmt: skip
-        lines = [json.dumps(delta).encode() + b"\n"] * tokens + [json.dumps(final).encode() + b"\n"]
+        lines = answer_lines(json.loads(await _body(receive)))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/x-ndjson")]})
         await send({"type": "http.response.body", "body": lines[0], "more_body": True})
         await send({"type": "http.response.body", "body": b"".join(lines[1:])})

@@ -21,6 +21,7 @@ import urllib.parse
 from pathlib import Path
 
 from engine.contract import KEEP_ALIVE_SECONDS
+from engine.contract.channel import CHANNEL_MAX_BYTES
 
 ENGINE_FLAGS_SKIPPED = {"model", "device"}
 ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                                      args.host, args.port, args.model, args.device)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.timeout_keep_alive,
-                            access_log=False, http="httptools", loop="uvloop")
+                            access_log=False, http="httptools", loop="uvloop", ws="websockets-sansio",
+                            ws_max_size=CHANNEL_MAX_BYTES)
     gc.freeze()  # the model, its modules and its imports live as long as the process: no full collection walks them
     Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace).run()
     return 0

@@ -13,6 +13,8 @@ read as if it were this one.
                      fails, the engine stays healthy
     state.py         EngineState (a heartbeat's `state`, the head of /v1/state's StateAnswer), its adapter residency
                      (Adapters, AdapterResidency) and the Heartbeat; state_read() refuses one it cannot read (BadState)
+    channel.py       the generate channel: one websocket per gateway process and engine for its streamed generates
+                     (EngineState.channel names its path where an engine serves one)
 """
 
 from engine.contract.events import EVENT_DELTA, EVENT_FINAL, Delta, Final, StreamEvent

@@ -115,6 +115,7 @@ class EngineState(msgspec.Struct, kw_only=True):
     prefixes: list[Fingerprint]  # the prompt fingerprints of what it served lately, most recent first
     request_seconds: Seconds | None = None  # the running mean of the time a sequence holds a slot (first step to
     # finish): routing's queue wait; None until one has finished
+    channel: str | None = None  # the path of its generate channel (engine.contract.channel); None: it serves none
     v: int = VERSION
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""The engine's internal HTTP API (Starlette): generate, abort, tokenize, adapters, health, state, metrics."""
+"""The engine's internal HTTP API (Starlette): generate (and its channel), abort, tokenize, adapters, health, state,
+metrics."""
 
 import asyncio
 import contextlib
@@ -12,17 +13,19 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from engine.adapter_pool import PinRefused
 from engine.chat_prompt import PromptImageError, render_chat
 from engine.contract import ADAPTER_UNAVAILABLE, CONTEXT_LENGTH_EXCEEDED
+from engine.contract.channel import CHANNEL_PATH
 from engine.contract.kv import PrefillAnswer, PrefillUsage
 from engine.grammar import Grammar, GrammarError
 from engine.images import ImageFeatures
 from engine.sampling_params import SamplingParams
 from engine.server.adapter_registry import AdapterRegistry, AdapterUnavailable, NotFound
 from engine.server.auth import BearerAuth
+from engine.server.channel import GenerateChannel
 from engine.server.engine_loop import Conflict, EngineLoop, RequestEnd, RequestHandle, Unavailable
 from engine.server.event_stream import EventStream, ndjson_events
 from engine.server.events import final_event
@@ -142,9 +145,10 @@ class EngineAPI:
         return grammar
 
     # routes
-    async def generate(self, request: Request) -> Response:
-        arrival = time.monotonic()
-        generate = parse_generate(await request.body())
+    async def prepared(self, generate) -> tuple[Structure, list[list[int]], list[list[ImageFeatures]],
+                                                Grammar | None, float]:
+        """A generate's checks and what its submission needs: its structure, each prompt's tokens and images (their
+        lengths checked), its grammar compiled and its adapter loaded (the seconds that took)."""
         structure = self.structure(generate)
         max_tokens = generate.sampling.max_tokens if generate.context_overflow == "refuse" else None
         rendered = [await self.render(prompt, tools=structure.template_tools) for prompt in generate.prompts]
@@ -159,6 +163,37 @@ class EngineAPI:
         if transfer is not None and any(images):
             raise BadRequest("a prompt with images is served by one engine: drop kv_transfer", param="kv_transfer")
         waited = await self.registry.ensure(generate.adapter) if generate.adapter is not None else 0.0
+        return structure, prompts, images, grammar, waited
+
+    async def started(self, generate, arrival: float) -> tuple[RequestHandle, tuple]:
+        """A streamed generate without kv_transfer, submitted: its handle and its first queue item (until something is
+        sent, the answer's status can still be chosen)."""
+        structure, prompts, images, grammar, waited = await self.prepared(generate)
+        handle = await self.loop.submit(generate, prompts, arrival=arrival, grammar=grammar,
+                                        tool_format=structure.tool_format, adapter_wait_s=waited, images=images)
+        self.prefixes.record(generate)
+        return handle, await handle.events.get()
+
+    def unreadable_adapter(self, generate, first: tuple) -> JSONResponse | None:
+        """The answer to a streamed request whose first queue item ends it because its adapter could not be read
+        (the adapter marked unreadable), None for any other."""
+        if first[0] == "end" and adapter_unavailable(first[1]):
+            self.registry.unreadable(generate.adapter)
+            return unavailable_response(first[1])
+        return None
+
+    # routes
+    async def generate(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        generate = parse_generate(await request.body())
+        transfer = generate.kv_transfer
+        if transfer is None and generate.stream:
+            handle, first = await self.started(generate, arrival)
+            refused = self.unreadable_adapter(generate, first)
+            if refused is not None:
+                return refused
+            return EventStream(ndjson_events(handle, first, self.loop.abort_soon), media_type="application/x-ndjson")
+        structure, prompts, images, grammar, waited = await self.prepared(generate)
         if transfer is not None and transfer.mode == "prefill":
             return await self.prefill_hop(request, generate, prompts[0], arrival, adapter_wait_s=waited)
         if transfer is None:
@@ -172,9 +207,9 @@ class EngineAPI:
         self.prefixes.record(generate)
         if generate.stream:
             first = await handle.events.get()  # until something is sent, the status can still be chosen
-            if first[0] == "end" and adapter_unavailable(first[1]):
-                self.registry.unreadable(generate.adapter)
-                return unavailable_response(first[1])
+            refused = self.unreadable_adapter(generate, first)
+            if refused is not None:
+                return refused
             return EventStream(ndjson_events(handle, first, self.loop.abort_soon), media_type="application/x-ndjson")
         end = await self.wait(request, handle)
         if end is None:
@@ -356,19 +391,35 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/v1/health", api.health, methods=["GET"]),
         Route("/v1/state", api.state, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        WebSocketRoute(CHANNEL_PATH, GenerateChannel(api, refusal=refusal_response)),
     ]
-    handlers = {
-        BadRequest: lambda r, e: error_response(400, "invalid_request_error", str(e), e.param, e.code),
-        NotFound: lambda r, e: error_response(404, "not_found_error", str(e)),
-        Conflict: lambda r, e: error_response(409, "conflict_error", str(e)),
-        PinRefused: lambda r, e: error_response(409, "conflict_error", str(e), "tier", "pin_refused"),
-        Unavailable: lambda r, e: error_response(503, "unavailable_error", str(e)),
-        AdapterUnavailable: lambda r, e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
+    handlers = {kind: refused_response for kind in REFUSALS} | {
         HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
     app.add_middleware(BearerAuth, token=token)
     return app
+
+
+# The errors a request can cause, and the answer each gets (on HTTP, and on the generate channel).
+REFUSALS = {
+    BadRequest: lambda e: error_response(400, "invalid_request_error", str(e), e.param, e.code),
+    NotFound: lambda e: error_response(404, "not_found_error", str(e)),
+    Conflict: lambda e: error_response(409, "conflict_error", str(e)),
+    PinRefused: lambda e: error_response(409, "conflict_error", str(e), "tier", "pin_refused"),
+    Unavailable: lambda e: error_response(503, "unavailable_error", str(e)),
+    AdapterUnavailable: lambda e: error_response(503, ADAPTER_UNAVAILABLE, str(e), "adapter"),
+}
+
+
+def refusal_response(error: Exception) -> JSONResponse | None:
+    """The answer to an error a request can cause (REFUSALS: its most derived kind's), None for any other."""
+    answer = next((REFUSALS[kind] for kind in type(error).__mro__ if kind in REFUSALS), None)
+    return None if answer is None else answer(error)
+
+
+def refused_response(request: Request, error: Exception) -> JSONResponse:
+    return refusal_response(error)
 
 
 def adapter_unavailable(end: RequestEnd) -> bool:

@@ -14,12 +14,15 @@ class BearerAuth:
         self.expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")
         if hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # refused before the handshake: the server answers it 403
+            await send({"type": "websocket.close", "code": 1008})
             return
         message = "missing bearer token" if not given else "invalid bearer token"
         body = json.dumps({"error": {"type": "authentication_error", "message": message, "param": None}}).encode()

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from engine.contract.channel import CHANNEL_PATH
 from engine.contract.state import (
     AdapterResidency,
     Adapters,
@@ -409,7 +410,7 @@ class EngineLoop:
                 load_seconds=LoadSeconds(**pool["load_seconds"]), failed=pool["failed"],
                 registered=pool["registered"], host_bytes=pool["host_bytes"], device_pages=pool["device_pages"],
             ),
-            prefixes=prefixes, request_seconds=state["request_seconds"],
+            prefixes=prefixes, request_seconds=state["request_seconds"], channel=CHANNEL_PATH,
         )  # fmt: skip
 
     def state_answer(self, *, model: str, prefixes: list[str], kv_pulls_in_flight: int) -> StateAnswer:

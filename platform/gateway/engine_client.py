@@ -19,6 +19,8 @@ from django.conf import settings
 from yarl import URL
 
 from engine.contract import ADAPTER_UNAVAILABLE, KEEP_ALIVE_SECONDS, EngineState, StreamEvent, state_read
+from engine.contract.channel import CHANNEL_MAX_BYTES
+from gateway.engine_channel import ChannelBody, channel_to
 from gateway.engine_events import decode_event
 from gateway.hot_settings import hot
 
@@ -72,6 +74,7 @@ class EngineRef:
     gpu_price_per_hour: str
     resident: frozenset[str]  # adapter digests resident in any tier at the last check
     load: int  # running + waiting requests at the last check
+    channel: str | None = None  # the path of its generate channel, if it serves one (engine.contract.channel)
 
 
 IDLE_SECONDS = 2.0  # how long an idle connection is kept: well under the engine server's keep-alive timeout, so it
@@ -196,14 +199,17 @@ class GenerateStream:
     def __init__(self, engine: EngineRef, payload: dict):
         self.engine = engine
         self.payload = payload
-        self.response: Body | None = None
+        self.response: Body | ChannelBody | None = None
         self.finished = False  # its final event was taken (set by the reader as it applies it)
         self._broken: Exception | None = None  # the wait for the engine failed: raised by the next `arrived`
 
     async def open(self) -> "GenerateStream":
-        engine = self.engine
+        engine, payload = self.engine, self.payload
+        data = encode(payload)
+        if engine.channel is not None and payload.get("kv_transfer") is None and len(data) <= CHANNEL_MAX_BYTES:
+            return await self._open_on_channel(data)
         try:
-            response = await _post(_url(engine.url, "/v1/generate"), _post_headers(engine), encode(self.payload))
+            response = await _post(_url(engine.url, "/v1/generate"), _post_headers(engine), data)
         except TRANSPORT_ERRORS as error:
             raise EngineUnavailable(f"{engine.name}: {error!r}") from error
         if response.status >= 400:
@@ -215,6 +221,34 @@ class GenerateStream:
                 response.close()
             raise _refusal(engine, response.status, body)
         self.response = Body(response)
+        return self
+
+    async def _open_on_channel(self, data: bytes) -> "GenerateStream":
+        """`open` on the engine's generate channel: the request sent (on a new channel if the one kept had closed),
+        its first message waited for (a refusal, or its first events)."""
+        engine = self.engine
+        request_id = self.payload["request_id"]
+        read_timeout = settings.QUILT_ENGINE_READ_TIMEOUT_SECONDS
+        try:
+            key = (engine.url, engine.channel, engine.token)
+            session, url, headers = await _session(), _url(engine.url, engine.channel), _headers(engine)
+            channel = await channel_to(session, url, headers, key)
+            try:
+                body = await channel.send(request_id, data, read_timeout=read_timeout)
+            except aiohttp.ClientConnectionError:  # it closed as the request went out: the engine never had it
+                channel = await channel_to(session, url, headers, key)
+                body = await channel.send(request_id, data, read_timeout=read_timeout)
+            try:
+                await body.arrival()
+            except BaseException:
+                body.close()
+                raise
+        except TRANSPORT_ERRORS as error:
+            raise EngineUnavailable(f"{engine.name}: {error!r}") from error
+        if body.status >= 400:
+            body.close()
+            raise _refusal(engine, body.status, body.error)
+        self.response = body
         return self
 
     async def events(self) -> list[StreamEvent] | None:

@@ -63,6 +63,7 @@ class Router:
             EngineRef(
                 name=row.name, url=row.url.rstrip("/"), token=row.token, pool=row.pool,
                 gpu_price_per_hour=str(row.gpu_price_per_hour), resident=state.resident_digests(), load=state.load,
+                channel=state.channel,
             )
             for row, state in rows
         ]  # fmt: skip

@@ -391,7 +391,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/v1/health", api.health, methods=["GET"]),
         Route("/v1/state", api.state, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
-        WebSocketRoute(CHANNEL_PATH, GenerateChannel(api, refusal=refusal_response)),
+        WebSocketRoute(CHANNEL_PATH, GenerateChannel(api, refusal=refusal_response).session),
     ]
     handlers = {kind: refused_response for kind in REFUSALS} | {
         HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)

@@ -30,7 +30,7 @@ def request_id_of(raw: bytes) -> str | None:
 
 
 class GenerateChannel:
-    """The websocket route: every message received is a generate, served in a task of its own; when the gateway
+    """The websocket route (`session`): every message received is a generate, served in a task of its own; when the gateway
     closes the channel (or goes away), its requests' streams close, which aborts them. `refusal`: an error a request
     can cause -> its HTTP answer (None for any other)."""
 
@@ -38,7 +38,7 @@ class GenerateChannel:
         self.api = api
         self.refusal = refusal
 
-    async def __call__(self, websocket: WebSocket) -> None:
+    async def session(self, websocket: WebSocket) -> None:
         await websocket.accept()
         served: set[asyncio.Task] = set()
         try:

@@ -140,7 +140,9 @@ class EngineChannel:
 _channels: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
 
 
-async def channel_to(session: aiohttp.ClientSession, url: str, headers: dict[str, str], key: tuple) -> EngineChannel:
+async def channel_to(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], key: tuple
+) -> EngineChannel:
     """The running loop's channel for `key`, opened at `url` (a ClientError if it cannot be): one connect at a time,
     which every request that needs the channel meanwhile waits for."""
     loop = asyncio.get_running_loop()

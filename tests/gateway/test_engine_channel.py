@@ -127,8 +127,16 @@ def test_requests_share_one_channel_and_read_their_events_as_on_http(loop):
 
 
 REFUSALS = [
-    (400, {"type": "invalid_request_error", "message": "top_p must be in (0, 1]", "param": "sampling"}, EngineRejected),
-    (503, {"type": "unavailable_error", "message": "the engine is shutting down", "param": None}, EngineUnavailable),
+    (
+        400,
+        {"type": "invalid_request_error", "message": "top_p must be in (0, 1]", "param": "sampling"},
+        EngineRejected,
+    ),
+    (
+        503,
+        {"type": "unavailable_error", "message": "the engine is shutting down", "param": None},
+        EngineUnavailable,
+    ),
     (503, {"type": "adapter_unavailable", "message": "corrupt", "param": "adapter"}, AdapterUnavailable),
 ]
 
@@ -148,7 +156,11 @@ def test_a_refusal_on_the_channel_means_what_the_http_answer_means(loop, status,
 
     refused = run(main, loop)
     if raised is EngineRejected:
-        assert (refused.status, refused.param, refused.message) == (400, "sampling", "top_p must be in (0, 1]")
+        assert (refused.status, refused.param, refused.message) == (
+            400,
+            "sampling",
+            "top_p must be in (0, 1]",
+        )
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                             access_log=False, http="httptools", loop="uvloop", ws="websockets-sansio",
                             ws_max_size=CHANNEL_MAX_BYTES)
     gc.freeze()  # the model, its modules and its imports live as long as the process: no full collection walks them
-    Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace).run()
+    Draining(config, loop=loop, membership=api.membership, grace_s=args.leave_grace, channel=api.channel).run()
     return 0
 
 

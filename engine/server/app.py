@@ -71,6 +71,7 @@ class EngineAPI:
         self.model_name = model_name
         self.drain_timeout_s = drain_timeout_s
         self.engine = loop.engine
+        self.channel = GenerateChannel(self, refusal=refusal_response)  # its streamed generates over a websocket
         tokenizer = self.engine.tokenizer
         self.tool_format = format_for_template(tokenizer.chat_template if tokenizer else None)  # once per model
 
@@ -391,7 +392,7 @@ def build_app(api: EngineAPI, *, token: str) -> Starlette:
         Route("/v1/health", api.health, methods=["GET"]),
         Route("/v1/state", api.state, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
-        WebSocketRoute(CHANNEL_PATH, GenerateChannel(api, refusal=refusal_response).session),
+        WebSocketRoute(CHANNEL_PATH, api.channel.session),
     ]
     handlers = {kind: refused_response for kind in REFUSALS} | {
         HTTPException: http_error_response,  # Starlette's own: no such route (404), wrong method (405)

@@ -37,6 +37,13 @@ class GenerateChannel:
     def __init__(self, api, *, refusal):
         self.api = api
         self.refusal = refusal
+        self.in_flight: set[asyncio.Task] = set()  # every channel's requests being served now
+
+    async def drained(self, timeout_s: float | None) -> None:
+        """Waits (at most `timeout_s`, None: as long as it takes) for the requests in flight on every channel to end: a server's shutdown
+        closes websockets at once, which would abort them (called once new requests are refused)."""
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=timeout_s)
 
     async def session(self, websocket: WebSocket) -> None:
         await websocket.accept()
@@ -49,7 +56,9 @@ class GenerateChannel:
                 raw = message.get("bytes") or (message.get("text") or "").encode()
                 task = asyncio.create_task(self.serve(websocket, raw, time.monotonic()))
                 served.add(task)
+                self.in_flight.add(task)
                 task.add_done_callback(served.discard)
+                task.add_done_callback(self.in_flight.discard)
         finally:
             for task in served:
                 task.cancel()

@@ -24,6 +24,7 @@ import uvicorn
 
 from engine.contract import prompt_fingerprints
 from engine.contract.state import Heartbeat
+from engine.server.channel import GenerateChannel
 from engine.server.engine_loop import EngineLoop
 from engine.server.protocol import GenerateRequest
 
@@ -143,11 +144,12 @@ class Draining(uvicorn.Server):
     """uvicorn's server with a fleet-aware shutdown: leave routing, let in-flight requests land, then drain."""
 
     def __init__(self, config: uvicorn.Config, *, loop: EngineLoop, membership: Membership | None,
-                 grace_s: float) -> None:
+                 grace_s: float, channel: GenerateChannel | None = None) -> None:
         super().__init__(config)
         self.engine_loop = loop
         self.membership = membership
         self.grace_s = grace_s
+        self.channel = channel
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -160,4 +162,6 @@ class Draining(uvicorn.Server):
             await self.membership.leave()
             await asyncio.sleep(self.grace_s)
         self.engine_loop.accepting = False  # new requests: 503, which a gateway retries on another engine
+        if self.channel is not None:  # the server's shutdown closes the channels at once: their requests land first
+            await self.channel.drained(self.config.timeout_graceful_shutdown)
         await super().shutdown(sockets)

@@ -3,6 +3,7 @@ tiny random Llama, reached over a websocket. A request on the channel is served 
 refusal carries POST's status and body; closing the channel aborts what it carried."""
 
 import json
+import signal
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from engine.contract.channel import CHANNEL_PATH, channel_read
-from tests.engine.test_server import AUTH, LONG, idle, model_dir, server, stream_lines, wait_until
+from tests.engine.test_server import AUTH, LONG, MIX, idle, model_dir, server, stream_lines, wait_until
 
 __all__ = ["model_dir", "server"]  # the fixtures this module shares
 
@@ -112,3 +113,15 @@ def test_closing_the_channel_aborts_its_requests(server):
     started = time.monotonic()
     assert wait_until(lambda: idle(server))
     assert time.monotonic() - started < 30
+
+
+def test_a_graceful_shutdown_lets_the_channels_requests_finish(server):  # the last test: it stops the engine
+    with channel(server) as ws:
+        ws.send(json.dumps({"request_id": "landing", "prompt": "the cat", "stream": True,
+                            "sampling": {"max_tokens": MIX, "ignore_eos": True}}).encode())  # fmt: skip
+        head, _ = channel_read(ws.recv(timeout=60))
+        assert (head.request_id, head.last) == ("landing", False)
+        server.process.send_signal(signal.SIGTERM)
+        final = events(answer(ws, "landing"))[-1]
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == MIX
+    assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)

@@ -1,6 +1,6 @@
 """The generate channel: one websocket from a gateway process to an engine (`CHANNEL_PATH`) that carries all its
 streamed generates, so that a request costs one message each way instead of an HTTP exchange (the gateway's CPU per
-request: docs/gateway-cpu.md, "Engine calls").
+request: docs/gateway-cpu.md, "The request path").
 
 Gateway -> engine: each binary message is one GenerateRequest (`stream` true, a `request_id`, no `kv_transfer`: the
 hops of disaggregated serving and whole answers stay on POST /v1/generate). Engine -> gateway: each binary message is

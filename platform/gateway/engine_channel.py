@@ -1,7 +1,7 @@
 """The generate channel's gateway side (engine.contract.channel): per event loop and engine, one websocket through
 aiohttp that carries every streamed generate to that engine. A request costs one message out and one in per chunk
 of its events, where an HTTP exchange costs a request's and a response's parsing, a connection taken from the pool
-and given back, and timers of its own (the gateway's CPU per request: docs/gateway-cpu.md, "Engine calls").
+and given back, and timers of its own (the gateway's CPU per request: docs/gateway-cpu.md, "The request path").
 
 A request's messages are read into its `ChannelBody`, which reads as engine_client.Body reads an HTTP answer. When
 the channel closes (the engine went away or restarted), every request it carried breaks; the next request opens a

@@ -1,5 +1,6 @@
 """Talking to an engine's internal HTTP API: from the gateway's event loop through aiohttp (one session, so one
-pool of keep-alive connections, per event loop), from the worker's blocking code through httpx.
+pool of keep-alive connections, per event loop), from the worker's blocking code through httpx. A streamed generate
+goes on the engine's generate channel where the engine offers one (`gateway.engine_channel`).
 
 aiohttp rather than httpx on the event loop: streaming the engine's NDJSON answer costs httpx several times the CPU
 per request (benchmarks/engine_client_libs.py; docs/gateway-performance.md, "Engine calls")."""

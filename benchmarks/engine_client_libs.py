@@ -1,6 +1,7 @@
 """The gateway's client to its engines, library against library: the same streamed generate requests to
 benchmarks/instant_engine.py (an engine that answers at once, in a process of its own) through aiohttp and httpx,
-in this one process, on asyncio's loop and on uvloop's, and the CPU this process spends per request.
+and as messages on the engine's generate channel (aiohttp's websocket, the gateway's `gateway.engine_channel`), in
+this one process, on asyncio's loop and on uvloop's, and the CPU this process spends per request.
 
     python -m benchmarks.engine_client_libs [--requests 2000] [--streams 1,50] [--rounds 3]
 
@@ -26,7 +27,11 @@ import httpx
 import msgspec
 import uvloop
 
+from benchmarks.instant_engine import HTTP as INSTANT_HTTP
+from engine.contract.channel import CHANNEL_PATH
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO / "platform"))  # gateway.engine_channel
 TOKEN = "bench-engine-token"
 PAYLOAD = {"request_id": "0" * 32, "tenant": "bench", "prompt": "w10 w11 w12", "stream": True,
            "sampling": {"max_tokens": 16, "temperature": 1.0}, "adapter": None}  # fmt: skip
@@ -82,6 +87,32 @@ async def httpx_requests(url: str, count: int, streams: int) -> tuple[int, float
         return await run_all(one, count, streams)
 
 
+async def channel_requests(url: str, count: int, streams: int) -> tuple[int, float]:
+    from gateway.engine_channel import channel_to
+
+    base = url.removesuffix("/v1/generate")
+    async with aiohttp.ClientSession() as session:
+        channel = await channel_to(session, base + CHANNEL_PATH, HEADERS, (base, CHANNEL_PATH, TOKEN))
+        numbers = iter(range(10**9))
+
+        async def one() -> int:
+            request_id = f"{next(numbers):032x}"
+            body = await channel.send(request_id, msgspec.json.encode(PAYLOAD | {"request_id": request_id}),
+                                      read_timeout=60.0)  # fmt: skip
+            events = 0
+            while not body.complete or body.lines:
+                await body.arrival()
+                while body.lines:
+                    events += bool(decode(body.lines.popleft()))
+            body.close()
+            return events
+
+        try:
+            return await run_all(one, count, streams)
+        finally:
+            await channel.ws.close()
+
+
 async def run_all(one, count: int, streams: int) -> tuple[int, float]:
     """The events read and the CPU seconds spent by `count // streams` requests on each of `streams` at once."""
 
@@ -94,7 +125,7 @@ async def run_all(one, count: int, streams: int) -> tuple[int, float]:
     return events, time.process_time() - started
 
 
-CLIENTS = {"aiohttp": aiohttp_requests, "httpx": httpx_requests}
+CLIENTS = {"aiohttp": aiohttp_requests, "httpx": httpx_requests, "channel": channel_requests}
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
@@ -114,8 +145,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     port = free_port()
-    engine = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.instant_engine:app", "--port", str(port),
-                               "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75"],
+    engine = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.instant_engine:app", *INSTANT_HTTP,
+                               "--port", str(port), "--log-level", "warning", "--no-access-log",
+                               "--timeout-keep-alive", "75"],
                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     url = f"http://127.0.0.1:{port}/v1/generate"
     try:
@@ -141,6 +173,7 @@ def main() -> None:
                 print(f"  {client:8} {loop:8} {medians[client, loop]:.3f} ({min(values):.3f}-{max(values):.3f})")
             for loop in LOOPS:
                 print(f"  httpx / aiohttp on {loop}: {medians['httpx', loop] / medians['aiohttp', loop]:.2f}x")
+                print(f"  channel / aiohttp on {loop}: {medians['channel', loop] / medians['aiohttp', loop]:.2f}x")
     finally:
         engine.terminate()
         engine.wait()

@@ -207,7 +207,7 @@ class GenerateStream:
     async def open(self) -> "GenerateStream":
         engine, payload = self.engine, self.payload
         data = encode(payload)
-        if engine.channel is not None and payload.get("kv_transfer") is None and len(data) <= CHANNEL_MAX_BYTES:
+        if engine.channel is not None and on_channel(payload) and len(data) <= CHANNEL_MAX_BYTES:
             return await self._open_on_channel(data)
         try:
             response = await _post(_url(engine.url, "/v1/generate"), _post_headers(engine), data)
@@ -321,6 +321,11 @@ class GenerateStream:
         which makes the engine abort the request."""
         if self.response is not None:
             self.response.close()
+
+
+def on_channel(payload: dict) -> bool:
+    """Whether a generate goes on the engine's channel (which carries streamed generates with an id, no hop)."""
+    return payload.get("stream", True) is True and "request_id" in payload and payload.get("kv_transfer") is None
 
 
 def _refusal(engine: EngineRef, status: int, body: bytes) -> Exception:

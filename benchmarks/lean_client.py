@@ -37,19 +37,21 @@ def prepared_request(url: str, *, json_body: object, headers: dict[str, str]) ->
     return Prepared(url, {**headers, "Content-Type": "application/json"}, body)
 
 
-async def head_then_body(body: bytes):
-    """The body as aiohttp streams it: an empty first piece sends the head alone, the body follows BODY_GAP_SECONDS
-    later (the client blocks that long, as httpx's own work does: a timer of the loop would wait a millisecond)."""
+async def head_then_body(body: bytes, gap_s: float):
+    """The body as aiohttp streams it: an empty first piece sends the head alone, the body follows `gap_s` later
+    (the client blocks that long, as httpx's own work does: a timer of the loop would wait a millisecond)."""
     yield b""
-    time.sleep(BODY_GAP_SECONDS)
+    time.sleep(gap_s)
     yield body
 
 
 class LeanClient:
-    """One aiohttp session: keep-alive connections per server, one request at a time on each."""
+    """One aiohttp session: keep-alive connections per server, one request at a time on each; each request's head
+    and body `body_gap_s` apart."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, body_gap_s: float = BODY_GAP_SECONDS) -> None:
         self.session: aiohttp.ClientSession | None = None
+        self.body_gap_s = body_gap_s
 
     async def post(self, request: Prepared, marker: bytes, *, body: bytes | None = None) -> float | None:
         """Sends `request` (with `body` in place of its own, if given); when the response came whole, the time its
@@ -61,7 +63,7 @@ class LeanClient:
         first = None
         try:
             data = request.body if body is None else body
-            async with self.session.post(request.url, data=head_then_body(data),
+            async with self.session.post(request.url, data=head_then_body(data, self.body_gap_s),
                                          headers={**request.headers, "Content-Length": str(len(data))}) as response:
                 if response.status != 200 or response.headers.get("Transfer-Encoding", "").lower() != "chunked":
                     version = response.version

@@ -20,6 +20,56 @@ freezegun.configure(extend_ignore_list=["transformers", "torch", "peft", "accele
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The fixtures that start a stack of processes (engines, gateways, a Celery worker) for all the tests of their
+# package or session, by the xdist group their tests share (see pytest_collection_modifyitems).
+STACK_GROUPS = {
+    "stack": "gateway-stack",
+    "demo_stack": "structured-stack",
+    "vision_stack": "vision-stack",
+    "ft_stack": "finetuning-stack",
+}
+FIGURES: list[str] = []  # what tests measured (a report's user property "figure"), shown in the run's summary
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n N --dist loadgroup` (.ci/test) each xdist group runs on one worker. A test module is one
+    group, so that its module fixtures are built once; the modules whose tests use a stack fixture (STACK_GROUPS)
+    are one group, so that one worker starts that stack once rather than every worker its own. The groups are
+    handed out in the order of their items (with --no-loadscope-reorder): the stacks first, then the modules
+    that start processes or run models on Triton's interpreter, the largest first, so that the run does not end
+    with one worker on a long module and the other idle."""
+    stacks_of_module: dict[str, set[str]] = {}
+    for item in items:
+        stacks = stacks_of_module.setdefault(item.nodeid.split("::")[0], set())
+        stacks.update(STACK_GROUPS[name] for name in item.fixturenames if name in STACK_GROUPS)
+    members: dict[str, list] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        group = "+".join(sorted(stacks_of_module[module])) or module
+        item.add_marker(pytest.mark.xdist_group(group))
+        members.setdefault(group, []).append(item)
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+
+    def weight(group: str) -> tuple[int, int]:
+        slow = any("slow" in item.keywords or "triton_launchers" in item.fixturenames for item in members[group])  # fmt: skip
+        return (0 if group in STACK_GROUPS.values() else 1 if slow else 2), -len(members[group])
+
+    items[:] = [item for group in sorted(members, key=weight) for item in members[group]]
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        FIGURES.extend(value for name, value in report.user_properties if name == "figure")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
 
 def test_database_url() -> str:
     from django.db import connection

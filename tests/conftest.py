@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
         group = "+".join(sorted(stacks_of_module[module])) or module
         item.add_marker(pytest.mark.xdist_group(group))
         members.setdefault(group, []).append(item)
-    if config.getoption("dist", "no") != "loadgroup":
+    if not config.getoption("loadgroup", False):  # set in xdist's workers under --dist loadgroup
         return
 
     def weight(group: str) -> tuple[int, int]:

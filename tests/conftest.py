@@ -20,43 +20,32 @@ freezegun.configure(extend_ignore_list=["transformers", "torch", "peft", "accele
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The fixtures that start a stack of processes (engines, gateways, a Celery worker) for all the tests of their
-# package or session, by the xdist group their tests share (see pytest_collection_modifyitems).
-STACK_GROUPS = {
-    "stack": "gateway-stack",
-    "demo_stack": "structured-stack",
-    "vision_stack": "vision-stack",
-    "ft_stack": "finetuning-stack",
-}
+# The fixtures that start a stack of processes (engines, gateways, a Celery worker) once for all the tests of their
+# package (see pytest_collection_modifyitems).
+STACK_FIXTURES = ("stack", "demo_stack", "vision_stack", "ft_stack")
 FIGURES: list[str] = []  # what tests measured (a report's user property "figure"), shown in the run's summary
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (.ci/test) each xdist group runs on one worker. A test module is one
-    group, so that its module fixtures are built once; the modules whose tests use a stack fixture (STACK_GROUPS)
-    are one group, so that one worker starts that stack once rather than every worker its own. The groups are
-    handed out in the order of their items (with --no-loadscope-reorder): the stacks first, then the modules
-    that start processes or run models on Triton's interpreter, the largest first, so that the run does not end
-    with one worker on a long module and the other idle."""
-    stacks_of_module: dict[str, set[str]] = {}
-    for item in items:
-        stacks = stacks_of_module.setdefault(item.nodeid.split("::")[0], set())
-        stacks.update(STACK_GROUPS[name] for name in item.fixturenames if name in STACK_GROUPS)
-    members: dict[str, list] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        group = "+".join(sorted(stacks_of_module[module])) or module
-        item.add_marker(pytest.mark.xdist_group(group))
-        members.setdefault(group, []).append(item)
-    if not config.getoption("loadgroup", False):  # set in xdist's workers under --dist loadgroup
+    """In an xdist worker (.ci/test: `-n 2 --dist loadfile --no-loadscope-reorder`, which hands out whole modules
+    in the order collected) the modules run in this order: those on a stack fixture first, each stack's together,
+    so that a worker starts a stack once and keeps it while it takes that stack's modules; then the modules that
+    start processes or run models on Triton's interpreter; then the rest; the larger first within each, so that
+    the run does not end with one worker on a long module and the other idle."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def weight(group: str) -> tuple[int, int]:
-        slow = any("slow" in item.keywords or "triton_launchers" in item.fixturenames for item in members[group])  # fmt: skip
-        return (0 if group in STACK_GROUPS.values() else 1 if slow else 2), -len(members[group])
+    def rank(module: str) -> tuple:
+        stacks = sorted({name for item in modules[module] for name in item.fixturenames if name in STACK_FIXTURES})
+        slow = any("slow" in item.keywords or "triton_launchers" in item.fixturenames for item in modules[module])  # fmt: skip
+        if stacks:
+            return 0, STACK_FIXTURES.index(stacks[0]), -len(modules[module])
+        return (1 if slow else 2), 0, -len(modules[module])
 
-    items[:] = [item for group in sorted(members, key=weight) for item in members[group]]
+    items[:] = [item for module in sorted(modules, key=rank) for item in modules[module]]
 
 
 def pytest_runtest_logreport(report):

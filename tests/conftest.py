@@ -12,6 +12,8 @@ from pathlib import Path
 import freezegun
 import pytest
 
+from tests.ports import free_port
+
 # freeze_time reads every attribute of every loaded module to patch its clocks; on transformers' lazy module that
 # imports every model it knows (RAG pulls in datasets and pandas), which costs seconds and can crash the
 # interpreter in the garbage collector. None of these libraries read the clock a test freezes.
@@ -124,12 +126,6 @@ def celery_worker(transactional_db):
     stop_worker(worker)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisProcess:
     """A private redis-server we can stop and restart, to play an unreachable broker."""
 
@@ -163,7 +159,7 @@ class RedisProcess:
 def private_redis():
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    server = RedisProcess(_free_port())
+    server = RedisProcess(free_port())
     server.start()
     yield server
     server.stop()

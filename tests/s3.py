@@ -1,12 +1,13 @@
 """moto's S3 server (server mode: a real HTTP endpoint on a free port) for tests of remote adapter storage."""
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import boto3
 from moto.server import ThreadedMotoServer
+
+from tests.ports import free_port
 
 REGION = "us-east-1"
 ACCESS_KEY = SECRET_KEY = "testing"
@@ -21,9 +22,7 @@ class S3Server:
 
 @contextmanager
 def s3_server(bucket: str = "quilt-blobs") -> Iterator[S3Server]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

@@ -2,7 +2,6 @@
 sharing a Redis channel layer, for the browser tests. Debian's Chromium drives the pages through Playwright."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, start_worker, test_database_url
 from tests.console.live_asgi import DRAIN_PATH
+from tests.ports import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-sync", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -20,12 +20,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-sync", "--disable-gpu"
 CHANNELS_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/13"
 # Admission counters are keyed by tenant id: a prefix of this run's own keeps other runs' counters apart.
 REDIS_KEY_PREFIX = f"quilt-console-{uuid.uuid4().hex[:10]}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def shared_env(media_root: Path) -> dict:

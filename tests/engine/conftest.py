@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from transformers import (
 )
 
 from kernels import interpreter
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 160
@@ -256,12 +256,6 @@ def run_all(engine) -> dict:
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_engine_server(args: list[str], *, log_path: Path, token: str) -> httpx.Client:

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ import adapters
 from engine.demo import corpus
 from engine.demo.builder import RECIPES, adapter_dir, ensure_demo
 from tests.engine.conftest import wait_until_healthy
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "demo-test-token"
@@ -23,9 +23,7 @@ TOKEN = "demo-test-token"
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory):
     demo = ensure_demo(REPO / "var" / "demo-model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log_path = tmp_path_factory.mktemp("demo-engine") / "engine.log"
     command = [sys.executable, "-m", "engine", "--model", str(demo), "--port", str(port),
                "--usage-spool", str(log_path.parent / "usage.jsonl"), "--broker-url", ""]

@@ -4,7 +4,6 @@ the control plane allows before it takes the engine out of routing; and they sha
 (`draining`) comes last."""
 
 import asyncio
-import socket
 import time
 
 import uvicorn
@@ -14,6 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.server.engine_loop import EngineLoop
 from engine.server.membership import Identity, Membership, RecentPrefixes
 from engine.server.metrics import EngineMetrics
+from tests.ports import free_port
 
 INTERVAL = 1.0
 ANSWER_SECONDS = 0.6  # each heartbeat's answer: most of an interval, shorter than the client's timeout (1 s)
@@ -42,12 +42,6 @@ class SlowControlPlane:
         await asyncio.sleep(ANSWER_SECONDS)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b"{}"})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_heartbeats_keep_their_interval_when_the_control_plane_answers_slowly(checkpoints):

@@ -7,7 +7,6 @@ heads of 128 per token: 37 tokens of a chunk, so block 64) and Llama-3-8B with a
 heads of 16 in float32, intermediate 1184 (37 tokens) and 224 (28 tokens with fp8, 7 without)."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.engine.conftest import (
     random_prompts,
     wait_until_healthy,
 )
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -101,9 +101,7 @@ def test_a_deprecated_flag_beside_its_new_name_exits_2(checkpoints, monkeypatch,
 @pytest.mark.timeout(180)
 def test_cli_with_fp8_kv_and_no_block_size_serves(llama_3_8b_like, tmp_path):
     """What a user runs: `python -m engine --model <llama-3-8b-shaped dir> --kv-cache-dtype fp8`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "engine", "--model", str(llama_3_8b_like), "--kv-cache-dtype", "fp8",
                "--port", str(port), "--usage-spool", str(tmp_path / "usage.jsonl"), "--broker-url", ""]
     env = {**os.environ, "QUILT_ENGINE_TOKEN": "t", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

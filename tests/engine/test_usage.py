@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from kombu import Connection
 from engine.contract import TASK_NAME, UsageEvent, usage_event_read
 from engine.usage.emitter import UsageEmitter
 from engine.usage.spool import UsageSpool
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/") + "/9"
@@ -29,14 +29,6 @@ def make_event(request_id: str, **changes) -> UsageEvent:
         finished_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
     )
     return UsageEvent(**{**fields, **changes})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 
 
 def take_events(broker_url: str, queue_name: str, *, expected: int, timeout_s: float = 20.0) -> list[dict]:

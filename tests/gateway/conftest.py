@@ -6,7 +6,6 @@ command in a subprocess (`manage`). Everything is flushed when the package is do
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, start_worker, stop_worker, test_database_url
+from tests.ports import free_port
 
 ENGINE_TOKEN = "gateway-tests-engine-token"
 METRICS_TOKEN = "gateway-tests-metrics-token"
@@ -35,12 +35,6 @@ ROTATING_BUDGET = Decimal("0.005")  # keyed-rotating's budget: two short request
 EXACT_KEY_BUDGET = Decimal("0.01")  # gw-exact's key, of which this month's record already holds EXACT_KEY_SPENT
 EXACT_KEY_SPENT = Decimal("0.00996")  # 2,400 prompt and 16,000 completion tokens: 19 requests of 2.1 micro-dollars left
 KEY_TPM = 120  # keyed-tpm's own tokens per minute
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(check, *, timeout: float, what: str, process: subprocess.Popen | None = None):

@@ -5,7 +5,6 @@ message); the next request opens a new channel. On asyncio's loop and on uvloop'
 
 import asyncio
 import json
-import socket
 
 import pytest
 import uvloop
@@ -224,17 +223,3 @@ def test_an_engine_silent_on_the_channel_is_unavailable_before_its_first_message
             return first
 
     assert run(main, loop) == events_of("started")[:1]
-
-
-@pytest.mark.parametrize("loop", LOOPS)
-def test_an_engine_whose_channel_cannot_be_reached_is_unavailable(loop):
-    async def main():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]  # nothing listens on it
-        ref = EngineRef(name="e", url=f"http://127.0.0.1:{port}", token="t", pool="", gpu_price_per_hour="0",
-                        resident=frozenset(), load=0, channel=CHANNEL_PATH)  # fmt: skip
-        with pytest.raises(EngineUnavailable, match="^e: ClientConnectorError"):
-            await GenerateStream(ref, {"request_id": "r", "prompt": "x"}).open()
-
-    run(main, loop)

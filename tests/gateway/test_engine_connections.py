@@ -12,6 +12,7 @@ import pytest
 import uvloop
 
 from engine.contract import Delta, Final
+from engine.contract.channel import CHANNEL_PATH
 from gateway import engine_client
 from gateway.engine_client import EngineBroke, EngineRef, EngineUnavailable, GenerateStream
 
@@ -124,16 +125,17 @@ def test_an_engine_that_closed_a_kept_connection_gets_the_request_again_on_a_new
     assert requests == [b'/v1/generate {"prompt":"1"}', b'/v1/generate {"prompt":"2"}']
 
 
+@pytest.mark.parametrize("channel", [None, CHANNEL_PATH], ids=["http", "channel"])
 @pytest.mark.parametrize("loop", LOOPS)
-def test_an_engine_that_cannot_be_reached_is_unavailable(loop):
+def test_an_engine_that_cannot_be_reached_is_unavailable(loop, channel):
     async def main():
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]  # nothing listens on it
         ref = EngineRef(name="e", url=f"http://127.0.0.1:{port}", token="t", pool="", gpu_price_per_hour="0",
-                        resident=frozenset(), load=0)  # fmt: skip
+                        resident=frozenset(), load=0, channel=channel)  # fmt: skip
         with pytest.raises(EngineUnavailable, match="^e: ClientConnectorError"):
-            await GenerateStream(ref, {"prompt": "x"}).open()
+            await GenerateStream(ref, {"request_id": "r", "prompt": "x"}).open()
 
     run(main, loop)
 

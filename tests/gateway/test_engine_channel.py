@@ -7,26 +7,12 @@ import asyncio
 import json
 
 import pytest
-import uvloop
 from aiohttp import web
 
 from engine.contract import Delta, Final
 from engine.contract.channel import CHANNEL_PATH, ChannelHead, channel_message
-from gateway.engine_client import (
-    AdapterUnavailable,
-    EngineBroke,
-    EngineRef,
-    EngineRejected,
-    EngineUnavailable,
-    GenerateStream,
-)
-
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-
-
-def run(main, loop: str):
-    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        return runner.run(main())
+from gateway.engine_client import AdapterUnavailable, EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
+from tests.gateway.engine_streams import LOOPS, read_all, run
 
 
 def delta_line(request_id: str) -> bytes:
@@ -92,14 +78,6 @@ class ChannelEngine:
         for ws in self.open:  # the gateway keeps its channel: the server's shutdown would wait for it
             await ws.close()
         await self.runner.cleanup()
-
-
-async def read_all(stream: GenerateStream) -> list:
-    seen = []
-    while (events := await stream.events()) is not None:
-        seen += events
-        stream.finished = stream.finished or any(isinstance(event, Final) for event in events)
-    return seen
 
 
 async def served(ref: EngineRef, request_id: str) -> list:

@@ -9,27 +9,21 @@ import socket
 import struct
 
 import pytest
-import uvloop
 
 from engine.contract import Delta, Final
 from engine.contract.channel import CHANNEL_PATH
 from gateway import engine_client
 from gateway.engine_client import EngineBroke, EngineRef, EngineUnavailable, GenerateStream
+from tests.gateway.engine_streams import LOOPS, read_all, run
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
 DELTA_LINE = b'{"type":"delta","request_id":"r","index":0,"text":" w","token_ids":[7]}\n'
 FINAL = b'{"type":"final","request_id":"r","finish_reason":"stop"}\n'
 DELTA, FINAL_EVENT = Delta(request_id="r", index=0, text=" w", token_ids=[7]), Final(request_id="r", finish_reason="stop")
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 def chunk(body: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(body), body)
-
-
-def run(main, loop: str):
-    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        return runner.run(main())
 
 
 class Engine:
@@ -67,14 +61,6 @@ async def until_closed(reader) -> None:
     """Waits, as a slow engine, until the gateway closes the connection."""
     assert await reader.read(1) == b""
     raise ConnectionResetError("the gateway closed the connection")
-
-
-async def read_all(stream: GenerateStream) -> list:
-    seen = []
-    while (events := await stream.events()) is not None:
-        seen += events
-        stream.finished = stream.finished or any(isinstance(event, Final) for event in events)
-    return seen
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -11,7 +11,14 @@ from aiohttp import web
 
 from engine.contract import Delta, Final
 from engine.contract.channel import CHANNEL_PATH, ChannelHead, channel_message
-from gateway.engine_client import AdapterUnavailable, EngineBroke, EngineRef, EngineRejected, EngineUnavailable, GenerateStream
+from gateway.engine_client import (
+    AdapterUnavailable,
+    EngineBroke,
+    EngineRef,
+    EngineRejected,
+    EngineUnavailable,
+    GenerateStream,
+)
 from tests.gateway.engine_streams import LOOPS, read_all, run
 
 

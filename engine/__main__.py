@@ -110,6 +110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="offer the blocks through shared memory (/dev/shm) to engines on this host")
     kv.add_argument("--kv-transfer-timeout", type=float, default=10.0,
                     help="seconds a decode hop waits for each step of a pull before it recomputes instead")
+    kv.add_argument("--kv-transfer-backend", choices=("nixl", "shm", "tcp"),
+                    default=os.environ.get("QUILT_KV_TRANSFER_BACKEND", "nixl"),
+                    help="how KV blocks move: nixl (NIXL over UCX: RDMA, NVLink, CUDA IPC or TCP; where the package "
+                         "imports, else shm), shm (shared memory with engines on this host, else TCP) or tcp; "
+                         "the log says which is used")
+    kv.add_argument("--kv-transfer-landing-mb", type=float, default=256.0,
+                    help="MiB this engine registers with NIXL for blocks pushed to it (at most a quarter of its pool)")
+    kv.add_argument("--kv-transfer-fault", choices=("fail-halfway", "stall", "corrupt"), default=None,
+                    help="for tests: every pull this engine serves goes wrong so (engine/kv/faults.py)")
     engine_config_flags(parser)
     return parser.parse_args(argv)
 
@@ -119,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get("QUILT_ENGINE_TOKEN", "")
     if not token:
         print("QUILT_ENGINE_TOKEN is not set: the engine refuses to serve without a bearer token", file=sys.stderr)
+        return 2
+    if args.kv_transfer_landing_mb <= 0:
+        print("--kv-transfer-landing-mb must be > 0", file=sys.stderr)
         return 2
     if args.kv_transfer_timeout <= 0:
         print("--kv-transfer-timeout must be > 0", file=sys.stderr)
@@ -132,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from adapters.loaded import SIDECAR_NAME
     from engine.config import EngineConfig
+    from engine.kv.faults import Fault
     from engine.llm_engine import LLMEngine
     from engine.server.adapter_disk_cache import AdapterDiskCache
     from engine.server.adapter_fetch import AdapterFetcher
@@ -167,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     registry = AdapterRegistry(loop, store=args.adapter_store, fetcher=fetcher)
     advertise = urllib.parse.urlsplit(args.advertise_url).hostname if args.advertise_url else None
     kv = KVTransfers(loop, engine_id=engine_name, host=args.host, advertise_host=advertise or host,
-                     port=args.kv_transfer_port, shm=args.kv_transfer_shm, timeout_s=args.kv_transfer_timeout)
+                     port=args.kv_transfer_port, shm=args.kv_transfer_shm, timeout_s=args.kv_transfer_timeout,
+                     backend=args.kv_transfer_backend, landing_mb=args.kv_transfer_landing_mb,
+                     fault=Fault(args.kv_transfer_fault) if args.kv_transfer_fault else None)
     api = EngineAPI(loop, registry=registry, model_name=loop.base_model, drain_timeout_s=args.drain_timeout, kv=kv)
     if args.control_plane:
         identity = Identity(

@@ -15,10 +15,13 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class LeaseTransport(msgspec.Struct, forbid_unknown_fields=True):
-    """Where the leased blocks are served: "host:port" over TCP, and a shared-memory prefix on the same host."""
+    """Where the leased blocks are served: "host:port" over TCP (the control channel, and the bytes where nothing
+    faster is shared), a shared-memory prefix on the same host, and the source's NIXL agent when it pushes over NIXL
+    (the puller's agent metadata goes to it on the control channel)."""
 
     tcp: str
     shm: str | None = None
+    nixl: str | None = None
 
 
 class KVLease(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

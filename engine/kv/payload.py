@@ -8,7 +8,9 @@ importing engine computed itself for that place in the prompt's chain: a block u
 refused (the prompt recomputes it), never served.
 
 `encode`/`decode` frame blocks as bytes for a transport: magic, a JSON header (layout, keys, sizes, a
-blake2b checksum of the body), then the raw KV bytes and scales. No pickle.
+blake2b checksum of the body), then the raw KV bytes and scales. No pickle. A transport that moves pages without
+framing them (NIXL, engine/kv/nixl.py) checks each block by `block_sums` instead, computed where the bytes are (on
+the GPU for a CUDA pool): a weighted sum of the block's 32-bit words, modulo 2^64.
 """
 
 import hashlib
@@ -125,6 +127,49 @@ def write_pages(memory: PagedMemory, block_ids: list[int], kv: torch.Tensor, sca
         scales = scales.to(device, non_blocking=non_blocking)
         for layer, s in enumerate(memory.scales):
             s.index_copy_(1, index, scales[:, layer].transpose(0, 1))
+
+
+# sums of blocks where they lie
+SUM_SEED = 0x5157_4B56  # every engine draws the same weights
+
+
+def _weights(count: int, device: torch.device) -> torch.Tensor:
+    """`count` odd int64 weights below 2^31, the same on every engine and device."""
+    generator = torch.Generator().manual_seed(SUM_SEED)
+    return (torch.randint(0, 1 << 30, (count,), generator=generator, dtype=torch.int64) * 2 + 1).to(device)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """[..., bytes] as [..., words] int64 (the bytes read as little-endian int32)."""
+    return t.contiguous().view(torch.int32).to(torch.int64)
+
+
+def block_sums(kv: torch.Tensor, scales: torch.Tensor | None) -> list[int]:
+    """One sum per block of kv [n, layers, 2, half_bytes] uint8 (and scales [n, layers, 2, S] float32): each
+    32-bit word times a weight that depends on its place (word, layer, K or V, KV or scale), added modulo 2^64.
+    Any change of one word changes the sum; so does a chunk moved to another place. Not a defence against an
+    attacker: against bytes that went astray (a transfer cut short, a late write, a page mixed up)."""
+    n, layers = kv.shape[0], kv.shape[1]
+    total = torch.zeros(n, dtype=torch.int64, device=kv.device)
+    parts = [(kv, 0)] + ([(scales.view(torch.uint8), 2 * layers)] if scales is not None else [])
+    for part, offset in parts:
+        words = part.shape[-1] // 4
+        weights = _weights(words, part.device)
+        for layer in range(layers):
+            for half in (0, 1):
+                place = 2 * (offset + 2 * layer + half) + 1
+                total += (_words(part[:, layer, half]) * weights).sum(-1) * place
+    return total.tolist()
+
+
+def page_sums(memory: PagedMemory, block_ids: list[int]) -> list[int]:
+    """block_sums of pages in the pool, computed on the pool's device."""
+    index = torch.tensor(block_ids, dtype=torch.int64, device=memory.layers[0].device)
+    kv = torch.stack([_bytes(memory, layer).index_select(1, index) for layer in range(len(memory.layers))])
+    scales = None
+    if memory.scales is not None:
+        scales = torch.stack([s.index_select(1, index) for s in memory.scales]).permute(2, 0, 1, 3)
+    return block_sums(kv.permute(2, 0, 1, 3), scales)
 
 
 # blocks by key

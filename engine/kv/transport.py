@@ -1,6 +1,7 @@
-"""Moving KV block payloads between engines: a small message protocol on a WebSocket control channel (aiohttp's
-server and client), the bytes either on that channel (`TcpTransport`) or in shared memory on one host
-(`ShmTransport`).
+"""Moving KV blocks between engines: a small message protocol on a WebSocket control channel (aiohttp's server and
+client), the bytes on that channel (`TcpTransport`), in shared memory on one host (`ShmTransport`), or written by the
+source straight into the puller's registered memory over NIXL (engine/kv/nixl.py, driven from
+engine/server/kv_transfer.py through `TransferServer.push` and `Pull.push`).
 
     puller (decode engine)                         source (prefill engine, TransferServer)
     GET {PATH}?lease={id} (WebSocket)  ------->     the connection is the lease's from here on
@@ -18,11 +19,11 @@ message with an `op`, a payload a binary message. One lease is pulled once. A so
 asked keys (those the lease holds, in order); the puller re-checks every key when it installs them, so the channel
 carries bytes and trusts nothing.
 
-The seam for other transports (NIXL, NCCL, UCX): a `Transport` turns payloads into a descriptor on the source
-(`offer`: here the bytes on the channel or a file in /dev/shm; with NIXL, the registered staging buffer's memory
-descriptors) and a descriptor into payloads on the puller (`accept`: here a read; with NIXL, a one-sided read into
-the puller's own registered buffer), and frees what `offer` took (`discard`). The control channel, the lease and
-the failure rules stay as they are. No RDMA stub is built.
+A `Transport` of framed payloads turns them into a descriptor on the source (`offer`: the bytes on the channel, or a
+file in /dev/shm) and a descriptor into payloads on the puller (`accept`), and frees what `offer` took (`discard`).
+NIXL moves pages, not payloads: the puller's `pull` header carries its NIXL target, and the source answers `blocks
+{via: nixl, keys, sums}` once its write is complete. The control channel, the lease and the failure rules are the
+same for all three.
 
 On /dev/shm a source keeps a locked marker and names the segments it offers after it (engine/kv/shm_files.py).
 
@@ -210,8 +211,23 @@ class ShmTransport(Transport):
             self.segment = None
 
 
+VIAS = ("tcp", "shm", "nixl")
+
+
+def channel_for(address: dict, backend: str) -> str:
+    """How a puller whose backend is `backend` (nixl, shm or tcp) pulls from a source at `address` (a lease's
+    transport): the first, in the order nixl, shm, tcp, that both ends can use and the backend allows."""
+    if backend == "nixl" and address.get("nixl"):
+        return "nixl"
+    if backend in ("nixl", "shm") and shm_reachable(address):
+        return "shm"
+    return "tcp"
+
+
 # the source side
 LeaseBlocks = Callable[[str, list[str]], Awaitable[list[bytes]]]  # (lease id, keys) -> payloads; LeaseRefused
+LeasePush = Callable[[str, list[str], dict], Awaitable[dict]]  # (lease id, keys, NIXL target) -> the `blocks` header
+# once the blocks are written; LeaseRefused, or TransferError when the write cannot be done
 LeaseRelease = Callable[[str, str], Awaitable[None]]  # (lease id, reason) -> None; a second release is a no-op.
 # reason: "done" (installed), "released" (the puller gave up), "closed" (the connection ended first), "drain"
 
@@ -226,12 +242,18 @@ class LeaseRefused(Exception):
 
 class TransferServer:
     """The source engine's listener (an aiohttp web server on its own port): one WebSocket per pull. `blocks` and
-    `release` are the lease table's."""
+    `release` are the lease table's; `push` (with `nixl`, the source's NIXL agent name) serves pulls over NIXL;
+    `wrap` wraps each tcp or shm transport (engine/kv/faults.py)."""
 
     def __init__(self, *, blocks: LeaseBlocks, release: LeaseRelease, host: str, port: int = 0,
-                 advertise_host: str | None = None, shm: bool = True, idle_timeout_s: float = 60.0) -> None:
+                 advertise_host: str | None = None, shm: bool = True, idle_timeout_s: float = 60.0,
+                 push: LeasePush | None = None, nixl: str | None = None,
+                 wrap: Callable[[Transport], Transport] | None = None) -> None:
         self.blocks = blocks
         self.release = release
+        self.push = push
+        self.nixl = nixl if push is not None else None
+        self.wrap = wrap
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
         self.idle_timeout_s = idle_timeout_s
@@ -242,8 +264,8 @@ class TransferServer:
 
     @property
     def address(self) -> dict:
-        """The lease's `transport` object: {"tcp": "host:port", "shm": marker name or None}."""
-        return {"tcp": f"{self.advertise_host}:{self.port}", "shm": self.shm_name}
+        """The lease's `transport` object: {"tcp": "host:port", "shm": marker name or None, "nixl": agent or None}."""
+        return {"tcp": f"{self.advertise_host}:{self.port}", "shm": self.shm_name, "nixl": self.nixl}
 
     async def start(self) -> "TransferServer":
         app = web.Application()
@@ -284,24 +306,35 @@ class TransferServer:
         task = asyncio.current_task()
         self._connections.add(task)
         transport: Transport | None = None
+        pushed = False  # a NIXL pull was served
         reason = "closed"  # how the lease ends if the connection ends first
         try:
             await channel.prepare(request)
             while True:
                 header = await asyncio.wait_for(read_frame(channel), self.idle_timeout_s)
                 op = header["op"]
-                if op == "pull" and transport is None:
+                if op == "pull" and transport is None and not pushed:
                     keys, via = header.get("keys"), header.get("via", "tcp")
-                    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) \
-                            or via not in ("tcp", "shm"):
-                        raise TransferError("pull needs a list of hex keys and via tcp|shm", code="protocol")
+                    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or via not in VIAS \
+                            or (via == "nixl" and (self.push is None or not isinstance(header.get("nixl"), dict))):
+                        raise TransferError("pull needs a list of hex keys and via tcp|shm (or nixl, with a target, "
+                                            "from a source that offers it)", code="protocol")
                     try:
+                        if via == "nixl":
+                            pushed = True
+                            await write_frame(channel, await self.push(lease_id, keys, header["nixl"]))
+                            continue
                         payloads = await self.blocks(lease_id, keys)
                     except LeaseRefused as refused:
                         lease_id = None  # not ours to release: unknown, expired or pulled by someone else
                         await write_frame(channel, {"op": "error", "code": refused.code, "message": str(refused)})
                         return channel
+                    except TransferError as error:  # a NIXL write that could not be done: the puller recomputes
+                        await write_frame(channel, {"op": "error", "code": error.code, "message": str(error)})
+                        return channel
                     transport = ShmTransport(self.shm_name) if via == "shm" and self.shm_name else TcpTransport()
+                    if self.wrap is not None:
+                        transport = self.wrap(transport)
                     await transport.offer(payloads, channel)
                 elif op in ("done", "release"):
                     if op == "release":
@@ -334,14 +367,15 @@ class TransferServer:
 # the puller side
 class Pull:
     """One pull over one connection: `async with Pull(address, lease_id, timeout_s=...) as pull`, then
-    `await pull.fetch(keys)` and `await pull.done()` once the blocks are installed. Leaving without `done` closes
-    the connection, which releases the lease on the source."""
+    `await pull.fetch(keys)` (tcp, shm) or `await pull.push(keys, target)` (nixl), and `await pull.done()` once the
+    blocks are installed. Leaving without `done` closes the connection, which releases the lease on the source.
+    `via`: the channel (channel_for); by default shared memory where the source offers it on this host, else TCP."""
 
-    def __init__(self, address: dict, lease_id: str, *, timeout_s: float, prefer_shm: bool = True) -> None:
+    def __init__(self, address: dict, lease_id: str, *, timeout_s: float, via: str | None = None) -> None:
         self.address = address
         self.lease_id = lease_id
         self.timeout_s = timeout_s
-        self.via = "shm" if prefer_shm and shm_reachable(address) else "tcp"
+        self.via = via or channel_for(address, "shm")
         self._session: aiohttp.ClientSession | None = None
         self._channel: aiohttp.ClientWebSocketResponse | None = None
 
@@ -389,6 +423,23 @@ class Pull:
             raise TransferError(f"{len(payloads)} blocks for {len(keys)} keys", code="protocol")
         return payloads
 
+    async def push(self, keys: list[str], target: dict) -> tuple[list[str], list[int]]:
+        """Over NIXL: the source writes the blocks of a prefix of `keys` into `target` (the puller's landing slots);
+        the keys it wrote and their sums, once the write is complete; TransferError otherwise."""
+        return await self._timed(self._push(keys, target), "the NIXL pull")
+
+    async def _push(self, keys: list[str], target: dict) -> tuple[list[str], list[int]]:
+        await write_frame(self._channel, {"op": "pull", "keys": keys, "via": "nixl", "nixl": target})
+        header = await read_frame(self._channel)
+        if header["op"] == "error":
+            raise TransferError(str(header.get("message")), code=str(header.get("code") or "refused"))
+        written, sums = header.get("keys"), header.get("sums")
+        if header["op"] != "blocks" or header.get("via") != "nixl" or not isinstance(written, list) \
+                or not isinstance(sums, list) or len(sums) != len(written) or written != keys[: len(written)] \
+                or not all(isinstance(n, int) for n in sums):
+            raise TransferError(f"unexpected {header['op']!r} header for a NIXL pull", code="protocol")
+        return written, sums
+
     async def done(self, *, reason: str | None = None) -> None:
         """Tell the source the blocks are installed (or, with a reason, given up): it releases the lease."""
         header = {"op": "done" if reason is None else "release"}
@@ -414,7 +465,7 @@ class Pull:
 async def release_remote(address: dict, lease_id: str, *, reason: str, timeout_s: float = 5.0) -> bool:
     """Release a lease without pulling it (a puller that will not pull after all); whether the source answered."""
     try:
-        async with Pull(address, lease_id, timeout_s=timeout_s, prefer_shm=False) as pull:
+        async with Pull(address, lease_id, timeout_s=timeout_s, via="tcp") as pull:
             await pull.done(reason=reason)
         return True
     except TransferError as error:

@@ -6,8 +6,10 @@ when that engine is done, gives up or hangs up, when its TTL passes, or when thi
 
 As a puller (a decode hop, `mode = "decode"`): before the request is submitted, the engine computes the prompt's
 keys itself, asks the lease's source for those it lacks (neither in its pool nor in its host tier, whose blocks
-come back at admission; shared memory when the source is on this host and offers it, else TCP), installs what
-arrives through `import_blocks` (which re-checks every key) and tells the source it is done. Any failure (the
+come back at admission), installs what arrives through `import_blocks` (which re-checks every key) and tells the
+source it is done. The bytes move by the engine's `--kv-transfer-backend`: NIXL (the source writes them into this
+engine's registered landing area, engine/kv/nixl.py) when both ends have it, else shared memory when the source is
+on this host and offers it, else TCP. Any failure (the
 source gone, a timeout, a refused lease, a lease this engine cannot read, a corrupt payload, a key that is not this
 engine's) leaves the missing blocks to be recomputed, counted and logged; mismatched KV is never installed, so never
 served.
@@ -23,9 +25,11 @@ import msgspec
 import torch
 
 from engine.contract.kv import KVLease, LeaseTransport
+from engine.kv.faults import Fault, FaultyTransport, InjectedFault
 from engine.kv.lease import Lease
+from engine.kv.nixl import NixlEndpoint, NixlError, NixlUnavailable
 from engine.kv.payload import KVBlock, KVLayout, PayloadError, decode, encode, held_run, read_pages
-from engine.kv.transport import LeaseRefused, Pull, TransferError, TransferServer, release_remote
+from engine.kv.transport import LeaseRefused, Pull, TransferError, TransferServer, channel_for, release_remote
 from engine.llm_engine import LLMEngine
 from engine.server.engine_loop import EngineLoop
 from engine.server.protocol import GenerateRequest
@@ -33,6 +37,7 @@ from engine.server.protocol import GenerateRequest
 log = logging.getLogger(__name__)
 
 EXPIRY_INTERVAL_S = 0.5
+BACKENDS = ("nixl", "shm", "tcp")
 
 
 @dataclass
@@ -43,7 +48,7 @@ class PullReport:
     blocks_pulled: int = 0
     recomputed: bool = False  # some blocks the lease was for were computed here instead
     reason: str | None = None  # why (metrics and logs; not sent)
-    via: str | None = None  # "tcp" or "shm": how the blocks came (None: nothing was pulled)
+    via: str | None = None  # "tcp", "shm" or "nixl": how the blocks came (None: nothing was pulled)
 
     def as_json(self) -> dict:
         return {"lease_id": self.lease_id, "blocks_pulled": self.blocks_pulled, "recomputed": self.recomputed}
@@ -61,28 +66,70 @@ class PendingPull:
 
 
 class KVTransfers:
+    """backend: "nixl" (NIXL where it imports and its agent starts, else shared memory and TCP, said in one log line),
+    "shm" (shared memory on one host, else TCP) or "tcp". landing_mb: the NIXL landing area (at most a quarter of
+    the pool). fault: every pull this engine serves goes wrong so (tests, engine/kv/faults.py)."""
+
     def __init__(self, loop: EngineLoop, *, engine_id: str, host: str, advertise_host: str, port: int = 0,
-                 shm: bool = True, timeout_s: float = 10.0) -> None:
+                 shm: bool = True, timeout_s: float = 10.0, backend: str = "nixl", landing_mb: float = 256.0,
+                 fault: Fault | None = None) -> None:
+        assert backend in BACKENDS, backend
         self.loop = loop
         self.metrics = loop.metrics
         self.engine_id = engine_id
         self.timeout_s = timeout_s
+        self.backend = backend
+        self.landing_mb = landing_mb
+        self.fault = fault
+        self.nixl: NixlEndpoint | None = None
+        self.shm = shm and backend != "tcp"
         self.server = TransferServer(blocks=self._blocks, release=self._release, host=host, port=port,
-                                     advertise_host=advertise_host, shm=shm)
+                                     advertise_host=advertise_host, shm=self.shm, push=self._push,
+                                     wrap=None if fault is None else self._faulty)
         self.pending: dict[str, PendingPull] = {}  # request id -> its pull under way
         self._releases: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None
 
     async def start(self) -> None:
+        why_not = None
+        if self.backend == "nixl":
+            try:
+                self.nixl = await self.loop.call(self._nixl_endpoint)
+            except NixlUnavailable as error:
+                why_not = str(error)
+        if self.nixl is None:
+            self.backend = "shm" if self.shm else "tcp"
+        self.server.nixl = None if self.nixl is None else self.nixl.name
         await self.server.start()
         self._expiry = asyncio.get_running_loop().create_task(self._expire_forever(), name="kv-lease-expiry")
-        log.info("KV transfers on %s (shared memory: %s)", self.server.address["tcp"], self.server.address["shm"])
+        address = self.server.address
+        if self.nixl is not None:
+            used = f"nixl (agent {self.nixl.name}, {self.nixl.slots} landing blocks)"
+        else:
+            used = self.backend + (f" (nixl is not used: {why_not})" if why_not else "")
+        log.info("KV transfer backend: %s; the control channel on %s, shared memory %s", used, address["tcp"],
+                 address["shm"] or "off")
+
+    def _nixl_endpoint(self, engine: LLMEngine) -> NixlEndpoint:
+        """Engine thread: the NIXL agent with this engine's pool and a landing area registered."""
+        if engine.workers is not None:
+            raise NixlUnavailable("a tensor-parallel engine moves no KV between engines")
+        layout = KVLayout.of(engine.memory)
+        block_bytes = layout.num_layers * 2 * (layout.half_bytes + layout.scale_values * 4)
+        slots = min(int(self.landing_mb * (1 << 20)) // block_bytes, engine.memory.num_pages // 4)
+        return NixlEndpoint(engine.memory, name=self.engine_id, landing_blocks=max(1, slots), rest_s=self.timeout_s)
+
+    def _faulty(self, transport):
+        return FaultyTransport(transport, self.fault, stall_s=self.timeout_s + 1.0)
 
     async def close(self) -> None:
         """Drain: no more pulls; every lease still held is released."""
         if self._expiry is not None:
             self._expiry.cancel()
         await self.server.close()
+        if self.nixl is not None:
+            with contextlib.suppress(Exception):
+                self.nixl.close()
         with contextlib.suppress(Exception):  # the engine loop may be gone already: its pool with it
             ended = await self.loop.call(lambda engine: self.loop.leases.release_all("drain"))
             if ended:
@@ -128,6 +175,38 @@ class KVTransfers:
         return [KVBlock(key=key, layout=layout, kv=kv[i], scales=None if scales is None else scales[i])
                 for i, key in enumerate(taken)]
 
+    async def _push(self, lease_id: str, keys: list[str], target: dict) -> dict:
+        """A pull over NIXL: write the leased blocks asked for into the puller's landing slots, then the `blocks`
+        header (their keys and sums)."""
+        if self.nixl is None:
+            raise TransferError("this engine does not move KV over NIXL", code="protocol")
+        try:
+            wanted = [bytes.fromhex(key) for key in keys]
+        except ValueError:
+            raise LeaseRefused("keys must be hex strings", code="protocol") from None
+        taken, block_ids, sums = await self.loop.call(lambda engine: self._pages(lease_id, wanted))
+        try:
+            if self.fault == Fault.STALL:
+                await asyncio.sleep(self.timeout_s + 1.0)
+            local, remote = self.nixl.descriptors(block_ids, target, swap_first=self.fault == Fault.CORRUPT)
+            if self.fault == Fault.FAIL_HALFWAY:
+                await self.nixl.write(local[: len(local) // 2], remote[: len(remote) // 2], target,
+                                      deadline_s=self.timeout_s)
+                raise InjectedFault(f"dropped after half of {len(taken)} blocks")
+            await self.nixl.write(local, remote, target, deadline_s=self.timeout_s)
+        except NixlError as error:
+            raise TransferError(str(error), code=error.code) from error
+        self.metrics.kv_transfer_blocks.labels(direction="sent").inc(len(taken))
+        return {"op": "blocks", "via": "nixl", "keys": [key.hex() for key in taken], "sums": sums}
+
+    def _pages(self, lease_id: str, keys: list[bytes]) -> tuple[list[bytes], list[int], list[int]]:
+        """Engine thread: the leased blocks asked for, their pages, and the pages' sums."""
+        taken = self.loop.leases.take(lease_id, keys)
+        lease = self.loop.leases.leases[lease_id] if taken else None
+        where = dict(zip(lease.keys, lease.block_ids, strict=True)) if taken else {}
+        block_ids = [where[key] for key in taken]
+        return taken, block_ids, self.nixl.sums(block_ids) if block_ids else []
+
     async def _release(self, lease_id: str, reason: str) -> None:
         await self.loop.call(lambda engine: self.loop.leases.release(lease_id, reason))
 
@@ -160,18 +239,29 @@ class KVTransfers:
                                  timeout_s=self.timeout_s)
             self._count(report)
             return report
+        address = address_of(lease)
+        via = channel_for(address, self.backend)
+        slots = self.nixl.reserve(len(ask)) if via == "nixl" else None
+        if via == "nixl" and slots is None:  # the landing area is full of other pulls: this one goes another way
+            via = channel_for(address, "shm")
+        nbytes, corrupt = 0, False
         try:
             started = time.monotonic()
-            async with Pull(address_of(lease), lease.id, timeout_s=self.timeout_s) as transfer:
+            async with Pull(address, lease.id, timeout_s=self.timeout_s, via=via) as transfer:
                 report.via = transfer.via
-                payloads = await transfer.fetch([key.hex() for key in ask])
-                blocks = await asyncio.to_thread(lambda: [b for data in payloads for b in decode(data)])
+                if slots is not None:
+                    blocks, corrupt = await self._pushed(transfer, ask, slots)
+                    nbytes = len(blocks) * self.nixl.layout.num_layers * 2 * self.nixl.layout.half_bytes
+                else:
+                    payloads = await transfer.fetch([key.hex() for key in ask])
+                    nbytes = sum(len(p) for p in payloads)
+                    blocks = await asyncio.to_thread(lambda: [b for data in payloads for b in decode(data)])
                 self.metrics.kv_transfer_blocks.labels(direction="received").inc(len(blocks))
                 installed, run, room = await self.loop.call(lambda engine: self._install(engine, blocks, keys))
                 report.blocks_pulled = installed
                 if run < len(keys):
                     report.recomputed = True
-                    report.reason = "not_leased" if len(blocks) < len(ask) else \
+                    report.reason = "payload" if corrupt else "not_leased" if len(blocks) < len(ask) else \
                         "no_room" if installed == room < len(blocks) else "mismatch"
                 try:  # what is installed stays (its keys are checked): a failed goodbye is the source's TTL to mend
                     await transfer.done(reason=report.reason and f"{installed} of {len(ask)} blocks installed")
@@ -187,14 +277,30 @@ class KVTransfers:
             detail = f"{report.blocks_pulled} of {len(ask)} blocks installed"  # (a mismatch: import_blocks logged which)
         if not report.recomputed:
             log.info("request %s: pulled %d KV blocks (%d bytes) under lease %s via %s in %.1f ms",
-                     request.request_id, report.blocks_pulled, sum(len(p) for p in payloads), lease.id,
-                     report.via, (time.monotonic() - started) * 1000.0)
+                     request.request_id, report.blocks_pulled, nbytes, lease.id, report.via,
+                     (time.monotonic() - started) * 1000.0)
         else:
             log.warning("request %s: KV pull under lease %s from %s recomputes %d of %d blocks (%s): %s",
                         request.request_id, lease.id, lease.transport.tcp,
                         len(ask) - report.blocks_pulled, len(ask), report.reason, detail)
         self._count(report)
         return report
+
+    async def _pushed(self, transfer: Pull, ask: list[bytes], slots: list[int]) -> tuple[list[KVBlock], bool]:
+        """A pull over NIXL into `slots`: the blocks whose sums are the source's, and whether one was not (the rest
+        from it on are dropped: recomputed)."""
+        failed = True
+        try:
+            written, sums = await transfer.push([key.hex() for key in ask], self.nixl.target(slots))
+            keys = [bytes.fromhex(key) for key in written]
+            blocks, bad = await self.loop.call(lambda engine: self.nixl.received(slots, keys, sums))
+            failed = False
+        finally:
+            self.nixl.give_back(slots, failed=failed)
+        if bad is not None:
+            log.warning("lease %s: block %d of %d arrived over NIXL with a sum that is not the source's: it and the "
+                        "rest are recomputed", transfer.lease_id, bad, len(written))
+        return blocks, bad is not None
 
     def _wanted(self, engine: LLMEngine, request: GenerateRequest, prompt: list[int]) -> tuple[list[bytes], int]:
         """Engine thread: this engine's keys of the blocks a prefix hit can use (all but the last token's), and how

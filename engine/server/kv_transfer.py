@@ -185,6 +185,8 @@ class KVTransfers:
         except ValueError:
             raise LeaseRefused("keys must be hex strings", code="protocol") from None
         taken, block_ids, sums = await self.loop.call(lambda engine: self._pages(lease_id, wanted))
+        if not taken:  # none of the asked keys is leased (another adapter, tenant or numerics): nothing to write
+            return {"op": "blocks", "via": "nixl", "keys": [], "sums": []}
         try:
             if self.fault == Fault.STALL:
                 await asyncio.sleep(self.timeout_s + 1.0)

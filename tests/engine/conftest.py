@@ -258,12 +258,12 @@ def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     return [torch.randint(6, VOCAB, (n,), generator=gen).tolist() for n in lengths]
 
 
-def launch_engine_server(args: list[str], *, log_path: Path, token: str) -> httpx.Client:
-    """Starts `python -m engine --port <a free port> *args` with its output in log_path, and returns an httpx client
-    for it under the token, with .process, .log_path and .port set. The caller waits (wait_until_healthy) and
-    stops the process."""
+def launch_engine_server(args: list[str], *, log_path: Path, token: str, env: dict | None = None) -> httpx.Client:
+    """Starts `python -m engine --port <a free port> *args` with its output in log_path (and `env` added to its
+    environment), and returns an httpx client for it under the token, with .process, .log_path and .port set. The
+    caller waits (wait_until_healthy) and stops the process."""
     port = free_port()
-    env = {**os.environ, "QUILT_ENGINE_TOKEN": token, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "QUILT_ENGINE_TOKEN": token, "PYTHONPATH": str(REPO), **(env or {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "engine", "--port", str(port), *args], cwd=REPO, env=env,
                                    stdout=log, stderr=subprocess.STDOUT)

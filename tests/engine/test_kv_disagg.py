@@ -1,6 +1,7 @@
 """Disaggregated prefill and decode with real engine processes that the tests start, stop and kill themselves
-(docs/kv-tiers.md): a prefill hop leases a prompt's KV blocks, a decode hop pulls them (shared memory on this host,
-or TCP) and serves as a prefix hit. Greedy tokens equal the colocated run's and transformers + PEFT's, with mixed
+(docs/kv-tiers.md): a prefill hop leases a prompt's KV blocks, a decode hop pulls them and serves as a prefix hit.
+The whole module runs once per transport: NIXL (over UCX's TCP transport, as on a machine without RDMA), shared
+memory on this host, and TCP. Greedy tokens equal the colocated run's and transformers + PEFT's, with mixed
 adapters and with an fp8 KV cache. When the prefill engine is killed mid-transfer, the transfer times out, the
 client aborts during it, the adapter is promoted in between or the lease expired, the decode engine recomputes and
 the tokens are still right; leases end on both sides and the pools' own counts show no block leaked."""
@@ -9,11 +10,7 @@ import concurrent.futures
 import json
 import signal
 import socket
-import time
-import uuid
-from pathlib import Path
 
-import httpx
 import pytest
 
 import adapters
@@ -21,18 +18,26 @@ from tests.engine.conftest import (
     Oracle,
     build_adapter,
     build_checkpoint,
-    launch_engine_server,
     metric,
     random_prompts,
     wait_until_healthy,
 )
+from tests.engine.kv_engines import (
+    MAX_TOKENS,
+    TARGETS,
+    TOKEN,
+    Engines,
+    body,
+    colocated,
+    decode_hop,
+    leases_ended,
+    pool_clean,
+    prefill_hop,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
-
-TOKEN = "kv-disagg-test-token"
-TIMEOUT_S = 3.0  # the decode engines' --kv-transfer-timeout
-MAX_TOKENS = 8
-TARGETS = ["q_proj", "k_proj", "v_proj", "down_proj"]  # k and v: an adapter changes the KV itself
+BACKENDS = ["nixl", "shm", "tcp"]
 
 
 @pytest.fixture(scope="module")
@@ -48,36 +53,14 @@ def model(tmp_path_factory):
     return base, refs, Oracle(base, paths)
 
 
-class Engines:
-    """Engine processes by name, each an httpx client with .process and .log_path; killed at the end."""
-
-    def __init__(self, base: Path, logs: Path) -> None:
-        self.base, self.logs = base, logs
-        self.clients: dict[str, httpx.Client] = {}
-
-    def launch(self, name: str, *extra: str) -> httpx.Client:
-        client = launch_engine_server(
-            ["--model", str(self.base), "--broker-url", "", "--usage-spool", str(self.logs / f"{name}-usage.jsonl"),
-             "--engine-name", name, "--max-adapter-rank", "16", "--kv-transfer-timeout", str(TIMEOUT_S),
-             "--log-level", "info", *extra],
-            log_path=self.logs / f"{name}.log", token=TOKEN)  # fmt: skip
-        self.clients[name] = client
-        return client
-
-    def close(self) -> None:
-        for client in self.clients.values():
-            if client.process.poll() is None:
-                client.process.send_signal(signal.SIGCONT)
-                client.process.kill()
-                client.process.wait()
-            client.close()
-
-
-@pytest.fixture(scope="module")
-def engines(model, tmp_path_factory):
-    """A prefill engine (shared memory offered) and a decode engine, started together."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def engines(model, tmp_path_factory, request):
+    """A prefill engine and a decode engine, started together, both with --kv-transfer-backend of the param (NIXL
+    over UCX's TCP transport: what a machine without RDMA or GPUs uses)."""
     base, _, _ = model
-    fleet = Engines(base, tmp_path_factory.mktemp("kv-disagg-logs"))
+    if request.param == "nixl":
+        pytest.importorskip("nixl_cu12")
+    fleet = Engines(base, tmp_path_factory.mktemp(f"kv-disagg-{request.param}-logs"), backend=request.param)
     prefill = fleet.launch("prefill", "--role", "prefill")
     decode = fleet.launch("decode", "--role", "decode")
     for client in (prefill, decode):
@@ -85,61 +68,6 @@ def engines(model, tmp_path_factory):
     fleet.prefill, fleet.decode = prefill, decode
     yield fleet
     fleet.close()
-
-
-def body(prompt: list[int], adapter: dict | None, tenant: str, **extra) -> dict:
-    return {"request_id": f"r-{uuid.uuid4().hex[:12]}", "prompt_token_ids": prompt, "tenant": tenant,
-            "adapter": adapter, "stream": False, "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0,
-                                                              "ignore_eos": True}} | extra
-
-
-def prefill_hop(client, prompt, adapter, tenant, ttl_s: float = 30.0) -> dict:
-    response = client.post("/v1/generate", json=body(prompt, adapter, tenant,
-                                                     kv_transfer={"mode": "prefill", "lease_ttl_s": ttl_s}))
-    assert response.status_code == 200, response.text
-    answer = response.json()
-    assert set(answer) == {"kv_lease", "usage"} and answer["usage"]["prompt_tokens"] == len(prompt)
-    assert answer["usage"]["gpu_seconds"] > 0
-    return answer["kv_lease"]
-
-
-def decode_hop(client, prompt, adapter, tenant, lease, **extra) -> dict:
-    response = client.post("/v1/generate", json=body(prompt, adapter, tenant,
-                                                     kv_transfer={"mode": "decode", "lease": lease}, **extra))
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def colocated(client, prompt, adapter, tenant) -> list[int]:
-    response = client.post("/v1/generate", json=body(prompt, adapter, tenant))
-    assert response.status_code == 200, response.text
-    return response.json()["token_ids"]
-
-
-def wait_until(condition, *, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
-def pool_clean(client) -> dict:
-    """The engine is idle and its pool's own counts show nothing held: every page free, evictable or an adapter's,
-    no lease, no block held outside a sequence, no pull under way."""
-    state = wait_until(lambda: (s := client.get("/v1/state").json())["running"] == 0 and s["waiting"] == 0 and s)
-    pool = state["kv_pool"]
-    assert pool["free"] + pool["evictable"] + pool["in_use"] + pool["adapter_pages"] == pool["total"], pool
-    assert pool["in_use"] == 0 and pool["held"] == 0, pool
-    assert state["kv_leases"]["active"] == 0 and state["kv_leases"]["held_blocks"] == 0, state["kv_leases"]
-    assert state["kv_pulls_in_flight"] == 0
-    return state
-
-
-def leases_ended(client) -> dict:
-    return wait_until(lambda: (s := client.get("/v1/state").json())["kv_leases"]["active"] == 0 and s)["kv_leases"]
 
 
 def test_the_role_is_in_the_state(engines):
@@ -153,11 +81,13 @@ def test_disaggregated_greedy_tokens_equal_colocated_and_peft_with_mixed_adapter
     block_size = decode.get("/v1/state").json()["block_size"]
     names = [None, "a", "b", "big", "a", None]
     prompts = random_prompts(5, [40, 4 * block_size, 3 * block_size + 1, 97, 150, 9])
-    sent_before = metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="shm")
+    sent_before = metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via=engines.backend)
     leases = [prefill_hop(prefill, p, refs.get(n), "tenant-d") for p, n in zip(prompts, names, strict=True)]
     for prompt, lease in zip(prompts, leases, strict=True):
         assert lease["num_blocks"] == len(prompt) // block_size and lease["engine_id"] == "prefill"
-        assert lease["transport"]["shm"] and lease["num_tokens"] == lease["num_blocks"] * block_size
+        assert lease["num_tokens"] == lease["num_blocks"] * block_size
+        assert bool(lease["transport"]["shm"]) == (engines.backend != "tcp")
+        assert bool(lease["transport"]["nixl"]) == (engines.backend == "nixl")
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:  # one batch, mixed adapters
         disaggregated = list(pool.map(lambda args: decode_hop(decode, *args), [
             (p, refs.get(n), "tenant-d", lease) for p, n, lease in zip(prompts, names, leases, strict=True)]))
@@ -170,13 +100,14 @@ def test_disaggregated_greedy_tokens_equal_colocated_and_peft_with_mixed_adapter
         assert answer["usage"]["cached_tokens"] == usable * block_size
         assert answer["token_ids"] == tokens == oracle.greedy(prompt, name, MAX_TOKENS), name
     pulled = sum(1 for p in prompts if (len(p) - 1) // block_size)
-    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="shm") - sent_before == pulled
+    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via=engines.backend) - sent_before == pulled
     assert leases_ended(prefill)["released"].get("done", 0) >= pulled
     pool_clean(prefill)
     pool_clean(decode)
 
 
-def test_fp8_kv_cache_over_tcp_and_never_across_numerics(engines, model):
+def test_fp8_kv_cache_moves_as_fp8_and_never_across_numerics(engines, model):
+    """fp8 pages move as fp8 with their scales (over TCP where the backend would use shared memory)."""
     _, refs, _ = model
     prefill = engines.launch("prefill-fp8", "--kv-cache-dtype", "fp8", "--no-kv-transfer-shm")
     decode = engines.launch("decode-fp8", "--kv-cache-dtype", "fp8")
@@ -197,7 +128,8 @@ def test_fp8_kv_cache_over_tcp_and_never_across_numerics(engines, model):
                                                   "blocks_pulled": (len(prompt) - 1) // block_size,
                                                   "recomputed": False}
         assert answer["token_ids"] == tokens
-    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via="tcp") == len(prompts)
+    via = "nixl" if engines.backend == "nixl" else "tcp"
+    assert metric(decode, "quilt_engine_kv_pulls_total", outcome="ok", via=via) == len(prompts)
     # an fp8 engine's blocks are not the float32 engine's: other keys (the base digest names the KV dtype)
     prompt = prompts[0]
     lease = prefill_hop(prefill, prompt, refs["big"], "tenant-x")
@@ -398,7 +330,7 @@ A_LEASE = {"id": "ab" * 16, "engine_id": "prefill-0", "transport": {"tcp": "127.
 MALFORMED_LEASES = {  # a lease the contract's struct refuses, and the field the 400 names
     "lease-id": (A_LEASE | {"id": "not-hex!"}, "kv_transfer.lease.id"),
     "unknown-lease-field": (A_LEASE | {"layout_version": 2}, "kv_transfer.lease.layout_version"),
-    "unknown-transport": (A_LEASE | {"transport": {"tcp": "127.0.0.1:1", "nixl": {}}}, "kv_transfer.lease.transport.nixl"),
+    "unknown-transport": (A_LEASE | {"transport": {"tcp": "127.0.0.1:1", "rdma": {}}}, "kv_transfer.lease.transport.rdma"),
     "num-blocks": (A_LEASE | {"num_blocks": -1}, "kv_transfer.lease.num_blocks"),
     "no-transport": ({"id": "ab" * 16}, "kv_transfer.lease.transport"),
     "another-version": (A_LEASE | {"v": 2}, "kv_transfer.lease"),

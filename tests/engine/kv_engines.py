@@ -1,6 +1,7 @@
 """Engine processes for the disaggregation tests: launched, killed, and driven through the two hops
 (docs/kv-tiers.md)."""
 
+import json
 import signal
 import time
 import uuid
@@ -8,13 +9,25 @@ from pathlib import Path
 
 import httpx
 
-from tests.engine.conftest import launch_engine_server
+import adapters
+from tests.engine.conftest import Oracle, build_adapter, build_checkpoint, launch_engine_server
 
 TOKEN = "kv-disagg-test-token"
 TIMEOUT_S = 3.0  # the decode engines' --kv-transfer-timeout
 MAX_TOKENS = 8
 TARGETS = ["q_proj", "k_proj", "v_proj", "down_proj"]  # k and v: an adapter changes the KV itself
 UCX_ENV = {"UCX_TLS": "tcp"}  # NIXL's UCX over TCP alone, as between two machines without RDMA
+
+
+def build_model(root: Path):
+    """A tiny Llama, three PEFT adapters (ranks 4, 8, 16) by name -> (digest, path), and transformers + PEFT."""
+    base = build_checkpoint(root / "llama", "llama", seed=11)
+    paths = {name: build_adapter(base, root / name, seed=70 + r, r=r, targets=TARGETS)
+             for name, r in (("a", 4), ("b", 8), ("big", 16))}
+    config = json.loads((base / "config.json").read_text())
+    refs = {name: {"digest": adapters.load_adapter(path, config).digest, "path": str(path)}
+            for name, path in paths.items()}
+    return base, refs, Oracle(base, paths)
 
 
 class Engines:

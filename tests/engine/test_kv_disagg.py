@@ -13,21 +13,17 @@ import socket
 
 import pytest
 
-import adapters
 from tests.engine.conftest import (
-    Oracle,
-    build_adapter,
-    build_checkpoint,
     metric,
     random_prompts,
     wait_until_healthy,
 )
 from tests.engine.kv_engines import (
     MAX_TOKENS,
-    TARGETS,
     TOKEN,
     Engines,
     body,
+    build_model,
     colocated,
     decode_hop,
     leases_ended,
@@ -42,15 +38,7 @@ BACKENDS = ["nixl", "shm", "tcp"]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """A tiny Llama, three PEFT adapters (ranks 4, 8, 16) by name -> (digest, path), and transformers + PEFT."""
-    root = tmp_path_factory.mktemp("kv-disagg")
-    base = build_checkpoint(root / "llama", "llama", seed=11)
-    paths = {name: build_adapter(base, root / name, seed=70 + r, r=r, targets=TARGETS)
-             for name, r in (("a", 4), ("b", 8), ("big", 16))}
-    config = json.loads((base / "config.json").read_text())
-    refs = {name: {"digest": adapters.load_adapter(path, config).digest, "path": str(path)}
-            for name, path in paths.items()}
-    return base, refs, Oracle(base, paths)
+    return build_model(tmp_path_factory.mktemp("kv-disagg"))
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

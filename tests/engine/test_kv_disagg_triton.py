@@ -1,6 +1,6 @@
 """Disaggregated prefill and decode with every op on its Triton launcher (Triton's interpreter on CPU tensors): two
-engines in one process, each behind its own server, the blocks moving over a real TCP transfer; greedy tokens equal
-transformers + PEFT's with mixed adapters, in float32 and with an fp8 KV cache (against the colocated run there)."""
+engines in one process, each behind its own server, the blocks moving over NIXL (float32) and over TCP (an fp8 KV
+cache); greedy tokens equal transformers + PEFT's with mixed adapters, and with fp8 the colocated run's."""
 
 import contextlib
 import json
@@ -24,10 +24,11 @@ MAX_TOKENS = 3
 
 
 @contextlib.contextmanager
-def served(base, name: str, **config):
+def served(base, name: str, backend: str, **config):
     engine = LLMEngine(EngineConfig(model=str(base), num_kv_blocks=24, **config))  # the smallest block that fits
     loop = EngineLoop(engine, metrics=EngineMetrics(), emitter=None, base_model="tiny")
-    kv = KVTransfers(loop, engine_id=name, host="127.0.0.1", advertise_host="127.0.0.1", shm=False, timeout_s=60)
+    kv = KVTransfers(loop, engine_id=name, host="127.0.0.1", advertise_host="127.0.0.1", shm=False, timeout_s=60,
+                     backend=backend)
     api = EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny", drain_timeout_s=1.0, kv=kv)
     with TestClient(build_app(api, token="t")) as client:
         yield client, engine
@@ -41,22 +42,25 @@ def generate(client, prompt, adapter, tenant, **extra) -> dict:
     return response.json()
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_disaggregated_on_the_triton_launchers(checkpoints, tmp_path, triton_launchers, kv_cache_dtype):
+@pytest.mark.parametrize(("kv_cache_dtype", "backend"), [("auto", "nixl"), ("fp8", "tcp")])
+def test_disaggregated_on_the_triton_launchers(checkpoints, tmp_path, triton_launchers, kv_cache_dtype, backend):
+    if backend == "nixl":
+        pytest.importorskip("nixl_cu12")
     base = checkpoints["llama"]
     paths = {"kv": build_adapter(base, tmp_path / "kv", seed=90, r=4, targets=["k_proj", "v_proj", "o_proj"])}
     config = json.loads((base / "config.json").read_text())
     refs = {"kv": {"digest": adapters.load_adapter(paths["kv"], config).digest, "path": str(paths["kv"])}, None: None}
     names = ["kv", None]
     prompts = random_prompts(91, [37, 19])
-    with served(base, "p", kv_cache_dtype=kv_cache_dtype) as (prefill, p_engine), \
-            served(base, "d", kv_cache_dtype=kv_cache_dtype) as (decode, d_engine):
+    with served(base, "p", backend, kv_cache_dtype=kv_cache_dtype) as (prefill, p_engine), \
+            served(base, "d", backend, kv_cache_dtype=kv_cache_dtype) as (decode, d_engine):
         assert kernels.backend_for(d_engine.memory.layers[0]) == "triton"
         block = d_engine.config.block_size
         results = []
         for prompt, name in zip(prompts, names, strict=True):
             lease = generate(prefill, prompt, refs[name], "t", kv_transfer={"mode": "prefill"})["kv_lease"]
             assert lease["num_blocks"] == len(prompt) // block
+            assert bool(lease["transport"]["nixl"]) == (backend == "nixl")
             answer = generate(decode, prompt, refs[name], "t", kv_transfer={"mode": "decode", "lease": lease})
             assert answer["usage"]["kv_transfer"]["blocks_pulled"] == (len(prompt) - 1) // block
             assert answer["usage"]["kv_transfer"]["recomputed"] is False

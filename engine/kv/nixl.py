@@ -26,6 +26,7 @@ that sequences read are never registered.
 
 import asyncio
 import base64
+import contextlib
 import importlib
 import logging
 import secrets
@@ -40,7 +41,8 @@ from engine.paged_memory import PagedMemory
 log = logging.getLogger(__name__)
 
 MODULES = ("nixl_cu12", "nixl_cu13", "nixl")  # the wheels for CUDA 12, CUDA 13, and the meta package
-POLL_S = (0.0002, 0.005)  # a write's state is checked at the first interval, doubling up to the second
+POLL_S = (0.0002, 0.002)  # a write's state is checked at the first interval, doubling up to the second
+PROGRESS_S = 0.0005  # how often a puller drives its agent while a source writes to it
 
 
 class NixlUnavailable(RuntimeError):
@@ -89,7 +91,9 @@ class NixlEndpoint:
         self.rest_s = rest_s
         self.name = f"quilt-{name}-{secrets.token_hex(4)}"
         try:
-            self.agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"],
+            # No progress thread: NIXL's spins a core even when idle. The source drives its own writes (check_xfer_state)
+            # and a puller drives its agent while it waits for one (progressing): UCX over TCP needs both.
+            self.agent = nixl_agent(self.name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"],
                                                                  sync_mode=sync.NIXL_THREAD_SYNC_STRICT))
         except Exception as error:  # UCX could not start: no transport it can use here
             raise NixlUnavailable(f"the NIXL agent did not start: {error}") from error
@@ -137,6 +141,24 @@ class NixlEndpoint:
             self.resting.append((time.monotonic() + self.rest_s, slots))
         else:
             self.free_slots.extend(slots)
+
+    @contextlib.asynccontextmanager
+    async def progressing(self):
+        """While a source writes into this engine's landing slots: drive this agent's UCX worker (a write over TCP
+        completes only as the target reads it off the socket)."""
+
+        async def drive() -> None:
+            while True:
+                self.agent.get_new_notifs()
+                await asyncio.sleep(PROGRESS_S)
+
+        task = asyncio.get_running_loop().create_task(drive(), name="nixl-progress")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def target(self, slots: list[int]) -> dict:
         """What the `pull` header tells the source: where to write, and who this is."""

@@ -293,7 +293,8 @@ class KVTransfers:
         from it on are dropped: recomputed)."""
         failed = True
         try:
-            written, sums = await transfer.push([key.hex() for key in ask], self.nixl.target(slots))
+            async with self.nixl.progressing():
+                written, sums = await transfer.push([key.hex() for key in ask], self.nixl.target(slots))
             keys = [bytes.fromhex(key) for key in written]
             blocks, bad = await self.loop.call(lambda engine: self.nixl.received(slots, keys, sums))
             failed = False

@@ -29,7 +29,12 @@ def pool(*, pages: int = 12, kv_dtype=None, heads: int = 2, seed: int = 0) -> Pa
 def push(source: NixlEndpoint, puller: NixlEndpoint, pages: list[int], slots: list[int], **kwargs) -> list[int]:
     target = puller.target(slots)
     local, remote = source.descriptors(pages, target, **kwargs)
-    asyncio.run(source.write(local, remote, target, deadline_s=10))
+
+    async def write() -> None:
+        async with puller.progressing():  # the puller drives its agent while the source writes, as a decode hop does
+            await source.write(local, remote, target, deadline_s=10)
+
+    asyncio.run(write())
     return source.sums(pages)
 
 

@@ -44,6 +44,10 @@
 #             layers at full width, photo-sized pictures): image requests         QUILT_GPU_VLM_S, 540;
 #             against transformers + PEFT, N images in one encode against N       QUILT_GPU_VLM_ARGS,
 #             single ones, 3 rounds each                                          QUILT_GPU_VLM_FAMILIES)
+#   kv        benchmarks/kv_transfer.py on CUDA: a 2k-token Llama-3-8B        -> kv.log (not by default:
+#             prefill's blocks (128 x 2 MiB) between two processes' pools on     QUILT_GPU_STEPS="env kv";
+#             the GPU, nixl (UCX_TLS=cuda_ipc,cuda_copy,tcp) against tcp and     QUILT_GPU_KV_S, 240)
+#             shm, 3 runs; goal: nixl >= 20 GB/s
 # and suite.log, the table printed last. The device tool brings back at most 8 files: the default run writes
 # exactly env.log pytest.log precision.log kernels.log kernels.json trace.log trace.json suite.log.
 # The dry run runs the kernels in Triton's interpreter (--smoke) and the trace on a tiny model (--tiny).
@@ -80,6 +84,7 @@ SPEC_S="${QUILT_GPU_SPEC_S:-240}"
 TP_S="${QUILT_GPU_TP_S:-240}"
 COLD_S="${QUILT_GPU_COLD_S:-300}"
 VLM_S="${QUILT_GPU_VLM_S:-540}"
+KV_S="${QUILT_GPU_KV_S:-240}"
 VLM_ARGS="${QUILT_GPU_VLM_ARGS---rounds 3 --requests 16 --max-tokens 32 --images 8 --layers 4}"
 VLM_FAMILIES="${QUILT_GPU_VLM_FAMILIES:-qwen2_5_vl qwen3_vl gemma3}"
 COLD_ARGS="${QUILT_GPU_COLD_ARGS---layers 8 --requests 200 --rate 20 --prompt 128 --max-tokens 16 --kv-blocks 36}"
@@ -272,7 +277,14 @@ for step in $STEPS; do
         run_step cold "$COLD_S" "$PY" -m benchmarks.cold_cliff --device cuda $COLD_ARGS --json "$OUT/cold.json"
       fi ;;
     vlm) run_step vlm "$VLM_S" bash -c gpu_vlm ;;
-    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp, cold, vlm)" >&2; exit 2 ;;
+    kv)
+      if [ "$DRY" = 1 ]; then
+        run_step kv "$KV_S" env UCX_TLS=tcp "$PY" -m benchmarks.kv_transfer --shape tiny --requests 2 --runs 1
+      else
+        run_step kv "$KV_S" env UCX_TLS=cuda_ipc,cuda_copy,tcp "$PY" -m benchmarks.kv_transfer --device cuda \
+          --shape llama-8b-2k --requests 5 --runs 3 --goal-gbps 20
+      fi ;;
+    *) echo "unknown step $step (env, pytest, precision, native, kernels, trace, quant, w4a16, fp8ckpt, spec, tp, cold, vlm, kv)" >&2; exit 2 ;;
   esac
 done
 

@@ -11,6 +11,11 @@ nothing the image's torch stack depends on is shadowed). The folder is emptied f
 each distribution; `.whl/` must be ignored (`echo /.whl/ >> .git/info/exclude`, docs/gpu.md) and carried. On the
 GPU machine `bash benchmarks/gpu_suite.sh` installs it with `pip install --no-index --no-deps --target`.
 
+NIXL: the image's CUDA is 13 (its nvidia-*-cu13 distributions), so the GPU machine gets nixl-cu13 of the pinned
+version where requirements/engine.txt pins nixl-cu12 (FOR_THE_IMAGE). Its wheel (59 MB) is more than a device call
+carries beside the others, so it is rewritten without what the engine never loads (TRIMMED: the expert-parallel
+package and the C headers), about 29 MB; its RECORD lists what is left.
+
 --check-with PYTHON (a CPython 3.12 here, e.g. pyenv's) proves the cp312 set on its own: a fresh venv gets only
 the image's distributions that the wheels require (from PyPI: stand-ins for what the image has), then the wheels by
 the suite's own command, then every top-level module the wheels provide must import.
@@ -34,6 +39,27 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
              "manylinux_2_35_x86_64")
 MAX_BYTES = 48 << 20  # the device tool carries 64 MiB with the working tree
+FOR_THE_IMAGE = {"nixl-cu12": "nixl-cu13"}  # a pin here -> the distribution the GPU image's CUDA takes
+TRIMMED = {"nixl-cu12": ("nixl_ep_cu12/", "nixl_cu12-"), "nixl-cu13": ("nixl_ep_cu13/", "nixl_cu13-")}  # left out:
+# the expert-parallel package, and under the .data folder the C headers
+
+
+def trim(wheel: Path, prefixes: tuple[str, str]) -> None:
+    """Rewrite the wheel without the package under prefixes[0] and the headers in its .data folder (prefixes[1]),
+    and without their lines in its RECORD."""
+    trimmed = wheel.with_suffix(".trimmed")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED) as out:
+        for item in source.infolist():
+            if item.filename.startswith(prefixes[0]) or (item.filename.startswith(prefixes[1])
+                                                          and ".data/headers/" in item.filename):
+                continue
+            data = source.read(item)
+            if item.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(line for line in lines if not line.startswith(prefixes[0])
+                               and not (line.startswith(prefixes[1]) and ".data/headers/" in line)).encode()
+            out.writestr(item, data)
+    trimmed.replace(wheel)
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -46,10 +72,11 @@ def pins(path: Path) -> dict[str, str]:
     return found
 
 
-def wanted() -> list[str]:
+def wanted(*, local: bool = False) -> list[str]:
     engine = pins(REPO / "requirements/engine.txt")
     dev = pins(REPO / "requirements/dev.txt")
-    lines = [line for name, line in engine.items() if name not in IMAGE]
+    lines = [line.replace(name, FOR_THE_IMAGE[name], 1) if name in FOR_THE_IMAGE and not local else line
+             for name, line in engine.items() if name not in IMAGE]
     return lines + [dev[name] for name in TEST_NEEDS]
 
 
@@ -61,18 +88,25 @@ def download(dest: Path, *, local: bool) -> list[Path]:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-               "--dest", str(dest), *wanted()]
-    if not local:
-        command[5:5] = ["--python-version", "3.12", "--implementation", "cp"]
-        for platform in PLATFORMS:
-            command[5:5] = ["--platform", platform]
-    subprocess.run(command, check=True)
+    lines = wanted(local=local)
+    alone = [line for line in lines if any(line.startswith(name) for name in TRIMMED)]  # nixl: its torch is the image's
+    for some, more in (([line for line in lines if line not in alone], []), (alone, ["--no-deps"])):
+        if not some:
+            continue
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                   "--only-binary=:all:", *more, "--dest", str(dest), *some]
+        if not local:
+            command[5:5] = ["--python-version", "3.12", "--implementation", "cp"]
+            for platform in PLATFORMS:
+                command[5:5] = ["--platform", platform]
+        subprocess.run(command, check=True)
     kept = []
     for wheel in sorted(dest.glob("*.whl")):
         if distribution(wheel) in IMAGE:
             wheel.unlink()  # the image has it: carrying another version could shadow what torch was built with
         else:
+            if distribution(wheel) in TRIMMED:
+                trim(wheel, TRIMMED[distribution(wheel)])
             kept.append(wheel)
     names = [distribution(w) for w in kept]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="timed requests per channel and run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--vias", default="nixl,tcp,shm", help="the channels, comma-separated")
+    parser.add_argument("--goal-gbps", type=float, help="print whether nixl's slowest run reached this many GB/s")
     args = parser.parse_args()
     vias = args.vias.split(",")
     if "nixl" in vias and not nixl_available():
@@ -196,6 +197,10 @@ def main() -> None:
     for via in vias:
         low, high = min(p50s[via]), max(p50s[via])
         print(f"{'':>14}{via:<7} {low * 1e3:>10.2f}-{high * 1e3:<10.2f} {size / high / 1e9:>7.3f}-{size / low / 1e9:<7.3f}")
+    if args.goal_gbps and "nixl" in vias:
+        slowest = size / max(p50s["nixl"]) / 1e9
+        print(f"goal: nixl >= {args.goal_gbps:g} GB/s at the p50 of every run: {slowest:.3f} GB/s in the slowest run, "
+              f"{'met' if slowest >= args.goal_gbps else 'NOT met'}")
 
 
 if __name__ == "__main__":

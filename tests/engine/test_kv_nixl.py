@@ -26,6 +26,20 @@ def pool(*, pages: int = 12, kv_dtype=None, heads: int = 2, seed: int = 0) -> Pa
     return memory
 
 
+@pytest.fixture
+def endpoint():
+    """NixlEndpoint(memory, name=..., ...), each closed after the test."""
+    made = []
+
+    def make(memory: PagedMemory, name: str, **kwargs) -> NixlEndpoint:
+        made.append(NixlEndpoint(memory, name=name, **kwargs))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
 def push(source: NixlEndpoint, puller: NixlEndpoint, pages: list[int], slots: list[int], **kwargs) -> list[int]:
     target = puller.target(slots)
     local, remote = source.descriptors(pages, target, **kwargs)
@@ -39,66 +53,50 @@ def push(source: NixlEndpoint, puller: NixlEndpoint, pages: list[int], slots: li
 
 
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["float32", "fp8"])
-def test_pushed_pages_arrive_whole_under_their_sums(kv_dtype):
+def test_pushed_pages_arrive_whole_under_their_sums(endpoint, kv_dtype):
     src, dst = pool(kv_dtype=kv_dtype, seed=1), pool(kv_dtype=kv_dtype, seed=2)
-    source = NixlEndpoint(src, name="source", landing_blocks=4)
-    puller = NixlEndpoint(dst, name="puller", landing_blocks=6)
-    try:
-        pages = [7, 2, 9]
-        slots = puller.reserve(3)
-        sums = push(source, puller, pages, slots)
-        keys = [bytes([i]) * 16 for i in range(3)]
-        blocks, bad = puller.received(slots, keys, sums)
-        assert bad is None and [block.key for block in blocks] == keys
-        kv, scales = read_pages(src, pages)
-        for i, block in enumerate(blocks):
-            assert torch.equal(block.kv, kv[i])
-            assert (scales is None and block.scales is None) or torch.equal(block.scales, scales[i])
-        assert sums == block_sums(kv, scales)
-    finally:
-        source.close()
-        puller.close()
+    source, puller = endpoint(src, "source", landing_blocks=4), endpoint(dst, "puller", landing_blocks=6)
+    pages = [7, 2, 9]
+    slots = puller.reserve(3)
+    sums = push(source, puller, pages, slots)
+    keys = [bytes([i]) * 16 for i in range(3)]
+    blocks, bad = puller.received(slots, keys, sums)
+    assert bad is None and [block.key for block in blocks] == keys
+    kv, scales = read_pages(src, pages)
+    for i, block in enumerate(blocks):
+        assert torch.equal(block.kv, kv[i])
+        assert (scales is None and block.scales is None) or torch.equal(block.scales, scales[i])
+    assert sums == block_sums(kv, scales)
 
 
-def test_a_mixed_up_page_fails_its_sum_and_the_rest_are_dropped():
-    source = NixlEndpoint(pool(seed=3), name="source", landing_blocks=4)
-    puller = NixlEndpoint(pool(seed=4), name="puller", landing_blocks=4)
-    try:
-        slots = puller.reserve(2)
-        sums = push(source, puller, [4, 5], slots, swap_first=True)  # block 0's first chunk from the zero page
-        blocks, bad = puller.received(slots, [b"a" * 16, b"b" * 16], sums)
-        assert bad == 0 and blocks == []
-        sums = push(source, puller, [4, 5], slots)
-        blocks, bad = puller.received(slots, [b"a" * 16, b"b" * 16], [sums[0], sums[1] ^ 1])
-        assert bad == 1 and len(blocks) == 1
-    finally:
-        source.close()
-        puller.close()
+def test_a_mixed_up_page_fails_its_sum_and_the_rest_are_dropped(endpoint):
+    source = endpoint(pool(seed=3), "source", landing_blocks=4)
+    puller = endpoint(pool(seed=4), "puller", landing_blocks=4)
+    slots = puller.reserve(2)
+    sums = push(source, puller, [4, 5], slots, swap_first=True)  # block 0's first chunk from the zero page
+    blocks, bad = puller.received(slots, [b"a" * 16, b"b" * 16], sums)
+    assert bad == 0 and blocks == []
+    sums = push(source, puller, [4, 5], slots)
+    blocks, bad = puller.received(slots, [b"a" * 16, b"b" * 16], [sums[0], sums[1] ^ 1])
+    assert bad == 1 and len(blocks) == 1
 
 
-def test_a_puller_of_another_layout_is_written_nothing():
-    source = NixlEndpoint(pool(heads=2), name="source", landing_blocks=2)
-    puller = NixlEndpoint(pool(heads=1), name="puller", landing_blocks=2)
-    try:
-        with pytest.raises(NixlError) as refused:
-            source.descriptors([1], puller.target(puller.reserve(1)))
-        assert refused.value.code == "mismatch"
-        assert not puller.landing.any()
-    finally:
-        source.close()
-        puller.close()
+def test_a_puller_of_another_layout_is_written_nothing(endpoint):
+    source = endpoint(pool(heads=2), "source", landing_blocks=2)
+    puller = endpoint(pool(heads=1), "puller", landing_blocks=2)
+    with pytest.raises(NixlError) as refused:
+        source.descriptors([1], puller.target(puller.reserve(1)))
+    assert refused.value.code == "mismatch"
+    assert not puller.landing.any()
 
 
-def test_slots_of_a_failed_pull_rest_before_they_are_taken_again():
-    puller = NixlEndpoint(pool(), name="puller", landing_blocks=3, rest_s=0.2)
-    try:
-        failed, ok = puller.reserve(2), puller.reserve(1)
-        assert puller.reserve(1) is None  # full: that pull goes over shared memory or TCP instead
-        puller.give_back(failed, failed=True)
-        puller.give_back(ok, failed=False)
-        assert puller.reserve(2) is None and puller.reserve(1) == ok
-        puller.give_back(ok, failed=False)
-        asyncio.run(asyncio.sleep(0.25))
-        assert sorted(puller.reserve(3)) == [0, 1, 2]
-    finally:
-        puller.close()
+def test_slots_of_a_failed_pull_rest_before_they_are_taken_again(endpoint):
+    puller = endpoint(pool(), "puller", landing_blocks=3, rest_s=0.2)
+    failed, ok = puller.reserve(2), puller.reserve(1)
+    assert puller.reserve(1) is None  # full: that pull goes over shared memory or TCP instead
+    puller.give_back(failed, failed=True)
+    puller.give_back(ok, failed=False)
+    assert puller.reserve(2) is None and puller.reserve(1) == ok
+    puller.give_back(ok, failed=False)
+    asyncio.run(asyncio.sleep(0.25))
+    assert sorted(puller.reserve(3)) == [0, 1, 2]

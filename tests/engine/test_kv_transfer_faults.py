@@ -5,16 +5,8 @@ write lands in landing slots that rest, never in pages a sequence reads."""
 
 import pytest
 
+from tests.engine import kv_engines as kv
 from tests.engine.conftest import metric, random_prompts, wait_until_healthy
-from tests.engine.kv_engines import (
-    MAX_TOKENS,
-    Engines,
-    build_model,
-    decode_hop,
-    leases_ended,
-    pool_clean,
-    prefill_hop,
-)
 
 pytestmark = pytest.mark.slow
 BACKENDS = ["nixl", "shm", "tcp"]
@@ -26,8 +18,8 @@ def fleet(tmp_path_factory):
     """A prefill engine per fault (each offers every transport: NIXL, shared memory, TCP) and a decode engine per
     backend."""
     pytest.importorskip("nixl_cu12")
-    base, refs, oracle = build_model(tmp_path_factory.mktemp("kv-faults"))
-    engines = Engines(base, tmp_path_factory.mktemp("kv-faults-logs"))
+    base, refs, oracle = kv.build_model(tmp_path_factory.mktemp("kv-faults"))
+    engines = kv.Engines(base, tmp_path_factory.mktemp("kv-faults-logs"))
     sources = {fault: engines.launch(f"prefill-{fault}", "--role", "prefill", "--kv-transfer-fault", fault)
                for fault in FAULTS}
     pullers = {backend: engines.launch(f"decode-{backend}", "--role", "decode", "--kv-transfer-backend", backend)
@@ -46,13 +38,13 @@ def test_a_faulty_transfer_recomputes_and_never_serves_what_it_got(fleet, fault,
     block_size = decode.get("/v1/state").json()["block_size"]
     prompt = random_prompts(len(fault) * 7 + len(backend), [6 * block_size + 3])[0]
     before = metric(decode, "quilt_engine_kv_recomputes_total", reason=FAULTS[fault])
-    lease = prefill_hop(source, prompt, refs["a"], f"tenant-{backend}")
-    answer = decode_hop(decode, prompt, refs["a"], f"tenant-{backend}", lease)
+    lease = kv.prefill_hop(source, prompt, refs["a"], f"tenant-{backend}")
+    answer = kv.decode_hop(decode, prompt, refs["a"], f"tenant-{backend}", lease)
     assert answer["usage"]["kv_transfer"]["recomputed"] is True
-    assert answer["token_ids"] == oracle.greedy(prompt, "a", MAX_TOKENS)
+    assert answer["token_ids"] == oracle.greedy(prompt, "a", kv.MAX_TOKENS)
     assert metric(decode, "quilt_engine_kv_recomputes_total", reason=FAULTS[fault]) == before + 1
     assert metric(decode, "quilt_engine_kv_pulls_total", outcome="recomputed", via=backend) >= 1
-    released = leases_ended(source)["released"]
+    released = kv.leases_ended(source)["released"]
     assert sum(released.values()) == released.get("closed", 0) + released.get("released", 0) >= 1, released
-    pool_clean(source)
-    pool_clean(decode)
+    kv.pool_clean(source)
+    kv.pool_clean(decode)

@@ -304,6 +304,7 @@ done
   [ -f "$OUT/w4a16.log" ] && sed -n '/^## W4A16/,$p' "$OUT/w4a16.log"
   [ -f "$OUT/fp8ckpt.log" ] && sed -n '/^## FP8 checkpoint/,$p' "$OUT/fp8ckpt.log"
   [ -f "$OUT/tp.log" ] && grep -E "^\||^greedy|^tp=" "$OUT/tp.log"
+  [ -f "$OUT/kv.log" ] && sed -n '/^over /,$p' "$OUT/kv.log"
   [ -f "$OUT/vlm.log" ] && grep -E "^--- vlm|image requests: |images in one encoder call|^[A-Za-z.]*(Error|Exception)" "$OUT/vlm.log"
 } | tee "$OUT/suite.log"
 exit $FAILED

@@ -78,8 +78,8 @@ class NixlError(Exception):
 
 
 class NixlEndpoint:
-    """One engine's NIXL agent with its pool and its landing area registered. Used from one event loop thread (the
-    engine server's); the pool is read in the engine thread only through `page_sums`."""
+    """One engine's NIXL agent with its pool and its landing area registered. Driven from one event loop thread (the
+    engine server's); `sums` and `received` read the pool and the landing area on the engine thread."""
 
     def __init__(self, memory: PagedMemory, *, name: str, landing_blocks: int, rest_s: float = 10.0) -> None:
         nixl_agent, nixl_agent_config, sync = nixl_api()
@@ -107,7 +107,10 @@ class NixlEndpoint:
         regions = [*memory.layers, *(memory.scales or []), self.landing]
         if self.landing_scales is not None:
             regions.append(self.landing_scales)
-        self.registered = self.agent.register_memory(regions)
+        try:
+            self.registered = self.agent.register_memory(regions)
+        except Exception as error:  # e.g. device memory with a UCX built without CUDA
+            raise NixlUnavailable(f"NIXL cannot register the {self.mem_type} of the KV pool: {error}") from error
         self.free_slots = list(range(count))
         self.resting: list[tuple[float, list[int]]] = []  # (when they may be taken again, slots)
         self.peers: set[str] = set()  # agents whose metadata is loaded

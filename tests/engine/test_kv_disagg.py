@@ -255,6 +255,37 @@ def test_an_adapter_promoted_between_prefill_and_decode_is_never_served_stale(en
     pool_clean(decode)
 
 
+def usage_events(engines, name: str, request_id: str) -> list[dict]:
+    spool = engines.logs / f"{name}-usage.jsonl"
+    lines = spool.read_text().splitlines() if spool.exists() else []
+    return [event for event in map(json.loads, lines) if event["request_id"] == request_id]
+
+
+def test_another_tenant_pulls_nothing_and_the_decode_engine_reports_usage_once(engines, model):
+    """Keys carry the tenant's salt: a decode hop under another tenant is sent no block (a cache shared across
+    tenants would let one time-probe another's prompts). Either way the request's one usage event is the decode
+    engine's; the prefill hop sends none."""
+    _, refs, oracle = model
+    prefill, decode = engines.prefill, engines.decode
+    prompt = random_prompts(26, [90])[0]
+    for tenant, shared in (("tenant-s1", True), ("tenant-s2", False)):
+        request_id = f"r-salt-{tenant}"
+        hop = body(prompt, refs["a"], "tenant-s1", kv_transfer={"mode": "prefill"}) | {"request_id": request_id}
+        response = prefill.post("/v1/generate", json=hop)
+        assert response.status_code == 200, response.text
+        lease = response.json()["kv_lease"]
+        answer = decode_hop(decode, prompt, refs["a"], tenant, lease, request_id=request_id)
+        assert (answer["usage"]["kv_transfer"]["blocks_pulled"] > 0) is shared
+        assert answer["usage"]["kv_transfer"]["recomputed"] is not shared
+        assert answer["token_ids"] == oracle.greedy(prompt, "a", MAX_TOKENS)
+        events = wait_until(lambda request_id=request_id: usage_events(engines, "decode", request_id))
+        assert len(events) == 1 and events[0]["tenant"] == tenant, events
+        assert usage_events(engines, "prefill", request_id) == []
+    assert metric(decode, "quilt_engine_kv_recomputes_total", reason="not_leased") >= 1
+    pool_clean(prefill)
+    pool_clean(decode)
+
+
 def test_aborting_a_finished_prefill_hop_ends_its_lease(engines, model):
     """The gateway aborts the prefill hop when its client leaves; if the hop had just ended, nobody will pull its lease:
     the abort ends it at once instead of leaving it to the TTL."""

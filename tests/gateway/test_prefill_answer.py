@@ -10,7 +10,7 @@ from gateway.engine_client import EngineRef
 
 ENGINE = EngineRef(name="prefill-0", url="http://p", token="", pool="", gpu_price_per_hour="1", resident=frozenset(),
                    load=0)  # fmt: skip
-LEASE = {"id": "ab" * 16, "engine_id": "p0", "transport": {"tcp": "10.0.0.2:7070", "shm": None}, "num_blocks": 2,
+LEASE = {"id": "ab" * 16, "engine_id": "p0", "transport": {"tcp": "10.0.0.2:7070", "shm": None, "nixl": None}, "num_blocks": 2,
          "num_tokens": 8, "expires_in_s": 30.0, "v": 1}  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from engine.contract import VERSION, AdapterRef, GenerateRequest, KVLease
 from engine.contract.kv import DecodeHop, PrefillHop
 
 decode = msgspec.json.Decoder(GenerateRequest).decode
-LEASE = {"id": "ab" * 16, "engine_id": "prefill-0", "transport": {"tcp": "10.0.0.2:7070", "shm": "/quilt-kv-1"},
+LEASE = {"id": "ab" * 16, "engine_id": "prefill-0", "transport": {"tcp": "10.0.0.2:7070", "shm": "/quilt-kv-1", "nixl": None},
          "num_blocks": 3, "num_tokens": 12, "expires_in_s": 30.0}  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_a_lease_round_trips_as_the_prefill_engine_answers_it():
 @pytest.mark.parametrize(("sent", "path"), [
     ({"kv_transfer": {"mode": "decode", "lease": LEASE | {"id": "not-hex!"}}}, "$.kv_transfer.lease.id"),
     ({"kv_transfer": {"mode": "decode", "lease": LEASE | {"num_blocks": -1}}}, "$.kv_transfer.lease.num_blocks"),
-    ({"kv_transfer": {"mode": "decode", "lease": LEASE | {"transport": {"tcp": "h:1", "nixl": {}}}}},
+    ({"kv_transfer": {"mode": "decode", "lease": LEASE | {"transport": {"tcp": "h:1", "rdma": {}}}}},
      "$.kv_transfer.lease.transport"),
     ({"kv_transfer": {"mode": "prefill", "lease_ttl_s": 3600}}, "$.kv_transfer.lease_ttl_s"),
     ({"kv_transfer": {"mode": "both"}}, "$.kv_transfer.mode"),

@@ -91,8 +91,9 @@ class NixlEndpoint:
         self.rest_s = rest_s
         self.name = f"quilt-{name}-{secrets.token_hex(4)}"
         try:
-            # No progress thread: NIXL's spins a core even when idle. The source drives its own writes (check_xfer_state)
-            # and a puller drives its agent while it waits for one (progressing): UCX over TCP needs both.
+            # No progress thread: NIXL's spins a core even when idle. The source drives its own writes
+            # (check_xfer_state) and a puller drives its agent while it waits for one (progressing): UCX over TCP
+            # needs both.
             self.agent = nixl_agent(self.name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"],
                                                                  sync_mode=sync.NIXL_THREAD_SYNC_STRICT))
         except Exception as error:  # UCX could not start: no transport it can use here

@@ -253,6 +253,8 @@ class KVTransfers:
                 report.via = transfer.via
                 if slots is not None:
                     blocks, corrupt = await self._pushed(transfer, ask, slots)
+                    self.nixl.give_back(slots, failed=False)  # copied out: free for the next pull
+                    slots = None
                     nbytes = len(blocks) * self.nixl.layout.num_layers * 2 * self.nixl.layout.half_bytes
                 else:
                     payloads = await transfer.fetch([key.hex() for key in ask])
@@ -277,6 +279,9 @@ class KVTransfers:
             detail = str(error)
         else:
             detail = f"{report.blocks_pulled} of {len(ask)} blocks installed"  # (a mismatch: import_blocks logged which)
+        finally:
+            if slots is not None:  # the pull ended before its blocks were copied out: a write may still land there
+                self.nixl.give_back(slots, failed=True)
         if not report.recomputed:
             log.info("request %s: pulled %d KV blocks (%d bytes) under lease %s via %s in %.1f ms",
                      request.request_id, report.blocks_pulled, nbytes, lease.id, report.via,
@@ -291,15 +296,10 @@ class KVTransfers:
     async def _pushed(self, transfer: Pull, ask: list[bytes], slots: list[int]) -> tuple[list[KVBlock], bool]:
         """A pull over NIXL into `slots`: the blocks whose sums are the source's, and whether one was not (the rest
         from it on are dropped: recomputed)."""
-        failed = True
-        try:
-            async with self.nixl.progressing():
-                written, sums = await transfer.push([key.hex() for key in ask], self.nixl.target(slots))
-            keys = [bytes.fromhex(key) for key in written]
-            blocks, bad = await self.loop.call(lambda engine: self.nixl.received(slots, keys, sums))
-            failed = False
-        finally:
-            self.nixl.give_back(slots, failed=failed)
+        async with self.nixl.progressing():
+            written, sums = await transfer.push([key.hex() for key in ask], self.nixl.target(slots))
+        keys = [bytes.fromhex(key) for key in written]
+        blocks, bad = await self.loop.call(lambda engine: self.nixl.received(slots, keys, sums))
         if bad is not None:
             log.warning("lease %s: block %d of %d arrived over NIXL with a sum that is not the source's: it and the "
                         "rest are recomputed", transfer.lease_id, bad, len(written))

@@ -21,6 +21,7 @@ from engine.server.engine_loop import EngineLoop
 from engine.server.kv_transfer import KVTransfers
 from engine.server.metrics import EngineMetrics
 from tests.engine.conftest import random_prompts
+from tests.ports import free_port
 
 AUTH = {"Authorization": "Bearer t"}
 BLOCK = 16
@@ -61,6 +62,7 @@ def decode_engine(base):
     kv = KVTransfers(loop, engine_id="d", host="127.0.0.1", advertise_host="127.0.0.1", shm=False, timeout_s=10)
     api = EngineAPI(loop, registry=AdapterRegistry(loop, store=None), model_name="tiny", drain_timeout_s=1.0, kv=kv)
     with TestClient(build_app(api, token="t")) as client:
+        client.kv = kv
         yield client, engine
 
 
@@ -113,3 +115,22 @@ def test_a_source_that_sends_the_wrong_bytes_is_refused_and_the_prompt_recompute
             wait += 1
         assert source.released == [(lease["id"], "released" if fault == "other-keys" else "closed")]
     engine.block_manager.check_invariants([])
+
+
+def test_a_nixl_pull_that_cannot_reach_its_source_gives_its_landing_slots_back_to_rest(checkpoints):
+    """The slots a NIXL pull reserved go back whatever ends it, here a source that is not there: they rest (a write
+    may still land; test_kv_nixl.py shows them taken again after), never kept: a slot kept would shrink the landing
+    area for good."""
+    pytest.importorskip("nixl_cu12")
+    base = checkpoints["llama"]
+    prompt = random_prompts(33, [3 * BLOCK + 5])[0]
+    with decode_engine(base) as (decode, engine):
+        nixl = decode.kv.nixl
+        assert nixl is not None and len(nixl.free_slots) == nixl.slots
+        gone = {"tcp": f"127.0.0.1:{free_port()}", "shm": None, "nixl": "quilt-gone-00000000"}
+        lease = {"id": "cd" * 16, "engine_id": "gone", "transport": gone, "num_blocks": 3}
+        answer = generate(decode, prompt, "t", kv_transfer={"mode": "decode", "lease": lease})
+        assert answer["usage"]["kv_transfer"]["recomputed"] is True
+        assert recomputes(decode, "closed") == 1
+        resting = sum(len(slots) for _, slots in nixl.resting)
+        assert resting == 3 and len(nixl.free_slots) + resting == nixl.slots

@@ -13,6 +13,7 @@ framing them (NIXL, engine/kv/nixl.py) checks each block by `block_sums` instead
 the GPU for a CUDA pool): a weighted sum of the block's 32-bit words, modulo 2^64.
 """
 
+import functools
 import hashlib
 import json
 import logging
@@ -133,8 +134,10 @@ def write_pages(memory: PagedMemory, block_ids: list[int], kv: torch.Tensor, sca
 SUM_SEED = 0x5157_4B56  # every engine draws the same weights
 
 
+@functools.lru_cache(maxsize=16)
 def _weights(count: int, device: torch.device) -> torch.Tensor:
-    """`count` odd int64 weights below 2^31, the same on every engine and device."""
+    """`count` odd int64 weights below 2^31, the same on every engine and device (made once per size and device:
+    every pull sums its blocks with them)."""
     generator = torch.Generator().manual_seed(SUM_SEED)
     return (torch.randint(0, 1 << 30, (count,), generator=generator, dtype=torch.int64) * 2 + 1).to(device)
 

@@ -162,13 +162,11 @@ class KVTransfers:
     def _export(self, engine: LLMEngine, lease_id: str, keys: list[bytes]) -> list[KVBlock]:
         """Engine thread: copies of the leased blocks asked for. On CUDA through page-locked staging buffers, the
         copies queued without blocking and waited for once."""
-        taken = self.loop.leases.take(lease_id, keys)
+        taken, block_ids = self._take(lease_id, keys)
         if not taken:
             return []
-        lease = self.loop.leases.leases[lease_id]
-        where = dict(zip(lease.keys, lease.block_ids, strict=True))
         cuda = engine.device.type == "cuda"
-        kv, scales = read_pages(engine.memory, [where[key] for key in taken], pin=cuda, non_blocking=cuda)
+        kv, scales = read_pages(engine.memory, block_ids, pin=cuda, non_blocking=cuda)
         if cuda:
             torch.cuda.current_stream(engine.device).synchronize()
         layout = KVLayout.of(engine.memory)
@@ -201,12 +199,18 @@ class KVTransfers:
         self.metrics.kv_transfer_blocks.labels(direction="sent").inc(len(taken))
         return {"op": "blocks", "via": "nixl", "keys": [key.hex() for key in taken], "sums": sums}
 
+    def _take(self, lease_id: str, keys: list[bytes]) -> tuple[list[bytes], list[int]]:
+        """Engine thread: the leased blocks asked for (LeaseTable.take: once per lease) and their pages."""
+        taken = self.loop.leases.take(lease_id, keys)
+        if not taken:
+            return [], []
+        lease = self.loop.leases.leases[lease_id]
+        where = dict(zip(lease.keys, lease.block_ids, strict=True))
+        return taken, [where[key] for key in taken]
+
     def _pages(self, lease_id: str, keys: list[bytes]) -> tuple[list[bytes], list[int], list[int]]:
         """Engine thread: the leased blocks asked for, their pages, and the pages' sums."""
-        taken = self.loop.leases.take(lease_id, keys)
-        lease = self.loop.leases.leases[lease_id] if taken else None
-        where = dict(zip(lease.keys, lease.block_ids, strict=True)) if taken else {}
-        block_ids = [where[key] for key in taken]
+        taken, block_ids = self._take(lease_id, keys)
         return taken, block_ids, self.nixl.sums(block_ids) if block_ids else []
 
     async def _release(self, lease_id: str, reason: str) -> None:

@@ -5,6 +5,7 @@ import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import freezegun
 import pytest
 from django.urls import reverse
 from django.utils import timezone
@@ -12,7 +13,7 @@ from django.utils import timezone
 from apikeys.services import api_key_create
 from billing.invoices import invoice_issue, previous_month
 from metering.models import UsageEvent
-from metering.rollups import usage_rollup_recent
+from metering.rollups import OVERLAP, usage_rollup_recent
 from metering.services import usage_ingest
 from tenancy.audit import Actor
 from tests.console.builders import usage_event
@@ -69,11 +70,20 @@ def test_usage_csv_matches_the_table(tenant, member_of, usage):
     assert set(by_prefix) == {key_a.prefix, key_b.prefix}
 
 
-def test_pages_read_the_daily_rollups_not_the_raw_events(tenant, member_of, usage, django_assert_max_num_queries):
+@pytest.fixture(params=["12:00", "00:05"], ids=["midday", "just-after-midnight"])
+def clock(request):
+    """The wall clock at a set time of day (UTC), running."""
+    with freezegun.freeze_time(f"2026-03-10T{request.param}:00+00:00", tick=True):
+        yield
+
+
+def test_pages_read_the_daily_rollups_not_the_raw_events(clock, tenant, member_of, usage,
+                                                         django_assert_max_num_queries):
     """After a roll-up, days before it come from UsageDaily: deleting their raw events changes nothing shown,
-    and the query count does not depend on how many events there were."""
+    and the query count does not depend on how many events there were. The roll-up is a day after the newest
+    event, beyond its overlap with raw events, whatever the time of day."""
     client, _ = member_of(tenant, "owner")
-    usage_rollup_recent(now=usage["now"] + timedelta(days=1))
+    usage_rollup_recent(now=usage["now"] + timedelta(days=1) + OVERLAP)
     UsageEvent.objects.filter(tenant=tenant).delete()
     with django_assert_max_num_queries(21):
         page = client.get(url("usage", tenant, "?group=model"))

@@ -20,10 +20,11 @@ import typing
 import urllib.parse
 from pathlib import Path
 
+from engine.config import EngineConfig
 from engine.contract import KEEP_ALIVE_SECONDS
 from engine.contract.channel import CHANNEL_MAX_BYTES
 
-ENGINE_FLAGS_SKIPPED = {"model", "device"}
+ENGINE_FLAGS_SKIPPED = {"model", "device", "kv_landing_bytes"}  # the last from --kv-transfer-landing-mb
 ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smallest power of two above it whose "
                                    "page holds the model's adapter rows)",
                     "cuda_graphs": "on CUDA, decode steps replay CUDA graphs per padded batch size (default: on; "
@@ -42,8 +43,6 @@ ENGINE_FLAGS_HELP = {"block_size": "tokens per KV page (default: 16, or the smal
 
 def engine_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field (`max_num_seqs` -> `--max-num-seqs`), defaults from the dataclass."""
-    from engine.config import EngineConfig
-
     group = parser.add_argument_group("engine configuration")
     for field in dataclasses.fields(EngineConfig):
         if field.name in ENGINE_FLAGS_SKIPPED:
@@ -123,6 +122,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def engine_config(args: argparse.Namespace) -> "EngineConfig":
+    """The EngineConfig the flags say; ValueError when they are invalid. The NIXL landing area is kept out of the
+    pool's share of device memory only where NIXL may be used."""
+    from engine.config import EngineConfig
+
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+              if f.name not in ENGINE_FLAGS_SKIPPED}
+    landing = int(args.kv_transfer_landing_mb * (1 << 20)) if args.kv_transfer_backend == "nixl" else 0
+    return EngineConfig(model=str(args.model), device=args.device, kv_landing_bytes=landing, **fields)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     token = os.environ.get("QUILT_ENGINE_TOKEN", "")
@@ -143,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from adapters.loaded import SIDECAR_NAME
-    from engine.config import EngineConfig
     from engine.kv.faults import Fault
     from engine.llm_engine import LLMEngine
     from engine.server.adapter_disk_cache import AdapterDiskCache
@@ -156,10 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.server.metrics import EngineMetrics
     from engine.usage.emitter import UsageEmitter
 
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-              if f.name not in ENGINE_FLAGS_SKIPPED}
     try:
-        config = EngineConfig(model=str(args.model), device=args.device, **fields)
+        config = engine_config(args)
         engine = LLMEngine(config)  # checks what needs the model: its length, head counts, block size
     except ValueError as error:
         print(f"invalid engine configuration: {error}", file=sys.stderr)

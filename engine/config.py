@@ -21,6 +21,8 @@ class EngineConfig:
     # holds an adapter row (engine/page_budget.py fitting_block_size; the engine's config then holds the one chosen)
     num_kv_blocks: int | None = None  # pages for the KV cache; None: sized from the memory (see docs/engine-memory.md)
     kv_cache_memory_fraction: float = 0.8  # CUDA: share of free memory for the one page pool (KV + adapters)
+    kv_landing_bytes: int = 0  # CUDA: bytes of that share kept out of the pool for the NIXL landing area, where
+    # other engines push KV blocks (engine/kv/nixl.py; the server sets it from --kv-transfer-landing-mb)
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     max_model_len: int | None = None  # None: the model's max_position_embeddings
@@ -74,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.kv_landing_bytes < 0:
+            raise ValueError("kv_landing_bytes must be >= 0")
         if self.pool_adapter_bytes is not None and self.pool_adapter_bytes < 0:
             raise ValueError("pool_adapter_bytes must be >= 0")
         if self.host_adapter_cache_bytes < 0:

@@ -85,8 +85,9 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
                 kv_dtype: torch.dtype, widths: list[tuple[int, int]], chunk: int, max_model_len: int,
                 tensor_parallel_size: int, workers_free: list[int]) -> int:
     """Pages of the pool: the configured KV blocks, else what the free device memory (the least of any
-    rank's) holds, else on CPU enough for max_num_seqs sequences of max_model_len (of a window and a chunk when
-    blocks behind the window are given back); plus the adapter pages."""
+    rank's) holds beside a draft model and the NIXL landing area, else on CPU enough for max_num_seqs sequences
+    of max_model_len (of a window and a chunk when blocks behind the window are given back); plus the adapter
+    pages."""
     page_bytes = PagedMemory.bytes_per_page(num_layers=args.num_layers, block_size=config.block_size,
                                             kv_heads=args.num_kv_heads // tensor_parallel_size,
                                             head_dim=args.head_dim, itemsize=kv_dtype.itemsize,
@@ -97,7 +98,8 @@ def count_pages(config: EngineConfig, args: ModelSpec, *, device: torch.device, 
     if device.type == "cuda":
         free = min([torch.cuda.mem_get_info(device)[0], *workers_free])
         draft_page, draft_weights = draft_memory_bytes(config, model_dtype.itemsize)
-        return max(1, (int(free * config.kv_cache_memory_fraction) - draft_weights) // (page_bytes + draft_page))
+        taken = int(free * config.kv_cache_memory_fraction) - draft_weights - config.kv_landing_bytes
+        return max(1, taken // (page_bytes + draft_page))
     per_sequence = blocks_to_run(max_model_len, config.max_num_batched_tokens, block_size=config.block_size,
                                  window=freed_window(config, args))
     return max(1, min(CPU_KV_CACHE_BYTES // page_bytes, config.max_num_seqs * per_sequence)) + adapter_pages

@@ -16,8 +16,12 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.__main__ import engine_config, parse_args
 from engine.__main__ import main as cli_main
 from engine.config import EngineConfig
+from engine.models import read_hf_config, read_spec
+from engine.page_budget import count_pages, page_shape
+from engine.paged_memory import PagedMemory
 from tests.engine.conftest import (
     ARCHS,
     VOCAB,
@@ -118,3 +122,32 @@ def test_cli_with_fp8_kv_and_no_block_size_serves(llama_3_8b_like, tmp_path):
         client.close()
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_on_cuda_the_nixl_landing_area_is_kept_out_of_the_pools_share_of_free_memory(checkpoints, monkeypatch):
+    """The pool takes kv_cache_memory_fraction of the free device memory less the landing area that NIXL
+    registers after it; the CLI reserves --kv-transfer-landing-mb only where NIXL may be used."""
+    model = str(checkpoints["llama"])
+    hf_config = read_hf_config(model)
+    spec = read_spec(hf_config)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 2 << 30))
+
+    def pages(**fields) -> int:
+        config = EngineConfig(model=model, block_size=16, **fields)
+        shape = page_shape(config, spec, hf_config, dtype=torch.float32, kv_dtype=torch.float32)
+        return count_pages(config, spec, device=torch.device("cuda"), model_dtype=torch.float32,
+                           kv_dtype=torch.float32, widths=shape.widths, chunk=shape.chunk, max_model_len=256,
+                           tensor_parallel_size=1, workers_free=[])
+
+    page_bytes = PagedMemory.bytes_per_page(num_layers=spec.num_layers, block_size=16, kv_heads=spec.num_kv_heads,
+                                            head_dim=spec.head_dim, itemsize=4, kv_scales=False)
+    landing = 64 << 20
+    assert pages() == int((1 << 30) * 0.8) // page_bytes
+    assert pages(kv_landing_bytes=landing) == (int((1 << 30) * 0.8) - landing) // page_bytes
+
+    flags = ["--model", model, "--kv-transfer-landing-mb", "64"]
+    assert engine_config(parse_args(flags)).kv_landing_bytes == landing
+    for backend in ("shm", "tcp"):
+        assert engine_config(parse_args([*flags, "--kv-transfer-backend", backend])).kv_landing_bytes == 0
+    with pytest.raises(ValueError, match="kv_landing_bytes must be >= 0"):
+        EngineConfig(model=model, kv_landing_bytes=-1)

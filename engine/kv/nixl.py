@@ -26,6 +26,7 @@ that sequences read are never registered.
 
 import asyncio
 import base64
+import collections
 import contextlib
 import importlib
 import logging
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 MODULES = ("nixl_cu12", "nixl_cu13", "nixl")  # the wheels for CUDA 12, CUDA 13, and the meta package
 POLL_S = (0.0002, 0.002)  # a write's state is checked at the first interval, doubling up to the second
 PROGRESS_S = 0.0005  # how often a puller drives its agent while a source writes to it
+MAX_PEERS = 256  # pullers whose metadata a source keeps loaded; the least recently written-to is dropped past it
 
 
 class NixlUnavailable(RuntimeError):
@@ -81,7 +83,8 @@ class NixlEndpoint:
     """One engine's NIXL agent with its pool and its landing area registered. Driven from one event loop thread (the
     engine server's); `sums` and `received` read the pool and the landing area on the engine thread."""
 
-    def __init__(self, memory: PagedMemory, *, name: str, landing_blocks: int, rest_s: float = 10.0) -> None:
+    def __init__(self, memory: PagedMemory, *, name: str, landing_blocks: int, rest_s: float = 10.0,
+                 max_peers: int = MAX_PEERS) -> None:
         nixl_agent, nixl_agent_config, sync = nixl_api()
         self.memory = memory
         self.layout = KVLayout.of(memory)
@@ -114,7 +117,10 @@ class NixlEndpoint:
             raise NixlUnavailable(f"NIXL cannot register the {self.mem_type} of the KV pool: {error}") from error
         self.free_slots = list(range(count))
         self.resting: list[tuple[float, list[int]]] = []  # (when they may be taken again, slots)
-        self.peers: set[str] = set()  # agents whose metadata is loaded
+        # agents whose metadata is loaded, the most recently written-to last: a puller that restarts comes back
+        # as a new agent, so the old ones are dropped rather than kept for the source's life
+        self.peers: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.max_peers = max_peers
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
 
     @property
@@ -191,14 +197,21 @@ class NixlEndpoint:
         agent = target.get("agent")
         if not isinstance(agent, str) or not agent:
             raise NixlError("the target names no agent", code="protocol")
-        if agent not in self.peers:
-            try:
-                loaded = self.agent.add_remote_agent(base64.b64decode(str(target.get("metadata"))))
-            except Exception as error:
-                raise NixlError(f"the puller's NIXL metadata cannot be loaded: {error}", code="protocol") from error
-            if (loaded.decode() if isinstance(loaded, bytes) else loaded) != agent:
-                raise NixlError(f"the metadata is agent {loaded!r}'s, not {agent!r}", code="protocol")
-            self.peers.add(agent)
+        if agent in self.peers:
+            self.peers.move_to_end(agent)
+            return agent
+        try:
+            loaded = self.agent.add_remote_agent(base64.b64decode(str(target.get("metadata"))))
+        except Exception as error:
+            raise NixlError(f"the puller's NIXL metadata cannot be loaded: {error}", code="protocol") from error
+        loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
+        if loaded != agent:
+            if loaded not in self.peers:
+                self.agent.remove_remote_agent(loaded)
+            raise NixlError(f"the metadata is agent {loaded!r}'s, not {agent!r}", code="protocol")
+        self.peers[agent] = None
+        while len(self.peers) > self.max_peers:
+            self.agent.remove_remote_agent(self.peers.popitem(last=False)[0])
         return agent
 
     def descriptors(self, block_ids: list[int], target: dict, *, swap_first: bool = False) -> tuple[list, list]:

@@ -1,6 +1,7 @@
 """engine/kv/nixl.py on two real NIXL agents in one process (UCX on host memory): a source writes pages of its pool
 into a puller's landing slots, and the puller gets those exact bytes under their sums; fp8 pages move with their
-scales; a mixed-up page fails its sum; a puller of another layout is written nothing; slots of a failed pull rest."""
+scales; a mixed-up page fails its sum; a puller of another layout is written nothing; slots of a failed pull rest;
+a source keeps only its most recent pullers loaded."""
 
 import asyncio
 
@@ -100,3 +101,25 @@ def test_slots_of_a_failed_pull_rest_before_they_are_taken_again(endpoint):
     puller.give_back(ok, failed=False)
     asyncio.run(asyncio.sleep(0.25))
     assert sorted(puller.reserve(3)) == [0, 1, 2]
+
+
+def test_a_source_keeps_only_its_most_recent_pullers_loaded_and_a_dropped_one_is_loaded_again(endpoint):
+    """A puller that restarts comes back as a new agent: the source drops the least recently written-to ones past
+    max_peers instead of keeping every agent it ever met, and one it dropped that pulls again still gets its
+    blocks."""
+    source = endpoint(pool(seed=5), "source", landing_blocks=1, max_peers=2)
+    pullers = [endpoint(pool(seed=6 + i), f"decode-{i}", landing_blocks=1) for i in range(3)]
+    kv, _ = read_pages(source.memory, [3])
+
+    def pull(puller: NixlEndpoint) -> None:
+        slots = puller.reserve(1)
+        sums = push(source, puller, [3], slots)
+        blocks, bad = puller.received(slots, [b"k" * 16], sums)
+        puller.give_back(slots, failed=False)
+        assert bad is None and torch.equal(blocks[0].kv, kv[0])
+
+    for puller in pullers:
+        pull(puller)
+    assert list(source.peers) == [pullers[1].name, pullers[2].name]
+    pull(pullers[0])
+    assert list(source.peers) == [pullers[2].name, pullers[0].name]

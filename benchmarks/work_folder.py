@@ -25,14 +25,13 @@ def _exit_on_sigterm(signum, frame):
 JOIN_SECONDS = 15  # within gpu_suite.sh's `timeout -k 20` grace after its SIGINT
 
 
-def _join_writers(*, deadline: float) -> bool:
+def _join_writers(*, deadline: float) -> None:
     """Waits (until `deadline`) for the process's other non-daemon threads, which may still write in the folder: a
     thread pool's worker that the interrupt left unknown to its pool (KeyboardInterrupt while the pool started it)
-    goes on with the queued work after the pool's shutdown. True if there were any."""
-    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-    for thread in others:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    return bool(others)
+    goes on with the queued work after the pool's shutdown."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 @contextmanager
@@ -53,7 +52,10 @@ def work_folder(prefix: str, *, path: Path | None = None, keep: bool = False):
     finally:
         if made is not None and not keep:
             shutil.rmtree(made, ignore_errors=True)
-            if interrupted and _join_writers(deadline=time.monotonic() + JOIN_SECONDS):
-                shutil.rmtree(made, ignore_errors=True)  # what they wrote since (a mkdir(parents=True) remakes it)
+            if interrupted:
+                # Again after the writers, also when none is left by then: one may have ended just after the first
+                # removal, having written in it (a mkdir(parents=True) remakes the folder).
+                _join_writers(deadline=time.monotonic() + JOIN_SECONDS)
+                shutil.rmtree(made, ignore_errors=True)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)

@@ -3,6 +3,7 @@ gpu_suite.sh's `timeout -s INT` stops them. On the GPU machine quantized_checkpo
 checkpoints in /tmp (22 GB for w4a16, 25 GB for fp8ckpt) and the next step, gpu_trace.py, failed with ENOSPC."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,25 @@ def test_a_thread_still_writing_when_the_process_is_signalled_leaves_no_folder(t
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) != 0
     assert _ours(temp) == []
+
+
+def test_a_writer_that_ends_during_the_removal_leaves_no_folder(tmp_path, monkeypatch):
+    """A pool's worker writes once more just after the first removal and ends before the writers are counted (as
+    quantization.py's write_adapters did under load): the folder is still removed."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    remove = shutil.rmtree
+    last_write = []
+
+    def removal_then_a_last_write(path, **kwargs):
+        remove(path, **kwargs)
+        if not last_write:
+            last_write.append(Path(path) / "adapter-3")
+            last_write[0].mkdir(parents=True)
+
+    monkeypatch.setattr(shutil, "rmtree", removal_then_a_last_write)
+    with pytest.raises(KeyboardInterrupt), work_folder("quilt-test-") as folder:
+        raise KeyboardInterrupt
+    assert last_write and not folder.exists()
 
 
 @pytest.mark.parametrize("name", ["quantized_checkpoints", "quantization"])

@@ -79,8 +79,8 @@ class EngineMetrics:
         self._downloads_seen = {"ok": 0, "failed": 0}
         # disaggregated serving (docs/kv-tiers.md)
         self.kv_pulls = Counter("quilt_engine_kv_pulls", "Decode hops' KV pulls, by outcome: ok, or recomputed (some "
-                                "leased blocks were computed here instead), and how the blocks came (tcp, shm; none: "
-                                "nothing pulled)", ["outcome", "via"], registry=r)
+                                "leased blocks were computed here instead), and how the blocks came (nixl, shm, "
+                                "tcp; none: nothing pulled)", ["outcome", "via"], registry=r)
         self.kv_recomputes = Counter("quilt_engine_kv_recomputes",
                                      "KV pulls that fell back to recomputing, by reason (timeout, closed, "
                                      "unknown_lease, expired, pulled, protocol, payload, not_leased, mismatch, no_room, "

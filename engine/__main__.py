@@ -122,11 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def engine_config(args: argparse.Namespace) -> "EngineConfig":
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the flags say; ValueError when they are invalid. The NIXL landing area is kept out of the
     pool's share of device memory only where NIXL may be used."""
-    from engine.config import EngineConfig
-
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
               if f.name not in ENGINE_FLAGS_SKIPPED}
     landing = int(args.kv_transfer_landing_mb * (1 << 20)) if args.kv_transfer_backend == "nixl" else 0
